@@ -1,0 +1,13 @@
+#pragma once
+#include <string>
+#include <vector>
+
+namespace sbx::cli {
+
+int cmd_run(const std::vector<std::string>& args);
+int cmd_log(const std::vector<std::string>& args);
+
+/// sandboxer-init beside this binary, else on PATH.
+std::string find_init_binary();
+
+}  // namespace sbx::cli

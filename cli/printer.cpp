@@ -1,0 +1,92 @@
+#include "printer.hpp"
+
+#include <unistd.h>
+
+#include "event.hpp"
+
+namespace sbx::cli {
+
+namespace {
+std::string str(const boost::json::object& o, std::string_view k) {
+  auto* v = o.if_contains(k);
+  if (!v) return {};
+  if (v->is_string()) return std::string(v->as_string());
+  return boost::json::serialize(*v);
+}
+std::string clock_of(const boost::json::object& ev) {
+  std::string ts = str(ev, "ts");  // 2026-11-21T23:58:47.123456Z
+  return ts.size() >= 23 ? ts.substr(11, 12) : ts;
+}
+}  // namespace
+
+void EventPrinter::output(const boost::json::object& ev) {
+  std::string proc = str(ev, "proc"), stream = str(ev, "stream");
+  std::string key = proc + "/" + stream;
+  std::string data;
+  if (auto* d = ev.if_contains("data")) {
+    data = d->as_string();
+  } else if (auto* b = ev.if_contains("data_b64")) {
+    std::string raw;
+    sbx::supervisor::base64_decode(b->as_string(), raw);
+    data = "[" + std::to_string(raw.size()) + " bytes, not UTF-8]\n";
+  }
+  std::string prefix = proc + (stream == "stderr" ? " ! " : " | ");
+  bool& mid = midline_[key];
+  std::string out;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    if (!mid) out += prefix;
+    size_t nl = data.find('\n', pos);
+    if (nl == std::string::npos) {
+      out.append(data, pos, std::string::npos);
+      mid = true;
+      break;
+    }
+    out.append(data, pos, nl - pos + 1);
+    mid = false;
+    pos = nl + 1;
+  }
+  std::fwrite(out.data(), 1, out.size(), out_);
+}
+
+void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
+  if (json_) {
+    std::fwrite(line.data(), 1, line.size(), out_);
+    std::fputc('\n', out_);
+    std::fflush(out_);
+    return;
+  }
+  std::string type = str(ev, "type");
+  std::string t = clock_of(ev);
+  std::string branch = str(ev, "branch");
+  std::string where = branch.empty() || branch == "main" ? "" : "[" + branch + "] ";
+  if (type == "proc.output") {
+    output(ev);
+  } else if (type == "proc.message") {
+    // The line itself was shown as output already.
+  } else if (type == "box.started") {
+    auto& c = ev.at("capabilities").as_object();
+    std::fprintf(out_, "%s box %s started (profile %s, isolation %s, namespaces %s%s)\n", t.c_str(), str(ev, "box").c_str(),
+                 str(ev, "profile").c_str(), str(ev, "isolation").c_str(),
+                 c.at("namespaces").as_bool() ? "yes" : "no",
+                 c.at("namespaces").as_bool() ? "" : (": " + str(c, "namespaces_why_not")).c_str());
+  } else if (type == "proc.started") {
+    std::string argv;
+    for (auto& a : ev.at("argv").as_array()) argv += (argv.empty() ? "" : " ") + std::string(a.as_string());
+    std::fprintf(out_, "%s %s%s started, pid %s: %s\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(),
+                 str(ev, "pid").c_str(), argv.c_str());
+  } else if (type == "proc.exited") {
+    std::string how = ev.contains("signal") ? "signal " + str(ev, "signal") : "code " + str(ev, "code");
+    std::string extra = ev.contains("escalated") ? ", killed after the grace period" : "";
+    if (ev.contains("error")) extra += ": " + str(ev, "error");
+    std::fprintf(out_, "%s %s%s exited, %s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), how.c_str(),
+                 str(ev, "reason").c_str(), extra.c_str());
+  } else {
+    boost::json::object rest = ev;
+    for (auto k : {"seq", "ts", "type", "box", "branch"}) rest.erase(k);
+    std::fprintf(out_, "%s %s%s %s\n", t.c_str(), where.c_str(), type.c_str(), boost::json::serialize(rest).c_str());
+  }
+  std::fflush(out_);
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,102 @@
+// sandboxer run [--profile P] [--set F=V]... [--state-dir DIR] [--json] -- CMD...
+// Runs sandboxer-init here as a child (Boost.Process: nothing else reaps in the CLI), shows
+// its events as they happen and exits with the agent's status.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <boost/process.hpp>
+#include <boost/process/extend.hpp>
+#include <csignal>
+#include <iostream>
+#include <stdexcept>
+
+#include "commands.hpp"
+#include "printer.hpp"
+
+namespace bp = boost::process;
+
+namespace sbx::cli {
+
+namespace {
+
+volatile pid_t g_child = -1;
+
+void forward(int sig) {
+  if (g_child > 0) ::kill(g_child, sig);
+}
+
+// In the child before exec: its own process group (so a terminal's Ctrl-C reaches it once,
+// through us), and TERM when the CLI dies, so a box never outlives the command that ran it.
+struct ChildSetup : bp::extend::handler {
+  template <class Executor>
+  void on_exec_setup(Executor&) const {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  }
+};
+
+}  // namespace
+
+std::string find_init_binary() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    std::string dir(buf, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    std::string cand = dir + "/sandboxer-init";
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+  }
+  auto p = bp::search_path("sandboxer-init");
+  if (p.empty()) throw std::runtime_error("sandboxer-init not found beside sandboxer or on PATH");
+  return p.string();
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  std::vector<std::string> init_args;
+  bool json = false;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level") {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      init_args.push_back(a);
+      init_args.push_back(args[++i]);
+    } else if (a.starts_with("-")) {
+      throw std::invalid_argument("unknown option " + a);
+    } else {
+      break;
+    }
+  }
+  if (i >= args.size()) throw std::invalid_argument("no command given: sandboxer run [OPTIONS] -- CMD...");
+  init_args.push_back("--events");
+  init_args.push_back("-");
+  init_args.push_back("--");
+  for (; i < args.size(); ++i) init_args.push_back(args[i]);
+
+  bp::ipstream events;
+  bp::child child(find_init_binary(), bp::args(init_args), bp::std_out > events, ChildSetup{});
+  g_child = child.id();
+  struct sigaction sa {};
+  sa.sa_handler = forward;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH}) ::sigaction(sig, &sa, nullptr);
+
+  EventPrinter printer(json);
+  std::string line;
+  while (std::getline(events, line)) {
+    boost::system::error_code ec;
+    auto v = boost::json::parse(line, ec);
+    if (!ec && v.is_object()) printer.print(line, v.as_object());
+  }
+  child.wait();
+  g_child = -1;
+  return child.exit_code();
+}
+
+}  // namespace sbx::cli

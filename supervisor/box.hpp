@@ -1,0 +1,106 @@
+#pragma once
+// The box: one supervisor's state. Owns the journal, the reaper, the signal source and the
+// branches with their processes, and decides when the box ends and with which status.
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capabilities.hpp"
+#include "journal.hpp"
+#include "launcher.hpp"
+#include "output.hpp"
+#include "profile.hpp"
+#include "reaper.hpp"
+#include "signals.hpp"
+
+namespace sbx::supervisor {
+
+struct BoxOptions {
+  std::vector<std::string> argv;   // the agent's command
+  std::string state_dir;           // created if missing; an existing one continues its journal
+  std::string events_path;         // "" none, "-" stdout, else a file (JSON lines)
+  std::string workdir = "/workspace";
+  Profile profile;
+  std::string self_exe;
+  std::vector<std::string> masks;  // extra host paths to hide from the agent
+};
+
+struct Proc {
+  std::string id;
+  std::string branch;
+  pid_t pid = -1;      // in the supervisor's pid namespace
+  pid_t ns_pid = -1;   // in the branch's pid namespace
+  std::unique_ptr<OutputReader> out, err;
+  bool status_known = false;
+  int status = 0;
+  bool escalated = false;
+  std::string error;   // why it could not start
+  bool exited_sent = false;
+};
+
+struct Branch {
+  std::string name;
+  LaunchedBranch launched;
+  uv_pipe_t* reports = nullptr;
+  std::string pending;
+  bool ns_init_reaped = false;
+  int ns_init_status = 0;
+  std::string main_proc;
+};
+
+class Box {
+ public:
+  Box(uv_loop_t* loop, BoxOptions opts);
+  ~Box();
+  Box(const Box&) = delete;
+  Box& operator=(const Box&) = delete;
+
+  /// Starts the box and runs the loop until it ends; returns the supervisor's exit status.
+  int run();
+
+  Journal& journal() { return *journal_; }
+  const std::string& id() const { return id_; }
+  uv_loop_t* loop() { return loop_; }
+
+  /// Ends the box: TERM to every branch, the grace period, then KILL.
+  void shutdown(int64_t grace_ms);
+  /// Delivers `sig` to the main process group of `branch`.
+  void signal_branch(const std::string& branch, int sig);
+
+  /// Appends an event of `branch` to the journal.
+  uint64_t emit(const std::string& branch, boost::json::object ev);
+
+ private:
+  void start();
+  void on_signal(const struct signalfd_siginfo& si);
+  void on_report(Branch& b, const boost::json::object& r);
+  void maybe_proc_exited(Proc& p);
+  void finish(int status);
+  void send_request(Branch& b, const boost::json::object& req);
+  void kill_leftovers();
+
+  uv_loop_t* loop_;
+  BoxOptions opts_;
+  std::string id_;
+  HostCapabilities caps_;
+  std::unique_ptr<Journal> journal_;
+  Reaper reaper_;
+  std::unique_ptr<SignalSource> signals_;
+  std::map<std::string, std::unique_ptr<Branch>> branches_;
+  std::map<std::string, std::unique_ptr<Proc>> procs_;
+  bool shutting_down_ = false;
+  uv_timer_t* kill_timer_ = nullptr;   // backstop when a branch outlives its grace period
+  uv_timer_t* drain_timer_ = nullptr;  // closes output pipes a straggler still holds
+  bool finished_ = false;
+  int exit_status_ = 0;
+  os::UniqueFd events_fd_;
+};
+
+/// The exit status a shell would report for a wait status: the code, or 128 + signal.
+int exit_status_of(int wait_status);
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,369 @@
+#include "launcher.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "signals.hpp"
+
+#ifndef MOUNT_ATTR_RDONLY
+#include <linux/mount.h>
+#endif
+
+namespace sbx::supervisor {
+
+namespace {
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("launcher");
+  return l;
+}
+
+// One step of the mount plan. The plan is built in the parent; the cloned child only walks it
+// with plain syscalls (no allocation, no logging), and reports the failing step's index and errno.
+struct MountOp {
+  enum Kind { PrivateRoot, CloneTree, SetReadOnly, Mount, MkDir, Touch, Symlink, Move, Mask, Pivot, RemountRootRO };
+  Kind kind;
+  std::string a, b, fstype, data;  // meaning depends on kind (see run_plan)
+  unsigned long flags = 0;
+  int slot = -1;        // CloneTree/SetReadOnly/Move: which detached tree
+  bool recursive = false;
+  bool optional = false;  // a missing source skips the step
+  std::string what;     // for the error message
+};
+
+struct Plan {
+  std::vector<MountOp> ops;
+  std::vector<int> slots;  // detached trees (open_tree fds), sized before the clone
+  std::string new_root;
+};
+
+// Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
+// read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
+// /proc, a minimal /dev, and /workspace and /tmp of the branch's own.
+Plan make_plan(const BranchSpec& spec) {
+  Plan p;
+  p.new_root = spec.dir + "/root";
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  add({.kind = MountOp::PrivateRoot, .what = "make / private"});
+
+  static const char* kSkip[] = {"proc", "dev", "sys", "tmp", "run", "workspace", "lost+found", "boot", "media", "mnt"};
+  struct Entry {
+    std::string name;
+    bool dir;
+    std::string link;
+  };
+  std::vector<Entry> entries;
+  if (DIR* d = ::opendir("/")) {
+    while (auto* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == ".." || n.starts_with(".")) continue;
+      bool skip = false;
+      for (auto* s : kSkip) skip |= n == s;
+      if (skip) continue;
+      struct stat st {};
+      std::string path = "/" + n;
+      if (::lstat(path.c_str(), &st) != 0) continue;
+      if (S_ISLNK(st.st_mode)) {
+        char buf[4096];
+        ssize_t len = ::readlink(path.c_str(), buf, sizeof buf - 1);
+        if (len > 0) entries.push_back({n, false, std::string(buf, static_cast<size_t>(len))});
+      } else if (S_ISDIR(st.st_mode)) {
+        entries.push_back({n, true, {}});
+      }
+    }
+    ::closedir(d);
+  }
+
+  // Clone every tree first.
+  int slot = 0;
+  std::vector<std::pair<std::string, int>> trees;  // target inside root, slot
+  for (auto& e : entries) {
+    if (!e.dir) continue;
+    add({.kind = MountOp::CloneTree, .a = "/" + e.name, .slot = slot, .recursive = true, .what = "clone /" + e.name});
+    add({.kind = MountOp::SetReadOnly, .slot = slot, .recursive = true, .what = "make /" + e.name + " read-only"});
+    trees.emplace_back("/" + e.name, slot++);
+  }
+  add({.kind = MountOp::CloneTree, .a = "/sys", .slot = slot, .recursive = true, .what = "clone /sys"});
+  add({.kind = MountOp::SetReadOnly, .slot = slot, .recursive = true, .what = "make /sys read-only"});
+  trees.emplace_back("/sys", slot++);
+  static const char* kDevs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+  std::vector<std::pair<std::string, int>> devs;
+  for (auto* d : kDevs) {
+    add({.kind = MountOp::CloneTree, .a = std::string("/dev/") + d, .slot = slot, .optional = true,
+         .what = std::string("clone /dev/") + d});
+    devs.emplace_back(d, slot++);
+  }
+  add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
+  trees.emplace_back("/workspace", slot++);
+  add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = slot, .what = "clone the branch's /tmp"});
+  trees.emplace_back("/tmp", slot++);
+  p.slots.assign(static_cast<size_t>(slot), -1);
+
+  const std::string& r = p.new_root;
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r, .fstype = "tmpfs", .data = "mode=0755,size=1m",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount the root tmpfs"});
+  for (auto& e : entries)
+    if (!e.dir) add({.kind = MountOp::Symlink, .a = e.link, .b = r + "/" + e.name, .what = "symlink /" + e.name});
+  for (auto& [target, s] : trees) {
+    add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
+    add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
+  }
+  add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
+  add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /proc"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev", .flags = 0755, .what = "mkdir /dev"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev", .fstype = "tmpfs", .data = "mode=0755,size=64k",
+       .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev"});
+  for (auto& [d, s] : devs) {
+    add({.kind = MountOp::Touch, .a = r + "/dev/" + d, .what = "create /dev/" + d});
+    add({.kind = MountOp::Move, .a = r + "/dev/" + d, .slot = s, .optional = true, .what = "attach /dev/" + d});
+  }
+  add({.kind = MountOp::MkDir, .a = r + "/dev/pts", .flags = 0755, .what = "mkdir /dev/pts"});
+  add({.kind = MountOp::Mount, .a = "devpts", .b = r + "/dev/pts", .fstype = "devpts",
+       .data = "newinstance,ptmxmode=0666,mode=0620", .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev/pts"});
+  add({.kind = MountOp::Symlink, .a = "pts/ptmx", .b = r + "/dev/ptmx", .what = "symlink /dev/ptmx"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev/shm", .flags = 01777, .what = "mkdir /dev/shm"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev/shm", .fstype = "tmpfs", .data = "mode=1777",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount /dev/shm"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd", .b = r + "/dev/fd", .what = "symlink /dev/fd"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/2", .b = r + "/dev/stderr", .what = "symlink /dev/stderr"});
+  add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/run", .fstype = "tmpfs", .data = "mode=0755,size=16m",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount /run"});
+  for (auto& m : spec.masks) {
+    struct stat st {};
+    if (::stat(m.c_str(), &st) != 0) continue;
+    add({.kind = MountOp::Mask, .a = r + m, .recursive = S_ISDIR(st.st_mode), .optional = true, .what = "mask " + m});
+  }
+  add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});
+  add({.kind = MountOp::RemountRootRO, .what = "make / read-only"});
+  return p;
+}
+
+struct PlanError {
+  int op;
+  int err;
+};
+
+// Runs in the cloned child: async-signal-safe syscalls only. Returns the failing op or -1.
+int run_plan(Plan& p, int* err) noexcept {
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    MountOp& op = p.ops[i];
+    int rc = 0;
+    switch (op.kind) {
+      case MountOp::PrivateRoot:
+        rc = ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+        break;
+      case MountOp::CloneTree: {
+        int fd = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, op.a.c_str(),
+                                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (op.recursive ? AT_RECURSIVE : 0)));
+        if (fd < 0 && op.optional && errno == ENOENT) break;
+        if (fd < 0) rc = -1;
+        p.slots[static_cast<size_t>(op.slot)] = fd;
+        break;
+      }
+      case MountOp::SetReadOnly: {
+        int fd = p.slots[static_cast<size_t>(op.slot)];
+        if (fd < 0) break;
+        struct mount_attr attr {};
+        attr.attr_set = MOUNT_ATTR_RDONLY;
+        rc = static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (op.recursive ? AT_RECURSIVE : 0),
+                                        &attr, sizeof attr));
+        break;
+      }
+      case MountOp::Mount:
+        rc = ::mount(op.a.c_str(), op.b.c_str(), op.fstype.c_str(), op.flags, op.data.empty() ? nullptr : op.data.c_str());
+        break;
+      case MountOp::MkDir:
+        rc = ::mkdir(op.a.c_str(), static_cast<mode_t>(op.flags));
+        if (rc != 0 && errno == EEXIST) rc = 0;
+        break;
+      case MountOp::Touch: {
+        int fd = ::open(op.a.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) rc = -1;
+        else ::close(fd);
+        break;
+      }
+      case MountOp::Symlink:
+        rc = ::symlink(op.a.c_str(), op.b.c_str());
+        break;
+      case MountOp::Move: {
+        int fd = p.slots[static_cast<size_t>(op.slot)];
+        if (fd < 0 && op.optional) break;
+        rc = static_cast<int>(
+            ::syscall(SYS_move_mount, fd, "", AT_FDCWD, op.a.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
+        break;
+      }
+      case MountOp::Mask: {
+        struct stat st {};
+        if (::lstat(op.a.c_str(), &st) != 0) break;  // not in the agent's view at all
+        if (op.recursive)
+          rc = ::mount("tmpfs", op.a.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0000");
+        else
+          rc = ::mount("/dev/null", op.a.c_str(), nullptr, MS_BIND, nullptr);
+        break;
+      }
+      case MountOp::Pivot:
+        // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new.
+        rc = ::chdir(op.a.c_str());
+        if (rc == 0) rc = static_cast<int>(::syscall(SYS_pivot_root, ".", "."));
+        if (rc == 0) rc = ::umount2(".", MNT_DETACH);
+        if (rc == 0) rc = ::chdir("/");
+        break;
+      case MountOp::RemountRootRO:
+        rc = ::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr);
+        break;
+    }
+    if (rc != 0) {
+      if (op.optional && errno == ENOENT) continue;
+      *err = errno;
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+struct ChildArgs {
+  Plan* plan;  // null: flat mode
+  const char* exe;
+  char* const* argv;
+  char* const* envp;
+  int fds[5];     // sources for 3..7
+  int err_pipe;   // write end, reported to on failure
+};
+
+// Moves `fds` onto 3..7 even when sources and targets overlap, then closes everything else.
+void place_fds(ChildArgs& a) noexcept {
+  int high[5];
+  for (int i = 0; i < 5; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
+  int ep = ::fcntl(a.err_pipe, F_DUPFD_CLOEXEC, 100);
+  for (int i = 0; i < 5; ++i) ::dup2(high[i], 3 + i);
+  ::dup3(ep, 8, O_CLOEXEC);
+  a.err_pipe = 8;
+  ::close_range(9, ~0U, 0);
+}
+
+[[noreturn]] void child_main(ChildArgs& a) noexcept {
+  reset_signals_for_child();
+  PlanError pe{-1, 0};
+  if (a.plan) {
+    pe.op = run_plan(*a.plan, &pe.err);
+    if (pe.op >= 0) {
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  ::setsid();
+  place_fds(a);
+  ::execve(a.exe, a.argv, a.envp);
+  pe = {-2, errno};
+  (void)!::write(a.err_pipe, &pe, sizeof pe);
+  ::_exit(127);
+}
+
+}  // namespace
+
+bool can_make_namespaces(std::string* why_not) {
+  pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
+  if (pid == 0) ::_exit(0);
+  if (pid < 0) {
+    if (why_not) *why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
+    return false;
+  }
+  int st;
+  ::waitpid(pid, &st, __WALL);
+  return true;
+}
+
+os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
+  for (const char* sub : {"", "/root", "/workspace", "/tmp"})
+    if (auto r = os::make_dirs(spec.dir + sub, 0755); !r) return r.error();
+  ::chmod((spec.dir + "/tmp").c_str(), 01777);
+
+  auto req = os::make_pipe();
+  auto rep = os::make_pipe();
+  auto in = os::make_pipe();
+  auto out = os::make_pipe();
+  auto err = os::make_pipe();
+  if (!req || !rep || !in || !out || !err) return os::last_error();
+
+  std::vector<std::string> args = {spec.self_exe, "--ns-init"};
+
+  LaunchedBranch lb;
+  std::string why_not;
+  bool try_ns = spec.want_namespaces;
+  if (!try_ns) why_not = "namespaces are off in the profile";
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool ns = try_ns && attempt == 0;
+    if (!ns) args.push_back("--flat");
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    char* envp[] = {nullptr};
+    Plan plan;
+    if (ns) plan = make_plan(spec);
+    auto ep = os::make_pipe();
+    if (!ep) return ep.error();
+    ChildArgs ca{ns ? &plan : nullptr, spec.self_exe.c_str(), argv.data(), envp,
+                 {req->read.get(), rep->write.get(), in->read.get(), out->write.get(), err->write.get()},
+                 ep->write.get()};
+    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0);
+    pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
+    if (pid == 0) child_main(ca);
+    if (pid < 0) {
+      if (ns) {
+        why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
+        continue;
+      }
+      return os::last_error();
+    }
+    ep->write.reset();
+    PlanError pe{};
+    ssize_t n;
+    do n = ::read(ep->read.get(), &pe, sizeof pe);
+    while (n < 0 && errno == EINTR);
+    if (n == sizeof pe) {
+      // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
+      int st;
+      ::waitpid(pid, &st, __WALL);
+      std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what : "exec " + spec.self_exe;
+      std::string msg = step + ": " + std::strerror(pe.err);
+      if (ns && pe.op >= 0) {
+        log()->warn("branch {}: {}; running without namespaces", spec.name, msg);
+        why_not = msg;
+        continue;
+      }
+      return boost::system::error_code(pe.err, boost::system::system_category());
+    }
+    lb.pid = pid;
+    lb.namespaced = ns;
+    break;
+  }
+  if (lb.pid < 0) return boost::system::error_code(ECHILD, boost::system::system_category());
+  lb.why_not = lb.namespaced ? "" : why_not;
+  lb.requests = std::move(req->write);
+  lb.reports = std::move(rep->read);
+  lb.in = std::move(in->write);
+  lb.out = std::move(out->read);
+  lb.err = std::move(err->read);
+  (void)os::set_nonblocking(lb.reports.get());
+  (void)os::set_nonblocking(lb.out.get());
+  (void)os::set_nonblocking(lb.err.get());
+  return lb;
+}
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,91 @@
+// sandboxer-init: PID 1 of a sandbox box. The only code not linked into the tests.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "box.hpp"
+#include "ns-init.hpp"
+#include "options.hpp"
+#include "os/sys.hpp"
+#include "signals.hpp"
+
+using namespace sbx::supervisor;
+
+namespace {
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string default_state_root() {
+  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/boxes";
+  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/boxes";
+  return "/var/lib/sandboxer/boxes";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread exists: every thread inherits the mask, so the signalfd sees them all.
+  block_handled_signals();
+
+  InitOptions o;
+  try {
+    o = parse_init_options(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "sandboxer-init: " << e.what() << "\n" << kInitUsage;
+    return 125;
+  }
+  if (o.mode == InitOptions::NsInit) return ns_init_main(o.flat);
+  if (o.mode == InitOptions::Version) {
+    std::cout << "sandboxer-init " << SBX_VERSION << "\n";
+    return 0;
+  }
+  if (o.mode == InitOptions::Help) {
+    std::cout << kInitUsage;
+    return 0;
+  }
+
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto logger = std::make_shared<spdlog::logger>("sandboxer-init", sink);
+  logger->set_pattern("sandboxer-init: %^%l%$ [%n] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(o.log_level));
+
+  if (::getpid() != 1 && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    spdlog::critical("become a child subreaper (not PID 1): {}; orphans of the agent could not be reaped",
+                     std::strerror(errno));
+    return 125;
+  }
+
+  BoxOptions bo;
+  try {
+    bo.profile = load_profile(o.profile);
+    for (auto& s : o.overrides) apply_override(bo.profile, s);
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 125;
+  }
+  bo.argv = o.argv;
+  bo.events_path = o.events;
+  bo.workdir = o.workdir;
+  bo.self_exe = self_exe();
+  bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int status;
+  {
+    Box box(&loop, std::move(bo));
+    status = box.run();
+  }
+  uv_loop_close(&loop);
+  return status;
+}

@@ -1,0 +1,308 @@
+#include "ns-init.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "launcher.hpp"
+#include "os/sys.hpp"
+#include "signals.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+
+int64_t now_ms() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void report(const boost::json::object& o) {
+  // Reports are small; a failed write means the supervisor is gone, and then nobody is listening.
+  (void)os::write_all(kNsCtlOut, boost::json::serialize(o) + "\n");
+}
+
+// Reads one line from the blocking requests fd (the config, before the loop starts).
+std::string read_line_blocking(int fd) {
+  std::string line;
+  char c;
+  for (;;) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') return line;
+    line.push_back(c);
+  }
+}
+
+class NsInit {
+ public:
+  explicit NsInit(bool flat) : flat_(flat) {}
+  int run();
+
+ private:
+  void spawn_agent(const boost::json::object& cfg);
+  void reap();
+  void on_signal(int sig);
+  void on_request(const boost::json::object& req);
+  void signal_tree(int sig);
+  void begin_shutdown(int64_t grace_ms);
+
+  bool flat_;
+  pid_t agent_ = -1;
+  bool agent_done_ = false;
+  int agent_status_ = 0;
+  bool escalated_ = false;
+  int64_t deadline_ = -1;  // when to send KILL, or -1
+  int64_t grace_ms_ = 10000;
+  bool killed_ = false;
+  std::string pending_;
+};
+
+void NsInit::signal_tree(int sig) {
+  if (!flat_) {
+    // PID 1 of the namespace: -1 reaches every other process in it, whatever its group.
+    ::kill(-1, sig);
+    return;
+  }
+  // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper).
+  if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
+  std::vector<pid_t> stack = os::children_of(::getpid());
+  while (!stack.empty()) {
+    pid_t p = stack.back();
+    stack.pop_back();
+    ::kill(p, sig);
+    for (pid_t c : os::children_of(p)) stack.push_back(c);
+  }
+}
+
+void NsInit::begin_shutdown(int64_t grace_ms) {
+  if (deadline_ < 0) deadline_ = now_ms() + grace_ms;
+  signal_tree(SIGTERM);
+  // A stopped process cannot act on TERM until it is continued.
+  signal_tree(SIGCONT);
+}
+
+void NsInit::spawn_agent(const boost::json::object& cfg) {
+  std::vector<std::string> argv, env;
+  for (auto& v : cfg.at("argv").as_array()) argv.emplace_back(v.as_string());
+  if (auto* e = cfg.if_contains("env"))
+    for (auto& v : e->as_array()) env.emplace_back(v.as_string());
+  std::string cwd = cfg.contains("cwd") ? std::string(cfg.at("cwd").as_string()) : "/";
+  if (auto* g = cfg.if_contains("grace_ms")) grace_ms_ = g->to_number<int64_t>();
+
+  std::vector<char*> av, ev;
+  for (auto& s : argv) av.push_back(s.data());
+  av.push_back(nullptr);
+  for (auto& s : env) ev.push_back(s.data());
+  ev.push_back(nullptr);
+  // PATH lookup uses the agent's PATH, not ours (we have no environment).
+  std::string path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  for (auto& s : env)
+    if (s.starts_with("PATH=")) path = s.substr(5);
+  std::vector<std::string> candidates;
+  if (argv[0].find('/') != std::string::npos) {
+    candidates.push_back(argv[0]);
+  } else {
+    size_t start = 0;
+    while (start <= path.size()) {
+      size_t c = path.find(':', start);
+      std::string dir = path.substr(start, c == std::string::npos ? std::string::npos : c - start);
+      candidates.push_back((dir.empty() ? "." : dir) + "/" + argv[0]);
+      if (c == std::string::npos) break;
+      start = c + 1;
+    }
+  }
+
+  auto ep = os::make_pipe();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    reset_signals_for_child();
+    ::setsid();
+    ::dup2(kNsAgentIn, 0);
+    ::dup2(kNsAgentOut, 1);
+    ::dup2(kNsAgentErr, 2);
+    int efd = ep ? ep->write.get() : -1;
+    if (efd >= 0) efd = ::dup3(efd, 3, O_CLOEXEC) >= 0 ? 3 : -1;
+    ::close_range(4, ~0U, 0);
+    int err = 0;
+    if (::chdir(cwd.c_str()) != 0) {
+      err = errno;
+      int msg[2] = {1, err};
+      (void)!::write(efd, msg, sizeof msg);
+      ::_exit(127);
+    }
+    // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
+    for (auto& c : candidates) {
+      ::execve(c.c_str(), av.data(), ev.data());
+      if (errno != ENOENT || err == 0) err = errno;
+    }
+    int msg[2] = {2, err};
+    (void)!::write(efd, msg, sizeof msg);
+    ::_exit(127);
+  }
+  ::close(kNsAgentIn);
+  ::close(kNsAgentOut);
+  ::close(kNsAgentErr);
+  if (pid < 0) {
+    report({{"ev", "spawn_failed"}, {"error", std::string("fork: ") + std::strerror(errno)}});
+    agent_done_ = true;
+    agent_status_ = 127 << 8;
+    return;
+  }
+  agent_ = pid;
+  ep->write.reset();
+  int msg[2];
+  ssize_t n;
+  do n = ::read(ep->read.get(), msg, sizeof msg);
+  while (n < 0 && errno == EINTR);
+  if (n == sizeof msg) {
+    std::string what = msg[0] == 1 ? "chdir " + cwd : "exec " + argv[0];
+    report({{"ev", "spawn_failed"}, {"error", what + ": " + std::strerror(msg[1])}});
+    return;  // its exit (127) is collected by reap() like any other
+  }
+  report({{"ev", "started"}, {"pid", pid}});
+}
+
+void NsInit::reap() {
+  for (;;) {
+    int st;
+    pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
+    if (p <= 0) break;
+    if (p == agent_ && !agent_done_) {
+      agent_done_ = true;
+      agent_status_ = st;
+      // What is left of the tree gets TERM and the grace period, then KILL.
+      begin_shutdown(grace_ms_);
+    }
+  }
+}
+
+void NsInit::on_signal(int sig) {
+  if (sig == SIGCHLD) return reap();
+  if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
+}
+
+void NsInit::on_request(const boost::json::object& req) {
+  auto op = req.if_contains("op");
+  if (!op || !op->is_string()) return;
+  if (*op == "signal") {
+    int sig = static_cast<int>(req.at("sig").to_number<int64_t>());
+    if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
+  } else if (*op == "shutdown") {
+    int64_t g = req.contains("grace_ms") ? req.at("grace_ms").to_number<int64_t>() : grace_ms_;
+    begin_shutdown(g);
+  } else if (*op == "kill") {
+    deadline_ = now_ms();
+  }
+}
+
+int NsInit::run() {
+  // Our own stdio: nothing the supervisor holds, opened inside our root.
+  int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
+    if (devnull > 2) ::close(devnull);
+  }
+  if (flat_ && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    report({{"ev", "spawn_failed"}, {"error", std::string("PR_SET_CHILD_SUBREAPER: ") + std::strerror(errno)}});
+    return 127;
+  }
+  block_handled_signals();
+  sigset_t set = handled_signals();
+  int sfd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  boost::system::error_code ec;
+  auto cfg = boost::json::parse(read_line_blocking(kNsCtlIn), ec);
+  if (ec || !cfg.is_object() || !cfg.as_object().contains("argv")) {
+    report({{"ev", "spawn_failed"}, {"error", "ns-init: bad config from the supervisor"}});
+    return 127;
+  }
+  try {
+    spawn_agent(cfg.as_object());
+  } catch (const std::exception& e) {
+    report({{"ev", "spawn_failed"}, {"error", std::string("ns-init: ") + e.what()}});
+    return 127;
+  }
+  (void)os::set_nonblocking(kNsCtlIn);
+  bool ctl_open = true;
+
+  for (;;) {
+    reap();
+    if (agent_done_) {
+      // Done when no child is left.
+      int st;
+      pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
+      if (p < 0 && errno == ECHILD) break;
+      if (p > 0) continue;
+    }
+    int64_t timeout = -1;
+    if (deadline_ >= 0) {
+      timeout = deadline_ - now_ms();
+      if (timeout <= 0) {
+        if (!killed_) {
+          signal_tree(SIGKILL);
+          killed_ = true;
+          // Escalation counts only if something was still there to kill.
+          escalated_ = !agent_done_ || !os::children_of(::getpid()).empty();
+        }
+        timeout = 100;
+      }
+    }
+    struct pollfd pfd[2] = {{sfd, POLLIN, 0}, {ctl_open ? kNsCtlIn : -1, POLLIN, 0}};
+    int n = ::poll(pfd, 2, static_cast<int>(timeout));
+    if (n < 0 && errno != EINTR) break;
+    if (pfd[0].revents & POLLIN) {
+      struct signalfd_siginfo si[8];
+      ssize_t r = ::read(sfd, si, sizeof si);
+      for (ssize_t i = 0; i < r / static_cast<ssize_t>(sizeof si[0]); ++i)
+        if (si[i].ssi_signo != SIGPIPE) on_signal(static_cast<int>(si[i].ssi_signo));
+    }
+    if (pfd[1].revents & (POLLIN | POLLHUP)) {
+      char buf[4096];
+      ssize_t r = ::read(kNsCtlIn, buf, sizeof buf);
+      if (r == 0) {
+        // The supervisor is gone: nobody can be told anything; end the branch.
+        ctl_open = false;
+        begin_shutdown(grace_ms_);
+      } else if (r > 0) {
+        pending_.append(buf, static_cast<size_t>(r));
+        size_t nl;
+        while ((nl = pending_.find('\n')) != std::string::npos) {
+          auto req = boost::json::parse(std::string_view(pending_).substr(0, nl), ec);
+          pending_.erase(0, nl + 1);
+          if (!ec && req.is_object()) {
+            try {
+              on_request(req.as_object());
+            } catch (const std::exception&) {
+              // A malformed request changes nothing.
+            }
+          }
+        }
+      }
+    }
+  }
+  report({{"ev", "exited"}, {"status", agent_status_}, {"escalated", escalated_}});
+  if (WIFSIGNALED(agent_status_)) return 128 + WTERMSIG(agent_status_);
+  return WEXITSTATUS(agent_status_);
+}
+
+}  // namespace
+
+int ns_init_main(bool flat) {
+  NsInit n(flat);
+  return n.run();
+}
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,52 @@
+#include "options.hpp"
+
+#include <stdexcept>
+
+namespace sbx::supervisor {
+
+const char* const kInitUsage =
+    "usage: sandboxer-init [OPTIONS] -- COMMAND [ARGS...]\n"
+    "\n"
+    "Runs COMMAND as the agent of a sandbox box: PID 1 duties, resource ceilings and policy,\n"
+    "and a journal of every event.\n"
+    "\n"
+    "  --profile NAME|FILE   sandbox profile (default: default)\n"
+    "  --set FIELD=VALUE     override one profile field, e.g. resources.grace=3s\n"
+    "  --state-dir DIR       journal and branch state (default: $XDG_STATE_HOME/sandboxer/boxes/ID)\n"
+    "  --events PATH|-       also write every event as a JSON line to PATH (- for stdout)\n"
+    "  --workdir DIR         the agent's working directory (default: /workspace)\n"
+    "  --log-level LEVEL     trace, debug, info, warn, error (default: info)\n"
+    "  --version             print the version\n";
+
+InitOptions parse_init_options(int argc, char** argv) {
+  InitOptions o;
+  int i = 1;
+  auto value = [&](const std::string& opt) -> std::string {
+    if (i + 1 >= argc) throw std::invalid_argument(opt + " needs a value");
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "--ns-init") o.mode = InitOptions::NsInit;
+    else if (a == "--flat") o.flat = true;
+    else if (a == "--version") o.mode = InitOptions::Version;
+    else if (a == "-h" || a == "--help") o.mode = InitOptions::Help;
+    else if (a == "--profile") o.profile = value(a);
+    else if (a == "--set") o.overrides.push_back(value(a));
+    else if (a == "--state-dir") o.state_dir = value(a);
+    else if (a == "--events") o.events = value(a);
+    else if (a == "--workdir") o.workdir = value(a);
+    else if (a == "--log-level") o.log_level = value(a);
+    else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
+    else break;  // the command starts here
+  }
+  for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.mode == InitOptions::Run && o.argv.empty()) throw std::invalid_argument("no command given (expected -- COMMAND ...)");
+  return o;
+}
+
+}  // namespace sbx::supervisor

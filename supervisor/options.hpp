@@ -1,0 +1,25 @@
+#pragma once
+// The command line of sandboxer-init.
+#include <string>
+#include <vector>
+
+namespace sbx::supervisor {
+
+struct InitOptions {
+  enum Mode { Run, NsInit, Version, Help } mode = Run;
+  bool flat = false;  // ns-init without namespaces
+  std::string profile = "default";
+  std::vector<std::string> overrides;
+  std::string state_dir;
+  std::string events;
+  std::string workdir = "/workspace";
+  std::string log_level = "info";
+  std::vector<std::string> argv;
+};
+
+/// Parses argv; throws std::invalid_argument with a message naming the bad option.
+InitOptions parse_init_options(int argc, char** argv);
+
+extern const char* const kInitUsage;
+
+}  // namespace sbx::supervisor

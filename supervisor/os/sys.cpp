@@ -1,0 +1,164 @@
+#include "os/sys.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+namespace sbx::os {
+
+boost::system::error_code last_error() noexcept {
+  return {errno, boost::system::system_category()};
+}
+
+Result<Pipe> make_pipe(int flags) noexcept {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | flags) != 0) return last_error();
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+Result<void> write_all(int fd, std::string_view data) noexcept {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return last_error();
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return {};
+}
+
+Result<std::string> read_all(int fd) {
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return last_error();
+    }
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+Result<std::string> read_file(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return last_error();
+  return read_all(fd.get());
+}
+
+Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  if (!fd) return last_error();
+  if (auto r = write_all(fd.get(), data); !r) {
+    ::unlink(tmp.c_str());
+    return r.error();
+  }
+  fd.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    auto ec = last_error();
+    ::unlink(tmp.c_str());
+    return ec;
+  }
+  return {};
+}
+
+Result<void> make_dirs(const std::string& path, mode_t mode) {
+  if (path.empty()) return {};
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    cur = path.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return last_error();
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return last_error();
+  if (!S_ISDIR(st.st_mode)) return boost::system::error_code(ENOTDIR, boost::system::system_category());
+  return {};
+}
+
+Result<void> set_nonblocking(int fd, bool on) noexcept {
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) return last_error();
+  fl = on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
+  if (::fcntl(fd, F_SETFL, fl) != 0) return last_error();
+  return {};
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (auto* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(dir + "/" + e->d_name + "/children");
+    pid_t c;
+    while (f >> c) out.push_back(c);
+  }
+  ::closedir(d);
+  return out;
+}
+
+std::string random_hex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+namespace {
+struct SigName {
+  int sig;
+  const char* name;
+};
+constexpr SigName kSignals[] = {
+    {SIGHUP, "HUP"},   {SIGINT, "INT"},       {SIGQUIT, "QUIT"},   {SIGILL, "ILL"},   {SIGTRAP, "TRAP"},
+    {SIGABRT, "ABRT"}, {SIGBUS, "BUS"},       {SIGFPE, "FPE"},     {SIGKILL, "KILL"}, {SIGUSR1, "USR1"},
+    {SIGSEGV, "SEGV"}, {SIGUSR2, "USR2"},     {SIGPIPE, "PIPE"},   {SIGALRM, "ALRM"}, {SIGTERM, "TERM"},
+    {SIGCHLD, "CHLD"}, {SIGCONT, "CONT"},     {SIGSTOP, "STOP"},   {SIGTSTP, "TSTP"}, {SIGTTIN, "TTIN"},
+    {SIGTTOU, "TTOU"}, {SIGURG, "URG"},       {SIGXCPU, "XCPU"},   {SIGXFSZ, "XFSZ"}, {SIGVTALRM, "VTALRM"},
+    {SIGPROF, "PROF"}, {SIGWINCH, "WINCH"},   {SIGIO, "IO"},       {SIGPWR, "PWR"},   {SIGSYS, "SYS"},
+    {SIGSTKFLT, "STKFLT"},
+};
+}  // namespace
+
+std::string signal_name(int sig) {
+  for (auto& s : kSignals)
+    if (s.sig == sig) return s.name;
+  return std::to_string(sig);
+}
+
+std::optional<int> parse_signal(std::string_view s) {
+  if (s.starts_with("SIG")) s.remove_prefix(3);
+  for (auto& e : kSignals)
+    if (s == e.name) return e.sig;
+  int n = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec == std::errc() && p == s.data() + s.size() && n > 0 && n < NSIG) return n;
+  return std::nullopt;
+}
+
+}  // namespace sbx::os

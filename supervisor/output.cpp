@@ -1,0 +1,117 @@
+#include "output.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "event.hpp"
+
+namespace sbx::supervisor {
+
+void OutputDecoder::feed(std::string_view bytes) {
+  std::string joined;
+  if (!carry_.empty()) {
+    joined = std::move(carry_);
+    carry_.clear();
+    joined.append(bytes);
+    bytes = joined;
+  }
+  // Hold back a trailing, still incomplete character (at most 3 bytes) for the next read.
+  size_t valid = utf8_valid_prefix(bytes);
+  size_t rest = bytes.size() - valid;
+  size_t keep = rest > 0 && rest <= 3 && utf8_incomplete_tail(bytes) == rest ? rest : 0;
+  std::string_view now = bytes.substr(0, bytes.size() - keep);
+  if (!now.empty()) {
+    boost::json::object ev{{"type", "proc.output"}, {"stream", stream_}};
+    put_bytes(ev, now);
+    emit_(std::move(ev));
+    if (messages_) scan_lines(now);
+  }
+  carry_.assign(bytes.substr(bytes.size() - keep));
+}
+
+void OutputDecoder::finish() {
+  if (!carry_.empty()) {
+    boost::json::object ev{{"type", "proc.output"}, {"stream", stream_}};
+    put_bytes(ev, carry_);
+    emit_(std::move(ev));
+    if (messages_) scan_lines(carry_);
+    carry_.clear();
+  }
+  // A last line without a newline still counts as a line.
+  if (messages_ && !line_.empty()) scan_lines("\n");
+}
+
+void OutputDecoder::scan_lines(std::string_view bytes) {
+  while (!bytes.empty()) {
+    size_t nl = bytes.find('\n');
+    std::string_view part = bytes.substr(0, nl);
+    if (!line_too_long_) {
+      if (line_.size() + part.size() > kMaxMessageLine) {
+        line_too_long_ = true;
+        line_.clear();
+      } else {
+        line_.append(part);
+      }
+    }
+    if (nl == std::string_view::npos) return;
+    bytes.remove_prefix(nl + 1);
+    if (!line_too_long_) {
+      std::string_view l = line_;
+      if (l.ends_with('\r')) l.remove_suffix(1);
+      size_t first = l.find_first_not_of(" \t");
+      if (first != std::string_view::npos && l[first] == '{') {
+        boost::system::error_code ec;
+        auto v = boost::json::parse(l, ec);
+        if (!ec && v.is_object()) emit_({{"type", "proc.message"}, {"message", std::move(v)}});
+      }
+    }
+    line_.clear();
+    line_too_long_ = false;
+  }
+}
+
+OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decoder, std::function<void()> on_eof)
+    : pipe_(new uv_pipe_t), decoder_(std::move(decoder)), on_eof_(std::move(on_eof)) {
+  uv_pipe_init(loop, pipe_, 0);
+  pipe_->data = this;
+  if (int rc = uv_pipe_open(pipe_, fd.release()); rc != 0) {
+    spdlog::error("watch output pipe: {}", uv_strerror(rc));
+    done_ = true;
+    return;
+  }
+  buf_.resize(64 * 1024);
+  uv_read_start(reinterpret_cast<uv_stream_t*>(pipe_), on_alloc, on_read);
+}
+
+OutputReader::~OutputReader() {
+  pipe_->data = nullptr;
+  uv_close(reinterpret_cast<uv_handle_t*>(pipe_), [](uv_handle_t* h) { delete reinterpret_cast<uv_pipe_t*>(h); });
+}
+
+void OutputReader::close() {
+  if (done_) return;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(pipe_));
+  done_ = true;
+  decoder_.finish();
+  if (on_eof_) on_eof_();
+}
+
+void OutputReader::on_alloc(uv_handle_t* h, size_t, uv_buf_t* b) noexcept {
+  auto* self = static_cast<OutputReader*>(h->data);
+  *b = uv_buf_init(self->buf_.data(), static_cast<unsigned>(self->buf_.size()));
+}
+
+void OutputReader::on_read(uv_stream_t* s, ssize_t n, const uv_buf_t* b) noexcept {
+  auto* self = static_cast<OutputReader*>(s->data);
+  if (!self) return;
+  try {
+    if (n > 0) {
+      self->decoder_.feed({b->base, static_cast<size_t>(n)});
+    } else if (n < 0) {
+      self->close();
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("read output: {}", e.what());
+  }
+}
+
+}  // namespace sbx::supervisor

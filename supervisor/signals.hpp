@@ -1,0 +1,38 @@
+#pragma once
+// Signals as loop events: the signals are blocked in every thread and read from a signalfd, so a
+// PID 1 receives them (a blocked signal is queued even for a namespace's init) and nothing runs
+// in signal-handler context.
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <uv.h>
+
+#include <functional>
+
+#include "os/unique-fd.hpp"
+
+namespace sbx::supervisor {
+
+/// The signals the supervisor handles: blocked at start, before any thread exists.
+const sigset_t& handled_signals();
+/// Blocks handled_signals() in the calling thread (call first thing in main).
+void block_handled_signals();
+/// Restores an empty mask and default dispositions: for a child between fork and exec.
+/// Async-signal-safe.
+void reset_signals_for_child() noexcept;
+
+class SignalSource {
+ public:
+  using Handler = std::function<void(const struct signalfd_siginfo&)>;
+  SignalSource(uv_loop_t* loop, Handler h);
+  ~SignalSource();
+  SignalSource(const SignalSource&) = delete;
+  SignalSource& operator=(const SignalSource&) = delete;
+
+ private:
+  static void on_readable(uv_poll_t* p, int status, int events) noexcept;
+  os::UniqueFd fd_;
+  uv_poll_t* poll_;
+  Handler handler_;
+};
+
+}  // namespace sbx::supervisor

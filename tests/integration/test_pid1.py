@@ -1,0 +1,159 @@
+"""sandboxer-init as PID 1: exit codes, signal forwarding, reaping, shutdown with grace."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import INIT, PROBE, read_journal, run_init
+
+
+def exited(events):
+    ex = [e for e in events if e["type"] == "proc.exited"]
+    assert len(ex) == 1, ex
+    return ex[0]
+
+
+def test_every_exit_code_comes_back_unchanged(tmp_path):
+    # Exhaustive where cheap: 256 boxes, a few at a time.
+    codes = list(range(256))
+    for batch in range(0, 256, 16):
+        procs = {}
+        for c in codes[batch:batch + 16]:
+            cmd = ["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir",
+                   str(tmp_path / f"s{c}"), "--", str(PROBE), "exit", str(c)]
+            procs[c] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for c, p in procs.items():
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == c, (c, err)
+    ev = exited(read_journal(tmp_path / "s255"))
+    assert ev["code"] == 255 and ev["reason"] == "exited"
+
+
+def start_box(state_dir, argv, *extra):
+    """Starts a box as PID 1 of a new pid namespace, streaming events to a file."""
+    events = state_dir.parent / "events.jsonl"
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+           str(INIT), "--state-dir", str(state_dir), "--events", str(events), *extra, "--", *argv]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return p, events
+
+
+def wait_for_output(events_path, text, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if events_path.exists():
+            for line in events_path.read_text().splitlines():
+                e = json.loads(line)
+                if e["type"] == "proc.output" and text in e.get("data", ""):
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"no output {text!r} within {timeout}s")
+
+
+def supervisor_pid(unshare_proc):
+    """The pid (in our namespace) of sandboxer-init: unshare's only child."""
+    for _ in range(200):
+        kids = open(f"/proc/{unshare_proc.pid}/task/{unshare_proc.pid}/children").read().split()
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    raise AssertionError("unshare has no child")
+
+
+FORWARDED = ["HUP", "INT", "QUIT", "USR1", "USR2", "WINCH"]
+
+
+def test_forwarded_signals_reach_the_agent(tmp_path):
+    # The agent writes into its own workspace (cwd); the host reads it from the state dir.
+    record = tmp_path / "s" / "branches" / "main" / "workspace" / "received"
+    p, events = start_box(tmp_path / "s", [str(PROBE), "catch", "received"])
+    wait_for_output(events, "ready")
+    sup = supervisor_pid(p)
+    for name in FORWARDED:
+        os.kill(sup, getattr(signal, "SIG" + name))
+        deadline = time.time() + 10
+        while time.time() < deadline and name not in (record.read_text().split() if record.exists() else []):
+            time.sleep(0.01)
+    os.kill(sup, signal.SIGTERM)
+    p.wait(timeout=30)
+    assert record.read_text().split() == FORWARDED + ["TERM"]
+    assert p.returncode == 0
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["code"] == 0 and ev["reason"] == "shutdown"
+
+
+@pytest.mark.parametrize("name", ["HUP", "INT", "QUIT", "USR1", "USR2", "TERM"])
+def test_a_terminating_signal_exits_128_plus_n(tmp_path, name):
+    p, events = start_box(tmp_path / "s", [str(PROBE), "wait"])
+    wait_for_output(events, "ready")
+    signo = getattr(signal, "SIG" + name)
+    os.kill(supervisor_pid(p), signo)
+    p.wait(timeout=30)
+    assert p.returncode == 128 + signo
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["signal"] == name
+    assert ev["reason"] == ("shutdown" if name == "TERM" else "signaled")
+
+
+def test_orphans_are_reaped_while_the_agent_runs(tmp_path):
+    r = run_init(["--", str(PROBE), "orphans", "100", "200"], tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    out = "".join(e.get("data", "") for e in read_journal(tmp_path / "s") if e["type"] == "proc.output")
+    assert "zombies=0" in out, out
+
+
+def test_control_a_bare_pid1_leaves_zombies(tmp_path):
+    # The same orphan maker as PID 1 itself, which never reaps: the zombies are there to see,
+    # so the test above can fail.
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(PROBE), "orphans", "100", "200"],
+                       capture_output=True, timeout=60, text=True)
+    assert "zombies=100" in r.stdout, r.stdout
+
+
+def test_nothing_of_the_tree_survives_the_agent(tmp_path):
+    # The agent leaves 5 daemons that ignore TERM; they are KILLed after the grace period.
+    r = run_init(["--set", "resources.grace=1s", "--", str(PROBE), "leave-tree", "5"], tmp_path / "s",
+                 as_pid1=False)
+    assert r.returncode == 0, r.stderr
+    left = subprocess.run(["pgrep", "-f", f"{PROBE} leave-tree"], capture_output=True, text=True).stdout
+    assert left.strip() == "", left
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["code"] == 0 and ev.get("escalated") is True
+
+
+def test_an_agent_that_ignores_term_is_killed_after_the_grace_period(tmp_path):
+    p, events = start_box(tmp_path / "s", [str(PROBE), "ignore-term"], "--set", "resources.grace=1s")
+    wait_for_output(events, "ready")
+    t0 = time.monotonic()
+    os.kill(supervisor_pid(p), signal.SIGTERM)
+    p.wait(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 128 + signal.SIGKILL
+    assert elapsed >= 0.9  # the grace period held
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["signal"] == "KILL" and ev["reason"] == "shutdown" and ev["escalated"] is True
+
+
+def test_not_pid1_becomes_a_subreaper_and_reaps(tmp_path):
+    r = run_init(["--", str(PROBE), "orphans", "20", "100"], tmp_path / "s", as_pid1=False)
+    assert r.returncode == 0, r.stderr
+    out = "".join(e.get("data", "") for e in read_journal(tmp_path / "s") if e["type"] == "proc.output")
+    assert "zombies=0" in out
+
+
+def test_a_missing_binary_is_a_clear_error(tmp_path):
+    r = run_init(["--", "/nonexistent/agent"], tmp_path / "s")
+    assert r.returncode == 127
+    ev = exited(read_journal(tmp_path / "s"))
+    assert "exec /nonexistent/agent" in ev["error"] and "No such file" in ev["error"]
+
+
+def test_a_bad_profile_names_the_field(tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_text('{"name": "x", "version": 1, "resources": {"grase": "1s"}}')
+    r = run_init(["--profile", str(prof), "--", "true"], tmp_path / "s")
+    assert r.returncode == 125
+    assert b"resources.grase: unknown field" in r.stderr
