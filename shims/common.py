@@ -21,6 +21,9 @@ PORT = 7777
 # The supervisor's journal and branch state. On a volume or tmpfs of its own: an overlay upper
 # directory cannot sit on the container's own overlay root (DESIGN.md).
 STATE_DIR = "/var/lib/sandboxer/box"
+# A box started on a copy of another box's whole filesystem (Modal's snapshot_filesystem) keeps
+# the parent's journal where it was and writes its own here.
+FORK_STATE_DIR = "/var/lib/sandboxer/fork"
 # Where each host mounts its archive store (Modal Volume, Daytona volume, PVC). A fork's boxes
 # restore `ARCHIVE_DIR/<snapshot>` from it.
 ARCHIVE_DIR = "/var/lib/sandboxer/archives"
@@ -46,12 +49,12 @@ class ShimError(Exception):
 
 def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
               token_file: str | None = None, profile: str | None = None,
-              port: int = PORT) -> list[str]:
+              port: int = PORT, state_dir: str = STATE_DIR) -> list[str]:
     """The command line of sandboxer-init inside the box: serve the WebSocket on PORT, and run
     COMMAND, or restore a snapshot from the archive store, or wait idle for an `exec`."""
     if command and restore:
         raise ShimError("a box runs either a command or a restored snapshot, not both")
-    argv = ["sandboxer-init", "--listen", f"0.0.0.0:{port}", "--state-dir", STATE_DIR]
+    argv = ["sandboxer-init", "--listen", f"0.0.0.0:{port}", "--state-dir", state_dir]
     if token_file:
         argv += ["--token-file", token_file]
     if profile:

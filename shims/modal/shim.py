@@ -126,7 +126,8 @@ def plan_fork(api, opts, tokens: list[str]) -> list[Any]:
         image = api.method(parent, "Sandbox.snapshot_filesystem")
         env = {"SANDBOXER_RESUMED": "1", "SANDBOXER_SNAPSHOT": opts.snapshot}
         for i in range(opts.n):
-            argv = common.init_argv(command=opts.command, profile=opts.profile)
+            argv = common.init_argv(command=opts.command, profile=opts.profile,
+                                    state_dir=common.FORK_STATE_DIR)
             boxes.append(_sandbox(api, app=app, image=image, volume=volume, token=tokens[i],
                                   argv=argv, opts=opts, env=env))
     for sb in boxes:

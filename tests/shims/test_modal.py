@@ -119,6 +119,8 @@ def test_fork_via_modal_snapshot_cold_restarts_the_command(shim_env):
         assert c["kwargs"]["image"] == {"$ref": snap["returns"]}
         assert c["kwargs"]["env"] == {"SANDBOXER_RESUMED": "1", "SANDBOXER_SNAPSHOT": "s1"}
         assert c["args"][-3:] == ["--", "python3", "a.py"]
+        # The parent's journal came along in the snapshot; the copy writes a journal of its own.
+        assert c["args"][c["args"].index("--state-dir") + 1] == "/var/lib/sandboxer/fork"
     check_all(plan)
 
 
