@@ -264,6 +264,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _wait(state, want: str, bad: tuple, what: str, timeout: float = 600) -> None:
+    """Polls a Daytona object until it reaches `want`; creation requests return before that."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        s = state()
+        s = getattr(s, "value", s)
+        if s == want:
+            return
+        if s in bad:
+            raise ShimError(f"{what}: {s}")
+        if time.monotonic() > deadline:
+            raise ShimError(f"{what}: still {s} after {timeout:.0f} s")
+        time.sleep(2)
+
+
 def _live(opts, reqs: list[Request], boxes: list[str], tokens: list[str]) -> int:
     """Sends the same requests with the real client (needs DAYTONA_API_KEY)."""
     import os
@@ -284,7 +300,13 @@ def _live(opts, reqs: list[Request], boxes: list[str], tokens: list[str]) -> int
             if e.status == 409 and op in ("create_volume", "create_snapshot"):
                 continue
             raise ShimError(f"{r.api}: {e.status} {e.reason}") from None
-        if op == "get_port_preview_url":
+        if op == "create_snapshot":
+            _wait(lambda: api.get_snapshot(r.body["name"]).state, "active",
+                  ("build_failed", "error"), f"snapshot {r.body['name']}")
+        elif op == "create_sandbox":
+            _wait(lambda: api.get_sandbox(r.body["name"]).state, "started",
+                  ("error", "build_failed", "destroyed"), f"sandbox {r.body['name']}")
+        elif op == "get_port_preview_url":
             previews.append(result)
     for i, p in enumerate(previews):
         url = "wss://" + p.url.split("://", 1)[-1]

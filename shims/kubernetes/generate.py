@@ -70,8 +70,9 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
         "command": argv,
         "workingDir": "/workspace",
         "ports": [{"name": "ws", "containerPort": PORT, "protocol": "TCP"}],
+        # Ready once the WebSocket accepts. No liveness probe: a failing one would restart the
+        # box and end the agent, and `sandboxer-init --health` is not there yet.
         "readinessProbe": {"tcpSocket": {"port": "ws"}, "periodSeconds": 2},
-        "livenessProbe": {"exec": {"command": ["sandboxer-init", "--health"]}, "periodSeconds": 30},
         "volumeMounts": [
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "run", "mountPath": "/run"},
