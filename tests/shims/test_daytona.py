@@ -3,7 +3,7 @@ import copy
 
 import daytona_api_client as d
 import pytest
-from conftest import run_plan, run_shim
+from shimrun import run_plan, run_shim, no_network, shim_env  # noqa: F401 (fixtures)
 
 from shims.common import ShimError
 from shims.daytona.shim import validate_body

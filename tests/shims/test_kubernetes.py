@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 import yaml
-from conftest import run_shim
+from shimrun import run_shim, no_network, shim_env  # noqa: F401 (fixtures)
 
 from shims.common import ShimError
 from shims.kubernetes.validate import check_manifest

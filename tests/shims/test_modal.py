@@ -3,7 +3,7 @@ import copy
 
 import modal
 import pytest
-from conftest import run_plan, run_shim
+from shimrun import run_plan, run_shim, no_network, shim_env  # noqa: F401 (fixtures)
 
 from shims.common import ShimError
 from shims.sdkcheck import call_from_json, check_call
@@ -135,3 +135,9 @@ def test_bad_input_is_refused_with_its_reason(shim_env, argv, message):
     assert p.returncode == 2
     assert message in p.stderr
     assert p.stdout == ""
+
+
+def test_in_process_checks_run_without_network():
+    import socket
+    with pytest.raises(OSError, match="no network in shim tests"):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
