@@ -128,6 +128,21 @@ def _names(box: str) -> dict[str, str]:
     return {"sandbox": f"sandboxer-{box}", "secret": f"sandboxer-token-{box}"}
 
 
+def _local_copies(dockerfile: str) -> list[str]:
+    """COPY/ADD lines that read the build context (not another stage, not a URL)."""
+    lines, out = dockerfile.replace("\\\n", " ").splitlines(), []
+    for line in lines:
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        if any(w.startswith("--from=") for w in words[1:]):
+            continue
+        srcs = [w for w in words[1:-1] if not w.startswith("--")]
+        if any("://" not in w for w in srcs):
+            out.append(line.strip())
+    return out
+
+
 def _snapshot_body(opts, name: str, entrypoint: list[str]) -> dict:
     body: dict[str, Any] = {"name": name, "entrypoint": entrypoint}
     if opts.dockerfile:
@@ -135,6 +150,12 @@ def _snapshot_body(opts, name: str, entrypoint: list[str]) -> dict:
             content = pathlib.Path(opts.dockerfile).read_text()
         except OSError as e:
             raise ShimError(f"read {opts.dockerfile}: {e.strerror}") from None
+        local = _local_copies(content)
+        if local:
+            raise ShimError(
+                f"{opts.dockerfile}: {local[0]!r} copies files from the build context; Daytona "
+                "builds a snapshot from the Dockerfile's text alone and this shim uploads no "
+                "context: push the image to a registry and use --image")
         body["buildInfo"] = {"dockerfileContent": content}
     else:
         body["imageName"] = opts.image

@@ -84,12 +84,12 @@ def test_wrong_snapshot_body_is_rejected(up_plan):
 
 def test_linux_vm_class_and_dockerfile_build(shim_env, tmp_path):
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text("FROM debian:trixie-slim\n")
+    dockerfile.write_text("FROM debian:trixie-slim\nCOPY --from=debian:trixie /etc/os-release /tmp/\n")
     plan = run_plan(["-m", "shims.daytona", "up", "--class", "linux-vm", "--dockerfile",
                      str(dockerfile), "--dry-run", "--", "true"], shim_env)
     body = request(plan, "SnapshotsApi.create_snapshot")["body"]
     assert body["sandboxClass"] == "linux-vm"
-    assert body["buildInfo"] == {"dockerfileContent": "FROM debian:trixie-slim\n"}
+    assert body["buildInfo"] == {"dockerfileContent": dockerfile.read_text()}
     assert "imageName" not in body
 
 
@@ -116,3 +116,12 @@ def test_bad_input_is_refused_with_its_reason(shim_env):
                   "--dry-run", "--", "true"], shim_env, check=False)
     assert p.returncode == 2
     assert "/nonexistent/Dockerfile" in p.stderr
+
+
+def test_dockerfile_that_copies_local_files_is_refused(shim_env):
+    # images/Dockerfile copies the bundle and images/ from its build context, which a Daytona
+    # build from the Dockerfile's text alone would not have.
+    p = run_shim(["-m", "shims.daytona", "up", "--dockerfile", "images/Dockerfile", "--dry-run",
+                  "--", "true"], shim_env, check=False)
+    assert p.returncode == 2
+    assert "copies files from the build context" in p.stderr and "--image" in p.stderr
