@@ -174,7 +174,7 @@ def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels:
         "secrets": [{TOKEN_ENV: n["secret"]}],
         "volumes": [{"volumeId": opts.volume, "mountPath": ARCHIVE_DIR}],
         "labels": {"sandboxer.box": box, **labels},
-        "public": False,
+        "public": opts.public,
         "autoStopInterval": 0,
     })
     preview = Request("SandboxApi.get_port_preview_url", None, None)
@@ -219,6 +219,9 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--volume", default="sandboxer-archives")
         sp.add_argument("--snapshot-tag", default="agent-0.1.0", help="name of the image's snapshot")
         sp.add_argument("--profile")
+        sp.add_argument("--public", action="store_true",
+                        help="preview URL reachable without Daytona's preview token (the box token "
+                             "still guards every connection)")
         sp.add_argument("--dry-run", action="store_true")
 
     up = sub.add_parser("up")

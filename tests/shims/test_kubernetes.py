@@ -74,10 +74,11 @@ def test_token_from_file_goes_into_the_secret_and_never_on_a_command_line(shim_e
     assert base64.b64decode(sec["data"]["token"]).decode() == "s3cret-token-value"
     (pod,) = kind(docs, "Pod")
     assert "s3cret-token-value" not in json.dumps(pod)
-    kept = pathlib.Path(shim_env["XDG_STATE_HOME"], "sandboxer", "tokens")
-    (saved,) = [p for p in kept.iterdir() if "box2" in p.name]
+    # Kept where the CLI and sdk/python look a token up by URL: the URL percent-encoded.
+    saved = pathlib.Path(shim_env["XDG_STATE_HOME"], "sandboxer", "tokens",
+                         "ws%3A%2F%2Fbox2.default.svc%3A7777")
     assert os.stat(saved).st_mode & 0o777 == 0o600
-    assert json.loads(saved.read_text())["token"] == "s3cret-token-value"
+    assert saved.read_text() == "s3cret-token-value\n"
 
 
 @pytest.mark.parametrize("change, message", [
