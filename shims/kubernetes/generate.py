@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import pathlib
 import secrets
 import sys
