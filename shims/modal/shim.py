@@ -32,6 +32,11 @@ from ..common import ARCHIVE_DIR, PORT, TOKEN_ENV, ShimError
 from ..sdkcheck import Call, Ref, call_json, check_call
 
 
+# What a call returns, where it is not an object of the class it is called on.
+RESULT_KINDS = {"Sandbox.snapshot_filesystem": "Image", "Sandbox.tunnels": "Tunnels",
+                "Sandbox.terminate": "Exit"}
+
+
 class Recorder:
     """Stands in for the SDK in a dry run: records each call and returns a handle."""
 
@@ -40,9 +45,7 @@ class Recorder:
         self._ids = itertools.count(1)
 
     def call(self, path: str, *args: Any, redact: set | None = None, **kwargs: Any) -> Ref:
-        kind = path.split(".")[0]
-        if path in ("Sandbox.snapshot_filesystem",):
-            kind = "Image"
+        kind = RESULT_KINDS.get(path, path.split(".")[0])
         ref = Ref(kind, f"{kind.lower()}#{next(self._ids)}")
         self.calls.append(Call(path, args, kwargs, result=ref, redact=redact or set()))
         return ref
@@ -101,17 +104,18 @@ def _sandbox(api, *, app, image, volume, token: str, argv: list[str], opts,
     return api.call("Sandbox.create", *argv, **kwargs)
 
 
-def plan_up(api, opts, token: str) -> Any:
+def plan_up(api, opts, token: str) -> list[tuple[Any, Any]]:
+    """The calls of `up`; returns (sandbox, its tunnels) for the one box."""
     app = api.call("App.lookup", opts.app, create_if_missing=True)
     image = _image(api, opts)
     volume = api.call("Volume.from_name", opts.volume, create_if_missing=True)
     argv = common.init_argv(command=opts.command, profile=opts.profile)
     sb = _sandbox(api, app=app, image=image, volume=volume, token=token, argv=argv, opts=opts)
-    api.method(sb, "Sandbox.tunnels")
-    return sb
+    return [(sb, api.method(sb, "Sandbox.tunnels"))]
 
 
-def plan_fork(api, opts, tokens: list[str]) -> list[Any]:
+def plan_fork(api, opts, tokens: list[str]) -> list[tuple[Any, Any]]:
+    """The calls of `fork`; returns (sandbox, its tunnels) per copy."""
     app = api.call("App.lookup", opts.app, create_if_missing=True)
     volume = api.call("Volume.from_name", opts.volume, create_if_missing=True)
     boxes = []
@@ -130,9 +134,7 @@ def plan_fork(api, opts, tokens: list[str]) -> list[Any]:
                                     state_dir=common.FORK_STATE_DIR)
             boxes.append(_sandbox(api, app=app, image=image, volume=volume, token=tokens[i],
                                   argv=argv, opts=opts, env=env))
-    for sb in boxes:
-        api.method(sb, "Sandbox.tunnels")
-    return boxes
+    return [(sb, api.method(sb, "Sandbox.tunnels")) for sb in boxes]
 
 
 def plan_down(api, opts) -> None:
@@ -198,6 +200,24 @@ def _ws_url(tunnels: dict, port: int) -> str:
     return "wss://" + url.split("://", 1)[-1]
 
 
+def _live(opts, tokens: list[str]) -> int:
+    """The same plan on the real SDK (needs Modal credentials, as `modal token set` keeps them)."""
+    live = Live()
+    try:
+        if opts.op == "down":
+            plan_down(live, opts)
+            return 0
+        boxes = plan_up(live, opts, tokens[0]) if opts.op == "up" else plan_fork(live, opts, tokens)
+    except live.modal.exception.Error as e:
+        raise ShimError(f"{type(e).__name__}: {e}") from None
+    for i, (sb, tunnels) in enumerate(boxes):
+        url = _ws_url(tunnels, PORT)
+        common.save_token(url, tokens[i])
+        # Fork: one line per copy, the Sandbox's id and its URL; up: the URL alone, last.
+        print(f"{sb.object_id} {url}" if opts.op == "fork" else url)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     try:
@@ -220,21 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                                "checked": "every call bound against the installed SDK's signatures",
                                "calls": [call_json(c) for c in rec.calls]})
             return 0
-        live = Live()
-        if opts.op == "down":
-            plan_down(live, opts)
-            return 0
-        if opts.op == "up":
-            boxes = [plan_up(live, opts, tokens[0])]
-        else:
-            boxes = plan_fork(live, opts, tokens)
-        for i, sb in enumerate(boxes):
-            url = _ws_url(sb.tunnels(), PORT)
-            common.save_token(url, tokens[i])
-            prefix = f"{opts.snapshot}-{i} " if opts.op == "fork" else ""
-            print(f"# sandbox {sb.object_id}", file=sys.stderr)
-            print(f"{prefix}{url}")
-        return 0
+        return _live(opts, tokens if opts.op != "down" else [])
     except ShimError as e:
         print(f"sandboxer modal: {e}", file=sys.stderr)
         return 2
