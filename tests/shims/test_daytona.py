@@ -125,3 +125,16 @@ def test_dockerfile_that_copies_local_files_is_refused(shim_env):
                   "--", "true"], shim_env, check=False)
     assert p.returncode == 2
     assert "copies files from the build context" in p.stderr and "--image" in p.stderr
+
+
+def test_what_the_live_path_also_uses_is_in_the_client():
+    # Beyond the printed requests, the live path polls the snapshot and the sandbox until they
+    # are ready and compares their states: those calls and state names are the client's.
+    import inspect
+    inspect.signature(d.SnapshotsApi.get_snapshot).bind(None, "sandboxer-agent-0.1.0")
+    inspect.signature(d.SandboxApi.get_sandbox).bind(None, "sandboxer-box")
+    for state in ("active", "build_failed", "error"):
+        d.SnapshotState(state)
+    for state in ("started", "error", "build_failed", "destroyed"):
+        d.SandboxState(state)
+    assert {"url", "token"} <= set(d.PortPreviewUrl.model_fields)

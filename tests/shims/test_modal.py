@@ -141,3 +141,11 @@ def test_in_process_checks_run_without_network():
     import socket
     with pytest.raises(OSError, match="no network in shim tests"):
         socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+
+def test_what_the_live_path_also_uses_is_in_the_sdk():
+    # The live path reads the tunnel's URL, the Sandbox's id, and catches the SDK's base error.
+    from modal._tunnel import Tunnel
+    assert "url" in dir(Tunnel)
+    assert "object_id" in dir(modal.Sandbox)
+    assert issubclass(modal.exception.NotFoundError, modal.exception.Error)
