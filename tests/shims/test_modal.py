@@ -80,6 +80,10 @@ def test_wrong_argument_type_is_rejected(up_plan):
     wrong.kwargs["encrypted_ports"] = ["7777"]
     with pytest.raises(ShimError, match="encrypted_ports"):
         check_call(modal, wrong)
+    wrong = copy.deepcopy(create)
+    wrong.kwargs["runtime"] = "kata"  # not one of the SDK's Literal['gvisor', 'vm']
+    with pytest.raises(ShimError, match="runtime"):
+        check_call(modal, wrong)
     # A handle of the wrong class: a Secret where the SDK takes an Image.
     wrong = copy.deepcopy(create)
     wrong.kwargs["image"] = wrong.kwargs["secrets"][0]
