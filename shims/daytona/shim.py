@@ -24,6 +24,7 @@ serialisers, and printed as JSON (method, path, body; the token redacted).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import secrets
@@ -143,13 +144,17 @@ def _local_copies(dockerfile: str) -> list[str]:
     return out
 
 
+def _dockerfile_text(opts) -> str:
+    try:
+        return pathlib.Path(opts.dockerfile).read_text()
+    except OSError as e:
+        raise ShimError(f"read {opts.dockerfile}: {e.strerror}") from None
+
+
 def _snapshot_body(opts, name: str, entrypoint: list[str]) -> dict:
     body: dict[str, Any] = {"name": name, "entrypoint": entrypoint}
     if opts.dockerfile:
-        try:
-            content = pathlib.Path(opts.dockerfile).read_text()
-        except OSError as e:
-            raise ShimError(f"read {opts.dockerfile}: {e.strerror}") from None
+        content = _dockerfile_text(opts)
         local = _local_copies(content)
         if local:
             raise ShimError(
@@ -182,17 +187,26 @@ def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels:
             serialize(client, preview, n["sandbox"], PORT)]
 
 
+def _snapshot_name(prefix: str, opts, entrypoint: list[str]) -> str:
+    """A snapshot's name says what it holds (image or Dockerfile, class, entrypoint), so an
+    existing snapshot of that name, reused on a 409, is the same one."""
+    source = _dockerfile_text(opts) if opts.dockerfile else opts.image
+    what = json.dumps([source, opts.sandbox_class, entrypoint])
+    return f"{prefix}-{hashlib.sha256(what.encode()).hexdigest()[:8]}"
+
+
 def plan_up(client, opts, box: str, token: str) -> list[Request]:
-    snap = f"sandboxer-{opts.snapshot_tag}"
+    entry = common.init_argv(profile=opts.profile)
+    snap = _snapshot_name(f"sandboxer-{opts.snapshot_tag}", opts, entry)
     reqs = [serialize(client, Request("VolumesApi.create_volume", "CreateVolume", {"name": opts.volume})),
             serialize(client, Request("SnapshotsApi.create_snapshot", "CreateSnapshot",
-                                      _snapshot_body(opts, snap, common.init_argv(profile=opts.profile))))]
+                                      _snapshot_body(opts, snap, entry)))]
     return reqs + _sandbox_requests(client, opts, box, snap, token, {})
 
 
 def plan_fork(client, opts, boxes: list[str], tokens: list[str]) -> list[Request]:
-    snap = f"sandboxer-restore-{opts.snapshot}"
     entry = common.init_argv(restore=opts.snapshot, profile=opts.profile)
+    snap = _snapshot_name(f"sandboxer-restore-{opts.snapshot}", opts, entry)
     reqs = [serialize(client, Request("SnapshotsApi.create_snapshot", "CreateSnapshot",
                                       _snapshot_body(opts, snap, entry)))]
     for i, (box, token) in enumerate(zip(boxes, tokens)):

@@ -138,3 +138,13 @@ def test_what_the_live_path_also_uses_is_in_the_client():
     for state in ("started", "error", "build_failed", "destroyed"):
         d.SandboxState(state)
     assert {"url", "token"} <= set(d.PortPreviewUrl.model_fields)
+
+
+def test_snapshot_name_follows_what_it_holds(shim_env, up_plan):
+    # An existing snapshot is reused on a 409, so its name must change with its entrypoint.
+    name = request(up_plan, "SnapshotsApi.create_snapshot")["body"]["name"]
+    again = run_plan(UP, shim_env)
+    assert request(again, "SnapshotsApi.create_snapshot")["body"]["name"] == name
+    other = run_plan(["-m", "shims.daytona", "up", "--profile", "strict", "--dry-run", "--", "true"], shim_env)
+    body = request(other, "SnapshotsApi.create_snapshot")["body"]
+    assert body["name"] != name and "--profile" in body["entrypoint"]
