@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "os/sys.hpp"
+#include "policy.hpp"
 
 extern char** environ;
 
@@ -113,6 +114,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stdout", true,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -121,6 +123,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stderr", false,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -163,6 +166,7 @@ void Box::maybe_proc_exited(Proc& p) {
     e["code"] = WEXITSTATUS(p.status);
   std::string reason = WIFSIGNALED(p.status) ? "signaled" : "exited";
   if (shutting_down_) reason = "shutdown";
+  reason = limit_reason(p, reason);
   e["reason"] = reason;
   if (p.escalated) e["escalated"] = true;
   if (!p.error.empty()) e["error"] = p.error;
@@ -246,7 +250,9 @@ void Box::start() {
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
+  setup_branch_policy(*b, spec);
   auto lb = launch_branch(spec);
+  cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
   if (!spec.want_namespaces && b->launched.why_not.empty())
@@ -267,7 +273,8 @@ void Box::start() {
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b->launched.namespaced ? std::string("/workspace") : spec.dir + "/workspace"));
   boost::json::array argv;
   for (auto& a : opts_.argv) argv.emplace_back(a);
-  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms}};
+  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms},
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
@@ -331,11 +338,13 @@ void Box::start() {
   caps["why_not"] = !bp->launched.namespaced ? "no pid and mount namespace of its own: " + bp->launched.why_not
                     : !caps_.criu            ? std::string("criu was not found")
                                              : std::string("live checkpoint is not built yet");
+  start_limits(*bp);
   emit("main", {{"type", "box.started"},
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
-                {"capabilities", caps}});
+                {"capabilities", caps},
+                {"enforcement", enforcement_}});
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
     auto* br = static_cast<Branch*>(h->data);
@@ -373,10 +382,12 @@ int Box::run() {
   } catch (const std::exception& e) {
     log()->critical("{}", e.what());
     kill_leftovers();
+    teardown_policy();
     return 125;
   }
   uv_run(loop_, UV_RUN_DEFAULT);
   kill_leftovers();
+  teardown_policy();
   journal_->flush();
   return exit_status_;
 }

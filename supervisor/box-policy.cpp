@@ -1,0 +1,132 @@
+// The Box's side of ceilings and policy: the branch's cgroup and workspace before its clone, the
+// limits watcher after, the reason a limit gives to proc.exited, and the teardown.
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "box.hpp"
+#include "os/sys.hpp"
+#include "policy.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+auto log() {
+  static auto l = spdlog::default_logger()->clone("policy");
+  return l;
+}
+}  // namespace
+
+void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
+  const Profile& prof = opts_.profile;
+  check_profile_for_host(prof);
+  boost::json::object cg_state;
+  auto host = os::detect_cgroups();
+  bool want_cg = prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 ||
+                 prof.resources.idle_ms > 0;
+  if (host.version != "none") {
+    auto g = os::CgroupDir::create(host, "sbx-" + id_ + "-" + b.name);
+    if (!g) {
+      log()->warn("create the cgroup of branch {}: {}; its ceilings are not enforced", b.name, g.error().message());
+    } else {
+      b.cgroup = std::make_unique<os::CgroupDir>(std::move(*g));
+      std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
+      auto set = [&](const char* field, bool wanted, auto&& fn) {
+        if (!wanted) return;
+        if (auto r = fn(); r) cg_state[field] = how;
+        else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
+      };
+      set("memory", prof.resources.memory > 0, [&] { return b.cgroup->set_memory(prof.resources.memory); });
+      set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
+      set("pids", prof.resources.pids > 0, [&] { return b.cgroup->set_pids(prof.resources.pids); });
+      auto fds = b.cgroup->open_procs_fds();
+      if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
+      cgroup_procs_ = std::move(*fds);
+      for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
+    }
+  } else if (want_cg) {
+    log()->warn("no cgroup hierarchy here: memory, cpus and pids of profile {} are not enforced", prof.name);
+  }
+  for (auto& [k, v] : cg_state)
+    if (v.is_string() && v.as_string().starts_with("not enforced")) log()->warn("branch {}: {}", b.name, v.as_string().c_str());
+
+  // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
+  // the group that writes it), owned by the agent's user.
+  std::string ws = spec.dir + "/workspace";
+  if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
+  if (prof.resources.disk > 0) {
+    std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
+    if (prof.isolation.uid)
+      data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
+    if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
+      b.workspace_mount = ws;
+      cg_state["disk"] = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
+    } else {
+      cg_state["disk"] = std::string("not enforced: mount a tmpfs on the workspace: ") + std::strerror(errno);
+      log()->warn("branch {}: {}", b.name, cg_state["disk"].as_string().c_str());
+    }
+  }
+  if (prof.isolation.uid && b.workspace_mount.empty())
+    (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
+  for (auto& c : credential_paths()) spec.masks.push_back(c);
+  spec.new_net = prof.network == "none";
+  enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
+}
+
+void Box::start_limits(Branch& b) {
+  const Profile& prof = opts_.profile;
+  auto cg = std::move(enforcement_);
+  enforcement_ = describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
+  if (prof.network == "none")
+    enforcement_["network"] = b.launched.namespaced ? "none: a network namespace of its own (loopback only)"
+                                                    : "not enforced: no namespaces";
+  else if (prof.network == "host")
+    enforcement_["network"] = "host: not restricted";
+  LimitsWatcher::Callbacks cb;
+  Branch* bp = &b;
+  cb.emit = [this, bp](boost::json::object e) {
+    e["proc"] = bp->main_proc;
+    emit(bp->name, std::move(e));
+  };
+  cb.end_tree = [this, bp](const std::string& reason, bool now) {
+    log()->warn("branch {}: {}: ending its tree", bp->name, reason);
+    if (now) send_request(*bp, {{"op", "kill"}});
+    else send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
+  };
+  b.limits = std::make_unique<LimitsWatcher>(loop_, b.cgroup.get(), prof.resources, std::move(cb));
+  b.limits->start();
+}
+
+std::string Box::limit_reason(const Proc& p, const std::string& fallback) const {
+  auto it = branches_.find(p.branch);
+  if (it == branches_.end()) return fallback;
+  const Branch& b = *it->second;
+  if (p.id != b.main_proc || !b.limits) return fallback;
+  if (!b.limits->ended_for().empty()) return b.limits->ended_for();
+  // The OOM event and the exit race on the loop: read the counter now.
+  b.limits->check_oom();
+  if (b.limits->oom_killed() && WIFSIGNALED(p.status) && WTERMSIG(p.status) == SIGKILL) return "oom";
+  return fallback;
+}
+
+void Box::note_output(const std::string& branch) {
+  auto it = branches_.find(branch);
+  if (it != branches_.end() && it->second->limits) it->second->limits->on_output();
+}
+
+void Box::teardown_policy() {
+  for (auto& [n, b] : branches_) {
+    b->limits.reset();
+    b->cgroup.reset();  // kills what is left and removes the group
+    if (!b->workspace_mount.empty() && ::umount2(b->workspace_mount.c_str(), MNT_DETACH) != 0)
+      log()->warn("unmount {}: {}", b->workspace_mount, std::strerror(errno));
+    b->workspace_mount.clear();
+  }
+  cgroup_procs_.clear();
+}
+
+}  // namespace sbx::supervisor
