@@ -1,0 +1,157 @@
+"""Resource ceilings: each adversarial agent ends with the reason named, the supervisor survives,
+and a control run without the ceiling shows the same action succeeds there."""
+import os
+import re
+
+import pytest
+
+from policy_util import box, exited, of_type, output, probe, started
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_memory_hog_ends_with_reason_oom(state_dir):
+    r, ev = box(state_dir, probe("memhog"), "resources.memory=64M")
+    ex = exited(ev)
+    assert ex["reason"] == "oom" and ex["signal"] == "KILL", ex
+    hit = [e for e in of_type(ev, "limit.hit") if e["limit"] == "memory"]
+    assert hit and hit[0]["ceiling"] == 64 << 20 and hit[0]["oom_kills"] >= 1
+    assert r.returncode == 128 + 9, r.stderr
+
+
+def test_memory_hog_control_without_the_ceiling_allocates_it_all(state_dir):
+    r, ev = box(state_dir, probe("memhog", 96), "resources.memory=0")
+    assert "held 96 MiB" in output(ev)
+    assert exited(ev)["reason"] == "exited" and r.returncode == 0
+
+
+def test_supervisor_keeps_streaming_after_an_oom_in_the_box(state_dir):
+    # The hog is a child of the agent: the kernel kills it (oom_score_adj 1000), the agent and
+    # the supervisor go on, and the agent's next line still arrives.
+    cmd = f"{probe('memhog')[0]} memhog; echo survived-$?"
+    r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.memory=64M")
+    assert "survived-137" in output(ev)
+    hit = [e["seq"] for e in of_type(ev, "limit.hit") if e["limit"] == "memory"]
+    after = [e["seq"] for e in of_type(ev, "proc.output") if "survived" in e["data"]]
+    assert hit and after and after[0] > hit[0]
+    assert exited(ev)["reason"] == "exited" and r.returncode == 0
+
+
+def test_memory_warning_at_90_percent(state_dir):
+    # 60 MiB of a 64 MiB ceiling, held until the timeout ends the box.
+    r, ev = box(state_dir, probe("memhog", 60, "hold"), "resources.memory=64M", "resources.timeout=3s",
+                "resources.grace=1s")
+    warn = [e for e in of_type(ev, "limit.warning") if e["limit"] == "memory"]
+    assert warn, [e["type"] for e in ev]
+    assert warn[0]["value"] >= 0.9 * (64 << 20) and warn[0]["ceiling"] == 64 << 20
+    assert exited(ev)["reason"] == "timeout"
+
+
+def no_process_left(marker):
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker.encode() in cmd:
+            left.append((pid, cmd))
+    return left
+
+
+def test_fork_bomb_is_held_at_the_pids_ceiling_and_ended(state_dir):
+    r, ev = box(state_dir, probe("forkbomb", 100000, "bomb-marker-1"), "resources.pids=32",
+                "resources.pids_grace=1s")
+    hit = [e for e in of_type(ev, "limit.hit") if e["limit"] == "pids"]
+    assert hit and hit[0]["ceiling"] == 32 and hit[0]["value"] <= 32
+    assert "fork failed after" in output(ev)
+    made = int(re.search(r"fork failed after (\d+)", output(ev)).group(1))
+    assert made <= 31  # ns-init is one of the 32
+    ex = exited(ev)
+    assert ex["reason"] == "pids_limit", ex
+    assert not no_process_left("bomb-marker-1")
+
+
+def test_fork_bomb_control_without_the_ceiling_forks_them_all(state_dir):
+    r, ev = box(state_dir, probe("forkbomb", 100, "bomb-marker-2"), "resources.pids=0")
+    assert "forked 100" in output(ev) and "fork failed" not in output(ev)
+    assert exited(ev)["reason"] == "exited"
+    assert not no_process_left("bomb-marker-2")
+
+
+def cores(ev):
+    m = re.search(r"cores=([0-9.]+)", output(ev))
+    assert m, output(ev)
+    return float(m.group(1))
+
+
+def test_cpu_hog_under_half_a_cpu(state_dir):
+    # Then the agent reads its own group's cpu.stat: the quota, not the machine's load, held it.
+    cmd = (f"{probe()[0]} cpuhog 5 2; "
+           "cat /sys/fs/cgroup/cpu$(grep -E '^[0-9]+:cpu(,|:)' /proc/self/cgroup | cut -d: -f3)/cpu.stat")
+    r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.cpus=0.5")
+    # The CFS quota is exact over its periods; a little slack for the accounting at the edges.
+    assert cores(ev) <= 0.58, output(ev)
+    assert int(re.search(r"nr_throttled (\d+)", output(ev)).group(1)) > 0, output(ev)
+
+
+def test_cpu_hog_control_without_the_ceiling_uses_more(state_dir):
+    # Two spinners on a shared 2-core machine get well above half a core unless other work
+    # crowds them out; one retry for a busy moment.
+    for attempt in range(2):
+        r, ev = box(state_dir.parent / f"s{attempt}", probe("cpuhog", 3, 2), "resources.cpus=0")
+        if cores(ev) >= 0.6:
+            return
+    pytest.skip(f"this machine is too busy to show the control: {output(ev).strip()}")
+
+
+def test_filling_the_workspace_past_disk_gives_enospc_inside_only(state_dir):
+    r, ev = box(state_dir, ["/bin/sh", "-c", f"{probe()[0]} fill-disk /workspace/fill; {probe()[0]} write /tmp/after"],
+                "resources.disk=16M")
+    m = re.search(r"wrote=(\d+) errno=(\d+)", output(ev))
+    assert m and int(m.group(2)) == 28, output(ev)  # ENOSPC
+    assert 15 << 20 <= int(m.group(1)) <= 16 << 20
+    assert "write /tmp/after ok" in output(ev)  # the rest of the box is untouched
+    assert "sized tmpfs" in started(ev)["enforcement"]["disk"]
+    # Nothing landed on the host's filesystem under the workspace.
+    assert os.listdir(state_dir / "branches" / "main" / "workspace") == []
+
+
+def test_filling_the_workspace_control_without_disk(state_dir):
+    r, ev = box(state_dir, probe("fill-disk", "/workspace/fill", 32 << 20), "resources.disk=0")
+    assert f"wrote={32 << 20} errno=0" in output(ev)
+    assert (state_dir / "branches" / "main" / "workspace" / "fill").stat().st_size == 32 << 20
+
+
+def test_timeout_ends_the_agent_with_reason_timeout(state_dir):
+    r, ev = box(state_dir, probe("wait"), "resources.timeout=1s", "resources.grace=1s")
+    ex = exited(ev)
+    assert ex["reason"] == "timeout" and ex["signal"] == "TERM", ex
+
+
+def test_idle_ends_a_silent_agent_with_reason_idle(state_dir):
+    r, ev = box(state_dir, probe("wait"), "resources.idle=1s", "resources.grace=1s")
+    ex = exited(ev)
+    assert ex["reason"] == "idle", ex
+
+
+def test_idle_control_an_agent_that_talks_is_not_idle(state_dir):
+    cmd = "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo tick; sleep 0.25; done"
+    r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.idle=1s")
+    assert output(ev).count("tick") == 12
+    assert exited(ev)["reason"] == "exited"
+
+
+def test_idle_control_an_agent_that_computes_is_not_idle(state_dir):
+    r, ev = box(state_dir, probe("cpuhog", 2.5, 1), "resources.idle=1s")
+    assert "cores=" in output(ev)
+    assert exited(ev)["reason"] == "exited"
+
+
+def test_agent_is_in_its_cgroup_from_its_first_instruction(state_dir):
+    # The agent's first act reads its own cgroup: it is already in the branch's group.
+    r, ev = box(state_dir, ["/bin/cat", "/proc/self/cgroup"], "resources.memory=256M")
+    box_id = started(ev)["box"]
+    lines = [l for l in output(ev).splitlines() if ":memory:" in l or ":pids:" in l]
+    assert lines and all(l.endswith(f"/sbx-{box_id}-main") for l in lines), output(ev)
+    assert started(ev)["enforcement"]["memory"].startswith("cgroup v")
