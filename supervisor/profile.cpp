@@ -162,11 +162,16 @@ void parse_user(Profile& p, const json::value& v) {
     p.isolation.gid = gid;
     return;
   }
+  if (v.is_int64() || v.is_uint64()) {
+    p.isolation.uid = p.isolation.gid = static_cast<uint32_t>(as_count(v, f, 0, 4294967294LL));
+    return;
+  }
   if (v.is_null()) {
     p.isolation.uid.reset();
     p.isolation.gid.reset();
     return;
   }
+  if (!v.is_object()) throw ProfileError(f + ": expected \"root\", \"nobody\", \"UID:GID\", a uid or {\"uid\": N, \"gid\": N}");
   Fields u(v, f);
   const json::value* uv = u.get("uid");
   const json::value* gv = u.get("gid");
