@@ -26,6 +26,20 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   check_profile_for_host(prof);
   boost::json::object cg_state;
   auto host = os::detect_cgroups();
+  // SANDBOXER_CGROUP=none | v2:DIR picks the hierarchy by hand: for hosts whose detection is
+  // wrong, and for testing the v2 code on a hybrid host (a cgroup2 mount without controllers).
+  if (auto* force = std::getenv("SANDBOXER_CGROUP"); force && *force) {
+    std::string f = force;
+    if (f == "none") {
+      host = os::CgroupHost{};
+    } else if (f.starts_with("v2:")) {
+      host = os::CgroupHost{};
+      host.version = "v2";
+      host.v2_dir = f.substr(3);
+    } else {
+      throw std::runtime_error("SANDBOXER_CGROUP=" + f + ": expected none or v2:DIR");
+    }
+  }
   bool want_cg = prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 ||
                  prof.resources.idle_ms > 0;
   if (host.version != "none") {

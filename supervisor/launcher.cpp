@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "policy.hpp"
 #include "signals.hpp"
 
 #ifndef MOUNT_ATTR_RDONLY
@@ -239,6 +240,7 @@ int run_plan(Plan& p, int* err) noexcept {
 struct ChildArgs {
   Plan* plan;  // null: flat mode
   const std::vector<int>* cgroup_procs;
+  bool new_net;
   const char* exe;
   char* const* argv;
   char* const* envp;
@@ -264,6 +266,13 @@ void place_fds(ChildArgs& a) noexcept {
   for (int fd : *a.cgroup_procs) {
     if (::write(fd, "0", 1) != 1) {
       pe = {-3, errno};
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  if (a.new_net && a.plan) {
+    if (int e = bring_up_loopback(); e != 0) {
+      pe = {-4, e};
       (void)!::write(a.err_pipe, &pe, sizeof pe);
       ::_exit(127);
     }
@@ -327,7 +336,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.self_exe.c_str(), argv.data(), envp,
+    ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.new_net, spec.self_exe.c_str(), argv.data(), envp,
                  {req->read.get(), rep->write.get(), in->read.get(), out->write.get(), err->write.get()},
                  ep->write.get()};
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
@@ -351,6 +360,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       ::waitpid(pid, &st, __WALL);
       std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what
                          : pe.op == -3 ? std::string("join the branch's cgroup")
+                         : pe.op == -4 ? std::string("set the loopback interface up")
                                        : "exec " + spec.self_exe;
       std::string msg = step + ": " + std::strerror(pe.err);
       if (ns && pe.op >= 0) {

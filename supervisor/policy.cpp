@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <linux/capability.h>
 #include <linux/seccomp.h>
 #include <sys/capability.h>
@@ -124,6 +127,21 @@ const char* const kSteps[] = {"oom_score_adj",  "drop the capability bounding se
 const char* policy_step_name(int step) noexcept {
   if (step < 0 || step >= static_cast<int>(sizeof kSteps / sizeof kSteps[0])) return "policy";
   return kSteps[step];
+}
+
+int bring_up_loopback() noexcept {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  struct ifreq ifr {};
+  std::memcpy(ifr.ifr_name, "lo", 3);
+  int rc = ::ioctl(s, SIOCGIFFLAGS, &ifr);
+  if (rc == 0) {
+    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+    rc = ::ioctl(s, SIOCSIFFLAGS, &ifr);
+  }
+  int e = rc == 0 ? 0 : errno;
+  ::close(s);
+  return e;
 }
 
 std::vector<std::string> credential_paths() {

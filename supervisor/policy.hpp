@@ -60,6 +60,9 @@ PreparedPolicy prepare_policy(const boost::json::object& policy);
 int apply_policy(const PreparedPolicy& p, int* step) noexcept;
 const char* policy_step_name(int step) noexcept;
 
+/// In a fresh network namespace: sets `lo` up (no allocation). Returns 0 or an errno.
+int bring_up_loopback() noexcept;
+
 /// The seccomp program of a policy description ({"policy": "default"|"none"} or
 /// {"policy": "file", "deny": [...], "enosys": [...]}), exported by libseccomp. Empty for none.
 std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc);
