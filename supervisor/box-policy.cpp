@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -54,9 +55,32 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
         if (auto r = fn(); r) cg_state[field] = how;
         else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
       };
-      set("memory", prof.resources.memory > 0, [&] { return b.cgroup->set_memory(prof.resources.memory); });
+      // The agent's ceilings sit below the box's own, so an agent at its ceiling leaves the
+      // supervisor room to keep serving.
+      int64_t memory = prof.resources.memory, pids = prof.resources.pids;
+      std::string mem_note, pids_note;
+      if (auto box_mem = os::host_limit(host, "memory")) {
+        int64_t reserve = std::max<int64_t>(32 << 20, *box_mem / 20);
+        int64_t room = std::max<int64_t>(*box_mem - reserve, 8 << 20);
+        if (memory == 0 || memory > room) {
+          memory = room;
+          mem_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_mem) + ")";
+        }
+      }
+      if (auto box_pids = os::host_limit(host, "pids")) {
+        int64_t room = std::max<int64_t>(*box_pids - 16, 2);
+        if (pids == 0 || pids > room) {
+          pids = room;
+          pids_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_pids) + ")";
+        }
+      }
+      set("memory", memory > 0, [&] { return b.cgroup->set_memory(memory); });
       set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
-      set("pids", prof.resources.pids > 0, [&] { return b.cgroup->set_pids(prof.resources.pids); });
+      set("pids", pids > 0, [&] { return b.cgroup->set_pids(pids); });
+      if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
+      if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
+      effective_memory_ = memory;
+      effective_pids_ = pids;
       auto fds = b.cgroup->open_procs_fds();
       if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
       cgroup_procs_ = std::move(*fds);
@@ -111,7 +135,11 @@ void Box::start_limits(Branch& b) {
     if (now) send_request(*bp, {{"op", "kill"}});
     else send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
   };
-  b.limits = std::make_unique<LimitsWatcher>(loop_, b.cgroup.get(), prof.resources, std::move(cb));
+  // The watcher compares against the ceilings actually set (a cap below the box's included).
+  Profile::Resources r = prof.resources;
+  if (effective_memory_ > 0) r.memory = effective_memory_;
+  if (effective_pids_ > 0) r.pids = effective_pids_;
+  b.limits = std::make_unique<LimitsWatcher>(loop_, b.cgroup.get(), r, std::move(cb));
   b.limits->start();
 }
 

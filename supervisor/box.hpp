@@ -97,6 +97,7 @@ class Box {
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;  // held until the branch's clone has joined
   boost::json::object enforcement_;         // what is enforced, for box.started
+  int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)
 
   uv_loop_t* loop_;
   BoxOptions opts_;

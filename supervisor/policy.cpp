@@ -218,7 +218,7 @@ boost::json::object describe_enforcement(const Profile& p, const boost::json::ob
                                          bool namespaced) {
   boost::json::object e;
   auto from_cg = [&](const char* field, bool wanted) {
-    if (!wanted) {
+    if (!wanted && !cg.contains(field)) {
       e[field] = "no ceiling in the profile";
       return;
     }

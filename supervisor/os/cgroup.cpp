@@ -144,6 +144,23 @@ CgroupHost detect_cgroups() {
   return h;
 }
 
+std::optional<int64_t> host_limit(const CgroupHost& host, const std::string& controller) {
+  std::string file;
+  if (host.version == "v1") {
+    auto it = host.v1_dirs.find(controller);
+    if (it == host.v1_dirs.end()) return std::nullopt;
+    file = it->second + (controller == "memory" ? "/memory.limit_in_bytes" : "/pids.max");
+  } else if (host.version == "v2") {
+    file = host.v2_dir + (controller == "memory" ? "/memory.max" : "/pids.max");
+  } else {
+    return std::nullopt;
+  }
+  auto v = read_int(file);
+  // v1 says "no limit" with a huge page-rounded number, v2 and pids.max with "max".
+  if (!v || *v >= (INT64_C(1) << 62)) return std::nullopt;
+  return v;
+}
+
 const std::vector<std::string>& CgroupDir::v1_controllers() {
   static const std::vector<std::string> c = {"memory", "cpu", "cpuacct", "pids", "freezer"};
   return c;

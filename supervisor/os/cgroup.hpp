@@ -30,6 +30,10 @@ struct CgroupHost {
 /// Reads /proc/self/cgroup and /proc/self/mountinfo.
 CgroupHost detect_cgroups();
 
+/// The supervisor's own ceiling for "memory" (bytes) or "pids" in its current group; nullopt
+/// when there is none (unlimited, or the controller is missing).
+std::optional<int64_t> host_limit(const CgroupHost& host, const std::string& controller);
+
 /// The number after `key` in "key N" lines (memory.events, pids.events, memory.oom_control,
 /// cpu.stat); nullopt when the key is missing.
 std::optional<int64_t> keyed_value(std::string_view text, std::string_view key);

@@ -2,9 +2,12 @@
 and a control run without the ceiling shows the same action succeeds there."""
 import os
 import re
+import subprocess
+import time
 
 import pytest
 
+from conftest import INIT, PROBE, read_journal
 from policy_util import box, exited, of_type, output, probe, started
 
 pytestmark = pytest.mark.timeout(60)
@@ -181,3 +184,39 @@ def test_no_cgroup_runs_the_agent_and_says_ceilings_are_not_enforced(state_dir):
     assert r.returncode == 0
     enf = started(ev)["enforcement"]
     assert enf["memory"].startswith("not enforced") and enf["pids"].startswith("not enforced"), enf
+
+
+def own_memory_dir():
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, ctl, path = line.split(":", 2)
+        if "memory" in ctl.split(","):
+            return f"/sys/fs/cgroup/memory{path}"
+    return None
+
+
+@pytest.mark.skipif(not own_memory_dir(), reason="no cgroup v1 memory hierarchy")
+def test_agent_memory_is_capped_below_the_boxs_and_the_supervisor_survives(state_dir):
+    # The box itself gets 256M; the profile asks 1G: the agent's group is capped below the box's,
+    # so the hog is OOM-killed in its own group and the supervisor finishes its journal.
+    box_cg = os.path.join(own_memory_dir(), f"sbx-test-box-{os.getpid()}")
+    os.mkdir(box_cg)
+    try:
+        with open(f"{box_cg}/memory.limit_in_bytes", "w") as f:
+            f.write(str(256 << 20))
+        cmd = (f"echo $$ > {box_cg}/cgroup.procs && exec unshare --pid --fork --mount-proc {INIT} "
+               f"--state-dir {state_dir} --set resources.memory=1G -- {PROBE} memhog")
+        r = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, timeout=60)
+        ev = read_journal(state_dir)
+        enf = started(ev)["enforcement"]["memory"]
+        assert "below the box's 268435456" in enf, enf
+        ex = exited(ev)
+        assert ex["reason"] == "oom" and r.returncode == 137, (ex, r.stderr)
+        with open(f"{box_cg}/memory.oom_control") as f:
+            assert "oom_kill 0" in f.read()  # nothing was killed at the box's level
+    finally:
+        for _ in range(100):
+            try:
+                os.rmdir(box_cg)
+                break
+            except OSError:
+                time.sleep(0.05)

@@ -85,24 +85,32 @@ def host_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_setuid_copy_gains_nothing_in_the_box(state_dir, host_dir):
-    suid = os.path.join(host_dir, "suid-probe")
-    shutil.copy(PROBE, suid)
-    os.chown(suid, 0, 0)
-    os.chmod(suid, 0o4755)
+def setuid_copy(host_dir, src):
+    dst = os.path.join(host_dir, "suid-" + os.path.basename(src))
+    shutil.copy(src, dst)
+    os.chown(dst, 0, 0)
+    os.chmod(dst, 0o4755)
     os.chmod(host_dir, 0o755)
-    r, ev = box(state_dir, [suid, "setuid-check"], "isolation.user=nobody")
+    return dst
+
+
+# A setuid-root copy of a shell (bash -p keeps the euid it was given) and of the static probe,
+# on a mount that honours setuid (the host's root, which the agent sees read-only at /var).
+SHELL_CHECK = ["-p", "-c", "echo ruid=$(id -ru) euid=$(id -u)"]
+
+
+@pytest.mark.parametrize("src,args", [("/bin/bash", SHELL_CHECK), (str(PROBE), ["setuid-check"])])
+def test_setuid_copy_gains_nothing_in_the_box(state_dir, host_dir, src, args):
+    suid = setuid_copy(host_dir, src)
+    r, ev = box(state_dir, [suid, *args], "isolation.user=nobody")
     assert "ruid=65534 euid=65534" in output(ev), output(ev)
 
 
-def test_setuid_copy_control_outside_the_box_does_gain(host_dir):
+@pytest.mark.parametrize("src,args", [("/bin/bash", SHELL_CHECK), (str(PROBE), ["setuid-check"])])
+def test_setuid_copy_control_outside_the_box_does_gain(host_dir, src, args):
     # The same file on the same mount, run by the same user without no_new_privs: euid 0.
-    suid = os.path.join(host_dir, "suid-probe")
-    shutil.copy(PROBE, suid)
-    os.chown(suid, 0, 0)
-    os.chmod(suid, 0o4755)
-    os.chmod(host_dir, 0o755)
-    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", suid, "setuid-check"],
+    suid = setuid_copy(host_dir, src)
+    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", suid, *args],
                          capture_output=True, text=True, timeout=10).stdout
     assert "ruid=65534 euid=0" in out, out
 
