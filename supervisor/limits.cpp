@@ -33,6 +33,8 @@ LimitsWatcher::~LimitsWatcher() {
   close_handle(timeout_);
   if (oom_poll_) uv_poll_stop(oom_poll_);
   close_handle(oom_poll_);
+  if (warn_poll_) uv_poll_stop(warn_poll_);
+  close_handle(warn_poll_);
 }
 
 void LimitsWatcher::start() {
@@ -52,6 +54,20 @@ void LimitsWatcher::start() {
         });
       } else {
         log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", fd.error().message());
+      }
+      if (r_.memory > 0) {
+        if (auto fd = cg_->memory_threshold_eventfd(r_.memory / 10 * 9)) {
+          warn_fd_ = std::move(*fd);
+          warn_poll_ = new uv_poll_t;
+          uv_poll_init(loop_, warn_poll_, warn_fd_.get());
+          warn_poll_->data = this;
+          uv_poll_start(warn_poll_, UV_READABLE, [](uv_poll_t* h, int, int) {
+            auto* self = static_cast<LimitsWatcher*>(h->data);
+            uint64_t n;
+            (void)!::read(self->warn_fd_.get(), &n, sizeof n);
+            self->tick();
+          });
+        }
       }
     }
   }

@@ -57,6 +57,8 @@ class LimitsWatcher {
   uv_timer_t* timeout_ = nullptr;
   uv_poll_t* oom_poll_ = nullptr;
   os::UniqueFd oom_fd_;
+  uv_poll_t* warn_poll_ = nullptr;  // v1: memory crossed 90 % (the tick checks it as well)
+  os::UniqueFd warn_fd_;
   mutable int64_t oom_kills_ = 0;
   bool mem_warned_ = false;
   int64_t pids_events_ = 0;

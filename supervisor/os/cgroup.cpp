@@ -416,17 +416,28 @@ std::optional<int64_t> CgroupDir::cpu_usage_us() const {
   return *ns / 1000;
 }
 
-Result<UniqueFd> CgroupDir::oom_eventfd() const {
-  if (v2_ || !has("memory")) return errc(ENOTSUP);
-  std::string d = dir_of("memory");
+namespace {
+// cgroup v1 notifications: "<eventfd> <fd of the watched file> [args]" into cgroup.event_control.
+// The registration lives as long as the eventfd; the watched file's fd may be closed after it.
+Result<UniqueFd> v1_event(const std::string& dir, const char* file, const std::string& args) {
   UniqueFd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!efd) return last_error();
-  UniqueFd ctl(::open((d + "/memory.oom_control").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!ctl) return last_error();
-  // The registration lives as long as the eventfd; the control fd may be closed after it.
-  if (auto r = write_str(d + "/cgroup.event_control", std::to_string(efd.get()) + " " + std::to_string(ctl.get())); !r)
-    return r.error();
+  UniqueFd watched(::open((dir + "/" + file).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!watched) return last_error();
+  std::string line = std::to_string(efd.get()) + " " + std::to_string(watched.get()) + (args.empty() ? "" : " " + args);
+  if (auto r = write_str(dir + "/cgroup.event_control", line); !r) return r.error();
   return efd;
+}
+}  // namespace
+
+Result<UniqueFd> CgroupDir::oom_eventfd() const {
+  if (v2_ || !has("memory")) return errc(ENOTSUP);
+  return v1_event(dir_of("memory"), "memory.oom_control", "");
+}
+
+Result<UniqueFd> CgroupDir::memory_threshold_eventfd(int64_t bytes) const {
+  if (v2_ || !has("memory")) return errc(ENOTSUP);
+  return v1_event(dir_of("memory"), "memory.usage_in_bytes", std::to_string(bytes));
 }
 
 }  // namespace sbx::os

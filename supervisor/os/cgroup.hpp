@@ -98,6 +98,8 @@ class CgroupDir {
   /// v1 only: an eventfd that becomes readable on each OOM of the group
   /// (memory.oom_control through cgroup.event_control). The caller owns it.
   Result<UniqueFd> oom_eventfd() const;
+  /// v1 only: an eventfd that becomes readable when memory use crosses `bytes` (either way).
+  Result<UniqueFd> memory_threshold_eventfd(int64_t bytes) const;
 
   /// Removes the directories now (after kill_all); the destructor does the same.
   void remove();
