@@ -254,3 +254,16 @@ def test_seccomp_policy_file(state_dir, tmp_path):
     r, ev = box(state_dir, probe("syscalls"), 'isolation.capabilities=["ALL"]', f"isolation.seccomp={pol}")
     res = syscall_results(ev)
     assert res["unshare"] == EPERM and res["setns"] == ENOSYS and res["mount"] != EPERM, res
+
+
+def test_state_dir_under_the_hosts_tmp_is_masked(tmp_path):
+    # The branch sees the host's /tmp through an overlay; the state dir there is still masked,
+    # while a file beside it (the control) is readable.
+    state = tmp_path / "state"
+    beside = tmp_path / "beside.txt"
+    beside.write_text("visible\n")
+    cmd = f"{PROBE} read-secrets 0 {state}/box.json {beside}"
+    r, ev = box(state, ["/bin/sh", "-c", cmd])
+    out = output(ev)
+    assert f"read {beside} ok" in out, out
+    assert f"read {state}/box.json No such file or directory" in out, out
