@@ -25,6 +25,17 @@ auto log() {
 void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   const Profile& prof = opts_.profile;
   check_profile_for_host(prof);
+  // isolation.level is the least the host must give: a profile written for a microVM does not
+  // silently run in a plain process.
+  auto rank = [](const std::string& l) {
+    static const char* order[] = {"process", "container", "gvisor", "microvm"};
+    for (int i = 0; i < 4; ++i)
+      if (l == order[i]) return i;
+    return 0;
+  };
+  if (rank(prof.isolation.level) > rank(caps_.isolation))
+    throw ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
+                       caps_.isolation + "\"");
   boost::json::object cg_state;
   auto host = os::detect_cgroups();
   // SANDBOXER_CGROUP=none | v2:DIR picks the hierarchy by hand: for hosts whose detection is

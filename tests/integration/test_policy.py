@@ -224,6 +224,13 @@ def test_bad_profile_value_is_refused_naming_the_field(state_dir, override, fiel
     assert field in r.stderr, r.stderr
 
 
+def test_isolation_level_above_what_the_host_gives_is_refused(state_dir):
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(state_dir),
+                        "--set", "isolation.level=microvm", "--", str(PROBE), "exit", "0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 125 and "isolation.level" in r.stderr and "microvm" in r.stderr, r.stderr
+
+
 def test_bad_profile_control_good_values_start(state_dir):
     r, ev = box(state_dir, probe("exit", 0), "resources.memory=64M", "resources.cpus=0.5", "resources.pids=16",
                 "resources.timeout=1h", "isolation.user=nobody", "isolation.level=process", "network=none")
