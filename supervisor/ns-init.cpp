@@ -68,6 +68,9 @@ class NsInit {
   void begin_shutdown(int64_t grace_ms);
 
   bool flat_;
+  // The agent's policy (policy.hpp), prepared before the first fork; every process ns-init
+  // starts in the branch gets it with apply_policy() in its child.
+  PreparedPolicy policy_;
   pid_t agent_ = -1;
   bool agent_done_ = false;
   int agent_status_ = 0;
@@ -133,9 +136,9 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     }
   }
 
-  // Everything the policy needs is built now: the child only makes syscalls.
-  PreparedPolicy policy;
-  if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy = prepare_policy(pol->as_object());
+  // Everything the policy needs is built now, once for the branch: a child only makes syscalls.
+  if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
+  const PreparedPolicy& policy = policy_;
 
   auto ep = os::make_pipe();
   pid_t pid = ::fork();
@@ -171,7 +174,6 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     (void)!::write(efd, msg, sizeof msg);
     ::_exit(127);
   }
-  policy.landlock.reset();
   ::close(kNsAgentIn);
   ::close(kNsAgentOut);
   ::close(kNsAgentErr);
