@@ -13,7 +13,7 @@ auto log() {
 }
 
 constexpr uint64_t kTickMs = 100;
-// CPU time below this per tick is the kernel's bookkeeping, not work.
+// CPU time below this since the last activity is the kernel's bookkeeping, not work.
 constexpr int64_t kIdleCpuUs = 2000;
 
 template <class H>
@@ -146,9 +146,12 @@ void LimitsWatcher::tick() noexcept {
           pids_first_fail_ = -1;  // the storm passed; a new one gets a new limit.hit
         }
       }
+      // CPU time since the last activity, summed: slow steady work counts as much as a burst.
       if (auto cpu = cg_->cpu_usage_us()) {
-        if (last_cpu_us_ >= 0 && *cpu - last_cpu_us_ >= kIdleCpuUs) last_activity_ = now;
-        last_cpu_us_ = *cpu;
+        if (last_cpu_us_ < 0 || *cpu - last_cpu_us_ >= kIdleCpuUs) {
+          if (last_cpu_us_ >= 0) last_activity_ = now;
+          last_cpu_us_ = *cpu;
+        }
       }
     }
     if (r_.idle_ms > 0 && now - last_activity_ >= r_.idle_ms) end("idle", false);

@@ -64,7 +64,7 @@ class LimitsWatcher {
   int64_t pids_events_ = 0;
   int64_t pids_first_fail_ = -1, pids_last_fail_ = -1;
   int64_t last_activity_ = 0;
-  int64_t last_cpu_us_ = -1;
+  int64_t last_cpu_us_ = -1;  // the group's CPU time at the last activity
   std::string ended_for_;
 };
 
