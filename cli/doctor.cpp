@@ -175,12 +175,17 @@ Line check_disk() {
   });
   if (!dir.empty()) ::rmdir(dir.c_str());
   int loopfd = ::open("/dev/loop-control", O_RDWR | O_CLOEXEC);
-  std::string loop = loopfd >= 0 ? "loop devices: yes (not used yet)" : std::string("loop devices: no (") + std::strerror(errno) + ")";
+  bool mkfs = !bp::search_path("mkfs.ext4").empty();
+  std::string loop = loopfd >= 0 && mkfs ? "loop-mounted ext4 image for persistent profiles: yes"
+                     : loopfd < 0       ? std::string("loop devices: no (") + std::strerror(errno) +
+                                        "): a persistent profile's disk is not enforced"
+                                        : std::string("mkfs.ext4 missing: a persistent profile's disk is not enforced");
   if (loopfd >= 0) ::close(loopfd);
   if (tmpfs != 0)
     return {"disk", false, std::string("sized tmpfs: no (") + std::strerror(tmpfs) + "); " + loop,
             "resources.disk is not enforced: the workspace shares the state dir's filesystem"};
-  return {"disk", true, "sized tmpfs for the workspace: yes (counts against the box's memory; its files live as long as the box); " + loop, ""};
+  return {"disk", true, "sized tmpfs for an ephemeral workspace: yes (counts against the box's memory); " + loop,
+          loopfd >= 0 && mkfs ? "" : "persistence: persistent with resources.disk runs without a disk ceiling"};
 }
 
 Line check_privileges() {

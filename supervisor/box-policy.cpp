@@ -1,7 +1,11 @@
 // The Box's side of ceilings and policy: the branch's cgroup and workspace before its clone, the
 // limits watcher after, the reason a limit gives to proc.exited, and the teardown.
+#include <fcntl.h>
+#include <linux/loop.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +24,45 @@ auto log() {
   static auto l = spdlog::default_logger()->clone("policy");
   return l;
 }
+// A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
+// and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
+std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target, const Profile& prof) {
+  struct stat st {};
+  if (::stat(image.c_str(), &st) != 0) {
+    os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!f) return std::string("create ") + image + ": " + std::strerror(errno);
+    if (::ftruncate(f.get(), size) != 0) return std::string("size ") + image + ": " + std::strerror(errno);
+    f.reset();
+    std::string owner = std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
+    if (!run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
+      ::unlink(image.c_str());
+      return "mkfs.ext4 " + image + " failed (is e2fsprogs installed?)";
+    }
+  }
+  os::UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl) return std::string("open /dev/loop-control: ") + std::strerror(errno);
+  os::UniqueFd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!backing) return std::string("open ") + image + ": " + std::strerror(errno);
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return std::string("LOOP_CTL_GET_FREE: ") + std::strerror(errno);
+    std::string dev = "/dev/loop" + std::to_string(n);
+    os::UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop) return "open " + dev + ": " + std::strerror(errno);
+    struct loop_config cfg {};
+    cfg.fd = static_cast<uint32_t>(backing.get());
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;  // the device frees itself at the last unmount
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) != 0) {
+      if (errno == EBUSY) continue;  // another process took it first
+      return "LOOP_CONFIGURE " + dev + ": " + std::strerror(errno);
+    }
+    if (::mount(dev.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) != 0)
+      return "mount " + dev + " on " + target + ": " + std::strerror(errno);
+    return "";
+  }
+  return "no free loop device";
+}
+
 }  // namespace
 
 void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
@@ -107,7 +150,18 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   // the group that writes it), owned by the agent's user.
   std::string ws = spec.dir + "/workspace";
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
-  if (prof.resources.disk > 0) {
+  if (prof.resources.disk > 0 && prof.persistence == "persistent") {
+    // Files that must outlive the box cannot sit on a tmpfs.
+    std::string image = spec.dir + "/workspace.ext4";
+    std::string err = mount_ext4_image(image, prof.resources.disk, ws, prof);
+    if (err.empty()) {
+      b.workspace_mount = ws;
+      cg_state["disk"] = "loop-mounted ext4 image " + image;
+    } else {
+      cg_state["disk"] = "not enforced: " + err;
+      log()->warn("branch {}: disk: {}", b.name, err);
+    }
+  } else if (prof.resources.disk > 0) {
     std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
     if (prof.isolation.uid)
       data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));

@@ -2,6 +2,7 @@
 and a control run without the ceiling shows the same action succeeds there."""
 import os
 import re
+import shutil
 import subprocess
 import time
 
@@ -231,3 +232,18 @@ def test_agent_memory_is_capped_below_the_boxs_and_the_supervisor_survives(state
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/loop-control") or not shutil.which("mkfs.ext4"),
+                    reason="no loop devices or mkfs.ext4")
+def test_persistent_workspace_disk_is_an_ext4_image_that_outlives_the_box(state_dir):
+    fill = f"{probe()[0]} fill-disk /workspace/fill"
+    r, ev = box(state_dir, ["/bin/sh", "-c", fill], "persistence=persistent", "resources.disk=16M")
+    assert "loop-mounted ext4" in started(ev)["enforcement"]["disk"], started(ev)["enforcement"]
+    m = re.search(r"wrote=(\d+) errno=(\d+)", output(ev))
+    assert m and int(m.group(2)) == 28 and int(m.group(1)) <= 16 << 20, output(ev)
+    # A second box on the same state dir finds the file where the first left it.
+    r, ev = box(state_dir, ["/bin/sh", "-c", "stat -c %s /workspace/fill"], "persistence=persistent",
+                "resources.disk=16M")
+    second = ev[max(i for i, e in enumerate(ev) if e["type"] == "box.started"):]  # the journal continues
+    assert output(second).strip() == m.group(1), output(second)
