@@ -184,7 +184,7 @@ Line check_disk() {
   if (tmpfs != 0)
     return {"disk", false, std::string("sized tmpfs: no (") + std::strerror(tmpfs) + "); " + loop,
             "resources.disk is not enforced: the workspace shares the state dir's filesystem"};
-  return {"disk", true, "sized tmpfs for an ephemeral workspace: yes (counts against the box's memory); " + loop,
+  return {"disk", true, "sized tmpfs for a workspace that lives as long as the box: yes (counts against its memory); " + loop,
           loopfd >= 0 && mkfs ? "" : "persistence: persistent with resources.disk runs without a disk ceiling"};
 }
 
