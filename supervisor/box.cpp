@@ -147,6 +147,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     log()->error("start {}: {}", p.id, p.error);
     start_readers();
   } else if (*ev == "exited") {
+    if (b.limits) b.limits->stop();
     p.status = static_cast<int>(r.at("status").to_number<int64_t>());
     p.escalated = r.contains("escalated") && r.at("escalated").as_bool();
     p.status_known = true;
@@ -282,6 +283,7 @@ void Box::start() {
   reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) {
     bp->ns_init_reaped = true;
     bp->ns_init_status = st;
+    if (bp->limits) bp->limits->stop();
     // Read what ns-init reported before it exited: its exit status alone loses the signal.
     char buf[4096];
     for (;;) {

@@ -84,10 +84,16 @@ void LimitsWatcher::start() {
   }
 }
 
+void LimitsWatcher::stop() noexcept {
+  stopped_ = true;
+  if (tick_) uv_timer_stop(tick_);
+  if (timeout_) uv_timer_stop(timeout_);
+}
+
 void LimitsWatcher::on_output() noexcept { last_activity_ = static_cast<int64_t>(uv_now(loop_)); }
 
 void LimitsWatcher::end(const std::string& reason, bool now) {
-  if (!ended_for_.empty()) return;
+  if (stopped_ || !ended_for_.empty()) return;
   ended_for_ = reason;
   log()->info("end the branch's tree: {}", reason);
   if (cb_.end_tree) cb_.end_tree(reason, now);
@@ -113,6 +119,7 @@ void LimitsWatcher::check_oom() const {
 }
 
 void LimitsWatcher::tick() noexcept {
+  if (stopped_) return;
   try {
     auto now = static_cast<int64_t>(uv_now(loop_));
     if (cg_) {

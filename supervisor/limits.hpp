@@ -31,6 +31,8 @@ class LimitsWatcher {
   LimitsWatcher& operator=(const LimitsWatcher&) = delete;
 
   void start();
+  /// The tree is gone: no more timers or ends (a late timeout must not rename a finished exit).
+  void stop() noexcept;
   /// The branch wrote output: it is not idle.
   void on_output() noexcept;
 
@@ -66,6 +68,7 @@ class LimitsWatcher {
   int64_t last_activity_ = 0;
   int64_t last_cpu_us_ = -1;  // the group's CPU time at the last activity
   std::string ended_for_;
+  bool stopped_ = false;
 };
 
 }  // namespace sbx::supervisor
