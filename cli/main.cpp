@@ -18,6 +18,7 @@ const char* kUsage =
     "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
     "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
     "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` stored)\n"
+    "  doctor [--json]                                                       what this host enforces, and what is missing\n"
     "  version                                                               print the version\n";
 }
 
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);
     if (cmd == "stats") return sbx::cli::cmd_stats(args);
+    if (cmd == "doctor") return sbx::cli::cmd_doctor(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;
