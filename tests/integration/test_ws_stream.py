@@ -68,14 +68,18 @@ def test_a_killed_client_resumes_with_since_and_sees_exactly_the_uninterrupted_s
 
 def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes_to_every_seq(tmp_path):
     n = 200 * 1000 * 1000
-    agent = ["sh", "-c", f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
+    # The agent starts writing once the client is live (a client still replaying history reads
+    # from disk at its own pace and is never "too slow"), through a gate file.
+    agent = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.01; done; "
+             f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
     with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"]) as box:
         async def go():
             # The library stops reading the socket when 4 messages wait unread: the client is stuck.
             async with ws_connect(box, max_queue=4) as ws:
                 s = Session(ws)
                 await s.request("subscribe", since=0)
-                await s.wait_event(lambda e: e["type"] == "proc.output", 30)
+                await s.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == "main", 30)
+                (box.workspace / "go").touch()
                 t0 = time.monotonic()
                 while not (box.workspace / "done").exists():
                     assert time.monotonic() - t0 < 120, "the agent did not finish while the client was stuck"
