@@ -10,7 +10,7 @@ import time
 
 from websockets.exceptions import ConnectionClosed
 
-from conftest import PROBE
+from conftest import INIT as INIT_BIN, PROBE
 from wsbox import Session, WsBox, run, ws_connect
 
 HERE = os.path.dirname(__file__)
@@ -149,3 +149,33 @@ def test_metrics_events_arrive_at_the_cadence(tmp_path):
                 assert e["box"]["pids"] >= 1 and e["box"]["memory"] > 0
                 assert "main" in e["procs"]
         run(go(), 30)
+
+
+def test_the_journal_disk_cap_drops_the_oldest_segments_and_says_so(tmp_path):
+    n = 40 * 1000 * 1000  # three 16 MiB segments at least
+    agent = ["sh", "-c", f"{PROBE} spew {n} && echo END-OF-STREAM && exec sleep 600"]
+    with WsBox(tmp_path, agent, extra=["--set", "journal.disk_cap=64K"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                await s.request("subscribe", since=0)
+                await s.wait_event(is_end, 120)
+                await s.wait_event(lambda e: e["type"] == "journal.truncated", 30)
+            # A late client asking for everything gets what is kept: from the first kept seq on.
+            async with ws_connect(box) as ws:
+                s2 = Session(ws)
+                await s2.request("subscribe", since=0)
+                await s2.wait_event(lambda e: e["type"] == "journal.truncated", 60)
+                return s.events, s2.events
+        live, late = run(go(), 180)
+        trunc = next(e for e in live if e["type"] == "journal.truncated")
+        assert trunc["first_seq"] > 1 and trunc["cap"] == 64 * 1024
+        assert late[0]["seq"] >= trunc["first_seq"] > 1
+        seqs = [e["seq"] for e in late]
+        assert seqs == sorted(set(seqs))
+
+
+def test_a_bad_journal_cap_is_refused_naming_the_field(tmp_path):
+    r = subprocess.run([str(INIT_BIN), "--state-dir", str(tmp_path / "s"), "--set", "journal.disk_cap=lots", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 125 and "journal.disk_cap" in r.stderr
