@@ -11,7 +11,7 @@ import time
 from websockets.exceptions import ConnectionClosed
 
 from conftest import INIT as INIT_BIN, PROBE
-from wsbox import Session, WsBox, run, ws_connect
+from wsbox import Session, WsBox, follow, run, ws_connect
 
 HERE = os.path.dirname(__file__)
 
@@ -156,17 +156,12 @@ def test_the_journal_disk_cap_drops_the_oldest_segments_and_says_so(tmp_path):
     agent = ["sh", "-c", f"{PROBE} spew {n} && echo END-OF-STREAM && exec sleep 600"]
     with WsBox(tmp_path, agent, extra=["--set", "journal.disk_cap=64K"]) as box:
         async def go():
-            async with ws_connect(box) as ws:
-                s = Session(ws)
-                await s.request("subscribe", since=0)
-                await s.wait_event(is_end, 120)
-                await s.wait_event(lambda e: e["type"] == "journal.truncated", 30)
+            live = await follow(box, is_end)
+            if not any(e["type"] == "journal.truncated" for e in live):
+                live += await follow(box, lambda e: e["type"] == "journal.truncated", since=live[-1]["seq"], timeout=30)
             # A late client asking for everything gets what is kept: from the first kept seq on.
-            async with ws_connect(box) as ws:
-                s2 = Session(ws)
-                await s2.request("subscribe", since=0)
-                await s2.wait_event(lambda e: e["type"] == "journal.truncated", 60)
-                return s.events, s2.events
+            late = await follow(box, lambda e: e["type"] == "journal.truncated")
+            return live, late
         live, late = run(go(), 180)
         trunc = next(e for e in live if e["type"] == "journal.truncated")
         assert trunc["first_seq"] > 1 and trunc["cap"] == 64 * 1024
