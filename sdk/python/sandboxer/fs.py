@@ -1,0 +1,106 @@
+"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.remove`, content in binary
+frames (see frames.py) of at most 1 MiB each."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from . import frames
+from .errors import ProtocolError
+
+if TYPE_CHECKING:
+    from .box import Box
+
+
+class _Receiver:
+    """Collects the binary frames of one transfer; checks they are contiguous."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.done = asyncio.Event()
+        self.error: str | None = None
+
+    def __call__(self, chunk: frames.Chunk) -> None:
+        if self.done.is_set():
+            self.error = self.error or f"{self.what}: a binary frame arrived after the last one"
+            return
+        if chunk.offset != self.size:
+            self.error = self.error or f"{self.what}: frame at offset {chunk.offset}, expected {self.size}"
+        self.parts.append(chunk.data)
+        self.size += len(chunk.data)
+        if chunk.last:
+            self.done.set()
+
+    async def result(self, conn_closed: "asyncio.Future[Any] | None", reply: dict[str, Any]) -> bytes:
+        expected = reply.get("size")
+        # Content may follow the reply; an empty file may come as no frame at all.
+        if not self.done.is_set() and not (expected == 0 and not self.parts):
+            waiter = asyncio.ensure_future(self.done.wait())
+            waits: set[asyncio.Future[Any]] = {waiter}
+            if conn_closed is not None:
+                waits.add(conn_closed)
+            finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if waiter not in finished:
+                assert conn_closed is not None
+                raise conn_closed.result()
+        if self.error:
+            raise ProtocolError(self.error)
+        data = b"".join(self.parts)
+        if isinstance(expected, int) and expected != len(data):
+            raise ProtocolError(f"{self.what}: reply says {expected} bytes, frames carried {len(data)}")
+        return data
+
+
+class FileSystem:
+    """`box.fs`: the files of the box, confined by the server to the roots its profile allows."""
+
+    def __init__(self, box: "Box") -> None:
+        self._box = box
+
+    async def read(self, path: str, *, branch: str | None = None) -> bytes:
+        """The whole content of the file at `path`."""
+        conn = self._box._conn
+        recv = _Receiver(f"fs.read {path}")
+        reply = await conn.request("fs.read", {"path": path, "branch": branch}, sink=recv)
+        closed = asyncio.ensure_future(conn.wait_closed())
+        try:
+            return await recv.result(closed, reply)
+        finally:
+            closed.cancel()
+
+    async def write(self, path: str, data: bytes | str, *, mode: int | None = None,
+                    branch: str | None = None, chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
+        """Creates or replaces the file at `path` with `data` (sent in binary frames after the
+        request); returns the reply once the server has written every byte."""
+        if isinstance(data, str):
+            data = data.encode()
+        conn = self._box._conn
+
+        async def upload(rid: int) -> None:
+            for frame in frames.split_chunks(rid, data, chunk_size):
+                await conn.send_binary(frame)
+
+        return await conn.request("fs.write", {"path": path, "size": len(data), "mode": mode, "branch": branch},
+                                  after_send=upload)
+
+    async def list(self, path: str, *, branch: str | None = None) -> list[dict[str, Any]]:
+        """The entries of the directory at `path` (name, type, size, mode, mtime as the server
+        reports them)."""
+        reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
+        entries = reply.get("entries")
+        if not isinstance(entries, list):
+            raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
+        return entries
+
+    async def stat(self, path: str, *, branch: str | None = None) -> dict[str, Any]:
+        """Type, size, mode and mtime of `path` (the reply without id and ok)."""
+        reply = await self._box._conn.request("fs.stat", {"path": path, "branch": branch})
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    async def remove(self, path: str, *, recursive: bool = False, branch: str | None = None) -> None:
+        """Removes a file, or a directory (`recursive` for one that is not empty)."""
+        await self._box._conn.request("fs.remove", {"path": path, "recursive": recursive or None,
+                                                    "branch": branch})
