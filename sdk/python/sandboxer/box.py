@@ -109,8 +109,8 @@ class Box:
         `proc` is the process id (chosen here when None); exec is idempotent per id: the same id
         again returns a handle on the existing process (`handle.reply["existing"]`). `stdin`
         keeps its stdin open for `handle.write()`; `tty` gives it a pty. The handle follows the
-        journal from `since` (default: the seq the server reports for the exec, else from the
-        start of the journal) and picks this process's events.
+        journal from `since` (default: just before the reply's `started_seq`) and keeps this
+        process's events.
         """
         if not argv:
             raise ValueError("exec needs a non-empty argv")
@@ -121,10 +121,10 @@ class Box:
         })
         start = since
         if start is None:
-            # A reply that names the seq before the process's first event lets the handle skip
-            # the journal's history; without one, the whole journal is scanned once.
-            s = reply.get("since", reply.get("seq_before"))
-            start = s if isinstance(s, int) and s >= 0 else 0
+            # The reply names the seq of `proc.started`, the process's first event: the handle
+            # follows the journal from there. Without it, the whole journal is scanned once.
+            s = reply.get("started_seq")
+            start = s - 1 if isinstance(s, int) and s > 0 else 0
         stream = EventStream(self, start, branch, where=lambda e: e.get("proc") == proc)
         p = Process(self, proc, reply, stream)
         self._procs.append(p)
@@ -199,7 +199,9 @@ class Box:
     async def import_snapshot(self, archive: bytes) -> dict[str, Any]:
         """Uploads a snapshot archive (in binary frames); returns the reply with its id."""
         async def upload(rid: int) -> None:
-            for frame in frames.split_chunks(rid, archive):
+            for frame in frames.iter_chunks(rid, archive):
+                if self._conn.replied(rid):
+                    break
                 await self._conn.send_binary(frame)
 
         return await self._conn.request("snapshot.import", {"size": len(archive)}, after_send=upload)

@@ -123,6 +123,11 @@ class Connection:
             raise SandboxerError.from_reply(reply, op)
         return reply
 
+    def replied(self, rid: int) -> bool:
+        """True once request `rid` has its reply (e.g. an early refusal of an upload)."""
+        entry = self._pending.get(rid)
+        return entry is None or entry[1].done()
+
     async def send_binary(self, frame: bytes) -> None:
         try:
             await self.ws.send(frame)
@@ -160,12 +165,12 @@ class Connection:
 
     async def _read(self) -> None:
         try:
-            async for msg in self.ws:
+            while True:
+                msg = await self.ws.recv()
                 if isinstance(msg, bytes):
                     self._on_binary(msg)
                 else:
                     self._on_text(msg)
-            self._set_closed(lost_error("connection", ConnectionClosed(self.ws.close_rcvd, self.ws.close_sent)))
         except ConnectionClosed as e:
             self._set_closed(lost_error("connection", e))
         except Exception as e:  # a bug in a sink or callback: fail everyone rather than hang

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Iterator
 
 HEADER = struct.Struct("<IQB")
 HEADER_SIZE = HEADER.size  # 13
@@ -57,15 +58,20 @@ def decode_chunk(frame: bytes) -> Chunk:
     return Chunk(rid, off, bool(flags & FLAG_LAST), data, flags)
 
 
-def split_chunks(request_id: int, data: bytes, chunk_size: int = MAX_CHUNK) -> list[bytes]:
-    """Encodes `data` as consecutive frames; an empty payload is one empty frame marked last."""
+def iter_chunks(request_id: int, data: bytes, chunk_size: int = MAX_CHUNK) -> Iterator[bytes]:
+    """Encodes `data` as consecutive frames, one at a time; an empty payload is one empty frame
+    marked last."""
     if not 0 < chunk_size <= MAX_CHUNK:
         raise ValueError(f"chunk size {chunk_size} must be in 1..{MAX_CHUNK}")
     if not data:
-        return [encode_chunk(request_id, 0, b"", last=True)]
+        yield encode_chunk(request_id, 0, b"", last=True)
+        return
     view = memoryview(data)
-    out = []
     for off in range(0, len(data), chunk_size):
         piece = view[off : off + chunk_size]
-        out.append(encode_chunk(request_id, off, piece.tobytes(), last=off + chunk_size >= len(data)))
-    return out
+        yield encode_chunk(request_id, off, piece.tobytes(), last=off + chunk_size >= len(data))
+
+
+def split_chunks(request_id: int, data: bytes, chunk_size: int = MAX_CHUNK) -> list[bytes]:
+    """Every frame of `data` (see iter_chunks)."""
+    return list(iter_chunks(request_id, data, chunk_size))

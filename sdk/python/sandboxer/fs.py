@@ -80,7 +80,9 @@ class FileSystem:
         conn = self._box._conn
 
         async def upload(rid: int) -> None:
-            for frame in frames.split_chunks(rid, data, chunk_size):
+            for frame in frames.iter_chunks(rid, data, chunk_size):
+                if conn.replied(rid):
+                    break  # refused (or done) early: the rest would only be ignored
                 await conn.send_binary(frame)
 
         return await conn.request("fs.write", {"path": path, "size": len(data), "mode": mode, "branch": branch},
