@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 class _Receiver:
     """Collects the binary frames of one transfer; checks they are contiguous."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, base: int = 0) -> None:
         self.what = what
+        self.base = base
         self.parts: list[bytes] = []
         self.size = 0
         self.done = asyncio.Event()
@@ -26,15 +27,15 @@ class _Receiver:
         if self.done.is_set():
             self.error = self.error or f"{self.what}: a binary frame arrived after the last one"
             return
-        if chunk.offset != self.size:
-            self.error = self.error or f"{self.what}: frame at offset {chunk.offset}, expected {self.size}"
+        if chunk.offset != self.base + self.size:
+            self.error = self.error or f"{self.what}: frame at offset {chunk.offset}, expected {self.base + self.size}"
         self.parts.append(chunk.data)
         self.size += len(chunk.data)
         if chunk.last:
             self.done.set()
 
     async def result(self, conn_closed: "asyncio.Future[Any] | None", reply: dict[str, Any]) -> bytes:
-        expected = reply.get("size")
+        expected = reply.get("length", reply.get("size"))
         # Content may follow the reply; an empty file may come as no frame at all.
         if not self.done.is_set() and not (expected == 0 and not self.parts):
             waiter = asyncio.ensure_future(self.done.wait())
@@ -60,21 +61,25 @@ class FileSystem:
     def __init__(self, box: "Box") -> None:
         self._box = box
 
-    async def read(self, path: str, *, branch: str | None = None) -> bytes:
-        """The whole content of the file at `path`."""
+    async def read(self, path: str, *, offset: int = 0, length: int | None = None,
+                   branch: str | None = None) -> bytes:
+        """The content of the file at `path` (`/workspace/...` or `/tmp/...`): all of it, or
+        `length` bytes from `offset`."""
         conn = self._box._conn
-        recv = _Receiver(f"fs.read {path}")
-        reply = await conn.request("fs.read", {"path": path, "branch": branch}, sink=recv)
+        recv = _Receiver(f"fs.read {path}", offset)
+        reply = await conn.request("fs.read", {"path": path, "offset": offset or None, "length": length,
+                                               "branch": branch}, sink=recv)
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
             return await recv.result(closed, reply)
         finally:
             closed.cancel()
 
-    async def write(self, path: str, data: bytes | str, *, mode: int | None = None,
+    async def write(self, path: str, data: bytes | str, *, mode: int | None = None, append: bool = False,
                     branch: str | None = None, chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
-        """Creates or replaces the file at `path` with `data` (sent in binary frames after the
-        request); returns the reply once the server has written every byte."""
+        """Creates or replaces (or with `append`, extends) the file at `path` with `data`, sent
+        in binary frames after the request; returns the reply (`size`, `path`) once the server has
+        written every byte. `mode` sets the permission bits of a new file."""
         if isinstance(data, str):
             data = data.encode()
         conn = self._box._conn
@@ -85,10 +90,11 @@ class FileSystem:
                     break  # refused (or done) early: the rest would only be ignored
                 await conn.send_binary(frame)
 
-        return await conn.request("fs.write", {"path": path, "size": len(data), "mode": mode, "branch": branch},
+        return await conn.request("fs.write", {"path": path, "size": len(data), "mode": mode,
+                                                   "append": append or None, "branch": branch},
                                   after_send=upload)
 
-    async def list(self, path: str, *, branch: str | None = None) -> list[dict[str, Any]]:
+    async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
         """The entries of the directory at `path` (name, type, size, mode, mtime as the server
         reports them)."""
         reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
@@ -101,6 +107,10 @@ class FileSystem:
         """Type, size, mode and mtime of `path` (the reply without id and ok)."""
         reply = await self._box._conn.request("fs.stat", {"path": path, "branch": branch})
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    async def mkdir(self, path: str, *, branch: str | None = None) -> None:
+        """Creates the directory `path`."""
+        await self._box._conn.request("fs.mkdir", {"path": path, "branch": branch})
 
     async def remove(self, path: str, *, recursive: bool = False, branch: str | None = None) -> None:
         """Removes a file, or a directory (`recursive` for one that is not empty)."""
