@@ -282,8 +282,9 @@ void NsInit::reap() {
     pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
     if (p <= 0) break;
     if (auto it = execs_.find(p); it != execs_.end()) {
+      // Our ends of its pipes stay held until the supervisor has taken them ("release"): it
+      // reads the "started" report after this exit when the process is quick.
       report({{"ev", "exited"}, {"proc", it->second}, {"status", st}});
-      held_.erase(it->second);
       execs_.erase(it);
       continue;
     }
