@@ -195,6 +195,7 @@ class Box:
             return await recv.result(closed, reply)
         finally:
             closed.cancel()
+            self._conn.drop_sink(reply["id"])
 
     async def import_snapshot(self, archive: bytes) -> dict[str, Any]:
         """Uploads a snapshot archive (in binary frames); returns the reply with its id."""

@@ -92,8 +92,9 @@ class Connection:
                       raise_error: bool = True) -> dict[str, Any]:
         """Sends `{"id", "op", **fields}` and returns its reply. Raises SandboxerError with the
         server's code on `ok: false` (unless not `raise_error`). `sink` receives the request's
-        binary frames; `after_send(id)` (a coroutine function) runs once the request is sent,
-        e.g. to stream binary frames up."""
+        binary frames until `drop_sink(id)` (the reply's `id`): content may follow the reply.
+        `after_send(id)` (a coroutine function) runs once the request is sent, e.g. to stream
+        binary frames up."""
         if self._closed is not None:
             raise self._closed
         rid = self.new_id() if rid is None else rid
@@ -116,12 +117,21 @@ class Connection:
             except ConnectionClosed as e:
                 raise self._set_closed(lost_error(op, e)) from None
             reply = await fut
+        except BaseException:
+            self._sinks.pop(rid, None)
+            raise
         finally:
             self._pending.pop(rid, None)
+        if not reply.get("ok", False):
             self._sinks.pop(rid, None)
-        if not reply.get("ok", False) and raise_error:
-            raise SandboxerError.from_reply(reply, op)
+            if raise_error:
+                raise SandboxerError.from_reply(reply, op)
         return reply
+
+    def drop_sink(self, rid: int) -> None:
+        """Stops routing binary frames of request `rid` (its content may follow its reply, so a
+        request with a sink keeps it until the caller has every frame)."""
+        self._sinks.pop(rid, None)
 
     def replied(self, rid: int) -> bool:
         """True once request `rid` has its reply (e.g. an early refusal of an upload)."""

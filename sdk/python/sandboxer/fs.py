@@ -74,6 +74,7 @@ class FileSystem:
             return await recv.result(closed, reply)
         finally:
             closed.cancel()
+            conn.drop_sink(reply["id"])
 
     async def write(self, path: str, data: bytes | str, *, mode: int | None = None, append: bool = False,
                     branch: str | None = None, chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
