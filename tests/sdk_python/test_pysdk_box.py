@@ -309,3 +309,23 @@ def test_bad_field_type_names_the_field(server):
             return e.value
     err = run(go(), 20)
     assert "argv" in err.message
+
+
+def test_a_reader_too_slow_is_closed_with_4008_and_resumes_with_every_seq(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            async with box.events(since=0) as s:
+                got = await until(s, is_output_with("ready"))  # caught up: the stream is live
+                # 48 MB of output while this reader sleeps: far more than the server queues for it.
+                p = await box.exec([str(PROBE), "spew", "48000000"], proc="spew")
+                await asyncio.sleep(4)
+                async for ev in s:
+                    got.append(ev)
+                    if ev["type"] == "proc.exited" and ev.get("proc") == "spew":
+                        break
+                return got, s.closes, await p.wait(30)
+    got, closes, ex = run(go(), 120)
+    assert any(code == 4008 and reason.startswith("resume_after=") for code, reason in closes), closes
+    assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+    assert ex["code"] == 0
+    assert sum(len(output_bytes(e)) for e in got if e.get("proc") == "spew") == 48000000

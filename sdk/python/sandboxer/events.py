@@ -47,6 +47,8 @@ class EventStream:
         self.last_seq = since
         self.reconnect_timeout = reconnect_timeout
         self.reconnects = 0
+        self.closes: list[tuple[int | None, str]] = []
+        """(code, reason) of every connection loss it resumed after (None: no close frame)."""
         self._where = where
         self._ws: ClientConnection | None = None
         self._closed = False
@@ -110,6 +112,7 @@ class EventStream:
                 self._ws = None
                 self._box._streams.discard(self)
                 code, reason = close_info(e)
+                self.closes.append((code, reason))
                 if code in (1000, 1001):
                     self._closed = True
                     raise StopAsyncIteration from None
