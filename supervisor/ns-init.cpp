@@ -364,6 +364,19 @@ int NsInit::run() {
   bool ctl_open = true;
 
   for (;;) {
+    // Complete request lines first: an exec sent right after the config can arrive in the same
+    // read as the config line, and poll would not wake for it again.
+    for (size_t nl; (nl = pending_.find('\n')) != std::string::npos;) {
+      auto req = boost::json::parse(std::string_view(pending_).substr(0, nl), ec);
+      pending_.erase(0, nl + 1);
+      if (!ec && req.is_object()) {
+        try {
+          on_request(req.as_object());
+        } catch (const std::exception&) {
+          // A malformed request changes nothing.
+        }
+      }
+    }
     reap();
     if (agent_done_) {
       // Done when no child is left.
@@ -403,18 +416,6 @@ int NsInit::run() {
         begin_shutdown(grace_ms_);
       } else if (r > 0) {
         pending_.append(buf, static_cast<size_t>(r));
-        size_t nl;
-        while ((nl = pending_.find('\n')) != std::string::npos) {
-          auto req = boost::json::parse(std::string_view(pending_).substr(0, nl), ec);
-          pending_.erase(0, nl + 1);
-          if (!ec && req.is_object()) {
-            try {
-              on_request(req.as_object());
-            } catch (const std::exception&) {
-              // A malformed request changes nothing.
-            }
-          }
-        }
       }
     }
   }
