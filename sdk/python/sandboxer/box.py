@@ -103,12 +103,14 @@ class Box:
 
     async def exec(self, argv: Sequence[str], *, proc: str | None = None, env: dict[str, str] | None = None,
                    cwd: str | None = None, tty: bool = False, stdin: bool = False,
+                   cols: int | None = None, rows: int | None = None,
                    branch: str | None = None, since: int | None = None) -> Process:
         """Starts `argv` in the box and returns its handle with output streaming in.
 
         `proc` is the process id (chosen here when None); exec is idempotent per id: the same id
         again returns a handle on the existing process (`handle.reply["existing"]`). `stdin`
-        keeps its stdin open for `handle.write()`; `tty` gives it a pty. The handle follows the
+        keeps its stdin open for `handle.write()`; `tty` gives it a pty (of `cols` x `rows`,
+        80x24 unless given). The handle follows the
         journal from `since` (default: just before the reply's `started_seq`) and keeps this
         process's events.
         """
@@ -117,7 +119,7 @@ class Box:
         proc = proc or f"py-{os.getpid()}-{next(_proc_counter)}"
         reply = await self._conn.request("exec", {
             "proc": proc, "argv": list(argv), "env": env, "cwd": cwd,
-            "tty": tty or None, "stdin": stdin or None, "branch": branch,
+            "tty": tty, "stdin": stdin, "cols": cols, "rows": rows, "branch": branch,
         })
         start = since
         if start is None:

@@ -107,7 +107,10 @@ class Connection:
             for k, v in (fields or {}).items():
                 if v is not None:
                     msg[k] = v
-            text = json.dumps(msg, separators=(",", ":"))
+            try:
+                text = json.dumps(msg, separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise SandboxerError("bad_request", f"request is not expressible as JSON: {e}", op=op) from None
             if len(text.encode()) > MAX_TEXT:
                 raise SandboxerError("too_large", f"request of {len(text)} bytes exceeds the 1 MiB text frame limit", op=op)
             try:
@@ -208,13 +211,14 @@ class Connection:
         if not isinstance(obj, dict):
             log.warning("ignoring a text frame that is not a JSON object: %.200r", msg)
             return
+        kind = classify(obj)
         rid = obj.get("id")
-        if isinstance(rid, int) and "ok" in obj:
+        if kind == "reply" and isinstance(rid, int):
             entry = self._pending.get(rid)
             if entry is not None and not entry[1].done():
                 entry[1].set_result(obj)
             return
-        if "seq" in obj and "type" in obj:
+        if kind == "event":
             if self.on_event is not None:
                 self.on_event(obj)
             return
@@ -223,6 +227,18 @@ class Connection:
             log.warning("server error without a request id: %s", obj.get("error"))
             return
         # Anything else (an auth acknowledgement, a field this client does not know) is ignored.
+
+
+def classify(obj: Any) -> str:
+    """What a text frame from the server is: "reply" (has `id` and `ok`), "event" (has `seq`
+    and `type`, never `id`), or "other"."""
+    if not isinstance(obj, dict):
+        return "other"
+    if "ok" in obj and "id" in obj:
+        return "reply"
+    if isinstance(obj.get("seq"), int) and "type" in obj and "id" not in obj:
+        return "event"
+    return "other"
 
 
 def check_reply_type(reply: dict[str, Any], key: str, typ: type, op: str) -> Any:

@@ -9,13 +9,16 @@ class SandboxerError(Exception):
     `connection_closed`, `unauthorized`, `protocol`), `message` says what was wrong."""
 
     def __init__(self, code: str, message: str, *, op: str | None = None,
-                 request_id: int | None = None, details: dict[str, Any] | None = None) -> None:
+                 request_id: int | None = None, details: dict[str, Any] | None = None,
+                 reply: dict[str, Any] | None = None) -> None:
         super().__init__(f"{op + ': ' if op else ''}{code}: {message}")
         self.code = code
         self.message = message
         self.op = op
         self.request_id = request_id
         self.details = details or {}
+        self.reply = reply or {}
+        """The whole error reply (e.g. `state` of a failed exec)."""
 
     @classmethod
     def from_reply(cls, reply: dict[str, Any], op: str | None = None) -> "SandboxerError":
@@ -25,7 +28,7 @@ class SandboxerError(Exception):
             return ProtocolError(f"error reply without an error object: {reply!r}", op=op)
         return cls(str(err.get("code", "unknown")), str(err.get("message", "")), op=op,
                    request_id=reply.get("id") if isinstance(reply.get("id"), int) else None,
-                   details={k: v for k, v in err.items() if k not in ("code", "message")})
+                   details={k: v for k, v in err.items() if k not in ("code", "message")}, reply=reply)
 
 
 class AuthError(SandboxerError):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from .connection import CLOSE_AUTH, CLOSE_SLOW, close_info, lost_error, open_ws
+from .connection import CLOSE_AUTH, CLOSE_SLOW, classify, close_info, lost_error, open_ws
 from .errors import AuthError, ConnectionLost, SandboxerError
 
 if TYPE_CHECKING:
@@ -131,16 +131,15 @@ class EventStream:
                 obj = json.loads(msg)
             except ValueError:
                 continue
-            if not isinstance(obj, dict):
-                continue
-            if "id" in obj and "ok" in obj:
+            kind = classify(obj)
+            if kind == "reply":
                 if not obj["ok"] and obj.get("id") == self._sub_id:
                     await self.close()
                     raise SandboxerError.from_reply(obj, "subscribe")
                 continue
-            seq = obj.get("seq")
-            if not isinstance(seq, int) or "type" not in obj:
+            if kind != "event":
                 continue
+            seq = obj["seq"]
             if seq <= self.last_seq:
                 continue  # already delivered before a reconnect
             self.last_seq = seq

@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+import base64
+
 from . import frames
 from .errors import ProtocolError
 
 if TYPE_CHECKING:
     from .box import Box
+
+
+INLINE_MAX = 32 << 10  # fs.write content up to this size goes inside the request
 
 
 class _Receiver:
@@ -77,13 +82,22 @@ class FileSystem:
             conn.drop_sink(reply["id"])
 
     async def write(self, path: str, data: bytes | str, *, mode: int | None = None, append: bool = False,
-                    branch: str | None = None, chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
-        """Creates or replaces (or with `append`, extends) the file at `path` with `data`, sent
-        in binary frames after the request; returns the reply (`size`, `path`) once the server has
-        written every byte. `mode` sets the permission bits of a new file."""
+                    branch: str | None = None, inline: bool | None = None,
+                    chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
+        """Creates or replaces (or with `append`, extends) the file at `path` with `data`;
+        returns the reply (`size`, `path`) once the server has written every byte. `mode` sets
+        the permission bits of a new file. Content travels in binary frames after the request,
+        or inside the request (`data` / `data_b64`) when `inline` (default: up to 32 KiB)."""
         if isinstance(data, str):
             data = data.encode()
         conn = self._box._conn
+        fields: dict[str, Any] = {"path": path, "mode": mode, "append": append or None, "branch": branch}
+        if inline if inline is not None else len(data) <= INLINE_MAX:
+            try:
+                fields["data"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                fields["data_b64"] = base64.b64encode(data).decode("ascii")
+            return await conn.request("fs.write", fields)
 
         async def upload(rid: int) -> None:
             for frame in frames.iter_chunks(rid, data, chunk_size):
@@ -91,9 +105,7 @@ class FileSystem:
                     break  # refused (or done) early: the rest would only be ignored
                 await conn.send_binary(frame)
 
-        return await conn.request("fs.write", {"path": path, "size": len(data), "mode": mode,
-                                                   "append": append or None, "branch": branch},
-                                  after_send=upload)
+        return await conn.request("fs.write", fields, after_send=upload)
 
     async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
         """The entries of the directory at `path` (name, type, size, mode, mtime as the server
