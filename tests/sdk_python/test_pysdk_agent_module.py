@@ -55,8 +55,9 @@ def test_checkpoint_and_event_requests_are_shaped_per_design():
         ch = agent.Channel(p.spec)
         ch.checkpoint("step-3")
         ch.event("agent.note", text="hi")
-        assert p.seen == [{"id": 1, "op": "checkpoint", "name": "step-3"},
-                          {"id": 2, "op": "event", "event": {"type": "agent.note", "text": "hi"}}]
+        ck, ev = p.seen
+        assert (ck["id"], ck["op"], ck["name"]) == (1, "checkpoint", "step-3")
+        assert ev == {"id": 2, "op": "event", "event": {"type": "agent.note", "text": "hi"}}
     finally:
         p.close()
 

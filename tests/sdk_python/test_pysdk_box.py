@@ -329,3 +329,12 @@ def test_a_reader_too_slow_is_closed_with_4008_and_resumes_with_every_seq(server
     assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
     assert ex["code"] == 0
     assert sum(len(output_bytes(e)) for e in got if e.get("proc") == "spew") == 48000000
+
+
+def test_a_field_named_like_the_envelope_is_refused_before_sending(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(ValueError, match="id or op"):
+                await box.request("stats", id=5)
+            return await box.stats()
+    assert isinstance(run(go(), 20), dict)

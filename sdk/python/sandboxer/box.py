@@ -83,7 +83,8 @@ class Box:
 
     async def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Sends any operation and returns its reply; raises SandboxerError (with the server's
-        `code` and `message`) when the reply is `ok: false`. Fields set to None are left out."""
+        `code` and `message`) when the reply is `ok: false`. Fields set to None are left out;
+        `id` and `op` are the envelope's and cannot be fields (ValueError)."""
         return await self._conn.request(op, fields)
 
     # -- events ---------------------------------------------------------------------------
@@ -186,12 +187,12 @@ class Box:
 
     async def delete_snapshot(self, snapshot: str) -> None:
         """Deletes snapshot `snapshot`."""
-        await self._conn.request("snapshot.delete", {"id": snapshot})
+        await self._conn.request("snapshot.delete", {"snapshot": snapshot})
 
     async def export_snapshot(self, snapshot: str) -> bytes:
         """The archive of snapshot `snapshot` (received in binary frames)."""
         recv = _Receiver(f"snapshot.export {snapshot}")
-        reply = await self._conn.request("snapshot.export", {"id": snapshot}, sink=recv)
+        reply = await self._conn.request("snapshot.export", {"snapshot": snapshot}, sink=recv)
         closed = asyncio.ensure_future(self._conn.wait_closed())
         try:
             return await recv.result(closed, reply)

@@ -95,6 +95,8 @@ class Connection:
         binary frames until `drop_sink(id)` (the reply's `id`): content may follow the reply.
         `after_send(id)` (a coroutine function) runs once the request is sent, e.g. to stream
         binary frames up."""
+        if fields and ("id" in fields or "op" in fields):
+            raise ValueError("request fields cannot be named id or op: those are the envelope's")
         if self._closed is not None:
             raise self._closed
         rid = self.new_id() if rid is None else rid
