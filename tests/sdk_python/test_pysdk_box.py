@@ -338,3 +338,31 @@ def test_a_field_named_like_the_envelope_is_refused_before_sending(server):
                 await box.request("stats", id=5)
             return await box.stats()
     assert isinstance(run(go(), 20), dict)
+
+
+def test_exec_of_a_missing_program_raises_spawn_failed(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.exec(["/no/such/program"], proc="ghost")
+            return e.value
+    err = run(go(), 20)
+    assert err.code == "spawn_failed" and "/no/such/program" in err.message
+    assert err.reply["state"]["proc"] == "ghost"
+
+
+def test_event_stream_gives_up_when_the_box_is_gone(server):
+    import signal as sig
+    from sandboxer import ConnectionLost
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            s = box.events(since=0, reconnect_timeout=1.0)
+            await until(s, is_output_with("ready"))
+            os.killpg(server.proc.pid, sig.SIGKILL)  # no close frame, nothing to reconnect to
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(ConnectionLost):
+                async for _ in s:
+                    pass
+            return asyncio.get_running_loop().time() - t0
+    assert run(go(), 30) < 10
