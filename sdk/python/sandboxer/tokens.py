@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import urllib.parse
-
 from .errors import AuthError
 
 
@@ -15,17 +13,17 @@ def state_home() -> pathlib.Path:
     return pathlib.Path(v) if v else pathlib.Path.home() / ".local" / "state"
 
 
-def normalize_url(url: str) -> str:
-    """The URL as the token store keys it: scheme and host lower-case, no trailing slash."""
-    p = urllib.parse.urlsplit(url.strip())
-    path = p.path.rstrip("/")
-    return urllib.parse.urlunsplit((p.scheme.lower(), p.netloc.lower(), path, p.query, ""))
+def token_key(url: str) -> str:
+    """The token store's file name for `url`, as the CLI (cli/tokens.cpp) makes it: every
+    character other than a letter, digit, '.' or '-' becomes '_', trailing '_' dropped
+    (`ws://127.0.0.1:7000/` -> `ws___127.0.0.1_7000`)."""
+    key = "".join(c if (c.isascii() and c.isalnum()) or c in ".-" else "_" for c in url.strip())
+    return key.rstrip("_")
 
 
 def token_path(url: str) -> pathlib.Path:
-    """The token store's file for `url`: the normalized URL, percent-encoded into one file name
-    (`ws://127.0.0.1:7000` -> `ws%3A%2F%2F127.0.0.1%3A7000`)."""
-    return state_home() / "sandboxer" / "tokens" / urllib.parse.quote(normalize_url(url), safe="")
+    """The token store's file for `url`: `$XDG_STATE_HOME/sandboxer/tokens/<token_key(url)>`."""
+    return state_home() / "sandboxer" / "tokens" / token_key(url)
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
