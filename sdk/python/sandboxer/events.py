@@ -48,7 +48,8 @@ class EventStream:
         self.reconnect_timeout = reconnect_timeout
         self.reconnects = 0
         self.closes: list[tuple[int | None, str]] = []
-        """(code, reason) of every connection loss it resumed after (None: no close frame)."""
+        """(code, reason) of every close or loss of its connection (code None: no close frame)."""
+        self._idle_losses = 0  # losses in a row with no event in between: back off
         self._where = where
         self._ws: ClientConnection | None = None
         self._closed = False
@@ -119,10 +120,16 @@ class EventStream:
                 if code == CLOSE_AUTH:
                     raise lost_error("subscribe", e) from None
                 if code == CLOSE_SLOW:
-                    # The server dropped us for reading too slowly; the journal has everything,
-                    # so resume after what we actually received (resume_after names the same seq
-                    # or an earlier one: anything at or below last_seq is skipped anyway).
-                    pass
+                    # Too slow for the server's queue: the journal has everything. Resume after
+                    # N or after what we received, whichever is later (with a branch filter, N
+                    # may have passed events of other branches).
+                    n = parse_resume_after(reason)
+                    if n is not None and n > self.last_seq:
+                        self.last_seq = n
+                elif self._idle_losses:
+                    # A server that keeps dropping us before sending anything: do not spin.
+                    await asyncio.sleep(min(0.05 * 2 ** self._idle_losses, 1.0))
+                self._idle_losses += 1
                 self.reconnects += 1
                 continue
             if isinstance(msg, bytes):
@@ -139,10 +146,12 @@ class EventStream:
                 continue
             if kind != "event":
                 continue
-            seq = obj["seq"]
+            ev: Event = obj
+            seq: int = ev["seq"]
             if seq <= self.last_seq:
                 continue  # already delivered before a reconnect
             self.last_seq = seq
-            if self._where is not None and not self._where(obj):
+            self._idle_losses = 0
+            if self._where is not None and not self._where(ev):
                 continue
-            return obj
+            return ev
