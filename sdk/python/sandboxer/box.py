@@ -128,7 +128,10 @@ class Box:
             # follows the journal from there. Without it, the whole journal is scanned once.
             s = reply.get("started_seq")
             start = s - 1 if isinstance(s, int) and s > 0 else 0
-        stream = EventStream(self, start, branch, where=lambda e: e.get("proc") == proc)
+        # The server filters by the process's branch; this handle keeps the process's events.
+        b = reply.get("branch")
+        stream = EventStream(self, start, b if isinstance(b, str) else branch,
+                             where=lambda e: e.get("proc") == proc)
         p = Process(self, proc, reply, stream)
         self._procs.append(p)
         return p

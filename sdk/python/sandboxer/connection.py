@@ -8,7 +8,7 @@ import logging
 from typing import Any, Callable
 
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from . import frames
 from .errors import AuthError, ConnectionLost, ProtocolError, SandboxerError
@@ -38,8 +38,9 @@ async def open_ws(url: str, token: str, *, auth_frame: bool = False, open_timeou
         if status == 401:
             raise AuthError(f"{url} refused the token (HTTP 401)") from None
         raise ConnectionLost(f"connect {url}: HTTP {status}") from None
-    except (OSError, asyncio.TimeoutError, InvalidHandshake) as e:
-        raise ConnectionLost(f"connect {url}: {e}") from None
+    except (OSError, EOFError, asyncio.TimeoutError, WebSocketException) as e:
+        # EOFError: the server closed the TCP connection before answering (e.g. while it exits).
+        raise ConnectionLost(f"connect {url}: {e or type(e).__name__}") from None
     if auth_frame:
         await ws.send(json.dumps({"op": "auth", "token": token}))
     return ws
