@@ -366,3 +366,32 @@ def test_event_stream_gives_up_when_the_box_is_gone(server):
                     pass
             return asyncio.get_running_loop().time() - t0
     assert run(go(), 30) < 10
+
+
+def test_resize_sets_the_pty_size_the_process_sees(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "read x; stty size"], tty=True, cols=80, rows=24)
+            await p.resize(100, 30)
+            await p.write("\n")  # only now does it look
+            await p.wait(10)
+            return p.pty
+    assert b"30 100" in run(go(), 30)
+
+
+def test_exec_env_and_cwd_reach_the_process(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", 'echo "$GREETING"; pwd'], env={"GREETING": "hi there"}, cwd="/tmp")
+            await p.wait(10)
+            return p.stdout
+    assert run(go(), 30) == b"hi there\n/tmp\n"
+
+
+def test_event_stream_over_an_auth_frame_connection(server):
+    async def go():
+        async with await Box.connect(server.url, server.token, auth_frame=True) as box:
+            async with box.events(since=0) as s:
+                return await until(s, is_output_with("ready"))
+    evs = run(go(), 30)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
