@@ -5,10 +5,11 @@ import asyncio
 import base64
 import itertools
 import os
+import ssl as ssl_module
 from typing import Any, Callable, Sequence
 
 from . import frames
-from .connection import Connection, open_ws
+from .connection import Connection, check_url, open_ws
 from .errors import ProtocolError
 from .events import Event, EventStream
 from .fs import FileSystem, _Receiver
@@ -37,10 +38,12 @@ class Box:
     request and a reconnect never loses a reply.
     """
 
-    def __init__(self, url: str, token: str, conn: Connection, *, auth_frame: bool = False) -> None:
+    def __init__(self, url: str, token: str, conn: Connection, *, auth_frame: bool = False,
+                 ssl: ssl_module.SSLContext | None = None) -> None:
         self.url = url
         self._token = token
         self._auth_frame = auth_frame
+        self._ssl = ssl
         self._conn = conn
         self._streams: set[EventStream] = set()
         self._procs: list[Process] = []
@@ -49,17 +52,21 @@ class Box:
 
     @classmethod
     async def connect(cls, url: str, token: str | None = None, *, token_file: str | None = None,
-                      auth_frame: bool = False, open_timeout: float = 10.0) -> "Box":
+                      auth_frame: bool = False, open_timeout: float = 10.0,
+                      ssl: ssl_module.SSLContext | None = None) -> "Box":
         """Connects to the box at `url` (`ws://host:port` or `wss://...`).
 
         The token is `token`, else the contents of `token_file`, else `$SANDBOXER_TOKEN`, else the
         CLI's token store for this URL (`$XDG_STATE_HOME/sandboxer/tokens/`). It is sent as an
         `Authorization: Bearer` header, or as an `auth` first frame when `auth_frame` is set.
-        Raises AuthError when the server refuses it, ConnectionLost when the box is unreachable.
+        For wss://, `ssl` is the context that verifies the server (default: the system's CAs).
+        Raises AuthError when the server refuses it, ConnectionLost when the box is unreachable,
+        ValueError for a URL that is not ws:// or wss://.
         """
+        check_url(url)
         tok = resolve_token(url, token, token_file)
-        ws = await open_ws(url, tok, auth_frame=auth_frame, open_timeout=open_timeout)
-        box = cls(url, tok, Connection(ws), auth_frame=auth_frame)
+        ws = await open_ws(url, tok, auth_frame=auth_frame, open_timeout=open_timeout, ssl=ssl)
+        box = cls(url, tok, Connection(ws), auth_frame=auth_frame, ssl=ssl)
         if auth_frame:
             # The server answers a refused auth frame with close 4401: make that visible here
             # rather than at the first request, by a round trip that needs authentication.

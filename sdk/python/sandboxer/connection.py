@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl as ssl_module
+import urllib.parse
 from typing import Any, Callable
 
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
@@ -23,16 +25,27 @@ log = logging.getLogger("sandboxer")
 BinarySink = Callable[[frames.Chunk], None]
 
 
+def check_url(url: str) -> None:
+    """Refuses a URL that is not ws:// or wss:// with a host, naming what is wrong."""
+    p = urllib.parse.urlsplit(url)
+    if p.scheme not in ("ws", "wss"):
+        raise ValueError(f"box URL {url!r}: expected ws://HOST:PORT or wss://HOST:PORT")
+    if not p.hostname:
+        raise ValueError(f"box URL {url!r} has no host")
+
+
 async def open_ws(url: str, token: str, *, auth_frame: bool = False, open_timeout: float = 10.0,
-                  max_queue: int = 16) -> ClientConnection:
+                  max_queue: int = 16, ssl: ssl_module.SSLContext | None = None) -> ClientConnection:
     """Opens a `sandboxer.v1` WebSocket to `url` with `token` (an Authorization header, or an auth
-    first frame when `auth_frame`). Raises AuthError on 401, ConnectionLost when unreachable."""
+    first frame when `auth_frame`). `ssl` verifies a wss:// server (default: the system's CAs).
+    Raises AuthError on 401, ConnectionLost when unreachable."""
     headers = None if auth_frame else {"Authorization": f"Bearer {token}"}
+    extra: dict[str, Any] = {"ssl": ssl} if ssl is not None else {}
     try:
         ws = await ws_connect(url, subprotocols=[SUBPROTOCOL], additional_headers=headers,  # type: ignore[list-item]
                               open_timeout=open_timeout, max_size=frames.HEADER_SIZE + frames.MAX_CHUNK + 1024,
                               max_queue=max_queue, compression=None, ping_interval=20, ping_timeout=20,
-                              close_timeout=2)
+                              close_timeout=2, **extra)
     except InvalidStatus as e:
         status = e.response.status_code
         if status == 401:

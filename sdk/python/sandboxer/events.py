@@ -78,7 +78,8 @@ class EventStream:
         delay = 0.05
         while True:
             try:
-                ws = await open_ws(self._box.url, self._box._token, auth_frame=self._box._auth_frame)
+                ws = await open_ws(self._box.url, self._box._token, auth_frame=self._box._auth_frame,
+                                   ssl=self._box._ssl)
                 break
             except AuthError:
                 raise
