@@ -228,6 +228,28 @@ def test_file_round_trip_of_several_megabytes_keeps_every_byte(server):
     assert "blob.bin" in names
 
 
+def test_file_round_trip_of_100_mb_keeps_every_byte(server):
+    data = os.urandom(100 * 1024 * 1024)
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/big.bin", data)
+            back = await box.fs.read("/workspace/big.bin")
+            await box.fs.remove("/workspace/big.bin")
+            return back
+    back = run(go(), 120)
+    assert len(back) == len(data)
+    assert hashlib.sha256(back).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_read_of_a_range(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/tmp/r.txt", b"0123456789", inline=False)
+            return await box.fs.read("/tmp/r.txt", offset=3, length=4)
+    assert run(go(), 30) == b"3456"
+
+
 def test_the_agent_sees_a_file_the_client_wrote(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:
