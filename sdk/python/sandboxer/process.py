@@ -59,6 +59,7 @@ class Process:
 
     @property
     def done(self) -> bool:
+        """True once `proc.exited` arrived."""
         return self.exit is not None
 
     @property
@@ -127,7 +128,8 @@ class Process:
         raise SandboxerError("connection_closed", f"event stream of {self.proc} ended before proc.exited")
 
     async def wait(self, timeout: float | None = None) -> Event:
-        """Waits for `proc.exited` and returns it (`code` or `signal`, `reason`)."""
+        """Waits for `proc.exited` and returns it (`code` or `signal`, `reason`). Raises
+        TimeoutError after `timeout` seconds, SandboxerError when the stream ended first."""
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._task)
         if self.exit is None:
