@@ -7,6 +7,9 @@ names a single bidirectional fd). Both directions carry JSON lines. Requests:
     {"id": 1, "op": "whoami"}
     {"id": 2, "op": "checkpoint", "name": "before-step-3"}
     {"id": 3, "op": "event", "event": {"type": "agent.note", ...}}
+    {"id": 4, "op": "fork", "n": 4}                  (checkpoint, then 4 live copies)
+    {"id": 5, "op": "restore", "snapshot": "s-..."}  (one more copy of a snapshot)
+    {"id": 6, "op": "snapshot.list"} / {"id": 7, "op": "snapshot.delete", "id": "s-..."}
 
 Replies carry the request's `id` and `ok` (with `error: {code, message}` when not ok). After a
 restore or fork, the first line on the reply fd is an identity line with no `id` (box, branch,
@@ -19,7 +22,15 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["Channel", "ChannelError", "channel", "whoami", "checkpoint", "event"]
+__all__ = ["Channel", "ChannelError", "channel", "whoami", "checkpoint", "fork", "event", "branch_info"]
+
+BRANCH_JSON = "/run/sandboxer/branch.json"
+
+
+def branch_info(path: str = BRANCH_JSON) -> dict[str, Any]:
+    """Who this branch is, from its own filesystem (written into each copy before its restore)."""
+    with open(path) as f:
+        return json.load(f)
 
 
 class ChannelError(Exception):
@@ -98,10 +109,29 @@ class Channel:
         reply = self.request("whoami")
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
-    def checkpoint(self, name: str) -> dict[str, Any]:
+    def checkpoint(self, name: str, leave_running: bool = True) -> dict[str, Any]:
         """Checkpoints this agent; returns when the checkpoint is taken. In a restored copy, the
-        call returns there too (check `whoami()["mode"]` or `identity` to tell which copy runs)."""
-        return self.request("checkpoint", name=name)
+        call returns there too, with `copy` true (and `identity` says who the copy is). With
+        leave_running=False the original ends once its memory and files are saved."""
+        return self.request("checkpoint", name=name, leave_running=leave_running)
+
+    def fork(self, n: int, name: str = "") -> dict[str, Any]:
+        """Checkpoints this agent and starts n live copies of it in this box. Returns in the
+        original (`copy` false, `copies` lists the new branches) and in each copy (`copy` true,
+        `branch`, `index`)."""
+        return self.request("fork", n=n, name=name)
+
+    def restore(self, snapshot: str) -> dict[str, Any]:
+        """Restores `snapshot` once more in this box, as a new branch; returns its `copies`."""
+        return self.request("restore", snapshot=snapshot)
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """This box's snapshots (their manifests, archive size and hash)."""
+        return self.request("snapshot.list")["snapshots"]
+
+    def delete_snapshot(self, snapshot: str) -> None:
+        """Deletes `snapshot` (its archive and its extracted copy)."""
+        self.request("snapshot.delete", id=snapshot)
 
     def event(self, type: str, **fields: Any) -> dict[str, Any]:
         """Writes a custom event of `type` with `fields` into the box's journal."""
@@ -127,6 +157,11 @@ def whoami() -> dict[str, Any]:
 def checkpoint(name: str) -> dict[str, Any]:
     """`channel().checkpoint(name)`."""
     return channel().checkpoint(name)
+
+
+def fork(n: int, name: str = "") -> dict[str, Any]:
+    """`channel().fork(n, name)`."""
+    return channel().fork(n, name)
 
 
 def event(type: str, **fields: Any) -> dict[str, Any]:
