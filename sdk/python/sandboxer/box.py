@@ -1,0 +1,221 @@
+"""`Box`: a client of one sandboxer box over the `sandboxer.v1` WebSocket protocol."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import os
+import ssl as ssl_module
+from typing import Any, Callable, Sequence
+
+from . import frames
+from .connection import Connection, check_url, open_ws
+from .errors import ProtocolError
+from .events import Event, EventStream
+from .fs import FileSystem, _Receiver
+from .process import Process
+from .tokens import resolve_token
+
+_proc_counter = itertools.count(1)
+
+
+def _stdin_fields(data: bytes | str) -> dict[str, Any]:
+    """`data` when the bytes are UTF-8 text, `data_b64` otherwise."""
+    if isinstance(data, str):
+        return {"data": data}
+    try:
+        return {"data": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"data_b64": base64.b64encode(data).decode("ascii")}
+
+
+class Box:
+    """A connected box. Create one with `await Box.connect(url, token)`; close it with
+    `await box.close()` or use it as `async with await Box.connect(...) as box:`.
+
+    Requests go over one control connection; each `events()` stream and each process handle
+    follows the journal over a connection of its own, so a slow event reader never delays a
+    request and a reconnect never loses a reply.
+    """
+
+    def __init__(self, url: str, token: str, conn: Connection, *, auth_frame: bool = False,
+                 ssl: ssl_module.SSLContext | None = None) -> None:
+        self.url = url
+        self._token = token
+        self._auth_frame = auth_frame
+        self._ssl = ssl
+        self._conn = conn
+        self._streams: set[EventStream] = set()
+        self._procs: list[Process] = []
+        self.fs = FileSystem(self)
+        """File operations: `box.fs.read/write/list/stat/remove`."""
+
+    @classmethod
+    async def connect(cls, url: str, token: str | None = None, *, token_file: str | None = None,
+                      auth_frame: bool = False, open_timeout: float = 10.0,
+                      ssl: ssl_module.SSLContext | None = None) -> "Box":
+        """Connects to the box at `url` (`ws://host:port` or `wss://...`).
+
+        The token is `token`, else the contents of `token_file`, else `$SANDBOXER_TOKEN`, else the
+        CLI's token store for this URL (`$XDG_STATE_HOME/sandboxer/tokens/`). It is sent as an
+        `Authorization: Bearer` header, or as an `auth` first frame when `auth_frame` is set.
+        For wss://, `ssl` is the context that verifies the server (default: the system's CAs).
+        Raises AuthError when the server refuses it, ConnectionLost when the box is unreachable,
+        ValueError for a URL that is not ws:// or wss://.
+        """
+        check_url(url)
+        tok = resolve_token(url, token, token_file)
+        ws = await open_ws(url, tok, auth_frame=auth_frame, open_timeout=open_timeout, ssl=ssl)
+        box = cls(url, tok, Connection(ws), auth_frame=auth_frame, ssl=ssl)
+        if auth_frame:
+            # The server answers a refused auth frame with close 4401: make that visible here
+            # rather than at the first request, by a round trip that needs authentication.
+            await box.stats()
+        return box
+
+    async def __aenter__(self) -> "Box":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the control connection, every open event stream and every process handle
+        (the box and its processes keep running)."""
+        for p in list(self._procs):
+            await p.close()
+        for s in list(self._streams):
+            await s.close()
+        await self._conn.close()
+
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Sends any operation and returns its reply; raises SandboxerError (with the server's
+        `code` and `message`) when the reply is `ok: false`. Fields set to None are left out;
+        `id` and `op` are the envelope's and cannot be fields (ValueError)."""
+        return await self._conn.request(op, fields)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def events(self, since: int = 0, branch: str | None = None, *, reconnect_timeout: float = 30.0,
+               where: Callable[[Event], bool] | None = None) -> EventStream:
+        """Every event with seq > `since` (of `branch` only, when given), then the live stream.
+
+        Use as `async for ev in box.events(since=N): ...`. The stream reconnects by itself (after
+        a close 4008 `resume_after=N` or a lost connection) and resumes after the last seq it
+        yielded: no gap, no duplicate. `where` filters events client-side (seq tracking still sees
+        every event). Close it with `await stream.close()` or `async with box.events() as s:`.
+        """
+        return EventStream(self, since, branch, reconnect_timeout=reconnect_timeout, where=where)
+
+    # -- processes ------------------------------------------------------------------------
+
+    async def exec(self, argv: Sequence[str], *, proc: str | None = None, env: dict[str, str] | None = None,
+                   cwd: str | None = None, tty: bool = False, stdin: bool = False,
+                   cols: int | None = None, rows: int | None = None,
+                   branch: str | None = None, since: int | None = None) -> Process:
+        """Starts `argv` in the box and returns its handle with output streaming in.
+
+        `proc` is the process id (chosen here when None); exec is idempotent per id: the same id
+        again returns a handle on the existing process (`handle.reply["existing"]`). `stdin`
+        keeps its stdin open for `handle.write()`; `tty` gives it a pty (of `cols` x `rows`,
+        80x24 unless given). The handle follows the
+        journal from `since` (default: just before the reply's `started_seq`) and keeps this
+        process's events.
+        """
+        if not argv:
+            raise ValueError("exec needs a non-empty argv")
+        proc = proc or f"py-{os.getpid()}-{next(_proc_counter)}"
+        reply = await self._conn.request("exec", {
+            "proc": proc, "argv": list(argv), "env": env, "cwd": cwd,
+            "tty": tty, "stdin": stdin, "cols": cols, "rows": rows, "branch": branch,
+        })
+        start = since
+        if start is None:
+            # The reply names the seq of `proc.started`, the process's first event: the handle
+            # follows the journal from there. Without it, the whole journal is scanned once.
+            s = reply.get("started_seq")
+            start = s - 1 if isinstance(s, int) and s > 0 else 0
+        # The server filters by the process's branch; this handle keeps the process's events.
+        b = reply.get("branch")
+        stream = EventStream(self, start, b if isinstance(b, str) else branch,
+                             where=lambda e: e.get("proc") == proc)
+        p = Process(self, proc, reply, stream)
+        self._procs.append(p)
+        return p
+
+    async def stdin(self, proc: str, data: bytes | str = b"", *, eof: bool = False) -> None:
+        """Writes `data` to the stdin of process `proc`; `eof` closes it after the data."""
+        fields: dict[str, Any] = {"proc": proc, **(_stdin_fields(data) if data else {})}
+        if eof:
+            fields["eof"] = True
+        await self._conn.request("stdin", fields)
+
+    async def signal(self, proc: str, signal: str | int) -> None:
+        """Sends `signal` (a name like "TERM" or a number) to process `proc`."""
+        await self._conn.request("signal", {"proc": proc, "signal": signal})
+
+    async def resize(self, proc: str, cols: int, rows: int) -> None:
+        """Sets the pty size of process `proc`."""
+        await self._conn.request("resize", {"proc": proc, "cols": cols, "rows": rows})
+
+    # -- the box --------------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Resource use of the box and of each process (cpu, memory, pids, disk)."""
+        reply = await self._conn.request("stats")
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    async def shutdown(self, grace: float | str | None = None) -> dict[str, Any]:
+        """Ends the box: TERM to every process, `grace` (seconds, or a duration like "3s"),
+        then KILL. Returns the reply; the box then closes its connections."""
+        return await self._conn.request("shutdown", {"grace": grace})
+
+    # -- checkpoints and snapshots ------------------------------------------------------------
+
+    async def checkpoint(self, name: str | None = None, *, leave_running: bool = True,
+                         branch: str | None = None) -> dict[str, Any]:
+        """Checkpoints the agent (memory and files at one instant); returns the reply with the
+        snapshot id."""
+        return await self._conn.request("checkpoint", {"name": name, "leave_running": leave_running,
+                                                       "branch": branch})
+
+    async def restore(self, snapshot: str) -> dict[str, Any]:
+        """Restores snapshot `snapshot` in this box."""
+        return await self._conn.request("restore", {"snapshot": snapshot})
+
+    async def fork(self, snapshot: str, n: int = 1) -> dict[str, Any]:
+        """Starts `n` copies of snapshot `snapshot` in this box, each a branch of its own."""
+        return await self._conn.request("fork", {"snapshot": snapshot, "n": n})
+
+    async def snapshots(self) -> list[dict[str, Any]]:
+        """The snapshots the box holds."""
+        reply = await self._conn.request("snapshot.list")
+        snaps = reply.get("snapshots")
+        if not isinstance(snaps, list):
+            raise ProtocolError(f"snapshot.list reply has no snapshots list: {reply!r}", op="snapshot.list")
+        return snaps
+
+    async def delete_snapshot(self, snapshot: str) -> None:
+        """Deletes snapshot `snapshot`."""
+        await self._conn.request("snapshot.delete", {"snapshot": snapshot})
+
+    async def export_snapshot(self, snapshot: str) -> bytes:
+        """The archive of snapshot `snapshot` (received in binary frames)."""
+        recv = _Receiver(f"snapshot.export {snapshot}")
+        reply = await self._conn.request("snapshot.export", {"snapshot": snapshot}, sink=recv)
+        closed = asyncio.ensure_future(self._conn.wait_closed())
+        try:
+            return await recv.result(closed, reply)
+        finally:
+            closed.cancel()
+            self._conn.drop_sink(reply["id"])
+
+    async def import_snapshot(self, archive: bytes) -> dict[str, Any]:
+        """Uploads a snapshot archive (in binary frames); returns the reply with its id."""
+        async def upload(rid: int) -> None:
+            for frame in frames.iter_chunks(rid, archive):
+                if self._conn.replied(rid):
+                    break
+                await self._conn.send_binary(frame)
+
+        return await self._conn.request("snapshot.import", {"size": len(archive)}, after_send=upload)

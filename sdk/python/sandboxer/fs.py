@@ -1,0 +1,131 @@
+"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.remove`, content in binary
+frames (see frames.py) of at most 1 MiB each."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import base64
+
+from . import frames
+from .errors import ProtocolError
+
+if TYPE_CHECKING:
+    from .box import Box
+
+
+INLINE_MAX = 32 << 10  # fs.write content up to this size goes inside the request
+
+
+class _Receiver:
+    """Collects the binary frames of one transfer; checks they are contiguous."""
+
+    def __init__(self, what: str, base: int = 0) -> None:
+        self.what = what
+        self.base = base
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.done = asyncio.Event()
+        self.error: str | None = None
+
+    def __call__(self, chunk: frames.Chunk) -> None:
+        if self.done.is_set():
+            self.error = self.error or f"{self.what}: a binary frame arrived after the last one"
+            return
+        if chunk.offset != self.base + self.size:
+            self.error = self.error or f"{self.what}: frame at offset {chunk.offset}, expected {self.base + self.size}"
+        self.parts.append(chunk.data)
+        self.size += len(chunk.data)
+        if chunk.last:
+            self.done.set()
+
+    async def result(self, conn_closed: "asyncio.Future[Any] | None", reply: dict[str, Any]) -> bytes:
+        expected = reply.get("length", reply.get("size"))
+        # Content may follow the reply; an empty file may come as no frame at all.
+        if not self.done.is_set() and not (expected == 0 and not self.parts):
+            waiter = asyncio.ensure_future(self.done.wait())
+            waits: set[asyncio.Future[Any]] = {waiter}
+            if conn_closed is not None:
+                waits.add(conn_closed)
+            finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if waiter not in finished:
+                assert conn_closed is not None
+                raise conn_closed.result()
+        if self.error:
+            raise ProtocolError(self.error)
+        data = b"".join(self.parts)
+        if isinstance(expected, int) and expected != len(data):
+            raise ProtocolError(f"{self.what}: reply says {expected} bytes, frames carried {len(data)}")
+        return data
+
+
+class FileSystem:
+    """`box.fs`: the files of the box, confined by the server to the roots its profile allows."""
+
+    def __init__(self, box: "Box") -> None:
+        self._box = box
+
+    async def read(self, path: str, *, offset: int = 0, length: int | None = None,
+                   branch: str | None = None) -> bytes:
+        """The content of the file at `path` (`/workspace/...` or `/tmp/...`): all of it, or
+        `length` bytes from `offset`."""
+        conn = self._box._conn
+        recv = _Receiver(f"fs.read {path}", offset)
+        reply = await conn.request("fs.read", {"path": path, "offset": offset or None, "length": length,
+                                               "branch": branch}, sink=recv)
+        closed = asyncio.ensure_future(conn.wait_closed())
+        try:
+            return await recv.result(closed, reply)
+        finally:
+            closed.cancel()
+            conn.drop_sink(reply["id"])
+
+    async def write(self, path: str, data: bytes | str, *, mode: int | None = None, append: bool = False,
+                    branch: str | None = None, inline: bool | None = None,
+                    chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
+        """Creates or replaces (or with `append`, extends) the file at `path` with `data`;
+        returns the reply (`size`, `path`) once the server has written every byte. `mode` sets
+        the permission bits of a new file. Content travels in binary frames after the request,
+        or inside the request (`data` / `data_b64`) when `inline` (default: up to 32 KiB)."""
+        if isinstance(data, str):
+            data = data.encode()
+        conn = self._box._conn
+        fields: dict[str, Any] = {"path": path, "mode": mode, "append": append or None, "branch": branch}
+        if inline if inline is not None else len(data) <= INLINE_MAX:
+            try:
+                fields["data"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                fields["data_b64"] = base64.b64encode(data).decode("ascii")
+            return await conn.request("fs.write", fields)
+
+        async def upload(rid: int) -> None:
+            for frame in frames.iter_chunks(rid, data, chunk_size):
+                if conn.replied(rid):
+                    break  # refused (or done) early: the rest would only be ignored
+                await conn.send_binary(frame)
+
+        return await conn.request("fs.write", fields, after_send=upload)
+
+    async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
+        """The entries of the directory at `path` (name, type, size, mode, mtime as the server
+        reports them)."""
+        reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
+        entries = reply.get("entries")
+        if not isinstance(entries, list):
+            raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
+        return entries
+
+    async def stat(self, path: str, *, branch: str | None = None) -> dict[str, Any]:
+        """Type, size, mode and mtime of `path` (the reply without id and ok)."""
+        reply = await self._box._conn.request("fs.stat", {"path": path, "branch": branch})
+        return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+
+    async def mkdir(self, path: str, *, branch: str | None = None) -> None:
+        """Creates the directory `path`."""
+        await self._box._conn.request("fs.mkdir", {"path": path, "branch": branch})
+
+    async def remove(self, path: str, *, recursive: bool = False, branch: str | None = None) -> None:
+        """Removes a file, or a directory (`recursive` for one that is not empty)."""
+        await self._box._conn.request("fs.remove", {"path": path, "recursive": recursive or None,
+                                                    "branch": branch})

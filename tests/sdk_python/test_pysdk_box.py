@@ -1,0 +1,419 @@
+"""sdk/python against the real supervisor: auth, events with since and resume, exec, stdin,
+signals, files, stats, typed errors, shutdown."""
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from boxserver import PROBE, Relay, run
+from sandboxer import AuthError, Box, SandboxerError
+from sandboxer.process import output_bytes
+
+
+async def until(stream, pred, limit=100_000):
+    """Events of `stream` up to and including the first one matching `pred`."""
+    got = []
+    async for ev in stream:
+        got.append(ev)
+        if pred(ev) or len(got) >= limit:
+            return got
+    return got
+
+
+def is_output_with(text):
+    return lambda ev: ev.get("type") == "proc.output" and text.encode() in output_bytes(ev)
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+def test_right_token_is_served(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            return await box.stats()
+    assert isinstance(run(go(), 20), dict)
+
+
+def test_wrong_token_is_refused_with_auth_error(server):
+    with pytest.raises(AuthError) as e:
+        run(Box.connect(server.url, "not-the-token"), 20)
+    assert e.value.code == "unauthorized"
+    assert server.alive()
+
+
+def test_wrong_token_in_an_auth_frame_is_refused(server):
+    with pytest.raises(AuthError):
+        run(Box.connect(server.url, "not-the-token", auth_frame=True), 20)
+    assert server.alive()
+
+
+def test_right_token_in_an_auth_frame_is_served(server):
+    async def go():
+        async with await Box.connect(server.url, server.token, auth_frame=True) as box:
+            return await box.stats()
+    assert isinstance(run(go(), 20), dict)
+
+
+def test_token_comes_from_the_environment(server, monkeypatch):
+    monkeypatch.setenv("SANDBOXER_TOKEN", server.token)
+
+    async def go():
+        async with await Box.connect(server.url) as box:
+            return await box.stats()
+    assert isinstance(run(go(), 20), dict)
+
+
+# -- events ---------------------------------------------------------------------------------
+
+def test_events_since_n_start_right_after_n(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            async with box.events(since=0) as s:
+                everything = await until(s, is_output_with("ready"))
+            n = everything[1]["seq"]
+            async with box.events(since=n) as s:
+                later = await until(s, lambda ev: ev["seq"] == everything[-1]["seq"])
+            return everything, n, later
+    everything, n, later = run(go(), 30)
+    assert [e["seq"] for e in everything] == list(range(1, len(everything) + 1))
+    assert everything[0]["type"] == "box.started"
+    assert later == [e for e in everything if e["seq"] > n]
+
+
+# About 2,000 events: one output line per write, a little apart, so the stream is still live
+# while the test cuts connections.
+SPEW = ["python3", "-c", "import time\n"
+        "for i in range(2000):\n    print('line', i, flush=True)\n    time.sleep(0.0005)\n"
+        "print('DONE', flush=True)\ntime.sleep(1000)\n"]
+CUTS = (5, 100, 500, 1200)
+
+
+def test_reconnect_after_lost_connections_gives_the_uninterrupted_sequence(make_server):
+    srv = make_server(SPEW)
+
+    async def go():
+        relay = await Relay(srv.port).start()
+        async with await Box.connect(srv.url, srv.token) as direct, \
+                await Box.connect(relay.url, srv.token) as relayed:
+            async def uninterrupted():
+                async with direct.events(since=0) as s:
+                    return await until(s, is_output_with("DONE"))
+
+            async def interrupted():
+                got = []
+                async with relayed.events(since=0) as s:
+                    async for ev in s:
+                        got.append(ev)
+                        if len(got) in CUTS:
+                            relay.cut()  # the network drops mid-stream, no close frame
+                        if is_output_with("DONE")(ev):
+                            return got, s.reconnects
+
+            a, (b, reconnects) = await asyncio.gather(uninterrupted(), interrupted())
+            cuts = relay.cuts
+            await relay.close()
+            return a, b, reconnects, cuts
+    a, b, reconnects, cuts = run(go(), 90)
+    assert cuts == len(CUTS) and reconnects == len(CUTS)
+    assert len(a) > CUTS[-1]
+    assert [e["seq"] for e in a] == list(range(1, len(a) + 1))
+    assert b == a
+
+
+def test_event_stream_ends_when_the_box_shuts_down(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            async with box.events(since=0) as s:
+                await until(s, is_output_with("ready"))
+                await box.shutdown(grace=1)
+                rest = [ev async for ev in s]
+            return rest
+    rest = run(go(), 30)
+    exits = [e for e in rest if e["type"] == "proc.exited"]
+    assert exits and exits[-1]["reason"] == "shutdown"
+    server.proc.wait(20)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+def test_exec_streams_output_and_returns_the_exit_code(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"], proc="p1")
+            ex = await p.wait(20)
+            return p, ex
+    p, ex = run(go(), 30)
+    assert ex["code"] == 3 and ex["reason"] == "exited"
+    assert p.stdout == b"out\n" and p.stderr == b"err\n"
+    assert p.events[0]["type"] == "proc.started"
+
+
+def test_exec_output_can_be_read_as_it_streams(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done"])
+            chunks = [(st, data) async for st, data in p.output()]
+            return chunks, await p.wait(10)
+    chunks, ex = run(go(), 30)
+    assert b"".join(d for st, d in chunks if st == "stdout") == b"1\n2\n3\n"
+    assert ex["code"] == 0
+
+
+def test_exec_of_the_same_proc_id_does_not_start_it_twice(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "echo once; sleep 0.3"], proc="same")
+            q = await box.exec(["sh", "-c", "echo twice"], proc="same")
+            await p.wait(10)
+            await q.wait(10)
+            return p, q
+    p, q = run(go(), 30)
+    assert q.reply.get("existing") is True
+    assert p.stdout == b"once\n" and q.stdout == b"once\n"
+
+
+def test_stdin_data_then_eof_reaches_the_process(server):
+    payload = b"hello\n\xff\xfe binary \x00 bytes\n"
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "cat; echo; echo eof-seen"], stdin=True)
+            await p.write(payload[:6])
+            await p.write(payload[6:])
+            await p.close_stdin()
+            return p, await p.wait(10)
+    p, ex = run(go(), 30)
+    assert ex["code"] == 0
+    assert p.stdout == payload + b"\neof-seen\n"
+
+
+def test_signal_by_name_ends_the_process(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec([str(PROBE), "wait"])
+            async for st, data in p.output():
+                if b"ready" in data:
+                    break
+            await p.signal("TERM")
+            return await p.wait(10)
+    ex = run(go(), 30)
+    assert ex["signal"] == "TERM"
+
+
+def test_exec_with_a_tty_streams_pty_output(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "test -t 0 && test -t 1 && echo is-a-tty"], tty=True)
+            return p, await p.wait(10)
+    p, ex = run(go(), 30)
+    assert ex["code"] == 0
+    assert b"is-a-tty" in p.pty
+
+
+# -- files ----------------------------------------------------------------------------------
+
+def test_file_round_trip_of_several_megabytes_keeps_every_byte(server):
+    data = os.urandom(5 * 1024 * 1024 + 12345)
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/blob.bin", data)
+            back = await box.fs.read("/workspace/blob.bin")
+            st = await box.fs.stat("/workspace/blob.bin")
+            names = [e.get("name") for e in await box.fs.list("/workspace")]
+            return back, st, names
+    back, st, names = run(go(), 60)
+    assert hashlib.sha256(back).hexdigest() == hashlib.sha256(data).hexdigest()
+    assert st["size"] == len(data)
+    assert "blob.bin" in names
+
+
+def test_file_round_trip_of_100_mb_keeps_every_byte(server):
+    data = os.urandom(100 * 1024 * 1024)
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/big.bin", data)
+            back = await box.fs.read("/workspace/big.bin")
+            await box.fs.remove("/workspace/big.bin")
+            return back
+    back = run(go(), 120)
+    assert len(back) == len(data)
+    assert hashlib.sha256(back).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_read_of_a_range(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/tmp/r.txt", b"0123456789", inline=False)
+            return await box.fs.read("/tmp/r.txt", offset=3, length=4)
+    assert run(go(), 30) == b"3456"
+
+
+def test_the_agent_sees_a_file_the_client_wrote(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/hello.txt", "from the sdk")
+            p = await box.exec(["cat", "/workspace/hello.txt"])
+            await p.wait(10)
+            return p.stdout
+    assert run(go(), 30) == b"from the sdk"
+
+
+def test_empty_file_round_trip(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/empty", b"")
+            return await box.fs.read("/workspace/empty")
+    assert run(go(), 30) == b""
+
+
+def test_removed_file_is_gone(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/doomed", b"x")
+            await box.fs.remove("/workspace/doomed")
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.stat("/workspace/doomed")
+            return e.value
+    err = run(go(), 30)
+    assert err.code and err.message and err.op == "fs.stat"
+
+
+def test_path_escape_is_refused_with_a_typed_error(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.read("/workspace/../../../../etc/shadow")
+            return e.value
+    err = run(go(), 30)
+    assert err.code and "shadow" not in err.code
+
+
+# -- stats and errors -----------------------------------------------------------------------
+
+def test_stats_reports_the_box_and_its_procs(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            return await box.stats()
+    st = run(go(), 20)
+    for key in ("cpu", "memory", "pids"):
+        assert key in str(st), st
+
+
+def test_unknown_op_gets_a_typed_error_and_the_server_keeps_serving(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.request("no.such.op")
+            st = await box.stats()
+            return e.value, st
+    err, st = run(go(), 20)
+    assert err.code and "no.such.op" in err.message
+    assert isinstance(st, dict)
+
+
+def test_stdin_to_an_unknown_proc_names_it(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.stdin("ghost", b"x")
+            return e.value
+    err = run(go(), 20)
+    assert err.code == "no_such_proc" and "ghost" in err.message
+
+
+def test_bad_field_type_names_the_field(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.request("exec", proc="x", argv="not-a-list")
+            return e.value
+    err = run(go(), 20)
+    assert "argv" in err.message
+
+
+def test_a_reader_too_slow_is_closed_with_4008_and_resumes_with_every_seq(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            async with box.events(since=0) as s:
+                got = await until(s, is_output_with("ready"))  # caught up: the stream is live
+                # 48 MB of output while this reader sleeps: far more than the server queues for it.
+                p = await box.exec([str(PROBE), "spew", "48000000"], proc="spew")
+                await asyncio.sleep(4)
+                async for ev in s:
+                    got.append(ev)
+                    if ev["type"] == "proc.exited" and ev.get("proc") == "spew":
+                        break
+                return got, s.closes, await p.wait(30)
+    got, closes, ex = run(go(), 120)
+    assert any(code == 4008 and reason.startswith("resume_after=") for code, reason in closes), closes
+    assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
+    assert ex["code"] == 0
+    assert sum(len(output_bytes(e)) for e in got if e.get("proc") == "spew") == 48000000
+
+
+def test_a_field_named_like_the_envelope_is_refused_before_sending(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(ValueError, match="id or op"):
+                await box.request("stats", id=5)
+            return await box.stats()
+    assert isinstance(run(go(), 20), dict)
+
+
+def test_exec_of_a_missing_program_raises_spawn_failed(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            with pytest.raises(SandboxerError) as e:
+                await box.exec(["/no/such/program"], proc="ghost")
+            return e.value
+    err = run(go(), 20)
+    assert err.code == "spawn_failed" and "/no/such/program" in err.message
+    assert err.reply["state"]["proc"] == "ghost"
+
+
+def test_event_stream_gives_up_when_the_box_is_gone(server):
+    import signal as sig
+    from sandboxer import ConnectionLost
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            s = box.events(since=0, reconnect_timeout=1.0)
+            await until(s, is_output_with("ready"))
+            os.killpg(server.proc.pid, sig.SIGKILL)  # no close frame, nothing to reconnect to
+            t0 = asyncio.get_running_loop().time()
+            with pytest.raises(ConnectionLost):
+                async for _ in s:
+                    pass
+            return asyncio.get_running_loop().time() - t0
+    assert run(go(), 30) < 10
+
+
+def test_resize_sets_the_pty_size_the_process_sees(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", "read x; stty size"], tty=True, cols=80, rows=24)
+            await p.resize(100, 30)
+            await p.write("\n")  # only now does it look
+            await p.wait(10)
+            return p.pty
+    assert b"30 100" in run(go(), 30)
+
+
+def test_exec_env_and_cwd_reach_the_process(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            p = await box.exec(["sh", "-c", 'echo "$GREETING"; pwd'], env={"GREETING": "hi there"}, cwd="/tmp")
+            await p.wait(10)
+            return p.stdout
+    assert run(go(), 30) == b"hi there\n/tmp\n"
+
+
+def test_event_stream_over_an_auth_frame_connection(server):
+    async def go():
+        async with await Box.connect(server.url, server.token, auth_frame=True) as box:
+            async with box.events(since=0) as s:
+                return await until(s, is_output_with("ready"))
+    evs = run(go(), 30)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))

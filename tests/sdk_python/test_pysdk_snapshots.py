@@ -1,0 +1,41 @@
+"""sdk/python's checkpoint and snapshot methods against the real supervisor."""
+import pytest
+
+from boxserver import run
+from sandboxer import Box, SandboxerError
+
+
+async def _served(box, op):
+    """Whether the server knows `op` (an unknown one is refused with unknown_op)."""
+    try:
+        await box.request(op, snapshot="s-0000000000000000")
+    except SandboxerError as e:
+        return e.code != "unknown_op"
+    return True
+
+
+def test_checkpoint_then_the_snapshot_is_listed_and_can_be_deleted(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            if not await _served(box, "snapshot.list"):
+                pytest.xfail("the WebSocket server does not serve checkpoint/snapshot ops yet (unknown_op)")
+            reply = await box.checkpoint("sdk-test")
+            sid = reply.get("snapshot") or reply.get("id")
+            listed = [s.get("id") or s.get("snapshot") for s in await box.snapshots()]
+            await box.delete_snapshot(sid)
+            after = [s.get("id") or s.get("snapshot") for s in await box.snapshots()]
+            return sid, listed, after
+    sid, listed, after = run(go(), 90)
+    assert sid in listed and sid not in after
+
+
+def test_unknown_snapshot_is_a_typed_error(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            if not await _served(box, "snapshot.delete"):
+                pytest.xfail("the WebSocket server does not serve checkpoint/snapshot ops yet (unknown_op)")
+            with pytest.raises(SandboxerError) as e:
+                await box.restore("s-0000000000000000")
+            return e.value
+    err = run(go(), 30)
+    assert err.code != "unknown_op" and err.message

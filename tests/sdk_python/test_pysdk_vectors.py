@@ -1,0 +1,187 @@
+"""sdk/python against the shared protocol vectors (tests/protocol/): binary headers, close
+codes, how frames are told apart, error replies; and, against the real supervisor, that each
+request the SDK sends is the vector's request and each refused one raises the vector's code."""
+import asyncio
+import base64
+import json
+import pathlib
+import re
+
+import pytest
+from websockets.asyncio.client import ClientConnection
+
+from boxserver import run
+from sandboxer import Box, SandboxerError, frames
+from sandboxer.connection import CLOSE_AUTH, CLOSE_SLOW, classify
+from sandboxer.events import parse_resume_after
+from sandboxer.process import output_bytes
+
+VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
+
+
+def load(name):
+    return json.loads((VECTORS / name).read_text())
+
+
+# -- no server needed -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("v", load("binary.json"), ids=lambda v: v["name"])
+def test_binary_header_vector_decodes_and_encodes(v):
+    frame = bytes.fromhex(v["hex"] + v["data_hex"])
+    c = frames.decode_chunk(frame)
+    assert (c.request_id, c.offset, c.flags, c.last) == (v["id"], v["offset"], v["flags"], v["last"])
+    assert c.data == bytes.fromhex(v["data_hex"])
+    assert frames.encode_chunk(v["id"], v["offset"], c.data, last=v["last"], flags=v["flags"]) == frame
+
+
+def test_close_code_vectors_match_the_client():
+    codes = {v["code"]: v for v in load("close.json")}
+    assert CLOSE_AUTH in codes and CLOSE_SLOW in codes
+    assert parse_resume_after(codes[CLOSE_SLOW]["reason_example"]) == 1234
+    assert parse_resume_after("resume_after=x") is None
+
+
+@pytest.mark.parametrize("v", load("events.json"), ids=lambda v: v["name"])
+def test_event_vectors_are_events(v):
+    assert classify(v["frame"]) == "event"
+    if v["frame"]["type"] == "proc.output" and "bytes_hex" in v:
+        assert output_bytes(v["frame"]) == bytes.fromhex(v["bytes_hex"])
+
+
+@pytest.mark.parametrize("v", load("replies.json"), ids=lambda v: v["name"])
+def test_reply_vectors_are_replies_and_errors_are_typed(v):
+    frame = v["frame"]
+    assert classify(frame) == "reply"
+    if not frame["ok"]:
+        err = SandboxerError.from_reply(frame, "op")
+        assert (err.code, err.message) == (frame["error"]["code"], frame["error"]["message"])
+        assert err.reply == frame
+
+
+# -- against the real supervisor --------------------------------------------------------------
+
+# Fields whose absence means the same as this value; a vector may spell them out or not.
+DEFAULTS = {"tty": False, "stdin": False, "eof": False, "recursive": False, "append": False}
+
+
+def normalized(text):
+    obj = json.loads(text)
+    obj.pop("id", None)
+    return {k: v for k, v in obj.items() if not (k in DEFAULTS and v == DEFAULTS[k])}
+
+
+async def quietly(coro):
+    """Runs an SDK call whose reply does not matter here (e.g. a proc the test box lacks)."""
+    try:
+        await asyncio.wait_for(coro, 5)
+    except (SandboxerError, asyncio.TimeoutError):
+        pass
+
+
+async def first_event(stream):
+    try:
+        await asyncio.wait_for(stream.__anext__(), 2)
+    except asyncio.TimeoutError:
+        pass
+    await stream.close()
+
+
+# What the SDK call for each valid request vector is.
+CALLS = {
+    "subscribe from the start": lambda b: first_event(b.events(since=0)),
+    "subscribe to a branch": lambda b: first_event(b.events(since=41, branch="main")),
+    "exec with pipes": lambda b: b.exec(["sh", "-c", "echo hi"], proc="p1", env={"A": "1"}, cwd="/workspace",
+                                        stdin=True),
+    "exec with a pty": lambda b: b.exec(["sh"], proc="shell", tty=True, cols=120, rows=40),
+    "stdin text": lambda b: b.stdin("p1", "hello\n"),
+    "stdin bytes and eof": lambda b: b.stdin("p1", b"\xff", eof=True),
+    "signal by name": lambda b: b.signal("p1", "TERM"),
+    "signal by number": lambda b: b.signal("p1", 15),
+    "resize": lambda b: b.resize("shell", 100, 30),
+    "fs.read": lambda b: b.fs.read("/workspace/a.txt"),
+    "fs.write with binary frames": lambda b: b.fs.write("/workspace/a.txt", b"hello", inline=False),
+    "fs.write inline": lambda b: b.fs.write("b.txt", "small"),
+    "fs.list": lambda b: b.fs.list("/workspace"),
+    "fs.stat": lambda b: b.fs.stat("/workspace/a.txt"),
+    "fs.remove": lambda b: b.fs.remove("/workspace/a.txt"),
+    "stats": lambda b: b.stats(),
+    "string id": lambda b: b.request("ping"),
+    "shutdown": lambda b: b.shutdown("2s"),
+}
+
+
+def test_every_valid_request_vector_is_what_the_sdk_sends(server, monkeypatch):
+    vectors = [v for v in load("requests.json") if v["valid"]]
+    sent = []
+    real_send = ClientConnection.send
+
+    async def spy(self, message):
+        if isinstance(message, str):
+            sent.append(message)
+        return await real_send(self, message)
+
+    monkeypatch.setattr(ClientConnection, "send", spy)
+
+    async def go():
+        mismatches, missing = [], []
+        # The auth frame: sent by a client that cannot set headers.
+        async with await Box.connect(server.url, server.token, auth_frame=True):
+            pass
+        auth = [t for t in sent if json.loads(t).get("op") == "auth"][0]
+        want = normalized([v for v in vectors if v["name"] == "auth"][0]["text"].replace('"T"', json.dumps(server.token)))
+        if normalized(auth) != want:
+            mismatches.append(("auth", auth))
+        async with await Box.connect(server.url, server.token) as box:
+            for v in sorted(vectors, key=lambda v: v.get("safe", True) is False):  # shutdown last
+                if v["name"] == "auth":
+                    continue
+                call = CALLS.get(v["name"])
+                if call is None:
+                    missing.append(v["name"])
+                    continue
+                sent.clear()
+                await quietly(call(box))
+                want = normalized(v["text"])
+                got = [normalized(t) for t in sent if json.loads(t).get("op") == want["op"]]
+                if want not in got:
+                    mismatches.append((v["name"], got))
+        return mismatches, missing
+
+    mismatches, missing = run(go(), 60)
+    assert missing == []
+    assert mismatches == []
+
+
+def expressible(v):
+    """An invalid vector the SDK can send through Box.request: a JSON object with a string op and
+    a small integer id (the SDK picks its own ids), whose refusal is not about the id."""
+    try:
+        obj = json.loads(v["text"])
+    except ValueError:
+        return False
+    return (isinstance(obj, dict) and isinstance(obj.get("op"), str) and isinstance(obj.get("id"), int)
+            and obj["id"] < 1 << 31 and v.get("id") is not None and not re.search(r"\bid\b", v["name"]))
+
+
+def test_every_refused_request_vector_raises_its_code(server):
+    vectors = [v for v in load("requests.json") if not v["valid"] and expressible(v)]
+    assert len(vectors) >= 15
+
+    async def go():
+        wrong = []
+        async with await Box.connect(server.url, server.token) as box:
+            for v in vectors:
+                fields = json.loads(v["text"])
+                fields.pop("id")
+                op = fields.pop("op")
+                try:
+                    await box.request(op, **fields)
+                    wrong.append((v["name"], "accepted"))
+                except SandboxerError as e:
+                    if e.code != v["code"] or not e.message:
+                        wrong.append((v["name"], e.code, e.message))
+            await box.stats()  # still serving
+        return wrong
+
+    assert run(go(), 60) == []
+    assert server.alive()
