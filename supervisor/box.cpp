@@ -31,6 +31,7 @@ int exit_status_of(int st) {
 Box::Box(uv_loop_t* loop, BoxOptions opts) : loop_(loop), opts_(std::move(opts)) {}
 
 Box::~Box() {
+  network_.reset();  // joins the broker's thread while the journal and the loop still exist
   signals_.reset();
   for (auto& [n, b] : branches_)
     if (b->reports)
@@ -246,9 +247,13 @@ void Box::start() {
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
+  BranchNetwork::prepare(opts_.profile, spec);
   auto lb = launch_branch(spec);
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
+  network_ = std::make_unique<BranchNetwork>(loop_, opts_.profile, b->launched,
+                                             [this](boost::json::object e) { emit("main", std::move(e)); });
   if (!spec.want_namespaces && b->launched.why_not.empty())
     b->launched.why_not = caps_.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
@@ -260,6 +265,7 @@ void Box::start() {
       continue;
     env.emplace_back(kv);
   }
+  network_->edit_env(env);
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   env.emplace_back("SANDBOXER_BOX=" + id_);
@@ -335,7 +341,8 @@ void Box::start() {
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
-                {"capabilities", caps}});
+                {"capabilities", caps},
+                {"network", network_->describe()}});
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
     auto* br = static_cast<Branch*>(h->data);

@@ -12,6 +12,7 @@
 #include "capabilities.hpp"
 #include "journal.hpp"
 #include "launcher.hpp"
+#include "network.hpp"
 #include "output.hpp"
 #include "profile.hpp"
 #include "reaper.hpp"
@@ -98,6 +99,7 @@ class Box {
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;
+  std::unique_ptr<BranchNetwork> network_;  // the main branch's network and credential broker
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

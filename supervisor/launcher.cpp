@@ -108,6 +108,11 @@ Plan make_plan(const BranchSpec& spec) {
   trees.emplace_back("/workspace", slot++);
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = slot, .what = "clone the branch's /tmp"});
   trees.emplace_back("/tmp", slot++);
+  int resolv_slot = -1;  // network: the branch's resolv.conf
+  if (!spec.resolv_conf.empty()) {
+    add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
+    resolv_slot = slot++;
+  }
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
@@ -119,6 +124,9 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
+  if (resolv_slot >= 0)
+    add({.kind = MountOp::Move, .a = r + "/etc/resolv.conf", .slot = resolv_slot, .optional = true,
+         .what = "attach /etc/resolv.conf"});
   add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
   add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
        .what = "mount /proc"});
@@ -322,6 +330,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
                  {req->read.get(), rep->write.get(), in->read.get(), out->write.get(), err->write.get()},
                  ep->write.get()};
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0);
+    if (ns && spec.new_netns) flags |= CLONE_NEWNET;
     pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
     if (pid == 0) child_main(ca);
     if (pid < 0) {

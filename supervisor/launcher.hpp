@@ -24,6 +24,8 @@ struct BranchSpec {
   std::string self_exe;       // sandboxer-init, by its path (the same path inside the new root)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
+  bool new_netns = false;          // network: a network namespace of its own (see network.hpp)
+  std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };
 
 struct LaunchedBranch {

@@ -1,0 +1,581 @@
+#include "broker.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <optional>
+#include <thread>
+
+#include "egress-policy.hpp"
+
+namespace sbx::supervisor {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using udp = asio::ip::udp;
+using asio::awaitable;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+namespace {
+
+constexpr auto nothrow = asio::as_tuple(asio::use_awaitable);
+constexpr size_t kMaxConnections = 256;
+constexpr uint64_t kMaxResponseBody = 64ull << 20;
+constexpr auto kTunnelIdle = std::chrono::minutes(10);
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("broker");
+  return l;
+}
+
+Response text_response(http::status st, std::string text, unsigned version = 11) {
+  Response r{st, version};
+  r.set(http::field::server, "sandboxer-broker");
+  r.set(http::field::content_type, "text/plain; charset=utf-8");
+  r.keep_alive(false);
+  r.body() = std::move(text) + "\n";
+  r.prepare_payload();
+  return r;
+}
+
+bool iequals(std::string_view a, std::string_view b) { return beast::iequals(a, b); }
+
+// Headers that describe one hop, never forwarded; and the ways a caller could send a credential.
+bool hop_by_hop(std::string_view name) {
+  for (auto* h : {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te",
+                  "trailer", "transfer-encoding", "upgrade", "expect"})
+    if (iequals(name, h)) return true;
+  return false;
+}
+bool auth_header(std::string_view name) {
+  for (auto* h : {"authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"})
+    if (iequals(name, h)) return true;
+  return false;
+}
+
+void replace_all(std::string& s, std::string_view what, std::string_view with) {
+  if (what.empty()) return;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
+    s.replace(at, what.size(), with);
+}
+
+// host[:port] from an authority or CONNECT target; IPv6 in brackets.
+bool split_authority(std::string_view a, std::string& host, int& port, int default_port) {
+  port = default_port;
+  size_t colon = std::string_view::npos;
+  if (a.starts_with('[')) {
+    size_t close = a.find(']');
+    if (close == std::string_view::npos) return false;
+    host = std::string(a.substr(0, close + 1));
+    if (close + 1 < a.size()) {
+      if (a[close + 1] != ':') return false;
+      colon = close + 1;
+    }
+  } else {
+    colon = a.rfind(':');
+    host = std::string(a.substr(0, colon));
+  }
+  if (colon != std::string_view::npos) {
+    auto p = a.substr(colon + 1);
+    if (p.empty() || p.size() > 5) return false;
+    port = 0;
+    for (char c : p) {
+      if (c < '0' || c > '9') return false;
+      port = port * 10 + (c - '0');
+    }
+    if (port < 1 || port > 65535) return false;
+  }
+  return !host.empty() && host.find('@') == std::string::npos;
+}
+
+}  // namespace
+
+struct Broker::Impl {
+  BrokerConfig cfg;
+  HostPolicy policy;
+  Sink sink;
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  udp::socket dns{io};
+  std::vector<std::unique_ptr<ssl::context>> tls;  // by credential
+  std::atomic<size_t> connections{0};
+  std::thread thread;
+
+  Impl(BrokerConfig c, Sink s) : cfg(std::move(c)), policy(cfg.network.allow, cfg.network.deny), sink(std::move(s)) {}
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(cfg.network.timeout_ms); }
+
+  void deny(std::string what, std::string host, int port, std::string reason, boost::json::object extra = {}) {
+    boost::json::object e{{"type", "policy.denied"}, {"what", std::move(what)}, {"host", std::move(host)}};
+    if (port > 0) e["port"] = port;
+    e["reason"] = std::move(reason);
+    e["proc"] = cfg.proc;
+    for (auto& kv : extra) e[kv.key()] = kv.value();
+    // The sink must never see a secret: refusals carry names, hosts and reasons only.
+    try {
+      sink(std::move(e));
+    } catch (...) {
+    }
+  }
+
+  // Which credential's placeholder, if any, the request carries (target, any header, body).
+  std::optional<size_t> placeholder_in(const Request& req) const {
+    for (size_t i = 0; i < cfg.credentials.size(); ++i) {
+      const auto& ph = cfg.credentials[i].placeholder;
+      bool found = std::string_view(req.target()).find(ph) != std::string_view::npos ||
+                   req.body().find(ph) != std::string::npos;
+      for (auto& f : req)
+        found |= f.value().find(ph) != std::string_view::npos || f.name_string().find(ph) != std::string_view::npos;
+      if (found) return i;
+    }
+    return std::nullopt;
+  }
+
+  awaitable<std::pair<boost::system::error_code, std::vector<tcp::endpoint>>> resolve(const std::string& host, int port) {
+    std::vector<tcp::endpoint> eps;
+    boost::system::error_code ec;
+    std::string h = host;
+    if (auto it = cfg.network.resolve.find(host); it != cfg.network.resolve.end()) h = it->second;
+    auto addr = asio::ip::make_address(h, ec);
+    if (!ec) {
+      eps.emplace_back(addr, static_cast<uint16_t>(port));
+      co_return std::pair{ec, eps};
+    }
+    tcp::resolver r(io);
+    auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
+    if (rec) co_return std::pair{rec, eps};
+    for (auto& e : results) eps.push_back(e.endpoint());
+    co_return std::pair{boost::system::error_code{}, eps};
+  }
+
+  awaitable<boost::system::error_code> connect(beast::tcp_stream& s, const std::string& host, int port) {
+    auto [ec, eps] = co_await resolve(host, port);
+    if (ec) co_return ec;
+    if (eps.empty()) co_return asio::error::host_not_found;
+    s.expires_after(timeout());
+    auto [cec, ep] = co_await s.async_connect(eps, nothrow);
+    co_return cec;
+  }
+
+  // Copies a response from upstream for the agent, with the secret (should an upstream echo it)
+  // replaced by the placeholder.
+  Response relay_response(http::response<http::string_body>& up, unsigned version, const Credential* c,
+                          const std::string* secret) {
+    Response r{up.result(), version};
+    for (auto& f : up) {
+      if (hop_by_hop(f.name_string()) || iequals(f.name_string(), "content-length")) continue;
+      std::string v(f.value());
+      if (secret) replace_all(v, *secret, c->placeholder);
+      r.insert(f.name_string(), v);
+    }
+    r.body() = std::move(up.body());
+    if (secret) replace_all(r.body(), *secret, c->placeholder);
+    r.prepare_payload();
+    return r;
+  }
+
+  template <class Stream>
+  awaitable<std::optional<Response>> exchange(Stream& s, beast::tcp_stream& tcp_layer, Request& up_req, unsigned version,
+                                              const Credential* c, const std::string* secret, std::string& error) {
+    tcp_layer.expires_after(timeout());
+    auto [wec, wn] = co_await http::async_write(s, up_req, nothrow);
+    if (wec) {
+      error = "send: " + wec.message();
+      co_return std::nullopt;
+    }
+    beast::flat_buffer b;
+    http::response_parser<http::string_body> p;
+    p.header_limit(64 * 1024);
+    p.body_limit(kMaxResponseBody);
+    auto [rec, rn] = co_await http::async_read(s, b, p, nothrow);
+    if (rec && !(rec == ssl::error::stream_truncated && p.is_done())) {
+      error = "read response: " + rec.message();
+      co_return std::nullopt;
+    }
+    co_return relay_response(p.get(), version, c, secret);
+  }
+
+  // The upstream request: the caller's, less hop-by-hop headers and (for credentials) less any
+  // credential the caller sent.
+  Request upstream_request(const Request& req, std::string target, const std::string& host_header, bool strip_auth) {
+    Request up{req.method(), target, 11};
+    for (auto& f : req) {
+      auto n = f.name_string();
+      if (hop_by_hop(n) || iequals(n, "host") || iequals(n, "content-length")) continue;
+      if (strip_auth && auth_header(n)) continue;
+      up.insert(n, f.value());
+    }
+    up.set(http::field::host, host_header);
+    up.keep_alive(false);
+    up.body() = req.body();
+    up.prepare_payload();
+    return up;
+  }
+
+  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest) {
+    const Credential& c = cfg.credentials[ci];
+    const std::string& secret = cfg.secrets[ci];
+    if (auto other = placeholder_in(req); other && *other != ci) {
+      const auto& o = cfg.credentials[*other];
+      deny("credential", c.host, c.port, "placeholder of credential \"" + o.name + "\" sent toward " + c.host,
+           {{"credential", o.name}});
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host, req.version());
+    }
+    std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
+    Request up = upstream_request(req, c.path_prefix + rest, host_header, true);
+    up.erase(c.header);
+    std::string value = c.format;
+    replace_all(value, "{}", secret);
+    up.set(c.header, value);
+
+    beast::ssl_stream<beast::tcp_stream> s(io, *tls[ci]);
+    auto where = c.host + ":" + std::to_string(c.port);
+    auto fail = [&](std::string what) {
+      log()->warn("credential {}: upstream {}: {}", c.name, where, what);
+      return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what, req.version());
+    };
+    if (auto ec = co_await connect(beast::get_lowest_layer(s), c.host, c.port)) co_return fail("connect: " + ec.message());
+    bool is_ip = canonical_host(c.host).value_or(CanonicalHost{}).is_ip;
+    if (!is_ip) SSL_set_tlsext_host_name(s.native_handle(), c.host.c_str());
+    s.set_verify_mode(ssl::verify_peer);
+    s.set_verify_callback(ssl::host_name_verification(c.host));
+    beast::get_lowest_layer(s).expires_after(timeout());
+    auto [hec] = co_await s.async_handshake(ssl::stream_base::client, nothrow);
+    if (hec) co_return fail("TLS handshake: " + hec.message());
+    std::string error;
+    auto r = co_await exchange(s, beast::get_lowest_layer(s), up, req.version(), &c, &secret, error);
+    up.set(c.header, "");
+    if (!r) co_return fail(error);
+    co_return std::move(*r);
+  }
+
+  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path) {
+    std::string raw_host;
+    int port;
+    std::string why;
+    if (!split_authority(authority, raw_host, port, 80))
+      co_return text_response(http::status::bad_request, "sandboxer broker: bad host in target", req.version());
+    auto h = canonical_host(raw_host, &why);
+    if (!h) {
+      deny("egress", raw_host.substr(0, 255), port, why);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + why, req.version());
+    }
+    if (!policy.allows(*h, &why)) {
+      deny("egress", h->name, port, why);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " is " + why, req.version());
+    }
+    if (auto ci = placeholder_in(req)) {
+      const auto& c = cfg.credentials[*ci];
+      deny("credential", h->name, port, "placeholder of credential \"" + c.name + "\" sent toward " + h->name,
+           {{"credential", c.name}});
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: credential \"" + c.name + "\" is not bound to " + h->name, req.version());
+    }
+    beast::tcp_stream s(io);
+    auto where = h->name + ":" + std::to_string(port);
+    if (auto ec = co_await connect(s, h->name, port))
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
+    Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
+    std::string error;
+    auto r = co_await exchange(s, s, up, req.version(), nullptr, nullptr, error);
+    if (!r) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + error, req.version());
+    co_return std::move(*r);
+  }
+
+  awaitable<Response> handle(Request& req) {
+    std::string_view target = req.target();
+    if (target.starts_with("http://") || target.starts_with("HTTP://")) {
+      auto rest = target.substr(7);
+      size_t slash = rest.find_first_of("/?");
+      std::string authority(rest.substr(0, slash));
+      std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
+      if (path.front() == '?') path = "/" + path;
+      std::string h;
+      int port;
+      // A client that sends even the broker's own URL through the proxy reaches the credentials.
+      if (split_authority(authority, h, port, 80) && port == cfg.network.proxy_port &&
+          (h == "127.0.0.1" || iequals(h, "localhost"))) {
+        target = {};
+        req.target(path);
+      } else {
+        co_return co_await forward_plain(req, authority, path);
+      }
+    }
+    target = req.target();
+    if (!target.starts_with('/'))
+      co_return text_response(http::status::bad_request,
+                              "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
+                              req.version());
+    auto name_end = target.find_first_of("/?", 1);
+    std::string name(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
+    std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
+    if (rest.front() == '?') rest = "/" + rest;
+    for (size_t i = 0; i < cfg.credentials.size(); ++i)
+      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest);
+    co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
+                            req.version());
+  }
+
+  static awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
+                              std::shared_ptr<asio::steady_timer> idle) {
+    std::array<char, 16384> buf;
+    for (;;) {
+      auto [ec, n] = co_await from->async_read_some(asio::buffer(buf), nothrow);
+      if (ec) break;
+      idle->expires_after(kTunnelIdle);
+      auto [wec, wn] = co_await asio::async_write(*to, asio::buffer(buf.data(), n), nothrow);
+      if (wec) break;
+    }
+    boost::system::error_code ig;
+    to->shutdown(tcp::socket::shutdown_send, ig);
+    from->shutdown(tcp::socket::shutdown_receive, ig);
+  }
+
+  awaitable<void> tunnel(beast::tcp_stream& client, beast::flat_buffer& buf, const Request& req) {
+    std::string raw_host, why;
+    int port;
+    auto refuse = [&](http::status st, std::string text) -> awaitable<void> {
+      auto r = text_response(st, "sandboxer broker: " + text, req.version());
+      client.expires_after(timeout());
+      co_await http::async_write(client, r, nothrow);
+    };
+    if (!split_authority(req.target(), raw_host, port, 443)) {
+      co_await refuse(http::status::bad_request, "CONNECT needs host:port");
+      co_return;
+    }
+    auto h = canonical_host(raw_host, &why);
+    if (!h) {
+      deny("egress", raw_host.substr(0, 255), port, why);
+      co_await refuse(http::status::forbidden, why);
+      co_return;
+    }
+    if (!policy.allows(*h, &why)) {
+      deny("egress", h->name, port, why);
+      co_await refuse(http::status::forbidden, h->name + " is " + why);
+      co_return;
+    }
+    beast::tcp_stream up(io);
+    if (auto ec = co_await connect(up, h->name, port)) {
+      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + ec.message());
+      co_return;
+    }
+    client.expires_after(timeout());
+    auto [wec, wn] = co_await asio::async_write(
+        client, asio::buffer(std::string_view("HTTP/1.1 200 Connection established\r\n\r\n")), nothrow);
+    if (wec) co_return;
+    if (buf.size() > 0) {
+      auto [ec2, n2] = co_await asio::async_write(up, buf.data(), nothrow);
+      if (ec2) co_return;
+      buf.consume(buf.size());
+    }
+    client.expires_never();
+    up.expires_never();
+    auto a = std::make_shared<tcp::socket>(client.release_socket());
+    auto b = std::make_shared<tcp::socket>(up.release_socket());
+    // Both directions until both end, or until the tunnel is idle for too long.
+    auto idle = std::make_shared<asio::steady_timer>(io);
+    idle->expires_after(kTunnelIdle);
+    auto ex = co_await asio::this_coro::executor;
+    auto done = std::make_shared<int>(0);
+    auto finish = [a, b, idle, done](std::exception_ptr) {
+      if (++*done == 2) idle->cancel();
+    };
+    asio::co_spawn(ex, pump(a, b, idle), finish);
+    asio::co_spawn(ex, pump(b, a, idle), finish);
+    for (;;) {
+      auto [tec] = co_await idle->async_wait(nothrow);
+      if (*done == 2) break;
+      if (!tec && idle->expiry() <= std::chrono::steady_clock::now()) break;
+    }
+    boost::system::error_code ig;
+    a->close(ig);
+    b->close(ig);
+  }
+
+  awaitable<void> serve(tcp::socket sock) {
+    struct Count {
+      std::atomic<size_t>& n;
+      ~Count() { --n; }
+    } count{connections};
+    beast::tcp_stream client(std::move(sock));
+    beast::flat_buffer buf;
+    try {
+      for (;;) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(static_cast<uint32_t>(cfg.network.max_header_bytes));
+        parser.body_limit(static_cast<uint64_t>(cfg.network.max_body_bytes));
+        // A client gets `timeout` for a whole header: a slow one is dropped, not waited for.
+        client.expires_after(timeout());
+        auto [ec, n] = co_await http::async_read_header(client, buf, parser, nothrow);
+        if (ec) {
+          if (ec == http::error::header_limit)
+            co_await http::async_write(client, text_response(http::status::request_header_fields_too_large,
+                                                             "sandboxer broker: header larger than " +
+                                                                 std::to_string(cfg.network.max_header_bytes) + " bytes"),
+                                       nothrow);
+          else if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != asio::error::eof &&
+                   ec != asio::error::connection_reset)
+            co_await http::async_write(
+                client, text_response(http::status::bad_request, "sandboxer broker: malformed request: " + ec.message()),
+                nothrow);
+          break;
+        }
+        auto& req = parser.get();
+        if (req.method() == http::verb::connect) {
+          co_await tunnel(client, buf, req);
+          co_return;
+        }
+        if (iequals(req[http::field::expect], "100-continue") && !parser.is_done())
+          co_await asio::async_write(client, asio::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), nothrow);
+        if (!parser.is_done()) {
+          auto [bec, bn] = co_await http::async_read(client, buf, parser, nothrow);
+          if (bec) {
+            if (bec == http::error::body_limit)
+              co_await http::async_write(client, text_response(http::status::payload_too_large,
+                                                               "sandboxer broker: body larger than " +
+                                                                   std::to_string(cfg.network.max_body_bytes) + " bytes"),
+                                         nothrow);
+            else if (bec != beast::error::timeout)
+              co_await http::async_write(
+                  client, text_response(http::status::bad_request, "sandboxer broker: malformed body: " + bec.message()),
+                  nothrow);
+            break;
+          }
+        }
+        Request r = parser.release();
+        bool keep = r.keep_alive();
+        Response res = co_await handle(r);
+        res.keep_alive(keep && res.result() != http::status::forbidden && res.result_int() < 500);
+        client.expires_after(timeout());
+        auto [wec, wn] = co_await http::async_write(client, res, nothrow);
+        if (wec || !res.keep_alive()) break;
+      }
+    } catch (const std::exception& e) {
+      log()->warn("serve a connection: {}", e.what());
+    }
+    boost::system::error_code ig;
+    client.socket().shutdown(tcp::socket::shutdown_both, ig);
+  }
+
+  awaitable<void> accept_loop() {
+    for (;;) {
+      auto [ec, sock] = co_await acceptor.async_accept(nothrow);
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      if (ec) {
+        // Out of fds and the like: back off a moment instead of spinning.
+        asio::steady_timer t(io, std::chrono::milliseconds(50));
+        co_await t.async_wait(nothrow);
+        continue;
+      }
+      if (connections >= kMaxConnections) continue;  // `sock` closes here
+      ++connections;
+      asio::co_spawn(io, serve(std::move(sock)), asio::detached);
+    }
+  }
+
+  awaitable<void> answer_dns(std::string msg, udp::endpoint from) {
+    uint16_t id = 0;
+    std::string reply;
+    auto q = parse_dns_query(msg, &id);
+    if (!q) {
+      if (msg.size() >= 12) reply = make_dns_error(id, kDnsFormErr);
+    } else {
+      std::string why;
+      auto h = canonical_host(q->name, &why);
+      if (!h || !policy.allows(*h, &why)) {
+        // A name that is not allowed is never resolved: nothing of it leaves the box, so a
+        // secret spelled into its labels goes nowhere.
+        deny("dns", q->name.substr(0, 255), 0, why);
+        reply = make_dns_reply(msg, *q, kDnsRefused);
+      } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
+        reply = make_dns_reply(msg, *q, kDnsNoError);
+      } else {
+        auto [ec, eps] = co_await resolve(h->name, 0);
+        std::vector<std::string> addrs;
+        for (auto& e : eps) {
+          auto a = e.address();
+          if (q->qtype == kDnsTypeA && a.is_v4()) {
+            auto bytes = a.to_v4().to_bytes();
+            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          } else if (q->qtype == kDnsTypeAAAA && a.is_v6()) {
+            auto bytes = a.to_v6().to_bytes();
+            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          }
+          if (addrs.size() >= 8) break;
+        }
+        std::sort(addrs.begin(), addrs.end());
+        addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
+        reply = make_dns_reply(msg, *q, ec == asio::error::host_not_found ? kDnsNxDomain : ec ? kDnsServFail : kDnsNoError,
+                               addrs);
+      }
+    }
+    if (!reply.empty()) co_await dns.async_send_to(asio::buffer(reply), from, nothrow);
+  }
+
+  awaitable<void> dns_loop() {
+    std::array<char, 1500> buf;
+    for (;;) {
+      udp::endpoint from;
+      auto [ec, n] = co_await dns.async_receive_from(asio::buffer(buf), from, nothrow);
+      if (ec == asio::error::operation_aborted || !dns.is_open()) co_return;
+      if (ec) continue;
+      asio::co_spawn(io, answer_dns(std::string(buf.data(), n), from), asio::detached);
+    }
+  }
+};
+
+Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink sink)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(sink))) {
+  auto& im = *impl_;
+  for (auto& c : im.cfg.credentials) {
+    auto ctx = std::make_unique<ssl::context>(ssl::context::tls_client);
+    boost::system::error_code ec;
+    if (!c.ca_file.empty())
+      ctx->load_verify_file(c.ca_file, ec);
+    else
+      ctx->set_default_verify_paths(ec);
+    if (ec) throw std::runtime_error("credential " + c.name + ": load trust anchors" + (c.ca_file.empty() ? "" : " from " + c.ca_file) + ": " + ec.message());
+    im.tls.push_back(std::move(ctx));
+  }
+  boost::system::error_code ec;
+  im.acceptor.assign(tcp::v4(), tcp_fd.get(), ec);
+  if (ec) throw std::runtime_error("broker: adopt the listening socket: " + ec.message());
+  tcp_fd.release();
+  if (udp_fd) {
+    im.dns.assign(udp::v4(), udp_fd.get(), ec);
+    if (ec) throw std::runtime_error("broker: adopt the DNS socket: " + ec.message());
+    udp_fd.release();
+    asio::co_spawn(im.io, im.dns_loop(), asio::detached);
+  }
+  asio::co_spawn(im.io, im.accept_loop(), asio::detached);
+  im.thread = std::thread([&im] {
+    for (;;) {
+      try {
+        im.io.run();
+        return;
+      } catch (const std::exception& e) {
+        log()->error("broker loop: {}", e.what());
+      }
+    }
+  });
+}
+
+Broker::~Broker() {
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // Secrets do not linger in freed memory longer than they must.
+  for (auto& s : impl_->cfg.secrets) std::fill(s.begin(), s.end(), '\0');
+}
+
+}  // namespace sbx::supervisor
