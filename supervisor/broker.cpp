@@ -424,6 +424,11 @@ struct Broker::Impl {
                                                              "sandboxer broker: header larger than " +
                                                                  std::to_string(cfg.network.max_header_bytes) + " bytes"),
                                        nothrow);
+          else if (ec == http::error::body_limit)  // a Content-Length past the bound, known from the header
+            co_await http::async_write(client, text_response(http::status::payload_too_large,
+                                                             "sandboxer broker: body larger than " +
+                                                                 std::to_string(cfg.network.max_body_bytes) + " bytes"),
+                                       nothrow);
           else if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != asio::error::eof &&
                    ec != asio::error::connection_reset)
             co_await http::async_write(
