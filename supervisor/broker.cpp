@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "egress-policy.hpp"
+#include "os/socket-owner.hpp"
 
 namespace sbx::supervisor {
 
@@ -98,6 +99,12 @@ bool split_authority(std::string_view a, std::string& host, int& port, int defau
   return !host.empty() && host.find('@') == std::string::npos;
 }
 
+// Who sent a request: the agent's end of the connection, to find the process holding it.
+struct Peer {
+  bool tcp = true;
+  uint16_t port = 0;
+};
+
 }  // namespace
 
 struct Broker::Impl {
@@ -109,13 +116,37 @@ struct Broker::Impl {
   udp::socket dns{io};
   std::vector<std::unique_ptr<ssl::context>> tls;  // by credential
   std::atomic<size_t> connections{0};
+  // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
+  // rides on the next report, so a flood cannot flood the journal.
+  static constexpr int kDenyBurst = 50;
+  std::chrono::steady_clock::time_point deny_window{};
+  int deny_count = 0;
+  uint64_t deny_suppressed = 0;
   std::thread thread;
 
   Impl(BrokerConfig c, Sink s) : cfg(std::move(c)), policy(cfg.network.allow, cfg.network.deny), sink(std::move(s)) {}
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(cfg.network.timeout_ms); }
 
-  void deny(std::string what, std::string host, int port, std::string reason, boost::json::object extra = {}) {
+  void deny(std::string what, std::string host, int port, std::string reason, boost::json::object extra = {},
+            Peer peer = {}) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - deny_window >= std::chrono::seconds(1)) {
+      deny_window = now;
+      deny_count = 0;
+    }
+    if (++deny_count > kDenyBurst) {
+      ++deny_suppressed;
+      return;
+    }
+    if (deny_suppressed) {
+      extra["suppressed_before"] = deny_suppressed;
+      deny_suppressed = 0;
+    }
+    if (peer.port && cfg.netns_pid > 0) {
+      auto local = peer.tcp ? static_cast<uint16_t>(cfg.network.proxy_port) : uint16_t{53};
+      if (auto pid = os::socket_owner(cfg.netns_pid, peer.tcp, peer.port, local)) extra["pid"] = *pid;
+    }
     boost::json::object e{{"type", "policy.denied"}, {"what", std::move(what)}, {"host", std::move(host)}};
     if (port > 0) e["port"] = port;
     e["reason"] = std::move(reason);
@@ -222,13 +253,13 @@ struct Broker::Impl {
     return up;
   }
 
-  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest) {
+  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest, Peer peer) {
     const Credential& c = cfg.credentials[ci];
     const std::string& secret = cfg.secrets[ci];
     if (auto other = placeholder_in(req); other && *other != ci) {
       const auto& o = cfg.credentials[*other];
       deny("credential", c.host, c.port, "placeholder of credential \"" + o.name + "\" sent toward " + c.host,
-           {{"credential", o.name}});
+           {{"credential", o.name}}, peer);
       co_return text_response(http::status::forbidden,
                               "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host, req.version());
     }
@@ -260,7 +291,7 @@ struct Broker::Impl {
     co_return std::move(*r);
   }
 
-  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path) {
+  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path, Peer peer) {
     std::string raw_host;
     int port;
     std::string why;
@@ -268,17 +299,17 @@ struct Broker::Impl {
       co_return text_response(http::status::bad_request, "sandboxer broker: bad host in target", req.version());
     auto h = canonical_host(raw_host, &why);
     if (!h) {
-      deny("egress", raw_host.substr(0, 255), port, why);
+      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
       co_return text_response(http::status::forbidden, "sandboxer broker: " + why, req.version());
     }
     if (!policy.allows(*h, &why)) {
-      deny("egress", h->name, port, why);
+      deny("egress", h->name, port, why, {}, peer);
       co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " is " + why, req.version());
     }
     if (auto ci = placeholder_in(req)) {
       const auto& c = cfg.credentials[*ci];
       deny("credential", h->name, port, "placeholder of credential \"" + c.name + "\" sent toward " + h->name,
-           {{"credential", c.name}});
+           {{"credential", c.name}}, peer);
       co_return text_response(http::status::forbidden,
                               "sandboxer broker: credential \"" + c.name + "\" is not bound to " + h->name, req.version());
     }
@@ -293,7 +324,7 @@ struct Broker::Impl {
     co_return std::move(*r);
   }
 
-  awaitable<Response> handle(Request& req) {
+  awaitable<Response> handle(Request& req, Peer peer) {
     std::string_view target = req.target();
     if (target.starts_with("http://") || target.starts_with("HTTP://")) {
       auto rest = target.substr(7);
@@ -309,7 +340,7 @@ struct Broker::Impl {
         target = {};
         req.target(path);
       } else {
-        co_return co_await forward_plain(req, authority, path);
+        co_return co_await forward_plain(req, authority, path, peer);
       }
     }
     target = req.target();
@@ -322,7 +353,7 @@ struct Broker::Impl {
     std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
     if (rest.front() == '?') rest = "/" + rest;
     for (size_t i = 0; i < cfg.credentials.size(); ++i)
-      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest);
+      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, peer);
     co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
                             req.version());
   }
@@ -342,7 +373,7 @@ struct Broker::Impl {
     from->shutdown(tcp::socket::shutdown_receive, ig);
   }
 
-  awaitable<void> tunnel(beast::tcp_stream& client, beast::flat_buffer& buf, const Request& req) {
+  awaitable<void> tunnel(beast::tcp_stream& client, beast::flat_buffer& buf, const Request& req, Peer peer) {
     std::string raw_host, why;
     int port;
     auto refuse = [&](http::status st, std::string text) -> awaitable<void> {
@@ -356,12 +387,12 @@ struct Broker::Impl {
     }
     auto h = canonical_host(raw_host, &why);
     if (!h) {
-      deny("egress", raw_host.substr(0, 255), port, why);
+      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
       co_await refuse(http::status::forbidden, why);
       co_return;
     }
     if (!policy.allows(*h, &why)) {
-      deny("egress", h->name, port, why);
+      deny("egress", h->name, port, why, {}, peer);
       co_await refuse(http::status::forbidden, h->name + " is " + why);
       co_return;
     }
@@ -408,6 +439,8 @@ struct Broker::Impl {
       std::atomic<size_t>& n;
       ~Count() { --n; }
     } count{connections};
+    boost::system::error_code pec;
+    Peer peer{true, sock.remote_endpoint(pec).port()};
     beast::tcp_stream client(std::move(sock));
     beast::flat_buffer buf;
     try {
@@ -438,7 +471,7 @@ struct Broker::Impl {
         }
         auto& req = parser.get();
         if (req.method() == http::verb::connect) {
-          co_await tunnel(client, buf, req);
+          co_await tunnel(client, buf, req, peer);
           co_return;
         }
         if (iequals(req[http::field::expect], "100-continue") && !parser.is_done())
@@ -460,7 +493,7 @@ struct Broker::Impl {
         }
         Request r = parser.release();
         bool keep = r.keep_alive();
-        Response res = co_await handle(r);
+        Response res = co_await handle(r, peer);
         res.keep_alive(keep && res.result() != http::status::forbidden && res.result_int() < 500);
         client.expires_after(timeout());
         auto [wec, wn] = co_await http::async_write(client, res, nothrow);
@@ -501,7 +534,7 @@ struct Broker::Impl {
       if (!h || !policy.allows(*h, &why)) {
         // A name that is not allowed is never resolved: nothing of it leaves the box, so a
         // secret spelled into its labels goes nowhere.
-        deny("dns", q->name.substr(0, 255), 0, why);
+        deny("dns", q->name.substr(0, 255), 0, why, {}, Peer{false, from.port()});
         reply = make_dns_reply(msg, *q, kDnsRefused);
       } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
         reply = make_dns_reply(msg, *q, kDnsNoError);

@@ -12,6 +12,8 @@
 //
 // Boost.Beast parses and writes HTTP, Boost.Asio with OpenSSL does the sockets and TLS, on an
 // io_context of the broker's own thread; refusals go out through the sink (on that thread).
+#include <sys/types.h>
+
 #include <boost/json.hpp>
 #include <functional>
 #include <memory>
@@ -28,6 +30,7 @@ struct BrokerConfig {
   std::vector<Credential> credentials;
   std::vector<std::string> secrets;  // the real values, by index of `credentials`
   std::string proc = "main";         // whom refusals are reported for
+  pid_t netns_pid = -1;              // a process in the agent's network namespace (ns-init)
 };
 
 class Broker {

@@ -132,6 +132,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
   if (proxy) {
     cfg.network = net;
     cfg.credentials = profile.credentials;
+    cfg.netns_pid = branch.pid;
     for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
   }
   auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);

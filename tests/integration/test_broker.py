@@ -144,6 +144,10 @@ def denied(run, **match):
     return [e for e in run["events"] if e["type"] == "policy.denied" and all(e.get(k) == v for k, v in match.items())]
 
 
+def agent_pid(run):
+    return [e for e in run["events"] if e["type"] == "proc.started"][0]["pid"]
+
+
 def all_journal_text(state):
     """The journal as users read it, plus every segment file decompressed."""
     text = subprocess.run([str(CLI), "log", str(state), "--json"], capture_output=True, timeout=60).stdout
@@ -202,6 +206,8 @@ def test_placeholder_toward_another_allowed_host_is_refused(proxied):
     assert r["status"] == 403, r
     ev = denied(proxied, what="credential", host="other.example.test")
     assert ev and ev[0]["proc"] == "main" and ev[0]["credential"] == "api"
+    # The process that sent it, found by the socket it held in its namespace.
+    assert ev[0]["pid"] == agent_pid(proxied)
     # The same host without the placeholder is reachable: the refusal is about the credential.
     assert check(proxied, "plain_allowed")["status"] == 200
 
@@ -248,6 +254,14 @@ def test_dns_label_exfiltration_is_refused_and_reported(proxied):
     assert r["rcode"] == 5  # REFUSED
     ev = denied(proxied, what="dns", host=r["name"])
     assert ev and "evil.com" in ev[0]["reason"] and ev[0]["proc"] == "main"
+    assert ev[0]["pid"] == agent_pid(proxied)
+
+
+def test_a_flood_of_refusals_is_reported_bounded(proxied):
+    flood = [e for e in denied(proxied, what="dns") if e["host"].startswith("flood")]
+    assert 0 < len(flood) <= 50
+    later = denied(proxied, what="dns", host="after-flood.example.org")
+    assert later and later[0]["suppressed_before"] >= 150 - 50
 
 
 def test_broker_survives_malformed_oversized_and_slow_clients(proxied):

@@ -153,3 +153,11 @@ except OSError:
 out("slow", closed=closed, seconds=time.monotonic() - t0)
 st, body = http(base + "/v1/messages", {"x-api-key": placeholder}, data=b"{}")
 out("after_abuse", status=st)
+
+# A flood of refused lookups: the broker reports a bounded number and counts the rest.
+flood = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(150):
+    q = struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + b"\x05flood" + bytes([len(str(i))]) + str(i).encode()
+    flood.sendto(q + b"\x07example\x03org\0\0\1\0\1", ("127.0.0.1", 53))
+time.sleep(1.2)
+out("flood_after", rcode=dns_rcode("after-flood.example.org"))
