@@ -172,6 +172,18 @@ struct Broker::Impl {
     return std::nullopt;
   }
 
+  static bool local_address(const asio::ip::address& a) {
+    if (a.is_unspecified() || a.is_loopback() || a.is_multicast()) return true;
+    if (a.is_v4()) {
+      auto b = a.to_v4().to_bytes();
+      return b[0] == 0 || (b[0] == 169 && b[1] == 254);
+    }
+    auto v6 = a.to_v6();
+    if (v6.is_v4_mapped()) return local_address(asio::ip::make_address_v4(asio::ip::v4_mapped, v6));
+    return v6.is_link_local() || v6.is_site_local();
+  }
+  static constexpr const char* kLocalOnly = "resolves only to loopback or link-local addresses";
+
   awaitable<std::pair<boost::system::error_code, std::vector<tcp::endpoint>>> resolve(const std::string& host, int port) {
     std::vector<tcp::endpoint> eps;
     boost::system::error_code ec;
@@ -185,7 +197,11 @@ struct Broker::Impl {
     tcp::resolver r(io);
     auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
     if (rec) co_return std::pair{rec, eps};
-    for (auto& e : results) eps.push_back(e.endpoint());
+    // A listed name that DNS points at this machine or the link (the supervisor's own ports, a
+    // cloud's metadata service) is not reached: only a `resolve` pin or a listed address may.
+    for (auto& e : results)
+      if (!local_address(e.endpoint().address())) eps.push_back(e.endpoint());
+    if (eps.empty() && !results.empty()) co_return std::pair{boost::system::error_code(asio::error::access_denied), eps};
     co_return std::pair{boost::system::error_code{}, eps};
   }
 
@@ -315,7 +331,10 @@ struct Broker::Impl {
     }
     beast::tcp_stream s(io);
     auto where = h->name + ":" + std::to_string(port);
-    if (auto ec = co_await connect(s, h->name, port))
+    if (auto ec = co_await connect(s, h->name, port); ec == asio::error::access_denied) {
+      deny("egress", h->name, port, kLocalOnly, {}, peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " " + kLocalOnly, req.version());
+    } else if (ec)
       co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
     Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
     std::string error;
@@ -397,7 +416,11 @@ struct Broker::Impl {
       co_return;
     }
     beast::tcp_stream up(io);
-    if (auto ec = co_await connect(up, h->name, port)) {
+    if (auto ec = co_await connect(up, h->name, port); ec == asio::error::access_denied) {
+      deny("egress", h->name, port, kLocalOnly, {}, peer);
+      co_await refuse(http::status::forbidden, h->name + " " + kLocalOnly);
+      co_return;
+    } else if (ec) {
       co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + ec.message());
       co_return;
     }
@@ -554,7 +577,12 @@ struct Broker::Impl {
         }
         std::sort(addrs.begin(), addrs.end());
         addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
-        reply = make_dns_reply(msg, *q, ec == asio::error::host_not_found ? kDnsNxDomain : ec ? kDnsServFail : kDnsNoError,
+        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, Peer{false, from.port()});
+        reply = make_dns_reply(msg, *q,
+                               ec == asio::error::host_not_found ? kDnsNxDomain
+                               : ec == asio::error::access_denied ? kDnsRefused
+                               : ec                               ? kDnsServFail
+                                                                  : kDnsNoError,
                                addrs);
       }
     }

@@ -16,12 +16,15 @@
 
 namespace sbx::supervisor {
 
+/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch.
+inline constexpr const char* kNsInitPath = "/run/sandboxer/sandboxer-init";
+
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 
 struct BranchSpec {
   std::string name = "main";
   std::string dir;            // state dir of the branch: root/, workspace/, tmp/ below it
-  std::string self_exe;       // sandboxer-init, by its path (the same path inside the new root)
+  std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   bool new_netns = false;          // network: a network namespace of its own (see network.hpp)

