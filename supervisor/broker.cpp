@@ -31,7 +31,7 @@ namespace {
 
 constexpr auto nothrow = asio::as_tuple(asio::use_awaitable);
 constexpr size_t kMaxConnections = 256;
-constexpr uint64_t kMaxResponseBody = 64ull << 20;
+constexpr uint64_t kMaxResponseBody = 1ull << 30;  // streamed, never held whole
 constexpr auto kTunnelIdle = std::chrono::minutes(10);
 
 auto log() {
@@ -103,6 +103,15 @@ bool split_authority(std::string_view a, std::string& host, int& port, int defau
 struct Peer {
   bool tcp = true;
   uint16_t port = 0;
+};
+
+// The agent's connection while one request is served: a relayed response is written straight
+// to it (streamed); an error response is left to the caller.
+struct Conn {
+  beast::tcp_stream& client;
+  Peer peer;
+  bool keep = true;       // the connection can serve another request afterwards
+  bool streamed = false;  // the response was written already
 };
 
 }  // namespace
@@ -214,42 +223,98 @@ struct Broker::Impl {
     co_return cec;
   }
 
-  // Copies a response from upstream for the agent, with the secret (should an upstream echo it)
-  // replaced by the placeholder.
-  Response relay_response(http::response<http::string_body>& up, unsigned version, const Credential* c,
-                          const std::string* secret) {
-    Response r{up.result(), version};
-    for (auto& f : up) {
+  // Relays the upstream's response to the agent as it arrives (an LLM's streamed tokens reach
+  // the agent live), chunked toward HTTP/1.1 clients, with the secret (should an upstream echo
+  // it) replaced by the placeholder, in headers and across chunk boundaries alike. Returns the
+  // error when nothing was sent to the agent yet (the caller answers 502); once the header is
+  // out, a failure can only end the connection.
+  template <class Stream>
+  awaitable<std::optional<std::string>> relay(Stream& s, beast::tcp_stream& up_tcp, Request& up_req, Conn& conn,
+                                              unsigned version, const Credential* c, const std::string* secret) {
+    up_tcp.expires_after(timeout());
+    auto [wec, wn] = co_await http::async_write(s, up_req, nothrow);
+    if (wec) co_return "send: " + wec.message();
+    beast::flat_buffer b;
+    http::response_parser<http::buffer_body> p;
+    p.header_limit(64 * 1024);
+    p.body_limit(kMaxResponseBody);
+    up_tcp.expires_after(timeout());
+    auto [hec, hn] = co_await http::async_read_header(s, b, p, nothrow);
+    if (hec) co_return "read response: " + hec.message();
+
+    http::response<http::buffer_body> res{p.get().result(), version};
+    for (auto& f : p.get()) {
       if (hop_by_hop(f.name_string()) || iequals(f.name_string(), "content-length")) continue;
       std::string v(f.value());
       if (secret) replace_all(v, *secret, c->placeholder);
-      r.insert(f.name_string(), v);
+      res.insert(f.name_string(), v);
     }
-    r.body() = std::move(up.body());
-    if (secret) replace_all(r.body(), *secret, c->placeholder);
-    r.prepare_payload();
-    return r;
-  }
-
-  template <class Stream>
-  awaitable<std::optional<Response>> exchange(Stream& s, beast::tcp_stream& tcp_layer, Request& up_req, unsigned version,
-                                              const Credential* c, const std::string* secret, std::string& error) {
-    tcp_layer.expires_after(timeout());
-    auto [wec, wn] = co_await http::async_write(s, up_req, nothrow);
-    if (wec) {
-      error = "send: " + wec.message();
+    bool bodyless = p.get().result_int() / 100 == 1 || p.get().result() == http::status::no_content ||
+                    p.get().result() == http::status::not_modified || up_req.method() == http::verb::head;
+    if (version >= 11) {
+      res.keep_alive(conn.keep);
+      if (!bodyless) res.chunked(true);
+    } else {
+      conn.keep = false;
+      res.keep_alive(false);
+    }
+    conn.streamed = true;
+    res.body().data = nullptr;
+    res.body().more = !bodyless;
+    http::response_serializer<http::buffer_body> sr{res};
+    conn.client.expires_after(timeout());
+    auto [cec, cn] = co_await http::async_write_header(conn.client, sr, nothrow);
+    if (cec) {
+      conn.keep = false;
       co_return std::nullopt;
     }
-    beast::flat_buffer b;
-    http::response_parser<http::string_body> p;
-    p.header_limit(64 * 1024);
-    p.body_limit(kMaxResponseBody);
-    auto [rec, rn] = co_await http::async_read(s, b, p, nothrow);
-    if (rec && !(rec == ssl::error::stream_truncated && p.is_done())) {
-      error = "read response: " + rec.message();
-      co_return std::nullopt;
+    std::string carry;
+    size_t hold = secret ? secret->size() - 1 : 0;
+    std::array<char, 16384> buf;
+    bool ok = true;
+    while (!bodyless && !p.is_done()) {
+      p.get().body().data = buf.data();
+      p.get().body().size = buf.size();
+      up_tcp.expires_after(timeout());
+      // read_some: whatever has arrived goes on at once, rather than waiting to fill `buf`.
+      auto [rec, rn] = co_await http::async_read_some(s, b, p, nothrow);
+      if (rec == http::error::need_buffer) rec = {};
+      if (rec == ssl::error::stream_truncated && p.is_done()) rec = {};
+      if (rec) {
+        log()->warn("relay a response: {}", rec.message());
+        ok = false;
+        break;
+      }
+      carry.append(buf.data(), buf.size() - p.get().body().size);
+      if (secret) replace_all(carry, *secret, c->placeholder);
+      // Only a tail that could be the start of the secret waits for the next piece.
+      size_t held = 0;
+      if (!p.is_done())
+        for (size_t k = std::min(hold, carry.size()); k > 0 && held == 0; --k)
+          if (std::string_view(carry).ends_with(std::string_view(*secret).substr(0, k))) held = k;
+      size_t send = carry.size() - held;
+      if (send == 0) continue;
+      res.body().data = carry.data();
+      res.body().size = send;
+      res.body().more = true;
+      conn.client.expires_after(timeout());
+      auto [xec, xn] = co_await http::async_write(conn.client, sr, nothrow);
+      if (xec && xec != http::error::need_buffer) {
+        ok = false;
+        break;
+      }
+      carry.erase(0, send);
     }
-    co_return relay_response(p.get(), version, c, secret);
+    if (ok && !bodyless) {
+      res.body().data = nullptr;
+      res.body().size = 0;
+      res.body().more = false;
+      conn.client.expires_after(timeout());
+      auto [xec, xn] = co_await http::async_write(conn.client, sr, nothrow);
+      ok = !xec;
+    }
+    if (!ok) conn.keep = false;
+    co_return std::nullopt;
   }
 
   // The upstream request: the caller's, less hop-by-hop headers and (for credentials) less any
@@ -269,7 +334,8 @@ struct Broker::Impl {
     return up;
   }
 
-  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest, Peer peer) {
+  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest, Conn& conn) {
+    Peer peer = conn.peer;
     const Credential& c = cfg.credentials[ci];
     const std::string& secret = cfg.secrets[ci];
     if (auto other = placeholder_in(req); other && *other != ci) {
@@ -300,14 +366,14 @@ struct Broker::Impl {
     beast::get_lowest_layer(s).expires_after(timeout());
     auto [hec] = co_await s.async_handshake(ssl::stream_base::client, nothrow);
     if (hec) co_return fail("TLS handshake: " + hec.message());
-    std::string error;
-    auto r = co_await exchange(s, beast::get_lowest_layer(s), up, req.version(), &c, &secret, error);
+    auto err = co_await relay(s, beast::get_lowest_layer(s), up, conn, req.version(), &c, &secret);
     up.set(c.header, "");
-    if (!r) co_return fail(error);
-    co_return std::move(*r);
+    if (err) co_return fail(*err);
+    co_return Response{};
   }
 
-  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path, Peer peer) {
+  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path, Conn& conn) {
+    Peer peer = conn.peer;
     std::string raw_host;
     int port;
     std::string why;
@@ -337,13 +403,12 @@ struct Broker::Impl {
     } else if (ec)
       co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
     Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
-    std::string error;
-    auto r = co_await exchange(s, s, up, req.version(), nullptr, nullptr, error);
-    if (!r) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + error, req.version());
-    co_return std::move(*r);
+    auto err = co_await relay(s, s, up, conn, req.version(), nullptr, nullptr);
+    if (err) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
+    co_return Response{};
   }
 
-  awaitable<Response> handle(Request& req, Peer peer) {
+  awaitable<Response> handle(Request& req, Conn& conn) {
     std::string_view target = req.target();
     if (target.starts_with("http://") || target.starts_with("HTTP://")) {
       auto rest = target.substr(7);
@@ -359,7 +424,7 @@ struct Broker::Impl {
         target = {};
         req.target(path);
       } else {
-        co_return co_await forward_plain(req, authority, path, peer);
+        co_return co_await forward_plain(req, authority, path, conn);
       }
     }
     target = req.target();
@@ -372,7 +437,7 @@ struct Broker::Impl {
     std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
     if (rest.front() == '?') rest = "/" + rest;
     for (size_t i = 0; i < cfg.credentials.size(); ++i)
-      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, peer);
+      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, conn);
     co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
                             req.version());
   }
@@ -516,7 +581,12 @@ struct Broker::Impl {
         }
         Request r = parser.release();
         bool keep = r.keep_alive();
-        Response res = co_await handle(r, peer);
+        Conn conn{client, peer, keep};
+        Response res = co_await handle(r, conn);
+        if (conn.streamed) {
+          if (!conn.keep) break;
+          continue;
+        }
         res.keep_alive(keep && res.result() != http::status::forbidden && res.result_int() < 500);
         client.expires_after(timeout());
         auto [wec, wn] = co_await http::async_write(client, res, nothrow);

@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -50,7 +51,29 @@ class Upstream:
             def reply(self):
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 outer.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if self.path == "/slow":
+                    # Two pieces a while apart, as a streamed LLM reply comes.
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("content-length", "13")
+                    self.end_headers()
+                    self.wfile.write(b"first\n")
+                    self.wfile.flush()
+                    time.sleep(1.5)
+                    self.wfile.write(b"second\n")
+                    return
                 if self.path == "/echo":
+                    # The key echoed back split in two pieces: the scrub must see across them.
+                    key = (self.headers.get("x-api-key") or "").encode()
+                    self.send_response(200)
+                    self.send_header("content-length", str(len(key)))
+                    self.end_headers()
+                    self.wfile.write(key[:10])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                    self.wfile.write(key[10:])
+                    return
+                if False:
                     data = (self.headers.get("x-api-key") or "").encode()
                 else:
                     data = json.dumps({"path": self.path, "key_matches": secret is not None and
@@ -213,6 +236,12 @@ def test_secret_is_not_in_the_journal_or_logs(proxied):
     assert proxied["secret"] not in text
     assert proxied["secret"] not in proxied["stderr"]
     assert proxied["file_secret"] not in text
+
+
+def test_a_streamed_reply_reaches_the_agent_as_it_comes(proxied):
+    r = check(proxied, "stream")
+    assert r["first"] == "first\n" and r["rest"] == "second\n", r
+    assert r["first_after"] < 1.0 and r["total"] >= 1.4, r
 
 
 def test_upstream_echo_of_the_secret_is_scrubbed(proxied):

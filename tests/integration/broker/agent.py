@@ -115,6 +115,12 @@ if cfg.get("mode") == "host":
 st, body = http(base + "/v1/messages?beta=1", {"x-api-key": placeholder, "Authorization": "Bearer stolen",
                                                "Content-Type": "application/json"}, data=b'{"q": 1}')
 out("credential", status=st, body=body)
+t0 = time.monotonic()
+with urllib.request.urlopen(urllib.request.Request(base + "/slow", headers={"x-api-key": placeholder}), timeout=10) as r:
+    first = r.read1(100).decode()
+    first_after = time.monotonic() - t0
+    rest = r.read().decode()
+out("stream", first=first, first_after=first_after, rest=rest, total=time.monotonic() - t0)
 st, body = http(base + "/echo", {"x-api-key": placeholder})
 out("echo", status=st, body=body)
 st, body = http(f"http://other.example.test:{cfg['other_port']}/", {"x-api-key": placeholder})
