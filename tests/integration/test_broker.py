@@ -358,3 +358,10 @@ def test_network_policy_without_namespaces_is_refused(tmp_path):
                  tmp_path / "state", timeout=30)
     assert r.returncode == 125
     assert b"needs the agent in namespaces of its own" in r.stderr
+
+
+def test_sandboxer_log_shows_refusals_for_a_person(proxied):
+    out = subprocess.run([str(CLI), "log", str(proxied["state"])], capture_output=True, timeout=60).stdout.decode()
+    assert "network proxy)" in out
+    assert "main denied dns not-listed.example.org (not on the allow list" in out
+    assert "main denied credential other.example.test:" in out
