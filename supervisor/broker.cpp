@@ -99,6 +99,25 @@ bool split_authority(std::string_view a, std::string& host, int& port, int defau
   return !host.empty() && host.find('@') == std::string::npos;
 }
 
+// Whether a path could leave the prefix it is appended to: a "." or ".." segment, plain or
+// percent-encoded, an encoded slash, or a backslash (which some servers read as a slash).
+bool escapes_prefix(std::string_view path) {
+  path = path.substr(0, path.find('?'));
+  std::string lower(path);
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (auto* bad : {"%2e", "%2f", "%5c", "\\"})
+    if (lower.find(bad) != std::string::npos) return true;
+  size_t start = 0;
+  while (start <= lower.size()) {
+    size_t slash = lower.find('/', start);
+    auto seg = std::string_view(lower).substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (seg == "." || seg == "..") return true;
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return false;
+}
+
 // Who sent a request: the agent's end of the connection, to find the process holding it.
 struct Peer {
   bool tcp = true;
@@ -344,6 +363,11 @@ struct Broker::Impl {
            {{"credential", o.name}}, peer);
       co_return text_response(http::status::forbidden,
                               "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host, req.version());
+    }
+    if (escapes_prefix(rest)) {
+      deny("credential", c.host, c.port, "path leaves the binding's prefix", {{"credential", c.name}}, peer);
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: \".\" and \"..\" segments (plain or %-encoded) are refused", req.version());
     }
     std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
     Request up = upstream_request(req, c.path_prefix + rest, host_header, true);

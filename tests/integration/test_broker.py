@@ -265,6 +265,14 @@ def test_placeholder_control_without_the_policy(control):
     assert check(control, "wrong_destination")["status"] == 200
 
 
+def test_paths_leaving_the_binding_prefix_are_refused(proxied):
+    statuses = check(proxied, "traversal")["statuses"]
+    assert all(st.startswith("HTTP/1.1 403") for st in statuses), statuses
+    assert denied(proxied, what="credential", reason="path leaves the binding's prefix")
+    assert not [q for q in proxied["upstream"].requests if "admin" in q["path"]]
+    # The same endpoint with a plain path is forwarded (test_upstream_receives_the_injected_key).
+
+
 def test_connect_tunnel_to_an_allowed_host(proxied):
     r = check(proxied, "connect_allowed")
     assert r["status"] == 200, r

@@ -157,6 +157,10 @@ out("dns_allowed_raw", rcode=dns_rcode("api.example.test"))
 # A listed name that DNS points at the supervisor's own loopback is not reached.
 out("connect_local", status=raw_exchange(f"CONNECT localhost:{cfg['upstream_port']} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))
 
+# Paths that would leave the binding's prefix.
+out("traversal", statuses=[raw_exchange(f"GET /api{p} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                           for p in ("/v1/../../admin", "/v1/%2E%2e/admin", "/v1%2fadmin", "/.")])
+
 # Abuse: the broker answers each with an error and keeps serving.
 out("malformed", status=raw_exchange(b"GARBAGE \x00\x01\r\n\r\n"))
 out("oversized", status=raw_exchange(b"GET /api/x HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n"))
