@@ -139,10 +139,10 @@ struct Broker::Impl {
   BrokerConfig cfg;
   HostPolicy policy;
   Sink sink;
+  std::vector<std::unique_ptr<ssl::context>> tls;  // by credential; outlives the io_context's handlers
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   udp::socket dns{io};
-  std::vector<std::unique_ptr<ssl::context>> tls;  // by credential
   std::atomic<size_t> connections{0};
   // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
   // rides on the next report, so a flood cannot flood the journal.

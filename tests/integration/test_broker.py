@@ -351,6 +351,24 @@ def test_network_none_has_only_loopback(tmp_path):
     assert ifaces == ["lo"], text
 
 
+def test_network_none_fails_lookups_and_connections_fast(tmp_path):
+    state = tmp_path / "state"
+    script = ("import socket, time\n"
+              "t = time.monotonic()\n"
+              "for target in (('example.com', 80), ('10.0.0.1', 80)):\n"
+              "    try:\n"
+              "        socket.create_connection(target, timeout=5)\n"
+              "        print('connected')\n"
+              "    except OSError as e:\n"
+              "        print('refused', type(e).__name__)\n"
+              "print('took', time.monotonic() - t)\n")
+    r = run_init(["--set", "network.mode=none", "--", "python3", "-c", script], state, timeout=30)
+    assert r.returncode == 0, r.stderr
+    text = "".join(e.get("data", "") for e in read_journal(state) if e["type"] == "proc.output")
+    assert text.count("refused") == 2 and "connected" not in text, text
+    assert float(text.split("took")[1]) < 2.0, text
+
+
 def test_network_host_control_sees_the_hosts_interfaces(tmp_path):
     state = tmp_path / "state"
     r = run_init(["--", "cat", "/proc/net/dev"], state, timeout=30)
