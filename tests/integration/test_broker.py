@@ -314,6 +314,10 @@ def test_dns_answers_allowed_names_only(proxied):
     assert denied(proxied, what="dns", host="not-listed.example.org")
 
 
+def test_resolver_survives_garbage_datagrams(proxied):
+    assert check(proxied, "dns_after_garbage")["rcode"] == 0
+
+
 def test_dns_label_exfiltration_is_refused_and_reported(proxied):
     r = check(proxied, "dns_exfil")
     assert r["rcode"] == 5  # REFUSED

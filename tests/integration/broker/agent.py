@@ -179,6 +179,19 @@ out("slow", closed=closed, seconds=time.monotonic() - t0)
 st, body = http(base + "/v1/messages", {"x-api-key": placeholder}, data=b"{}")
 out("after_abuse", status=st)
 
+# Garbage datagrams at the resolver (random bytes, truncated and oversized questions), then a
+# real question: still answered.
+import random  # noqa: E402
+rng = random.Random(8)
+junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(300):
+    n = rng.choice([0, 1, 11, 12, 13, 17, 40, 512, 1400])
+    data = bytes(rng.getrandbits(8) for _ in range(n))
+    if i % 3 == 0 and n >= 12:  # a plausible header, so the parser gets further in
+        data = struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + data[12:]
+    junk.sendto(data, ("127.0.0.1", 53))
+out("dns_after_garbage", rcode=dns_rcode("api.example.test"))
+
 # A flood of refused lookups: the broker reports a bounded number and counts the rest.
 flood = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for i in range(150):
