@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "os/sys.hpp"
+#include "policy.hpp"
 
 extern char** environ;
 
@@ -114,6 +115,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stdout", true,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -122,6 +124,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stderr", false,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -145,6 +148,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     log()->error("start {}: {}", p.id, p.error);
     start_readers();
   } else if (*ev == "exited") {
+    if (b.limits) b.limits->stop();
     p.status = static_cast<int>(r.at("status").to_number<int64_t>());
     p.escalated = r.contains("escalated") && r.at("escalated").as_bool();
     p.status_known = true;
@@ -164,6 +168,7 @@ void Box::maybe_proc_exited(Proc& p) {
     e["code"] = WEXITSTATUS(p.status);
   std::string reason = WIFSIGNALED(p.status) ? "signaled" : "exited";
   if (shutting_down_) reason = "shutdown";
+  reason = limit_reason(p, reason);
   e["reason"] = reason;
   if (p.escalated) e["escalated"] = true;
   if (!p.error.empty()) e["error"] = p.error;
@@ -247,8 +252,10 @@ void Box::start() {
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
+  setup_branch_policy(*b, spec);
   BranchNetwork::prepare(opts_.profile, spec);
   auto lb = launch_branch(spec);
+  cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
   // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
@@ -273,7 +280,8 @@ void Box::start() {
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b->launched.namespaced ? std::string("/workspace") : spec.dir + "/workspace"));
   boost::json::array argv;
   for (auto& a : opts_.argv) argv.emplace_back(a);
-  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms}};
+  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms},
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
@@ -281,6 +289,7 @@ void Box::start() {
   reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) {
     bp->ns_init_reaped = true;
     bp->ns_init_status = st;
+    if (bp->limits) bp->limits->stop();
     // Read what ns-init reported before it exited: its exit status alone loses the signal.
     char buf[4096];
     for (;;) {
@@ -337,11 +346,13 @@ void Box::start() {
   caps["why_not"] = !bp->launched.namespaced ? "no pid and mount namespace of its own: " + bp->launched.why_not
                     : !caps_.criu            ? std::string("criu was not found")
                                              : std::string("live checkpoint is not built yet");
+  start_limits(*bp);
   emit("main", {{"type", "box.started"},
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
                 {"capabilities", caps},
+                {"enforcement", enforcement_},
                 {"network", network_->describe()}});
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
@@ -380,10 +391,12 @@ int Box::run() {
   } catch (const std::exception& e) {
     log()->critical("{}", e.what());
     kill_leftovers();
+    teardown_policy();
     return 125;
   }
   uv_run(loop_, UV_RUN_DEFAULT);
   kill_leftovers();
+  teardown_policy();
   journal_->flush();
   return exit_status_;
 }

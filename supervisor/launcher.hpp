@@ -27,7 +27,9 @@ struct BranchSpec {
   std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
-  bool new_netns = false;          // network: a network namespace of its own (see network.hpp)
+  std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
+                                   // the child joins each before it runs anything of its own
+  bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };
 

@@ -110,7 +110,7 @@ std::string load_secret(const Credential& c) {
 
 void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
   if (profile.network.mode == NetworkPolicy::Mode::Host) return;
-  spec.new_netns = true;
+  spec.new_net = true;
   // Names resolve through the broker's DNS (for `none`, nothing answers there: lookups fail fast).
   if (auto r = os::make_dirs(spec.dir, 0755); !r) throw std::runtime_error("create " + spec.dir + ": " + r.error().message());
   spec.resolv_conf = spec.dir + "/resolv.conf";
