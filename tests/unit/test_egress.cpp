@@ -136,6 +136,15 @@ TEST_CASE("profile: network and credentials") {
   CHECK_THROWS_WITH_AS(apply_override(p, "network.mode=host"), doctest::Contains("need network.mode \"proxy\""),
                        ProfileError);
   CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"), ProfileError);
+  SUBCASE("a string is short for the mode") {
+    CHECK(parse_profile(R"({"network":"none"})").network.mode == NetworkPolicy::Mode::None);
+    Profile q = parse_profile(R"({"network":{"mode":"proxy","allow":["a.com"]}})");
+    apply_override(q, "network=host");
+    CHECK(q.network.mode == NetworkPolicy::Mode::Host);
+    CHECK(q.network.allow == std::vector<std::string>{"a.com"});  // the rest of the object stays
+    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"), ProfileError);
+    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":7})"), doctest::Contains("network"), ProfileError);
+  }
   CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow":["a.*.com"]}})"), doctest::Contains("network.allow"),
                        ProfileError);
   CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"resolve":{"a.com":"nope"}}})"),
