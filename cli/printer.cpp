@@ -66,10 +66,19 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
     // The line itself was shown as output already.
   } else if (type == "box.started") {
     auto& c = ev.at("capabilities").as_object();
-    std::fprintf(out_, "%s box %s started (profile %s, isolation %s, namespaces %s%s)\n", t.c_str(), str(ev, "box").c_str(),
-                 str(ev, "profile").c_str(), str(ev, "isolation").c_str(),
+    std::string net;  // the network policy, when the box has one
+    if (auto* n = ev.if_contains("network"); n && n->is_object()) net = ", network " + str(n->as_object(), "mode");
+    std::fprintf(out_, "%s box %s started (profile %s, isolation %s, namespaces %s%s%s)\n", t.c_str(),
+                 str(ev, "box").c_str(), str(ev, "profile").c_str(), str(ev, "isolation").c_str(),
                  c.at("namespaces").as_bool() ? "yes" : "no",
-                 c.at("namespaces").as_bool() ? "" : (": " + str(c, "namespaces_why_not")).c_str());
+                 c.at("namespaces").as_bool() ? "" : (": " + str(c, "namespaces_why_not")).c_str(), net.c_str());
+  } else if (type == "policy.denied") {
+    // "main denied dns evil.com (not on the allow list), pid 7"
+    std::string what = str(ev, "what"), host = str(ev, "host"), port = str(ev, "port");
+    std::string extra = ev.contains("pid") ? ", pid " + str(ev, "pid") : "";
+    if (ev.contains("suppressed_before")) extra += ", " + str(ev, "suppressed_before") + " more refused before this";
+    std::fprintf(out_, "%s %s%s denied %s %s%s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), what.c_str(),
+                 host.c_str(), port.empty() ? "" : (":" + port).c_str(), str(ev, "reason").c_str(), extra.c_str());
   } else if (type == "proc.started") {
     std::string argv;
     for (auto& a : ev.at("argv").as_array()) argv += (argv.empty() ? "" : " ") + std::string(a.as_string());

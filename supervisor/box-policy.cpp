@@ -176,7 +176,7 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   if (prof.isolation.uid && b.workspace_mount.empty())
     (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
   for (auto& c : credential_paths()) spec.masks.push_back(c);
-  spec.new_net = prof.network == "none";
+  spec.new_net = prof.network.mode != NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
 }
 
@@ -184,10 +184,12 @@ void Box::start_limits(Branch& b) {
   const Profile& prof = opts_.profile;
   auto cg = std::move(enforcement_);
   enforcement_ = describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
-  if (prof.network == "none")
+  if (prof.network.mode == NetworkPolicy::Mode::None)
     enforcement_["network"] = b.launched.namespaced ? "none: a network namespace of its own (loopback only)"
                                                     : "not enforced: no namespaces";
-  else if (prof.network == "host")
+  else if (prof.network.mode == NetworkPolicy::Mode::Proxy)
+    enforcement_["network"] = "proxy: a network namespace of its own, the broker its only way out";
+  else
     enforcement_["network"] = "host: not restricted";
   LimitsWatcher::Callbacks cb;
   Branch* bp = &b;

@@ -37,6 +37,7 @@ Box::Box(uv_loop_t* loop, BoxOptions opts) : loop_(loop), opts_(std::move(opts))
 Box::~Box() {
   server_.reset();
   metrics_.reset();
+  network_.reset();  // joins the broker's thread while the journal and the loop still exist
   signals_.reset();
   for (auto& [n, b] : branches_)
     if (b->reports)
@@ -264,10 +265,14 @@ void Box::start() {
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
   setup_branch_policy(*b, spec);
+  BranchNetwork::prepare(opts_.profile, spec);
   auto lb = launch_branch(spec);
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
+  network_ = std::make_unique<BranchNetwork>(loop_, opts_.profile, b->launched,
+                                             [this](boost::json::object e) { emit("main", std::move(e)); });
   if (!spec.want_namespaces && b->launched.why_not.empty())
     b->launched.why_not = caps_.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
@@ -279,6 +284,7 @@ void Box::start() {
       continue;
     env.emplace_back(kv);
   }
+  network_->edit_env(env);
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   env.emplace_back("SANDBOXER_BOX=" + id_);
@@ -361,7 +367,8 @@ void Box::start() {
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
                 {"capabilities", caps},
-                {"enforcement", enforcement_}});
+                {"enforcement", enforcement_},
+                {"network", network_->describe()}});
 
   start_server();
 

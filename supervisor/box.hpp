@@ -15,6 +15,7 @@
 #include "journal.hpp"
 #include "launcher.hpp"
 #include "limits.hpp"
+#include "network.hpp"
 #include "os/cgroup.hpp"
 #include "output.hpp"
 #include "profile.hpp"
@@ -173,6 +174,7 @@ class Box {
   std::string agent_cwd_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<MetricsTimer> metrics_;
+  std::unique_ptr<BranchNetwork> network_;  // the main branch's network and credential broker
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

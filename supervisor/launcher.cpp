@@ -115,6 +115,11 @@ Plan make_plan(const BranchSpec& spec) {
   int exe_slot = slot++;
   add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
   add({.kind = MountOp::SetReadOnly, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
+  int resolv_slot = -1;  // network: the branch's resolv.conf
+  if (!spec.resolv_conf.empty()) {
+    add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
+    resolv_slot = slot++;
+  }
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
@@ -126,6 +131,9 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
+  if (resolv_slot >= 0)
+    add({.kind = MountOp::Move, .a = r + "/etc/resolv.conf", .slot = resolv_slot, .optional = true,
+         .what = "attach /etc/resolv.conf"});
   // /tmp: the host's /tmp seen through an overlay whose writes stay the branch's own, so a
   // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
   // an overlay filesystem, as in a container), a private /tmp of the branch's own.

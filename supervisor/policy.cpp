@@ -180,8 +180,6 @@ void check_profile_for_host(const Profile& p) {
     }
   }
   (void)seccomp_description(p.isolation.seccomp);  // throws naming the field
-  if (p.network == "proxy")
-    throw ProfileError("network: \"proxy\" needs the egress broker, which this supervisor does not have yet");
 }
 
 boost::json::object policy_to_json(const Profile& p, int landlock_abi) {
@@ -245,7 +243,7 @@ boost::json::object describe_enforcement(const Profile& p, const boost::json::ob
   e["seccomp"] = p.isolation.seccomp == "none" ? std::string("none") : p.isolation.seccomp;
   e["filesystem"] = namespaced ? "read-only root, own /tmp and workspace, state dir and credentials masked"
                                : "not enforced: no mount namespace";
-  e["network"] = p.network;
+  e["network"] = network_mode_name(p.network.mode);
   return e;
 }
 

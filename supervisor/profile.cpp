@@ -1,13 +1,16 @@
 #include "profile.hpp"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cmath>
 
+#include "egress-policy.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -181,6 +184,148 @@ void parse_user(Profile& p, const json::value& v) {
   p.isolation.gid = gv ? static_cast<uint32_t>(as_count(*gv, f + ".gid", 0, 4294967294LL)) : *p.isolation.uid;
 }
 
+
+// ---- network and credentials ----
+int64_t as_int(const json::value& v, const std::string& field, int64_t lo, int64_t hi) {
+  if (!v.is_int64() && !v.is_uint64()) throw ProfileError(field + ": expected an integer");
+  int64_t n = v.is_int64() ? v.as_int64() : static_cast<int64_t>(std::min<uint64_t>(v.as_uint64(), INT64_MAX));
+  if (n < lo || n > hi) throw ProfileError(field + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  return n;
+}
+
+bool is_token(std::string_view s, std::string_view extra) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || extra.find(c) != std::string_view::npos))
+      return false;
+  return true;
+}
+
+void parse_network(NetworkPolicy& n, const json::value& v) {
+  // "network": "none" is short for {"mode": "none"}.
+  if (v.is_string()) {
+    auto s = as_choice(v, "network", {"none", "proxy", "host"});
+    n.mode = s == "none" ? NetworkPolicy::Mode::None : s == "proxy" ? NetworkPolicy::Mode::Proxy : NetworkPolicy::Mode::Host;
+    return;
+  }
+  if (!v.is_object()) throw ProfileError("network: expected \"none\", \"proxy\", \"host\" or an object with a mode");
+  Fields f(v, "network");
+  if (auto* m = f.get("mode")) {
+    auto s = as_string(*m, "network.mode");
+    if (s == "host") n.mode = NetworkPolicy::Mode::Host;
+    else if (s == "none") n.mode = NetworkPolicy::Mode::None;
+    else if (s == "proxy") n.mode = NetworkPolicy::Mode::Proxy;
+    else throw ProfileError("network.mode: \"" + s + "\" is not one of host, none, proxy");
+  }
+  if (auto* a = f.get("allow")) n.allow = as_string_list(*a, "network.allow");
+  if (auto* d = f.get("deny")) n.deny = as_string_list(*d, "network.deny");
+  if (auto* r = f.get("resolve")) {
+    if (!r->is_object()) throw ProfileError("network.resolve: expected an object of host: address");
+    n.resolve.clear();
+    for (auto& kv : r->as_object()) {
+      std::string field = "network.resolve." + std::string(kv.key());
+      auto h = canonical_host(kv.key());
+      if (!h || h->is_ip) throw ProfileError(field + ": not a host name");
+      auto addr = as_string(kv.value(), field);
+      auto ip = canonical_host(addr);
+      if (!ip || !ip->is_ip) throw ProfileError(field + ": \"" + addr + "\" is not an IP address");
+      n.resolve[h->name] = ip->name;
+    }
+  }
+  if (auto* x = f.get("proxy_port")) n.proxy_port = static_cast<int>(as_int(*x, "network.proxy_port", 1, 65535));
+  if (n.proxy_port == 53) throw ProfileError("network.proxy_port: 53 is the broker's DNS port");
+  if (auto* x = f.get("max_header_bytes")) n.max_header_bytes = as_int(*x, "network.max_header_bytes", 1024, 1 << 20);
+  if (auto* x = f.get("max_body_bytes")) n.max_body_bytes = as_int(*x, "network.max_body_bytes", 0, int64_t{1} << 30);
+  if (auto* x = f.get("timeout")) n.timeout_ms = as_duration(*x, "network.timeout");
+  f.done();
+  try {
+    HostPolicy check(n.allow, n.deny);
+  } catch (const std::invalid_argument& e) {
+    throw ProfileError(std::string("network.") + e.what());
+  }
+}
+
+Credential parse_credential(const json::value& v, const std::string& path) {
+  Credential c;
+  Fields f(v, path);
+  auto* name = f.get("name");
+  if (!name) throw ProfileError(path + ".name: required");
+  c.name = as_string(*name, path + ".name");
+  if (!is_token(c.name, "-_")) throw ProfileError(path + ".name: use letters, digits, - and _");
+  if (auto* s = f.get("source")) {
+    Fields sf(*s, path + ".source");
+    if (auto* x = sf.get("file")) c.source_file = as_string(*x, path + ".source.file");
+    if (auto* x = sf.get("env")) c.source_env = as_string(*x, path + ".source.env");
+    sf.done();
+  }
+  if (c.source_file.empty() == c.source_env.empty())
+    throw ProfileError(path + ".source: give exactly one of file or env");
+  auto* b = f.get("bind");
+  if (!b) throw ProfileError(path + ".bind: required (the only destination that gets the secret)");
+  Fields bf(*b, path + ".bind");
+  if (auto* x = bf.get("scheme")) c.scheme = as_string(*x, path + ".bind.scheme");
+  if (c.scheme != "https") throw ProfileError(path + ".bind.scheme: only https (the secret never travels in clear)");
+  auto* host = bf.get("host");
+  if (!host) throw ProfileError(path + ".bind.host: required");
+  std::string why;
+  auto h = canonical_host(as_string(*host, path + ".bind.host"), &why);
+  if (!h) throw ProfileError(path + ".bind.host: " + why);
+  c.host = h->name;
+  if (auto* x = bf.get("port")) c.port = static_cast<int>(as_int(*x, path + ".bind.port", 1, 65535));
+  if (auto* x = bf.get("path_prefix")) c.path_prefix = as_string(*x, path + ".bind.path_prefix");
+  if (c.path_prefix.ends_with('/')) c.path_prefix.pop_back();
+  if (!c.path_prefix.empty() && c.path_prefix.front() != '/')
+    throw ProfileError(path + ".bind.path_prefix: must start with /");
+  bf.done();
+  if (auto* i = f.get("inject")) {
+    Fields inf(*i, path + ".inject");
+    if (auto* x = inf.get("header")) c.header = as_string(*x, path + ".inject.header");
+    if (auto* x = inf.get("format")) c.format = as_string(*x, path + ".inject.format");
+    inf.done();
+  }
+  if (!is_token(c.header, "-_")) throw ProfileError(path + ".inject.header: not a header name");
+  if (c.format.find("{}") == std::string::npos) throw ProfileError(path + ".inject.format: must contain {} (the secret)");
+  for (char& ch : c.header) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  c.placeholder = "sbx-placeholder-" + c.name;
+  if (auto* x = f.get("placeholder")) c.placeholder = as_string(*x, path + ".placeholder");
+  if (c.placeholder.size() < 8 || !is_token(c.placeholder, "-_."))
+    throw ProfileError(path + ".placeholder: at least 8 characters of letters, digits, - _ .");
+  if (auto* x = f.get("placeholder_env")) c.placeholder_env = as_string(*x, path + ".placeholder_env");
+  if (auto* x = f.get("base_url_env")) c.base_url_env = as_string(*x, path + ".base_url_env");
+  for (auto* e : {&c.placeholder_env, &c.base_url_env})
+    if (!e->empty() && !is_token(*e, "_")) throw ProfileError(path + ": \"" + *e + "\" is not an environment variable name");
+  if (auto* x = f.get("ca_file")) c.ca_file = as_string(*x, path + ".ca_file");
+  f.done();
+  return c;
+}
+
+void parse_credentials(std::vector<Credential>& out, const json::value& v) {
+  if (!v.is_array()) throw ProfileError("credentials: expected a list");
+  out.clear();
+  for (size_t i = 0; i < v.as_array().size(); ++i) {
+    auto c = parse_credential(v.as_array()[i], "credentials[" + std::to_string(i) + "]");
+    for (auto& o : out)
+      if (o.name == c.name) throw ProfileError("credentials[" + std::to_string(i) + "].name: \"" + c.name + "\" is used twice");
+    out.push_back(std::move(c));
+  }
+}
+
+// Rules that span both sections, checked after every parse and override.
+void check_network(const Profile& p) {
+  if (p.credentials.empty()) return;
+  if (p.network.mode != NetworkPolicy::Mode::Proxy)
+    throw ProfileError("credentials: need network.mode \"proxy\" (only the broker may hold them)");
+  HostPolicy policy(p.network.allow, p.network.deny);
+  for (auto& c : p.credentials) {
+    std::string why;
+    CanonicalHost h{c.host, false};
+    h.is_ip = canonical_host(c.host)->is_ip;
+    policy.allows(h, &why);
+    if (why.starts_with("denied")) throw ProfileError("credentials." + c.name + ".bind.host: " + c.host + " is " + why);
+  }
+}
+// ---- end network and credentials ----
+
 void parse_into(Profile& p, const json::value& doc) {
   Fields top(doc, "");
   if (auto* v = top.get("name")) p.name = as_string(*v, "name");
@@ -271,7 +416,8 @@ void parse_into(Profile& p, const json::value& doc) {
     }
     f.done();
   }
-  if (auto* v = top.get("network")) p.network = as_choice(*v, "network", {"none", "proxy", "host"});
+  if (auto* n = top.get("network")) parse_network(p.network, *n);  // network and credentials
+  if (auto* c = top.get("credentials")) parse_credentials(p.credentials, *c);
   if (auto* v = top.get("persistence"))
     p.persistence = as_choice(*v, "persistence", {"ephemeral", "persistent", "checkpoint"});
   if (auto* j = top.get("journal")) {
@@ -292,9 +438,14 @@ void parse_into(Profile& p, const json::value& doc) {
     f.done();
   }
   top.done();
+  check_network(p);
 }
 
 }  // namespace
+
+const char* network_mode_name(NetworkPolicy::Mode m) {
+  return m == NetworkPolicy::Mode::Proxy ? "proxy" : m == NetworkPolicy::Mode::None ? "none" : "host";
+}
 
 Profile parse_profile(std::string_view text) {
   boost::system::error_code ec;

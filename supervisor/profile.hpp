@@ -2,6 +2,7 @@
 // Sandbox profiles (profiles/*.json): named, versioned; parsed strictly, so an unknown field, a
 // wrong type or an impossible value is refused with the field's path in the message.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,34 @@ namespace sbx::supervisor {
 struct ProfileError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// ---- network and credentials (egress policy and credential broker) ----
+struct NetworkPolicy {
+  enum class Mode { Host, None, Proxy };
+  Mode mode = Mode::Host;
+  std::vector<std::string> allow, deny;       // exact hosts, IP literals, "*.suffix"
+  std::map<std::string, std::string> resolve;  // host -> address the broker connects to (pinning)
+  int proxy_port = 3128;                       // the broker's port inside the agent's netns
+  int64_t max_header_bytes = 16 * 1024;
+  int64_t max_body_bytes = 8 * 1024 * 1024;
+  int64_t timeout_ms = 30000;  // to read a request's header, to connect, for a whole response
+};
+const char* network_mode_name(NetworkPolicy::Mode m);
+
+struct Credential {
+  std::string name;                     // also the first path segment at the broker
+  std::string source_file, source_env;  // exactly one is set
+  std::string scheme = "https", host;   // the binding: only this destination gets the secret
+  int port = 443;
+  std::string path_prefix;
+  std::string header = "authorization";
+  std::string format = "Bearer {}";
+  std::string placeholder;              // what the agent holds instead of the secret
+  std::string placeholder_env;          // env var of the agent set to the placeholder
+  std::string base_url_env;             // env var of the agent set to the broker's URL for it
+  std::string ca_file;                  // trust anchors for the upstream (default: system store)
+};
+// ---- end network and credentials ----
 
 struct Profile {
   std::string name = "default";
@@ -38,7 +67,8 @@ struct Profile {
     std::optional<Landlock> landlock;
     std::string seccomp = "default";  // "default", "none", or a policy file
   } isolation;
-  std::string network = "host";         // none, proxy, host
+  NetworkPolicy network;                 // network and credentials ("none" etc. is short for a mode)
+  std::vector<Credential> credentials;   // network and credentials
   std::string persistence = "ephemeral";  // ephemeral, persistent, checkpoint
   struct Journal {
     int64_t disk_cap = 0;  // bytes the journal may keep on disk; past it the oldest sealed segments go

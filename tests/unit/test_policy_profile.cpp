@@ -45,7 +45,7 @@ TEST_CASE("profile: every field, by the names of the issue") {
   CHECK(*p.isolation.uid == 1000);
   CHECK(*p.isolation.gid == 100);
   CHECK(p.isolation.landlock->rw.size() == 1);
-  CHECK(p.network == "none");
+  CHECK(p.network.mode == NetworkPolicy::Mode::None);
 }
 
 TEST_CASE("profile: refusals name the field") {

@@ -1,0 +1,741 @@
+#include "broker.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <optional>
+#include <thread>
+
+#include "egress-policy.hpp"
+#include "os/socket-owner.hpp"
+
+namespace sbx::supervisor {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace ssl = asio::ssl;
+using tcp = asio::ip::tcp;
+using udp = asio::ip::udp;
+using asio::awaitable;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+namespace {
+
+constexpr auto nothrow = asio::as_tuple(asio::use_awaitable);
+constexpr size_t kMaxConnections = 256;
+constexpr uint64_t kMaxResponseBody = 1ull << 30;  // streamed, never held whole
+constexpr auto kTunnelIdle = std::chrono::minutes(10);
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("broker");
+  return l;
+}
+
+Response text_response(http::status st, std::string text, unsigned version = 11) {
+  Response r{st, version};
+  r.set(http::field::server, "sandboxer-broker");
+  r.set(http::field::content_type, "text/plain; charset=utf-8");
+  r.keep_alive(false);
+  r.body() = std::move(text) + "\n";
+  r.prepare_payload();
+  return r;
+}
+
+bool iequals(std::string_view a, std::string_view b) { return beast::iequals(a, b); }
+
+// Headers that describe one hop, never forwarded; and the ways a caller could send a credential.
+bool hop_by_hop(std::string_view name) {
+  for (auto* h : {"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te",
+                  "trailer", "transfer-encoding", "upgrade", "expect"})
+    if (iequals(name, h)) return true;
+  return false;
+}
+bool auth_header(std::string_view name) {
+  for (auto* h : {"authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"})
+    if (iequals(name, h)) return true;
+  return false;
+}
+
+void replace_all(std::string& s, std::string_view what, std::string_view with) {
+  if (what.empty()) return;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
+    s.replace(at, what.size(), with);
+}
+
+// host[:port] from an authority or CONNECT target; IPv6 in brackets.
+bool split_authority(std::string_view a, std::string& host, int& port, int default_port) {
+  port = default_port;
+  size_t colon = std::string_view::npos;
+  if (a.starts_with('[')) {
+    size_t close = a.find(']');
+    if (close == std::string_view::npos) return false;
+    host = std::string(a.substr(0, close + 1));
+    if (close + 1 < a.size()) {
+      if (a[close + 1] != ':') return false;
+      colon = close + 1;
+    }
+  } else {
+    colon = a.rfind(':');
+    host = std::string(a.substr(0, colon));
+  }
+  if (colon != std::string_view::npos) {
+    auto p = a.substr(colon + 1);
+    if (p.empty() || p.size() > 5) return false;
+    port = 0;
+    for (char c : p) {
+      if (c < '0' || c > '9') return false;
+      port = port * 10 + (c - '0');
+    }
+    if (port < 1 || port > 65535) return false;
+  }
+  return !host.empty() && host.find('@') == std::string::npos;
+}
+
+// Whether a path could leave the prefix it is appended to: a "." or ".." segment, plain or
+// percent-encoded, an encoded slash, or a backslash (which some servers read as a slash).
+bool escapes_prefix(std::string_view path) {
+  path = path.substr(0, path.find('?'));
+  std::string lower(path);
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (auto* bad : {"%2e", "%2f", "%5c", "\\"})
+    if (lower.find(bad) != std::string::npos) return true;
+  size_t start = 0;
+  while (start <= lower.size()) {
+    size_t slash = lower.find('/', start);
+    auto seg = std::string_view(lower).substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (seg == "." || seg == "..") return true;
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  return false;
+}
+
+// Who sent a request: the agent's end of the connection, to find the process holding it.
+struct Peer {
+  bool tcp = true;
+  uint16_t port = 0;
+};
+
+// The agent's connection while one request is served: a relayed response is written straight
+// to it (streamed); an error response is left to the caller.
+struct Conn {
+  beast::tcp_stream& client;
+  Peer peer;
+  bool keep = true;       // the connection can serve another request afterwards
+  bool streamed = false;  // the response was written already
+};
+
+}  // namespace
+
+struct Broker::Impl {
+  BrokerConfig cfg;
+  HostPolicy policy;
+  Sink sink;
+  std::vector<std::unique_ptr<ssl::context>> tls;  // by credential; outlives the io_context's handlers
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  udp::socket dns{io};
+  std::atomic<size_t> connections{0};
+  // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
+  // rides on the next report, so a flood cannot flood the journal.
+  static constexpr int kDenyBurst = 50;
+  std::chrono::steady_clock::time_point deny_window{};
+  int deny_count = 0;
+  uint64_t deny_suppressed = 0;
+  std::thread thread;
+
+  Impl(BrokerConfig c, Sink s) : cfg(std::move(c)), policy(cfg.network.allow, cfg.network.deny), sink(std::move(s)) {}
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(cfg.network.timeout_ms); }
+
+  void deny(std::string what, std::string host, int port, std::string reason, boost::json::object extra = {},
+            Peer peer = {}) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - deny_window >= std::chrono::seconds(1)) {
+      deny_window = now;
+      deny_count = 0;
+    }
+    if (++deny_count > kDenyBurst) {
+      ++deny_suppressed;
+      return;
+    }
+    if (deny_suppressed) {
+      extra["suppressed_before"] = deny_suppressed;
+      deny_suppressed = 0;
+    }
+    if (peer.port && cfg.netns_pid > 0) {
+      auto local = peer.tcp ? static_cast<uint16_t>(cfg.network.proxy_port) : uint16_t{53};
+      if (auto pid = os::socket_owner(cfg.netns_pid, peer.tcp, peer.port, local)) extra["pid"] = *pid;
+    }
+    boost::json::object e{{"type", "policy.denied"}, {"what", std::move(what)}, {"host", std::move(host)}};
+    if (port > 0) e["port"] = port;
+    e["reason"] = std::move(reason);
+    e["proc"] = cfg.proc;
+    for (auto& kv : extra) e[kv.key()] = kv.value();
+    // The sink must never see a secret: refusals carry names, hosts and reasons only.
+    try {
+      sink(std::move(e));
+    } catch (...) {
+    }
+  }
+
+  // Which credential's placeholder, if any, the request carries (target, any header, body).
+  std::optional<size_t> placeholder_in(const Request& req) const {
+    for (size_t i = 0; i < cfg.credentials.size(); ++i) {
+      const auto& ph = cfg.credentials[i].placeholder;
+      bool found = std::string_view(req.target()).find(ph) != std::string_view::npos ||
+                   req.body().find(ph) != std::string::npos;
+      for (auto& f : req)
+        found |= f.value().find(ph) != std::string_view::npos || f.name_string().find(ph) != std::string_view::npos;
+      if (found) return i;
+    }
+    return std::nullopt;
+  }
+
+  static bool local_address(const asio::ip::address& a) {
+    if (a.is_unspecified() || a.is_loopback() || a.is_multicast()) return true;
+    if (a.is_v4()) {
+      auto b = a.to_v4().to_bytes();
+      return b[0] == 0 || (b[0] == 169 && b[1] == 254);
+    }
+    auto v6 = a.to_v6();
+    if (v6.is_v4_mapped()) return local_address(asio::ip::make_address_v4(asio::ip::v4_mapped, v6));
+    return v6.is_link_local() || v6.is_site_local();
+  }
+  static constexpr const char* kLocalOnly = "resolves only to loopback or link-local addresses";
+
+  awaitable<std::pair<boost::system::error_code, std::vector<tcp::endpoint>>> resolve(const std::string& host, int port) {
+    std::vector<tcp::endpoint> eps;
+    boost::system::error_code ec;
+    std::string h = host;
+    if (auto it = cfg.network.resolve.find(host); it != cfg.network.resolve.end()) h = it->second;
+    auto addr = asio::ip::make_address(h, ec);
+    if (!ec) {
+      eps.emplace_back(addr, static_cast<uint16_t>(port));
+      co_return std::pair{ec, eps};
+    }
+    tcp::resolver r(io);
+    auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
+    if (rec) co_return std::pair{rec, eps};
+    // A listed name that DNS points at this machine or the link (the supervisor's own ports, a
+    // cloud's metadata service) is not reached: only a `resolve` pin or a listed address may.
+    for (auto& e : results)
+      if (!local_address(e.endpoint().address())) eps.push_back(e.endpoint());
+    if (eps.empty() && !results.empty()) co_return std::pair{boost::system::error_code(asio::error::access_denied), eps};
+    co_return std::pair{boost::system::error_code{}, eps};
+  }
+
+  awaitable<boost::system::error_code> connect(beast::tcp_stream& s, const std::string& host, int port) {
+    auto [ec, eps] = co_await resolve(host, port);
+    if (ec) co_return ec;
+    if (eps.empty()) co_return asio::error::host_not_found;
+    s.expires_after(timeout());
+    auto [cec, ep] = co_await s.async_connect(eps, nothrow);
+    co_return cec;
+  }
+
+  // Relays the upstream's response to the agent as it arrives (an LLM's streamed tokens reach
+  // the agent live), chunked toward HTTP/1.1 clients, with the secret (should an upstream echo
+  // it) replaced by the placeholder, in headers and across chunk boundaries alike. Returns the
+  // error when nothing was sent to the agent yet (the caller answers 502); once the header is
+  // out, a failure can only end the connection.
+  template <class Stream>
+  awaitable<std::optional<std::string>> relay(Stream& s, beast::tcp_stream& up_tcp, Request& up_req, Conn& conn,
+                                              unsigned version, const Credential* c, const std::string* secret) {
+    up_tcp.expires_after(timeout());
+    auto [wec, wn] = co_await http::async_write(s, up_req, nothrow);
+    if (wec) co_return "send: " + wec.message();
+    beast::flat_buffer b;
+    http::response_parser<http::buffer_body> p;
+    p.header_limit(64 * 1024);
+    p.body_limit(kMaxResponseBody);
+    up_tcp.expires_after(timeout());
+    auto [hec, hn] = co_await http::async_read_header(s, b, p, nothrow);
+    if (hec) co_return "read response: " + hec.message();
+
+    http::response<http::buffer_body> res{p.get().result(), version};
+    for (auto& f : p.get()) {
+      if (hop_by_hop(f.name_string()) || iequals(f.name_string(), "content-length")) continue;
+      std::string v(f.value());
+      if (secret) replace_all(v, *secret, c->placeholder);
+      res.insert(f.name_string(), v);
+    }
+    bool bodyless = p.get().result_int() / 100 == 1 || p.get().result() == http::status::no_content ||
+                    p.get().result() == http::status::not_modified || up_req.method() == http::verb::head;
+    if (version >= 11) {
+      res.keep_alive(conn.keep);
+      if (!bodyless) res.chunked(true);
+    } else {
+      conn.keep = false;
+      res.keep_alive(false);
+    }
+    conn.streamed = true;
+    res.body().data = nullptr;
+    res.body().more = !bodyless;
+    http::response_serializer<http::buffer_body> sr{res};
+    conn.client.expires_after(timeout());
+    auto [cec, cn] = co_await http::async_write_header(conn.client, sr, nothrow);
+    if (cec) {
+      conn.keep = false;
+      co_return std::nullopt;
+    }
+    std::string carry;
+    size_t hold = secret ? secret->size() - 1 : 0;
+    std::array<char, 16384> buf;
+    bool ok = true;
+    while (!bodyless && !p.is_done()) {
+      p.get().body().data = buf.data();
+      p.get().body().size = buf.size();
+      up_tcp.expires_after(timeout());
+      // read_some: whatever has arrived goes on at once, rather than waiting to fill `buf`.
+      auto [rec, rn] = co_await http::async_read_some(s, b, p, nothrow);
+      if (rec == http::error::need_buffer) rec = {};
+      if (rec == ssl::error::stream_truncated && p.is_done()) rec = {};
+      if (rec) {
+        log()->warn("relay a response: {}", rec.message());
+        ok = false;
+        break;
+      }
+      carry.append(buf.data(), buf.size() - p.get().body().size);
+      if (secret) replace_all(carry, *secret, c->placeholder);
+      // Only a tail that could be the start of the secret waits for the next piece.
+      size_t held = 0;
+      if (!p.is_done())
+        for (size_t k = std::min(hold, carry.size()); k > 0 && held == 0; --k)
+          if (std::string_view(carry).ends_with(std::string_view(*secret).substr(0, k))) held = k;
+      size_t send = carry.size() - held;
+      if (send == 0) continue;
+      res.body().data = carry.data();
+      res.body().size = send;
+      res.body().more = true;
+      conn.client.expires_after(timeout());
+      auto [xec, xn] = co_await http::async_write(conn.client, sr, nothrow);
+      if (xec && xec != http::error::need_buffer) {
+        ok = false;
+        break;
+      }
+      carry.erase(0, send);
+    }
+    if (ok && !bodyless) {
+      res.body().data = nullptr;
+      res.body().size = 0;
+      res.body().more = false;
+      conn.client.expires_after(timeout());
+      auto [xec, xn] = co_await http::async_write(conn.client, sr, nothrow);
+      ok = !xec;
+    }
+    if (!ok) conn.keep = false;
+    co_return std::nullopt;
+  }
+
+  // The upstream request: the caller's, less hop-by-hop headers and (for credentials) less any
+  // credential the caller sent.
+  Request upstream_request(const Request& req, std::string target, const std::string& host_header, bool strip_auth) {
+    Request up{req.method(), target, 11};
+    for (auto& f : req) {
+      auto n = f.name_string();
+      if (hop_by_hop(n) || iequals(n, "host") || iequals(n, "content-length")) continue;
+      if (strip_auth && auth_header(n)) continue;
+      up.insert(n, f.value());
+    }
+    up.set(http::field::host, host_header);
+    up.keep_alive(false);
+    up.body() = req.body();
+    up.prepare_payload();
+    return up;
+  }
+
+  awaitable<Response> credential_request(Request& req, size_t ci, std::string rest, Conn& conn) {
+    Peer peer = conn.peer;
+    const Credential& c = cfg.credentials[ci];
+    const std::string& secret = cfg.secrets[ci];
+    if (auto other = placeholder_in(req); other && *other != ci) {
+      const auto& o = cfg.credentials[*other];
+      deny("credential", c.host, c.port, "placeholder of credential \"" + o.name + "\" sent toward " + c.host,
+           {{"credential", o.name}}, peer);
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host, req.version());
+    }
+    if (escapes_prefix(rest)) {
+      deny("credential", c.host, c.port, "path leaves the binding's prefix", {{"credential", c.name}}, peer);
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: \".\" and \"..\" segments (plain or %-encoded) are refused", req.version());
+    }
+    std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
+    Request up = upstream_request(req, c.path_prefix + rest, host_header, true);
+    up.erase(c.header);
+    std::string value = c.format;
+    replace_all(value, "{}", secret);
+    up.set(c.header, value);
+
+    beast::ssl_stream<beast::tcp_stream> s(io, *tls[ci]);
+    auto where = c.host + ":" + std::to_string(c.port);
+    auto fail = [&](std::string what) {
+      log()->warn("credential {}: upstream {}: {}", c.name, where, what);
+      return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what, req.version());
+    };
+    if (auto ec = co_await connect(beast::get_lowest_layer(s), c.host, c.port)) co_return fail("connect: " + ec.message());
+    bool is_ip = canonical_host(c.host).value_or(CanonicalHost{}).is_ip;
+    if (!is_ip) SSL_set_tlsext_host_name(s.native_handle(), c.host.c_str());
+    s.set_verify_mode(ssl::verify_peer);
+    s.set_verify_callback(ssl::host_name_verification(c.host));
+    beast::get_lowest_layer(s).expires_after(timeout());
+    auto [hec] = co_await s.async_handshake(ssl::stream_base::client, nothrow);
+    if (hec) co_return fail("TLS handshake: " + hec.message());
+    auto err = co_await relay(s, beast::get_lowest_layer(s), up, conn, req.version(), &c, &secret);
+    up.set(c.header, "");
+    if (err) co_return fail(*err);
+    co_return Response{};
+  }
+
+  awaitable<Response> forward_plain(Request& req, const std::string& authority, std::string path, Conn& conn) {
+    Peer peer = conn.peer;
+    std::string raw_host;
+    int port;
+    std::string why;
+    if (!split_authority(authority, raw_host, port, 80))
+      co_return text_response(http::status::bad_request, "sandboxer broker: bad host in target", req.version());
+    auto h = canonical_host(raw_host, &why);
+    if (!h) {
+      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + why, req.version());
+    }
+    if (!policy.allows(*h, &why)) {
+      deny("egress", h->name, port, why, {}, peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " is " + why, req.version());
+    }
+    if (auto ci = placeholder_in(req)) {
+      const auto& c = cfg.credentials[*ci];
+      deny("credential", h->name, port, "placeholder of credential \"" + c.name + "\" sent toward " + h->name,
+           {{"credential", c.name}}, peer);
+      co_return text_response(http::status::forbidden,
+                              "sandboxer broker: credential \"" + c.name + "\" is not bound to " + h->name, req.version());
+    }
+    beast::tcp_stream s(io);
+    auto where = h->name + ":" + std::to_string(port);
+    if (auto ec = co_await connect(s, h->name, port); ec == asio::error::access_denied) {
+      deny("egress", h->name, port, kLocalOnly, {}, peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " " + kLocalOnly, req.version());
+    } else if (ec)
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
+    Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
+    auto err = co_await relay(s, s, up, conn, req.version(), nullptr, nullptr);
+    if (err) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
+    co_return Response{};
+  }
+
+  awaitable<Response> handle(Request& req, Conn& conn) {
+    std::string_view target = req.target();
+    if (target.starts_with("http://") || target.starts_with("HTTP://")) {
+      auto rest = target.substr(7);
+      size_t slash = rest.find_first_of("/?");
+      std::string authority(rest.substr(0, slash));
+      std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
+      if (path.front() == '?') path = "/" + path;
+      std::string h;
+      int port;
+      // A client that sends even the broker's own URL through the proxy reaches the credentials.
+      if (split_authority(authority, h, port, 80) && port == cfg.network.proxy_port &&
+          (h == "127.0.0.1" || iequals(h, "localhost"))) {
+        target = {};
+        req.target(path);
+      } else {
+        co_return co_await forward_plain(req, authority, path, conn);
+      }
+    }
+    target = req.target();
+    if (!target.starts_with('/'))
+      co_return text_response(http::status::bad_request,
+                              "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
+                              req.version());
+    auto name_end = target.find_first_of("/?", 1);
+    std::string name(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
+    std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
+    if (rest.front() == '?') rest = "/" + rest;
+    for (size_t i = 0; i < cfg.credentials.size(); ++i)
+      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, conn);
+    co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
+                            req.version());
+  }
+
+  static awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
+                              std::shared_ptr<asio::steady_timer> idle) {
+    std::array<char, 16384> buf;
+    for (;;) {
+      auto [ec, n] = co_await from->async_read_some(asio::buffer(buf), nothrow);
+      if (ec) break;
+      idle->expires_after(kTunnelIdle);
+      auto [wec, wn] = co_await asio::async_write(*to, asio::buffer(buf.data(), n), nothrow);
+      if (wec) break;
+    }
+    boost::system::error_code ig;
+    to->shutdown(tcp::socket::shutdown_send, ig);
+    from->shutdown(tcp::socket::shutdown_receive, ig);
+  }
+
+  awaitable<void> tunnel(beast::tcp_stream& client, beast::flat_buffer& buf, const Request& req, Peer peer) {
+    std::string raw_host, why;
+    int port;
+    auto refuse = [&](http::status st, std::string text) -> awaitable<void> {
+      auto r = text_response(st, "sandboxer broker: " + text, req.version());
+      client.expires_after(timeout());
+      co_await http::async_write(client, r, nothrow);
+    };
+    if (!split_authority(req.target(), raw_host, port, 443)) {
+      co_await refuse(http::status::bad_request, "CONNECT needs host:port");
+      co_return;
+    }
+    auto h = canonical_host(raw_host, &why);
+    if (!h) {
+      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
+      co_await refuse(http::status::forbidden, why);
+      co_return;
+    }
+    if (!policy.allows(*h, &why)) {
+      deny("egress", h->name, port, why, {}, peer);
+      co_await refuse(http::status::forbidden, h->name + " is " + why);
+      co_return;
+    }
+    beast::tcp_stream up(io);
+    if (auto ec = co_await connect(up, h->name, port); ec == asio::error::access_denied) {
+      deny("egress", h->name, port, kLocalOnly, {}, peer);
+      co_await refuse(http::status::forbidden, h->name + " " + kLocalOnly);
+      co_return;
+    } else if (ec) {
+      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + ec.message());
+      co_return;
+    }
+    client.expires_after(timeout());
+    auto [wec, wn] = co_await asio::async_write(
+        client, asio::buffer(std::string_view("HTTP/1.1 200 Connection established\r\n\r\n")), nothrow);
+    if (wec) co_return;
+    if (buf.size() > 0) {
+      auto [ec2, n2] = co_await asio::async_write(up, buf.data(), nothrow);
+      if (ec2) co_return;
+      buf.consume(buf.size());
+    }
+    client.expires_never();
+    up.expires_never();
+    auto a = std::make_shared<tcp::socket>(client.release_socket());
+    auto b = std::make_shared<tcp::socket>(up.release_socket());
+    // Both directions until both end, or until the tunnel is idle for too long.
+    auto idle = std::make_shared<asio::steady_timer>(io);
+    idle->expires_after(kTunnelIdle);
+    auto ex = co_await asio::this_coro::executor;
+    auto done = std::make_shared<int>(0);
+    auto finish = [a, b, idle, done](std::exception_ptr) {
+      if (++*done == 2) idle->cancel();
+    };
+    asio::co_spawn(ex, pump(a, b, idle), finish);
+    asio::co_spawn(ex, pump(b, a, idle), finish);
+    for (;;) {
+      auto [tec] = co_await idle->async_wait(nothrow);
+      if (*done == 2) break;
+      if (!tec && idle->expiry() <= std::chrono::steady_clock::now()) break;
+    }
+    boost::system::error_code ig;
+    a->close(ig);
+    b->close(ig);
+  }
+
+  awaitable<void> serve(tcp::socket sock) {
+    struct Count {
+      std::atomic<size_t>& n;
+      ~Count() { --n; }
+    } count{connections};
+    boost::system::error_code pec;
+    Peer peer{true, sock.remote_endpoint(pec).port()};
+    beast::tcp_stream client(std::move(sock));
+    beast::flat_buffer buf;
+    try {
+      for (;;) {
+        http::request_parser<http::string_body> parser;
+        parser.header_limit(static_cast<uint32_t>(cfg.network.max_header_bytes));
+        parser.body_limit(static_cast<uint64_t>(cfg.network.max_body_bytes));
+        // A client gets `timeout` for a whole header: a slow one is dropped, not waited for.
+        client.expires_after(timeout());
+        auto [ec, n] = co_await http::async_read_header(client, buf, parser, nothrow);
+        if (ec) {
+          if (ec == http::error::header_limit)
+            co_await http::async_write(client, text_response(http::status::request_header_fields_too_large,
+                                                             "sandboxer broker: header larger than " +
+                                                                 std::to_string(cfg.network.max_header_bytes) + " bytes"),
+                                       nothrow);
+          else if (ec == http::error::body_limit)  // a Content-Length past the bound, known from the header
+            co_await http::async_write(client, text_response(http::status::payload_too_large,
+                                                             "sandboxer broker: body larger than " +
+                                                                 std::to_string(cfg.network.max_body_bytes) + " bytes"),
+                                       nothrow);
+          else if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != asio::error::eof &&
+                   ec != asio::error::connection_reset)
+            co_await http::async_write(
+                client, text_response(http::status::bad_request, "sandboxer broker: malformed request: " + ec.message()),
+                nothrow);
+          break;
+        }
+        auto& req = parser.get();
+        if (req.method() == http::verb::connect) {
+          co_await tunnel(client, buf, req, peer);
+          co_return;
+        }
+        if (iequals(req[http::field::expect], "100-continue") && !parser.is_done())
+          co_await asio::async_write(client, asio::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), nothrow);
+        if (!parser.is_done()) {
+          auto [bec, bn] = co_await http::async_read(client, buf, parser, nothrow);
+          if (bec) {
+            if (bec == http::error::body_limit)
+              co_await http::async_write(client, text_response(http::status::payload_too_large,
+                                                               "sandboxer broker: body larger than " +
+                                                                   std::to_string(cfg.network.max_body_bytes) + " bytes"),
+                                         nothrow);
+            else if (bec != beast::error::timeout)
+              co_await http::async_write(
+                  client, text_response(http::status::bad_request, "sandboxer broker: malformed body: " + bec.message()),
+                  nothrow);
+            break;
+          }
+        }
+        Request r = parser.release();
+        bool keep = r.keep_alive();
+        Conn conn{client, peer, keep};
+        Response res = co_await handle(r, conn);
+        if (conn.streamed) {
+          if (!conn.keep) break;
+          continue;
+        }
+        res.keep_alive(keep && res.result() != http::status::forbidden && res.result_int() < 500);
+        client.expires_after(timeout());
+        auto [wec, wn] = co_await http::async_write(client, res, nothrow);
+        if (wec || !res.keep_alive()) break;
+      }
+    } catch (const std::exception& e) {
+      log()->warn("serve a connection: {}", e.what());
+    }
+    boost::system::error_code ig;
+    client.socket().shutdown(tcp::socket::shutdown_both, ig);
+  }
+
+  awaitable<void> accept_loop() {
+    for (;;) {
+      auto [ec, sock] = co_await acceptor.async_accept(nothrow);
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      if (ec) {
+        // Out of fds and the like: back off a moment instead of spinning.
+        asio::steady_timer t(io, std::chrono::milliseconds(50));
+        co_await t.async_wait(nothrow);
+        continue;
+      }
+      if (connections >= kMaxConnections) continue;  // `sock` closes here
+      ++connections;
+      asio::co_spawn(io, serve(std::move(sock)), asio::detached);
+    }
+  }
+
+  awaitable<void> answer_dns(std::string msg, udp::endpoint from) {
+    uint16_t id = 0;
+    std::string reply;
+    auto q = parse_dns_query(msg, &id);
+    if (!q) {
+      if (msg.size() >= 12) reply = make_dns_error(id, kDnsFormErr);
+    } else {
+      std::string why;
+      auto h = canonical_host(q->name, &why);
+      if (!h || !policy.allows(*h, &why)) {
+        // A name that is not allowed is never resolved: nothing of it leaves the box, so a
+        // secret spelled into its labels goes nowhere.
+        deny("dns", q->name.substr(0, 255), 0, why, {}, Peer{false, from.port()});
+        reply = make_dns_reply(msg, *q, kDnsRefused);
+      } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
+        reply = make_dns_reply(msg, *q, kDnsNoError);
+      } else {
+        auto [ec, eps] = co_await resolve(h->name, 0);
+        std::vector<std::string> addrs;
+        for (auto& e : eps) {
+          auto a = e.address();
+          if (q->qtype == kDnsTypeA && a.is_v4()) {
+            auto bytes = a.to_v4().to_bytes();
+            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          } else if (q->qtype == kDnsTypeAAAA && a.is_v6()) {
+            auto bytes = a.to_v6().to_bytes();
+            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          }
+          if (addrs.size() >= 8) break;
+        }
+        std::sort(addrs.begin(), addrs.end());
+        addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
+        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, Peer{false, from.port()});
+        reply = make_dns_reply(msg, *q,
+                               ec == asio::error::host_not_found ? kDnsNxDomain
+                               : ec == asio::error::access_denied ? kDnsRefused
+                               : ec                               ? kDnsServFail
+                                                                  : kDnsNoError,
+                               addrs);
+      }
+    }
+    if (!reply.empty()) co_await dns.async_send_to(asio::buffer(reply), from, nothrow);
+  }
+
+  awaitable<void> dns_loop() {
+    std::array<char, 1500> buf;
+    for (;;) {
+      udp::endpoint from;
+      auto [ec, n] = co_await dns.async_receive_from(asio::buffer(buf), from, nothrow);
+      if (ec == asio::error::operation_aborted || !dns.is_open()) co_return;
+      if (ec) continue;
+      asio::co_spawn(io, answer_dns(std::string(buf.data(), n), from), asio::detached);
+    }
+  }
+};
+
+Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink sink)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(sink))) {
+  auto& im = *impl_;
+  for (auto& c : im.cfg.credentials) {
+    auto ctx = std::make_unique<ssl::context>(ssl::context::tls_client);
+    boost::system::error_code ec;
+    if (!c.ca_file.empty())
+      ctx->load_verify_file(c.ca_file, ec);
+    else
+      ctx->set_default_verify_paths(ec);
+    if (ec) throw std::runtime_error("credential " + c.name + ": load trust anchors" + (c.ca_file.empty() ? "" : " from " + c.ca_file) + ": " + ec.message());
+    im.tls.push_back(std::move(ctx));
+  }
+  boost::system::error_code ec;
+  im.acceptor.assign(tcp::v4(), tcp_fd.get(), ec);
+  if (ec) throw std::runtime_error("broker: adopt the listening socket: " + ec.message());
+  tcp_fd.release();
+  if (udp_fd) {
+    im.dns.assign(udp::v4(), udp_fd.get(), ec);
+    if (ec) throw std::runtime_error("broker: adopt the DNS socket: " + ec.message());
+    udp_fd.release();
+    asio::co_spawn(im.io, im.dns_loop(), asio::detached);
+  }
+  asio::co_spawn(im.io, im.accept_loop(), asio::detached);
+  im.thread = std::thread([&im] {
+    for (;;) {
+      try {
+        im.io.run();
+        return;
+      } catch (const std::exception& e) {
+        log()->error("broker loop: {}", e.what());
+      }
+    }
+  });
+}
+
+Broker::~Broker() {
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // Secrets do not linger in freed memory longer than they must.
+  for (auto& s : impl_->cfg.secrets) std::fill(s.begin(), s.end(), '\0');
+}
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,219 @@
+#include "network.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "os/sys.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+
+struct NsSockets {
+  os::UniqueFd tcp, udp;
+  std::string error;  // the failing step, empty on success
+};
+
+os::UniqueFd bound_socket(int type, int port, std::string& error) {
+  os::UniqueFd s(::socket(AF_INET, type | SOCK_CLOEXEC, 0));
+  if (!s) {
+    error = std::string("socket: ") + std::strerror(errno);
+    return {};
+  }
+  int one = 1;
+  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    error = "bind 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
+    return {};
+  }
+  if (type == SOCK_STREAM && ::listen(s.get(), 128) != 0) {
+    error = std::string("listen: ") + std::strerror(errno);
+    return {};
+  }
+  return s;
+}
+
+// Runs on a thread of its own, which alone enters the branch's network namespace and ends.
+NsSockets setup_in_netns(pid_t pid, bool proxy, int port) {
+  NsSockets out;
+  std::thread t([&] {
+    std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
+    os::UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) {
+      out.error = "enter the network namespace of " + path + ": " + std::strerror(errno);
+      return;
+    }
+    os::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    ifreq ifr{};
+    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+    if (!s || ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) {
+      out.error = std::string("read the flags of lo: ") + std::strerror(errno);
+      return;
+    }
+    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+    if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) {
+      out.error = std::string("bring up lo: ") + std::strerror(errno);
+      return;
+    }
+    if (!proxy) return;
+    out.tcp = bound_socket(SOCK_STREAM, port, out.error);
+    if (out.tcp) out.udp = bound_socket(SOCK_DGRAM, 53, out.error);
+  });
+  t.join();
+  return out;
+}
+
+bool env_key_is(std::string_view kv, std::string_view key, bool any_case = false) {
+  if (kv.size() <= key.size() || kv[key.size()] != '=') return false;
+  auto k = kv.substr(0, key.size());
+  if (!any_case) return k == key;
+  for (size_t i = 0; i < k.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(k[i])) != std::tolower(static_cast<unsigned char>(key[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string load_secret(const Credential& c) {
+  std::string v;
+  if (!c.source_file.empty()) {
+    auto text = os::read_file(c.source_file);
+    if (!text) throw std::runtime_error("credential " + c.name + ": read " + c.source_file + ": " + text.error().message());
+    v = std::move(*text);
+    while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.pop_back();
+  } else {
+    const char* e = std::getenv(c.source_env.c_str());
+    if (!e) throw std::runtime_error("credential " + c.name + ": the supervisor's environment has no " + c.source_env);
+    v = e;
+  }
+  if (v.empty()) throw std::runtime_error("credential " + c.name + ": its source is empty");
+  for (unsigned char ch : v)
+    if (ch < 0x20 || ch == 0x7f)
+      throw std::runtime_error("credential " + c.name + ": the value holds a control character (a header cannot carry it)");
+  return v;
+}
+
+void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
+  if (profile.network.mode == NetworkPolicy::Mode::Host) return;
+  spec.new_net = true;
+  // Names resolve through the broker's DNS (for `none`, nothing answers there: lookups fail fast).
+  if (auto r = os::make_dirs(spec.dir, 0755); !r) throw std::runtime_error("create " + spec.dir + ": " + r.error().message());
+  spec.resolv_conf = spec.dir + "/resolv.conf";
+  if (auto r = os::write_file_atomic(spec.resolv_conf, "nameserver 127.0.0.1\n", 0644); !r)
+    throw std::runtime_error("write " + spec.resolv_conf + ": " + r.error().message());
+  for (auto& c : profile.credentials)
+    if (!c.source_file.empty()) spec.masks.push_back(c.source_file);
+}
+
+BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit)
+    : profile_(profile), emit_(std::move(emit)) {
+  const auto& net = profile.network;
+  if (net.mode == NetworkPolicy::Mode::Host) return;
+  if (!branch.namespaced)
+    throw std::runtime_error(std::string("network mode \"") + network_mode_name(net.mode) +
+                             "\" needs the agent in namespaces of its own, and it is not: " + branch.why_not);
+  bool proxy = net.mode == NetworkPolicy::Mode::Proxy;
+  BrokerConfig cfg;
+  if (proxy) {
+    cfg.network = net;
+    cfg.credentials = profile.credentials;
+    cfg.netns_pid = branch.pid;
+    for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
+  }
+  auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);
+  if (!socks.error.empty()) throw std::runtime_error("network of the branch: " + socks.error);
+  if (!proxy) return;
+
+  async_ = new uv_async_t;
+  uv_async_init(loop, async_, [](uv_async_t* a) { static_cast<BranchNetwork*>(a->data)->drain(); });
+  async_->data = this;
+  broker_ = std::make_unique<Broker>(std::move(cfg), std::move(socks.tcp), std::move(socks.udp), [this](boost::json::object e) {
+    {
+      std::lock_guard lk(mu_);
+      if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
+      queue_.push_back(std::move(e));
+    }
+    uv_async_send(async_);
+  });
+}
+
+BranchNetwork::~BranchNetwork() {
+  broker_.reset();
+  if (async_) {
+    drain();
+    uv_close(reinterpret_cast<uv_handle_t*>(async_), [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+  }
+}
+
+void BranchNetwork::drain() {
+  std::vector<boost::json::object> q;
+  {
+    std::lock_guard lk(mu_);
+    q.swap(queue_);
+  }
+  for (auto& e : q) emit_(std::move(e));
+}
+
+void BranchNetwork::edit_env(boost::json::array& env) const {
+  const auto& net = profile_.network;
+  std::vector<std::string> drop;
+  for (auto& c : profile_.credentials)
+    for (auto* k : {&c.source_env, &c.placeholder_env, &c.base_url_env})
+      if (!k->empty()) drop.push_back(*k);
+  bool isolated = net.mode != NetworkPolicy::Mode::Host;
+  boost::json::array out;
+  for (auto& v : env) {
+    std::string_view kv = v.as_string();
+    bool skip = false;
+    for (auto& k : drop) skip |= env_key_is(kv, k);
+    if (isolated)
+      for (auto* k : {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}) skip |= env_key_is(kv, k, true);
+    if (!skip) out.push_back(v);
+  }
+  if (net.mode == NetworkPolicy::Mode::Proxy) {
+    std::string url = "http://127.0.0.1:" + std::to_string(net.proxy_port);
+    for (auto* k : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"})
+      out.emplace_back(std::string(k) + "=" + url);
+    for (auto* k : {"NO_PROXY", "no_proxy"}) out.emplace_back(std::string(k) + "=localhost,127.0.0.1,::1");
+    for (auto& c : profile_.credentials) {
+      if (!c.placeholder_env.empty()) out.emplace_back(c.placeholder_env + "=" + c.placeholder);
+      if (!c.base_url_env.empty()) out.emplace_back(c.base_url_env + "=" + url + "/" + c.name);
+    }
+  }
+  env = std::move(out);
+}
+
+boost::json::object BranchNetwork::describe() const {
+  const auto& net = profile_.network;
+  boost::json::object o{{"mode", network_mode_name(net.mode)}, {"isolated", net.mode != NetworkPolicy::Mode::Host}};
+  if (net.mode == NetworkPolicy::Mode::Proxy) {
+    boost::json::array allow, deny, creds;
+    for (auto& a : net.allow) allow.emplace_back(a);
+    for (auto& d : net.deny) deny.emplace_back(d);
+    for (auto& c : profile_.credentials)
+      creds.emplace_back(boost::json::object{{"name", c.name}, {"bound_to", c.scheme + "://" + c.host + ":" + std::to_string(c.port) + c.path_prefix}});
+    o["allow"] = std::move(allow);
+    o["deny"] = std::move(deny);
+    o["credentials"] = std::move(creds);
+    o["proxy"] = "http://127.0.0.1:" + std::to_string(net.proxy_port);
+    o["dns"] = "127.0.0.1:53";
+  }
+  return o;
+}
+
+}  // namespace sbx::supervisor

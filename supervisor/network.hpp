@@ -1,0 +1,62 @@
+#pragma once
+// A branch's network per the profile: `host` (no isolation), `none` (a network namespace of its
+// own with loopback only) or `proxy` (the same, plus the broker's sockets created inside it).
+//
+// The broker's listening sockets are made by a short-lived thread that setns()es into the
+// agent's network namespace: a socket keeps the namespace it was made in, so the broker serves
+// them from the supervisor while its own outbound connections leave from the supervisor's
+// namespace. No veth, no routes, no iptables: the agent's only way out is the broker.
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "broker.hpp"
+#include "launcher.hpp"
+#include "profile.hpp"
+
+namespace sbx::supervisor {
+
+class BranchNetwork {
+ public:
+  using Emit = std::function<void(boost::json::object)>;
+
+  /// Before launch: asks for a network namespace, writes the branch's resolv.conf, and hides the
+  /// credentials' files from the agent.
+  static void prepare(const Profile& profile, BranchSpec& spec);
+
+  /// After launch, before the agent starts: brings up loopback in the branch's namespace and,
+  /// for `proxy`, reads the secrets and starts the broker. Events reach `emit` on the loop.
+  /// Throws std::runtime_error naming what failed (never with a secret in it).
+  BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit);
+  ~BranchNetwork();
+  BranchNetwork(const BranchNetwork&) = delete;
+  BranchNetwork& operator=(const BranchNetwork&) = delete;
+
+  /// The agent's environment: proxy variables, placeholders and base URLs in; the supervisor's
+  /// own proxy settings and credential sources out.
+  void edit_env(boost::json::array& env) const;
+
+  /// For `box.started`.
+  boost::json::object describe() const;
+
+ private:
+  void drain();
+
+  const Profile& profile_;
+  Emit emit_;
+  uv_async_t* async_ = nullptr;
+  std::mutex mu_;
+  std::vector<boost::json::object> queue_;
+  std::unique_ptr<Broker> broker_;
+};
+
+/// Reads a credential's value from its file or the supervisor's environment. Throws
+/// std::runtime_error naming the credential and the source, never the value.
+std::string load_secret(const Credential& c);
+
+}  // namespace sbx::supervisor

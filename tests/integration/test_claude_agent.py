@@ -1,0 +1,50 @@
+"""examples/claude-agent: the real Claude Agent SDK (and its bundled Claude Code CLI) in a box,
+its API calls through the credential broker to a local stand-in API over TLS."""
+import json
+import pathlib
+import secrets
+import sys
+
+import pytest
+
+from conftest import ROOT, read_journal, run_init
+from test_broker import make_ca
+
+EXAMPLE = ROOT / "examples" / "claude-agent"
+PYTHON = EXAMPLE / ".venv" / "bin" / "python"
+
+sys.path.insert(0, str(EXAMPLE))
+from standin import REPLY, StandIn  # noqa: E402
+
+
+@pytest.mark.skipif(not PYTHON.exists(), reason="run examples/claude-agent/setup first (claude-agent-sdk, ~370 MB)")
+@pytest.mark.timeout(120)
+def test_claude_agent_calls_the_api_through_the_broker(tmp_path):
+    ca, cert, key = make_ca(tmp_path)  # the certificate names api.example.test
+    secret = "sk-ant-test-" + secrets.token_hex(16)
+    api = StandIn(secret, 0, str(cert), str(key))
+    profile = json.loads((EXAMPLE / "profile.json").read_text())
+    # The example's profile, bound to the stand-in instead of api.anthropic.com.
+    profile["network"]["allow"] = ["api.example.test"]
+    profile["network"]["resolve"] = {"api.example.test": "127.0.0.1"}
+    cred = profile["credentials"][0]
+    cred["bind"].update(host="api.example.test", port=api.port)
+    cred["ca_file"] = str(ca)
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    state = tmp_path / "state"
+    env = {"PATH": "/usr/bin:/bin", "ANTHROPIC_API_KEY": secret}
+    try:
+        r = run_init(["--profile", str(tmp_path / "profile.json"), "--", str(PYTHON), str(EXAMPLE / "agent.py"),
+                      "Say hello."], state, timeout=100, env=env)
+    finally:
+        api.close()
+    events = read_journal(state)
+    messages = [e["message"] for e in events if e["type"] == "proc.message"]
+    output = "".join(e.get("data", "") for e in events if e["type"] == "proc.output")
+    assert r.returncode == 0, (r.stderr.decode()[-2000:], output[-3000:])
+    assert {"assistant": REPLY} in messages, output[-3000:]
+    # The stand-in got the real key, injected by the broker; the box's record never holds it.
+    calls = [q for q in api.requests if q["path"].startswith("/v1/messages")]
+    assert calls and all(q["key_ok"] for q in calls)
+    assert secret not in json.dumps(events)
+    assert secret not in r.stderr.decode(errors="replace")

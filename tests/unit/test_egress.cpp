@@ -1,0 +1,161 @@
+#include <doctest/doctest.h>
+
+#include "egress-policy.hpp"
+#include "profile.hpp"
+
+using namespace sbx::supervisor;
+
+namespace {
+std::string canon(std::string_view s) {
+  auto h = canonical_host(s);
+  return h ? h->name : "<refused>";
+}
+bool allowed(const HostPolicy& p, std::string_view host) {
+  auto h = canonical_host(host);
+  return h && p.allows(*h);
+}
+// A query for `name` (type A) as a resolver library sends it.
+std::string query(std::string_view name, uint16_t qtype = kDnsTypeA) {
+  std::string m = {'\x12', '\x34', '\x01', '\x00', 0, 1, 0, 0, 0, 0, 0, 0};
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t dot = name.find('.', start);
+    auto label = name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+    m.push_back(static_cast<char>(label.size()));
+    m.append(label);
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  m.push_back(0);
+  m.push_back(static_cast<char>(qtype >> 8));
+  m.push_back(static_cast<char>(qtype & 0xff));
+  m.push_back(0);
+  m.push_back(1);
+  return m;
+}
+}  // namespace
+
+TEST_CASE("egress: host names are brought to one form") {
+  CHECK(canon("API.Example.COM.") == "api.example.com");
+  CHECK(canon("127.1") == "127.0.0.1");
+  CHECK(canon("0x7f.0.0.1") == "127.0.0.1");
+  CHECK(canon("2130706433") == "127.0.0.1");
+  CHECK(canon("[::1]") == "::1");
+  CHECK(canon("0:0::1") == "::1");
+  CHECK(canon("b\xc3\xbc" "cher.de") == "xn--bcher-kva.de");
+  CHECK(canon("1.2.3.999") == "<refused>");
+  CHECK(canon("a..b") == "<refused>");
+  CHECK(canon("") == "<refused>");
+  CHECK(canon(".") == "<refused>");
+  CHECK(canon("a b.com") == "<refused>");
+  CHECK(canon("evil.com%2f.good.com") == "<refused>");
+  CHECK(canon("user@host") == "<refused>");
+  CHECK(canon(std::string(64, 'a') + ".com") == "<refused>");
+  CHECK(canonical_host("127.0.0.1")->is_ip);
+  CHECK_FALSE(canonical_host("example.com")->is_ip);
+}
+
+TEST_CASE("egress: allow and deny lists") {
+  HostPolicy p({"api.anthropic.com", "*.pypi.org", "10.0.0.1"}, {"evil.pypi.org"});
+  CHECK(allowed(p, "api.anthropic.com"));
+  CHECK(allowed(p, "API.ANTHROPIC.COM."));
+  CHECK(allowed(p, "files.pypi.org"));
+  CHECK(allowed(p, "a.b.pypi.org"));
+  SUBCASE("*.x does not match x") { CHECK_FALSE(allowed(p, "pypi.org")); }
+  SUBCASE("deny wins") { CHECK_FALSE(allowed(p, "evil.pypi.org")); }
+  SUBCASE("lookalikes") {
+    CHECK_FALSE(allowed(p, "api.anthropic.com.evil.com"));
+    CHECK_FALSE(allowed(p, "xapi.anthropic.com"));
+    CHECK_FALSE(allowed(p, "api-anthropic.com"));
+    CHECK_FALSE(allowed(p, "notpypi.org"));
+    CHECK_FALSE(allowed(p, "api.anthr\xd0\xbepic.com"));  // Cyrillic o
+    CHECK_FALSE(allowed(p, "xn--pypi-org.evil"));
+  }
+  SUBCASE("IP literals only when listed") {
+    CHECK(allowed(p, "10.0.0.1"));
+    CHECK(allowed(p, "10.1"));  // the same address, spelled otherwise
+    CHECK_FALSE(allowed(p, "10.0.0.2"));
+    CHECK_FALSE(allowed(p, "127.0.0.1"));
+  }
+  std::string why;
+  CHECK_FALSE(p.allows(*canonical_host("evil.pypi.org"), &why));
+  CHECK(why.find("evil.pypi.org") != std::string::npos);
+  CHECK_THROWS_AS(HostPolicy({"*"}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(HostPolicy({"a.*.com"}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(HostPolicy({"*.10.0.0.1"}, {}), std::invalid_argument);
+}
+
+TEST_CASE("egress: DNS questions") {
+  auto m = query("Files.PyPI.org");
+  auto q = parse_dns_query(m);
+  REQUIRE(q);
+  CHECK(q->id == 0x1234);
+  CHECK(q->name == "Files.PyPI.org");
+  CHECK(q->qtype == kDnsTypeA);
+  auto r = make_dns_reply(m, *q, kDnsNoError, {std::string("\x7f\x00\x00\x01", 4)});
+  CHECK(r.size() == m.size() + 16);
+  CHECK((static_cast<unsigned char>(r[2]) & 0x80));  // a response
+  CHECK(r[7] == 1);                                  // one answer
+  auto refused = make_dns_reply(m, *q, kDnsRefused);
+  CHECK((refused[3] & 0xf) == kDnsRefused);
+  SUBCASE("malformed messages are not read") {
+    CHECK_FALSE(parse_dns_query(m.substr(0, 11)));
+    CHECK_FALSE(parse_dns_query(m.substr(0, m.size() - 1)));
+    std::string two = m;
+    two[5] = 2;
+    CHECK_FALSE(parse_dns_query(two));
+    std::string reply = m;
+    reply[2] = '\x81';
+    CHECK_FALSE(parse_dns_query(reply));
+    std::string ptr = m.substr(0, 12) + "\xc0\x0c" + std::string("\0\1\0\1", 4);
+    CHECK_FALSE(parse_dns_query(ptr));
+    std::string dotted = query("a.b");
+    dotted[13] = '.';  // the label "a" becomes "."
+    CHECK_FALSE(parse_dns_query(dotted));
+    uint16_t id = 0;
+    CHECK_FALSE(parse_dns_query(m.substr(0, 13), &id));
+    CHECK(id == 0x1234);
+  }
+  SUBCASE("names longer than DNS allows") {
+    std::string long_name;
+    for (int i = 0; i < 5; ++i) long_name += std::string(60, 'a') + ".";
+    long_name += "com";
+    CHECK_FALSE(parse_dns_query(query(long_name)));
+  }
+}
+
+TEST_CASE("profile: network and credentials") {
+  auto p = parse_profile(R"({"network":{"mode":"proxy","allow":["api.example.com"],"resolve":{"api.example.com":"127.0.0.1"}},
+    "credentials":[{"name":"anthropic","source":{"env":"KEY"},"bind":{"host":"api.example.com","port":8443},
+                    "inject":{"header":"X-Api-Key","format":"{}"},"placeholder_env":"ANTHROPIC_API_KEY",
+                    "base_url_env":"ANTHROPIC_BASE_URL"}]})");
+  CHECK(p.network.mode == NetworkPolicy::Mode::Proxy);
+  REQUIRE(p.credentials.size() == 1);
+  CHECK(p.credentials[0].header == "x-api-key");
+  CHECK(p.credentials[0].placeholder == "sbx-placeholder-anthropic");
+  CHECK_THROWS_WITH_AS(apply_override(p, "network.mode=host"), doctest::Contains("need network.mode \"proxy\""),
+                       ProfileError);
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"), ProfileError);
+  SUBCASE("a string is short for the mode") {
+    CHECK(parse_profile(R"({"network":"none"})").network.mode == NetworkPolicy::Mode::None);
+    Profile q = parse_profile(R"({"network":{"mode":"proxy","allow":["a.com"]}})");
+    apply_override(q, "network=host");
+    CHECK(q.network.mode == NetworkPolicy::Mode::Host);
+    CHECK(q.network.allow == std::vector<std::string>{"a.com"});  // the rest of the object stays
+    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"), ProfileError);
+    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":7})"), doctest::Contains("network"), ProfileError);
+  }
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow":["a.*.com"]}})"), doctest::Contains("network.allow"),
+                       ProfileError);
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"resolve":{"a.com":"nope"}}})"),
+                       doctest::Contains("network.resolve.a.com"), ProfileError);
+  CHECK_THROWS_WITH_AS(
+      parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K","file":"/f"},"bind":{"host":"h"}}]})"),
+      doctest::Contains("credentials[0].source"), ProfileError);
+  CHECK_THROWS_WITH_AS(
+      parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"scheme":"http","host":"h"}}]})"),
+      doctest::Contains("credentials[0].bind.scheme"), ProfileError);
+  CHECK_THROWS_WITH_AS(
+      parse_profile(R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
+      doctest::Contains("denied"), ProfileError);
+}
