@@ -82,8 +82,11 @@ int main(int argc, char** argv) {
     return 125;
   }
   // The token never stays in our environment: processes we start must not inherit it.
-  if (const char* t = std::getenv("SANDBOXER_TOKEN")) {
+  if (char* t = std::getenv("SANDBOXER_TOKEN")) {
     bo.token = t;
+    // unsetenv only unlinks the string: the bytes stay in the initial environment block that
+    // /proc/PID/environ shows, so overwrite them first.
+    std::memset(t, 'x', std::strlen(t));
     ::unsetenv("SANDBOXER_TOKEN");
   }
   if (!o.token_file.empty()) {

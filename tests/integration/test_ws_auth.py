@@ -118,3 +118,26 @@ def test_tls_listener_serves_wss(tmp_path):
         run(go(), 30)
         ev = [json.loads(l) for l in box.events.read_text().splitlines()]
         assert any(e["type"] == "server.listening" and e["tls"] is True for e in ev)
+
+
+def test_a_token_from_the_environment_is_scrubbed_from_proc_environ(tmp_path):
+    # unsetenv alone leaves the bytes in the initial environment block /proc/PID/environ shows;
+    # an agent that shares the supervisor's pid namespace (a flat box) could read them there.
+    import os
+    import time
+    env = dict(os.environ, SANDBOXER_TOKEN="tok-scrub-" + "7" * 20)
+    p = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                          "--set", "isolation.namespaces=false", "--", "sleep", "3"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 10
+        environ = b""
+        while time.time() < deadline:
+            environ = open(f"/proc/{p.pid}/environ", "rb").read()
+            if b"SANDBOXER_TOKEN=" in environ and b"tok-scrub" not in environ:
+                break
+            time.sleep(0.05)
+        assert b"SANDBOXER_TOKEN=" in environ  # the search looks in the right place
+        assert b"tok-scrub" not in environ
+    finally:
+        p.wait(timeout=30)
