@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
     return 125;
   }
   bo.argv = o.argv;
+  bo.idle = o.idle;
+  bo.restore_file = o.restore_file;
   bo.events_path = o.events;
   bo.workdir = o.workdir;
   bo.self_exe = self_exe();

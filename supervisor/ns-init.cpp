@@ -133,9 +133,12 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     ::dup2(kNsAgentIn, 0);
     ::dup2(kNsAgentOut, 1);
     ::dup2(kNsAgentErr, 2);
+    // The agent channel, when the supervisor gave one (SANDBOXER_CHANNEL_FD names these).
+    if (::fcntl(kNsChanReq, F_GETFD) >= 0) ::dup2(kNsChanReq, kAgentChanReq);
+    if (::fcntl(kNsChanRep, F_GETFD) >= 0) ::dup2(kNsChanRep, kAgentChanRep);
     int efd = ep ? ep->write.get() : -1;
-    if (efd >= 0) efd = ::dup3(efd, 3, O_CLOEXEC) >= 0 ? 3 : -1;
-    ::close_range(4, ~0U, 0);
+    if (efd >= 0) efd = ::dup3(efd, 5, O_CLOEXEC) >= 0 ? 5 : -1;
+    ::close_range(6, ~0U, 0);
     int err = 0;
     if (::chdir(cwd.c_str()) != 0) {
       err = errno;
@@ -155,6 +158,8 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   ::close(kNsAgentIn);
   ::close(kNsAgentOut);
   ::close(kNsAgentErr);
+  ::close(kNsChanReq);
+  ::close(kNsChanRep);
   if (pid < 0) {
     report({{"ev", "spawn_failed"}, {"error", std::string("fork: ") + std::strerror(errno)}});
     agent_done_ = true;

@@ -16,6 +16,8 @@ const char* const kInitUsage =
     "  --events PATH|-       also write every event as a JSON line to PATH (- for stdout)\n"
     "  --workdir DIR         the agent's working directory (default: /workspace)\n"
     "  --log-level LEVEL     trace, debug, info, warn, error (default: info)\n"
+    "  --idle                start with no command and wait (for exec, restore, fork)\n"
+    "  --restore FILE        start from a checkpoint archive instead of a command\n"
     "  --version             print the version\n";
 
 InitOptions parse_init_options(int argc, char** argv) {
@@ -41,10 +43,17 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--events") o.events = value(a);
     else if (a == "--workdir") o.workdir = value(a);
     else if (a == "--log-level") o.log_level = value(a);
+    else if (a == "--idle") o.idle = true;
+    else if (a == "--restore") o.restore_file = value(a);
     else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
     else break;  // the command starts here
   }
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
+    if (!o.argv.empty()) throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");
+    if (o.idle && !o.restore_file.empty()) throw std::invalid_argument("--idle and --restore exclude each other");
+    return o;
+  }
   if (o.mode == InitOptions::Run && o.argv.empty()) throw std::invalid_argument("no command given (expected -- COMMAND ...)");
   return o;
 }

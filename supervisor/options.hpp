@@ -15,6 +15,8 @@ struct InitOptions {
   std::string workdir = "/workspace";
   std::string log_level = "info";
   std::vector<std::string> argv;
+  bool idle = false;          // start with no agent and wait
+  std::string restore_file;   // start from a checkpoint archive
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

@@ -161,10 +161,12 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "leave-tree")) {
     /* Leaves N processes behind in their own sessions (as daemons do), then exits. */
     int n = atoi(argv[2]);
+    /* Ignored before the fork, so a TERM that comes the instant the parent exits finds every
+       daemon already ignoring it: they must be KILLed. */
+    signal(SIGTERM, SIG_IGN);
     for (int i = 0; i < n; i++)
       if (fork() == 0) {
         setsid();
-        signal(SIGTERM, SIG_IGN); /* they must be KILLed */
         for (;;) pause();
       }
     say("left\n");
