@@ -121,9 +121,16 @@ std::string criu_error_from_log(const std::string& log_path) {
     if (line.empty()) continue;
     last = line;
     // RLIMIT_NOFILE: benign where CAP_SYS_RESOURCE is missing (DESIGN.md).
-    if (line.find("Error") != std::string::npos && line.find("RLIMIT_NOFILE") == std::string::npos) last_error = line;
+    // The first error is the cause; the ones after it ("Dumping FAILED") are its echo.
+    if (last_error.empty() && line.find("Error") != std::string::npos && line.find("RLIMIT_NOFILE") == std::string::npos)
+      last_error = line;
   }
-  return last_error.empty() ? last : last_error;
+  std::string what = last_error.empty() ? last : last_error;
+  // "(00.012345) Error (criu/x.c:12): message" -> "message (criu/x.c:12)".
+  auto e = what.find("Error (");
+  auto close = e == std::string::npos ? std::string::npos : what.find("): ", e);
+  if (close != std::string::npos) what = what.substr(close + 3) + " (" + what.substr(e + 7, close - e - 7) + ")";
+  return what;
 }
 
 }  // namespace sbx::checkpoint

@@ -28,8 +28,8 @@ std::optional<std::string> find_criu();
 /// Starts criu; returns its pid. Errors before exec (unshare, exec) come back as the error.
 os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run);
 
-/// The most useful line of a criu log for an error message: the last "Error" line, else the
-/// last line.
+/// The most useful line of a criu log for an error message: the first "Error" line (the cause),
+/// else the last line.
 std::string criu_error_from_log(const std::string& log_path);
 
 }  // namespace sbx::checkpoint

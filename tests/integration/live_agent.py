@@ -53,6 +53,21 @@ while n < 3:
 with open(os.path.join(ws, "before.txt"), "w") as f:
     f.write(nonce)  # the file written just before the checkpoint (the nonce stays in memory)
 
+if mode == "nested":
+    # A pid namespace nested in the tree: criu cannot dump it. The refusal comes back with the
+    # reason and this agent goes on.
+    import subprocess
+    inner = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "60"])
+    time.sleep(0.3)
+    try:
+        ch.checkpoint("nested")
+        say(refused=False)
+    except channel_module.ChannelError as e:
+        say(refused=True, code=e.code, message=e.message)
+    inner.kill()
+    inner.wait()
+    say(still_running=True)
+    sys.exit(0)
 if mode == "fork":
     r = ch.fork(4)
 else:

@@ -172,3 +172,17 @@ def test_without_namespaces_fork_is_a_cold_restart_on_the_files(tmp_path):
     for m in resumed:
         assert m["snapshot"] == created["snapshot"] and m["before"] == start["nonce"]
     assert sorted(m["branch"] for m in resumed) == sorted(e["branch"] for e in done)
+
+
+@needs_criu
+def test_a_failed_dump_is_reported_and_the_agent_goes_on(tmp_path):
+    rc, ev, err = agent_box(tmp_path / "s", "nested", 1)
+    assert rc == 0, err
+    refused = next(m for m in messages(ev) if "refused" in m)
+    assert refused["refused"] is True and refused["code"] == "criu", refused
+    assert "criu dump failed" in refused["message"] and "nested pid namespace" in refused["message"]
+    failed = one(ev, "checkpoint.failed")
+    assert failed["error"]["message"] == refused["message"]
+    assert any(m.get("still_running") for m in messages(ev))
+    assert not (tmp_path / "s" / "snapshots").exists() or not any(
+        p.name.startswith(".work") for p in (tmp_path / "s" / "snapshots").iterdir())
