@@ -235,7 +235,7 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
   archive_read_support_filter_zstd(a.get());
   archive_read_support_format_tar(a.get());
   if (archive_read_open_filename(a.get(), src.c_str(), 1 << 20) != ARCHIVE_OK)
-    return fail(std::string("open the archive: ") + archive_error_string(a.get()));
+    return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
   struct Seen {
     uint64_t size;
     std::string sha;
@@ -294,7 +294,7 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
   if (!have_manifest) return fail("the archive is truncated: it has no manifest.json");
   boost::system::error_code ec;
   auto v = boost::json::parse(manifest_text, ec);
-  if (ec || !v.is_object()) return fail("the archive's manifest.json is not a JSON object");
+  if (ec || !v.is_object()) return fail("the archive is corrupted: its manifest.json is not a JSON object");
   auto& m = v.as_object();
   auto* fmt = m.if_contains("format");
   auto* ver = m.if_contains("format_version");
