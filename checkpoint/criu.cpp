@@ -68,11 +68,15 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // No allocation from here on: errors go to the pipe as (step, errno).
     supervisor::reset_signals_for_child();
     int e[2] = {0, 0};
+    // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
+    // criu itself starts in fresh ones, and the copy gets them.
     if (run.new_netns) {
-      if (::unshare(CLONE_NEWNET) != 0) {
+      if (::unshare(CLONE_NEWNET | (run.hostname.empty() ? 0 : CLONE_NEWUTS)) != 0) {
         e[0] = 1;
       } else if (!loopback_up()) {
         e[0] = 2;
+      } else if (!run.hostname.empty() && ::sethostname(run.hostname.data(), run.hostname.size()) != 0) {
+        e[0] = 4;
       }
       if (e[0]) {
         e[1] = errno;

@@ -19,6 +19,7 @@ struct CriuRun {
   std::vector<int> fds;           // placed at kCriuFirstFd + i in criu
   bool new_netns = false;         // run criu (and so the tree it restores) in a fresh network
                                   // namespace with its loopback up
+  std::string hostname;           // if set: also a fresh UTS namespace with this hostname
   std::string output;             // criu's stdout and stderr go to this file
 };
 

@@ -97,7 +97,8 @@ try:
     identity_file = channel_module.branch_info()
 except OSError:
     identity_file = None
-say(after=True, copy=r.get("copy"), snapshot=r.get("snapshot"), branch=me, n=n, nonce=nonce,
+say(after=True, copy=r.get("copy"), hostname=socket.gethostname(),
+    clocks=os.readlink("/proc/self/ns/time"), netns=os.readlink("/proc/self/ns/net"), snapshot=r.get("snapshot"), branch=me, n=n, nonce=nonce,
     sum=hashlib.sha256(heap).hexdigest(), ping=got, bound=bound, others=others,
     before=open(os.path.join(ws, "before.txt")).read(), counter=open(os.path.join(ws, "counter.log")).read().split(),
     branch_json=identity_file)

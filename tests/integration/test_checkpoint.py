@@ -111,6 +111,10 @@ def test_fork_of_four_runs_four_live_copies_side_by_side(tmp_path):
         assert a["counter"] == ["1", "2", "3", "4"]
         assert a["branch_json"]["branch"] == b and a["branch_json"]["mode"] == "live"
     assert after["main"]["copy"] is False and after["main"]["bound"] is True
+    # Each copy has its own network namespace, UTS namespace (hostname) and time namespace.
+    for key in ("netns", "hostname", "clocks"):
+        assert len({after[b][key] for b in copies + ["main"]}) == 5, (key, [after[b][key] for b in after])
+    assert all(after[b]["hostname"].startswith(b + ".") for b in copies)
     # All four ran at once: every copy reported before any of them ended.
     last_after = max(e["seq"] for e in ev if e["type"] == "proc.message" and e["message"].get("after")
                      and e["branch"] != "main")
