@@ -101,8 +101,8 @@ def raw(bindir, tmp, mb):
         t0 = time.monotonic()
         subprocess.run(["criu", "dump", "-t", str(ns_init), "-D", str(img), "-o", "dump.log", "--external", "mnt[]",
                         "--external", "mnt[/workspace]:workspace", "--external", "mnt[/tmp]:tmp", "--external",
-                        "mnt[/run]:run", "--manage-cgroups=ignore", "--tcp-established", "--file-locks",
-                        "--leave-running"], check=True, timeout=900)
+                        "mnt[/run]:run", "--manage-cgroups=ignore", "--tcp-established", "--network-lock", "skip",
+                        "--file-locks", "--leave-running"], check=True, timeout=900)
         dump_s = time.monotonic() - t0
 
         def restore_many(n):

@@ -55,6 +55,35 @@ std::vector<pid_t> tree_of(pid_t root) {
   return all;
 }
 
+// The one-letter state of a process from /proc/PID/stat ('T' stopped), or 0 when it is gone.
+char proc_state(pid_t pid) {
+  auto text = os::read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!text) return 0;
+  auto close = text->rfind(')');
+  return close != std::string::npos && close + 2 < text->size() ? (*text)[close + 2] : 0;
+}
+
+// Stops every process of the tree (SIGSTOP, forced even on a namespace's PID 1) and waits until
+// each is stopped, scanning again for children forked meanwhile. False when that took too long.
+bool stop_tree(pid_t root) {
+  for (int round = 0; round < 200; ++round) {
+    bool all = true;
+    for (pid_t p : tree_of(root)) {
+      char st = proc_state(p);
+      if (st == 0 || st == 'T' || st == 't' || st == 'Z') continue;
+      all = false;
+      ::kill(p, SIGSTOP);
+    }
+    if (all) return true;
+    ::usleep(2000);
+  }
+  return false;
+}
+
+void continue_tree(pid_t root) {
+  for (pid_t p : tree_of(root)) ::kill(p, SIGCONT);
+}
+
 const char* const kPipeRoles[] = {"requests", "reports", "stdin", "stdout", "stderr", "channel_requests",
                                   "channel_replies"};
 
@@ -232,6 +261,17 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
     snapshot_layer(op);
     return;
   }
+  // Memory and files at one instant: the tree is stopped first and stays stopped through the
+  // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
+  // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
+  // original would lose its live connections.
+  if (!stop_tree(op->ns_pid)) {
+    continue_tree(op->ns_pid);
+    b.busy = false;
+    checkpoint_failed(op, "busy", "could not stop every process of branch \"" + branch + "\" within 0.4 s");
+    return;
+  }
+  op->t_stopped = now_ms();
   CriuRun run;
   run.args = {"dump",
               "--tree", std::to_string(op->ns_pid),
@@ -243,12 +283,17 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
               "--external", "mnt[/tmp]:tmp",
               "--external", "mnt[/run]:run",
               "--manage-cgroups=ignore",
+              // Live TCP connections are dumped; the network is not locked: the tree is stopped,
+              // criu's iptables lock would sit in the host's tables (the tree shares the host's
+              // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established",
+              "--network-lock", "skip",
               "--file-locks",
-              "--leave-stopped"};
+              "--leave-running"};
   run.output = op->work + "/logs/dump.out";
   auto pid = spawn_criu(*criu_, run);
   if (!pid) {
+    continue_tree(op->ns_pid);
     b.busy = false;
     checkpoint_failed(op, "criu", "start criu: " + pid.error().message());
     return;
@@ -258,8 +303,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
     op->t_dumped = now_ms();
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       std::string why = criu_error_from_log(op->work + "/logs/dump.log");
-      // A failed dump may leave the tree stopped or not; continuing it is harmless either way.
-      for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGCONT);
+      continue_tree(op->ns_pid);
       checkpoint_failed(op, "criu", "criu dump failed: " + why);
       return;
     }
@@ -294,16 +338,12 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         auto it = box_.branches_.find(op->branch);
         if (op->live && it != box_.branches_.end()) {
           Branch& b = *it->second;
-          if (op->leave_running && op->error.empty()) {
-            for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGCONT);
-          } else if (!op->leave_running) {
+          if (!op->leave_running && op->error.empty()) {
             b.ended_by = "checkpoint";
             // ns-init is PID 1 of the branch's pid namespace: killing it ends the whole tree.
             ::kill(op->ns_pid, SIGKILL);
-            for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGCONT);
-          } else {
-            for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGCONT);
           }
+          continue_tree(op->ns_pid);
         }
         op->t_resumed = now_ms();
         if (!op->error.empty()) return checkpoint_failed(op, "io", "snapshot the writable layer: " + op->error);
@@ -314,8 +354,9 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
 void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["last_seq"] = box_.journal_->last_seq();
   op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
-  json::object timings{{"dump", round_ms(op->live ? op->t_dumped - op->t0 : 0)},
+  json::object timings{{"dump", round_ms(op->live ? op->t_dumped - op->t_stopped : 0)},
                        {"snapshot", round_ms(op->t_snapped - (op->live ? op->t_dumped : op->t0))},
+                       {"stop", round_ms(op->live ? op->t_stopped - op->t0 : 0)},
                        {"freeze", round_ms(op->live ? op->t_resumed - op->t0 : 0)}};
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->work + "/archive.tar.zst";
@@ -598,6 +639,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           pp.reset();  // closes the copy's ends: the restored tree holds them now
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), true);
+          // The tree was dumped stopped, so criu restored it stopped: it runs from here.
+          continue_tree(root);
           // The copy's first line on its channel says who it is; a channel request the original
           // was waiting on at the dump gets its answer in the copy too.
           auto w = identity(box_, added);

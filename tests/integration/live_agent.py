@@ -50,6 +50,10 @@ while n < 3:
     log.flush()
     say(n=n)
     time.sleep(0.02)
+# A live TCP connection across the checkpoint (like an agent's open API call): the original
+# keeps it; the copies get it closed (criu --tcp-close), as only one of them can own it.
+conn_c = socket.create_connection(("127.0.0.1", port), timeout=5)
+conn_s, _ = listener.accept()
 with open(os.path.join(ws, "before.txt"), "w") as f:
     f.write(nonce)  # the file written just before the checkpoint (the nonce stays in memory)
 
@@ -74,6 +78,13 @@ else:
     r = ch.checkpoint("mid", leave_running=(mode == "keep"))
 
 me = (ch.identity or {}).get("branch", os.environ.get("SANDBOXER_BRANCH"))
+try:
+    conn_c.settimeout(2)
+    conn_c.sendall(b"live")
+    conn_s.settimeout(2)
+    tcp = "open" if conn_s.recv(4) == b"live" else "closed"
+except OSError:
+    tcp = "closed"
 # The listener still works: connect to it and get the bytes through.
 c = socket.create_connection(("127.0.0.1", port), timeout=5)
 s, _ = listener.accept()
@@ -97,7 +108,7 @@ try:
     identity_file = channel_module.branch_info()
 except OSError:
     identity_file = None
-say(after=True, copy=r.get("copy"), hostname=socket.gethostname(),
+say(after=True, copy=r.get("copy"), tcp=tcp, hostname=socket.gethostname(),
     clocks=os.readlink("/proc/self/ns/time"), netns=os.readlink("/proc/self/ns/net"), snapshot=r.get("snapshot"), branch=me, n=n, nonce=nonce,
     sum=hashlib.sha256(heap).hexdigest(), ping=got, bound=bound, others=others,
     before=open(os.path.join(ws, "before.txt")).read(), counter=open(os.path.join(ws, "counter.log")).read().split(),

@@ -111,6 +111,8 @@ def test_fork_of_four_runs_four_live_copies_side_by_side(tmp_path):
         assert a["counter"] == ["1", "2", "3", "4"]
         assert a["branch_json"]["branch"] == b and a["branch_json"]["mode"] == "live"
     assert after["main"]["copy"] is False and after["main"]["bound"] is True
+    # A TCP connection open at the checkpoint stays with the original and is closed in copies.
+    assert after["main"]["tcp"] == "open" and {after[b]["tcp"] for b in copies} == {"closed"}
     # Each copy has its own network namespace, UTS namespace (hostname) and time namespace.
     for key in ("netns", "hostname", "clocks"):
         assert len({after[b][key] for b in copies + ["main"]}) == 5, (key, [after[b][key] for b in after])
