@@ -93,6 +93,18 @@ std::string kernel_release() {
   return u.release;
 }
 
+// The paths masked in a branch's view (launcher.cpp), each a mount point criu restores.
+json::array mask_list(std::vector<std::string> masks, const std::string& state_dir) {
+  masks.push_back(state_dir);
+  json::array out;
+  for (auto& m : masks) {
+    struct stat st {};
+    if (::stat(m.c_str(), &st) != 0) continue;
+    out.push_back({{"path", m}, {"dir", S_ISDIR(st.st_mode)}});
+  }
+  return out;
+}
+
 }  // namespace
 
 bool valid_snapshot_id(std::string_view id) {
@@ -254,6 +266,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"kernel", kernel_release()},
                   {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
                   {"pipes", pipes},
+                  {"masks", mask_list(box_.opts_.masks, box_.opts_.state_dir)},
                   {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
   if (!op->live) op->manifest["note"] = op->note;
 
@@ -328,6 +341,14 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
           struct stat st {};
           if (::stat((src + "/" + d).c_str(), &st) != 0) continue;
           auto r = copy_tree(src + "/" + d, op->work + "/payload/fs/" + d, op->error);
+          if (!r) return;
+          op->fs_bytes += *r;
+        }
+        // The branch's /tmp writes live in the upper layer of its /tmp overlay (launcher.cpp):
+        // they are its /tmp in the snapshot (overlay whiteouts, devices, are left out).
+        struct stat st {};
+        if (::stat((src + "/tmp-upper").c_str(), &st) == 0) {
+          auto r = copy_tree(src + "/tmp-upper", op->work + "/payload/fs/tmp", op->error);
           if (!r) return;
           op->fs_bytes += *r;
         }
@@ -521,8 +542,10 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   br.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
   auto err = std::make_shared<std::string>();
   double t_start = now_ms();
+  json::array masks;
+  if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
   offload(
-      [src, dir, err] {
+      [src, dir, err, masks, live] {
         if (auto r = os::make_dirs(dir, 0755); !r) {
           *err = "create " + dir + ": " + r.error().message();
           return;
@@ -531,6 +554,22 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           struct stat st {};
           if (::stat((src + "/fs/" + d).c_str(), &st) != 0) continue;
           if (!copy_tree(src + "/fs/" + d, dir + "/" + d, *err)) return;
+        }
+        // A cold copy gets the /tmp overlay again: its files go to the upper layer.
+        if (!live && !copy_tree(src + "/fs/tmp", dir + "/tmp-upper", *err)) return;
+        // A live copy's /tmp is a directory of its own (not the original's overlay): the mount
+        // points of the masks criu restores below /tmp must exist in it.
+        for (auto& v : masks) {
+          if (!v.is_object()) continue;
+          std::string path(v.at("path").as_string());
+          if (!path.starts_with("/tmp/")) continue;
+          std::string target = dir + "/tmp" + path.substr(4);
+          if (v.at("dir").as_bool()) {
+            (void)os::make_dirs(target, 0755);
+          } else {
+            (void)os::make_dirs(target.substr(0, target.rfind('/')), 0755);
+            (void)os::write_file_atomic(target, "");
+          }
         }
       },
       [this, op, index, b, err, dir, src, live, t_start] {

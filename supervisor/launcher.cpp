@@ -39,6 +39,7 @@ struct MountOp {
   int slot = -1;        // CloneTree/SetReadOnly/Move: which detached tree
   bool recursive = false;
   bool optional = false;  // a missing source skips the step
+  bool or_else = false;   // run only if the previous step failed (its failure is then forgiven)
   std::string what;     // for the error message
 };
 
@@ -106,8 +107,13 @@ Plan make_plan(const BranchSpec& spec) {
   }
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
   trees.emplace_back("/workspace", slot++);
-  add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = slot, .what = "clone the branch's /tmp"});
-  trees.emplace_back("/tmp", slot++);
+  int tmp_slot = slot++;
+  add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = tmp_slot, .what = "clone the branch's /tmp"});
+  // The supervisor's own binary, bound at a fixed path: it may live where the branch cannot see
+  // (under the host's /tmp, say), and ns-init runs from inside the new root.
+  int exe_slot = slot++;
+  add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
+  add({.kind = MountOp::SetReadOnly, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
@@ -121,6 +127,14 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
+  // /tmp: the host's /tmp seen through an overlay whose writes stay the branch's own, so a
+  // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
+  // an overlay filesystem, as in a container), a private /tmp of the branch's own.
+  add({.kind = MountOp::MkDir, .a = r + "/tmp", .flags = 01777, .what = "mkdir /tmp"});
+  add({.kind = MountOp::Mount, .a = "overlay", .b = r + "/tmp", .fstype = "overlay",
+       .data = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount the /tmp overlay"});
+  add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
   add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
   add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
        .what = "mount /proc"});
@@ -147,6 +161,9 @@ Plan make_plan(const BranchSpec& spec) {
   add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
   add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND | MS_NOSUID | MS_NODEV,
        .what = "bind /run"});
+  add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
+  add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
+  add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
   for (auto& m : spec.masks) {
     struct stat st {};
     if (::stat(m.c_str(), &st) != 0) continue;
@@ -164,8 +181,11 @@ struct PlanError {
 
 // Runs in the cloned child: async-signal-safe syscalls only. Returns the failing op or -1.
 int run_plan(Plan& p, int* err) noexcept {
+  bool prev_failed = false;
   for (size_t i = 0; i < p.ops.size(); ++i) {
     MountOp& op = p.ops[i];
+    if (op.or_else && !prev_failed) continue;
+    prev_failed = false;
     int rc = 0;
     switch (op.kind) {
       case MountOp::PrivateRoot:
@@ -234,6 +254,10 @@ int run_plan(Plan& p, int* err) noexcept {
     }
     if (rc != 0) {
       if (op.optional && errno == ENOENT) continue;
+      if (i + 1 < p.ops.size() && p.ops[i + 1].or_else) {
+        prev_failed = true;
+        continue;
+      }
       *err = errno;
       return static_cast<int>(i);
     }
@@ -334,9 +358,10 @@ bool can_make_namespaces(std::string* why_not) {
 }
 
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
-  for (const char* sub : {"", "/root", "/workspace", "/tmp", "/run"})
+  for (const char* sub : {"", "/root", "/workspace", "/tmp", "/run", "/tmp-upper", "/tmp-work"})
     if (auto r = os::make_dirs(spec.dir + sub, 0755); !r) return r.error();
   ::chmod((spec.dir + "/tmp").c_str(), 01777);
+  ::chmod((spec.dir + "/tmp-upper").c_str(), 01777);
 
   auto pipes = make_branch_pipes();
   if (!pipes) return pipes.error();
@@ -350,6 +375,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
 
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool ns = try_ns && attempt == 0;
+    args[0] = ns ? kNsInitPath : spec.self_exe;
     if (!ns) args.push_back("--flat");
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
@@ -359,7 +385,8 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr, spec.self_exe.c_str(), argv.data(), envp, {}, ep->write.get()};
+    ChildArgs ca{ns ? &plan : nullptr, ns ? kNsInitPath : spec.self_exe.c_str(), argv.data(), envp, {},
+                 ep->write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0);

@@ -20,6 +20,9 @@
 
 namespace sbx::supervisor {
 
+/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch.
+inline constexpr const char* kNsInitPath = "/run/sandboxer/sandboxer-init";
+
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
 inline constexpr int kAgentChanReq = 3, kAgentChanRep = 4;
@@ -38,7 +41,7 @@ os::Result<BranchPipes> make_branch_pipes();
 struct BranchSpec {
   std::string name = "main";
   std::string dir;            // state dir of the branch: root/, workspace/, tmp/ below it
-  std::string self_exe;       // sandboxer-init, by its path (the same path inside the new root)
+  std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
 };

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher.hpp"
@@ -34,15 +35,21 @@ void report(const boost::json::object& o) {
   (void)os::write_all(kNsCtlOut, boost::json::serialize(o) + "\n");
 }
 
-// Reads one line from the blocking requests fd (the config, before the loop starts).
-std::string read_line_blocking(int fd) {
-  std::string line;
-  char c;
+// Reads the first line from the blocking requests fd (the config, before the loop starts);
+// whatever follows it stays in `rest` for the loop.
+std::string read_line_blocking(int fd, std::string& rest) {
+  char buf[16384];
   for (;;) {
-    ssize_t n = ::read(fd, &c, 1);
+    size_t nl = rest.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = rest.substr(0, nl);
+      rest.erase(0, nl + 1);
+      return line;
+    }
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || c == '\n') return line;
-    line.push_back(c);
+    if (n <= 0) return std::exchange(rest, {});
+    rest.append(buf, static_cast<size_t>(n));
   }
 }
 
@@ -229,7 +236,7 @@ int NsInit::run() {
   int sfd = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 
   boost::system::error_code ec;
-  auto cfg = boost::json::parse(read_line_blocking(kNsCtlIn), ec);
+  auto cfg = boost::json::parse(read_line_blocking(kNsCtlIn, pending_), ec);
   if (ec || !cfg.is_object() || !cfg.as_object().contains("argv")) {
     report({{"ev", "spawn_failed"}, {"error", "ns-init: bad config from the supervisor"}});
     return 127;

@@ -159,16 +159,20 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "leave-tree")) {
-    /* Leaves N processes behind in their own sessions (as daemons do), then exits. */
+    /* Leaves N processes behind in their own sessions (as daemons do), then exits. Each one
+     * ignores TERM before it says it is ready, so that only KILL can end it. */
     int n = atoi(argv[2]);
-    /* Ignored before the fork, so a TERM that comes the instant the parent exits finds every
-       daemon already ignoring it: they must be KILLed. */
-    signal(SIGTERM, SIG_IGN);
+    int ready[2];
+    if (pipe(ready) != 0) return 1;
     for (int i = 0; i < n; i++)
       if (fork() == 0) {
         setsid();
+        signal(SIGTERM, SIG_IGN);
+        (void)!write(ready[1], "r", 1);
         for (;;) pause();
       }
+    char c;
+    for (int i = 0; i < n; i++) (void)!read(ready[0], &c, 1);
     say("left\n");
     return 0;
   }

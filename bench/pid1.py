@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""PID-1 overhead: `sandboxer-init -- /bin/true` as a whole process against tini and dumb-init,
+in one run, interleaved so that machine noise hits every peer alike; and the supervisor's own
+peak RSS (VmHWM) beside theirs while the agent sleeps.
+
+Prints one table: what, our figure, each peer's figure, ratio. Not a test: nothing asserts."""
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("SANDBOXER_BIN", os.path.join(ROOT, "build", "bin"))
+INIT = os.path.join(BIN, "sandboxer-init")
+RUNS = int(os.environ.get("BENCH_RUNS", "40"))
+
+
+def commands(state):
+    c = {
+        "sandboxer-init": [INIT, "--state-dir", state, "--", "/bin/true"],
+        "sandboxer-init (flat)": [INIT, "--state-dir", state, "--set", "isolation.namespaces=false", "--", "/bin/true"],
+        "tini": ["tini", "-s", "--", "/bin/true"],
+        "dumb-init": ["dumb-init", "/bin/true"],
+        "bare /bin/true": ["/bin/true"],
+    }
+    return {k: v for k, v in c.items() if shutil.which(v[0]) or os.path.exists(v[0])}
+
+
+def time_runs(cmds, state_root):
+    times = {k: [] for k in cmds}
+    for i in range(RUNS):
+        for name, cmd in cmds.items():
+            cmd = [a.replace("@STATE@", f"{state_root}/{i}") for a in cmd]
+            t0 = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def peak_rss_kib(cmd):
+    """VmHWM of the supervisor process itself, read while its agent sleeps."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.6)
+    hwm = None
+    with open(f"/proc/{p.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    p.wait()
+    return hwm
+
+
+def main():
+    state_root = tempfile.mkdtemp(prefix="sbx-bench-")
+    cmds = commands("@STATE@")
+    med = time_runs(cmds, state_root)
+    base = med["sandboxer-init"]
+    print(f"# pid1: median of {RUNS} interleaved runs each; {os.uname().nodename}, {os.cpu_count()} cores, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print(f"{'what':44} {'figure':>12} {'ratio (ours / peer)':>20}")
+    for name, v in med.items():
+        ratio = "" if name == "sandboxer-init" else f"{base / v:.2f}"
+        print(f"{'run /bin/true under ' + name:44} {v * 1000:10.2f}ms {ratio:>20}")
+    sleep = lambda c: [a if a != "/bin/true" else "sleep" for a in c] + ["1"]
+    rss = {}
+    for name in ("sandboxer-init", "tini", "dumb-init"):
+        if name in cmds:
+            cmd = [a.replace("@STATE@", f"{state_root}/rss") for a in cmds[name]]
+            rss[name] = peak_rss_kib(sleep(cmd))
+    for name, v in rss.items():
+        ratio = "" if name == "sandboxer-init" else f"{rss['sandboxer-init'] / v:.2f}"
+        print(f"{'peak RSS of ' + name:44} {v / 1024:10.2f}MiB {ratio:>20}")
+    shutil.rmtree(state_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

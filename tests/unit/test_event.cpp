@@ -1,0 +1,78 @@
+#include <doctest/doctest.h>
+
+#include "event.hpp"
+#include "output.hpp"
+
+using namespace sbx::supervisor;
+
+TEST_CASE("utf8: valid prefix stops at the first bad byte") {
+  CHECK(utf8_valid_prefix("hello") == 5);
+  CHECK(utf8_valid_prefix("h\xc3\xa9llo") == 6);
+  CHECK(utf8_valid_prefix("ab\xff") == 2);
+  CHECK(utf8_valid_prefix("\xc0\xaf") == 0);          // overlong
+  CHECK(utf8_valid_prefix("\xed\xa0\x80") == 0);      // surrogate
+  CHECK(utf8_valid_prefix("\xf4\x90\x80\x80") == 0);  // above U+10FFFF
+  CHECK(utf8_valid_prefix("\xf0\x9f\x98\x80") == 4);
+}
+
+TEST_CASE("utf8: an incomplete tail is recognised, an invalid one is not") {
+  CHECK(utf8_incomplete_tail("ab\xf0\x9f") == 2);
+  CHECK(utf8_incomplete_tail("ab\xe2") == 1);
+  CHECK(utf8_incomplete_tail("ab") == 0);
+  CHECK(utf8_incomplete_tail("ab\xf0\x28") == 0);
+}
+
+TEST_CASE("base64: round trip of every byte value") {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  for (size_t n = 0; n < 6; ++n) {
+    std::string in = all.substr(0, 250 + n), out;
+    REQUIRE(base64_decode(base64_encode(in), out));
+    CHECK(out == in);
+  }
+  std::string out;
+  CHECK_FALSE(base64_decode("ab$d", out));
+}
+
+TEST_CASE("output: a character split across reads is joined, bad bytes go as base64") {
+  std::vector<boost::json::object> evs;
+  OutputDecoder d("stdout", true, [&](boost::json::object e) { evs.push_back(std::move(e)); });
+  d.feed("smile \xf0\x9f");
+  d.feed("\x98\x80!\n");
+  d.feed("\xff\n");
+  d.finish();
+  REQUIRE(evs.size() == 3);
+  CHECK(evs[0].at("data") == "smile ");
+  CHECK(evs[1].at("data") == "\xf0\x9f\x98\x80!\n");
+  CHECK(evs[2].at("data_b64") == "/wo=");
+}
+
+TEST_CASE("output: JSON-object lines become messages, other lines do not") {
+  std::vector<boost::json::object> msgs;
+  OutputDecoder d("stdout", true, [&](boost::json::object e) {
+    if (e.at("type") == "proc.message") msgs.push_back(std::move(e));
+  });
+  SUBCASE("split across reads") {
+    d.feed("{\"a\":");
+    d.feed("1}\r\nplain\n[1]\n{bad\n");
+    d.feed("{\"b\":2}");
+    d.finish();
+    REQUIRE(msgs.size() == 2);
+    CHECK(msgs[0].at("message").at("a") == 1);
+    CHECK(msgs[1].at("message").at("b") == 2);
+  }
+  SUBCASE("a line over 64 KiB is not a message") {
+    std::string big = "{\"x\":\"" + std::string(kMaxMessageLine, 'y') + "\"}\n";
+    d.feed(big);
+    d.feed("{\"ok\":true}\n");
+    REQUIRE(msgs.size() == 1);
+    CHECK(msgs[0].at("message").at("ok") == true);
+  }
+}
+
+TEST_CASE("events: timestamps are RFC 3339 with microseconds") {
+  auto ts = rfc3339_now();
+  CHECK(ts.size() == 27);
+  CHECK(ts[10] == 'T');
+  CHECK(ts.back() == 'Z');
+}
