@@ -112,6 +112,10 @@ def raw(bindir, tmp, mb):
                 d = tmp / f"raw-copy-{mb}-{n}-{i}"
                 for sub in ("root", "workspace", "tmp", "run"):
                     shutil.copytree(state / "branches" / "main" / sub, d / sub, symlinks=True)
+                # The state dir is masked in the branch's view: under /tmp, its mount point must
+                # exist in the copy's own /tmp (as the supervisor does it).
+                if str(state).startswith("/tmp/"):
+                    (d / "tmp" / str(state)[5:]).mkdir(parents=True, exist_ok=True)
                 args, fds = [], []
                 for k, (link, _) in enumerate(pipes.items()):
                     r, w = os.pipe()
