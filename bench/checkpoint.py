@@ -87,7 +87,9 @@ def raw(bindir, tmp, mb):
                            stderr=subprocess.DEVNULL, text=True)
     try:
         for line in box.stdout:
-            if "ready" in line:
+            e = json.loads(line)
+            # The agent's own line (its program text is in proc.started's argv too).
+            if e["type"] == "proc.output" and e.get("data", "").startswith("ready"):
                 break
         ns_init = int(open(f"/proc/{box.pid}/task/{box.pid}/children").read().split()[0])
         agent_pid = int(open(f"/proc/{ns_init}/task/{ns_init}/children").read().split()[0])
