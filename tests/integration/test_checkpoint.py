@@ -161,15 +161,22 @@ def test_a_corrupted_or_truncated_archive_is_refused(tmp_path):
     assert one(ev3, "restore.done")["mode"] == "live"
 
 
-def test_without_namespaces_fork_is_a_cold_restart_on_the_files(tmp_path):
-    # Flat mode (no pid and mount namespace of its own): no live checkpoint on this host, so the
-    # checkpoint is of the files only and says so, and each copy restarts the agent on them.
-    rc, ev, err = agent_box(tmp_path / "s", "fork", 1, 0, "--set", "isolation.namespaces=false")
+@pytest.mark.parametrize("why", ["no namespaces", "no criu"])
+def test_without_live_checkpoint_fork_is_a_cold_restart_on_the_files(tmp_path, why):
+    # Flat mode (no pid and mount namespace of its own), or no criu on PATH: no live checkpoint,
+    # so the checkpoint is of the files only and says so, and each copy restarts the agent on them.
+    if why == "no namespaces":
+        rc, ev, err = agent_box(tmp_path / "s", "fork", 1, 0, "--set", "isolation.namespaces=false")
+    else:
+        path = ":".join(d for d in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(d, "criu")))
+        rc, ev, err = agent_box(tmp_path / "s", "fork", 1, 0, environ=env(PATH=path))
     assert rc == 0, err
     started = one(ev, "box.started")
     assert started["capabilities"]["live_checkpoint"] is False
     created = one(ev, "checkpoint.created")
     assert created["mode"] == "fs" and "filesystem only" in created["note"]
+    if why == "no criu":
+        assert "criu was not found" in created["note"] and started["capabilities"]["criu"] is None
     done = [e for e in ev if e["type"] == "restore.done"]
     assert len(done) == 4 and {e["mode"] for e in done} == {"cold"}
     start = next(m for m in messages(ev) if m.get("start"))
