@@ -712,6 +712,8 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int index, json::obj
                   {"index", index},
                   {"of", op->n}};
   if (res.contains("error")) {
+    // Nothing half-restored stays behind: the copy's directory goes with its failure.
+    if (!box_.branches_.contains(branch)) remove_tree(box_.opts_.state_dir + "/branches/" + branch);
     ev["type"] = "restore.failed";
     ev["error"] = res.at("error");
     log()->error("restore {} as {}: {}", op->snapshot, branch, res.at("error").as_string());

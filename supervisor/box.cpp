@@ -385,6 +385,8 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
   }
   branches_[b->name] = std::move(b);
   if (running) start_readers(*bp, p);
+  // A copy that finished restoring while the box stops ends with the others.
+  if (shutting_down_) send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
     auto* br = static_cast<Branch*>(h->data);
