@@ -271,6 +271,9 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   if (!op->live) op->manifest["note"] = op->note;
 
   if (!op->live) {
+    // Files only, but still at one instant: the tree is stopped while its layer is copied.
+    (void)stop_tree(op->ns_pid);
+    op->t_stopped = op->t_dumped = now_ms();
     snapshot_layer(op);
     return;
   }
@@ -357,12 +360,15 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
       [this, op] {
         op->t_snapped = now_ms();
         auto it = box_.branches_.find(op->branch);
-        if (op->live && it != box_.branches_.end()) {
+        if (it != box_.branches_.end()) {
           Branch& b = *it->second;
           if (!op->leave_running && op->error.empty()) {
             b.ended_by = "checkpoint";
-            // ns-init is PID 1 of the branch's pid namespace: killing it ends the whole tree.
-            ::kill(op->ns_pid, SIGKILL);
+            // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
+            // whole tree. A flat one is not: every process of the tree goes.
+            if (b.launched.namespaced) ::kill(op->ns_pid, SIGKILL);
+            else
+              for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGKILL);
           }
           continue_tree(op->ns_pid);
         }
@@ -375,10 +381,10 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
 void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["last_seq"] = box_.journal_->last_seq();
   op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
-  json::object timings{{"dump", round_ms(op->live ? op->t_dumped - op->t_stopped : 0)},
-                       {"snapshot", round_ms(op->t_snapped - (op->live ? op->t_dumped : op->t0))},
-                       {"stop", round_ms(op->live ? op->t_stopped - op->t0 : 0)},
-                       {"freeze", round_ms(op->live ? op->t_resumed - op->t0 : 0)}};
+  json::object timings{{"dump", round_ms(op->t_dumped - op->t_stopped)},
+                       {"snapshot", round_ms(op->t_snapped - op->t_dumped)},
+                       {"stop", round_ms(op->t_stopped - op->t0)},
+                       {"freeze", round_ms(op->t_resumed - op->t0)}};
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->work + "/archive.tar.zst";
   offload(

@@ -199,3 +199,22 @@ def test_a_failed_dump_is_reported_and_the_agent_goes_on(tmp_path):
     assert any(m.get("still_running") for m in messages(ev))
     assert not (tmp_path / "s" / "snapshots").exists() or not any(
         p.name.startswith(".work") for p in (tmp_path / "s" / "snapshots").iterdir())
+
+
+def test_a_files_only_checkpoint_restores_cold_in_a_new_box(tmp_path):
+    # Flat mode, leave_running false: the files are saved with the tree stopped, the tree ends;
+    # a new box from that archive restarts the agent on the files (restore.done mode cold).
+    rc, ev, err = agent_box(tmp_path / "a", "restore", 1, 0, "--set", "isolation.namespaces=false")
+    assert rc == 137, err
+    created = one(ev, "checkpoint.created")
+    assert created["mode"] == "fs" and created["leave_running"] is False
+    ended = one(ev, "proc.exited")
+    assert ended["reason"] == "killed" and ended["by"] == "checkpoint"
+    start = next(m for m in messages(ev) if m.get("start"))
+    rc, ev2, err = box(tmp_path / "b", ["--set", "isolation.namespaces=false", "--restore", created["archive"]])
+    assert rc == 0, err
+    done = one(ev2, "restore.done")
+    assert done["mode"] == "cold" and done["branch"] == "main"
+    resumed = [m for m in messages(ev2) if m.get("resumed")]
+    assert len(resumed) == 1 and resumed[0]["before"] == start["nonce"]
+    assert resumed[0]["snapshot"] == created["snapshot"]
