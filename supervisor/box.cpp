@@ -536,10 +536,30 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
         channel_reply(*it2->second, fr);
       });
     });
+  } else if (*op == "snapshot.list") {
+    reply({{"ok", true}, {"snapshots", snapshot_list()}});
+  } else if (*op == "snapshot.delete" || *op == "restore") {
+    auto* v = req.if_contains(*op == "restore" ? "snapshot" : "id");
+    if (!v || !v->is_string()) {
+      reply({{"ok", false},
+             {"error", {{"code", "bad_request"},
+                        {"message", std::string(*op == "restore" ? "restore needs \"snapshot\"" : "snapshot.delete needs \"id\"") +
+                                        " (a snapshot id)"}}}});
+      return;
+    }
+    if (*op == "snapshot.delete") return reply(snapshot_delete(std::string(v->as_string())));
+    std::string bname = b.name;
+    restore(std::string(v->as_string()), 1, false, [this, bname, id](boost::json::object r) {
+      auto it = branches_.find(bname);
+      if (it == branches_.end()) return;
+      if (id >= 0) r["id"] = id;
+      channel_reply(*it->second, r);
+    });
   } else {
     reply({{"ok", false},
-           {"error", {{"code", "unknown_op"}, {"message", "unknown op \"" + std::string(op->as_string()) +
-                                                             "\" (whoami, event, checkpoint, fork)"}}}});
+           {"error", {{"code", "unknown_op"},
+                      {"message", "unknown op \"" + std::string(op->as_string()) +
+                                      "\" (whoami, event, checkpoint, fork, restore, snapshot.list, snapshot.delete)"}}}});
   }
 }
 

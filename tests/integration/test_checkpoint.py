@@ -218,3 +218,50 @@ def test_a_files_only_checkpoint_restores_cold_in_a_new_box(tmp_path):
     resumed = [m for m in messages(ev2) if m.get("resumed")]
     assert len(resumed) == 1 and resumed[0]["before"] == start["nonce"]
     assert resumed[0]["snapshot"] == created["snapshot"]
+
+
+SNAPSHOT_OPS = r'''
+import json, os, sys, time
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ch = agent.Channel()
+r = ch.checkpoint("one")
+if r.get("copy"):
+    print(json.dumps({"copy": True, "branch": ch.identity["branch"], "mode": ch.identity["mode"]}), flush=True)
+    sys.exit(0)
+out = {"snapshot": r["snapshot"], "list": ch.request("snapshot.list")["snapshots"]}
+out["restore"] = ch.request("restore", snapshot=r["snapshot"])
+out["delete"] = ch.request("snapshot.delete", id=r["snapshot"])
+out["list_after"] = ch.request("snapshot.list")["snapshots"]
+for bad in ({"id": r["snapshot"]}, {"id": "../../etc"}):
+    try:
+        ch.request("snapshot.delete", **bad)
+    except agent.ChannelError as e:
+        out.setdefault("refused", []).append([e.code, e.message])
+try:
+    ch.request("restore", snapshot="s-0000000000000000")
+except agent.ChannelError as e:
+    out["restore_missing"] = [e.code, e.message]
+print(json.dumps(out), flush=True)
+time.sleep(0.5)
+'''
+
+
+@needs_criu
+def test_snapshot_list_restore_and_delete(tmp_path):
+    s = tmp_path / "s"
+    rc, ev, err = box(s, ["--", sys.executable, "-c", SNAPSHOT_OPS])
+    assert rc == 0, err
+    out = next(m for m in messages(ev, "main") if "list" in m)
+    snap = out["snapshot"]
+    assert [x["id"] for x in out["list"]] == [snap]
+    assert out["list"][0]["mode"] == "live" and out["list"][0]["archive"]["bytes"] > 0
+    copy = out["restore"]["copies"][0]
+    assert out["restore"]["ok"] is True and copy["mode"] == "live"
+    restored = [m for m in messages(ev, copy["branch"]) if m.get("copy")]
+    assert restored == [{"copy": True, "branch": copy["branch"], "mode": "live"}]
+    assert out["delete"]["ok"] is True and out["list_after"] == []
+    assert not list((s / "snapshots").glob(snap + "*"))
+    assert out["refused"][0][0] == "not_found" and out["refused"][1][0] == "bad_request"
+    assert out["restore_missing"][0] == "bad_snapshot" and "no snapshot" in out["restore_missing"][1]
+    assert one(ev, "snapshot.deleted")["snapshot"] == snap
