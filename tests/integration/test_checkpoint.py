@@ -265,3 +265,33 @@ def test_snapshot_list_restore_and_delete(tmp_path):
     assert out["refused"][0][0] == "not_found" and out["refused"][1][0] == "bad_request"
     assert out["restore_missing"][0] == "bad_snapshot" and "no snapshot" in out["restore_missing"][1]
     assert one(ev, "snapshot.deleted")["snapshot"] == snap
+
+
+FORK_OF_A_FORK = r'''
+import json, os, sys, time
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ch = agent.Channel()
+secret = os.urandom(8).hex()
+level = 0
+for _ in range(2):
+    r = ch.fork(1)
+    if not r["copy"]:
+        break
+    level += 1
+print(json.dumps({"level": level, "secret": secret, "who": ch.whoami(), "file": agent.branch_info()}), flush=True)
+time.sleep(0.3)
+'''
+
+
+@needs_criu
+def test_a_copy_can_fork_itself_again(tmp_path):
+    rc, ev, err = box(tmp_path / "s", ["--", sys.executable, "-c", FORK_OF_A_FORK])
+    assert rc == 0, err
+    out = sorted((m for m in messages(ev) if "level" in m), key=lambda m: m["level"])
+    assert [m["level"] for m in out] == [0, 1, 2]
+    assert len({m["secret"] for m in out}) == 1
+    first, second = out[1]["who"], out[2]["who"]
+    assert first["parent"] == "main" and second["parent"] == first["branch"]
+    assert second["snapshot"] != first["snapshot"]
+    assert out[2]["file"] == second and second["mode"] == "live"
