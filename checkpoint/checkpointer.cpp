@@ -808,6 +808,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
       [this, err, id] {
         auto fail = [this](const std::string& msg) {
           log()->critical("restore from archive: {}", msg);
+          box_.emit_started();
           box_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
           box_.exit_status_ = 125;
           box_.finish(125);
@@ -825,6 +826,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
             box_.journal_->skip_to(ls->to_number<uint64_t>());
           restore(*id, 1, false,
                   [this](json::object r) {
+                    box_.emit_started();
                     if (!r.at("ok").as_bool()) box_.finish(125);
                   },
                   "main");

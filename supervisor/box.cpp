@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "checkpoint/checkpointer.hpp"
 #include "os/sys.hpp"
@@ -263,12 +264,20 @@ void Box::start() {
   if (opts_.idle || !opts_.restore_file.empty()) {
     caps["live_checkpoint"] = live;
     if (!live) caps["why_not"] = why_not;
-    emit("main", {{"type", "box.started"},
-                  {"profile", opts_.profile.name},
-                  {"isolation", caps_.isolation},
-                  {"version", SBX_VERSION},
-                  {"capabilities", caps}});
-    if (!opts_.restore_file.empty()) checkpointer_->start_from_archive(opts_.restore_file);
+    boost::json::object started{{"type", "box.started"},
+                                {"profile", opts_.profile.name},
+                                {"isolation", caps_.isolation},
+                                {"version", SBX_VERSION},
+                                {"capabilities", caps}};
+    if (opts_.restore_file.empty()) {
+      emit("main", std::move(started));
+      return;
+    }
+    // A box from an archive continues the parent's journal: its own starts with restore.done
+    // (after the parent's last seq), then box.started (DESIGN.md, Events).
+    started["restored_from"] = opts_.restore_file;
+    pending_started_ = std::move(started);
+    checkpointer_->start_from_archive(opts_.restore_file);
     return;
   }
 
@@ -561,6 +570,11 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
                       {"message", "unknown op \"" + std::string(op->as_string()) +
                                       "\" (whoami, event, checkpoint, fork, restore, snapshot.list, snapshot.delete)"}}}});
   }
+}
+
+void Box::emit_started() {
+  if (pending_started_.empty()) return;
+  emit("main", std::exchange(pending_started_, {}));
 }
 
 void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done) {

@@ -122,6 +122,8 @@ class Box {
   void maybe_finish();
   boost::json::array agent_env(const Branch& b, const std::string& dir) const;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  boost::json::object pending_started_;  // box.started of a box from an archive, until restored
+  void emit_started();
 
   uv_loop_t* loop_;
   BoxOptions opts_;

@@ -75,6 +75,7 @@ def test_a_restored_agent_continues_with_the_same_memory(tmp_path):
     # The restored box continues the parent's numbering after the archive's last seq.
     index = json.loads((tmp_path / "a" / "snapshots" / f"{created['snapshot']}.json").read_text())
     assert index["last_seq"] > 3 and done["seq"] > index["last_seq"]
+    assert ev2[0]["type"] == "restore.done" and ev2[1]["type"] == "box.started"
     after = [m for m in messages(ev2) if m.get("after")]
     assert len(after) == 1, ev2
     a = after[0]
