@@ -230,13 +230,13 @@ r = ch.checkpoint("one")
 if r.get("copy"):
     print(json.dumps({"copy": True, "branch": ch.identity["branch"], "mode": ch.identity["mode"]}), flush=True)
     sys.exit(0)
-out = {"snapshot": r["snapshot"], "list": ch.request("snapshot.list")["snapshots"]}
-out["restore"] = ch.request("restore", snapshot=r["snapshot"])
+out = {"snapshot": r["snapshot"], "list": ch.snapshots()}
+out["restore"] = ch.restore(r["snapshot"])
 out["delete"] = ch.request("snapshot.delete", id=r["snapshot"])
-out["list_after"] = ch.request("snapshot.list")["snapshots"]
+out["list_after"] = ch.snapshots()
 for bad in ({"id": r["snapshot"]}, {"id": "../../etc"}):
     try:
-        ch.request("snapshot.delete", **bad)
+        ch.delete_snapshot(bad["id"])
     except agent.ChannelError as e:
         out.setdefault("refused", []).append([e.code, e.message])
 try:

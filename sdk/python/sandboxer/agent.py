@@ -7,6 +7,9 @@ names a single bidirectional fd). Both directions carry JSON lines. Requests:
     {"id": 1, "op": "whoami"}
     {"id": 2, "op": "checkpoint", "name": "before-step-3"}
     {"id": 3, "op": "event", "event": {"type": "agent.note", ...}}
+    {"id": 4, "op": "fork", "n": 4}                  (checkpoint, then 4 live copies)
+    {"id": 5, "op": "restore", "snapshot": "s-..."}  (one more copy of a snapshot)
+    {"id": 6, "op": "snapshot.list"} / {"id": 7, "op": "snapshot.delete", "id": "s-..."}
 
 Replies carry the request's `id` and `ok` (with `error: {code, message}` when not ok). After a
 restore or fork, the first line on the reply fd is an identity line with no `id` (box, branch,
@@ -117,6 +120,18 @@ class Channel:
         original (`copy` false, `copies` lists the new branches) and in each copy (`copy` true,
         `branch`, `index`)."""
         return self.request("fork", n=n, name=name)
+
+    def restore(self, snapshot: str) -> dict[str, Any]:
+        """Restores `snapshot` once more in this box, as a new branch; returns its `copies`."""
+        return self.request("restore", snapshot=snapshot)
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """This box's snapshots (their manifests, archive size and hash)."""
+        return self.request("snapshot.list")["snapshots"]
+
+    def delete_snapshot(self, snapshot: str) -> None:
+        """Deletes `snapshot` (its archive and its extracted copy)."""
+        self.request("snapshot.delete", id=snapshot)
 
     def event(self, type: str, **fields: Any) -> dict[str, Any]:
         """Writes a custom event of `type` with `fields` into the box's journal."""
