@@ -17,6 +17,7 @@
 #include "checkpoint/criu.hpp"
 #include "launcher.hpp"
 #include "os/sys.hpp"
+#include "policy.hpp"
 
 namespace sbx::checkpoint {
 
@@ -596,6 +597,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           spec.want_namespaces = box_.opts_.profile.isolation.namespaces && box_.caps_.namespaces;
           spec.masks = box_.opts_.masks;
           spec.masks.push_back(box_.opts_.state_dir);
+          // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
+          // Landlock) as the original's did; its cgroup ceilings are not set up (one per box now).
           auto lb = supervisor::launch_branch(spec);
           if (!lb) {
             res["error"] = "start the copy: " + lb.error().message();
@@ -608,7 +611,11 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           env.emplace_back("SANDBOXER_SNAPSHOT=" + op->snapshot);
           json::array argv;
           for (auto& a : br.argv) argv.emplace_back(a);
-          box_.send_request(br, {{"argv", argv}, {"env", env}, {"cwd", cwd}, {"grace_ms", box_.opts_.profile.resources.grace_ms}});
+          box_.send_request(br, {{"argv", argv},
+                                 {"env", env},
+                                 {"cwd", cwd},
+                                 {"grace_ms", box_.opts_.profile.resources.grace_ms},
+                                 {"policy", supervisor::policy_to_json(box_.opts_.profile, box_.caps_.landlock_abi)}});
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), false);
           box_.channel_reply(added, [&] {

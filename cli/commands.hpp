@@ -6,6 +6,7 @@ namespace sbx::cli {
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_log(const std::vector<std::string>& args);
+int cmd_doctor(const std::vector<std::string>& args);
 
 /// sandboxer-init beside this binary, else on PATH.
 std::string find_init_binary();

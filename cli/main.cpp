@@ -12,6 +12,7 @@ const char* kUsage =
     "\n"
     "  run [--profile P] [--set F=V] [--state-dir DIR] [--json] -- CMD...   run an agent here, show its events\n"
     "  log STATE_DIR [--since N] [--json]                                    print a box's journal\n"
+    "  doctor [--json]                                                       what this host enforces, and what is missing\n"
     "  version                                                               print the version\n";
 }
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run") return sbx::cli::cmd_run(args);
     if (cmd == "log") return sbx::cli::cmd_log(args);
+    if (cmd == "doctor") return sbx::cli::cmd_doctor(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;

@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpointer.hpp"
 #include "os/sys.hpp"
+#include "policy.hpp"
 
 extern char** environ;
 
@@ -131,6 +132,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     log()->error("start {}: {}", p.id, p.error);
     start_readers(b, p);
   } else if (*ev == "exited") {
+    if (b.limits) b.limits->stop();
     p.status = static_cast<int>(r.at("status").to_number<int64_t>());
     p.escalated = r.contains("escalated") && r.at("escalated").as_bool();
     p.status_known = true;
@@ -145,6 +147,7 @@ void Box::start_readers(Branch& b, Proc& p) {
                                          OutputDecoder("stdout", true,
                                                        [this, &p](boost::json::object e) {
                                                          e["proc"] = p.id;
+                                                         note_output(p.branch);
                                                          emit(p.branch, std::move(e));
                                                        }),
                                          on_eof);
@@ -152,6 +155,7 @@ void Box::start_readers(Branch& b, Proc& p) {
                                          OutputDecoder("stderr", false,
                                                        [this, &p](boost::json::object e) {
                                                          e["proc"] = p.id;
+                                                         note_output(p.branch);
                                                          emit(p.branch, std::move(e));
                                                        }),
                                          on_eof);
@@ -169,6 +173,7 @@ void Box::maybe_proc_exited(Proc& p) {
     e["code"] = WEXITSTATUS(p.status);
   std::string reason = WIFSIGNALED(p.status) ? "signaled" : "exited";
   if (shutting_down_) reason = "shutdown";
+  reason = limit_reason(p, reason);
   if (!b.ended_by.empty()) {
     reason = "killed";
     e["by"] = b.ended_by;
@@ -292,7 +297,11 @@ void Box::start() {
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
+  setup_branch_policy(*b, spec);
+  // criu does not restore Landlock: such a tree is refused at checkpoint (DESIGN.md).
+  b->landlocked = opts_.profile.isolation.landlock.has_value();
   auto lb = launch_branch(spec);
+  cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
   if (!spec.want_namespaces && b->launched.why_not.empty())
@@ -307,11 +316,13 @@ void Box::start() {
   boost::json::object config{{"argv", argv},
                              {"env", agent_env(*b, spec.dir)},
                              {"cwd", workdir},
-                             {"grace_ms", opts_.profile.resources.grace_ms}};
+                             {"grace_ms", opts_.profile.resources.grace_ms},
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
   Branch& bp = add_branch(std::move(b), false);
+  start_limits(bp);
   caps["namespaces"] = bp.launched.namespaced;
   if (!bp.launched.namespaced) caps["namespaces_why_not"] = bp.launched.why_not;
   caps["live_checkpoint"] = live && bp.launched.namespaced;
@@ -321,7 +332,8 @@ void Box::start() {
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
-                {"capabilities", caps}});
+                {"capabilities", caps},
+                {"enforcement", enforcement_}});
 }
 
 boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {
@@ -435,6 +447,7 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
 void Box::on_branch_exit(Branch& b, int st) {
   b.ns_init_reaped = true;
   b.ns_init_status = st;
+  if (b.limits) b.limits->stop();
   // Read what ns-init reported before it exited: its exit status alone loses the signal.
   read_available(b.launched.reports.get(), b.pending);
   for_each_line(b.pending, [&](const boost::json::object* o) {
@@ -596,10 +609,12 @@ int Box::run() {
   } catch (const std::exception& e) {
     log()->critical("{}", e.what());
     kill_leftovers();
+    teardown_policy();
     return 125;
   }
   uv_run(loop_, UV_RUN_DEFAULT);
   kill_leftovers();
+  teardown_policy();
   journal_->flush();
   return exit_status_;
 }

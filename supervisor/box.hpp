@@ -13,6 +13,8 @@
 #include "capabilities.hpp"
 #include "journal.hpp"
 #include "launcher.hpp"
+#include "limits.hpp"
+#include "os/cgroup.hpp"
 #include "output.hpp"
 #include "profile.hpp"
 #include "reaper.hpp"
@@ -71,6 +73,10 @@ struct Branch {
   bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
   bool busy = false;        // a checkpoint of it is under way
   std::string ended_by;     // "checkpoint" when a checkpoint ended it
+  // Ceilings and policy (box-policy.cpp).
+  std::unique_ptr<os::CgroupDir> cgroup;
+  std::unique_ptr<LimitsWatcher> limits;
+  std::string workspace_mount;  // a sized tmpfs we mounted, unmounted at the end
 };
 
 class Box {
@@ -124,6 +130,16 @@ class Box {
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   boost::json::object pending_started_;  // box.started of a box from an archive, until restored
   void emit_started();
+
+  // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
+  void setup_branch_policy(Branch& b, BranchSpec& spec);
+  void start_limits(Branch& b);
+  std::string limit_reason(const Proc& p, const std::string& fallback) const;
+  void note_output(const std::string& branch);
+  void teardown_policy();
+  std::vector<os::UniqueFd> cgroup_procs_;  // held until the branch's clone has joined
+  boost::json::object enforcement_;         // what is enforced, for box.started
+  int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)
 
   uv_loop_t* loop_;
   BoxOptions opts_;

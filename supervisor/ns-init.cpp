@@ -18,6 +18,7 @@
 
 #include "launcher.hpp"
 #include "os/sys.hpp"
+#include "policy.hpp"
 #include "signals.hpp"
 
 namespace sbx::supervisor {
@@ -67,6 +68,9 @@ class NsInit {
   void begin_shutdown(int64_t grace_ms);
 
   bool flat_;
+  // The agent's policy (policy.hpp), prepared before the first fork; every process ns-init
+  // starts in the branch gets it with apply_policy() in its child.
+  PreparedPolicy policy_;
   pid_t agent_ = -1;
   bool agent_done_ = false;
   int agent_status_ = 0;
@@ -132,6 +136,10 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     }
   }
 
+  // Everything the policy needs is built now, once for the branch: a child only makes syscalls.
+  if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
+  const PreparedPolicy& policy = policy_;
+
   auto ep = os::make_pipe();
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -144,21 +152,29 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     if (::fcntl(kNsChanReq, F_GETFD) >= 0) ::dup2(kNsChanReq, kAgentChanReq);
     if (::fcntl(kNsChanRep, F_GETFD) >= 0) ::dup2(kNsChanRep, kAgentChanRep);
     int efd = ep ? ep->write.get() : -1;
+    // The exec error pipe goes to 5, after the channel's 3 and 4; the rest closes after the policy.
     if (efd >= 0) efd = ::dup3(efd, 5, O_CLOEXEC) >= 0 ? 5 : -1;
-    ::close_range(6, ~0U, 0);
     int err = 0;
     if (::chdir(cwd.c_str()) != 0) {
       err = errno;
-      int msg[2] = {1, err};
+      int msg[3] = {1, err, 0};
       (void)!::write(efd, msg, sizeof msg);
       ::_exit(127);
     }
+    // The policy (policy.hpp) while its prepared fds are still open; seccomp is its last step.
+    int step = 0;
+    if (int perr = apply_policy(policy, &step); perr != 0) {
+      int msg[3] = {3, perr, step};
+      (void)!::write(efd, msg, sizeof msg);
+      ::_exit(127);
+    }
+    ::close_range(6, ~0U, 0);
     // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
     for (auto& c : candidates) {
       ::execve(c.c_str(), av.data(), ev.data());
       if (errno != ENOENT || err == 0) err = errno;
     }
-    int msg[2] = {2, err};
+    int msg[3] = {2, err, 0};
     (void)!::write(efd, msg, sizeof msg);
     ::_exit(127);
   }
@@ -175,12 +191,14 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   }
   agent_ = pid;
   ep->write.reset();
-  int msg[2];
+  int msg[3];
   ssize_t n;
   do n = ::read(ep->read.get(), msg, sizeof msg);
   while (n < 0 && errno == EINTR);
   if (n == sizeof msg) {
-    std::string what = msg[0] == 1 ? "chdir " + cwd : "exec " + argv[0];
+    std::string what = msg[0] == 1 ? "chdir " + cwd
+                       : msg[0] == 3 ? std::string("apply policy: ") + policy_step_name(msg[2])
+                                     : "exec " + argv[0];
     report({{"ev", "spawn_failed"}, {"error", what + ": " + std::strerror(msg[1])}});
     return;  // its exit (127) is collected by reap() like any other
   }
@@ -264,11 +282,13 @@ int NsInit::run() {
       timeout = deadline_ - now_ms();
       if (timeout <= 0) {
         if (!killed_) {
-          signal_tree(SIGKILL);
           killed_ = true;
           // Escalation counts only if something was still there to kill.
           escalated_ = !agent_done_ || !os::children_of(::getpid()).empty();
         }
+        // Again on every round: a process forked while the last KILL went out (a fork storm)
+        // is caught by the next.
+        signal_tree(SIGKILL);
         timeout = 100;
       }
     }

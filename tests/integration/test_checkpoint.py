@@ -190,7 +190,9 @@ def test_without_live_checkpoint_fork_is_a_cold_restart_on_the_files(tmp_path, w
 
 @needs_criu
 def test_a_failed_dump_is_reported_and_the_agent_goes_on(tmp_path):
-    rc, ev, err = agent_box(tmp_path / "s", "nested", 1)
+    # The agent keeps the capabilities and syscalls to make a pid namespace of its own.
+    rc, ev, err = agent_box(tmp_path / "s", "nested", 1, 0, "--set", "isolation.capabilities=null", "--set",
+                            "isolation.seccomp=none")
     assert rc == 0, err
     refused = next(m for m in messages(ev) if "refused" in m)
     assert refused["refused"] is True and refused["code"] == "criu", refused
@@ -296,3 +298,30 @@ def test_a_copy_can_fork_itself_again(tmp_path):
     assert first["parent"] == "main" and second["parent"] == first["branch"]
     assert second["snapshot"] != first["snapshot"]
     assert out[2]["file"] == second and second["mode"] == "live"
+
+
+LANDLOCKED = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+try:
+    agent.Channel().checkpoint("x")
+    print(json.dumps({"refused": False}), flush=True)
+except agent.ChannelError as e:
+    print(json.dumps({"refused": True, "code": e.code, "message": e.message}), flush=True)
+'''
+
+
+@pytest.mark.parametrize("landlock", [True, False])
+def test_a_landlocked_tree_is_refused(tmp_path, landlock):
+    # criu does not restore Landlock: a copy would run unconfined. Control: the same box without it.
+    extra = ["--set", 'isolation.landlock={"rw": ["/workspace", "/tmp", "/dev"], "ro": ["/"]}'] if landlock else []
+    rc, ev, err = box(tmp_path / "s", [*extra, "--", sys.executable, "-c", LANDLOCKED])
+    assert rc == 0, err
+    out = next(m for m in messages(ev) if "refused" in m)
+    if landlock:
+        assert out["refused"] is True and out["code"] == "landlocked" and "Landlock" in out["message"], out
+        assert not any(e["type"] == "checkpoint.created" for e in ev)
+    else:
+        assert out["refused"] is False
+        assert one(ev, "checkpoint.created")
