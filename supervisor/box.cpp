@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
+#include "checkpoint/checkpointer.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
 #include "proc-io.hpp"
@@ -39,11 +41,15 @@ Box::~Box() {
   metrics_.reset();
   network_.reset();  // joins the broker's thread while the journal and the loop still exist
   signals_.reset();
-  for (auto& [n, b] : branches_)
-    if (b->reports)
-      uv_close(reinterpret_cast<uv_handle_t*>(b->reports), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+  checkpointer_.reset();
+  for (auto& [n, b] : branches_) {
+    for (auto* poll : {reinterpret_cast<uv_poll_t*>(b->reports), b->channel})
+      if (poll) uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+    if (b->drain_timer)
+      uv_close(reinterpret_cast<uv_handle_t*>(b->drain_timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  }
   procs_.clear();
-  for (auto* t : {kill_timer_, drain_timer_})
+  for (auto* t : {kill_timer_})
     if (t) uv_close(reinterpret_cast<uv_handle_t*>(t), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
   uv_run(loop_, UV_RUN_NOWAIT);
 }
@@ -74,6 +80,7 @@ void Box::shutdown(int64_t grace_ms) {
   shutting_down_ = true;
   log()->info("shut down box {}: grace {} ms", id_, grace_ms);
   for (auto& [n, b] : branches_) send_request(*b, {{"op", "shutdown"}, {"grace_ms", grace_ms}});
+  maybe_finish();
   // Backstop: ns-init does the grace period itself; if it has not ended its branch by then
   // (stopped, wedged), killing it ends its whole pid namespace.
   kill_timer_ = new uv_timer_t;
@@ -115,28 +122,6 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   if (it == procs_.end()) return;
   Proc& p = *it->second;
   if (proc_id != b.main_proc) return on_exec_report(b, p, r);
-  auto start_readers = [&] {
-    if (p.out || p.err) return;
-    auto on_eof = [this, &p] { maybe_proc_exited(p); };
-    p.out = std::make_unique<OutputReader>(
-        loop_, std::move(b.launched.out),
-        OutputDecoder("stdout", true,
-                      [this, &p](boost::json::object e) {
-                        e["proc"] = p.id;
-                        note_output(p.branch);
-                        emit(p.branch, std::move(e));
-                      }),
-        on_eof);
-    p.err = std::make_unique<OutputReader>(
-        loop_, std::move(b.launched.err),
-        OutputDecoder("stderr", false,
-                      [this, &p](boost::json::object e) {
-                        e["proc"] = p.id;
-                        note_output(p.branch);
-                        emit(p.branch, std::move(e));
-                      }),
-        on_eof);
-  };
   if (*ev == "started") {
     p.ns_pid = static_cast<pid_t>(r.at("pid").to_number<int64_t>());
     p.pid = p.ns_pid;
@@ -147,14 +132,14 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
     if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
     boost::json::array argv;
-    for (auto& a : opts_.argv) argv.emplace_back(a);
+    for (auto& a : b.argv) argv.emplace_back(a);
     e["argv"] = std::move(argv);
     emit(p.branch, std::move(e));
-    start_readers();
+    start_readers(b, p);
   } else if (*ev == "spawn_failed") {
     p.error = r.contains("error") ? std::string(r.at("error").as_string()) : "could not start";
     log()->error("start {}: {}", p.id, p.error);
-    start_readers();
+    start_readers(b, p);
   } else if (*ev == "exited") {
     if (b.limits) b.limits->stop();
     p.status = static_cast<int>(r.at("status").to_number<int64_t>());
@@ -162,6 +147,27 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     p.status_known = true;
     maybe_proc_exited(p);
   }
+}
+
+void Box::start_readers(Branch& b, Proc& p) {
+  if (p.out || p.err) return;
+  auto on_eof = [this, &p] { maybe_proc_exited(p); };
+  p.out = std::make_unique<OutputReader>(loop_, std::move(b.launched.out),
+                                         OutputDecoder("stdout", true,
+                                                       [this, &p](boost::json::object e) {
+                                                         e["proc"] = p.id;
+                                                         note_output(p.branch);
+                                                         emit(p.branch, std::move(e));
+                                                       }),
+                                         on_eof);
+  p.err = std::make_unique<OutputReader>(loop_, std::move(b.launched.err),
+                                         OutputDecoder("stderr", false,
+                                                       [this, &p](boost::json::object e) {
+                                                         e["proc"] = p.id;
+                                                         note_output(p.branch);
+                                                         emit(p.branch, std::move(e));
+                                                       }),
+                                         on_eof);
 }
 
 void Box::maybe_proc_exited(Proc& p) {
@@ -177,12 +183,27 @@ void Box::maybe_proc_exited(Proc& p) {
   std::string reason = WIFSIGNALED(p.status) ? "signaled" : "exited";
   if (shutting_down_) reason = "shutdown";
   reason = limit_reason(p, reason);
+  if (!b.ended_by.empty()) {
+    reason = "killed";
+    e["by"] = b.ended_by;
+  }
   e["reason"] = reason;
   if (p.escalated) e["escalated"] = true;
   if (!p.error.empty()) e["error"] = p.error;
   emit(p.branch, std::move(e));
   for (auto& w : std::exchange(p.on_started, {})) w();
-  if (p.id == "main") finish(exit_status_of(p.status));
+  maybe_finish();
+}
+
+void Box::maybe_finish() {
+  // The box ends when every branch's agent has ended (and no snapshot operation is under way),
+  // with the status of the original agent; an idle box only when it is asked to stop.
+  if (opts_.idle && !shutting_down_) return;
+  if (checkpointer_ && checkpointer_->busy()) return;
+  for (auto& [n, p] : procs_)
+    if (!p->exited_sent) return;
+  auto it = procs_.find("main");
+  finish(it != procs_.end() ? exit_status_of(it->second->status) : 0);
 }
 
 void Box::kill_leftovers() {
@@ -253,10 +274,36 @@ void Box::start() {
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   caps_ = detect_capabilities();
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(*this);
+
+  boost::json::object caps = caps_.to_json();
+  std::string why_not;
+  bool live = checkpointer_->live_possible(&why_not);
+  if (opts_.idle || !opts_.restore_file.empty()) {
+    caps["live_checkpoint"] = live;
+    if (!live) caps["why_not"] = why_not;
+    boost::json::object started{{"type", "box.started"},
+                                {"profile", opts_.profile.name},
+                                {"isolation", caps_.isolation},
+                                {"version", SBX_VERSION},
+                                {"capabilities", caps}};
+    if (opts_.restore_file.empty()) {
+      emit("main", std::move(started));
+      start_server();
+      return;
+    }
+    // A box from an archive continues the parent's journal: its own starts with restore.done
+    // (after the parent's last seq), then box.started (DESIGN.md, Events).
+    started["restored_from"] = opts_.restore_file;
+    pending_started_ = std::move(started);
+    checkpointer_->start_from_archive(opts_.restore_file);
+    return;
+  }
 
   auto b = std::make_unique<Branch>();
   b->name = "main";
   b->main_proc = "main";
+  b->argv = opts_.argv;
   BranchSpec spec;
   spec.name = b->name;
   spec.dir = opts_.state_dir + "/branches/" + b->name;
@@ -266,6 +313,8 @@ void Box::start() {
   spec.masks.push_back(opts_.state_dir);
   setup_branch_policy(*b, spec);
   BranchNetwork::prepare(opts_.profile, spec);
+  // criu does not restore Landlock: such a tree is refused at checkpoint (DESIGN.md).
+  b->landlocked = opts_.profile.isolation.landlock.has_value();
   auto lb = launch_branch(spec);
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
@@ -276,92 +325,31 @@ void Box::start() {
   if (!spec.want_namespaces && b->launched.why_not.empty())
     b->launched.why_not = caps_.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
-  // The agent's environment: ours, less the supervisor's secrets, plus who it is.
-  boost::json::array env;
-  for (char** e = environ; *e; ++e) {
-    std::string_view kv = *e;
-    if (kv.starts_with("SANDBOXER_TOKEN") || kv.starts_with("SANDBOXER_BOX=") || kv.starts_with("SANDBOXER_BRANCH="))
-      continue;
-    env.emplace_back(kv);
-  }
-  network_->edit_env(env);
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
-  env.emplace_back("SANDBOXER_BOX=" + id_);
-  env.emplace_back("SANDBOXER_BRANCH=" + b->name);
-  env.emplace_back("SANDBOXER_WORKSPACE=" + (b->launched.namespaced ? std::string("/workspace") : spec.dir + "/workspace"));
+  b->cwd = workdir;
+  checkpoint::Checkpointer::write_branch_json(*this, *b, spec.dir);
   boost::json::array argv;
   for (auto& a : opts_.argv) argv.emplace_back(a);
+  boost::json::array env = agent_env(*b, spec.dir);
+  network_->edit_env(env);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms},
+  boost::json::object config{{"argv", argv},
+                             {"env", env},
+                             {"cwd", workdir},
+                             {"grace_ms", opts_.profile.resources.grace_ms},
                              {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
-  Branch* bp = b.get();
-  reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) {
-    bp->ns_init_reaped = true;
-    bp->ns_init_status = st;
-    if (bp->limits) bp->limits->stop();
-    // Read what ns-init reported before it exited: its exit status alone loses the signal.
-    char buf[4096];
-    for (;;) {
-      ssize_t n = ::read(bp->launched.reports.get(), buf, sizeof buf);
-      if (n <= 0) break;
-      bp->pending.append(buf, static_cast<size_t>(n));
-    }
-    size_t nl;
-    while ((nl = bp->pending.find('\n')) != std::string::npos) {
-      boost::system::error_code ec;
-      auto v = boost::json::parse(std::string_view(bp->pending).substr(0, nl), ec);
-      bp->pending.erase(0, nl + 1);
-      if (!ec && v.is_object()) on_report(*bp, v.as_object());
-    }
-    auto& p = *procs_.at(bp->main_proc);
-    if (!p.status_known) {
-      p.status = st;
-      p.status_known = true;
-    }
-    if (!p.out) {
-      // ns-init died before it said anything: drain whatever the pipes hold.
-      on_report(*bp, {{"ev", "spawn_failed"}, {"error", "ns-init exited before starting the agent"}});
-    }
-    // A process that escaped the tree may still hold the pipes: stop waiting after a moment.
-    drain_timer_ = new uv_timer_t;
-    uv_timer_init(loop_, drain_timer_);
-    drain_timer_->data = &p;
-    uv_timer_start(
-        drain_timer_,
-        [](uv_timer_t* t) {
-          auto* p = static_cast<Proc*>(t->data);
-          if (p->out) p->out->close();
-          if (p->err) p->err->close();
-        },
-        2000, 0);
-    maybe_proc_exited(p);
-    end_execs_of(*bp);
-  });
-
-  auto proc = std::make_unique<Proc>();
-  proc->id = "main";
-  proc->branch = b->name;
-  procs_.emplace(proc->id, std::move(proc));
-
-  b->reports = reinterpret_cast<uv_pipe_t*>(new uv_poll_t);
-  auto* poll = reinterpret_cast<uv_poll_t*>(b->reports);
-  uv_poll_init(loop_, poll, b->launched.reports.get());
-  poll->data = bp;
-  branches_.emplace(b->name, std::move(b));
-
-  boost::json::object caps = caps_.to_json();
-  caps["namespaces"] = bp->launched.namespaced;
-  if (!bp->launched.namespaced) caps["namespaces_why_not"] = bp->launched.why_not;
-  caps["live_checkpoint"] = false;
-  caps["why_not"] = !bp->launched.namespaced ? "no pid and mount namespace of its own: " + bp->launched.why_not
-                    : !caps_.criu            ? std::string("criu was not found")
-                                             : std::string("live checkpoint is not built yet");
-  start_limits(*bp);
+  Branch& bp = add_branch(std::move(b), false);
+  start_limits(bp);
+  caps["namespaces"] = bp.launched.namespaced;
+  if (!bp.launched.namespaced) caps["namespaces_why_not"] = bp.launched.why_not;
+  caps["live_checkpoint"] = live && bp.launched.namespaced;
+  if (!live) caps["why_not"] = why_not;
+  else if (!bp.launched.namespaced) caps["why_not"] = "no pid and mount namespace of its own: " + bp.launched.why_not;
   emit("main", {{"type", "box.started"},
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
@@ -369,37 +357,277 @@ void Box::start() {
                 {"capabilities", caps},
                 {"enforcement", enforcement_},
                 {"network", network_->describe()}});
-
   start_server();
+}
+
+boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {
+  // The agent's environment: ours, less the supervisor's secrets, plus who it is.
+  boost::json::array env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv = *e;
+    if (kv.starts_with("SANDBOXER_TOKEN") || kv.starts_with("SANDBOXER_BOX=") || kv.starts_with("SANDBOXER_BRANCH=") ||
+        kv.starts_with("SANDBOXER_CHANNEL_FD=") || kv.starts_with("SANDBOXER_RESUMED=") ||
+        kv.starts_with("SANDBOXER_SNAPSHOT="))
+      continue;
+    env.emplace_back(kv);
+  }
+  env.emplace_back("SANDBOXER_BOX=" + id_);
+  env.emplace_back("SANDBOXER_BRANCH=" + b.name);
+  env.emplace_back("SANDBOXER_WORKSPACE=" + (b.launched.namespaced ? std::string("/workspace") : dir + "/workspace"));
+  env.emplace_back("SANDBOXER_CHANNEL_FD=" + std::to_string(kAgentChanReq) + "," + std::to_string(kAgentChanRep));
+  return env;
+}
+
+namespace {
+
+// Reads what is there on a non-blocking fd into `pending`; false at EOF or a hard error.
+bool read_available(int fd, std::string& pending) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      pending.append(buf, static_cast<size_t>(n));
+      if (pending.size() > (1u << 20)) return false;  // no line is that long: a broken peer
+      continue;
+    }
+    if (n == 0) return false;
+    return errno == EAGAIN || errno == EINTR;
+  }
+}
+
+// Calls fn for each complete JSON-object line in `pending`.
+template <class Fn>
+void for_each_line(std::string& pending, Fn&& fn) {
+  size_t nl;
+  while ((nl = pending.find('\n')) != std::string::npos) {
+    boost::system::error_code ec;
+    auto v = boost::json::parse(std::string_view(pending).substr(0, nl), ec);
+    pending.erase(0, nl + 1);
+    fn(ec || !v.is_object() ? nullptr : &v.as_object());
+  }
+}
+
+}  // namespace
+
+Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
+  Branch* bp = b.get();
+  reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) { on_branch_exit(*bp, st); });
+
+  auto proc = std::make_unique<Proc>();
+  proc->id = b->main_proc;
+  proc->branch = b->name;
+  Proc& p = *proc;
+  procs_[proc->id] = std::move(proc);
+
+  auto* poll = new uv_poll_t;
+  b->reports = reinterpret_cast<uv_pipe_t*>(poll);
+  uv_poll_init(loop_, poll, b->launched.reports.get());
+  poll->data = bp;
+  if (b->launched.chan_req) {
+    b->channel = new uv_poll_t;
+    uv_poll_init(loop_, b->channel, b->launched.chan_req.get());
+    b->channel->data = bp;
+  }
+  branches_[b->name] = std::move(b);
+  if (running) start_readers(*bp, p);
+  // A copy that finished restoring while the box stops ends with the others.
+  if (shutting_down_) send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
     auto* br = static_cast<Branch*>(h->data);
-    Box* self = nullptr;
-    (void)self;
-    char buf[4096];
-    ssize_t n = ::read(br->launched.reports.get(), buf, sizeof buf);
-    if (n <= 0) {
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) uv_poll_stop(h);
+    auto* box = static_cast<Box*>(h->loop->data);
+    if (!read_available(br->launched.reports.get(), br->pending)) uv_poll_stop(h);
+    for_each_line(br->pending, [&](const boost::json::object* o) {
+      if (!o) return;
+      try {
+        box->on_report(*br, *o);
+      } catch (const std::exception& e) {
+        log()->error("report from branch {}: {}", br->name, e.what());
+      }
+    });
+  });
+  if (bp->channel) {
+    uv_poll_start(bp->channel, UV_READABLE, [](uv_poll_t* h, int, int) {
+      auto* br = static_cast<Branch*>(h->data);
+      auto* box = static_cast<Box*>(h->loop->data);
+      if (!read_available(br->launched.chan_req.get(), br->chan_pending)) uv_poll_stop(h);
+      for_each_line(br->chan_pending, [&](const boost::json::object* o) {
+        if (!o) {
+          box->channel_reply(*br, {{"ok", false},
+                                   {"error", {{"code", "bad_request"}, {"message", "a request is one JSON object per line"}}}});
+          return;
+        }
+        try {
+          box->on_channel(*br, *o);
+        } catch (const std::exception& e) {
+          box->channel_reply(*br, {{"ok", false}, {"error", {{"code", "bad_request"}, {"message", e.what()}}}});
+        }
+      });
+    });
+  }
+  return *bp;
+}
+
+void Box::on_branch_exit(Branch& b, int st) {
+  b.ns_init_reaped = true;
+  b.ns_init_status = st;
+  if (b.limits) b.limits->stop();
+  // Read what ns-init reported before it exited: its exit status alone loses the signal.
+  read_available(b.launched.reports.get(), b.pending);
+  for_each_line(b.pending, [&](const boost::json::object* o) {
+    if (o) on_report(b, *o);
+  });
+  auto& p = *procs_.at(b.main_proc);
+  if (!p.status_known) {
+    p.status = st;
+    p.status_known = true;
+  }
+  if (!p.out) {
+    // ns-init died before it said anything: drain whatever the pipes hold.
+    on_report(b, {{"ev", "spawn_failed"}, {"error", "ns-init exited before starting the agent"}});
+  }
+  // A process that escaped the tree may still hold the pipes: stop waiting after a moment.
+  if (!b.drain_timer) {
+    b.drain_timer = new uv_timer_t;
+    uv_timer_init(loop_, b.drain_timer);
+  }
+  b.drain_timer->data = &p;
+  uv_timer_start(
+      b.drain_timer,
+      [](uv_timer_t* t) {
+        auto* p = static_cast<Proc*>(t->data);
+        if (p->out) p->out->close();
+        if (p->err) p->err->close();
+      },
+      2000, 0);
+  maybe_proc_exited(p);
+  end_execs_of(b);
+}
+
+void Box::channel_reply(Branch& b, const boost::json::object& msg) {
+  if (!b.launched.chan_rep) return;
+  std::string line = boost::json::serialize(msg) + "\n";
+  ssize_t n = ::write(b.launched.chan_rep.get(), line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size()))
+    log()->warn("reply on the agent channel of branch {}: the agent is not reading it", b.name);
+}
+
+void Box::on_channel(Branch& b, const boost::json::object& req) {
+  int64_t id = -1;
+  if (auto* v = req.if_contains("id"); v && v->is_int64()) id = v->as_int64();
+  auto reply = [this, &b, id](boost::json::object r) {
+    if (id >= 0) r["id"] = id;
+    channel_reply(b, r);
+  };
+  auto* op = req.if_contains("op");
+  if (!op || !op->is_string()) {
+    reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "missing \"op\" (a string)"}}}});
+    return;
+  }
+  if (*op == "whoami") {
+    boost::json::object r = checkpoint::Checkpointer::identity(*this, b);
+    r["ok"] = true;
+    reply(std::move(r));
+  } else if (*op == "event") {
+    // {"event": {"type": "agent.x", ...}}; the type is kept under "agent." so an agent cannot
+    // forge the supervisor's own events.
+    auto* data = req.if_contains("event");
+    if (!data || !data->is_object()) {
+      reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "event needs \"event\" (an object)"}}}});
       return;
     }
-    br->pending.append(buf, static_cast<size_t>(n));
-    // The box is reached through the loop's data pointer.
-    auto* box = static_cast<Box*>(h->loop->data);
-    size_t nl;
-    while ((nl = br->pending.find('\n')) != std::string::npos) {
-      boost::system::error_code ec;
-      auto v = boost::json::parse(std::string_view(br->pending).substr(0, nl), ec);
-      br->pending.erase(0, nl + 1);
-      if (!ec && v.is_object()) {
-        try {
-          box->on_report(*br, v.as_object());
-        } catch (const std::exception& e) {
-          log()->error("report from branch {}: {}", br->name, e.what());
-        }
+    boost::json::object ev = data->as_object();
+    std::string type = ev.contains("type") && ev.at("type").is_string() ? std::string(ev.at("type").as_string()) : "event";
+    if (!type.starts_with("agent.")) type = "agent." + type;
+    for (const char* k : {"seq", "ts", "box", "branch", "proc"}) ev.erase(k);
+    ev["type"] = type;
+    ev["proc"] = b.main_proc;
+    uint64_t seq = emit(b.name, std::move(ev));
+    reply({{"ok", true}, {"seq", seq}});
+  } else if (*op == "checkpoint" || *op == "fork") {
+    std::string name;
+    if (auto* v = req.if_contains("name"); v && v->is_string()) name = v->as_string();
+    bool leave_running = true;
+    if (auto* v = req.if_contains("leave_running"); v && v->is_bool()) leave_running = v->as_bool();
+    int n = 0;
+    if (*op == "fork") {
+      auto* v = req.if_contains("n");
+      if (!v || !v->is_int64() || v->as_int64() < 1 || v->as_int64() > 64) {
+        reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "fork needs \"n\" (1..64)"}}}});
+        return;
       }
+      n = static_cast<int>(v->as_int64());
     }
-  });
+    std::string bname = b.name;
+    b.chan_inflight = id;
+    checkpoint(bname, name, leave_running, [this, bname, id, n](boost::json::object r) {
+      auto it = branches_.find(bname);
+      Branch* br = it == branches_.end() ? nullptr : it->second.get();
+      if (br) br->chan_inflight = -1;
+      bool ok = r.contains("ok") && r.at("ok").as_bool();
+      if (!ok || n == 0) {
+        if (br) {
+          if (id >= 0) r["id"] = id;
+          r["copy"] = false;
+          channel_reply(*br, r);
+        }
+        return;
+      }
+      std::string snap(r.at("snapshot").as_string());
+      restore(snap, n, true, [this, bname, id, snap](boost::json::object fr) {
+        auto it2 = branches_.find(bname);
+        if (it2 == branches_.end()) return;
+        if (id >= 0) fr["id"] = id;
+        fr["snapshot"] = snap;
+        fr["copy"] = false;
+        channel_reply(*it2->second, fr);
+      });
+    });
+  } else if (*op == "snapshot.list") {
+    reply({{"ok", true}, {"snapshots", snapshot_list()}});
+  } else if (*op == "snapshot.delete" || *op == "restore") {
+    auto* v = req.if_contains(*op == "restore" ? "snapshot" : "id");
+    if (!v || !v->is_string()) {
+      reply({{"ok", false},
+             {"error", {{"code", "bad_request"},
+                        {"message", std::string(*op == "restore" ? "restore needs \"snapshot\"" : "snapshot.delete needs \"id\"") +
+                                        " (a snapshot id)"}}}});
+      return;
+    }
+    if (*op == "snapshot.delete") return reply(snapshot_delete(std::string(v->as_string())));
+    std::string bname = b.name;
+    restore(std::string(v->as_string()), 1, false, [this, bname, id](boost::json::object r) {
+      auto it = branches_.find(bname);
+      if (it == branches_.end()) return;
+      if (id >= 0) r["id"] = id;
+      channel_reply(*it->second, r);
+    });
+  } else {
+    reply({{"ok", false},
+           {"error", {{"code", "unknown_op"},
+                      {"message", "unknown op \"" + std::string(op->as_string()) +
+                                      "\" (whoami, event, checkpoint, fork, restore, snapshot.list, snapshot.delete)"}}}});
+  }
 }
+
+void Box::emit_started() {
+  if (pending_started_.empty()) return;
+  emit("main", std::exchange(pending_started_, {}));
+  // A box from an archive serves once its journal has begun (restore.done, box.started).
+  start_server();
+}
+
+void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done) {
+  checkpointer_->checkpoint(branch, name, leave_running, std::move(done));
+}
+
+void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {
+  checkpointer_->restore(snapshot, n, fork, std::move(done));
+}
+
+boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
+
+boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
 int Box::run() {
   loop_->data = this;

@@ -22,6 +22,10 @@
 #include "reaper.hpp"
 #include "signals.hpp"
 
+namespace sbx::checkpoint {
+class Checkpointer;
+}
+
 namespace sbx::supervisor {
 
 struct BoxOptions {
@@ -37,6 +41,8 @@ struct BoxOptions {
   std::string token;               // required with `listen`
   std::string tls_cert, tls_key;
   int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
+  bool idle = false;               // start with no agent and wait (--idle)
+  std::string restore_file;        // start from this checkpoint archive (--restore)
 };
 
 class ProcIo;
@@ -90,6 +96,20 @@ struct Branch {
   bool ns_init_reaped = false;
   int ns_init_status = 0;
   std::string main_proc;
+  std::vector<std::string> argv;  // the agent's command
+  std::string cwd;
+  // Who this branch is (also in /run/sandboxer/branch.json): how it came to run.
+  std::string mode = "original";  // original, live, cold
+  std::string parent, snapshot;
+  int index = 0;
+  // The agent channel: requests read on the loop, replies written back.
+  uv_poll_t* channel = nullptr;
+  std::string chan_pending;
+  int64_t chan_inflight = -1;  // id of a channel request being served (checkpoint), else -1
+  uv_timer_t* drain_timer = nullptr;
+  bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
+  bool busy = false;        // a checkpoint of it is under way
+  std::string ended_by;     // "checkpoint" when a checkpoint ended it
   // Ceilings and policy (box-policy.cpp).
   std::unique_ptr<os::CgroupDir> cgroup;
   std::unique_ptr<LimitsWatcher> limits;
@@ -132,6 +152,13 @@ class Box {
   /// Host pid of a branch's ns-init, or -1.
   pid_t ns_init_pid(const std::string& branch) const;
   const BoxOptions& options() const { return opts_; }
+  /// The snapshot operations (the WebSocket server and the agent channel call these). `done`
+  /// receives the reply body: {"ok": true, ...} or {"ok": false, "error": {code, message}}.
+  using Reply = std::function<void(boost::json::object)>;
+  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done);
+  void restore(const std::string& snapshot, int n, bool fork, Reply done);
+  boost::json::array snapshot_list();
+  boost::json::object snapshot_delete(const std::string& id);
 
  private:
   void start();
@@ -144,6 +171,19 @@ class Box {
   void on_exec_report(Branch& b, Proc& p, const boost::json::object& r);
   void end_execs_of(Branch& b);
   void start_server();
+  friend class checkpoint::Checkpointer;
+  /// Takes a started (or restored, `running`) branch: watches ns-init, its reports, its
+  /// channel and its main process's output.
+  Branch& add_branch(std::unique_ptr<Branch> b, bool running);
+  void start_readers(Branch& b, Proc& p);
+  void on_branch_exit(Branch& b, int status);
+  void on_channel(Branch& b, const boost::json::object& req);
+  void channel_reply(Branch& b, const boost::json::object& msg);
+  void maybe_finish();
+  boost::json::array agent_env(const Branch& b, const std::string& dir) const;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  boost::json::object pending_started_;  // box.started of a box from an archive, until restored
+  void emit_started();
 
   // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
   void setup_branch_policy(Branch& b, BranchSpec& spec);
@@ -166,7 +206,6 @@ class Box {
   std::map<std::string, std::unique_ptr<Proc>> procs_;
   bool shutting_down_ = false;
   uv_timer_t* kill_timer_ = nullptr;   // backstop when a branch outlives its grace period
-  uv_timer_t* drain_timer_ = nullptr;  // closes output pipes a straggler still holds
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;

@@ -42,6 +42,10 @@ class Journal {
   uint64_t append(boost::json::object ev);
 
   uint64_t last_seq() const noexcept { return last_seq_; }
+  /// Continues numbering after `seq` (a box restored from an archive continues its parent's).
+  void skip_to(uint64_t seq) noexcept {
+    if (seq > last_seq_) last_seq_ = seq;
+  }
   const std::string& dir() const noexcept { return opts_.dir; }
 
   int add_listener(Listener l);

@@ -123,8 +123,10 @@ Plan make_plan(const BranchSpec& spec) {
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r, .fstype = "tmpfs", .data = "mode=0755,size=1m",
-       .flags = MS_NOSUID | MS_NODEV, .what = "mount the root tmpfs"});
+  // The root is a directory of the branch's own, bound onto itself (pivot_root needs a mount
+  // point), not a tmpfs: criu does not dump the contents of a mount namespace's root, so a restored
+  // copy gets this directory's copy (mount points and symlinks) as its --root.
+  add({.kind = MountOp::Mount, .a = r, .b = r, .flags = MS_BIND, .what = "bind the root directory"});
   for (auto& e : entries)
     if (!e.dir) add({.kind = MountOp::Symlink, .a = e.link, .b = r + "/" + e.name, .what = "symlink /" + e.name});
   for (auto& [target, s] : trees) {
@@ -163,9 +165,11 @@ Plan make_plan(const BranchSpec& spec) {
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd/2", .b = r + "/dev/stderr", .what = "symlink /dev/stderr"});
+  // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
+  // /run/sandboxer/branch.json can be written into each restored copy before its restore.
   add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/run", .fstype = "tmpfs", .data = "mode=0755,size=16m",
-       .flags = MS_NOSUID | MS_NODEV, .what = "mount /run"});
+  add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND | MS_NOSUID | MS_NODEV,
+       .what = "bind /run"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
   add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
   add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
@@ -228,6 +232,7 @@ int run_plan(Plan& p, int* err) noexcept {
       }
       case MountOp::Symlink:
         rc = ::symlink(op.a.c_str(), op.b.c_str());
+        if (rc != 0 && errno == EEXIST) rc = 0;  // the root directory of an earlier start
         break;
       case MountOp::Move: {
         int fd = p.slots[static_cast<size_t>(op.slot)];
@@ -276,19 +281,19 @@ struct ChildArgs {
   const char* exe;
   char* const* argv;
   char* const* envp;
-  int fds[5];     // sources for 3..7
+  int fds[7];     // sources for 3..9
   int err_pipe;   // write end, reported to on failure
 };
 
-// Moves `fds` onto 3..7 even when sources and targets overlap, then closes everything else.
+// Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
 void place_fds(ChildArgs& a) noexcept {
-  int high[5];
-  for (int i = 0; i < 5; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
+  int high[7];
+  for (int i = 0; i < 7; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
   int ep = ::fcntl(a.err_pipe, F_DUPFD_CLOEXEC, 100);
-  for (int i = 0; i < 5; ++i) ::dup2(high[i], 3 + i);
-  ::dup3(ep, 8, O_CLOEXEC);
-  a.err_pipe = 8;
-  ::close_range(9, ~0U, 0);
+  for (int i = 0; i < 7; ++i) ::dup2(high[i], 3 + i);
+  ::dup3(ep, 10, O_CLOEXEC);
+  a.err_pipe = 10;
+  ::close_range(11, ~0U, 0);
 }
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
@@ -326,6 +331,46 @@ void place_fds(ChildArgs& a) noexcept {
 
 }  // namespace
 
+std::array<int, 7> BranchPipes::child_ends() const {
+  return {req.read.get(), rep.write.get(), in.read.get(), out.write.get(), err.write.get(), chan_req.write.get(),
+          chan_rep.read.get()};
+}
+
+std::array<uint64_t, 7> BranchPipes::inodes() const {
+  std::array<uint64_t, 7> out{};
+  auto ends = child_ends();
+  for (size_t i = 0; i < ends.size(); ++i) {
+    struct stat st {};
+    if (::fstat(ends[i], &st) == 0) out[i] = st.st_ino;
+  }
+  return out;
+}
+
+os::Result<BranchPipes> make_branch_pipes() {
+  BranchPipes p;
+  for (os::Pipe* x : {&p.req, &p.rep, &p.in, &p.out, &p.err, &p.chan_req, &p.chan_rep}) {
+    auto r = os::make_pipe();
+    if (!r) return r.error();
+    *x = std::move(*r);
+  }
+  return p;
+}
+
+void LaunchedBranch::take(BranchPipes& p) {
+  pipe_inodes = p.inodes();
+  requests = std::move(p.req.write);
+  reports = std::move(p.rep.read);
+  in = std::move(p.in.write);
+  out = std::move(p.out.read);
+  err = std::move(p.err.read);
+  chan_req = std::move(p.chan_req.read);
+  chan_rep = std::move(p.chan_rep.write);
+  (void)os::set_nonblocking(reports.get());
+  (void)os::set_nonblocking(out.get());
+  (void)os::set_nonblocking(err.get());
+  (void)os::set_nonblocking(chan_req.get());
+}
+
 bool can_make_namespaces(std::string* why_not) {
   pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
   if (pid == 0) ::_exit(0);
@@ -339,17 +384,13 @@ bool can_make_namespaces(std::string* why_not) {
 }
 
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
-  for (const char* sub : {"", "/root", "/workspace", "/tmp", "/tmp-upper", "/tmp-work"})
+  for (const char* sub : {"", "/root", "/workspace", "/tmp", "/run", "/tmp-upper", "/tmp-work"})
     if (auto r = os::make_dirs(spec.dir + sub, 0755); !r) return r.error();
   ::chmod((spec.dir + "/tmp").c_str(), 01777);
   ::chmod((spec.dir + "/tmp-upper").c_str(), 01777);
 
-  auto req = os::make_pipe();
-  auto rep = os::make_pipe();
-  auto in = os::make_pipe();
-  auto out = os::make_pipe();
-  auto err = os::make_pipe();
-  if (!req || !rep || !in || !out || !err) return os::last_error();
+  auto pipes = make_branch_pipes();
+  if (!pipes) return pipes.error();
 
   std::vector<std::string> args = {spec.self_exe, "--ns-init"};
 
@@ -371,9 +412,9 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
     ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.new_net, ns ? kNsInitPath : spec.self_exe.c_str(),
-                 argv.data(), envp,
-                 {req->read.get(), rep->write.get(), in->read.get(), out->write.get(), err->write.get()},
-                 ep->write.get()};
+                 argv.data(), envp, {}, ep->write.get()};
+    auto ends = pipes->child_ends();
+    for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
     pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
     if (pid == 0) child_main(ca);
@@ -411,14 +452,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   }
   if (lb.pid < 0) return boost::system::error_code(ECHILD, boost::system::system_category());
   lb.why_not = lb.namespaced ? "" : why_not;
-  lb.requests = std::move(req->write);
-  lb.reports = std::move(rep->read);
-  lb.in = std::move(in->write);
-  lb.out = std::move(out->read);
-  lb.err = std::move(err->read);
-  (void)os::set_nonblocking(lb.reports.get());
-  (void)os::set_nonblocking(lb.out.get());
-  (void)os::set_nonblocking(lb.err.get());
+  lb.take(*pipes);
   return lb;
 }
 

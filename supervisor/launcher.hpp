@@ -6,7 +6,11 @@
 //   3 requests from the supervisor (JSON lines; the first line is the branch's config)
 //   4 reports to the supervisor (JSON lines)
 //   5, 6, 7 the agent's stdin, stdout, stderr
+//   8, 9 the agent channel: requests (agent writes), replies (agent reads); the agent gets them
+//        as its fds 3 and 4 (SANDBOXER_CHANNEL_FD=3,4)
 #include <sys/types.h>
+
+#include <array>
 
 #include <boost/json.hpp>
 #include <string>
@@ -20,6 +24,19 @@ namespace sbx::supervisor {
 inline constexpr const char* kNsInitPath = "/run/sandboxer/sandboxer-init";
 
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
+inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
+inline constexpr int kAgentChanReq = 3, kAgentChanRep = 4;
+
+/// The seven pipes between the supervisor and a branch (see the fd list above). Their inodes are
+/// what criu names them by when they cross the boundary of a dumped tree.
+struct BranchPipes {
+  os::Pipe req, rep, in, out, err, chan_req, chan_rep;
+  /// The branch's ends, in the order of ns-init's fds 3..9.
+  std::array<int, 7> child_ends() const;
+  /// The pipes' inodes in the same order (equal for both ends of a pipe).
+  std::array<uint64_t, 7> inodes() const;
+};
+os::Result<BranchPipes> make_branch_pipes();
 
 struct BranchSpec {
   std::string name = "main";
@@ -33,6 +50,10 @@ struct BranchSpec {
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };
 
+/// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each
+/// restored copy gets a copy of. `root` holds the mount points and symlinks of the agent's /.
+inline constexpr const char* kLayerDirs[] = {"root", "workspace", "tmp", "run"};
+
 struct LaunchedBranch {
   pid_t pid = -1;           // ns-init, in the supervisor's pid namespace
   bool namespaced = false;  // own pid + mount namespace and root
@@ -41,6 +62,12 @@ struct LaunchedBranch {
   os::UniqueFd reports;     // ns-init -> supervisor (non-blocking)
   os::UniqueFd in;          // agent stdin, write end
   os::UniqueFd out, err;    // agent stdout / stderr, read ends (non-blocking)
+  os::UniqueFd chan_req;    // agent channel requests, read end (non-blocking)
+  os::UniqueFd chan_rep;    // agent channel replies, write end
+  std::array<uint64_t, 7> pipe_inodes{};  // see BranchPipes::inodes
+
+  /// Takes the supervisor's ends of `p`.
+  void take(BranchPipes& p);
 };
 
 /// Starts ns-init for `spec`. The caller then writes the branch's config (argv, env, cwd,

@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   bo.tls_cert = o.tls_cert;
   bo.tls_key = o.tls_key;
   bo.argv = o.argv;
+  bo.idle = o.idle;
+  bo.restore_file = o.restore_file;
   bo.events_path = o.events;
   bo.workdir = o.workdir;
   bo.self_exe = self_exe();

@@ -117,7 +117,7 @@ void NsInit::begin_shutdown(int64_t grace_ms) {
 // controlling terminal. Returns the pid, or -1 with `error` set (the child's chdir, policy and exec
 // errors arrive through a close-on-exec pipe and also set `error`, with the pid of the dead child).
 pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in, const std::string& cwd,
-            int in, int out, int err_fd, bool tty, const PreparedPolicy& policy, std::string& error) {
+            int in, int out, int err_fd, bool tty, bool channel, const PreparedPolicy& policy, std::string& error) {
   std::vector<std::string> argv = argv_in, env = env_in;
   if (argv.empty()) {
     error = "empty argv";
@@ -157,8 +157,18 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     ::dup2(hi[1], 1);
     ::dup2(hi[2], 2);
     if (tty) ::ioctl(0, TIOCSCTTY, 0);
+    // 3 and 4: the agent channel for the branch's agent (SANDBOXER_CHANNEL_FD names them);
+    // otherwise closed, since they are ns-init's own request and report pipes.
+    if (channel && ::fcntl(kNsChanReq, F_GETFD) >= 0) {
+      ::dup2(kNsChanReq, kAgentChanReq);
+      ::dup2(kNsChanRep, kAgentChanRep);
+    } else {
+      ::close(kAgentChanReq);
+      ::close(kAgentChanRep);
+    }
     int efd = ep ? ep->write.get() : -1;
-    if (efd >= 0) efd = ::dup3(efd, 3, O_CLOEXEC) >= 0 ? 3 : -1;
+    // The exec error pipe goes to 5; everything from 6 on closes after the policy is applied.
+    if (efd >= 0) efd = ::dup3(efd, 5, O_CLOEXEC) >= 0 ? 5 : -1;
     int e = 0;
     if (::chdir(cwd.c_str()) != 0) {
       e = errno;
@@ -173,7 +183,7 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
       (void)!::write(efd, msg, sizeof msg);
       ::_exit(127);
     }
-    ::close_range(4, ~0U, 0);
+    ::close_range(6, ~0U, 0);
     // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
     for (auto& c : candidates) {
       ::execve(c.c_str(), av.data(), ev.data());
@@ -212,10 +222,12 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
 
   std::string error;
-  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, policy_, error);
+  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, true, policy_, error);
   ::close(kNsAgentIn);
   ::close(kNsAgentOut);
   ::close(kNsAgentErr);
+  ::close(kNsChanReq);
+  ::close(kNsChanRep);
   if (pid < 0) {
     report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
     agent_done_ = true;
@@ -288,7 +300,7 @@ void NsInit::exec_proc(const boost::json::object& req) {
     keep.push_back(std::move(e->read));
   }
   std::string error;
-  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, policy_, error);
+  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, false, policy_, error);
   if (pid < 0) return fail(error);
   execs_[pid] = id;
   held_[id] = std::move(keep);

@@ -20,6 +20,8 @@ const char* const kInitUsage =
     "  --token-file FILE     the API token (else $SANDBOXER_TOKEN); required with --listen\n"
     "  --tls-cert FILE, --tls-key FILE   serve wss:// (for listeners beyond loopback)\n"
     "  --metrics-interval D  cadence of metrics events (default: the profile's metrics.interval, 5s; 0 for none)\n"
+    "  --idle                start with no command and wait (for exec, restore, fork)\n"
+    "  --restore FILE        start from a checkpoint archive instead of a command\n"
     "  --version             print the version\n";
 
 InitOptions parse_init_options(int argc, char** argv) {
@@ -50,10 +52,17 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--tls-cert") o.tls_cert = value(a);
     else if (a == "--tls-key") o.tls_key = value(a);
     else if (a == "--metrics-interval") o.metrics_interval = value(a);
+    else if (a == "--idle") o.idle = true;
+    else if (a == "--restore") o.restore_file = value(a);
     else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
     else break;  // the command starts here
   }
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
+    if (!o.argv.empty()) throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");
+    if (o.idle && !o.restore_file.empty()) throw std::invalid_argument("--idle and --restore exclude each other");
+    return o;
+  }
   if (o.mode == InitOptions::Run && o.argv.empty()) throw std::invalid_argument("no command given (expected -- COMMAND ...)");
   return o;
 }

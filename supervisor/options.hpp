@@ -20,6 +20,8 @@ struct InitOptions {
   std::string token_file;
   std::string tls_cert, tls_key;
   std::string metrics_interval;  // "": the profile's metrics.interval
+  bool idle = false;          // start with no agent and wait
+  std::string restore_file;   // start from a checkpoint archive
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

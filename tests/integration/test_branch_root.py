@@ -49,3 +49,18 @@ def test_without_namespaces_the_box_says_why(tmp_path):
     caps = started["capabilities"]
     assert caps["namespaces"] is False and "off in the profile" in caps["namespaces_why_not"]
     assert caps["live_checkpoint"] is False and caps["why_not"]
+
+
+def test_the_agent_inherits_only_stdio_and_its_channel(tmp_path):
+    # ns-init's own request and report pipes must not leak into the agent (it could forge
+    # reports); the agent gets 0..2 and the channel on 3 and 4 (SANDBOXER_CHANNEL_FD), nothing else.
+    script = ("import os; fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); "
+              "print(fds); print(os.environ['SANDBOXER_CHANNEL_FD']); "
+              "print([os.readlink(f'/proc/self/fd/{f}')[:5] for f in (3, 4)])")
+    r = run_init(["--", "python3", "-c", script], tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    out = "".join(e.get("data", "") for e in read_journal(tmp_path / "s") if e["type"] == "proc.output")
+    fds, chan, kinds = out.splitlines()[:3]
+    fds = eval(fds)
+    assert fds[:5] == [0, 1, 2, 3, 4] and len(fds) == 6, fds  # the sixth is listdir's own
+    assert chan == "3,4" and kinds == "['pipe:', 'pipe:']"

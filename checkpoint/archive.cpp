@@ -1,0 +1,394 @@
+#include "archive.hpp"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "os/sys.hpp"
+#include "os/unique-fd.hpp"
+
+namespace sbx::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    EVP_DigestFinal_ex(ctx_, md, &len);
+    static constexpr char h[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned i = 0; i < len; ++i) {
+      out += h[md[i] >> 4];
+      out += h[md[i] & 15];
+    }
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+// Where libarchive's compressed output goes: the file, hashed and counted on the way.
+struct Sink {
+  int fd = -1;
+  Sha256 sha;
+  uint64_t bytes = 0;
+  int error = 0;
+};
+
+la_ssize_t sink_write(struct archive*, void* data, const void* buf, size_t n) {
+  auto* s = static_cast<Sink*>(data);
+  if (auto r = os::write_all(s->fd, {static_cast<const char*>(buf), n}); !r) {
+    s->error = r.error().value();
+    return -1;
+  }
+  s->sha.update(buf, n);
+  s->bytes += n;
+  return static_cast<la_ssize_t>(n);
+}
+
+struct ArchiveDeleter {
+  void operator()(struct archive* a) const { archive_write_free(a); }
+};
+struct ReadDeleter {
+  void operator()(struct archive* a) const { archive_read_free(a); }
+};
+struct EntryDeleter {
+  void operator()(struct archive_entry* e) const { archive_entry_free(e); }
+};
+
+// Relative paths under root, parents before children, in a stable order.
+void walk(const fs::path& root, const fs::path& rel, std::vector<fs::path>& out) {
+  std::vector<fs::path> kids;
+  std::error_code ec;
+  for (auto& de : fs::directory_iterator(root / rel, ec)) kids.push_back(rel / de.path().filename());
+  std::sort(kids.begin(), kids.end());
+  for (auto& k : kids) {
+    out.push_back(k);
+    struct stat st {};
+    if (::lstat((root / k).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) walk(root, k, out);
+  }
+}
+
+bool safe_relative(std::string_view p) {
+  if (p.empty() || p.front() == '/') return false;
+  fs::path path(p);
+  for (auto& part : path)
+    if (part == "..") return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> sha256_file(const std::string& path, std::string& err) {
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    err = "open " + path + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      err = "read " + path + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    sha.update(buf.data(), static_cast<size_t>(n));
+  }
+  return sha.hex();
+}
+
+std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
+                                         const std::string& dst, int level, std::string& err) {
+  Sink sink;
+  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out) {
+    err = "create " + dst + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  sink.fd = out.get();
+  std::unique_ptr<struct archive, ArchiveDeleter> a(archive_write_new());
+  archive_write_add_filter_zstd(a.get());
+  archive_write_set_filter_option(a.get(), "zstd", "compression-level", std::to_string(level).c_str());
+  // Not every libarchive knows this option; compression still works without it.
+  (void)archive_write_set_filter_option(a.get(), "zstd", "threads", "2");
+  archive_write_set_format_pax_restricted(a.get());
+  archive_write_set_bytes_in_last_block(a.get(), 1);
+  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, nullptr, nullptr) != ARCHIVE_OK) {
+    err = std::string("start the archive: ") + archive_error_string(a.get());
+    return std::nullopt;
+  }
+  auto fail = [&](const std::string& what) {
+    err = what + ": " + (sink.error ? std::strerror(sink.error) : archive_error_string(a.get()));
+    ::unlink(dst.c_str());
+    return std::nullopt;
+  };
+
+  std::vector<fs::path> paths;
+  walk(src_dir, "", paths);
+  boost::json::object files;
+  uint64_t raw = 0;
+  std::vector<char> buf(1 << 20);
+  for (auto& rel : paths) {
+    std::string full = (fs::path(src_dir) / rel).string();
+    struct stat st {};
+    if (::lstat(full.c_str(), &st) != 0) continue;
+    std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
+    archive_entry_copy_pathname(e.get(), rel.c_str());
+    archive_entry_set_perm(e.get(), st.st_mode & 07777);
+    archive_entry_set_uid(e.get(), st.st_uid);
+    archive_entry_set_gid(e.get(), st.st_gid);
+    archive_entry_set_mtime(e.get(), st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    if (S_ISDIR(st.st_mode)) {
+      archive_entry_set_filetype(e.get(), AE_IFDIR);
+      if (archive_write_header(a.get(), e.get()) != ARCHIVE_OK) return fail("write " + rel.string());
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[4096];
+      ssize_t n = ::readlink(full.c_str(), target, sizeof target - 1);
+      if (n < 0) continue;
+      target[n] = 0;
+      archive_entry_set_filetype(e.get(), AE_IFLNK);
+      archive_entry_copy_symlink(e.get(), target);
+      if (archive_write_header(a.get(), e.get()) != ARCHIVE_OK) return fail("write " + rel.string());
+      files[rel.string()] = {{"type", "symlink"}, {"target", target}};
+    } else if (S_ISREG(st.st_mode)) {
+      os::UniqueFd in(::open(full.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!in) {
+        err = "open " + full + ": " + std::strerror(errno);
+        ::unlink(dst.c_str());
+        return std::nullopt;
+      }
+      archive_entry_set_filetype(e.get(), AE_IFREG);
+      archive_entry_set_size(e.get(), st.st_size);
+      if (archive_write_header(a.get(), e.get()) != ARCHIVE_OK) return fail("write " + rel.string());
+      Sha256 sha;
+      uint64_t left = static_cast<uint64_t>(st.st_size);
+      while (left > 0) {
+        ssize_t n = ::read(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          err = "read " + full + ": " + (n < 0 ? std::strerror(errno) : "the file shrank while it was archived");
+          ::unlink(dst.c_str());
+          return std::nullopt;
+        }
+        sha.update(buf.data(), static_cast<size_t>(n));
+        if (archive_write_data(a.get(), buf.data(), static_cast<size_t>(n)) != n) return fail("write " + rel.string());
+        left -= static_cast<uint64_t>(n);
+      }
+      raw += static_cast<uint64_t>(st.st_size);
+      files[rel.string()] = {{"size", st.st_size}, {"sha256", sha.hex()}};
+    }
+    // Sockets, fifos and devices in a writable layer are not part of a snapshot.
+  }
+  manifest["files"] = std::move(files);
+  manifest["raw_bytes"] = raw;
+  std::string text = boost::json::serialize(manifest) + "\n";
+  std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
+  archive_entry_copy_pathname(e.get(), "manifest.json");
+  archive_entry_set_filetype(e.get(), AE_IFREG);
+  archive_entry_set_perm(e.get(), 0644);
+  archive_entry_set_size(e.get(), static_cast<la_int64_t>(text.size()));
+  if (archive_write_header(a.get(), e.get()) != ARCHIVE_OK) return fail("write manifest.json");
+  if (archive_write_data(a.get(), text.data(), text.size()) != static_cast<la_ssize_t>(text.size()))
+    return fail("write manifest.json");
+  if (archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
+  if (::fsync(out.get()) != 0) {
+    err = "fsync " + dst + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  return ArchiveInfo{sink.sha.hex(), raw + text.size(), sink.bytes};
+}
+
+std::optional<boost::json::object> extract_archive(const std::string& src, const std::string& dst_dir,
+                                                   std::string& err) {
+  auto fail = [&](std::string what) {
+    err = std::move(what);
+    remove_tree(dst_dir);
+    return std::nullopt;
+  };
+  if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
+  std::unique_ptr<struct archive, ReadDeleter> a(archive_read_new());
+  archive_read_support_filter_zstd(a.get());
+  archive_read_support_format_tar(a.get());
+  if (archive_read_open_filename(a.get(), src.c_str(), 1 << 20) != ARCHIVE_OK)
+    return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+  struct Seen {
+    uint64_t size;
+    std::string sha;
+  };
+  std::map<std::string, Seen> seen;
+  std::string manifest_text;
+  bool have_manifest = false;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    struct archive_entry* e = nullptr;
+    int r = archive_read_next_header(a.get(), &e);
+    if (r == ARCHIVE_EOF) break;
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
+      return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+    std::string path = archive_entry_pathname(e);
+    if (!safe_relative(path)) return fail("the archive holds an unsafe path: " + path);
+    if (have_manifest) return fail("the archive has entries after its manifest");
+    auto type = archive_entry_filetype(e);
+    std::string full = dst_dir + "/" + path;
+    if (path == "manifest.json") {
+      have_manifest = true;
+      for (;;) {
+        la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
+        if (n < 0) return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+        if (n == 0) break;
+        manifest_text.append(buf.data(), static_cast<size_t>(n));
+        if (manifest_text.size() > (64u << 20)) return fail("the archive's manifest is too large");
+      }
+      continue;
+    }
+    if (type == AE_IFDIR) {
+      if (::mkdir(full.c_str(), archive_entry_perm(e) | 0700) != 0 && errno != EEXIST)
+        return fail("create " + path + ": " + std::strerror(errno));
+    } else if (type == AE_IFLNK) {
+      if (::symlink(archive_entry_symlink(e), full.c_str()) != 0) return fail("create " + path + ": " + std::strerror(errno));
+      seen[path] = {0, "symlink"};
+    } else if (type == AE_IFREG) {
+      os::UniqueFd out(::open(full.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, archive_entry_perm(e)));
+      if (!out) return fail("create " + path + ": " + std::strerror(errno));
+      Sha256 sha;
+      uint64_t size = 0;
+      for (;;) {
+        la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
+        if (n < 0) return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+        if (n == 0) break;
+        sha.update(buf.data(), static_cast<size_t>(n));
+        if (auto w = os::write_all(out.get(), {buf.data(), static_cast<size_t>(n)}); !w)
+          return fail("write " + path + ": " + w.error().message());
+        size += static_cast<uint64_t>(n);
+      }
+      seen[path] = {size, sha.hex()};
+    } else {
+      return fail("the archive holds an entry of an unsupported type: " + path);
+    }
+  }
+  if (!have_manifest) return fail("the archive is truncated: it has no manifest.json");
+  boost::system::error_code ec;
+  auto v = boost::json::parse(manifest_text, ec);
+  if (ec || !v.is_object()) return fail("the archive is corrupted: its manifest.json is not a JSON object");
+  auto& m = v.as_object();
+  auto* fmt = m.if_contains("format");
+  auto* ver = m.if_contains("format_version");
+  if (!fmt || *fmt != kFormatName) return fail("not a sandboxer checkpoint archive (manifest format)");
+  if (!ver || !ver->is_int64() || ver->as_int64() != kFormatVersion)
+    return fail("the archive's format_version is not " + std::to_string(kFormatVersion));
+  auto* files = m.if_contains("files");
+  if (!files || !files->is_object()) return fail("the archive's manifest lists no files");
+  for (auto& [k, f] : files->as_object()) {
+    std::string path(k);
+    auto it = seen.find(path);
+    if (it == seen.end()) return fail("the archive is missing " + path + " (listed in its manifest)");
+    if (!f.is_object()) return fail("the manifest's entry for " + path + " is not an object");
+    auto& fo = f.as_object();
+    if (fo.contains("sha256")) {
+      auto* sz = fo.if_contains("size");
+      if (!sz || !sz->is_number() || sz->to_number<uint64_t>() != it->second.size)
+        return fail("size mismatch for " + path + ": the archive is corrupted");
+      auto& want = fo.at("sha256");
+      if (!want.is_string() || std::string_view(want.as_string()) != it->second.sha) return fail("sha256 mismatch for " + path + ": the archive is corrupted");
+    }
+    seen.erase(it);
+  }
+  if (!seen.empty()) return fail("the archive holds " + seen.begin()->first + ", which its manifest does not list");
+  return m;
+}
+
+std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err) {
+  struct stat st {};
+  if (::lstat(src.c_str(), &st) != 0) {
+    err = "stat " + src + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  uint64_t bytes = 0;
+  if (S_ISDIR(st.st_mode)) {
+    if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0 && errno != EEXIST) {
+      err = "create " + dst + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    ::chmod(dst.c_str(), st.st_mode & 07777);
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (auto& de : fs::directory_iterator(src, ec)) names.push_back(de.path().filename().string());
+    if (ec) {
+      err = "list " + src + ": " + ec.message();
+      return std::nullopt;
+    }
+    for (auto& n : names) {
+      auto r = copy_tree(src + "/" + n, dst + "/" + n, err);
+      if (!r) return std::nullopt;
+      bytes += *r;
+    }
+  } else if (S_ISLNK(st.st_mode)) {
+    char target[4096];
+    ssize_t n = ::readlink(src.c_str(), target, sizeof target - 1);
+    if (n < 0) return bytes;
+    target[n] = 0;
+    ::unlink(dst.c_str());
+    if (::symlink(target, dst.c_str()) != 0) {
+      err = "create " + dst + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+  } else if (S_ISREG(st.st_mode)) {
+    os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+    os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st.st_mode & 07777));
+    if (!in || !out) {
+      err = "copy " + src + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    off_t left = st.st_size;
+    while (left > 0) {
+      ssize_t n = ::copy_file_range(in.get(), nullptr, out.get(), nullptr, static_cast<size_t>(left), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // the file shrank under us: keep what is there
+      left -= n;
+    }
+    bytes += static_cast<uint64_t>(st.st_size - left);
+  }
+  return bytes;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+uint64_t tree_bytes(const std::string& path) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+}  // namespace sbx::checkpoint

@@ -1,0 +1,845 @@
+#include "checkpoint/checkpointer.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "box.hpp"
+#include "checkpoint/archive.hpp"
+#include "checkpoint/criu.hpp"
+#include "launcher.hpp"
+#include "os/sys.hpp"
+#include "policy.hpp"
+
+namespace sbx::checkpoint {
+
+using supervisor::Box;
+using supervisor::Branch;
+namespace json = boost::json;
+
+namespace {
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("criu");
+  return l;
+}
+
+double now_ms() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+double round_ms(double v) { return static_cast<double>(static_cast<int64_t>(v * 10 + 0.5)) / 10; }
+
+json::object error_reply(const std::string& code, const std::string& msg) {
+  return {{"ok", false}, {"error", {{"code", code}, {"message", msg}}}};
+}
+
+// Every process of a tree, the root first.
+std::vector<pid_t> tree_of(pid_t root) {
+  std::vector<pid_t> all, stack = {root};
+  while (!stack.empty()) {
+    pid_t p = stack.back();
+    stack.pop_back();
+    all.push_back(p);
+    for (pid_t c : os::children_of(p)) stack.push_back(c);
+  }
+  return all;
+}
+
+// The one-letter state of a process from /proc/PID/stat ('T' stopped), or 0 when it is gone.
+char proc_state(pid_t pid) {
+  auto text = os::read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!text) return 0;
+  auto close = text->rfind(')');
+  return close != std::string::npos && close + 2 < text->size() ? (*text)[close + 2] : 0;
+}
+
+// Stops every process of the tree (SIGSTOP, forced even on a namespace's PID 1) and waits until
+// each is stopped, scanning again for children forked meanwhile. False when that took too long.
+bool stop_tree(pid_t root) {
+  for (int round = 0; round < 200; ++round) {
+    bool all = true;
+    for (pid_t p : tree_of(root)) {
+      char st = proc_state(p);
+      if (st == 0 || st == 'T' || st == 't' || st == 'Z') continue;
+      all = false;
+      ::kill(p, SIGSTOP);
+    }
+    if (all) return true;
+    ::usleep(2000);
+  }
+  return false;
+}
+
+void continue_tree(pid_t root) {
+  for (pid_t p : tree_of(root)) ::kill(p, SIGCONT);
+}
+
+const char* const kPipeRoles[] = {"requests", "reports", "stdin", "stdout", "stderr", "channel_requests",
+                                  "channel_replies"};
+
+std::string kernel_release() {
+  struct utsname u {};
+  ::uname(&u);
+  return u.release;
+}
+
+// The paths masked in a branch's view (launcher.cpp), each a mount point criu restores.
+json::array mask_list(std::vector<std::string> masks, const std::string& state_dir) {
+  masks.push_back(state_dir);
+  json::array out;
+  for (auto& m : masks) {
+    struct stat st {};
+    if (::stat(m.c_str(), &st) != 0) continue;
+    out.push_back({{"path", m}, {"dir", S_ISDIR(st.st_mode)}});
+  }
+  return out;
+}
+
+}  // namespace
+
+bool valid_snapshot_id(std::string_view id) {
+  if (id.size() != 18 || !id.starts_with("s-")) return false;
+  for (char c : id.substr(2))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+struct Checkpointer::CheckpointOp {
+  std::string branch, name;
+  bool leave_running = true;
+  Reply done;
+  bool live = false;
+  std::string note;  // why files only
+  std::string work;  // snapshots/.work-X: payload/{criu,fs}, logs
+  pid_t ns_pid = -1;
+  double t0 = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
+  json::object manifest;
+  uint64_t fs_bytes = 0, image_bytes = 0;
+  std::string error;
+  std::optional<ArchiveInfo> info;
+  std::string id;
+};
+
+struct Checkpointer::RestoreOp {
+  std::string snapshot;
+  int n = 1;
+  bool fork = false;
+  Reply done;
+  json::object manifest;
+  std::string forced_name;  // --restore: the copy is "main"
+  double t0 = 0;
+  int pending = 0;
+  json::array results;
+  std::vector<std::unique_ptr<supervisor::BranchPipes>> pipes;
+};
+
+Checkpointer::Checkpointer(Box& box) : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()) {
+  (void)os::make_dirs(snap_dir_, 0700);
+}
+
+Checkpointer::~Checkpointer() = default;
+
+bool Checkpointer::live_possible(std::string* why_not) const {
+  if (!criu_ || !box_.caps_.criu) {
+    if (why_not) *why_not = "criu was not found on PATH";
+    return false;
+  }
+  int major = 0, minor = 0;
+  std::sscanf(box_.caps_.criu->c_str(), "%d.%d", &major, &minor);
+  if (major < 4 || (major == 4 && minor < 2)) {
+    if (why_not) *why_not = "criu " + *box_.caps_.criu + " is too old: sockets need criu >= 4.2";
+    return false;
+  }
+  return true;
+}
+
+void Checkpointer::offload(std::function<void()> work, std::function<void()> after) {
+  struct Work {
+    uv_work_t req;
+    std::function<void()> work, after;
+  };
+  auto* w = new Work{{}, std::move(work), std::move(after)};
+  w->req.data = w;
+  uv_queue_work(
+      box_.loop_, &w->req,
+      [](uv_work_t* r) {
+        try {
+          static_cast<Work*>(r->data)->work();
+        } catch (const std::exception& e) {
+          log()->error("background step: {}", e.what());
+        }
+      },
+      [](uv_work_t* r, int) {
+        auto* w = static_cast<Work*>(r->data);
+        try {
+          w->after();
+        } catch (const std::exception& e) {
+          log()->error("after a background step: {}", e.what());
+        }
+        delete w;
+      });
+}
+
+void Checkpointer::op_done() {
+  --ops_;
+  box_.maybe_finish();
+}
+
+json::object Checkpointer::identity(const Box& box, const Branch& b) {
+  json::object o{{"box", box.id_}, {"branch", b.name}, {"mode", b.mode}, {"index", b.index}};
+  o["parent"] = b.parent.empty() ? json::value(nullptr) : json::value(b.parent);
+  o["snapshot"] = b.snapshot.empty() ? json::value(nullptr) : json::value(b.snapshot);
+  return o;
+}
+
+void Checkpointer::write_branch_json(const Box& box, const Branch& b, const std::string& dir) {
+  std::string d = dir + "/run/sandboxer";
+  if (auto r = os::make_dirs(d, 0755); !r) {
+    log()->warn("create {}: {}", d, r.error().message());
+    return;
+  }
+  if (auto r = os::write_file_atomic(d + "/branch.json", json::serialize(identity(box, b)) + "\n"); !r)
+    log()->warn("write {}/branch.json: {}", d, r.error().message());
+}
+
+// ---- checkpoint ----
+
+void Checkpointer::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done) {
+  auto it = box_.branches_.find(branch);
+  if (it == box_.branches_.end()) return done(error_reply("not_found", "no branch \"" + branch + "\""));
+  Branch& b = *it->second;
+  auto pit = box_.procs_.find(b.main_proc);
+  if (b.ns_init_reaped || pit == box_.procs_.end() || pit->second->status_known)
+    return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
+  if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
+  if (b.landlocked)
+    return done(error_reply("landlocked", "branch \"" + branch +
+                                              "\" is confined by Landlock, which criu does not restore: its copies "
+                                              "would run without that confinement"));
+  auto op = std::make_shared<CheckpointOp>();
+  op->branch = branch;
+  op->name = name;
+  op->leave_running = leave_running;
+  op->done = std::move(done);
+  std::string why;
+  if (!live_possible(&why)) {
+    op->note = "filesystem only: " + why;
+  } else if (!b.launched.namespaced) {
+    op->note = "filesystem only: the branch has no pid and mount namespace of its own (" + b.launched.why_not + ")";
+  } else {
+    op->live = true;
+  }
+  op->work = snap_dir_ + "/.work-" + os::random_hex(4);
+  for (const char* d : {"", "/payload/criu", "/payload/fs", "/logs"})
+    if (auto r = os::make_dirs(op->work + d, 0700); !r)
+      return op->done(error_reply("io", "create " + op->work + d + ": " + r.error().message()));
+  ++ops_;
+  b.busy = true;
+  op->ns_pid = b.launched.pid;
+  op->t0 = now_ms();
+
+  json::object pipes;
+  for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.launched.pipe_inodes[i];
+  json::array argv;
+  for (auto& a : b.argv) argv.emplace_back(a);
+  op->manifest = {{"format", kFormatName},
+                  {"format_version", kFormatVersion},
+                  {"created", supervisor::rfc3339_now()},
+                  {"box", box_.id_},
+                  {"branch", branch},
+                  {"name", name},
+                  {"parent", b.snapshot.empty() ? json::value(nullptr) : json::value(b.snapshot)},
+                  {"profile", box_.opts_.profile.name},
+                  {"image", nullptr},
+                  {"mode", op->live ? "live" : "fs"},
+                  {"criu", op->live ? json::value(*box_.caps_.criu) : json::value(nullptr)},
+                  {"kernel", kernel_release()},
+                  {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
+                  {"pipes", pipes},
+                  {"masks", mask_list(box_.opts_.masks, box_.opts_.state_dir)},
+                  {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
+  if (!op->live) op->manifest["note"] = op->note;
+
+  if (!op->live) {
+    // Files only, but still at one instant: the tree is stopped while its layer is copied.
+    (void)stop_tree(op->ns_pid);
+    op->t_stopped = op->t_dumped = now_ms();
+    snapshot_layer(op);
+    return;
+  }
+  // Memory and files at one instant: the tree is stopped first and stays stopped through the
+  // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
+  // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
+  // original would lose its live connections.
+  if (!stop_tree(op->ns_pid)) {
+    continue_tree(op->ns_pid);
+    b.busy = false;
+    checkpoint_failed(op, "busy", "could not stop every process of branch \"" + branch + "\" within 0.4 s");
+    return;
+  }
+  op->t_stopped = now_ms();
+  CriuRun run;
+  run.args = {"dump",
+              "--tree", std::to_string(op->ns_pid),
+              "--images-dir", op->work + "/payload/criu",
+              "--work-dir", op->work + "/logs",
+              "--log-file", "dump.log",
+              "--external", "mnt[]",
+              "--external", "mnt[/workspace]:workspace",
+              "--external", "mnt[/tmp]:tmp",
+              "--external", "mnt[/run]:run",
+              "--manage-cgroups=ignore",
+              // Live TCP connections are dumped; the network is not locked: the tree is stopped,
+              // criu's iptables lock would sit in the host's tables (the tree shares the host's
+              // network namespace), and no restored copy keeps the connections (--tcp-close).
+              "--tcp-established",
+              "--network-lock", "skip",
+              "--file-locks",
+              "--leave-running"};
+  run.output = op->work + "/logs/dump.out";
+  auto pid = spawn_criu(*criu_, run);
+  if (!pid) {
+    continue_tree(op->ns_pid);
+    b.busy = false;
+    checkpoint_failed(op, "criu", "start criu: " + pid.error().message());
+    return;
+  }
+  log()->info("dump branch {} (ns-init {}): criu {}", branch, op->ns_pid, *pid);
+  box_.reaper_.watch(*pid, [this, op](pid_t, int st) {
+    op->t_dumped = now_ms();
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      std::string why = criu_error_from_log(op->work + "/logs/dump.log");
+      continue_tree(op->ns_pid);
+      checkpoint_failed(op, "criu", "criu dump failed: " + why);
+      return;
+    }
+    snapshot_layer(op);
+  });
+}
+
+void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg) {
+  log()->error("checkpoint branch {}: {}", op->branch, msg);
+  if (auto it = box_.branches_.find(op->branch); it != box_.branches_.end()) it->second->busy = false;
+  box_.emit(op->branch, {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
+  remove_tree(op->work);
+  op->done(error_reply(code, msg));
+  op_done();
+}
+
+void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
+  std::string src = box_.opts_.state_dir + "/branches/" + op->branch;
+  offload(
+      [op, src] {
+        for (const char* d : supervisor::kLayerDirs) {
+          struct stat st {};
+          if (::stat((src + "/" + d).c_str(), &st) != 0) continue;
+          auto r = copy_tree(src + "/" + d, op->work + "/payload/fs/" + d, op->error);
+          if (!r) return;
+          op->fs_bytes += *r;
+        }
+        // The branch's /tmp writes live in the upper layer of its /tmp overlay (launcher.cpp):
+        // they are its /tmp in the snapshot (overlay whiteouts, devices, are left out).
+        struct stat st {};
+        if (::stat((src + "/tmp-upper").c_str(), &st) == 0) {
+          auto r = copy_tree(src + "/tmp-upper", op->work + "/payload/fs/tmp", op->error);
+          if (!r) return;
+          op->fs_bytes += *r;
+        }
+        op->image_bytes = tree_bytes(op->work + "/payload/criu");
+      },
+      [this, op] {
+        op->t_snapped = now_ms();
+        auto it = box_.branches_.find(op->branch);
+        if (it != box_.branches_.end()) {
+          Branch& b = *it->second;
+          if (!op->leave_running && op->error.empty()) {
+            b.ended_by = "checkpoint";
+            // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
+            // whole tree. A flat one is not: every process of the tree goes.
+            if (b.launched.namespaced) ::kill(op->ns_pid, SIGKILL);
+            else
+              for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGKILL);
+          }
+          continue_tree(op->ns_pid);
+        }
+        op->t_resumed = now_ms();
+        if (!op->error.empty()) return checkpoint_failed(op, "io", "snapshot the writable layer: " + op->error);
+        compress(op);
+      });
+}
+
+void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
+  op->manifest["last_seq"] = box_.journal_->last_seq();
+  op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
+  json::object timings{{"dump", round_ms(op->t_dumped - op->t_stopped)},
+                       {"snapshot", round_ms(op->t_snapped - op->t_dumped)},
+                       {"stop", round_ms(op->t_stopped - op->t0)},
+                       {"freeze", round_ms(op->t_resumed - op->t0)}};
+  op->manifest["timings_ms"] = timings;
+  std::string tmp = op->work + "/archive.tar.zst";
+  offload(
+      [op, tmp] {
+        op->info = write_archive(op->work + "/payload", op->manifest, tmp, 3, op->error);
+      },
+      [this, op, tmp] {
+        op->t_compressed = now_ms();
+        if (!op->info) return checkpoint_failed(op, "io", "write the archive: " + op->error);
+        op->id = "s-" + op->info->sha256.substr(0, 16);
+        std::string base = snap_dir_ + "/" + op->id;
+        json::object index = op->manifest;
+        index["id"] = op->id;
+        index["archive"] = {{"path", base + ".tar.zst"},
+                            {"sha256", op->info->sha256},
+                            {"bytes", op->info->compressed_bytes},
+                            {"raw_bytes", op->info->raw_bytes}};
+        json::object timings = op->manifest["timings_ms"].as_object();
+        timings["compress"] = round_ms(op->t_compressed - op->t_resumed);
+        timings["total"] = round_ms(op->t_compressed - op->t0);
+        index["timings_ms"] = timings;
+        if (::rename(tmp.c_str(), (base + ".tar.zst").c_str()) != 0)
+          return checkpoint_failed(op, "io", "store the archive: " + std::string(std::strerror(errno)));
+        // The payload stays extracted beside the archive: forks of it need no decompression.
+        remove_tree(base + ".d");
+        if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
+          json::object m = op->manifest;
+          (void)os::write_file_atomic(base + ".d/manifest.json", json::serialize(m) + "\n");
+          (void)os::write_file_atomic(base + ".d/.complete", "");
+        }
+        (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
+        remove_tree(op->work);
+        if (auto it = box_.branches_.find(op->branch); it != box_.branches_.end()) it->second->busy = false;
+        json::object ev{{"type", "checkpoint.created"},
+                        {"snapshot", op->id},
+                        {"name", op->name},
+                        {"parent", op->manifest["parent"]},
+                        {"mode", op->live ? "live" : "fs"},
+                        {"leave_running", op->leave_running},
+                        {"sizes",
+                         {{"raw", op->info->raw_bytes},
+                          {"compressed", op->info->compressed_bytes},
+                          {"images", op->image_bytes},
+                          {"fs", op->fs_bytes}}},
+                        {"timings_ms", timings},
+                        {"archive", base + ".tar.zst"}};
+        if (!op->live) ev["note"] = op->note;
+        box_.emit(op->branch, ev);
+        log()->info("checkpoint {} of branch {}: {} bytes in {} ms", op->id, op->branch, op->info->compressed_bytes,
+                    timings["total"].to_number<double>());
+        json::object r{{"ok", true}, {"snapshot", op->id}, {"mode", op->live ? "live" : "fs"}, {"sizes", ev["sizes"]},
+                       {"timings_ms", timings}};
+        if (!op->live) r["note"] = op->note;
+        op->done(std::move(r));
+        op_done();
+      });
+}
+
+// ---- restore and fork ----
+
+void Checkpointer::with_extracted(const std::string& id,
+                                  std::function<void(std::optional<json::object>, std::string)> fn) {
+  std::string base = snap_dir_ + "/" + id;
+  struct stat st {};
+  if (::stat((base + ".d/.complete").c_str(), &st) == 0) {
+    auto text = os::read_file(base + ".d/manifest.json");
+    boost::system::error_code ec;
+    json::value v = text ? json::parse(*text, ec) : json::value();
+    if (text && !ec && v.is_object()) return fn(v.as_object(), "");
+  }
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(std::nullopt, "no snapshot \"" + id + "\"");
+  auto result = std::make_shared<std::optional<json::object>>();
+  auto err = std::make_shared<std::string>();
+  offload(
+      [base, id, result, err] {
+        // The id is the archive's content hash: check it before reading anything out of it.
+        auto sha = sha256_file(base + ".tar.zst", *err);
+        if (!sha) return;
+        if (sha->substr(0, 16) != id.substr(2)) {
+          *err = "the archive of " + id + " is corrupted: its sha256 is " + *sha;
+          return;
+        }
+        remove_tree(base + ".d.tmp");
+        *result = extract_archive(base + ".tar.zst", base + ".d.tmp", *err);
+        if (!*result) return;
+        (void)os::write_file_atomic(base + ".d.tmp/manifest.json", json::serialize(**result) + "\n");
+        (void)os::write_file_atomic(base + ".d.tmp/.complete", "");
+        remove_tree(base + ".d");
+        if (::rename((base + ".d.tmp").c_str(), (base + ".d").c_str()) != 0) {
+          *err = "store the extracted snapshot: " + std::string(std::strerror(errno));
+          result->reset();
+        }
+      },
+      [result, err, fn] { fn(*result, *err); });
+}
+
+std::string Checkpointer::next_branch_name() {
+  for (;;) {
+    std::string n = "f" + std::to_string(next_copy_++);
+    struct stat st {};
+    if (!box_.branches_.contains(n) && ::stat((box_.opts_.state_dir + "/branches/" + n).c_str(), &st) != 0) return n;
+  }
+}
+
+void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name) {
+  if (!valid_snapshot_id(snapshot))
+    return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
+  if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
+  auto op = std::make_shared<RestoreOp>();
+  op->snapshot = snapshot;
+  op->n = n;
+  op->fork = fork;
+  op->done = std::move(done);
+  op->forced_name = name;
+  op->t0 = now_ms();
+  if (box_.shutting_down_) return op->done(error_reply("shutting_down", "the box is shutting down"));
+  ++ops_;
+  with_extracted(snapshot, [this, op](std::optional<json::object> m, std::string err) {
+    if (!m) {
+      log()->error("restore {}: {}", op->snapshot, err);
+      box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", err}});
+      op->done(error_reply("bad_snapshot", err));
+      return op_done();
+    }
+    op->manifest = std::move(*m);
+    std::string mode(op->manifest.contains("mode") ? op->manifest.at("mode").as_string() : "fs");
+    if (mode == "live") {
+      std::string why;
+      std::string theirs = op->manifest.at("criu").is_string() ? std::string(op->manifest.at("criu").as_string()) : "";
+      std::string refuse;
+      if (!live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
+      else if (theirs != *box_.caps_.criu)
+        refuse = "the snapshot was made with criu " + theirs + ", this box has criu " + *box_.caps_.criu;
+      if (!refuse.empty()) {
+        box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", refuse}});
+        op->done(error_reply("incompatible", refuse));
+        return op_done();
+      }
+    }
+    op->pending = op->n;
+    op->pipes.resize(static_cast<size_t>(op->n));
+    for (int i = 0; i < op->n; ++i) restore_copy(op, i);
+  });
+}
+
+void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
+  std::string name = op->forced_name.empty() ? next_branch_name() : op->forced_name;
+  std::string dir = box_.opts_.state_dir + "/branches/" + name;
+  std::string src = snap_dir_ + "/" + op->snapshot + ".d";
+  bool live = op->manifest.at("mode") == "live";
+  auto b = std::make_shared<std::unique_ptr<Branch>>(std::make_unique<Branch>());
+  Branch& br = **b;
+  br.name = name;
+  br.main_proc = name == "main" ? "main" : "main@" + name;
+  br.mode = live ? "live" : "cold";
+  br.parent = std::string(op->manifest.at("branch").as_string());
+  br.snapshot = op->snapshot;
+  br.index = index;
+  if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
+    for (auto& v : a->as_array()) br.argv.emplace_back(v.as_string());
+  br.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
+  auto err = std::make_shared<std::string>();
+  double t_start = now_ms();
+  json::array masks;
+  if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
+  offload(
+      [src, dir, err, masks, live] {
+        if (auto r = os::make_dirs(dir, 0755); !r) {
+          *err = "create " + dir + ": " + r.error().message();
+          return;
+        }
+        for (const char* d : supervisor::kLayerDirs) {
+          struct stat st {};
+          if (::stat((src + "/fs/" + d).c_str(), &st) != 0) continue;
+          if (!copy_tree(src + "/fs/" + d, dir + "/" + d, *err)) return;
+        }
+        // A cold copy gets the /tmp overlay again: its files go to the upper layer.
+        if (!live && !copy_tree(src + "/fs/tmp", dir + "/tmp-upper", *err)) return;
+        // A live copy's /tmp is a directory of its own (not the original's overlay): the mount
+        // points of the masks criu restores below /tmp must exist in it.
+        for (auto& v : masks) {
+          if (!v.is_object()) continue;
+          std::string path(v.at("path").as_string());
+          if (!path.starts_with("/tmp/")) continue;
+          std::string target = dir + "/tmp" + path.substr(4);
+          if (v.at("dir").as_bool()) {
+            (void)os::make_dirs(target, 0755);
+          } else {
+            (void)os::make_dirs(target.substr(0, target.rfind('/')), 0755);
+            (void)os::write_file_atomic(target, "");
+          }
+        }
+      },
+      [this, op, index, b, err, dir, src, live, t_start] {
+        Branch& br = **b;
+        double t_copied = now_ms();
+        json::object res{{"branch", br.name}, {"index", index}};
+        if (!err->empty()) {
+          res["error"] = "copy the snapshot's files: " + *err;
+          return copy_done(op, index, std::move(res));
+        }
+        write_branch_json(box_, br, dir);
+        if (!live) {
+          // Cold restart: the agent's command again, on the snapshot's files.
+          supervisor::BranchSpec spec;
+          spec.name = br.name;
+          spec.dir = dir;
+          spec.self_exe = box_.opts_.self_exe;
+          spec.want_namespaces = box_.opts_.profile.isolation.namespaces && box_.caps_.namespaces;
+          spec.masks = box_.opts_.masks;
+          spec.masks.push_back(box_.opts_.state_dir);
+          // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
+          // Landlock) as the original's did; its cgroup ceilings are not set up (one per box now).
+          auto lb = supervisor::launch_branch(spec);
+          if (!lb) {
+            res["error"] = "start the copy: " + lb.error().message();
+            return copy_done(op, index, std::move(res));
+          }
+          br.launched = std::move(*lb);
+          std::string cwd = br.launched.namespaced ? br.cwd : dir + "/workspace";
+          auto env = box_.agent_env(br, dir);
+          env.emplace_back("SANDBOXER_RESUMED=1");
+          env.emplace_back("SANDBOXER_SNAPSHOT=" + op->snapshot);
+          json::array argv;
+          for (auto& a : br.argv) argv.emplace_back(a);
+          box_.send_request(br, {{"argv", argv},
+                                 {"env", env},
+                                 {"cwd", cwd},
+                                 {"grace_ms", box_.opts_.profile.resources.grace_ms},
+                                 {"policy", supervisor::policy_to_json(box_.opts_.profile, box_.caps_.landlock_abi)}});
+          br.launched.in.reset();
+          Branch& added = box_.add_branch(std::move(*b), false);
+          box_.channel_reply(added, [&] {
+            auto w = identity(box_, added);
+            w["type"] = "whoami";
+            return w;
+          }());
+          res["mode"] = "cold";
+          res["proc"] = added.main_proc;
+          res["timings_ms"] = {{"copy", round_ms(t_copied - t_start)}, {"restore", round_ms(now_ms() - t_copied)}};
+          return copy_done(op, index, std::move(res));
+        }
+        auto pipes = supervisor::make_branch_pipes();
+        if (!pipes) {
+          res["error"] = "make pipes: " + pipes.error().message();
+          return copy_done(op, index, std::move(res));
+        }
+        auto& pp = op->pipes[static_cast<size_t>(index)];
+        pp = std::make_unique<supervisor::BranchPipes>(std::move(*pipes));
+        CriuRun run;
+        (void)os::make_dirs(dir + "/.criu", 0700);
+        run.args = {"restore",
+                    "--images-dir", src + "/criu",
+                    "--work-dir", dir + "/.criu",
+                    "--log-file", "restore.log",
+                    "--root", dir + "/root",
+                    "--restore-sibling",
+                    "--restore-detached",
+                    "--manage-cgroups=ignore",
+                    "--tcp-close",
+                    "--file-locks",
+                    "--ext-mount-map", "auto",
+                    "--external", "mnt[workspace]:" + dir + "/workspace",
+                    "--external", "mnt[tmp]:" + dir + "/tmp",
+                    "--external", "mnt[run]:" + dir + "/run",
+                    "--pidfile", dir + "/.criu/pid"};
+        auto ends = pp->child_ends();
+        auto& old = op->manifest.at("pipes").as_object();
+        for (size_t i = 0; i < 7; ++i) {
+          run.fds.push_back(ends[i]);
+          auto* ino = old.if_contains(kPipeRoles[i]);
+          if (!ino || !ino->is_number()) continue;
+          run.args.push_back("--inherit-fd");
+          run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(i)) + "]:pipe:[" +
+                             std::to_string(ino->to_number<uint64_t>()) + "]");
+        }
+        run.new_netns = true;
+        run.hostname = (*b)->name + "." + box_.id_;
+        run.output = dir + "/.criu/restore.out";
+        auto pid = spawn_criu(*criu_, run);
+        if (!pid) {
+          res["error"] = "start criu: " + pid.error().message();
+          return copy_done(op, index, std::move(res));
+        }
+        box_.reaper_.watch(*pid, [this, op, index, b, dir, res, t_start, t_copied](pid_t, int st) mutable {
+          auto& pp = op->pipes[static_cast<size_t>(index)];
+          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            res["error"] = "criu restore failed: " + criu_error_from_log(dir + "/.criu/restore.log");
+            pp.reset();
+            return copy_done(op, index, std::move(res));
+          }
+          auto text = os::read_file(dir + "/.criu/pid");
+          pid_t root = text ? static_cast<pid_t>(std::atoi(text->c_str())) : -1;
+          if (root <= 0) {
+            res["error"] = "criu restore left no pid file";
+            pp.reset();
+            return copy_done(op, index, std::move(res));
+          }
+          Branch& br = **b;
+          br.launched.pid = root;
+          br.launched.namespaced = true;
+          br.launched.take(*pp);
+          pp.reset();  // closes the copy's ends: the restored tree holds them now
+          br.launched.in.reset();
+          Branch& added = box_.add_branch(std::move(*b), true);
+          // The tree was dumped stopped, so criu restored it stopped: it runs from here.
+          continue_tree(root);
+          // The copy's first line on its channel says who it is; a channel request the original
+          // was waiting on at the dump gets its answer in the copy too.
+          auto w = identity(box_, added);
+          w["type"] = "whoami";
+          box_.channel_reply(added, w);
+          if (auto* cr = op->manifest.if_contains("channel_request"); cr && cr->is_int64()) {
+            box_.channel_reply(added, {{"id", cr->as_int64()},
+                                       {"ok", true},
+                                       {"snapshot", op->snapshot},
+                                       {"copy", true},
+                                       {"branch", added.name},
+                                       {"index", index},
+                                       {"mode", "live"}});
+          }
+          res["mode"] = "live";
+          res["proc"] = added.main_proc;
+          res["pid"] = root;
+          res["timings_ms"] = {{"copy", round_ms(t_copied - t_start)}, {"restore", round_ms(now_ms() - t_copied)}};
+          copy_done(op, index, std::move(res));
+        });
+      });
+}
+
+void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int index, json::object res) {
+  std::string branch(res.at("branch").as_string());
+  json::object ev{{"type", "restore.done"},
+                  {"snapshot", op->snapshot},
+                  {"parent", op->manifest.at("branch")},
+                  {"parent_box", op->manifest.at("box")},
+                  {"index", index},
+                  {"of", op->n}};
+  if (res.contains("error")) {
+    // Nothing half-restored stays behind: the copy's directory goes with its failure.
+    if (!box_.branches_.contains(branch)) remove_tree(box_.opts_.state_dir + "/branches/" + branch);
+    ev["type"] = "restore.failed";
+    ev["error"] = res.at("error");
+    log()->error("restore {} as {}: {}", op->snapshot, branch, res.at("error").as_string());
+    box_.emit(branch, ev);
+  } else {
+    ev["mode"] = res.at("mode");
+    ev["proc"] = res.at("proc");
+    ev["timings_ms"] = res.at("timings_ms");
+    box_.emit(branch, ev);
+  }
+  op->results.emplace_back(std::move(res));
+  if (--op->pending > 0) return;
+  json::array branches;
+  bool all_ok = true;
+  for (auto& r : op->results) {
+    all_ok &= !r.as_object().contains("error");
+  }
+  double total = round_ms(now_ms() - op->t0);
+  if (op->fork) {
+    box_.emit("main", {{"type", "fork.created"},
+                       {"snapshot", op->snapshot},
+                       {"n", op->n},
+                       {"copies", op->results},
+                       {"timings_ms", {{"total", total}}}});
+  }
+  json::object reply{{"ok", all_ok}, {"snapshot", op->snapshot}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
+  if (!all_ok) reply["error"] = {{"code", "restore_failed"}, {"message", "some copies could not be restored"}};
+  op->done(std::move(reply));
+  op_done();
+}
+
+// ---- snapshot store ----
+
+json::array Checkpointer::list() const {
+  json::array out;
+  DIR* d = ::opendir(snap_dir_.c_str());
+  if (!d) return out;
+  std::vector<std::string> names;
+  while (auto* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 5 && n.ends_with(".json") && valid_snapshot_id(n.substr(0, n.size() - 5))) names.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (auto& n : names) {
+    auto text = os::read_file(snap_dir_ + "/" + n);
+    boost::system::error_code ec;
+    if (!text) continue;
+    auto v = json::parse(*text, ec);
+    if (ec || !v.is_object()) continue;
+    auto& o = v.as_object();
+    o.erase("files");
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+json::object Checkpointer::remove(const std::string& id) {
+  if (!valid_snapshot_id(id)) return error_reply("bad_request", "\"" + id + "\" is not a snapshot id");
+  std::string base = snap_dir_ + "/" + id;
+  struct stat st {};
+  if (::stat((base + ".json").c_str(), &st) != 0 && ::stat((base + ".tar.zst").c_str(), &st) != 0)
+    return error_reply("not_found", "no snapshot \"" + id + "\"");
+  ::unlink((base + ".tar.zst").c_str());
+  ::unlink((base + ".json").c_str());
+  remove_tree(base + ".d");
+  box_.emit("main", {{"type", "snapshot.deleted"}, {"snapshot", id}});
+  return {{"ok", true}};
+}
+
+void Checkpointer::start_from_archive(const std::string& path) {
+  ++ops_;
+  auto err = std::make_shared<std::string>();
+  auto id = std::make_shared<std::string>();
+  std::string dir = snap_dir_;
+  offload(
+      [path, dir, err, id] {
+        auto sha = sha256_file(path, *err);
+        if (!sha) return;
+        *id = "s-" + sha->substr(0, 16);
+        std::string tmp = dir + "/.import-" + os::random_hex(4);
+        if (!copy_tree(path, tmp, *err)) return;
+        if (::rename(tmp.c_str(), (dir + "/" + *id + ".tar.zst").c_str()) != 0)
+          *err = "store the archive: " + std::string(std::strerror(errno));
+      },
+      [this, err, id] {
+        auto fail = [this](const std::string& msg) {
+          log()->critical("restore from archive: {}", msg);
+          box_.emit_started();
+          box_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
+          box_.exit_status_ = 125;
+          box_.finish(125);
+          op_done();
+        };
+        if (!err->empty()) return fail(*err);
+        // Read the manifest (verifying the archive) to continue the parent's numbering.
+        with_extracted(*id, [this, id, fail](std::optional<json::object> m, std::string e) {
+          if (!m) return fail(e);
+          auto index = *m;
+          index["id"] = *id;
+          index.erase("files");
+          (void)os::write_file_atomic(snap_dir_ + "/" + *id + ".json", json::serialize(index) + "\n");
+          if (auto* ls = m->if_contains("last_seq"); ls && ls->is_number())
+            box_.journal_->skip_to(ls->to_number<uint64_t>());
+          restore(*id, 1, false,
+                  [this](json::object r) {
+                    box_.emit_started();
+                    if (!r.at("ok").as_bool()) box_.finish(125);
+                  },
+                  "main");
+          op_done();
+        });
+      });
+}
+
+}  // namespace sbx::checkpoint

@@ -1,0 +1,79 @@
+#pragma once
+// Checkpoint, restore and fork of a box's branches: criu for memory and processes, a copy of
+// the branch's writable layer for files, taken while the tree is stopped so both agree; one
+// archive per checkpoint (archive.hpp). Owned by the Box; everything runs on the Box's loop,
+// with criu as a child the Reaper collects and the heavy copying on libuv's thread pool.
+//
+// Layout under the state dir:
+//   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of its sha256)
+//   snapshots/<id>.json     its index entry: the manifest plus the archive's size and hash
+//   snapshots/<id>.d/       the archive extracted and verified (criu/, fs/), reused by forks
+//   branches/<name>/        each branch's layer: root/, workspace/, tmp/, run/
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace sbx::supervisor {
+class Box;
+struct Branch;
+}  // namespace sbx::supervisor
+
+namespace sbx::checkpoint {
+
+class Checkpointer {
+ public:
+  using Reply = std::function<void(boost::json::object)>;
+
+  explicit Checkpointer(supervisor::Box& box);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// Whether an operation is under way (the box does not end before it is done).
+  bool busy() const noexcept { return ops_ > 0; }
+  /// Whether this host can checkpoint a live tree at all (criu >= 4.2 present); else why not.
+  bool live_possible(std::string* why_not) const;
+
+  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done);
+  /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
+  /// `name` (n = 1 only) names the copy instead of the next "fN".
+  void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "");
+  boost::json::array list() const;
+  boost::json::object remove(const std::string& id);
+  /// `sandboxer-init --restore FILE`: imports the archive and restores it as branch "main".
+  void start_from_archive(const std::string& path);
+
+  /// Who a branch is: box, branch, parent, snapshot, index, mode.
+  static boost::json::object identity(const supervisor::Box& box, const supervisor::Branch& b);
+  /// Writes identity() to DIR/run/sandboxer/branch.json (the branch's /run/sandboxer/branch.json).
+  static void write_branch_json(const supervisor::Box& box, const supervisor::Branch& b, const std::string& dir);
+
+ private:
+  struct CheckpointOp;
+  struct RestoreOp;
+  void offload(std::function<void()> work, std::function<void()> after);
+  void finish_checkpoint(std::shared_ptr<CheckpointOp> op);
+  void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
+  void snapshot_layer(std::shared_ptr<CheckpointOp> op);
+  void compress(std::shared_ptr<CheckpointOp> op);
+  void with_extracted(const std::string& id, std::function<void(std::optional<boost::json::object>, std::string)> fn);
+  void restore_copy(std::shared_ptr<RestoreOp> op, int index);
+  void copy_done(std::shared_ptr<RestoreOp> op, int index, boost::json::object result);
+  std::string next_branch_name();
+  void op_done();
+
+  supervisor::Box& box_;
+  std::string snap_dir_;
+  std::optional<std::string> criu_;
+  int ops_ = 0;
+  int next_copy_ = 1;
+};
+
+/// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).
+bool valid_snapshot_id(std::string_view id);
+
+}  // namespace sbx::checkpoint

@@ -1,0 +1,140 @@
+#include "criu.hpp"
+
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "signals.hpp"
+
+namespace sbx::checkpoint {
+
+std::optional<std::string> find_criu() {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  std::stringstream ss(p);
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    if (dir.empty()) continue;
+    std::string c = dir + "/criu";
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// In the child: the loopback of a fresh network namespace starts down.
+bool loopback_up() noexcept {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return false;
+  struct ifreq ifr {};
+  std::memcpy(ifr.ifr_name, "lo", 3);
+  bool ok = ::ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+  ok = ok && ::ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+  ::close(s);
+  return ok;
+}
+
+}  // namespace
+
+os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
+  std::vector<std::string> args = {criu};
+  args.insert(args.end(), run.args.begin(), run.args.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // criu finds its helpers (tar, ip, iptables) on PATH.
+  std::string path_env = std::string("PATH=") + (std::getenv("PATH") ? std::getenv("PATH") : "/usr/sbin:/usr/bin:/sbin:/bin");
+  char* envp[] = {path_env.data(), nullptr};
+
+  os::UniqueFd out(::open(run.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!out) return os::last_error();
+  auto ep = os::make_pipe();
+  if (!ep) return ep.error();
+  std::vector<int> src = run.fds;
+  int n = static_cast<int>(src.size());
+
+  pid_t pid = ::fork();
+  if (pid < 0) return os::last_error();
+  if (pid == 0) {
+    // No allocation from here on: errors go to the pipe as (step, errno).
+    supervisor::reset_signals_for_child();
+    int e[2] = {0, 0};
+    // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
+    // criu itself starts in fresh ones, and the copy gets them.
+    if (run.new_netns) {
+      if (::unshare(CLONE_NEWNET | (run.hostname.empty() ? 0 : CLONE_NEWUTS)) != 0) {
+        e[0] = 1;
+      } else if (!loopback_up()) {
+        e[0] = 2;
+      } else if (!run.hostname.empty() && ::sethostname(run.hostname.data(), run.hostname.size()) != 0) {
+        e[0] = 4;
+      }
+      if (e[0]) {
+        e[1] = errno;
+        (void)!::write(ep->write.get(), e, sizeof e);
+        ::_exit(127);
+      }
+    }
+    int high[64];
+    for (int i = 0; i < n && i < 64; ++i) high[i] = ::fcntl(src[static_cast<size_t>(i)], F_DUPFD_CLOEXEC, 200);
+    int efd = ::fcntl(ep->write.get(), F_DUPFD_CLOEXEC, 200);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ::dup2(null, 0);
+    ::dup2(out.get(), 1);
+    ::dup2(out.get(), 2);
+    for (int i = 0; i < n && i < 64; ++i) ::dup2(high[i], kCriuFirstFd + i);
+    int keep_to = kCriuFirstFd + n;
+    efd = ::dup3(efd, keep_to, O_CLOEXEC) >= 0 ? keep_to : efd;
+    ::close_range(static_cast<unsigned>(keep_to + 1), ~0U, 0);
+    for (int fd = 3; fd < kCriuFirstFd; ++fd) ::close(fd);
+    ::execve(argv[0], argv.data(), envp);
+    e[0] = 3;
+    e[1] = errno;
+    (void)!::write(efd, e, sizeof e);
+    ::_exit(127);
+  }
+  ep->write.reset();
+  int e[2];
+  ssize_t r;
+  do r = ::read(ep->read.get(), e, sizeof e);
+  while (r < 0 && errno == EINTR);
+  if (r == sizeof e) {
+    // The child failed before exec and exits at once; the reaper collects it like any child.
+    static const char* steps[] = {"", "unshare(CLONE_NEWNET)", "bring the loopback up", "exec criu"};
+    (void)steps;
+    return boost::system::error_code(e[1], boost::system::system_category());
+  }
+  return pid;
+}
+
+std::string criu_error_from_log(const std::string& log_path) {
+  auto text = os::read_file(log_path);
+  if (!text) return "criu left no log at " + log_path;
+  std::stringstream ss(*text);
+  std::string line, last, last_error;
+  while (std::getline(ss, line)) {
+    if (line.empty()) continue;
+    last = line;
+    // RLIMIT_NOFILE: benign where CAP_SYS_RESOURCE is missing (DESIGN.md).
+    // The first error is the cause; the ones after it ("Dumping FAILED") are its echo.
+    if (last_error.empty() && line.find("Error") != std::string::npos && line.find("RLIMIT_NOFILE") == std::string::npos)
+      last_error = line;
+  }
+  std::string what = last_error.empty() ? last : last_error;
+  // "(00.012345) Error (criu/x.c:12): message" -> "message (criu/x.c:12)".
+  auto e = what.find("Error (");
+  auto close = e == std::string::npos ? std::string::npos : what.find("): ", e);
+  if (close != std::string::npos) what = what.substr(close + 3) + " (" + what.substr(e + 7, close - e - 7) + ")";
+  return what;
+}
+
+}  // namespace sbx::checkpoint

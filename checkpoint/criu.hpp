@@ -1,0 +1,36 @@
+#pragma once
+// Runs the criu binary as a child of the supervisor (fork + exec; the caller registers the pid
+// with the Reaper at once, which collects its exit: criu is never waited for anywhere else).
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "os/sys.hpp"
+
+namespace sbx::checkpoint {
+
+/// The first fd number the inherited fds are placed at in criu (`--inherit-fd fd[N]:...`).
+inline constexpr int kCriuFirstFd = 10;
+
+struct CriuRun {
+  std::vector<std::string> args;  // after the binary's name
+  std::vector<int> fds;           // placed at kCriuFirstFd + i in criu
+  bool new_netns = false;         // run criu (and so the tree it restores) in a fresh network
+                                  // namespace with its loopback up
+  std::string hostname;           // if set: also a fresh UTS namespace with this hostname
+  std::string output;             // criu's stdout and stderr go to this file
+};
+
+/// The criu binary on PATH, or nullopt.
+std::optional<std::string> find_criu();
+
+/// Starts criu; returns its pid. Errors before exec (unshare, exec) come back as the error.
+os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run);
+
+/// The most useful line of a criu log for an error message: the first "Error" line (the cause),
+/// else the last line.
+std::string criu_error_from_log(const std::string& log_path);
+
+}  // namespace sbx::checkpoint

@@ -1,0 +1,78 @@
+"""The agent channel: whoami, custom events, and clear refusals of bad requests."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import INIT, ROOT, read_journal
+
+SDK = ROOT / "sdk" / "python" / "sandboxer"
+
+AGENT = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+req, rep = (int(x) for x in os.environ["SANDBOXER_CHANNEL_FD"].split(","))
+ch = agent.Channel()
+out = {"whoami": ch.whoami(), "file": agent.branch_info()}
+# Raw bad requests: each gets an error reply naming what was wrong.
+def raw(line):
+    os.write(req, line)
+    return ch._read_line()
+out["garbage"] = raw(b"this is not json\n")
+out["no_op"] = raw(b'{"id": 90}\n')
+out["unknown"] = raw(b'{"id": 91, "op": "launch_missiles"}\n')
+out["bad_event"] = raw(b'{"id": 92, "op": "event", "event": 5}\n')
+out["bad_fork"] = raw(b'{"id": 93, "op": "fork", "n": 0}\n')
+out["seq"] = ch.event("agent.note", text="hello", seq=1, box="forged")["seq"]
+out["after"] = ch.whoami()["branch"]
+print(json.dumps(out), flush=True)
+'''
+
+
+def test_the_channel_answers_who_and_refuses_bad_requests(tmp_path):
+    s = tmp_path / "s"
+    r = subprocess.run([str(INIT), "--state-dir", str(s), "--", sys.executable, "-c", AGENT], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, SBX_AGENT_SDK=str(SDK)))
+    assert r.returncode == 0, r.stderr
+    ev = read_journal(s)
+    out = next(e["message"] for e in ev if e["type"] == "proc.message")
+    box = next(e for e in ev if e["type"] == "box.started")["box"]
+    assert out["whoami"] == {"box": box, "branch": "main", "mode": "original", "index": 0, "parent": None,
+                             "snapshot": None}
+    assert out["file"] == out["whoami"]
+    assert out["garbage"]["ok"] is False and out["garbage"]["error"]["code"] == "bad_request"
+    assert out["no_op"] == {"ok": False, "error": {"code": "bad_request", "message": 'missing "op" (a string)'},
+                            "id": 90}
+    assert out["unknown"]["error"]["code"] == "unknown_op" and "launch_missiles" in out["unknown"]["error"]["message"]
+    assert out["bad_event"]["error"]["code"] == "bad_request" and out["bad_event"]["id"] == 92
+    assert out["bad_fork"]["error"]["code"] == "bad_request" and out["bad_fork"]["id"] == 93
+    assert out["after"] == "main"  # the channel still works after every refusal
+    note = next(e for e in ev if e["type"] == "agent.note")
+    assert note["seq"] == out["seq"] and note["text"] == "hello" and note["box"] == box
+    assert note["branch"] == "main" and note["proc"] == "main"
+
+
+def test_an_idle_box_waits_without_an_agent_and_stops_on_term(tmp_path):
+    s = tmp_path / "s"
+    p = subprocess.Popen([str(INIT), "--state-dir", str(s), "--idle"], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    ev = read_journal(s)
+    assert [e["type"] for e in ev] == ["box.started"]
+    assert ev[0]["capabilities"]["live_checkpoint"] in (True, False)
+
+
+def test_idle_and_a_command_exclude_each_other(tmp_path):
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--idle", "--", "true"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 125 and "--idle takes no command" in r.stderr

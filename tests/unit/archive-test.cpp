@@ -1,0 +1,116 @@
+// The checkpoint archive: round trip, and refusal of corrupted, truncated and unsafe archives.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "checkpoint/archive.hpp"
+#include "checkpoint/checkpointer.hpp"
+#include "os/sys.hpp"
+
+namespace fs = std::filesystem;
+using namespace sbx::checkpoint;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/sbx-archive-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+void put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+std::string get(const fs::path& p) {
+  auto r = sbx::os::read_file(p.string());
+  return r ? *r : std::string("<missing>");
+}
+
+boost::json::object manifest() {
+  return {{"format", kFormatName}, {"format_version", kFormatVersion}, {"box", "b-1"}};
+}
+
+}  // namespace
+
+TEST_CASE("archive: a tree goes in and comes back out the same, with its manifest") {
+  TempDir t;
+  put(t.path / "src/criu/core-1.img", std::string(100000, 'x'));
+  put(t.path / "src/fs/workspace/a.txt", "hello");
+  fs::create_directories(t.path / "src/fs/tmp/empty");
+  fs::create_symlink("a.txt", t.path / "src/fs/workspace/link");
+  std::string err;
+  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  REQUIRE_MESSAGE(info, err);
+  CHECK(info->compressed_bytes < 100000);
+  CHECK(info->raw_bytes > 100005);
+  auto sha = sha256_file((t.path / "a.tar.zst").string(), err);
+  REQUIRE(sha);
+  CHECK(*sha == info->sha256);
+
+  auto m = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err);
+  REQUIRE_MESSAGE(m, err);
+  CHECK(m->at("box") == "b-1");
+  CHECK(m->at("files").as_object().contains("fs/workspace/a.txt"));
+  CHECK(get(t.path / "out/fs/workspace/a.txt") == "hello");
+  CHECK(get(t.path / "out/criu/core-1.img") == std::string(100000, 'x'));
+  CHECK(fs::read_symlink(t.path / "out/fs/workspace/link") == "a.txt");
+  CHECK(fs::is_directory(t.path / "out/fs/tmp/empty"));
+}
+
+TEST_CASE("archive: damaged archives are refused with the reason and leave nothing behind") {
+  TempDir t;
+  put(t.path / "src/criu/pages-1.img", std::string(50000, 'p') + "tail");
+  std::string err;
+  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  REQUIRE(info);
+  auto data = get(t.path / "a.tar.zst");
+
+  SUBCASE("truncated") {
+    put(t.path / "bad.tar.zst", data.substr(0, data.size() / 2));
+    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    INFO(err);
+    CHECK(err.find("truncated") != std::string::npos);
+  }
+  SUBCASE("a flipped byte") {
+    std::string bad = data;
+    bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x55);
+    put(t.path / "bad.tar.zst", bad);
+    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    INFO(err);
+    CHECK((err.find("corrupted") != std::string::npos || err.find("truncated") != std::string::npos));
+  }
+  SUBCASE("not an archive at all") {
+    put(t.path / "bad.tar.zst", "hello, I am not a tar stream");
+    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(err.empty());
+  }
+  CHECK_FALSE(fs::exists(t.path / "out"));
+}
+
+TEST_CASE("archive: a manifest of another format or version is refused") {
+  TempDir t;
+  put(t.path / "src/x", "x");
+  std::string err;
+  auto m = manifest();
+  m["format_version"] = kFormatVersion + 1;
+  REQUIRE(write_archive((t.path / "src").string(), m, (t.path / "a.tar.zst").string(), 3, err));
+  CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err));
+  CHECK(err.find("format_version") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: snapshot ids are s- and 16 hex digits") {
+  CHECK(valid_snapshot_id("s-0123456789abcdef"));
+  CHECK_FALSE(valid_snapshot_id("s-0123456789abcde"));
+  CHECK_FALSE(valid_snapshot_id("s-0123456789ABCDEF"));
+  CHECK_FALSE(valid_snapshot_id("../../etc/passwd0"));
+  CHECK_FALSE(valid_snapshot_id("x-0123456789abcdef"));
+}
