@@ -18,6 +18,10 @@ const char* kUsage =
     "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
     "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
     "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` stored)\n"
+    "  checkpoint URL [--name N] [--branch B] [--stop]                      checkpoint a live agent; prints the snapshot id last\n"
+    "  restore URL SNAPSHOT                                                  restore a snapshot in the box\n"
+    "  fork URL --snapshot S -n N                                            N live copies; one line each: <branch> <proc>\n"
+    "  snapshots URL [--json]                                                the box's snapshots\n"
     "  doctor [--json]                                                       what this host enforces, and what is missing\n"
     "  version                                                               print the version\n";
 }
@@ -32,6 +36,9 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run") return sbx::cli::cmd_run(args);
     if (cmd == "log") return sbx::cli::cmd_log(args);
+    if (cmd == "checkpoint") return sbx::cli::cmd_checkpoint(args);
+    if (cmd == "restore" || cmd == "fork") return sbx::cli::cmd_restore_or_fork(cmd, args);
+    if (cmd == "snapshots") return sbx::cli::cmd_snapshots(args);
     if (cmd == "attach") return sbx::cli::cmd_attach(args);
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <iostream>
 #include <sandboxer/client.hpp>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 #include "commands.hpp"
@@ -424,6 +426,126 @@ int cmd_stats(const std::vector<std::string>& args_in) {
   });
   l.run();
   return rc;
+}
+
+}  // namespace sbx::cli
+
+namespace sbx::cli {
+
+namespace {
+
+// Sends one request and waits for its reply; returns the reply (or an error object).
+json::object one_request(const std::string& cmd, const std::string& url, const std::string& token_file,
+                         json::object req) {
+  Loop l;
+  Client c(&l.loop, endpoint(url, token_file));
+  json::object result{{"ok", false}, {"error", {{"code", "closed"}, {"message", "the connection closed first"}}}};
+  c.on_close([&](int, const std::string&) { uv_stop(&l.loop); });
+  c.connect([&](const std::string& err) {
+    if (!err.empty()) {
+      result["error"] = {{"code", "connect"}, {"message", "connect to " + url + ": " + err}};
+      return uv_stop(&l.loop);
+    }
+    c.request(std::move(req), [&](const json::object& r) {
+      result = r;
+      c.close();
+      uv_stop(&l.loop);
+    });
+  });
+  l.on_interrupt = [&] { uv_stop(&l.loop); };
+  l.run();
+  (void)cmd;
+  return result;
+}
+
+// Positional arguments and --name VALUE options of a snapshot command.
+struct Args {
+  std::vector<std::string> pos;
+  std::map<std::string, std::string> opt;
+  std::set<std::string> flags;
+};
+Args parse(std::vector<std::string> args, const std::set<std::string>& with_value, const std::set<std::string>& flags) {
+  Args a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& s = args[i];
+    if (with_value.contains(s)) {
+      if (i + 1 >= args.size()) throw std::invalid_argument(s + " needs a value");
+      a.opt[s] = args[++i];
+    } else if (flags.contains(s)) {
+      a.flags.insert(s);
+    } else if (s.starts_with("-")) {
+      throw std::invalid_argument("unknown option " + s);
+    } else {
+      a.pos.push_back(s);
+    }
+  }
+  return a;
+}
+
+int fail(const std::string& cmd, const json::object& r) {
+  std::cerr << "sandboxer " << cmd << ": " << error_text(r) << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int cmd_checkpoint(const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  auto a = parse(args, {"--name", "--branch"}, {"--leave-running", "--stop", "--json"});
+  if (a.pos.size() != 1)
+    throw std::invalid_argument("usage: sandboxer checkpoint URL [--name N] [--branch B] [--leave-running | --stop] [--json]");
+  json::object req{{"op", "checkpoint"}, {"leave_running", !a.flags.contains("--stop")}};
+  if (a.opt.contains("--name")) req["name"] = a.opt["--name"];
+  if (a.opt.contains("--branch")) req["branch"] = a.opt["--branch"];
+  auto r = one_request("checkpoint", a.pos[0], token_file, std::move(req));
+  if (!r.at("ok").as_bool()) return fail("checkpoint", r);
+  if (a.flags.contains("--json")) std::cout << json::serialize(r) << "\n";
+  else if (auto* m = r.if_contains("mode")) std::cerr << "checkpoint: mode " << json::serialize(*m) << "\n";
+  // For scripts: the snapshot id is the last line of stdout.
+  std::cout << json::value_to<std::string>(r.at("snapshot")) << "\n";
+  return 0;
+}
+
+int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  auto a = parse(args, {"--snapshot", "-n", "--host"}, {"--json"});
+  std::string url = a.pos.empty() ? "" : a.pos[0];
+  std::string snap = cmd == "restore" ? (a.pos.size() == 2 ? a.pos[1] : "") : a.opt["--snapshot"];
+  if (url.empty() || snap.empty() || (cmd == "restore" && a.pos.size() != 2) || (cmd == "fork" && a.pos.size() != 1))
+    throw std::invalid_argument(cmd == "restore" ? "usage: sandboxer restore URL SNAPSHOT"
+                                                 : "usage: sandboxer fork URL --snapshot S -n N");
+  if (a.opt.contains("--host"))
+    throw std::invalid_argument("--host: forks onto other boxes are not built yet; forks run in the same box");
+  json::object req{{"op", cmd}, {"snapshot", snap}};
+  if (cmd == "fork") {
+    int n = a.opt.contains("-n") ? std::stoi(a.opt["-n"]) : 1;
+    req["n"] = n;
+  }
+  auto r = one_request(cmd, url, token_file, std::move(req));
+  if (a.flags.contains("--json")) std::cout << json::serialize(r) << "\n";
+  if (!r.at("ok").as_bool()) return fail(cmd, r);
+  // One line per copy: <branch> <proc>.
+  if (!a.flags.contains("--json"))
+    if (auto* copies = r.if_contains("copies"))
+      for (auto& c : copies->as_array()) {
+        auto& o = c.as_object();
+        std::cout << json::value_to<std::string>(o.at("branch")) << " "
+                  << (o.contains("proc") ? json::value_to<std::string>(o.at("proc")) : std::string("main")) << "\n";
+      }
+  return 0;
+}
+
+int cmd_snapshots(const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  auto a = parse(args, {}, {"--json"});
+  if (a.pos.size() != 1) throw std::invalid_argument("usage: sandboxer snapshots URL [--json]");
+  auto r = one_request("snapshots", a.pos[0], token_file, {{"op", "snapshot.list"}});
+  if (!r.at("ok").as_bool()) return fail("snapshots", r);
+  for (auto& s : r.at("snapshots").as_array()) std::cout << json::serialize(s) << "\n";
+  return 0;
 }
 
 }  // namespace sbx::cli

@@ -604,9 +604,42 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     box.shutdown(grace);
     return;
   }
+  // Checkpoints and snapshots (checkpoint/): the Box answers with {"ok": ..., ...} when done.
+  auto snapshot_reply = [this, cid = c.id, id = r.id](json::object body) {
+    auto it = clients.find(cid);
+    if (it == clients.end()) return;
+    json::object reply;
+    reply["id"] = id;
+    for (auto& kv : body) reply[kv.key()] = kv.value();
+    if (!reply.contains("ok")) reply["ok"] = true;
+    send(*it->second, reply);
+  };
+  if (op == "checkpoint") {
+    auto branch = protocol::opt_string(f, "branch").value_or("main");
+    if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
+    box.checkpoint(branch, protocol::opt_string(f, "name").value_or(""),
+                   protocol::opt_bool(f, "leave_running").value_or(true), snapshot_reply);
+    return;
+  }
+  if (op == "restore" || op == "fork") {
+    auto snap = protocol::need_string(f, "snapshot");
+    int n = op == "fork" ? static_cast<int>(protocol::opt_int(f, "n", 1, 64).value_or(1)) : 1;
+    box.restore(snap, n, op == "fork", snapshot_reply);
+    return;
+  }
+  if (op == "snapshot.list") {
+    ok["snapshots"] = box.snapshot_list();
+    return send(c, ok);
+  }
+  if (op == "snapshot.delete") {
+    // The snapshot is named by `snapshot`: a field `id` would be the request's own id.
+    snapshot_reply(box.snapshot_delete(protocol::need_string(f, "snapshot")));
+    return;
+  }
   throw RequestError("unknown_op", "unknown op \"" + op +
                                        "\" (known: auth, subscribe, unsubscribe, exec, stdin, signal, resize, fs.read, "
-                                       "fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, stats, shutdown, ping)");
+                                       "fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, stats, shutdown, ping, "
+                                       "checkpoint, restore, fork, snapshot.list, snapshot.delete)");
 }
 
 int Server::Impl::callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
