@@ -10,6 +10,9 @@
 #include <cstring>
 
 #include "os/sys.hpp"
+#include "proc-io.hpp"
+#include "server.hpp"
+#include "stats.hpp"
 
 extern char** environ;
 
@@ -31,6 +34,8 @@ int exit_status_of(int st) {
 Box::Box(uv_loop_t* loop, BoxOptions opts) : loop_(loop), opts_(std::move(opts)) {}
 
 Box::~Box() {
+  server_.reset();
+  metrics_.reset();
   signals_.reset();
   for (auto& [n, b] : branches_)
     if (b->reports)
@@ -102,9 +107,12 @@ void Box::on_signal(const struct signalfd_siginfo& si) {
 void Box::on_report(Branch& b, const boost::json::object& r) {
   auto ev = r.if_contains("ev");
   if (!ev || !ev->is_string()) return;
-  auto it = procs_.find(b.main_proc);
+  auto* pid_field = r.if_contains("proc");
+  std::string proc_id = pid_field && pid_field->is_string() ? std::string(pid_field->as_string()) : b.main_proc;
+  auto it = procs_.find(proc_id);
   if (it == procs_.end()) return;
   Proc& p = *it->second;
+  if (proc_id != b.main_proc) return on_exec_report(b, p, r);
   auto start_readers = [&] {
     if (p.out || p.err) return;
     auto on_eof = [this, &p] { maybe_proc_exited(p); };
@@ -153,7 +161,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
 
 void Box::maybe_proc_exited(Proc& p) {
   auto& b = *branches_.at(p.branch);
-  if (p.exited_sent || !p.status_known || !b.ns_init_reaped) return;
+  if (p.exited_sent || !p.status_known || (p.id == b.main_proc && !b.ns_init_reaped)) return;
   if ((p.out && !p.out->done()) || (p.err && !p.err->done())) return;
   p.exited_sent = true;
   boost::json::object e{{"type", "proc.exited"}, {"proc", p.id}};
@@ -167,6 +175,7 @@ void Box::maybe_proc_exited(Proc& p) {
   if (p.escalated) e["escalated"] = true;
   if (!p.error.empty()) e["error"] = p.error;
   emit(p.branch, std::move(e));
+  for (auto& w : std::exchange(p.on_started, {})) w();
   if (p.id == "main") finish(exit_status_of(p.status));
 }
 
@@ -194,7 +203,9 @@ void Box::finish(int status) {
   if (finished_) return;
   finished_ = true;
   exit_status_ = status;
-  uv_stop(loop_);
+  // Clients get what is queued for them and a close, briefly, before the loop stops.
+  if (server_) server_->drain([this] { uv_stop(loop_); });
+  else uv_stop(loop_);
 }
 
 void Box::start() {
@@ -267,6 +278,8 @@ void Box::start() {
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b->launched.namespaced ? std::string("/workspace") : spec.dir + "/workspace"));
   boost::json::array argv;
   for (auto& a : opts_.argv) argv.emplace_back(a);
+  agent_env_ = env;
+  agent_cwd_ = workdir;
   boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
@@ -311,6 +324,7 @@ void Box::start() {
         },
         2000, 0);
     maybe_proc_exited(p);
+    end_execs_of(*bp);
   });
 
   auto proc = std::make_unique<Proc>();
@@ -336,6 +350,8 @@ void Box::start() {
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
                 {"capabilities", caps}});
+
+  start_server();
 
   uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
     auto* br = static_cast<Branch*>(h->data);

@@ -4,7 +4,9 @@
 #include <uv.h>
 
 #include <boost/json.hpp>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +29,33 @@ struct BoxOptions {
   Profile profile;
   std::string self_exe;
   std::vector<std::string> masks;  // extra host paths to hide from the agent
+  // The WebSocket server (server.hpp): off when `listen` is empty.
+  std::string listen;              // ADDR:PORT
+  std::string token;               // required with `listen`
+  std::string tls_cert, tls_key;
+  int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
+};
+
+class ProcIo;
+class Server;
+class MetricsTimer;
+
+/// What `exec` starts: a process forked by the branch's ns-init.
+struct ExecSpec {
+  std::string proc;
+  std::string branch = "main";
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // KEY=VALUE, over the agent's environment
+  std::string cwd;               // "" : the agent's working directory
+  bool tty = false;
+  bool stdin_open = false;
+  int cols = 80, rows = 24;
+};
+
+/// An operation's refusal, as the protocol's error object says it.
+struct OpError {
+  std::string code;
+  std::string message;
 };
 
 struct Proc {
@@ -40,6 +69,14 @@ struct Proc {
   bool escalated = false;
   std::string error;   // why it could not start
   bool exited_sent = false;
+  // Exec'd procs (box-exec.cpp).
+  std::vector<std::string> argv;
+  bool tty = false;
+  bool started = false;
+  uint64_t started_seq = 0;
+  std::unique_ptr<ProcIo> io;
+  std::vector<std::function<void()>> on_started;  // waiting exec replies
+  ~Proc();
 };
 
 struct Branch {
@@ -74,6 +111,21 @@ class Box {
   /// Appends an event of `branch` to the journal.
   uint64_t emit(const std::string& branch, boost::json::object ev);
 
+  // Operations of the protocol on processes (box-exec.cpp).
+  /// Starts `spec` in its branch, or finds the proc of that id; `done` gets the reply's fields.
+  void exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, boost::json::object)> done);
+  std::optional<OpError> proc_stdin(const std::string& proc, std::string_view data, bool eof);
+  std::optional<OpError> proc_signal(const std::string& proc, int sig);
+  std::optional<OpError> proc_resize(const std::string& proc, int cols, int rows);
+  boost::json::object proc_state(const Proc& p) const;
+  const std::map<std::string, std::unique_ptr<Proc>>& procs() const { return procs_; }
+  /// The host directory of a branch (root/, workspace/, tmp/ below it); "" if no such branch.
+  std::string branch_dir(const std::string& branch) const;
+  bool has_branch(const std::string& branch) const { return branches_.contains(branch); }
+  /// Host pid of a branch's ns-init, or -1.
+  pid_t ns_init_pid(const std::string& branch) const;
+  const BoxOptions& options() const { return opts_; }
+
  private:
   void start();
   void on_signal(const struct signalfd_siginfo& si);
@@ -82,6 +134,9 @@ class Box {
   void finish(int status);
   void send_request(Branch& b, const boost::json::object& req);
   void kill_leftovers();
+  void on_exec_report(Branch& b, Proc& p, const boost::json::object& r);
+  void end_execs_of(Branch& b);
+  void start_server();
 
   uv_loop_t* loop_;
   BoxOptions opts_;
@@ -98,6 +153,10 @@ class Box {
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;
+  boost::json::array agent_env_;
+  std::string agent_cwd_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<MetricsTimer> metrics_;
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

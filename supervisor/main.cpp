@@ -73,6 +73,35 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", e.what());
     return 125;
   }
+  try {
+    bo.metrics_ms = o.metrics_interval == "0" ? 0 : parse_duration_ms(o.metrics_interval, "--metrics-interval");
+  } catch (const std::exception& e) {
+    spdlog::critical("{}", e.what());
+    return 125;
+  }
+  // The token never stays in our environment: processes we start must not inherit it.
+  if (const char* t = std::getenv("SANDBOXER_TOKEN")) {
+    bo.token = t;
+    ::unsetenv("SANDBOXER_TOKEN");
+  }
+  if (!o.token_file.empty()) {
+    auto t = sbx::os::read_file(o.token_file);
+    if (!t) {
+      spdlog::critical("read --token-file {}: {}", o.token_file, t.error().message());
+      return 125;
+    }
+    bo.token = *t;
+    while (!bo.token.empty() && (bo.token.back() == '\n' || bo.token.back() == '\r' || bo.token.back() == ' '))
+      bo.token.pop_back();
+    bo.masks.push_back(o.token_file);
+  }
+  if (!o.listen.empty() && bo.token.empty()) {
+    spdlog::critical("--listen needs a token: --token-file FILE or SANDBOXER_TOKEN (empty tokens are refused)");
+    return 125;
+  }
+  bo.listen = o.listen;
+  bo.tls_cert = o.tls_cert;
+  bo.tls_key = o.tls_key;
   bo.argv = o.argv;
   bo.events_path = o.events;
   bo.workdir = o.workdir;

@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
+#include <termios.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <boost/json.hpp>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,8 +68,12 @@ class NsInit {
   void on_request(const boost::json::object& req);
   void signal_tree(int sig);
   void begin_shutdown(int64_t grace_ms);
+  void exec_proc(const boost::json::object& req);
 
   bool flat_;
+  std::vector<std::string> base_env_;              // the agent's environment, for exec
+  std::map<pid_t, std::string> execs_;             // exec'd procs by pid -> proc id
+  std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
   pid_t agent_ = -1;
   bool agent_done_ = false;
   int agent_status_ = 0;
@@ -101,14 +108,15 @@ void NsInit::begin_shutdown(int64_t grace_ms) {
   signal_tree(SIGCONT);
 }
 
-void NsInit::spawn_agent(const boost::json::object& cfg) {
-  std::vector<std::string> argv, env;
-  for (auto& v : cfg.at("argv").as_array()) argv.emplace_back(v.as_string());
-  if (auto* e = cfg.if_contains("env"))
-    for (auto& v : e->as_array()) env.emplace_back(v.as_string());
-  std::string cwd = cfg.contains("cwd") ? std::string(cfg.at("cwd").as_string()) : "/";
-  if (auto* g = cfg.if_contains("grace_ms")) grace_ms_ = g->to_number<int64_t>();
-
+// Forks and execs argv with the given stdio; `tty` makes fd 0 the controlling terminal. Returns
+// the pid, or -1 with `error` set (the child's exec error arrives through a close-on-exec pipe).
+pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in, const std::string& cwd,
+            int in, int out, int err_fd, bool tty, std::string& error) {
+  std::vector<std::string> argv = argv_in, env = env_in;
+  if (argv.empty()) {
+    error = "empty argv";
+    return -1;
+  }
   std::vector<char*> av, ev;
   for (auto& s : argv) av.push_back(s.data());
   av.push_back(nullptr);
@@ -137,38 +145,35 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   if (pid == 0) {
     reset_signals_for_child();
     ::setsid();
-    ::dup2(kNsAgentIn, 0);
-    ::dup2(kNsAgentOut, 1);
-    ::dup2(kNsAgentErr, 2);
+    // Sources may sit on 0..2 already: move them high first.
+    int hi[3] = {::fcntl(in, F_DUPFD, 10), ::fcntl(out, F_DUPFD, 10), ::fcntl(err_fd, F_DUPFD, 10)};
+    ::dup2(hi[0], 0);
+    ::dup2(hi[1], 1);
+    ::dup2(hi[2], 2);
+    if (tty) ::ioctl(0, TIOCSCTTY, 0);
     int efd = ep ? ep->write.get() : -1;
     if (efd >= 0) efd = ::dup3(efd, 3, O_CLOEXEC) >= 0 ? 3 : -1;
     ::close_range(4, ~0U, 0);
-    int err = 0;
+    int e = 0;
     if (::chdir(cwd.c_str()) != 0) {
-      err = errno;
-      int msg[2] = {1, err};
+      e = errno;
+      int msg[2] = {1, e};
       (void)!::write(efd, msg, sizeof msg);
       ::_exit(127);
     }
     // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
     for (auto& c : candidates) {
       ::execve(c.c_str(), av.data(), ev.data());
-      if (errno != ENOENT || err == 0) err = errno;
+      if (errno != ENOENT || e == 0) e = errno;
     }
-    int msg[2] = {2, err};
+    int msg[2] = {2, e};
     (void)!::write(efd, msg, sizeof msg);
     ::_exit(127);
   }
-  ::close(kNsAgentIn);
-  ::close(kNsAgentOut);
-  ::close(kNsAgentErr);
   if (pid < 0) {
-    report({{"ev", "spawn_failed"}, {"error", std::string("fork: ") + std::strerror(errno)}});
-    agent_done_ = true;
-    agent_status_ = 127 << 8;
-    return;
+    error = std::string("fork: ") + std::strerror(errno);
+    return -1;
   }
-  agent_ = pid;
   ep->write.reset();
   int msg[2];
   ssize_t n;
@@ -176,10 +181,106 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   while (n < 0 && errno == EINTR);
   if (n == sizeof msg) {
     std::string what = msg[0] == 1 ? "chdir " + cwd : "exec " + argv[0];
-    report({{"ev", "spawn_failed"}, {"error", what + ": " + std::strerror(msg[1])}});
+    error = what + ": " + std::strerror(msg[1]);
+  }
+  return pid;
+}
+
+void NsInit::spawn_agent(const boost::json::object& cfg) {
+  std::vector<std::string> argv;
+  for (auto& v : cfg.at("argv").as_array()) argv.emplace_back(v.as_string());
+  if (auto* e = cfg.if_contains("env"))
+    for (auto& v : e->as_array()) base_env_.emplace_back(v.as_string());
+  std::string cwd = cfg.contains("cwd") ? std::string(cfg.at("cwd").as_string()) : "/";
+  if (auto* g = cfg.if_contains("grace_ms")) grace_ms_ = g->to_number<int64_t>();
+
+  std::string error;
+  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, error);
+  ::close(kNsAgentIn);
+  ::close(kNsAgentOut);
+  ::close(kNsAgentErr);
+  if (pid < 0) {
+    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
+    agent_done_ = true;
+    agent_status_ = 127 << 8;
+    return;
+  }
+  agent_ = pid;
+  if (!error.empty()) {
+    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
     return;  // its exit (127) is collected by reap() like any other
   }
-  report({{"ev", "started"}, {"pid", pid}});
+  report({{"ev", "started"}, {"proc", "main"}, {"pid", pid}});
+}
+
+// An exec request: stdio pipes (or a pty) made here, inside the branch's root, and the process
+// forked here, so it belongs to the branch's tree. The supervisor takes our ends of the pipes
+// with pidfd_getfd and then tells us to drop ours ("release").
+void NsInit::exec_proc(const boost::json::object& req) {
+  std::string id(req.at("proc").as_string());
+  std::vector<std::string> argv, env = base_env_;
+  for (auto& v : req.at("argv").as_array()) argv.emplace_back(v.as_string());
+  if (auto* e = req.if_contains("env"))
+    for (auto& v : e->as_array()) {
+      std::string kv(v.as_string());
+      std::string key = kv.substr(0, kv.find('='));
+      std::erase_if(env, [&](const std::string& x) { return x.compare(0, key.size() + 1, key + "=") == 0; });
+      env.push_back(kv);
+    }
+  std::string cwd = req.contains("cwd") ? std::string(req.at("cwd").as_string()) : "/";
+  bool tty = req.contains("tty") && req.at("tty").as_bool();
+  bool want_stdin = req.contains("stdin") && req.at("stdin").as_bool();
+  auto fail = [&](const std::string& e) { report({{"ev", "spawn_failed"}, {"proc", id}, {"error", e}}); };
+
+  std::vector<os::UniqueFd> keep;  // our ends, for the supervisor
+  boost::json::object fds;
+  os::UniqueFd child_in, child_out, child_err;
+  if (tty) {
+    os::UniqueFd master(::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!master) return fail(std::string("open /dev/ptmx: ") + std::strerror(errno));
+    int unlock = 0;
+    ::ioctl(master.get(), TIOCSPTLCK, &unlock);
+    struct winsize ws {};
+    ws.ws_col = static_cast<unsigned short>(req.contains("cols") ? req.at("cols").to_number<int64_t>() : 80);
+    ws.ws_row = static_cast<unsigned short>(req.contains("rows") ? req.at("rows").to_number<int64_t>() : 24);
+    ::ioctl(master.get(), TIOCSWINSZ, &ws);
+    os::UniqueFd slave(::ioctl(master.get(), TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!slave) return fail(std::string("open the pty's peer: ") + std::strerror(errno));
+    child_in.reset(::fcntl(slave.get(), F_DUPFD_CLOEXEC, 3));
+    child_out.reset(::fcntl(slave.get(), F_DUPFD_CLOEXEC, 3));
+    child_err = std::move(slave);
+    fds["pty"] = master.get();
+    keep.push_back(std::move(master));
+  } else {
+    auto o = os::make_pipe(), e = os::make_pipe();
+    if (!o || !e) return fail(std::string("pipe: ") + std::strerror(errno));
+    if (want_stdin) {
+      auto i = os::make_pipe();
+      if (!i) return fail(std::string("pipe: ") + std::strerror(errno));
+      child_in = std::move(i->read);
+      fds["in"] = i->write.get();
+      keep.push_back(std::move(i->write));
+    } else {
+      child_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    child_out = std::move(o->write);
+    child_err = std::move(e->write);
+    fds["out"] = o->read.get();
+    fds["err"] = e->read.get();
+    keep.push_back(std::move(o->read));
+    keep.push_back(std::move(e->read));
+  }
+  std::string error;
+  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, error);
+  if (pid < 0) return fail(error);
+  execs_[pid] = id;
+  held_[id] = std::move(keep);
+  boost::json::object r{{"ev", "started"}, {"proc", id}, {"pid", pid}, {"fds", fds}};
+  if (!error.empty()) {
+    r["ev"] = "spawn_failed";
+    r["error"] = error;
+  }
+  report(r);
 }
 
 void NsInit::reap() {
@@ -187,6 +288,12 @@ void NsInit::reap() {
     int st;
     pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
     if (p <= 0) break;
+    if (auto it = execs_.find(p); it != execs_.end()) {
+      report({{"ev", "exited"}, {"proc", it->second}, {"status", st}});
+      held_.erase(it->second);
+      execs_.erase(it);
+      continue;
+    }
     if (p == agent_ && !agent_done_) {
       agent_done_ = true;
       agent_status_ = st;
@@ -206,7 +313,17 @@ void NsInit::on_request(const boost::json::object& req) {
   if (!op || !op->is_string()) return;
   if (*op == "signal") {
     int sig = static_cast<int>(req.at("sig").to_number<int64_t>());
-    if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
+    auto* proc = req.if_contains("proc");
+    if (proc && *proc != "main") {
+      for (auto& [pid, id] : execs_)
+        if (id == proc->as_string()) ::kill(-pid, sig);
+    } else if (agent_ > 0 && !agent_done_) {
+      ::kill(-agent_, sig);
+    }
+  } else if (*op == "exec") {
+    exec_proc(req);
+  } else if (*op == "release") {
+    held_.erase(std::string(req.at("proc").as_string()));
   } else if (*op == "shutdown") {
     int64_t g = req.contains("grace_ms") ? req.at("grace_ms").to_number<int64_t>() : grace_ms_;
     begin_shutdown(g);
@@ -300,7 +417,7 @@ int NsInit::run() {
       }
     }
   }
-  report({{"ev", "exited"}, {"status", agent_status_}, {"escalated", escalated_}});
+  report({{"ev", "exited"}, {"proc", "main"}, {"status", agent_status_}, {"escalated", escalated_}});
   if (WIFSIGNALED(agent_status_)) return 128 + WTERMSIG(agent_status_);
   return WEXITSTATUS(agent_status_);
 }

@@ -16,6 +16,10 @@ const char* const kInitUsage =
     "  --events PATH|-       also write every event as a JSON line to PATH (- for stdout)\n"
     "  --workdir DIR         the agent's working directory (default: /workspace)\n"
     "  --log-level LEVEL     trace, debug, info, warn, error (default: info)\n"
+    "  --listen ADDR:PORT    serve the WebSocket API (port 0: any free port, see server.listening)\n"
+    "  --token-file FILE     the API token (else $SANDBOXER_TOKEN); required with --listen\n"
+    "  --tls-cert FILE, --tls-key FILE   serve wss:// (for listeners beyond loopback)\n"
+    "  --metrics-interval D  cadence of metrics events (default 5s; 0 for none)\n"
     "  --version             print the version\n";
 
 InitOptions parse_init_options(int argc, char** argv) {
@@ -41,6 +45,11 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--events") o.events = value(a);
     else if (a == "--workdir") o.workdir = value(a);
     else if (a == "--log-level") o.log_level = value(a);
+    else if (a == "--listen") o.listen = value(a);
+    else if (a == "--token-file") o.token_file = value(a);
+    else if (a == "--tls-cert") o.tls_cert = value(a);
+    else if (a == "--tls-key") o.tls_key = value(a);
+    else if (a == "--metrics-interval") o.metrics_interval = value(a);
     else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
     else break;  // the command starts here
   }

@@ -15,6 +15,11 @@ struct InitOptions {
   std::string workdir = "/workspace";
   std::string log_level = "info";
   std::vector<std::string> argv;
+  // The WebSocket server.
+  std::string listen;
+  std::string token_file;
+  std::string tls_cert, tls_key;
+  std::string metrics_interval = "5s";
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

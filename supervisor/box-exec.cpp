@@ -1,0 +1,264 @@
+// The protocol's operations on processes: exec (forked by the branch's ns-init), stdin, signal,
+// resize, and the reports ns-init sends about exec'd processes.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "box.hpp"
+#include "os/sys.hpp"
+#include "proc-io.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+
+// Takes a copy of fd `target` of process `pid` (the same open file, as dup would give).
+os::UniqueFd take_fd(pid_t pid, int target) {
+  os::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (pidfd) {
+    os::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
+    if (fd) return fd;
+  }
+  // Without pidfd_getfd (no ptrace rights): a pipe opened again through /proc is the same pipe.
+  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(target);
+  int flags = O_CLOEXEC | O_NONBLOCK;
+  int fl = 0;
+  std::string fdinfo = "/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(target);
+  if (auto t = os::read_file(fdinfo); t) {
+    auto pos = t->find("flags:");
+    if (pos != std::string::npos) fl = static_cast<int>(std::strtol(t->c_str() + pos + 6, nullptr, 8));
+  }
+  flags |= (fl & O_ACCMODE) == O_WRONLY ? O_WRONLY : (fl & O_ACCMODE) == O_RDWR ? O_RDWR : O_RDONLY;
+  return os::UniqueFd(::open(path.c_str(), flags));
+}
+
+}  // namespace
+
+Proc::~Proc() = default;
+
+std::string Box::branch_dir(const std::string& branch) const {
+  if (!branches_.contains(branch)) return {};
+  return opts_.state_dir + "/branches/" + branch;
+}
+
+pid_t Box::ns_init_pid(const std::string& branch) const {
+  auto it = branches_.find(branch);
+  return it == branches_.end() || it->second->ns_init_reaped ? -1 : it->second->launched.pid;
+}
+
+boost::json::object Box::proc_state(const Proc& p) const {
+  boost::json::object o{{"proc", p.id}, {"branch", p.branch}};
+  if (p.exited_sent || p.status_known) {
+    o["state"] = "exited";
+    if (WIFSIGNALED(p.status))
+      o["signal"] = os::signal_name(WTERMSIG(p.status));
+    else
+      o["code"] = WEXITSTATUS(p.status);
+  } else {
+    o["state"] = p.started || p.id == "main" ? "running" : "starting";
+  }
+  if (p.pid > 0) o["pid"] = p.pid;
+  if (p.started_seq) o["started_seq"] = p.started_seq;
+  if (!p.error.empty()) o["error"] = p.error;
+  o["tty"] = p.tty;
+  return o;
+}
+
+void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, boost::json::object)> done) {
+  if (auto it = procs_.find(spec.proc); it != procs_.end()) {
+    // Idempotent: the same id names the same process, whatever else the request says.
+    Proc& p = *it->second;
+    auto reply = [this, &p, done] {
+      auto st = proc_state(p);
+      st["existing"] = true;
+      done(std::nullopt, std::move(st));
+    };
+    if (!p.started && !p.status_known && p.id != "main") p.on_started.push_back(reply);
+    else reply();
+    return;
+  }
+  auto bit = branches_.find(spec.branch);
+  if (bit == branches_.end()) return done(OpError{"no_such_branch", "no branch named " + spec.branch}, {});
+  Branch& b = *bit->second;
+  if (b.ns_init_reaped || shutting_down_ || finished_)
+    return done(OpError{"box_stopping", "branch " + spec.branch + " is shutting down"}, {});
+
+  auto p = std::make_unique<Proc>();
+  p->id = spec.proc;
+  p->branch = spec.branch;
+  p->argv = spec.argv;
+  p->tty = spec.tty;
+  p->io = std::make_unique<ProcIo>(loop_);
+  Proc& pr = *p;
+  procs_.emplace(p->id, std::move(p));
+  pr.on_started.push_back([this, &pr, done] {
+    if (!pr.error.empty() && !pr.started)
+      return done(OpError{"spawn_failed", pr.error}, proc_state(pr));
+    done(std::nullopt, proc_state(pr));
+  });
+
+  boost::json::array argv, env;
+  for (auto& a : spec.argv) argv.emplace_back(a);
+  for (auto& e : spec.env) env.emplace_back(e);
+  boost::json::object req{{"op", "exec"},   {"proc", spec.proc}, {"argv", argv},          {"env", env},
+                          {"cwd", spec.cwd.empty() ? agent_cwd_ : spec.cwd}, {"tty", spec.tty},
+                          {"stdin", spec.stdin_open}, {"cols", spec.cols},   {"rows", spec.rows}};
+  send_request(b, req);
+}
+
+void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
+  auto ev = r.at("ev").as_string();
+  if (ev == "started" || ev == "spawn_failed") {
+    if (ev == "spawn_failed") p.error = r.contains("error") ? std::string(r.at("error").as_string()) : "could not start";
+    if (auto* pid = r.if_contains("pid")) {
+      p.ns_pid = static_cast<pid_t>(pid->to_number<int64_t>());
+      p.pid = p.ns_pid;
+      if (b.launched.namespaced) {
+        // The host pid: the child of ns-init whose innermost pid is ns_pid.
+        p.pid = -1;
+        for (pid_t c : os::children_of(b.launched.pid)) {
+          auto st = os::read_file("/proc/" + std::to_string(c) + "/status");
+          if (!st) continue;
+          auto pos = st->find("NSpid:");
+          if (pos == std::string::npos) continue;
+          auto eol = st->find('\n', pos);
+          std::string line = st->substr(pos, eol - pos);
+          auto last = line.find_last_of(" \t");
+          if (last != std::string::npos && std::atoi(line.c_str() + last + 1) == p.ns_pid) p.pid = c;
+        }
+      }
+    }
+    if (!p.io) p.io = std::make_unique<ProcIo>(loop_);
+    auto emit_to = [this, &p](boost::json::object e) {
+      e["proc"] = p.id;
+      emit(p.branch, std::move(e));
+    };
+    auto on_eof = [this, &p] { maybe_proc_exited(p); };
+    const auto* fds = r.if_contains("fds");
+    auto fd_of = [&](const char* k) -> os::UniqueFd {
+      if (!fds || !fds->is_object() || !fds->as_object().contains(k)) return {};
+      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()));
+    };
+    if (ev == "started") {
+      p.started = true;
+      boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
+      if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
+      boost::json::array argv;
+      for (auto& a : p.argv) argv.emplace_back(a);
+      e["argv"] = std::move(argv);
+      if (p.tty) e["tty"] = true;
+      p.started_seq = emit(p.branch, std::move(e));
+    }
+    if (p.tty) {
+      os::UniqueFd master = fd_of("pty");
+      if (master) {
+        os::UniqueFd rd(::fcntl(master.get(), F_DUPFD_CLOEXEC, 3));
+        p.io->pty = master.get();
+        p.io->input = std::make_unique<InputWriter>(loop_, std::move(master));
+        p.out = std::make_unique<OutputReader>(loop_, std::move(rd), OutputDecoder("pty", false, emit_to), on_eof);
+      }
+    } else {
+      if (auto in = fd_of("in")) p.io->input = std::make_unique<InputWriter>(loop_, std::move(in));
+      if (auto out = fd_of("out"))
+        p.out = std::make_unique<OutputReader>(loop_, std::move(out), OutputDecoder("stdout", true, emit_to), on_eof);
+      if (auto err = fd_of("err"))
+        p.err = std::make_unique<OutputReader>(loop_, std::move(err), OutputDecoder("stderr", false, emit_to), on_eof);
+    }
+    if (fds) send_request(b, {{"op", "release"}, {"proc", p.id}});
+    if (p.io->input) {
+      if (!p.io->early_input.empty()) (void)p.io->input->write(std::exchange(p.io->early_input, {}));
+      if (p.io->early_eof) {
+        if (p.tty) (void)p.io->input->write("\x04");
+        else p.io->input->eof();
+      }
+    }
+    if (ev == "started" || !p.error.empty()) {
+      // Wake the waiting exec replies (spawn_failed is followed by an exit, handled below).
+      for (auto& w : std::exchange(p.on_started, {})) w();
+    }
+  } else if (ev == "exited") {
+    p.status = static_cast<int>(r.at("status").to_number<int64_t>());
+    p.status_known = true;
+    if (p.io) {
+      // A process that left children holding its output: stop waiting after a moment.
+      p.io->after(2000, [&p] {
+        if (p.out) p.out->close();
+        if (p.err) p.err->close();
+      });
+    }
+    maybe_proc_exited(p);
+  }
+}
+
+void Box::end_execs_of(Branch& b) {
+  // ns-init is gone and with it everything in its pid namespace: every exec'd proc has ended.
+  for (auto& [id, p] : procs_) {
+    if (p->branch != b.name || id == b.main_proc) continue;
+    if (!p->status_known) {
+      p->status = SIGKILL;  // a wait status: killed by KILL
+      p->status_known = true;
+      if (!p->started && p->error.empty()) p->error = "the branch ended before the process started";
+      for (auto& w : std::exchange(p->on_started, {})) w();
+    }
+    if (p->out) p->out->close();
+    if (p->err) p->err->close();
+    maybe_proc_exited(*p);
+  }
+}
+
+std::optional<OpError> Box::proc_stdin(const std::string& proc, std::string_view data, bool eof) {
+  auto it = procs_.find(proc);
+  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
+  Proc& p = *it->second;
+  if (p.io && !p.started && !p.status_known) {
+    // Not started yet: keep it for when it is.
+    if (p.io->early_eof) return OpError{"stdin_closed", "the stdin of " + proc + " is closed"};
+    if (p.io->early_input.size() + data.size() > InputWriter::kMaxPending)
+      return OpError{"stdin_full", "the stdin buffer of " + proc + " is full"};
+    p.io->early_input.append(data);
+    p.io->early_eof |= eof;
+    return std::nullopt;
+  }
+  if (!p.io || !p.io->input) return OpError{"no_stdin", "process " + proc + " was not started with stdin (exec with stdin: true)"};
+  if (p.io->input->closed()) return OpError{"stdin_closed", "the stdin of " + proc + " is closed"};
+  if (!data.empty() && !p.io->input->write(data))
+    return OpError{"stdin_full", "the stdin buffer of " + proc + " is full (the process is not reading)"};
+  if (eof) {
+    if (p.tty) (void)p.io->input->write("\x04");  // the terminal's end-of-file character
+    else p.io->input->eof();
+  }
+  return std::nullopt;
+}
+
+std::optional<OpError> Box::proc_signal(const std::string& proc, int sig) {
+  auto it = procs_.find(proc);
+  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
+  Proc& p = *it->second;
+  if (p.status_known) return OpError{"not_running", "process " + proc + " has exited"};
+  auto bit = branches_.find(p.branch);
+  if (bit == branches_.end()) return OpError{"no_such_branch", "branch " + p.branch + " is gone"};
+  send_request(*bit->second, {{"op", "signal"}, {"proc", proc}, {"sig", sig}});
+  return std::nullopt;
+}
+
+std::optional<OpError> Box::proc_resize(const std::string& proc, int cols, int rows) {
+  auto it = procs_.find(proc);
+  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
+  Proc& p = *it->second;
+  if (!p.io || p.io->pty < 0) return OpError{"no_tty", "process " + proc + " has no terminal"};
+  struct winsize ws {};
+  ws.ws_col = static_cast<unsigned short>(cols);
+  ws.ws_row = static_cast<unsigned short>(rows);
+  if (::ioctl(p.io->pty, TIOCSWINSZ, &ws) != 0)
+    return OpError{"resize_failed", std::string("TIOCSWINSZ: ") + std::strerror(errno)};
+  return std::nullopt;
+}
+
+}  // namespace sbx::supervisor

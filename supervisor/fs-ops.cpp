@@ -1,0 +1,163 @@
+#include "fs-ops.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace sbx::supervisor {
+
+using protocol::RequestError;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, int err) {
+  std::string code = err == EXDEV || err == ELOOP ? "path_escape"
+                     : err == ENOENT              ? "not_found"
+                     : err == EACCES || err == EPERM ? "permission_denied"
+                     : err == ENOTDIR             ? "not_a_directory"
+                     : err == EISDIR              ? "is_a_directory"
+                     : err == ENOTEMPTY           ? "not_empty"
+                     : err == EEXIST              ? "exists"
+                                                  : "io_error";
+  std::string why = err == EXDEV || err == ELOOP ? "resolves outside the allowed roots" : std::strerror(err);
+  throw RequestError(code, path + ": " + why);
+}
+
+// The root a path belongs to and the rest of it, relative ("." for the root itself).
+std::pair<const std::string*, std::string> split(const FsRoots& roots, const std::string& path) {
+  if (path.empty()) throw RequestError("bad_request", "field path: empty");
+  if (path.find('\0') != std::string::npos) throw RequestError("bad_request", "field path: contains a NUL byte");
+  auto under = [&](std::string_view prefix) {
+    return path == prefix || (path.size() > prefix.size() && path.starts_with(prefix) && path[prefix.size()] == '/');
+  };
+  const std::string* root;
+  std::string rest;
+  if (path[0] != '/') {
+    root = &roots.workspace;
+    rest = path;
+  } else if (under("/workspace")) {
+    root = &roots.workspace;
+    rest = path.substr(10);
+  } else if (under("/tmp") && !roots.tmp.empty()) {
+    root = &roots.tmp;
+    rest = path.substr(4);
+  } else {
+    throw RequestError("path_escape", path + ": outside the allowed roots (/workspace, /tmp)");
+  }
+  size_t skip = rest.find_first_not_of('/');
+  rest = skip == std::string::npos ? std::string() : rest.substr(skip);
+  if (rest.empty()) return {root, std::string(1, '.')};
+  return {root, rest};
+}
+
+int open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
+  struct open_how how {};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  int fd;
+  do fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
+  while (fd < 0 && errno == EAGAIN);
+  return fd;
+}
+
+os::UniqueFd open_root(const std::string& root, const std::string& path) {
+  os::UniqueFd r(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!r) fail(path, errno);
+  return r;
+}
+
+void remove_tree(int dirfd, const std::string& name, const std::string& path, int depth) {
+  if (depth > 256) throw RequestError("io_error", path + ": directory tree too deep");
+  if (::unlinkat(dirfd, name.c_str(), 0) == 0) return;
+  if (errno != EISDIR) fail(path, errno);
+  int sub = open_beneath(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+  if (sub < 0) fail(path, errno);
+  DIR* d = ::fdopendir(sub);
+  if (!d) {
+    ::close(sub);
+    fail(path, errno);
+  }
+  std::vector<std::string> names;
+  while (auto* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+  for (auto& n : names) remove_tree(::dirfd(d), n, path + "/" + n, depth + 1);
+  ::closedir(d);
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
+}
+
+const char* type_of(mode_t m) {
+  return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other";
+}
+
+}  // namespace
+
+os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, mode_t mode, std::string* last_out) {
+  auto [root, rel] = split(roots, path);
+  auto rfd = open_root(*root, path);
+  if (last_out) {
+    auto slash = rel.rfind('/');
+    std::string parent = slash == std::string::npos ? "." : rel.substr(0, slash);
+    *last_out = slash == std::string::npos ? rel : rel.substr(slash + 1);
+    if (*last_out == "." || *last_out == ".." || last_out->empty())
+      throw RequestError("bad_request", path + ": names no entry that can be removed");
+    rel = parent;
+    flags = O_RDONLY | O_DIRECTORY;
+  }
+  int fd = open_beneath(rfd.get(), rel, flags, mode);
+  if (fd < 0) fail(path, errno);
+  return os::UniqueFd(fd);
+}
+
+boost::json::object fs_stat(const FsRoots& roots, const std::string& path) {
+  auto fd = fs_open(roots, path, O_PATH);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, errno);
+  return {{"path", path},
+          {"type", type_of(st.st_mode)},
+          {"size", static_cast<uint64_t>(st.st_size)},
+          {"mode", static_cast<uint64_t>(st.st_mode & 07777)},
+          {"mtime", static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec / 1e9}};
+}
+
+boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
+  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
+  DIR* d = ::fdopendir(fd.release());
+  if (!d) fail(path, errno);
+  boost::json::array out;
+  while (auto* e = ::readdir(d)) {
+    if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+    struct stat st {};
+    boost::json::object o{{"name", e->d_name}};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      o["type"] = type_of(st.st_mode);
+      o["size"] = static_cast<uint64_t>(st.st_size);
+    }
+    out.push_back(std::move(o));
+  }
+  ::closedir(d);
+  return out;
+}
+
+void fs_remove(const FsRoots& roots, const std::string& path, bool recursive) {
+  std::string last;
+  auto dir = fs_open(roots, path, O_RDONLY, 0, &last);
+  if (recursive) return remove_tree(dir.get(), last, path, 0);
+  if (::unlinkat(dir.get(), last.c_str(), 0) == 0) return;
+  if (errno == EISDIR && ::unlinkat(dir.get(), last.c_str(), AT_REMOVEDIR) == 0) return;
+  fail(path, errno);
+}
+
+void fs_mkdir(const FsRoots& roots, const std::string& path) {
+  std::string last;
+  auto dir = fs_open(roots, path, O_RDONLY, 0, &last);
+  if (::mkdirat(dir.get(), last.c_str(), 0755) != 0 && errno != EEXIST) fail(path, errno);
+}
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,33 @@
+#pragma once
+// File operations of the protocol, confined to a branch's roots: a path names `/workspace/...`
+// (or a path relative to it) or `/tmp/...`; each is opened with openat2(RESOLVE_BENEATH |
+// RESOLVE_NO_MAGICLINKS) under the root's directory on the host, so `..` and symlinks cannot
+// leave it.
+#include <sys/types.h>
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <string>
+
+#include "os/unique-fd.hpp"
+#include "protocol.hpp"
+
+namespace sbx::supervisor {
+
+struct FsRoots {
+  std::string workspace;  // host directory seen as /workspace
+  std::string tmp;        // host directory seen as /tmp
+};
+
+/// Opens `path` with `flags` (O_CLOEXEC is added). Throws protocol::RequestError naming the path
+/// and the reason: path_escape, not_found, ... `parent_out`: when set, opens the parent directory
+/// instead and stores the last component there.
+os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644,
+                     std::string* last_out = nullptr);
+
+boost::json::object fs_stat(const FsRoots& roots, const std::string& path);
+boost::json::array fs_list(const FsRoots& roots, const std::string& path);
+void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
+void fs_mkdir(const FsRoots& roots, const std::string& path);
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,60 @@
+#pragma once
+// The supervisor's ends of an exec'd process's stdio: a non-blocking writer for its stdin (or
+// pty), the pty master for resizing, and a timer that stops waiting for output a straggler holds.
+#include <uv.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "os/unique-fd.hpp"
+
+namespace sbx::supervisor {
+
+/// Writes to a non-blocking fd on the loop, keeping what the fd cannot take yet (bounded).
+class InputWriter {
+ public:
+  static constexpr size_t kMaxPending = 16u << 20;
+  InputWriter(uv_loop_t* loop, os::UniqueFd fd);
+  ~InputWriter();
+  InputWriter(const InputWriter&) = delete;
+  InputWriter& operator=(const InputWriter&) = delete;
+  /// False when the buffer would exceed kMaxPending or the input is closed.
+  bool write(std::string_view data);
+  /// Closes the fd once everything pending is written.
+  void eof();
+  bool closed() const noexcept { return !fd_ || eof_; }
+  int fd() const noexcept { return fd_.get(); }
+
+ private:
+  void flush();
+  static void on_writable(uv_poll_t* p, int status, int events) noexcept;
+  os::UniqueFd fd_;
+  uv_poll_t* poll_ = nullptr;
+  std::string pending_;
+  bool eof_ = false;
+  bool polling_ = false;
+};
+
+class ProcIo {
+ public:
+  explicit ProcIo(uv_loop_t* loop) : loop_(loop) {}
+  ~ProcIo();
+  ProcIo(const ProcIo&) = delete;
+  ProcIo& operator=(const ProcIo&) = delete;
+
+  std::unique_ptr<InputWriter> input;  // stdin pipe, or the pty master
+  int pty = -1;                        // the pty master (owned by `input`), for resize
+  // Input sent before the process started: written once `input` exists.
+  std::string early_input;
+  bool early_eof = false;
+  /// Runs `fn` after `ms` once (replacing an earlier one).
+  void after(uint64_t ms, std::function<void()> fn);
+
+ private:
+  uv_loop_t* loop_;
+  uv_timer_t* timer_ = nullptr;
+  std::function<void()> fn_;
+};
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,825 @@
+#include "server.hpp"
+
+#include <fcntl.h>
+#include <libwebsockets.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "box.hpp"
+#include "event.hpp"
+#include "fs-ops.hpp"
+#include "os/sys.hpp"
+#include "protocol.hpp"
+#include "stats.hpp"
+
+namespace sbx::supervisor {
+
+namespace json = boost::json;
+using protocol::RequestError;
+
+namespace {
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("server");
+  return l;
+}
+
+constexpr size_t kLowWater = 1u << 20;     // refill (replay, downloads) below this
+constexpr size_t kReplayBatch = 256u << 10;
+constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
+
+struct OutFrame {
+  std::string buf;  // LWS_PRE bytes of headroom, then the payload
+  bool binary = false;
+  uint64_t seq = 0;  // an event's seq, 0 for replies and file data
+  size_t size() const { return buf.size() - LWS_PRE; }
+};
+
+struct Upload {
+  os::UniqueFd fd;
+  std::string path;
+  uint64_t end = 0;
+  json::value id;
+};
+
+struct Download {
+  json::value id;
+  uint32_t bin_id;
+  os::UniqueFd fd;
+  uint64_t offset = 0;
+  uint64_t remaining = 0;
+};
+
+}  // namespace
+
+struct Client {
+  uint64_t id = 0;
+  lws* wsi = nullptr;
+  bool authed = false;
+  std::string peer;
+  // The message being received.
+  std::string rx;
+  bool rx_new = true, rx_binary = false, rx_oversize = false;
+  size_t rx_total = 0;
+  // What goes out.
+  std::deque<OutFrame> q;
+  size_t q_bytes = 0;
+  uint64_t last_written_seq = 0;
+  // The subscription: replaying from disk until caught up, then live.
+  bool subscribed = false, live = false;
+  uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
+  std::optional<std::string> branch;
+  std::map<uint32_t, Upload> uploads;
+  std::set<uint32_t> failed_uploads;
+  std::deque<Download> downloads;
+  int close_code = 0;
+  std::string close_reason;
+};
+
+struct Server::Impl {
+  Box& box;
+  uv_loop_t* loop;
+  ServerOptions opts;
+  lws_context* ctx = nullptr;
+  lws_protocols protocols[3]{};
+  lws_retry_bo_t retry{};
+  int port = 0;
+  int listener = 0;
+  uint64_t next_client = 1;
+  std::map<uint64_t, Client*> clients;
+  bool draining = false;
+  std::function<void()> drained;
+  uv_timer_t* drain_timer = nullptr;
+
+  Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
+
+  static int callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len);
+  int on_callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len);
+
+  bool token_ok(std::string_view given) const {
+    // Constant time in the length of the given token: no early exit on the first difference.
+    const std::string& want = opts.token;
+    volatile unsigned char diff = given.size() == want.size() ? 0 : 1;
+    for (size_t i = 0; i < given.size(); ++i)
+      diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(given[i]) ^
+                                                static_cast<unsigned char>(want[i % (want.empty() ? 1 : want.size())])));
+    return diff == 0 && !want.empty();
+  }
+
+  static std::string header(lws* wsi, lws_token_indexes h) {
+    int n = lws_hdr_total_length(wsi, h);
+    if (n <= 0 || n > 8192) return {};
+    std::string s(static_cast<size_t>(n) + 1, '\0');
+    if (lws_hdr_copy(wsi, s.data(), n + 1, h) < 0) return {};
+    s.resize(static_cast<size_t>(n));
+    return s;
+  }
+  static std::optional<std::string> bearer(lws* wsi) {
+    std::string a = header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION);
+    if (a.empty()) return std::nullopt;
+    if (a.size() > 7 && (a.starts_with("Bearer ") || a.starts_with("bearer "))) return a.substr(7);
+    return std::string();  // present but not a bearer token: wrong
+  }
+
+  void enqueue(Client& c, std::string payload, bool binary, uint64_t seq = 0) {
+    OutFrame f;
+    f.buf.reserve(LWS_PRE + payload.size());
+    f.buf.assign(LWS_PRE, '\0');
+    f.buf.append(payload);
+    f.binary = binary;
+    f.seq = seq;
+    c.q_bytes += f.size();
+    c.q.push_back(std::move(f));
+    lws_callback_on_writable(c.wsi);
+  }
+  void send(Client& c, const json::object& o) { enqueue(c, json::serialize(o), false); }
+
+  void close_with(Client& c, int code, std::string reason) {
+    if (c.close_code) return;
+    c.close_code = code;
+    c.close_reason = std::move(reason);
+    lws_callback_on_writable(c.wsi);
+  }
+
+  void overflow(Client& c) {
+    // The journal has everything: drop what is queued and tell the client where to resume.
+    log()->info("client {} ({}) too slow: closing with 4008 after seq {}", c.id, c.peer, c.last_written_seq);
+    c.q.clear();
+    c.q_bytes = 0;
+    c.downloads.clear();
+    c.subscribed = false;
+    close_with(c, protocol::kCloseTooSlow, "resume_after=" + std::to_string(c.last_written_seq));
+    // A client that never reads again cannot even take the close frame: give up on it later.
+    lws_set_timeout(c.wsi, PENDING_TIMEOUT_USER_OK, 60);
+  }
+
+  bool wants(const Client& c, const json::object& ev) const {
+    if (!c.branch) return true;
+    auto* b = ev.if_contains("branch");
+    return b && b->is_string() && b->as_string() == *c.branch;
+  }
+
+  void on_event(const Event& e) {
+    for (auto& [id, c] : clients) {
+      if (!c->subscribed || !c->live || e.seq <= c->cursor) continue;
+      c->cursor = e.seq;
+      if (!wants(*c, e.obj)) continue;
+      enqueue(*c, e.line, false, e.seq);
+      if (c->q_bytes > opts.queue_bytes) overflow(*c);
+    }
+  }
+
+  // Refills the queue from the journal on disk and from file reads while it is short.
+  void pump(Client& c) {
+    while (c.q_bytes < kLowWater && c.close_code != protocol::kCloseTooSlow && c.close_code != protocol::kCloseUnauthorized) {
+      if (!c.downloads.empty()) {
+        auto& d = c.downloads.front();
+        size_t want = static_cast<size_t>(std::min<uint64_t>(d.remaining, kReadChunk));
+        std::string frame;
+        protocol::BinaryHeader h{d.bin_id, d.offset, 0};
+        std::string data(want, '\0');
+        size_t got = 0;
+        while (got < want) {
+          ssize_t n = ::pread(d.fd.get(), data.data() + got, want - got, static_cast<off_t>(d.offset + got));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) break;
+          got += static_cast<size_t>(n);
+        }
+        data.resize(got);
+        bool last = got < want || d.remaining - got == 0;
+        if (last) h.flags |= protocol::kFlagLast;
+        protocol::put_header(frame, h);
+        frame.append(data);
+        d.offset += got;
+        d.remaining -= got;
+        enqueue(c, std::move(frame), true);
+        if (last) c.downloads.pop_front();
+        continue;
+      }
+      if (c.subscribed && !c.live) {
+        size_t bytes = 0;
+        bool stopped = false;
+        const std::string dir = box.journal().dir();
+        auto r = Journal::read(dir, c.cursor, [&](uint64_t seq, std::string_view line) {
+          c.cursor = seq;
+          bool keep = true;
+          if (c.branch) {
+            boost::system::error_code ec;
+            auto v = json::parse(line, ec);
+            keep = !ec && v.is_object() && wants(c, v.as_object());
+          }
+          if (keep) {
+            enqueue(c, std::string(line), false, seq);
+            bytes += line.size();
+          }
+          if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
+            stopped = true;
+            return false;
+          }
+          return true;
+        });
+        if (!r) {
+          log()->error("replay journal for client {}: {}", c.id, r.error().message());
+          send(c, protocol::error_reply(nullptr, "replay_failed", "read the journal: " + r.error().message()));
+          c.subscribed = false;
+          break;
+        }
+        // Caught up: from here on the listener delivers, with nothing missed in between (one thread).
+        if (!stopped || c.cursor >= box.journal().last_seq()) c.live = true;
+        continue;
+      }
+      break;
+    }
+  }
+
+  int writeable(Client& c) {
+    pump(c);
+    while (!c.q.empty() && !lws_send_pipe_choked(c.wsi)) {
+      auto& f = c.q.front();
+      size_t n = f.size();
+      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf.data()) + LWS_PRE, n,
+                        f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
+      if (w < 0) return -1;
+      if (f.seq) c.last_written_seq = f.seq;
+      c.q_bytes -= n;
+      c.q.pop_front();
+      if (c.q_bytes < kLowWater) pump(c);
+    }
+    if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live)) {
+      // The close frame is written here, so it goes out even when lws would hang up first.
+      std::string frame(LWS_PRE, '\0');
+      frame.push_back(static_cast<char>((c.close_code >> 8) & 0xff));
+      frame.push_back(static_cast<char>(c.close_code & 0xff));
+      frame.append(c.close_reason.substr(0, 123));
+      lws_write(c.wsi, reinterpret_cast<unsigned char*>(frame.data()) + LWS_PRE, frame.size() - LWS_PRE,
+                static_cast<lws_write_protocol>(4) /* LWS_WRITE_CLOSE, internal in 4.1 */);
+      return -1;
+    }
+    if (!c.q.empty() || !c.downloads.empty() || (c.subscribed && !c.live)) lws_callback_on_writable(c.wsi);
+    return 0;
+  }
+
+  int on_receive(Client& c, const char* data, size_t len) {
+    if (c.rx_new) {
+      c.rx.clear();
+      c.rx_binary = lws_frame_is_binary(c.wsi);
+      c.rx_oversize = false;
+      c.rx_total = 0;
+      c.rx_new = false;
+    }
+    size_t cap = c.rx_binary ? protocol::kMaxBinaryData + protocol::kBinaryHeader : protocol::kMaxTextFrame;
+    c.rx_total += len;
+    if (c.rx_total > cap) {
+      c.rx_oversize = true;
+      c.rx.clear();
+      c.rx.shrink_to_fit();
+    } else {
+      c.rx.append(data, len);
+    }
+    if (!lws_is_final_fragment(c.wsi)) return 0;
+    c.rx_new = true;
+    if (c.rx_oversize) {
+      std::string what = c.rx_binary ? "binary" : "text";
+      std::string msg = what + " frame of " + std::to_string(c.rx_total) + " bytes exceeds the cap of " +
+                        std::to_string(cap) + " bytes";
+      if (!c.authed) {
+        close_with(c, protocol::kCloseUnauthorized, "authenticate first");
+        return 0;
+      }
+      send(c, protocol::error_reply(nullptr, "frame_too_large", msg));
+      return 0;
+    }
+    std::string msg = std::move(c.rx);
+    c.rx.clear();
+    return on_message(c, msg, c.rx_binary);
+  }
+
+  int on_message(Client& c, std::string_view msg, bool binary) {
+    if (!c.authed) {
+      // Without the header, the first frame must be {"op":"auth","token":...}.
+      json::value id;
+      try {
+        if (binary) throw RequestError("unauthorized", "a binary frame before authentication");
+        auto req = protocol::parse_request(msg, &id);
+        if (req.op != "auth") throw RequestError("unauthorized", "authentication required: send {\"op\":\"auth\",\"token\":...} first");
+        auto token = protocol::opt_string(req.fields, "token");
+        if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
+        c.authed = true;
+        lws_set_timeout(c.wsi, NO_PENDING_TIMEOUT, 0);
+        send(c, protocol::ok_reply(req.id));
+        return 0;
+      } catch (const RequestError& e) {
+        log()->info("client {} ({}) refused: {}", c.id, c.peer, e.what());
+        std::string reason = e.what();
+        if (reason.size() > 120) reason.resize(120);
+        c.q.clear();
+        c.q_bytes = 0;
+        close_with(c, protocol::kCloseUnauthorized, reason);
+        return 0;
+      }
+    }
+    if (binary) return on_binary(c, msg);
+    json::value id;
+    try {
+      auto req = protocol::parse_request(msg, &id);
+      dispatch(c, req);
+    } catch (const RequestError& e) {
+      send(c, protocol::error_reply(id, e.code, e.what()));
+    } catch (const std::exception& e) {
+      send(c, protocol::error_reply(id, "internal", e.what()));
+    }
+    return 0;
+  }
+
+  int on_binary(Client& c, std::string_view msg) {
+    auto h = protocol::get_header(msg);
+    if (!h) {
+      send(c, protocol::error_reply(nullptr, "bad_binary",
+                                    "binary frame of " + std::to_string(msg.size()) +
+                                        " bytes is shorter than its 13-byte header (u32 id, u64 offset, u8 flags)"));
+      return 0;
+    }
+    auto data = msg.substr(protocol::kBinaryHeader);
+    if (c.failed_uploads.contains(h->id)) {
+      if (h->last()) c.failed_uploads.erase(h->id);
+      return 0;
+    }
+    auto it = c.uploads.find(h->id);
+    if (it == c.uploads.end()) {
+      send(c, protocol::error_reply(h->id, "unexpected_binary",
+                                    "binary frame for request " + std::to_string(h->id) +
+                                        ", which is no fs.write in progress (binary frames carry file content only)"));
+      return 0;
+    }
+    Upload& u = it->second;
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::pwrite(u.fd.get(), data.data() + done, data.size() - done, static_cast<off_t>(h->offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        std::string err = std::strerror(errno);
+        auto rid = u.id;
+        std::string path = u.path;
+        if (!h->last()) c.failed_uploads.insert(h->id);
+        c.uploads.erase(it);
+        send(c, protocol::error_reply(rid, "io_error", "write " + path + ": " + err));
+        return 0;
+      }
+      done += static_cast<size_t>(n);
+    }
+    u.end = std::max<uint64_t>(u.end, h->offset + data.size());
+    if (h->last()) {
+      auto reply = protocol::ok_reply(u.id);
+      reply["size"] = u.end;
+      reply["path"] = u.path;
+      c.uploads.erase(it);
+      send(c, reply);
+    }
+    return 0;
+  }
+
+  FsRoots roots_of(const json::object& req) {
+    std::string branch = protocol::opt_string(req, "branch").value_or("main");
+    if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
+    auto dir = box.branch_dir(branch);
+    return {dir + "/workspace", dir + "/tmp"};
+  }
+
+  static uint32_t binary_id(const json::value& id, const char* op) {
+    if ((id.is_int64() && id.as_int64() >= 0 && id.as_int64() <= 0xffffffffLL) ||
+        (id.is_uint64() && id.as_uint64() <= 0xffffffffULL))
+      return static_cast<uint32_t>(id.to_number<uint64_t>());
+    throw RequestError("bad_request", std::string(op) + " needs an integer id in [0, 2^32): binary frames carry it");
+  }
+
+  void dispatch(Client& c, const protocol::Request& req);
+
+  // Answers an upgrade request with a plain HTTP error (written whole, then the connection ends).
+  static int reject_http(lws* wsi, int code, const char* reason, const std::string& text) {
+    std::string body = text + "\n";
+    std::string resp = std::string(LWS_PRE, '\0') + "HTTP/1.1 " + std::to_string(code) + " " + reason +
+                       "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
+                       "\r\nConnection: close\r\n" + (code == 401 ? "WWW-Authenticate: Bearer\r\n" : "") + "\r\n" + body;
+    lws_write(wsi, reinterpret_cast<unsigned char*>(resp.data()) + LWS_PRE, resp.size() - LWS_PRE, LWS_WRITE_HTTP);
+    return 1;
+  }
+};
+
+void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
+  const auto& f = r.fields;
+  const std::string& op = r.op;
+  auto ok = protocol::ok_reply(r.id);
+  if (op == "auth") {
+    auto token = protocol::opt_string(f, "token");
+    if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
+    return send(c, ok);
+  }
+  if (op == "ping") {
+    ok["pong"] = true;
+    return send(c, ok);
+  }
+  if (op == "subscribe") {
+    auto since = protocol::opt_int(f, "since", 0, INT64_MAX).value_or(0);
+    auto branch = protocol::opt_string(f, "branch");
+    if (branch && !box.has_branch(*branch)) throw RequestError("no_such_branch", "no branch named " + *branch);
+    ok["last_seq"] = box.journal().last_seq();
+    send(c, ok);
+    c.subscribed = true;
+    c.branch = branch;
+    c.cursor = static_cast<uint64_t>(since);
+    c.live = c.cursor >= box.journal().last_seq();
+    if (!c.live) lws_callback_on_writable(c.wsi);
+    return;
+  }
+  if (op == "unsubscribe") {
+    c.subscribed = false;
+    return send(c, ok);
+  }
+  if (op == "exec") {
+    ExecSpec spec;
+    spec.proc = protocol::need_string(f, "proc");
+    if (spec.proc.empty() || spec.proc.size() > 128)
+      throw RequestError("bad_request", "field proc: 1 to 128 characters");
+    for (unsigned char ch : spec.proc)
+      if (ch < 0x21 || ch == 0x7f) throw RequestError("bad_request", "field proc: no spaces or control characters");
+    spec.argv = protocol::need_string_array(f, "argv");
+    if (spec.argv.empty()) throw RequestError("bad_request", "field argv: empty");
+    for (auto& a : spec.argv)
+      if (a.find('\0') != std::string::npos) throw RequestError("bad_request", "field argv: contains a NUL byte");
+    if (auto* env = f.if_contains("env"); env && !env->is_null()) {
+      if (!env->is_object()) throw RequestError("bad_request", "field env: expected an object of strings");
+      for (auto& kv : env->as_object()) {
+        if (!kv.value().is_string()) throw RequestError("bad_request", "field env." + std::string(kv.key()) + ": expected a string");
+        if (kv.key().empty() || kv.key().find('=') != json::string_view::npos)
+          throw RequestError("bad_request", "field env: a name is not empty and has no '='");
+        spec.env.push_back(std::string(kv.key()) + "=" + std::string(kv.value().as_string()));
+      }
+    }
+    spec.cwd = protocol::opt_string(f, "cwd").value_or("");
+    spec.tty = protocol::opt_bool(f, "tty").value_or(false);
+    spec.stdin_open = protocol::opt_bool(f, "stdin").value_or(false);
+    spec.cols = static_cast<int>(protocol::opt_int(f, "cols", 1, 10000).value_or(80));
+    spec.rows = static_cast<int>(protocol::opt_int(f, "rows", 1, 10000).value_or(24));
+    spec.branch = protocol::opt_string(f, "branch").value_or("main");
+    uint64_t cid = c.id;
+    json::value id = r.id;
+    box.exec(spec, [this, cid, id](std::optional<OpError> err, json::object st) {
+      auto it = clients.find(cid);
+      if (it == clients.end()) return;
+      if (err) {
+        auto e = protocol::error_reply(id, err->code, err->message);
+        if (!st.empty()) e["state"] = std::move(st);
+        return send(*it->second, e);
+      }
+      auto reply = protocol::ok_reply(id);
+      for (auto& kv : st) reply[kv.key()] = kv.value();
+      send(*it->second, reply);
+    });
+    return;
+  }
+  if (op == "stdin") {
+    auto proc = protocol::need_string(f, "proc");
+    std::string data;
+    if (auto d = protocol::opt_string(f, "data")) data = *d;
+    if (auto b = protocol::opt_string(f, "data_b64")) {
+      if (!base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
+    }
+    bool eof = protocol::opt_bool(f, "eof").value_or(false);
+    if (auto e = box.proc_stdin(proc, data, eof)) throw RequestError(e->code, e->message);
+    return send(c, ok);
+  }
+  if (op == "signal") {
+    auto proc = protocol::need_string(f, "proc");
+    auto* s = f.if_contains("signal");
+    if (!s) throw RequestError("bad_request", "field signal: missing");
+    std::optional<int> sig;
+    if (s->is_string()) sig = os::parse_signal(s->as_string());
+    else if (s->is_int64() && s->as_int64() > 0 && s->as_int64() < 65) sig = static_cast<int>(s->as_int64());
+    else if (s->is_uint64() && s->as_uint64() < 65) sig = static_cast<int>(s->as_uint64());
+    if (!sig) throw RequestError("bad_request", "field signal: expected a signal name (\"TERM\") or number (1-64)");
+    if (auto e = box.proc_signal(proc, *sig)) throw RequestError(e->code, e->message);
+    return send(c, ok);
+  }
+  if (op == "resize") {
+    auto proc = protocol::need_string(f, "proc");
+    auto cols = protocol::opt_int(f, "cols", 1, 10000);
+    auto rows = protocol::opt_int(f, "rows", 1, 10000);
+    if (!cols || !rows) throw RequestError("bad_request", "fields cols and rows: both required");
+    if (auto e = box.proc_resize(proc, static_cast<int>(*cols), static_cast<int>(*rows))) throw RequestError(e->code, e->message);
+    return send(c, ok);
+  }
+  if (op == "fs.read") {
+    uint32_t bid = binary_id(r.id, "fs.read");
+    auto path = protocol::need_string(f, "path");
+    auto roots = roots_of(f);
+    auto fd = fs_open(roots, path, O_RDONLY);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw RequestError("io_error", path + ": " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) throw RequestError("is_a_directory", path + ": is a directory (use fs.list)");
+    if (!S_ISREG(st.st_mode)) throw RequestError("not_a_file", path + ": not a regular file");
+    uint64_t size = static_cast<uint64_t>(st.st_size);
+    uint64_t offset = static_cast<uint64_t>(protocol::opt_int(f, "offset", 0, INT64_MAX).value_or(0));
+    if (offset > size) offset = size;
+    uint64_t length = static_cast<uint64_t>(protocol::opt_int(f, "length", 0, INT64_MAX).value_or(INT64_MAX));
+    ok["size"] = size;
+    ok["length"] = std::min(length, size - offset);
+    send(c, ok);
+    c.downloads.push_back({r.id, bid, std::move(fd), offset, std::min(length, size - offset)});
+    lws_callback_on_writable(c.wsi);
+    return;
+  }
+  if (op == "fs.write") {
+    auto path = protocol::need_string(f, "path");
+    auto roots = roots_of(f);
+    auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0644));
+    bool append = protocol::opt_bool(f, "append").value_or(false);
+    std::optional<std::string> inline_data;
+    if (auto d = protocol::opt_string(f, "data")) inline_data = *d;
+    if (auto b = protocol::opt_string(f, "data_b64")) {
+      std::string raw;
+      if (!base64_decode(*b, raw)) throw RequestError("bad_request", "field data_b64: not valid base64");
+      inline_data = std::move(raw);
+    }
+    uint32_t bid = 0;
+    if (!inline_data) {
+      bid = binary_id(r.id, "fs.write");
+      if (c.uploads.contains(bid)) throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
+      c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
+    }
+    auto fd = fs_open(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
+    if (inline_data) {
+      if (auto w = os::write_all(fd.get(), *inline_data); !w)
+        throw RequestError("io_error", "write " + path + ": " + w.error().message());
+      ok["size"] = inline_data->size();
+      ok["path"] = path;
+      return send(c, ok);
+    }
+    c.failed_uploads.erase(bid);
+    c.uploads[bid] = Upload{std::move(fd), path, 0, r.id};
+    return;  // the reply comes with the last binary frame
+  }
+  if (op == "fs.stat") {
+    auto st = fs_stat(roots_of(f), protocol::need_string(f, "path"));
+    for (auto& kv : st) ok[kv.key()] = kv.value();
+    return send(c, ok);
+  }
+  if (op == "fs.list") {
+    ok["entries"] = fs_list(roots_of(f), protocol::opt_string(f, "path").value_or("/workspace"));
+    return send(c, ok);
+  }
+  if (op == "fs.remove") {
+    fs_remove(roots_of(f), protocol::need_string(f, "path"), protocol::opt_bool(f, "recursive").value_or(false));
+    return send(c, ok);
+  }
+  if (op == "fs.mkdir") {
+    fs_mkdir(roots_of(f), protocol::need_string(f, "path"));
+    return send(c, ok);
+  }
+  if (op == "stats") {
+    auto st = collect_stats(box, nullptr);
+    for (auto& kv : st) ok[kv.key()] = kv.value();
+    ok["last_seq"] = box.journal().last_seq();
+    return send(c, ok);
+  }
+  if (op == "shutdown") {
+    int64_t grace = protocol::opt_duration_ms(f, "grace").value_or(box.options().profile.resources.grace_ms);
+    send(c, ok);
+    box.shutdown(grace);
+    return;
+  }
+  throw RequestError("unknown_op", "unknown op \"" + op +
+                                       "\" (known: auth, subscribe, unsubscribe, exec, stdin, signal, resize, fs.read, "
+                                       "fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, stats, shutdown, ping)");
+}
+
+int Server::Impl::callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
+  auto* ctx = lws_get_context(wsi);
+  auto* self = ctx ? static_cast<Impl*>(lws_context_user(ctx)) : nullptr;
+  if (!self) return lws_callback_http_dummy(wsi, reason, user, in, len);
+  try {
+    return self->on_callback(wsi, reason, user, in, len);
+  } catch (const std::exception& e) {
+    log()->error("websocket callback {}: {}", static_cast<int>(reason), e.what());
+    return -1;
+  }
+}
+
+int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
+  auto** slot = static_cast<Client**>(user);
+  switch (reason) {
+    case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE: {
+      std::string proto = header(wsi, WSI_TOKEN_PROTOCOL);
+      bool has = false;
+      size_t pos = 0;
+      while (pos <= proto.size()) {
+        size_t comma = proto.find(',', pos);
+        std::string p = proto.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        while (!p.empty() && p.front() == ' ') p.erase(0, 1);
+        while (!p.empty() && p.back() == ' ') p.pop_back();
+        has |= p == protocol::kSubprotocol;
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+      if (!has) return reject_http(wsi, 400, "Bad Request", "the WebSocket subprotocol sandboxer.v1 is required");
+      auto b = bearer(wsi);
+      if (b && !token_ok(*b)) {
+        log()->info("refused a connection: wrong token in the Authorization header");
+        return reject_http(wsi, 401, "Unauthorized", "wrong token");
+      }
+      return 0;
+    }
+    case LWS_CALLBACK_HTTP:
+      // Plain HTTP: nothing is served but the WebSocket.
+      if (lws_return_http_status(wsi, 426, "this server speaks WebSocket (subprotocol sandboxer.v1) only")) return -1;
+      return lws_http_transaction_completed(wsi) ? -1 : 0;
+    case LWS_CALLBACK_ESTABLISHED: {
+      auto* c = new Client;
+      c->id = next_client++;
+      c->wsi = wsi;
+      char ip[64] = "";
+      lws_get_peer_simple(wsi, ip, sizeof ip);
+      c->peer = ip;
+      auto b = bearer(wsi);
+      c->authed = b && token_ok(*b);
+      *slot = c;
+      clients[c->id] = c;
+      if (!c->authed) lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
+      if (draining) close_with(*c, 1001, "box ended");
+      log()->debug("client {} connected from {}", c->id, c->peer);
+      return 0;
+    }
+    case LWS_CALLBACK_RECEIVE:
+      if (!slot || !*slot) return -1;
+      if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
+      return on_receive(**slot, static_cast<const char*>(in), len);
+    case LWS_CALLBACK_SERVER_WRITEABLE:
+      if (!slot || !*slot) return -1;
+      return writeable(**slot);
+    case LWS_CALLBACK_CLOSED: {
+      if (!slot || !*slot) return 0;
+      Client* c = *slot;
+      *slot = nullptr;
+      clients.erase(c->id);
+      log()->debug("client {} gone", c->id);
+      delete c;
+      if (draining && clients.empty() && drained) {
+        auto d = std::move(drained);
+        drained = nullptr;
+        d();
+      }
+      return 0;
+    }
+    default:
+      return lws_callback_http_dummy(wsi, reason, user, in, len);
+  }
+}
+
+ServerOptions parse_listen(const std::string& listen) {
+  ServerOptions o;
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("--listen " + listen + ": expected ADDR:PORT");
+  std::string addr = listen.substr(0, colon), port = listen.substr(colon + 1);
+  if (addr.starts_with('[') && addr.ends_with(']')) addr = addr.substr(1, addr.size() - 2);
+  int p = -1;
+  try {
+    size_t used = 0;
+    p = std::stoi(port, &used);
+    if (used != port.size()) p = -1;
+  } catch (const std::exception&) {
+  }
+  if (p < 0 || p > 65535) throw std::invalid_argument("--listen " + listen + ": port must be 0..65535");
+  o.addr = addr.empty() ? "0.0.0.0" : addr;
+  o.port = p;
+  return o;
+}
+
+namespace {
+// A free TCP port on `addr` (lws cannot report the port it bound for 0 reliably across versions).
+int pick_port(const std::string& addr) {
+  struct addrinfo hints {}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  if (::getaddrinfo(addr == "0.0.0.0" ? nullptr : addr.c_str(), "0", &hints, &res) != 0 || !res) return -1;
+  int port = -1;
+  os::UniqueFd s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (s && ::bind(s.get(), res->ai_addr, res->ai_addrlen) == 0) {
+    struct sockaddr_storage ss {};
+    socklen_t sl = sizeof ss;
+    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
+    port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  }
+  ::freeaddrinfo(res);
+  return port;
+}
+
+void lws_log_to_spdlog(int level, const char* line) {
+  std::string l = line;
+  while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+  if (level & LLL_ERR) log()->warn("lws: {}", l);
+  else log()->info("lws: {}", l);
+}
+}  // namespace
+
+Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts) : impl_(std::make_unique<Impl>(box, loop, std::move(opts))) {
+  auto& o = impl_->opts;
+  if (o.token.empty()) throw std::runtime_error("the server needs a token (--token-file or SANDBOXER_TOKEN)");
+  if (o.tls_cert.empty() != o.tls_key.empty()) throw std::runtime_error("--tls-cert and --tls-key go together");
+  int lws_level = LLL_ERR | LLL_WARN;
+  if (auto* l = std::getenv("SANDBOXER_LWS_LOG")) lws_level = std::atoi(l);
+  lws_set_log_level(lws_level, lws_log_to_spdlog);
+
+  impl_->protocols[0] = {"http", Impl::callback, sizeof(Client*), 0, 0, nullptr, 0};
+  impl_->protocols[1] = {protocol::kSubprotocol, Impl::callback, sizeof(Client*), 64 * 1024, 0, nullptr, 0};
+  impl_->protocols[2] = {nullptr, nullptr, 0, 0, 0, nullptr, 0};
+  impl_->retry.secs_since_valid_ping = 20;
+  impl_->retry.secs_since_valid_hangup = 60;
+
+  int port = o.port;
+  if (port == 0) port = pick_port(o.addr);
+  if (port <= 0) throw std::runtime_error("listen on " + o.addr + ": no free port");
+
+  lws_context_creation_info info{};
+  void* loops[] = {loop};
+  info.options = LWS_SERVER_OPTION_LIBUV;
+  info.foreign_loops = loops;
+  info.port = port;
+  info.iface = o.addr == "0.0.0.0" ? nullptr : o.addr.c_str();
+  info.protocols = impl_->protocols;
+  info.user = impl_.get();
+  info.retry_and_idle_policy = &impl_->retry;
+  info.timeout_secs = 20;
+  info.max_http_header_data = 8192;
+  info.count_threads = 1;
+  info.fd_limit_per_thread = 4096;
+  if (!o.tls_cert.empty()) {
+    info.options |= LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+    info.ssl_cert_filepath = o.tls_cert.c_str();
+    info.ssl_private_key_filepath = o.tls_key.c_str();
+  }
+  impl_->ctx = lws_create_context(&info);
+  if (!impl_->ctx) throw std::runtime_error("listen on " + o.addr + ":" + std::to_string(port) + ": libwebsockets refused (port in use, or bad TLS files)");
+  auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
+  int bound = vh ? lws_get_vhost_listen_port(vh) : port;
+  impl_->port = bound > 0 ? bound : port;
+  impl_->listener = box.journal().add_listener([this](const Event& e) { impl_->on_event(e); });
+  log()->info("listening on {}:{}{}", o.addr, impl_->port, o.tls_cert.empty() ? "" : " (TLS)");
+  box.emit("main", {{"type", "server.listening"}, {"addr", o.addr}, {"port", impl_->port}, {"tls", !o.tls_cert.empty()}});
+}
+
+Server::~Server() {
+  impl_->box.journal().remove_listener(impl_->listener);
+  if (impl_->drain_timer) {
+    uv_timer_stop(impl_->drain_timer);
+    uv_close(reinterpret_cast<uv_handle_t*>(impl_->drain_timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  }
+  if (impl_->ctx) {
+    lws_context_destroy(impl_->ctx);
+    // The libuv glue closes its handles asynchronously: let the loop finish them.
+    for (int i = 0; i < 50; ++i) uv_run(impl_->loop, UV_RUN_NOWAIT);
+  }
+  for (auto& [id, c] : impl_->clients) delete c;
+}
+
+int Server::port() const noexcept { return impl_->port; }
+
+void Server::drain(std::function<void()> done) {
+  auto& m = *impl_;
+  if (m.draining) return;
+  m.draining = true;
+  if (m.clients.empty()) return done();
+  m.drained = std::move(done);
+  for (auto& [id, c] : m.clients) {
+    c->downloads.clear();
+    if (c->subscribed && !c->live) {
+      // Let a replaying client finish what is on disk: it is short, or the timer ends it.
+    }
+    m.close_with(*c, 1001, "box ended");
+  }
+  m.drain_timer = new uv_timer_t;
+  uv_timer_init(m.loop, m.drain_timer);
+  m.drain_timer->data = &m;
+  uv_timer_start(
+      m.drain_timer,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Impl*>(t->data);
+        if (self->drained) {
+          auto d = std::move(self->drained);
+          self->drained = nullptr;
+          d();
+        }
+      },
+      2000, 0);
+}
+
+}  // namespace sbx::supervisor

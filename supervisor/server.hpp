@@ -1,0 +1,46 @@
+#pragma once
+// The WebSocket API of a box (DESIGN.md, "The protocol" and "Protocol details"): libwebsockets
+// on the supervisor's own libuv loop. Every client has a bounded queue; a client too slow for it
+// is closed with 4008 and `resume_after=N` while the agent and other clients go on.
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace sbx::supervisor {
+
+class Box;
+
+struct ServerOptions {
+  std::string addr = "127.0.0.1";
+  int port = 0;                   // 0: any free port (reported in `server.listening`)
+  std::string token;              // required, never empty
+  std::string tls_cert, tls_key;  // both or neither
+  size_t queue_bytes = 8u << 20;  // per client; past it: close 4008
+  int auth_timeout_s = 10;        // a client without a token header must authenticate by then
+};
+
+/// Splits "ADDR:PORT" ("[::1]:PORT" for IPv6); throws std::invalid_argument.
+ServerOptions parse_listen(const std::string& listen);
+
+class Server {
+ public:
+  /// Listens at once; throws std::runtime_error when it cannot.
+  Server(Box& box, uv_loop_t* loop, ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const noexcept;
+  /// Lets clients take what is queued for them, closes them (1001), then calls `done` (at most ~2 s).
+  void drain(std::function<void()> done);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sbx::supervisor

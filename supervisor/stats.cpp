@@ -1,0 +1,147 @@
+#include "stats.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "box.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+
+// utime + stime (clock ticks) and rss (pages) of one process, from /proc/PID/stat.
+bool proc_stat(pid_t pid, uint64_t& ticks, uint64_t& rss_pages) {
+  auto text = os::read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!text) return false;
+  auto rp = text->rfind(')');
+  if (rp == std::string::npos) return false;
+  // Fields after the command: state(3) ... utime(14) stime(15) ... rss(24).
+  std::vector<std::string_view> f;
+  std::string_view rest = std::string_view(*text).substr(rp + 2);
+  size_t pos = 0;
+  while (pos < rest.size() && f.size() < 30) {
+    size_t sp = rest.find(' ', pos);
+    if (sp == std::string_view::npos) sp = rest.size();
+    f.push_back(rest.substr(pos, sp - pos));
+    pos = sp + 1;
+  }
+  if (f.size() < 22) return false;
+  auto num = [](std::string_view s) { return std::strtoull(std::string(s).c_str(), nullptr, 10); };
+  ticks = num(f[11]) + num(f[12]);
+  rss_pages = num(f[21]);
+  return true;
+}
+
+}  // namespace
+
+TreeStats tree_stats(pid_t root) {
+  TreeStats t;
+  if (root <= 0) return t;
+  static const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<pid_t> stack{root};
+  size_t guard = 0;
+  while (!stack.empty() && guard++ < 100000) {
+    pid_t p = stack.back();
+    stack.pop_back();
+    uint64_t ticks = 0, rss = 0;
+    if (!proc_stat(p, ticks, rss)) continue;
+    t.cpu_s += static_cast<double>(ticks) / hz;
+    t.memory += rss * page;
+    ++t.pids;
+    for (pid_t c : os::children_of(p)) stack.push_back(c);
+  }
+  return t;
+}
+
+uint64_t disk_used(const std::string& dir, size_t max_entries) {
+  uint64_t total = 0;
+  size_t seen = 0;
+  std::vector<std::string> stack{dir};
+  while (!stack.empty() && seen < max_entries) {
+    std::string d = stack.back();
+    stack.pop_back();
+    DIR* dp = ::opendir(d.c_str());
+    if (!dp) continue;
+    while (auto* e = ::readdir(dp)) {
+      if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+      if (++seen >= max_entries) break;
+      struct stat st {};
+      std::string p = d + "/" + e->d_name;
+      if (::lstat(p.c_str(), &st) != 0) continue;
+      total += static_cast<uint64_t>(st.st_blocks) * 512;
+      if (S_ISDIR(st.st_mode)) stack.push_back(p);
+    }
+    ::closedir(dp);
+  }
+  return total;
+}
+
+boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
+  auto to_json = [](const TreeStats& t) {
+    return boost::json::object{{"cpu_s", t.cpu_s}, {"memory", t.memory}, {"pids", t.pids}};
+  };
+  // The box: everything below the supervisor (the supervisor itself is not the agent's).
+  TreeStats all;
+  for (pid_t c : os::children_of(::getpid())) {
+    auto t = tree_stats(c);
+    all.cpu_s += t.cpu_s;
+    all.memory += t.memory;
+    all.pids += t.pids;
+  }
+  boost::json::object boxo = to_json(all);
+  if (memory_peak) {
+    if (all.memory > *memory_peak) *memory_peak = all.memory;
+    boxo["memory_peak"] = *memory_peak;
+  }
+  boost::json::object branches;
+  uint64_t disk_total = 0;
+  for (const char* name : {"main"}) {
+    if (!box.has_branch(name)) continue;
+    auto dir = box.branch_dir(name);
+    uint64_t disk = disk_used(dir + "/workspace") + disk_used(dir + "/tmp");
+    disk_total += disk;
+    auto b = to_json(tree_stats(box.ns_init_pid(name)));
+    b["disk"] = disk;
+    branches[name] = std::move(b);
+  }
+  boxo["disk"] = disk_total;
+  boost::json::object procs;
+  for (auto& [id, p] : box.procs()) {
+    if (p->status_known || p->pid <= 0) continue;
+    procs[id] = to_json(tree_stats(p->pid));
+  }
+  return {{"box", boxo}, {"branches", branches}, {"procs", procs}};
+}
+
+MetricsTimer::MetricsTimer(Box& box, uv_loop_t* loop, uint64_t every_ms) : box_(box), timer_(new uv_timer_t) {
+  uv_timer_init(loop, timer_);
+  timer_->data = this;
+  uv_timer_start(
+      timer_,
+      [](uv_timer_t* t) {
+        auto* self = static_cast<MetricsTimer*>(t->data);
+        if (!self) return;
+        try {
+          auto body = collect_stats(self->box_, &self->peak_);
+          body["type"] = "metrics";
+          self->box_.emit("main", std::move(body));
+        } catch (const std::exception&) {
+          // A process that vanished mid-read changes nothing: the next tick reads again.
+        }
+      },
+      every_ms, every_ms);
+}
+
+MetricsTimer::~MetricsTimer() {
+  timer_->data = nullptr;
+  uv_close(reinterpret_cast<uv_handle_t*>(timer_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+}
+
+}  // namespace sbx::supervisor
