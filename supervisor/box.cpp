@@ -260,8 +260,9 @@ void Box::start() {
   auto lb = launch_branch(spec);
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
-  if (!spec.want_namespaces && b->launched.why_not.empty())
-    b->launched.why_not = caps_.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
+  // launch_branch only knows that none were asked for; say which of the two reasons it was.
+  if (!spec.want_namespaces)
+    b->launched.why_not = !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
   // The agent's environment: ours, less the supervisor's secrets, plus who it is.
   boost::json::array env;

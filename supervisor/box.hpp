@@ -34,6 +34,7 @@ struct BoxOptions {
   std::string token;               // required with `listen`
   std::string tls_cert, tls_key;
   int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
+  std::string health_file;         // "" none; else health.hpp's file, once the server is up
 };
 
 class ProcIo;
