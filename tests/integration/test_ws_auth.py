@@ -1,0 +1,100 @@
+"""The token: always required, checked before anything is served."""
+import json
+import subprocess
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.asyncio.client import connect
+
+from conftest import INIT
+from wsbox import SUBPROTOCOL, Session, WsBox, run, ws_connect
+
+
+@pytest.fixture
+def box(tmp_path):
+    with WsBox(tmp_path, ["sleep", "120"]) as b:
+        yield b
+
+
+def test_right_token_in_the_header_is_served(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            r = await s.request("subscribe", since=0)
+            assert r["ok"] is True
+            ev = await s.wait_event(lambda e: e["type"] == "box.started")
+            assert ev["seq"] == 1
+    run(go(), 30)
+
+
+def test_right_token_in_an_auth_frame_is_served(box):
+    async def go():
+        async with ws_connect(box, header=False) as ws:
+            await ws.send(json.dumps({"id": 1, "op": "auth", "token": box.token}))
+            assert json.loads(await ws.recv()) == {"id": 1, "ok": True}
+            s = Session(ws)
+            assert (await s.request("ping"))["pong"] is True
+    run(go(), 30)
+
+
+def test_wrong_token_in_the_header_gets_401(box):
+    async def go():
+        with pytest.raises(InvalidStatus) as e:
+            async with ws_connect(box, token="not-the-token"):
+                pass
+        assert e.value.response.status_code == 401
+    run(go(), 30)
+
+
+def test_no_token_then_a_request_is_closed_with_4401_and_nothing_served(box):
+    async def go():
+        async with ws_connect(box, header=False) as ws:
+            await ws.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+            got = []
+            with pytest.raises(ConnectionClosed) as e:
+                while True:
+                    got.append(await ws.recv())
+            assert got == []
+            assert e.value.rcvd.code == 4401
+    run(go(), 30)
+
+
+def test_wrong_token_in_an_auth_frame_is_closed_with_4401(box):
+    async def go():
+        async with ws_connect(box, header=False) as ws:
+            await ws.send(json.dumps({"op": "auth", "token": box.token[:-1] + "x"}))
+            with pytest.raises(ConnectionClosed) as e:
+                await ws.recv()
+            assert e.value.rcvd.code == 4401
+            assert "wrong token" in e.value.rcvd.reason
+    run(go(), 30)
+
+
+def test_the_subprotocol_is_required(box):
+    async def go():
+        with pytest.raises(InvalidStatus) as e:
+            async with connect(box.url, additional_headers={"Authorization": f"Bearer {box.token}"}):
+                pass
+        assert e.value.response.status_code == 400
+    run(go(), 30)
+
+
+def test_listen_without_a_token_refuses_to_start(tmp_path):
+    env = {"PATH": "/usr/bin:/bin"}
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--", "true"],
+                       capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 125
+    assert "token" in r.stderr
+
+
+def test_the_agent_sees_neither_the_token_nor_its_file(tmp_path):
+    tf = tmp_path / "tok"
+    tf.write_text("sekrit-token-value\n")
+    cmd = [str(INIT), "--state-dir", str(tmp_path / "s"), "--events", "-", "--listen", "127.0.0.1:0",
+           "--token-file", str(tf), "--", "sh", "-c", f"env; cat {tf}; echo end"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
+                       env={"PATH": "/usr/bin:/bin", "SANDBOXER_TOKEN": "env-token-value"})
+    out = "".join(json.loads(l).get("data", "") for l in r.stdout.splitlines() if '"proc.output"' in l)
+    assert "end" in out
+    assert "sekrit-token-value" not in out
+    assert "env-token-value" not in out and "SANDBOXER_TOKEN" not in out

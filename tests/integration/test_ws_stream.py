@@ -1,0 +1,147 @@
+"""The event stream: every event after `since`, then live, with no gap and no duplicate, whatever
+the clients do."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from websockets.exceptions import ConnectionClosed
+
+from conftest import PROBE
+from wsbox import Session, WsBox, run, ws_connect
+
+HERE = os.path.dirname(__file__)
+
+# Prints N JSON lines (each one a proc.message event, however the reads batch them), a marker,
+# then waits.
+TICKER = """
+import os, sys, time
+n = int(sys.argv[1])
+for i in range(n):
+    os.write(1, b'{"n": %d}\\n' % i)
+    if i % 100 == 0:
+        time.sleep(0.001)
+os.write(1, b"END-OF-STREAM\\n")
+time.sleep(600)
+"""
+
+
+def is_end(e):
+    return e["type"] == "proc.output" and "END-OF-STREAM" in e.get("data", "")
+
+
+async def read_until_end(box, since=0, timeout=120):
+    async with ws_connect(box) as ws:
+        s = Session(ws)
+        await s.request("subscribe", since=since)
+        await s.wait_event(is_end, timeout)
+        return s.events
+
+
+def test_a_killed_client_resumes_with_since_and_sees_exactly_the_uninterrupted_sequence(tmp_path):
+    with WsBox(tmp_path, [sys.executable, "-c", TICKER, "10000"]) as box:
+        whole = run(read_until_end(box), 120)
+        end = next(e["seq"] for e in whole if is_end(e))
+        assert end >= 10000, end
+        assert [e["seq"] for e in whole] == list(range(1, end + 1))
+
+        # A client in its own process, SIGKILLed mid-stream.
+        out = tmp_path / "killed.jsonl"
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "ws_reader.py"), box.url, box.token, "0", str(out)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 4000):
+            time.sleep(0.01)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        lines = out.read_text().splitlines()
+        if lines and not lines[-1].endswith("}"):
+            lines.pop()  # a torn last line: the process died mid-write
+        got = [json.loads(l) for l in lines]
+        assert 4000 <= len(got) < end
+        rest = run(read_until_end(box, since=got[-1]["seq"]), 120)
+        combined = got + [e for e in rest if e["seq"] <= end]
+        assert combined == whole
+
+
+def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes_to_every_seq(tmp_path):
+    n = 200 * 1000 * 1000
+    agent = ["sh", "-c", f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
+    with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            # The library stops reading the socket when 4 messages wait unread: the client is stuck.
+            async with ws_connect(box, max_queue=4) as ws:
+                s = Session(ws)
+                await s.request("subscribe", since=0)
+                await s.wait_event(lambda e: e["type"] == "proc.output", 30)
+                t0 = time.monotonic()
+                while not (box.workspace / "done").exists():
+                    assert time.monotonic() - t0 < 120, "the agent did not finish while the client was stuck"
+                    await asyncio.sleep(0.05)
+                # The agent is done; now the client reads again: what was sent, then the close.
+                with_close = None
+                try:
+                    while True:
+                        await s.recv_one(60)
+                except ConnectionClosed as e:
+                    with_close = e.rcvd
+                assert with_close is not None and with_close.code == 4008, with_close
+                assert with_close.reason.startswith("resume_after=")
+                resume_after = int(with_close.reason.split("=")[1])
+                seen = s.events
+                # Everything up to resume_after was handed to the socket; a client library may
+                # still drop what it had queued when the close came, so a client resumes from
+                # the last seq it saw itself (never later than resume_after).
+                assert seen[-1]["seq"] <= resume_after
+                assert not any(is_end(e) for e in seen)
+            async with ws_connect(box) as ws:
+                s2 = Session(ws)
+                await s2.request("subscribe", since=seen[-1]["seq"])
+                await s2.wait_event(is_end, 120)
+                return seen, s2.events
+        seen, rest = run(go(), 240)
+        seqs = [e["seq"] for e in seen + rest]
+        assert seqs == list(range(1, seqs[-1] + 1))
+        total = sum(len(e.get("data", "")) for e in seen + rest
+                    if e["type"] == "proc.output" and e.get("stream") == "stdout")
+        assert total == n + len("END-OF-STREAM\n")
+
+
+def test_fifty_clients_at_once_each_see_the_whole_stream(tmp_path):
+    with WsBox(tmp_path, [sys.executable, "-c", TICKER, "2000"]) as box:
+        async def go():
+            return await asyncio.gather(*(read_until_end(box) for _ in range(50)))
+        results = run(go(), 120)
+        first = results[0]
+        assert [e["seq"] for e in first] == list(range(1, len(first) + 1))
+        for r in results[1:]:
+            assert r == first
+
+
+def test_subscribe_by_branch_filters_and_since_skips(tmp_path):
+    with WsBox(tmp_path, [sys.executable, "-c", TICKER, "10"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                r = await s.request("subscribe", since=2, branch="main")
+                assert r["ok"]
+                await s.wait_event(is_end)
+                assert s.events[0]["seq"] == 3
+                assert all(e["branch"] == "main" for e in s.events)
+                bad = await s.request("subscribe", branch="nope")
+                assert bad["error"]["code"] == "no_such_branch"
+        run(go(), 60)
+
+
+def test_metrics_events_arrive_at_the_cadence(tmp_path):
+    with WsBox(tmp_path, ["sleep", "60"], metrics="200ms") as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                await s.request("subscribe", since=0)
+                e = await s.wait_event(lambda e: e["type"] == "metrics", 10)
+                assert e["box"]["pids"] >= 1 and e["box"]["memory"] > 0
+                assert "main" in e["procs"]
+        run(go(), 30)
