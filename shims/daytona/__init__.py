@@ -1,0 +1,1 @@
+"""The Daytona shim: sandboxer's image as Daytona sandboxes (see shim.py)."""

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Kubernetes manifests for sandboxer boxes, checked against the `kubernetes` client's schemas.
+
+    python shims/kubernetes/generate.py up   [--kind pod|agent-sandbox] [options] [--dry-run] -- CMD...
+    python shims/kubernetes/generate.py fork --snapshot S -n N [--kind pod|agent-sandbox] [options] [--dry-run]
+
+Prints the manifests as YAML documents for `kubectl apply -f -` (or `--json` for a v1 List):
+- a Secret per box with its WebSocket token, mounted as a file (sandboxer-init --token-file);
+  the token comes from --token-file, or is made here and kept where the CLI finds it;
+- a PersistentVolumeClaim for checkpoint archives, shared by every box (ReadWriteMany, so forks
+  on other nodes read the same archives), mounted at ARCHIVE_DIR;
+- a Pod running sandboxer-init, with the capabilities live checkpoint needs (shared/DESIGN.md:
+  SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_TIME, seccomp and AppArmor unconfined, a tmpfs at /run)
+  unless --no-live-checkpoint, and a Service for its WebSocket; or, with --kind agent-sandbox, a
+  kubernetes-sigs agent-sandbox `Sandbox` around the same pod spec (its controller makes the
+  Service).
+`fork` makes N such boxes that each restore the one archive ARCHIVE_DIR/S from the shared claim.
+
+Every manifest is checked before it is printed (validate.py); `--dry-run` prints the same
+manifests with the Secret's data redacted and writes nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import pathlib
+import secrets
+import sys
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from shims import common  # noqa: E402
+from shims.common import (ARCHIVE_DIR, LIVE_CHECKPOINT_CAPS, PORT, STATE_DIR, TOKEN_DIR,  # noqa: E402
+                          TOKEN_FILE, ShimError)
+from shims.kubernetes.validate import check_manifest  # noqa: E402
+
+LABEL_APP = "app.kubernetes.io/name"
+LABEL_BOX = "sandboxer.dev/box"
+LABEL_SNAPSHOT = "sandboxer.dev/snapshot"
+LABEL_INDEX = "sandboxer.dev/index"
+
+
+def _meta(name: str, opts, labels: dict) -> dict:
+    return {"name": name, "namespace": opts.namespace, "labels": {LABEL_APP: "sandboxer", **labels}}
+
+
+def secret(box: str, token: str, opts) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(f"{box}-token", opts, {LABEL_BOX: box}),
+            "type": "Opaque", "data": {"token": base64.b64encode(token.encode()).decode()}}
+
+
+def archive_claim(opts) -> dict:
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": opts.archive_size}}}
+    if opts.storage_class:
+        spec["storageClassName"] = opts.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(opts.archive_claim, opts, {}), "spec": spec}
+
+
+def pod_spec(box: str, argv: list[str], opts) -> dict:
+    container = {
+        "name": "box",
+        "image": opts.image,
+        "imagePullPolicy": "IfNotPresent",
+        # The image's ENTRYPOINT is sandboxer-init; `command` names it again so the argv in the
+        # manifest is the whole argv.
+        "command": argv,
+        "workingDir": "/workspace",
+        "ports": [{"name": "ws", "containerPort": PORT, "protocol": "TCP"}],
+        # Ready once the WebSocket accepts. No liveness probe: a failing one would restart the
+        # box and end the agent, and `sandboxer-init --health` is not there yet.
+        "readinessProbe": {"tcpSocket": {"port": "ws"}, "periodSeconds": 2},
+        "volumeMounts": [
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "run", "mountPath": "/run"},
+            {"name": "archives", "mountPath": ARCHIVE_DIR},
+            {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+    }
+    if opts.live_checkpoint:
+        container["securityContext"] = {
+            "capabilities": {"add": list(LIVE_CHECKPOINT_CAPS)},
+            # The runtime's default seccomp profile breaks criu's dump (DESIGN.md).
+            "seccompProfile": {"type": "Unconfined"},
+            "appArmorProfile": {"type": "Unconfined"},
+        }
+    else:
+        container["securityContext"] = {"allowPrivilegeEscalation": False}
+    limits = {}
+    if opts.cpu:
+        limits["cpu"] = opts.cpu
+    if opts.memory:
+        limits["memory"] = opts.memory
+    if limits:
+        container["resources"] = {"limits": limits, "requests": dict(limits)}
+    return {
+        "restartPolicy": "Never",
+        # The agent has no business with the cluster's API.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # Above the supervisor's grace, so the journal is complete when the Pod stops.
+        "terminationGracePeriodSeconds": opts.grace + common.STOP_MARGIN_S,
+        "containers": [container],
+        "volumes": [
+            # The supervisor's state (and the branches' writable layers) off the overlay root.
+            {"name": "state", "emptyDir": {}},
+            {"name": "run", "emptyDir": {"medium": "Memory"}},
+            {"name": "archives", "persistentVolumeClaim": {"claimName": opts.archive_claim}},
+            {"name": "token", "secret": {"secretName": f"{box}-token", "defaultMode": 0o400}},
+        ],
+    }
+
+
+def box_manifests(box: str, argv: list[str], labels: dict, token: str, opts) -> list[dict]:
+    labels = {LABEL_BOX: box, **labels}
+    spec = pod_spec(box, argv, opts)
+    docs = [secret(box, token, opts)]
+    if opts.kind == "agent-sandbox":
+        from k8s_agent_sandbox import constants as c
+        docs.append({
+            "apiVersion": f"{c.SANDBOX_API_GROUP}/{c.SANDBOX_API_VERSION}", "kind": "Sandbox",
+            "metadata": _meta(box, opts, labels),
+            "spec": {"podTemplate": {"metadata": {"labels": {LABEL_APP: "sandboxer", **labels}},
+                                     "spec": spec},
+                     "service": True},
+        })
+        return docs
+    docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": _meta(box, opts, labels), "spec": spec})
+    docs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(box, opts, labels),
+                 "spec": {"type": "ClusterIP", "selector": {LABEL_BOX: box},
+                          "ports": [{"name": "ws", "port": PORT, "targetPort": "ws", "protocol": "TCP"}]}})
+    return docs
+
+
+def _token(opts) -> str:
+    """The box token: from --token-file (never from the command line), or a new one."""
+    return common.read_token_file(opts.token_file) if opts.token_file else common.new_token()
+
+
+def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The manifests, and (box, token) for each box."""
+    docs = [archive_claim(opts)]
+    boxes = []
+    if opts.op == "up":
+        box = opts.name or f"sandboxer-{secrets.token_hex(4)}"
+        common.check_name("name", box)
+        token = _token(opts)
+        argv = common.init_argv(command=opts.command, token_file=TOKEN_FILE, profile=opts.profile)
+        docs += box_manifests(box, argv, {}, token, opts)
+        boxes.append((box, token))
+    else:
+        common.check_name("snapshot", opts.snapshot)
+        prefix = opts.name or f"sandboxer-{secrets.token_hex(4)}"
+        for i in range(opts.n):
+            box = f"{prefix}-{i}"
+            common.check_name("name", box)
+            token = _token(opts)
+            argv = common.init_argv(restore=opts.snapshot, token_file=TOKEN_FILE, profile=opts.profile)
+            docs += box_manifests(box, argv, {LABEL_SNAPSHOT: opts.snapshot, LABEL_INDEX: str(i)}, token, opts)
+            boxes.append((box, token))
+    for d in docs:
+        check_manifest(d)
+    return docs, boxes
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="generate.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="op", required=True)
+
+    def box_options(sp):
+        sp.add_argument("--kind", choices=["pod", "agent-sandbox"], default="pod")
+        sp.add_argument("--image", default=common.DEFAULT_IMAGE)
+        sp.add_argument("--namespace", default="default")
+        sp.add_argument("--name", help="box name (fork: the prefix of each copy's name)")
+        sp.add_argument("--profile")
+        sp.add_argument("--no-live-checkpoint", dest="live_checkpoint", action="store_false",
+                        help="no added capabilities; checkpoints fall back to filesystem snapshots")
+        sp.add_argument("--grace", type=int, default=common.DEFAULT_GRACE_S, help="seconds")
+        sp.add_argument("--cpu")
+        sp.add_argument("--memory")
+        sp.add_argument("--archive-claim", default="sandboxer-archives")
+        sp.add_argument("--archive-size", default="20Gi")
+        sp.add_argument("--storage-class")
+        sp.add_argument("--token-file", help="read the box token from this file")
+        sp.add_argument("--json", action="store_true", help="a v1 List as JSON instead of YAML")
+        sp.add_argument("--dry-run", action="store_true", help="redact the Secret, write nothing")
+
+    up = sub.add_parser("up")
+    box_options(up)
+    up.add_argument("command", nargs="*")
+    fk = sub.add_parser("fork")
+    box_options(fk)
+    fk.add_argument("--snapshot", required=True)
+    fk.add_argument("-n", type=int, required=True)
+    return p
+
+
+def _redact(docs: list[dict]) -> list[dict]:
+    out = []
+    for d in docs:
+        if d["kind"] == "Secret":
+            d = {**d, "data": {k: common.REDACTED for k in d["data"]}}
+        out.append(d)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    try:
+        if opts.op == "up" and not opts.command:
+            raise ShimError("up: give the agent's command after --")
+        if opts.op == "fork" and not 1 <= opts.n <= 256:
+            raise ShimError(f"fork: -n {opts.n}: between 1 and 256")
+        docs, boxes = generate(opts)
+    except ShimError as e:
+        print(f"sandboxer kubernetes: {e}", file=sys.stderr)
+        return 2
+    if opts.dry_run:
+        docs = _redact(docs)
+    else:
+        for box, token in boxes:
+            # The URL the CLI reaches a box by is its Service inside the cluster (or a
+            # port-forward of it): the token is kept under that name.
+            path = common.save_token(f"ws://{box}.{opts.namespace}.svc:{PORT}", token)
+            print(f"# {box}: token kept in {path}", file=sys.stderr)
+    if opts.json:
+        json.dump({"apiVersion": "v1", "kind": "List", "items": docs}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        import yaml
+        sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

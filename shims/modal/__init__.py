@@ -1,0 +1,1 @@
+"""The Modal shim: sandboxer's image as a Modal Sandbox (see shim.py)."""

@@ -1,0 +1,5 @@
+import sys
+
+from .shim import main
+
+sys.exit(main())

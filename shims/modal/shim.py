@@ -1,0 +1,246 @@
+"""The Modal shim, written against Modal's Python SDK (PyPI `modal`, pinned in
+shims/requirements.txt).
+
+    python -m shims.modal up   [--image REF | --dockerfile PATH] [options] [--dry-run] -- CMD...
+    python -m shims.modal fork --snapshot S -n N [--via volume | --via modal-snapshot --sandbox-id ID -- CMD...] [--dry-run]
+    python -m shims.modal down SANDBOX_ID [--dry-run]
+
+`up` creates a Sandbox from the image with sandboxer-init as its command, the WebSocket on an
+encrypted port (Modal's TLS tunnel), the token as a Modal Secret (the variable SANDBOXER_TOKEN,
+which sandboxer-init reads and removes from its environment), and a Volume at ARCHIVE_DIR for
+checkpoint archives. It prints the wss:// URL as its last line and keeps the token where the CLI
+finds it by URL.
+
+Modal runs gVisor: no CRIU, so the supervisor reports `live_checkpoint: false` and every
+checkpoint is a filesystem snapshot. `fork --via volume` starts N Sandboxes that restore one
+archive from the Volume (the supervisor's cold restart); `fork --via modal-snapshot` uses Modal's
+own `Sandbox.snapshot_filesystem()` of a running box and starts N Sandboxes from that image,
+re-running the agent's command with SANDBOXER_RESUMED=1 and SANDBOXER_SNAPSHOT set.
+
+`--dry-run` contacts nothing: it records every SDK call the shim would make, checks each one
+against the installed SDK's signatures (shims/sdkcheck.py) and prints them as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from typing import Any
+
+from .. import common
+from ..common import ARCHIVE_DIR, PORT, TOKEN_ENV, ShimError
+from ..sdkcheck import Call, Ref, call_json, check_call
+
+
+# What a call returns, where it is not an object of the class it is called on.
+RESULT_KINDS = {"Sandbox.snapshot_filesystem": "Image", "Sandbox.tunnels": "Tunnels",
+                "Sandbox.terminate": "Exit"}
+
+
+class Recorder:
+    """Stands in for the SDK in a dry run: records each call and returns a handle."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self._ids = itertools.count(1)
+
+    def call(self, path: str, *args: Any, redact: set | None = None, **kwargs: Any) -> Ref:
+        kind = RESULT_KINDS.get(path, path.split(".")[0])
+        ref = Ref(kind, f"{kind.lower()}#{next(self._ids)}")
+        self.calls.append(Call(path, args, kwargs, result=ref, redact=redact or set()))
+        return ref
+
+    def method(self, obj: Ref, path: str, *args: Any, **kwargs: Any) -> Ref:
+        ref = self.call(path, *args, **kwargs)
+        self.calls[-1].on = obj
+        return ref
+
+
+class Live:
+    """Makes the same calls on the real SDK."""
+
+    def __init__(self) -> None:
+        import modal
+        self.modal = modal
+
+    def call(self, path: str, *args: Any, redact: set | None = None, **kwargs: Any) -> Any:
+        fn = self.modal
+        for part in path.split("."):
+            fn = getattr(fn, part)
+        return fn(*args, **kwargs)
+
+    def method(self, obj: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(obj, path.split(".")[-1])(*args, **kwargs)
+
+
+def _image(api, opts) -> Any:
+    if opts.dockerfile:
+        # The build context is the repository root: images/Dockerfile copies build/bundle and
+        # images/ from there.
+        image = api.call("Image.from_dockerfile", opts.dockerfile,
+                         context_dir=str(common.REPO_ROOT))
+    else:
+        image = api.call("Image.from_registry", opts.image)
+    # Modal starts a registry image's ENTRYPOINT with its own command appended; the image's
+    # ENTRYPOINT is sandboxer-init, so it is cleared and Sandbox.create names sandboxer-init
+    # itself as the Sandbox's command: one PID 1, exactly the argv the shim printed.
+    return api.method(image, "Image.entrypoint", [])
+
+
+def _sandbox(api, *, app, image, volume, token: str, argv: list[str], opts,
+             env: dict[str, str] | None = None) -> Any:
+    secret = api.call("Secret.from_dict", {TOKEN_ENV: token}, redact={TOKEN_ENV})
+    kwargs: dict[str, Any] = dict(
+        app=app, image=image, secrets=[secret], volumes={ARCHIVE_DIR: volume},
+        encrypted_ports=[PORT], timeout=opts.timeout, workdir="/workspace")
+    if opts.runtime:
+        kwargs["runtime"] = opts.runtime
+    if opts.cpu is not None:
+        kwargs["cpu"] = opts.cpu
+    if opts.memory is not None:
+        kwargs["memory"] = opts.memory
+    if env:
+        kwargs["env"] = env
+    return api.call("Sandbox.create", *argv, **kwargs)
+
+
+def plan_up(api, opts, token: str) -> list[tuple[Any, Any]]:
+    """The calls of `up`; returns (sandbox, its tunnels) for the one box."""
+    app = api.call("App.lookup", opts.app, create_if_missing=True)
+    image = _image(api, opts)
+    volume = api.call("Volume.from_name", opts.volume, create_if_missing=True)
+    argv = common.init_argv(command=opts.command, profile=opts.profile)
+    sb = _sandbox(api, app=app, image=image, volume=volume, token=token, argv=argv, opts=opts)
+    return [(sb, api.method(sb, "Sandbox.tunnels"))]
+
+
+def plan_fork(api, opts, tokens: list[str]) -> list[tuple[Any, Any]]:
+    """The calls of `fork`; returns (sandbox, its tunnels) per copy."""
+    app = api.call("App.lookup", opts.app, create_if_missing=True)
+    volume = api.call("Volume.from_name", opts.volume, create_if_missing=True)
+    boxes = []
+    if opts.via == "volume":
+        image = _image(api, opts)
+        for i in range(opts.n):
+            argv = common.init_argv(restore=opts.snapshot, profile=opts.profile)
+            boxes.append(_sandbox(api, app=app, image=image, volume=volume, token=tokens[i],
+                                  argv=argv, opts=opts))
+    else:
+        parent = api.call("Sandbox.from_id", opts.sandbox_id)
+        image = api.method(parent, "Sandbox.snapshot_filesystem")
+        env = {"SANDBOXER_RESUMED": "1", "SANDBOXER_SNAPSHOT": opts.snapshot}
+        for i in range(opts.n):
+            argv = common.init_argv(command=opts.command, profile=opts.profile,
+                                    state_dir=common.FORK_STATE_DIR)
+            boxes.append(_sandbox(api, app=app, image=image, volume=volume, token=tokens[i],
+                                  argv=argv, opts=opts, env=env))
+    return [(sb, api.method(sb, "Sandbox.tunnels")) for sb in boxes]
+
+
+def plan_down(api, opts) -> None:
+    sb = api.call("Sandbox.from_id", opts.sandbox_id)
+    api.method(sb, "Sandbox.terminate")
+
+
+def check_plan(calls: list[Call]) -> None:
+    """Every recorded call against the installed `modal` package's own signatures."""
+    import modal
+    for c in calls:
+        check_call(modal, c)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m shims.modal", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="op", required=True)
+
+    def box_options(sp):
+        src = sp.add_mutually_exclusive_group()
+        src.add_argument("--image", default=common.DEFAULT_IMAGE, help="registry image reference")
+        src.add_argument("--dockerfile", help="build from this Dockerfile (e.g. images/Dockerfile)")
+        sp.add_argument("--app", default="sandboxer", help="Modal App the Sandboxes belong to")
+        sp.add_argument("--volume", default="sandboxer-archives", help="Modal Volume for archives")
+        sp.add_argument("--profile")
+        sp.add_argument("--timeout", type=int, default=24 * 3600, help="Sandbox lifetime, seconds")
+        sp.add_argument("--cpu", type=float)
+        sp.add_argument("--memory", type=int, help="MiB")
+        sp.add_argument("--runtime", choices=["gvisor", "vm"])
+        sp.add_argument("--dry-run", action="store_true")
+
+    up = sub.add_parser("up", help="start a box")
+    box_options(up)
+    up.add_argument("command", nargs="*")
+    fk = sub.add_parser("fork", help="start N boxes from one snapshot")
+    box_options(fk)
+    fk.add_argument("--snapshot", required=True)
+    fk.add_argument("-n", type=int, required=True)
+    fk.add_argument("--via", choices=["volume", "modal-snapshot"], default="volume")
+    fk.add_argument("--sandbox-id", help="the running box to snapshot (--via modal-snapshot)")
+    fk.add_argument("command", nargs="*")
+    dn = sub.add_parser("down", help="terminate a box")
+    dn.add_argument("sandbox_id")
+    dn.add_argument("--dry-run", action="store_true")
+    return p
+
+
+def _validate(opts) -> None:
+    if opts.op == "up" and not opts.command:
+        raise ShimError("up: give the agent's command after --")
+    if opts.op == "fork":
+        common.check_name("snapshot", opts.snapshot)
+        if not 1 <= opts.n <= 64:
+            raise ShimError(f"fork: -n {opts.n}: between 1 and 64")
+        if opts.via == "modal-snapshot" and not (opts.sandbox_id and opts.command):
+            raise ShimError("fork --via modal-snapshot: needs --sandbox-id and the agent's command after --")
+        if opts.via == "volume" and opts.command:
+            raise ShimError("fork --via volume: the command comes from the archive; give none")
+
+
+def _ws_url(tunnels: dict, port: int) -> str:
+    url = tunnels[port].url
+    return "wss://" + url.split("://", 1)[-1]
+
+
+def _live(opts, tokens: list[str]) -> int:
+    """The same plan on the real SDK (needs Modal credentials, as `modal token set` keeps them)."""
+    live = Live()
+    try:
+        if opts.op == "down":
+            plan_down(live, opts)
+            return 0
+        boxes = plan_up(live, opts, tokens[0]) if opts.op == "up" else plan_fork(live, opts, tokens)
+    except live.modal.exception.Error as e:
+        raise ShimError(f"{type(e).__name__}: {e}") from None
+    for i, (sb, tunnels) in enumerate(boxes):
+        url = _ws_url(tunnels, PORT)
+        common.save_token(url, tokens[i])
+        # Fork: one line per copy, the Sandbox's id and its URL; up: the URL alone, last.
+        print(f"{sb.object_id} {url}" if opts.op == "fork" else url)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    try:
+        _validate(opts)
+        if opts.op == "up":
+            tokens = [common.new_token()]
+        elif opts.op == "fork":
+            tokens = [common.new_token() for _ in range(opts.n)]
+        if opts.dry_run:
+            rec = Recorder()
+            if opts.op == "up":
+                plan_up(rec, opts, tokens[0])
+            elif opts.op == "fork":
+                plan_fork(rec, opts, tokens)
+            else:
+                plan_down(rec, opts)
+            check_plan(rec.calls)
+            import modal
+            common.print_plan({"host": "modal", "sdk": f"modal {modal.__version__}", "op": opts.op,
+                               "checked": "every call bound against the installed SDK's signatures",
+                               "calls": [call_json(c) for c in rec.calls]})
+            return 0
+        return _live(opts, tokens if opts.op != "down" else [])
+    except ShimError as e:
+        print(f"sandboxer modal: {e}", file=sys.stderr)
+        return 2
