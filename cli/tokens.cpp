@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -11,9 +12,22 @@
 namespace sbx::cli {
 
 namespace {
-// "ws://127.0.0.1:7300/" and "ws://127.0.0.1:7300" are one box.
+// As shims/common.py and sdk/python normalize it: scheme and host lower-case, no fragment, no
+// trailing slash, so "WS://127.0.0.1:7777/" and "ws://127.0.0.1:7777" are one box.
 std::string normalized(std::string url) {
-  while (url.size() > 1 && url.back() == '/') url.pop_back();
+  while (!url.empty() && (url.back() == ' ' || url.back() == '\n')) url.pop_back();
+  if (auto hash = url.find('#'); hash != std::string::npos) url.erase(hash);
+  auto scheme_end = url.find("://");
+  size_t host_end = scheme_end == std::string::npos ? 0 : url.find_first_of("/?", scheme_end + 3);
+  if (scheme_end != std::string::npos) {
+    if (host_end == std::string::npos) host_end = url.size();
+    for (size_t i = 0; i < host_end; ++i) url[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(url[i])));
+    // The path loses its trailing slashes, the query (if any) stays as it is.
+    auto q = url.find('?', host_end);
+    std::string path = url.substr(host_end, q == std::string::npos ? std::string::npos : q - host_end);
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    url = url.substr(0, host_end) + path + (q == std::string::npos ? "" : url.substr(q));
+  }
   return url;
 }
 }  // namespace
@@ -30,7 +44,8 @@ std::string token_path(const std::string& url) {
   static const char* kHex = "0123456789ABCDEF";
   std::string name;
   for (unsigned char c : normalized(url)) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-') {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+        c == '_' || c == '~') {
       name += static_cast<char>(c);
     } else {
       name += '%';

@@ -1,8 +1,9 @@
 #pragma once
 // The CLI's per-URL token store (DESIGN.md, "The CLI"): the token of every box the CLI started,
 // one file per URL under $XDG_STATE_HOME/sandboxer/tokens/ (mode 0600, the directory 0700), so
-// `sandboxer attach URL` needs no flag. The file name is the URL with every byte outside
-// [A-Za-z0-9.-] written %XX, so names are reversible and two URLs never share a file.
+// `sandboxer attach URL` needs no flag. The file name is the normalized URL with every byte outside
+// [A-Za-z0-9._~-] written %XX (Python's urllib.parse.quote(url, safe="")): the format
+// shims/common.py writes and sdk/python reads; the file holds the token alone.
 #include <optional>
 #include <string>
 #include <vector>

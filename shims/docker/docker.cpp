@@ -28,10 +28,10 @@ namespace {
 
 // Where sandboxer-init finds what the host hands it, inside the container.
 constexpr const char* kStateIn = "/var/lib/sandboxer/box";
-constexpr const char* kTokenIn = "/etc/sandboxer/token";
+constexpr const char* kTokenIn = "/etc/sandboxer/secret/token";  // as shims/common.py
 constexpr const char* kProfileIn = "/etc/sandboxer/profile.json";
 // The API's port inside a container on a bridge network.
-constexpr int kBridgePort = 7300;
+constexpr int kBridgePort = 7777;  // as shims/common.py
 // Above the grace period: sandboxer-init needs time after the agent's end to write the journal.
 constexpr int kStopMarginS = 5;
 // The supervisor, ns-init, `docker exec` and the HEALTHCHECK need pids beside the agent's.

@@ -8,7 +8,7 @@
 // What a box gets:
 // - capabilities only when its profile needs live checkpoint (DESIGN.md's list);
 // - the WebSocket on 127.0.0.1 only: host networking with a picked loopback port when dockerd has
-//   no bridge, else `-p 127.0.0.1:PORT:7300`;
+//   no bridge, else `-p 127.0.0.1:PORT:7777`;
 // - the token as a read-only bind-mounted file (never on a command line, never in the image);
 // - `--stop-timeout` above the profile's grace period, so the journal is complete on `docker stop`;
 // - the profile's memory, cpus and pids as Docker's --memory, --cpus, --pids-limit;

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -39,6 +40,12 @@ def docker_env(tmp_path_factory):
     env["XDG_STATE_HOME"] = str(base / "state")
     yield env
     subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
+    # dockerd leaves its default netns file bind-mounted under its exec root; pytest's clean-up
+    # of old tmp dirs could not remove it.
+    with open("/proc/mounts") as f:
+        mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(base) + "/")]
+    for m in sorted(mounts, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -62,9 +69,8 @@ def cli(env, *args, timeout=60):
 
 
 def token_file(env, url):
-    """The CLI's token store: the URL with every byte outside [A-Za-z0-9.-] as %XX."""
-    name = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "%%%02X" % ord(c) for c in url)
-    return pathlib.Path(env["XDG_STATE_HOME"]) / "sandboxer" / "tokens" / name
+    """The CLI's token store, in the format sdk/python reads (shims/common.py)."""
+    return pathlib.Path(env["XDG_STATE_HOME"]) / "sandboxer" / "tokens" / urllib.parse.quote(url, safe="")
 
 
 class Up:
@@ -142,16 +148,24 @@ def test_up_runs_primes_and_attach_watches_it_finish(docker_env, image):
 
 @pytest.mark.timeout(120)
 def test_up_token_is_a_read_only_file_and_never_on_a_command_line(docker_env, image):
-    with Up(docker_env, image, ["sleep", "60"]) as box:
+    agent = ["sh", "-c", "cat /etc/sandboxer/secret/token; echo cat=$?; exec sleep 60"]
+    with Up(docker_env, image, agent) as box:
         info = box.inspect()
         assert box.token and box.token not in json.dumps(info)  # not in Cmd, Env, labels, mounts
-        (mount,) = [m for m in info["Mounts"] if m["Destination"] == "/etc/sandboxer/token"]
+        (mount,) = [m for m in info["Mounts"] if m["Destination"] == "/etc/sandboxer/secret/token"]
         assert mount["RW"] is False
         assert oct(token_file(docker_env, box.url).stat().st_mode & 0o777) == "0o600"
         ps = docker(docker_env, "exec", box.name, "ps", "-eo", "args").stdout
         assert box.token not in ps
         assert info["HostConfig"]["NetworkMode"] == "host"  # this dockerd has no bridge
         assert info["Config"]["StopTimeout"] == 15  # grace 10 s + 5
+        # The agent (own mount namespace) sees the token file masked: empty, or not readable.
+        deadline = time.monotonic() + 20
+        while b"cat=" not in output_of(box.journal(), "main"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        out = output_of(box.journal(), "main")
+        assert box.token.encode() not in out and out.startswith(b"cat=")
 
 
 @pytest.mark.timeout(120)
