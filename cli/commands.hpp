@@ -9,6 +9,7 @@ int cmd_log(const std::vector<std::string>& args);
 int cmd_up(const std::vector<std::string>& args);
 int cmd_down(const std::vector<std::string>& args);
 int cmd_ps(const std::vector<std::string>& args);
+int cmd_image(const std::vector<std::string>& args);
 
 /// sandboxer-init beside this binary, else on PATH.
 std::string find_init_binary();

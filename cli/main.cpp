@@ -12,9 +12,10 @@ const char* kUsage =
     "\n"
     "  run [--profile P] [--set F=V] [--state-dir DIR] [--json] -- CMD...   run an agent here, show its events\n"
     "  log STATE_DIR [--since N] [--json]                                    print a box's journal\n"
-    "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...       start a box; prints its URL last\n"
+    "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...     start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
     "  ps [--json]                                                           the boxes this host runs\n"
+    "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
 }
 
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
     if (cmd == "up") return sbx::cli::cmd_up(args);
     if (cmd == "down") return sbx::cli::cmd_down(args);
     if (cmd == "ps") return sbx::cli::cmd_ps(args);
+    if (cmd == "image") return sbx::cli::cmd_image(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;

@@ -16,7 +16,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import BUILD, CLI, ROOT
+from conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from wsbox import Session, output_of, run, ws_connect  # noqa: E402
@@ -50,8 +50,8 @@ def docker_env(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def image(docker_env):
-    out = subprocess.run([str(ROOT / "images" / "docker-image"), "--build", str(BUILD), "--tag", TAG],
-                         env=docker_env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([str(CLI), "image", "build", "--tag", TAG], env=docker_env, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == TAG
     return TAG
