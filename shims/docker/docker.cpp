@@ -275,7 +275,11 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   log << "box " << box.name << ": image " << box.image << ", "
       << (plan.live_checkpoint_caps ? "live-checkpoint capabilities" : "no added capabilities") << ", "
       << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
-  must("docker run " + box.name, args);
+  auto forget = [&] { ::unlink(token_file.c_str()); };
+  if (auto r = run_docker(args); r.status != 0) {
+    forget();
+    throw std::runtime_error(docker_error("docker run " + box.name, r));
+  }
 
   // Ready when the API answers; a container that ends first is reported with its log.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -287,11 +291,13 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
       if (state != "running" && state != "created") {
         auto logs = run_docker({"logs", "--tail", "20", box.name});
         run_docker({"rm", "--force", box.name});
+        forget();
         throw std::runtime_error("box " + box.name + " ended before its API answered (" + state +
                                  "); its log:\n" + trim(logs.out + logs.err));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         run_docker({"rm", "--force", box.name});
+        forget();
         throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s");
       }
     }

@@ -125,13 +125,16 @@ def test_image_has_supervisor_entrypoint_healthcheck_and_image_json(docker_env, 
 
 @pytest.mark.timeout(120)
 def test_up_runs_primes_and_attach_watches_it_finish(docker_env, image):
-    # A second's delay before the agent: the client attaches while it runs, not after.
-    argv = ["sh", "-c", "sleep 1; exec python3 /opt/examples/primes/agent.py"]
+    # The agent starts once the client has attached (it would otherwise be done, and its box gone,
+    # before a loaded machine lets the client connect): the test drops /workspace/go through the
+    # box's state dir on the host.
+    argv = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.05; done; exec python3 /opt/examples/primes/agent.py"]
     with Up(docker_env, image, argv, "-v", f"{PRIMES}:/opt/examples/primes:ro") as box:
         async def attach():
             async with ws_connect(box) as ws:
                 s = Session(ws)
                 assert (await s.request("subscribe", since=0))["ok"]
+                (box.state / "branches" / "main" / "workspace" / "go").touch()
                 ex = await s.wait_event(lambda e: e["type"] == "proc.exited" and e["proc"] == "main", 60)
                 return s.events, ex
 
@@ -231,6 +234,11 @@ def test_health_answers_in_a_box_and_fails_without_a_supervisor(docker_env, imag
     with Up(docker_env, image, ["sleep", "60"]) as box:
         r = docker(docker_env, "exec", box.name, "sandboxer-init", "--health", check=False)
         assert r.returncode == 0 and r.stdout.startswith("healthy: the WebSocket API"), r.stdout
+        # Docker's own HEALTHCHECK (every 5 s) runs the same command.
+        deadline = time.monotonic() + 20
+        while box.inspect()["State"]["Health"]["Status"] != "healthy":
+            assert time.monotonic() < deadline, box.inspect()["State"]["Health"]
+            time.sleep(0.5)
     # Control: the same image with no supervisor running.
     r = docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "/usr/local/bin/sandboxer-init",
                image, "--health", check=False)
