@@ -6,6 +6,10 @@ namespace sbx::cli {
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_log(const std::vector<std::string>& args);
+int cmd_attach(const std::vector<std::string>& args);
+int cmd_exec(const std::vector<std::string>& args);
+int cmd_cp(const std::vector<std::string>& args);
+int cmd_stats(const std::vector<std::string>& args);
 int cmd_up(const std::vector<std::string>& args);
 int cmd_down(const std::vector<std::string>& args);
 int cmd_ps(const std::vector<std::string>& args);

@@ -10,8 +10,14 @@ namespace {
 const char* kUsage =
     "usage: sandboxer COMMAND [ARGS...]\n"
     "\n"
-    "  run [--profile P] [--set F=V] [--state-dir DIR] [--json] -- CMD...   run an agent here, show its events\n"
+    "  run [--profile P] [--set F=V] [--state-dir DIR] [--listen ADDR:PORT] [--json] -- CMD...\n"
+    "                                                                        run an agent here, show its events\n"
     "  log STATE_DIR [--since N] [--json]                                    print a box's journal\n"
+    "  attach URL [--since N] [--branch B] [--json]                          follow a box's events (resumes by itself)\n"
+    "  exec URL [-i] [-t] [--proc ID] [--env K=V] [--cwd D] -- CMD...        run CMD in the box; exits with its status\n"
+    "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
+    "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
+    "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` or `up` stored)\n"
     "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...     start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
     "  ps [--json]                                                           the boxes this host runs\n"
@@ -29,6 +35,10 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run") return sbx::cli::cmd_run(args);
     if (cmd == "log") return sbx::cli::cmd_log(args);
+    if (cmd == "attach") return sbx::cli::cmd_attach(args);
+    if (cmd == "exec") return sbx::cli::cmd_exec(args);
+    if (cmd == "cp") return sbx::cli::cmd_cp(args);
+    if (cmd == "stats") return sbx::cli::cmd_stats(args);
     if (cmd == "up") return sbx::cli::cmd_up(args);
     if (cmd == "down") return sbx::cli::cmd_down(args);
     if (cmd == "ps") return sbx::cli::cmd_ps(args);

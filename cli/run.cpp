@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "printer.hpp"
+#include "tokens.hpp"
 
 namespace bp = boost::process;
 
@@ -55,6 +56,7 @@ std::string find_init_binary() {
 int cmd_run(const std::vector<std::string>& args) {
   std::vector<std::string> init_args;
   bool json = false;
+  std::string listen, pending_token;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const auto& a = args[i];
@@ -64,6 +66,9 @@ int cmd_run(const std::vector<std::string>& args) {
     }
     if (a == "--json") {
       json = true;
+    } else if (a == "--listen") {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      listen = args[++i];
     } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       init_args.push_back(a);
@@ -75,6 +80,13 @@ int cmd_run(const std::vector<std::string>& args) {
     }
   }
   if (i >= args.size()) throw std::invalid_argument("no command given: sandboxer run [OPTIONS] -- CMD...");
+  if (!listen.empty()) {
+    // A fresh token for this box, handed over in a file (never on a command line) and kept
+    // under the box's URL once the server says its port, so `attach URL` needs no flag.
+    pending_token = token_dir() + "/pending-" + std::to_string(::getpid());
+    create_token_file(pending_token);
+    init_args.insert(init_args.end(), {"--listen", listen, "--token-file", pending_token});
+  }
   init_args.push_back("--events");
   init_args.push_back("-");
   init_args.push_back("--");
@@ -88,13 +100,28 @@ int cmd_run(const std::vector<std::string>& args) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH}) ::sigaction(sig, &sa, nullptr);
 
   EventPrinter printer(json);
-  std::string line;
+  std::string line, token_file = pending_token;
   while (std::getline(events, line)) {
     boost::system::error_code ec;
     auto v = boost::json::parse(line, ec);
-    if (!ec && v.is_object()) printer.print(line, v.as_object());
+    if (ec || !v.is_object()) continue;
+    auto& ev = v.as_object();
+    if (!pending_token.empty() && ev.contains("type") && ev.at("type") == "server.listening") {
+      std::string addr(ev.at("addr").as_string());
+      if (addr == "0.0.0.0") addr = "127.0.0.1";
+      if (addr.find(':') != std::string::npos) addr = "[" + addr + "]";
+      std::string url = std::string(ev.at("tls").as_bool() ? "wss" : "ws") + "://" + addr + ":" +
+                        std::to_string(ev.at("port").to_number<int64_t>());
+      std::string stored = token_path(url);
+      if (::rename(pending_token.c_str(), stored.c_str()) == 0) token_file = stored;
+      pending_token.clear();
+      std::fprintf(stderr, "sandboxer: serving %s (token in %s)\n", url.c_str(), token_file.c_str());
+    }
+    printer.print(line, ev);
   }
   child.wait();
+  // The box is gone: its token opens nothing any more.
+  if (!token_file.empty()) ::unlink(token_file.c_str());
   g_child = -1;
   return child.exit_code();
 }

@@ -1,5 +1,6 @@
 #include "tokens.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,34 +19,41 @@ std::string normalized(std::string url) {
   while (!url.empty() && (url.back() == ' ' || url.back() == '\n')) url.pop_back();
   if (auto hash = url.find('#'); hash != std::string::npos) url.erase(hash);
   auto scheme_end = url.find("://");
-  size_t host_end = scheme_end == std::string::npos ? 0 : url.find_first_of("/?", scheme_end + 3);
-  if (scheme_end != std::string::npos) {
-    if (host_end == std::string::npos) host_end = url.size();
-    for (size_t i = 0; i < host_end; ++i) url[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(url[i])));
-    // The path loses its trailing slashes, the query (if any) stays as it is.
-    auto q = url.find('?', host_end);
-    std::string path = url.substr(host_end, q == std::string::npos ? std::string::npos : q - host_end);
-    while (!path.empty() && path.back() == '/') path.pop_back();
-    url = url.substr(0, host_end) + path + (q == std::string::npos ? "" : url.substr(q));
-  }
-  return url;
+  if (scheme_end == std::string::npos) return url;
+  size_t host_end = url.find_first_of("/?", scheme_end + 3);
+  if (host_end == std::string::npos) host_end = url.size();
+  for (size_t i = 0; i < host_end; ++i) url[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(url[i])));
+  // The path loses its trailing slashes; the query, if any, stays as it is.
+  auto q = url.find('?', host_end);
+  std::string path = url.substr(host_end, q == std::string::npos ? std::string::npos : q - host_end);
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  return url.substr(0, host_end) + path + (q == std::string::npos ? "" : url.substr(q));
+}
+
+std::string trim(std::string t) {
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  return t;
 }
 }  // namespace
 
 std::string state_home() {
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
   if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
-  return "/var/lib/sandboxer";
+  return "/tmp/sandboxer";
 }
 
-std::string token_dir() { return state_home() + "/tokens"; }
+std::string token_dir() {
+  std::string dir = state_home() + "/tokens";
+  (void)os::make_dirs(dir, 0700);
+  ::chmod(dir.c_str(), 0700);
+  return dir;
+}
 
 std::string token_path(const std::string& url) {
   static const char* kHex = "0123456789ABCDEF";
   std::string name;
   for (unsigned char c : normalized(url)) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-        c == '_' || c == '~') {
+    if (std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == '~') {
       name += static_cast<char>(c);
     } else {
       name += '%';
@@ -56,24 +64,46 @@ std::string token_path(const std::string& url) {
   return token_dir() + "/" + name;
 }
 
+std::string create_token_file(const std::string& path) {
+  std::string token = os::random_hex(32);
+  os::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) throw std::runtime_error("create token file " + path + ": " + os::last_error().message());
+  ::fchmod(fd.get(), 0600);
+  if (auto r = os::write_all(fd.get(), token + "\n"); !r) throw std::runtime_error("write " + path + ": " + r.error().message());
+  return token;
+}
+
+std::string find_token(const std::string& url, const std::string& token_file) {
+  if (!token_file.empty()) {
+    auto t = os::read_file(token_file);
+    if (!t) throw std::runtime_error("read --token-file " + token_file + ": " + t.error().message());
+    return trim(*t);
+  }
+  if (auto* e = std::getenv("SANDBOXER_TOKEN"); e && *e) return e;
+  std::string p = token_path(url);
+  if (auto t = os::read_file(p)) return trim(*t);
+  throw std::runtime_error("no token for " + url + ": give --token-file FILE or SANDBOXER_TOKEN (none stored at " + p + ")");
+}
+
 void save_token(const std::string& url, const std::string& token) {
-  if (auto r = os::make_dirs(token_dir(), 0700); !r)
-    throw std::runtime_error("create " + token_dir() + ": " + r.error().message());
-  ::chmod(token_dir().c_str(), 0700);
   auto path = token_path(url);
   if (auto r = os::write_file_atomic(path, token + "\n", 0600); !r)
     throw std::runtime_error("write " + path + ": " + r.error().message());
 }
 
-std::optional<std::string> load_token(const std::string& url) {
-  auto t = os::read_file(token_path(url));
-  if (!t) return std::nullopt;
-  std::string s = *t;
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  if (s.empty()) return std::nullopt;
-  return s;
-}
-
 void forget_token(const std::string& url) { ::unlink(token_path(url).c_str()); }
+
+std::string take_token_file(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") break;
+    if (args[i] == "--token-file") {
+      if (i + 1 >= args.size()) throw std::invalid_argument("--token-file needs a value");
+      std::string f = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      return f;
+    }
+  }
+  return {};
+}
 
 }  // namespace sbx::cli

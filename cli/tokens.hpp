@@ -1,9 +1,9 @@
 #pragma once
-// The CLI's per-URL token store (DESIGN.md, "The CLI"): the token of every box the CLI started,
-// one file per URL under $XDG_STATE_HOME/sandboxer/tokens/ (mode 0600, the directory 0700), so
-// `sandboxer attach URL` needs no flag. The file name is the normalized URL with every byte outside
-// [A-Za-z0-9._~-] written %XX (Python's urllib.parse.quote(url, safe="")): the format
-// shims/common.py writes and sdk/python reads; the file holds the token alone.
+// Tokens of boxes: from --token-file, SANDBOXER_TOKEN, or the per-URL store the CLI keeps for the
+// boxes it started ($XDG_STATE_HOME/sandboxer/tokens/, the directory 0700, files 0600 holding the
+// token alone), so `sandboxer attach URL` needs no flag. A file's name is the normalized URL with
+// every byte outside [A-Za-z0-9._~-] written %XX (Python's urllib.parse.quote(url, safe="")):
+// the format shims/common.py writes and sdk/python reads.
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,15 +12,21 @@ namespace sbx::cli {
 
 /// $XDG_STATE_HOME/sandboxer (else ~/.local/state/sandboxer).
 std::string state_home();
-/// The store's directory.
+/// The store's directory (created, mode 0700).
 std::string token_dir();
-/// The file that holds the token for `url` (which need not exist).
+/// The file of `url` in the store (which need not exist).
 std::string token_path(const std::string& url);
-/// Writes the token for `url` (0600); throws std::runtime_error naming the file on failure.
+/// A new random token written to `path` (mode 0600); returns it.
+std::string create_token_file(const std::string& path);
+/// The token for `url`: `token_file` if given, else SANDBOXER_TOKEN, else the store; throws
+/// std::runtime_error saying where it looked.
+std::string find_token(const std::string& url, const std::string& token_file);
+/// Writes the token for `url` into the store (0600); throws std::runtime_error naming the file.
 void save_token(const std::string& url, const std::string& token);
-/// The token for `url`, or nullopt when the store has none.
-std::optional<std::string> load_token(const std::string& url);
-/// Removes the token for `url`; no error when there was none.
+/// Removes the token for `url` from the store; no error when there was none.
 void forget_token(const std::string& url);
+
+/// Takes "--token-file F" out of args; returns F or "".
+std::string take_token_file(std::vector<std::string>& args);
 
 }  // namespace sbx::cli

@@ -65,6 +65,7 @@ boost::json::object Box::proc_state(const Proc& p) const {
     o["state"] = p.started || p.id == "main" ? "running" : "starting";
   }
   if (p.pid > 0) o["pid"] = p.pid;
+  if (p.ns_pid > 0) o["ns_pid"] = p.ns_pid;
   if (p.started_seq) o["started_seq"] = p.started_seq;
   if (!p.error.empty()) o["error"] = p.error;
   o["tty"] = p.tty;

@@ -59,7 +59,7 @@ std::pair<const std::string*, std::string> split(const FsRoots& roots, const std
 int open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
   struct open_how how {};
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
-  how.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
+  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
   int fd;
   do fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));

@@ -69,6 +69,7 @@ class NsInit {
   void signal_tree(int sig);
   void begin_shutdown(int64_t grace_ms);
   void exec_proc(const boost::json::object& req);
+  void handle_pending();
 
   bool flat_;
   std::vector<std::string> base_env_;              // the agent's environment, for exec
@@ -289,8 +290,9 @@ void NsInit::reap() {
     pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
     if (p <= 0) break;
     if (auto it = execs_.find(p); it != execs_.end()) {
+      // Our ends of its pipes stay open until the supervisor says it took them ("release"):
+      // closing them now would lose output still in the pipes.
       report({{"ev", "exited"}, {"proc", it->second}, {"status", st}});
-      held_.erase(it->second);
       execs_.erase(it);
       continue;
     }
@@ -332,6 +334,22 @@ void NsInit::on_request(const boost::json::object& req) {
   }
 }
 
+void NsInit::handle_pending() {
+  size_t nl;
+  while ((nl = pending_.find('\n')) != std::string::npos) {
+    boost::system::error_code ec;
+    auto req = boost::json::parse(std::string_view(pending_).substr(0, nl), ec);
+    pending_.erase(0, nl + 1);
+    if (!ec && req.is_object()) {
+      try {
+        on_request(req.as_object());
+      } catch (const std::exception&) {
+        // A malformed request changes nothing.
+      }
+    }
+  }
+}
+
 int NsInit::run() {
   // Our own stdio: nothing the supervisor holds, opened inside our root.
   int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -361,6 +379,8 @@ int NsInit::run() {
   }
   (void)os::set_nonblocking(kNsCtlIn);
   bool ctl_open = true;
+  // Requests that arrived with the config were read with it: the pipe will not wake us for them.
+  handle_pending();
 
   for (;;) {
     reap();
@@ -402,18 +422,7 @@ int NsInit::run() {
         begin_shutdown(grace_ms_);
       } else if (r > 0) {
         pending_.append(buf, static_cast<size_t>(r));
-        size_t nl;
-        while ((nl = pending_.find('\n')) != std::string::npos) {
-          auto req = boost::json::parse(std::string_view(pending_).substr(0, nl), ec);
-          pending_.erase(0, nl + 1);
-          if (!ec && req.is_object()) {
-            try {
-              on_request(req.as_object());
-            } catch (const std::exception&) {
-              // A malformed request changes nothing.
-            }
-          }
-        }
+        handle_pending();
       }
     }
   }

@@ -418,6 +418,7 @@ struct Server::Impl {
 void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
   const auto& f = r.fields;
   const std::string& op = r.op;
+  log()->debug("client {}: {}", c.id, op);
   auto ok = protocol::ok_reply(r.id);
   if (op == "auth") {
     auto token = protocol::opt_string(f, "token");

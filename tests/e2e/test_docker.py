@@ -4,7 +4,6 @@ docker`, `down`, `ps`, `docker stop`, and the supervisor in a plain `docker run`
 A private dockerd (scripts/dockerd: own data root and socket, no bridge) runs for the session
 and is stopped at the end; the image is built once per session by images/docker-image (its root
 filesystem comes from images/build's cache after the first build)."""
-import asyncio
 import json
 import os
 import pathlib
@@ -19,7 +18,7 @@ import pytest
 from conftest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from wsbox import Session, output_of, run, ws_connect  # noqa: E402
+from wsbox import output_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
 
@@ -125,28 +124,41 @@ def test_image_has_supervisor_entrypoint_healthcheck_and_image_json(docker_env, 
 
 @pytest.mark.timeout(120)
 def test_up_runs_primes_and_attach_watches_it_finish(docker_env, image):
-    # The agent starts once the client has attached (it would otherwise be done, and its box gone,
-    # before a loaded machine lets the client connect): the test drops /workspace/go through the
-    # box's state dir on the host.
+    # The agent starts once `sandboxer attach` is attached (it would otherwise be done, and its box
+    # gone, before a loaded machine lets the client connect): the test drops /workspace/go through
+    # the box's state dir on the host.
     argv = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.05; done; exec python3 /opt/examples/primes/agent.py"]
     with Up(docker_env, image, argv, "-v", f"{PRIMES}:/opt/examples/primes:ro") as box:
-        async def attach():
-            async with ws_connect(box) as ws:
-                s = Session(ws)
-                assert (await s.request("subscribe", since=0))["ok"]
-                (box.state / "branches" / "main" / "workspace" / "go").touch()
-                ex = await s.wait_event(lambda e: e["type"] == "proc.exited" and e["proc"] == "main", 60)
-                return s.events, ex
-
-        events, exited = run(attach())
-        assert exited["code"] == 0 and exited["reason"] == "exited"
-        started = next(e for e in events if e["type"] == "box.started")
-        assert started["capabilities"]["namespaces"] is True  # the default profile got the caps
+        # No token flag: attach finds the token `up` stored for the URL.
+        attach = subprocess.Popen([str(CLI), "attach", box.url, "--json"], env=docker_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            first = json.loads(attach.stdout.readline())
+            assert first["type"] == "box.started"
+            (box.state / "branches" / "main" / "workspace" / "go").touch()
+            out, err = attach.communicate(timeout=60)
+        finally:
+            attach.kill()
+        assert attach.returncode == 0, err  # the box closed the stream normally as it ended
+        events = [first] + [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        exited = [e for e in events if e["type"] == "proc.exited" and e["proc"] == "main"]
+        assert len(exited) == 1 and exited[0]["code"] == 0 and exited[0]["reason"] == "exited"
+        assert first["capabilities"]["namespaces"] is True  # the default profile got the caps
         report = [e["message"] for e in events if e["type"] == "proc.message" and e["message"]["step"] == "report"]
         assert report and report[0]["last"] == 229
-        assert b'"step": "report"' in output_of(events, "main")
         # The box ends with its agent, with the agent's status.
         assert docker(docker_env, "wait", box.name, timeout=30).stdout.strip() == "0"
+
+
+@pytest.mark.timeout(120)
+def test_exec_into_a_docker_box_with_the_stored_token(docker_env, image):
+    with Up(docker_env, image, ["sleep", "60"]) as box:
+        r = cli(docker_env, "exec", box.url, "--", "sh", "-c", "echo in-box; exit 3")
+        assert r.returncode == 3 and "in-box" in r.stdout, r.stderr
+        # Control: with a wrong token the same request is refused.
+        env = dict(docker_env, SANDBOXER_TOKEN="wrong")
+        r = cli(env, "exec", box.url, "--", "true")
+        assert r.returncode != 0 and r.returncode != 3
 
 
 @pytest.mark.timeout(120)

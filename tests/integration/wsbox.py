@@ -29,7 +29,8 @@ class WsBox:
         self.token_file.chmod(0o600)
         cmd = [str(INIT), "--state-dir", str(self.state), "--events", str(self.events),
                "--listen", "127.0.0.1:0", "--token-file", str(self.token_file),
-               "--metrics-interval", metrics, *extra, "--", *argv]
+               "--metrics-interval", metrics, "--log-level", os.environ.get("SBX_TEST_LOG", "info"),
+               *extra, "--", *argv]
         self.stderr = open(self.dir / "init.stderr", "wb")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.stderr,
                                      env=env, start_new_session=True)

@@ -1,0 +1,174 @@
+"""The CLI over the WebSocket (sdk/cpp): attach, exec, cp, stats, and run --listen."""
+import fcntl
+import hashlib
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from conftest import CLI, PROBE
+from wsbox import WsBox
+
+
+@pytest.fixture
+def box(tmp_path):
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as b:
+        yield b
+
+
+def cli(box, *args, timeout=60, **kw):
+    return subprocess.run([str(CLI), args[0], *args[1:], "--token-file", str(box.token_file)] if args[0] != "exec"
+                          else [str(CLI), "exec", "--token-file", str(box.token_file), *args[1:]],
+                          capture_output=True, timeout=timeout, **kw)
+
+
+def test_exec_exits_with_the_remote_status_and_streams_both_outputs(box):
+    r = cli(box, "exec", box.url, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert r.returncode == 7
+    assert r.stdout == b"out\n" and r.stderr == b"err\n"
+
+
+def test_exec_of_a_signaled_process_exits_with_128_plus_the_signal(box):
+    r = cli(box, "exec", box.url, "--", "sh", "-c", "kill -TERM $$")
+    assert r.returncode == 128 + 15
+
+
+def test_exec_i_passes_stdin_with_its_end(box):
+    r = cli(box, "exec", box.url, "-i", "--", "sh", "-c", "wc -c; cat >/dev/null", input=b"x" * 100000)
+    assert r.returncode == 0 and r.stdout.strip() == b"100000"
+
+
+def test_exec_of_a_missing_program_exits_127_with_the_reason(box):
+    r = cli(box, "exec", box.url, "--", "/no/such/thing")
+    assert r.returncode == 127 and b"/no/such/thing" in r.stderr
+
+
+def test_exec_it_gives_a_terminal_that_follows_the_local_size(box):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(str(CLI), [str(CLI), "exec", "--token-file", str(box.token_file), box.url, "-it", "--",
+                            "sh", "-c", "stty size; read x; stty size"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    out = b""
+    deadline = time.monotonic() + 30
+    resized = False
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not resized and b"30 100" in out:
+            fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 20, 50, 0, 0))
+            os.kill(pid, signal.SIGWINCH)
+            time.sleep(0.5)
+            os.write(fd, b"go\r")
+            resized = True
+    _, status = os.waitpid(pid, 0)
+    assert b"30 100" in out and b"20 50" in out, out
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_cp_round_trips_a_file_both_ways(box, tmp_path):
+    data = os.urandom(5 << 20) + b"tail"
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    up = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), str(src), f"{box.url}:/workspace/x.bin"],
+                        capture_output=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    assert (box.workspace / "x.bin").read_bytes() == data
+    back = tmp_path / "back.bin"
+    down = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), f"{box.url}:/workspace/x.bin", str(back)],
+                          capture_output=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(data).digest()
+
+
+def test_cp_refuses_an_escaping_path(box, tmp_path):
+    r = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), f"{box.url}:/etc/passwd", str(tmp_path / "p")],
+                       capture_output=True, timeout=30)
+    assert r.returncode != 0 and b"path_escape" in r.stderr
+
+
+def test_stats_prints_the_box_and_its_procs(box):
+    r = subprocess.run([str(CLI), "stats", box.url, "--json", "--token-file", str(box.token_file)],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["box"]["pids"] >= 1
+
+
+def test_a_wrong_token_is_a_clear_error(box, tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_text("wrong\n")
+    r = subprocess.run([str(CLI), "stats", box.url, "--token-file", str(bad)], capture_output=True, timeout=30)
+    assert r.returncode != 0 and r.stderr
+
+
+def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
+    # A tiny queue and an attach whose stdout nobody reads for a while: the server closes it with
+    # 4008, attach resumes from its last seq, and in the end every seq is there once.
+    n = 20 * 1000 * 1000
+    agent = ["sh", "-c", f"{PROBE} spew {n} && touch /workspace/done && sleep 1"]
+    env = dict(os.environ, SANDBOXER_WS_QUEUE_BYTES="262144")
+    with WsBox(tmp_path, agent, env=env) as box:
+        p = subprocess.Popen([str(CLI), "attach", box.url, "--json", "--token-file", str(box.token_file)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not (box.workspace / "done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        log = (box.dir / "init.stderr").read_text()
+    assert "closing with 4008" in log  # it really was too slow at least once
+    seqs = [json.loads(l)["seq"] for l in out.splitlines()]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert b"resume" not in err
+    text = b"".join(l for l in out.splitlines() if b'"proc.exited"' in l and b'"main"' in l)
+    assert text
+
+
+def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    env.pop("SANDBOXER_TOKEN", None)
+    p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
+                          "sh", "-c", "echo hello-run; sleep 30"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    url = None
+    deadline = time.monotonic() + 20
+    line = b""
+    while time.monotonic() < deadline and url is None:
+        line = p.stderr.readline()
+        m = re.search(rb"serving (ws://[0-9.:]+) \(token in (\S+)\)", line)
+        if m:
+            url, tfile = m.group(1).decode(), m.group(2).decode()
+    try:
+        assert url, line
+        assert os.stat(tfile).st_mode & 0o777 == 0o600
+        a = subprocess.run([str(CLI), "exec", url, "--", "echo", "via-stored-token"], capture_output=True, timeout=30, env=env)
+        assert a.returncode == 0 and a.stdout == b"via-stored-token\n", a.stderr
+        # The token is not on any command line.
+        token = open(tfile).read().strip()
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    assert token.encode() not in open(f"/proc/{pid}/cmdline", "rb").read()
+                except OSError:
+                    pass
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    assert not os.path.exists(tfile)

@@ -1,0 +1,153 @@
+"""exec, stdin, signal and resize over the WebSocket: processes forked by the branch's ns-init."""
+import pytest
+
+from wsbox import Session, WsBox, output_of, run, ws_connect
+
+
+@pytest.fixture
+def box(tmp_path):
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as b:
+        yield b
+
+
+def exited(proc):
+    return lambda e: e["type"] == "proc.exited" and e["proc"] == proc
+
+
+async def session(ws):
+    s = Session(ws)
+    await s.request("subscribe", since=0)
+    return s
+
+
+def test_exec_streams_output_and_reports_the_exit_code(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            r = await s.request("exec", proc="p1", argv=["sh", "-c", "echo out; echo err >&2; exit 3"])
+            assert r["ok"] and r["state"] in ("running", "exited") and r["ns_pid"] > 0
+            e = await s.wait_event(exited("p1"))
+            assert e["code"] == 3 and e["reason"] == "exited"
+            assert output_of(s.events, "p1") in (b"out\nerr\n", b"err\nout\n")
+            started = [x for x in s.events if x["type"] == "proc.started" and x["proc"] == "p1"]
+            assert started[0]["seq"] == r["started_seq"]
+    run(go(), 60)
+
+
+def test_exec_runs_in_the_branch_with_the_agent_environment_and_env_overrides(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            await s.request("exec", proc="env", argv=["sh", "-c", "echo $SANDBOXER_BRANCH $FOO; pwd"], env={"FOO": "bar"})
+            await s.wait_event(exited("env"))
+            assert output_of(s.events, "env") == b"main bar\n/workspace\n"
+    run(go(), 60)
+
+
+def test_the_same_proc_id_twice_starts_one_process(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            a = await s.request("exec", proc="once", argv=["sh", "-c", "echo x; sleep 0.3"])
+            b = await s.request("exec", proc="once", argv=["sh", "-c", "echo y"])
+            assert a["ok"] and b["ok"] and b["existing"] is True and b["pid"] == a["pid"]
+            await s.wait_event(exited("once"))
+            c = await s.request("exec", proc="once", argv=["true"])
+            assert c["existing"] is True and c["state"] == "exited" and c["code"] == 0
+            assert sum(1 for e in s.events if e["type"] == "proc.started" and e["proc"] == "once") == 1
+            assert output_of(s.events, "once") == b"x\n"
+    run(go(), 60)
+
+
+def test_stdin_with_eof_reaches_the_process(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            await s.request("exec", proc="cat", argv=["cat"], stdin=True)
+            assert (await s.request("stdin", proc="cat", data="hello "))["ok"]
+            assert (await s.request("stdin", proc="cat", data_b64="/3dvcmxkCg==", eof=True))["ok"]
+            e = await s.wait_event(exited("cat"))
+            assert e["code"] == 0
+            assert output_of(s.events, "cat") == b"hello \xffworld\n"
+            late = await s.request("stdin", proc="cat", data="more")
+            assert late["ok"] is False
+    run(go(), 60)
+
+
+def test_signal_by_name_ends_an_exec_process(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            await s.request("exec", proc="sl", argv=["sleep", "100"])
+            assert (await s.request("signal", proc="sl", signal="TERM"))["ok"]
+            e = await s.wait_event(exited("sl"), 20)
+            assert e["signal"] == "TERM" and e["reason"] == "signaled"
+    run(go(), 60)
+
+
+def test_exec_with_a_pty_gets_a_terminal_of_the_asked_size_and_resize(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            r = await s.request("exec", proc="sh", argv=["sh"], tty=True, cols=100, rows=30,
+                                env={"PS1": "$ ", "TERM": "dumb"})
+            assert r["ok"] and r["tty"] is True
+            await s.request("stdin", proc="sh", data="test -t 0 && echo IS-A-TTY; stty size\n")
+            await s.wait_event(lambda e: e.get("proc") == "sh" and "30 100" in output_of(s.events, "sh").decode())
+            assert (await s.request("resize", proc="sh", cols=50, rows=20))["ok"]
+            await s.request("stdin", proc="sh", data="stty size; exit 7\n")
+            e = await s.wait_event(exited("sh"))
+            out = output_of(s.events, "sh").decode()
+            assert "IS-A-TTY" in out and "20 50" in out
+            assert e["code"] == 7
+            assert all(x["stream"] == "pty" for x in s.events if x["type"] == "proc.output" and x["proc"] == "sh")
+    run(go(), 60)
+
+
+def test_exec_of_a_missing_program_is_an_error_reply(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            r = await s.request("exec", proc="nope", argv=["/no/such/program"])
+            assert r["ok"] is False and r["error"]["code"] == "spawn_failed"
+            assert "/no/such/program" in r["error"]["message"]
+            e = await s.wait_event(exited("nope"))
+            assert e["code"] == 127
+    run(go(), 60)
+
+
+def test_exec_processes_live_in_the_agents_pid_namespace(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            await s.request("exec", proc="ps", argv=["sh", "-c", "cat /proc/1/cmdline | tr '\\\\0' ' '"])
+            await s.wait_event(exited("ps"))
+            # PID 1 of its namespace is the branch's ns-init, not the box's supervisor.
+            assert b"--ns-init" in output_of(s.events, "ps")
+    run(go(), 60)
+
+
+def test_stats_name_the_box_and_each_running_proc(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            await s.request("exec", proc="busy", argv=["sleep", "30"])
+            st = await s.request("stats")
+            assert st["ok"] and st["box"]["pids"] >= 2 and st["box"]["memory"] > 0
+            assert "main" in st["procs"] and "busy" in st["procs"]
+            assert st["procs"]["busy"]["pids"] == 1
+            assert "disk" in st["branches"]["main"]
+    run(go(), 60)
+
+
+def test_shutdown_ends_the_box(tmp_path):
+    with WsBox(tmp_path, ["sleep", "120"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = await session(ws)
+                await s.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == "main")
+                assert (await s.request("shutdown", grace="1s"))["ok"]
+                e = await s.wait_event(exited("main"), 20)
+                assert e["reason"] == "shutdown"
+        run(go(), 60)
+        assert box.proc.wait(20) == 128 + 15

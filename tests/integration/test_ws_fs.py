@@ -1,0 +1,142 @@
+"""Files over the WebSocket: content in binary frames, paths confined to the branch's roots."""
+import hashlib
+import json
+import os
+import struct
+
+import pytest
+
+from wsbox import Session, WsBox, run, ws_connect
+
+CHUNK = 1 << 20
+
+
+@pytest.fixture
+def box(tmp_path):
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as b:
+        yield b
+
+
+def header(rid, offset, last):
+    return struct.pack("<IQB", rid, offset, 1 if last else 0)
+
+
+async def write_file(s, rid, path, data):
+    await s.ws.send(json.dumps({"id": rid, "op": "fs.write", "path": path}))
+    if not data:
+        await s.ws.send(header(rid, 0, True))
+    for off in range(0, len(data), CHUNK):
+        part = data[off:off + CHUNK]
+        await s.ws.send(header(rid, off, off + len(part) >= len(data)) + part)
+    return await s.reply(rid, 120)
+
+
+async def read_file(s, rid, path):
+    r = await s.request("fs.read", id=rid, path=path)
+    if not r["ok"]:
+        return r, None
+    buf = bytearray()
+    while True:
+        m = await s.ws.recv()
+        assert isinstance(m, bytes), m
+        i, off, flags = struct.unpack("<IQB", m[:13])
+        assert i == rid and off == len(buf)
+        buf += m[13:]
+        if flags & 1:
+            return r, bytes(buf)
+
+
+def test_a_100_mb_file_round_trips_with_its_checksum(box):
+    data = os.urandom(1 << 20) * 100
+    want = hashlib.sha256(data).hexdigest()
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            w = await write_file(s, 10, "/workspace/big.bin", data)
+            assert w["ok"] and w["size"] == len(data)
+            r, got = await read_file(s, 11, "/workspace/big.bin")
+            assert r["size"] == len(data)
+            return got
+    got = run(go(), 180)
+    assert hashlib.sha256(got).hexdigest() == want
+    assert hashlib.sha256((box.workspace / "big.bin").read_bytes()).hexdigest() == want
+
+
+def test_an_empty_file_round_trips(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            assert (await write_file(s, 1, "empty", b""))["ok"]
+            r, got = await read_file(s, 2, "/workspace/empty")
+            assert r["size"] == 0 and got == b""
+    run(go(), 30)
+
+
+def test_list_stat_mkdir_remove(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            assert (await s.request("fs.mkdir", path="/workspace/d"))["ok"]
+            assert (await s.request("fs.write", path="/workspace/d/a.txt", data="hello"))["size"] == 5
+            st = await s.request("fs.stat", path="d/a.txt")
+            assert st["type"] == "file" and st["size"] == 5
+            ls = await s.request("fs.list", path="/workspace/d")
+            assert ls["ok"], ls
+            assert [e["name"] for e in ls["entries"]] == ["a.txt"]
+            bad = await s.request("fs.remove", path="/workspace/d")
+            assert bad["ok"] is False and bad["error"]["code"] == "not_empty"
+            assert (await s.request("fs.remove", path="/workspace/d", recursive=True))["ok"]
+            gone = await s.request("fs.stat", path="/workspace/d")
+            assert gone["error"]["code"] == "not_found"
+    run(go(), 30)
+
+
+def test_the_agent_sees_files_written_over_the_socket(box):
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            await s.request("subscribe", since=0)
+            await s.request("fs.write", path="/workspace/note", data="from outside\n")
+            await s.request("exec", proc="cat", argv=["cat", "/workspace/note"])
+            e = await s.wait_event(lambda e: e.get("proc") == "cat" and e["type"] == "proc.output")
+            assert e["data"] == "from outside\n"
+    run(go(), 30)
+
+
+ESCAPES = [
+    "/workspace/../../../../etc/passwd",
+    "../etc/passwd",
+    "/etc/passwd",
+    "/workspace/link-out/passwd",
+    "/workspace/abs-link",
+    "/proc/self/root/etc/passwd",
+]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_path_escapes_are_refused(box, path):
+    (box.workspace / "link-out").symlink_to("/etc")
+    (box.workspace / "abs-link").symlink_to("/etc/passwd")
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            r = await s.request("fs.read", path=path)
+            assert r["ok"] is False and r["error"]["code"] == "path_escape", r
+            w = await s.request("fs.write", path=path, data="x")
+            assert w["ok"] is False and w["error"]["code"] in ("path_escape", "not_found"), w
+    run(go(), 30)
+    assert "x" != open("/etc/passwd").read()[:1]
+
+
+def test_control_a_symlink_inside_the_workspace_is_followed(box):
+    (box.workspace / "real.txt").write_text("inside")
+    (box.workspace / "link.txt").symlink_to("real.txt")
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            r, got = await read_file(s, 3, "/workspace/link.txt")
+            assert got == b"inside"
+    run(go(), 30)
