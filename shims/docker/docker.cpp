@@ -184,6 +184,28 @@ std::string find_profile_file(const std::string& name_or_path) {
                            " and " + std::to_string(candidates.size() - 1) + " more places)");
 }
 
+std::vector<std::string> docker_limits(const json::object& res) {
+  std::vector<std::string> args;
+  if (auto* m = res.if_contains("memory")) {
+    if (int64_t b = size_bytes(*m, "resources.memory"); b > 0) {
+      // Swap equal to memory: the ceiling is the memory itself, not twice it.
+      args.insert(args.end(), {"--memory", std::to_string(b), "--memory-swap", std::to_string(b)});
+    }
+  }
+  if (auto* c = res.if_contains("cpus")) {
+    if (double x = number(*c, "resources.cpus"); x > 0) {
+      std::ostringstream s;
+      s << x;
+      args.insert(args.end(), {"--cpus", s.str()});
+    }
+  }
+  if (auto* p = res.if_contains("pids")) {
+    if (auto n = static_cast<int64_t>(number(*p, "resources.pids")); n > 0)
+      args.insert(args.end(), {"--pids-limit", std::to_string(n + kPidsMargin)});
+  }
+  return args;
+}
+
 RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& overrides) {
   for (auto& s : overrides) apply_override_json(profile, s);
   // The supervisor's own parser: the box would refuse what it refuses, so refuse it here first.
@@ -193,26 +215,7 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
   plan.grace_ms = parsed.resources.grace_ms;
   plan.stop_timeout_s = static_cast<int>((plan.grace_ms + 999) / 1000) + kStopMarginS;
   plan.live_checkpoint_caps = wants_live_checkpoint(profile);
-  if (auto* r = profile.if_contains("resources"); r && r->is_object()) {
-    auto& res = r->as_object();
-    if (auto* m = res.if_contains("memory")) {
-      if (int64_t b = size_bytes(*m, "resources.memory"); b > 0) {
-        // Swap equal to memory: the ceiling is the memory itself, not twice it.
-        plan.limit_args.insert(plan.limit_args.end(), {"--memory", std::to_string(b), "--memory-swap", std::to_string(b)});
-      }
-    }
-    if (auto* c = res.if_contains("cpus")) {
-      if (double x = number(*c, "resources.cpus"); x > 0) {
-        std::ostringstream s;
-        s << x;
-        plan.limit_args.insert(plan.limit_args.end(), {"--cpus", s.str()});
-      }
-    }
-    if (auto* p = res.if_contains("pids")) {
-      if (auto n = static_cast<int64_t>(number(*p, "resources.pids")); n > 0)
-        plan.limit_args.insert(plan.limit_args.end(), {"--pids-limit", std::to_string(n + kPidsMargin)});
-    }
-  }
+  if (auto* r = profile.if_contains("resources"); r && r->is_object()) plan.limit_args = docker_limits(r->as_object());
   return plan;
 }
 

@@ -55,6 +55,11 @@ struct RunPlan {
 /// std::runtime_error (or ProfileError) naming the bad field.
 RunPlan plan_for_profile(boost::json::object profile, const std::vector<std::string>& overrides);
 
+/// Docker's flags for a profile's `resources` (memory, cpus, pids; the fields of profiles with
+/// ceilings): --memory and --memory-swap (the same: no swap beyond the ceiling), --cpus,
+/// --pids-limit (with a margin for the supervisor, ns-init, `docker exec` and the health check).
+std::vector<std::string> docker_limits(const boost::json::object& resources);
+
 /// Finds a profile file on the host by name (the directories sandboxer-init searches) or path.
 std::string find_profile_file(const std::string& name_or_path);
 

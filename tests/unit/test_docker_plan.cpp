@@ -34,3 +34,15 @@ TEST_CASE("docker plan: a bad profile is refused with the field's name") {
   CHECK_THROWS_WITH_AS(plan_for_profile(profile(R"({"name":"p","version":1})"), {"nonsense"}),
                        doctest::Contains("FIELD=VALUE"), std::exception);
 }
+
+TEST_CASE("docker plan: memory, cpus and pids become Docker's flags") {
+  using sbx::shims::docker::docker_limits;
+  auto a = docker_limits(boost::json::parse(R"({"memory":"1.5G","cpus":0.5,"pids":100,"grace":"3s"})").as_object());
+  std::vector<std::string> want = {"--memory", "1610612736", "--memory-swap", "1610612736", "--cpus", "0.5",
+                                   "--pids-limit", "132"};
+  CHECK(a == want);
+  CHECK(docker_limits(boost::json::parse(R"({"memory":0,"cpus":0,"pids":0})").as_object()).empty());
+  CHECK(docker_limits(boost::json::parse(R"({"memory":"512M"})").as_object())[1] == "536870912");
+  CHECK_THROWS_WITH_AS(docker_limits(boost::json::parse(R"({"memory":"lots"})").as_object()),
+                       doctest::Contains("resources.memory"), std::exception);
+}
