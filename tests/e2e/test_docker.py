@@ -251,6 +251,19 @@ def test_health_answers_in_a_box_and_fails_without_a_supervisor(docker_env, imag
         while box.inspect()["State"]["Health"]["Status"] != "healthy":
             assert time.monotonic() < deadline, box.inspect()["State"]["Health"]
             time.sleep(0.5)
+    # A supervisor without the API (a plain `docker run`) is healthy while it runs.
+    name = "sbx-health-plain"
+    docker(docker_env, "run", "-d", "--name", name, "--network", "none", image, "--", "sleep", "30")
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            r = docker(docker_env, "exec", name, "sandboxer-init", "--health", check=False)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # until the supervisor has written /run/sandboxer/init.json
+        assert r.returncode == 0 and "serves no WebSocket API" in r.stdout, r.stdout
+    finally:
+        docker(docker_env, "rm", "--force", name, check=False)
     # Control: the same image with no supervisor running.
     r = docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "/usr/local/bin/sandboxer-init",
                image, "--health", check=False)
