@@ -98,3 +98,23 @@ def test_the_agent_sees_neither_the_token_nor_its_file(tmp_path):
     assert "end" in out
     assert "sekrit-token-value" not in out
     assert "env-token-value" not in out and "SANDBOXER_TOKEN" not in out
+
+
+def test_tls_listener_serves_wss(tmp_path):
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--tls-cert", str(cert), "--tls-key", str(key)]) as box:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        ctx.check_hostname = False
+
+        async def go():
+            async with connect(box.url.replace("ws://", "wss://"), ssl=ctx, subprotocols=[SUBPROTOCOL],
+                               additional_headers={"Authorization": f"Bearer {box.token}"}) as ws:
+                s = Session(ws)
+                assert (await s.request("ping"))["ok"]
+        run(go(), 30)
+        ev = [json.loads(l) for l in box.events.read_text().splitlines()]
+        assert any(e["type"] == "server.listening" and e["tls"] is True for e in ev)

@@ -1,0 +1,184 @@
+"""bench/ws: agent stdout to a WebSocket client, sandboxer-init against websocketd on the same
+producer and a raw pipe as the limit. Prints one table of numbers and ratios from one run.
+
+usage: python bench/ws/run.py [--mb 64] [--events 30000]
+Not a test: nothing here asserts a time."""
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from websockets.asyncio.client import connect
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INIT = ROOT / "build" / "bin" / "sandboxer-init"
+PRODUCER = [sys.executable, str(pathlib.Path(__file__).with_name("producer.py"))]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Measure:
+    def __init__(self):
+        self.bytes = 0
+        self.lat = []
+        self.t0 = time.monotonic()
+        self.t1 = None
+        self.pending = b""
+
+    def feed(self, data: bytes):
+        now = time.time_ns()
+        self.bytes += len(data)
+        buf = self.pending + data
+        lines = buf.split(b"\n")
+        self.pending = lines.pop()
+        done = False
+        for l in lines:
+            if l.startswith(b"T "):
+                self.lat.append((now - int(l[2:])) / 1e6)
+            elif l == b"END":
+                done = True
+        if done:
+            self.t1 = time.monotonic()
+        return done
+
+
+def pipe_run(args):
+    m = Measure()
+    p = subprocess.Popen(PRODUCER + args, stdout=subprocess.PIPE)
+    fd = p.stdout.fileno()
+    while True:
+        d = os.read(fd, 1 << 16)
+        if not d or m.feed(d):
+            break
+    p.kill()
+    p.wait()
+    return m
+
+
+async def ws_read(url, m, *, subscribe=None, headers=None, decode=None):
+    async with connect(url, subprotocols=["sandboxer.v1"] if subscribe is not None else None,
+                       additional_headers=headers or {}, max_size=1 << 26, open_timeout=20,
+                       ping_interval=None) as ws:
+        if subscribe is not None:
+            await ws.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+        async for msg in ws:
+            data = decode(msg) if decode else (msg.encode() if isinstance(msg, str) else msg)
+            if data is not None and m.feed(data):
+                return
+
+
+def websocketd_run(args):
+    port = free_port()
+    p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        m = Measure()
+        # websocketd sends one message per line, without its newline.
+        asyncio.run(ws_read(f"ws://127.0.0.1:{port}/", m, decode=lambda s: s.encode() + b"\n"))
+        return m
+    finally:
+        p.kill()
+        p.wait()
+
+
+def sandboxer_run(args):
+    d = tempfile.mkdtemp(prefix="sbx-bench-")
+    token = secrets.token_hex(16)
+    tf = pathlib.Path(d) / "token"
+    tf.write_text(token)
+    ev = pathlib.Path(d) / "events"
+    # The client connects before the agent starts writing: the producer waits for a file.
+    # (/workspace inside the box is state/branches/main/workspace here.)
+    gate = pathlib.Path(d) / "s" / "branches" / "main" / "workspace" / "go"
+    agent = ["sh", "-c", 'while [ ! -e /workspace/go ]; do sleep 0.01; done; exec "$@"', "sh"] + PRODUCER + args
+    p = subprocess.Popen([str(INIT), "--state-dir", f"{d}/s", "--events", str(ev), "--listen", "127.0.0.1:0",
+                          "--token-file", str(tf), "--metrics-interval", "0", "--"] + agent,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = None
+        for _ in range(200):
+            if ev.exists():
+                for l in ev.read_text().splitlines():
+                    e = json.loads(l)
+                    if e["type"] == "server.listening":
+                        port = e["port"]
+            if port:
+                break
+            time.sleep(0.02)
+        m = Measure()
+
+        def decode(msg):
+            if '"proc.output"' not in msg[:80] and '"type":"proc.output"' not in msg:
+                return None
+            e = json.loads(msg)
+            if e["type"] != "proc.output" or e.get("proc") != "main":
+                return None
+            return e["data"].encode() if "data" in e else b""
+
+        async def go():
+            task = asyncio.create_task(ws_read(f"ws://127.0.0.1:{port}", m, subscribe=True,
+                                               headers={"Authorization": f"Bearer {token}"}, decode=decode))
+            await asyncio.sleep(0.3)
+            gate.touch()
+            m.t0 = time.monotonic()
+            await task
+        asyncio.run(go())
+        return m
+    finally:
+        p.terminate()
+        p.wait(30)
+        # Also the events file carries everything; the disk is not what is measured.
+        subprocess.run(["rm", "-rf", d])
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=64)
+    ap.add_argument("--events", type=int, default=30000)
+    a = ap.parse_args()
+    bulk = ["bulk", str(a.mb << 20), "4096"]
+    rate = ["rate", str(a.events), "10000"]
+    rows = {}
+    for name, fn in [("raw pipe", pipe_run), ("websocketd", websocketd_run), ("sandboxer-init", sandboxer_run)]:
+        print(f"... {name}: throughput", file=sys.stderr, flush=True)
+        t = fn(bulk)
+        print(f"... {name}: latency", file=sys.stderr, flush=True)
+        thr = t.bytes / (1 << 20) / (t.t1 - t.t0)
+        lat = fn(rate)
+        rows[name] = (thr, pct(lat.lat, 0.5), pct(lat.lat, 0.99), len(lat.lat))
+    print(f"bench/ws: {a.mb} MiB of stdout in 4 KiB lines; {a.events} lines at 10k/s (latency)")
+    print(f"{'transport':16} {'MiB/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'lines':>7}")
+    for name, (thr, p50, p99, n) in rows.items():
+        print(f"{name:16} {thr:9.1f} {p50:9.3f} {p99:9.3f} {n:7d}")
+    s, w, r = rows["sandboxer-init"], rows["websocketd"], rows["raw pipe"]
+    print(f"ratios: throughput sandboxer/websocketd {s[0] / w[0]:.2f}, sandboxer/pipe {s[0] / r[0]:.2f}; "
+          f"p50 latency sandboxer/websocketd {s[1] / w[1]:.2f}, p99 {s[2] / w[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
