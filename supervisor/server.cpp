@@ -34,8 +34,11 @@ auto log() {
   return l;
 }
 
-constexpr size_t kLowWater = 1u << 20;     // refill (replay, downloads) below this
-constexpr size_t kReplayBatch = 256u << 10;
+// Refill (replay from disk, file reads) when the queue falls below the low mark, up to the high
+// one: each refill reads the journal again from its segment's start, so refills must be rare.
+constexpr size_t kLowWater = 256u << 10;
+constexpr size_t kHighWater = 2u << 20;
+constexpr size_t kReplayBatch = 1u << 20;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
 
 struct OutFrame {
@@ -84,6 +87,7 @@ struct Client {
   std::deque<Download> downloads;
   int close_code = 0;
   std::string close_reason;
+  bool peer_closed = false;
 };
 
 struct Server::Impl {
@@ -132,6 +136,7 @@ struct Server::Impl {
   }
 
   void enqueue(Client& c, std::string payload, bool binary, uint64_t seq = 0) {
+    if (c.peer_closed) return;
     OutFrame f;
     f.buf.reserve(LWS_PRE + payload.size());
     f.buf.assign(LWS_PRE, '\0');
@@ -181,7 +186,8 @@ struct Server::Impl {
 
   // Refills the queue from the journal on disk and from file reads while it is short.
   void pump(Client& c) {
-    while (c.q_bytes < kLowWater && c.close_code != protocol::kCloseTooSlow && c.close_code != protocol::kCloseUnauthorized) {
+    if (c.q_bytes >= kLowWater) return;
+    while (c.q_bytes < kHighWater && c.close_code != protocol::kCloseTooSlow && c.close_code != protocol::kCloseUnauthorized) {
       if (!c.downloads.empty()) {
         auto& d = c.downloads.front();
         size_t want = static_cast<size_t>(std::min<uint64_t>(d.remaining, kReadChunk));
@@ -663,6 +669,17 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       if (!slot || !*slot) return -1;
       if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
       return on_receive(**slot, static_cast<const char*>(in), len);
+    case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+      // The client is leaving: stop feeding it, so lws can answer its close at once.
+      if (slot && *slot) {
+        Client& c = **slot;
+        c.subscribed = false;
+        c.q.clear();
+        c.q_bytes = 0;
+        c.downloads.clear();
+        c.peer_closed = true;
+      }
+      return 0;
     case LWS_CALLBACK_SERVER_WRITEABLE:
       if (!slot || !*slot) return -1;
       return writeable(**slot);

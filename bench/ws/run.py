@@ -111,7 +111,9 @@ def sandboxer_run(args):
     # (/workspace inside the box is state/branches/main/workspace here.)
     gate = pathlib.Path(d) / "s" / "branches" / "main" / "workspace" / "go"
     agent = ["sh", "-c", 'while [ ! -e /workspace/go ]; do sleep 0.01; done; exec "$@"', "sh"] + PRODUCER + args
-    p = subprocess.Popen([str(INIT), "--state-dir", f"{d}/s", "--events", str(ev), "--listen", "127.0.0.1:0",
+    # The port comes from the journal's server.listening event (no --events copy to slow it down).
+    ev = pathlib.Path(d) / "s" / "journal" / ("%020d.jsonl" % 1)
+    p = subprocess.Popen([str(INIT), "--state-dir", f"{d}/s", "--listen", "127.0.0.1:0",
                           "--token-file", str(tf), "--metrics-interval", "0", "--"] + agent,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

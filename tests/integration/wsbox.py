@@ -78,6 +78,8 @@ class WsBox:
 def ws_connect(box, *, token=None, header=True, **kw):
     headers = {"Authorization": f"Bearer {token or box.token}"} if header else {}
     kw.setdefault("max_size", 64 << 20)
+    # A client that stops reading with a backlog cannot see the close answer behind it: do not wait long.
+    kw.setdefault("close_timeout", 1)
     return connect(box.url, subprotocols=[SUBPROTOCOL], additional_headers=headers, open_timeout=10, **kw)
 
 
