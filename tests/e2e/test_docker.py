@@ -45,6 +45,8 @@ def docker_env(tmp_path_factory):
         mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(base) + "/")]
     for m in sorted(mounts, reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
+    # The image's layers (about 200 MB) need not wait for pytest's rotation of old tmp dirs.
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
