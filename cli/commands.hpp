@@ -10,6 +10,7 @@ int cmd_attach(const std::vector<std::string>& args);
 int cmd_exec(const std::vector<std::string>& args);
 int cmd_cp(const std::vector<std::string>& args);
 int cmd_stats(const std::vector<std::string>& args);
+int cmd_doctor(const std::vector<std::string>& args);
 int cmd_up(const std::vector<std::string>& args);
 int cmd_down(const std::vector<std::string>& args);
 int cmd_ps(const std::vector<std::string>& args);

@@ -18,6 +18,7 @@ const char* kUsage =
     "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
     "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
     "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` or `up` stored)\n"
+    "  doctor [--json]                                                       what this host enforces, and what is missing\n"
     "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...     start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
     "  ps [--json]                                                           the boxes this host runs\n"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);
     if (cmd == "stats") return sbx::cli::cmd_stats(args);
+    if (cmd == "doctor") return sbx::cli::cmd_doctor(args);
     if (cmd == "up") return sbx::cli::cmd_up(args);
     if (cmd == "down") return sbx::cli::cmd_down(args);
     if (cmd == "ps") return sbx::cli::cmd_ps(args);

@@ -81,6 +81,17 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
     if (ev.contains("error")) extra += ": " + str(ev, "error");
     std::fprintf(out_, "%s %s%s exited, %s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), how.c_str(),
                  str(ev, "reason").c_str(), extra.c_str());
+  } else if ((type == "limit.warning" || type == "limit.hit") && ev.contains("limit")) {
+    // "memory at 60.5 MiB of 64.0 MiB", "pids at 32 of 32"
+    auto num = [&](const char* k) { return ev.contains(k) && ev.at(k).is_number() ? ev.at(k).to_number<double>() : 0.0; };
+    std::string lim = str(ev, "limit");
+    char what[160];
+    if (lim == "memory")
+      std::snprintf(what, sizeof what, "memory at %.1f MiB of %.1f MiB", num("value") / 1048576, num("ceiling") / 1048576);
+    else
+      std::snprintf(what, sizeof what, "%s at %.0f of %.0f", lim.c_str(), num("value"), num("ceiling"));
+    std::fprintf(out_, "%s %s%s %s: %s\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(),
+                 type == "limit.hit" ? "hit its ceiling" : "is near its ceiling", what);
   } else {
     boost::json::object rest = ev;
     for (auto k : {"seq", "ts", "type", "box", "branch"}) rest.erase(k);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "os/sys.hpp"
+#include "policy.hpp"
 #include "proc-io.hpp"
 #include "server.hpp"
 #include "stats.hpp"
@@ -121,6 +122,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stdout", true,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -129,6 +131,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
         OutputDecoder("stderr", false,
                       [this, &p](boost::json::object e) {
                         e["proc"] = p.id;
+                        note_output(p.branch);
                         emit(p.branch, std::move(e));
                       }),
         on_eof);
@@ -152,6 +155,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     log()->error("start {}: {}", p.id, p.error);
     start_readers();
   } else if (*ev == "exited") {
+    if (b.limits) b.limits->stop();
     p.status = static_cast<int>(r.at("status").to_number<int64_t>());
     p.escalated = r.contains("escalated") && r.at("escalated").as_bool();
     p.status_known = true;
@@ -171,6 +175,7 @@ void Box::maybe_proc_exited(Proc& p) {
     e["code"] = WEXITSTATUS(p.status);
   std::string reason = WIFSIGNALED(p.status) ? "signaled" : "exited";
   if (shutting_down_) reason = "shutdown";
+  reason = limit_reason(p, reason);
   e["reason"] = reason;
   if (p.escalated) e["escalated"] = true;
   if (!p.error.empty()) e["error"] = p.error;
@@ -257,7 +262,9 @@ void Box::start() {
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.masks = opts_.masks;
   spec.masks.push_back(opts_.state_dir);
+  setup_branch_policy(*b, spec);
   auto lb = launch_branch(spec);
+  cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
   // launch_branch only knows that none were asked for; say which of the two reasons it was.
@@ -281,7 +288,8 @@ void Box::start() {
   for (auto& a : opts_.argv) argv.emplace_back(a);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms}};
+  boost::json::object config{{"argv", argv}, {"env", env}, {"cwd", workdir}, {"grace_ms", opts_.profile.resources.grace_ms},
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
@@ -289,6 +297,7 @@ void Box::start() {
   reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) {
     bp->ns_init_reaped = true;
     bp->ns_init_status = st;
+    if (bp->limits) bp->limits->stop();
     // Read what ns-init reported before it exited: its exit status alone loses the signal.
     char buf[4096];
     for (;;) {
@@ -346,11 +355,13 @@ void Box::start() {
   caps["why_not"] = !bp->launched.namespaced ? "no pid and mount namespace of its own: " + bp->launched.why_not
                     : !caps_.criu            ? std::string("criu was not found")
                                              : std::string("live checkpoint is not built yet");
+  start_limits(*bp);
   emit("main", {{"type", "box.started"},
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
                 {"version", SBX_VERSION},
-                {"capabilities", caps}});
+                {"capabilities", caps},
+                {"enforcement", enforcement_}});
 
   start_server();
 
@@ -390,10 +401,12 @@ int Box::run() {
   } catch (const std::exception& e) {
     log()->critical("{}", e.what());
     kill_leftovers();
+    teardown_policy();
     return 125;
   }
   uv_run(loop_, UV_RUN_DEFAULT);
   kill_leftovers();
+  teardown_policy();
   journal_->flush();
   return exit_status_;
 }

@@ -14,6 +14,8 @@
 #include "capabilities.hpp"
 #include "journal.hpp"
 #include "launcher.hpp"
+#include "limits.hpp"
+#include "os/cgroup.hpp"
 #include "output.hpp"
 #include "profile.hpp"
 #include "reaper.hpp"
@@ -88,6 +90,10 @@ struct Branch {
   bool ns_init_reaped = false;
   int ns_init_status = 0;
   std::string main_proc;
+  // Ceilings and policy (box-policy.cpp).
+  std::unique_ptr<os::CgroupDir> cgroup;
+  std::unique_ptr<LimitsWatcher> limits;
+  std::string workspace_mount;  // a sized tmpfs we mounted, unmounted at the end
 };
 
 class Box {
@@ -138,6 +144,16 @@ class Box {
   void on_exec_report(Branch& b, Proc& p, const boost::json::object& r);
   void end_execs_of(Branch& b);
   void start_server();
+
+  // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
+  void setup_branch_policy(Branch& b, BranchSpec& spec);
+  void start_limits(Branch& b);
+  std::string limit_reason(const Proc& p, const std::string& fallback) const;
+  void note_output(const std::string& branch);
+  void teardown_policy();
+  std::vector<os::UniqueFd> cgroup_procs_;  // held until the branch's clone has joined
+  boost::json::object enforcement_;         // what is enforced, for box.started
+  int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)
 
   uv_loop_t* loop_;
   BoxOptions opts_;

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "policy.hpp"
 #include "signals.hpp"
 
 #ifndef MOUNT_ATTR_RDONLY
@@ -275,6 +276,8 @@ int run_plan(Plan& p, int* err) noexcept {
 
 struct ChildArgs {
   Plan* plan;  // null: flat mode
+  const std::vector<int>* cgroup_procs;
+  bool new_net;
   const char* exe;
   char* const* argv;
   char* const* envp;
@@ -296,6 +299,21 @@ void place_fds(ChildArgs& a) noexcept {
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
   reset_signals_for_child();
   PlanError pe{-1, 0};
+  // Into the branch's cgroup first: everything from here on, ns-init and the agent, is counted.
+  for (int fd : *a.cgroup_procs) {
+    if (::write(fd, "0", 1) != 1) {
+      pe = {-3, errno};
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  if (a.new_net && a.plan) {
+    if (int e = bring_up_loopback(); e != 0) {
+      pe = {-4, e};
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
   if (a.plan) {
     pe.op = run_plan(*a.plan, &pe.err);
     if (pe.op >= 0) {
@@ -357,10 +375,11 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr, ns ? kNsInitPath : spec.self_exe.c_str(), argv.data(), envp,
+    ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.new_net, ns ? kNsInitPath : spec.self_exe.c_str(),
+                 argv.data(), envp,
                  {req->read.get(), rep->write.get(), in->read.get(), out->write.get(), err->write.get()},
                  ep->write.get()};
-    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0);
+    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
     pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
     if (pid == 0) child_main(ca);
     if (pid < 0) {
@@ -379,7 +398,10 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;
       ::waitpid(pid, &st, __WALL);
-      std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what : "exec " + spec.self_exe;
+      std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what
+                         : pe.op == -3 ? std::string("join the branch's cgroup")
+                         : pe.op == -4 ? std::string("set the loopback interface up")
+                                       : "exec " + spec.self_exe;
       std::string msg = step + ": " + std::strerror(pe.err);
       if (ns && pe.op >= 0) {
         log()->warn("branch {}: {}; running without namespaces", spec.name, msg);

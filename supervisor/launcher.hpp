@@ -30,6 +30,9 @@ struct BranchSpec {
   std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
+  std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
+                                   // the child joins each before it runs anything of its own
+  bool new_net = false;            // a network namespace of its own (network: none): loopback only
 };
 
 struct LaunchedBranch {

@@ -21,6 +21,7 @@
 
 #include "launcher.hpp"
 #include "os/sys.hpp"
+#include "policy.hpp"
 #include "signals.hpp"
 
 namespace sbx::supervisor {
@@ -75,6 +76,9 @@ class NsInit {
   std::vector<std::string> base_env_;              // the agent's environment, for exec
   std::map<pid_t, std::string> execs_;             // exec'd procs by pid -> proc id
   std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
+  // The agent's policy (policy.hpp), prepared before the first fork; every process ns-init
+  // starts in the branch gets it with apply_policy() in its child.
+  PreparedPolicy policy_;
   pid_t agent_ = -1;
   bool agent_done_ = false;
   int agent_status_ = 0;
@@ -109,10 +113,11 @@ void NsInit::begin_shutdown(int64_t grace_ms) {
   signal_tree(SIGCONT);
 }
 
-// Forks and execs argv with the given stdio; `tty` makes fd 0 the controlling terminal. Returns
-// the pid, or -1 with `error` set (the child's exec error arrives through a close-on-exec pipe).
+// Forks and execs argv with the given stdio and the branch's policy; `tty` makes fd 0 the
+// controlling terminal. Returns the pid, or -1 with `error` set (the child's chdir, policy and exec
+// errors arrive through a close-on-exec pipe and also set `error`, with the pid of the dead child).
 pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in, const std::string& cwd,
-            int in, int out, int err_fd, bool tty, std::string& error) {
+            int in, int out, int err_fd, bool tty, const PreparedPolicy& policy, std::string& error) {
   std::vector<std::string> argv = argv_in, env = env_in;
   if (argv.empty()) {
     error = "empty argv";
@@ -147,27 +152,34 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     reset_signals_for_child();
     ::setsid();
     // Sources may sit on 0..2 already: move them high first.
-    int hi[3] = {::fcntl(in, F_DUPFD, 10), ::fcntl(out, F_DUPFD, 10), ::fcntl(err_fd, F_DUPFD, 10)};
+    int hi[3] = {::fcntl(in, F_DUPFD_CLOEXEC, 10), ::fcntl(out, F_DUPFD_CLOEXEC, 10), ::fcntl(err_fd, F_DUPFD_CLOEXEC, 10)};
     ::dup2(hi[0], 0);
     ::dup2(hi[1], 1);
     ::dup2(hi[2], 2);
     if (tty) ::ioctl(0, TIOCSCTTY, 0);
     int efd = ep ? ep->write.get() : -1;
     if (efd >= 0) efd = ::dup3(efd, 3, O_CLOEXEC) >= 0 ? 3 : -1;
-    ::close_range(4, ~0U, 0);
     int e = 0;
     if (::chdir(cwd.c_str()) != 0) {
       e = errno;
-      int msg[2] = {1, e};
+      int msg[3] = {1, e, 0};
       (void)!::write(efd, msg, sizeof msg);
       ::_exit(127);
     }
+    // The policy (policy.hpp) while its prepared fds are still open; seccomp is its last step.
+    int step = 0;
+    if (int perr = apply_policy(policy, &step); perr != 0) {
+      int msg[3] = {3, perr, step};
+      (void)!::write(efd, msg, sizeof msg);
+      ::_exit(127);
+    }
+    ::close_range(4, ~0U, 0);
     // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
     for (auto& c : candidates) {
       ::execve(c.c_str(), av.data(), ev.data());
       if (errno != ENOENT || e == 0) e = errno;
     }
-    int msg[2] = {2, e};
+    int msg[3] = {2, e, 0};
     (void)!::write(efd, msg, sizeof msg);
     ::_exit(127);
   }
@@ -176,12 +188,14 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     return -1;
   }
   ep->write.reset();
-  int msg[2];
+  int msg[3];
   ssize_t n;
   do n = ::read(ep->read.get(), msg, sizeof msg);
   while (n < 0 && errno == EINTR);
   if (n == sizeof msg) {
-    std::string what = msg[0] == 1 ? "chdir " + cwd : "exec " + argv[0];
+    std::string what = msg[0] == 1 ? "chdir " + cwd
+                       : msg[0] == 3 ? std::string("apply policy: ") + policy_step_name(msg[2])
+                                     : "exec " + argv[0];
     error = what + ": " + std::strerror(msg[1]);
   }
   return pid;
@@ -194,9 +208,11 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     for (auto& v : e->as_array()) base_env_.emplace_back(v.as_string());
   std::string cwd = cfg.contains("cwd") ? std::string(cfg.at("cwd").as_string()) : "/";
   if (auto* g = cfg.if_contains("grace_ms")) grace_ms_ = g->to_number<int64_t>();
+  // Everything the policy needs is built now, once for the branch: a child only makes syscalls.
+  if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
 
   std::string error;
-  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, error);
+  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, policy_, error);
   ::close(kNsAgentIn);
   ::close(kNsAgentOut);
   ::close(kNsAgentErr);
@@ -272,7 +288,7 @@ void NsInit::exec_proc(const boost::json::object& req) {
     keep.push_back(std::move(e->read));
   }
   std::string error;
-  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, error);
+  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, policy_, error);
   if (pid < 0) return fail(error);
   execs_[pid] = id;
   held_[id] = std::move(keep);
@@ -396,11 +412,13 @@ int NsInit::run() {
       timeout = deadline_ - now_ms();
       if (timeout <= 0) {
         if (!killed_) {
-          signal_tree(SIGKILL);
           killed_ = true;
           // Escalation counts only if something was still there to kill.
           escalated_ = !agent_done_ || !os::children_of(::getpid()).empty();
         }
+        // Again on every round: a process forked while the last KILL went out (a fork storm)
+        // is caught by the next.
+        signal_tree(SIGKILL);
         timeout = 100;
       }
     }

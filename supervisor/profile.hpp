@@ -2,6 +2,7 @@
 // Sandbox profiles (profiles/*.json): named, versioned; parsed strictly, so an unknown field, a
 // wrong type or an impossible value is refused with the field's path in the message.
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,11 +17,29 @@ struct Profile {
   std::string name = "default";
   int version = 1;
   struct Resources {
+    int64_t memory = 0;        // bytes; 0: no ceiling of our own
+    double cpus = 0;           // cores; 0: no ceiling
+    int64_t pids = 0;          // 0: no ceiling
+    int64_t open_files = 0;    // RLIMIT_NOFILE; 0: inherited
+    int64_t disk = 0;          // workspace size in bytes; 0: the state dir's filesystem
+    int64_t timeout_ms = 0;    // wall clock; 0: none
+    int64_t idle_ms = 0;       // no output and no CPU for this long; 0: none
     int64_t grace_ms = 10000;
+    int64_t pids_grace_ms = 2000;  // forks failing at the pids ceiling this long end the tree
   } resources;
   struct Isolation {
-    bool namespaces = true;
+    std::string level = "process";  // process, container, gvisor, microvm: the least the host must give
+    bool namespaces = true;         // own pid + mount namespace
+    std::optional<uint32_t> uid, gid;  // unset: the agent runs as the supervisor's user
+    std::optional<std::vector<std::string>> capabilities;  // kept (CAP_ names); unset: all
+    struct Landlock {
+      std::vector<std::string> rw, ro;
+    };
+    std::optional<Landlock> landlock;
+    std::string seccomp = "default";  // "default", "none", or a policy file
   } isolation;
+  std::string network = "host";         // none, proxy, host
+  std::string persistence = "ephemeral";  // ephemeral, persistent, checkpoint
 };
 
 /// Parses a profile document; throws ProfileError naming the field.
@@ -32,5 +51,7 @@ void apply_override(Profile& p, const std::string& assignment);
 
 /// "10s", "500ms", "2h", "1m", "1d" or a number of seconds; throws ProfileError.
 int64_t parse_duration_ms(std::string_view s, const std::string& field);
+/// "512M", "4G", "64k", "1.5G" or a number of bytes; throws ProfileError.
+int64_t parse_size(std::string_view s, const std::string& field);
 
 }  // namespace sbx::supervisor

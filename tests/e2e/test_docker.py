@@ -200,6 +200,24 @@ def test_up_adds_checkpoint_caps_only_when_the_profile_needs_them(docker_env, im
 
 
 @pytest.mark.timeout(120)
+def test_up_maps_the_profile_limits_to_docker(docker_env, image, tmp_path):
+    prof = tmp_path / "small.json"
+    prof.write_text(json.dumps({"name": "small", "version": 1,
+                                "resources": {"memory": "300M", "cpus": 0.5, "pids": 64, "grace": "1s"},
+                                "isolation": {"namespaces": False}}))
+    with Up(docker_env, image, ["sleep", "60"], "--profile", str(prof)) as box:
+        hc = box.inspect()["HostConfig"]
+        assert hc["Memory"] == 300 << 20 and hc["MemorySwap"] == 300 << 20
+        assert hc["NanoCpus"] == 500_000_000
+        assert hc["PidsLimit"] == 64 + 32
+        assert box.inspect()["Config"]["StopTimeout"] == 6
+        # The container's memory cgroup holds the ceiling the agent lives under.
+        r = docker(docker_env, "exec", box.name, "sh", "-c",
+                   "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max")
+        assert int(r.stdout) == 300 << 20  # cgroup v1 here, v2 elsewhere
+
+
+@pytest.mark.timeout(120)
 def test_docker_stop_gives_the_agent_term_and_the_grace_period(docker_env, image):
     # The agent says it got TERM and then ignores it: the supervisor must wait the grace period
     # (2 s), send KILL, and write it all to the journal before Docker's stop timeout (7 s).

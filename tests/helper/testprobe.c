@@ -8,9 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "probe-policy.h"
 
 static void say(const char *s) {
   (void)!write(1, s, strlen(s));
@@ -175,6 +183,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) (void)!read(ready[0], &c, 1);
     say("left\n");
     return 0;
+  }
+  {
+    int rc = policy_probe(argc, argv);
+    if (rc >= 0) return rc;
   }
   fprintf(stderr, "sbx-testprobe: unknown subcommand %s\n", cmd);
   return 2;

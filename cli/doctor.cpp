@@ -1,0 +1,239 @@
+// sandboxer doctor [--json]: one line per capability of this host, and what a missing one means
+// for profiles. Everything is tried for real (a throwaway cgroup, namespace, tmpfs), not guessed.
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/landlock.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <boost/process.hpp>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "capabilities.hpp"
+#include "commands.hpp"
+#include "launcher.hpp"
+#include "os/cgroup.hpp"
+#include "os/sys.hpp"
+
+namespace bp = boost::process;
+
+namespace sbx::cli {
+
+namespace {
+
+struct Line {
+  std::string what;
+  bool ok;
+  std::string detail;   // what was found
+  std::string meaning;  // for profiles, when missing (or partial)
+};
+
+// Runs `fn` in a throwaway child (so namespaces and mounts it makes vanish with it); returns
+// 0 or the errno it reported.
+template <class Fn>
+int in_child(Fn fn) {
+  pid_t p = ::fork();
+  if (p == 0) ::_exit(fn());
+  if (p < 0) return errno;
+  int st = 0;
+  ::waitpid(p, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : EIO;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string out;
+  for (auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+Line check_cgroup() {
+  auto h = os::detect_cgroups();
+  if (h.version == "none")
+    return {"cgroup", false, "none mounted",
+            "resources.memory, cpus, pids and the idle CPU check are not enforced; oom and pids_limit reasons cannot occur"};
+  std::vector<std::string> used;
+  for (auto& c : {"memory", "cpu", "cpuacct", "pids", "freezer"})
+    if (std::find(h.controllers.begin(), h.controllers.end(), c) != h.controllers.end()) used.emplace_back(c);
+  auto g = os::CgroupDir::create(h, "sbx-doctor-" + std::to_string(::getpid()));
+  std::string where;
+  if (h.version == "v1") {
+    // Each hierarchy has its own path: say where each used controller's groups go.
+    std::map<std::string, std::vector<std::string>> by_dir;
+    for (auto& c : used) by_dir[h.v1_dirs.at(c)].push_back(c);
+    for (auto& [d, cs] : by_dir) where += (where.empty() ? "" : "; ") + join(cs, "+") + " under " + d;
+  } else {
+    where = "under " + h.v2_dir;
+  }
+  std::string detail = h.version + " (" + join(used) + "), " + where;
+  if (!h.v2_dir.empty() && h.version == "v1") {
+    auto ctl = os::read_file(h.v2_dir + "/cgroup.controllers");
+    std::string c = ctl ? *ctl : "";
+    while (!c.empty() && (c.back() == '\n' || c.back() == ' ')) c.pop_back();
+    detail += "; cgroup2 also at " + h.v2_dir + " with controllers: " + (c.empty() ? "none" : c);
+  }
+  if (!g) return {"cgroup", false, detail + "; creating a group failed: " + g.error().message(),
+                  "ceilings of resources.* are not enforced (the box still runs, box.started says so)"};
+  std::vector<std::string> missing;
+  for (auto& c : {"memory", "cpu", "pids"})
+    if (!g->has(c)) missing.emplace_back(c);
+  g->remove();
+  if (!missing.empty())
+    return {"cgroup", false, detail + "; missing: " + join(missing),
+            "resources." + join(missing, ", resources.") + " not enforced (cpus needs cpu)"};
+  return {"cgroup", true, detail, ""};
+}
+
+Line check_seccomp() {
+  bool ok = ::prctl(PR_GET_SECCOMP) >= 0;
+  const scmp_version* v = seccomp_version();
+  std::string lib = "libseccomp " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro);
+  if (!ok) return {"seccomp", false, "not in this kernel", "isolation.seccomp cannot be enforced: the agent may call anything"};
+  int mode = ::prctl(PR_GET_SECCOMP);
+  std::string detail = "filter mode, " + lib + (mode == 2 ? "; this process is already filtered" : "");
+  return {"seccomp", true, detail, mode == 2 ? "criu cannot dump a supervisor under seccomp: live checkpoint off" : ""};
+}
+
+Line check_landlock() {
+  long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+  if (abi <= 0)
+    return {"landlock", false, std::string("not available (") + std::strerror(errno) + ")",
+            "isolation.landlock is not applied; the mounts (read-only root, masks) still hold"};
+  std::string d = "ABI " + std::to_string(abi);
+  if (abi >= 6) d += " (signal and abstract-socket scoping)";
+  return {"landlock", true, d, "applied to ephemeral and persistent profiles only: criu does not restore it"};
+}
+
+Line check_namespaces() {
+  std::string why;
+  bool pidmnt = supervisor::can_make_namespaces(&why);
+  int net = in_child([] { return ::unshare(CLONE_NEWNET) == 0 ? 0 : errno; });
+  std::string detail = std::string("pid+mount: ") + (pidmnt ? "yes" : "no (" + why + ")") +
+                       ", network: " + (net == 0 ? "yes" : std::string("no (") + std::strerror(net) + ")");
+  if (!pidmnt)
+    return {"namespaces", false, detail,
+            "the agent runs flat under the supervisor: no own root, no masks, no live checkpoint (filesystem-only)"};
+  if (net != 0) return {"namespaces", false, detail, "network: none cannot be enforced"};
+  return {"namespaces", true, detail, ""};
+}
+
+Line check_overlay() {
+  auto fs = os::read_file("/proc/filesystems");
+  bool ok = fs && fs->find("\toverlay\n") != std::string::npos;
+  return {"overlayfs", ok, ok ? "in /proc/filesystems" : "not available",
+          ok ? "" : "branch roots are copies, not copy-on-write layers: forks cost disk and time"};
+}
+
+Line check_criu() {
+  auto path = bp::search_path("criu");
+  if (path.empty()) return {"criu", false, "not on PATH", "no live checkpoint or fork: checkpoints are filesystem-only"};
+  std::string version, check;
+  try {
+    bp::ipstream out;
+    bp::child c(path, "--version", bp::std_out > out, bp::std_err > bp::null);
+    std::string line;
+    while (std::getline(out, line))
+      if (line.starts_with("Version:")) version = line.substr(line.find_first_not_of(" ", 8));
+    c.wait();
+    bp::ipstream chk;
+    bp::child c2(path, "check", (bp::std_out & bp::std_err) > chk);
+    std::string all;
+    while (std::getline(chk, line)) all += (all.empty() ? "" : " | ") + line;
+    c2.wait();
+    check = (c2.exit_code() == 0 ? "" : "failed: ") + all;
+  } catch (const std::exception& e) {
+    return {"criu", false, std::string("cannot run: ") + e.what(), "no live checkpoint or fork"};
+  }
+  bool ok = !version.empty() && !check.starts_with("failed");
+  std::string meaning;
+  if (!version.empty() && version < "4.2")
+    meaning = "criu < 4.2 cannot dump processes holding TCP/UDP sockets on this kernel: agents with sockets cannot be checkpointed";
+  if (!ok) meaning = "no live checkpoint or fork: checkpoints are filesystem-only";
+  return {"criu", ok && meaning.empty(), version + "; criu check: " + check, meaning};
+}
+
+Line check_disk() {
+  // A sized tmpfs in a throwaway mount namespace.
+  char tmpl[] = "/tmp/sbx-doctor-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
+  int tmpfs = dir.empty() ? errno : in_child([&] {
+    if (::unshare(CLONE_NEWNS) != 0) return errno;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+    return ::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=1m") == 0 ? 0 : errno;
+  });
+  if (!dir.empty()) ::rmdir(dir.c_str());
+  int loopfd = ::open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+  bool mkfs = !bp::search_path("mkfs.ext4").empty();
+  std::string loop = loopfd >= 0 && mkfs ? "loop-mounted ext4 image for persistent profiles: yes"
+                     : loopfd < 0       ? std::string("loop devices: no (") + std::strerror(errno) +
+                                        "): a persistent profile's disk is not enforced"
+                                        : std::string("mkfs.ext4 missing: a persistent profile's disk is not enforced");
+  if (loopfd >= 0) ::close(loopfd);
+  if (tmpfs != 0)
+    return {"disk", false, std::string("sized tmpfs: no (") + std::strerror(tmpfs) + "); " + loop,
+            "resources.disk is not enforced: the workspace shares the state dir's filesystem"};
+  return {"disk", true, "sized tmpfs for a workspace that lives as long as the box: yes (counts against its memory); " + loop,
+          loopfd >= 0 && mkfs ? "" : "persistence: persistent with resources.disk runs without a disk ceiling"};
+}
+
+Line check_privileges() {
+  std::string d = "uid " + std::to_string(::getuid());
+  bool sysres = ::prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1;
+  struct rlimit rl {};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  d += std::string(", CAP_SYS_RESOURCE: ") + (sysres ? "yes" : "no") + ", open files hard limit " +
+       (rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max));
+  if (!sysres)
+    return {"privileges", true, d,
+            "the agent is made the preferred OOM victim (oom_score_adj 1000) instead of shielding the supervisor; "
+            "resources.open_files above the hard limit is refused"};
+  return {"privileges", true, d, ""};
+}
+
+}  // namespace
+
+int cmd_doctor(const std::vector<std::string>& args) {
+  bool json = false;
+  for (auto& a : args) {
+    if (a == "--json") json = true;
+    else throw std::invalid_argument("unknown option " + a + " (doctor takes --json)");
+  }
+  std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(),
+                             check_overlay(), check_criu(),    check_disk(),     check_privileges()};
+  auto caps = supervisor::detect_capabilities();
+  if (json) {
+    boost::json::object o;
+    for (auto& l : lines) {
+      boost::json::object e{{"ok", l.ok}, {"detail", l.detail}};
+      if (!l.meaning.empty()) e["meaning"] = l.meaning;
+      o[l.what] = std::move(e);
+    }
+    o["isolation"] = caps.isolation;
+    std::cout << boost::json::serialize(o) << "\n";
+  } else {
+    std::cout << "isolation level of this host: " << caps.isolation << "\n";
+    for (auto& l : lines) {
+      std::cout << (l.ok ? "ok      " : "missing ") << l.what << std::string(12 - std::min<size_t>(l.what.size(), 11), ' ')
+                << l.detail << "\n";
+      if (!l.meaning.empty()) std::cout << "        " << std::string(12, ' ') << "-> " << l.meaning << "\n";
+    }
+  }
+  // Non-zero when the default profile cannot be enforced as written.
+  for (auto& l : lines)
+    if (!l.ok && (l.what == "cgroup" || l.what == "namespaces" || l.what == "seccomp")) return 1;
+  return 0;
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,239 @@
+// The Box's side of ceilings and policy: the branch's cgroup and workspace before its clone, the
+// limits watcher after, the reason a limit gives to proc.exited, and the teardown.
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "box.hpp"
+#include "os/sys.hpp"
+#include "policy.hpp"
+
+namespace sbx::supervisor {
+
+namespace {
+auto log() {
+  static auto l = spdlog::default_logger()->clone("policy");
+  return l;
+}
+// A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
+// and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
+std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target, const Profile& prof) {
+  struct stat st {};
+  if (::stat(image.c_str(), &st) != 0) {
+    os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!f) return std::string("create ") + image + ": " + std::strerror(errno);
+    if (::ftruncate(f.get(), size) != 0) return std::string("size ") + image + ": " + std::strerror(errno);
+    f.reset();
+    std::string owner = std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
+    if (!run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
+      ::unlink(image.c_str());
+      return "mkfs.ext4 " + image + " failed (is e2fsprogs installed?)";
+    }
+  }
+  os::UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl) return std::string("open /dev/loop-control: ") + std::strerror(errno);
+  os::UniqueFd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!backing) return std::string("open ") + image + ": " + std::strerror(errno);
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return std::string("LOOP_CTL_GET_FREE: ") + std::strerror(errno);
+    std::string dev = "/dev/loop" + std::to_string(n);
+    os::UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop) return "open " + dev + ": " + std::strerror(errno);
+    struct loop_config cfg {};
+    cfg.fd = static_cast<uint32_t>(backing.get());
+    cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;  // the device frees itself at the last unmount
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) != 0) {
+      if (errno == EBUSY) continue;  // another process took it first
+      return "LOOP_CONFIGURE " + dev + ": " + std::strerror(errno);
+    }
+    if (::mount(dev.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) != 0)
+      return "mount " + dev + " on " + target + ": " + std::strerror(errno);
+    return "";
+  }
+  return "no free loop device";
+}
+
+}  // namespace
+
+void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
+  const Profile& prof = opts_.profile;
+  check_profile_for_host(prof);
+  // isolation.level is the least the host must give: a profile written for a microVM does not
+  // silently run in a plain process.
+  auto rank = [](const std::string& l) {
+    static const char* order[] = {"process", "container", "gvisor", "microvm"};
+    for (int i = 0; i < 4; ++i)
+      if (l == order[i]) return i;
+    return 0;
+  };
+  if (rank(prof.isolation.level) > rank(caps_.isolation))
+    throw ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
+                       caps_.isolation + "\"");
+  boost::json::object cg_state;
+  auto host = os::detect_cgroups();
+  // SANDBOXER_CGROUP=none | v2:DIR picks the hierarchy by hand: for hosts whose detection is
+  // wrong, and for testing the v2 code on a hybrid host (a cgroup2 mount without controllers).
+  if (auto* force = std::getenv("SANDBOXER_CGROUP"); force && *force) {
+    std::string f = force;
+    if (f == "none") {
+      host = os::CgroupHost{};
+    } else if (f.starts_with("v2:")) {
+      host = os::CgroupHost{};
+      host.version = "v2";
+      host.v2_dir = f.substr(3);
+    } else {
+      throw std::runtime_error("SANDBOXER_CGROUP=" + f + ": expected none or v2:DIR");
+    }
+  }
+  bool want_cg = prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 ||
+                 prof.resources.idle_ms > 0;
+  if (host.version != "none") {
+    auto g = os::CgroupDir::create(host, "sbx-" + id_ + "-" + b.name);
+    if (!g) {
+      log()->warn("create the cgroup of branch {}: {}; its ceilings are not enforced", b.name, g.error().message());
+    } else {
+      b.cgroup = std::make_unique<os::CgroupDir>(std::move(*g));
+      std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
+      auto set = [&](const char* field, bool wanted, auto&& fn) {
+        if (!wanted) return;
+        if (auto r = fn(); r) cg_state[field] = how;
+        else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
+      };
+      // The agent's ceilings sit below the box's own, so an agent at its ceiling leaves the
+      // supervisor room to keep serving.
+      int64_t memory = prof.resources.memory, pids = prof.resources.pids;
+      std::string mem_note, pids_note;
+      if (auto box_mem = os::host_limit(host, "memory")) {
+        int64_t reserve = std::max<int64_t>(32 << 20, *box_mem / 20);
+        int64_t room = std::max<int64_t>(*box_mem - reserve, 8 << 20);
+        if (memory == 0 || memory > room) {
+          memory = room;
+          mem_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_mem) + ")";
+        }
+      }
+      if (auto box_pids = os::host_limit(host, "pids")) {
+        int64_t room = std::max<int64_t>(*box_pids - 16, 2);
+        if (pids == 0 || pids > room) {
+          pids = room;
+          pids_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_pids) + ")";
+        }
+      }
+      set("memory", memory > 0, [&] { return b.cgroup->set_memory(memory); });
+      set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
+      set("pids", pids > 0, [&] { return b.cgroup->set_pids(pids); });
+      if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
+      if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
+      effective_memory_ = memory;
+      effective_pids_ = pids;
+      auto fds = b.cgroup->open_procs_fds();
+      if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
+      cgroup_procs_ = std::move(*fds);
+      for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
+    }
+  } else if (want_cg) {
+    log()->warn("no cgroup hierarchy here: memory, cpus and pids of profile {} are not enforced", prof.name);
+  }
+  for (auto& [k, v] : cg_state)
+    if (v.is_string() && v.as_string().starts_with("not enforced")) log()->warn("branch {}: {}", b.name, v.as_string().c_str());
+
+  // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
+  // the group that writes it), owned by the agent's user.
+  std::string ws = spec.dir + "/workspace";
+  if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
+  if (prof.resources.disk > 0 && prof.persistence == "persistent") {
+    // Files that must outlive the box cannot sit on a tmpfs.
+    std::string image = spec.dir + "/workspace.ext4";
+    std::string err = mount_ext4_image(image, prof.resources.disk, ws, prof);
+    if (err.empty()) {
+      b.workspace_mount = ws;
+      cg_state["disk"] = "loop-mounted ext4 image " + image;
+    } else {
+      cg_state["disk"] = "not enforced: " + err;
+      log()->warn("branch {}: disk: {}", b.name, err);
+    }
+  } else if (prof.resources.disk > 0) {
+    std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
+    if (prof.isolation.uid)
+      data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
+    if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
+      b.workspace_mount = ws;
+      cg_state["disk"] = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
+    } else {
+      cg_state["disk"] = std::string("not enforced: mount a tmpfs on the workspace: ") + std::strerror(errno);
+      log()->warn("branch {}: {}", b.name, cg_state["disk"].as_string().c_str());
+    }
+  }
+  if (prof.isolation.uid && b.workspace_mount.empty())
+    (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
+  for (auto& c : credential_paths()) spec.masks.push_back(c);
+  spec.new_net = prof.network == "none";
+  enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
+}
+
+void Box::start_limits(Branch& b) {
+  const Profile& prof = opts_.profile;
+  auto cg = std::move(enforcement_);
+  enforcement_ = describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
+  if (prof.network == "none")
+    enforcement_["network"] = b.launched.namespaced ? "none: a network namespace of its own (loopback only)"
+                                                    : "not enforced: no namespaces";
+  else if (prof.network == "host")
+    enforcement_["network"] = "host: not restricted";
+  LimitsWatcher::Callbacks cb;
+  Branch* bp = &b;
+  cb.emit = [this, bp](boost::json::object e) {
+    e["proc"] = bp->main_proc;
+    emit(bp->name, std::move(e));
+  };
+  cb.end_tree = [this, bp](const std::string& reason, bool now) {
+    log()->warn("branch {}: {}: ending its tree", bp->name, reason);
+    if (now) send_request(*bp, {{"op", "kill"}});
+    else send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
+  };
+  // The watcher compares against the ceilings actually set (a cap below the box's included).
+  Profile::Resources r = prof.resources;
+  if (effective_memory_ > 0) r.memory = effective_memory_;
+  if (effective_pids_ > 0) r.pids = effective_pids_;
+  b.limits = std::make_unique<LimitsWatcher>(loop_, b.cgroup.get(), r, std::move(cb));
+  b.limits->start();
+}
+
+std::string Box::limit_reason(const Proc& p, const std::string& fallback) const {
+  auto it = branches_.find(p.branch);
+  if (it == branches_.end()) return fallback;
+  const Branch& b = *it->second;
+  if (p.id != b.main_proc || !b.limits) return fallback;
+  if (!b.limits->ended_for().empty()) return b.limits->ended_for();
+  // The OOM event and the exit race on the loop: read the counter now.
+  b.limits->check_oom();
+  if (b.limits->oom_killed() && WIFSIGNALED(p.status) && WTERMSIG(p.status) == SIGKILL) return "oom";
+  return fallback;
+}
+
+void Box::note_output(const std::string& branch) {
+  auto it = branches_.find(branch);
+  if (it != branches_.end() && it->second->limits) it->second->limits->on_output();
+}
+
+void Box::teardown_policy() {
+  for (auto& [n, b] : branches_) {
+    b->limits.reset();
+    b->cgroup.reset();  // kills what is left and removes the group
+    if (!b->workspace_mount.empty() && ::umount2(b->workspace_mount.c_str(), MNT_DETACH) != 0)
+      log()->warn("unmount {}: {}", b->workspace_mount, std::strerror(errno));
+    b->workspace_mount.clear();
+  }
+  cgroup_procs_.clear();
+}
+
+}  // namespace sbx::supervisor

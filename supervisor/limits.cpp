@@ -1,0 +1,170 @@
+#include "limits.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+namespace sbx::supervisor {
+
+namespace {
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("limits");
+  return l;
+}
+
+constexpr uint64_t kTickMs = 100;
+// CPU time below this since the last activity is the kernel's bookkeeping, not work.
+constexpr int64_t kIdleCpuUs = 2000;
+
+template <class H>
+void close_handle(H*& h) {
+  if (!h) return;
+  uv_close(reinterpret_cast<uv_handle_t*>(h), [](uv_handle_t* x) { delete reinterpret_cast<H*>(x); });
+  h = nullptr;
+}
+
+}  // namespace
+
+LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const Profile::Resources& r, Callbacks cb)
+    : loop_(loop), cg_(cg && !cg->empty() ? cg : nullptr), r_(r), cb_(std::move(cb)) {}
+
+LimitsWatcher::~LimitsWatcher() {
+  close_handle(tick_);
+  close_handle(timeout_);
+  if (oom_poll_) uv_poll_stop(oom_poll_);
+  close_handle(oom_poll_);
+  if (warn_poll_) uv_poll_stop(warn_poll_);
+  close_handle(warn_poll_);
+}
+
+void LimitsWatcher::start() {
+  last_activity_ = static_cast<int64_t>(uv_now(loop_));
+  if (cg_) {
+    oom_kills_ = 0;
+    pids_events_ = cg_->pids_max_events().value_or(0);
+    if (!cg_->v2()) {
+      // v1: the kernel tells us about each OOM through an eventfd; v2 is read on the tick.
+      if (auto fd = cg_->oom_eventfd()) {
+        oom_fd_ = std::move(*fd);
+        oom_poll_ = new uv_poll_t;
+        uv_poll_init(loop_, oom_poll_, oom_fd_.get());
+        oom_poll_->data = this;
+        uv_poll_start(oom_poll_, UV_READABLE, [](uv_poll_t* h, int, int) {
+          static_cast<LimitsWatcher*>(h->data)->on_oom_event();
+        });
+      } else {
+        log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", fd.error().message());
+      }
+      if (r_.memory > 0) {
+        if (auto fd = cg_->memory_threshold_eventfd(r_.memory / 10 * 9)) {
+          warn_fd_ = std::move(*fd);
+          warn_poll_ = new uv_poll_t;
+          uv_poll_init(loop_, warn_poll_, warn_fd_.get());
+          warn_poll_->data = this;
+          uv_poll_start(warn_poll_, UV_READABLE, [](uv_poll_t* h, int, int) {
+            auto* self = static_cast<LimitsWatcher*>(h->data);
+            uint64_t n;
+            (void)!::read(self->warn_fd_.get(), &n, sizeof n);
+            self->tick();
+          });
+        }
+      }
+    }
+  }
+  tick_ = new uv_timer_t;
+  uv_timer_init(loop_, tick_);
+  tick_->data = this;
+  uv_timer_start(tick_, [](uv_timer_t* t) { static_cast<LimitsWatcher*>(t->data)->tick(); }, kTickMs, kTickMs);
+  if (r_.timeout_ms > 0) {
+    timeout_ = new uv_timer_t;
+    uv_timer_init(loop_, timeout_);
+    timeout_->data = this;
+    uv_timer_start(timeout_, [](uv_timer_t* t) { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
+                   static_cast<uint64_t>(r_.timeout_ms), 0);
+  }
+}
+
+void LimitsWatcher::stop() noexcept {
+  stopped_ = true;
+  if (tick_) uv_timer_stop(tick_);
+  if (timeout_) uv_timer_stop(timeout_);
+}
+
+void LimitsWatcher::on_output() noexcept { last_activity_ = static_cast<int64_t>(uv_now(loop_)); }
+
+void LimitsWatcher::end(const std::string& reason, bool now) {
+  if (stopped_ || !ended_for_.empty()) return;
+  ended_for_ = reason;
+  log()->info("end the branch's tree: {}", reason);
+  if (cb_.end_tree) cb_.end_tree(reason, now);
+}
+
+void LimitsWatcher::on_timeout() noexcept { end("timeout", false); }
+
+void LimitsWatcher::on_oom_event() noexcept {
+  uint64_t n;
+  (void)!::read(oom_fd_.get(), &n, sizeof n);
+  check_oom();
+}
+
+void LimitsWatcher::check_oom() const {
+  if (!cg_) return;
+  auto k = cg_->oom_kills();
+  if (!k || *k <= oom_kills_) return;
+  oom_kills_ = *k;
+  boost::json::object e{{"type", "limit.hit"}, {"limit", "memory"}, {"oom_kills", *k}};
+  e["value"] = cg_->memory_current().value_or(0);
+  e["ceiling"] = r_.memory;
+  if (cb_.emit) cb_.emit(std::move(e));
+}
+
+void LimitsWatcher::tick() noexcept {
+  if (stopped_) return;
+  try {
+    auto now = static_cast<int64_t>(uv_now(loop_));
+    if (cg_) {
+      check_oom();
+      if (r_.memory > 0) {
+        if (auto cur = cg_->memory_current()) {
+          if (!mem_warned_ && *cur * 10 >= r_.memory * 9) {
+            mem_warned_ = true;
+            if (cb_.emit)
+              cb_.emit({{"type", "limit.warning"}, {"limit", "memory"}, {"value", *cur}, {"ceiling", r_.memory}});
+          } else if (mem_warned_ && *cur * 10 < r_.memory * 8) {
+            mem_warned_ = false;  // a new crossing gets a new warning
+          }
+        }
+      }
+      if (auto ev = cg_->pids_max_events(); ev && r_.pids > 0) {
+        if (*ev > pids_events_) {
+          pids_events_ = *ev;
+          pids_last_fail_ = now;
+          if (pids_first_fail_ < 0) {
+            pids_first_fail_ = now;
+            if (cb_.emit)
+              cb_.emit({{"type", "limit.hit"},
+                        {"limit", "pids"},
+                        {"value", cg_->pids_current().value_or(0)},
+                        {"ceiling", r_.pids},
+                        {"failed_forks", *ev}});
+          }
+          if (now - pids_first_fail_ >= r_.pids_grace_ms) end("pids_limit", true);
+        } else if (pids_first_fail_ >= 0 && now - pids_last_fail_ > std::max<int64_t>(r_.pids_grace_ms, 500)) {
+          pids_first_fail_ = -1;  // the storm passed; a new one gets a new limit.hit
+        }
+      }
+      // CPU time since the last activity, summed: slow steady work counts as much as a burst.
+      if (auto cpu = cg_->cpu_usage_us()) {
+        if (last_cpu_us_ < 0 || *cpu - last_cpu_us_ >= kIdleCpuUs) {
+          if (last_cpu_us_ >= 0) last_activity_ = now;
+          last_cpu_us_ = *cpu;
+        }
+      }
+    }
+    if (r_.idle_ms > 0 && now - last_activity_ >= r_.idle_ms) end("idle", false);
+  } catch (const std::exception& e) {
+    log()->error("limits tick: {}", e.what());
+  }
+}
+
+}  // namespace sbx::supervisor

@@ -1,0 +1,443 @@
+#include "os/cgroup.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace sbx::os {
+
+namespace {
+
+boost::system::error_code errc(int e) { return {e, boost::system::system_category()}; }
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t p = s.find(sep, start);
+    if (p == std::string_view::npos) p = s.size();
+    out.emplace_back(s.substr(start, p - start));
+    start = p + 1;
+  }
+  return out;
+}
+
+Result<void> write_str(const std::string& path, std::string_view v) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return last_error();
+  ssize_t n = ::write(fd, v.data(), v.size());
+  int e = errno;
+  ::close(fd);
+  if (n < 0) return errc(e);
+  return {};
+}
+
+std::optional<int64_t> read_int(const std::string& path) {
+  auto t = read_file(path);
+  if (!t) return std::nullopt;
+  if (t->starts_with("max")) return INT64_MAX;
+  try {
+    return std::stoll(*t);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+int64_t now_ms() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+// A mount of a cgroup filesystem: its root inside the hierarchy and where it is mounted.
+struct CgMount {
+  std::string root, point;
+  std::set<std::string> controllers;  // v1 only
+};
+
+std::string join_path(const CgMount& m, const std::string& cg_path) {
+  // The process's path is relative to the hierarchy's root; the mount shows `m.root` there.
+  std::string rel = cg_path;
+  if (m.root != "/" && rel.starts_with(m.root)) rel = rel.substr(m.root.size());
+  if (rel == "/") rel.clear();
+  return m.point + rel;
+}
+
+}  // namespace
+
+std::optional<int64_t> keyed_value(std::string_view text, std::string_view key) {
+  for (auto& line : split(text, '\n')) {
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == ' ') {
+      try {
+        return std::stoll(line.substr(key.size() + 1));
+      } catch (...) {
+        return std::nullopt;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+CgroupHost detect_cgroups() {
+  CgroupHost h;
+  std::vector<CgMount> v1;
+  std::optional<CgMount> v2;
+  {
+    std::ifstream f("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(f, line)) {
+      auto dash = line.find(" - ");
+      if (dash == std::string::npos) continue;
+      auto pre = split(line.substr(0, dash), ' ');
+      auto post = split(line.substr(dash + 3), ' ');
+      if (pre.size() < 5 || post.size() < 3) continue;
+      CgMount m{pre[3], pre[4], {}};
+      if (post[0] == "cgroup2") {
+        if (!v2) v2 = m;
+      } else if (post[0] == "cgroup") {
+        for (auto& o : split(post[2], ','))
+          if (o != "rw" && o != "ro" && !o.starts_with("name=") && o.find('=') == std::string::npos) m.controllers.insert(o);
+        v1.push_back(std::move(m));
+      }
+    }
+  }
+  std::ifstream f("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    std::string ctl = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (ctl.empty()) {
+      if (v2) h.v2_dir = join_path(*v2, path);
+      continue;
+    }
+    for (auto& c : split(ctl, ',')) {
+      if (c.starts_with("name=")) continue;
+      for (auto& m : v1)
+        if (m.controllers.contains(c)) {
+          h.v1_dirs[c] = join_path(m, path);
+          h.controllers.push_back(c);
+          break;
+        }
+    }
+  }
+  if (!h.v1_dirs.empty()) {
+    h.version = "v1";
+  } else if (!h.v2_dir.empty()) {
+    h.version = "v2";
+    if (auto s = read_file(h.v2_dir + "/cgroup.controllers")) {
+      std::stringstream ss(*s);
+      std::string one;
+      while (ss >> one) h.controllers.push_back(one);
+    }
+  }
+  return h;
+}
+
+std::optional<int64_t> host_limit(const CgroupHost& host, const std::string& controller) {
+  std::string file;
+  if (host.version == "v1") {
+    auto it = host.v1_dirs.find(controller);
+    if (it == host.v1_dirs.end()) return std::nullopt;
+    file = it->second + (controller == "memory" ? "/memory.limit_in_bytes" : "/pids.max");
+  } else if (host.version == "v2") {
+    file = host.v2_dir + (controller == "memory" ? "/memory.max" : "/pids.max");
+  } else {
+    return std::nullopt;
+  }
+  auto v = read_int(file);
+  // v1 says "no limit" with a huge page-rounded number, v2 and pids.max with "max".
+  if (!v || *v >= (INT64_C(1) << 62)) return std::nullopt;
+  return v;
+}
+
+const std::vector<std::string>& CgroupDir::v1_controllers() {
+  static const std::vector<std::string> c = {"memory", "cpu", "cpuacct", "pids", "freezer"};
+  return c;
+}
+
+Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string& name) {
+  CgroupDir g;
+  std::map<std::string, std::string> made;  // parent dir -> new dir (co-mounted hierarchies)
+  for (auto& c : v1_controllers()) {
+    auto it = host.v1_dirs.find(c);
+    if (it == host.v1_dirs.end()) continue;
+    auto& parent = it->second;
+    if (!made.contains(parent)) {
+      std::string d = parent + "/" + name;
+      if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return last_error();
+      made[parent] = d;
+      g.dirs_.push_back(d);
+    }
+    g.by_controller_[c] = made[parent];
+  }
+  if (g.dirs_.empty()) return errc(ENOENT);
+  // No swap for the group: the memory ceiling is the ceiling.
+  if (g.has("memory")) (void)write_str(g.dir_of("memory") + "/memory.swappiness", "0");
+  return g;
+}
+
+Result<CgroupDir> CgroupDir::create_v2(const std::string& parent, const std::string& name) {
+  CgroupDir g;
+  g.v2_ = true;
+  // Delegate what the parent offers (memory, cpu, pids); where the parent has processes of its
+  // own, v2 refuses ("no internal processes") and the group works with the core files only.
+  if (auto offered = read_file(parent + "/cgroup.controllers")) {
+    std::stringstream ss(*offered);
+    std::string c;
+    while (ss >> c)
+      if (c == "memory" || c == "cpu" || c == "pids") (void)write_str(parent + "/cgroup.subtree_control", "+" + c);
+  }
+  std::string d = parent + "/" + name;
+  if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return last_error();
+  g.dirs_.push_back(d);
+  g.by_controller_[""] = d;
+  if (auto have = read_file(d + "/cgroup.controllers")) {
+    std::stringstream ss(*have);
+    std::string c;
+    while (ss >> c) g.by_controller_[c] = d;
+  }
+  return g;
+}
+
+Result<CgroupDir> CgroupDir::create(const CgroupHost& host, const std::string& name) {
+  if (host.version == "v1") return create_v1(host, name);
+  if (host.version == "v2") return create_v2(host.v2_dir, name);
+  return errc(ENOTSUP);
+}
+
+CgroupDir::CgroupDir(CgroupDir&& o) noexcept
+    : v2_(o.v2_), by_controller_(std::move(o.by_controller_)), dirs_(std::move(o.dirs_)) {
+  o.dirs_.clear();
+  o.by_controller_.clear();
+}
+
+CgroupDir& CgroupDir::operator=(CgroupDir&& o) noexcept {
+  if (this != &o) {
+    remove();
+    v2_ = o.v2_;
+    by_controller_ = std::move(o.by_controller_);
+    dirs_ = std::move(o.dirs_);
+    o.dirs_.clear();
+    o.by_controller_.clear();
+  }
+  return *this;
+}
+
+CgroupDir::~CgroupDir() { remove(); }
+
+void CgroupDir::remove() {
+  if (dirs_.empty()) return;
+  kill_all();
+  // A process that was just killed leaves the group a moment later.
+  for (auto& d : dirs_) {
+    int64_t until = now_ms() + 1000;
+    while (::rmdir(d.c_str()) != 0 && errno == EBUSY && now_ms() < until) ::usleep(5000);
+  }
+  dirs_.clear();
+  by_controller_.clear();
+}
+
+std::string CgroupDir::dir_of(const std::string& c) const {
+  auto it = by_controller_.find(c);
+  return it == by_controller_.end() ? std::string() : it->second;
+}
+
+bool CgroupDir::has(const std::string& c) const { return by_controller_.contains(c); }
+
+std::vector<std::string> CgroupDir::dirs() const { return dirs_; }
+
+Result<void> CgroupDir::set_memory(int64_t bytes) {
+  if (!has("memory")) return errc(ENOTSUP);
+  std::string d = dir_of("memory"), v = std::to_string(bytes);
+  if (v2_) {
+    if (auto r = write_str(d + "/memory.max", v); !r) return r;
+    (void)write_str(d + "/memory.swap.max", "0");
+    return {};
+  }
+  // memsw must stay >= the limit: raise it first when growing, lower it after when shrinking.
+  auto r = write_str(d + "/memory.limit_in_bytes", v);
+  if (!r) {
+    if (auto r2 = write_str(d + "/memory.memsw.limit_in_bytes", v); !r2) return r;
+    return write_str(d + "/memory.limit_in_bytes", v);
+  }
+  (void)write_str(d + "/memory.memsw.limit_in_bytes", v);
+  return {};
+}
+
+Result<void> CgroupDir::set_cpus(double cpus) {
+  if (!has("cpu")) return errc(ENOTSUP);
+  const int64_t period = 100000;
+  auto quota = static_cast<int64_t>(std::llround(cpus * period));
+  if (v2_) return write_str(dir_of("cpu") + "/cpu.max", std::to_string(quota) + " " + std::to_string(period));
+  if (auto r = write_str(dir_of("cpu") + "/cpu.cfs_period_us", std::to_string(period)); !r) return r;
+  return write_str(dir_of("cpu") + "/cpu.cfs_quota_us", std::to_string(quota));
+}
+
+Result<void> CgroupDir::set_pids(int64_t max) {
+  if (!has("pids")) return errc(ENOTSUP);
+  return write_str(dir_of("pids") + "/pids.max", std::to_string(max));
+}
+
+Result<std::vector<UniqueFd>> CgroupDir::open_procs_fds() const {
+  std::vector<UniqueFd> out;
+  for (auto& d : dirs_) {
+    int fd = ::open((d + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return last_error();
+    out.emplace_back(fd);
+  }
+  return out;
+}
+
+Result<void> CgroupDir::add(pid_t pid) {
+  for (auto& d : dirs_)
+    if (auto r = write_str(d + "/cgroup.procs", std::to_string(pid)); !r) return r;
+  return {};
+}
+
+std::vector<pid_t> CgroupDir::pids() const {
+  std::vector<pid_t> out;
+  if (dirs_.empty()) return out;
+  auto t = read_file(dirs_.front() + "/cgroup.procs");
+  if (!t) return out;
+  std::stringstream ss(*t);
+  pid_t p;
+  while (ss >> p) out.push_back(p);
+  return out;
+}
+
+bool CgroupDir::populated() const {
+  if (dirs_.empty()) return false;
+  if (v2_) {
+    if (auto t = read_file(dirs_.front() + "/cgroup.events")) return keyed_value(*t, "populated").value_or(0) != 0;
+  }
+  return !pids().empty();
+}
+
+bool CgroupDir::kill_all(int timeout_ms) {
+  if (dirs_.empty()) return true;
+  int64_t until = now_ms() + timeout_ms;
+  bool have_kill = v2_ && ::access((dirs_.front() + "/cgroup.kill").c_str(), W_OK) == 0;
+  for (;;) {
+    bool any = false;
+    if (have_kill) {
+      any = populated();
+      if (any) (void)write_str(dirs_.front() + "/cgroup.kill", "1");
+    } else {
+      // v1: a process may fork between our read and our kill; repeat until nothing is left. A
+      // frozen group would keep its KILLs pending, so thaw it first.
+      if (has("freezer")) (void)write_str(dir_of("freezer") + "/freezer.state", "THAWED");
+      for (auto& d : dirs_) {
+        auto t = read_file(d + "/cgroup.procs");
+        if (!t) continue;
+        std::stringstream ss(*t);
+        pid_t p;
+        while (ss >> p) {
+          any = true;
+          ::kill(p, SIGKILL);
+        }
+      }
+    }
+    if (!any) return true;
+    if (now_ms() >= until) return false;
+    ::usleep(5000);
+  }
+}
+
+Result<void> CgroupDir::freeze(bool on) {
+  if (v2_) return write_str(dirs_.front() + "/cgroup.freeze", on ? "1" : "0");
+  if (!has("freezer")) return errc(ENOTSUP);
+  return write_str(dir_of("freezer") + "/freezer.state", on ? "FROZEN" : "THAWED");
+}
+
+bool CgroupDir::frozen() const {
+  if (dirs_.empty()) return false;
+  if (v2_) {
+    auto t = read_file(dirs_.front() + "/cgroup.events");
+    return t && keyed_value(*t, "frozen").value_or(0) == 1;
+  }
+  auto t = read_file(dir_of("freezer") + "/freezer.state");
+  return t && t->starts_with("FROZEN");
+}
+
+std::optional<int64_t> CgroupDir::memory_current() const {
+  if (!has("memory")) return std::nullopt;
+  return read_int(dir_of("memory") + (v2_ ? "/memory.current" : "/memory.usage_in_bytes"));
+}
+
+std::optional<int64_t> CgroupDir::memory_max() const {
+  if (!has("memory")) return std::nullopt;
+  return read_int(dir_of("memory") + (v2_ ? "/memory.max" : "/memory.limit_in_bytes"));
+}
+
+std::optional<int64_t> CgroupDir::oom_kills() const {
+  if (!has("memory")) return std::nullopt;
+  auto t = read_file(dir_of("memory") + (v2_ ? "/memory.events" : "/memory.oom_control"));
+  if (!t) return std::nullopt;
+  return keyed_value(*t, "oom_kill");
+}
+
+std::optional<int64_t> CgroupDir::pids_current() const {
+  if (!has("pids")) return std::nullopt;
+  return read_int(dir_of("pids") + "/pids.current");
+}
+
+std::optional<int64_t> CgroupDir::pids_max() const {
+  if (!has("pids")) return std::nullopt;
+  return read_int(dir_of("pids") + "/pids.max");
+}
+
+std::optional<int64_t> CgroupDir::pids_max_events() const {
+  if (!has("pids")) return std::nullopt;
+  auto t = read_file(dir_of("pids") + "/pids.events");
+  if (!t) return std::nullopt;
+  return keyed_value(*t, "max");
+}
+
+std::optional<int64_t> CgroupDir::cpu_usage_us() const {
+  if (v2_) {
+    auto t = read_file(dirs_.front() + "/cpu.stat");
+    if (!t) return std::nullopt;
+    return keyed_value(*t, "usage_usec");
+  }
+  if (!has("cpuacct")) return std::nullopt;
+  auto ns = read_int(dir_of("cpuacct") + "/cpuacct.usage");
+  if (!ns) return std::nullopt;
+  return *ns / 1000;
+}
+
+namespace {
+// cgroup v1 notifications: "<eventfd> <fd of the watched file> [args]" into cgroup.event_control.
+// The registration lives as long as the eventfd; the watched file's fd may be closed after it.
+Result<UniqueFd> v1_event(const std::string& dir, const char* file, const std::string& args) {
+  UniqueFd efd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!efd) return last_error();
+  UniqueFd watched(::open((dir + "/" + file).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!watched) return last_error();
+  std::string line = std::to_string(efd.get()) + " " + std::to_string(watched.get()) + (args.empty() ? "" : " " + args);
+  if (auto r = write_str(dir + "/cgroup.event_control", line); !r) return r.error();
+  return efd;
+}
+}  // namespace
+
+Result<UniqueFd> CgroupDir::oom_eventfd() const {
+  if (v2_ || !has("memory")) return errc(ENOTSUP);
+  return v1_event(dir_of("memory"), "memory.oom_control", "");
+}
+
+Result<UniqueFd> CgroupDir::memory_threshold_eventfd(int64_t bytes) const {
+  if (v2_ || !has("memory")) return errc(ENOTSUP);
+  return v1_event(dir_of("memory"), "memory.usage_in_bytes", std::to_string(bytes));
+}
+
+}  // namespace sbx::os

@@ -1,0 +1,113 @@
+#pragma once
+// cgroup v1 and v2 behind one interface. A CgroupDir is one group of the agent's tree: on v1 a
+// directory per hierarchy (memory, cpu, cpuacct, pids, freezer may each sit on their own mount,
+// at their own path), on v2 one directory. Groups are made under the supervisor's own current
+// cgroup, per controller. The destructor kills whatever is left in the group and removes it.
+#include <sys/types.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "os/sys.hpp"
+#include "os/unique-fd.hpp"
+
+namespace sbx::os {
+
+/// Where this process sits in the cgroup hierarchies.
+struct CgroupHost {
+  std::string version = "none";  // v1, v2, none
+  /// v1: the supervisor's own directory in each mounted hierarchy, by controller name (a
+  /// co-mounted "cpu,cpuacct" hierarchy appears under both names, with the same directory).
+  std::map<std::string, std::string> v1_dirs;
+  /// v2: the supervisor's own directory in the unified hierarchy (also set on a hybrid host).
+  std::string v2_dir;
+  std::vector<std::string> controllers;  // usable controllers, for box.started and doctor
+};
+
+/// Reads /proc/self/cgroup and /proc/self/mountinfo.
+CgroupHost detect_cgroups();
+
+/// The supervisor's own ceiling for "memory" (bytes) or "pids" in its current group; nullopt
+/// when there is none (unlimited, or the controller is missing).
+std::optional<int64_t> host_limit(const CgroupHost& host, const std::string& controller);
+
+/// The number after `key` in "key N" lines (memory.events, pids.events, memory.oom_control,
+/// cpu.stat); nullopt when the key is missing.
+std::optional<int64_t> keyed_value(std::string_view text, std::string_view key);
+
+class CgroupDir {
+ public:
+  /// The controllers a branch's group uses on v1.
+  static const std::vector<std::string>& v1_controllers();
+
+  /// A v1 group named `name` in every hierarchy of `host` that carries one of v1_controllers().
+  static Result<CgroupDir> create_v1(const CgroupHost& host, const std::string& name);
+  /// A v2 group `name` below `parent` (a directory of a cgroup2 mount). Enables the controllers
+  /// the parent offers in its subtree_control where it can; works with none (the core files).
+  static Result<CgroupDir> create_v2(const std::string& parent, const std::string& name);
+  /// The host's kind.
+  static Result<CgroupDir> create(const CgroupHost& host, const std::string& name);
+
+  CgroupDir() = default;
+  CgroupDir(CgroupDir&& o) noexcept;
+  CgroupDir& operator=(CgroupDir&& o) noexcept;
+  CgroupDir(const CgroupDir&) = delete;
+  CgroupDir& operator=(const CgroupDir&) = delete;
+  ~CgroupDir();
+
+  bool v2() const { return v2_; }
+  bool empty() const { return dirs_.empty(); }
+  /// The directory that carries `controller` ("" if none); on v2 the group's one directory.
+  std::string dir_of(const std::string& controller) const;
+  bool has(const std::string& controller) const;
+  /// Every directory of the group (one per hierarchy on v1).
+  std::vector<std::string> dirs() const;
+
+  Result<void> set_memory(int64_t bytes);
+  Result<void> set_cpus(double cpus);
+  Result<void> set_pids(int64_t max);
+
+  /// One O_WRONLY fd on cgroup.procs per directory: a child writes "0" to each to join itself,
+  /// with no allocation, before it runs anything of its own.
+  Result<std::vector<UniqueFd>> open_procs_fds() const;
+  /// Joins `pid` (0: the caller) to every directory.
+  Result<void> add(pid_t pid);
+  /// The pids in the group (the first directory's cgroup.procs).
+  std::vector<pid_t> pids() const;
+  bool populated() const;
+
+  /// KILL to every process in the group (cgroup.kill where the kernel has it), until it is empty
+  /// or `timeout_ms` passed. Returns whether the group is empty.
+  bool kill_all(int timeout_ms = 2000);
+  /// Freezes or thaws the group (v2 cgroup.freeze; v1 the freezer hierarchy).
+  Result<void> freeze(bool on);
+  /// Whether the group is frozen now (v2 cgroup.events "frozen 1"; v1 freezer.state FROZEN).
+  bool frozen() const;
+
+  // Readings; nullopt where the controller is missing.
+  std::optional<int64_t> memory_current() const;
+  std::optional<int64_t> memory_max() const;
+  std::optional<int64_t> oom_kills() const;
+  std::optional<int64_t> pids_current() const;
+  std::optional<int64_t> pids_max() const;
+  std::optional<int64_t> pids_max_events() const;  // forks refused at pids.max
+  std::optional<int64_t> cpu_usage_us() const;
+  /// v1 only: an eventfd that becomes readable on each OOM of the group
+  /// (memory.oom_control through cgroup.event_control). The caller owns it.
+  Result<UniqueFd> oom_eventfd() const;
+  /// v1 only: an eventfd that becomes readable when memory use crosses `bytes` (either way).
+  Result<UniqueFd> memory_threshold_eventfd(int64_t bytes) const;
+
+  /// Removes the directories now (after kill_all); the destructor does the same.
+  void remove();
+
+ private:
+  bool v2_ = false;
+  std::map<std::string, std::string> by_controller_;  // controller -> dir
+  std::vector<std::string> dirs_;                     // unique, creation order
+};
+
+}  // namespace sbx::os

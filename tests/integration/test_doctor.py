@@ -1,0 +1,44 @@
+"""sandboxer doctor: one line per capability of this host, checked against the host itself."""
+import ctypes
+import json
+import subprocess
+
+import pytest
+
+from conftest import CLI
+
+pytestmark = pytest.mark.timeout(60)
+
+CAPS = ["cgroup", "seccomp", "landlock", "namespaces", "overlayfs", "criu", "disk", "privileges"]
+
+
+def landlock_abi():
+    libc = ctypes.CDLL(None, use_errno=True)
+    return max(0, libc.syscall(444, None, 0, 1))  # landlock_create_ruleset(NULL, 0, VERSION)
+
+
+def test_doctor_prints_one_line_per_capability():
+    r = subprocess.run([str(CLI), "doctor"], capture_output=True, text=True, timeout=30)
+    lines = [l for l in r.stdout.splitlines() if l.startswith(("ok ", "missing "))]
+    assert [l.split()[1] for l in lines] == CAPS, r.stdout
+    assert r.returncode in (0, 1)
+
+
+def test_doctor_json_matches_this_host():
+    r = subprocess.run([str(CLI), "doctor", "--json"], capture_output=True, text=True, timeout=30)
+    d = json.loads(r.stdout)
+    assert set(CAPS) <= set(d)
+    abi = landlock_abi()
+    assert d["landlock"]["ok"] == (abi > 0)
+    if abi:
+        assert d["landlock"]["detail"].startswith(f"ABI {abi}")
+    v1 = any(l.split(":")[1] for l in open("/proc/self/cgroup").read().splitlines())
+    assert d["cgroup"]["detail"].startswith("v1" if v1 else "v2")
+    for name, e in d.items():
+        if isinstance(e, dict) and not e["ok"]:
+            assert e.get("meaning"), name  # every missing one says what it means for profiles
+
+
+def test_doctor_refuses_an_unknown_option():
+    r = subprocess.run([str(CLI), "doctor", "--fast"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--fast" in r.stderr

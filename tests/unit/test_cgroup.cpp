@@ -1,0 +1,157 @@
+// CgroupDir against real cgroup files. v1 fully where this host has v1 controllers; v2 against
+// the core files (cgroup.procs, cgroup.freeze, cgroup.events, cgroup.kill) of a cgroup2 mount,
+// which here offers no controllers.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "os/cgroup.hpp"
+#include "os/sys.hpp"
+
+using namespace sbx::os;
+
+namespace {
+
+std::string v2_mount() {
+  if (auto mi = read_file("/proc/self/mountinfo")) {
+    size_t pos = 0;
+    while ((pos = mi->find(" - cgroup2 ", pos)) != std::string::npos) {
+      size_t start = mi->rfind('\n', pos);
+      start = start == std::string::npos ? 0 : start + 1;
+      std::string line = mi->substr(start, pos - start);
+      // fields: id parent maj:min root mountpoint ...
+      size_t f = 0;
+      for (int i = 0; i < 4; ++i) f = line.find(' ', f) + 1;
+      return line.substr(f, line.find(' ', f) - f);
+    }
+  }
+  return "";
+}
+
+pid_t sleeper() {
+  pid_t p = ::fork();
+  if (p == 0) {
+    for (;;) ::pause();
+  }
+  return p;
+}
+
+bool wait_until(auto pred, int ms = 2000) {
+  for (int i = 0; i < ms / 10; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+}  // namespace
+
+TEST_CASE("cgroup: keyed values of memory.events, pids.events and oom_control") {
+  CHECK(keyed_value("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n", "oom_kill") == 2);
+  CHECK(keyed_value("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n", "oom") == 1);
+  CHECK(keyed_value("max 7\n", "max") == 7);
+  CHECK(keyed_value("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n", "oom_kill") == 5);
+  CHECK_FALSE(keyed_value("max 7\n", "oom_kill").has_value());
+}
+
+TEST_CASE("cgroup v2: procs, freeze, events and kill on the core files of a cgroup2 mount") {
+  std::string root = v2_mount();
+  if (root.empty() || ::access((root + "/cgroup.procs").c_str(), W_OK) != 0) {
+    MESSAGE("no writable cgroup2 mount here: skipped");
+    return;
+  }
+  auto g = CgroupDir::create_v2(root, "sbx-unit-" + std::to_string(::getpid()));
+  REQUIRE(g.has_value());
+  std::string dir = g->dirs().front();
+  CHECK(g->v2());
+  CHECK_FALSE(g->populated());
+
+  pid_t p = sleeper();
+  REQUIRE(p > 0);
+  REQUIRE(g->add(p).has_value());
+  CHECK(g->pids() == std::vector<pid_t>{p});
+  CHECK(g->populated());
+
+  SUBCASE("freeze and thaw") {
+    REQUIRE(g->freeze(true).has_value());
+    CHECK(wait_until([&] { return g->frozen(); }));
+    REQUIRE(g->freeze(false).has_value());
+    CHECK(wait_until([&] { return !g->frozen(); }));
+    ::kill(p, SIGKILL);
+  }
+  SUBCASE("kill_all uses cgroup.kill and empties the group") {
+    if (::access((dir + "/cgroup.kill").c_str(), W_OK) != 0) MESSAGE("no cgroup.kill: the per-pid loop is used");
+    int st = 0;
+    std::thread reap([&] { ::waitpid(p, &st, 0); });
+    CHECK(g->kill_all(3000));
+    reap.join();
+    CHECK(WIFSIGNALED(st));
+    CHECK(WTERMSIG(st) == SIGKILL);
+    CHECK_FALSE(g->populated());
+  }
+  SUBCASE("a child joins through an fd opened by the parent, writing 0") {
+    auto fds = g->open_procs_fds();
+    REQUIRE(fds.has_value());
+    pid_t c = ::fork();
+    if (c == 0) {
+      for (auto& fd : *fds)
+        if (::write(fd.get(), "0", 1) != 1) ::_exit(1);
+      ::_exit(0);
+    }
+    int st = 0;
+    ::waitpid(c, &st, 0);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    ::kill(p, SIGKILL);
+  }
+  ::waitpid(p, nullptr, 0);
+  // Readings without controllers are empty, not errors.
+  if (!g->has("memory")) CHECK_FALSE(g->memory_current().has_value());
+  if (!g->has("pids")) CHECK_FALSE(g->pids_max_events().has_value());
+  CHECK(g->set_memory(64 << 20).has_error() == !g->has("memory"));
+  g->remove();
+  CHECK(::access(dir.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("cgroup v1: a group per hierarchy under our own, with ceilings, removed by its destructor") {
+  auto host = detect_cgroups();
+  if (host.version != "v1") {
+    MESSAGE("no cgroup v1 here: skipped");
+    return;
+  }
+  std::vector<std::string> dirs;
+  {
+    auto g = CgroupDir::create_v1(host, "sbx-unit-" + std::to_string(::getpid()));
+    REQUIRE(g.has_value());
+    dirs = g->dirs();
+    for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) == 0);
+    if (g->has("memory")) {
+      CHECK(g->dir_of("memory").starts_with(host.v1_dirs.at("memory") + "/"));
+      REQUIRE(g->set_memory(64 << 20).has_value());
+      CHECK(g->memory_max() == (64 << 20));
+      CHECK(g->oom_kills() == 0);
+      CHECK(g->oom_eventfd().has_value());
+    }
+    if (g->has("pids")) {
+      REQUIRE(g->set_pids(10).has_value());
+      CHECK(g->pids_max() == 10);
+      CHECK(g->pids_max_events() == 0);
+    }
+    if (g->has("cpu")) CHECK(g->set_cpus(0.5).has_value());
+    pid_t p = sleeper();
+    REQUIRE(g->add(p).has_value());
+    CHECK(g->pids() == std::vector<pid_t>{p});
+    if (g->has("freezer")) {
+      REQUIRE(g->freeze(true).has_value());
+      CHECK(wait_until([&] { return g->frozen(); }));
+    }
+    std::thread reap([&] { ::waitpid(p, nullptr, 0); });
+    CHECK(g->kill_all(3000));  // thaws first: a frozen group would hold its KILLs
+    reap.join();
+  }
+  for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
+}

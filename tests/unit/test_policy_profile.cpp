@@ -1,0 +1,82 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "policy.hpp"
+#include "profile.hpp"
+
+using namespace sbx::supervisor;
+
+namespace {
+std::string error_of(const std::string& doc) {
+  try {
+    parse_profile(doc);
+  } catch (const ProfileError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("profile: sizes and durations") {
+  CHECK(parse_size("512M", "f") == 512LL << 20);
+  CHECK(parse_size("4G", "f") == 4LL << 30);
+  CHECK(parse_size("4GiB", "f") == 4LL << 30);
+  CHECK(parse_size("1.5G", "f") == 3LL << 29);
+  CHECK(parse_size("100", "f") == 100);
+  CHECK_THROWS_WITH(parse_size("4X", "resources.memory"), doctest::Contains("resources.memory"));
+  CHECK(parse_duration_ms("2h", "f") == 7200000);
+}
+
+TEST_CASE("profile: every field, by the names of the issue") {
+  auto p = parse_profile(R"({"name":"t","version":1,
+    "resources":{"memory":"64M","cpus":0.5,"pids":32,"open_files":256,"disk":"16M","timeout":"2h","idle":"5m",
+                 "grace":"3s","pids_grace":"1s"},
+    "isolation":{"level":"container","namespaces":["pid","mount"],"user":{"uid":1000,"gid":100},
+                 "capabilities":["CAP_KILL"],"landlock":{"rw":["/workspace"],"ro":["/"]},"seccomp":"default"},
+    "network":"none","persistence":"ephemeral"})");
+  CHECK(p.resources.memory == 64 << 20);
+  CHECK(p.resources.cpus == doctest::Approx(0.5));
+  CHECK(p.resources.pids == 32);
+  CHECK(p.resources.disk == 16 << 20);
+  CHECK(p.resources.timeout_ms == 7200000);
+  CHECK(p.resources.idle_ms == 300000);
+  CHECK(p.isolation.level == "container");
+  CHECK(*p.isolation.uid == 1000);
+  CHECK(*p.isolation.gid == 100);
+  CHECK(p.isolation.landlock->rw.size() == 1);
+  CHECK(p.network == "none");
+}
+
+TEST_CASE("profile: refusals name the field") {
+  CHECK(error_of(R"({"resources":{"memory":"1K"}})").starts_with("resources.memory"));
+  CHECK(error_of(R"({"resources":{"pids":"many"}})").starts_with("resources.pids"));
+  CHECK(error_of(R"({"isolation":{"user":{"uid":1,"home":"/"}}})").starts_with("isolation.user.home: unknown field"));
+  CHECK(error_of(R"({"isolation":{"namespaces":["pid"]}})").starts_with("isolation.namespaces"));
+  CHECK(error_of(R"({"isolation":{"landlock":{"rw":"/x"}}})").starts_with("isolation.landlock.rw"));
+  CHECK(error_of(R"({"extra":1})").starts_with("extra: unknown field"));
+}
+
+TEST_CASE("profile: overrides go through the same parser") {
+  Profile p;
+  apply_override(p, "resources.memory=64M");
+  CHECK(p.resources.memory == 64 << 20);
+  apply_override(p, "isolation.user=nobody");
+  CHECK(*p.isolation.uid == 65534);
+  CHECK_THROWS_WITH(apply_override(p, "resources.cpus=0.001"), doctest::Contains("resources.cpus"));
+}
+
+TEST_CASE("policy: an rlimit above the hard limit is refused naming the field") {
+  Profile p;
+  p.resources.open_files = 1LL << 30;
+  CHECK_THROWS_WITH(check_profile_for_host(p), doctest::Contains("resources.open_files"));
+  p.resources.open_files = 64;
+  p.isolation.capabilities = std::vector<std::string>{"CAP_NOPE"};
+  CHECK_THROWS_WITH(check_profile_for_host(p), doctest::Contains("isolation.capabilities[0]"));
+}
+
+TEST_CASE("policy: the default seccomp program is built in memory") {
+  auto prog = build_seccomp({{"policy", "default"}});
+  CHECK(prog.size() > default_denied_syscalls().size());
+  CHECK(build_seccomp({{"policy", "none"}}).empty());
+}
