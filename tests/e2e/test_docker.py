@@ -186,6 +186,26 @@ def test_up_token_is_a_read_only_file_and_never_on_a_command_line(docker_env, im
 
 
 @pytest.mark.timeout(120)
+def test_box_without_namespaces_keeps_the_token_from_an_agent_under_another_uid(docker_env, image, tmp_path):
+    # Without namespaces the supervisor cannot mask the token file: the file's mode (0600, root)
+    # is what keeps it from the agent, so the agent must not run as root (the control shows why).
+    agent = ["sh", "-c", "cat /etc/sandboxer/secret/token >/dev/null 2>&1; echo cat=$?; exec sleep 60"]
+    results = {}
+    for user in ({"uid": 65534, "gid": 65534}, "root"):
+        prof = tmp_path / f"flat-{'root' if user == 'root' else 'nobody'}.json"
+        prof.write_text(json.dumps({"name": prof.stem, "version": 1, "resources": {"grace": "1s"},
+                                    "isolation": {"namespaces": False, "user": user}}))
+        with Up(docker_env, image, agent, "--profile", str(prof)) as box:
+            deadline = time.monotonic() + 20
+            while b"cat=" not in output_of(box.journal(), "main"):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            results[prof.stem] = output_of(box.journal(), "main").decode()
+    assert "cat=1" in results["flat-nobody"]
+    assert "cat=0" in results["flat-root"]  # control: root in the same mount namespace reads it
+
+
+@pytest.mark.timeout(120)
 def test_up_adds_checkpoint_caps_only_when_the_profile_needs_them(docker_env, image, tmp_path):
     plain = write_profile(tmp_path / "flat.json", namespaces=False)
     with Up(docker_env, image, ["sleep", "60"], "--profile", str(plain)) as box:
