@@ -227,7 +227,8 @@ void Box::start() {
     if (auto r = os::write_file_atomic(box_json, boost::json::serialize(boost::json::object{{"id", id_}}) + "\n"); !r)
       throw std::runtime_error("write " + box_json + ": " + r.error().message());
   }
-  auto j = Journal::open(loop_, {.dir = opts_.state_dir + "/journal", .box = id_});
+  auto j = Journal::open(loop_, {.dir = opts_.state_dir + "/journal", .box = id_,
+                                .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap)});
   if (!j) throw std::runtime_error("open journal in " + opts_.state_dir + ": " + j.error().message());
   journal_ = std::move(*j);
 

@@ -76,7 +76,9 @@ int main(int argc, char** argv) {
     return 125;
   }
   try {
-    bo.metrics_ms = o.metrics_interval == "0" ? 0 : parse_duration_ms(o.metrics_interval, "--metrics-interval");
+    bo.metrics_ms = o.metrics_interval.empty() ? bo.profile.metrics.interval_ms
+                    : o.metrics_interval == "0"  ? 0
+                                                 : parse_duration_ms(o.metrics_interval, "--metrics-interval");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 125;

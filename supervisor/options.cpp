@@ -19,7 +19,7 @@ const char* const kInitUsage =
     "  --listen ADDR:PORT    serve the WebSocket API (port 0: any free port, see server.listening)\n"
     "  --token-file FILE     the API token (else $SANDBOXER_TOKEN); required with --listen\n"
     "  --tls-cert FILE, --tls-key FILE   serve wss:// (for listeners beyond loopback)\n"
-    "  --metrics-interval D  cadence of metrics events (default 5s; 0 for none)\n"
+    "  --metrics-interval D  cadence of metrics events (default: the profile's metrics.interval, 5s; 0 for none)\n"
     "  --version             print the version\n"
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
     "                        answers, else 1 (the image's HEALTHCHECK)\n";

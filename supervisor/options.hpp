@@ -19,7 +19,7 @@ struct InitOptions {
   std::string listen;
   std::string token_file;
   std::string tls_cert, tls_key;
-  std::string metrics_interval = "5s";
+  std::string metrics_interval;  // "": the profile's metrics.interval
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

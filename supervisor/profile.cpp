@@ -274,6 +274,23 @@ void parse_into(Profile& p, const json::value& doc) {
   if (auto* v = top.get("network")) p.network = as_choice(*v, "network", {"none", "proxy", "host"});
   if (auto* v = top.get("persistence"))
     p.persistence = as_choice(*v, "persistence", {"ephemeral", "persistent", "checkpoint"});
+  if (auto* j = top.get("journal")) {
+    Fields f(*j, "journal");
+    if (auto* v = f.get("disk_cap")) {
+      p.journal.disk_cap = as_size(*v, "journal.disk_cap");
+      if (p.journal.disk_cap < 0) throw ProfileError("journal.disk_cap: negative");
+    }
+    f.done();
+  }
+  if (auto* m = top.get("metrics")) {
+    Fields f(*m, "metrics");
+    if (auto* v = f.get("interval")) {
+      p.metrics.interval_ms = as_duration(*v, "metrics.interval");
+      if (p.metrics.interval_ms != 0 && p.metrics.interval_ms < 100)
+        throw ProfileError("metrics.interval: at least 100ms (or 0 for none)");
+    }
+    f.done();
+  }
   top.done();
 }
 

@@ -40,6 +40,12 @@ struct Profile {
   } isolation;
   std::string network = "host";         // none, proxy, host
   std::string persistence = "ephemeral";  // ephemeral, persistent, checkpoint
+  struct Journal {
+    int64_t disk_cap = 0;  // bytes the journal may keep on disk; past it the oldest sealed segments go
+  } journal;
+  struct Metrics {
+    int64_t interval_ms = 5000;  // cadence of `metrics` events; 0: none
+  } metrics;
 };
 
 /// Parses a profile document; throws ProfileError naming the field.

@@ -122,15 +122,26 @@ def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
     # A tiny queue and an attach whose stdout nobody reads for a while: the server closes it with
     # 4008, attach resumes from its last seq, and in the end every seq is there once.
     n = 20 * 1000 * 1000
-    agent = ["sh", "-c", f"{PROBE} spew {n} && touch /workspace/done && sleep 1"]
+    agent = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.01; done; "
+             f"{PROBE} spew {n} && touch /workspace/done && sleep 1"]
     env = dict(os.environ, SANDBOXER_WS_QUEUE_BYTES="262144")
     with WsBox(tmp_path, agent, env=env) as box:
         p = subprocess.Popen([str(CLI), "attach", box.url, "--json", "--token-file", str(box.token_file)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # Read until attach is live (it has shown the agent's start), then stop reading its output.
+        head = []
+        while True:
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+            head.append(line)
+            if b'"proc.started"' in line:
+                break
+        (box.workspace / "go").touch()
         deadline = time.monotonic() + 60
         while not (box.workspace / "done").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         out, err = p.communicate(timeout=120)
+        out = b"".join(head) + out
         assert p.returncode == 0, err
         log = (box.dir / "init.stderr").read_text()
     assert "closing with 4008" in log  # it really was too slow at least once

@@ -10,8 +10,8 @@ import time
 
 from websockets.exceptions import ConnectionClosed
 
-from conftest import PROBE
-from wsbox import Session, WsBox, run, ws_connect
+from conftest import INIT as INIT_BIN, PROBE
+from wsbox import Session, WsBox, follow, run, ws_connect
 
 HERE = os.path.dirname(__file__)
 
@@ -68,14 +68,18 @@ def test_a_killed_client_resumes_with_since_and_sees_exactly_the_uninterrupted_s
 
 def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes_to_every_seq(tmp_path):
     n = 200 * 1000 * 1000
-    agent = ["sh", "-c", f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
+    # The agent starts writing once the client is live (a client still replaying history reads
+    # from disk at its own pace and is never "too slow"), through a gate file.
+    agent = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.01; done; "
+             f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
     with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"]) as box:
         async def go():
             # The library stops reading the socket when 4 messages wait unread: the client is stuck.
             async with ws_connect(box, max_queue=4) as ws:
                 s = Session(ws)
                 await s.request("subscribe", since=0)
-                await s.wait_event(lambda e: e["type"] == "proc.output", 30)
+                await s.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == "main", 30)
+                (box.workspace / "go").touch()
                 t0 = time.monotonic()
                 while not (box.workspace / "done").exists():
                     assert time.monotonic() - t0 < 120, "the agent did not finish while the client was stuck"
@@ -145,3 +149,28 @@ def test_metrics_events_arrive_at_the_cadence(tmp_path):
                 assert e["box"]["pids"] >= 1 and e["box"]["memory"] > 0
                 assert "main" in e["procs"]
         run(go(), 30)
+
+
+def test_the_journal_disk_cap_drops_the_oldest_segments_and_says_so(tmp_path):
+    n = 40 * 1000 * 1000  # three 16 MiB segments at least
+    agent = ["sh", "-c", f"{PROBE} spew {n} && echo END-OF-STREAM && exec sleep 600"]
+    with WsBox(tmp_path, agent, extra=["--set", "journal.disk_cap=64K"]) as box:
+        async def go():
+            live = await follow(box, is_end)
+            if not any(e["type"] == "journal.truncated" for e in live):
+                live += await follow(box, lambda e: e["type"] == "journal.truncated", since=live[-1]["seq"], timeout=30)
+            # A late client asking for everything gets what is kept: from the first kept seq on.
+            late = await follow(box, lambda e: e["type"] == "journal.truncated")
+            return live, late
+        live, late = run(go(), 180)
+        trunc = next(e for e in live if e["type"] == "journal.truncated")
+        assert trunc["first_seq"] > 1 and trunc["cap"] == 64 * 1024
+        assert late[0]["seq"] >= trunc["first_seq"] > 1
+        seqs = [e["seq"] for e in late]
+        assert seqs == sorted(set(seqs))
+
+
+def test_a_bad_journal_cap_is_refused_naming_the_field(tmp_path):
+    r = subprocess.run([str(INIT_BIN), "--state-dir", str(tmp_path / "s"), "--set", "journal.disk_cap=lots", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 125 and "journal.disk_cap" in r.stderr

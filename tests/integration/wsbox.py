@@ -148,3 +148,29 @@ def output_of(events, proc):
 
 def run(coro, timeout=120):
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def follow(box, until, since=0, timeout=120):
+    """Subscribes from `since` and reads until `until(event)`, resuming after a 4008 (too slow)
+    from the last seq seen, as the SDKs do. Returns every event seen, each once."""
+    from websockets.exceptions import ConnectionClosed
+    events = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                await s.request("subscribe", since=events[-1]["seq"] if events else since)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("follow: condition not met")
+                    n = len(s.events)
+                    await s.recv_one(left)
+                    for e in s.events[n:]:
+                        events.append(e)
+                        if until(e):
+                            return events
+        except ConnectionClosed as e:
+            if e.rcvd is None or e.rcvd.code != 4008:
+                raise
