@@ -14,6 +14,10 @@ int cmd_exec(const std::vector<std::string>& args);
 int cmd_cp(const std::vector<std::string>& args);
 int cmd_stats(const std::vector<std::string>& args);
 int cmd_doctor(const std::vector<std::string>& args);
+int cmd_up(const std::vector<std::string>& args);
+int cmd_down(const std::vector<std::string>& args);
+int cmd_ps(const std::vector<std::string>& args);
+int cmd_image(const std::vector<std::string>& args);
 
 /// sandboxer-init beside this binary, else on PATH.
 std::string find_init_binary();

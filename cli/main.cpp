@@ -17,12 +17,16 @@ const char* kUsage =
     "  exec URL [-i] [-t] [--proc ID] [--env K=V] [--cwd D] -- CMD...        run CMD in the box; exits with its status\n"
     "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
     "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
-    "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` stored)\n"
+    "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` or `up` stored)\n"
     "  checkpoint URL [--name N] [--branch B] [--stop]                      checkpoint a live agent; prints the snapshot id last\n"
     "  restore URL SNAPSHOT                                                  restore a snapshot in the box\n"
     "  fork URL --snapshot S -n N                                            N live copies; one line each: <branch> <proc>\n"
     "  snapshots URL [--json]                                                the box's snapshots\n"
     "  doctor [--json]                                                       what this host enforces, and what is missing\n"
+    "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...     start a box; prints its URL last\n"
+    "  down URL|NAME                                                         stop and remove a box\n"
+    "  ps [--json]                                                           the boxes this host runs\n"
+    "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
 }
 
@@ -44,6 +48,10 @@ int main(int argc, char** argv) {
     if (cmd == "cp") return sbx::cli::cmd_cp(args);
     if (cmd == "stats") return sbx::cli::cmd_stats(args);
     if (cmd == "doctor") return sbx::cli::cmd_doctor(args);
+    if (cmd == "up") return sbx::cli::cmd_up(args);
+    if (cmd == "down") return sbx::cli::cmd_down(args);
+    if (cmd == "ps") return sbx::cli::cmd_ps(args);
+    if (cmd == "image") return sbx::cli::cmd_image(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -11,22 +12,56 @@
 
 namespace sbx::cli {
 
+namespace {
+// As shims/common.py and sdk/python normalize it: scheme and host lower-case, no fragment, no
+// trailing slash, so "WS://127.0.0.1:7777/" and "ws://127.0.0.1:7777" are one box.
+std::string normalized(std::string url) {
+  while (!url.empty() && (url.back() == ' ' || url.back() == '\n')) url.pop_back();
+  if (auto hash = url.find('#'); hash != std::string::npos) url.erase(hash);
+  auto scheme_end = url.find("://");
+  if (scheme_end == std::string::npos) return url;
+  size_t host_end = url.find_first_of("/?", scheme_end + 3);
+  if (host_end == std::string::npos) host_end = url.size();
+  for (size_t i = 0; i < host_end; ++i) url[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(url[i])));
+  // The path loses its trailing slashes; the query, if any, stays as it is.
+  auto q = url.find('?', host_end);
+  std::string path = url.substr(host_end, q == std::string::npos ? std::string::npos : q - host_end);
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  return url.substr(0, host_end) + path + (q == std::string::npos ? "" : url.substr(q));
+}
+
+std::string trim(std::string t) {
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+  return t;
+}
+}  // namespace
+
+std::string state_home() {
+  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
+  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
+  return "/tmp/sandboxer";
+}
+
 std::string token_dir() {
-  std::string base;
-  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) base = x;
-  else if (auto* h = std::getenv("HOME"); h && *h) base = std::string(h) + "/.local/state";
-  else base = "/tmp";
-  std::string dir = base + "/sandboxer/tokens";
+  std::string dir = state_home() + "/tokens";
   (void)os::make_dirs(dir, 0700);
   ::chmod(dir.c_str(), 0700);
   return dir;
 }
 
 std::string token_path(const std::string& url) {
-  std::string key;
-  for (char c : url) key.push_back(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_');
-  while (!key.empty() && key.back() == '_') key.pop_back();
-  return token_dir() + "/" + key;
+  static const char* kHex = "0123456789ABCDEF";
+  std::string name;
+  for (unsigned char c : normalized(url)) {
+    if (std::isalnum(c) || c == '.' || c == '-' || c == '_' || c == '~') {
+      name += static_cast<char>(c);
+    } else {
+      name += '%';
+      name += kHex[c >> 4];
+      name += kHex[c & 15];
+    }
+  }
+  return token_dir() + "/" + name;
 }
 
 std::string create_token_file(const std::string& path) {
@@ -39,10 +74,6 @@ std::string create_token_file(const std::string& path) {
 }
 
 std::string find_token(const std::string& url, const std::string& token_file) {
-  auto trim = [](std::string t) {
-    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
-    return t;
-  };
   if (!token_file.empty()) {
     auto t = os::read_file(token_file);
     if (!t) throw std::runtime_error("read --token-file " + token_file + ": " + t.error().message());
@@ -53,6 +84,14 @@ std::string find_token(const std::string& url, const std::string& token_file) {
   if (auto t = os::read_file(p)) return trim(*t);
   throw std::runtime_error("no token for " + url + ": give --token-file FILE or SANDBOXER_TOKEN (none stored at " + p + ")");
 }
+
+void save_token(const std::string& url, const std::string& token) {
+  auto path = token_path(url);
+  if (auto r = os::write_file_atomic(path, token + "\n", 0600); !r)
+    throw std::runtime_error("write " + path + ": " + r.error().message());
+}
+
+void forget_token(const std::string& url) { ::unlink(token_path(url).c_str()); }
 
 std::string take_token_file(std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {

@@ -1,7 +1,10 @@
 // The box's network side: the WebSocket server (when --listen is given) and the metrics timer.
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include "box.hpp"
+#include "health.hpp"
 #include "server.hpp"
 #include "stats.hpp"
 
@@ -10,13 +13,17 @@ namespace sbx::supervisor {
 void Box::start_server() {
   if (server_ || metrics_) return;  // once per box
   if (opts_.metrics_ms > 0) metrics_ = std::make_unique<MetricsTimer>(*this, loop_, static_cast<uint64_t>(opts_.metrics_ms));
-  if (opts_.listen.empty()) return;
+  if (opts_.listen.empty()) {
+    if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), "", 0);
+    return;
+  }
   ServerOptions so = parse_listen(opts_.listen);
   so.token = opts_.token;
   so.tls_cert = opts_.tls_cert;
   so.tls_key = opts_.tls_key;
   if (auto* q = std::getenv("SANDBOXER_WS_QUEUE_BYTES")) so.queue_bytes = std::strtoull(q, nullptr, 10);
   server_ = std::make_unique<Server>(*this, loop_, so);
+  if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), so.addr, server_->port());
 }
 
 }  // namespace sbx::supervisor

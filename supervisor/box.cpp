@@ -322,8 +322,9 @@ void Box::start() {
   // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
   network_ = std::make_unique<BranchNetwork>(loop_, opts_.profile, b->launched,
                                              [this](boost::json::object e) { emit("main", std::move(e)); });
-  if (!spec.want_namespaces && b->launched.why_not.empty())
-    b->launched.why_not = caps_.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
+  // launch_branch only knows that none were asked for; say which of the two reasons it was.
+  if (!spec.want_namespaces)
+    b->launched.why_not = !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;

@@ -120,6 +120,14 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
     resolv_slot = slot++;
   }
+  // A bundle's libraries, found through the $ORIGIN/../lib rpath from kNsInitPath.
+  int lib_slot = -1;
+  std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
+  if (struct stat st {}; ::stat(lib_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    lib_slot = slot++;
+    add({.kind = MountOp::CloneTree, .a = lib_dir, .slot = lib_slot, .what = "clone " + lib_dir});
+    add({.kind = MountOp::SetReadOnly, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
+  }
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
@@ -171,6 +179,11 @@ Plan make_plan(const BranchSpec& spec) {
   add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND | MS_NOSUID | MS_NODEV,
        .what = "bind /run"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
+  add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer/bin", .flags = 0755, .what = "mkdir /run/sandboxer/bin"});
+  if (lib_slot >= 0) {
+    add({.kind = MountOp::MkDir, .a = r + kNsInitLibDir, .flags = 0755, .what = std::string("mkdir ") + kNsInitLibDir});
+    add({.kind = MountOp::Move, .a = r + kNsInitLibDir, .slot = lib_slot, .what = std::string("attach ") + kNsInitLibDir});
+  }
   add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
   add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
   for (auto& m : spec.masks) {

@@ -20,8 +20,11 @@
 
 namespace sbx::supervisor {
 
-/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch.
-inline constexpr const char* kNsInitPath = "/run/sandboxer/sandboxer-init";
+/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch. A bundled
+/// sandboxer-init (scripts/bundle) finds its libraries at $ORIGIN/../lib: its lib/ directory is
+/// bound at /run/sandboxer/lib beside it.
+inline constexpr const char* kNsInitPath = "/run/sandboxer/bin/sandboxer-init";
+inline constexpr const char* kNsInitLibDir = "/run/sandboxer/lib";
 
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 inline constexpr int kNsChanReq = 8, kNsChanRep = 9;

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "box.hpp"
+#include "health.hpp"
 #include "ns-init.hpp"
 #include "options.hpp"
 #include "os/sys.hpp"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
     std::cout << "sandboxer-init " << SBX_VERSION << "\n";
     return 0;
   }
+  if (o.mode == InitOptions::Health) return health_main();
   if (o.mode == InitOptions::Help) {
     std::cout << kInitUsage;
     return 0;
@@ -113,6 +115,8 @@ int main(int argc, char** argv) {
   bo.events_path = o.events;
   bo.workdir = o.workdir;
   bo.self_exe = self_exe();
+  // A container's init says where it serves, for `--health` (the image's HEALTHCHECK).
+  if (::getpid() == 1) bo.health_file = kHealthFile;
   bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
 
   uv_loop_t loop;

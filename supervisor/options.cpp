@@ -22,7 +22,9 @@ const char* const kInitUsage =
     "  --metrics-interval D  cadence of metrics events (default: the profile's metrics.interval, 5s; 0 for none)\n"
     "  --idle                start with no command and wait (for exec, restore, fork)\n"
     "  --restore FILE        start from a checkpoint archive instead of a command\n"
-    "  --version             print the version\n";
+    "  --version             print the version\n"
+    "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
+    "                        answers, else 1 (the image's HEALTHCHECK)\n";
 
 InitOptions parse_init_options(int argc, char** argv) {
   InitOptions o;
@@ -40,6 +42,7 @@ InitOptions parse_init_options(int argc, char** argv) {
     if (a == "--ns-init") o.mode = InitOptions::NsInit;
     else if (a == "--flat") o.flat = true;
     else if (a == "--version") o.mode = InitOptions::Version;
+    else if (a == "--health") o.mode = InitOptions::Health;
     else if (a == "-h" || a == "--help") o.mode = InitOptions::Help;
     else if (a == "--profile") o.profile = value(a);
     else if (a == "--set") o.overrides.push_back(value(a));

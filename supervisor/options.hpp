@@ -6,7 +6,7 @@
 namespace sbx::supervisor {
 
 struct InitOptions {
-  enum Mode { Run, NsInit, Version, Help } mode = Run;
+  enum Mode { Run, NsInit, Version, Help, Health } mode = Run;
   bool flat = false;  // ns-init without namespaces
   std::string profile = "default";
   std::vector<std::string> overrides;

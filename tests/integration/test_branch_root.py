@@ -36,7 +36,7 @@ def test_the_agent_has_its_own_pid_namespace_under_ns_init(tmp_path):
     r, out = sh(tmp_path, "echo $$; cat /proc/1/cmdline | tr '\\0' ' '")
     pid, cmdline = out.splitlines()[:2]
     assert pid == "2"
-    assert cmdline.startswith("/run/sandboxer/sandboxer-init --ns-init")
+    assert cmdline.startswith("/run/sandboxer/bin/sandboxer-init --ns-init")
     started = [e for e in read_journal(tmp_path / "s") if e["type"] == "box.started"][0]
     assert started["capabilities"]["namespaces"] is True
 

@@ -18,8 +18,8 @@ def env(tmp_path, monkeypatch):
 def test_store_path_is_the_clis_key_of_the_url(env):
     # The same file name cli/tokens.cpp gives it, so a box the CLI started needs no token here.
     p = tokens.token_path("ws://127.0.0.1:7000/")
-    assert p == env / "sandboxer" / "tokens" / "ws___127.0.0.1_7000"
-    assert tokens.token_key("wss://box-1.example:443/x") == "wss___box-1.example_443_x"
+    assert p == env / "sandboxer" / "tokens" / "ws%3A%2F%2F127.0.0.1%3A7000"
+    assert tokens.token_key("WSS://Box-1.example:443/x/#frag") == "wss%3A%2F%2Fbox-1.example%3A443%2Fx"
 
 
 def test_argument_wins_over_env_and_store(env, monkeypatch):

@@ -122,11 +122,10 @@ class EventStream:
                     raise lost_error("subscribe", e) from None
                 if code == CLOSE_SLOW:
                     # Too slow for the server's queue: the journal has everything. Resume after
-                    # N or after what we received, whichever is later (with a branch filter, N
-                    # may have passed events of other branches).
-                    n = parse_resume_after(reason)
-                    if n is not None and n > self.last_seq:
-                        self.last_seq = n
+                    # the last seq this stream delivered, never after the server's N: frames the
+                    # server had sent before the close may have been dropped on our side with the
+                    # connection, and N would skip them. Events seen twice are filtered below.
+                    pass
                 elif self._idle_losses:
                     # A server that keeps dropping us before sending anything: do not spin.
                     await asyncio.sleep(min(0.05 * 2 ** self._idle_losses, 1.0))

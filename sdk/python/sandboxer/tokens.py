@@ -13,12 +13,29 @@ def state_home() -> pathlib.Path:
     return pathlib.Path(v) if v else pathlib.Path.home() / ".local" / "state"
 
 
+def _normalized(url: str) -> str:
+    """The URL as the CLI keys it: no fragment, scheme and host lower-cased, no trailing '/' on
+    the path (cli/tokens.cpp, `normalized`)."""
+    url = url.rstrip(" \n").split("#", 1)[0]
+    i = url.find("://")
+    if i < 0:
+        return url
+    host_end = len(url)
+    for ch in "/?":
+        j = url.find(ch, i + 3)
+        if j >= 0:
+            host_end = min(host_end, j)
+    q = url.find("?", host_end)
+    path = url[host_end:q if q >= 0 else len(url)].rstrip("/")
+    return url[:host_end].lower() + path + (url[q:] if q >= 0 else "")
+
+
 def token_key(url: str) -> str:
-    """The token store's file name for `url`, as the CLI (cli/tokens.cpp) makes it: every
-    character other than a letter, digit, '.' or '-' becomes '_', trailing '_' dropped
-    (`ws://127.0.0.1:7000/` -> `ws___127.0.0.1_7000`)."""
-    key = "".join(c if (c.isascii() and c.isalnum()) or c in ".-" else "_" for c in url.strip())
-    return key.rstrip("_")
+    """The token store's file name for `url`, exactly as the CLI makes it (cli/tokens.cpp): the
+    normalized URL with every byte other than a letter, digit, '.', '-', '_' or '~' percent-encoded
+    (`ws://127.0.0.1:7000/` -> `ws%3A%2F%2F127.0.0.1%3A7000`)."""
+    safe = set(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-_~")
+    return "".join(chr(b) if b in safe else f"%{b:02X}" for b in _normalized(url).encode())
 
 
 def token_path(url: str) -> pathlib.Path:

@@ -1,0 +1,335 @@
+#include "docker/docker.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/process.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <future>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "health.hpp"
+#include "os/sys.hpp"
+#include "profile.hpp"
+
+namespace bp = boost::process;
+namespace json = boost::json;
+
+namespace sbx::shims::docker {
+
+namespace {
+
+// Where sandboxer-init finds what the host hands it, inside the container.
+constexpr const char* kStateIn = "/var/lib/sandboxer/box";
+constexpr const char* kTokenIn = "/etc/sandboxer/secret/token";  // as shims/common.py
+constexpr const char* kProfileIn = "/etc/sandboxer/profile.json";
+// The API's port inside a container on a bridge network.
+constexpr int kBridgePort = 7777;  // as shims/common.py
+// Above the grace period: sandboxer-init needs time after the agent's end to write the journal.
+constexpr int kStopMarginS = 5;
+// The supervisor, ns-init, `docker exec` and the HEALTHCHECK need pids beside the agent's.
+constexpr int64_t kPidsMargin = 32;
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string exe_dir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+// "2G", "512M", "64k", "1.5G" or a number of bytes (1024-based, as the profiles mean it).
+int64_t size_bytes(const json::value& v, const std::string& field) {
+  if (v.is_int64()) return v.as_int64();
+  if (v.is_uint64()) return static_cast<int64_t>(v.as_uint64());
+  if (v.is_double()) return static_cast<int64_t>(v.as_double());
+  if (!v.is_string()) throw std::runtime_error(field + ": expected a size such as \"2G\"");
+  std::string s(v.as_string());
+  char* end = nullptr;
+  double x = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  double mult = 1;
+  if (unit.empty() || unit == "B" || unit == "b") mult = 1;
+  else if (unit[0] == 'k' || unit[0] == 'K') mult = 1024.0;
+  else if (unit[0] == 'm' || unit[0] == 'M') mult = 1024.0 * 1024;
+  else if (unit[0] == 'g' || unit[0] == 'G') mult = 1024.0 * 1024 * 1024;
+  else if (unit[0] == 't' || unit[0] == 'T') mult = 1024.0 * 1024 * 1024 * 1024;
+  else throw std::runtime_error(field + ": unknown unit in \"" + s + "\"");
+  if (end == s.c_str() || x < 0) throw std::runtime_error(field + ": not a size: \"" + s + "\"");
+  return static_cast<int64_t>(x * mult);
+}
+
+double number(const json::value& v, const std::string& field) {
+  if (v.is_number()) return v.to_number<double>();
+  throw std::runtime_error(field + ": expected a number");
+}
+
+void apply_override_json(json::object& root, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) throw std::runtime_error("--set " + assignment + ": expected FIELD=VALUE");
+  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  if (ec) v = json::string(text);
+  json::object* o = &root;
+  size_t start = 0;
+  for (;;) {
+    auto dot = path.find('.', start);
+    std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty()) throw std::runtime_error("--set " + assignment + ": empty field name");
+    if (dot == std::string::npos) {
+      (*o)[key] = v;
+      return;
+    }
+    auto& next = (*o)[key];
+    if (!next.is_object()) next = json::object();
+    o = &next.as_object();
+    start = dot + 1;
+  }
+}
+
+// Whether the profile asks for live checkpoint: `persistence: "checkpoint"`; a profile from before
+// that field existed asks for it by wanting namespaces of its own (live checkpoint needs them).
+bool wants_live_checkpoint(const json::object& p) {
+  if (auto* pers = p.if_contains("persistence")) return pers->is_string() && pers->as_string() == "checkpoint";
+  auto* iso = p.if_contains("isolation");
+  if (!iso || !iso->is_object()) return true;  // the default is namespaces on
+  auto* ns = iso->as_object().if_contains("namespaces");
+  if (!ns) return true;
+  if (ns->is_bool()) return ns->as_bool();
+  if (ns->is_array()) return !ns->as_array().empty();
+  return false;
+}
+
+int free_loopback_port() {
+  os::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd.get() < 0 || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("pick a loopback port: " + os::last_error().message());
+  return ntohs(a.sin_port);
+}
+
+std::string docker_error(const std::string& what, const DockerResult& r) {
+  std::string e = trim(r.err.empty() ? r.out : r.err);
+  return what + ": docker exited with " + std::to_string(r.status) + (e.empty() ? "" : ": " + e);
+}
+
+DockerResult must(const std::string& what, const std::vector<std::string>& args) {
+  auto r = run_docker(args);
+  if (r.status != 0) throw std::runtime_error(docker_error(what, r));
+  return r;
+}
+
+const char* kPsFormat =
+    "{{.Names}}\t{{.Label \"io.sandboxer.url\"}}\t{{.Label \"io.sandboxer.state\"}}\t{{.Image}}\t{{.Status}}";
+
+std::vector<BoxRecord> parse_ps(const std::string& out) {
+  std::vector<BoxRecord> boxes;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    std::vector<std::string> f;
+    std::istringstream ls(line);
+    for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+    f.resize(5);
+    boxes.push_back({.name = f[0], .url = f[1], .state_dir = f[2], .image = f[3], .status = f[4]});
+  }
+  return boxes;
+}
+
+}  // namespace
+
+DockerResult run_docker(const std::vector<std::string>& args) {
+  std::string exe;
+  if (auto* e = std::getenv("SANDBOXER_DOCKER"); e && *e) exe = e;
+  else exe = bp::search_path("docker").string();
+  if (exe.empty()) throw std::runtime_error("docker: not found on PATH (or set SANDBOXER_DOCKER)");
+  boost::asio::io_context ios;
+  std::future<std::string> out, err;
+  bp::child c(exe, bp::args(args), bp::std_in < bp::null, bp::std_out > out, bp::std_err > err, ios);
+  ios.run();
+  c.wait();
+  return {c.exit_code(), out.get(), err.get()};
+}
+
+std::string find_profile_file(const std::string& name_or_path) {
+  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json")) {
+    if (::access(name_or_path.c_str(), R_OK) != 0)
+      throw std::runtime_error("profile " + name_or_path + ": " + os::last_error().message());
+    return name_or_path;
+  }
+  std::string dir = exe_dir();
+  std::vector<std::string> candidates = {dir + "/../profiles/", dir + "/../../profiles/",
+                                         dir + "/../share/sandboxer/profiles/", "/etc/sandboxer/profiles/",
+                                         "/usr/share/sandboxer/profiles/"};
+  for (auto& c : candidates)
+    if (::access((c + name_or_path + ".json").c_str(), R_OK) == 0) return c + name_or_path + ".json";
+  throw std::runtime_error("profile \"" + name_or_path + "\": not found (looked in " + candidates.front() +
+                           " and " + std::to_string(candidates.size() - 1) + " more places)");
+}
+
+std::vector<std::string> docker_limits(const json::object& res) {
+  std::vector<std::string> args;
+  if (auto* m = res.if_contains("memory")) {
+    if (int64_t b = size_bytes(*m, "resources.memory"); b > 0) {
+      // Swap equal to memory: the ceiling is the memory itself, not twice it.
+      args.insert(args.end(), {"--memory", std::to_string(b), "--memory-swap", std::to_string(b)});
+    }
+  }
+  if (auto* c = res.if_contains("cpus")) {
+    if (double x = number(*c, "resources.cpus"); x > 0) {
+      std::ostringstream s;
+      s << x;
+      args.insert(args.end(), {"--cpus", s.str()});
+    }
+  }
+  if (auto* p = res.if_contains("pids")) {
+    if (auto n = static_cast<int64_t>(number(*p, "resources.pids")); n > 0)
+      args.insert(args.end(), {"--pids-limit", std::to_string(n + kPidsMargin)});
+  }
+  return args;
+}
+
+RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& overrides) {
+  for (auto& s : overrides) apply_override_json(profile, s);
+  // The supervisor's own parser: the box would refuse what it refuses, so refuse it here first.
+  supervisor::Profile parsed = supervisor::parse_profile(json::serialize(profile));
+  RunPlan plan;
+  plan.profile = profile;
+  plan.grace_ms = parsed.resources.grace_ms;
+  plan.stop_timeout_s = static_cast<int>((plan.grace_ms + 999) / 1000) + kStopMarginS;
+  plan.live_checkpoint_caps = wants_live_checkpoint(profile);
+  if (auto* r = profile.if_contains("resources"); r && r->is_object()) plan.limit_args = docker_limits(r->as_object());
+  return plan;
+}
+
+BoxRecord up(const UpOptions& o, std::ostream& log) {
+  if (o.argv.empty()) throw std::runtime_error("no command given (expected -- COMMAND ...)");
+  std::string profile_file = find_profile_file(o.profile);
+  auto text = os::read_file(profile_file);
+  if (!text) throw std::runtime_error("read " + profile_file + ": " + text.error().message());
+  boost::system::error_code ec;
+  auto pv = json::parse(*text, ec);
+  if (ec || !pv.is_object()) throw std::runtime_error("profile " + profile_file + ": not a JSON object");
+  RunPlan plan = plan_for_profile(pv.as_object(), o.overrides);
+
+  BoxRecord box;
+  box.name = o.name.empty() ? "sbx-" + os::random_hex(5) : o.name;
+  box.image = o.image.empty() ? std::string("sandboxer/agent:") + SBX_VERSION : o.image;
+  std::string box_dir = o.box_root + "/" + box.name;
+  box.state_dir = box_dir + "/state";
+  for (auto& d : {box_dir, box.state_dir})
+    if (auto r = os::make_dirs(d, 0700); !r) throw std::runtime_error("create " + d + ": " + r.error().message());
+  box.token = os::random_hex(32);
+  std::string token_file = box_dir + "/token";
+  std::string profile_copy = box_dir + "/profile.json";
+  if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r)
+    throw std::runtime_error("write " + token_file + ": " + r.error().message());
+  if (auto r = os::write_file_atomic(profile_copy, json::serialize(plan.profile) + "\n", 0644); !r)
+    throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
+
+  // A bridge lets the API sit in the container's own network namespace, published on loopback;
+  // without one (dockerd --bridge=none), host networking with a loopback listener.
+  bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
+  int port = free_loopback_port();
+  box.url = "ws://127.0.0.1:" + std::to_string(port);
+
+  std::vector<std::string> args = {"run", "--detach", "--name", box.name,
+                                   "--label", "io.sandboxer.box=" + box.name,
+                                   "--label", "io.sandboxer.url=" + box.url,
+                                   "--label", "io.sandboxer.state=" + box.state_dir,
+                                   "--label", "io.sandboxer.profile=" + o.profile,
+                                   "--stop-timeout", std::to_string(plan.stop_timeout_s),
+                                   "--volume", box.state_dir + ":" + kStateIn,
+                                   "--volume", token_file + ":" + kTokenIn + ":ro",
+                                   "--volume", profile_copy + ":" + kProfileIn + ":ro"};
+  if (bridge) {
+    args.insert(args.end(), {"--publish", "127.0.0.1:" + std::to_string(port) + ":" + std::to_string(kBridgePort)});
+  } else {
+    args.insert(args.end(), {"--network", "host"});
+  }
+  if (plan.live_checkpoint_caps) {
+    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN",
+                             "--cap-add", "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
+  }
+  args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
+  for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
+  std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
+  args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
+                           "--listen", listen, "--"});
+  args.insert(args.end(), o.argv.begin(), o.argv.end());
+
+  log << "box " << box.name << ": image " << box.image << ", "
+      << (plan.live_checkpoint_caps ? "live-checkpoint capabilities" : "no added capabilities") << ", "
+      << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
+  auto forget = [&] { ::unlink(token_file.c_str()); };
+  if (auto r = run_docker(args); r.status != 0) {
+    forget();
+    throw std::runtime_error(docker_error("docker run " + box.name, r));
+  }
+
+  // Ready when the API answers; a container that ends first is reported with its log.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int i = 0;; ++i) {
+    if (!supervisor::probe_websocket("127.0.0.1", port, 500)) break;
+    if (i % 4 == 3 || std::chrono::steady_clock::now() > deadline) {
+      auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});
+      std::string state = trim(st.out);
+      if (state != "running" && state != "created") {
+        auto logs = run_docker({"logs", "--tail", "20", box.name});
+        run_docker({"rm", "--force", box.name});
+        forget();
+        throw std::runtime_error("box " + box.name + " ended before its API answered (" + state +
+                                 "); its log:\n" + trim(logs.out + logs.err));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        run_docker({"rm", "--force", box.name});
+        forget();
+        throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s");
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  box.status = "running";
+  return box;
+}
+
+std::vector<BoxRecord> ps() {
+  return parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--format", kPsFormat}).out);
+}
+
+BoxRecord down(const std::string& url_or_name) {
+  std::string filter = url_or_name.starts_with("ws://") || url_or_name.starts_with("wss://")
+                           ? "label=io.sandboxer.url=" + url_or_name
+                           : "name=^" + url_or_name + "$";
+  auto boxes = parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--filter", filter,
+                                           "--format", kPsFormat}).out);
+  if (boxes.empty()) throw std::runtime_error("no box container for " + url_or_name + " (see sandboxer ps)");
+  BoxRecord b = boxes.front();
+  // docker stop waits the container's own --stop-timeout (set above the grace period by `up`).
+  must("docker stop " + b.name, {"stop", b.name});
+  must("docker rm " + b.name, {"rm", b.name});
+  if (auto slash = b.state_dir.rfind('/'); slash != std::string::npos) {
+    ::unlink((b.state_dir.substr(0, slash) + "/token").c_str());
+  }
+  b.status = "removed";
+  return b;
+}
+
+}  // namespace sbx::shims::docker

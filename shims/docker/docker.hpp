@@ -1,0 +1,81 @@
+#pragma once
+// The Docker host (DESIGN.md, "Hosts"): a box is one container of the runtime image with
+// sandboxer-init as its entrypoint. The shim drives the docker CLI through Boost.Process rather
+// than the Engine API socket: the CLI already resolves DOCKER_HOST, contexts and TLS the way the
+// user set them up, its flags are the documented interface people check a box's set-up against,
+// and the host side has no reaper of its own to conflict with Boost.Process's waitpid.
+//
+// What a box gets:
+// - capabilities only when its profile needs live checkpoint (DESIGN.md's list);
+// - the WebSocket on 127.0.0.1 only: host networking with a picked loopback port when dockerd has
+//   no bridge, else `-p 127.0.0.1:PORT:7777`;
+// - the token as a read-only bind-mounted file (never on a command line, never in the image);
+// - `--stop-timeout` above the profile's grace period, so the journal is complete on `docker stop`;
+// - the profile's memory, cpus and pids as Docker's --memory, --cpus, --pids-limit;
+// - its state dir (journal, branches) bind-mounted from the host, so the journal outlives it.
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+namespace sbx::shims::docker {
+
+struct UpOptions {
+  std::string profile = "default";          // a name or a path to a profile file
+  std::vector<std::string> overrides;       // --set FIELD=VALUE
+  std::string image;                        // "" : sandboxer/agent:<version>
+  std::string name;                         // "" : sbx-<random>
+  std::vector<std::string> volumes;         // -v SRC:DST[:ro], passed to docker run
+  std::vector<std::string> argv;            // the agent's command
+  std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
+};
+
+struct BoxRecord {
+  std::string name;       // the container's name
+  std::string url;        // ws://127.0.0.1:PORT
+  std::string state_dir;  // on the host
+  std::string image;
+  std::string status;     // docker's words
+  std::string token;      // filled by `up` only
+};
+
+/// What `up` decides from the profile, before anything runs (unit-testable).
+struct RunPlan {
+  bool live_checkpoint_caps = false;
+  int64_t grace_ms = 10000;
+  int stop_timeout_s = 15;
+  std::vector<std::string> limit_args;  // --memory, --cpus, --pids-limit
+  boost::json::object profile;          // with the overrides applied
+};
+
+/// The profile as JSON with `overrides` applied, checked by the supervisor's own parser; throws
+/// std::runtime_error (or ProfileError) naming the bad field.
+RunPlan plan_for_profile(boost::json::object profile, const std::vector<std::string>& overrides);
+
+/// Docker's flags for a profile's `resources` (memory, cpus, pids; the fields of profiles with
+/// ceilings): --memory and --memory-swap (the same: no swap beyond the ceiling), --cpus,
+/// --pids-limit (with a margin for the supervisor, ns-init, `docker exec` and the health check).
+std::vector<std::string> docker_limits(const boost::json::object& resources);
+
+/// Finds a profile file on the host by name (the directories sandboxer-init searches) or path.
+std::string find_profile_file(const std::string& name_or_path);
+
+/// Starts a box; progress lines go to `log`; throws std::runtime_error with docker's own words.
+BoxRecord up(const UpOptions& o, std::ostream& log);
+/// Stops (within the container's stop timeout) and removes the box with this URL or name.
+BoxRecord down(const std::string& url_or_name);
+/// Every box container, running or not.
+std::vector<BoxRecord> ps();
+
+/// The docker CLI's result.
+struct DockerResult {
+  int status = -1;
+  std::string out, err;
+};
+/// Runs `docker ARGS...` ($SANDBOXER_DOCKER, else docker on PATH); stdin is closed.
+DockerResult run_docker(const std::vector<std::string>& args);
+
+}  // namespace sbx::shims::docker

@@ -1,0 +1,345 @@
+"""Docker as a real host: the runtime image with the real sandboxer-init, `sandboxer up --host
+docker`, `down`, `ps`, `docker stop`, and the supervisor in a plain `docker run`.
+
+A private dockerd (scripts/dockerd: own data root and socket, no bridge) runs for the session
+and is stopped at the end; the image is built once per session by images/docker-image (its root
+filesystem comes from images/build's cache after the first build)."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+
+from conftest import CLI, ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+from wsbox import output_of  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
+
+TAG = "sandboxer/agent:e2e"
+PRIMES = ROOT / "examples" / "primes"
+
+
+@pytest.fixture(scope="session")
+def docker_env(tmp_path_factory):
+    """DOCKER_HOST of a private dockerd, and a state home of the session's own for the CLI."""
+    base = tmp_path_factory.mktemp("docker")
+    d = base / "d"
+    out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    env = dict(os.environ)
+    env["DOCKER_HOST"] = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
+    env["XDG_STATE_HOME"] = str(base / "state")
+    yield env
+    subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
+    # dockerd leaves its default netns file bind-mounted under its exec root; pytest's clean-up
+    # of old tmp dirs could not remove it.
+    with open("/proc/mounts") as f:
+        mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(base) + "/")]
+    for m in sorted(mounts, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
+    # The image's layers (about 200 MB) need not wait for pytest's rotation of old tmp dirs.
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def image(docker_env):
+    out = subprocess.run([str(CLI), "image", "build", "--tag", TAG], env=docker_env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == TAG
+    return TAG
+
+
+def docker(env, *args, timeout=60, check=True):
+    r = subprocess.run(["docker", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr}"
+    return r
+
+
+def cli(env, *args, timeout=60):
+    return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def token_file(env, url):
+    """The CLI's token store, in the format sdk/python reads (shims/common.py)."""
+    return pathlib.Path(env["XDG_STATE_HOME"]) / "sandboxer" / "tokens" / urllib.parse.quote(url, safe="")
+
+
+class Up:
+    """A box started by `sandboxer up --host docker`, removed at the end whatever happened."""
+
+    def __init__(self, env, image, argv, *opts):
+        self.env = env
+        r = cli(env, "up", "--host", "docker", "--image", image, *opts, "--", *argv)
+        assert r.returncode == 0, r.stderr
+        self.url = r.stdout.strip().splitlines()[-1]
+        assert self.url.startswith("ws://127.0.0.1:")
+        self.token = token_file(env, self.url).read_text().strip()
+        boxes = [json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines()]
+        (self.box,) = [b for b in boxes if b["url"] == self.url]
+        self.name = self.box["name"]
+        self.state = pathlib.Path(self.box["state_dir"])
+
+    def inspect(self):
+        return json.loads(docker(self.env, "inspect", self.name).stdout)[0]
+
+    def journal(self):
+        out = subprocess.run([str(CLI), "log", str(self.state), "--json"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        docker(self.env, "rm", "--force", self.name, check=False)
+
+
+def write_profile(path, **isolation):
+    path.write_text(json.dumps({"name": path.stem, "version": 1, "resources": {"grace": "10s"},
+                                "isolation": {"namespaces": True, **isolation}}))
+    return path
+
+
+@pytest.mark.timeout(600)
+def test_image_has_supervisor_entrypoint_healthcheck_and_image_json(docker_env, image):
+    cfg = json.loads(docker(docker_env, "image", "inspect", image).stdout)[0]["Config"]
+    assert cfg["Entrypoint"] == ["/usr/local/bin/sandboxer-init"]
+    assert cfg["Healthcheck"]["Test"] == ["CMD", "/usr/local/bin/sandboxer-init", "--health"]
+    assert cfg["Labels"]["org.opencontainers.image.version"] == "e2e"
+    info = json.loads(docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "cat", image,
+                             "/etc/sandboxer/image.json").stdout)
+    assert info["id"] == cfg["Labels"]["io.sandboxer.image.id"] and info["id"].startswith("sha256:")
+    assert info["version"] == "e2e" and info["criu"].startswith("4.2")
+    out = docker(docker_env, "run", "--rm", "--network", "none", image, "--version").stdout
+    assert out.strip() == "sandboxer-init 0.1.0"
+
+
+@pytest.mark.timeout(120)
+def test_up_runs_primes_and_attach_watches_it_finish(docker_env, image):
+    # The agent starts once `sandboxer attach` is attached (it would otherwise be done, and its box
+    # gone, before a loaded machine lets the client connect): the test drops /workspace/go through
+    # the box's state dir on the host.
+    argv = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.05; done; exec python3 /opt/examples/primes/agent.py"]
+    with Up(docker_env, image, argv, "-v", f"{PRIMES}:/opt/examples/primes:ro") as box:
+        # No token flag: attach finds the token `up` stored for the URL.
+        attach = subprocess.Popen([str(CLI), "attach", box.url, "--json"], env=docker_env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            first = json.loads(attach.stdout.readline())
+            assert first["type"] == "box.started"
+            (box.state / "branches" / "main" / "workspace" / "go").touch()
+            out, err = attach.communicate(timeout=60)
+        finally:
+            attach.kill()
+        assert attach.returncode == 0, err  # the box closed the stream normally as it ended
+        events = [first] + [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        exited = [e for e in events if e["type"] == "proc.exited" and e["proc"] == "main"]
+        assert len(exited) == 1 and exited[0]["code"] == 0 and exited[0]["reason"] == "exited"
+        assert first["capabilities"]["namespaces"] is True  # the default profile got the caps
+        report = [e["message"] for e in events if e["type"] == "proc.message" and e["message"]["step"] == "report"]
+        assert report and report[0]["last"] == 229
+        # The box ends with its agent, with the agent's status.
+        assert docker(docker_env, "wait", box.name, timeout=30).stdout.strip() == "0"
+
+
+@pytest.mark.timeout(120)
+def test_exec_into_a_docker_box_with_the_stored_token(docker_env, image):
+    with Up(docker_env, image, ["sleep", "60"]) as box:
+        r = cli(docker_env, "exec", box.url, "--", "sh", "-c", "echo in-box; exit 3")
+        assert r.returncode == 3 and "in-box" in r.stdout, r.stderr
+        # Control: with a wrong token the same request is refused.
+        env = dict(docker_env, SANDBOXER_TOKEN="wrong")
+        r = cli(env, "exec", box.url, "--", "true")
+        assert r.returncode != 0 and r.returncode != 3
+
+
+@pytest.mark.timeout(120)
+def test_up_token_is_a_read_only_file_and_never_on_a_command_line(docker_env, image):
+    agent = ["sh", "-c", "cat /etc/sandboxer/secret/token; echo cat=$?; exec sleep 60"]
+    with Up(docker_env, image, agent) as box:
+        info = box.inspect()
+        assert box.token and box.token not in json.dumps(info)  # not in Cmd, Env, labels, mounts
+        (mount,) = [m for m in info["Mounts"] if m["Destination"] == "/etc/sandboxer/secret/token"]
+        assert mount["RW"] is False
+        assert oct(token_file(docker_env, box.url).stat().st_mode & 0o777) == "0o600"
+        ps = docker(docker_env, "exec", box.name, "ps", "-eo", "args").stdout
+        assert box.token not in ps
+        assert info["HostConfig"]["NetworkMode"] == "host"  # this dockerd has no bridge
+        assert info["Config"]["StopTimeout"] == 15  # grace 10 s + 5
+        # The agent (own mount namespace) sees the token file masked: empty, or not readable.
+        deadline = time.monotonic() + 20
+        while b"cat=" not in output_of(box.journal(), "main"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        out = output_of(box.journal(), "main")
+        assert box.token.encode() not in out and out.startswith(b"cat=")
+
+
+@pytest.mark.timeout(120)
+def test_box_without_namespaces_keeps_the_token_from_an_agent_under_another_uid(docker_env, image, tmp_path):
+    # Without namespaces the supervisor cannot mask the token file: the file's mode (0600, root)
+    # is what keeps it from the agent, so the agent must not run as root (the control shows why).
+    agent = ["sh", "-c", "cat /etc/sandboxer/secret/token >/dev/null 2>&1; echo cat=$?; exec sleep 60"]
+    results = {}
+    for user in ({"uid": 65534, "gid": 65534}, "root"):
+        prof = tmp_path / f"flat-{'root' if user == 'root' else 'nobody'}.json"
+        prof.write_text(json.dumps({"name": prof.stem, "version": 1, "resources": {"grace": "1s"},
+                                    "isolation": {"namespaces": False, "user": user}}))
+        with Up(docker_env, image, agent, "--profile", str(prof)) as box:
+            deadline = time.monotonic() + 20
+            while b"cat=" not in output_of(box.journal(), "main"):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            results[prof.stem] = output_of(box.journal(), "main").decode()
+    assert "cat=1" in results["flat-nobody"]
+    assert "cat=0" in results["flat-root"]  # control: root in the same mount namespace reads it
+
+
+@pytest.mark.timeout(120)
+def test_up_adds_checkpoint_caps_only_when_the_profile_needs_them(docker_env, image, tmp_path):
+    plain = write_profile(tmp_path / "flat.json", namespaces=False)
+    with Up(docker_env, image, ["sleep", "60"], "--profile", str(plain)) as box:
+        hc = box.inspect()["HostConfig"]
+        assert not hc["CapAdd"] and not hc["SecurityOpt"]
+    with Up(docker_env, image, ["sleep", "60"]) as box:  # default: namespaces, live checkpoint
+        hc = box.inspect()["HostConfig"]
+        assert sorted(hc["CapAdd"]) == ["CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_SYS_TIME"] or \
+            sorted(hc["CapAdd"]) == ["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE", "SYS_TIME"]
+        assert hc["SecurityOpt"] == ["seccomp=unconfined"]
+        assert "/run" in hc["Tmpfs"]
+
+
+@pytest.mark.timeout(120)
+def test_up_maps_the_profile_limits_to_docker(docker_env, image, tmp_path):
+    prof = tmp_path / "small.json"
+    prof.write_text(json.dumps({"name": "small", "version": 1,
+                                "resources": {"memory": "300M", "cpus": 0.5, "pids": 64, "grace": "1s"},
+                                "isolation": {"namespaces": False}}))
+    with Up(docker_env, image, ["sleep", "60"], "--profile", str(prof)) as box:
+        hc = box.inspect()["HostConfig"]
+        assert hc["Memory"] == 300 << 20 and hc["MemorySwap"] == 300 << 20
+        assert hc["NanoCpus"] == 500_000_000
+        assert hc["PidsLimit"] == 64 + 32
+        assert box.inspect()["Config"]["StopTimeout"] == 6
+        # The container's memory cgroup holds the ceiling the agent lives under.
+        r = docker(docker_env, "exec", box.name, "sh", "-c",
+                   "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max")
+        assert int(r.stdout) == 300 << 20  # cgroup v1 here, v2 elsewhere
+
+
+@pytest.mark.timeout(120)
+def test_docker_stop_gives_the_agent_term_and_the_grace_period(docker_env, image):
+    # The agent says it got TERM and then ignores it: the supervisor must wait the grace period
+    # (2 s), send KILL, and write it all to the journal before Docker's stop timeout (7 s).
+    agent = ("import signal, sys, time\n"
+             "def term(*_):\n    print('got TERM', flush=True)\n"
+             "signal.signal(signal.SIGTERM, term)\n"
+             "print('ready', flush=True)\n"
+             "while True: time.sleep(0.1)\n")
+    with Up(docker_env, image, ["python3", "-c", agent], "--set", "resources.grace=2s") as box:
+        assert box.inspect()["Config"]["StopTimeout"] == 7
+        deadline = time.monotonic() + 20
+        while not any(e["type"] == "proc.output" and "ready" in e.get("data", "") for e in box.journal()):
+            assert time.monotonic() < deadline, "the agent did not start"
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        docker(docker_env, "stop", box.name, timeout=30)
+        took = time.monotonic() - t0
+        assert 2.0 <= took < 7.0, took
+        events = box.journal()
+        assert b"got TERM" in output_of(events, "main")
+        exited = [e for e in events if e["type"] == "proc.exited" and e["proc"] == "main"]
+        assert len(exited) == 1
+        assert exited[0]["reason"] == "shutdown" and exited[0]["escalated"] is True
+        assert exited[0]["signal"] in ("KILL", 9)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # no gap
+
+
+@pytest.mark.timeout(120)
+def test_supervisor_in_a_plain_docker_run_says_what_it_cannot_do(docker_env, image):
+    r = docker(docker_env, "run", "--rm", "--network", "none", image, "--events", "-", "--metrics-interval", "0",
+               "--", "python3", "-c", "print('hello from a plain container')", check=False)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    caps = next(e for e in events if e["type"] == "box.started")["capabilities"]
+    assert caps["namespaces"] is False
+    assert "Operation not permitted" in caps["namespaces_why_not"]
+    assert caps["live_checkpoint"] is False and "namespace" in caps["why_not"]
+    assert caps["isolation"] == "container"
+    assert b"hello from a plain container" in output_of(events, "main")
+    exited = next(e for e in events if e["type"] == "proc.exited")
+    assert exited["code"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_health_answers_in_a_box_and_fails_without_a_supervisor(docker_env, image):
+    with Up(docker_env, image, ["sleep", "60"]) as box:
+        r = docker(docker_env, "exec", box.name, "sandboxer-init", "--health", check=False)
+        assert r.returncode == 0 and r.stdout.startswith("healthy: the WebSocket API"), r.stdout
+        # Docker's own HEALTHCHECK (every 5 s) runs the same command.
+        deadline = time.monotonic() + 20
+        while box.inspect()["State"]["Health"]["Status"] != "healthy":
+            assert time.monotonic() < deadline, box.inspect()["State"]["Health"]
+            time.sleep(0.5)
+    # A supervisor without the API (a plain `docker run`) is healthy while it runs.
+    name = "sbx-health-plain"
+    docker(docker_env, "run", "-d", "--name", name, "--network", "none", image, "--", "sleep", "30")
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            r = docker(docker_env, "exec", name, "sandboxer-init", "--health", check=False)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # until the supervisor has written /run/sandboxer/init.json
+        assert r.returncode == 0 and "serves no WebSocket API" in r.stdout, r.stdout
+    finally:
+        docker(docker_env, "rm", "--force", name, check=False)
+    # Control: the same image with no supervisor running.
+    r = docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "/usr/local/bin/sandboxer-init",
+               image, "--health", check=False)
+    assert r.returncode == 1 and r.stdout.startswith("unhealthy:"), r.stdout
+
+
+@pytest.mark.timeout(120)
+def test_ps_lists_a_box_and_down_removes_it_and_its_token(docker_env, image):
+    box = Up(docker_env, image, ["sleep", "60"])
+    with box:
+        assert box.box["status"].startswith("Up")
+        r = cli(docker_env, "down", box.url)
+        assert r.returncode == 0, r.stderr
+        assert box.name in r.stdout
+        assert not token_file(docker_env, box.url).exists()
+        assert box.url not in cli(docker_env, "ps").stdout
+        assert docker(docker_env, "inspect", box.name, check=False).returncode != 0
+        # The journal outlives the container: `sleep` got TERM from the supervisor.
+        exited = [e for e in box.journal() if e["type"] == "proc.exited"]
+        assert exited and exited[-1]["reason"] == "shutdown"
+
+
+@pytest.mark.timeout(60)
+def test_up_refuses_bad_input_with_a_clear_error(docker_env, image, tmp_path):
+    before = docker(docker_env, "ps", "-aq").stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "bad", "version": 1, "resources": {"grace": "soon"}}))
+    r = cli(docker_env, "up", "--host", "docker", "--profile", str(bad), "--", "true")
+    assert r.returncode != 0 and "resources.grace" in r.stderr
+    r = cli(docker_env, "up", "--host", "kubernetes", "--", "true")
+    assert r.returncode != 0 and "--host kubernetes" in r.stderr
+    r = cli(docker_env, "up", "--host", "docker", "--image", "sandboxer/missing:1", "--", "true")
+    assert r.returncode != 0 and "sandboxer/missing" in r.stderr
+    r = cli(docker_env, "down", "ws://127.0.0.1:1")
+    assert r.returncode != 0 and "no box container" in r.stderr
+    # Control: a good profile starts.
+    with Up(docker_env, image, ["sleep", "5"]):
+        pass
+    assert docker(docker_env, "ps", "-aq").stdout == before
