@@ -7,20 +7,11 @@
 #include <stdexcept>
 
 #include "commands.hpp"
+#include "os/sys.hpp"
 
 namespace bp = boost::process;
 
 namespace sbx::cli {
-
-namespace {
-std::string exe_dir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, static_cast<size_t>(n));
-  return p.substr(0, p.rfind('/'));
-}
-}  // namespace
 
 int cmd_image(const std::vector<std::string>& args) {
   const char* usage = "usage: sandboxer image build [--variant base|python] [--tag NAME:VERSION] [--cache DIR]";
@@ -40,7 +31,7 @@ int cmd_image(const std::vector<std::string>& args) {
   }
   // The recipe lives in the source tree: beside a build directory (build/bin/..), or where
   // SANDBOXER_SOURCE points.
-  std::string dir = exe_dir();
+  std::string dir = os::exe_dir();
   std::vector<std::string> candidates;
   if (auto* s = std::getenv("SANDBOXER_SOURCE"); s && *s) candidates.push_back(std::string(s) + "/images/docker-image");
   candidates.push_back(dir + "/../../images/docker-image");

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "commands.hpp"
+#include "os/sys.hpp"
 #include "printer.hpp"
 #include "tokens.hpp"
 
@@ -40,14 +41,7 @@ struct ChildSetup : bp::extend::handler {
 }  // namespace
 
 std::string find_init_binary() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n > 0) {
-    std::string dir(buf, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    std::string cand = dir + "/sandboxer-init";
-    if (::access(cand.c_str(), X_OK) == 0) return cand;
-  }
+  if (std::string cand = os::exe_dir() + "/sandboxer-init"; ::access(cand.c_str(), X_OK) == 0) return cand;
   auto p = bp::search_path("sandboxer-init");
   if (p.empty()) throw std::runtime_error("sandboxer-init not found beside sandboxer or on PATH");
   return p.string();

@@ -19,12 +19,6 @@ using namespace sbx::supervisor;
 
 namespace {
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
-
 std::string default_state_root() {
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/boxes";
   if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/boxes";
@@ -114,7 +108,7 @@ int main(int argc, char** argv) {
   bo.restore_file = o.restore_file;
   bo.events_path = o.events;
   bo.workdir = o.workdir;
-  bo.self_exe = self_exe();
+  bo.self_exe = sbx::os::exe_path();
   // A container's init says where it serves, for `--health` (the image's HEALTHCHECK).
   if (::getpid() == 1) bo.health_file = kHealthFile;
   bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;

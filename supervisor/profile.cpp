@@ -463,11 +463,7 @@ Profile load_profile(const std::string& name_or_path) {
   } else {
     if (auto* d = std::getenv("SANDBOXER_PROFILE_DIR")) candidates.push_back(std::string(d) + "/" + name_or_path + ".json");
     // Beside the binary in a build tree or bundle, then the system locations.
-    char exe[4096];
-    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-      std::string dir(exe, static_cast<size_t>(n));
-      dir = dir.substr(0, dir.rfind('/'));
+    if (std::string dir = os::exe_dir(); dir != ".") {
       candidates.push_back(dir + "/../profiles/" + name_or_path + ".json");
       candidates.push_back(dir + "/../../profiles/" + name_or_path + ".json");
       candidates.push_back(dir + "/../share/sandboxer/profiles/" + name_or_path + ".json");

@@ -42,14 +42,6 @@ std::string trim(std::string s) {
   return s;
 }
 
-std::string exe_dir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, static_cast<size_t>(n));
-  return p.substr(0, p.rfind('/'));
-}
-
 // "2G", "512M", "64k", "1.5G" or a number of bytes (1024-based, as the profiles mean it).
 int64_t size_bytes(const json::value& v, const std::string& field) {
   if (v.is_int64()) return v.as_int64();
@@ -174,7 +166,7 @@ std::string find_profile_file(const std::string& name_or_path) {
       throw std::runtime_error("profile " + name_or_path + ": " + os::last_error().message());
     return name_or_path;
   }
-  std::string dir = exe_dir();
+  std::string dir = os::exe_dir();
   std::vector<std::string> candidates = {dir + "/../profiles/", dir + "/../../profiles/",
                                          dir + "/../share/sandboxer/profiles/", "/etc/sandboxer/profiles/",
                                          "/usr/share/sandboxer/profiles/"};

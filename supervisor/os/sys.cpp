@@ -113,6 +113,17 @@ std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
+std::string exe_path() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string exe_dir() {
+  std::string p = exe_path();
+  return p.empty() ? "." : p.substr(0, p.rfind('/'));
+}
+
 std::string random_hex(size_t bytes) {
   std::string raw(bytes, '\0');
   size_t got = 0;

@@ -41,6 +41,10 @@ Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 /// The pids of the direct children of `pid` (all threads), from /proc/PID/task/*/children.
 std::vector<pid_t> children_of(pid_t pid);
 
+/// This process's executable (/proc/self/exe), and the directory it is in ("" / "." if unknown).
+std::string exe_path();
+std::string exe_dir();
+
 /// Random bytes as lowercase hex (getrandom).
 std::string random_hex(size_t bytes);
 

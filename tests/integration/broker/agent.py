@@ -190,7 +190,13 @@ for i in range(300):
     if i % 3 == 0 and n >= 12:  # a plausible header, so the parser gets further in
         data = struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + data[12:]
     junk.sendto(data, ("127.0.0.1", 53))
-out("dns_after_garbage", rcode=dns_rcode("api.example.test"))
+# UDP may drop a datagram while the resolver works through the junk: what must hold is that it
+# still answers, so the real question is asked up to five times.
+for attempt in range(1, 6):
+    rc = dns_rcode("api.example.test")
+    if rc == 0:
+        break
+out("dns_after_garbage", rcode=rc, attempts=attempt)
 
 # A flood of refused lookups: the broker reports a bounded number and counts the rest.
 flood = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
