@@ -118,6 +118,8 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   if (!ev || !ev->is_string()) return;
   auto* pid_field = r.if_contains("proc");
   std::string proc_id = pid_field && pid_field->is_string() ? std::string(pid_field->as_string()) : b.main_proc;
+  // ns-init calls its agent "main" in every branch; a copy's agent is "main@<branch>" here.
+  if (proc_id == "main") proc_id = b.main_proc;
   auto it = procs_.find(proc_id);
   if (it == procs_.end()) return;
   Proc& p = *it->second;

@@ -343,3 +343,34 @@ def test_up_refuses_bad_input_with_a_clear_error(docker_env, image, tmp_path):
     with Up(docker_env, image, ["sleep", "5"]):
         pass
     assert docker(docker_env, "ps", "-aq").stdout == before
+
+
+@pytest.mark.timeout(180)
+def test_without_the_checkpoint_caps_checkpoint_is_files_only_and_fork_a_cold_restart(docker_env, image, tmp_path):
+    # A plain container (no added capabilities): no criu dump is possible, so a checkpoint is of
+    # the files only and says so, and a fork restarts the agent's command on a copy of them, told
+    # that it was resumed.
+    plain = write_profile(tmp_path / "plain.json", namespaces=False)
+    agent = ["sh", "-c", "echo resumed=${SANDBOXER_RESUMED:-0} snapshot=${SANDBOXER_SNAPSHOT:-none}; exec sleep 60"]
+    with Up(docker_env, image, agent, "--profile", str(plain)) as box:
+        assert not box.inspect()["HostConfig"]["CapAdd"]
+        deadline = time.monotonic() + 20
+        while b"resumed=0" not in output_of(box.journal(), "main"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = cli(docker_env, "checkpoint", box.url, timeout=120)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.strip().splitlines()[-1]
+        assert snap.startswith("s-")
+        created = [e for e in box.journal() if e["type"] == "checkpoint.created"]
+        assert created and created[-1]["mode"] != "live", created
+        f = cli(docker_env, "fork", box.url, "--snapshot", snap, "-n", "1", timeout=120)
+        assert f.returncode == 0, f.stderr
+        branch, proc = f.stdout.split()[:2]
+        deadline = time.monotonic() + 30
+        while f"snapshot={snap}".encode() not in output_of(box.journal(), proc):
+            assert time.monotonic() < deadline, json.dumps([e for e in box.journal() if e.get("branch") == branch])
+            time.sleep(0.2)
+        assert b"resumed=1" in output_of(box.journal(), proc)
+        done = [e for e in box.journal() if e["type"] == "restore.done" and e["branch"] == branch]
+        assert done and done[0]["mode"] == "cold"
