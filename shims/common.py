@@ -14,7 +14,6 @@ import os
 import pathlib
 import secrets
 import sys
-import urllib.parse
 from typing import Any, Sequence
 
 # The WebSocket port inside the box. Hosts map it to their own URL (tunnel, preview, Service).
@@ -92,26 +91,10 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def token_path(url: str) -> pathlib.Path:
-    """The CLI's token store file for a URL, as sdk/python reads it: the URL normalized (scheme
-    and host lower-case, no trailing slash, no fragment) and percent-encoded into one file name
-    under $XDG_STATE_HOME/sandboxer/tokens/."""
-    p = urllib.parse.urlsplit(url.strip())
-    norm = urllib.parse.urlunsplit((p.scheme.lower(), p.netloc.lower(), p.path.rstrip("/"), p.query, ""))
-    base = pathlib.Path(os.environ.get("XDG_STATE_HOME") or pathlib.Path.home() / ".local/state")
-    return base / "sandboxer" / "tokens" / urllib.parse.quote(norm, safe="")
-
-
-def save_token(url: str, token: str) -> pathlib.Path:
-    """Keeps the token of a box this shim started where the CLI and sdk/python look for it by
-    URL (directory 0700, file 0600, the token alone), so `sandboxer attach URL` needs no flag."""
-    path = token_path(url)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
-    return path
+# The token store is sdk/python's (the same file names the CLI uses): one implementation, so the
+# shims, the SDK and cli/tokens.cpp cannot drift apart.
+from sandboxer.tokens import store_token as save_token  # noqa: E402,F401
+from sandboxer.tokens import token_path  # noqa: E402,F401
 
 
 def print_plan(plan: dict[str, Any], out=None) -> None:
