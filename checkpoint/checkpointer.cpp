@@ -46,13 +46,8 @@ json::object error_reply(const std::string& code, const std::string& msg) {
 
 // Every process of a tree, the root first.
 std::vector<pid_t> tree_of(pid_t root) {
-  std::vector<pid_t> all, stack = {root};
-  while (!stack.empty()) {
-    pid_t p = stack.back();
-    stack.pop_back();
-    all.push_back(p);
-    for (pid_t c : os::children_of(p)) stack.push_back(c);
-  }
+  std::vector<pid_t> all = {root};
+  for (pid_t p : os::descendants_of(root)) all.push_back(p);
   return all;
 }
 

@@ -212,13 +212,7 @@ void Box::kill_leftovers() {
   // Anything of the agent still alive (flat mode: descendants that escaped a dead ns-init) dies
   // with the box: no process of the agent outlives the supervisor.
   for (int round = 0; round < 50; ++round) {
-    std::vector<pid_t> all, stack = os::children_of(::getpid());
-    while (!stack.empty()) {
-      pid_t p = stack.back();
-      stack.pop_back();
-      all.push_back(p);
-      for (pid_t c : os::children_of(p)) stack.push_back(c);
-    }
+    std::vector<pid_t> all = os::descendants_of(::getpid());
     if (all.empty()) return;
     for (pid_t p : all) ::kill(p, SIGKILL);
     int st;

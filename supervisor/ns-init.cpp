@@ -97,13 +97,7 @@ void NsInit::signal_tree(int sig) {
   }
   // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper).
   if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
-  std::vector<pid_t> stack = os::children_of(::getpid());
-  while (!stack.empty()) {
-    pid_t p = stack.back();
-    stack.pop_back();
-    ::kill(p, sig);
-    for (pid_t c : os::children_of(p)) stack.push_back(c);
-  }
+  for (pid_t p : os::descendants_of(::getpid())) ::kill(p, sig);
 }
 
 void NsInit::begin_shutdown(int64_t grace_ms) {

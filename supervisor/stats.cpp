@@ -45,17 +45,14 @@ TreeStats tree_stats(pid_t root) {
   if (root <= 0) return t;
   static const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<pid_t> stack{root};
-  size_t guard = 0;
-  while (!stack.empty() && guard++ < 100000) {
-    pid_t p = stack.back();
-    stack.pop_back();
+  std::vector<pid_t> tree = os::descendants_of(root);
+  tree.push_back(root);
+  for (pid_t p : tree) {
     uint64_t ticks = 0, rss = 0;
-    if (!proc_stat(p, ticks, rss)) continue;
+    if (!proc_stat(p, ticks, rss)) continue;  // gone since it was listed
     t.cpu_s += static_cast<double>(ticks) / hz;
     t.memory += rss * page;
     ++t.pids;
-    for (pid_t c : os::children_of(p)) stack.push_back(c);
   }
   return t;
 }

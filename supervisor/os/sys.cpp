@@ -113,6 +113,17 @@ std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
+std::vector<pid_t> descendants_of(pid_t pid, size_t limit) {
+  std::vector<pid_t> all, stack = children_of(pid);
+  while (!stack.empty() && all.size() < limit) {
+    pid_t p = stack.back();
+    stack.pop_back();
+    all.push_back(p);
+    for (pid_t c : children_of(p)) stack.push_back(c);
+  }
+  return all;
+}
+
 std::string exe_path() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);

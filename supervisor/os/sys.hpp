@@ -41,6 +41,9 @@ Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 /// The pids of the direct children of `pid` (all threads), from /proc/PID/task/*/children.
 std::vector<pid_t> children_of(pid_t pid);
 
+/// Every descendant of `pid` (not `pid` itself), parents before their children; at most `limit`.
+std::vector<pid_t> descendants_of(pid_t pid, size_t limit = 100000);
+
 /// This process's executable (/proc/self/exe), and the directory it is in ("" / "." if unknown).
 std::string exe_path();
 std::string exe_dir();
