@@ -658,6 +658,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                              std::to_string(ino->to_number<uint64_t>()) + "]");
         }
         run.new_netns = true;
+        run.writable_proc_sys = true;
         run.hostname = (*b)->name + "." + box_.id_;
         run.output = dir + "/.criu/restore.out";
         auto pid = spawn_criu(*criu_, run);

@@ -374,3 +374,110 @@ def test_without_the_checkpoint_caps_checkpoint_is_files_only_and_fork_a_cold_re
         assert b"resumed=1" in output_of(box.journal(), proc)
         done = [e for e in box.journal() if e["type"] == "restore.done" and e["branch"] == branch]
         assert done and done[0]["mode"] == "cold"
+
+
+# ---- live checkpoint, restore and fork inside a container (issues 5 and 6) ----
+
+E2E = ROOT / "tests" / "e2e"
+COUNTER = ["python3", "/opt/e2e/counter_agent.py"]
+
+
+def ticks(events, branch):
+    """The counter agent's JSON lines (n, nonce, branch) of one branch, in order."""
+    return [e["message"] for e in events if e["type"] == "proc.message" and e["branch"] == branch
+            and "n" in e["message"]]
+
+
+def wait_for(box, what, cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        events = box.journal()
+        if cond(events):
+            return events
+        assert time.monotonic() < deadline, f"{what}: " + json.dumps([e for e in events if e["type"] != "proc.output"
+                                                                      and e["type"] != "proc.message"])[-3000:]
+        time.sleep(0.2)
+
+
+def counter_box(env, image, *opts):
+    box = Up(env, image, COUNTER, "-v", f"{E2E}:/opt/e2e:ro", *opts)
+    wait_for(box, "the agent counts", lambda ev: len(ticks(ev, "main")) >= 5)
+    return box
+
+
+def live_checkpoint(env, box, *opts):
+    r = cli(env, "checkpoint", box.url, *opts, timeout=120)
+    assert r.returncode == 0, r.stderr
+    snap = r.stdout.strip().splitlines()[-1]
+    created = [e for e in box.journal() if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
+    assert created and created[0]["mode"] == "live", created
+    return snap
+
+
+def assert_continues(original, copy):
+    """A live copy: the original's in-memory nonce, and its counter going on from where the
+    checkpoint froze it (a value the original also printed), not from 1."""
+    assert copy, "the copy printed nothing"
+    nonce = original[0]["nonce"]
+    assert {t["nonce"] for t in copy} == {nonce}
+    first = copy[0]["n"]
+    assert first >= 2 and first - 1 in [t["n"] for t in original], (first, original[-1])
+    assert [t["n"] for t in copy] == list(range(first, first + len(copy)))
+
+
+@pytest.mark.timeout(180)
+def test_live_restore_in_a_container_continues_the_agent(docker_env, image):
+    with counter_box(docker_env, image) as box:  # the default profile: persistence "checkpoint"
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "restore", box.url, snap, timeout=120)
+        assert r.returncode == 0, r.stderr
+        branch = r.stdout.split()[0]
+        events = wait_for(box, "the copy counts", lambda ev: len(ticks(ev, branch)) >= 3)
+        (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == branch]
+        assert done["mode"] == "live" and done["snapshot"] == snap
+        copy = ticks(events, branch)
+        assert_continues(ticks(events, "main"), copy)
+        assert {t["branch"] for t in copy} == {branch}  # its own /run/sandboxer/branch.json
+        # leave_running: the original goes on beside its copy.
+        before = ticks(events, "main")[-1]["n"]
+        wait_for(box, "the original goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= before + 3)
+
+
+@pytest.mark.timeout(180)
+def test_live_fork_of_two_in_a_container_runs_both_copies(docker_env, image):
+    with counter_box(docker_env, image) as box:
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "fork", box.url, "--snapshot", snap, "-n", "2", timeout=120)
+        assert r.returncode == 0, r.stderr
+        branches = sorted(line.split()[0] for line in r.stdout.splitlines())
+        assert len(branches) == 2
+        events = wait_for(box, "both copies count", lambda ev: all(len(ticks(ev, b)) >= 3 for b in branches))
+        for b in branches:
+            (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == b]
+            assert done["mode"] == "live"
+            assert_continues(ticks(events, "main"), ticks(events, b))
+        # Each copy has a pid and network namespace of its own: the same listener port in each.
+        assert box.inspect()["State"]["Running"]
+        before = ticks(events, "main")[-1]["n"]
+        wait_for(box, "the original goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= before + 3)
+
+
+@pytest.mark.timeout(180)
+def test_a_copy_with_its_own_hostname_is_checkpointed_and_restored_in_a_container(docker_env, image):
+    # A copy runs in a UTS namespace of its own; restoring a dump of it sets that hostname through
+    # /proc/sys, which Docker binds read-only: criu restores in a mount namespace without that bind.
+    with counter_box(docker_env, image) as box:
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "restore", box.url, snap, timeout=120)
+        assert r.returncode == 0, r.stderr
+        first = r.stdout.split()[0]
+        wait_for(box, "the copy counts", lambda ev: len(ticks(ev, first)) >= 2)
+        again = live_checkpoint(docker_env, box, "--branch", first)
+        r = cli(docker_env, "restore", box.url, again, timeout=120)
+        assert r.returncode == 0, r.stderr
+        second = r.stdout.split()[0]
+        events = wait_for(box, "the copy of the copy counts", lambda ev: len(ticks(ev, second)) >= 3)
+        (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == second]
+        assert done["mode"] == "live"
+        assert_continues(ticks(events, first), ticks(events, second))
+
