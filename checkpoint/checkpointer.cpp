@@ -139,7 +139,8 @@ struct Checkpointer::RestoreOp {
   std::vector<std::unique_ptr<supervisor::BranchPipes>> pipes;
 };
 
-Checkpointer::Checkpointer(Box& box) : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()) {
+Checkpointer::Checkpointer(Box& box)
+    : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()), image_id_(read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
 }
 
@@ -256,7 +257,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"name", name},
                   {"parent", b.snapshot.empty() ? json::value(nullptr) : json::value(b.snapshot)},
                   {"profile", box_.opts_.profile.name},
-                  {"image", nullptr},
+                  {"image", image_id_ ? json::value(*image_id_) : json::value(nullptr)},
                   {"mode", op->live ? "live" : "fs"},
                   {"criu", op->live ? json::value(*box_.caps_.criu) : json::value(nullptr)},
                   {"kernel", kernel_release()},
@@ -507,18 +508,14 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     }
     op->manifest = std::move(*m);
     std::string mode(op->manifest.contains("mode") ? op->manifest.at("mode").as_string() : "fs");
-    if (mode == "live") {
-      std::string why;
-      std::string theirs = op->manifest.at("criu").is_string() ? std::string(op->manifest.at("criu").as_string()) : "";
-      std::string refuse;
-      if (!live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
-      else if (theirs != *box_.caps_.criu)
-        refuse = "the snapshot was made with criu " + theirs + ", this box has criu " + *box_.caps_.criu;
-      if (!refuse.empty()) {
-        box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", refuse}});
-        op->done(error_reply("incompatible", refuse));
-        return op_done();
-      }
+    std::string why;
+    std::optional<std::string> refuse;
+    if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
+    else refuse = incompatibility(op->manifest, box_.caps_.criu, image_id_);
+    if (refuse) {
+      box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
+      op->done(error_reply("incompatible", *refuse));
+      return op_done();
     }
     op->pending = op->n;
     op->pipes.resize(static_cast<size_t>(op->n));

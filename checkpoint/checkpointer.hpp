@@ -79,6 +79,7 @@ class Checkpointer {
   supervisor::Box& box_;
   std::string snap_dir_;
   std::optional<std::string> criu_;
+  std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
   int ops_ = 0;
   int next_copy_ = 1;
 };

@@ -594,7 +594,15 @@ int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& 
   }
   auto r = one_request(cmd, url, token_file, std::move(req));
   if (a.flags.contains("--json")) std::cout << json::serialize(r) << "\n";
-  if (!r.at("ok").as_bool()) return fail(cmd, r);
+  if (!r.at("ok").as_bool()) {
+    // Each copy that failed says why (criu's own first error line).
+    if (auto* copies = r.if_contains("copies"); copies && copies->is_array())
+      for (auto& c : copies->as_array())
+        if (auto* e = c.as_object().if_contains("error"); e && e->is_string())
+          std::cerr << "sandboxer " << cmd << ": copy " << json::value_to<std::string>(c.at("branch")) << ": "
+                    << e->as_string() << "\n";
+    return fail(cmd, r);
+  }
   // One line per copy: <branch> <proc>.
   if (!a.flags.contains("--json"))
     if (auto* copies = r.if_contains("copies"))

@@ -481,3 +481,41 @@ def test_a_copy_with_its_own_hostname_is_checkpointed_and_restored_in_a_containe
         assert done["mode"] == "live"
         assert_continues(ticks(events, first), ticks(events, second))
 
+
+
+# ---- an archive from another image ----
+
+@pytest.mark.timeout(240)
+def test_an_archive_from_another_image_is_refused_with_the_reason(docker_env, image, tmp_path):
+    # Another image: the same one with another id in /etc/sandboxer/image.json (docker commit of a
+    # created container, so entrypoint and labels stay).
+    other = "sandboxer/agent:e2e-other"
+    info = json.loads(docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "cat", image,
+                             "/etc/sandboxer/image.json").stdout)
+    changed = tmp_path / "image.json"
+    changed.write_text(json.dumps(dict(info, id="sha256:" + "0" * 64)))
+    cid = docker(docker_env, "create", image, "--version").stdout.strip()
+    try:
+        docker(docker_env, "cp", str(changed), f"{cid}:/etc/sandboxer/image.json")
+        docker(docker_env, "commit", cid, other)
+    finally:
+        docker(docker_env, "rm", "--force", cid, check=False)
+    with counter_box(docker_env, image) as a:
+        snap = live_checkpoint(docker_env, a)
+        manifest = [s for s in (json.loads(x) for x in cli(docker_env, "snapshots", a.url).stdout.splitlines())
+                    if s["id"] == snap][0]
+        assert manifest["image"] == info["id"]  # the manifest names the image it was made in
+        archive = tmp_path / "a.tar.zst"
+        r = cli(docker_env, "export", a.url, snap, str(archive), timeout=120)
+        assert r.returncode == 0, r.stderr
+        results = {}
+        for tag in (other, image):  # the other image, then the control: the same image
+            # The agent's bind mounts must be where they were: B gets A's volume too.
+            with Up(docker_env, tag, ["sleep", "120"], "-v", f"{E2E}:/opt/e2e:ro") as b:
+                r = cli(docker_env, "import", b.url, str(archive), timeout=120)
+                assert r.returncode == 0, r.stderr
+                results[tag] = cli(docker_env, "restore", b.url, snap, timeout=120)
+        refused = results[other]
+        assert refused.returncode != 0
+        assert f"image {info['id']}" in refused.stderr and "sha256:" + "0" * 64 in refused.stderr, refused.stderr
+        assert results[image].returncode == 0, results[image].stderr
