@@ -519,3 +519,75 @@ def test_an_archive_from_another_image_is_refused_with_the_reason(docker_env, im
         assert refused.returncode != 0
         assert f"image {info['id']}" in refused.stderr and "sha256:" + "0" * 64 in refused.stderr, refused.stderr
         assert results[image].returncode == 0, results[image].stderr
+
+
+# ---- fork into new containers (issue 6) ----
+
+def boxes_by_url(env):
+    return {b["url"]: b for b in (json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines())}
+
+
+def events_of(state_dir):
+    out = subprocess.run([str(CLI), "log", str(state_dir), "--json"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(240)
+def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, image):
+    with counter_box(docker_env, image) as a:
+        snap = live_checkpoint(docker_env, a)
+        before = {b["name"] for b in boxes_by_url(docker_env).values()}
+        r = cli(docker_env, "fork", a.url, "--snapshot", snap, "-n", "2", "--host", "docker", timeout=180)
+        new = [b["name"] for b in boxes_by_url(docker_env).values() if b["name"] not in before]
+        try:
+            assert r.returncode == 0, r.stderr
+            lines = [line.split() for line in r.stdout.strip().splitlines()]
+            assert len(lines) == 2 and all(branch == "main" for branch, _ in lines), r.stdout
+            urls = [url for _, url in lines]
+            assert len(set(urls)) == 2 and a.url not in urls
+            boxes = boxes_by_url(docker_env)
+            started = next(e for e in a.journal() if e["type"] == "box.started")
+            for url in urls:
+                b = boxes[url]
+                assert b["name"] in new and b["status"].startswith("Up")
+                deadline = time.monotonic() + 30
+                while len(ticks(events_of(b["state_dir"]), "main")) < 3:
+                    assert time.monotonic() < deadline, json.dumps(events_of(b["state_dir"]))[-3000:]
+                    time.sleep(0.2)
+                events = events_of(b["state_dir"])
+                (done,) = [e for e in events if e["type"] == "restore.done"]
+                assert done["mode"] == "live" and done["snapshot"] == snap
+                assert done["parent_box"] == started["box"]
+                assert_continues(ticks(a.journal(), "main"), ticks(events, "main"))
+                # The same image (by id) and profile as A, and its caps.
+                info = json.loads(docker(docker_env, "inspect", b["name"]).stdout)[0]
+                assert info["Image"] == a.inspect()["Image"]
+                assert "CAP_SYS_ADMIN" in info["HostConfig"]["CapAdd"] or "SYS_ADMIN" in info["HostConfig"]["CapAdd"]
+                # The token is stored for the URL: attach needs no flag.
+                att = subprocess.Popen([str(CLI), "attach", url, "--since", "0", "--json"], env=docker_env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                try:
+                    assert json.loads(att.stdout.readline())["type"] == "restore.done"
+                finally:
+                    att.kill()
+                    att.wait()
+            # A keeps running, counting on.
+            n = ticks(a.journal(), "main")[-1]["n"]
+            wait_for(a, "A goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= n + 3)
+        finally:
+            for name in new:
+                docker(docker_env, "rm", "--force", name, check=False)
+
+
+@pytest.mark.timeout(120)
+def test_fork_into_containers_fails_clearly_and_leaves_no_container(docker_env, image):
+    with counter_box(docker_env, image) as a:
+        before = docker(docker_env, "ps", "-aq").stdout
+        r = cli(docker_env, "fork", a.url, "--snapshot", "s-0123456789abcdef", "-n", "2", "--host", "docker")
+        assert r.returncode != 0 and "s-0123456789abcdef" in r.stderr and "no snapshot" in r.stderr, r.stderr
+        assert docker(docker_env, "ps", "-aq").stdout == before
+        r = cli(docker_env, "fork", "ws://127.0.0.1:1", "--snapshot", "s-0123456789abcdef", "--host", "docker")
+        assert r.returncode != 0 and "no box container for ws://127.0.0.1:1" in r.stderr, r.stderr
+        r = cli(docker_env, "fork", a.url, "--snapshot", "s-0123456789abcdef", "--host", "kubernetes")
+        assert r.returncode != 0 and "--host kubernetes" in r.stderr, r.stderr
