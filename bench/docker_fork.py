@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Checkpoint and fork across containers (issue 6): a live agent in container A is checkpointed
+(`sandboxer checkpoint`), then forked into two new containers (`sandboxer fork --host docker -n
+2`: export over the WebSocket, two `docker run`s of A's image and profile, a criu restore in
+each). Beside it, in the same run, what a host without live fork does instead: `docker run` of
+two fresh containers of the same image and agent under tini (a cold start: the agent's memory
+is lost), until both agents accept on their port. A private dockerd (scripts/dockerd) runs for
+the measurement and is stopped after.
+
+Rows (medians of BENCH_RUNS runs, default 5), wall-clock as a script sees it (CLI included):
+- checkpoint in A: `sandboxer checkpoint URL` (stop, criu dump, copy of the layer, resume,
+  compress);
+- fork into 2 containers: `sandboxer fork URL --snapshot S -n 2 --host docker` until both copies
+  run (restore.done in each);
+- checkpoint + fork, the figure of issue 6, against the cold start of two containers;
+- the archive's size.
+
+Prints its table; with SANDBOXER_BENCH_ROWS=FILE also appends one JSON line per figure (the
+shared row format bench/run gathers). Not a test: nothing asserts. Needs root (dockerd)."""
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("SANDBOXER_BUILD", os.path.join(ROOT, "build"))
+CLI = os.path.join(BUILD, "bin", "sandboxer")
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+TAG = "sandboxer/agent:bench"
+AGENT = os.path.join(ROOT, "tests", "e2e")
+LISTENER = "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(600)\n"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def accepts(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def run(env, *args):
+    r = subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])}...: {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+def journal(state):
+    out = subprocess.run([CLI, "log", state, "--json"], capture_output=True, text=True, timeout=60).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def counting(state, branch="main", at_least=3):
+    return sum(1 for e in journal(state) if e["type"] == "proc.message" and e["branch"] == branch) >= at_least
+
+
+def cold_pair(env, i):
+    """Two fresh containers of the agent under tini, started side by side, until both accept."""
+    ports = [free_port(), free_port()]
+    names = [f"cold-{i}-{k}" for k in range(2)]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(env, "docker", "run", "-d", "--name", n, "--network", "host",
+                                                   "--entrypoint", "/usr/bin/tini", TAG, "--", "python3", "-c",
+                                                   LISTENER.format(port=p)))
+               for n, p in zip(names, ports)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while not all(accepts(p) for p in ports):
+        if time.perf_counter() - t0 > 60:
+            raise RuntimeError("cold start: the agents did not listen in 60 s")
+        time.sleep(0.002)
+    took = time.perf_counter() - t0
+    run(env, "docker", "rm", "-f", *names)
+    return took
+
+
+def main():
+    if os.geteuid() != 0:
+        print("docker_fork: skipped (needs root for dockerd)")
+        return
+    work = tempfile.mkdtemp(prefix="bench-docker-fork.")
+    out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
+                         capture_output=True, text=True, check=True)
+    env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1],
+               XDG_STATE_HOME=os.path.join(work, "state"))
+    try:
+        run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
+        rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": []}
+        for i in range(RUNS):
+            url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "-v", f"{AGENT}:/opt/e2e:ro", "--",
+                      "python3", "/opt/e2e/counter_agent.py").strip().splitlines()[-1]
+            boxes = [json.loads(line) for line in run(env, CLI, "ps", "--json").splitlines()]
+            state = next(b["state_dir"] for b in boxes if b["url"] == url)
+            deadline = time.monotonic() + 30
+            while not counting(state):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the agent in A did not start counting")
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            snap = run(env, CLI, "checkpoint", url).strip().splitlines()[-1]
+            t1 = time.perf_counter()
+            copies = [line.split()[1] for line in run(env, CLI, "fork", url, "--snapshot", snap, "-n", "2",
+                                                      "--host", "docker").splitlines()]
+            t2 = time.perf_counter()
+            rows["checkpoint"].append(t1 - t0)
+            rows["fork"].append(t2 - t1)
+            rows["both"].append(t2 - t0)
+            created = [e for e in journal(state) if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
+            rows["bytes"].append(created[0]["sizes"]["compressed"])
+            for u in [url, *copies]:
+                run(env, "docker", "rm", "-f", *[b["name"] for b in (json.loads(x) for x in
+                                                  run(env, CLI, "ps", "--json").splitlines()) if b["url"] == u])
+            rows["cold"].append(cold_pair(env, i))
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        print(f"checkpoint and fork across containers, medians of {RUNS} runs (image {TAG}, counter agent "
+              f"~10 MB RSS, private dockerd, host network)")
+        print(f"{'what':<52}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
+        print(f"{'checkpoint in A (CLI round trip)':<52}{med['checkpoint'] * 1000:>9.0f} ms{'':>12}")
+        print(f"{'fork into 2 new containers, live':<52}{med['fork'] * 1000:>9.0f} ms{'':>12}")
+        print(f"{'checkpoint + fork into 2 (peer: 2 cold docker runs)':<52}{med['both'] * 1000:>9.0f} ms"
+              f"{med['cold'] * 1000:>9.0f} ms{med['both'] / med['cold']:>8.2f}")
+        print(f"{'archive, compressed':<52}{med['bytes'] / 1024:>8.0f} KiB")
+        rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
+        if rows_file:
+            def row(what, unit, ours, peer=None, peer_value=None):
+                return {"bench": "docker_fork", "what": what, "unit": unit, "ours": round(ours, 1), "peer": peer,
+                        "peer_value": None if peer_value is None else round(peer_value, 1), "better": "lower"}
+            with open(rows_file, "a") as f:
+                for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000),
+                          row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000),
+                          row("checkpoint + fork into 2 containers", "ms", med["both"] * 1000,
+                              "2 cold docker runs, tini (memory lost)", med["cold"] * 1000),
+                          row("checkpoint archive, counter agent", "KiB", med["bytes"] / 1024)):
+                    f.write(json.dumps(r) + "\n")
+    finally:
+        subprocess.run(["docker", "rm", "-f", *subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True,
+                                                              text=True).stdout.split()], env=env, capture_output=True)
+        subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
+                       capture_output=True)
+        # dockerd leaves its default netns file bind-mounted under its exec root.
+        with open("/proc/mounts") as f:
+            for m in sorted((line.split()[1] for line in f if line.split()[1].startswith(work + "/")), reverse=True):
+                subprocess.run(["umount", "-l", m], capture_output=True)
+        subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
