@@ -2,10 +2,19 @@
 """Checkpoint and fork across containers (issue 6): a live agent in container A is checkpointed
 (`sandboxer checkpoint`), then forked into two new containers (`sandboxer fork --host docker -n
 2`: export over the WebSocket, two `docker run`s of A's image and profile, a criu restore in
-each). Beside it, in the same run, what a host without live fork does instead: `docker run` of
-two fresh containers of the same image and agent under tini (a cold start: the agent's memory
-is lost), until both agents accept on their port. A private dockerd (scripts/dockerd) runs for
-the measurement and is stopped after.
+each). Beside it, in the same run, on the same image, agent and criu:
+- Docker's own live checkpoint (experimental; runc drives the same criu): `docker checkpoint
+  create --leave-running` of the agent under tini, then for each copy `docker create`, the
+  checkpoint copied into that container's own dir under dockerd's data root (Docker has no
+  other way to restore a checkpoint into another container: `--checkpoint-dir` is refused at
+  start), and `docker start --checkpoint`. One after the other: two concurrent starts of one
+  checkpoint fail in containerd ("content ... already exists"). The containers run with
+  `--network none`: in the host's network namespace the copies' listener would clash with the
+  original's, which sandboxer avoids by giving each copy a namespace of its own;
+- what a host without live fork does instead: `docker run` of two fresh containers of the
+  same image and agent under tini until both listen (a cold start: the agent's memory is lost).
+A private dockerd (scripts/dockerd, DOCKERD_EXPERIMENTAL=1) runs for the measurement and is
+stopped after.
 
 Rows (medians of BENCH_RUNS runs, default 5), wall-clock as a script sees it (CLI included):
 - checkpoint in A: `sandboxer checkpoint URL` (stop, criu dump, copy of the layer, resume,
@@ -90,18 +99,55 @@ def cold_pair(env, i):
     return took
 
 
+def data_root(env):
+    return run(env, "docker", "info", "--format", "{{.DockerRootDir}}").strip()
+
+
+def docker_checkpoint_fork(env, i):
+    """Docker's own: checkpoint A (left running), restore it into two new containers. Returns
+    (checkpoint seconds, fork seconds, checkpoint bytes)."""
+    common = ["--network", "none", "--entrypoint", "/usr/bin/tini", "-v", f"{AGENT}:/opt/e2e:ro", TAG, "--",
+              "python3", "/opt/e2e/counter_agent.py"]
+    a = f"dck-{i}-a"
+    run(env, "docker", "run", "-d", "--name", a, *common)
+    deadline = time.monotonic() + 30
+    while run(env, "docker", "logs", a).count("\n") < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError("docker checkpoint peer: the agent did not start counting")
+        time.sleep(0.05)
+    root = data_root(env)
+    t0 = time.perf_counter()
+    run(env, "docker", "checkpoint", "create", "--leave-running", a, "cp1")
+    t1 = time.perf_counter()
+    src = os.path.join(root, "containers", run(env, "docker", "inspect", "-f", "{{.Id}}", a).strip(), "checkpoints", "cp1")
+    copies = [f"dck-{i}-{k}" for k in range(2)]
+    for c in copies:
+        cid = run(env, "docker", "create", "--name", c, *common).strip()
+        subprocess.run(["cp", "-a", src, os.path.join(root, "containers", cid, "checkpoints", "cp1")], check=True)
+        run(env, "docker", "start", "--checkpoint", "cp1", c)
+    t2 = time.perf_counter()
+    size = int(subprocess.run(["du", "-sb", src], capture_output=True, text=True, check=True).stdout.split()[0])
+    for c in copies:  # both copies run on from A's counter with A's nonce
+        last = run(env, "docker", "logs", c).strip().splitlines()
+        if not last or json.loads(last[-1])["n"] < 3:
+            raise RuntimeError(f"docker checkpoint peer: copy {c} does not count on: {last[-1:]}")
+    run(env, "docker", "rm", "-f", a, *copies)
+    return t1 - t0, t2 - t1, size
+
+
 def main():
     if os.geteuid() != 0:
         print("docker_fork: skipped (needs root for dockerd)")
         return
     work = tempfile.mkdtemp(prefix="bench-docker-fork.")
     out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env=dict(os.environ, DOCKERD_EXPERIMENTAL="1"))
     env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1],
                XDG_STATE_HOME=os.path.join(work, "state"))
     try:
         run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
-        rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": []}
+        rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": [],
+                "d_checkpoint": [], "d_fork": [], "d_both": [], "d_bytes": []}
         for i in range(RUNS):
             url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "-v", f"{AGENT}:/opt/e2e:ro", "--",
                       "python3", "/opt/e2e/counter_agent.py").strip().splitlines()[-1]
@@ -127,26 +173,41 @@ def main():
                 run(env, "docker", "rm", "-f", *[b["name"] for b in (json.loads(x) for x in
                                                   run(env, CLI, "ps", "--json").splitlines()) if b["url"] == u])
             rows["cold"].append(cold_pair(env, i))
+            dc, df, db = docker_checkpoint_fork(env, i)
+            rows["d_checkpoint"].append(dc)
+            rows["d_fork"].append(df)
+            rows["d_both"].append(dc + df)
+            rows["d_bytes"].append(db)
         med = {k: statistics.median(v) for k, v in rows.items()}
         print(f"checkpoint and fork across containers, medians of {RUNS} runs (image {TAG}, counter agent "
-              f"~10 MB RSS, private dockerd, host network)")
-        print(f"{'what':<52}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
-        print(f"{'checkpoint in A (CLI round trip)':<52}{med['checkpoint'] * 1000:>9.0f} ms{'':>12}")
-        print(f"{'fork into 2 new containers, live':<52}{med['fork'] * 1000:>9.0f} ms{'':>12}")
-        print(f"{'checkpoint + fork into 2 (peer: 2 cold docker runs)':<52}{med['both'] * 1000:>9.0f} ms"
-              f"{med['cold'] * 1000:>9.0f} ms{med['both'] / med['cold']:>8.2f}")
-        print(f"{'archive, compressed':<52}{med['bytes'] / 1024:>8.0f} KiB")
+              f"~10 MB RSS, private dockerd; peer: Docker's own checkpoint, experimental, same criu)")
+        print(f"{'what':<46}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
+
+        def line(what, ours, theirs, unit="ms", scale=1000):
+            print(f"{what:<46}{ours * scale:>9.0f} {unit:<3}{theirs * scale:>8.0f} {unit:<3}{ours / theirs:>7.2f}")
+        line("checkpoint in A", med["checkpoint"], med["d_checkpoint"])
+        line("fork into 2 new containers, live", med["fork"], med["d_fork"])
+        line("checkpoint + fork into 2, live", med["both"], med["d_both"])
+        line("  same, against 2 cold docker runs (tini)", med["both"], med["cold"])
+        line("checkpoint size (ours compressed)", med["bytes"], med["d_bytes"], "KiB", 1 / 1024)
         rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
         if rows_file:
             def row(what, unit, ours, peer=None, peer_value=None):
                 return {"bench": "docker_fork", "what": what, "unit": unit, "ours": round(ours, 1), "peer": peer,
                         "peer_value": None if peer_value is None else round(peer_value, 1), "better": "lower"}
             with open(rows_file, "a") as f:
-                for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000),
-                          row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000),
-                          row("checkpoint + fork into 2 containers", "ms", med["both"] * 1000,
+                docker_cp = "docker checkpoint (experimental, same criu)"
+                docker_fork = "docker create + start --checkpoint, x2"
+                for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000, docker_cp,
+                              med["d_checkpoint"] * 1000),
+                          row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000, docker_fork,
+                              med["d_fork"] * 1000),
+                          row("checkpoint + fork into 2 containers, live", "ms", med["both"] * 1000,
+                              "docker checkpoint + 2 restores", med["d_both"] * 1000),
+                          row("checkpoint + fork into 2 containers, vs cold", "ms", med["both"] * 1000,
                               "2 cold docker runs, tini (memory lost)", med["cold"] * 1000),
-                          row("checkpoint archive, counter agent", "KiB", med["bytes"] / 1024)):
+                          row("checkpoint size, counter agent (ours zstd)", "KiB", med["bytes"] / 1024,
+                              "docker checkpoint dir", med["d_bytes"] / 1024)):
                     f.write(json.dumps(r) + "\n")
     finally:
         subprocess.run(["docker", "rm", "-f", *subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True,
