@@ -374,6 +374,24 @@ def test_without_the_checkpoint_caps_checkpoint_is_files_only_and_fork_a_cold_re
         assert b"resumed=1" in output_of(box.journal(), proc)
         done = [e for e in box.journal() if e["type"] == "restore.done" and e["branch"] == branch]
         assert done and done[0]["mode"] == "cold"
+        # Into a new container: the same cold restart there, as that box's main agent.
+        before = {b["name"] for b in boxes_by_url(docker_env).values()}
+        f = cli(docker_env, "fork", box.url, "--snapshot", snap, "--host", "docker", timeout=120)
+        new = [b for b in boxes_by_url(docker_env).values() if b["name"] not in before]
+        try:
+            assert f.returncode == 0, f.stderr
+            (url,) = [line.split()[1] for line in f.stdout.splitlines()]
+            (b,) = [b for b in new if b["url"] == url]
+            deadline = time.monotonic() + 30
+            while f"snapshot={snap}".encode() not in output_of(events_of(b["state_dir"]), "main"):
+                assert time.monotonic() < deadline, json.dumps(events_of(b["state_dir"]))[-3000:]
+                time.sleep(0.2)
+            (done,) = [e for e in events_of(b["state_dir"]) if e["type"] == "restore.done"]
+            assert done["mode"] == "cold"
+            assert not json.loads(docker(docker_env, "inspect", b["name"]).stdout)[0]["HostConfig"]["CapAdd"]
+        finally:
+            for b in new:
+                docker(docker_env, "rm", "--force", b["name"], check=False)
 
 
 # ---- live checkpoint, restore and fork inside a container (issues 5 and 6) ----
