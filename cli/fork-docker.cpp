@@ -102,6 +102,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
     std::string error, log;
   };
   std::vector<std::future<Started>> starting;
+  auto ports = dk::free_loopback_ports(n);
   for (int i = 0; i < n; ++i) {
     starting.push_back(std::async(std::launch::async, [&, i] {
       Started s;
@@ -112,6 +113,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
       o.volumes = from.volumes;
       o.restore_archive = archive;
       o.box_root = state_home() + "/docker";
+      o.port = ports[static_cast<size_t>(i)];
       o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
                   "io.sandboxer.index=" + std::to_string(i)};
       try {

@@ -107,7 +107,8 @@ bool wants_live_checkpoint(const json::object& p) {
   return false;
 }
 
-int free_loopback_port() {
+// A bound socket on a free loopback port: the port stays taken while the fd lives.
+os::UniqueFd bound_loopback_socket(int* port) {
   os::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -116,7 +117,14 @@ int free_loopback_port() {
   if (fd.get() < 0 || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
     throw std::runtime_error("pick a loopback port: " + os::last_error().message());
-  return ntohs(a.sin_port);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int free_loopback_port() {
+  int port = 0;
+  bound_loopback_socket(&port);
+  return port;
 }
 
 std::string docker_error(const std::string& what, const DockerResult& r) {
@@ -250,7 +258,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   // A bridge lets the API sit in the container's own network namespace, published on loopback;
   // without one (dockerd --bridge=none), host networking with a loopback listener.
   bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
-  int port = free_loopback_port();
+  int port = o.port > 0 ? o.port : free_loopback_port();
   box.url = "ws://127.0.0.1:" + std::to_string(port);
 
   std::vector<std::string> args = {"run", "--detach", "--name", box.name,
@@ -318,6 +326,17 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   }
   box.status = "running";
   return box;
+}
+
+std::vector<int> free_loopback_ports(int n) {
+  std::vector<os::UniqueFd> held;
+  std::vector<int> ports;
+  for (int i = 0; i < n; ++i) {
+    int p = 0;
+    held.push_back(bound_loopback_socket(&p));
+    ports.push_back(p);
+  }
+  return ports;
 }
 
 BoxSpec inspect_box(const std::string& url) {

@@ -33,6 +33,7 @@ struct UpOptions {
   std::string restore_archive;              // instead of argv: a checkpoint archive on the host the
                                             // box starts from (`sandboxer-init --restore`)
   std::vector<std::string> labels;          // extra --label K=V
+  int port = 0;                             // the API's loopback port; 0: a free one is picked
   std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
 };
 
@@ -75,6 +76,10 @@ struct BoxSpec {
   std::vector<std::string> volumes;    // the user's own volumes (-v), as docker run takes them
 };
 BoxSpec inspect_box(const std::string& url);
+
+/// `n` distinct free loopback ports (all held open while they are picked, so boxes started side
+/// by side do not race for one).
+std::vector<int> free_loopback_ports(int n);
 
 /// Starts a box; progress lines go to `log`; throws std::runtime_error with docker's own words.
 BoxRecord up(const UpOptions& o, std::ostream& log);
