@@ -1,5 +1,6 @@
 """The CLI's snapshot commands over the WebSocket: checkpoint a live agent, list, fork."""
 import json
+import pathlib
 import subprocess
 import time
 
@@ -114,3 +115,41 @@ def test_a_truncated_or_corrupted_import_is_refused_and_leaves_nothing(tmp_path)
         assert missing.returncode != 0 and "no snapshot" in missing.stderr
         assert not (tmp_path / "none.tar.zst").exists() and not (tmp_path / "none.tar.zst.part").exists()
         assert box.alive()
+
+
+IDENTITY = ("import time, socket\n"
+            "while True:\n"
+            "    print(open('/etc/machine-id').read().strip(), socket.gethostname(), flush=True)\n"
+            "    time.sleep(0.1)\n")
+
+
+def identities(box, branch):
+    for line in box.events.read_text().splitlines():
+        e = json.loads(line)
+        if e["type"] == "proc.output" and e.get("branch") == branch:
+            for row in e.get("data", "").splitlines():
+                if len(row.split()) == 2:
+                    yield tuple(row.split())
+
+
+def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_path):
+    host_id = pathlib.Path("/etc/machine-id").read_text().strip()
+    with WsBox(tmp_path, ["python3", "-c", IDENTITY], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
+        assert f.returncode == 0, f.stderr
+        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        time.sleep(1.0)
+        main_id, main_host = list(identities(box, "main"))[-1]
+        # The box's own agent already has an id of its own, not the host's.
+        assert main_id != host_id and len(main_id) == 32
+        assert main_id == (box.state / "branches" / "main" / "machine-id").read_text().strip()
+        seen = {}
+        for b in branches:
+            ids = list(identities(box, b))
+            assert ids, f"copy {b} printed nothing"
+            seen[b] = ids[-1]
+            assert seen[b][0] == (box.state / "branches" / b / "machine-id").read_text().strip()
+        assert len({main_id} | {i for i, _ in seen.values()}) == 3, (main_id, seen)
+        assert len({main_host} | {h for _, h in seen.values()}) == 3, (main_host, seen)
