@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from conftest import CLI
-from wsbox import WsBox
+from wsbox import Session, WsBox, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -153,3 +153,25 @@ def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_pa
             assert seen[b][0] == (box.state / "branches" / b / "machine-id").read_text().strip()
         assert len({main_id} | {i for i, _ in seen.values()}) == 3, (main_id, seen)
         assert len({main_host} | {h for _, h in seen.values()}) == 3, (main_host, seen)
+
+
+def test_a_checkpoint_taken_while_a_client_streams_is_in_the_stream_which_goes_on(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as watcher, ws_connect(box) as control:
+                w = Session(watcher)
+                assert (await w.request("subscribe", since=0))["ok"]
+                await w.wait_event(lambda e: e["type"] == "proc.output")
+                c = Session(control)
+                r = await c.request("checkpoint", timeout=120, name="streamed")
+                assert r["ok"], r
+                created = await w.wait_event(lambda e: e["type"] == "checkpoint.created")
+                # The agent goes on, and so does the stream: output after the checkpoint arrives.
+                after = await w.wait_event(lambda e: e["type"] == "proc.output" and e["seq"] > created["seq"])
+                return r["snapshot"], created, after, [e["seq"] for e in w.events]
+        snap, created, after, seqs = run(go(), 120)
+        assert created["snapshot"] == snap and created["name"] == "streamed"
+        assert after["seq"] > created["seq"]
+        # One unbroken sequence: nothing lost or repeated around the freeze.
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        assert box.alive()
