@@ -4,7 +4,7 @@ import pathlib
 import subprocess
 import time
 
-from conftest import CLI
+from sbxtest import CLI
 from wsbox import Session, WsBox, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
