@@ -295,6 +295,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
               "--external", "mnt[/workspace]:workspace",
               "--external", "mnt[/tmp]:tmp",
               "--external", "mnt[/run]:run",
+              "--external", "mnt[/etc/machine-id]:machine-id",
               "--manage-cgroups=ignore",
               // Live TCP connections are dumped; the network is not locked: the tree is stopped,
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
@@ -643,6 +644,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                     "--external", "mnt[workspace]:" + dir + "/workspace",
                     "--external", "mnt[tmp]:" + dir + "/tmp",
                     "--external", "mnt[run]:" + dir + "/run",
+                    "--external", "mnt[machine-id]:" + dir + "/" + supervisor::kMachineIdFile,
                     "--pidfile", dir + "/.criu/pid"};
         auto ends = pp->child_ends();
         auto& old = op->manifest.at("pipes").as_object();
@@ -657,6 +659,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         run.new_netns = true;
         run.writable_proc_sys = true;
         run.hostname = (*b)->name + "." + box_.id_;
+        supervisor::ensure_machine_id(dir);  // a new one: the copy is another running system
         run.output = dir + "/.criu/restore.out";
         auto pid = spawn_criu(*criu_, run);
         if (!pid) {

@@ -1,10 +1,11 @@
 """The CLI's snapshot commands over the WebSocket: checkpoint a live agent, list, fork."""
 import json
+import pathlib
 import subprocess
 import time
 
-from conftest import CLI
-from wsbox import WsBox
+from sbxtest import CLI
+from wsbox import Session, WsBox, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -113,4 +114,64 @@ def test_a_truncated_or_corrupted_import_is_refused_and_leaves_nothing(tmp_path)
         missing = cli(box, "export", box.url, "s-0000000000000000", str(tmp_path / "none.tar.zst"))
         assert missing.returncode != 0 and "no snapshot" in missing.stderr
         assert not (tmp_path / "none.tar.zst").exists() and not (tmp_path / "none.tar.zst.part").exists()
+        assert box.alive()
+
+
+IDENTITY = ("import time, socket\n"
+            "while True:\n"
+            "    print(open('/etc/machine-id').read().strip(), socket.gethostname(), flush=True)\n"
+            "    time.sleep(0.1)\n")
+
+
+def identities(box, branch):
+    for line in box.events.read_text().splitlines():
+        e = json.loads(line)
+        if e["type"] == "proc.output" and e.get("branch") == branch:
+            for row in e.get("data", "").splitlines():
+                if len(row.split()) == 2:
+                    yield tuple(row.split())
+
+
+def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_path):
+    host_id = pathlib.Path("/etc/machine-id").read_text().strip()
+    with WsBox(tmp_path, ["python3", "-c", IDENTITY], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
+        assert f.returncode == 0, f.stderr
+        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        time.sleep(1.0)
+        main_id, main_host = list(identities(box, "main"))[-1]
+        # The box's own agent already has an id of its own, not the host's.
+        assert main_id != host_id and len(main_id) == 32
+        assert main_id == (box.state / "branches" / "main" / "machine-id").read_text().strip()
+        seen = {}
+        for b in branches:
+            ids = list(identities(box, b))
+            assert ids, f"copy {b} printed nothing"
+            seen[b] = ids[-1]
+            assert seen[b][0] == (box.state / "branches" / b / "machine-id").read_text().strip()
+        assert len({main_id} | {i for i, _ in seen.values()}) == 3, (main_id, seen)
+        assert len({main_host} | {h for _, h in seen.values()}) == 3, (main_host, seen)
+
+
+def test_a_checkpoint_taken_while_a_client_streams_is_in_the_stream_which_goes_on(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as watcher, ws_connect(box) as control:
+                w = Session(watcher)
+                assert (await w.request("subscribe", since=0))["ok"]
+                await w.wait_event(lambda e: e["type"] == "proc.output")
+                c = Session(control)
+                r = await c.request("checkpoint", timeout=120, name="streamed")
+                assert r["ok"], r
+                created = await w.wait_event(lambda e: e["type"] == "checkpoint.created")
+                # The agent goes on, and so does the stream: output after the checkpoint arrives.
+                after = await w.wait_event(lambda e: e["type"] == "proc.output" and e["seq"] > created["seq"])
+                return r["snapshot"], created, after, [e["seq"] for e in w.events]
+        snap, created, after, seqs = run(go(), 120)
+        assert created["snapshot"] == snap and created["name"] == "streamed"
+        assert after["seq"] > created["seq"]
+        # One unbroken sequence: nothing lost or repeated around the freeze.
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
         assert box.alive()
