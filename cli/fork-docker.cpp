@@ -130,8 +130,15 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   std::vector<std::string> failures;
   for (auto& c : copies) {
     std::cerr << c.log;
-    if (c.box) save_token(c.box->url, c.box->token);
-    else failures.push_back(c.error);
+    if (!c.box) {
+      failures.push_back(c.error);
+      continue;
+    }
+    try {
+      save_token(c.box->url, c.box->token);
+    } catch (const std::exception& e) {
+      failures.push_back("box " + c.box->name + ": " + e.what());
+    }
   }
   // The API answers once the restore is done or failed: its outcome is in the journal by now.
   std::vector<Outcome> outcomes(copies.size());
