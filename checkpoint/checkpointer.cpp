@@ -133,6 +133,7 @@ struct Checkpointer::RestoreOp {
   Reply done;
   json::object manifest;
   std::string forced_name;  // --restore: the copy is "main"
+  int first_index = 0;      // --restore-index: the copy's index among copies in boxes of their own
   double t0 = 0;
   int pending = 0;
   json::array results;
@@ -487,7 +488,8 @@ std::string Checkpointer::next_branch_name() {
   }
 }
 
-void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name) {
+void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
+                           int first_index) {
   if (!valid_snapshot_id(snapshot))
     return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
@@ -497,6 +499,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->fork = fork;
   op->done = std::move(done);
   op->forced_name = name;
+  op->first_index = first_index;
   op->t0 = now_ms();
   if (box_.shutting_down_) return op->done(error_reply("shutting_down", "the box is shutting down"));
   ++ops_;
@@ -536,7 +539,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   br.mode = live ? "live" : "cold";
   br.parent = std::string(op->manifest.at("branch").as_string());
   br.snapshot = op->snapshot;
-  br.index = index;
+  br.index = op->first_index + index;
   if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
     for (auto& v : a->as_array()) br.argv.emplace_back(v.as_string());
   br.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
@@ -575,7 +578,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
       [this, op, index, b, err, dir, src, live, t_start] {
         Branch& br = **b;
         double t_copied = now_ms();
-        json::object res{{"branch", br.name}, {"index", index}};
+        json::object res{{"branch", br.name}, {"index", br.index}};
         if (!err->empty()) {
           res["error"] = "copy the snapshot's files: " + *err;
           return copy_done(op, index, std::move(res));
@@ -700,7 +703,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                                        {"snapshot", op->snapshot},
                                        {"copy", true},
                                        {"branch", added.name},
-                                       {"index", index},
+                                       {"index", added.index},
                                        {"mode", "live"}});
           }
           res["mode"] = "live";
@@ -712,13 +715,13 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
       });
 }
 
-void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int index, json::object res) {
+void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int /*slot*/, json::object res) {
   std::string branch(res.at("branch").as_string());
   json::object ev{{"type", "restore.done"},
                   {"snapshot", op->snapshot},
                   {"parent", op->manifest.at("branch")},
                   {"parent_box", op->manifest.at("box")},
-                  {"index", index},
+                  {"index", res.at("index")},
                   {"of", op->n}};
   if (res.contains("error")) {
     // Nothing half-restored stays behind: the copy's directory goes with its failure.
@@ -907,7 +910,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
                         box_.emit_started();
                         if (!r2.at("ok").as_bool()) box_.finish(125);
                       },
-                      "main");
+                      "main", box_.opts_.restore_index);
               op_done();
             }, false);
           });

@@ -114,6 +114,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
       o.restore_archive = archive;
       o.box_root = state_home() + "/docker";
       o.port = ports[static_cast<size_t>(i)];
+      o.restore_index = i;
       o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
                   "io.sandboxer.index=" + std::to_string(i)};
       try {

@@ -43,6 +43,7 @@ struct BoxOptions {
   int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
   bool idle = false;               // start with no agent and wait (--idle)
   std::string restore_file;        // start from this checkpoint archive (--restore)
+  int restore_index = 0;           // which copy this box is (--restore-index)
   std::string health_file;         // "" none; else health.hpp's file, once the server is up
 };
 

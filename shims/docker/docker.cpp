@@ -287,7 +287,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
                            "--listen", listen});
   if (!o.restore_archive.empty()) {
-    args.insert(args.end(), {"--restore", kRestoreIn});
+    args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
   } else {
     args.push_back("--");
     args.insert(args.end(), o.argv.begin(), o.argv.end());

@@ -34,6 +34,7 @@ struct UpOptions {
                                             // box starts from (`sandboxer-init --restore`)
   std::vector<std::string> labels;          // extra --label K=V
   int port = 0;                             // the API's loopback port; 0: a free one is picked
+  int restore_index = 0;                    // with restore_archive: which copy this box is
   std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
 };
 

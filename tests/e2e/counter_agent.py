@@ -1,5 +1,5 @@
 # A long-running agent for live checkpoint tests in a container: a nonce made at start and kept
-# only in memory, and a counter, printed as one JSON line per tick with the branch it runs as
+# only in memory, and a counter, printed as one JSON line per tick with the branch and index it runs as
 # (read from /run/sandboxer/branch.json, which each restored copy gets its own of). A cold
 # restart would print a new nonce and count from 1 again; a live copy goes on from the counter
 # the checkpoint froze, with the same nonce.
@@ -16,16 +16,17 @@ listener.bind(("127.0.0.1", 0))  # any port: boxes share the host network
 listener.listen()
 
 
-def branch():
+def identity():
     try:
         with open("/run/sandboxer/branch.json") as f:
-            return json.load(f).get("branch")
+            return json.load(f)
     except (OSError, ValueError):
-        return None
+        return {}
 
 
 n = 0
 while True:
     n += 1
-    print(json.dumps({"n": n, "nonce": nonce, "branch": branch()}), flush=True)
+    me = identity()
+    print(json.dumps({"n": n, "nonce": nonce, "branch": me.get("branch"), "index": me.get("index")}), flush=True)
     time.sleep(0.1)

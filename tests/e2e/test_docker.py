@@ -566,6 +566,7 @@ def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, im
             assert len(set(urls)) == 2 and a.url not in urls
             boxes = boxes_by_url(docker_env)
             started = next(e for e in a.journal() if e["type"] == "box.started")
+            indexes = []
             for url in urls:
                 b = boxes[url]
                 assert b["name"] in new and b["status"].startswith("Up")
@@ -578,6 +579,9 @@ def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, im
                 assert done["mode"] == "live" and done["snapshot"] == snap
                 assert done["parent_box"] == started["box"]
                 assert_continues(ticks(a.journal(), "main"), ticks(events, "main"))
+                # Each copy knows which it is (its branch.json), as copies in one box do.
+                assert {t["index"] for t in ticks(events, "main")} == {done["index"]}
+                indexes.append(done["index"])
                 # The same image (by id) and profile as A, and its caps.
                 info = json.loads(docker(docker_env, "inspect", b["name"]).stdout)[0]
                 assert info["Image"] == a.inspect()["Image"]
@@ -590,6 +594,7 @@ def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, im
                 finally:
                     att.kill()
                     att.wait()
+            assert sorted(indexes) == [0, 1]
             # A keeps running, counting on.
             n = ticks(a.journal(), "main")[-1]["n"]
             wait_for(a, "A goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= n + 3)
