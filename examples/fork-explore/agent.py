@@ -77,7 +77,7 @@ def nearest_neighbour(dist, n):
 
 
 def two_opt(dist, n, tour):
-    """Best-improvement-free 2-opt: apply any improving reversal until none is left."""
+    """First-improvement 2-opt: apply any improving reversal until none is left."""
     improved = True
     while improved:
         improved = False
@@ -153,8 +153,12 @@ def explore(dist, tour, near, nonce, who, continued, prefix_s):
     heat = HEAT[index % len(HEAT)]
     n = len(tour)
     temp = heat * tour_length(dist, n, tour) / n
+    try:
+        branch_json = channel_module.branch_info()  # the same identity, from the copy's own files
+    except OSError:
+        branch_json = None  # no root of its own (flat mode): no /run/sandboxer of its own either
     say("continue", branch=who.get("branch"), index=index, mode=who.get("mode"), continued=continued,
-        state=state_sum(dist, tour), nonce=nonce, prefix_s=round(prefix_s, 3))
+        state=state_sum(dist, tour), nonce=nonce, prefix_s=round(prefix_s, 3), branch_json=branch_json)
     start_len = tour_length(dist, n, tour)
     t0 = time.monotonic()
     length, best, accepted = anneal(dist, near, n, tour, seed, temp, ARGS.moves)

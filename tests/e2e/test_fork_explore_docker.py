@@ -55,6 +55,9 @@ def test_fork_explore_in_docker_forks_live_copies(docker_env, image):
     assert next(e for e in events if e["type"] == "box.started")["capabilities"]["isolation"] == "container"
     results = {e["branch"] for e in events if e["type"] == "proc.message" and e["message"].get("step") == "result"}
     assert results == {c["branch"] for c in copies}
+    for e in events:
+        if e["type"] == "proc.message" and e["message"].get("step") == "continue":
+            assert e["message"]["branch_json"]["branch"] == e["branch"] == e["message"]["branch"]
     assert_box_removed(docker_env, s)
 
 

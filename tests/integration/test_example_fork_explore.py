@@ -50,6 +50,10 @@ def test_fork_explore_copies_continue_from_the_prefix_in_memory(tmp_path):
     results = {e["branch"]: e["message"] for e in messages(events, "result")}
     assert sorted(results) == sorted(c["branch"] for c in copies)
     assert all(results[c["branch"]]["length"] == c["length"] for c in copies)
+    # Each copy knew who it was from the channel, and its /run/sandboxer/branch.json agrees.
+    for e in messages(events, "continue"):
+        assert e["message"]["branch"] == e["branch"] == e["message"]["branch_json"]["branch"]
+        assert e["message"]["branch_json"]["mode"] == "live" and e["message"]["branch_json"]["parent"] == "main"
     # The copies ended on their own; the driver then shut the box down (the original waited).
     exited = {e["branch"]: e for e in events if e["type"] == "proc.exited"}
     assert all(exited[c["branch"]]["reason"] == "exited" and exited[c["branch"]]["code"] == 0 for c in copies)
