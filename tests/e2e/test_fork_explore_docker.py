@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import CLI, ROOT
+from sbxtest import CLI, ROOT
 from test_docker import docker, docker_env, image, token_file  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")

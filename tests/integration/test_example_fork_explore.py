@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import CLI, ROOT, read_journal
+from sbxtest import CLI, ROOT, read_journal
 
 RUN = ROOT / "examples" / "fork-explore" / "run"
 SMALL = ["--copies", "3", "--cities", "150", "--moves", "30000", "--timeout", "90"]
