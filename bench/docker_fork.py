@@ -17,7 +17,9 @@ each). Beside it, in the same run, on the same image, agent and criu:
 A private dockerd (scripts/dockerd, DOCKERD_EXPERIMENTAL=1) runs for the measurement and is
 stopped after.
 
-Rows (medians of BENCH_RUNS runs, default 5), wall-clock as a script sees it (CLI included):
+Rows (medians of BENCH_RUNS runs, default 5; one table per agent heap in BENCH_HEAP_MB, default
+"0,100": the counting agent alone, ~10 MB RSS, and with 100 MB of os.urandom heap), wall-clock
+as a script sees it (CLI included):
 - checkpoint in A: `sandboxer checkpoint URL` (stop, criu dump, copy of the layer, resume,
   compress);
 - fork into 2 containers: `sandboxer fork URL --snapshot S -n 2 --host docker` until both copies
@@ -41,6 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("SANDBOXER_BUILD", os.path.join(ROOT, "build"))
 CLI = os.path.join(BUILD, "bin", "sandboxer")
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+# The agent's heap (os.urandom, so it does not compress), one table per size.
+HEAPS = [int(x) for x in os.environ.get("BENCH_HEAP_MB", "0,100").split(",")]
 TAG = "sandboxer/agent:bench"
 AGENT = os.path.join(ROOT, "tests", "e2e")
 LISTENER = "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(600)\n"
@@ -81,7 +85,7 @@ def counting(state, branch="main", at_least=3):
 def cold_pair(env, i):
     """Two fresh containers of the agent under tini, started side by side, until both accept."""
     ports = [free_port(), free_port()]
-    names = [f"cold-{i}-{k}" for k in range(2)]
+    names = [f"cold-{i}-{k}-{os.urandom(3).hex()}" for k in range(2)]
     t0 = time.perf_counter()
     threads = [threading.Thread(target=run, args=(env, "docker", "run", "-d", "--name", n, "--network", "host",
                                                    "--entrypoint", "/usr/bin/tini", TAG, "--", "python3", "-c",
@@ -104,12 +108,12 @@ def data_root(env):
     return run(env, "docker", "info", "--format", "{{.DockerRootDir}}").strip()
 
 
-def docker_checkpoint_fork(env, i):
+def docker_checkpoint_fork(env, i, heap_mb):
     """Docker's own: checkpoint A (left running), restore it into two new containers. Returns
     (checkpoint seconds, fork seconds, checkpoint bytes)."""
     common = ["--network", "none", "--entrypoint", "/usr/bin/tini", "-v", f"{AGENT}:/opt/e2e:ro", TAG, "--",
-              "python3", "/opt/e2e/counter_agent.py"]
-    a = f"dck-{i}-a"
+              "python3", "/opt/e2e/counter_agent.py", str(heap_mb)]
+    a = f"dck-{heap_mb}-{i}-a"
     run(env, "docker", "run", "-d", "--name", a, *common)
     deadline = time.monotonic() + 30
     while run(env, "docker", "logs", a).count("\n") < 3:
@@ -121,7 +125,7 @@ def docker_checkpoint_fork(env, i):
     run(env, "docker", "checkpoint", "create", "--leave-running", a, "cp1")
     t1 = time.perf_counter()
     src = os.path.join(root, "containers", run(env, "docker", "inspect", "-f", "{{.Id}}", a).strip(), "checkpoints", "cp1")
-    copies = [f"dck-{i}-{k}" for k in range(2)]
+    copies = [f"dck-{heap_mb}-{i}-{k}" for k in range(2)]
     errors = []
 
     def restore(c):
@@ -153,6 +157,76 @@ def docker_checkpoint_fork(env, i):
     return t1 - t0, t2 - t1, size
 
 
+def measure(env, heap_mb):
+    rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": [],
+            "d_checkpoint": [], "d_fork": [], "d_both": [], "d_bytes": []}
+    for i in range(RUNS):
+        url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "-v", f"{AGENT}:/opt/e2e:ro", "--",
+                  "python3", "/opt/e2e/counter_agent.py", str(heap_mb)).strip().splitlines()[-1]
+        boxes = [json.loads(line) for line in run(env, CLI, "ps", "--json").splitlines()]
+        state = next(b["state_dir"] for b in boxes if b["url"] == url)
+        deadline = time.monotonic() + 60
+        while not counting(state):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agent in A did not start counting")
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        snap = run(env, CLI, "checkpoint", url).strip().splitlines()[-1]
+        t1 = time.perf_counter()
+        copies = [line.split()[1] for line in run(env, CLI, "fork", url, "--snapshot", snap, "-n", "2",
+                                                  "--host", "docker").splitlines()]
+        t2 = time.perf_counter()
+        rows["checkpoint"].append(t1 - t0)
+        rows["fork"].append(t2 - t1)
+        rows["both"].append(t2 - t0)
+        created = [e for e in journal(state) if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
+        rows["bytes"].append(created[0]["sizes"]["compressed"])
+        for u in [url, *copies]:
+            run(env, "docker", "rm", "-f", *[b["name"] for b in (json.loads(x) for x in
+                                              run(env, CLI, "ps", "--json").splitlines()) if b["url"] == u])
+        rows["cold"].append(cold_pair(env, i))
+        dc, df, db = docker_checkpoint_fork(env, i, heap_mb)
+        rows["d_checkpoint"].append(dc)
+        rows["d_fork"].append(df)
+        rows["d_both"].append(dc + df)
+        rows["d_bytes"].append(db)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    agent = f"counter agent + {heap_mb} MB heap" if heap_mb else "counter agent (~10 MB RSS)"
+    print(f"checkpoint and fork across containers, {agent}, medians of {RUNS} runs (image {TAG}, private "
+          f"dockerd; peer: Docker's own checkpoint, experimental, same criu)")
+    print(f"{'what':<46}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
+
+    def line(what, ours, theirs, unit="ms", scale=1000):
+        print(f"{what:<46}{ours * scale:>9.0f} {unit:<3}{theirs * scale:>8.0f} {unit:<3}{ours / theirs:>7.2f}")
+    line("checkpoint in A", med["checkpoint"], med["d_checkpoint"])
+    line("fork into 2 new containers, live", med["fork"], med["d_fork"])
+    line("checkpoint + fork into 2, live", med["both"], med["d_both"])
+    line("  same, against 2 cold docker runs (tini)", med["both"], med["cold"])
+    line("checkpoint size (ours compressed)", med["bytes"], med["d_bytes"], "KiB", 1 / 1024)
+    print()
+    rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
+    if rows_file:
+        tag = f", {heap_mb} MB heap" if heap_mb else ""
+
+        def row(what, unit, ours, peer=None, peer_value=None):
+            return {"bench": "docker_fork", "what": what + tag, "unit": unit, "ours": round(ours, 1), "peer": peer,
+                    "peer_value": None if peer_value is None else round(peer_value, 1), "better": "lower"}
+        docker_cp = "docker checkpoint (experimental, same criu)"
+        docker_fork = "docker create + start --checkpoint, 2 side by side"
+        with open(rows_file, "a") as f:
+            for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000, docker_cp,
+                          med["d_checkpoint"] * 1000),
+                      row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000, docker_fork,
+                          med["d_fork"] * 1000),
+                      row("checkpoint + fork into 2 containers, live", "ms", med["both"] * 1000,
+                          "docker checkpoint + 2 restores", med["d_both"] * 1000),
+                      row("checkpoint + fork into 2 containers, vs cold", "ms", med["both"] * 1000,
+                          "2 cold docker runs, tini (memory lost)", med["cold"] * 1000),
+                      row("checkpoint size (ours zstd)", "KiB", med["bytes"] / 1024,
+                          "docker checkpoint dir", med["d_bytes"] / 1024)):
+                f.write(json.dumps(r) + "\n")
+
+
 def main():
     if os.geteuid() != 0:
         print("docker_fork: skipped (needs root for dockerd)")
@@ -164,69 +238,8 @@ def main():
                XDG_STATE_HOME=os.path.join(work, "state"))
     try:
         run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
-        rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": [],
-                "d_checkpoint": [], "d_fork": [], "d_both": [], "d_bytes": []}
-        for i in range(RUNS):
-            url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "-v", f"{AGENT}:/opt/e2e:ro", "--",
-                      "python3", "/opt/e2e/counter_agent.py").strip().splitlines()[-1]
-            boxes = [json.loads(line) for line in run(env, CLI, "ps", "--json").splitlines()]
-            state = next(b["state_dir"] for b in boxes if b["url"] == url)
-            deadline = time.monotonic() + 30
-            while not counting(state):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the agent in A did not start counting")
-                time.sleep(0.05)
-            t0 = time.perf_counter()
-            snap = run(env, CLI, "checkpoint", url).strip().splitlines()[-1]
-            t1 = time.perf_counter()
-            copies = [line.split()[1] for line in run(env, CLI, "fork", url, "--snapshot", snap, "-n", "2",
-                                                      "--host", "docker").splitlines()]
-            t2 = time.perf_counter()
-            rows["checkpoint"].append(t1 - t0)
-            rows["fork"].append(t2 - t1)
-            rows["both"].append(t2 - t0)
-            created = [e for e in journal(state) if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
-            rows["bytes"].append(created[0]["sizes"]["compressed"])
-            for u in [url, *copies]:
-                run(env, "docker", "rm", "-f", *[b["name"] for b in (json.loads(x) for x in
-                                                  run(env, CLI, "ps", "--json").splitlines()) if b["url"] == u])
-            rows["cold"].append(cold_pair(env, i))
-            dc, df, db = docker_checkpoint_fork(env, i)
-            rows["d_checkpoint"].append(dc)
-            rows["d_fork"].append(df)
-            rows["d_both"].append(dc + df)
-            rows["d_bytes"].append(db)
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        print(f"checkpoint and fork across containers, medians of {RUNS} runs (image {TAG}, counter agent "
-              f"~10 MB RSS, private dockerd; peer: Docker's own checkpoint, experimental, same criu)")
-        print(f"{'what':<46}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
-
-        def line(what, ours, theirs, unit="ms", scale=1000):
-            print(f"{what:<46}{ours * scale:>9.0f} {unit:<3}{theirs * scale:>8.0f} {unit:<3}{ours / theirs:>7.2f}")
-        line("checkpoint in A", med["checkpoint"], med["d_checkpoint"])
-        line("fork into 2 new containers, live", med["fork"], med["d_fork"])
-        line("checkpoint + fork into 2, live", med["both"], med["d_both"])
-        line("  same, against 2 cold docker runs (tini)", med["both"], med["cold"])
-        line("checkpoint size (ours compressed)", med["bytes"], med["d_bytes"], "KiB", 1 / 1024)
-        rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
-        if rows_file:
-            def row(what, unit, ours, peer=None, peer_value=None):
-                return {"bench": "docker_fork", "what": what, "unit": unit, "ours": round(ours, 1), "peer": peer,
-                        "peer_value": None if peer_value is None else round(peer_value, 1), "better": "lower"}
-            with open(rows_file, "a") as f:
-                docker_cp = "docker checkpoint (experimental, same criu)"
-                docker_fork = "docker create + start --checkpoint, 2 side by side"
-                for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000, docker_cp,
-                              med["d_checkpoint"] * 1000),
-                          row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000, docker_fork,
-                              med["d_fork"] * 1000),
-                          row("checkpoint + fork into 2 containers, live", "ms", med["both"] * 1000,
-                              "docker checkpoint + 2 restores", med["d_both"] * 1000),
-                          row("checkpoint + fork into 2 containers, vs cold", "ms", med["both"] * 1000,
-                              "2 cold docker runs, tini (memory lost)", med["cold"] * 1000),
-                          row("checkpoint size, counter agent (ours zstd)", "KiB", med["bytes"] / 1024,
-                              "docker checkpoint dir", med["d_bytes"] / 1024)):
-                    f.write(json.dumps(r) + "\n")
+        for heap_mb in HEAPS:
+            measure(env, heap_mb)
     finally:
         subprocess.run(["docker", "rm", "-f", *subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True,
                                                               text=True).stdout.split()], env=env, capture_output=True)

@@ -6,8 +6,11 @@
 import json
 import os
 import socket
+import sys
 import time
 
+# usage: counter_agent.py [HEAP_MB]: also hold HEAP_MB of heap from os.urandom (benchmarks).
+heap = bytearray(os.urandom(int(sys.argv[1]) << 20)) if len(sys.argv) > 1 else b""
 nonce = os.urandom(16).hex()
 # A TCP listener, as agents hold sockets: each copy restores it in a network namespace of its own.
 listener = socket.socket()
