@@ -116,11 +116,18 @@ void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
   spec.resolv_conf = spec.dir + "/resolv.conf";
   if (auto r = os::write_file_atomic(spec.resolv_conf, "nameserver 127.0.0.1\n", 0644); !r)
     throw std::runtime_error("write " + spec.resolv_conf + ": " + r.error().message());
-  for (auto& c : profile.credentials)
-    if (!c.source_file.empty()) spec.masks.push_back(c.source_file);
+  for (auto& m : masked_files(profile)) spec.masks.push_back(m);
 }
 
-BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit)
+std::vector<std::string> BranchNetwork::masked_files(const Profile& profile) {
+  std::vector<std::string> out;
+  for (auto& c : profile.credentials)
+    if (!c.source_file.empty()) out.push_back(c.source_file);
+  return out;
+}
+
+BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit,
+                             const std::string& proc)
     : profile_(profile), emit_(std::move(emit)) {
   const auto& net = profile.network;
   if (net.mode == NetworkPolicy::Mode::Host) return;
@@ -133,6 +140,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
     cfg.network = net;
     cfg.credentials = profile.credentials;
     cfg.netns_pid = branch.pid;
+    cfg.proc = proc;
     for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
   }
   auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);
