@@ -19,7 +19,7 @@ import threading
 
 import pytest
 
-from conftest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, read_journal
 from test_broker import make_ca, write_profile
 
 HERE = pathlib.Path(__file__).resolve().parent
