@@ -21,7 +21,7 @@ namespace sbx::supervisor {
 namespace {
 
 struct NsSockets {
-  os::UniqueFd tcp, udp;
+  os::UniqueFd tcp, udp, dns_tcp;
   std::string error;  // the failing step, empty on success
 };
 
@@ -73,6 +73,7 @@ NsSockets setup_in_netns(pid_t pid, bool proxy, int port) {
     if (!proxy) return;
     out.tcp = bound_socket(SOCK_STREAM, port, out.error);
     if (out.tcp) out.udp = bound_socket(SOCK_DGRAM, 53, out.error);
+    if (out.udp) out.dns_tcp = bound_socket(SOCK_STREAM, 53, out.error);
   });
   t.join();
   return out;
@@ -157,7 +158,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
       queue_.push_back(std::move(e));
     }
     uv_async_send(async_);
-  });
+  }, std::move(socks.dns_tcp));
 }
 
 BranchNetwork::~BranchNetwork() {
