@@ -52,8 +52,10 @@ class HoldingUpstream:
                     body = {"held": outer.holding.is_set()}
                 elif self.path == "/v1/release":
                     outer.release.set()
-                elif self.path == "/v1/seen":
-                    body = {"after_copies": len([q for q in outer.requests if q["path"].startswith("/v1/after?branch=f")])}
+                elif self.path.startswith("/v1/seen?run="):
+                    run = self.path.split("=", 1)[1]
+                    body = {"after_copies": len([q for q in outer.requests if q["path"].startswith("/v1/after?branch=f")
+                                                 and q["path"].endswith("&run=" + run)])}
                 elif self.path == "/v1/hold":
                     outer.holding.set()
                     body["released"] = outer.release.wait(30)
@@ -100,9 +102,14 @@ class Setup:
                            capture_output=True, timeout=timeout, env=self.env, text=True)
         return r.returncode, read_journal(state), r.stderr
 
-    def agent(self, state, mode):
-        cfg = json.dumps({"mode": mode, "upstream_port": self.up.port})
-        return self.box(state, ["--", sys.executable, str(AGENT), cfg])
+    def agent(self, state, mode, environ=None, run=None):
+        cfg = json.dumps({"mode": mode, "upstream_port": self.up.port, "run": run or secrets.token_hex(4)})
+        saved = self.env
+        self.env = environ or saved
+        try:
+            return self.box(state, ["--", sys.executable, str(AGENT), cfg])
+        finally:
+            self.env = saved
 
 
 def results(events, check):
@@ -135,8 +142,9 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def forked(setup):
-    rc, events, err = setup.agent(setup.tmp / "fork", "fork")
-    return {"rc": rc, "events": events, "stderr": err, "after": results(events, "after")}
+    run = secrets.token_hex(4)
+    rc, events, err = setup.agent(setup.tmp / "fork", "fork", run=run)
+    return {"rc": rc, "events": events, "stderr": err, "after": results(events, "after"), "run": run}
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +167,7 @@ def test_each_copy_reaches_the_upstream_through_a_broker_of_its_own(forked, setu
         assert a["copy"] is (b != "main")
         assert a["base"] == "http://127.0.0.1:3128/api"  # the URL its restored memory holds
         # The upstream got the real key on the copy's call, injected by the broker.
-        assert [q["key"] for q in setup.up.requests if q["path"] == f"/v1/after?branch={b}"] == [setup.secret]
+        assert [q["key"] for q in setup.up.requests if q["path"] == f"/v1/after?branch={b}&run={forked['run']}"] == [setup.secret]
     assert len({after[b]["netns"] for b in after}) == 3  # each in a network namespace of its own
 
 
@@ -182,6 +190,26 @@ def test_a_copy_refuses_hosts_off_the_list_and_names_its_branch(forked):
         assert ev[0]["proc"] == ("main" if b == "main" else f"main@{b}")
         dns = denied(forked["events"], what="dns", host=f"not-listed-{b}.example.org")
         assert dns and all(e["branch"] == b for e in dns), dns
+
+
+def test_cold_copies_get_a_broker_of_their_own(setup):
+    # Without criu on PATH the snapshot holds files only: each copy is the agent started again,
+    # in a network namespace of its own with a broker there, its environment edited as the
+    # original's was (placeholder and base URL in, the credential's source out).
+    environ = dict(setup.env, PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+    rc, events, err = setup.agent(setup.tmp / "cold", "fork", environ)
+    assert rc == 0, err[-3000:]
+    assert [e["mode"] for e in events if e["type"] == "restore.done"] == ["cold", "cold"]
+    after = results(events, "after")
+    copies = sorted(b for b in after if b != "main")
+    assert len(copies) == 2, (after, err[-2000:])
+    for b in copies:
+        a = after[b]
+        assert a["status"] == 200 and a["key_matches"] is True and a["dns_allowed"] == ["127.0.0.1"], a
+        assert a["connect_denied"].startswith("HTTP/1.1 403"), a
+        ev = denied(events, what="egress", host=f"denied-{b}.example.org")
+        assert len(ev) == 1 and ev[0]["branch"] == b and ev[0]["proc"] == f"main@{b}", ev
+    assert setup.secret not in json.dumps(events)
 
 
 @needs_criu

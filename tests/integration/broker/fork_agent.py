@@ -1,13 +1,14 @@
 """The agent of tests/integration/test_broker_fork.py: calls its upstream through the broker, then
 forks or checkpoints itself and calls it again in every copy. One JSON line per result.
 
-usage: fork_agent.py CFG_JSON   (cfg: mode = fork | midrequest, upstream_port)
+usage: fork_agent.py CFG_JSON   (cfg: mode = fork | midrequest, upstream_port, run: a tag for this box)
   fork:        a call through the broker, fork of 2, then in each of the three (original and
                copies) a call through API_BASE_URL, a DNS lookup and a CONNECT to a host that is
                not on the list; the original waits until both copies' calls reached the upstream.
   midrequest:  a call the upstream holds open (/v1/hold) is in flight in a thread while the agent
                checkpoints itself (leave_running); then the upstream lets it finish. A copy
                restored from that checkpoint (another box) finds the call closed and calls again.
+A cold copy (SANDBOXER_RESUMED=1) only does what every branch does after the fork.
 Standard library plus sdk/python's agent module."""
 import json
 import os
@@ -69,12 +70,17 @@ def lookup(name):
 
 def after(me, copy):
     """What every branch does after the fork: the broker must be there, in its own namespace."""
-    st, body = call(f"/v1/after?branch={me}")
+    st, body = call(f"/v1/after?branch={me}&run={cfg['run']}")
     out("after", branch=me, copy=copy, status=st, key_matches=key_matches(body), body=body[:300],
         dns_allowed=lookup("api.example.test"), dns_denied=lookup(f"not-listed-{me}.example.org"),
         connect_denied=connect_status(f"denied-{me}.example.org"), netns=os.readlink("/proc/self/ns/net"),
         base=base)
 
+
+if os.environ.get("SANDBOXER_RESUMED") == "1":
+    # A cold copy (the snapshot held files only): this started again, with a fresh environment.
+    after(os.environ["SANDBOXER_BRANCH"], True)
+    sys.exit(0)
 
 ch = channel_module.Channel()
 st, body = call("/v1/before")
@@ -88,7 +94,7 @@ if cfg["mode"] == "fork":
         # The box ends with its original: wait until both copies' calls reached the upstream.
         t0 = time.monotonic()
         while time.monotonic() - t0 < 20:
-            st, body = call("/v1/seen")
+            st, body = call(f"/v1/seen?run={cfg['run']}")
             if st == 200 and json.loads(body).get("after_copies", 0) >= 2:
                 break
             time.sleep(0.1)
