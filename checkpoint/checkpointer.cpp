@@ -264,7 +264,8 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"kernel", kernel_release()},
                   {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
                   {"pipes", pipes},
-                  {"masks", mask_list(box_.opts_.masks, box_.opts_.state_dir)},
+                  {"masks", mask_list(box_.branch_masks(), box_.opts_.state_dir)},
+                  {"network", box_.network_manifest()},
                   {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
   if (!op->live) op->manifest["note"] = op->note;
 
@@ -516,6 +517,8 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     std::optional<std::string> refuse;
     if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
     else refuse = incompatibility(op->manifest, box_.caps_.criu, image_id_);
+    if (!refuse && mode == "live")
+      if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
     if (refuse) {
       box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
       op->done(error_reply("incompatible", *refuse));
@@ -593,6 +596,10 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           spec.want_namespaces = box_.opts_.profile.isolation.namespaces && box_.caps_.namespaces;
           spec.masks = box_.opts_.masks;
           spec.masks.push_back(box_.opts_.state_dir);
+          if (auto e = box_.prepare_copy_network(spec); !e.empty()) {
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
           // Landlock) as the original's did; its cgroup ceilings are not set up (one per box now).
           auto lb = supervisor::launch_branch(spec);
@@ -605,6 +612,11 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           auto env = box_.agent_env(br, dir);
           env.emplace_back("SANDBOXER_RESUMED=1");
           env.emplace_back("SANDBOXER_SNAPSHOT=" + op->snapshot);
+          if (auto e = box_.attach_copy_network(br, &env); !e.empty()) {
+            ::kill(br.launched.pid, SIGKILL);  // its ns-init still waits for its config
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           json::array argv;
           for (auto& a : br.argv) argv.emplace_back(a);
           box_.send_request(br, {{"argv", argv},
@@ -689,6 +701,12 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           br.launched.take(*pp);
           pp.reset();  // closes the copy's ends: the restored tree holds them now
           br.launched.in.reset();
+          // Its network before it runs: the copy's own broker where the agent expects it.
+          if (auto e = box_.attach_copy_network(br); !e.empty()) {
+            ::kill(root, SIGKILL);
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           Branch& added = box_.add_branch(std::move(*b), true);
           // The tree was dumped stopped, so criu restored it stopped: it runs from here.
           continue_tree(root);
