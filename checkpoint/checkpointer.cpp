@@ -601,8 +601,11 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
             return copy_done(op, index, std::move(res));
           }
           // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
-          // Landlock) as the original's did; its cgroup ceilings are not set up (one per box now).
+          // Landlock) as the original's did, and a cgroup of its own with the original's ceilings.
+          auto cg = box_.prepare_copy_cgroup(br);
+          for (auto& fd : cg) spec.cgroup_procs.push_back(fd.get());
           auto lb = supervisor::launch_branch(spec);
+          cg.clear();
           if (!lb) {
             res["error"] = "start the copy: " + lb.error().message();
             return copy_done(op, index, std::move(res));
@@ -626,6 +629,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                                  {"policy", supervisor::policy_to_json(box_.opts_.profile, box_.caps_.landlock_abi)}});
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), false);
+          box_.start_watcher(added);
           box_.channel_reply(added, [&] {
             auto w = identity(box_, added);
             w["type"] = "whoami";
@@ -676,7 +680,11 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         run.hostname = (*b)->name + "." + box_.id_;
         supervisor::ensure_machine_id(dir);  // a new one: the copy is another running system
         run.output = dir + "/.criu/restore.out";
+        // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
+        auto cg = box_.prepare_copy_cgroup(**b);
+        for (auto& fd : cg) run.cgroup_procs.push_back(fd.get());
         auto pid = spawn_criu(*criu_, run);
+        cg.clear();
         if (!pid) {
           res["error"] = "start criu: " + pid.error().message();
           return copy_done(op, index, std::move(res));
@@ -708,6 +716,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
             return copy_done(op, index, std::move(res));
           }
           Branch& added = box_.add_branch(std::move(*b), true);
+          box_.start_watcher(added);
           // The tree was dumped stopped, so criu restored it stopped: it runs from here.
           continue_tree(root);
           // The copy's first line on its channel says who it is; a channel request the original

@@ -69,6 +69,15 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // No allocation from here on: errors go to the pipe as (step, errno).
     supervisor::reset_signals_for_child();
     int e[2] = {0, 0};
+    // Into the copy's cgroup before anything is restored: its memory is charged there.
+    for (int fd : run.cgroup_procs) {
+      if (::write(fd, "0", 1) != 1) {
+        e[0] = 5;
+        e[1] = errno;
+        (void)!::write(ep->write.get(), e, sizeof e);
+        ::_exit(127);
+      }
+    }
     // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
     // criu itself starts in fresh ones, and the copy gets them.
     if (run.new_netns) {

@@ -24,6 +24,8 @@ struct CriuRun {
                                   // /proc/sys over /proc (a container's): restoring a tree that
                                   // has a UTS namespace of its own writes kernel/hostname there
   std::string output;             // criu's stdout and stderr go to this file
+  std::vector<int> cgroup_procs;  // criu joins these cgroups (cgroup.procs fds) first, so the
+                                  // tree it restores is counted in the copy's own group
 };
 
 /// The criu binary on PATH, or nullopt.

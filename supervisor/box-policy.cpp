@@ -65,21 +65,7 @@ std::string mount_ext4_image(const std::string& image, int64_t size, const std::
 
 }  // namespace
 
-void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
-  const Profile& prof = opts_.profile;
-  check_profile_for_host(prof);
-  // isolation.level is the least the host must give: a profile written for a microVM does not
-  // silently run in a plain process.
-  auto rank = [](const std::string& l) {
-    static const char* order[] = {"process", "container", "gvisor", "microvm"};
-    for (int i = 0; i < 4; ++i)
-      if (l == order[i]) return i;
-    return 0;
-  };
-  if (rank(prof.isolation.level) > rank(caps_.isolation))
-    throw ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
-                       caps_.isolation + "\"");
-  boost::json::object cg_state;
+os::CgroupHost Box::cgroup_host() const {
   auto host = os::detect_cgroups();
   // SANDBOXER_CGROUP=none | v2:DIR picks the hierarchy by hand: for hosts whose detection is
   // wrong, and for testing the v2 code on a hybrid host (a cgroup2 mount without controllers).
@@ -95,51 +81,89 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
       throw std::runtime_error("SANDBOXER_CGROUP=" + f + ": expected none or v2:DIR");
     }
   }
+  return host;
+}
+
+std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Branch& b, boost::json::object* state) {
+  const Profile& prof = opts_.profile;
+  boost::json::object scratch;
+  boost::json::object& cg_state = state ? *state : scratch;
+  auto g = os::CgroupDir::create(host, "sbx-" + id_ + "-" + b.name);
+  if (!g) {
+    log()->warn("create the cgroup of branch {}: {}; its ceilings are not enforced", b.name, g.error().message());
+    return {};
+  }
+  b.cgroup = std::make_unique<os::CgroupDir>(std::move(*g));
+  std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
+  auto set = [&](const char* field, bool wanted, auto&& fn) {
+    if (!wanted) return;
+    if (auto r = fn(); r) cg_state[field] = how;
+    else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
+  };
+  // The agent's ceilings sit below the box's own, so an agent at its ceiling leaves the
+  // supervisor room to keep serving.
+  int64_t memory = prof.resources.memory, pids = prof.resources.pids;
+  std::string mem_note, pids_note;
+  if (auto box_mem = os::host_limit(host, "memory")) {
+    int64_t reserve = std::max<int64_t>(32 << 20, *box_mem / 20);
+    int64_t room = std::max<int64_t>(*box_mem - reserve, 8 << 20);
+    if (memory == 0 || memory > room) {
+      memory = room;
+      mem_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_mem) + ")";
+    }
+  }
+  if (auto box_pids = os::host_limit(host, "pids")) {
+    int64_t room = std::max<int64_t>(*box_pids - 16, 2);
+    if (pids == 0 || pids > room) {
+      pids = room;
+      pids_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_pids) + ")";
+    }
+  }
+  set("memory", memory > 0, [&] { return b.cgroup->set_memory(memory); });
+  set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
+  set("pids", pids > 0, [&] { return b.cgroup->set_pids(pids); });
+  if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
+  if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
+  effective_memory_ = memory;
+  effective_pids_ = pids;
+  auto fds = b.cgroup->open_procs_fds();
+  if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
+  return std::move(*fds);
+}
+
+std::vector<os::UniqueFd> Box::prepare_copy_cgroup(Branch& b) {
+  auto host = cgroup_host();
+  if (host.version == "none") return {};
+  try {
+    return make_branch_cgroup(host, b, nullptr);
+  } catch (const std::exception& e) {
+    log()->warn("branch {}: {}; its ceilings are not enforced", b.name, e.what());
+    b.cgroup.reset();
+    return {};
+  }
+}
+
+void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
+  const Profile& prof = opts_.profile;
+  check_profile_for_host(prof);
+  // isolation.level is the least the host must give: a profile written for a microVM does not
+  // silently run in a plain process.
+  auto rank = [](const std::string& l) {
+    static const char* order[] = {"process", "container", "gvisor", "microvm"};
+    for (int i = 0; i < 4; ++i)
+      if (l == order[i]) return i;
+    return 0;
+  };
+  if (rank(prof.isolation.level) > rank(caps_.isolation))
+    throw ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
+                       caps_.isolation + "\"");
+  boost::json::object cg_state;
+  auto host = cgroup_host();
   bool want_cg = prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 ||
                  prof.resources.idle_ms > 0;
   if (host.version != "none") {
-    auto g = os::CgroupDir::create(host, "sbx-" + id_ + "-" + b.name);
-    if (!g) {
-      log()->warn("create the cgroup of branch {}: {}; its ceilings are not enforced", b.name, g.error().message());
-    } else {
-      b.cgroup = std::make_unique<os::CgroupDir>(std::move(*g));
-      std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
-      auto set = [&](const char* field, bool wanted, auto&& fn) {
-        if (!wanted) return;
-        if (auto r = fn(); r) cg_state[field] = how;
-        else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
-      };
-      // The agent's ceilings sit below the box's own, so an agent at its ceiling leaves the
-      // supervisor room to keep serving.
-      int64_t memory = prof.resources.memory, pids = prof.resources.pids;
-      std::string mem_note, pids_note;
-      if (auto box_mem = os::host_limit(host, "memory")) {
-        int64_t reserve = std::max<int64_t>(32 << 20, *box_mem / 20);
-        int64_t room = std::max<int64_t>(*box_mem - reserve, 8 << 20);
-        if (memory == 0 || memory > room) {
-          memory = room;
-          mem_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_mem) + ")";
-        }
-      }
-      if (auto box_pids = os::host_limit(host, "pids")) {
-        int64_t room = std::max<int64_t>(*box_pids - 16, 2);
-        if (pids == 0 || pids > room) {
-          pids = room;
-          pids_note = " (capped at " + std::to_string(room) + ", below the box's " + std::to_string(*box_pids) + ")";
-        }
-      }
-      set("memory", memory > 0, [&] { return b.cgroup->set_memory(memory); });
-      set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
-      set("pids", pids > 0, [&] { return b.cgroup->set_pids(pids); });
-      if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
-      if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
-      effective_memory_ = memory;
-      effective_pids_ = pids;
-      auto fds = b.cgroup->open_procs_fds();
-      if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
-      cgroup_procs_ = std::move(*fds);
-      for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
-    }
+    cgroup_procs_ = make_branch_cgroup(host, b, &cg_state);
+    for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
   } else if (want_cg) {
     log()->warn("no cgroup hierarchy here: memory, cpus and pids of profile {} are not enforced", prof.name);
   }
@@ -191,6 +215,11 @@ void Box::start_limits(Branch& b) {
     enforcement_["network"] = "proxy: a network namespace of its own, the broker its only way out";
   else
     enforcement_["network"] = "host: not restricted";
+  start_watcher(b);
+}
+
+void Box::start_watcher(Branch& b) {
+  const Profile& prof = opts_.profile;
   LimitsWatcher::Callbacks cb;
   Branch* bp = &b;
   cb.emit = [this, bp](boost::json::object e) {

@@ -194,6 +194,17 @@ class Box {
   // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
   void setup_branch_policy(Branch& b, BranchSpec& spec);
   void start_limits(Branch& b);
+  /// The limits watcher of a branch (timeout, idle, OOM, pids, warnings): the original's from
+  /// start_limits, a copy's from the checkpointer once it runs.
+  void start_watcher(Branch& b);
+  os::CgroupHost cgroup_host() const;
+  /// Creates the branch's cgroup with the profile's ceilings (below the box's own); returns its
+  /// cgroup.procs fds, which the branch's first process writes itself into. `state` gets what
+  /// each ceiling is enforced by (for box.started).
+  std::vector<os::UniqueFd> make_branch_cgroup(const os::CgroupHost& host, Branch& b, boost::json::object* state);
+  /// A copy's cgroup (restore, fork): the same ceilings as the original's, its own accounting.
+  /// Empty where there is no hierarchy or it cannot be made (then the copy runs without).
+  std::vector<os::UniqueFd> prepare_copy_cgroup(Branch& b);
   std::string limit_reason(const Proc& p, const std::string& fallback) const;
   void note_output(const std::string& branch);
   void teardown_policy();

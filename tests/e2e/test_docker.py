@@ -3,11 +3,11 @@ docker`, `down`, `ps`, `docker stop`, and the supervisor in a plain `docker run`
 
 A private dockerd (scripts/dockerd: own data root and socket, no bridge) runs for the session
 and is stopped at the end; the image is built once per session by images/docker-image (its root
-filesystem comes from images/build's cache after the first build)."""
+filesystem comes from images/build's cache after the first build). Both are fixtures of
+tests/e2e/conftest.py, shared by every Docker test module."""
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
@@ -22,40 +22,7 @@ from wsbox import output_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
 
-TAG = "sandboxer/agent:e2e"
 PRIMES = ROOT / "examples" / "primes"
-
-
-@pytest.fixture(scope="session")
-def docker_env(tmp_path_factory):
-    """DOCKER_HOST of a private dockerd, and a state home of the session's own for the CLI."""
-    base = tmp_path_factory.mktemp("docker")
-    d = base / "d"
-    out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
-    env = dict(os.environ)
-    env["DOCKER_HOST"] = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
-    env["XDG_STATE_HOME"] = str(base / "state")
-    yield env
-    subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
-    # dockerd leaves its default netns file bind-mounted under its exec root; pytest's clean-up
-    # of old tmp dirs could not remove it.
-    with open("/proc/mounts") as f:
-        mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(base) + "/")]
-    for m in sorted(mounts, reverse=True):
-        subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
-    # The image's layers (about 200 MB) need not wait for pytest's rotation of old tmp dirs.
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def image(docker_env):
-    out = subprocess.run([str(CLI), "image", "build", "--tag", TAG], env=docker_env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == TAG
-    return TAG
 
 
 def docker(env, *args, timeout=60, check=True):

@@ -3,8 +3,8 @@ docker --profile explorer` (a profile that asks for checkpoint, so the container
 capabilities), uploads the agent over the API, gathers each copy's result from the event stream,
 shuts the box down and removes its container (`sandboxer down`).
 
-The private dockerd and the image come from test_docker.py's session fixtures (imported here, so
-this module starts a dockerd of its own when both modules run)."""
+The private dockerd and the image are tests/e2e/conftest.py's session fixtures, shared with
+test_docker.py."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from sbxtest import CLI, ROOT
-from test_docker import docker, docker_env, image, token_file  # noqa: F401  (fixtures)
+from test_docker import docker, token_file
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
 

@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import time
 
+import pytest
+
 from sbxtest import CLI
 from wsbox import Session, WsBox, run, ws_connect
 
@@ -175,3 +177,57 @@ def test_a_checkpoint_taken_while_a_client_streams_is_in_the_stream_which_goes_o
         # One unbroken sequence: nothing lost or repeated around the freeze.
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
         assert box.alive()
+
+
+# Counts in memory; once it is a copy it allocates 200 MB, page by page. A live copy learns it
+# from branch.json (its environment is the original's); a cold one, without namespaces, from
+# SANDBOXER_BRANCH.
+HOG_IN_COPIES = ("import json, os, time\n"
+                 "def branch():\n"
+                 "    try:\n"
+                 "        return json.load(open('/run/sandboxer/branch.json'))['branch']\n"
+                 "    except OSError:\n"
+                 "        return os.environ['SANDBOXER_BRANCH']\n"
+                 "n = 0\n"
+                 "while True:\n"
+                 "    n += 1\n"
+                 "    print(n, flush=True)\n"
+                 "    if branch() != 'main':\n"
+                 "        hog = b'x' * (200 << 20)\n"
+                 "    time.sleep(0.1)\n")
+
+
+def exits(box):
+    return {e["branch"]: e for e in map(json.loads, box.events.read_text().splitlines()) if e["type"] == "proc.exited"}
+
+
+@pytest.mark.parametrize("ceiling,namespaces", [("64M", "true"), ("64M", "false"), ("0", "true")],
+                         ids=["live-copies", "cold-copies", "control-no-ceiling"])
+def test_each_copy_has_its_own_cgroup_with_the_original_ceilings(tmp_path, ceiling, namespaces):
+    with WsBox(tmp_path, ["python3", "-c", HOG_IN_COPIES],
+               extra=["--set", "resources.grace=1s", "--set", f"resources.memory={ceiling}",
+                      "--set", f"isolation.namespaces={namespaces}"]) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
+        assert f.returncode == 0, f.stderr
+        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not all(b in exits(box) for b in branches):
+            time.sleep(0.1)
+        time.sleep(0.5)
+        ended = exits(box)
+        if ceiling == "0":
+            # Control: without a ceiling the copies hold their 200 MB and keep counting.
+            assert not any(b in ended for b in branches), ended
+        else:
+            for b in branches:
+                assert b in ended and ended[b]["reason"] == "oom", (b, ended.get(b))
+            hits = [e for e in map(json.loads, box.events.read_text().splitlines())
+                    if e["type"] == "limit.hit" and e["limit"] == "memory"]
+            assert {e["branch"] for e in hits} >= set(branches), hits
+        # The original, under the same ceiling in a group of its own, goes on.
+        assert "main" not in ended
+        before = max(outputs(box, "main"))
+        time.sleep(0.5)
+        assert max(outputs(box, "main")) > before
