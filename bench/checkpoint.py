@@ -52,14 +52,17 @@ def journal(init_dir, state):
     return [json.loads(l) for l in out.splitlines() if l.strip()]
 
 
+def box_memory(mb):
+    """The box's memory ceiling: the default profile's 2G is too small for the 1 GB agent (its heap
+    is built from a copy: twice the size at its peak), and the copies of a fork share the box's
+    cgroup (README: what does not work yet), so it must hold the original and all its copies."""
+    return f"resources.memory={max(2, -(-mb * (FORK_N + 2) // 1024) + 1)}G"
+
+
 def ours(bindir, tmp, mb):
     state = tmp / f"ours-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    # The copies of a fork share the box's cgroup (README: what does not work yet), so its memory
-    # ceiling (the default profile's 2G) must hold the original and all its copies.
-    mem_gib = max(2, -(-mb * (FORK_N + 2) // 1024) + 1)
-    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set",
-                        f"resources.memory={mem_gib}G", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
+    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb), "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
                        timeout=900, env=env, capture_output=True)
     ev = journal(bindir, state)
     if p.returncode != 0:
@@ -97,7 +100,8 @@ def ours(bindir, tmp, mb):
 def raw(bindir, tmp, mb):
     state = tmp / f"raw-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    box = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--events", "-", "--",
+    box = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
+                            "--events", "-", "--",
                             sys.executable, "-c", AGENT, "hold", str(mb)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
     try:
@@ -106,6 +110,10 @@ def raw(bindir, tmp, mb):
             # The agent's own line (its program text is in proc.started's argv too).
             if e["type"] == "proc.output" and e.get("data", "").startswith("ready"):
                 break
+            if e["type"] == "proc.exited":
+                raise RuntimeError(f"the holding agent ended before it was ready: {e.get('reason')}")
+        else:
+            raise RuntimeError("the holding box ended before its agent was ready")
         ns_init = int(open(f"/proc/{box.pid}/task/{box.pid}/children").read().split()[0])
         agent_pid = int(open(f"/proc/{ns_init}/task/{ns_init}/children").read().split()[0])
         # The pipes crossing the tree's boundary, with the end the tree holds (launcher.hpp).
