@@ -294,6 +294,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
               "--external", "mnt[/workspace]:workspace",
               "--external", "mnt[/tmp]:tmp",
               "--external", "mnt[/run]:run",
+              "--external", "mnt[/etc/machine-id]:machine-id",
               "--manage-cgroups=ignore",
               // Live TCP connections are dumped; the network is not locked: the tree is stopped,
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
@@ -646,6 +647,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                     "--external", "mnt[workspace]:" + dir + "/workspace",
                     "--external", "mnt[tmp]:" + dir + "/tmp",
                     "--external", "mnt[run]:" + dir + "/run",
+                    "--external", "mnt[machine-id]:" + dir + "/" + supervisor::kMachineIdFile,
                     "--pidfile", dir + "/.criu/pid"};
         auto ends = pp->child_ends();
         auto& old = op->manifest.at("pipes").as_object();
@@ -659,6 +661,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         }
         run.new_netns = true;
         run.hostname = (*b)->name + "." + box_.id_;
+        supervisor::ensure_machine_id(dir);  // a new one: the copy is another running system
         run.output = dir + "/.criu/restore.out";
         auto pid = spawn_criu(*criu_, run);
         if (!pid) {
@@ -792,49 +795,124 @@ json::object Checkpointer::remove(const std::string& id) {
   return {{"ok", true}};
 }
 
-void Checkpointer::start_from_archive(const std::string& path) {
+std::optional<std::string> Checkpointer::archive_path(const std::string& id, std::string& err) const {
+  if (!valid_snapshot_id(id)) {
+    err = "\"" + id + "\" is not a snapshot id (s- and 16 hex digits)";
+    return std::nullopt;
+  }
+  std::string path = snap_dir_ + "/" + id + ".tar.zst";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    err = "no snapshot \"" + id + "\"";
+    return std::nullopt;
+  }
+  return path;
+}
+
+std::string Checkpointer::incoming_path() const {
+  (void)os::make_dirs(snap_dir_, 0700);
+  return snap_dir_ + "/.import-" + os::random_hex(6);
+}
+
+void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce) {
   ++ops_;
-  auto err = std::make_shared<std::string>();
-  auto id = std::make_shared<std::string>();
+  struct State {
+    std::string err, id;
+    uint64_t bytes = 0;
+    bool existing = false;
+  };
+  auto st = std::make_shared<State>();
   std::string dir = snap_dir_;
   offload(
-      [path, dir, err, id] {
-        auto sha = sha256_file(path, *err);
+      [tmp, dir, st] {
+        struct stat sb {};
+        if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
+        auto sha = sha256_file(tmp, st->err);
         if (!sha) return;
-        *id = "s-" + sha->substr(0, 16);
-        std::string tmp = dir + "/.import-" + os::random_hex(4);
-        if (!copy_tree(path, tmp, *err)) return;
-        if (::rename(tmp.c_str(), (dir + "/" + *id + ".tar.zst").c_str()) != 0)
-          *err = "store the archive: " + std::string(std::strerror(errno));
+        st->id = "s-" + sha->substr(0, 16);
+        std::string dst = dir + "/" + st->id + ".tar.zst";
+        if (::stat(dst.c_str(), &sb) == 0) {
+          st->existing = true;  // the same content is here already: its id says so
+          ::unlink(tmp.c_str());
+        } else if (::rename(tmp.c_str(), dst.c_str()) != 0) {
+          st->err = "store the archive: " + std::string(std::strerror(errno));
+        }
       },
-      [this, err, id] {
-        auto fail = [this](const std::string& msg) {
-          log()->critical("restore from archive: {}", msg);
-          box_.emit_started();
-          box_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
-          box_.exit_status_ = 125;
-          box_.finish(125);
-          op_done();
-        };
-        if (!err->empty()) return fail(*err);
-        // Read the manifest (verifying the archive) to continue the parent's numbering.
-        with_extracted(*id, [this, id, fail](std::optional<json::object> m, std::string e) {
-          if (!m) return fail(e);
-          auto index = *m;
-          index["id"] = *id;
+      [this, tmp, st, announce, done = std::move(done)] {
+        if (!st->err.empty()) {
+          ::unlink(tmp.c_str());
+          done(error_reply("bad_snapshot", st->err));
+          return op_done();
+        }
+        // Verify it whole now (every entry against the manifest, the format version), so a
+        // corrupted or truncated upload is refused here and not at its first restore.
+        with_extracted(st->id, [this, st, announce, done](std::optional<json::object> m, std::string e) {
+          std::string base = snap_dir_ + "/" + st->id;
+          if (!m) {
+            if (!st->existing) {
+              ::unlink((base + ".tar.zst").c_str());
+              remove_tree(base + ".d");
+            }
+            log()->warn("import refused: {}", e);
+            done(error_reply("bad_snapshot", "the archive is refused: " + e));
+            return op_done();
+          }
+          json::object index = *m;
+          index["id"] = st->id;
           index.erase("files");
-          (void)os::write_file_atomic(snap_dir_ + "/" + *id + ".json", json::serialize(index) + "\n");
-          if (auto* ls = m->if_contains("last_seq"); ls && ls->is_number())
-            box_.journal_->skip_to(ls->to_number<uint64_t>());
-          restore(*id, 1, false,
-                  [this](json::object r) {
-                    box_.emit_started();
-                    if (!r.at("ok").as_bool()) box_.finish(125);
-                  },
-                  "main");
+          index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
+          index["imported"] = supervisor::rfc3339_now();
+          if (!st->existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
+          if (announce)
+            box_.emit("main", {{"type", "snapshot.imported"},
+                             {"snapshot", st->id},
+                             {"bytes", st->bytes},
+                             {"existing", st->existing},
+                             {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
+          done({{"ok", true}, {"snapshot", st->id}, {"bytes", st->bytes}, {"existing", st->existing},
+                {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}});
           op_done();
         });
       });
+}
+
+void Checkpointer::start_from_archive(const std::string& path) {
+  ++ops_;
+  auto err = std::make_shared<std::string>();
+  std::string tmp = incoming_path();
+  offload([path, tmp, err] { (void)copy_tree(path, tmp, *err); },
+          [this, err, tmp, path] {
+            auto fail = [this](const std::string& msg) {
+              log()->critical("restore from archive: {}", msg);
+              box_.emit_started();
+              box_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
+              box_.exit_status_ = 125;
+              box_.finish(125);
+              op_done();
+            };
+            if (!err->empty()) {
+              ::unlink(tmp.c_str());
+              return fail(path + ": " + *err);
+            }
+            import_archive(tmp, [this, fail, path](json::object r) {
+              if (!r.at("ok").as_bool()) return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
+              std::string id(r.at("snapshot").as_string());
+              // Continue the parent's numbering.
+              auto text = os::read_file(snap_dir_ + "/" + id + ".json");
+              boost::system::error_code ec;
+              json::value m = text ? json::parse(*text, ec) : json::value();
+              if (!ec && m.is_object())
+                if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
+                  box_.journal_->skip_to(ls->to_number<uint64_t>());
+              restore(id, 1, false,
+                      [this](json::object r2) {
+                        box_.emit_started();
+                        if (!r2.at("ok").as_bool()) box_.finish(125);
+                      },
+                      "main");
+              op_done();
+            }, false);
+          });
 }
 
 }  // namespace sbx::checkpoint

@@ -44,6 +44,16 @@ class Checkpointer {
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "");
   boost::json::array list() const;
   boost::json::object remove(const std::string& id);
+  /// The archive file of snapshot `id`, for snapshot.export; nullopt and `err` when there is none.
+  std::optional<std::string> archive_path(const std::string& id, std::string& err) const;
+  /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
+  std::string incoming_path() const;
+  /// Takes an archive written to `tmp` (incoming_path()): checks it whole (content hash, every
+  /// entry against the manifest, the format version) and files it under its id; `tmp` is gone
+  /// afterwards either way. Replies {"ok", "snapshot", "existing", "bytes"} or an error;
+  /// `announce`: a `snapshot.imported` event (not for a box's own start from an archive, whose
+  /// journal begins with restore.done).
+  void import_archive(const std::string& tmp, Reply done, bool announce = true);
   /// `sandboxer-init --restore FILE`: imports the archive and restores it as branch "main".
   void start_from_archive(const std::string& path);
 

@@ -9,6 +9,8 @@ int cmd_log(const std::vector<std::string>& args);
 int cmd_checkpoint(const std::vector<std::string>& args);
 int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& args);
 int cmd_snapshots(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
+int cmd_import(const std::vector<std::string>& args);
 int cmd_attach(const std::vector<std::string>& args);
 int cmd_exec(const std::vector<std::string>& args);
 int cmd_cp(const std::vector<std::string>& args);

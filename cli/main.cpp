@@ -22,6 +22,8 @@ const char* kUsage =
     "  restore URL SNAPSHOT                                                  restore a snapshot in the box\n"
     "  fork URL --snapshot S -n N                                            N live copies; one line each: <branch> <proc>\n"
     "  snapshots URL [--json]                                                the box's snapshots\n"
+    "  export URL SNAPSHOT FILE                                              copy a snapshot's archive out of the box\n"
+    "  import URL FILE [--json]                                              copy an archive into the box; prints its id last\n"
     "  doctor [--json]                                                       what this host enforces, and what is missing\n"
     "  up --host docker [--profile P] [--image I] [-v SRC:DST] -- CMD...     start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
@@ -43,6 +45,8 @@ int main(int argc, char** argv) {
     if (cmd == "checkpoint") return sbx::cli::cmd_checkpoint(args);
     if (cmd == "restore" || cmd == "fork") return sbx::cli::cmd_restore_or_fork(cmd, args);
     if (cmd == "snapshots") return sbx::cli::cmd_snapshots(args);
+    if (cmd == "export") return sbx::cli::cmd_export(args);
+    if (cmd == "import") return sbx::cli::cmd_import(args);
     if (cmd == "attach") return sbx::cli::cmd_attach(args);
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);

@@ -2,6 +2,7 @@
 //   sandboxer attach URL [--since N] [--branch B] [--json]
 //   sandboxer exec URL [-i] [-t] [--proc ID] [--cwd DIR] [--env K=V]... -- CMD...
 //   sandboxer cp SRC DST            (either side URL:PATH)
+//   sandboxer export URL SNAPSHOT FILE, sandboxer import URL FILE
 //   sandboxer stats URL [--json]
 // Each takes --token-file FILE; else SANDBOXER_TOKEN; else the token stored for URL.
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "checkpoint/archive.hpp"
 #include "commands.hpp"
 #include "event.hpp"
 #include "os/sys.hpp"
@@ -299,44 +301,52 @@ std::optional<Remote> split_remote(const std::string& s) {
 
 }  // namespace
 
-int cmd_cp(const std::vector<std::string>& args_in) {
-  auto args = args_in;
-  std::string token_file = take_token_file(args);
-  if (args.size() != 2) throw std::invalid_argument("usage: sandboxer cp SRC DST (one side URL:PATH)");
-  auto src = split_remote(args[0]), dst = split_remote(args[1]);
-  if (src.has_value() == dst.has_value())
-    throw std::invalid_argument("one of SRC and DST is URL:PATH, the other a local path");
+namespace {
+
+// One file over the WebSocket. A download: `req`'s reply, then binary frames written to `local`
+// (created or truncated). An upload: `local` in 1 MiB binary frames after `req` (its id in their
+// headers), the reply after the last. Returns that reply, or an error object when the
+// connection or a local file failed first.
+json::object transfer(const std::string& url, const std::string& token_file, json::object req,
+                      const std::string& local_path, bool upload) {
   Loop l;
-  const Remote& r = src ? *src : *dst;
-  Client c(&l.loop, endpoint(r.url, token_file));
-  int rc = 1;
-  std::string what = src ? "download " + args[0] : "upload to " + args[1];
+  Client c(&l.loop, endpoint(url, token_file));
+  auto error = [](const std::string& code, const std::string& msg) {
+    return json::object{{"ok", false}, {"error", {{"code", code}, {"message", msg}}}};
+  };
+  json::object result = error("closed", "the connection closed before the transfer ended");
+  bool finished = false;
+  auto finish = [&](json::object r) {
+    if (finished) return;
+    finished = true;
+    result = std::move(r);
+    c.close();
+  };
   c.on_close([&](int code, const std::string& reason) {
-    if (rc != 0 && code != 1000) std::cerr << "sandboxer cp: " << what << ": connection closed: " << reason << " (" << code << ")\n";
+    if (!finished) result = error("closed", "the connection closed first: " + reason + " (" + std::to_string(code) + ")");
     uv_stop(&l.loop);
   });
   os::UniqueFd local;
   uint64_t sent = 0, size = 0;
   uint32_t upload_id = 0;
+  json::object download_reply;
   constexpr size_t kChunk = 1 << 20;
-  auto fail = [&](const std::string& msg) {
-    std::cerr << "sandboxer cp: " << msg << "\n";
-    rc = 1;
-    c.close();
-  };
-  if (dst) {
-    local.reset(::open(args[0].c_str(), O_RDONLY | O_CLOEXEC));
-    if (!local) throw std::runtime_error(args[0] + ": " + os::last_error().message());
+  if (upload) {
+    local.reset(::open(local_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!local) return error("local", local_path + ": " + os::last_error().message());
     struct stat st {};
     ::fstat(local.get(), &st);
+    if (!S_ISREG(st.st_mode)) return error("local", local_path + ": not a regular file");
     size = static_cast<uint64_t>(st.st_size);
+    if (req.contains("size")) req["size"] = size;
   }
   // Upload: feed 1 MiB frames while less than 8 MiB waits to be sent.
   std::function<void()> pump = [&] {
-    while (upload_id && sent < size && c.pending_bytes() < (8u << 20)) {
+    while (upload_id && sent < size && c.pending_bytes() < (8u << 20) && !finished) {
       std::string chunk(static_cast<size_t>(std::min<uint64_t>(kChunk, size - sent)), '\0');
       ssize_t n = ::pread(local.get(), chunk.data(), chunk.size(), static_cast<off_t>(sent));
-      if (n <= 0) return fail("read " + args[0] + ": " + (n < 0 ? os::last_error().message() : "file shrank"));
+      if (n <= 0)
+        return finish(error("local", "read " + local_path + ": " + (n < 0 ? os::last_error().message() : "file shrank")));
       chunk.resize(static_cast<size_t>(n));
       c.send_binary(upload_id, sent, sent + chunk.size() >= size, chunk);
       sent += chunk.size();
@@ -345,36 +355,95 @@ int cmd_cp(const std::vector<std::string>& args_in) {
   c.on_drained([&] { pump(); });
   c.on_binary([&](uint32_t, uint64_t off, bool last, std::string_view data) {
     if (::pwrite(local.get(), data.data(), data.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(data.size()))
-      return fail("write " + args[1] + ": " + os::last_error().message());
-    if (last) {
-      rc = 0;
-      c.close();
-    }
+      return finish(error("local", "write " + local_path + ": " + os::last_error().message()));
+    if (last) finish(download_reply);
   });
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
-      std::cerr << "sandboxer cp: connect to " << r.url << ": " << err << "\n";
+      finished = true;
+      result = error("connect", "connect to " + url + ": " + err);
       return uv_stop(&l.loop);
     }
-    if (src) {
-      local.reset(::open(args[1].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (!local) return fail(args[1] + ": " + os::last_error().message());
-      c.request({{"op", "fs.read"}, {"path", src->path}}, [&](const json::object& rep) {
-        if (!rep.at("ok").as_bool()) return fail(args[0] + ": " + error_text(rep));
+    if (!upload) {
+      local.reset(::open(local_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (!local) return finish(error("local", local_path + ": " + os::last_error().message()));
+      c.request(std::move(req), [&](const json::object& rep) {
+        if (!rep.at("ok").as_bool()) return finish(rep);
+        download_reply = rep;
       });
     } else {
-      auto id = c.request({{"op", "fs.write"}, {"path", dst->path}}, [&](const json::object& rep) {
-        if (!rep.at("ok").as_bool()) return fail(args[1] + ": " + error_text(rep));
-        rc = 0;
-        c.close();
-      });
+      auto id = c.request(std::move(req), [&](const json::object& rep) { finish(rep); });
       upload_id = static_cast<uint32_t>(id);
       if (size == 0) c.send_binary(upload_id, 0, true, {});
       pump();
     }
   });
+  l.on_interrupt = [&] { finish(error("interrupted", "interrupted")); };
   l.run();
-  return rc;
+  return result;
+}
+
+}  // namespace
+
+int cmd_cp(const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  if (args.size() != 2) throw std::invalid_argument("usage: sandboxer cp SRC DST (one side URL:PATH)");
+  auto src = split_remote(args[0]), dst = split_remote(args[1]);
+  if (src.has_value() == dst.has_value())
+    throw std::invalid_argument("one of SRC and DST is URL:PATH, the other a local path");
+  json::object r = src ? transfer(src->url, token_file, {{"op", "fs.read"}, {"path", src->path}}, args[1], false)
+                       : transfer(dst->url, token_file, {{"op", "fs.write"}, {"path", dst->path}}, args[0], true);
+  if (r.at("ok").as_bool()) return 0;
+  std::string what = src ? "download " + args[0] : "upload to " + args[1];
+  std::cerr << "sandboxer cp: " << what << ": " << error_text(r) << "\n";
+  return 1;
+}
+
+int cmd_export(const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  if (args.size() != 3 || args[0].starts_with("-")) throw std::invalid_argument("usage: sandboxer export URL SNAPSHOT FILE");
+  // Into FILE.part, renamed when whole and checked: a failed export leaves no FILE behind.
+  std::string part = args[2] + ".part";
+  auto r = transfer(args[0], token_file, {{"op", "snapshot.export"}, {"snapshot", args[1]}}, part, false);
+  if (!r.at("ok").as_bool()) {
+    ::unlink(part.c_str());
+    std::cerr << "sandboxer export: " << error_text(r) << "\n";
+    return 1;
+  }
+  // The id is the start of the archive's sha256: check what arrived against it.
+  std::string err;
+  auto sha = checkpoint::sha256_file(part, err);
+  if (!sha || "s-" + sha->substr(0, 16) != args[1]) {
+    ::unlink(part.c_str());
+    std::cerr << "sandboxer export: " << (sha ? "the archive received does not hash to " + args[1] : err) << "\n";
+    return 1;
+  }
+  if (::rename(part.c_str(), args[2].c_str()) != 0) {
+    std::cerr << "sandboxer export: " << args[2] << ": " << os::last_error().message() << "\n";
+    ::unlink(part.c_str());
+    return 1;
+  }
+  std::cerr << "exported " << args[1] << " (" << r.at("size").to_number<uint64_t>() << " bytes) to " << args[2] << "\n";
+  return 0;
+}
+
+int cmd_import(const std::vector<std::string>& args_in) {
+  auto args = args_in;
+  std::string token_file = take_token_file(args);
+  bool as_json = std::erase(args, std::string("--json")) > 0;
+  if (args.size() != 2 || args[0].starts_with("-")) throw std::invalid_argument("usage: sandboxer import URL FILE [--json]");
+  auto r = transfer(args[0], token_file, {{"op", "snapshot.import"}, {"size", 0}}, args[1], true);
+  if (!r.at("ok").as_bool()) {
+    std::cerr << "sandboxer import: " << args[1] << ": " << error_text(r) << "\n";
+    return 1;
+  }
+  if (as_json) std::cout << json::serialize(r) << "\n";
+  else if (r.at("existing").as_bool()) std::cerr << "import: the box already had this snapshot\n";
+  // For scripts: the snapshot id is the last line of stdout.
+  std::cout << json::value_to<std::string>(r.at("snapshot")) << "\n";
+  return 0;
 }
 
 int cmd_stats(const std::vector<std::string>& args_in) {

@@ -626,6 +626,14 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
+std::optional<std::string> Box::snapshot_archive(const std::string& id, std::string& err) const {
+  return checkpointer_->archive_path(id, err);
+}
+
+std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }
+
+void Box::snapshot_import(const std::string& tmp, Reply done) { checkpointer_->import_archive(tmp, std::move(done)); }
+
 int Box::run() {
   loop_->data = this;
   try {

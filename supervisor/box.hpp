@@ -160,6 +160,10 @@ class Box {
   void restore(const std::string& snapshot, int n, bool fork, Reply done);
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
+  /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
+  std::optional<std::string> snapshot_archive(const std::string& id, std::string& err) const;
+  std::string snapshot_incoming_path() const;
+  void snapshot_import(const std::string& tmp, Reply done);
 
  private:
   void start();

@@ -128,6 +128,13 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::CloneTree, .a = lib_dir, .slot = lib_slot, .what = "clone " + lib_dir});
     add({.kind = MountOp::SetReadOnly, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
   }
+  // The branch's machine id over /etc/machine-id (where the host has one to cover).
+  int mid_slot = -1;
+  if (struct stat st {}; ::stat("/etc/machine-id", &st) == 0 && S_ISREG(st.st_mode)) {
+    mid_slot = slot++;
+    add({.kind = MountOp::CloneTree, .a = spec.dir + "/" + kMachineIdFile, .slot = mid_slot, .what = "clone the machine id"});
+    add({.kind = MountOp::SetReadOnly, .slot = mid_slot, .what = "make the machine id read-only"});
+  }
   p.slots.assign(static_cast<size_t>(slot), -1);
 
   const std::string& r = p.new_root;
@@ -144,6 +151,9 @@ Plan make_plan(const BranchSpec& spec) {
   if (resolv_slot >= 0)
     add({.kind = MountOp::Move, .a = r + "/etc/resolv.conf", .slot = resolv_slot, .optional = true,
          .what = "attach /etc/resolv.conf"});
+  if (mid_slot >= 0)
+    add({.kind = MountOp::Move, .a = r + "/etc/machine-id", .slot = mid_slot, .optional = true,
+         .what = "attach /etc/machine-id"});
   // /tmp: the host's /tmp seen through an overlay whose writes stay the branch's own, so a
   // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
   // an overlay filesystem, as in a container), a private /tmp of the branch's own.
@@ -384,6 +394,14 @@ void LaunchedBranch::take(BranchPipes& p) {
   (void)os::set_nonblocking(chan_req.get());
 }
 
+void ensure_machine_id(const std::string& dir) {
+  std::string path = dir + "/" + kMachineIdFile;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return;
+  (void)os::write_file_atomic(path, os::random_hex(16) + "\n");
+  ::chmod(path.c_str(), 0444);
+}
+
 bool can_make_namespaces(std::string* why_not) {
   pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
   if (pid == 0) ::_exit(0);
@@ -401,6 +419,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (auto r = os::make_dirs(spec.dir + sub, 0755); !r) return r.error();
   ::chmod((spec.dir + "/tmp").c_str(), 01777);
   ::chmod((spec.dir + "/tmp-upper").c_str(), 01777);
+  ensure_machine_id(spec.dir);
 
   auto pipes = make_branch_pipes();
   if (!pipes) return pipes.error();

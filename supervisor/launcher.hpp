@@ -25,6 +25,12 @@ namespace sbx::supervisor {
 /// bound at /run/sandboxer/lib beside it.
 inline constexpr const char* kNsInitPath = "/run/sandboxer/bin/sandboxer-init";
 inline constexpr const char* kNsInitLibDir = "/run/sandboxer/lib";
+/// Each branch's own machine id: DIR/machine-id, bound over /etc/machine-id where the host root
+/// has one (a fork's copies get new ones: the id names one running system).
+inline constexpr const char* kMachineIdFile = "machine-id";
+
+/// Writes DIR/machine-id (32 random hex digits, as machine-id(5)) unless it exists.
+void ensure_machine_id(const std::string& dir);
 
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 inline constexpr int kNsChanReq = 8, kNsChanRep = 9;

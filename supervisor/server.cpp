@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -48,11 +49,36 @@ struct OutFrame {
   size_t size() const { return buf.size() - LWS_PRE; }
 };
 
+// A file that is removed when its owner goes, unless released first.
+struct TempPath {
+  std::string path;
+  TempPath() = default;
+  explicit TempPath(std::string p) : path(std::move(p)) {}
+  TempPath(TempPath&& o) noexcept : path(std::exchange(o.path, {})) {}
+  TempPath& operator=(TempPath&& o) noexcept {
+    if (this != &o) {
+      reset();
+      path = std::exchange(o.path, {});
+    }
+    return *this;
+  }
+  ~TempPath() { reset(); }
+  void reset() {
+    if (!path.empty()) ::unlink(path.c_str());
+    path.clear();
+  }
+  std::string release() { return std::exchange(path, {}); }
+};
+
 struct Upload {
   os::UniqueFd fd;
   std::string path;
   uint64_t end = 0;
   json::value id;
+  // snapshot.import: the archive goes to a temporary file of the snapshot store, then is
+  // checked whole and filed under its id.
+  TempPath archive;
+  uint64_t expected = 0;
 };
 
 struct Download {
@@ -364,10 +390,20 @@ struct Server::Impl {
     if (it == c.uploads.end()) {
       send(c, protocol::error_reply(h->id, "unexpected_binary",
                                     "binary frame for request " + std::to_string(h->id) +
-                                        ", which is no fs.write in progress (binary frames carry file content only)"));
+                                        ", which is no fs.write or snapshot.import in progress (binary frames carry file "
+                                        "content only)"));
       return 0;
     }
     Upload& u = it->second;
+    if (!u.archive.path.empty() && h->offset + data.size() > u.expected) {
+      auto rid = u.id;
+      if (!h->last()) c.failed_uploads.insert(h->id);
+      c.uploads.erase(it);
+      send(c, protocol::error_reply(rid, "bad_snapshot",
+                                    "snapshot.import: a frame reaches byte " + std::to_string(h->offset + data.size()) +
+                                        ", past the " + std::to_string(u.expected) + " bytes announced in size"));
+      return 0;
+    }
     size_t done = 0;
     while (done < data.size()) {
       ssize_t n = ::pwrite(u.fd.get(), data.data() + done, data.size() - done, static_cast<off_t>(h->offset + done));
@@ -384,6 +420,10 @@ struct Server::Impl {
       done += static_cast<size_t>(n);
     }
     u.end = std::max<uint64_t>(u.end, h->offset + data.size());
+    if (h->last() && !u.archive.path.empty()) {
+      import_uploaded(c, it);
+      return 0;
+    }
     if (h->last()) {
       auto reply = protocol::ok_reply(u.id);
       reply["size"] = u.end;
@@ -392,6 +432,25 @@ struct Server::Impl {
       send(c, reply);
     }
     return 0;
+  }
+
+  void import_uploaded(Client& c, std::map<uint32_t, Upload>::iterator it) {
+    Upload u = std::move(it->second);
+    c.uploads.erase(it);
+    u.fd.reset();
+    if (u.end != u.expected) {
+      send(c, protocol::error_reply(u.id, "bad_snapshot",
+                                    "snapshot.import: the upload ended at " + std::to_string(u.end) + " of the " +
+                                        std::to_string(u.expected) + " bytes announced in size (truncated?)"));
+      return;
+    }
+    box.snapshot_import(u.archive.release(), [this, cid = c.id, id = u.id](json::object body) {
+      auto found = clients.find(cid);
+      if (found == clients.end()) return;
+      json::object reply{{"id", id}};
+      for (auto& kv : body) reply[kv.key()] = kv.value();
+      send(*found->second, reply);
+    });
   }
 
   FsRoots roots_of(const json::object& req) {
@@ -631,6 +690,47 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     ok["snapshots"] = box.snapshot_list();
     return send(c, ok);
   }
+  if (op == "snapshot.export") {
+    uint32_t bid = binary_id(r.id, "snapshot.export");
+    auto snap = protocol::need_string(f, "snapshot");
+    std::string err;
+    auto path = box.snapshot_archive(snap, err);
+    if (!path) throw RequestError(err.starts_with("no snapshot") ? "not_found" : "bad_request", err);
+    os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0) throw RequestError("io_error", *path + ": " + std::strerror(errno));
+    uint64_t size = static_cast<uint64_t>(st.st_size);
+    ok["snapshot"] = snap;
+    ok["size"] = size;
+    ok["length"] = size;
+    send(c, ok);
+    c.downloads.push_back({r.id, bid, std::move(fd), 0, size});
+    lws_callback_on_writable(c.wsi);
+    return;
+  }
+  if (op == "snapshot.import") {
+    uint32_t bid = binary_id(r.id, "snapshot.import");
+    if (c.uploads.contains(bid)) throw RequestError("bad_request", "an upload with id " + std::to_string(bid) + " is in progress");
+    auto size = protocol::opt_int(f, "size", 1, INT64_MAX);
+    if (!size) throw RequestError("bad_request", "snapshot.import needs size: the archive's length in bytes (> 0)");
+    c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped
+    TempPath tmp(box.snapshot_incoming_path());
+    struct statvfs vfs {};
+    std::string dir = tmp.path.substr(0, tmp.path.rfind('/'));
+    if (::statvfs(dir.c_str(), &vfs) == 0 &&
+        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2)
+      throw RequestError("no_space", "snapshot.import: " + std::to_string(*size) + " bytes announced, " +
+                                         std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
+                                         " free in " + dir + " (the archive and its extraction need twice that)");
+    os::UniqueFd fd(::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd) throw RequestError("io_error", tmp.path + ": " + std::strerror(errno));
+    c.failed_uploads.erase(bid);
+    Upload u{std::move(fd), "snapshot", 0, r.id};
+    u.archive = std::move(tmp);
+    u.expected = static_cast<uint64_t>(*size);
+    c.uploads[bid] = std::move(u);
+    return;  // the reply comes once the archive is checked and filed
+  }
   if (op == "snapshot.delete") {
     // The snapshot is named by `snapshot`: a field `id` would be the request's own id.
     snapshot_reply(box.snapshot_delete(protocol::need_string(f, "snapshot")));
@@ -639,7 +739,8 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
   throw RequestError("unknown_op", "unknown op \"" + op +
                                        "\" (known: auth, subscribe, unsubscribe, exec, stdin, signal, resize, fs.read, "
                                        "fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, stats, shutdown, ping, "
-                                       "checkpoint, restore, fork, snapshot.list, snapshot.delete)");
+                                       "checkpoint, restore, fork, snapshot.list, snapshot.export, snapshot.import, "
+                                       "snapshot.delete)");
 }
 
 int Server::Impl::callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {

@@ -15,7 +15,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import CLI, ROOT
+from sbxtest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from wsbox import output_of  # noqa: E402

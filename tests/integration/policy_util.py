@@ -3,7 +3,7 @@ read what happened from its journal."""
 import json
 import subprocess
 
-from conftest import INIT, PROBE, read_journal, run_init
+from sbxtest import INIT, PROBE, read_journal, run_init
 
 
 def box(state_dir, argv, *sets, profile=None, timeout=60, env=None):

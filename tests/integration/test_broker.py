@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import CLI, read_journal, run_init
+from sbxtest import CLI, read_journal, run_init
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "agent.py"

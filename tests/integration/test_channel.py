@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, read_journal
 
 SDK = ROOT / "sdk" / "python" / "sandboxer"
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, read_journal
 
 AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, read_journal, run_init
+from sbxtest import ROOT, read_journal, run_init
 from test_broker import make_ca
 
 EXAMPLE = ROOT / "examples" / "claude-agent"

@@ -1,10 +1,11 @@
 """The CLI's snapshot commands over the WebSocket: checkpoint a live agent, list, fork."""
 import json
+import pathlib
 import subprocess
 import time
 
-from conftest import CLI
-from wsbox import WsBox
+from sbxtest import CLI
+from wsbox import Session, WsBox, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -51,3 +52,126 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         # A refused request is a clear error and a non-zero exit.
         bad = cli(box, "fork", box.url, "--snapshot", "s-0000000000000000", "-n", "1")
         assert bad.returncode != 0 and "sandboxer fork:" in bad.stderr
+
+
+def test_export_then_import_into_another_box_restores_the_live_agent(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    archive = tmp_path / "moved.tar.zst"
+    with WsBox(tmp_path / "a", ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as a, \
+            WsBox(tmp_path / "b", [], extra=["--idle", "--set", "resources.grace=1s"]) as b:
+        time.sleep(1.0)
+        r = cli(a, "checkpoint", a.url)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.strip().splitlines()[-1]
+        at_checkpoint = max(outputs(a, "main"))
+        e = cli(a, "export", a.url, snap, str(archive))
+        assert e.returncode == 0, e.stderr
+        assert archive.stat().st_size > 0 and not (tmp_path / "moved.tar.zst.part").exists()
+        i = cli(b, "import", b.url, str(archive))
+        assert i.returncode == 0, i.stderr
+        # The id names the content: the same id in the other box.
+        assert i.stdout.strip().splitlines()[-1] == snap
+        assert snap in cli(b, "snapshots", b.url).stdout
+        imported = [json.loads(x) for x in b.events.read_text().splitlines()]
+        assert any(ev["type"] == "snapshot.imported" and ev["snapshot"] == snap for ev in imported)
+        again = cli(b, "import", b.url, str(archive), "--json")
+        assert again.returncode == 0 and json.loads(again.stdout.splitlines()[0])["existing"] is True
+        f = cli(b, "fork", b.url, "--snapshot", snap, "-n", "1")
+        assert f.returncode == 0, f.stderr
+        branch = f.stdout.split()[0]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(list(outputs(b, branch))) < 3:
+            time.sleep(0.1)
+        seen = list(outputs(b, branch))
+        # Box B continues A's agent from memory: it counts on from the checkpoint.
+        assert seen and 1 < seen[0] <= at_checkpoint + 2, (seen[:3], at_checkpoint)
+        assert a.alive() and b.alive()
+
+
+def test_a_truncated_or_corrupted_import_is_refused_and_leaves_nothing(tmp_path):
+    good = tmp_path / "good.tar.zst"
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.5)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        assert cli(box, "export", box.url, snap, str(good)).returncode == 0
+        data = good.read_bytes()
+        truncated = tmp_path / "truncated.tar.zst"
+        truncated.write_bytes(data[: len(data) // 2])
+        flipped = bytearray(data)
+        flipped[len(flipped) // 2] ^= 0xFF
+        corrupted = tmp_path / "corrupted.tar.zst"
+        corrupted.write_bytes(bytes(flipped))
+        before = sorted(p.name for p in (box.state / "snapshots").iterdir())
+        for bad in (truncated, corrupted):
+            r = cli(box, "import", box.url, str(bad))
+            assert r.returncode != 0 and "sandboxer import:" in r.stderr and "refused" in r.stderr, r.stderr
+        # Nothing half-imported: the store holds what it held, no temporary files.
+        assert sorted(p.name for p in (box.state / "snapshots").iterdir()) == before
+        # Control: the intact archive is accepted by the same command.
+        ok = cli(box, "import", box.url, str(good))
+        assert ok.returncode == 0 and ok.stdout.strip().splitlines()[-1] == snap
+        missing = cli(box, "export", box.url, "s-0000000000000000", str(tmp_path / "none.tar.zst"))
+        assert missing.returncode != 0 and "no snapshot" in missing.stderr
+        assert not (tmp_path / "none.tar.zst").exists() and not (tmp_path / "none.tar.zst.part").exists()
+        assert box.alive()
+
+
+IDENTITY = ("import time, socket\n"
+            "while True:\n"
+            "    print(open('/etc/machine-id').read().strip(), socket.gethostname(), flush=True)\n"
+            "    time.sleep(0.1)\n")
+
+
+def identities(box, branch):
+    for line in box.events.read_text().splitlines():
+        e = json.loads(line)
+        if e["type"] == "proc.output" and e.get("branch") == branch:
+            for row in e.get("data", "").splitlines():
+                if len(row.split()) == 2:
+                    yield tuple(row.split())
+
+
+def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_path):
+    host_id = pathlib.Path("/etc/machine-id").read_text().strip()
+    with WsBox(tmp_path, ["python3", "-c", IDENTITY], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
+        assert f.returncode == 0, f.stderr
+        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        time.sleep(1.0)
+        main_id, main_host = list(identities(box, "main"))[-1]
+        # The box's own agent already has an id of its own, not the host's.
+        assert main_id != host_id and len(main_id) == 32
+        assert main_id == (box.state / "branches" / "main" / "machine-id").read_text().strip()
+        seen = {}
+        for b in branches:
+            ids = list(identities(box, b))
+            assert ids, f"copy {b} printed nothing"
+            seen[b] = ids[-1]
+            assert seen[b][0] == (box.state / "branches" / b / "machine-id").read_text().strip()
+        assert len({main_id} | {i for i, _ in seen.values()}) == 3, (main_id, seen)
+        assert len({main_host} | {h for _, h in seen.values()}) == 3, (main_host, seen)
+
+
+def test_a_checkpoint_taken_while_a_client_streams_is_in_the_stream_which_goes_on(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as watcher, ws_connect(box) as control:
+                w = Session(watcher)
+                assert (await w.request("subscribe", since=0))["ok"]
+                await w.wait_event(lambda e: e["type"] == "proc.output")
+                c = Session(control)
+                r = await c.request("checkpoint", timeout=120, name="streamed")
+                assert r["ok"], r
+                created = await w.wait_event(lambda e: e["type"] == "checkpoint.created")
+                # The agent goes on, and so does the stream: output after the checkpoint arrives.
+                after = await w.wait_event(lambda e: e["type"] == "proc.output" and e["seq"] > created["seq"])
+                return r["snapshot"], created, after, [e["seq"] for e in w.events]
+        snap, created, after, seqs = run(go(), 120)
+        assert created["snapshot"] == snap and created["name"] == "streamed"
+        assert after["seq"] > created["seq"]
+        # One unbroken sequence: nothing lost or repeated around the freeze.
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+        assert box.alive()

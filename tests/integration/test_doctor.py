@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import CLI
+from sbxtest import CLI
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from conftest import CLI, ROOT, read_journal
+from sbxtest import CLI, ROOT, read_journal
 
 AGENT = str(ROOT / "examples/resume/agent.py")
 STEPS = 6

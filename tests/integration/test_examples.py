@@ -2,7 +2,7 @@
 import json
 import subprocess
 
-from conftest import CLI, ROOT, read_journal
+from sbxtest import CLI, ROOT, read_journal
 
 
 def test_primes(tmp_path):

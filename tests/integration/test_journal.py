@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from conftest import INIT, PROBE, read_journal, run_init
+from sbxtest import INIT, PROBE, read_journal, run_init
 
 
 def spew_bytes(n):

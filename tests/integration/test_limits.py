@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import INIT, PROBE, read_journal
+from sbxtest import INIT, PROBE, read_journal
 from policy_util import box, exited, of_type, output, probe, started
 
 pytestmark = pytest.mark.timeout(60)

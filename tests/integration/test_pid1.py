@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import INIT, PROBE, read_journal, run_init
+from sbxtest import INIT, PROBE, read_journal, run_init
 
 
 def exited(events):

@@ -7,7 +7,7 @@ import subprocess
 import jsonschema
 import pytest
 
-from conftest import INIT, PROBE, ROOT
+from sbxtest import INIT, PROBE, ROOT
 
 PROFILES = ROOT / "profiles"
 SCHEMA = json.loads((PROFILES / "schema.json").read_text())

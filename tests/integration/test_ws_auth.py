@@ -6,7 +6,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.asyncio.client import connect
 
-from conftest import INIT
+from sbxtest import INIT
 from wsbox import SUBPROTOCOL, Session, WsBox, run, ws_connect
 
 

@@ -145,3 +145,38 @@ def test_protocol_vector_valid_request_parses(box, vec):
             if not r["ok"]:
                 assert r["error"]["code"] not in ("bad_json", "bad_request", "unknown_op"), r
     run(go(), 30)
+
+
+def test_snapshot_import_frames_that_disagree_with_size_are_refused(tmp_path):
+    """An upload past its announced size, or one ending short of it, gets a clear error; the
+    store keeps no temporary file and the connection keeps serving."""
+    def header(rid, offset, last):
+        return struct.pack("<IQB", rid, offset, 1 if last else 0)
+
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                no_size = await s.request("snapshot.import")
+                await ws.send(json.dumps({"id": 7, "op": "snapshot.import", "size": 10}))
+                await ws.send(header(7, 0, True) + b"x" * 11)
+                past = await s.reply(7)
+                await ws.send(json.dumps({"id": 8, "op": "snapshot.import", "size": 10}))
+                await ws.send(header(8, 0, True) + b"x" * 4)
+                short = await s.reply(8)
+                await ws.send(json.dumps({"id": 9, "op": "snapshot.import", "size": 3}))
+                await ws.send(header(9, 0, True) + b"abc")
+                junk = await s.reply(9)
+                bad_export = await s.request("snapshot.export", snapshot="../../etc/passwd")
+                ping = await s.request("ping")
+                return no_size, past, short, junk, bad_export, ping
+        no_size, past, short, junk, bad_export, ping = run(go())
+        assert not no_size["ok"] and "size" in no_size["error"]["message"]
+        assert not past["ok"] and "past the 10 bytes" in past["error"]["message"]
+        assert not short["ok"] and "4 of the 10 bytes" in short["error"]["message"]
+        assert not junk["ok"] and junk["error"]["code"] == "bad_snapshot"
+        assert not bad_export["ok"] and "not a snapshot id" in bad_export["error"]["message"]
+        assert ping["ok"]
+        snaps = box.state / "snapshots"
+        assert not snaps.exists() or not any(p.name.startswith(".import-") for p in snaps.iterdir())
+        assert box.alive()

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import CLI, PROBE
+from sbxtest import CLI, PROBE
 from wsbox import WsBox
 
 

@@ -10,7 +10,7 @@ import time
 
 from websockets.exceptions import ConnectionClosed
 
-from conftest import INIT as INIT_BIN, PROBE
+from sbxtest import INIT as INIT_BIN, PROBE
 from wsbox import Session, WsBox, follow, run, ws_connect
 
 HERE = os.path.dirname(__file__)

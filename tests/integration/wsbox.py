@@ -13,7 +13,7 @@ import time
 
 from websockets.asyncio.client import connect
 
-from conftest import INIT
+from sbxtest import INIT
 
 SUBPROTOCOL = "sandboxer.v1"
 

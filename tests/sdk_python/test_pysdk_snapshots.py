@@ -1,4 +1,6 @@
 """sdk/python's checkpoint and snapshot methods against the real supervisor."""
+import hashlib
+
 import pytest
 
 from boxserver import run
@@ -37,3 +39,21 @@ def test_unknown_snapshot_is_a_typed_error(server):
             return e.value
     err = run(go(), 30)
     assert err.code != "unknown_op" and err.message
+
+
+def test_export_then_import_gives_back_the_same_snapshot(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            sid = (await box.checkpoint("moved"))["snapshot"]
+            archive = await box.export_snapshot(sid)
+            await box.delete_snapshot(sid)
+            gone = sid not in [s["id"] for s in await box.snapshots()]
+            back = await box.import_snapshot(archive)
+            listed = [s["id"] for s in await box.snapshots()]
+            with pytest.raises(SandboxerError) as bad:
+                await box.import_snapshot(archive[: len(archive) // 2])
+            return sid, archive, gone, back, listed, bad.value
+    sid, archive, gone, back, listed, bad = run(go(), 90)
+    assert "s-" + hashlib.sha256(archive).hexdigest()[:16] == sid
+    assert gone and back["snapshot"] == sid and back["existing"] is False and sid in listed
+    assert bad.code == "bad_snapshot" and "refused" in bad.message

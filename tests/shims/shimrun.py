@@ -1,6 +1,5 @@
-"""Shared by the shim tests (imported by each; not a conftest.py, so that `import conftest` in
-tests/integration keeps meaning tests/conftest.py): run a shim the way a user would, with no
-network at all.
+"""Shared by the shim tests (imported by each, like tests/sbxtest.py, rather than a conftest.py):
+run a shim the way a user would, with no network at all.
 
 Each shim runs as a subprocess inside a network namespace of its own (`unshare --net`: only a
 loopback that is down), so a dry run that tried to reach Modal, Daytona or a cluster would fail
