@@ -2,7 +2,7 @@
 table: what was measured, our figure, the peer's figure from the same run, the ratio ours / peer,
 which way is better, and the machine and date.
 
-    python3 bench/_table.py ROWS.jsonl [--markdown] [--started ISO-TIME]
+    python3 bench/_table.py ROWS.jsonl [--markdown] [--started TIME] [--load LOADAVG]
 """
 import argparse
 import json
@@ -71,8 +71,8 @@ def cells(r):
 HEAD = ["bench", "what", "unit", "ours", "peer", "peer's figure", "ratio ours/peer", "better", "note"]
 
 
-def render(rows, markdown, started):
-    out = [f"machine: {machine()}; run {started}"]
+def render(rows, markdown, started, load=None):
+    out = [f"machine: {machine()}; run {started}" + (f", load average {load} at its start" if load else "")]
     table = [cells(r) for r in rows]
     if markdown:
         out.append("")
@@ -96,8 +96,9 @@ def main():
     ap.add_argument("rows")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--started", default=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    ap.add_argument("--load", help="the 1-minute load average when the run started (other work on the machine)")
     a = ap.parse_args()
-    print(render(load(a.rows), a.markdown, a.started))
+    print(render(load(a.rows), a.markdown, a.started, a.load))
 
 
 if __name__ == "__main__":

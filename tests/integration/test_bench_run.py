@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from conftest import BIN, ROOT
+from sbxtest import BIN, ROOT
 
 RUN = ROOT / "bench" / "run"
 
