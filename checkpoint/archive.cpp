@@ -391,4 +391,36 @@ uint64_t tree_bytes(const std::string& path) {
   return total;
 }
 
+std::optional<std::string> read_image_id(const std::string& path) {
+  auto text = os::read_file(path);
+  if (!text) return std::nullopt;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(*text, ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  auto* id = v.as_object().if_contains("id");
+  if (!id || !id->is_string() || id->as_string().empty()) return std::nullopt;
+  return std::string(id->as_string());
+}
+
+std::optional<std::string> incompatibility(const boost::json::object& manifest,
+                                           const std::optional<std::string>& criu_here,
+                                           const std::optional<std::string>& image_here) {
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    auto* v = manifest.if_contains(key);
+    if (!v || !v->is_string()) return std::nullopt;
+    return std::string(v->as_string());
+  };
+  auto image = text("image");
+  if (image && image_here && *image != *image_here)
+    return "the snapshot was made in image " + *image + ", this box runs image " + *image_here +
+           ": a live copy needs the same files and libraries under it";
+  if (text("mode").value_or("fs") == "live") {
+    auto criu = text("criu").value_or("(unknown)");
+    if (!criu_here) return "the snapshot is live (criu " + criu + ") and this box has no criu";
+    if (criu != *criu_here)
+      return "the snapshot was made with criu " + criu + ", this box has criu " + *criu_here;
+  }
+  return std::nullopt;
+}
+
 }  // namespace sbx::checkpoint

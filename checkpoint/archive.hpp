@@ -33,6 +33,21 @@ std::optional<std::string> sha256_file(const std::string& path, std::string& err
 std::optional<boost::json::object> extract_archive(const std::string& src, const std::string& dst_dir,
                                                    std::string& err);
 
+/// Where an image says who it is (images/write-image-json): {"id": "sha256:...", "version", ...}.
+inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";
+
+/// The image id from an image.json file, or nullopt where there is none (a plain host) or it
+/// has no string "id".
+std::optional<std::string> read_image_id(const std::string& path = kImageJson);
+
+/// Why a snapshot with this manifest cannot be restored here, or nullopt when it can: a live
+/// snapshot needs the same criu version as the one that dumped it (`criu_here` is nullopt where
+/// there is no criu); any snapshot needs the same image, when both its manifest and this box
+/// know their image id (a snapshot from a plain host, or a box outside an image, carries null).
+std::optional<std::string> incompatibility(const boost::json::object& manifest,
+                                           const std::optional<std::string>& criu_here,
+                                           const std::optional<std::string>& image_here);
+
 /// Recursive copy of a directory tree (dirs, regular files, symlinks; modes kept). Other file
 /// types (sockets, fifos, devices) are skipped. Returns the bytes of regular files copied.
 std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err);

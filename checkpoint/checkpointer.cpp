@@ -133,13 +133,15 @@ struct Checkpointer::RestoreOp {
   Reply done;
   json::object manifest;
   std::string forced_name;  // --restore: the copy is "main"
+  int first_index = 0;      // --restore-index: the copy's index among copies in boxes of their own
   double t0 = 0;
   int pending = 0;
   json::array results;
   std::vector<std::unique_ptr<supervisor::BranchPipes>> pipes;
 };
 
-Checkpointer::Checkpointer(Box& box) : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()) {
+Checkpointer::Checkpointer(Box& box)
+    : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()), image_id_(read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
 }
 
@@ -256,13 +258,14 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"name", name},
                   {"parent", b.snapshot.empty() ? json::value(nullptr) : json::value(b.snapshot)},
                   {"profile", box_.opts_.profile.name},
-                  {"image", nullptr},
+                  {"image", image_id_ ? json::value(*image_id_) : json::value(nullptr)},
                   {"mode", op->live ? "live" : "fs"},
                   {"criu", op->live ? json::value(*box_.caps_.criu) : json::value(nullptr)},
                   {"kernel", kernel_release()},
                   {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
                   {"pipes", pipes},
-                  {"masks", mask_list(box_.opts_.masks, box_.opts_.state_dir)},
+                  {"masks", mask_list(box_.branch_masks(), box_.opts_.state_dir)},
+                  {"network", box_.network_manifest()},
                   {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
   if (!op->live) op->manifest["note"] = op->note;
 
@@ -486,7 +489,8 @@ std::string Checkpointer::next_branch_name() {
   }
 }
 
-void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name) {
+void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
+                           int first_index) {
   if (!valid_snapshot_id(snapshot))
     return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
@@ -496,6 +500,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->fork = fork;
   op->done = std::move(done);
   op->forced_name = name;
+  op->first_index = first_index;
   op->t0 = now_ms();
   if (box_.shutting_down_) return op->done(error_reply("shutting_down", "the box is shutting down"));
   ++ops_;
@@ -508,18 +513,16 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     }
     op->manifest = std::move(*m);
     std::string mode(op->manifest.contains("mode") ? op->manifest.at("mode").as_string() : "fs");
-    if (mode == "live") {
-      std::string why;
-      std::string theirs = op->manifest.at("criu").is_string() ? std::string(op->manifest.at("criu").as_string()) : "";
-      std::string refuse;
-      if (!live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
-      else if (theirs != *box_.caps_.criu)
-        refuse = "the snapshot was made with criu " + theirs + ", this box has criu " + *box_.caps_.criu;
-      if (!refuse.empty()) {
-        box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", refuse}});
-        op->done(error_reply("incompatible", refuse));
-        return op_done();
-      }
+    std::string why;
+    std::optional<std::string> refuse;
+    if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
+    else refuse = incompatibility(op->manifest, box_.caps_.criu, image_id_);
+    if (!refuse && mode == "live")
+      if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
+    if (refuse) {
+      box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
+      op->done(error_reply("incompatible", *refuse));
+      return op_done();
     }
     op->pending = op->n;
     op->pipes.resize(static_cast<size_t>(op->n));
@@ -539,7 +542,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   br.mode = live ? "live" : "cold";
   br.parent = std::string(op->manifest.at("branch").as_string());
   br.snapshot = op->snapshot;
-  br.index = index;
+  br.index = op->first_index + index;
   if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
     for (auto& v : a->as_array()) br.argv.emplace_back(v.as_string());
   br.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
@@ -578,7 +581,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
       [this, op, index, b, err, dir, src, live, t_start] {
         Branch& br = **b;
         double t_copied = now_ms();
-        json::object res{{"branch", br.name}, {"index", index}};
+        json::object res{{"branch", br.name}, {"index", br.index}};
         if (!err->empty()) {
           res["error"] = "copy the snapshot's files: " + *err;
           return copy_done(op, index, std::move(res));
@@ -593,6 +596,10 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           spec.want_namespaces = box_.opts_.profile.isolation.namespaces && box_.caps_.namespaces;
           spec.masks = box_.opts_.masks;
           spec.masks.push_back(box_.opts_.state_dir);
+          if (auto e = box_.prepare_copy_network(spec); !e.empty()) {
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
           // Landlock) as the original's did; its cgroup ceilings are not set up (one per box now).
           auto lb = supervisor::launch_branch(spec);
@@ -605,6 +612,11 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           auto env = box_.agent_env(br, dir);
           env.emplace_back("SANDBOXER_RESUMED=1");
           env.emplace_back("SANDBOXER_SNAPSHOT=" + op->snapshot);
+          if (auto e = box_.attach_copy_network(br, &env); !e.empty()) {
+            ::kill(br.launched.pid, SIGKILL);  // its ns-init still waits for its config
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           json::array argv;
           for (auto& a : br.argv) argv.emplace_back(a);
           box_.send_request(br, {{"argv", argv},
@@ -660,6 +672,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                              std::to_string(ino->to_number<uint64_t>()) + "]");
         }
         run.new_netns = true;
+        run.writable_proc_sys = true;
         run.hostname = (*b)->name + "." + box_.id_;
         supervisor::ensure_machine_id(dir);  // a new one: the copy is another running system
         run.output = dir + "/.criu/restore.out";
@@ -688,6 +701,12 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           br.launched.take(*pp);
           pp.reset();  // closes the copy's ends: the restored tree holds them now
           br.launched.in.reset();
+          // Its network before it runs: the copy's own broker where the agent expects it.
+          if (auto e = box_.attach_copy_network(br); !e.empty()) {
+            ::kill(root, SIGKILL);
+            res["error"] = e;
+            return copy_done(op, index, std::move(res));
+          }
           Branch& added = box_.add_branch(std::move(*b), true);
           // The tree was dumped stopped, so criu restored it stopped: it runs from here.
           continue_tree(root);
@@ -702,7 +721,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                                        {"snapshot", op->snapshot},
                                        {"copy", true},
                                        {"branch", added.name},
-                                       {"index", index},
+                                       {"index", added.index},
                                        {"mode", "live"}});
           }
           res["mode"] = "live";
@@ -714,13 +733,13 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
       });
 }
 
-void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int index, json::object res) {
+void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int /*slot*/, json::object res) {
   std::string branch(res.at("branch").as_string());
   json::object ev{{"type", "restore.done"},
                   {"snapshot", op->snapshot},
                   {"parent", op->manifest.at("branch")},
                   {"parent_box", op->manifest.at("box")},
-                  {"index", index},
+                  {"index", res.at("index")},
                   {"of", op->n}};
   if (res.contains("error")) {
     // Nothing half-restored stays behind: the copy's directory goes with its failure.
@@ -909,7 +928,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
                         box_.emit_started();
                         if (!r2.at("ok").as_bool()) box_.finish(125);
                       },
-                      "main");
+                      "main", box_.opts_.restore_index);
               op_done();
             }, false);
           });

@@ -40,8 +40,10 @@ class Checkpointer {
 
   void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done);
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
-  /// `name` (n = 1 only) names the copy instead of the next "fN".
-  void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "");
+  /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
+  /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
+  void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
+               int first_index = 0);
   boost::json::array list() const;
   boost::json::object remove(const std::string& id);
   /// The archive file of snapshot `id`, for snapshot.export; nullopt and `err` when there is none.
@@ -79,6 +81,7 @@ class Checkpointer {
   supervisor::Box& box_;
   std::string snap_dir_;
   std::optional<std::string> criu_;
+  std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
   int ops_ = 0;
   int next_copy_ = 1;
 };

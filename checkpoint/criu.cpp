@@ -4,6 +4,7 @@
 #include <net/if.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -84,6 +85,13 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
         ::_exit(127);
       }
     }
+    // Docker (and most runtimes) bind /proc/sys read-only over /proc; criu sets a restored UTS
+    // namespace's hostname through /proc/sys/kernel/hostname. In a mount namespace of criu's own,
+    // that bind is taken away (the proc mount below it is writable); where /proc/sys is no
+    // separate mount, as on a plain host, umount fails and nothing changes.
+    if (run.writable_proc_sys && ::unshare(CLONE_NEWNS) == 0 &&
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0)
+      (void)::umount2("/proc/sys", MNT_DETACH);
     int high[64];
     for (int i = 0; i < n && i < 64; ++i) high[i] = ::fcntl(src[static_cast<size_t>(i)], F_DUPFD_CLOEXEC, 200);
     int efd = ::fcntl(ep->write.get(), F_DUPFD_CLOEXEC, 200);

@@ -20,6 +20,9 @@ struct CriuRun {
   bool new_netns = false;         // run criu (and so the tree it restores) in a fresh network
                                   // namespace with its loopback up
   std::string hostname;           // if set: also a fresh UTS namespace with this hostname
+  bool writable_proc_sys = false; // run criu in a mount namespace of its own without a read-only
+                                  // /proc/sys over /proc (a container's): restoring a tree that
+                                  // has a UTS namespace of its own writes kernel/hostname there
   std::string output;             // criu's stdout and stderr go to this file
 };
 

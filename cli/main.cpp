@@ -20,7 +20,7 @@ const char* kUsage =
     "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` or `up` stored)\n"
     "  checkpoint URL [--name N] [--branch B] [--stop]                      checkpoint a live agent; prints the snapshot id last\n"
     "  restore URL SNAPSHOT                                                  restore a snapshot in the box\n"
-    "  fork URL --snapshot S -n N                                            N live copies; one line each: <branch> <proc>\n"
+    "  fork URL --snapshot S -n N [--host docker]                            N live copies; one line each: <branch> <proc|URL>\n"
     "  snapshots URL [--json]                                                the box's snapshots\n"
     "  export URL SNAPSHOT FILE                                              copy a snapshot's archive out of the box\n"
     "  import URL FILE [--json]                                              copy an archive into the box; prints its id last\n"

@@ -584,9 +584,12 @@ int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& 
   std::string snap = cmd == "restore" ? (a.pos.size() == 2 ? a.pos[1] : "") : a.opt["--snapshot"];
   if (url.empty() || snap.empty() || (cmd == "restore" && a.pos.size() != 2) || (cmd == "fork" && a.pos.size() != 1))
     throw std::invalid_argument(cmd == "restore" ? "usage: sandboxer restore URL SNAPSHOT"
-                                                 : "usage: sandboxer fork URL --snapshot S -n N");
-  if (a.opt.contains("--host"))
-    throw std::invalid_argument("--host: forks onto other boxes are not built yet; forks run in the same box");
+                                                 : "usage: sandboxer fork URL --snapshot S -n N [--host docker]");
+  if (a.opt.contains("--host")) {
+    if (cmd != "fork") throw std::invalid_argument("--host: only fork starts new boxes (restore runs in the box)");
+    if (a.opt["--host"] != "docker") throw std::invalid_argument("--host " + a.opt["--host"] + ": not supported here (docker)");
+    return fork_on_docker(url, token_file, snap, a.opt.contains("-n") ? std::stoi(a.opt["-n"]) : 1);
+  }
   json::object req{{"op", cmd}, {"snapshot", snap}};
   if (cmd == "fork") {
     int n = a.opt.contains("-n") ? std::stoi(a.opt["-n"]) : 1;
@@ -594,7 +597,15 @@ int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& 
   }
   auto r = one_request(cmd, url, token_file, std::move(req));
   if (a.flags.contains("--json")) std::cout << json::serialize(r) << "\n";
-  if (!r.at("ok").as_bool()) return fail(cmd, r);
+  if (!r.at("ok").as_bool()) {
+    // Each copy that failed says why (criu's own first error line).
+    if (auto* copies = r.if_contains("copies"); copies && copies->is_array())
+      for (auto& c : copies->as_array())
+        if (auto* e = c.as_object().if_contains("error"); e && e->is_string())
+          std::cerr << "sandboxer " << cmd << ": copy " << json::value_to<std::string>(c.at("branch")) << ": "
+                    << e->as_string() << "\n";
+    return fail(cmd, r);
+  }
   // One line per copy: <branch> <proc>.
   if (!a.flags.contains("--json"))
     if (auto* copies = r.if_contains("copies"))

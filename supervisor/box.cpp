@@ -40,6 +40,7 @@ Box::~Box() {
   server_.reset();
   metrics_.reset();
   network_.reset();  // joins the broker's thread while the journal and the loop still exist
+  copy_networks_.clear();
   signals_.reset();
   checkpointer_.reset();
   for (auto& [n, b] : branches_) {
@@ -468,6 +469,7 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
 void Box::on_branch_exit(Branch& b, int st) {
   b.ns_init_reaped = true;
   b.ns_init_status = st;
+  copy_networks_.erase(b.name);  // a copy's broker ends with its namespace
   if (b.limits) b.limits->stop();
   // Read what ns-init reported before it exited: its exit status alone loses the signal.
   read_available(b.launched.reports.get(), b.pending);

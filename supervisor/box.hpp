@@ -43,6 +43,7 @@ struct BoxOptions {
   int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
   bool idle = false;               // start with no agent and wait (--idle)
   std::string restore_file;        // start from this checkpoint archive (--restore)
+  int restore_index = 0;           // which copy this box is (--restore-index)
   std::string health_file;         // "" none; else health.hpp's file, once the server is up
 };
 
@@ -219,6 +220,23 @@ class Box {
   std::unique_ptr<Server> server_;
   std::unique_ptr<MetricsTimer> metrics_;
   std::unique_ptr<BranchNetwork> network_;  // the main branch's network and credential broker
+
+  // box-network.cpp: the network of a restored or forked copy (the checkpointer's hooks).
+  /// Before a cold copy's launch: its network namespace and resolv.conf, as the original's.
+  std::string prepare_copy_network(BranchSpec& spec);
+  /// Before a copy runs: loopback in its namespace and, for `proxy`, a broker of its own at the
+  /// same in-namespace address and port as the original's (a restored agent's memory holds that
+  /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
+  /// Returns what failed, or "".
+  std::string attach_copy_network(Branch& b, boost::json::array* env = nullptr);
+  /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
+  boost::json::object network_manifest() const;
+  /// Why this box cannot give a live copy of `manifest` the network its agent expects, or "".
+  std::string copy_network_refusal(const boost::json::object& manifest) const;
+  /// The host paths masked in a branch's view besides the state dir (the profile's and the
+  /// credentials' files).
+  std::vector<std::string> branch_masks() const;
+  std::map<std::string, std::unique_ptr<BranchNetwork>> copy_networks_;  // by branch
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

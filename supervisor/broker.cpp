@@ -122,6 +122,7 @@ bool escapes_prefix(std::string_view path) {
 struct Peer {
   bool tcp = true;
   uint16_t port = 0;
+  uint16_t local = 0;  // the broker's own port it reached; 0: the proxy port (TCP) or 53 (UDP)
 };
 
 // The agent's connection while one request is served: a relayed response is written straight
@@ -143,6 +144,7 @@ struct Broker::Impl {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
   udp::socket dns{io};
+  tcp::acceptor dns_tcp{io};
   std::atomic<size_t> connections{0};
   // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
   // rides on the next report, so a flood cannot flood the journal.
@@ -172,7 +174,7 @@ struct Broker::Impl {
       deny_suppressed = 0;
     }
     if (peer.port && cfg.netns_pid > 0) {
-      auto local = peer.tcp ? static_cast<uint16_t>(cfg.network.proxy_port) : uint16_t{53};
+      auto local = peer.local ? peer.local : peer.tcp ? static_cast<uint16_t>(cfg.network.proxy_port) : uint16_t{53};
       if (auto pid = os::socket_owner(cfg.netns_pid, peer.tcp, peer.port, local)) extra["pid"] = *pid;
     }
     boost::json::object e{{"type", "policy.denied"}, {"what", std::move(what)}, {"host", std::move(host)}};
@@ -640,6 +642,12 @@ struct Broker::Impl {
   }
 
   awaitable<void> answer_dns(std::string msg, udp::endpoint from) {
+    std::string reply = co_await dns_reply(msg, Peer{false, from.port()});
+    if (!reply.empty()) co_await dns.async_send_to(asio::buffer(reply), from, nothrow);
+  }
+
+  // The answer to one DNS message, the same over UDP and TCP ("" for no answer at all).
+  awaitable<std::string> dns_reply(const std::string& msg, Peer peer) {
     uint16_t id = 0;
     std::string reply;
     auto q = parse_dns_query(msg, &id);
@@ -651,7 +659,7 @@ struct Broker::Impl {
       if (!h || !policy.allows(*h, &why)) {
         // A name that is not allowed is never resolved: nothing of it leaves the box, so a
         // secret spelled into its labels goes nowhere.
-        deny("dns", q->name.substr(0, 255), 0, why, {}, Peer{false, from.port()});
+        deny("dns", q->name.substr(0, 255), 0, why, {}, peer);
         reply = make_dns_reply(msg, *q, kDnsRefused);
       } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
         reply = make_dns_reply(msg, *q, kDnsNoError);
@@ -671,7 +679,7 @@ struct Broker::Impl {
         }
         std::sort(addrs.begin(), addrs.end());
         addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
-        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, Peer{false, from.port()});
+        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, peer);
         reply = make_dns_reply(msg, *q,
                                ec == asio::error::host_not_found ? kDnsNxDomain
                                : ec == asio::error::access_denied ? kDnsRefused
@@ -680,7 +688,55 @@ struct Broker::Impl {
                                addrs);
       }
     }
-    if (!reply.empty()) co_await dns.async_send_to(asio::buffer(reply), from, nothrow);
+    co_return reply;
+  }
+
+  // DNS over TCP (RFC 7766): two bytes of length, then the message; answers in the same framing,
+  // several queries per connection, each within the broker's timeout.
+  awaitable<void> serve_dns_tcp(tcp::socket sock) {
+    struct Count {
+      std::atomic<size_t>& n;
+      ~Count() { --n; }
+    } count{connections};
+    Peer peer{true, 0, 53};
+    boost::system::error_code ig;
+    if (auto ep = sock.remote_endpoint(ig); !ig) peer.port = ep.port();
+    beast::tcp_stream client(std::move(sock));
+    for (int queries = 0; queries < 100; ++queries) {
+      std::array<unsigned char, 2> len{};
+      client.expires_after(timeout());
+      auto [ec, n] = co_await asio::async_read(client, asio::buffer(len), nothrow);
+      if (ec) break;
+      size_t size = static_cast<size_t>(len[0]) << 8 | len[1];
+      if (size == 0) break;
+      std::string msg(size, '\0');
+      auto [ec2, n2] = co_await asio::async_read(client, asio::buffer(msg), nothrow);
+      if (ec2) break;
+      std::string reply = co_await dns_reply(msg, peer);
+      if (reply.empty() || reply.size() > 0xffff) break;
+      std::string framed;
+      framed.push_back(static_cast<char>(reply.size() >> 8));
+      framed.push_back(static_cast<char>(reply.size() & 0xff));
+      framed += reply;
+      auto [wec, wn] = co_await asio::async_write(client, asio::buffer(framed), nothrow);
+      if (wec) break;
+    }
+    client.socket().shutdown(tcp::socket::shutdown_both, ig);
+  }
+
+  awaitable<void> dns_tcp_loop() {
+    for (;;) {
+      auto [ec, sock] = co_await dns_tcp.async_accept(nothrow);
+      if (ec == asio::error::operation_aborted || !dns_tcp.is_open()) co_return;
+      if (ec) {
+        asio::steady_timer t(io, std::chrono::milliseconds(50));
+        co_await t.async_wait(nothrow);
+        continue;
+      }
+      if (connections >= kMaxConnections) continue;  // `sock` closes here
+      ++connections;
+      asio::co_spawn(io, serve_dns_tcp(std::move(sock)), asio::detached);
+    }
   }
 
   awaitable<void> dns_loop() {
@@ -695,7 +751,7 @@ struct Broker::Impl {
   }
 };
 
-Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink sink)
+Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink sink, os::UniqueFd dns_tcp_fd)
     : impl_(std::make_unique<Impl>(std::move(cfg), std::move(sink))) {
   auto& im = *impl_;
   for (auto& c : im.cfg.credentials) {
@@ -717,6 +773,12 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
     if (ec) throw std::runtime_error("broker: adopt the DNS socket: " + ec.message());
     udp_fd.release();
     asio::co_spawn(im.io, im.dns_loop(), asio::detached);
+  }
+  if (dns_tcp_fd) {
+    im.dns_tcp.assign(tcp::v4(), dns_tcp_fd.get(), ec);
+    if (ec) throw std::runtime_error("broker: adopt the DNS (TCP) socket: " + ec.message());
+    dns_tcp_fd.release();
+    asio::co_spawn(im.io, im.dns_tcp_loop(), asio::detached);
   }
   asio::co_spawn(im.io, im.accept_loop(), asio::detached);
   im.thread = std::thread([&im] {

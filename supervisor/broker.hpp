@@ -8,7 +8,8 @@
 //   - absolute-form plain HTTP (`GET http://host/...`) to allowed hosts, read and forwarded;
 //   - the credential endpoint `/<credential>/<path>`: forwarded over TLS to the credential's
 //     binding with the real secret injected (caller-supplied auth headers stripped);
-// and a DNS resolver on UDP port 53 that answers only for allowed names.
+// and a DNS resolver on port 53 (UDP, and TCP when given a socket) that answers only for allowed
+// names.
 //
 // Boost.Beast parses and writes HTTP, Boost.Asio with OpenSSL does the sockets and TLS, on an
 // io_context of the broker's own thread; refusals go out through the sink (on that thread).
@@ -38,10 +39,10 @@ class Broker {
   /// Called on the broker's thread with each event (a `policy.denied`, without seq/ts/box).
   using Sink = std::function<void(boost::json::object)>;
 
-  /// Starts serving `tcp` (a listening stream socket) and `udp` (a bound datagram socket, or
-  /// none) on a thread of its own. Throws std::runtime_error naming what failed (a ca_file that
-  /// cannot be read, for one).
-  Broker(BrokerConfig cfg, os::UniqueFd tcp, os::UniqueFd udp, Sink sink);
+  /// Starts serving `tcp` (a listening stream socket), `udp` (a bound datagram socket, or none)
+  /// and `dns_tcp` (a listening stream socket for DNS over TCP, or none) on a thread of its own.
+  /// Throws std::runtime_error naming what failed (a ca_file that cannot be read, for one).
+  Broker(BrokerConfig cfg, os::UniqueFd tcp, os::UniqueFd udp, Sink sink, os::UniqueFd dns_tcp = {});
   /// Stops serving and joins the thread.
   ~Broker();
   Broker(const Broker&) = delete;

@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   bo.argv = o.argv;
   bo.idle = o.idle;
   bo.restore_file = o.restore_file;
+  bo.restore_index = o.restore_index;
   bo.events_path = o.events;
   bo.workdir = o.workdir;
   bo.self_exe = sbx::os::exe_path();

@@ -21,7 +21,7 @@ namespace sbx::supervisor {
 namespace {
 
 struct NsSockets {
-  os::UniqueFd tcp, udp;
+  os::UniqueFd tcp, udp, dns_tcp;
   std::string error;  // the failing step, empty on success
 };
 
@@ -73,6 +73,7 @@ NsSockets setup_in_netns(pid_t pid, bool proxy, int port) {
     if (!proxy) return;
     out.tcp = bound_socket(SOCK_STREAM, port, out.error);
     if (out.tcp) out.udp = bound_socket(SOCK_DGRAM, 53, out.error);
+    if (out.udp) out.dns_tcp = bound_socket(SOCK_STREAM, 53, out.error);
   });
   t.join();
   return out;
@@ -116,11 +117,18 @@ void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
   spec.resolv_conf = spec.dir + "/resolv.conf";
   if (auto r = os::write_file_atomic(spec.resolv_conf, "nameserver 127.0.0.1\n", 0644); !r)
     throw std::runtime_error("write " + spec.resolv_conf + ": " + r.error().message());
-  for (auto& c : profile.credentials)
-    if (!c.source_file.empty()) spec.masks.push_back(c.source_file);
+  for (auto& m : masked_files(profile)) spec.masks.push_back(m);
 }
 
-BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit)
+std::vector<std::string> BranchNetwork::masked_files(const Profile& profile) {
+  std::vector<std::string> out;
+  for (auto& c : profile.credentials)
+    if (!c.source_file.empty()) out.push_back(c.source_file);
+  return out;
+}
+
+BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit,
+                             const std::string& proc)
     : profile_(profile), emit_(std::move(emit)) {
   const auto& net = profile.network;
   if (net.mode == NetworkPolicy::Mode::Host) return;
@@ -133,6 +141,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
     cfg.network = net;
     cfg.credentials = profile.credentials;
     cfg.netns_pid = branch.pid;
+    cfg.proc = proc;
     for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
   }
   auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);
@@ -149,7 +158,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
       queue_.push_back(std::move(e));
     }
     uv_async_send(async_);
-  });
+  }, std::move(socks.dns_tcp));
 }
 
 BranchNetwork::~BranchNetwork() {

@@ -28,11 +28,16 @@ class BranchNetwork {
   /// Before launch: asks for a network namespace, writes the branch's resolv.conf, and hides the
   /// credentials' files from the agent.
   static void prepare(const Profile& profile, BranchSpec& spec);
+  /// The host files a branch of `profile` must not see (the credentials' files): masked in its
+  /// view, so a checkpoint lists them among the mount points each copy needs.
+  static std::vector<std::string> masked_files(const Profile& profile);
 
-  /// After launch, before the agent starts: brings up loopback in the branch's namespace and,
-  /// for `proxy`, reads the secrets and starts the broker. Events reach `emit` on the loop.
+  /// After launch, before the agent starts (or a restored copy runs): brings up loopback in the
+  /// branch's namespace and, for `proxy`, reads the secrets and starts the broker there, at the
+  /// profile's address and port. Events reach `emit` on the loop; refusals name `proc`.
   /// Throws std::runtime_error naming what failed (never with a secret in it).
-  BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit);
+  BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit,
+                const std::string& proc = "main");
   ~BranchNetwork();
   BranchNetwork(const BranchNetwork&) = delete;
   BranchNetwork& operator=(const BranchNetwork&) = delete;

@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace sbx::supervisor {
@@ -22,6 +23,7 @@ const char* const kInitUsage =
     "  --metrics-interval D  cadence of metrics events (default: the profile's metrics.interval, 5s; 0 for none)\n"
     "  --idle                start with no command and wait (for exec, restore, fork)\n"
     "  --restore FILE        start from a checkpoint archive instead of a command\n"
+    "  --restore-index N     with --restore: which copy this box is (its identity's index; default 0)\n"
     "  --version             print the version\n"
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
     "                        answers, else 1 (the image's HEALTHCHECK)\n";
@@ -57,10 +59,19 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--metrics-interval") o.metrics_interval = value(a);
     else if (a == "--idle") o.idle = true;
     else if (a == "--restore") o.restore_file = value(a);
+    else if (a == "--restore-index") {
+      std::string v = value(a);
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 0 || n > 1023)
+        throw std::invalid_argument("--restore-index " + v + ": expected a number 0..1023");
+      o.restore_index = static_cast<int>(n);
+    }
     else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
     else break;  // the command starts here
   }
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (o.restore_index != 0 && o.restore_file.empty()) throw std::invalid_argument("--restore-index needs --restore");
   if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
     if (!o.argv.empty()) throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");
     if (o.idle && !o.restore_file.empty()) throw std::invalid_argument("--idle and --restore exclude each other");

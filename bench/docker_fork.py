@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Checkpoint and fork across containers (issue 6): a live agent in container A is checkpointed
+(`sandboxer checkpoint`), then forked into two new containers (`sandboxer fork --host docker -n
+2`: export over the WebSocket, two `docker run`s of A's image and profile, a criu restore in
+each). Beside it, in the same run, on the same image, agent and criu:
+- Docker's own live checkpoint (experimental; runc drives the same criu): `docker checkpoint
+  create --leave-running` of the agent under tini, then for each copy `docker create`, the
+  checkpoint copied into that container's own dir under dockerd's data root (Docker has no
+  other way to restore a checkpoint into another container: `--checkpoint-dir` is refused at
+  start), and `docker start --checkpoint`, the two copies side by side as sandboxer's are, each copy's
+  checkpoint made distinct by one extra file: dockerd uploads it to containerd by digest, and a
+  second upload of the same bytes fails ("content ... already exists"). The containers run with
+  `--network none`: in the host's network namespace the copies' listener would clash with the
+  original's, which sandboxer avoids by giving each copy a namespace of its own;
+- what a host without live fork does instead: `docker run` of two fresh containers of the
+  same image and agent under tini until both listen (a cold start: the agent's memory is lost).
+A private dockerd (scripts/dockerd, DOCKERD_EXPERIMENTAL=1) runs for the measurement and is
+stopped after.
+
+Rows (medians of BENCH_RUNS runs, default 5; one table per agent heap in BENCH_HEAP_MB, default
+"0,100": the counting agent alone, ~10 MB RSS, and with 100 MB of os.urandom heap), wall-clock
+as a script sees it (CLI included):
+- checkpoint in A: `sandboxer checkpoint URL` (stop, criu dump, copy of the layer, resume,
+  compress);
+- fork into 2 containers: `sandboxer fork URL --snapshot S -n 2 --host docker` until both copies
+  run (restore.done in each);
+- checkpoint + fork, the figure of issue 6, against the cold start of two containers;
+- the archive's size.
+
+Prints its table; with SANDBOXER_BENCH_ROWS=FILE also appends one JSON line per figure (the
+shared row format bench/run gathers). Not a test: nothing asserts. Needs root (dockerd)."""
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("SANDBOXER_BUILD", os.path.join(ROOT, "build"))
+CLI = os.path.join(BUILD, "bin", "sandboxer")
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+# The agent's heap (os.urandom, so it does not compress), one table per size.
+HEAPS = [int(x) for x in os.environ.get("BENCH_HEAP_MB", "0,100").split(",")]
+TAG = "sandboxer/agent:bench"
+AGENT = os.path.join(ROOT, "tests", "e2e")
+LISTENER = "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(600)\n"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def accepts(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def run(env, *args):
+    r = subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])}...: {r.stderr.strip()[-2000:]}")
+    return r.stdout
+
+
+def journal(state):
+    out = subprocess.run([CLI, "log", state, "--json"], capture_output=True, text=True, timeout=60).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def counting(state, branch="main", at_least=3):
+    return sum(1 for e in journal(state) if e["type"] == "proc.message" and e["branch"] == branch) >= at_least
+
+
+def cold_pair(env, i):
+    """Two fresh containers of the agent under tini, started side by side, until both accept."""
+    ports = [free_port(), free_port()]
+    names = [f"cold-{i}-{k}-{os.urandom(3).hex()}" for k in range(2)]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(env, "docker", "run", "-d", "--name", n, "--network", "host",
+                                                   "--entrypoint", "/usr/bin/tini", TAG, "--", "python3", "-c",
+                                                   LISTENER.format(port=p)))
+               for n, p in zip(names, ports)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while not all(accepts(p) for p in ports):
+        if time.perf_counter() - t0 > 60:
+            raise RuntimeError("cold start: the agents did not listen in 60 s")
+        time.sleep(0.002)
+    took = time.perf_counter() - t0
+    run(env, "docker", "rm", "-f", *names)
+    return took
+
+
+def data_root(env):
+    return run(env, "docker", "info", "--format", "{{.DockerRootDir}}").strip()
+
+
+def docker_checkpoint_fork(env, i, heap_mb):
+    """Docker's own: checkpoint A (left running), restore it into two new containers. Returns
+    (checkpoint seconds, fork seconds, checkpoint bytes)."""
+    common = ["--network", "none", "--entrypoint", "/usr/bin/tini", "-v", f"{AGENT}:/opt/e2e:ro", TAG, "--",
+              "python3", "/opt/e2e/counter_agent.py", str(heap_mb)]
+    a = f"dck-{heap_mb}-{i}-a"
+    run(env, "docker", "run", "-d", "--name", a, *common)
+    deadline = time.monotonic() + 30
+    while run(env, "docker", "logs", a).count("\n") < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError("docker checkpoint peer: the agent did not start counting")
+        time.sleep(0.05)
+    root = data_root(env)
+    t0 = time.perf_counter()
+    run(env, "docker", "checkpoint", "create", "--leave-running", a, "cp1")
+    t1 = time.perf_counter()
+    src = os.path.join(root, "containers", run(env, "docker", "inspect", "-f", "{{.Id}}", a).strip(), "checkpoints", "cp1")
+    copies = [f"dck-{heap_mb}-{i}-{k}" for k in range(2)]
+    errors = []
+
+    def restore(c):
+        try:
+            cid = run(env, "docker", "create", "--name", c, *common).strip()
+            dst = os.path.join(root, "containers", cid, "checkpoints", "cp1")
+            subprocess.run(["cp", "-a", src, dst], check=True)
+            # dockerd uploads the checkpoint to containerd's content store by digest, and a second
+            # upload of the same bytes fails ("already exists"): one extra file makes each copy's own.
+            with open(os.path.join(dst, "bench-copy"), "w") as f:
+                f.write(c)
+            run(env, "docker", "start", "--checkpoint", "cp1", c)
+        except Exception as e:  # noqa: BLE001 (reported below, after both threads end)
+            errors.append(e)
+    threads = [threading.Thread(target=restore, args=(c,)) for c in copies]  # side by side, as ours
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    t2 = time.perf_counter()
+    size = int(subprocess.run(["du", "-sb", src], capture_output=True, text=True, check=True).stdout.split()[0])
+    for c in copies:  # both copies run on from A's counter with A's nonce
+        last = run(env, "docker", "logs", c).strip().splitlines()
+        if not last or json.loads(last[-1])["n"] < 3:
+            raise RuntimeError(f"docker checkpoint peer: copy {c} does not count on: {last[-1:]}")
+    run(env, "docker", "rm", "-f", a, *copies)
+    return t1 - t0, t2 - t1, size
+
+
+def measure(env, heap_mb):
+    rows = {"checkpoint": [], "fork": [], "both": [], "cold": [], "bytes": [],
+            "d_checkpoint": [], "d_fork": [], "d_both": [], "d_bytes": []}
+    for i in range(RUNS):
+        url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "-v", f"{AGENT}:/opt/e2e:ro", "--",
+                  "python3", "/opt/e2e/counter_agent.py", str(heap_mb)).strip().splitlines()[-1]
+        boxes = [json.loads(line) for line in run(env, CLI, "ps", "--json").splitlines()]
+        state = next(b["state_dir"] for b in boxes if b["url"] == url)
+        deadline = time.monotonic() + 60
+        while not counting(state):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agent in A did not start counting")
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        snap = run(env, CLI, "checkpoint", url).strip().splitlines()[-1]
+        t1 = time.perf_counter()
+        copies = [line.split()[1] for line in run(env, CLI, "fork", url, "--snapshot", snap, "-n", "2",
+                                                  "--host", "docker").splitlines()]
+        t2 = time.perf_counter()
+        rows["checkpoint"].append(t1 - t0)
+        rows["fork"].append(t2 - t1)
+        rows["both"].append(t2 - t0)
+        created = [e for e in journal(state) if e["type"] == "checkpoint.created" and e["snapshot"] == snap]
+        rows["bytes"].append(created[0]["sizes"]["compressed"])
+        for u in [url, *copies]:
+            run(env, "docker", "rm", "-f", *[b["name"] for b in (json.loads(x) for x in
+                                              run(env, CLI, "ps", "--json").splitlines()) if b["url"] == u])
+        rows["cold"].append(cold_pair(env, i))
+        dc, df, db = docker_checkpoint_fork(env, i, heap_mb)
+        rows["d_checkpoint"].append(dc)
+        rows["d_fork"].append(df)
+        rows["d_both"].append(dc + df)
+        rows["d_bytes"].append(db)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    agent = f"counter agent + {heap_mb} MB heap" if heap_mb else "counter agent (~10 MB RSS)"
+    print(f"checkpoint and fork across containers, {agent}, medians of {RUNS} runs (image {TAG}, private "
+          f"dockerd; peer: Docker's own checkpoint, experimental, same criu)")
+    print(f"{'what':<46}{'sandboxer':>12}{'peer':>12}{'ratio':>8}")
+
+    def line(what, ours, theirs, unit="ms", scale=1000):
+        print(f"{what:<46}{ours * scale:>9.0f} {unit:<3}{theirs * scale:>8.0f} {unit:<3}{ours / theirs:>7.2f}")
+    line("checkpoint in A", med["checkpoint"], med["d_checkpoint"])
+    line("fork into 2 new containers, live", med["fork"], med["d_fork"])
+    line("checkpoint + fork into 2, live", med["both"], med["d_both"])
+    line("  same, against 2 cold docker runs (tini)", med["both"], med["cold"])
+    line("checkpoint size (ours compressed)", med["bytes"], med["d_bytes"], "KiB", 1 / 1024)
+    print()
+    rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
+    if rows_file:
+        tag = f", {heap_mb} MB heap" if heap_mb else ""
+
+        def row(what, unit, ours, peer=None, peer_value=None):
+            return {"bench": "docker_fork", "what": what + tag, "unit": unit, "ours": round(ours, 1), "peer": peer,
+                    "peer_value": None if peer_value is None else round(peer_value, 1), "better": "lower"}
+        docker_cp = "docker checkpoint (experimental, same criu)"
+        docker_fork = "docker create + start --checkpoint, 2 side by side"
+        with open(rows_file, "a") as f:
+            for r in (row("checkpoint in a container (CLI)", "ms", med["checkpoint"] * 1000, docker_cp,
+                          med["d_checkpoint"] * 1000),
+                      row("fork into 2 new containers, live (CLI)", "ms", med["fork"] * 1000, docker_fork,
+                          med["d_fork"] * 1000),
+                      row("checkpoint + fork into 2 containers, live", "ms", med["both"] * 1000,
+                          "docker checkpoint + 2 restores", med["d_both"] * 1000),
+                      row("checkpoint + fork into 2 containers, vs cold", "ms", med["both"] * 1000,
+                          "2 cold docker runs, tini (memory lost)", med["cold"] * 1000),
+                      row("checkpoint size (ours zstd)", "KiB", med["bytes"] / 1024,
+                          "docker checkpoint dir", med["d_bytes"] / 1024)):
+                f.write(json.dumps(r) + "\n")
+
+
+def main():
+    if os.geteuid() != 0:
+        print("docker_fork: skipped (needs root for dockerd)")
+        return
+    work = tempfile.mkdtemp(prefix="bench-docker-fork.")
+    out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
+                         capture_output=True, text=True, check=True, env=dict(os.environ, DOCKERD_EXPERIMENTAL="1"))
+    env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1],
+               XDG_STATE_HOME=os.path.join(work, "state"))
+    try:
+        run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
+        for heap_mb in HEAPS:
+            measure(env, heap_mb)
+    finally:
+        subprocess.run(["docker", "rm", "-f", *subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True,
+                                                              text=True).stdout.split()], env=env, capture_output=True)
+        subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
+                       capture_output=True)
+        # dockerd leaves its default netns file bind-mounted under its exec root.
+        with open("/proc/mounts") as f:
+            for m in sorted((line.split()[1] for line in f if line.split()[1].startswith(work + "/")), reverse=True):
+                subprocess.run(["umount", "-l", m], capture_output=True)
+        subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
