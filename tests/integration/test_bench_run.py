@@ -67,6 +67,17 @@ def test_a_failing_benchmark_stays_in_the_table_with_why(tmp_path):
     assert any(l.startswith("pid1") and "tini" in l for l in lines), r.stdout
 
 
+def test_a_benchmark_that_skips_without_rows_says_why(tmp_path):
+    """A script that prints why it cannot run and writes no rows still has its row: its last line."""
+    skipping = tmp_path / "skipping.py"
+    skipping.write_text("print('measuring...')\nprint('skipping: skipped (needs a GPU)')\n")
+    r = bench_run(tmp_path, str(skipping))
+    assert r.returncode == 0, r.stderr
+    lines = table_rows(r.stdout)
+    assert len(lines) == 1 and lines[0].startswith("skipping"), r.stdout
+    assert "wrote no rows: skipping: skipped (needs a GPU)" in lines[0], r.stdout
+
+
 def test_unknown_benchmark_is_refused_by_name(tmp_path):
     r = bench_run(tmp_path, "nosuch")
     assert r.returncode == 2
