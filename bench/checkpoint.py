@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """Checkpoint benchmark: dump, restore and fork-of-8 through sandboxer against the raw criu CLI
-on the same tree, for agents of ~50 MB and (with --big) ~1 GB of heap. Prints ratios.
+on the same tree and against podman checkpoint/restore --export/--import of the same agent, for
+agents of ~50 MB and (with --big) ~1 GB of heap. Prints ratios, and rows for bench/run.
 
-    sudo python3 bench/checkpoint.py [--big] [--build build]
+    sudo python3 bench/checkpoint.py [--big] [--build build] [--no-podman]
 
 Ours: the agent checkpoints itself (leave_running) and forks 8 copies through the agent channel;
 the numbers are the supervisor's own (checkpoint.created, restore.done, fork.created), so they
 include the filesystem snapshot, the archive (zstd + sha256) and the pipe plumbing.
 Raw: `criu dump --leave-running` of a holding agent's tree with the same flags, then `criu
 restore` of those images (one, then 8 at once), each in a fresh network namespace.
+Podman (Debian's 4.3.1 with its runc, which runs the `criu` on PATH: the same criu 4.2.1): the
+agent in a container of the runtime image (images/build's tarball, `podman import`ed), `podman
+container checkpoint --leave-running --export` (zstd), then `podman container restore --import`
+into a new container, then 8 such restores at once; wall times of the podman commands.
 """
 import argparse
 import json
@@ -20,21 +25,24 @@ import sys
 import tempfile
 import time
 
+import _rows
+from _rows import QUICK
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SDK = ROOT / "sdk" / "python" / "sandboxer"
 
 AGENT = r'''
 import os, sys, time
-sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
-import agent
 heap = bytearray(os.urandom(int(sys.argv[2]) << 20))
 if sys.argv[1] == "hold":
     print("ready", flush=True)
     time.sleep(600)
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
 ch = agent.Channel()
 if ch.checkpoint("bench", leave_running=True).get("copy"):
     sys.exit(0)  # restored from the archive into a new box: that was the measurement
-ch.fork(8)
+ch.fork(int(sys.argv[3]))
 '''
 
 
@@ -44,28 +52,38 @@ def journal(init_dir, state):
     return [json.loads(l) for l in out.splitlines() if l.strip()]
 
 
+def box_memory(mb):
+    """The box's memory ceiling: the default profile's 2G is too small for the 1 GB agent (its heap
+    is built from a copy: twice the size at its peak), and the copies of a fork share the box's
+    cgroup (README: what does not work yet), so it must hold the original and all its copies."""
+    return f"resources.memory={max(2, -(-mb * (FORK_N + 2) // 1024) + 1)}G"
+
+
 def ours(bindir, tmp, mb):
     state = tmp / f"ours-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--", sys.executable, "-c", AGENT,
-                    "run", str(mb)], check=True, timeout=900, env=env, capture_output=True)
+    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb), "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
+                       timeout=900, env=env, capture_output=True)
     ev = journal(bindir, state)
+    if p.returncode != 0:
+        ends = [f"{e.get('proc')} {e.get('reason')}" for e in ev if e["type"] == "proc.exited"]
+        raise RuntimeError(f"sandboxer-init exited {p.returncode}" + (f" ({', '.join(ends)})" if ends else ""))
     created = [e for e in ev if e["type"] == "checkpoint.created"]
     fork = next(e for e in ev if e["type"] == "fork.created")
     first = created[0]
     restores = [c["timings_ms"]["restore"] for c in fork["copies"]]
-    # One restore into a new box from the archive (import, verify, extract, restore).
-    t0 = time.monotonic()
+    # One restore into a new box from the archive (import, verify, extract, restore): from the
+    # command's start (wall clock) to restore.done's timestamp, as podman's is its command's time.
+    t0 = time.time()
     p = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(tmp / f"ours-r-{mb}"), "--restore",
                           first["archive"]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     p.wait(timeout=900)
     rev = journal(bindir, tmp / f"ours-r-{mb}")
     done = next(e for e in rev if e["type"] == "restore.done")
-    started = next(e for e in rev if e["type"] == "box.started")
 
     def ts(e):
-        from datetime import datetime
-        return datetime.strptime(e["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+        from datetime import datetime, timezone
+        return datetime.strptime(e["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
     return {
         "dump_s": first["timings_ms"]["dump"] / 1e3,
         "checkpoint_total_s": first["timings_ms"]["total"] / 1e3,
@@ -73,7 +91,7 @@ def ours(bindir, tmp, mb):
         "archive_mb": first["sizes"]["compressed"] / 1e6,
         "images_mb": first["sizes"]["images"] / 1e6,
         "restore_s": done["timings_ms"]["restore"] / 1e3,
-        "restore_from_archive_s": ts(done) - ts(started),
+        "restore_from_archive_s": ts(done) - t0,
         "fork8_s": fork["timings_ms"]["total"] / 1e3,
         "fork_copy_restore_mean_s": sum(restores) / len(restores) / 1e3,
     }
@@ -82,7 +100,8 @@ def ours(bindir, tmp, mb):
 def raw(bindir, tmp, mb):
     state = tmp / f"raw-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    box = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--events", "-", "--",
+    box = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
+                            "--events", "-", "--",
                             sys.executable, "-c", AGENT, "hold", str(mb)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
     try:
@@ -91,6 +110,10 @@ def raw(bindir, tmp, mb):
             # The agent's own line (its program text is in proc.started's argv too).
             if e["type"] == "proc.output" and e.get("data", "").startswith("ready"):
                 break
+            if e["type"] == "proc.exited":
+                raise RuntimeError(f"the holding agent ended before it was ready: {e.get('reason')}")
+        else:
+            raise RuntimeError("the holding box ended before its agent was ready")
         ns_init = int(open(f"/proc/{box.pid}/task/{box.pid}/children").read().split()[0])
         agent_pid = int(open(f"/proc/{ns_init}/task/{ns_init}/children").read().split()[0])
         # The pipes crossing the tree's boundary, with the end the tree holds (launcher.hpp).
@@ -155,29 +178,215 @@ def raw(bindir, tmp, mb):
         box.wait(timeout=60)
 
 
+FORK_N = 8  # copies in a fork
+PODMAN_TAG = "localhost/sandboxer/agent:bench"
+# Debian's podman sets, for root, RLIMIT_NOFILE 1048576 and RLIMIT_NPROC 4194304 in the container;
+# where the host's hard limits are lower and there is no CAP_SYS_RESOURCE (this VM), runc fails
+# with "error setting rlimit type 7: operation not permitted". Limits below the host's avoid it.
+PODMAN_RUN = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+
+
+class PodmanError(Exception):
+    pass
+
+
+def podman(*args, timeout=900):
+    p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip()]
+        raise PodmanError(f"podman {' '.join(args[:2])}: {lines[-1] if lines else f'exit {p.returncode}'}")
+    return p.stdout
+
+
+def podman_image(bindir, tmp):
+    """The runtime image (scripts/bundle + images/build, the same as images/docker-image makes for
+    Docker), imported into podman. Quick runs reuse an image already there."""
+    if QUICK and subprocess.run(["podman", "image", "exists", PODMAN_TAG]).returncode == 0:
+        return
+    bundle, tar = tmp / "bundle", tmp / "agent.tar"
+    subprocess.run([str(ROOT / "scripts" / "bundle"), str(bindir), str(bundle)], check=True, capture_output=True)
+    b = subprocess.run([str(ROOT / "images" / "build"), "--bundle", str(bundle), "--out", str(tar)],
+                       capture_output=True, text=True)
+    if b.returncode != 0:
+        raise PodmanError(f"images/build: {(b.stderr.strip().splitlines() or ['exit %d' % b.returncode])[-1]}")
+    # The previous run's image goes first, so that runs do not pile up untagged images.
+    subprocess.run(["podman", "rmi", "-f", PODMAN_TAG], capture_output=True)
+    podman("import", "--change", "WORKDIR /workspace", str(tar), PODMAN_TAG)
+    tar.unlink()
+    shutil.rmtree(bundle)
+
+
+def podman_criu_version(tmp):
+    """The criu version podman's runc runs, read from the dump.log a kept checkpoint leaves (the
+    measured runs do not keep theirs)."""
+    name = f"sbx-bench-{os.getpid()}-criu"
+    try:
+        podman("run", "-d", "--name", name, *PODMAN_RUN, PODMAN_TAG, "sleep", "600")
+        podman("container", "checkpoint", "--keep", f"--export={tmp / 'criu-version.tar.zst'}", name)
+        log = pathlib.Path(podman("inspect", "--format", "{{.StaticDir}}", name).strip()) / "dump.log"
+        return next((l.split("Version:", 1)[1].split()[0] for l in log.read_text().splitlines() if "Version:" in l), "?")
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True)
+
+
+def podman_peer(tmp, mb, n):
+    """podman checkpoint --export / restore --import of the same agent in the runtime image;
+    podman's OCI runtime (runc) runs `criu` from PATH: the same criu as ours and the raw CLI's."""
+    name = f"sbx-bench-{os.getpid()}-{mb}"
+    names = [name]
+    try:
+        podman("run", "-d", "--name", name, *PODMAN_RUN, PODMAN_TAG, "python3", "-c", AGENT, "hold", str(mb))
+        deadline = time.monotonic() + 300
+        while "ready" not in podman("logs", name):
+            if time.monotonic() > deadline:
+                raise PodmanError(f"podman run: the agent did not print ready in 300 s")
+            time.sleep(0.1)
+        archive = tmp / f"podman-{mb}.tar.zst"
+        t0 = time.monotonic()
+        stats = json.loads(podman("container", "checkpoint", "--leave-running", "--print-stats",
+                                  f"--export={archive}", name))
+        dump_s = time.monotonic() - t0
+        runtime_dump_s = stats["container_statistics"][0]["runtime_checkpoint_duration"] / 1e6
+        names.append(f"{name}-r")
+        t0 = time.monotonic()
+        stats = json.loads(podman("container", "restore", "--print-stats", f"--import={archive}", "--name", names[-1]))
+        restore_s = time.monotonic() - t0
+        runtime_restore_s = stats["container_statistics"][0]["runtime_restore_duration"] / 1e6
+        fork = [f"{name}-f{i}" for i in range(n)]
+        names += fork
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(["podman", "container", "restore", f"--import={archive}", "--name", f],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for f in fork]
+        errs = [p.communicate(timeout=900)[1] for p in procs]
+        fork_s = time.monotonic() - t0
+        bad = [e for p, e in zip(procs, errs) if p.returncode != 0]
+        if bad:
+            raise PodmanError(f"podman container restore (fork of {n}): {len(bad)} failed: "
+                              f"{(bad[0].strip().splitlines() or ['?'])[-1]}")
+        return {"dump_s": dump_s, "runtime_dump_s": runtime_dump_s, "archive_mb": archive.stat().st_size / 1e6,
+                "restore_s": restore_s, "runtime_restore_s": runtime_restore_s, "fork_s": fork_s}
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *names], capture_output=True)
+
+
+def criu_version():
+    out = subprocess.run(["criu", "--version"], capture_output=True, text=True).stdout
+    return next((l.split()[1] for l in out.splitlines() if l.startswith("Version:")), "?")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true", help="also the ~1 GB agent")
     ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--no-podman", action="store_true", help="leave podman out")
     a = ap.parse_args()
     bindir = pathlib.Path(a.build) / "bin"
+    if os.geteuid() != 0:
+        print("checkpoint: skipped (criu needs root)")
+        _rows.emit("checkpoint", "(the whole benchmark)", "", None, note="not run: criu needs root")
+        return
+    if not shutil.which("criu"):
+        print("checkpoint: skipped (no criu on PATH; scripts/install-criu)")
+        _rows.emit("checkpoint", "(the whole benchmark)", "", None, note="not run: no criu on PATH (scripts/install-criu)")
+        return
     sizes = [50] + ([1024] if a.big else [])
+    n = FORK_N
+    podman_ready = None
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as t:
         tmp = pathlib.Path(t)
+        if a.no_podman:
+            podman_ready = "left out (--no-podman)"
+        elif not shutil.which("podman"):
+            podman_ready = "podman not installed (bench/run installs Debian's)"
+        else:
+            try:
+                podman_image(bindir, tmp)
+            except (PodmanError, subprocess.CalledProcessError) as e:
+                podman_ready = f"could not make the podman image: {e}"
+        ours_criu = criu_version()
+        if not podman_ready:
+            try:
+                theirs = podman_criu_version(tmp)
+            except PodmanError as e:
+                theirs = None
+                podman_ready = f"podman checkpoint does not run here: {e}"
+            if theirs and theirs != ours_criu:
+                podman_ready = f"podman's runc runs criu {theirs}, not {ours_criu} as ours does"
+        print(f"# checkpoint: criu {ours_criu} (ours and the raw CLI); podman: "
+              f"{podman_ready or podman('--version').strip() + ' with ' + podman('info', '--format', '{{.Host.OCIRuntime.Name}}').strip() + ', criu ' + theirs + ' (its dump.log)'}")
         for mb in sizes:
-            o = ours(bindir, tmp, mb)
-            r = raw(bindir, tmp, mb)
-            print(f"== agent with {mb} MB of heap")
-            print(f"   ours: dump {o['dump_s']:.3f}s (freeze {o['freeze_s']:.3f}s, checkpoint with archive "
-                  f"{o['checkpoint_total_s']:.3f}s, images {o['images_mb']:.0f} MB, archive {o['archive_mb']:.0f} MB)")
-            print(f"         restore {o['restore_s']:.3f}s (a new box from the archive, verify and extract "
-                  f"included: "
-                  f"{o['restore_from_archive_s']:.3f}s), fork of 8 {o['fork8_s']:.3f}s")
-            print(f"   raw criu: dump {r['dump_s']:.3f}s, restore {r['restore_s']:.3f}s, fork of 8 {r['fork8_s']:.3f}s"
-                  f"{'' if r['ok'] else ' (some raw restores FAILED)'}")
-            print(f"   ratio ours/raw: dump {o['dump_s'] / r['dump_s']:.2f}, restore {o['restore_s'] / r['restore_s']:.2f}, "
-                  f"fork of 8 {o['fork8_s'] / r['fork8_s']:.2f}")
+            one_size(bindir, tmp, mb, n, podman_ready)
 
+
+def failure(e):
+    """One line saying why a part did not run (for the table's note)."""
+    if isinstance(e, subprocess.CalledProcessError):
+        return f"{os.path.basename(str(e.cmd[0]))} exited {e.returncode}"
+    return f"{type(e).__name__}: {e}" if not isinstance(e, (RuntimeError, PodmanError)) else str(e)
+
+
+def one_size(bindir, tmp, mb, n, podman_ready):
+    o = r = pm = None
+    why_ours = why_raw = None
+    why_pm = podman_ready
+    try:
+        o = ours(bindir, tmp, mb)
+    except Exception as e:  # noqa: BLE001 - any failure becomes the row's note
+        why_ours = f"ours failed: {failure(e)}"
+    try:
+        r = raw(bindir, tmp, mb)
+        if not r["ok"]:
+            why_raw = "some raw criu restores failed"
+    except Exception as e:  # noqa: BLE001
+        why_raw = f"raw criu failed: {failure(e)}"
+    if not why_pm:
+        try:
+            pm = podman_peer(tmp, mb, n)
+        except (PodmanError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
+            why_pm = f"podman failed here: {e}"
+    print(f"== agent with {mb} MB of heap")
+    if o:
+        print(f"   ours: dump {o['dump_s']:.3f}s (freeze {o['freeze_s']:.3f}s, checkpoint with archive "
+              f"{o['checkpoint_total_s']:.3f}s, images {o['images_mb']:.0f} MB, archive {o['archive_mb']:.0f} MB)")
+        print(f"         restore {o['restore_s']:.3f}s (a new box from the archive, verify and extract included: "
+              f"{o['restore_from_archive_s']:.3f}s), fork of {n} {o['fork8_s']:.3f}s")
+    else:
+        print(f"   {why_ours}")
+    if r:
+        print(f"   raw criu: dump {r['dump_s']:.3f}s, restore {r['restore_s']:.3f}s, fork of {n} {r['fork8_s']:.3f}s"
+              f"{'' if r['ok'] else ' (some raw restores FAILED)'}")
+    else:
+        print(f"   {why_raw}")
+    if o and r:
+        print(f"   ratio ours/raw: dump {o['dump_s'] / r['dump_s']:.2f}, restore {o['restore_s'] / r['restore_s']:.2f}, "
+              f"fork of {n} {o['fork8_s'] / r['fork8_s']:.2f}")
+    if pm:
+        print(f"   podman: checkpoint --export {pm['dump_s']:.3f}s (runc's part {pm['runtime_dump_s']:.3f}s, "
+              f"archive {pm['archive_mb']:.0f} MB), restore --import {pm['restore_s']:.3f}s (runc's part "
+              f"{pm['runtime_restore_s']:.3f}s), {n} restores --import at once {pm['fork_s']:.3f}s")
+        if o:
+            print(f"   ratio ours/podman: checkpoint {o['checkpoint_total_s'] / pm['dump_s']:.2f}, restore "
+                  f"{o['restore_from_archive_s'] / pm['restore_s']:.2f}, fork of {n} {o['fork8_s'] / pm['fork_s']:.2f}, "
+                  f"archive size {o['archive_mb'] / pm['archive_mb']:.2f}")
+    else:
+        print(f"   podman: {why_pm}")
+    agent = f"{mb} MB agent"
+    ov = lambda k: o[k] if o else None
+    rv = lambda k: r[k] if r else None
+    pv = lambda k: pm[k] if pm else None
+    both = lambda a, b: "; ".join(x for x in (a, b) if x) or None
+    for what, k, rk in ((f"dump (criu's part, leave running), {agent}", "dump_s", "dump_s"),
+                        (f"restore (criu's part), {agent}", "restore_s", "restore_s"),
+                        (f"fork of {n} (all running), {agent}", "fork8_s", "fork8_s")):
+        _rows.emit("checkpoint", what, "s", ov(k), "criu CLI", rv(rk), note=both(why_ours, why_raw))
+    for what, unit, k, peer, pk in (
+            (f"checkpoint to one archive (dump, files, compress), {agent}", "s", "checkpoint_total_s",
+             "podman checkpoint --export", "dump_s"),
+            (f"restore a new box from the archive, {agent}", "s", "restore_from_archive_s", "podman restore --import",
+             "restore_s"),
+            (f"fork of {n} (all running), {agent}", "s", "fork8_s", f"podman restore --import x{n}", "fork_s"),
+            (f"archive size, {agent}", "MB", "archive_mb", "podman --export", "archive_mb")):
+        _rows.emit("checkpoint", what, unit, ov(k), peer, pv(pk), note=both(why_ours, why_pm))
 
 if __name__ == "__main__":
     main()

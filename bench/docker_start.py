@@ -11,7 +11,7 @@ Rows (medians of BENCH_RUNS runs, default 8):
   no API: its column is the agent-listening time, the moment its box is usable at all);
 - run to exit: `docker run --rm IMAGE -- true` as a whole, each entrypoint.
 
-Not a test: nothing asserts. Needs root (dockerd)."""
+Also writes rows for bench/run (bench/_rows.py). Not a test: nothing asserts. Needs root (dockerd)."""
 import json
 import os
 import socket
@@ -21,9 +21,11 @@ import sys
 import tempfile
 import time
 
+import _rows
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("SANDBOXER_BUILD", os.path.join(ROOT, "build"))
-RUNS = int(os.environ.get("BENCH_RUNS", "8"))
+RUNS = int(os.environ.get("BENCH_RUNS", "2" if _rows.QUICK else "8"))
 TAG = "sandboxer/agent:bench"
 CAPS = ["--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_TIME",
         "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"]
@@ -70,7 +72,20 @@ def time_until(env, run_args, port, upgrade, name):
 def main():
     if os.geteuid() != 0:
         print("docker_start: skipped (needs root for dockerd)")
+        _rows.emit("docker_start", "(the whole benchmark)", "", None, note="not run: needs root for a private dockerd")
         return
+    try:
+        run()
+    except subprocess.CalledProcessError as e:
+        why = ((e.stderr or "") if isinstance(e.stderr, str) else (e.stderr or b"").decode(errors="replace")).strip()
+        why = why.splitlines()[-1] if why else f"exit {e.returncode}"
+        print(f"docker_start: {' '.join(map(str, e.cmd))[:120]} failed: {why}", file=sys.stderr)
+        _rows.emit("docker_start", "(the whole benchmark)", "", None,
+                   note=f"{os.path.basename(str(e.cmd[0]))} {' '.join(map(str, e.cmd[1:3]))} failed: {why}")
+        return 1
+
+
+def run():
     work = tempfile.mkdtemp(prefix="bench-docker.")
     out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
                          capture_output=True, text=True, check=True)
@@ -109,9 +124,18 @@ def main():
         print(f"docker start-up, medians of {RUNS} runs (image {TAG}: {size / 1e6:.0f} MB, "
               f"built in {build_s:.1f} s from images/build's cache)")
         print(f"{'what':<24}{'sandboxer-init':>16}{'tini':>10}{'ratio':>8}")
+        described = {
+            "to agent listening": "`docker run -d` to the agent listening (Python TCP listener)",
+            "to API accepting": "`docker run -d` to the WebSocket API accepting (tini: to the agent listening)",
+            "run to exit (true)": "`docker run --rm IMAGE -- true`, whole",
+        }
         for what, (ours, theirs) in rows.items():
             a, b = statistics.median(ours), statistics.median(theirs)
             print(f"{what:<24}{a * 1000:>13.0f} ms{b * 1000:>7.0f} ms{a / b:>8.2f}")
+            _rows.emit("docker_start", f"{described[what]}, median of {RUNS}", "ms", a * 1000,
+                       "docker run with tini", b * 1000)
+        _rows.emit("docker_start", "runtime image size (python variant)", "MB", size / 1e6)
+        _rows.emit("docker_start", "image rebuild from images/build's cache", "s", build_s)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
                        capture_output=True)

@@ -3,7 +3,8 @@
 in one run, interleaved so that machine noise hits every peer alike; and the supervisor's own
 peak RSS (VmHWM) beside theirs while the agent sleeps.
 
-Prints one table: what, our figure, each peer's figure, ratio. Not a test: nothing asserts."""
+Prints one table: what, our figure, each peer's figure, ratio; and rows for bench/run
+(bench/_rows.py). Not a test: nothing asserts."""
 import os
 import shutil
 import statistics
@@ -12,10 +13,12 @@ import sys
 import tempfile
 import time
 
+import _rows
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("SANDBOXER_BIN", os.path.join(ROOT, "build", "bin"))
 INIT = os.path.join(BIN, "sandboxer-init")
-RUNS = int(os.environ.get("BENCH_RUNS", "40"))
+RUNS = int(os.environ.get("BENCH_RUNS", "5" if _rows.QUICK else "40"))
 
 
 def commands(state):
@@ -64,6 +67,15 @@ def main():
     for name, v in med.items():
         ratio = "" if name == "sandboxer-init" else f"{base / v:.2f}"
         print(f"{'run /bin/true under ' + name:44} {v * 1000:10.2f}ms {ratio:>20}")
+    what = f"/bin/true under the init, whole process, median of {RUNS}"
+    for ours, label in (("sandboxer-init", what), ("sandboxer-init (flat)", what + ", no namespaces")):
+        if ours not in med:
+            continue
+        for peer in ("tini", "dumb-init", "bare /bin/true") if ours == "sandboxer-init" else ("tini",):
+            if peer in med:
+                _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, med[peer] * 1000)
+            else:
+                _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, None, note=f"{peer} not on PATH")
     sleep = lambda c: [a if a != "/bin/true" else "sleep" for a in c] + ["1"]
     rss = {}
     for name in ("sandboxer-init", "tini", "dumb-init"):
@@ -73,6 +85,9 @@ def main():
     for name, v in rss.items():
         ratio = "" if name == "sandboxer-init" else f"{rss['sandboxer-init'] / v:.2f}"
         print(f"{'peak RSS of ' + name:44} {v / 1024:10.2f}MiB {ratio:>20}")
+        if name != "sandboxer-init":
+            _rows.emit("pid1", "the init's own peak RSS (VmHWM), agent sleeping", "MiB", rss["sandboxer-init"] / 1024,
+                       name, v / 1024)
     shutil.rmtree(state_root, ignore_errors=True)
 
 
