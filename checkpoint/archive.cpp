@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -49,28 +50,120 @@ class Sha256 {
   EVP_MD_CTX* ctx_;
 };
 
-// Where libarchive's compressed output goes: the file, hashed and counted on the way.
+// Where libarchive's tar stream goes: compressed here with libzstd (a frame with a content
+// checksum, which libarchive's zstd filter does not write: with it, a flipped byte anywhere in the
+// file is an error at extraction, not only where the manifest's hashes look), then into the
+// file, hashed and counted on the way.
 struct Sink {
   int fd = -1;
   Sha256 sha;
   uint64_t bytes = 0;
   int error = 0;
+  std::string zerror;
+  ZSTD_CCtx* z = nullptr;
+  std::vector<char> out = std::vector<char>(ZSTD_CStreamOutSize());
+
+  ~Sink() { ZSTD_freeCCtx(z); }
+  bool put(const char* p, size_t n) {
+    if (auto r = os::write_all(fd, {p, n}); !r) {
+      error = r.error().value();
+      return false;
+    }
+    sha.update(p, n);
+    bytes += n;
+    return true;
+  }
+  // Feeds `n` bytes (or, with end, finishes the frame) through the compressor.
+  bool feed(const void* buf, size_t n, ZSTD_EndDirective how) {
+    ZSTD_inBuffer in{buf, n, 0};
+    for (;;) {
+      ZSTD_outBuffer o{out.data(), out.size(), 0};
+      size_t left = ZSTD_compressStream2(z, &o, &in, how);
+      if (ZSTD_isError(left)) {
+        zerror = ZSTD_getErrorName(left);
+        return false;
+      }
+      if (o.pos && !put(out.data(), o.pos)) return false;
+      if (how == ZSTD_e_end ? left == 0 : in.pos == in.size) return true;
+    }
+  }
 };
 
 la_ssize_t sink_write(struct archive*, void* data, const void* buf, size_t n) {
   auto* s = static_cast<Sink*>(data);
-  if (auto r = os::write_all(s->fd, {static_cast<const char*>(buf), n}); !r) {
-    s->error = r.error().value();
-    return -1;
-  }
-  s->sha.update(buf, n);
-  s->bytes += n;
-  return static_cast<la_ssize_t>(n);
+  return s->feed(buf, n, ZSTD_e_continue) ? static_cast<la_ssize_t>(n) : -1;
+}
+
+int sink_close(struct archive*, void* data) {
+  auto* s = static_cast<Sink*>(data);
+  return s->feed(nullptr, 0, ZSTD_e_end) ? ARCHIVE_OK : ARCHIVE_FATAL;
 }
 
 struct ArchiveDeleter {
   void operator()(struct archive* a) const { archive_write_free(a); }
 };
+// Where libarchive's tar reader takes its bytes from: the file, decompressed here with libzstd.
+// libarchive's tar reader stops at the end-of-archive blocks and its own zstd filter would never
+// reach the frame's end, where the content checksum is checked: drain() reads on to the end.
+struct Source {
+  int fd = -1;
+  ZSTD_DCtx* z = ZSTD_createDCtx();
+  std::vector<char> in = std::vector<char>(ZSTD_DStreamInSize());
+  std::vector<char> out = std::vector<char>(ZSTD_DStreamOutSize());
+  ZSTD_inBuffer ib{in.data(), 0, 0};
+  size_t last = 1;  // ZSTD_decompressStream's last answer: 0 when a frame ended (and checked)
+  bool file_ended = false;
+  std::string error;
+
+  ~Source() { ZSTD_freeDCtx(z); }
+  // The next decompressed bytes: >0 bytes, 0 at the end of the file, -1 on an error.
+  ssize_t next() {
+    for (;;) {
+      if (ib.pos == ib.size && !file_ended) {
+        ssize_t n;
+        do n = ::read(fd, in.data(), in.size());
+        while (n < 0 && errno == EINTR);
+        if (n < 0) {
+          error = std::strerror(errno);
+          return -1;
+        }
+        ib = {in.data(), static_cast<size_t>(n), 0};
+        file_ended = n == 0;
+      }
+      if (ib.pos == ib.size && file_ended) {
+        if (last != 0) {
+          error = "the zstd stream ends inside a frame";
+          return -1;
+        }
+        return 0;
+      }
+      ZSTD_outBuffer ob{out.data(), out.size(), 0};
+      last = ZSTD_decompressStream(z, &ob, &ib);
+      if (ZSTD_isError(last)) {
+        error = std::string("zstd: ") + ZSTD_getErrorName(last);
+        return -1;
+      }
+      if (ob.pos) return static_cast<ssize_t>(ob.pos);
+    }
+  }
+  // Reads what is left of the stream, so the frame's checksum is checked; false (and error) if
+  // the stream is damaged or cut.
+  bool drain() {
+    for (;;) {
+      ssize_t n = next();
+      if (n < 0) return false;
+      if (n == 0) return true;
+    }
+  }
+};
+
+la_ssize_t source_read(struct archive*, void* data, const void** buf) {
+  auto* s = static_cast<Source*>(data);
+  ssize_t n = s->next();
+  *buf = s->out.data();
+  return n;
+}
+
 struct ReadDeleter {
   void operator()(struct archive* a) const { archive_read_free(a); }
 };
@@ -131,19 +224,26 @@ std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json
     return std::nullopt;
   }
   sink.fd = out.get();
+  sink.z = ZSTD_createCCtx();
+  if (!sink.z) {
+    err = "start the archive: no memory for a zstd context";
+    return std::nullopt;
+  }
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_checksumFlag, 1);
+  (void)ZSTD_CCtx_setParameter(sink.z, ZSTD_c_nbWorkers, 2);  // a libzstd without threads says no: fine
   std::unique_ptr<struct archive, ArchiveDeleter> a(archive_write_new());
-  archive_write_add_filter_zstd(a.get());
-  archive_write_set_filter_option(a.get(), "zstd", "compression-level", std::to_string(level).c_str());
-  // Not every libarchive knows this option; compression still works without it.
-  (void)archive_write_set_filter_option(a.get(), "zstd", "threads", "2");
   archive_write_set_format_pax_restricted(a.get());
+  archive_write_set_bytes_per_block(a.get(), 1 << 20);
   archive_write_set_bytes_in_last_block(a.get(), 1);
-  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, nullptr, nullptr) != ARCHIVE_OK) {
+  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK) {
     err = std::string("start the archive: ") + archive_error_string(a.get());
     return std::nullopt;
   }
   auto fail = [&](const std::string& what) {
-    err = what + ": " + (sink.error ? std::strerror(sink.error) : archive_error_string(a.get()));
+    err = what + ": " + (sink.error             ? std::strerror(sink.error)
+                         : !sink.zerror.empty() ? "zstd: " + sink.zerror
+                                                : std::string(archive_error_string(a.get())));
     ::unlink(dst.c_str());
     return std::nullopt;
   };
@@ -231,11 +331,20 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
     return std::nullopt;
   };
   if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
+  os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) return fail("open " + src + ": " + std::strerror(errno));
+  Source source;
+  source.fd = in.get();
   std::unique_ptr<struct archive, ReadDeleter> a(archive_read_new());
-  archive_read_support_filter_zstd(a.get());
   archive_read_support_format_tar(a.get());
-  if (archive_read_open_filename(a.get(), src.c_str(), 1 << 20) != ARCHIVE_OK)
-    return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+  // What went wrong reading: the decompressor's word first (libarchive has none for it).
+  auto why = [&]() -> std::string {
+    if (!source.error.empty()) return source.error;
+    const char* e = archive_error_string(a.get());
+    return e ? e : "unreadable";
+  };
+  if (archive_read_open(a.get(), &source, nullptr, source_read, nullptr) != ARCHIVE_OK)
+    return fail("the archive is corrupted or truncated: " + why());
   struct Seen {
     uint64_t size;
     std::string sha;
@@ -247,9 +356,12 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
   for (;;) {
     struct archive_entry* e = nullptr;
     int r = archive_read_next_header(a.get(), &e);
-    if (r == ARCHIVE_EOF) break;
+    if (r == ARCHIVE_EOF) {
+      if (!source.drain()) return fail("the archive is corrupted or truncated: " + source.error);
+      break;
+    }
     if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-      return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+      return fail("the archive is corrupted or truncated: " + why());
     std::string path = archive_entry_pathname(e);
     if (!safe_relative(path)) return fail("the archive holds an unsafe path: " + path);
     if (have_manifest) return fail("the archive has entries after its manifest");
@@ -259,7 +371,7 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
       have_manifest = true;
       for (;;) {
         la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
-        if (n < 0) return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+        if (n < 0) return fail("the archive is corrupted or truncated: " + why());
         if (n == 0) break;
         manifest_text.append(buf.data(), static_cast<size_t>(n));
         if (manifest_text.size() > (64u << 20)) return fail("the archive's manifest is too large");
@@ -279,7 +391,7 @@ std::optional<boost::json::object> extract_archive(const std::string& src, const
       uint64_t size = 0;
       for (;;) {
         la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
-        if (n < 0) return fail(std::string("the archive is corrupted or truncated: ") + archive_error_string(a.get()));
+        if (n < 0) return fail("the archive is corrupted or truncated: " + why());
         if (n == 0) break;
         sha.update(buf.data(), static_cast<size_t>(n));
         if (auto w = os::write_all(out.get(), {buf.data(), static_cast<size_t>(n)}); !w)
