@@ -212,7 +212,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
   }
   std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(),
                              check_overlay(), check_criu(),    check_disk(),     check_privileges()};
-  auto caps = supervisor::detect_capabilities();
+  supervisor::CommandProbe criu({"criu", "--version"});
+  auto caps = supervisor::detect_capabilities(&criu);
   if (json) {
     boost::json::object o;
     for (auto& l : lines) {

@@ -270,13 +270,21 @@ void Box::start() {
   }
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
+  // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
+  CommandProbe criu_probe({"criu", "--version"});
   caps_ = detect_capabilities();
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(*this);
 
-  boost::json::object caps = caps_.to_json();
+  boost::json::object caps;
   std::string why_not;
-  bool live = checkpointer_->live_possible(&why_not);
+  bool live = false;
+  auto read_criu = [&] {
+    caps_.criu = criu_version_of(criu_probe.output(3000));
+    caps = caps_.to_json();
+    live = checkpointer_->live_possible(&why_not);
+  };
   if (opts_.idle || !opts_.restore_file.empty()) {
+    read_criu();
     caps["live_checkpoint"] = live;
     if (!live) caps["why_not"] = why_not;
     boost::json::object started{{"type", "box.started"},
@@ -343,6 +351,7 @@ void Box::start() {
 
   Branch& bp = add_branch(std::move(b), false);
   start_limits(bp);
+  read_criu();
   caps["namespaces"] = bp.launched.namespaced;
   if (!bp.launched.namespaced) caps["namespaces_why_not"] = bp.launched.why_not;
   caps["live_checkpoint"] = live && bp.launched.namespaced;

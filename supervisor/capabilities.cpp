@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/landlock.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -35,9 +36,9 @@ boost::json::object HostCapabilities::to_json() const {
   return o;
 }
 
-std::optional<std::string> run_and_capture(const std::vector<std::string>& argv, int timeout_ms) {
+CommandProbe::CommandProbe(const std::vector<std::string>& argv) {
   auto p = os::make_pipe();
-  if (!p) return std::nullopt;
+  if (!p) return;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, p->write.get(), 1);
@@ -55,27 +56,54 @@ std::optional<std::string> run_and_capture(const std::vector<std::string>& argv,
   int rc = posix_spawnp(&pid, av[0], &fa, &attr, av.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return std::nullopt;
-  p->write.reset();
+  if (rc != 0) return;
+  pid_ = pid;
+  fd_ = p->read.release();
+}
+
+CommandProbe::~CommandProbe() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<std::string> CommandProbe::output(int timeout_ms) {
+  if (pid_ <= 0) return std::nullopt;
   std::string out;
-  struct pollfd pfd{p->read.get(), POLLIN, 0};
+  struct pollfd pfd{fd_, POLLIN, 0};
   for (;;) {
     if (::poll(&pfd, 1, timeout_ms) <= 0) {
-      ::kill(pid, SIGKILL);
+      ::kill(pid_, SIGKILL);
       break;
     }
     char buf[4096];
-    ssize_t n = ::read(p->read.get(), buf, sizeof buf);
+    ssize_t n = ::read(fd_, buf, sizeof buf);
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
   int st;
-  ::waitpid(pid, &st, 0);
+  ::waitpid(pid_, &st, 0);
+  pid_ = -1;
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
   return out;
 }
 
-HostCapabilities detect_capabilities() {
+std::optional<std::string> run_and_capture(const std::vector<std::string>& argv, int timeout_ms) {
+  return CommandProbe(argv).output(timeout_ms);
+}
+
+std::optional<std::string> criu_version_of(const std::optional<std::string>& out) {
+  if (!out) return std::nullopt;
+  std::smatch m;
+  static const std::regex re(R"(Version:\s*([0-9.]+))");
+  if (std::regex_search(*out, m, re)) return m[1].str();
+  return std::nullopt;
+}
+
+HostCapabilities detect_capabilities(CommandProbe* criu) {
   HostCapabilities c;
   // cgroups: v1 lines name their controllers; a lone "0::" line is the v2 unified hierarchy.
   {
@@ -111,11 +139,7 @@ HostCapabilities detect_capabilities() {
     c.landlock_abi = abi > 0 ? static_cast<int>(abi) : 0;
   }
   if (auto fs = os::read_file("/proc/filesystems")) c.overlay = fs->find("\toverlay\n") != std::string::npos;
-  if (auto v = run_and_capture({"criu", "--version"}, 3000)) {
-    std::smatch m;
-    static const std::regex re(R"(Version:\s*([0-9.]+))");
-    if (std::regex_search(*v, m, re)) c.criu = m[1].str();
-  }
+  if (criu) c.criu = criu_version_of(criu->output(3000));
   if (auto v = os::read_file("/proc/version"); v && v->find("gVisor") != std::string::npos)
     c.isolation = "gvisor";
   else if (::access("/.dockerenv", F_OK) == 0 || ::access("/run/.containerenv", F_OK) == 0 ||
