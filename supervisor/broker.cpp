@@ -625,10 +625,12 @@ struct Broker::Impl {
     client.socket().shutdown(tcp::socket::shutdown_both, ig);
   }
 
-  awaitable<void> accept_loop() {
+  // Accepts on `acc` until it closes, each connection served by `serve` (HTTP or DNS over TCP),
+  // at most kMaxConnections at once across both.
+  awaitable<void> accept_loop(tcp::acceptor& acc, awaitable<void> (Impl::*serve_fn)(tcp::socket)) {
     for (;;) {
-      auto [ec, sock] = co_await acceptor.async_accept(nothrow);
-      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      auto [ec, sock] = co_await acc.async_accept(nothrow);
+      if (ec == asio::error::operation_aborted || !acc.is_open()) co_return;
       if (ec) {
         // Out of fds and the like: back off a moment instead of spinning.
         asio::steady_timer t(io, std::chrono::milliseconds(50));
@@ -637,7 +639,7 @@ struct Broker::Impl {
       }
       if (connections >= kMaxConnections) continue;  // `sock` closes here
       ++connections;
-      asio::co_spawn(io, serve(std::move(sock)), asio::detached);
+      asio::co_spawn(io, (this->*serve_fn)(std::move(sock)), asio::detached);
     }
   }
 
@@ -724,21 +726,6 @@ struct Broker::Impl {
     client.socket().shutdown(tcp::socket::shutdown_both, ig);
   }
 
-  awaitable<void> dns_tcp_loop() {
-    for (;;) {
-      auto [ec, sock] = co_await dns_tcp.async_accept(nothrow);
-      if (ec == asio::error::operation_aborted || !dns_tcp.is_open()) co_return;
-      if (ec) {
-        asio::steady_timer t(io, std::chrono::milliseconds(50));
-        co_await t.async_wait(nothrow);
-        continue;
-      }
-      if (connections >= kMaxConnections) continue;  // `sock` closes here
-      ++connections;
-      asio::co_spawn(io, serve_dns_tcp(std::move(sock)), asio::detached);
-    }
-  }
-
   awaitable<void> dns_loop() {
     std::array<char, 1500> buf;
     for (;;) {
@@ -778,9 +765,9 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
     im.dns_tcp.assign(tcp::v4(), dns_tcp_fd.get(), ec);
     if (ec) throw std::runtime_error("broker: adopt the DNS (TCP) socket: " + ec.message());
     dns_tcp_fd.release();
-    asio::co_spawn(im.io, im.dns_tcp_loop(), asio::detached);
+    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp), asio::detached);
   }
-  asio::co_spawn(im.io, im.accept_loop(), asio::detached);
+  asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve), asio::detached);
   im.thread = std::thread([&im] {
     for (;;) {
       try {
