@@ -35,9 +35,10 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+import _common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("SANDBOXER_BUILD", os.path.join(ROOT, "build"))
@@ -50,12 +51,7 @@ AGENT = os.path.join(ROOT, "tests", "e2e")
 LISTENER = "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(600)\n"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+free_port = _common.free_port
 
 
 def accepts(port):
@@ -231,25 +227,11 @@ def main():
     if os.geteuid() != 0:
         print("docker_fork: skipped (needs root for dockerd)")
         return
-    work = tempfile.mkdtemp(prefix="bench-docker-fork.")
-    out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
-                         capture_output=True, text=True, check=True, env=dict(os.environ, DOCKERD_EXPERIMENTAL="1"))
-    env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1],
-               XDG_STATE_HOME=os.path.join(work, "state"))
-    try:
+    with _common.private_dockerd("bench-docker-fork.", experimental=True) as (work, env):
+        env["XDG_STATE_HOME"] = os.path.join(work, "state")
         run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
         for heap_mb in HEAPS:
             measure(env, heap_mb)
-    finally:
-        subprocess.run(["docker", "rm", "-f", *subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True,
-                                                              text=True).stdout.split()], env=env, capture_output=True)
-        subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
-                       capture_output=True)
-        # dockerd leaves its default netns file bind-mounted under its exec root.
-        with open("/proc/mounts") as f:
-            for m in sorted((line.split()[1] for line in f if line.split()[1].startswith(work + "/")), reverse=True):
-                subprocess.run(["umount", "-l", m], capture_output=True)
-        subprocess.run(["rm", "-rf", work])
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
+import _common
 import _rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,12 +32,7 @@ CAPS = ["--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_A
 LISTENER = "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{port}))\ns.listen()\ntime.sleep(600)\n"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+free_port = _common.free_port
 
 
 def answers(port, upgrade):
@@ -86,11 +81,7 @@ def main():
 
 
 def run():
-    work = tempfile.mkdtemp(prefix="bench-docker.")
-    out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", os.path.join(work, "d")],
-                         capture_output=True, text=True, check=True)
-    env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1])
-    try:
+    with _common.private_dockerd("bench-docker.") as (work, env):
         t0 = time.perf_counter()
         subprocess.run([os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG],
                        env=env, capture_output=True, check=True)
@@ -136,14 +127,6 @@ def run():
                        "docker run with tini", b * 1000)
         _rows.emit("docker_start", "runtime image size (python variant)", "MB", size / 1e6)
         _rows.emit("docker_start", "image rebuild from images/build's cache", "s", build_s)
-    finally:
-        subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
-                       capture_output=True)
-        # dockerd leaves its default netns file bind-mounted under its exec root.
-        with open("/proc/mounts") as f:
-            for m in sorted((line.split()[1] for line in f if line.split()[1].startswith(work + "/")), reverse=True):
-                subprocess.run(["umount", "-l", m], capture_output=True)
-        subprocess.run(["rm", "-rf", work])
 
 
 if __name__ == "__main__":

@@ -22,17 +22,13 @@ from websockets.exceptions import ConnectionClosedError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+import _common  # noqa: E402
 import _rows  # noqa: E402
 INIT = ROOT / "build" / "bin" / "sandboxer-init"
 PRODUCER = [sys.executable, str(pathlib.Path(__file__).with_name("producer.py"))]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+free_port = _common.free_port
 
 
 class Measure:
