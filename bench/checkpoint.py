@@ -53,9 +53,9 @@ def journal(init_dir, state):
 
 
 def box_memory(mb):
-    """The box's memory ceiling: the default profile's 2G is too small for the 1 GB agent (its heap
-    is built from a copy: twice the size at its peak), and the copies of a fork share the box's
-    cgroup (README: what does not work yet), so it must hold the original and all its copies."""
+    """The memory ceiling: the default profile's 2G is too small for the 1 GB agent (its heap is
+    built from a copy: twice the size at its peak). Each copy of a fork gets a group of its own
+    with this ceiling; the raw criu run's holding box gets the same one, so both sides match."""
     return f"resources.memory={max(2, -(-mb * (FORK_N + 2) // 1024) + 1)}G"
 
 
