@@ -90,8 +90,7 @@ std::string kernel_release() {
 }
 
 // The paths masked in a branch's view (launcher.cpp), each a mount point criu restores.
-json::array mask_list(std::vector<std::string> masks, const std::string& state_dir) {
-  masks.push_back(state_dir);
+json::array mask_list(const std::vector<std::string>& masks) {
   json::array out;
   for (auto& m : masks) {
     struct stat st {};
@@ -264,7 +263,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"kernel", kernel_release()},
                   {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
                   {"pipes", pipes},
-                  {"masks", mask_list(box_.branch_masks(), box_.opts_.state_dir)},
+                  {"masks", mask_list(box_.branch_masks())},
                   {"network", box_.network_manifest()},
                   {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
   if (!op->live) op->manifest["note"] = op->note;
@@ -589,13 +588,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         write_branch_json(box_, br, dir);
         if (!live) {
           // Cold restart: the agent's command again, on the snapshot's files.
-          supervisor::BranchSpec spec;
-          spec.name = br.name;
-          spec.dir = dir;
-          spec.self_exe = box_.opts_.self_exe;
-          spec.want_namespaces = box_.opts_.profile.isolation.namespaces && box_.caps_.namespaces;
-          spec.masks = box_.opts_.masks;
-          spec.masks.push_back(box_.opts_.state_dir);
+          supervisor::BranchSpec spec = box_.branch_spec(br.name);
           if (auto e = box_.prepare_copy_network(spec); !e.empty()) {
             res["error"] = e;
             return copy_done(op, index, std::move(res));

@@ -36,7 +36,7 @@ std::string Box::attach_copy_network(Branch& b, boost::json::array* env) {
 }
 
 std::vector<std::string> Box::branch_masks() const {
-  auto masks = opts_.masks;
+  auto masks = base_masks();
   for (auto& m : BranchNetwork::masked_files(opts_.profile)) masks.push_back(m);
   return masks;
 }

@@ -199,7 +199,6 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   }
   if (prof.isolation.uid && b.workspace_mount.empty())
     (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
-  for (auto& c : credential_paths()) spec.masks.push_back(c);
   spec.new_net = prof.network.mode != NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
 }

@@ -309,13 +309,7 @@ void Box::start() {
   b->name = "main";
   b->main_proc = "main";
   b->argv = opts_.argv;
-  BranchSpec spec;
-  spec.name = b->name;
-  spec.dir = opts_.state_dir + "/branches/" + b->name;
-  spec.self_exe = opts_.self_exe;
-  spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
-  spec.masks = opts_.masks;
-  spec.masks.push_back(opts_.state_dir);
+  BranchSpec spec = branch_spec(b->name);
   setup_branch_policy(*b, spec);
   BranchNetwork::prepare(opts_.profile, spec);
   // criu does not restore Landlock: such a tree is refused at checkpoint (DESIGN.md).
@@ -365,6 +359,23 @@ void Box::start() {
                 {"enforcement", enforcement_},
                 {"network", network_->describe()}});
   start_server();
+}
+
+BranchSpec Box::branch_spec(const std::string& name) const {
+  BranchSpec spec;
+  spec.name = name;
+  spec.dir = opts_.state_dir + "/branches/" + name;
+  spec.self_exe = opts_.self_exe;
+  spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
+  spec.masks = base_masks();
+  return spec;
+}
+
+std::vector<std::string> Box::base_masks() const {
+  auto masks = opts_.masks;
+  masks.push_back(opts_.state_dir);
+  for (auto& c : credential_paths()) masks.push_back(c);
+  return masks;
 }
 
 boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {

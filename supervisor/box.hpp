@@ -244,8 +244,14 @@ class Box {
   boost::json::object network_manifest() const;
   /// Why this box cannot give a live copy of `manifest` the network its agent expects, or "".
   std::string copy_network_refusal(const boost::json::object& manifest) const;
-  /// The host paths masked in a branch's view besides the state dir (the profile's and the
-  /// credentials' files).
+  /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
+  /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
+  BranchSpec branch_spec(const std::string& name) const;
+  /// The host paths masked in every branch's view: the box's own (token file, ...), its state
+  /// dir, and the usual credential paths (policy.hpp: credential_paths).
+  std::vector<std::string> base_masks() const;
+  /// base_masks() and the credentials' source files of a network profile: every mask of a
+  /// branch, each a mount point a live copy needs (the manifest lists them).
   std::vector<std::string> branch_masks() const;
   std::map<std::string, std::unique_ptr<BranchNetwork>> copy_networks_;  // by branch
 };

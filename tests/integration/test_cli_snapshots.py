@@ -1,13 +1,16 @@
 """The CLI's snapshot commands over the WebSocket: checkpoint a live agent, list, fork."""
 import json
+import os
 import pathlib
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
 
 from sbxtest import CLI
-from wsbox import Session, WsBox, run, ws_connect
+from wsbox import Session, WsBox, output_of, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -24,11 +27,16 @@ def cli(box, *args, timeout=120):
                           timeout=timeout)
 
 
+def text_of(box, branch):
+    """Everything the branch's agent wrote, in order (a line may span several proc.output events)."""
+    events = [json.loads(line) for line in box.events.read_text().splitlines()]
+    return output_of(events, "main" if branch == "main" else "main@" + branch).decode(errors="replace")
+
+
 def outputs(box, branch):
-    for line in box.events.read_text().splitlines():
-        e = json.loads(line)
-        if e["type"] == "proc.output" and e.get("branch") == branch:
-            yield from (int(x) for x in e.get("data", "").split())
+    """The numbers of the complete lines the branch's counter printed."""
+    text = text_of(box, branch)
+    return [int(x) for x in text[:text.rfind("\n") + 1].split()]
 
 
 def test_checkpoint_then_fork_two_live_copies(tmp_path):
@@ -126,12 +134,8 @@ IDENTITY = ("import time, socket\n"
 
 
 def identities(box, branch):
-    for line in box.events.read_text().splitlines():
-        e = json.loads(line)
-        if e["type"] == "proc.output" and e.get("branch") == branch:
-            for row in e.get("data", "").splitlines():
-                if len(row.split()) == 2:
-                    yield tuple(row.split())
+    text = text_of(box, branch)
+    return [tuple(row.split()) for row in text[:text.rfind("\n") + 1].splitlines() if len(row.split()) == 2]
 
 
 def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_path):
@@ -231,3 +235,60 @@ def test_each_copy_has_its_own_cgroup_with_the_original_ceilings(tmp_path, ceili
         before = max(outputs(box, "main"))
         time.sleep(0.5)
         assert max(outputs(box, "main")) > before
+
+
+# Says, each tick, whether it can read a marker in ~/.ssh (a credential path the supervisor masks)
+# and a control file beside it (not masked).
+SNOOP = ("import os, time\n"
+         "home = os.environ['SNOOP_HOME']\n"
+         "def has(path):\n"
+         "    try:\n"
+         "        return 'MARKER' in open(path).read()\n"
+         "    except OSError:\n"
+         "        return False\n"
+         "while True:\n"
+         "    print('ssh', has(home + '/.ssh/id_test'), 'notes', has(home + '/notes.txt'), flush=True)\n"
+         "    time.sleep(0.1)\n")
+
+
+@pytest.mark.parametrize("live,home_in_tmp", [(True, False), (True, True), (False, True)],
+                         ids=["live-copies", "live-copies-home-under-tmp", "cold-copies"])
+def test_copies_keep_the_credential_paths_masked(tmp_path, live, home_in_tmp):
+    # A home under /tmp makes the masks mount points in /tmp, which a live copy's private /tmp
+    # must have for criu to restore them; elsewhere (/var/tmp) the copy sees the control file too.
+    home = tmp_path / "home" if home_in_tmp else pathlib.Path(tempfile.mkdtemp(dir="/var/tmp", prefix="sbx-home-"))
+    try:
+        _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_copy=not (live and home_in_tmp))
+    finally:
+        if not home_in_tmp:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_copy):
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_test").write_text("MARKER\n")
+    (home / "notes.txt").write_text("MARKER\n")
+    environ = dict(os.environ, HOME=str(home), SNOOP_HOME=str(home))
+    if not live:  # no criu on PATH: a files-only checkpoint, and copies restart cold
+        environ["PATH"] = ":".join(d for d in environ["PATH"].split(":")
+                                   if not os.path.exists(os.path.join(d, "criu")))
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", ["python3", "-c", SNOOP], extra=["--set", "resources.grace=1s"], env=environ) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "1")
+        assert f.returncode == 0, f.stderr
+        branch = f.stdout.split()[0]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "\n" not in text_of(box, branch):
+            time.sleep(0.2)
+        assert "\n" in text_of(box, branch), "the copy printed nothing"
+        for b in ("main", branch):
+            seen = text_of(box, b)
+            # The credential path is never readable, in the original or the copy; the control file
+            # beside it is (a live copy's /tmp is private: under /tmp it sees neither).
+            assert "ssh True" not in seen and "ssh False" in seen, (b, seen[-200:])
+            if b == "main" or control_in_copy:
+                assert "notes True" in seen, (b, seen[-200:])
+        modes = [e["mode"] for e in map(json.loads, box.events.read_text().splitlines()) if e["type"] == "restore.done"]
+        assert modes == ["live" if live else "cold"]
