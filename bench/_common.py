@@ -33,8 +33,4 @@ def private_dockerd(prefix, experimental=False):
             subprocess.run(["docker", "rm", "-f", *ids], env=env, capture_output=True)
         subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", os.path.join(work, "d")],
                        capture_output=True)
-        # dockerd leaves its default netns file bind-mounted under its exec root.
-        with open("/proc/mounts") as f:
-            for m in sorted((line.split()[1] for line in f if line.split()[1].startswith(work + "/")), reverse=True):
-                subprocess.run(["umount", "-l", m], capture_output=True)
         subprocess.run(["rm", "-rf", work])

@@ -47,10 +47,6 @@ def bridged(tmp_path_factory):
             if ids:
                 subprocess.run(["docker", "rm", "-f", *ids], env=env, capture_output=True, timeout=120)
         subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
-        with open("/proc/mounts") as f:
-            mounts = [line.split()[1] for line in f if line.split()[1].startswith(str(base) + "/")]
-        for m in sorted(mounts, reverse=True):
-            subprocess.run(["umount", "-l", m], capture_output=True, timeout=30)
         shutil.rmtree(d, ignore_errors=True)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
