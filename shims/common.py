@@ -10,7 +10,6 @@ before it starts anything: the agent never sees it, and it is never on a command
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import secrets
 import sys

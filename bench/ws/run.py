@@ -11,7 +11,6 @@ import os
 import pathlib
 import secrets
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -1,9 +1,6 @@
 """Helpers shared by test_limits.py and test_policy.py: run a box with profile overrides and
 read what happened from its journal."""
-import json
-import subprocess
-
-from sbxtest import INIT, PROBE, read_journal, run_init
+from sbxtest import PROBE, read_journal, run_init
 
 
 def box(state_dir, argv, *sets, profile=None, timeout=60, env=None):

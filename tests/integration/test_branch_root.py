@@ -2,7 +2,7 @@
 supervisor's state dir invisible, ns-init PID 1 of the agent's own pid namespace."""
 import subprocess
 
-from sbxtest import CLI, read_journal, run_init
+from sbxtest import read_journal, run_init
 
 
 def sh(tmp_path, script, **kw):

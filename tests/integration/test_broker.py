@@ -8,7 +8,6 @@ import http.server
 import json
 import pathlib
 import secrets
-import socket
 import ssl
 import subprocess
 import threading

@@ -1,5 +1,4 @@
 """The agent channel: whoami, custom events, and clear refusals of bad requests."""
-import json
 import os
 import signal
 import subprocess

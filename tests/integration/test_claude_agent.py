@@ -1,7 +1,6 @@
 """examples/claude-agent: the real Claude Agent SDK (and its bundled Claude Code CLI) in a box,
 its API calls through the credential broker to a local stand-in API over TLS."""
 import json
-import pathlib
 import secrets
 import sys
 

@@ -1,5 +1,4 @@
 """Each example runs, under the real supervisor."""
-import json
 import subprocess
 
 from sbxtest import CLI, ROOT, read_journal

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from sbxtest import INIT, PROBE, read_journal
-from policy_util import box, exited, of_type, output, probe, started
+from policy_util import box, exited, output, probe, started
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,7 +1,6 @@
 """profiles/: the shipped profiles follow profiles/schema.json, and the schema and the
 supervisor's parser agree on what they refuse."""
 import json
-import pathlib
 import subprocess
 
 import jsonschema

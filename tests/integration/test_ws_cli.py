@@ -9,7 +9,6 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 

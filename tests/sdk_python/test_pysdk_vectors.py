@@ -2,7 +2,6 @@
 codes, how frames are told apart, error replies; and, against the real supervisor, that each
 request the SDK sends is the vector's request and each refused one raises the vector's code."""
 import asyncio
-import base64
 import json
 import pathlib
 import re
