@@ -444,13 +444,20 @@ struct Server::Impl {
                                         std::to_string(u.expected) + " bytes announced in size (truncated?)"));
       return;
     }
-    box.snapshot_import(u.archive.release(), [this, cid = c.id, id = u.id](json::object body) {
-      auto found = clients.find(cid);
-      if (found == clients.end()) return;
+    box.snapshot_import(u.archive.release(), later_reply(c, u.id));
+  }
+
+  // A reply the Box gives when its work is done ({"ok": ..., ...}, "ok" true unless it says),
+  // sent with the request's id if the client is still connected.
+  std::function<void(json::object)> later_reply(const Client& c, json::value id) {
+    return [this, cid = c.id, id = std::move(id)](json::object body) {
+      auto it = clients.find(cid);
+      if (it == clients.end()) return;
       json::object reply{{"id", id}};
       for (auto& kv : body) reply[kv.key()] = kv.value();
-      send(*found->second, reply);
-    });
+      if (!reply.contains("ok")) reply["ok"] = true;
+      send(*it->second, reply);
+    };
   }
 
   FsRoots roots_of(const json::object& req) {
@@ -664,15 +671,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     return;
   }
   // Checkpoints and snapshots (checkpoint/): the Box answers with {"ok": ..., ...} when done.
-  auto snapshot_reply = [this, cid = c.id, id = r.id](json::object body) {
-    auto it = clients.find(cid);
-    if (it == clients.end()) return;
-    json::object reply;
-    reply["id"] = id;
-    for (auto& kv : body) reply[kv.key()] = kv.value();
-    if (!reply.contains("ok")) reply["ok"] = true;
-    send(*it->second, reply);
-  };
+  auto snapshot_reply = later_reply(c, r.id);
   if (op == "checkpoint") {
     auto branch = protocol::opt_string(f, "branch").value_or("main");
     if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
