@@ -1,5 +1,5 @@
-"""Helpers shared by test_limits.py and test_policy.py: run a box with profile overrides and
-read what happened from its journal."""
+"""Helpers shared by the integration tests of ceilings and policy and by the attack suite
+(tests/security/): run a box with profile overrides and read what happened from its journal."""
 from sbxtest import PROBE, read_journal, run_init
 
 
