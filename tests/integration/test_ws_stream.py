@@ -15,8 +15,10 @@ from wsbox import Session, WsBox, follow, run, ws_connect
 
 HERE = os.path.dirname(__file__)
 
-# Prints N JSON lines (each one a proc.message event, however the reads batch them), a marker,
-# then waits.
+# Prints N JSON lines (each one a proc.message event, however the reads batch them), a last
+# {"end": true} line, then waits. The end is a message, not an output marker: a read's
+# proc.output event comes before the messages of the lines in it, so under load an output marker
+# can carry a lower seq than the messages read with it.
 TICKER = """
 import os, sys, time
 n = int(sys.argv[1])
@@ -24,12 +26,14 @@ for i in range(n):
     os.write(1, b'{"n": %d}\\n' % i)
     if i % 100 == 0:
         time.sleep(0.001)
-os.write(1, b"END-OF-STREAM\\n")
+os.write(1, b'{"end": true}\\n')
 time.sleep(600)
 """
 
 
 def is_end(e):
+    if e["type"] == "proc.message":
+        return e["message"].get("end") is True
     return e["type"] == "proc.output" and "END-OF-STREAM" in e.get("data", "")
 
 
