@@ -40,6 +40,34 @@ boost::json::object manifest() {
   return {{"format", kFormatName}, {"format_version", kFormatVersion}, {"box", "b-1"}};
 }
 
+// One key for the whole test binary: the box's own, which its policy trusts.
+const SigningKey& box_key() {
+  static SigningKey k = [] {
+    std::string err;
+    auto g = SigningKey::generate(err);
+    REQUIRE_MESSAGE(g, err);
+    return std::move(*g);
+  }();
+  return k;
+}
+
+ImportPolicy trusting() {
+  ImportPolicy p;
+  p.trusted.push_back(box_key().public_key());
+  return p;
+}
+
+std::optional<ArchiveInfo> write(const fs::path& src, const boost::json::object& m, const fs::path& dst,
+                                 std::string& err) {
+  return write_archive(src.string(), m, dst.string(), 3, &box_key(), err);
+}
+
+std::optional<boost::json::object> extract(const fs::path& src, const fs::path& dst, std::string& err) {
+  auto x = extract_archive(src.string(), dst.string(), trusting(), err);
+  if (!x) return std::nullopt;
+  return x->manifest;
+}
+
 }  // namespace
 
 TEST_CASE("archive: a tree goes in and comes back out the same, with its manifest") {
@@ -49,7 +77,7 @@ TEST_CASE("archive: a tree goes in and comes back out the same, with its manifes
   fs::create_directories(t.path / "src/fs/tmp/empty");
   fs::create_symlink("a.txt", t.path / "src/fs/workspace/link");
   std::string err;
-  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst", err);
   REQUIRE_MESSAGE(info, err);
   CHECK(info->compressed_bytes < 100000);
   CHECK(info->raw_bytes > 100005);
@@ -57,7 +85,7 @@ TEST_CASE("archive: a tree goes in and comes back out the same, with its manifes
   REQUIRE(sha);
   CHECK(*sha == info->sha256);
 
-  auto m = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err);
+  auto m = extract(t.path / "a.tar.zst", t.path / "out", err);
   REQUIRE_MESSAGE(m, err);
   CHECK(m->at("box") == "b-1");
   CHECK(m->at("files").as_object().contains("fs/workspace/a.txt"));
@@ -71,13 +99,13 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
   TempDir t;
   put(t.path / "src/criu/pages-1.img", std::string(50000, 'p') + "tail");
   std::string err;
-  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst", err);
   REQUIRE(info);
   auto data = get(t.path / "a.tar.zst");
 
   SUBCASE("truncated") {
     put(t.path / "bad.tar.zst", data.substr(0, data.size() / 2));
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     INFO(err);
     CHECK(err.find("truncated") != std::string::npos);
   }
@@ -85,7 +113,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
     std::string bad = data;
     bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x55);
     put(t.path / "bad.tar.zst", bad);
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     INFO(err);
     CHECK((err.find("corrupted") != std::string::npos || err.find("truncated") != std::string::npos));
   }
@@ -108,7 +136,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
       put(t.path / "bad.tar.zst", bad);
       INFO("flipped byte " << at << " of " << data.size());
       ++tried;
-      if (!extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err)) {
+      if (!extract(t.path / "bad.tar.zst", t.path / "out", err)) {
         ++refused;
         CHECK(fs::exists(t.path / "out") == false);
       } else {
@@ -120,7 +148,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
   }
   SUBCASE("not an archive at all") {
     put(t.path / "bad.tar.zst", "hello, I am not a tar stream");
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     CHECK_FALSE(err.empty());
   }
   CHECK_FALSE(fs::exists(t.path / "out"));
@@ -132,8 +160,8 @@ TEST_CASE("archive: a manifest of another format or version is refused") {
   std::string err;
   auto m = manifest();
   m["format_version"] = kFormatVersion + 1;
-  REQUIRE(write_archive((t.path / "src").string(), m, (t.path / "a.tar.zst").string(), 3, err));
-  CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err));
+  REQUIRE(write(t.path / "src", m, t.path / "a.tar.zst", err));
+  CHECK_FALSE(extract(t.path / "a.tar.zst", t.path / "out", err));
   CHECK(err.find("format_version") != std::string::npos);
 }
 
