@@ -519,7 +519,7 @@ void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
   std::string base = snap_dir_ + "/" + id;
   if (auto m = complete_manifest(base + ".d")) return fn(std::move(*m), "", "");
   struct stat st {};
-  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(std::nullopt, "no snapshot \"" + id + "\"", "not_found");
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(std::nullopt, "no snapshot \"" + id + "\"", "bad_snapshot");
   struct State {
     std::optional<json::object> result;
     std::string err, code = "bad_snapshot";
@@ -942,7 +942,7 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
           if (!m) {
             if (!st->existing) ::unlink((base + ".tar.zst").c_str());
             log()->warn("import refused: {}", e);
-            done(error_reply(code == "not_found" ? "bad_snapshot" : code,
+            done(error_reply(code,
                              e.starts_with("the archive is refused") ? e : "the archive is refused: " + e));
             return op_done();
           }
