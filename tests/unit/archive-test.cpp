@@ -213,3 +213,89 @@ TEST_CASE("archive: the image id comes from image.json's id, else none") {
   put(d.path / "bad.json", "not json");
   CHECK_FALSE(read_image_id((d.path / "bad.json").string()));
 }
+
+TEST_CASE("archive: the manifest and its signature come first, before any payload") {
+  TempDir t;
+  put(t.path / "src/criu/core-1.img", "core");
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto z = get(t.path / "a.tar.zst");
+  std::string tar(1 << 20, '\0');
+  size_t n = ZSTD_decompress(tar.data(), tar.size(), z.data(), z.size());
+  REQUIRE_FALSE(ZSTD_isError(n));
+  CHECK(std::string(tar.c_str()) == "manifest.json");
+  size_t size = std::stoul(std::string(tar.data() + 124, 11), nullptr, 8);
+  size_t second = 512 + (size + 511) / 512 * 512;
+  CHECK(std::string(tar.c_str() + second) == "signature.json");
+}
+
+TEST_CASE("archive: only a trusted key's signature lets an archive in") {
+  TempDir t;
+  put(t.path / "src/criu/core-1.img", "core");
+  put(t.path / "src/fs/workspace/a.txt", "a");
+  std::string err;
+  SUBCASE("unsigned: refused, and accepted (untrusted) under allow_unsigned") {
+    REQUIRE(write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, nullptr, err));
+    bool untrusted = false;
+    CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err, &untrusted));
+    CHECK(untrusted);
+    CHECK(err.find("it is not signed") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path / "out"));
+    auto p = trusting();
+    p.allow_unsigned = true;
+    auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), p, err);
+    REQUIRE_MESSAGE(x, err);
+    CHECK_FALSE(x->trusted);
+    CHECK(x->why_untrusted == "it is not signed");
+  }
+  SUBCASE("signed by another key: refused with that key's fingerprint") {
+    auto other = SigningKey::generate(err);
+    REQUIRE(other);
+    REQUIRE(write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, &*other, err));
+    CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err));
+    CHECK(err.find("signed by an unknown key " + other->public_key().fingerprint()) != std::string::npos);
+  }
+  SUBCASE("signed by the box's key: trusted (the control)") {
+    REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+    auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err);
+    REQUIRE_MESSAGE(x, err);
+    CHECK(x->trusted);
+    CHECK(x->signer == box_key().public_key().fingerprint());
+  }
+}
+
+TEST_CASE("archive: the expansion is bounded by the box's limit") {
+  TempDir t;
+  put(t.path / "src/fs/big", std::string(100000, 'b'));
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto p = trusting();
+  p.max_bytes = 50000;
+  CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), p, err));
+  CHECK(err.find("would expand beyond 50000 bytes") != std::string::npos);
+  CHECK_FALSE(fs::exists(t.path / "out"));
+}
+
+TEST_CASE("archive: symlinks come back as symlinks, and nothing is followed through them") {
+  TempDir t;
+  put(t.path / "src/fs/workspace/a", "a");
+  fs::create_symlink("/etc", t.path / "src/fs/workspace/etc");
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err);
+  REQUIRE_MESSAGE(x, err);
+  CHECK(fs::read_symlink(t.path / "out/fs/workspace/etc") == "/etc");
+  CHECK(get(t.path / "out/fs/workspace/a") == "a");
+}
+
+TEST_CASE("signing: base64 both ways, and a signature checks only its own message") {
+  for (std::string s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)})
+    CHECK(base64_decode(base64_encode(s)) == std::optional<std::string>(s));
+  CHECK_FALSE(base64_decode("abc"));
+  CHECK_FALSE(base64_decode("ab=c"));
+  std::string err;
+  auto sig = box_key().sign("hello", err);
+  REQUIRE(sig.size() == 64);
+  CHECK(box_key().public_key().verify("hello", sig));
+  CHECK_FALSE(box_key().public_key().verify("hellO", sig));
+}
