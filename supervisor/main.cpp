@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "box.hpp"
 #include "checkpoint/signing.hpp"
@@ -33,15 +34,19 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
   std::string err;
   std::string signing = o.signing_key;
   std::string user_dir = sbx::checkpoint::user_key_dir();
+  std::optional<sbx::checkpoint::SigningKey> key;
   if (signing.empty()) {
-    auto p = sbx::checkpoint::ensure_user_key(user_dir, err);
-    if (!p) {
-      spdlog::critical("the signing key: {} (give one with --signing-key FILE)", err);
-      return false;
+    if (auto p = sbx::checkpoint::ensure_user_key(user_dir, err)) {
+      signing = *p;
+    } else {
+      // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
+      // still restore; another box trusts them only when given its key, which nobody has.
+      spdlog::warn("the user's archive key: {}; this box signs with a key of its own (give one with "
+                   "--signing-key FILE)", err);
+      key = sbx::checkpoint::SigningKey::generate(err);
     }
-    signing = *p;
   }
-  auto key = sbx::checkpoint::SigningKey::load(signing, err);
+  if (!key) key = sbx::checkpoint::SigningKey::load(signing, err);
   if (!key) {
     spdlog::critical("--signing-key {}", err);
     return false;
@@ -49,7 +54,7 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
   bo.signing_key = std::make_shared<const sbx::checkpoint::SigningKey>(std::move(*key));
   // The key, and the user's key dir (whatever key this box was given: another box's agent must
   // not read the pair every box of this user trusts).
-  if (!signing.starts_with(user_dir + "/")) bo.masks.push_back(signing);
+  if (!signing.empty() && !signing.starts_with(user_dir + "/")) bo.masks.push_back(signing);
   struct stat st {};
   if (::stat(user_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) bo.masks.push_back(user_dir);
   for (auto& f : o.trust_keys) {
