@@ -494,3 +494,27 @@ def test_two_concurrent_imports_of_one_archive_both_end_cleanly(tmp_path, real_a
         assert sorted(r["existing"] for r in replies) == [False, True], replies
         assert leftovers(box) == []
         assert [p.name for p in (box.state / "snapshots").glob("*.d")] == [real_archive["snap"] + ".d"]
+
+
+# ---- the key itself ----
+
+READ_KEY = ("import sys\n"
+            "try:\n"
+            "    text = open(sys.argv[1]).read()\n"
+            "    print('KEY', text.splitlines()[0] if text else '(empty)', flush=True)\n"
+            "except OSError as e:\n"
+            "    print('REFUSED', e.strerror, flush=True)\n")
+
+
+def test_the_agent_cannot_read_its_box_signing_key(tmp_path):
+    # A key given with --signing-key, in a place the agent otherwise sees (the host's /tmp).
+    key, _ = keypair(tmp_path / "box-key.pem")
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(tmp_path / "s"),
+                        "--signing-key", str(key), "--events", "-", "--", "python3", "-c", READ_KEY, str(key)],
+                       capture_output=True, text=True, timeout=60, env=env_with_keys(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = "".join(e.get("data", "") for e in map(json.loads, r.stdout.splitlines()) if e["type"] == "proc.output")
+    assert "KEY (empty)" in out and "BEGIN" not in out, out  # masked: an empty file in its view
+    # Control: the same program outside the box, on this host as root, reads it.
+    outside = subprocess.run(["python3", "-c", READ_KEY, str(key)], capture_output=True, text=True, timeout=30)
+    assert "KEY -----BEGIN PRIVATE KEY-----" in outside.stdout
