@@ -133,6 +133,8 @@ struct Checkpointer::RestoreOp {
   json::object manifest;
   std::string forced_name;  // --restore: the copy is "main"
   int first_index = 0;      // --restore-index: the copy's index among copies in boxes of their own
+  bool live = false;        // criu restores it (a live snapshot a trusted key signed)
+  std::string note;         // why a live snapshot is restored cold
   double t0 = 0;
   int pending = 0;
   json::array results;
@@ -142,6 +144,10 @@ struct Checkpointer::RestoreOp {
 Checkpointer::Checkpointer(Box& box)
     : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()), image_id_(read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
+  policy_.trusted = box.opts_.trust_keys;
+  if (box.opts_.signing_key) policy_.trusted.push_back(box.opts_.signing_key->public_key());
+  policy_.allow_unsigned = box.opts_.allow_unsigned;
+  policy_.max_bytes = box.opts_.max_archive_bytes;
 }
 
 Checkpointer::~Checkpointer() = default;
@@ -387,8 +393,8 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->work + "/archive.tar.zst";
   offload(
-      [op, tmp] {
-        op->info = write_archive(op->work + "/payload", op->manifest, tmp, 3, op->error);
+      [op, tmp, key = box_.opts_.signing_key] {
+        op->info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get(), op->error);
       },
       [this, op, tmp] {
         op->t_compressed = now_ms();
@@ -411,6 +417,9 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         remove_tree(base + ".d");
         if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
+          m["verified"] = box_.opts_.signing_key
+                              ? json::object{{"trusted", true}, {"key", box_.opts_.signing_key->public_key().fingerprint()}}
+                              : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
           (void)os::write_file_atomic(base + ".d/manifest.json", json::serialize(m) + "\n");
           (void)os::write_file_atomic(base + ".d/.complete", "");
         }
@@ -444,40 +453,80 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
 
 // ---- restore and fork ----
 
-void Checkpointer::with_extracted(const std::string& id,
-                                  std::function<void(std::optional<json::object>, std::string)> fn) {
-  std::string base = snap_dir_ + "/" + id;
+namespace {
+
+// The manifest of an extracted snapshot dir (base.d), when it is complete.
+std::optional<json::object> complete_manifest(const std::string& d) {
   struct stat st {};
-  if (::stat((base + ".d/.complete").c_str(), &st) == 0) {
-    auto text = os::read_file(base + ".d/manifest.json");
-    boost::system::error_code ec;
-    json::value v = text ? json::parse(*text, ec) : json::value();
-    if (text && !ec && v.is_object()) return fn(v.as_object(), "");
+  if (::stat((d + "/.complete").c_str(), &st) != 0) return std::nullopt;
+  auto text = os::read_file(d + "/manifest.json");
+  boost::system::error_code ec;
+  json::value v = text ? json::parse(*text, ec) : json::value();
+  if (!text || ec || !v.is_object()) return std::nullopt;
+  return v.as_object();
+}
+
+// Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d unless
+// another extraction of the same archive got there first (then that one is the result). Fills
+// `result`, else `err` and `code`.
+void extract_snapshot(const std::string& base, const std::string& id, const ImportPolicy& policy,
+                      std::optional<json::object>& result, std::string& err, std::string& code) {
+  // The id is the archive's content hash: check it before reading anything out of it.
+  auto sha = sha256_file(base + ".tar.zst", err);
+  if (!sha) return;
+  if (sha->substr(0, 16) != id.substr(2)) {
+    err = "the archive of " + id + " is corrupted: its sha256 is " + *sha;
+    return;
   }
-  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(std::nullopt, "no snapshot \"" + id + "\"");
-  auto result = std::make_shared<std::optional<json::object>>();
-  auto err = std::make_shared<std::string>();
-  offload(
-      [base, id, result, err] {
-        // The id is the archive's content hash: check it before reading anything out of it.
-        auto sha = sha256_file(base + ".tar.zst", *err);
-        if (!sha) return;
-        if (sha->substr(0, 16) != id.substr(2)) {
-          *err = "the archive of " + id + " is corrupted: its sha256 is " + *sha;
-          return;
-        }
-        remove_tree(base + ".d.tmp");
-        *result = extract_archive(base + ".tar.zst", base + ".d.tmp", *err);
-        if (!*result) return;
-        (void)os::write_file_atomic(base + ".d.tmp/manifest.json", json::serialize(**result) + "\n");
-        (void)os::write_file_atomic(base + ".d.tmp/.complete", "");
-        remove_tree(base + ".d");
-        if (::rename((base + ".d.tmp").c_str(), (base + ".d").c_str()) != 0) {
-          *err = "store the extracted snapshot: " + std::string(std::strerror(errno));
-          result->reset();
-        }
-      },
-      [result, err, fn] { fn(*result, *err); });
+  std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
+  bool untrusted = false;
+  auto x = extract_archive(base + ".tar.zst", tmp, policy, err, &untrusted);
+  if (!x) {
+    if (untrusted) code = "untrusted";
+    return;
+  }
+  json::object m = std::move(x->manifest);
+  m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}
+                             : json::object{{"trusted", false}, {"why", x->why_untrusted}};
+  auto w = os::write_file_atomic(tmp + "/manifest.json", json::serialize(m) + "\n");
+  if (w) w = os::write_file_atomic(tmp + "/.complete", "");
+  if (!w) {
+    err = "store the extracted snapshot: " + w.error().message();
+    remove_tree(tmp);
+    return;
+  }
+  std::string dst = base + ".d";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0) {
+      result = std::move(m);
+      return;
+    }
+    if (errno != EEXIST && errno != ENOTEMPTY) break;
+    if (auto other = complete_manifest(dst)) {  // a concurrent extraction finished first
+      remove_tree(tmp);
+      result = std::move(*other);
+      return;
+    }
+    remove_tree(dst);  // a leftover of an extraction that never completed
+  }
+  err = "store the extracted snapshot: " + std::string(std::strerror(errno));
+  remove_tree(tmp);
+}
+
+}  // namespace
+
+void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
+  std::string base = snap_dir_ + "/" + id;
+  if (auto m = complete_manifest(base + ".d")) return fn(std::move(*m), "", "");
+  struct stat st {};
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(std::nullopt, "no snapshot \"" + id + "\"", "bad_snapshot");
+  struct State {
+    std::optional<json::object> result;
+    std::string err, code = "bad_snapshot";
+  };
+  auto state = std::make_shared<State>();
+  offload([base, id, state, policy = policy_] { extract_snapshot(base, id, policy, state->result, state->err, state->code); },
+          [state, fn] { fn(std::move(state->result), state->err, state->code); });
 }
 
 std::string Checkpointer::next_branch_name() {
@@ -503,19 +552,34 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->t0 = now_ms();
   if (box_.shutting_down_) return op->done(error_reply("shutting_down", "the box is shutting down"));
   ++ops_;
-  with_extracted(snapshot, [this, op](std::optional<json::object> m, std::string err) {
+  with_extracted(snapshot, [this, op](std::optional<json::object> m, std::string err, std::string code) {
     if (!m) {
       log()->error("restore {}: {}", op->snapshot, err);
       box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", err}});
-      op->done(error_reply("bad_snapshot", err));
+      op->done(error_reply(code, err));
       return op_done();
     }
     op->manifest = std::move(*m);
-    std::string mode(op->manifest.contains("mode") ? op->manifest.at("mode").as_string() : "fs");
+    std::string mode(op->manifest.contains("mode") && op->manifest.at("mode").is_string()
+                         ? op->manifest.at("mode").as_string()
+                         : "fs");
+    // Only an archive a trusted key signed goes to criu, which restores its images as root; any
+    // other (accepted under --allow-unsigned) is restored cold: its files, the agent's command again.
+    auto* verified = op->manifest.if_contains("verified");
+    auto* trusted = verified && verified->is_object() ? verified->as_object().if_contains("trusted") : nullptr;
+    if (mode == "live" && !(trusted && trusted->is_bool() && trusted->as_bool())) {
+      auto* why = verified && verified->is_object() ? verified->as_object().if_contains("why") : nullptr;
+      op->note = "restored cold, its criu images unused: the archive is untrusted (" +
+                 (why && why->is_string() ? std::string(why->as_string()) : std::string("no signature checked")) + ")";
+      mode = "fs";
+    }
+    op->live = mode == "live";
+    json::object checked = op->manifest;
+    checked["mode"] = mode;
     std::string why;
     std::optional<std::string> refuse;
     if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
-    else refuse = incompatibility(op->manifest, box_.caps_.criu, image_id_);
+    else refuse = incompatibility(checked, box_.caps_.criu, image_id_);
     if (!refuse && mode == "live")
       if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
     if (refuse) {
@@ -533,7 +597,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   std::string name = op->forced_name.empty() ? next_branch_name() : op->forced_name;
   std::string dir = box_.opts_.state_dir + "/branches/" + name;
   std::string src = snap_dir_ + "/" + op->snapshot + ".d";
-  bool live = op->manifest.at("mode") == "live";
+  bool live = op->live;
   auto b = std::make_shared<std::unique_ptr<Branch>>(std::make_unique<Branch>());
   Branch& br = **b;
   br.name = name;
@@ -752,6 +816,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int /*slot*/, json::
     box_.emit(branch, ev);
   } else {
     ev["mode"] = res.at("mode");
+    if (!op->note.empty()) ev["note"] = res["note"] = op->note;
     ev["proc"] = res.at("proc");
     ev["timings_ms"] = res.at("timings_ms");
     box_.emit(branch, ev);
@@ -852,10 +917,14 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
         if (!sha) return;
         st->id = "s-" + sha->substr(0, 16);
         std::string dst = dir + "/" + st->id + ".tar.zst";
-        if (::stat(dst.c_str(), &sb) == 0) {
+        // Filed under its id without replacing anything: a second import of the same archive
+        // (even one at the same moment) finds it there and says so.
+        if (::link(tmp.c_str(), dst.c_str()) == 0) {
+          ::unlink(tmp.c_str());
+        } else if (errno == EEXIST) {
           st->existing = true;  // the same content is here already: its id says so
           ::unlink(tmp.c_str());
-        } else if (::rename(tmp.c_str(), dst.c_str()) != 0) {
+        } else {
           st->err = "store the archive: " + std::string(std::strerror(errno));
         }
       },
@@ -865,17 +934,16 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
           done(error_reply("bad_snapshot", st->err));
           return op_done();
         }
-        // Verify it whole now (every entry against the manifest, the format version), so a
-        // corrupted or truncated upload is refused here and not at its first restore.
-        with_extracted(st->id, [this, st, announce, done](std::optional<json::object> m, std::string e) {
+        // Verify it whole now (its signature, every entry against the manifest, the format
+        // version), so an untrusted, corrupted or truncated upload is refused here and not at
+        // its first restore.
+        with_extracted(st->id, [this, st, announce, done](std::optional<json::object> m, std::string e, std::string code) {
           std::string base = snap_dir_ + "/" + st->id;
           if (!m) {
-            if (!st->existing) {
-              ::unlink((base + ".tar.zst").c_str());
-              remove_tree(base + ".d");
-            }
+            if (!st->existing) ::unlink((base + ".tar.zst").c_str());
             log()->warn("import refused: {}", e);
-            done(error_reply("bad_snapshot", "the archive is refused: " + e));
+            done(error_reply(code,
+                             e.starts_with("the archive is refused") ? e : "the archive is refused: " + e));
             return op_done();
           }
           json::object index = *m;
@@ -884,14 +952,22 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
           index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
           index["imported"] = supervisor::rfc3339_now();
           if (!st->existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
+          auto* v = index.if_contains("verified");
+          json::value trusted = v && v->is_object() && v->as_object().contains("trusted") ? v->at("trusted") : false;
+          json::value signer = v && v->is_object() && v->as_object().contains("key") ? v->at("key") : nullptr;
           if (announce)
             box_.emit("main", {{"type", "snapshot.imported"},
                              {"snapshot", st->id},
                              {"bytes", st->bytes},
                              {"existing", st->existing},
+                             {"trusted", trusted},
+                             {"signed_by", signer},
                              {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
-          done({{"ok", true}, {"snapshot", st->id}, {"bytes", st->bytes}, {"existing", st->existing},
-                {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}});
+          json::object r{{"ok", true}, {"snapshot", st->id}, {"bytes", st->bytes}, {"existing", st->existing},
+                         {"trusted", trusted}, {"signed_by", signer},
+                         {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}};
+          if (trusted != true) r["note"] = "untrusted, accepted under --allow-unsigned: it restores cold, files only";
+          done(std::move(r));
           op_done();
         });
       });

@@ -7,7 +7,8 @@
 // Layout under the state dir:
 //   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of its sha256)
 //   snapshots/<id>.json     its index entry: the manifest plus the archive's size and hash
-//   snapshots/<id>.d/       the archive extracted and verified (criu/, fs/), reused by forks
+//   snapshots/<id>.d/       the archive extracted and verified (criu/, fs/, and manifest.json with
+//                           "verified": whether a trusted key signed it), reused by forks
 //   branches/<name>/        each branch's layer: root/, workspace/, tmp/, run/
 #include <uv.h>
 
@@ -16,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+
+#include "checkpoint/archive.hpp"
 
 namespace sbx::supervisor {
 class Box;
@@ -50,9 +53,10 @@ class Checkpointer {
   std::optional<std::string> archive_path(const std::string& id, std::string& err) const;
   /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
   std::string incoming_path() const;
-  /// Takes an archive written to `tmp` (incoming_path()): checks it whole (content hash, every
-  /// entry against the manifest, the format version) and files it under its id; `tmp` is gone
-  /// afterwards either way. Replies {"ok", "snapshot", "existing", "bytes"} or an error;
+  /// Takes an archive written to `tmp` (incoming_path()): checks it whole (content hash, its
+  /// signature, every entry against the manifest, the format version) and files it under its id;
+  /// `tmp` is gone afterwards either way. Replies {"ok", "snapshot", "existing", "bytes",
+  /// "trusted", "signed_by"} or an error (code "untrusted" when no trusted key signed it);
   /// `announce`: a `snapshot.imported` event (not for a box's own start from an archive, whose
   /// journal begins with restore.done).
   void import_archive(const std::string& tmp, Reply done, bool announce = true);
@@ -72,7 +76,10 @@ class Checkpointer {
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
   void compress(std::shared_ptr<CheckpointOp> op);
-  void with_extracted(const std::string& id, std::function<void(std::optional<boost::json::object>, std::string)> fn);
+  /// `fn(manifest, error, code)`: the snapshot's manifest (with "verified"), else why not and the
+  /// error code (bad_snapshot, untrusted).
+  using Extracted = std::function<void(std::optional<boost::json::object>, std::string, std::string)>;
+  void with_extracted(const std::string& id, Extracted fn);
   void restore_copy(std::shared_ptr<RestoreOp> op, int index);
   void copy_done(std::shared_ptr<RestoreOp> op, int index, boost::json::object result);
   std::string next_branch_name();
@@ -82,6 +89,7 @@ class Checkpointer {
   std::string snap_dir_;
   std::optional<std::string> criu_;
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
+  ImportPolicy policy_;                  // the box's trusted keys, --allow-unsigned, the size bound
   int ops_ = 0;
   int next_copy_ = 1;
 };

@@ -10,7 +10,8 @@ namespace {
 const char* kUsage =
     "usage: sandboxer COMMAND [ARGS...]\n"
     "\n"
-    "  run [--profile P] [--set F=V] [--state-dir DIR] [--listen ADDR:PORT] [--json] -- CMD...\n"
+    "  run [--profile P] [--set F=V] [--state-dir DIR] [--listen ADDR:PORT] [--json]\n"
+    "      [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...\n"
     "                                                                        run an agent here, show its events\n"
     "  log STATE_DIR [--since N] [--json]                                    print a box's journal\n"
     "  attach URL [--since N] [--branch B] [--json]                          follow a box's events (resumes by itself)\n"

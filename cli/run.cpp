@@ -1,4 +1,5 @@
-// sandboxer run [--profile P] [--set F=V]... [--state-dir DIR] [--json] -- CMD...
+// sandboxer run [--profile P] [--set F=V]... [--state-dir DIR] [--json] [--signing-key F]
+//               [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...
 // Runs sandboxer-init here as a child (Boost.Process: nothing else reaps in the CLI), shows
 // its events as they happen and exits with the agent's status.
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "checkpoint/signing.hpp"
 #include "commands.hpp"
 #include "os/sys.hpp"
 #include "printer.hpp"
@@ -50,7 +52,7 @@ std::string find_init_binary() {
 int cmd_run(const std::vector<std::string>& args) {
   std::vector<std::string> init_args;
   bool json = false;
-  std::string listen, pending_token;
+  std::string listen, pending_token, signing_key;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const auto& a = args[i];
@@ -63,8 +65,12 @@ int cmd_run(const std::vector<std::string>& args) {
     } else if (a == "--listen") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       listen = args[++i];
-    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level") {
+    } else if (a == "--allow-unsigned") {
+      init_args.push_back(a);
+    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level" ||
+               a == "--signing-key" || a == "--trust-key" || a == "--max-archive-bytes") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      if (a == "--signing-key") signing_key = args[i + 1];
       init_args.push_back(a);
       init_args.push_back(args[++i]);
     } else if (a.starts_with("-")) {
@@ -74,6 +80,14 @@ int cmd_run(const std::vector<std::string>& args) {
     }
   }
   if (i >= args.size()) throw std::invalid_argument("no command given: sandboxer run [OPTIONS] -- CMD...");
+  if (signing_key.empty()) {
+    // The user's archive key pair (made on first use, 0600, beside the tokens): every box this
+    // user starts signs with it and trusts it, so export, import and --restore between them work.
+    std::string err;
+    auto key = checkpoint::ensure_user_key(checkpoint::user_key_dir(), err);
+    if (!key) throw std::runtime_error("the archive signing key: " + err);
+    init_args.insert(init_args.end(), {"--signing-key", *key});
+  }
   if (!listen.empty()) {
     // A fresh token for this box, handed over in a file (never on a command line) and kept
     // under the box's URL once the server says its port, so `attach URL` needs no flag.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "capabilities.hpp"
+#include "checkpoint/archive.hpp"
 #include "journal.hpp"
 #include "launcher.hpp"
 #include "limits.hpp"
@@ -44,6 +45,12 @@ struct BoxOptions {
   bool idle = false;               // start with no agent and wait (--idle)
   std::string restore_file;        // start from this checkpoint archive (--restore)
   int restore_index = 0;           // which copy this box is (--restore-index)
+  // Signed archives (checkpoint/signing.hpp): what this box signs with, and what it trusts (its
+  // own key's public half among them); --allow-unsigned; the bound on one archive's expansion.
+  std::shared_ptr<const checkpoint::SigningKey> signing_key;
+  std::vector<checkpoint::PublicKey> trust_keys;
+  bool allow_unsigned = false;
+  uint64_t max_archive_bytes = checkpoint::kDefaultMaxArchiveBytes;
   std::string health_file;         // "" none; else health.hpp's file, once the server is up
 };
 

@@ -2,13 +2,16 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "box.hpp"
+#include "checkpoint/signing.hpp"
 #include "health.hpp"
 #include "ns-init.hpp"
 #include "options.hpp"
@@ -23,6 +26,59 @@ std::string default_state_root() {
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/boxes";
   if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/boxes";
   return "/var/lib/sandboxer/boxes";
+}
+
+// The archive keys (checkpoint/signing.hpp): the signing key (given, else the user's pair, made on
+// first use), masked from the agent with the user's key dir; the trusted keys; the size bound.
+bool load_keys(const InitOptions& o, BoxOptions& bo) {
+  std::string err;
+  std::string signing = o.signing_key;
+  std::string user_dir = sbx::checkpoint::user_key_dir();
+  std::optional<sbx::checkpoint::SigningKey> key;
+  if (signing.empty()) {
+    if (auto p = sbx::checkpoint::ensure_user_key(user_dir, err)) {
+      signing = *p;
+    } else {
+      // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
+      // still restore; another box trusts them only when given its key, which nobody has.
+      spdlog::warn("the user's archive key: {}; this box signs with a key of its own (give one with "
+                   "--signing-key FILE)", err);
+      key = sbx::checkpoint::SigningKey::generate(err);
+    }
+  }
+  if (!key) key = sbx::checkpoint::SigningKey::load(signing, err);
+  if (!key) {
+    spdlog::critical("--signing-key {}", err);
+    return false;
+  }
+  bo.signing_key = std::make_shared<const sbx::checkpoint::SigningKey>(std::move(*key));
+  // The key, and the user's key dir (whatever key this box was given: another box's agent must
+  // not read the pair every box of this user trusts).
+  if (!signing.empty() && !signing.starts_with(user_dir + "/")) bo.masks.push_back(signing);
+  struct stat st {};
+  if (::stat(user_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) bo.masks.push_back(user_dir);
+  for (auto& f : o.trust_keys) {
+    auto pub = sbx::checkpoint::load_trust_key(f, err);
+    if (!pub) {
+      spdlog::critical("--trust-key {}", err);
+      return false;
+    }
+    bo.trust_keys.push_back(*pub);
+  }
+  bo.allow_unsigned = o.allow_unsigned;
+  if (!o.max_archive_bytes.empty()) {
+    try {
+      auto n = parse_size(o.max_archive_bytes, "--max-archive-bytes");
+      if (n <= 0) throw std::invalid_argument("--max-archive-bytes " + o.max_archive_bytes + ": must be above 0");
+      bo.max_archive_bytes = static_cast<uint64_t>(n);
+    } catch (const std::exception& e) {
+      spdlog::critical("{}", e.what());
+      return false;
+    }
+  }
+  spdlog::debug("archives: signed with {}, {} more trusted key(s){}", bo.signing_key->public_key().fingerprint(),
+                bo.trust_keys.size(), bo.allow_unsigned ? ", unsigned ones accepted (cold)" : "");
+  return true;
 }
 
 }  // namespace
@@ -96,6 +152,7 @@ int main(int argc, char** argv) {
       bo.token.pop_back();
     bo.masks.push_back(o.token_file);
   }
+  if (!load_keys(o, bo)) return 125;
   if (!o.listen.empty() && bo.token.empty()) {
     spdlog::critical("--listen needs a token: --token-file FILE or SANDBOXER_TOKEN (empty tokens are refused)");
     return 125;

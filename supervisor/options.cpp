@@ -24,6 +24,14 @@ const char* const kInitUsage =
     "  --idle                start with no command and wait (for exec, restore, fork)\n"
     "  --restore FILE        start from a checkpoint archive instead of a command\n"
     "  --restore-index N     with --restore: which copy this box is (its identity's index; default 0)\n"
+  "  --signing-key FILE    the Ed25519 private key (PEM) this box signs its archives with; masked\n"
+  "                        from the agent (default: the user's key pair in\n"
+  "                        $XDG_STATE_HOME/sandboxer/keys/, made on first use)\n"
+  "  --trust-key FILE      a public (or private) key whose signed archives this box imports and\n"
+  "                        restores (repeatable; the box always trusts its own signing key)\n"
+  "  --allow-unsigned      accept unsigned or untrusted archives too: restored cold (files only,\n"
+  "                        the agent's command again), never given to criu\n"
+  "  --max-archive-bytes N the most one archive may expand to (default 64G)\n"
     "  --version             print the version\n"
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
     "                        answers, else 1 (the image's HEALTHCHECK)\n";
@@ -59,6 +67,10 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--metrics-interval") o.metrics_interval = value(a);
     else if (a == "--idle") o.idle = true;
     else if (a == "--restore") o.restore_file = value(a);
+    else if (a == "--signing-key") o.signing_key = value(a);
+    else if (a == "--trust-key") o.trust_keys.push_back(value(a));
+    else if (a == "--allow-unsigned") o.allow_unsigned = true;
+    else if (a == "--max-archive-bytes") o.max_archive_bytes = value(a);
     else if (a == "--restore-index") {
       std::string v = value(a);
       char* end = nullptr;

@@ -23,6 +23,13 @@ struct InitOptions {
   bool idle = false;          // start with no agent and wait
   std::string restore_file;   // start from a checkpoint archive
   int restore_index = 0;      // --restore-index: which copy of a fork onto other boxes this is
+  // Signed archives: the key this box signs with ("": the user's own, made on first use), keys
+  // it trusts besides its own, whether it accepts unsigned archives (cold restores only), and the
+  // bound on what one archive may expand to ("": 64G).
+  std::string signing_key;
+  std::vector<std::string> trust_keys;
+  bool allow_unsigned = false;
+  std::string max_archive_bytes;
 };
 
 /// Parses argv; throws std::invalid_argument with a message naming the bad option.

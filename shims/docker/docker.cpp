@@ -32,6 +32,8 @@ constexpr const char* kStateIn = "/var/lib/sandboxer/box";
 constexpr const char* kTokenIn = "/etc/sandboxer/secret/token";  // as shims/common.py
 constexpr const char* kProfileIn = "/etc/sandboxer/profile.json";
 constexpr const char* kRestoreIn = "/etc/sandboxer/restore.tar.zst";
+constexpr const char* kSigningKeyIn = "/etc/sandboxer/secret/signing-key";
+constexpr const char* kTrustDirIn = "/etc/sandboxer/trust/";  // 0.pub, 1.pub, ...
 // The API's port inside a container on a bridge network.
 constexpr int kBridgePort = 7777;  // as shims/common.py
 // Above the grace period: sandboxer-init needs time after the agent's end to write the journal.
@@ -261,6 +263,25 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   int port = o.port > 0 ? o.port : free_loopback_port();
   box.url = "ws://127.0.0.1:" + std::to_string(port);
 
+  // The archive keys: the user's pair unless the caller names others.
+  std::string signing_key = o.signing_key;
+  std::vector<std::string> trust_keys = o.trust_keys;
+  if (signing_key.empty()) {
+    std::string err, dir = checkpoint::user_key_dir();
+    auto k = checkpoint::ensure_user_key(dir, err);
+    if (!k) throw std::runtime_error("the archive signing key: " + err);
+    signing_key = *k;
+    trust_keys.push_back(dir + "/signing.pub");
+  }
+  std::vector<std::string> key_args = {"--signing-key", kSigningKeyIn};
+  std::vector<std::string> key_mounts = {"--volume", signing_key + ":" + kSigningKeyIn + ":ro"};
+  for (size_t i = 0; i < trust_keys.size(); ++i) {
+    std::string in = kTrustDirIn + std::to_string(i) + ".pub";
+    key_mounts.insert(key_mounts.end(), {"--volume", trust_keys[i] + ":" + in + ":ro"});
+    key_args.insert(key_args.end(), {"--trust-key", in});
+  }
+  if (o.allow_unsigned) key_args.push_back("--allow-unsigned");
+
   std::vector<std::string> args = {"run", "--detach", "--name", box.name,
                                    "--label", "io.sandboxer.box=" + box.name,
                                    "--label", "io.sandboxer.url=" + box.url,
@@ -283,9 +304,11 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
   for (auto& l : o.labels) args.insert(args.end(), {"--label", l});
   if (!o.restore_archive.empty()) args.insert(args.end(), {"--volume", archive_copy + ":" + kRestoreIn + ":ro"});
+  args.insert(args.end(), key_mounts.begin(), key_mounts.end());
   std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
                            "--listen", listen});
+  args.insert(args.end(), key_args.begin(), key_args.end());
   if (!o.restore_archive.empty()) {
     args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
   } else {
@@ -370,7 +393,8 @@ BoxSpec inspect_box(const std::string& url) {
         spec.profile_file = str("Source");
         continue;
       }
-      if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn) continue;
+      if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn || dst == kSigningKeyIn || dst.starts_with(kTrustDirIn))
+        continue;
       std::string src = type == "volume" ? str("Name") : str("Source");
       if (type != "bind" && type != "volume") continue;
       bool rw = mo.contains("RW") && mo.at("RW").is_bool() && mo.at("RW").as_bool();

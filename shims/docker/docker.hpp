@@ -9,7 +9,8 @@
 // - capabilities only when its profile needs live checkpoint (DESIGN.md's list);
 // - the WebSocket on 127.0.0.1 only: host networking with a picked loopback port when dockerd has
 //   no bridge, else `-p 127.0.0.1:PORT:7777`;
-// - the token as a read-only bind-mounted file (never on a command line, never in the image);
+// - the token as a read-only bind-mounted file (never on a command line, never in the image), and
+//   so the archive signing key and the keys it trusts (the user's pair unless told otherwise);
 // - `--stop-timeout` above the profile's grace period, so the journal is complete on `docker stop`;
 // - the profile's memory, cpus and pids as Docker's --memory, --cpus, --pids-limit;
 // - its state dir (journal, branches) bind-mounted from the host, so the journal outlives it.
@@ -36,6 +37,12 @@ struct UpOptions {
   int port = 0;                             // the API's loopback port; 0: a free one is picked
   int restore_index = 0;                    // with restore_archive: which copy this box is
   std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
+  // Signed archives: the private key the box signs with and the public keys it trusts, host
+  // files bound in read-only (the key beside the token, masked from the agent like it). An
+  // empty signing_key: the user's key pair (checkpoint/signing.hpp), which it then also trusts.
+  std::string signing_key;
+  std::vector<std::string> trust_keys;
+  bool allow_unsigned = false;
 };
 
 struct BoxRecord {

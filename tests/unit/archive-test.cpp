@@ -40,6 +40,34 @@ boost::json::object manifest() {
   return {{"format", kFormatName}, {"format_version", kFormatVersion}, {"box", "b-1"}};
 }
 
+// One key for the whole test binary: the box's own, which its policy trusts.
+const SigningKey& box_key() {
+  static SigningKey k = [] {
+    std::string err;
+    auto g = SigningKey::generate(err);
+    REQUIRE_MESSAGE(g, err);
+    return std::move(*g);
+  }();
+  return k;
+}
+
+ImportPolicy trusting() {
+  ImportPolicy p;
+  p.trusted.push_back(box_key().public_key());
+  return p;
+}
+
+std::optional<ArchiveInfo> write(const fs::path& src, const boost::json::object& m, const fs::path& dst,
+                                 std::string& err) {
+  return write_archive(src.string(), m, dst.string(), 3, &box_key(), err);
+}
+
+std::optional<boost::json::object> extract(const fs::path& src, const fs::path& dst, std::string& err) {
+  auto x = extract_archive(src.string(), dst.string(), trusting(), err);
+  if (!x) return std::nullopt;
+  return x->manifest;
+}
+
 }  // namespace
 
 TEST_CASE("archive: a tree goes in and comes back out the same, with its manifest") {
@@ -49,7 +77,7 @@ TEST_CASE("archive: a tree goes in and comes back out the same, with its manifes
   fs::create_directories(t.path / "src/fs/tmp/empty");
   fs::create_symlink("a.txt", t.path / "src/fs/workspace/link");
   std::string err;
-  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst", err);
   REQUIRE_MESSAGE(info, err);
   CHECK(info->compressed_bytes < 100000);
   CHECK(info->raw_bytes > 100005);
@@ -57,7 +85,7 @@ TEST_CASE("archive: a tree goes in and comes back out the same, with its manifes
   REQUIRE(sha);
   CHECK(*sha == info->sha256);
 
-  auto m = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err);
+  auto m = extract(t.path / "a.tar.zst", t.path / "out", err);
   REQUIRE_MESSAGE(m, err);
   CHECK(m->at("box") == "b-1");
   CHECK(m->at("files").as_object().contains("fs/workspace/a.txt"));
@@ -71,13 +99,13 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
   TempDir t;
   put(t.path / "src/criu/pages-1.img", std::string(50000, 'p') + "tail");
   std::string err;
-  auto info = write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, err);
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst", err);
   REQUIRE(info);
   auto data = get(t.path / "a.tar.zst");
 
   SUBCASE("truncated") {
     put(t.path / "bad.tar.zst", data.substr(0, data.size() / 2));
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     INFO(err);
     CHECK(err.find("truncated") != std::string::npos);
   }
@@ -85,7 +113,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
     std::string bad = data;
     bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x55);
     put(t.path / "bad.tar.zst", bad);
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     INFO(err);
     CHECK((err.find("corrupted") != std::string::npos || err.find("truncated") != std::string::npos));
   }
@@ -108,7 +136,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
       put(t.path / "bad.tar.zst", bad);
       INFO("flipped byte " << at << " of " << data.size());
       ++tried;
-      if (!extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err)) {
+      if (!extract(t.path / "bad.tar.zst", t.path / "out", err)) {
         ++refused;
         CHECK(fs::exists(t.path / "out") == false);
       } else {
@@ -120,7 +148,7 @@ TEST_CASE("archive: damaged archives are refused with the reason and leave nothi
   }
   SUBCASE("not an archive at all") {
     put(t.path / "bad.tar.zst", "hello, I am not a tar stream");
-    CHECK_FALSE(extract_archive((t.path / "bad.tar.zst").string(), (t.path / "out").string(), err));
+    CHECK_FALSE(extract(t.path / "bad.tar.zst", t.path / "out", err));
     CHECK_FALSE(err.empty());
   }
   CHECK_FALSE(fs::exists(t.path / "out"));
@@ -132,8 +160,8 @@ TEST_CASE("archive: a manifest of another format or version is refused") {
   std::string err;
   auto m = manifest();
   m["format_version"] = kFormatVersion + 1;
-  REQUIRE(write_archive((t.path / "src").string(), m, (t.path / "a.tar.zst").string(), 3, err));
-  CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), err));
+  REQUIRE(write(t.path / "src", m, t.path / "a.tar.zst", err));
+  CHECK_FALSE(extract(t.path / "a.tar.zst", t.path / "out", err));
   CHECK(err.find("format_version") != std::string::npos);
 }
 
@@ -184,4 +212,90 @@ TEST_CASE("archive: the image id comes from image.json's id, else none") {
   CHECK_FALSE(read_image_id((d.path / "missing.json").string()));
   put(d.path / "bad.json", "not json");
   CHECK_FALSE(read_image_id((d.path / "bad.json").string()));
+}
+
+TEST_CASE("archive: the manifest and its signature come first, before any payload") {
+  TempDir t;
+  put(t.path / "src/criu/core-1.img", "core");
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto z = get(t.path / "a.tar.zst");
+  std::string tar(1 << 20, '\0');
+  size_t n = ZSTD_decompress(tar.data(), tar.size(), z.data(), z.size());
+  REQUIRE_FALSE(ZSTD_isError(n));
+  CHECK(std::string(tar.c_str()) == "manifest.json");
+  size_t size = std::stoul(std::string(tar.data() + 124, 11), nullptr, 8);
+  size_t second = 512 + (size + 511) / 512 * 512;
+  CHECK(std::string(tar.c_str() + second) == "signature.json");
+}
+
+TEST_CASE("archive: only a trusted key's signature lets an archive in") {
+  TempDir t;
+  put(t.path / "src/criu/core-1.img", "core");
+  put(t.path / "src/fs/workspace/a.txt", "a");
+  std::string err;
+  SUBCASE("unsigned: refused, and accepted (untrusted) under allow_unsigned") {
+    REQUIRE(write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, nullptr, err));
+    bool untrusted = false;
+    CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err, &untrusted));
+    CHECK(untrusted);
+    CHECK(err.find("it is not signed") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path / "out"));
+    auto p = trusting();
+    p.allow_unsigned = true;
+    auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), p, err);
+    REQUIRE_MESSAGE(x, err);
+    CHECK_FALSE(x->trusted);
+    CHECK(x->why_untrusted == "it is not signed");
+  }
+  SUBCASE("signed by another key: refused with that key's fingerprint") {
+    auto other = SigningKey::generate(err);
+    REQUIRE(other);
+    REQUIRE(write_archive((t.path / "src").string(), manifest(), (t.path / "a.tar.zst").string(), 3, &*other, err));
+    CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err));
+    CHECK(err.find("signed by an unknown key " + other->public_key().fingerprint()) != std::string::npos);
+  }
+  SUBCASE("signed by the box's key: trusted (the control)") {
+    REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+    auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err);
+    REQUIRE_MESSAGE(x, err);
+    CHECK(x->trusted);
+    CHECK(x->signer == box_key().public_key().fingerprint());
+  }
+}
+
+TEST_CASE("archive: the expansion is bounded by the box's limit") {
+  TempDir t;
+  put(t.path / "src/fs/big", std::string(100000, 'b'));
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto p = trusting();
+  p.max_bytes = 50000;
+  CHECK_FALSE(extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), p, err));
+  CHECK(err.find("would expand beyond 50000 bytes") != std::string::npos);
+  CHECK_FALSE(fs::exists(t.path / "out"));
+}
+
+TEST_CASE("archive: symlinks come back as symlinks, and nothing is followed through them") {
+  TempDir t;
+  put(t.path / "src/fs/workspace/a", "a");
+  fs::create_symlink("/etc", t.path / "src/fs/workspace/etc");
+  std::string err;
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err));
+  auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out").string(), trusting(), err);
+  REQUIRE_MESSAGE(x, err);
+  CHECK(fs::read_symlink(t.path / "out/fs/workspace/etc") == "/etc");
+  CHECK(get(t.path / "out/fs/workspace/a") == "a");
+}
+
+TEST_CASE("signing: base64 both ways, and a signature checks only its own message") {
+  for (std::string s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)})
+    CHECK(base64_decode(base64_encode(s)) == std::optional<std::string>(s));
+  CHECK_FALSE(base64_decode("abc"));
+  CHECK_FALSE(base64_decode("ab=c"));
+  std::string err;
+  auto sig = box_key().sign("hello", err);
+  REQUIRE(sig.size() == 64);
+  CHECK(box_key().public_key().verify("hello", sig));
+  CHECK_FALSE(box_key().public_key().verify("hellO", sig));
 }
