@@ -1,4 +1,4 @@
-// sandboxer run [--profile P] [--set F=V]... [--state-dir DIR] [--json] -- CMD...
+// sandboxer run [--profile P] [--set F=V]... [--env K=V]... [--env-inherit] [--state-dir DIR] [--json] -- CMD...
 // Runs sandboxer-init here as a child (Boost.Process: nothing else reaps in the CLI), shows
 // its events as they happen and exits with the agent's status.
 #include <signal.h>
@@ -63,7 +63,10 @@ int cmd_run(const std::vector<std::string>& args) {
     } else if (a == "--listen") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       listen = args[++i];
-    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level") {
+    } else if (a == "--env-inherit") {
+      init_args.push_back(a);
+    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level" ||
+               a == "--env") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       init_args.push_back(a);
       init_args.push_back(args[++i]);

@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
   bo.listen = o.listen;
   bo.tls_cert = o.tls_cert;
   bo.tls_key = o.tls_key;
+  bo.env = o.env;
+  bo.env_inherit = o.env_inherit;
   bo.argv = o.argv;
   bo.idle = o.idle;
   bo.restore_file = o.restore_file;

@@ -77,6 +77,8 @@ void apply_override_json(json::object& root, const std::string& assignment) {
   boost::system::error_code ec;
   json::value v = json::parse(text, ec);
   if (ec) v = json::string(text);
+  // As the supervisor's --set: an environment variable's value is a string (PORT=8080).
+  if (path.starts_with("env.") && !v.is_null()) v = json::string(text);
   json::object* o = &root;
   size_t start = 0;
   for (;;) {
@@ -286,6 +288,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
                            "--listen", listen});
+  for (auto& kv : o.env) args.insert(args.end(), {"--env", kv});
   if (!o.restore_archive.empty()) {
     args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
   } else {

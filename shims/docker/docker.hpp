@@ -30,6 +30,8 @@ struct UpOptions {
   std::string name;                         // "" : sbx-<random>
   std::vector<std::string> volumes;         // -v SRC:DST[:ro], passed to docker run
   std::vector<std::string> argv;            // the agent's command
+  std::vector<std::string> env;             // --env K=V for the agent (the container's own
+                                            // environment does not reach it)
   std::string restore_archive;              // instead of argv: a checkpoint archive on the host the
                                             // box starts from (`sandboxer-init --restore`)
   std::vector<std::string> labels;          // extra --label K=V
