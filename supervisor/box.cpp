@@ -340,7 +340,8 @@ void Box::start() {
                              {"env", env},
                              {"cwd", workdir},
                              {"grace_ms", opts_.profile.resources.grace_ms},
-                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi,
+                                                        shares_host_network(opts_.profile, b->launched.namespaced))}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 

@@ -5,6 +5,7 @@
 
 #include "agent-env.hpp"
 #include "options.hpp"
+#include "policy.hpp"
 #include "profile.hpp"
 
 using namespace sbx::supervisor;
@@ -87,4 +88,30 @@ TEST_CASE("profile: env is an object of strings, merged by overrides") {
   CHECK_THROWS_WITH_AS(parse_profile(R"({"env": ["A=1"]})"), doctest::Contains("env: expected an object"), ProfileError);
   CHECK_THROWS_WITH_AS(parse_profile(R"({"env": {"SANDBOXER_BOX": "x"}})"),
                        doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"), ProfileError);
+}
+
+TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namespace") {
+  Profile p = parse_profile(R"({"isolation": {"capabilities": ["CAP_NET_RAW", "CAP_CHOWN"]}})");
+  CHECK(shares_host_network(p, true));  // network host
+  auto host = policy_to_json(p, 0, true);
+  REQUIRE(host.contains("drop"));
+  CHECK(host.at("drop").as_array().size() == 1);
+  CHECK(host.at("drop").as_array()[0].to_number<int>() == 13);
+  auto pp = prepare_policy(host);
+  CHECK(pp.caps);
+  CHECK((pp.keep_mask & (1ULL << 13)) == 0);
+  CHECK(describe_enforcement(p, {}, 0, true).at("capabilities").as_string().find("less CAP_NET_RAW") !=
+        boost::json::string::npos);
+  apply_override(p, "network=none");
+  CHECK_FALSE(shares_host_network(p, true));
+  CHECK(shares_host_network(p, false));  // without namespaces it shares ours whatever the mode
+  CHECK_FALSE(policy_to_json(p, 0, false).contains("drop"));
+}
+
+TEST_CASE("policy: a dropped capability with no list keeps the rest for root, none for another user") {
+  auto all = prepare_policy(boost::json::object{{"drop", boost::json::array{13}}});
+  CHECK(all.caps);
+  CHECK((all.keep_mask & (1ULL << 13)) == 0);
+  auto nobody = prepare_policy(boost::json::object{{"uid", 65534}, {"gid", 65534}, {"drop", boost::json::array{13}}});
+  CHECK(nobody.keep_mask == 0);
 }
