@@ -119,3 +119,41 @@ def test_sandboxer_run_passes_env_and_keeps_the_rest_out(state_dir):
     assert rep["found"]["GIVEN"]["value"] == "yes"
     assert not rep["found"]["AWS_SECRET_ACCESS_KEY"]["in_environ"]
     assert started(read_journal(state_dir))
+
+
+FAKE_DOCKER = """#!/bin/sh
+# Records each docker command line (one argument a line, then a blank line); a `run` "starts" a
+# container that has already exited, so `sandboxer up` gives up at once.
+for a in "$@"; do printf '%s\\n' "$a"; done >> "$FAKE_DOCKER_LOG"
+echo >> "$FAKE_DOCKER_LOG"
+case "$1" in
+  network) exit 1 ;;
+  inspect) echo exited ;;
+esac
+exit 0
+"""
+
+
+def test_sandboxer_up_hands_env_to_the_supervisor_in_the_container(tmp_path):
+    # The container's own environment (the image's, docker's) does not reach the agent: what the
+    # agent gets must be on sandboxer-init's command line, after the image.
+    fake = tmp_path / "docker"
+    fake.write_text(FAKE_DOCKER)
+    fake.chmod(0o755)
+    log = tmp_path / "docker.log"
+    env = dict(os.environ, SANDBOXER_DOCKER=str(fake), FAKE_DOCKER_LOG=str(log), XDG_STATE_HOME=str(tmp_path / "xdg"),
+               BY_NAME="ours", AWS_SECRET_ACCESS_KEY=marker())
+    r = subprocess.run([str(CLI), "up", "--host", "docker", "--image", "sbx-fake:1", "--env", "GIVEN=yes", "--env", "BY_NAME",
+                        "--", "true"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0 and "ended before its API answered" in r.stderr, r.stderr
+    runs = [c.splitlines() for c in log.read_text().split("\n\n") if c.startswith("run\n")]
+    assert len(runs) == 1, log.read_text()
+    args = runs[0]
+    after_image = args[args.index("sbx-fake:1") + 1:]
+    assert after_image[after_image.index("--env") + 1] == "GIVEN=yes", after_image
+    assert "BY_NAME=ours" in after_image
+    assert env["AWS_SECRET_ACCESS_KEY"] not in "\n".join(args)
+    # And the same names are refused before anything runs.
+    bad = subprocess.run([str(CLI), "up", "--host", "docker", "--env", "SANDBOXER_TOKEN=x", "--", "true"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert bad.returncode != 0 and "is the supervisor's own" in bad.stderr, bad.stderr
