@@ -380,6 +380,14 @@ BoxSpec inspect_box(const std::string& url) {
       spec.volumes.push_back(src + ":" + dst + (rw ? "" : ":ro"));
     }
   }
+  // sandboxer-init's arguments (after the image): the agent's --env K=V.
+  if (auto* args = c.if_contains("Args"); args && args->is_array()) {
+    auto& a = args->as_array();
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (!a[i].is_string() || a[i].as_string() == "--") break;
+      if (a[i].as_string() == "--env" && a[i + 1].is_string()) spec.env.emplace_back(a[++i].as_string());
+    }
+  }
   if (spec.profile_file.empty())
     throw std::runtime_error("box " + spec.name + ": no profile mounted at " + kProfileIn + " (not started by sandboxer up?)");
   return spec;

@@ -77,6 +77,7 @@ struct BoxSpec {
   std::string image;                   // the image's id (sha256:...): the very image, not a tag
   std::string profile_file;            // on the host: the profile `up` wrote, overrides applied
   std::vector<std::string> volumes;    // the user's own volumes (-v), as docker run takes them
+  std::vector<std::string> env;        // its --env K=V (a cold restart's agent gets them again)
 };
 BoxSpec inspect_box(const std::string& url);
 

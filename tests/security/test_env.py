@@ -157,3 +157,48 @@ def test_sandboxer_up_hands_env_to_the_supervisor_in_the_container(tmp_path):
     bad = subprocess.run([str(CLI), "up", "--host", "docker", "--env", "SANDBOXER_TOKEN=x", "--", "true"],
                          capture_output=True, text=True, timeout=30, env=env)
     assert bad.returncode != 0 and "is the supervisor's own" in bad.stderr, bad.stderr
+
+
+FAKE_DOCKER_FORK = """#!/usr/bin/env python3
+# A docker that knows one box (FAKE_BOX_URL, started with --env KEPT=1) and whose new containers
+# exit at once; it records every `run` command line as a JSON line.
+import json, os, sys
+a = sys.argv[1:]
+if a[0] == "run":
+    open(os.environ["FAKE_DOCKER_LOG"], "a").write(json.dumps(a) + "\\n")
+elif a[0] == "ps":
+    print("sbx-orig\\t%s\\t/nonexistent\\timg\\tUp" % os.environ["FAKE_BOX_URL"])
+elif a[0] == "inspect" and "--format" in a:
+    print("exited")
+elif a[0] == "inspect":
+    print(json.dumps([{"Image": "sha256:fake", "Args": ["--state-dir", "/var/lib/sandboxer/state", "--env", "KEPT=1",
+                       "--", "sleep", "60"], "Mounts": [{"Type": "bind", "Source": os.environ["FAKE_PROFILE"],
+                       "Destination": "/etc/sandboxer/profile.json", "RW": False}]}]))
+elif a[0] == "network":
+    sys.exit(1)
+"""
+
+
+def test_a_fork_onto_new_containers_repeats_the_boxs_env(tmp_path):
+    # A copy that restarts cold in a new container runs the agent's command again: it must get the
+    # original's --env again, since nothing else of the caller's environment reaches it.
+    fake = tmp_path / "docker"
+    fake.write_text(FAKE_DOCKER_FORK)
+    fake.chmod(0o755)
+    log = tmp_path / "docker.log"
+    profile = tmp_path / "profile.json"
+    profile.write_text((pathlib.Path(__file__).resolve().parents[2] / "profiles" / "default.json").read_text())
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", ["sleep", "60"]) as box:
+        env = dict(os.environ, SANDBOXER_DOCKER=str(fake), FAKE_DOCKER_LOG=str(log), FAKE_BOX_URL=box.url,
+                   FAKE_PROFILE=str(profile), XDG_STATE_HOME=str(tmp_path / "xdg"))
+        tok = ["--token-file", str(box.token_file)]
+        snap = subprocess.run([str(CLI), "checkpoint", box.url, *tok], capture_output=True, text=True, timeout=60)
+        assert snap.returncode == 0, snap.stderr
+        snap = snap.stdout.strip().splitlines()[-1]
+        f = subprocess.run([str(CLI), "fork", box.url, *tok, "--snapshot", snap, "-n", "1", "--host", "docker"],
+                           capture_output=True, text=True, timeout=90, env=env)
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) == 1, (f.stderr, runs)
+    after_image = runs[0][runs[0].index("sha256:fake") + 1:]
+    assert "--restore" in after_image and after_image[after_image.index("--env") + 1] == "KEPT=1", after_image
