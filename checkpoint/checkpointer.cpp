@@ -683,7 +683,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                                  {"env", env},
                                  {"cwd", cwd},
                                  {"grace_ms", box_.opts_.profile.resources.grace_ms},
-                                 {"policy", supervisor::policy_to_json(box_.opts_.profile, box_.caps_.landlock_abi)}});
+                                 {"policy", supervisor::policy_to_json(
+                                                box_.opts_.profile, box_.caps_.landlock_abi,
+                                                supervisor::shares_host_network(box_.opts_.profile, br.launched.namespaced))}});
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), false);
           box_.start_watcher(added);

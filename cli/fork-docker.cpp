@@ -111,6 +111,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
       o.profile = from.profile_file;
       o.image = from.image;
       o.volumes = from.volumes;
+      o.env = from.env;  // a copy that restarts cold gets the original's --env again
       o.restore_archive = archive;
       o.box_root = state_home() + "/docker";
       o.port = ports[static_cast<size_t>(i)];

@@ -1,5 +1,5 @@
-// sandboxer run [--profile P] [--set F=V]... [--state-dir DIR] [--json] [--signing-key F]
-//               [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...
+// sandboxer run [--profile P] [--set F=V]... [--env K=V]... [--env-inherit] [--state-dir DIR] [--json]
+//               [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...
 // Runs sandboxer-init here as a child (Boost.Process: nothing else reaps in the CLI), shows
 // its events as they happen and exits with the agent's status.
 #include <signal.h>
@@ -65,10 +65,10 @@ int cmd_run(const std::vector<std::string>& args) {
     } else if (a == "--listen") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       listen = args[++i];
-    } else if (a == "--allow-unsigned") {
+    } else if (a == "--allow-unsigned" || a == "--env-inherit") {
       init_args.push_back(a);
     } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level" ||
-               a == "--signing-key" || a == "--trust-key" || a == "--max-archive-bytes") {
+               a == "--signing-key" || a == "--trust-key" || a == "--max-archive-bytes" || a == "--env") {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       if (a == "--signing-key") signing_key = args[i + 1];
       init_args.push_back(a);

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "agent-env.hpp"
 #include "commands.hpp"
 #include "docker/docker.hpp"
 #include "tokens.hpp"
@@ -13,7 +14,8 @@ namespace dk = sbx::shims::docker;
 
 namespace {
 const char* kUpUsage =
-    "usage: sandboxer up --host docker [--profile P] [--set F=V] [--image I] [--name N] [-v SRC:DST[:ro]] -- CMD...";
+    "usage: sandboxer up --host docker [--profile P] [--set F=V] [--env K=V] [--image I] [--name N] [-v SRC:DST[:ro]] "
+    "-- CMD...";
 
 void check_host(const std::string& host) {
   if (host.empty()) throw std::invalid_argument("--host is required (docker)");
@@ -38,6 +40,10 @@ int cmd_up(const std::vector<std::string>& args) {
     if (a == "--host") host = value(a);
     else if (a == "--profile") o.profile = value(a);
     else if (a == "--set") o.overrides.push_back(value(a));
+    else if (a == "--env") {
+      // K alone takes our value of K, as docker does: the container has none of our environment.
+      if (auto kv = supervisor::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
+    }
     else if (a == "--image") o.image = value(a);
     else if (a == "--name") o.name = value(a);
     else if (a == "-v" || a == "--volume") o.volumes.push_back(value(a));

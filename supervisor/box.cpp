@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "agent-env.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
@@ -339,7 +340,8 @@ void Box::start() {
                              {"env", env},
                              {"cwd", workdir},
                              {"grace_ms", opts_.profile.resources.grace_ms},
-                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi)}};
+                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi,
+                                                        shares_host_network(opts_.profile, b->launched.namespaced))}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
@@ -379,16 +381,16 @@ std::vector<std::string> Box::base_masks() const {
 }
 
 boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {
-  // The agent's environment: ours, less the supervisor's secrets, plus who it is.
+  // A clean environment (agent-env.hpp), then who it is.
+  AgentEnvSpec spec;
+  spec.inherit = opts_.env_inherit;
+  for (char** e = environ; *e; ++e) spec.supervisor_env.emplace_back(*e);
+  spec.home = opts_.profile.isolation.uid && *opts_.profile.isolation.uid != 0 ? home_of(*opts_.profile.isolation.uid)
+                                                                               : "/root";
+  spec.profile_env = opts_.profile.env;
+  spec.extra = opts_.env;
   boost::json::array env;
-  for (char** e = environ; *e; ++e) {
-    std::string_view kv = *e;
-    if (kv.starts_with("SANDBOXER_TOKEN") || kv.starts_with("SANDBOXER_BOX=") || kv.starts_with("SANDBOXER_BRANCH=") ||
-        kv.starts_with("SANDBOXER_CHANNEL_FD=") || kv.starts_with("SANDBOXER_RESUMED=") ||
-        kv.starts_with("SANDBOXER_SNAPSHOT="))
-      continue;
-    env.emplace_back(kv);
-  }
+  for (auto& kv : build_agent_env(spec)) env.emplace_back(kv);
   env.emplace_back("SANDBOXER_BOX=" + id_);
   env.emplace_back("SANDBOXER_BRANCH=" + b.name);
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b.launched.namespaced ? std::string("/workspace") : dir + "/workspace"));

@@ -37,6 +37,9 @@ struct BoxOptions {
   Profile profile;
   std::string self_exe;
   std::vector<std::string> masks;  // extra host paths to hide from the agent
+  // The agent's environment (agent-env.hpp): clean unless env_inherit; `env` is --env's K=V.
+  std::vector<std::string> env;
+  bool env_inherit = false;
   // The WebSocket server (server.hpp): off when `listen` is empty.
   std::string listen;              // ADDR:PORT
   std::string token;               // required with `listen`

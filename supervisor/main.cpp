@@ -160,6 +160,11 @@ int main(int argc, char** argv) {
   bo.listen = o.listen;
   bo.tls_cert = o.tls_cert;
   bo.tls_key = o.tls_key;
+  // The TLS key is the server's secret, as the token is: the agent sees neither file.
+  for (auto* f : {&o.tls_cert, &o.tls_key})
+    if (!f->empty()) bo.masks.push_back(*f);
+  bo.env = o.env;
+  bo.env_inherit = o.env_inherit;
   bo.argv = o.argv;
   bo.idle = o.idle;
   bo.restore_file = o.restore_file;

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "agent-env.hpp"
+
 namespace sbx::supervisor {
 
 const char* const kInitUsage =
@@ -17,6 +19,8 @@ const char* const kInitUsage =
     "  --events PATH|-       also write every event as a JSON line to PATH (- for stdout)\n"
     "  --workdir DIR         the agent's working directory (default: /workspace)\n"
     "  --log-level LEVEL     trace, debug, info, warn, error (default: info)\n"
+    "  --env K=V             set K in the agent's environment (repeatable; K alone: our value of K)\n"
+    "  --env-inherit         the agent starts from this process's whole environment, not a clean one\n"
     "  --listen ADDR:PORT    serve the WebSocket API (port 0: any free port, see server.listening)\n"
     "  --token-file FILE     the API token (else $SANDBOXER_TOKEN); required with --listen\n"
     "  --tls-cert FILE, --tls-key FILE   serve wss:// (for listeners beyond loopback)\n"
@@ -60,6 +64,10 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--events") o.events = value(a);
     else if (a == "--workdir") o.workdir = value(a);
     else if (a == "--log-level") o.log_level = value(a);
+    else if (a == "--env") {
+      if (auto kv = parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
+    }
+    else if (a == "--env-inherit") o.env_inherit = true;
     else if (a == "--listen") o.listen = value(a);
     else if (a == "--token-file") o.token_file = value(a);
     else if (a == "--tls-cert") o.tls_cert = value(a);

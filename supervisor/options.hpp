@@ -15,6 +15,9 @@ struct InitOptions {
   std::string workdir = "/workspace";
   std::string log_level = "info";
   std::vector<std::string> argv;
+  // The agent's environment (agent-env.hpp): --env K=V (or K, from ours), --env-inherit.
+  std::vector<std::string> env;
+  bool env_inherit = false;
   // The WebSocket server.
   std::string listen;
   std::string token_file;

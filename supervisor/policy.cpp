@@ -182,8 +182,14 @@ void check_profile_for_host(const Profile& p) {
   (void)seccomp_description(p.isolation.seccomp);  // throws naming the field
 }
 
-boost::json::object policy_to_json(const Profile& p, int landlock_abi) {
+bool shares_host_network(const Profile& p, bool namespaced) {
+  return p.network.mode == NetworkPolicy::Mode::Host || !namespaced;
+}
+
+boost::json::object policy_to_json(const Profile& p, int landlock_abi, bool host_net) {
   boost::json::object o;
+  // Capabilities removed from every set and the bounding set, even when the profile keeps all.
+  if (host_net) o["drop"] = boost::json::array{CAP_NET_RAW};
   o["oom_score_adj"] = 1000;
   if (p.isolation.uid) {
     o["uid"] = *p.isolation.uid;
@@ -232,7 +238,11 @@ boost::json::object describe_enforcement(const Profile& p, const boost::json::ob
   e["idle"] = p.resources.idle_ms > 0 ? "supervisor timer (output and cgroup cpu time)" : "none";
   e["user"] = p.isolation.uid ? std::to_string(*p.isolation.uid) + ":" + std::to_string(p.isolation.gid.value_or(0))
                               : std::string("the supervisor's");
-  e["capabilities"] = p.isolation.capabilities ? "bounding set cleared to the profile's" : "the supervisor's";
+  std::string caps = p.isolation.capabilities ? "bounding set cleared to the profile's" : "the supervisor's";
+  if (shares_host_network(p, namespaced))
+    caps += ", less CAP_NET_RAW (the agent shares the supervisor's network namespace, where the API's token crosses "
+            "loopback)";
+  e["capabilities"] = caps;
   e["no_new_privs"] = true;
   e["core_dumps"] = "RLIMIT_CORE=0";
   e["oom_score_adj"] = 1000;
@@ -256,17 +266,27 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
     p.gid = static_cast<gid_t>(o.at("gid").to_number<int64_t>());
   }
   p.cap_last = cap_last();
-  if (auto* c = o.if_contains("caps")) {
+  auto* c = o.if_contains("caps");
+  auto* drop = o.if_contains("drop");
+  if (c || drop) {
     p.caps = true;
     // Only what this process has can be kept.
     struct __user_cap_header_struct hdr {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct data[2] {};
     uint64_t have = ~0ULL;
     if (::syscall(SYS_capget, &hdr, data) == 0) have = data[0].permitted | (uint64_t(data[1].permitted) << 32);
-    for (auto& v : c->as_array()) {
-      auto n = v.to_number<int64_t>();
-      if (n >= 0 && n < 64 && n <= p.cap_last) p.keep_mask |= (1ULL << n);
-    }
+    auto mask_of = [&](const boost::json::array& list) {
+      uint64_t m = 0;
+      for (auto& v : list) {
+        auto n = v.to_number<int64_t>();
+        if (n >= 0 && n < 64 && n <= p.cap_last) m |= (1ULL << n);
+      }
+      return m;
+    };
+    // Without a list the capabilities are left as they were: all this process has for a root
+    // agent (less what is dropped), none for another user (setresuid clears them).
+    p.keep_mask = c ? mask_of(c->as_array()) : p.have_ids && p.uid != 0 ? 0 : ~0ULL;
+    if (drop) p.keep_mask &= ~mask_of(drop->as_array());
     p.keep_mask &= have;
   }
   if (auto* n = o.if_contains("nofile")) {

@@ -27,8 +27,14 @@ struct HostCapabilities;
 /// cannot enforce. Throws ProfileError naming the field.
 void check_profile_for_host(const Profile& p);
 
-/// The policy part of ns-init's branch config, from the profile. `landlock_abi` is the kernel's.
-boost::json::object policy_to_json(const Profile& p, int landlock_abi);
+/// Whether a branch's agent shares the supervisor's network namespace: `network: host`, or no
+/// namespaces at all. There it could read the API's loopback traffic (the bearer token crosses
+/// it in clear) with a raw socket, so it never keeps CAP_NET_RAW, whatever the profile says.
+bool shares_host_network(const Profile& p, bool namespaced);
+
+/// The policy part of ns-init's branch config, from the profile. `landlock_abi` is the kernel's;
+/// `host_net` (shares_host_network) adds CAP_NET_RAW to the capabilities always dropped.
+boost::json::object policy_to_json(const Profile& p, int landlock_abi, bool host_net);
 
 /// What is enforced, for `box.started` (field -> how, or "not enforced: why").
 boost::json::object describe_enforcement(const Profile& p, const boost::json::object& cgroup_state, int landlock_abi,
@@ -44,7 +50,7 @@ struct PreparedPolicy {
   uid_t uid = 0;
   gid_t gid = 0;
   bool caps = false;            // false: capabilities untouched
-  uint64_t keep_mask = 0;       // capabilities kept (bit per capability)
+  uint64_t keep_mask = 0;       // capabilities kept (bit per capability); never one of "drop"
   int cap_last = 0;             // highest capability number of this kernel
   bool set_nofile = false;
   uint64_t nofile = 0;

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 
+#include "agent-env.hpp"
 #include "egress-policy.hpp"
 #include "os/sys.hpp"
 
@@ -326,6 +327,23 @@ void check_network(const Profile& p) {
 }
 // ---- end network and credentials ----
 
+// "env": {"NAME": "value", ...}; merged over what is there (so `--set env.NAME=value` adds one),
+// null removes a name.
+void parse_env(std::map<std::string, std::string>& env, const json::value& v) {
+  if (!v.is_object()) throw ProfileError("env: expected an object of NAME: \"value\"");
+  for (auto& kv : v.as_object()) {
+    std::string name(kv.key());
+    if (auto why = env_name_refusal(name); !why.empty()) throw ProfileError("env." + name + ": " + why);
+    if (kv.value().is_null()) {
+      env.erase(name);
+      continue;
+    }
+    std::string value = as_string(kv.value(), "env." + name);
+    if (value.find('\0') != std::string::npos) throw ProfileError("env." + name + ": the value holds a NUL byte");
+    env[name] = std::move(value);
+  }
+}
+
 void parse_into(Profile& p, const json::value& doc) {
   Fields top(doc, "");
   if (auto* v = top.get("name")) p.name = as_string(*v, "name");
@@ -418,6 +436,7 @@ void parse_into(Profile& p, const json::value& doc) {
   }
   if (auto* n = top.get("network")) parse_network(p.network, *n);  // network and credentials
   if (auto* c = top.get("credentials")) parse_credentials(p.credentials, *c);
+  if (auto* e = top.get("env")) parse_env(p.env, *e);
   if (auto* v = top.get("persistence"))
     p.persistence = as_choice(*v, "persistence", {"ephemeral", "persistent", "checkpoint"});
   if (auto* j = top.get("journal")) {
@@ -492,6 +511,8 @@ void apply_override(Profile& p, const std::string& assignment) {
   boost::system::error_code ec;
   json::value v = json::parse(raw, ec);
   if (ec) v = json::string(raw);
+  // An environment variable's value is a string even when it reads as JSON (PORT=8080).
+  if (path.starts_with("env.") && !v.is_null()) v = json::string(raw);
   // Build {"a":{"b":v}} and parse it over the current profile: one code path for validation.
   json::value doc = v;
   size_t end = path.size();

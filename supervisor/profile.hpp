@@ -70,6 +70,9 @@ struct Profile {
   NetworkPolicy network;                 // network and credentials ("none" etc. is short for a mode)
   std::vector<Credential> credentials;   // network and credentials
   std::string persistence = "ephemeral";  // ephemeral, persistent, checkpoint
+  // The agent's environment beyond the clean base (agent-env.hpp); an override merges by name,
+  // and a null value removes one.
+  std::map<std::string, std::string> env;
   struct Journal {
     int64_t disk_cap = 0;  // bytes the journal may keep on disk; past it the oldest sealed segments go
   } journal;

@@ -21,6 +21,7 @@ inline constexpr uint8_t kFlagLast = 1;
 // Close codes.
 inline constexpr int kCloseUnauthorized = 4401;
 inline constexpr int kCloseTooSlow = 4008;
+inline constexpr int kCloseTooBig = 1009;  // RFC 6455: a message too big to process
 
 /// A refused request: `code` is stable (for programs), `message` says what was wrong.
 struct RequestError : std::runtime_error {

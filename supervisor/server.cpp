@@ -127,6 +127,7 @@ struct Server::Impl {
   int listener = 0;
   uint64_t next_client = 1;
   std::map<uint64_t, Client*> clients;
+  int unauthenticated = 0;  // clients that have not authenticated yet (opts.max_unauthenticated)
   bool draining = false;
   std::function<void()> drained;
   uv_timer_t* drain_timer = nullptr;
@@ -311,6 +312,18 @@ struct Server::Impl {
     }
     size_t cap = c.rx_binary ? protocol::kMaxBinaryData + protocol::kBinaryHeader : protocol::kMaxTextFrame;
     c.rx_total += len;
+    if (!c.authed && c.rx_total > opts.preauth_frame_bytes) {
+      // Anyone who reaches the port gets this far: hold none of it, and close at once.
+      log()->info("client {} ({}) refused: a frame of over {} bytes before authentication", c.id, c.peer,
+                  opts.preauth_frame_bytes);
+      c.rx.clear();
+      c.rx.shrink_to_fit();
+      c.rx_new = true;
+      close_with(c, protocol::kCloseTooBig,
+                 "a frame before authentication is capped at " + std::to_string(opts.preauth_frame_bytes) +
+                     " bytes: authenticate first");
+      return 0;
+    }
     if (c.rx_total > cap) {
       c.rx_oversize = true;
       c.rx.clear();
@@ -347,6 +360,7 @@ struct Server::Impl {
         auto token = protocol::opt_string(req.fields, "token");
         if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
         c.authed = true;
+        --unauthenticated;
         lws_set_timeout(c.wsi, NO_PENDING_TIMEOUT, 0);
         send(c, protocol::ok_reply(req.id));
         return 0;
@@ -776,6 +790,12 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
         log()->info("refused a connection: wrong token in the Authorization header");
         return reject_http(wsi, 401, "Unauthorized", "wrong token");
       }
+      if (!b && unauthenticated >= opts.max_unauthenticated) {
+        log()->info("refused a connection: {} unauthenticated connections are open", unauthenticated);
+        return reject_http(wsi, 503, "Service Unavailable",
+                           "too many unauthenticated connections (" + std::to_string(opts.max_unauthenticated) +
+                               "): send the token in the Authorization header, or retry later");
+      }
       return 0;
     }
     case LWS_CALLBACK_HTTP:
@@ -793,7 +813,10 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       c->authed = b && token_ok(*b);
       *slot = c;
       clients[c->id] = c;
-      if (!c->authed) lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
+      if (!c->authed) {
+        ++unauthenticated;
+        lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
+      }
       if (draining) close_with(*c, 1001, "box ended");
       log()->debug("client {} connected from {}", c->id, c->peer);
       return 0;
@@ -821,6 +844,7 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       Client* c = *slot;
       *slot = nullptr;
       clients.erase(c->id);
+      if (!c->authed) --unauthenticated;
       log()->debug("client {} gone", c->id);
       delete c;
       if (draining && clients.empty() && drained) {

@@ -20,6 +20,10 @@ struct ServerOptions {
   std::string tls_cert, tls_key;  // both or neither
   size_t queue_bytes = 8u << 20;  // per client; past it: close 4008
   int auth_timeout_s = 10;        // a client without a token header must authenticate by then
+  // Before authentication a client is anyone who can reach the port: it may hold this many
+  // connections in all (past it: HTTP 503), and send frames of this many bytes (past it: 1009).
+  int max_unauthenticated = 64;
+  size_t preauth_frame_bytes = 4096;
 };
 
 /// Splits "ADDR:PORT" ("[::1]:PORT" for IPv6); throws std::invalid_argument.

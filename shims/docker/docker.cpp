@@ -79,6 +79,8 @@ void apply_override_json(json::object& root, const std::string& assignment) {
   boost::system::error_code ec;
   json::value v = json::parse(text, ec);
   if (ec) v = json::string(text);
+  // As the supervisor's --set: an environment variable's value is a string (PORT=8080).
+  if (path.starts_with("env.") && !v.is_null()) v = json::string(text);
   json::object* o = &root;
   size_t start = 0;
   for (;;) {
@@ -309,6 +311,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
                            "--listen", listen});
   args.insert(args.end(), key_args.begin(), key_args.end());
+  for (auto& kv : o.env) args.insert(args.end(), {"--env", kv});
   if (!o.restore_archive.empty()) {
     args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
   } else {
@@ -399,6 +402,14 @@ BoxSpec inspect_box(const std::string& url) {
       if (type != "bind" && type != "volume") continue;
       bool rw = mo.contains("RW") && mo.at("RW").is_bool() && mo.at("RW").as_bool();
       spec.volumes.push_back(src + ":" + dst + (rw ? "" : ":ro"));
+    }
+  }
+  // sandboxer-init's arguments (after the image): the agent's --env K=V.
+  if (auto* args = c.if_contains("Args"); args && args->is_array()) {
+    auto& a = args->as_array();
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (!a[i].is_string() || a[i].as_string() == "--") break;
+      if (a[i].as_string() == "--env" && a[i + 1].is_string()) spec.env.emplace_back(a[++i].as_string());
     }
   }
   if (spec.profile_file.empty())

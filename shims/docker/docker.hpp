@@ -31,6 +31,8 @@ struct UpOptions {
   std::string name;                         // "" : sbx-<random>
   std::vector<std::string> volumes;         // -v SRC:DST[:ro], passed to docker run
   std::vector<std::string> argv;            // the agent's command
+  std::vector<std::string> env;             // --env K=V for the agent (the container's own
+                                            // environment does not reach it)
   std::string restore_archive;              // instead of argv: a checkpoint archive on the host the
                                             // box starts from (`sandboxer-init --restore`)
   std::vector<std::string> labels;          // extra --label K=V
@@ -82,6 +84,7 @@ struct BoxSpec {
   std::string image;                   // the image's id (sha256:...): the very image, not a tag
   std::string profile_file;            // on the host: the profile `up` wrote, overrides applied
   std::vector<std::string> volumes;    // the user's own volumes (-v), as docker run takes them
+  std::vector<std::string> env;        // its --env K=V (a cold restart's agent gets them again)
 };
 BoxSpec inspect_box(const std::string& url);
 

@@ -142,7 +142,10 @@ def run_agent_box(tmp, mode):
            "tmp": str(tmp), "secret_file": str(secret_file)}
     env = {"PATH": "/usr/bin:/bin", "SBX_TEST_API_SECRET": secret, "SBX_TEST_MARKER": marker}
     try:
-        r = run_init(["--profile", str(profile), "--", "python3", "/workspace/agent.py", json.dumps(cfg)], state,
+        # The marker is named with --env (the agent's environment is otherwise clean); the secret,
+        # in the same environment, is the broker's alone.
+        r = run_init(["--profile", str(profile), "--env", "SBX_TEST_MARKER", "--", "python3", "/workspace/agent.py",
+                      json.dumps(cfg)], state,
                      timeout=90, env=env)
     finally:
         up.close()

@@ -93,12 +93,14 @@ class Setup:
         secret_file.chmod(0o600)
         self.up = HoldingUpstream(self.secret, (cert, key))
         self.profile = write_profile(tmp / "profile.json", "proxy", self.up.port, ca, secret_file)
-        # The marker travels the way a secret would if it leaked: the supervisor's environment.
+        # The marker travels the way a secret would if it leaked: the supervisor's environment,
+        # named with --env (the agent's environment is otherwise clean).
         self.env = dict(os.environ, SBX_AGENT_SDK=str(SDK), SBX_TEST_API_SECRET=self.secret,
                         SBX_TEST_MARKER=self.marker)
 
     def box(self, state, args, timeout=120):
-        r = subprocess.run([str(INIT), "--state-dir", str(state), "--profile", str(self.profile), *args],
+        r = subprocess.run([str(INIT), "--state-dir", str(state), "--profile", str(self.profile),
+                            "--env", "SBX_AGENT_SDK", "--env", "SBX_TEST_MARKER", *args],
                            capture_output=True, timeout=timeout, env=self.env, text=True)
         return r.returncode, read_journal(state), r.stderr
 
@@ -293,7 +295,8 @@ def none_box(tmp, environ, mode="none"):
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     try:
-        r = subprocess.run([str(INIT), "--state-dir", str(tmp / "state"), "--set", f"network.mode={mode}", "--",
+        r = subprocess.run([str(INIT), "--state-dir", str(tmp / "state"), "--set", f"network.mode={mode}",
+                            "--env", "SBX_AGENT_SDK", "--",
                             sys.executable, str(HERE / "broker" / "none_agent.py"), str(listener.getsockname()[1])],
                            capture_output=True, timeout=90, env=environ, text=True)
     finally:

@@ -33,7 +33,8 @@ print(json.dumps(out), flush=True)
 
 def test_the_channel_answers_who_and_refuses_bad_requests(tmp_path):
     s = tmp_path / "s"
-    r = subprocess.run([str(INIT), "--state-dir", str(s), "--", sys.executable, "-c", AGENT], capture_output=True,
+    r = subprocess.run([str(INIT), "--state-dir", str(s), "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT],
+                       capture_output=True,
                        text=True, timeout=60, env=dict(os.environ, SBX_AGENT_SDK=str(SDK)))
     assert r.returncode == 0, r.stderr
     ev = read_journal(s)

@@ -33,7 +33,9 @@ def port():
 
 def box(state_dir, args, *, timeout=120, environ=None):
     """Runs one box to its end; returns (returncode, events of its journal, stderr)."""
-    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), *args], capture_output=True, timeout=timeout,
+    # The agent's environment is clean: the SDK's path reaches it by name (--env).
+    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--env", "SBX_AGENT_SDK", *args],
+                       capture_output=True, timeout=timeout,
                        env=environ or env(), text=True)
     return r.returncode, read_journal(state_dir), r.stderr
 

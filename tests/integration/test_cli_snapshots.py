@@ -273,7 +273,8 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
         environ["PATH"] = ":".join(d for d in environ["PATH"].split(":")
                                    if not os.path.exists(os.path.join(d, "criu")))
     (tmp_path / "b").mkdir()
-    with WsBox(tmp_path / "b", ["python3", "-c", SNOOP], extra=["--set", "resources.grace=1s"], env=environ) as box:
+    with WsBox(tmp_path / "b", ["python3", "-c", SNOOP], extra=["--set", "resources.grace=1s", "--env", "SNOOP_HOME"],
+               env=environ) as box:
         time.sleep(0.8)
         snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
         f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "1")

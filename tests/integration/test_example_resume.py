@@ -21,6 +21,10 @@ def expected_final():
     return value
 
 
+# The agent's environment is clean: its settings are named with --env (their values are ours).
+PASS = ["--env", "RESUME_STEPS", "--env", "RESUME_STEP_SECONDS"]
+
+
 def messages(state, since=0):
     return [e["message"] for e in read_journal(state, since) if e["type"] == "proc.message"]
 
@@ -28,7 +32,7 @@ def messages(state, since=0):
 def test_resumed_agent_continues_from_its_session_file(tmp_path):
     state = tmp_path / "s"
     env = {**os.environ, "RESUME_STEPS": str(STEPS), "RESUME_STEP_SECONDS": "0.3"}
-    first = subprocess.Popen([str(CLI), "run", "--state-dir", str(state), "--json", "--", "python3", AGENT],
+    first = subprocess.Popen([str(CLI), "run", "--state-dir", str(state), "--json", *PASS, "--", "python3", AGENT],
                              env=env, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     try:
@@ -51,7 +55,7 @@ def test_resumed_agent_continues_from_its_session_file(tmp_path):
     # variables go through `env` in the command itself, so this does not depend on which
     # SANDBOXER_* variables the supervisor passes on from its own environment; the supervisor's
     # own fallback (restore of a files-only snapshot) sets them itself.
-    r = subprocess.run([str(CLI), "run", "--state-dir", str(state), "--", "env", "SANDBOXER_RESUMED=1",
+    r = subprocess.run([str(CLI), "run", "--state-dir", str(state), *PASS, "--", "env", "SANDBOXER_RESUMED=1",
                         "SANDBOXER_SNAPSHOT=snap-1", "python3", AGENT],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -68,7 +72,7 @@ def test_without_resumed_it_starts_over(tmp_path):
     state = tmp_path / "s"
     env = {**os.environ, "RESUME_STEPS": "2", "RESUME_STEP_SECONDS": "0"}
     for _ in range(2):
-        r = subprocess.run([str(CLI), "run", "--state-dir", str(state), "--", "python3", AGENT],
+        r = subprocess.run([str(CLI), "run", "--state-dir", str(state), *PASS, "--", "python3", AGENT],
                            env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
     runs = [m for m in messages(state) if m["step"] in ("start", "resumed")]

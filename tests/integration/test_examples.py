@@ -27,8 +27,9 @@ def test_long_horizon(tmp_path):
     (the journal has every round); its metrics draw a plot."""
     import os
     state = tmp_path / "s"
-    env = dict(os.environ, ROUNDS="6", ROUND_SECONDS="0.3")
-    r = subprocess.run([str(CLI), "run", "--state-dir", str(state), "--json",
+    # The agent's environment is clean: its settings go in with --env (ROUNDS by name, from ours).
+    env = dict(os.environ, ROUNDS="6")
+    r = subprocess.run([str(CLI), "run", "--state-dir", str(state), "--json", "--env", "ROUNDS", "--env", "ROUND_SECONDS=0.3",
                         "--set", "resources.idle=2s", "--set", "resources.timeout=60s",
                         "--set", "metrics.interval=200ms", "--",
                         "python3", str(ROOT / "examples/long-horizon/agent.py")],
