@@ -123,11 +123,11 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode) {
     if (name == "..") return errc(EXDEV);
     bool made = ::mkdirat(cur.get(), name.c_str(), mode) == 0;
     if (!made && errno != EEXIST) return last_error();
-    // O_NOFOLLOW | O_DIRECTORY: a symlink is ELOOP, a file ENOTDIR; neither is used.
-    UniqueFd next(::openat(cur.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!next) return last_error();
-    if (made && ::fchmod(next.get(), mode) != 0) return last_error();
-    cur = std::move(next);
+    // A symlink is ELOOP, a file ENOTDIR: neither is used.
+    auto next = open_beneath(cur.get(), name, O_RDONLY | O_DIRECTORY);
+    if (!next) return next.error();
+    if (made && ::fchmod(next->get(), mode) != 0) return last_error();
+    cur = std::move(*next);
   }
   return cur;
 }
