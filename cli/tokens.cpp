@@ -46,8 +46,9 @@ void own_private_dir(const std::string& dir) {
     throw std::runtime_error("create " + dir + ": " + os::last_error().message());
   os::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st {};
-  if (!fd && errno == ELOOP)
-    throw std::runtime_error(dir + " is a symlink: refusing to keep tokens there (remove it, or set HOME or XDG_STATE_HOME)");
+  if (!fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &st) == 0)
+    throw std::runtime_error(dir + " is " + os::file_type_name(st.st_mode) +
+                             ", not a directory: refusing to keep tokens there (remove it, or set HOME or XDG_STATE_HOME)");
   if (!fd || ::fstat(fd.get(), &st) != 0)
     throw std::runtime_error("open " + dir + ": " + os::last_error().message());
   if (st.st_uid != ::geteuid())
