@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "box.hpp"
 #include "checkpoint/archive.hpp"
@@ -929,7 +931,11 @@ void Checkpointer::start_from_archive(const std::string& path) {
   ++ops_;
   auto err = std::make_shared<std::string>();
   std::string tmp = incoming_path();
-  offload([path, tmp, err] { (void)copy_tree(path, tmp, *err); },
+  offload([path, tmp, err] {
+            // The operator's path may be a symlink (copy_tree follows none): resolved here.
+            std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+            (void)copy_tree(real ? real.get() : path, tmp, *err);
+          },
           [this, err, tmp, path] {
             auto fail = [this](const std::string& msg) {
               log()->critical("restore from archive: {}", msg);
