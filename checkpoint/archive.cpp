@@ -2,6 +2,7 @@
 
 #include <archive.h>
 #include <archive_entry.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
@@ -728,58 +729,163 @@ std::optional<Extracted> extract_archive(const std::string& src, const std::stri
   return x.run(src, dst_dir, untrusted);
 }
 
-std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err) {
-  struct stat st {};
-  if (::lstat(src.c_str(), &st) != 0) {
-    err = "stat " + src + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+namespace {
+
+// A copy of a tree the agent wrote (a branch's layer) into a place only the supervisor writes.
+// Every entry is reached from its parent's fd without following symlinks, and every entry of the
+// copy is created new (mkdirat, O_CREAT | O_EXCL, symlinkat): nothing already there is written
+// through, so a symlink in the source (or anywhere) is copied as a symlink and never followed.
+struct Copier {
+  std::string& err;
   uint64_t bytes = 0;
-  if (S_ISDIR(st.st_mode)) {
-    if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0 && errno != EEXIST) {
-      err = "create " + dst + ": " + std::strerror(errno);
-      return std::nullopt;
-    }
-    ::chmod(dst.c_str(), st.st_mode & 07777);
-    std::vector<std::string> names;
-    std::error_code ec;
-    for (auto& de : fs::directory_iterator(src, ec)) names.push_back(de.path().filename().string());
-    if (ec) {
-      err = "list " + src + ": " + ec.message();
-      return std::nullopt;
-    }
-    for (auto& n : names) {
-      auto r = copy_tree(src + "/" + n, dst + "/" + n, err);
-      if (!r) return std::nullopt;
-      bytes += *r;
-    }
-  } else if (S_ISLNK(st.st_mode)) {
-    char target[4096];
-    ssize_t n = ::readlink(src.c_str(), target, sizeof target - 1);
-    if (n < 0) return bytes;
-    target[n] = 0;
-    ::unlink(dst.c_str());
-    if (::symlink(target, dst.c_str()) != 0) {
-      err = "create " + dst + ": " + std::strerror(errno);
-      return std::nullopt;
-    }
-  } else if (S_ISREG(st.st_mode)) {
-    os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
-    os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st.st_mode & 07777));
-    if (!in || !out) {
-      err = "copy " + src + ": " + std::strerror(errno);
-      return std::nullopt;
-    }
+  std::vector<char> buf;
+
+  static constexpr int kMaxDepth = 256;
+
+  bool fail(const std::string& what, int e) {
+    err = what + ": " + std::strerror(e);
+    return false;
+  }
+
+  // Owner and mode of the copy as the source has them: chown first (it clears set-id bits).
+  bool keep_owner(int fd, const struct stat& st, const std::string& shown) {
+    if (::fchown(fd, st.st_uid, st.st_gid) != 0) return fail("chown " + shown, errno);
+    if (::fchmod(fd, st.st_mode & 07777) != 0) return fail("chmod " + shown, errno);
+    return true;
+  }
+
+  bool data(int in, int out, const struct stat& st, const std::string& shown) {
     off_t left = st.st_size;
+    bool plain = false;  // copy_file_range refuses some pairs of filesystems: read and write then
     while (left > 0) {
-      ssize_t n = ::copy_file_range(in.get(), nullptr, out.get(), nullptr, static_cast<size_t>(left), 0);
+      ssize_t n = -1;
+      if (!plain) {
+        n = ::copy_file_range(in, nullptr, out, nullptr, static_cast<size_t>(left), 0);
+        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+          plain = true;
+          continue;
+        }
+      } else {
+        if (buf.empty()) buf.resize(1 << 20);
+        n = ::read(in, buf.data(), std::min<size_t>(buf.size(), static_cast<size_t>(left)));
+        if (n > 0)
+          if (auto w = os::write_all(out, {buf.data(), static_cast<size_t>(n)}); !w)
+            return fail("write " + shown, w.error().value());
+      }
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // the file shrank under us: keep what is there
+      if (n < 0) return fail("copy " + shown, errno);
+      if (n == 0) break;  // the file shrank under us: keep what is there
       left -= n;
     }
     bytes += static_cast<uint64_t>(st.st_size - left);
+    return true;
   }
-  return bytes;
+
+  bool file(int sdir, const char* name, int ddir, const char* dname, const std::string& shown) {
+    // O_PATH first, then the very inode it holds: a FIFO or a device is never opened.
+    auto p = os::open_beneath(sdir, name, O_PATH | O_NOFOLLOW);
+    if (!p) return fail("open " + shown, p.error().value());
+    struct stat st {};
+    if (::fstat(p->get(), &st) != 0) return fail("stat " + shown, errno);
+    if (!S_ISREG(st.st_mode)) return true;  // swapped for another type meanwhile: not copied
+    auto in = os::reopen(p->get(), O_RDONLY);
+    if (!in) return fail("open " + shown, in.error().value());
+    os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) return fail("create the copy of " + shown, errno);
+    return data(in->get(), out.get(), st, shown) && keep_owner(out.get(), st, shown);
+  }
+
+  bool symlink(int sdir, const char* name, const struct stat& st, int ddir, const char* dname,
+               const std::string& shown) {
+    std::vector<char> target(static_cast<size_t>(std::max<off_t>(st.st_size, 0)) + 2);
+    ssize_t n = ::readlinkat(sdir, name, target.data(), target.size() - 1);
+    if (n < 0) return fail("read the symlink " + shown, errno);
+    target[static_cast<size_t>(n)] = 0;
+    if (::symlinkat(target.data(), ddir, dname) != 0) return fail("create the copy of " + shown, errno);
+    if (::fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0) return fail("chown " + shown, errno);
+    return true;
+  }
+
+  // Copies the directory `sfd` into `dfd` (new and empty), entry by entry.
+  bool dir(int sfd, int dfd, const std::string& shown, int depth) {
+    if (depth > kMaxDepth) {
+      err = "copy " + shown + ": the tree is deeper than " + std::to_string(kMaxDepth) + " directories";
+      return false;
+    }
+    int lfd = ::fcntl(sfd, F_DUPFD_CLOEXEC, 3);
+    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+    if (!d) {
+      if (lfd >= 0) ::close(lfd);
+      return fail("list " + shown, errno);
+    }
+    std::vector<std::string> names;
+    while (auto* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+    ::closedir(d);
+    for (auto& n : names)
+      if (!entry(sfd, n.c_str(), dfd, n.c_str(), shown + "/" + n, depth)) return false;
+    return true;
+  }
+
+  // Copies the entry `name` of `sdir` as the new entry `dname` of `ddir`.
+  bool entry(int sdir, const char* name, int ddir, const char* dname, const std::string& shown, int depth) {
+    struct stat st {};
+    if (::fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return true;  // gone meanwhile
+      return fail("stat " + shown, errno);
+    }
+    if (S_ISLNK(st.st_mode)) return symlink(sdir, name, st, ddir, dname, shown);
+    if (S_ISREG(st.st_mode)) return file(sdir, name, ddir, dname, shown);
+    if (!S_ISDIR(st.st_mode)) return true;  // sockets, FIFOs, devices, overlay whiteouts: not part of a copy
+    auto sub = os::open_beneath(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (!sub) return fail("open " + shown, sub.error().value());
+    if (::fstat(sub->get(), &st) != 0) return fail("stat " + shown, errno);
+    if (::mkdirat(ddir, dname, 0700) != 0) return fail("create the copy of " + shown, errno);
+    auto out = os::open_beneath(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (!out) return fail("open the copy of " + shown, out.error().value());
+    return dir(sub->get(), out->get(), shown, depth + 1) && keep_owner(out->get(), st, shown);
+  }
+};
+
+}  // namespace
+
+std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err) {
+  auto split = [](const std::string& p) {
+    auto slash = p.rfind('/');
+    if (slash == std::string::npos) return std::pair<std::string, std::string>(".", p);
+    return std::pair<std::string, std::string>(slash == 0 ? "/" : p.substr(0, slash), p.substr(slash + 1));
+  };
+  auto [sparent, sname] = split(src);
+  auto [dparent, dname] = split(dst);
+  if (sname.empty() || sname == "." || sname == ".." || dname.empty() || dname == "." || dname == "..") {
+    err = "copy " + src + " to " + dst + ": each must name an entry";
+    return std::nullopt;
+  }
+  // The parents are the caller's (the state dir); what is below them is reached by fd only.
+  os::UniqueFd sdir(::open(sparent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  os::UniqueFd ddir(::open(dparent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sdir || !ddir) {
+    err = "open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstatat(sdir.get(), sname.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    err = "stat " + src + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+    err = "copy " + src + ": it is " + os::file_type_name(st.st_mode) + ", not a directory or a regular file";
+    return std::nullopt;
+  }
+  // A copy goes into a new place only: never merged into, or written through, what is there.
+  if (::fstatat(ddir.get(), dname.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    err = "copy " + src + " to " + dst + ": the destination exists already (it is " + os::file_type_name(st.st_mode) +
+          ")";
+    return std::nullopt;
+  }
+  Copier c{err};
+  if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return std::nullopt;
+  return c.bytes;
 }
 
 void remove_tree(const std::string& path) {

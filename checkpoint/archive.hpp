@@ -78,8 +78,11 @@ std::optional<std::string> incompatibility(const boost::json::object& manifest,
                                            const std::optional<std::string>& criu_here,
                                            const std::optional<std::string>& image_here);
 
-/// Recursive copy of a directory tree (dirs, regular files, symlinks; modes kept). Other file
-/// types (sockets, fifos, devices) are skipped. Returns the bytes of regular files copied.
+/// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)
+/// into `dst`, which must not exist: a copy is never merged into what is there. Nothing below
+/// `src` or `dst` is reached through a symlink (symlinks are copied as symlinks); other file types
+/// (sockets, FIFOs, devices) are skipped. `src` itself must be a directory or a regular file, not
+/// a symlink. Returns the bytes of regular files copied.
 std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err);
 
 /// rm -rf; errors are ignored.

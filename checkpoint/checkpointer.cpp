@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "box.hpp"
 #include "checkpoint/archive.hpp"
@@ -98,6 +100,28 @@ json::array mask_list(const std::vector<std::string>& masks) {
     out.push_back({{"path", m}, {"dir", S_ISDIR(st.st_mode)}});
   }
   return out;
+}
+
+// Whether the branch's /tmp, as its ns-init sees it, is an overlay (the host's /tmp under the
+// branch's tmp-upper): the last mount at /tmp in /proc/PID/mountinfo.
+bool tmp_is_overlay(pid_t pid) {
+  auto text = os::read_file("/proc/" + std::to_string(pid) + "/mountinfo");
+  if (!text) return false;
+  bool overlay = false;
+  size_t pos = 0;
+  while (pos < text->size()) {
+    size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    std::string_view line(text->data() + pos, end - pos);
+    pos = end + 1;
+    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS ... - FSTYPE SOURCE SUPER"
+    size_t f = 0;
+    for (int i = 0; i < 4 && f != std::string_view::npos; ++i) f = line.find(' ', f + 1);
+    if (f == std::string_view::npos || line.substr(f + 1, 5) != "/tmp ") continue;
+    auto dash = line.find(" - ");
+    overlay = dash != std::string_view::npos && line.substr(dash + 3, 8) == "overlay ";
+  }
+  return overlay;
 }
 
 }  // namespace
@@ -206,13 +230,16 @@ json::object Checkpointer::identity(const Box& box, const Branch& b) {
 }
 
 void Checkpointer::write_branch_json(const Box& box, const Branch& b, const std::string& dir) {
-  std::string d = dir + "/run/sandboxer";
-  if (auto r = os::make_dirs(d, 0755); !r) {
-    log()->warn("create {}: {}", d, r.error().message());
+  // The branch's /run is the agent's to write: run/sandboxer is reached from the branch's dir
+  // without following a symlink, and branch.json replaces whatever is at its place.
+  auto top = os::open_dir(dir);
+  auto d = top ? os::make_dirs_at(top->get(), "run/sandboxer", 0755) : os::Result<os::UniqueFd>(top.error());
+  if (!d) {
+    log()->warn("create {}/run/sandboxer: {}", dir, d.error().message());
     return;
   }
-  if (auto r = os::write_file_atomic(d + "/branch.json", json::serialize(identity(box, b)) + "\n"); !r)
-    log()->warn("write {}/branch.json: {}", d, r.error().message());
+  if (auto r = os::write_file_atomic_at(d->get(), "branch.json", json::serialize(identity(box, b)) + "\n"); !r)
+    log()->warn("write {}/run/sandboxer/branch.json: {}", dir, r.error().message());
 }
 
 // ---- checkpoint ----
@@ -343,20 +370,18 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
 
 void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   std::string src = box_.opts_.state_dir + "/branches/" + op->branch;
+  // The agent's /tmp is one of two directories: the upper layer of its /tmp overlay
+  // (launcher.cpp), or, where there is no overlay (a live copy, a host without overlay), tmp/
+  // itself. Exactly that one is its /tmp in the snapshot: two sources never go into one place.
+  bool overlay = tmp_is_overlay(op->ns_pid);
   offload(
-      [op, src] {
+      [op, src, overlay] {
         for (const char* d : supervisor::kLayerDirs) {
+          std::string from = std::string(d) == "tmp" && overlay ? "tmp-upper" : d;
           struct stat st {};
-          if (::stat((src + "/" + d).c_str(), &st) != 0) continue;
-          auto r = copy_tree(src + "/" + d, op->work + "/payload/fs/" + d, op->error);
-          if (!r) return;
-          op->fs_bytes += *r;
-        }
-        // The branch's /tmp writes live in the upper layer of its /tmp overlay (launcher.cpp):
-        // they are its /tmp in the snapshot (overlay whiteouts, devices, are left out).
-        struct stat st {};
-        if (::stat((src + "/tmp-upper").c_str(), &st) == 0) {
-          auto r = copy_tree(src + "/tmp-upper", op->work + "/payload/fs/tmp", op->error);
+          if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
+          // Overlay whiteouts (devices) are left out of the copy.
+          auto r = copy_tree(src + "/" + from, op->work + "/payload/fs/" + d, op->error);
           if (!r) return;
           op->fs_bytes += *r;
         }
@@ -621,7 +646,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         }
         for (const char* d : supervisor::kLayerDirs) {
           struct stat st {};
-          if (::stat((src + "/fs/" + d).c_str(), &st) != 0) continue;
+          if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
           if (!copy_tree(src + "/fs/" + d, dir + "/" + d, *err)) return;
         }
         // A cold copy gets the /tmp overlay again: its files go to the upper layer.
@@ -632,12 +657,17 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           if (!v.is_object()) continue;
           std::string path(v.at("path").as_string());
           if (!path.starts_with("/tmp/")) continue;
-          std::string target = dir + "/tmp" + path.substr(4);
+          // The copy's tmp/ came from the agent's files: nothing in it is followed.
+          std::string rel = "tmp" + path.substr(4);
+          auto top = os::open_dir(dir);
+          if (!top) continue;
           if (v.at("dir").as_bool()) {
-            (void)os::make_dirs(target, 0755);
-          } else {
-            (void)os::make_dirs(target.substr(0, target.rfind('/')), 0755);
-            (void)os::write_file_atomic(target, "");
+            if (auto r = os::make_dirs_at(top->get(), rel, 0755); !r)
+              log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
+          } else if (auto p = os::make_dirs_at(top->get(), rel.substr(0, rel.rfind('/')), 0755); !p) {
+            log()->warn("create the mount point {} in {}: {}", path, dir, p.error().message());
+          } else if (auto r = os::write_file_atomic_at(p->get(), rel.substr(rel.rfind('/') + 1), ""); !r) {
+            log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
           }
         }
       },
@@ -979,7 +1009,11 @@ void Checkpointer::start_from_archive(const std::string& path) {
   ++ops_;
   auto err = std::make_shared<std::string>();
   std::string tmp = incoming_path();
-  offload([path, tmp, err] { (void)copy_tree(path, tmp, *err); },
+  offload([path, tmp, err] {
+            // The operator's path may be a symlink (copy_tree follows none): resolved here.
+            std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+            (void)copy_tree(real ? real.get() : path, tmp, *err);
+          },
           [this, err, tmp, path] {
             auto fail = [this](const std::string& msg) {
               log()->critical("restore from archive: {}", msg);

@@ -91,7 +91,7 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!listen.empty()) {
     // A fresh token for this box, handed over in a file (never on a command line) and kept
     // under the box's URL once the server says its port, so `attach URL` needs no flag.
-    pending_token = token_dir() + "/pending-" + std::to_string(::getpid());
+    pending_token = token_dir() + "/pending-" + os::random_hex(8);
     create_token_file(pending_token);
     init_args.insert(init_args.end(), {"--listen", listen, "--token-file", pending_token});
   }

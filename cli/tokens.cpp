@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -36,16 +37,42 @@ std::string trim(std::string t) {
 }
 }  // namespace
 
+namespace {
+// A directory of ours alone: made 0700 if missing, then checked, by the fd it is opened with,
+// to be a directory (not a symlink), owned by this user and reachable by nobody else. Anything
+// else is refused: in a world-writable place another user may have made it first.
+void own_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw std::runtime_error("create " + dir + ": " + os::last_error().message());
+  os::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &st) == 0)
+    throw std::runtime_error(dir + " is " + os::file_type_name(st.st_mode) +
+                             ", not a directory: refusing to keep tokens there (remove it, or set HOME or XDG_STATE_HOME)");
+  if (!fd || ::fstat(fd.get(), &st) != 0)
+    throw std::runtime_error("open " + dir + ": " + os::last_error().message());
+  if (st.st_uid != ::geteuid())
+    throw std::runtime_error(dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+                             std::to_string(::geteuid()) + "): refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+  if ((st.st_mode & 077) != 0 && ::fchmod(fd.get(), 0700) != 0)
+    throw std::runtime_error("chmod 0700 " + dir + ": " + os::last_error().message());
+}
+}  // namespace
+
 std::string state_home() {
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
   if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
-  return "/tmp/sandboxer";
+  // No home: a directory of this user's own in /tmp, checked before anything goes in it.
+  std::string dir = "/tmp/sandboxer-" + std::to_string(::geteuid());
+  own_private_dir(dir);
+  return dir;
 }
 
 std::string token_dir() {
-  std::string dir = state_home() + "/tokens";
-  (void)os::make_dirs(dir, 0700);
-  ::chmod(dir.c_str(), 0700);
+  std::string home = state_home();
+  if (auto r = os::make_dirs(home, 0700); !r) throw std::runtime_error("create " + home + ": " + r.error().message());
+  std::string dir = home + "/tokens";
+  own_private_dir(dir);
   return dir;
 }
 
@@ -66,7 +93,8 @@ std::string token_path(const std::string& url) {
 
 std::string create_token_file(const std::string& path) {
   std::string token = os::random_hex(32);
-  os::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  // A new file, never one that is there (nor what a symlink there points to).
+  os::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) throw std::runtime_error("create token file " + path + ": " + os::last_error().message());
   ::fchmod(fd.get(), 0600);
   if (auto r = os::write_all(fd.get(), token + "\n"); !r) throw std::runtime_error("write " + path + ": " + r.error().message());

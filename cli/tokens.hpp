@@ -10,13 +10,16 @@
 
 namespace sbx::cli {
 
-/// $XDG_STATE_HOME/sandboxer (else ~/.local/state/sandboxer).
+/// $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else (no HOME) /tmp/sandboxer-UID,
+/// made 0700 and checked to be this user's own directory and no symlink (std::runtime_error
+/// saying why otherwise).
 std::string state_home();
-/// The store's directory (created, mode 0700).
+/// The store's directory (created 0700; refused unless it is a directory of this user's, not a
+/// symlink; its mode is set back to 0700).
 std::string token_dir();
 /// The file of `url` in the store (which need not exist).
 std::string token_path(const std::string& url);
-/// A new random token written to `path` (mode 0600); returns it.
+/// A new random token written to `path`, a new file (O_EXCL | O_NOFOLLOW, mode 0600); returns it.
 std::string create_token_file(const std::string& path);
 /// The token for `url`: `token_file` if given, else SANDBOXER_TOKEN, else the store; throws
 /// std::runtime_error saying where it looked.

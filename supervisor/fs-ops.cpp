@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "os/sys.hpp"
+
 namespace sbx::supervisor {
 
 using protocol::RequestError;
@@ -68,7 +70,7 @@ int open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
 }
 
 os::UniqueFd open_root(const std::string& root, const std::string& path) {
-  os::UniqueFd r(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  os::UniqueFd r(::open(root.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!r) fail(path, errno);
   return r;
 }
@@ -115,6 +117,37 @@ os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, m
   return os::UniqueFd(fd);
 }
 
+os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode) {
+  // Nothing but a regular file is ever opened for its content: the entry is taken as O_PATH
+  // (which opens no FIFO, device or socket: no open that blocks, no driver's open), checked, and
+  // only then the same inode is opened to read or write. A swap between the two changes nothing.
+  auto [root, rel] = split(roots, path);
+  auto rfd = open_root(*root, path);
+  int access = flags & O_ACCMODE;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int pfd = open_beneath(rfd.get(), rel, O_PATH, 0);
+    if (pfd < 0 && errno == ENOENT && (flags & O_CREAT)) {
+      // A new file, made here: O_EXCL, so nothing that appeared meanwhile is written through.
+      int fd = open_beneath(rfd.get(), rel, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | (flags & O_APPEND), mode);
+      if (fd >= 0) return os::UniqueFd(fd);
+      if (errno == EEXIST) continue;
+      fail(path, errno);
+    }
+    if (pfd < 0) fail(path, errno);
+    os::UniqueFd p(pfd);
+    struct stat st {};
+    if (::fstat(p.get(), &st) != 0) fail(path, errno);
+    if (S_ISDIR(st.st_mode))
+      throw RequestError("is_a_directory", path + ": is a directory" + (access == O_RDONLY ? " (use fs.list)" : ""));
+    if (!S_ISREG(st.st_mode))
+      throw RequestError("not_a_file", path + ": not a regular file: " + os::file_type_name(st.st_mode));
+    auto f = os::reopen(p.get(), (flags & ~(O_CREAT | O_EXCL)) | O_NOCTTY);
+    if (!f) fail(path, f.error().value());
+    return std::move(*f);
+  }
+  throw RequestError("io_error", path + ": it keeps changing while it is opened");
+}
+
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path) {
   auto fd = fs_open(roots, path, O_PATH);
   struct stat st {};
@@ -157,7 +190,12 @@ void fs_remove(const FsRoots& roots, const std::string& path, bool recursive) {
 void fs_mkdir(const FsRoots& roots, const std::string& path) {
   std::string last;
   auto dir = fs_open(roots, path, O_RDONLY, 0, &last);
-  if (::mkdirat(dir.get(), last.c_str(), 0755) != 0 && errno != EEXIST) fail(path, errno);
+  if (::mkdirat(dir.get(), last.c_str(), 0755) == 0) return;
+  int err = errno;
+  struct stat st {};
+  if (err == EEXIST && ::fstatat(dir.get(), last.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode))
+    throw RequestError("exists", path + ": exists and is not a directory: it is " + os::file_type_name(st.st_mode));
+  if (err != EEXIST) fail(path, err);
 }
 
 }  // namespace sbx::supervisor

@@ -25,6 +25,12 @@ struct FsRoots {
 os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644,
                      std::string* last_out = nullptr);
 
+/// Opens the regular file at `path` to read or write it (`flags`: O_RDONLY or O_WRONLY with
+/// O_CREAT, O_TRUNC, O_APPEND). Anything else there (a FIFO, a device, a socket, a directory) is
+/// refused without being opened: RequestError "not_a_file" / "is_a_directory" naming the path and
+/// the type ("not a regular file: a FIFO").
+os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644);
+
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path);
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);

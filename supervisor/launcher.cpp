@@ -395,12 +395,37 @@ void LaunchedBranch::take(BranchPipes& p) {
 }
 
 void ensure_machine_id(const std::string& dir) {
-  std::string path = dir + "/" + kMachineIdFile;
+  auto d = os::open_dir(dir);
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return;
-  (void)os::write_file_atomic(path, os::random_hex(16) + "\n");
-  ::chmod(path.c_str(), 0444);
+  if (!d || ::fstatat(d->get(), kMachineIdFile, &st, AT_SYMLINK_NOFOLLOW) == 0) return;
+  (void)os::write_file_atomic_at(d->get(), kMachineIdFile, os::random_hex(16) + "\n", 0444);
 }
+
+namespace {
+// The branch's writable layer, made (or checked) from the branch's dir by fd: a copy's layer holds
+// what its agent wrote, so a symlink anywhere in it is refused, never followed (ELOOP). The mount
+// plan then finds real directories, and the file ns-init's binary is bound over, at its paths.
+os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
+  if (auto r = os::make_dirs(spec.dir, 0755); !r) return r.error();
+  auto top = os::open_dir(spec.dir);
+  if (!top) return top.error();
+  for (const char* sub : {"root", "workspace", "tmp", "run", "tmp-upper", "tmp-work", "run/sandboxer/bin"}) {
+    auto d = os::make_dirs_at(top->get(), sub, 0755);
+    if (!d) return d.error();
+    // /tmp is everyone's, sticky.
+    if ((std::string_view(sub) == "tmp" || std::string_view(sub) == "tmp-upper") && ::fchmod(d->get(), 01777) != 0)
+      return os::last_error();
+  }
+  if (bundle_libs)
+    if (auto d = os::make_dirs_at(top->get(), "run/sandboxer/lib", 0755); !d) return d.error();
+  auto exe = os::open_beneath(top->get(), "run/sandboxer/bin/sandboxer-init", O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0755);
+  if (!exe) return exe.error();
+  struct stat st {};
+  if (::fstat(exe->get(), &st) != 0) return os::last_error();
+  if (!S_ISREG(st.st_mode)) return boost::system::error_code(EEXIST, boost::system::system_category());
+  return {};
+}
+}  // namespace
 
 bool can_make_namespaces(std::string* why_not) {
   pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
@@ -415,10 +440,12 @@ bool can_make_namespaces(std::string* why_not) {
 }
 
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
-  for (const char* sub : {"", "/root", "/workspace", "/tmp", "/run", "/tmp-upper", "/tmp-work"})
-    if (auto r = os::make_dirs(spec.dir + sub, 0755); !r) return r.error();
-  ::chmod((spec.dir + "/tmp").c_str(), 01777);
-  ::chmod((spec.dir + "/tmp-upper").c_str(), 01777);
+  std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
+  struct stat lst {};
+  if (auto r = prepare_layer(spec, ::stat(lib_dir.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)); !r) {
+    log()->error("branch {}: prepare its writable layer in {}: {}", spec.name, spec.dir, r.error().message());
+    return r.error();
+  }
   ensure_machine_id(spec.dir);
 
   auto pipes = make_branch_pipes();

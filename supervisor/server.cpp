@@ -609,11 +609,9 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     uint32_t bid = binary_id(r.id, "fs.read");
     auto path = protocol::need_string(f, "path");
     auto roots = roots_of(f);
-    auto fd = fs_open(roots, path, O_RDONLY);
+    auto fd = fs_open_file(roots, path, O_RDONLY);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw RequestError("io_error", path + ": " + std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) throw RequestError("is_a_directory", path + ": is a directory (use fs.list)");
-    if (!S_ISREG(st.st_mode)) throw RequestError("not_a_file", path + ": not a regular file");
     uint64_t size = static_cast<uint64_t>(st.st_size);
     uint64_t offset = static_cast<uint64_t>(protocol::opt_int(f, "offset", 0, INT64_MAX).value_or(0));
     if (offset > size) offset = size;
@@ -643,7 +641,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
       if (c.uploads.contains(bid)) throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
       c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
     }
-    auto fd = fs_open(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
+    auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
     if (inline_data) {
       if (auto w = os::write_all(fd.get(), *inline_data); !w)
         throw RequestError("io_error", "write " + path + ": " + w.error().message());

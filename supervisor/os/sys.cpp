@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -58,20 +61,12 @@ Result<std::string> read_file(const std::string& path) {
 }
 
 Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  auto slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  // The directory by its path, as the caller trusts it (a symlinked state dir is fine).
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return last_error();
-  if (auto r = write_all(fd.get(), data); !r) {
-    ::unlink(tmp.c_str());
-    return r.error();
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    auto ec = last_error();
-    ::unlink(tmp.c_str());
-    return ec;
-  }
-  return {};
+  return write_file_atomic_at(fd.get(), path.substr(slash == std::string::npos ? 0 : slash + 1), data, mode);
 }
 
 Result<void> make_dirs(const std::string& path, mode_t mode) {
@@ -88,6 +83,90 @@ Result<void> make_dirs(const std::string& path, mode_t mode) {
   if (::stat(path.c_str(), &st) != 0) return last_error();
   if (!S_ISDIR(st.st_mode)) return boost::system::error_code(ENOTDIR, boost::system::system_category());
   return {};
+}
+
+namespace {
+boost::system::error_code errc(int e) { return {e, boost::system::system_category()}; }
+
+// One component of a relative path: no "", ".", ".." and no '/'.
+bool plain_name(std::string_view n) { return !n.empty() && n != "." && n != ".." && n.find('/') == n.npos; }
+}  // namespace
+
+Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) noexcept {
+  struct open_how how {};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  int fd;
+  do fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
+  while (fd < 0 && errno == EAGAIN);
+  if (fd < 0) return last_error();
+  return UniqueFd(fd);
+}
+
+Result<UniqueFd> open_dir(const std::string& path) noexcept {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return last_error();
+  return fd;
+}
+
+Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode) {
+  UniqueFd cur(::fcntl(dirfd, F_DUPFD_CLOEXEC, 3));
+  if (!cur) return last_error();
+  size_t pos = 0;
+  while (pos < rel.size()) {
+    size_t end = rel.find('/', pos);
+    if (end == std::string::npos) end = rel.size();
+    std::string name = rel.substr(pos, end - pos);
+    pos = end + 1;
+    if (name.empty() || name == ".") continue;
+    if (name == "..") return errc(EXDEV);
+    bool made = ::mkdirat(cur.get(), name.c_str(), mode) == 0;
+    if (!made && errno != EEXIST) return last_error();
+    // A symlink is ELOOP, a file ENOTDIR: neither is used.
+    auto next = open_beneath(cur.get(), name, O_RDONLY | O_DIRECTORY);
+    if (!next) return next.error();
+    if (made && ::fchmod(next->get(), mode) != 0) return last_error();
+    cur = std::move(*next);
+  }
+  return cur;
+}
+
+Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode) {
+  if (!plain_name(name)) return errc(EINVAL);
+  std::string tmp = "." + name.substr(0, 64) + ".tmp-" + random_hex(8);
+  UniqueFd fd(::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return last_error();
+  auto fail = [&](boost::system::error_code ec) {
+    ::unlinkat(dirfd, tmp.c_str(), 0);
+    return ec;
+  };
+  if (::fchmod(fd.get(), mode) != 0) return fail(last_error());
+  if (auto r = write_all(fd.get(), data); !r) return fail(r.error());
+  fd.reset();
+  if (::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) return fail(last_error());
+  return {};
+}
+
+Result<UniqueFd> reopen(int fd, int flags) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  UniqueFd out(::open(path, flags | O_CLOEXEC));
+  if (!out) return last_error();
+  return out;
+}
+
+const char* file_type_name(mode_t mode) noexcept {
+  switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFLNK: return "a symlink";
+    case S_IFIFO: return "a FIFO";
+    case S_IFSOCK: return "a socket";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    default: return "a file of unknown type";
+  }
 }
 
 Result<void> set_nonblocking(int fd, bool on) noexcept {

@@ -30,11 +30,44 @@ Result<std::string> read_all(int fd);
 /// Reads a whole file.
 Result<std::string> read_file(const std::string& path);
 
-/// Writes a whole file atomically: a temporary beside it, then rename.
+/// Writes a whole file atomically: a temporary beside it, then rename. The directory is reached
+/// by path (it must be one only the supervisor writes); the file itself goes through
+/// write_file_atomic_at, so a symlink at its place or at any temporary name is never followed.
 Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode = 0644);
 
-/// mkdir -p.
+/// mkdir -p, by path: for directories only the supervisor writes (use make_dirs_at below where an
+/// agent writes).
 Result<void> make_dirs(const std::string& path, mode_t mode = 0755);
+
+// Files the supervisor writes where an agent writes too (a branch's /run, /tmp, workspace) are
+// reached from a directory fd the supervisor trusts, never by a path an agent could bend with a
+// symlink: nothing below `dirfd` is followed, and nothing leaves it.
+
+/// Opens `rel` below `dirfd` with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS): no `..` out, no symlink on the way or at the end (ELOOP). O_CLOEXEC is
+/// added.
+Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode = 0) noexcept;
+
+/// Opens a directory the caller trusts by its path (the state dir, a branch's dir), with
+/// O_DIRECTORY | O_NOFOLLOW: the fd the *_at helpers start from.
+Result<UniqueFd> open_dir(const std::string& path) noexcept;
+
+/// mkdir -p of `rel` below `dirfd`, one component at a time: mkdirat (`mode`, set with fchmod
+/// on a new directory), and an existing component is used only when it is a directory (ENOTDIR
+/// for a file, ELOOP for a symlink). Returns the last directory, open.
+Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode = 0755);
+
+/// Writes `name` (one component) in `dirfd` atomically: a temporary with a random name, created
+/// O_EXCL | O_NOFOLLOW and given `mode` with fchmod, then renamed over `name` (rename replaces a
+/// symlink there and never follows it).
+Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644);
+
+/// Opens the inode an O_PATH fd holds, again, with `flags` (through /proc/self/fd): what was
+/// checked with fstat is exactly what gets opened.
+Result<UniqueFd> reopen(int fd, int flags) noexcept;
+
+/// What a file type is called in messages: "a FIFO", "a socket", "a character device", ...
+const char* file_type_name(mode_t mode) noexcept;
 
 Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 

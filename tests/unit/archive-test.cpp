@@ -1,6 +1,7 @@
 // The checkpoint archive: round trip, and refusal of corrupted, truncated and unsafe archives.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -298,4 +299,110 @@ TEST_CASE("signing: base64 both ways, and a signature checks only its own messag
   REQUIRE(sig.size() == 64);
   CHECK(box_key().public_key().verify("hello", sig));
   CHECK_FALSE(box_key().public_key().verify("hellO", sig));
+}
+
+// copy_tree copies a layer the agent wrote: nothing in it, or already at the destination, is
+// followed or written through (issue #13 item 4).
+TEST_CASE("copy_tree: goes into a new place only, never through a symlink, keeping owners and modes") {
+  TempDir t;
+  auto victim = t.path / "victim";
+  fs::create_directories(victim);
+  fs::permissions(victim, fs::perms(0755));
+  put(victim / "keep", "host file");
+  put(t.path / "src/x/ld.so.preload", "evil");
+  fs::permissions(t.path / "src/x", fs::perms(0777));
+  fs::create_symlink(victim, t.path / "src/link");
+  std::string err;
+
+  SUBCASE("a destination that exists already is refused, and nothing is merged into it") {
+    fs::create_directories(t.path / "dst");
+    fs::create_symlink(victim, t.path / "dst/x");
+    CHECK_FALSE(copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
+    CHECK(err.find("the destination exists already") != std::string::npos);
+    CHECK(fs::is_symlink(fs::symlink_status(t.path / "dst/x")));  // untouched
+  }
+  SUBCASE("a destination that is a symlink is refused, not followed") {
+    fs::create_symlink(victim, t.path / "dst");
+    CHECK_FALSE(copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
+    CHECK(err.find("(it is a symlink)") != std::string::npos);
+  }
+  SUBCASE("a source that is a symlink is refused") {
+    CHECK_FALSE(copy_tree((t.path / "src/link").string(), (t.path / "dst").string(), err));
+    CHECK(err.find("is a symlink, not a directory") != std::string::npos);
+  }
+  SUBCASE("symlinks are copied as symlinks, owners, modes and set-id bits are kept, FIFOs skipped") {
+    REQUIRE(::chown((t.path / "src/x/ld.so.preload").c_str(), 1234, 5678) == 0);
+    REQUIRE(::chmod((t.path / "src/x/ld.so.preload").c_str(), 04751) == 0);
+    REQUIRE(::chown((t.path / "src/x").c_str(), 4321, 8765) == 0);
+    REQUIRE(::lchown((t.path / "src/link").c_str(), 1111, 2222) == 0);
+    REQUIRE(::mkfifo((t.path / "src/fifo").c_str(), 0644) == 0);
+    auto n = copy_tree((t.path / "src").string(), (t.path / "dst").string(), err);
+    REQUIRE_MESSAGE(n, err);
+    CHECK(*n == 4);
+    struct stat st {};
+    REQUIRE(::lstat((t.path / "dst/x/ld.so.preload").c_str(), &st) == 0);
+    CHECK(st.st_uid == 1234);
+    CHECK(st.st_gid == 5678);
+    CHECK((st.st_mode & 07777) == 04751);
+    REQUIRE(::lstat((t.path / "dst/x").c_str(), &st) == 0);
+    CHECK(st.st_uid == 4321);
+    CHECK((st.st_mode & 07777) == 0777);
+    REQUIRE(::lstat((t.path / "dst/link").c_str(), &st) == 0);
+    CHECK(S_ISLNK(st.st_mode));
+    CHECK(st.st_uid == 1111);
+    CHECK(fs::read_symlink(t.path / "dst/link") == victim);
+    CHECK_FALSE(fs::exists(fs::symlink_status(t.path / "dst/fifo")));
+    CHECK(get(t.path / "dst/x/ld.so.preload") == "evil");
+  }
+  // Whatever happened, the host directory the symlinks point at is as it was.
+  struct stat st {};
+  REQUIRE(::stat(victim.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0755);
+  CHECK(get(victim / "keep") == "host file");
+  CHECK_FALSE(fs::exists(victim / "ld.so.preload"));
+}
+
+TEST_CASE("copy_tree: the attack of issue #13 item 4 (two sources into one place) stops at the second") {
+  // A cold copy's tmp holds x -> victim, its tmp-upper a directory x: copied one after the other
+  // into one place, the old copy_tree chmod-ed the victim 0777 and wrote x/ld.so.preload into it.
+  TempDir t;
+  auto victim = t.path / "victim";
+  fs::create_directories(victim);
+  fs::permissions(victim, fs::perms(0755));
+  fs::create_directories(t.path / "tmp");
+  fs::create_symlink(victim, t.path / "tmp/x");
+  put(t.path / "tmp-upper/x/ld.so.preload", "evil");
+  fs::permissions(t.path / "tmp-upper/x", fs::perms(0777));
+  std::string err;
+  REQUIRE(copy_tree((t.path / "tmp").string(), (t.path / "out").string(), err));
+  CHECK_FALSE(copy_tree((t.path / "tmp-upper").string(), (t.path / "out").string(), err));
+  CHECK(err.find("the destination exists already") != std::string::npos);
+  struct stat st {};
+  REQUIRE(::stat(victim.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0755);
+  CHECK_FALSE(fs::exists(victim / "ld.so.preload"));
+}
+
+TEST_CASE("os: write_file_atomic_at replaces a symlink at its place and never follows one") {
+  TempDir t;
+  put(t.path / "victim", "host file");
+  fs::create_directories(t.path / "run/sandboxer");
+  fs::create_symlink(t.path / "victim", t.path / "run/sandboxer/branch.json");
+  auto top = sbx::os::open_dir(t.path.string());
+  REQUIRE(top.has_value());
+  SUBCASE("a symlink on the way is refused") {
+    fs::remove_all(t.path / "run/sandboxer");
+    fs::create_symlink(t.path, t.path / "run/sandboxer");
+    auto d = sbx::os::make_dirs_at(top->get(), "run/sandboxer", 0755);
+    REQUIRE_FALSE(d.has_value());
+    CHECK(d.error().value() == ELOOP);
+  }
+  SUBCASE("the file's place") {
+    auto d = sbx::os::make_dirs_at(top->get(), "run/sandboxer", 0755);
+    REQUIRE(d.has_value());
+    REQUIRE(sbx::os::write_file_atomic_at(d->get(), "branch.json", "{}\n", 0644).has_value());
+    CHECK(fs::is_regular_file(fs::symlink_status(t.path / "run/sandboxer/branch.json")));
+    CHECK(get(t.path / "run/sandboxer/branch.json") == "{}\n");
+  }
+  CHECK(get(t.path / "victim") == "host file");
 }

@@ -1,0 +1,236 @@
+"""Files the supervisor writes or reads where the agent writes (issue #13 items 4, 5, 7, 12).
+
+The agent (root in its box) plants symlinks and FIFOs where the supervisor copies a snapshot's
+files, writes branch.json, or serves fs.read/fs.write; the CLI's token dir without HOME sits in
+/tmp. Each attack asserts the refusal (or that the host file is untouched) and the reason; each
+has a control that runs the old, path-based logic on the same planted tree, or the same open on
+this host, to show the attack primitive works and the test can fail."""
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from policy_util import box, of_type
+from sbxtest import CLI, ROOT
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
+from wsbox import Session, WsBox, run, ws_connect  # noqa: E402  (tests/integration/wsbox.py)
+
+AGENT = pathlib.Path(__file__).resolve().parent / "agents" / "files.py"
+SDK = ROOT / "sdk" / "python" / "sandboxer"
+
+have_criu = shutil.which("criu") is not None and os.geteuid() == 0
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+def agent_env(live):
+    e = dict(os.environ, SBX_AGENT_SDK=str(SDK))
+    if not live:
+        # No criu on PATH: a fork is a cold restart of the agent's command on a copy of its files.
+        e["PATH"] = ":".join(d for d in e["PATH"].split(":") if not os.path.exists(os.path.join(d, "criu")))
+    return e
+
+
+def messages(events):
+    return [e["message"] for e in events if e["type"] == "proc.message"]
+
+
+def victim_dir(tmp_path):
+    v = tmp_path / "victim"
+    v.mkdir()
+    v.chmod(0o755)
+    (v / "keep").write_text("host file\n")
+    return v
+
+
+def naive_copy(src, dst):
+    """The old copy_tree: mkdir with EEXIST ignored, chmod and open(O_TRUNC) by path."""
+    st = os.lstat(src)
+    if stat.S_ISDIR(st.st_mode):
+        os.makedirs(dst, exist_ok=True)
+        os.chmod(dst, st.st_mode & 0o7777)
+        for n in os.listdir(src):
+            naive_copy(os.path.join(src, n), os.path.join(dst, n))
+    elif stat.S_ISLNK(st.st_mode):
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        os.symlink(os.readlink(src), dst)
+    elif stat.S_ISREG(st.st_mode):
+        with open(src, "rb") as i, open(dst, "wb") as o:
+            o.write(i.read())
+
+
+# ---- item 4: copy_tree ----
+
+@needs_root
+@pytest.mark.parametrize("mode", ["cold", pytest.param("live", marks=pytest.mark.skipif(
+    not have_criu, reason="needs criu on PATH"))])
+def test_a_symlink_in_tmp_swapped_for_a_directory_in_a_copy_does_not_reach_the_host(tmp_path, mode):
+    victim = victim_dir(tmp_path)
+    s = tmp_path / "s"
+    r, ev = box(s, [sys.executable, AGENT, "tmp-swap", victim], timeout=120, env=agent_env(mode == "live"))
+    assert r.returncode == 0, r.stderr
+    done = of_type(ev, "restore.done")
+    assert len(done) == 1 and done[0]["mode"] == mode, ev
+    copy = next(m for m in messages(ev) if m.get("copy"))
+    # The host directory is as it was: not made 0777, nothing written into it.
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o755
+    assert sorted(p.name for p in victim.iterdir()) == ["keep"]
+    # The copy's checkpoint took its /tmp from one place: x is its directory, not the symlink.
+    assert copy["checkpoint"]["ok"] is True, copy
+    snap = s / "snapshots" / (copy["checkpoint"]["snapshot"] + ".d") / "fs" / "tmp" / "x"
+    assert snap.is_dir() and not snap.is_symlink()
+    assert (snap / "ld.so.preload").read_text() == "/workspace/evil.so\n"
+    assert stat.S_IMODE(snap.stat().st_mode) == 0o777
+    if mode == "cold":
+        # Control: the old copy (both of the copy's /tmp directories into one place, by path) on
+        # the very tree the agent left makes the host directory 0777 and writes into it.
+        b = s / "branches" / done[0]["branch"]
+        assert (b / "tmp" / "x").is_symlink() and (b / "tmp-upper" / "x").is_dir()
+        out = tmp_path / "control" / "tmp"
+        naive_copy(b / "tmp", out)
+        naive_copy(b / "tmp-upper", out)
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o777
+        assert (victim / "ld.so.preload").read_text() == "/workspace/evil.so\n"
+
+
+# ---- item 5: write_file_atomic ----
+
+@needs_root
+@pytest.mark.parametrize("mode", ["cold", pytest.param("live", marks=pytest.mark.skipif(
+    not have_criu, reason="needs criu on PATH"))])
+def test_symlinks_at_branch_json_and_its_temporary_do_not_reach_the_host(tmp_path, mode):
+    v1, v2 = tmp_path / "victim1", tmp_path / "victim2"
+    v1.write_text("host file 1\n")
+    v2.write_text("host file 2\n")
+    s = tmp_path / "s"
+    r, ev = box(s, [sys.executable, AGENT, "run-plant", v1, v2], timeout=120, env=agent_env(mode == "live"))
+    assert r.returncode == 0, r.stderr
+    done = of_type(ev, "restore.done")
+    assert len(done) == 1 and done[0]["mode"] == mode, ev
+    copy = next(m for m in messages(ev) if m.get("copy"))
+    assert v1.read_text() == "host file 1\n" and v2.read_text() == "host file 2\n"
+    # The copy's branch.json is a file of its own, saying who it is.
+    assert copy["regular"] is True, copy
+    assert copy["branch_json"]["branch"] == done[0]["branch"] and copy["branch_json"]["mode"] == mode
+    # Control: the old write (PATH.tmp.<pid>, O_CREAT|O_TRUNC, by path) on the copy's planted
+    # /run/sandboxer truncates and writes the host file.
+    d = s / "branches" / done[0]["branch"] / "run" / "sandboxer"
+    assert (d / "branch.json.tmp.1").is_symlink()
+    fd = os.open(d / "branch.json.tmp.1", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"{}\n")
+    os.close(fd)
+    assert v1.read_text() == "{}\n"
+
+
+# ---- item 7: fs.read / fs.write of what is not a regular file ----
+
+@pytest.fixture
+def fifo_box(tmp_path):
+    argv = ["sh", "-c", "mkfifo /workspace/fifo && mknod /workspace/null c 1 3; touch /workspace/ready; sleep 120"]
+    with WsBox(tmp_path, argv, extra=["--set", "resources.grace=1s"]) as b:
+        deadline = time.monotonic() + 15
+        while not (b.workspace / "ready").exists():
+            assert time.monotonic() < deadline, "the agent made no FIFO"
+            time.sleep(0.05)
+        if not (b.workspace / "null").exists():
+            # The profile kept CAP_MKNOD from the agent: a device node at the path all the same.
+            os.mknod(b.workspace / "null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        yield b
+
+
+@pytest.mark.parametrize("name,kind", [("fifo", "a FIFO"), ("null", "a character device")])
+def test_fs_read_and_write_refuse_what_is_not_a_regular_file_and_the_box_keeps_serving(fifo_box, name, kind):
+    path = f"/workspace/{name}"
+
+    async def go():
+        async with ws_connect(fifo_box) as ws:
+            s = Session(ws)
+            t0 = time.monotonic()
+            rd = await s.request("fs.read", timeout=3, id=21, path=path)
+            wr = await s.request("fs.write", timeout=3, id=22, path=path, data="x")
+            ap = await s.request("fs.write", timeout=3, id=23, path=path, data="x", append=True)
+            took = time.monotonic() - t0
+            t1 = time.monotonic()
+            st = await s.request("stats", timeout=1)
+            return rd, wr, ap, took, st, time.monotonic() - t1
+
+    rd, wr, ap, took, st, stats_took = run(go(), timeout=30)
+    for r in (rd, wr, ap):
+        assert r["ok"] is False and r["error"]["code"] == "not_a_file", r
+        assert r["error"]["message"] == f"{path}: not a regular file: {kind}"
+    assert took < 1.5 and stats_took < 1.0
+    assert st["ok"] is True
+    assert "main" in st["procs"], st
+    assert fifo_box.alive()
+    # Nothing was written into the device or the FIFO, and they are still what they were.
+    mode = os.lstat(fifo_box.workspace / name).st_mode
+    assert stat.S_ISFIFO(mode) if name == "fifo" else stat.S_ISCHR(mode)
+
+
+def test_cp_of_a_fifo_is_refused_at_once_both_ways(fifo_box, tmp_path):
+    local = tmp_path / "local.txt"
+    local.write_text("data\n")
+    for args in ([f"{fifo_box.url}:/workspace/fifo", str(tmp_path / "down")],
+                 [str(local), f"{fifo_box.url}:/workspace/fifo"]):
+        t0 = time.monotonic()
+        r = subprocess.run([str(CLI), "cp", "--token-file", str(fifo_box.token_file), *args],
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode != 0 and "/workspace/fifo: not a regular file: a FIFO" in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 5
+    assert fifo_box.alive()
+    # Control: opening the agent's FIFO the old way (open, then check) blocks on this host.
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", f"open({str(fifo_box.workspace / 'fifo')!r}, 'rb')"], timeout=1)
+
+
+# ---- item 12: the CLI's token dir without HOME ----
+
+def cli_without_home(fake_tmp, script):
+    """Runs `script` (sh) in a mount namespace of its own whose /tmp is `fake_tmp`, with HOME and
+    XDG_STATE_HOME unset: the CLI's fallback is exercised without touching this host's /tmp."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_STATE_HOME")}
+    env["CLI"] = str(CLI)
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f"mount --bind {fake_tmp} /tmp && {script}"],
+                          capture_output=True, text=True, timeout=30, env=env)
+
+
+@needs_root
+def test_cli_token_dir_without_home_refuses_a_planted_symlink(tmp_path):
+    fake = tmp_path / "faketmp"
+    fake.mkdir(mode=0o1777)
+    victim = fake / "victim"
+    victim.mkdir()
+    (fake / f"sandboxer-{os.geteuid()}").symlink_to("/tmp/victim")
+    r = cli_without_home(fake, '"$CLI" stats ws://127.0.0.1:9')
+    assert r.returncode != 0
+    assert f"/tmp/sandboxer-{os.geteuid()} is a symlink, not a directory: refusing to keep tokens there" in r.stderr, r.stderr
+    assert list(victim.iterdir()) == []
+    # Control: a plain mkdir -p of the old kind goes through the planted symlink.
+    r = cli_without_home(fake, f"mkdir -p /tmp/sandboxer-{os.geteuid()}/tokens")
+    assert r.returncode == 0 and (victim / "tokens").is_dir()
+
+
+@needs_root
+def test_cli_token_dir_without_home_refuses_another_users_dir_and_makes_its_own_0700(tmp_path):
+    fake = tmp_path / "faketmp"
+    fake.mkdir(mode=0o1777)
+    mine = fake / f"sandboxer-{os.geteuid()}"
+    mine.mkdir(mode=0o777)
+    os.chown(mine, 4242, 4242)
+    r = cli_without_home(fake, '"$CLI" stats ws://127.0.0.1:9')
+    assert r.returncode != 0 and f"belongs to uid 4242, not to this user (uid {os.geteuid()})" in r.stderr, r.stderr
+    assert list(mine.iterdir()) == []
+    mine.rmdir()
+    # With nothing planted: a directory of this user's own, 0700, tokens 0700 below it.
+    r = cli_without_home(fake, '"$CLI" stats ws://127.0.0.1:9')
+    assert "no token for ws://127.0.0.1:9" in r.stderr, r.stderr
+    for d in (mine, mine / "tokens"):
+        st = os.lstat(d)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
