@@ -220,10 +220,17 @@ void Box::maybe_finish() {
 void Box::kill_leftovers() {
   // Anything of the agent still alive (flat mode: descendants that escaped a dead ns-init) dies
   // with the box: no process of the agent outlives the supervisor.
+  // Through pidfds: a grandchild reaped by its own parent meanwhile may have left its pid to
+  // some other process, which must not be killed.
+  auto self = os::pidfd_open(::getpid());
+  if (!self) {
+    log()->error("pidfd of the supervisor: {}; leftovers are not killed", self.error().message());
+    return;
+  }
   for (int round = 0; round < 50; ++round) {
-    std::vector<pid_t> all = os::descendants_of(::getpid());
+    auto all = os::tree_pidfds(::getpid(), self->get());
     if (all.empty()) return;
-    for (pid_t p : all) ::kill(p, SIGKILL);
+    for (auto& m : all) (void)os::pidfd_signal(m.fd.get(), SIGKILL);
     int st;
     while (::waitpid(-1, &st, WNOHANG | __WALL) > 0) {
     }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "launcher.hpp"
+#include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
 #include "signals.hpp"
@@ -74,6 +75,7 @@ class NsInit {
   void handle_pending();
 
   bool flat_;
+  os::UniqueFd self_;  // our own pidfd: the root of tree_pidfds in flat mode
   std::vector<std::string> base_env_;              // the agent's environment, for exec
   std::map<pid_t, std::string> execs_;             // exec'd procs by pid -> proc id
   std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
@@ -96,9 +98,13 @@ void NsInit::signal_tree(int sig) {
     ::kill(-1, sig);
     return;
   }
-  // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper).
+  // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper),
+  // each through a pidfd checked against its parent (os/pidfd.hpp): never a reused pid.
   if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
-  for (pid_t p : os::descendants_of(::getpid())) ::kill(p, sig);
+  if (!self_) {
+    if (auto fd = os::pidfd_open(::getpid())) self_ = std::move(*fd);
+  }
+  for (auto& m : os::tree_pidfds(::getpid(), self_.get())) (void)os::pidfd_signal(m.fd.get(), sig);
 }
 
 void NsInit::begin_shutdown(int64_t grace_ms) {

@@ -85,6 +85,7 @@ def test_the_agent_cannot_restore_or_delete_the_operators_snapshot(tmp_path):
                         await s.request("snapshot.delete", snapshot=snap["snapshot"], timeout=60))
 
         restored, deleted = run(operator_reach())
+        (b.workspace / "snap.end").touch()
         assert restored["ok"] is True and deleted["ok"] is True, (restored, deleted)
     assert not list((b.state / "snapshots").glob(snap["snapshot"] + "*"))
 
