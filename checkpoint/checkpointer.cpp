@@ -993,6 +993,12 @@ std::string Checkpointer::incoming_path() const {
 }
 
 void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce) {
+  // An import is one more snapshot kept (not a box's own start from an archive: its store is new).
+  if (announce)
+    if (auto refusal = snapshots_refusal("main")) {
+      ::unlink(tmp.c_str());
+      return done(std::move(*refusal));
+    }
   ++ops_;
   struct State {
     std::string err, id;

@@ -140,3 +140,31 @@ def test_control_without_landlock_the_same_probe_writes(tmp_path):
     ev = run_box(tmp_path / "s", attack("copy_policy"), "isolation.landlock=null", profile="untrusted")
     copy = next(m for m in messages(ev) if m.get("copy"))
     assert copy["dev_full"] == "writable"
+
+
+def test_an_import_past_resources_snapshots_is_refused(tmp_path):
+    from sbxtest import CLI
+    import subprocess
+
+    def cli(b, *args):
+        return subprocess.run([str(CLI), *args, "--token-file", str(b.token_file)], capture_output=True, text=True,
+                              timeout=60, env=no_criu_env())
+
+    archive = tmp_path / "moved.tar.zst"
+    for d in ("a", "full", "room"):
+        (tmp_path / d).mkdir()
+    with WsBox(tmp_path / "a", ["sleep", "30"], env=no_criu_env()) as a, \
+            WsBox(tmp_path / "full", [], extra=["--idle", "--set", "resources.snapshots=0"], env=no_criu_env()) as full, \
+            WsBox(tmp_path / "room", [], extra=["--idle", "--set", "resources.snapshots=1"], env=no_criu_env()) as room:
+        r = cli(a, "checkpoint", a.url)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.strip().splitlines()[-1]
+        assert cli(a, "export", a.url, snap, str(archive)).returncode == 0
+        refused = cli(full, "import", full.url, str(archive))
+        assert refused.returncode != 0 and "resources.snapshots: this box keeps at most 0" in refused.stderr, refused
+        hit = [json.loads(x) for x in full.events.read_text().splitlines()]
+        assert [(e["limit"], e["value"], e["ceiling"]) for e in hit if e["type"] == "limit.hit"] == [("snapshots", 1, 0)]
+        assert not list((full.state / "snapshots").glob("s-*")) and not list((full.state / "snapshots").glob(".import-*"))
+        # Control: a box with room for it takes it.
+        ok = cli(room, "import", room.url, str(archive))
+        assert ok.returncode == 0 and ok.stdout.strip().splitlines()[-1] == snap, ok
