@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -18,6 +20,7 @@
 #include "checkpoint/archive.hpp"
 #include "checkpoint/criu.hpp"
 #include "launcher.hpp"
+#include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
 
@@ -46,13 +49,6 @@ json::object error_reply(const std::string& code, const std::string& msg) {
   return {{"ok", false}, {"error", {{"code", code}, {"message", msg}}}};
 }
 
-// Every process of a tree, the root first.
-std::vector<pid_t> tree_of(pid_t root) {
-  std::vector<pid_t> all = {root};
-  for (pid_t p : os::descendants_of(root)) all.push_back(p);
-  return all;
-}
-
 // The one-letter state of a process from /proc/PID/stat ('T' stopped), or 0 when it is gone.
 char proc_state(pid_t pid) {
   auto text = os::read_file("/proc/" + std::to_string(pid) + "/stat");
@@ -61,25 +57,38 @@ char proc_state(pid_t pid) {
   return close != std::string::npos && close + 2 < text->size() ? (*text)[close + 2] : 0;
 }
 
+// Every process of a branch's tree goes through pidfds (os/pidfd.hpp): the root's own (held since
+// the branch started) and one per descendant, so a pid reused after its process died is never
+// signalled, even when the root itself has been reaped meanwhile.
+
 // Stops every process of the tree (SIGSTOP, forced even on a namespace's PID 1) and waits until
 // each is stopped, scanning again for children forked meanwhile. False when that took too long.
-bool stop_tree(pid_t root) {
+bool stop_tree(pid_t root, int root_fd) {
   for (int round = 0; round < 200; ++round) {
     bool all = true;
-    for (pid_t p : tree_of(root)) {
+    auto stop = [&](pid_t p, int fd) {
       char st = proc_state(p);
-      if (st == 0 || st == 'T' || st == 't' || st == 'Z') continue;
+      if (st == 0 || st == 'T' || st == 't' || st == 'Z' || !os::pidfd_alive(fd)) return;
       all = false;
-      ::kill(p, SIGSTOP);
-    }
+      (void)os::pidfd_signal(fd, SIGSTOP);
+    };
+    stop(root, root_fd);
+    for (auto& m : os::tree_pidfds(root, root_fd)) stop(m.pid, m.fd.get());
     if (all) return true;
     ::usleep(2000);
   }
   return false;
 }
 
-void continue_tree(pid_t root) {
-  for (pid_t p : tree_of(root)) ::kill(p, SIGCONT);
+void continue_tree(pid_t root, int root_fd) {
+  (void)os::pidfd_signal(root_fd, SIGCONT);
+  for (auto& m : os::tree_pidfds(root, root_fd)) (void)os::pidfd_signal(m.fd.get(), SIGCONT);
+}
+
+void kill_tree(pid_t root, int root_fd) {
+  auto members = os::tree_pidfds(root, root_fd);
+  (void)os::pidfd_signal(root_fd, SIGKILL);
+  for (auto& m : members) (void)os::pidfd_signal(m.fd.get(), SIGKILL);
 }
 
 const char* const kPipeRoles[] = {"requests", "reports", "stdin", "stdout", "stderr", "channel_requests",
@@ -140,7 +149,11 @@ struct Checkpointer::CheckpointOp {
   bool live = false;
   std::string note;  // why files only
   std::string work;  // snapshots/.work-X: payload/{criu,fs}, logs
+  std::string by;    // the branch whose agent channel asked, or "" (the operator)
   pid_t ns_pid = -1;
+  os::UniqueFd tree_fd;  // a pidfd of ns_pid: the tree is stopped, continued, killed through it
+  pid_t criu = -1;       // criu dumping it, until the reaper collects it
+  bool stopped = false;  // the tree is stopped by us and not continued yet
   double t0 = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
@@ -160,6 +173,7 @@ struct Checkpointer::RestoreOp {
   bool live = false;        // criu restores it (a live snapshot a trusted key signed)
   std::string note;         // why a live snapshot is restored cold
   double t0 = 0;
+  bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
   json::array results;
   std::vector<std::unique_ptr<supervisor::BranchPipes>> pipes;
@@ -242,23 +256,118 @@ void Checkpointer::write_branch_json(const Box& box, const Branch& b, const std:
     log()->warn("write {}/run/sandboxer/branch.json: {}", dir, r.error().message());
 }
 
+// ---- bounds and the agent channel's reach ----
+
+void Checkpointer::continue_op(CheckpointOp& op) {
+  if (!op.stopped) return;
+  op.stopped = false;
+  continue_tree(op.ns_pid, op.tree_fd.get());
+}
+
+void Checkpointer::on_shutdown() {
+  // A tree stopped for a dump cannot act on the shutdown's TERM: criu goes (it is our child, not
+  // yet reaped, so its pid is still its own), and the tree continues now, not at the dump's end.
+  for (auto& op : dumping_) {
+    if (op->criu > 0) ::kill(op->criu, SIGKILL);
+    continue_op(*op);
+  }
+}
+
+size_t Checkpointer::stored_snapshots() const {
+  size_t n = 0;
+  DIR* d = ::opendir(snap_dir_.c_str());
+  if (!d) return 0;
+  while (auto* e = ::readdir(d)) {
+    std::string_view name = e->d_name;
+    if (name.size() > 5 && name.ends_with(".json") && valid_snapshot_id(name.substr(0, name.size() - 5))) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+json::object Checkpointer::limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
+                                         const std::string& msg) {
+  auto it = box_.branches_.find(branch);
+  box_.emit(branch, {{"type", "limit.hit"},
+                     {"limit", limit},
+                     {"value", value},
+                     {"ceiling", ceiling},
+                     {"proc", it != box_.branches_.end() ? json::value(it->second->main_proc) : json::value(nullptr)}});
+  return error_reply("limit", msg);
+}
+
+std::optional<json::object> Checkpointer::snapshots_refusal(const std::string& branch) {
+  int64_t ceiling = box_.opts_.profile.resources.snapshots;
+  auto value = static_cast<int64_t>(stored_snapshots()) + checkpoints_ + 1;
+  if (value <= ceiling) return std::nullopt;
+  return limit_refusal(branch, "snapshots", value, ceiling,
+                       "resources.snapshots: this box keeps at most " + std::to_string(ceiling) + " snapshots (" +
+                           std::to_string(value - 1) + " kept or being taken); delete one first");
+}
+
+int64_t Checkpointer::live_copies() const {
+  int64_t n = copies_starting_;
+  for (auto& [name, b] : box_.branches_)
+    if (name != "main" && !b->ns_init_reaped) ++n;
+  return n;
+}
+
+std::optional<json::object> Checkpointer::copies_refusal(const std::string& branch, int n) {
+  int64_t ceiling = box_.opts_.profile.resources.copies;
+  int64_t value = live_copies() + n;
+  if (value <= ceiling) return std::nullopt;
+  return limit_refusal(branch, "copies", value, ceiling,
+                       "resources.copies: at most " + std::to_string(ceiling) + " copies may run at once in this box (" +
+                           std::to_string(value - n) + " running or starting, " + std::to_string(n) + " asked for)");
+}
+
+std::optional<json::object> Checkpointer::channel_refusal(const Branch& b, const std::string& id, bool to_delete) const {
+  if (!valid_snapshot_id(id)) return std::nullopt;  // the operation itself says what is wrong
+  auto text = os::read_file(snap_dir_ + "/" + id + ".json");
+  if (!text) return std::nullopt;  // no such snapshot: the operation says so
+  boost::system::error_code ec;
+  auto v = json::parse(*text, ec);
+  const json::object* origin = nullptr;
+  if (!ec && v.is_object())
+    if (auto* o = v.as_object().if_contains("origin"); o && o->is_object()) origin = &o->as_object();
+  auto field = [&](const char* k) {
+    auto* v = origin ? origin->if_contains(k) : nullptr;
+    return v && v->is_string() ? std::string(v->as_string()) : std::string();
+  };
+  bool own = field("by") == "channel" && field("branch") == b.name;
+  if (own) return std::nullopt;
+  // The snapshot a copy was made from is its own past: it may make more copies of it, not delete it.
+  if (!to_delete && id == b.snapshot) return std::nullopt;
+  std::string whose = field("by") != "channel" ? std::string("the operator's") : "branch " + field("branch") + "'s";
+  return error_reply("forbidden", "snapshot " + id + " is " + whose + ": the agent channel of branch " + b.name +
+                                      " may " + (to_delete ? "delete" : "restore or fork") +
+                                      " only the snapshots it took itself" +
+                                      (to_delete ? "" : " and the one it was restored from"));
+}
+
+json::array Checkpointer::list_for(const Branch& b) const {
+  json::array out;
+  for (auto& v : list())
+    if (!channel_refusal(b, std::string(v.as_object().at("id").as_string()), false)) out.push_back(v);
+  return out;
+}
+
 // ---- checkpoint ----
 
-void Checkpointer::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done) {
+void Checkpointer::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                              const std::string& by) {
   auto it = box_.branches_.find(branch);
   if (it == box_.branches_.end()) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   Branch& b = *it->second;
-  auto pit = box_.procs_.find(b.main_proc);
+  auto pit = box_.procs_.find(Box::proc_key(b.name, b.main_proc));
   if (b.ns_init_reaped || pit == box_.procs_.end() || pit->second->status_known)
     return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
   if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
-  if (b.landlocked)
-    return done(error_reply("landlocked", "branch \"" + branch +
-                                              "\" is confined by Landlock, which criu does not restore: its copies "
-                                              "would run without that confinement"));
+  if (auto refusal = snapshots_refusal(branch)) return done(std::move(*refusal));
   auto op = std::make_shared<CheckpointOp>();
   op->branch = branch;
   op->name = name;
+  op->by = by;
   op->leave_running = leave_running;
   op->done = std::move(done);
   std::string why;
@@ -269,14 +378,23 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   } else {
     op->live = true;
   }
+  // A files-only snapshot restores cold, and a cold copy gets the profile's Landlock again.
+  if (b.landlocked && op->live)
+    return op->done(error_reply("landlocked", "branch \"" + branch +
+                                                  "\" is confined by Landlock, which criu does not restore: its copies "
+                                                  "would run without that confinement"));
+  op->tree_fd.reset(b.pidfd ? ::fcntl(b.pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1);
+  if (!op->tree_fd) return op->done(error_reply("not_running", "branch \"" + branch + "\" has no pidfd of its tree"));
   op->work = snap_dir_ + "/.work-" + os::random_hex(4);
   for (const char* d : {"", "/payload/criu", "/payload/fs", "/logs"})
     if (auto r = os::make_dirs(op->work + d, 0700); !r)
       return op->done(error_reply("io", "create " + op->work + d + ": " + r.error().message()));
   ++ops_;
+  ++checkpoints_;
   b.busy = true;
   op->ns_pid = b.launched.pid;
   op->t0 = now_ms();
+  dumping_.push_back(op);
 
   json::object pipes;
   for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.launched.pipe_inodes[i];
@@ -301,9 +419,10 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"channel_request", b.chan_inflight >= 0 ? json::value(b.chan_inflight) : json::value(nullptr)}};
   if (!op->live) op->manifest["note"] = op->note;
 
+  op->stopped = true;  // from here until continue_op(), on every path
   if (!op->live) {
     // Files only, but still at one instant: the tree is stopped while its layer is copied.
-    (void)stop_tree(op->ns_pid);
+    (void)stop_tree(op->ns_pid, op->tree_fd.get());
     op->t_stopped = op->t_dumped = now_ms();
     snapshot_layer(op);
     return;
@@ -312,8 +431,8 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
   // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
   // original would lose its live connections.
-  if (!stop_tree(op->ns_pid)) {
-    continue_tree(op->ns_pid);
+  if (!stop_tree(op->ns_pid, op->tree_fd.get())) {
+    continue_op(*op);
     b.busy = false;
     checkpoint_failed(op, "busy", "could not stop every process of branch \"" + branch + "\" within 0.4 s");
     return;
@@ -341,19 +460,26 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   run.output = op->work + "/logs/dump.out";
   auto pid = spawn_criu(*criu_, run);
   if (!pid) {
-    continue_tree(op->ns_pid);
+    continue_op(*op);
     b.busy = false;
     checkpoint_failed(op, "criu", "start criu: " + pid.error().message());
     return;
   }
   log()->info("dump branch {} (ns-init {}): criu {}", branch, op->ns_pid, *pid);
+  op->criu = *pid;
   box_.reaper_.watch(*pid, [this, op](pid_t, int st) {
+    op->criu = -1;
     op->t_dumped = now_ms();
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      std::string why = criu_error_from_log(op->work + "/logs/dump.log");
-      continue_tree(op->ns_pid);
+      std::string why = WIFSIGNALED(st) ? std::string("criu was killed by SIG") + os::signal_name(WTERMSIG(st))
+                                        : criu_error_from_log(op->work + "/logs/dump.log");
+      continue_op(*op);
       checkpoint_failed(op, "criu", "criu dump failed: " + why);
       return;
+    }
+    if (box_.shutting_down_) {
+      continue_op(*op);
+      return checkpoint_failed(op, "shutting_down", "the box is shutting down");
     }
     snapshot_layer(op);
   });
@@ -361,6 +487,9 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
 
 void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg) {
   log()->error("checkpoint branch {}: {}", op->branch, msg);
+  continue_op(*op);  // whatever failed, the agent goes on
+  --checkpoints_;
+  std::erase(dumping_, op);
   if (auto it = box_.branches_.find(op->branch); it != box_.branches_.end()) it->second->busy = false;
   box_.emit(op->branch, {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
   remove_tree(op->work);
@@ -396,12 +525,11 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
             b.ended_by = "checkpoint";
             // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
             // whole tree. A flat one is not: every process of the tree goes.
-            if (b.launched.namespaced) ::kill(op->ns_pid, SIGKILL);
-            else
-              for (pid_t p : tree_of(op->ns_pid)) ::kill(p, SIGKILL);
+            if (b.launched.namespaced) (void)os::pidfd_signal(op->tree_fd.get(), SIGKILL);
+            else kill_tree(op->ns_pid, op->tree_fd.get());
           }
-          continue_tree(op->ns_pid);
         }
+        continue_op(*op);
         op->t_resumed = now_ms();
         if (!op->error.empty()) return checkpoint_failed(op, "io", "snapshot the writable layer: " + op->error);
         compress(op);
@@ -436,8 +564,12 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         timings["compress"] = round_ms(op->t_compressed - op->t_resumed);
         timings["total"] = round_ms(op->t_compressed - op->t0);
         index["timings_ms"] = timings;
+        // Who asked: the agent channel of a branch reaches only its own snapshots (channel_refusal).
+        index["origin"] = op->by.empty() ? json::object{{"by", "operator"}} : json::object{{"by", "channel"}, {"branch", op->by}};
         if (::rename(tmp.c_str(), (base + ".tar.zst").c_str()) != 0)
           return checkpoint_failed(op, "io", "store the archive: " + std::string(std::strerror(errno)));
+        --checkpoints_;
+        std::erase(dumping_, op);
         // The payload stays extracted beside the archive: forks of it need no decompression.
         remove_tree(base + ".d");
         if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
@@ -576,11 +708,18 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->first_index = first_index;
   op->t0 = now_ms();
   if (box_.shutting_down_) return op->done(error_reply("shutting_down", "the box is shutting down"));
+  // Every copy runs with the profile's full ceilings: the box runs at most resources.copies.
+  // (A box's own start from an archive restores its main branch, no copy.)
+  if (name != "main")
+    if (auto refusal = copies_refusal("main", n)) return op->done(std::move(*refusal));
+  op->counted = name != "main";
+  if (op->counted) copies_starting_ += n;
   ++ops_;
   with_extracted(snapshot, [this, op](std::optional<json::object> m, std::string err, std::string code) {
     if (!m) {
       log()->error("restore {}: {}", op->snapshot, err);
       box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", err}});
+      if (op->counted) copies_starting_ -= op->n;
       op->done(error_reply(code, err));
       return op_done();
     }
@@ -607,8 +746,13 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     else refuse = incompatibility(checked, box_.caps_.criu, image_id_);
     if (!refuse && mode == "live")
       if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
+    // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
+    // without it. A cold copy gets it again.
+    if (!refuse && mode == "live" && box_.opts_.profile.isolation.landlock)
+      refuse = "a live snapshot restores without Landlock, and this box's profile asks for Landlock";
     if (refuse) {
       box_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
+      if (op->counted) copies_starting_ -= op->n;
       op->done(error_reply("incompatible", *refuse));
       return op_done();
     }
@@ -634,12 +778,19 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
     for (auto& v : a->as_array()) br.argv.emplace_back(v.as_string());
   br.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
+  // A copy gets exactly its parent's policy: Landlock (a cold copy's agent gets it again; a live
+  // one is refused above where the profile asks for it), and the workspace's disk ceiling and
+  // owner, mounted before the snapshot's files are copied into it.
+  br.landlocked = box_.opts_.profile.isolation.landlock.has_value();
   auto err = std::make_shared<std::string>();
+  if (auto r = os::make_dirs(dir + "/workspace", 0755); !r) *err = "create " + dir + "/workspace: " + r.error().message();
+  else if (auto ws = box_.mount_workspace(br, dir); ws.starts_with("not enforced")) *err = "the copy's workspace: " + ws;
   double t_start = now_ms();
   json::array masks;
   if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
   offload(
       [src, dir, err, masks, live] {
+        if (!err->empty()) return;
         if (auto r = os::make_dirs(dir, 0755); !r) {
           *err = "create " + dir + ": " + r.error().message();
           return;
@@ -807,7 +958,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           Branch& added = box_.add_branch(std::move(*b), true);
           box_.start_watcher(added);
           // The tree was dumped stopped, so criu restored it stopped: it runs from here.
-          continue_tree(root);
+          continue_tree(root, added.pidfd.get());
           // The copy's first line on its channel says who it is; a channel request the original
           // was waiting on at the dump gets its answer in the copy too.
           auto w = identity(box_, added);
@@ -839,9 +990,15 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int /*slot*/, json::
                   {"parent_box", op->manifest.at("box")},
                   {"index", res.at("index")},
                   {"of", op->n}};
+  if (op->counted) --copies_starting_;
   if (res.contains("error")) {
-    // Nothing half-restored stays behind: the copy's directory goes with its failure.
-    if (!box_.branches_.contains(branch)) remove_tree(box_.opts_.state_dir + "/branches/" + branch);
+    // Nothing half-restored stays behind: the copy's directory goes with its failure (its
+    // workspace's mount first, if it got one).
+    if (!box_.branches_.contains(branch)) {
+      std::string dir = box_.opts_.state_dir + "/branches/" + branch;
+      (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+      remove_tree(dir);
+    }
     ev["type"] = "restore.failed";
     ev["error"] = res.at("error");
     log()->error("restore {} as {}: {}", op->snapshot, branch, res.at("error").as_string());
@@ -933,6 +1090,12 @@ std::string Checkpointer::incoming_path() const {
 }
 
 void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce) {
+  // An import is one more snapshot kept (not a box's own start from an archive: its store is new).
+  if (announce)
+    if (auto refusal = snapshots_refusal("main")) {
+      ::unlink(tmp.c_str());
+      return done(std::move(*refusal));
+    }
   ++ops_;
   struct State {
     std::string err, id;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/archive.hpp"
 
@@ -41,13 +42,28 @@ class Checkpointer {
   /// Whether this host can checkpoint a live tree at all (criu >= 4.2 present); else why not.
   bool live_possible(std::string* why_not) const;
 
-  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done);
+  /// `by`: the branch whose agent channel asks, recorded in the snapshot's index (`origin`); ""
+  /// for the operator.
+  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                  const std::string& by = "");
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
                int first_index = 0);
   boost::json::array list() const;
+  /// The snapshots the agent channel of `b` may see (channel_refusal with to_delete false).
+  boost::json::array list_for(const supervisor::Branch& b) const;
+  /// Why the agent channel of `b` may not restore or fork (or, `to_delete`, delete) snapshot
+  /// `id`: the channel reaches the snapshots its own branch took, and restores the one it came
+  /// from; a {"ok": false, "error": {"code": "forbidden", ...}} reply, or nullopt.
+  std::optional<boost::json::object> channel_refusal(const supervisor::Branch& b, const std::string& id,
+                                                     bool to_delete) const;
+  /// A restore or fork of `n` more copies past resources.copies: the refusal (code "limit") after
+  /// a `limit.hit` event on `branch`, or nullopt.
+  std::optional<boost::json::object> copies_refusal(const std::string& branch, int n);
+  /// The box is shutting down: a dump under way is abandoned and its tree continues at once.
+  void on_shutdown();
   boost::json::object remove(const std::string& id);
   /// The archive file of snapshot `id`, for snapshot.export; nullopt and `err` when there is none.
   std::optional<std::string> archive_path(const std::string& id, std::string& err) const;
@@ -74,6 +90,13 @@ class Checkpointer {
   void offload(std::function<void()> work, std::function<void()> after);
   void finish_checkpoint(std::shared_ptr<CheckpointOp> op);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
+  /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
+  void continue_op(CheckpointOp& op);
+  std::optional<boost::json::object> snapshots_refusal(const std::string& branch);
+  boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
+                                    const std::string& msg);
+  size_t stored_snapshots() const;
+  int64_t live_copies() const;
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
   void compress(std::shared_ptr<CheckpointOp> op);
   /// `fn(manifest, error, code)`: the snapshot's manifest (with "verified"), else why not and the
@@ -92,6 +115,9 @@ class Checkpointer {
   ImportPolicy policy_;                  // the box's trusted keys, --allow-unsigned, the size bound
   int ops_ = 0;
   int next_copy_ = 1;
+  int64_t checkpoints_ = 0;     // checkpoints under way (counted against resources.snapshots)
+  int64_t copies_starting_ = 0; // copies being restored (counted against resources.copies)
+  std::vector<std::shared_ptr<CheckpointOp>> dumping_;  // checkpoints under way
 };
 
 /// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).

@@ -73,7 +73,7 @@ boost::json::object Box::proc_state(const Proc& p) const {
 }
 
 void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, boost::json::object)> done) {
-  if (auto it = procs_.find(spec.proc); it != procs_.end()) {
+  if (auto it = procs_.find(proc_key(spec.branch, spec.proc)); it != procs_.end()) {
     // Idempotent: the same id names the same process, whatever else the request says.
     Proc& p = *it->second;
     auto reply = [this, &p, done] {
@@ -98,7 +98,7 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
   p->tty = spec.tty;
   p->io = std::make_unique<ProcIo>(loop_);
   Proc& pr = *p;
-  procs_.emplace(p->id, std::move(p));
+  procs_.emplace(proc_key(p->branch, p->id), std::move(p));
   pr.on_started.push_back([this, &pr, done] {
     if (!pr.error.empty() && !pr.started)
       return done(OpError{"spawn_failed", pr.error}, proc_state(pr));
@@ -200,8 +200,8 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
 
 void Box::end_execs_of(Branch& b) {
   // ns-init is gone and with it everything in its pid namespace: every exec'd proc has ended.
-  for (auto& [id, p] : procs_) {
-    if (p->branch != b.name || id == b.main_proc) continue;
+  for (auto& [key, p] : procs_) {
+    if (p->branch != b.name || p->id == b.main_proc) continue;
     if (!p->status_known) {
       p->status = SIGKILL;  // a wait status: killed by KILL
       p->status_known = true;
@@ -214,10 +214,34 @@ void Box::end_execs_of(Branch& b) {
   }
 }
 
-std::optional<OpError> Box::proc_stdin(const std::string& proc, std::string_view data, bool eof) {
-  auto it = procs_.find(proc);
-  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
-  Proc& p = *it->second;
+Proc* Box::find_proc(const std::string& proc, const BranchName& branch, std::optional<OpError>& err) {
+  if (branch) {
+    if (auto it = procs_.find(proc_key(*branch, proc)); it != procs_.end()) return it->second.get();
+    err = OpError{"no_such_proc", "no process named " + proc + " in branch " + *branch};
+    return nullptr;
+  }
+  Proc* found = nullptr;
+  std::string where;
+  for (auto& [key, p] : procs_) {
+    if (p->id != proc) continue;
+    where += (where.empty() ? "" : ", ") + p->branch;
+    if (found) {
+      err = OpError{"ambiguous_proc", "process " + proc + " runs in branches " + where + ": say which with \"branch\""};
+      continue;
+    }
+    found = p.get();
+  }
+  if (err) return nullptr;
+  if (!found) err = OpError{"no_such_proc", "no process named " + proc};
+  return found;
+}
+
+std::optional<OpError> Box::proc_stdin(const std::string& proc, const BranchName& branch, std::string_view data,
+                                       bool eof) {
+  std::optional<OpError> err;
+  Proc* pp = find_proc(proc, branch, err);
+  if (!pp) return err;
+  Proc& p = *pp;
   if (p.io && !p.started && !p.status_known) {
     // Not started yet: keep it for when it is.
     if (p.io->early_eof) return OpError{"stdin_closed", "the stdin of " + proc + " is closed"};
@@ -238,21 +262,26 @@ std::optional<OpError> Box::proc_stdin(const std::string& proc, std::string_view
   return std::nullopt;
 }
 
-std::optional<OpError> Box::proc_signal(const std::string& proc, int sig) {
-  auto it = procs_.find(proc);
-  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
-  Proc& p = *it->second;
+std::optional<OpError> Box::proc_signal(const std::string& proc, const BranchName& branch, int sig) {
+  std::optional<OpError> err;
+  Proc* pp = find_proc(proc, branch, err);
+  if (!pp) return err;
+  Proc& p = *pp;
   if (p.status_known) return OpError{"not_running", "process " + proc + " has exited"};
   auto bit = branches_.find(p.branch);
-  if (bit == branches_.end()) return OpError{"no_such_branch", "branch " + p.branch + " is gone"};
-  send_request(*bit->second, {{"op", "signal"}, {"proc", proc}, {"sig", sig}});
+  if (bit == branches_.end() || bit->second->ns_init_reaped)
+    return OpError{"not_running", "branch " + p.branch + " has ended"};
+  // ns-init calls its branch's agent "main", whatever this box calls it ("main@f1" in a copy).
+  Branch& b = *bit->second;
+  send_request(b, {{"op", "signal"}, {"proc", p.id == b.main_proc ? std::string("main") : p.id}, {"sig", sig}});
   return std::nullopt;
 }
 
-std::optional<OpError> Box::proc_resize(const std::string& proc, int cols, int rows) {
-  auto it = procs_.find(proc);
-  if (it == procs_.end()) return OpError{"no_such_proc", "no process named " + proc};
-  Proc& p = *it->second;
+std::optional<OpError> Box::proc_resize(const std::string& proc, const BranchName& branch, int cols, int rows) {
+  std::optional<OpError> err;
+  Proc* pp = find_proc(proc, branch, err);
+  if (!pp) return err;
+  Proc& p = *pp;
   if (!p.io || p.io->pty < 0) return OpError{"no_tty", "process " + proc + " has no terminal"};
   struct winsize ws {};
   ws.ws_col = static_cast<unsigned short>(cols);

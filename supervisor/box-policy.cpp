@@ -170,19 +170,28 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   for (auto& [k, v] : cg_state)
     if (v.is_string() && v.as_string().starts_with("not enforced")) log()->warn("branch {}: {}", b.name, v.as_string().c_str());
 
-  // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
-  // the group that writes it), owned by the agent's user.
   std::string ws = spec.dir + "/workspace";
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
+  if (auto how = mount_workspace(b, spec.dir); !how.empty()) cg_state["disk"] = how;
+  spec.new_net = prof.network.mode != NetworkPolicy::Mode::Host;
+  enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
+}
+
+std::string Box::mount_workspace(Branch& b, const std::string& dir) {
+  // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
+  // the group that writes it), owned by the agent's user. Every branch gets it, copies included.
+  const Profile& prof = opts_.profile;
+  std::string ws = dir + "/workspace";
+  std::string how;
   if (prof.resources.disk > 0 && prof.persistence == "persistent") {
     // Files that must outlive the box cannot sit on a tmpfs.
-    std::string image = spec.dir + "/workspace.ext4";
+    std::string image = dir + "/workspace.ext4";
     std::string err = mount_ext4_image(image, prof.resources.disk, ws, prof);
     if (err.empty()) {
       b.workspace_mount = ws;
-      cg_state["disk"] = "loop-mounted ext4 image " + image;
+      how = "loop-mounted ext4 image " + image;
     } else {
-      cg_state["disk"] = "not enforced: " + err;
+      how = "not enforced: " + err;
       log()->warn("branch {}: disk: {}", b.name, err);
     }
   } else if (prof.resources.disk > 0) {
@@ -191,16 +200,15 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
       data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
     if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
       b.workspace_mount = ws;
-      cg_state["disk"] = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
+      how = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
     } else {
-      cg_state["disk"] = std::string("not enforced: mount a tmpfs on the workspace: ") + std::strerror(errno);
-      log()->warn("branch {}: {}", b.name, cg_state["disk"].as_string().c_str());
+      how = std::string("not enforced: mount a tmpfs on the workspace: ") + std::strerror(errno);
+      log()->warn("branch {}: {}", b.name, how);
     }
   }
   if (prof.isolation.uid && b.workspace_mount.empty())
     (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
-  spec.new_net = prof.network.mode != NetworkPolicy::Mode::Host;
-  enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
+  return how;
 }
 
 void Box::start_limits(Branch& b) {

@@ -12,6 +12,7 @@
 
 #include "agent-env.hpp"
 #include "checkpoint/checkpointer.hpp"
+#include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
 #include "proc-io.hpp"
@@ -81,6 +82,8 @@ void Box::shutdown(int64_t grace_ms) {
   }
   shutting_down_ = true;
   log()->info("shut down box {}: grace {} ms", id_, grace_ms);
+  // A tree stopped for a checkpoint would not see the TERM until the dump ends: it goes on now.
+  if (checkpointer_) checkpointer_->on_shutdown();
   for (auto& [n, b] : branches_) send_request(*b, {{"op", "shutdown"}, {"grace_ms", grace_ms}});
   maybe_finish();
   // Backstop: ns-init does the grace period itself; if it has not ended its branch by then
@@ -122,7 +125,12 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   std::string proc_id = pid_field && pid_field->is_string() ? std::string(pid_field->as_string()) : b.main_proc;
   // ns-init calls its agent "main" in every branch; a copy's agent is "main@<branch>" here.
   if (proc_id == "main") proc_id = b.main_proc;
-  auto it = procs_.find(proc_id);
+  if (*ev == "signal_failed") {
+    log()->warn("signal {} to {} of branch {}: {}", r.contains("sig") ? boost::json::serialize(r.at("sig")) : "?", proc_id,
+                b.name, r.contains("error") ? boost::json::serialize(r.at("error")) : "");
+    return;
+  }
+  auto it = procs_.find(proc_key(b.name, proc_id));
   if (it == procs_.end()) return;
   Proc& p = *it->second;
   if (proc_id != b.main_proc) return on_exec_report(b, p, r);
@@ -206,17 +214,24 @@ void Box::maybe_finish() {
   if (checkpointer_ && checkpointer_->busy()) return;
   for (auto& [n, p] : procs_)
     if (!p->exited_sent) return;
-  auto it = procs_.find("main");
+  auto it = procs_.find(proc_key("main", "main"));
   finish(it != procs_.end() ? exit_status_of(it->second->status) : 0);
 }
 
 void Box::kill_leftovers() {
   // Anything of the agent still alive (flat mode: descendants that escaped a dead ns-init) dies
   // with the box: no process of the agent outlives the supervisor.
+  // Through pidfds: a grandchild reaped by its own parent meanwhile may have left its pid to
+  // some other process, which must not be killed.
+  auto self = os::pidfd_open(::getpid());
+  if (!self) {
+    log()->error("pidfd of the supervisor: {}; leftovers are not killed", self.error().message());
+    return;
+  }
   for (int round = 0; round < 50; ++round) {
-    std::vector<pid_t> all = os::descendants_of(::getpid());
+    auto all = os::tree_pidfds(::getpid(), self->get());
     if (all.empty()) return;
-    for (pid_t p : all) ::kill(p, SIGKILL);
+    for (auto& m : all) (void)os::pidfd_signal(m.fd.get(), SIGKILL);
     int st;
     while (::waitpid(-1, &st, WNOHANG | __WALL) > 0) {
     }
@@ -431,13 +446,17 @@ void for_each_line(std::string& pending, Fn&& fn) {
 
 Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
   Branch* bp = b.get();
+  // ns-init is our child and not reaped yet (the reaper collects it on this loop), so its pid is
+  // still its own: the pidfd opened now names it for good, even after it is reaped.
+  if (auto fd = os::pidfd_open(b->launched.pid)) b->pidfd = std::move(*fd);
+  else log()->warn("pidfd of branch {} (ns-init {}): {}", b->name, b->launched.pid, fd.error().message());
   reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) { on_branch_exit(*bp, st); });
 
   auto proc = std::make_unique<Proc>();
   proc->id = b->main_proc;
   proc->branch = b->name;
   Proc& p = *proc;
-  procs_[proc->id] = std::move(proc);
+  procs_[proc_key(b->name, proc->id)] = std::move(proc);
 
   auto* poll = new uv_poll_t;
   b->reports = reinterpret_cast<uv_pipe_t*>(poll);
@@ -498,7 +517,7 @@ void Box::on_branch_exit(Branch& b, int st) {
   for_each_line(b.pending, [&](const boost::json::object* o) {
     if (o) on_report(b, *o);
   });
-  auto& p = *procs_.at(b.main_proc);
+  auto& p = *procs_.at(proc_key(b.name, b.main_proc));
   if (!p.status_known) {
     p.status = st;
     p.status_known = true;
@@ -580,6 +599,9 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
       n = static_cast<int>(v->as_int64());
     }
     std::string bname = b.name;
+    // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot.
+    if (n > 0)
+      if (auto refusal = checkpointer_->copies_refusal(bname, n)) return reply(std::move(*refusal));
     b.chan_inflight = id;
     checkpoint(bname, name, leave_running, [this, bname, id, n](boost::json::object r) {
       auto it = branches_.find(bname);
@@ -603,9 +625,10 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
         fr["copy"] = false;
         channel_reply(*it2->second, fr);
       });
-    });
+    }, bname);
   } else if (*op == "snapshot.list") {
-    reply({{"ok", true}, {"snapshots", snapshot_list()}});
+    // The channel sees the snapshots it may restore (checkpoint/README.md, "The agent channel").
+    reply({{"ok", true}, {"snapshots", checkpointer_->list_for(b)}});
   } else if (*op == "snapshot.delete" || *op == "restore") {
     auto* v = req.if_contains(*op == "restore" ? "snapshot" : "id");
     if (!v || !v->is_string()) {
@@ -615,9 +638,16 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
                                         " (a snapshot id)"}}}});
       return;
     }
-    if (*op == "snapshot.delete") return reply(snapshot_delete(std::string(v->as_string())));
+    std::string snap(v->as_string());
+    if (auto refusal = checkpointer_->channel_refusal(b, snap, *op == "snapshot.delete")) {
+      log()->warn("agent channel of branch {}: {} {}: {}", b.name, std::string(op->as_string()), snap,
+                  std::string(refusal->at("error").at("message").as_string()));
+      return reply(std::move(*refusal));
+    }
+    if (*op == "snapshot.delete") return reply(snapshot_delete(snap));
     std::string bname = b.name;
-    restore(std::string(v->as_string()), 1, false, [this, bname, id](boost::json::object r) {
+    if (auto refusal = checkpointer_->copies_refusal(bname, 1)) return reply(std::move(*refusal));
+    restore(snap, 1, false, [this, bname, id](boost::json::object r) {
       auto it = branches_.find(bname);
       if (it == branches_.end()) return;
       if (id >= 0) r["id"] = id;
@@ -638,8 +668,9 @@ void Box::emit_started() {
   start_server();
 }
 
-void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done) {
-  checkpointer_->checkpoint(branch, name, leave_running, std::move(done));
+void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                     const std::string& by) {
+  checkpointer_->checkpoint(branch, name, leave_running, std::move(done), by);
 }
 
 void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {

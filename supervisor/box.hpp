@@ -126,6 +126,7 @@ struct Branch {
   std::unique_ptr<os::CgroupDir> cgroup;
   std::unique_ptr<LimitsWatcher> limits;
   std::string workspace_mount;  // a sized tmpfs we mounted, unmounted at the end
+  os::UniqueFd pidfd;           // of ns-init (the tree's root), opened while it is our unreaped child
 };
 
 class Box {
@@ -153,11 +154,16 @@ class Box {
   // Operations of the protocol on processes (box-exec.cpp).
   /// Starts `spec` in its branch, or finds the proc of that id; `done` gets the reply's fields.
   void exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, boost::json::object)> done);
-  std::optional<OpError> proc_stdin(const std::string& proc, std::string_view data, bool eof);
-  std::optional<OpError> proc_signal(const std::string& proc, int sig);
-  std::optional<OpError> proc_resize(const std::string& proc, int cols, int rows);
+  /// Process ids are per branch: `branch` names it; unset, the one process of that id in any
+  /// branch (refused as ambiguous when several branches have one).
+  using BranchName = std::optional<std::string>;
+  std::optional<OpError> proc_stdin(const std::string& proc, const BranchName& branch, std::string_view data, bool eof);
+  std::optional<OpError> proc_signal(const std::string& proc, const BranchName& branch, int sig);
+  std::optional<OpError> proc_resize(const std::string& proc, const BranchName& branch, int cols, int rows);
   boost::json::object proc_state(const Proc& p) const;
+  /// Every process, keyed by proc_key(branch, id).
   const std::map<std::string, std::unique_ptr<Proc>>& procs() const { return procs_; }
+  static std::string proc_key(const std::string& branch, const std::string& id) { return branch + "/" + id; }
   /// The host directory of a branch (root/, workspace/, tmp/ below it); "" if no such branch.
   std::string branch_dir(const std::string& branch) const;
   bool has_branch(const std::string& branch) const { return branches_.contains(branch); }
@@ -167,7 +173,9 @@ class Box {
   /// The snapshot operations (the WebSocket server and the agent channel call these). `done`
   /// receives the reply body: {"ok": true, ...} or {"ok": false, "error": {code, message}}.
   using Reply = std::function<void(boost::json::object)>;
-  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done);
+  /// `by`: the branch whose agent channel asks ("" for the operator, who reaches every snapshot).
+  void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                  const std::string& by = "");
   void restore(const std::string& snapshot, int n, bool fork, Reply done);
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
@@ -187,6 +195,8 @@ class Box {
   void on_exec_report(Branch& b, Proc& p, const boost::json::object& r);
   void end_execs_of(Branch& b);
   void start_server();
+  /// The process `proc` of `branch` (see proc_stdin), or why there is none.
+  Proc* find_proc(const std::string& proc, const BranchName& branch, std::optional<OpError>& err);
   friend class checkpoint::Checkpointer;
   /// Takes a started (or restored, `running`) branch: watches ns-init, its reports, its
   /// channel and its main process's output.
@@ -203,6 +213,10 @@ class Box {
 
   // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
   void setup_branch_policy(Branch& b, BranchSpec& spec);
+  /// The workspace DIR/workspace (existing) of a branch, the original or a copy: a sized tmpfs or
+  /// ext4 image for the profile's disk ceiling, owned by the agent's user. Returns what enforces
+  /// the ceiling ("" none asked for; "not enforced: ..." when the mount failed).
+  std::string mount_workspace(Branch& b, const std::string& dir);
   void start_limits(Branch& b);
   /// The limits watcher of a branch (timeout, idle, OOM, pids, warnings): the original's from
   /// start_limits, a copy's from the checkpointer once it runs.

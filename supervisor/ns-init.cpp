@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "launcher.hpp"
+#include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "policy.hpp"
 #include "signals.hpp"
@@ -64,7 +65,8 @@ class NsInit {
 
  private:
   void spawn_agent(const boost::json::object& cfg);
-  void reap();
+  /// Collects every exited child; true when none is left at all (ECHILD).
+  bool reap();
   void on_signal(int sig);
   void on_request(const boost::json::object& req);
   void signal_tree(int sig);
@@ -73,6 +75,7 @@ class NsInit {
   void handle_pending();
 
   bool flat_;
+  os::UniqueFd self_;  // our own pidfd: the root of tree_pidfds in flat mode
   std::vector<std::string> base_env_;              // the agent's environment, for exec
   std::map<pid_t, std::string> execs_;             // exec'd procs by pid -> proc id
   std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
@@ -95,9 +98,13 @@ void NsInit::signal_tree(int sig) {
     ::kill(-1, sig);
     return;
   }
-  // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper).
+  // Flat mode: the agent's group, then every descendant (orphans reparent to us, the subreaper),
+  // each through a pidfd checked against its parent (os/pidfd.hpp): never a reused pid.
   if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
-  for (pid_t p : os::descendants_of(::getpid())) ::kill(p, sig);
+  if (!self_) {
+    if (auto fd = os::pidfd_open(::getpid())) self_ = std::move(*fd);
+  }
+  for (auto& m : os::tree_pidfds(::getpid(), self_.get())) (void)os::pidfd_signal(m.fd.get(), sig);
 }
 
 void NsInit::begin_shutdown(int64_t grace_ms) {
@@ -306,11 +313,15 @@ void NsInit::exec_proc(const boost::json::object& req) {
   report(r);
 }
 
-void NsInit::reap() {
+bool NsInit::reap() {
+  // The one waitpid of ns-init: every status it collects is looked at here, so an exec'd
+  // process's exit is never taken by another caller and lost.
   for (;;) {
     int st;
     pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
-    if (p <= 0) break;
+    if (p < 0 && errno == EINTR) continue;
+    if (p < 0) return errno == ECHILD;
+    if (p == 0) return false;
     if (auto it = execs_.find(p); it != execs_.end()) {
       // Our ends of its pipes stay open until the supervisor says it took them ("release"):
       // closing them now would lose output still in the pipes.
@@ -328,7 +339,10 @@ void NsInit::reap() {
 }
 
 void NsInit::on_signal(int sig) {
-  if (sig == SIGCHLD) return reap();
+  if (sig == SIGCHLD) {
+    (void)reap();
+    return;
+  }
   if (agent_ > 0 && !agent_done_) ::kill(-agent_, sig);
 }
 
@@ -337,13 +351,23 @@ void NsInit::on_request(const boost::json::object& req) {
   if (!op || !op->is_string()) return;
   if (*op == "signal") {
     int sig = static_cast<int>(req.at("sig").to_number<int64_t>());
+    // "main" (or no proc) is this branch's agent, whatever the supervisor calls it; anything
+    // else is an exec'd process of this branch. One that is not (or no longer) here is reported,
+    // never dropped in silence.
     auto* proc = req.if_contains("proc");
-    if (proc && *proc != "main") {
-      for (auto& [pid, id] : execs_)
-        if (id == proc->as_string()) ::kill(-pid, sig);
-    } else if (agent_ > 0 && !agent_done_) {
-      ::kill(-agent_, sig);
+    std::string id = proc && proc->is_string() ? std::string(proc->as_string()) : "main";
+    bool found = false;
+    if (id == "main") {
+      found = agent_ > 0 && !agent_done_;
+      if (found) ::kill(-agent_, sig);
+    } else {
+      for (auto& [pid, pid_id] : execs_)
+        if (pid_id == id) {
+          found = true;
+          ::kill(-pid, sig);
+        }
     }
+    if (!found) report({{"ev", "signal_failed"}, {"proc", id}, {"sig", sig}, {"error", "no such running process in this branch"}});
   } else if (*op == "exec") {
     exec_proc(req);
   } else if (*op == "release") {
@@ -379,6 +403,10 @@ int NsInit::run() {
     for (int fd = 0; fd < 3; ++fd) ::dup2(devnull, fd);
     if (devnull > 2) ::close(devnull);
   }
+  // If the supervisor dies while our tree is stopped for a checkpoint, nobody would ever continue
+  // it: SIGCONT on its death wakes ns-init, which then sees its requests pipe closed and ends the
+  // branch (TERM and CONT to everything, the grace period, KILL). A running ns-init ignores it.
+  (void)::prctl(PR_SET_PDEATHSIG, SIGCONT);
   if (flat_ && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     report({{"ev", "spawn_failed"}, {"error", std::string("PR_SET_CHILD_SUBREAPER: ") + std::strerror(errno)}});
     return 127;
@@ -405,14 +433,8 @@ int NsInit::run() {
   handle_pending();
 
   for (;;) {
-    reap();
-    if (agent_done_) {
-      // Done when no child is left.
-      int st;
-      pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
-      if (p < 0 && errno == ECHILD) break;
-      if (p > 0) continue;
-    }
+    // Done when the agent has ended and no child is left.
+    if (reap() && agent_done_) break;
     int64_t timeout = -1;
     if (deadline_ >= 0) {
       timeout = deadline_ - now_ms();

@@ -384,6 +384,9 @@ void parse_into(Profile& p, const json::value& doc) {
     if (auto* v = f.get("idle")) p.resources.idle_ms = as_duration(*v, "resources.idle");
     if (auto* v = f.get("grace")) p.resources.grace_ms = as_duration(*v, "resources.grace");
     if (auto* v = f.get("pids_grace")) p.resources.pids_grace_ms = as_duration(*v, "resources.pids_grace");
+    // Each copy runs with the full ceilings, so these bound what one box can take (0: none allowed).
+    if (auto* v = f.get("copies")) p.resources.copies = as_count(*v, "resources.copies", 0, 1024);
+    if (auto* v = f.get("snapshots")) p.resources.snapshots = as_count(*v, "resources.snapshots", 0, 4096);
     f.done();
   }
   if (auto* r = top.get("isolation")) {

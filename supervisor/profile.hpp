@@ -55,6 +55,10 @@ struct Profile {
     int64_t idle_ms = 0;       // no output and no CPU for this long; 0: none
     int64_t grace_ms = 10000;
     int64_t pids_grace_ms = 2000;  // forks failing at the pids ceiling this long end the tree
+    int64_t copies = 16;       // restored or forked copies alive at once in the box (each with the
+                               // full ceilings above); a restore or fork past it is refused
+    int64_t snapshots = 32;    // snapshots kept in the box's store; a checkpoint or import past it
+                               // is refused
   } resources;
   struct Isolation {
     std::string level = "process";  // process, container, gvisor, microvm: the least the host must give

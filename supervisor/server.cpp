@@ -582,7 +582,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
       if (!base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
     }
     bool eof = protocol::opt_bool(f, "eof").value_or(false);
-    if (auto e = box.proc_stdin(proc, data, eof)) throw RequestError(e->code, e->message);
+    if (auto e = box.proc_stdin(proc, protocol::opt_string(f, "branch"), data, eof)) throw RequestError(e->code, e->message);
     return send(c, ok);
   }
   if (op == "signal") {
@@ -594,7 +594,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     else if (s->is_int64() && s->as_int64() > 0 && s->as_int64() < 65) sig = static_cast<int>(s->as_int64());
     else if (s->is_uint64() && s->as_uint64() < 65) sig = static_cast<int>(s->as_uint64());
     if (!sig) throw RequestError("bad_request", "field signal: expected a signal name (\"TERM\") or number (1-64)");
-    if (auto e = box.proc_signal(proc, *sig)) throw RequestError(e->code, e->message);
+    if (auto e = box.proc_signal(proc, protocol::opt_string(f, "branch"), *sig)) throw RequestError(e->code, e->message);
     return send(c, ok);
   }
   if (op == "resize") {
@@ -602,7 +602,8 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     auto cols = protocol::opt_int(f, "cols", 1, 10000);
     auto rows = protocol::opt_int(f, "rows", 1, 10000);
     if (!cols || !rows) throw RequestError("bad_request", "fields cols and rows: both required");
-    if (auto e = box.proc_resize(proc, static_cast<int>(*cols), static_cast<int>(*rows))) throw RequestError(e->code, e->message);
+    if (auto e = box.proc_resize(proc, protocol::opt_string(f, "branch"), static_cast<int>(*cols), static_cast<int>(*rows)))
+      throw RequestError(e->code, e->message);
     return send(c, ok);
   }
   if (op == "fs.read") {

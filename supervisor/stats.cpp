@@ -110,8 +110,10 @@ boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
   }
   boxo["disk"] = disk_total;
   boost::json::object procs;
-  for (auto& [id, p] : box.procs()) {
+  for (auto& [key, p] : box.procs()) {
     if (p->status_known || p->pid <= 0) continue;
+    // Ids are per branch: a copy's processes are "id@branch" here (its agent is "main@f1" already).
+    std::string id = p->branch == "main" || p->id.ends_with("@" + p->branch) ? p->id : p->id + "@" + p->branch;
     procs[id] = to_json(tree_stats(p->pid));
   }
   return {{"box", boxo}, {"branches", branches}, {"procs", procs}};

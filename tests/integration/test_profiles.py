@@ -36,6 +36,8 @@ BAD = [
     {"resources": {"mem": "1G"}},
     {"resources": {"pids": 1}},
     {"resources": {"cpus": -1}},
+    {"resources": {"copies": -1}},
+    {"resources": {"snapshots": "many"}},
     {"isolation": {"namespaces": "yes"}},
     {"isolation": {"level": "vm"}},
     {"isolation": {"user": "alice"}},

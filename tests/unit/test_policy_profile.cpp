@@ -57,6 +57,20 @@ TEST_CASE("profile: refusals name the field") {
   CHECK(error_of(R"({"extra":1})").starts_with("extra: unknown field"));
 }
 
+TEST_CASE("profile: copies and snapshots bound a box, strictly") {
+  auto d = parse_profile("{}");
+  CHECK(d.resources.copies == 16);
+  CHECK(d.resources.snapshots == 32);
+  auto p = parse_profile(R"({"resources":{"copies":0,"snapshots":4096}})");
+  CHECK(p.resources.copies == 0);
+  CHECK(p.resources.snapshots == 4096);
+  CHECK(error_of(R"({"resources":{"copies":-1}})").starts_with("resources.copies: -1 is impossible"));
+  CHECK(error_of(R"({"resources":{"copies":1025}})").starts_with("resources.copies"));
+  CHECK(error_of(R"({"resources":{"copies":"8"}})").starts_with("resources.copies: expected a whole number"));
+  CHECK(error_of(R"({"resources":{"snapshots":4097}})").starts_with("resources.snapshots"));
+  CHECK(error_of(R"({"resources":{"snapshots":1.5}})").starts_with("resources.snapshots"));
+}
+
 TEST_CASE("profile: overrides go through the same parser") {
   Profile p;
   apply_override(p, "resources.memory=64M");

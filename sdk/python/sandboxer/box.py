@@ -143,20 +143,32 @@ class Box:
         self._procs.append(p)
         return p
 
-    async def stdin(self, proc: str, data: bytes | str = b"", *, eof: bool = False) -> None:
+    # Process ids are per branch: `branch` says which branch's `proc`; without it the box takes
+    # the one process of that id, and refuses (`ambiguous_proc`) when several branches have one.
+
+    async def stdin(self, proc: str, data: bytes | str = b"", *, eof: bool = False,
+                    branch: str | None = None) -> None:
         """Writes `data` to the stdin of process `proc`; `eof` closes it after the data."""
         fields: dict[str, Any] = {"proc": proc, **(_stdin_fields(data) if data else {})}
         if eof:
             fields["eof"] = True
+        if branch is not None:
+            fields["branch"] = branch
         await self._conn.request("stdin", fields)
 
-    async def signal(self, proc: str, signal: str | int) -> None:
+    async def signal(self, proc: str, signal: str | int, *, branch: str | None = None) -> None:
         """Sends `signal` (a name like "TERM" or a number) to process `proc`."""
-        await self._conn.request("signal", {"proc": proc, "signal": signal})
+        fields: dict[str, Any] = {"proc": proc, "signal": signal}
+        if branch is not None:
+            fields["branch"] = branch
+        await self._conn.request("signal", fields)
 
-    async def resize(self, proc: str, cols: int, rows: int) -> None:
+    async def resize(self, proc: str, cols: int, rows: int, *, branch: str | None = None) -> None:
         """Sets the pty size of process `proc`."""
-        await self._conn.request("resize", {"proc": proc, "cols": cols, "rows": rows})
+        fields: dict[str, Any] = {"proc": proc, "cols": cols, "rows": rows}
+        if branch is not None:
+            fields["branch"] = branch
+        await self._conn.request("resize", fields)
 
     # -- the box --------------------------------------------------------------------------
 

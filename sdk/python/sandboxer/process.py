@@ -33,6 +33,9 @@ class Process:
         self.proc = proc
         self.reply = reply
         """The exec reply (`existing: true` with the state when the id already ran)."""
+        b = reply.get("branch")
+        self.branch: str | None = b if isinstance(b, str) else None
+        """The branch the process runs in (process ids are per branch)."""
         self.events: list[Event] = []
         """Every event of this process received so far, in seq order."""
         self.exit: Event | None = None
@@ -139,19 +142,19 @@ class Process:
 
     async def write(self, data: bytes | str) -> None:
         """Sends bytes to the process's stdin (exec with stdin=True or tty=True)."""
-        await self.box.stdin(self.proc, data)
+        await self.box.stdin(self.proc, data, branch=self.branch)
 
     async def close_stdin(self) -> None:
         """Closes the process's stdin (it reads EOF)."""
-        await self.box.stdin(self.proc, b"", eof=True)
+        await self.box.stdin(self.proc, b"", eof=True, branch=self.branch)
 
     async def signal(self, sig: str | int) -> None:
         """Sends a signal by name ("TERM") or number."""
-        await self.box.signal(self.proc, sig)
+        await self.box.signal(self.proc, sig, branch=self.branch)
 
     async def resize(self, cols: int, rows: int) -> None:
         """Sets the pty's size (exec with tty=True)."""
-        await self.box.resize(self.proc, cols, rows)
+        await self.box.resize(self.proc, cols, rows, branch=self.branch)
 
     async def close(self) -> None:
         """Stops following the process (it keeps running in the box)."""
