@@ -31,6 +31,10 @@ namespace {
 
 constexpr auto nothrow = asio::as_tuple(asio::use_awaitable);
 constexpr size_t kMaxConnections = 256;
+constexpr size_t kMaxDnsTcpConnections = 16;
+// Lookups the resolver passes on to the system's (a name neither pinned nor an address) at once;
+// past this a question is answered SERVFAIL at once rather than queued without bound.
+constexpr size_t kMaxDnsInFlight = 64;
 constexpr uint64_t kMaxResponseBody = 1ull << 30;  // streamed, never held whole
 constexpr auto kTunnelIdle = std::chrono::minutes(10);
 
@@ -61,6 +65,21 @@ bool hop_by_hop(std::string_view name) {
 bool auth_header(std::string_view name) {
   for (auto* h : {"authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"})
     if (iequals(name, h)) return true;
+  return false;
+}
+
+// Whether a Content-Encoding or Transfer-Encoding value names a coding other than identity (and
+// chunked, which the parser undoes): a body coded so reads as bytes no scrub can search.
+bool coded(std::string_view value, bool transfer) {
+  while (!value.empty()) {
+    auto comma = value.find(',');
+    auto token = value.substr(0, comma);
+    while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
+    while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
+    if (!token.empty() && !iequals(token, "identity") && !(transfer && iequals(token, "chunked"))) return true;
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
   return false;
 }
 
@@ -145,7 +164,10 @@ struct Broker::Impl {
   tcp::acceptor acceptor{io};
   udp::socket dns{io};
   tcp::acceptor dns_tcp{io};
+  AddressPolicy addresses;
   std::atomic<size_t> connections{0};
+  std::atomic<size_t> dns_tcp_connections{0};
+  size_t dns_inflight = 0;  // on the broker's thread only
   // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
   // rides on the next report, so a flood cannot flood the journal.
   static constexpr int kDenyBurst = 50;
@@ -154,7 +176,11 @@ struct Broker::Impl {
   uint64_t deny_suppressed = 0;
   std::thread thread;
 
-  Impl(BrokerConfig c, Sink s) : cfg(std::move(c)), policy(cfg.network.allow, cfg.network.deny), sink(std::move(s)) {}
+  Impl(BrokerConfig c, Sink s)
+      : cfg(std::move(c)),
+        policy(cfg.network.allow, cfg.network.deny),
+        sink(std::move(s)),
+        addresses(cfg.network.allow_cidrs) {}
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(cfg.network.timeout_ms); }
 
@@ -202,46 +228,65 @@ struct Broker::Impl {
     return std::nullopt;
   }
 
-  static bool local_address(const asio::ip::address& a) {
-    if (a.is_unspecified() || a.is_loopback() || a.is_multicast()) return true;
+  // What resolving a host gave: the addresses the broker may connect to, or why there are none.
+  struct Resolved {
+    boost::system::error_code ec;  // access_denied: every address was in a range not allowed
+    std::vector<tcp::endpoint> eps;
+    std::string refused, why;  // the first address refused, and the reason
+    boost::json::object denial() const { return {{"address", refused}}; }
+  };
+
+  static IpAddress ip_of(const asio::ip::address& a) {
     if (a.is_v4()) {
       auto b = a.to_v4().to_bytes();
-      return b[0] == 0 || (b[0] == 169 && b[1] == 254);
+      return *IpAddress::from_bytes(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     }
-    auto v6 = a.to_v6();
-    if (v6.is_v4_mapped()) return local_address(asio::ip::make_address_v4(asio::ip::v4_mapped, v6));
-    return v6.is_link_local() || v6.is_site_local();
+    auto b = a.to_v6().to_bytes();
+    return *IpAddress::from_bytes(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   }
-  static constexpr const char* kLocalOnly = "resolves only to loopback or link-local addresses";
 
-  awaitable<std::pair<boost::system::error_code, std::vector<tcp::endpoint>>> resolve(const std::string& host, int port) {
-    std::vector<tcp::endpoint> eps;
-    boost::system::error_code ec;
+  // A host's addresses (a `resolve` pin, the address it is, or the system's resolver), each
+  // checked against the address policy. The caller connects only to what this returns: the name
+  // is resolved once and what was checked is what is used, so a name that DNS re-points between a
+  // check and a connect (rebinding) gains nothing.
+  awaitable<Resolved> resolve(const std::string& host, int port) {
+    Resolved out;
+    std::vector<asio::ip::address> found;
     std::string h = host;
     if (auto it = cfg.network.resolve.find(host); it != cfg.network.resolve.end()) h = it->second;
-    auto addr = asio::ip::make_address(h, ec);
-    if (!ec) {
-      eps.emplace_back(addr, static_cast<uint16_t>(port));
-      co_return std::pair{ec, eps};
+    boost::system::error_code ec;
+    if (auto addr = asio::ip::make_address(h, ec); !ec) {
+      found.push_back(addr);
+    } else {
+      tcp::resolver r(io);
+      auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
+      if (rec) {
+        out.ec = rec;
+        co_return out;
+      }
+      for (auto& e : results) found.push_back(e.endpoint().address());
     }
-    tcp::resolver r(io);
-    auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
-    if (rec) co_return std::pair{rec, eps};
-    // A listed name that DNS points at this machine or the link (the supervisor's own ports, a
-    // cloud's metadata service) is not reached: only a `resolve` pin or a listed address may.
-    for (auto& e : results)
-      if (!local_address(e.endpoint().address())) eps.push_back(e.endpoint());
-    if (eps.empty() && !results.empty()) co_return std::pair{boost::system::error_code(asio::error::access_denied), eps};
-    co_return std::pair{boost::system::error_code{}, eps};
+    for (auto& a : found) {
+      std::string why;
+      if (addresses.allows(ip_of(a), &why)) {
+        out.eps.emplace_back(a, static_cast<uint16_t>(port));
+      } else if (out.refused.empty()) {
+        out.refused = ip_of(a).unmapped().text();
+        out.why = std::move(why);
+      }
+    }
+    if (out.eps.empty() && out.refused.empty()) out.ec = asio::error::host_not_found;
+    if (out.eps.empty() && !out.refused.empty()) out.ec = asio::error::access_denied;
+    co_return out;
   }
 
-  awaitable<boost::system::error_code> connect(beast::tcp_stream& s, const std::string& host, int port) {
-    auto [ec, eps] = co_await resolve(host, port);
-    if (ec) co_return ec;
-    if (eps.empty()) co_return asio::error::host_not_found;
+  awaitable<Resolved> connect(beast::tcp_stream& s, const std::string& host, int port) {
+    auto r = co_await resolve(host, port);
+    if (r.ec) co_return r;
     s.expires_after(timeout());
-    auto [cec, ep] = co_await s.async_connect(eps, nothrow);
-    co_return cec;
+    auto [cec, ep] = co_await s.async_connect(r.eps, nothrow);
+    r.ec = cec;
+    co_return r;
   }
 
   // Relays the upstream's response to the agent as it arrives (an LLM's streamed tokens reach
@@ -262,6 +307,18 @@ struct Broker::Impl {
     up_tcp.expires_after(timeout());
     auto [hec, hn] = co_await http::async_read_header(s, b, p, nothrow);
     if (hec) co_return "read response: " + hec.message();
+    if (secret) {
+      // The request asked for identity; a body coded all the same would carry the secret past
+      // the scrub, so it is not relayed at all.
+      for (auto field : {http::field::content_encoding, http::field::transfer_encoding}) {
+        auto v = p.get()[field];
+        if (!coded(v, field == http::field::transfer_encoding)) continue;
+        std::string why = "upstream answered with " + std::string(http::to_string(field)) + ": " +
+                          std::string(v.substr(0, 64)) + " (asked for identity); the secret could not be scrubbed from it";
+        deny("credential", c->host, c->port, why, {{"credential", c->name}}, conn.peer);
+        co_return why;
+      }
+    }
 
     http::response<http::buffer_body> res{p.get().result(), version};
     for (auto& f : p.get()) {
@@ -374,6 +431,12 @@ struct Broker::Impl {
     std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
     Request up = upstream_request(req, c.path_prefix + rest, host_header, true);
     up.erase(c.header);
+    // The response is scrubbed of the secret byte by byte, which works only on the whole body as
+    // plain bytes: no compression (the agent's Accept-Encoding is not passed on) and no ranges
+    // (a secret fetched a few bytes at a time would never match whole).
+    up.set(http::field::accept_encoding, "identity");
+    up.erase(http::field::range);
+    up.erase(http::field::if_range);
     std::string value = c.format;
     replace_all(value, "{}", secret);
     up.set(c.header, value);
@@ -384,7 +447,14 @@ struct Broker::Impl {
       log()->warn("credential {}: upstream {}: {}", c.name, where, what);
       return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what, req.version());
     };
-    if (auto ec = co_await connect(beast::get_lowest_layer(s), c.host, c.port)) co_return fail("connect: " + ec.message());
+    if (auto r = co_await connect(beast::get_lowest_layer(s), c.host, c.port); r.ec == asio::error::access_denied) {
+      auto extra = r.denial();
+      extra["credential"] = c.name;
+      deny("credential", c.host, c.port, r.why, std::move(extra), peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: upstream " + where + ": " + r.why, req.version());
+    } else if (r.ec) {
+      co_return fail("connect: " + r.ec.message());
+    }
     bool is_ip = canonical_host(c.host).value_or(CanonicalHost{}).is_ip;
     if (!is_ip) SSL_set_tlsext_host_name(s.native_handle(), c.host.c_str());
     s.set_verify_mode(ssl::verify_peer);
@@ -423,11 +493,12 @@ struct Broker::Impl {
     }
     beast::tcp_stream s(io);
     auto where = h->name + ":" + std::to_string(port);
-    if (auto ec = co_await connect(s, h->name, port); ec == asio::error::access_denied) {
-      deny("egress", h->name, port, kLocalOnly, {}, peer);
-      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " " + kLocalOnly, req.version());
-    } else if (ec)
-      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
+    if (auto r = co_await connect(s, h->name, port); r.ec == asio::error::access_denied) {
+      deny("egress", h->name, port, r.why, r.denial(), peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + ": " + r.why, req.version());
+    } else if (r.ec) {
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + r.ec.message(), req.version());
+    }
     Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
     auto err = co_await relay(s, s, up, conn, req.version(), nullptr, nullptr);
     if (err) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
@@ -507,12 +578,12 @@ struct Broker::Impl {
       co_return;
     }
     beast::tcp_stream up(io);
-    if (auto ec = co_await connect(up, h->name, port); ec == asio::error::access_denied) {
-      deny("egress", h->name, port, kLocalOnly, {}, peer);
-      co_await refuse(http::status::forbidden, h->name + " " + kLocalOnly);
+    if (auto r = co_await connect(up, h->name, port); r.ec == asio::error::access_denied) {
+      deny("egress", h->name, port, r.why, r.denial(), peer);
+      co_await refuse(http::status::forbidden, h->name + ": " + r.why);
       co_return;
-    } else if (ec) {
-      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + ec.message());
+    } else if (r.ec) {
+      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + r.ec.message());
       co_return;
     }
     client.expires_after(timeout());
@@ -625,9 +696,10 @@ struct Broker::Impl {
     client.socket().shutdown(tcp::socket::shutdown_both, ig);
   }
 
-  // Accepts on `acc` until it closes, each connection served by `serve` (HTTP or DNS over TCP),
-  // at most kMaxConnections at once across both.
-  awaitable<void> accept_loop(tcp::acceptor& acc, awaitable<void> (Impl::*serve_fn)(tcp::socket)) {
+  // Accepts on `acc` until it closes, each connection served by `serve_fn` (HTTP or DNS over
+  // TCP), at most `limit` at once (counted in `open`, which the server decrements).
+  awaitable<void> accept_loop(tcp::acceptor& acc, awaitable<void> (Impl::*serve_fn)(tcp::socket),
+                              std::atomic<size_t>& open, size_t limit) {
     for (;;) {
       auto [ec, sock] = co_await acc.async_accept(nothrow);
       if (ec == asio::error::operation_aborted || !acc.is_open()) co_return;
@@ -637,8 +709,8 @@ struct Broker::Impl {
         co_await t.async_wait(nothrow);
         continue;
       }
-      if (connections >= kMaxConnections) continue;  // `sock` closes here
-      ++connections;
+      if (open >= limit) continue;  // `sock` closes here
+      ++open;
       asio::co_spawn(io, (this->*serve_fn)(std::move(sock)), asio::detached);
     }
   }
@@ -666,31 +738,52 @@ struct Broker::Impl {
       } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
         reply = make_dns_reply(msg, *q, kDnsNoError);
       } else {
-        auto [ec, eps] = co_await resolve(h->name, 0);
-        std::vector<std::string> addrs;
-        for (auto& e : eps) {
-          auto a = e.address();
-          if (q->qtype == kDnsTypeA && a.is_v4()) {
-            auto bytes = a.to_v4().to_bytes();
-            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          } else if (q->qtype == kDnsTypeAAAA && a.is_v6()) {
-            auto bytes = a.to_v6().to_bytes();
-            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          }
-          if (addrs.size() >= 8) break;
-        }
-        std::sort(addrs.begin(), addrs.end());
-        addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
-        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, peer);
-        reply = make_dns_reply(msg, *q,
-                               ec == asio::error::host_not_found ? kDnsNxDomain
-                               : ec == asio::error::access_denied ? kDnsRefused
-                               : ec                               ? kDnsServFail
-                                                                  : kDnsNoError,
-                               addrs);
+        reply = co_await dns_answer(msg, *q, *h, peer);
       }
     }
     co_return reply;
+  }
+
+  // The answer to an allowed name's A or AAAA question: the addresses the broker itself would
+  // connect to. An address in a range the profile does not allow is left out rather than handed
+  // to the agent (the agent reaches nothing by address anyway, and it need not learn the host's
+  // internal network); a name with no other address is REFUSED and reported.
+  awaitable<std::string> dns_answer(const std::string& msg, const DnsQuestion& q, const CanonicalHost& host, Peer peer) {
+    const std::string& name = host.name;
+    // Pins and addresses are answered at once; only a lookup waits on the system's resolver.
+    bool lookup = !host.is_ip && !cfg.network.resolve.contains(name);
+    if (lookup && dns_inflight >= kMaxDnsInFlight) {
+      deny("dns", name, 0, "more than " + std::to_string(kMaxDnsInFlight) + " lookups in flight", {}, peer);
+      co_return make_dns_reply(msg, q, kDnsServFail);
+    }
+    struct InFlight {
+      size_t& n;
+      bool on;
+      ~InFlight() { n -= on; }
+    } inflight{dns_inflight, lookup};
+    dns_inflight += lookup;
+    auto r = co_await resolve(name, 0);
+    std::vector<std::string> addrs;
+    for (auto& e : r.eps) {
+      auto a = e.address();
+      if (q.qtype == kDnsTypeA && a.is_v4()) {
+        auto bytes = a.to_v4().to_bytes();
+        addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      } else if (q.qtype == kDnsTypeAAAA && a.is_v6()) {
+        auto bytes = a.to_v6().to_bytes();
+        addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }
+      if (addrs.size() >= 8) break;
+    }
+    std::sort(addrs.begin(), addrs.end());
+    addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
+    if (r.ec == asio::error::access_denied) deny("dns", name, 0, r.why, r.denial(), peer);
+    co_return make_dns_reply(msg, q,
+                             r.ec == asio::error::host_not_found ? kDnsNxDomain
+                             : r.ec == asio::error::access_denied ? kDnsRefused
+                             : r.ec                               ? kDnsServFail
+                                                                  : kDnsNoError,
+                             addrs);
   }
 
   // DNS over TCP (RFC 7766): two bytes of length, then the message; answers in the same framing,
@@ -699,7 +792,7 @@ struct Broker::Impl {
     struct Count {
       std::atomic<size_t>& n;
       ~Count() { --n; }
-    } count{connections};
+    } count{dns_tcp_connections};
     Peer peer{true, 0, 53};
     boost::system::error_code ig;
     if (auto ep = sock.remote_endpoint(ig); !ig) peer.port = ep.port();
@@ -765,9 +858,9 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
     im.dns_tcp.assign(tcp::v4(), dns_tcp_fd.get(), ec);
     if (ec) throw std::runtime_error("broker: adopt the DNS (TCP) socket: " + ec.message());
     dns_tcp_fd.release();
-    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp), asio::detached);
+    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp, im.dns_tcp_connections, kMaxDnsTcpConnections), asio::detached);
   }
-  asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve), asio::detached);
+  asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve, im.connections, kMaxConnections), asio::detached);
   im.thread = std::thread([&im] {
     for (;;) {
       try {
