@@ -37,7 +37,7 @@ RANGES = {"metadata": "169.254.0.0/16", "private": "10.0.0.0/8", "loopback": "12
 NAMES = {k: f"{k}.svc.example.test" for k in ADDRESSES}
 API_ADDR = "127.0.0.9"  # the credential's upstream: the one loopback address the attacked box allows
 HOSTS = "127.0.0.1 localhost\n" + "".join(f"{a} {NAMES[k]}\n" for k, a in ADDRESSES.items()) + \
-    f"{API_ADDR} api.example.test\n10.1.2.3 internal.example.test\n"
+    "10.1.2.3 internal.example.test\n"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network and mount namespaces)")
 pytestmark = needs_root
@@ -199,7 +199,7 @@ def run_in_netns(ns, tmp, profile, agent_cfg, env, resolv="nameserver 127.0.0.53
 def broker_profile(tmp, ca, tls_port, allow_cidrs):
     return {"name": "broker-attacks", "network": {
         "mode": "proxy", "allow": ["*.svc.example.test", "*.slow.example.test"], "allow_cidrs": allow_cidrs,
-        "resolve": {"pinned.svc.example.test": API_ADDR}, "timeout": "5s"},
+        "resolve": {"pinned.svc.example.test": API_ADDR, "api.example.test": API_ADDR}, "timeout": "5s"},
         "credentials": [
             {"name": "api", "source": {"env": "SBX_TEST_API_SECRET"},
              "bind": {"host": "api.example.test", "port": tls_port}, "inject": {"header": "x-api-key", "format": "{}"},
