@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "broker-request.hpp"
 #include "egress-policy.hpp"
 #include "os/socket-owner.hpp"
 
@@ -68,73 +69,10 @@ bool auth_header(std::string_view name) {
   return false;
 }
 
-// Whether a Content-Encoding or Transfer-Encoding value names a coding other than identity (and
-// chunked, which the parser undoes): a body coded so reads as bytes no scrub can search.
-bool coded(std::string_view value, bool transfer) {
-  while (!value.empty()) {
-    auto comma = value.find(',');
-    auto token = value.substr(0, comma);
-    while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
-    while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
-    if (!token.empty() && !iequals(token, "identity") && !(transfer && iequals(token, "chunked"))) return true;
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
-  }
-  return false;
-}
-
 void replace_all(std::string& s, std::string_view what, std::string_view with) {
   if (what.empty()) return;
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
     s.replace(at, what.size(), with);
-}
-
-// host[:port] from an authority or CONNECT target; IPv6 in brackets.
-bool split_authority(std::string_view a, std::string& host, int& port, int default_port) {
-  port = default_port;
-  size_t colon = std::string_view::npos;
-  if (a.starts_with('[')) {
-    size_t close = a.find(']');
-    if (close == std::string_view::npos) return false;
-    host = std::string(a.substr(0, close + 1));
-    if (close + 1 < a.size()) {
-      if (a[close + 1] != ':') return false;
-      colon = close + 1;
-    }
-  } else {
-    colon = a.rfind(':');
-    host = std::string(a.substr(0, colon));
-  }
-  if (colon != std::string_view::npos) {
-    auto p = a.substr(colon + 1);
-    if (p.empty() || p.size() > 5) return false;
-    port = 0;
-    for (char c : p) {
-      if (c < '0' || c > '9') return false;
-      port = port * 10 + (c - '0');
-    }
-    if (port < 1 || port > 65535) return false;
-  }
-  return !host.empty() && host.find('@') == std::string::npos;
-}
-
-// Whether a path could leave the prefix it is appended to: a "." or ".." segment, plain or
-// percent-encoded, an encoded slash, or a backslash (which some servers read as a slash).
-bool escapes_prefix(std::string_view path) {
-  path = path.substr(0, path.find('?'));
-  std::string lower(path);
-  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (auto* bad : {"%2e", "%2f", "%5c", "\\"})
-    if (lower.find(bad) != std::string::npos) return true;
-  size_t start = 0;
-  while (start <= lower.size()) {
-    size_t slash = lower.find('/', start);
-    auto seg = std::string_view(lower).substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-    if (seg == "." || seg == "..") return true;
-    if (slash == std::string::npos) break;
-    start = slash + 1;
-  }
-  return false;
 }
 
 // Who sent a request: the agent's end of the connection, to find the process holding it.
@@ -506,37 +444,17 @@ struct Broker::Impl {
   }
 
   awaitable<Response> handle(Request& req, Conn& conn) {
-    std::string_view target = req.target();
-    if (target.starts_with("http://") || target.starts_with("HTTP://")) {
-      auto rest = target.substr(7);
-      size_t slash = rest.find_first_of("/?");
-      std::string authority(rest.substr(0, slash));
-      std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
-      if (path.front() == '?') path = "/" + path;
-      std::string h;
-      int port;
-      // A client that sends even the broker's own URL through the proxy reaches the credentials.
-      if (split_authority(authority, h, port, 80) && port == cfg.network.proxy_port &&
-          (h == "127.0.0.1" || iequals(h, "localhost"))) {
-        target = {};
-        req.target(path);
-      } else {
-        co_return co_await forward_plain(req, authority, path, conn);
-      }
-    }
-    target = req.target();
-    if (!target.starts_with('/'))
+    auto t = route_target(req.target(), cfg.network.proxy_port);
+    if (t.kind == Target::Kind::Plain) co_return co_await forward_plain(req, t.authority, t.path, conn);
+    if (t.kind == Target::Kind::Bad)
       co_return text_response(http::status::bad_request,
                               "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
                               req.version());
-    auto name_end = target.find_first_of("/?", 1);
-    std::string name(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
-    std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
-    if (rest.front() == '?') rest = "/" + rest;
+    if (t.own_url) req.target(t.path);
     for (size_t i = 0; i < cfg.credentials.size(); ++i)
-      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, conn);
-    co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
-                            req.version());
+      if (cfg.credentials[i].name == t.credential) co_return co_await credential_request(req, i, t.rest, conn);
+    co_return text_response(http::status::not_found,
+                            "sandboxer broker: no credential named \"" + t.credential.substr(0, 64) + "\"", req.version());
   }
 
   static awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
