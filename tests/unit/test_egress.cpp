@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "broker-request.hpp"
 #include "egress-policy.hpp"
 #include "profile.hpp"
 
@@ -251,4 +252,29 @@ TEST_CASE("profile: network and credentials") {
                        doctest::Contains("network.allow_cidrs: expected a list"), ProfileError);
   CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":[10]}})"), doctest::Contains("network.allow_cidrs[0]"),
                        ProfileError);
+}
+
+TEST_CASE("broker: targets and coding headers") {
+  auto t = route_target("http://www.example.org:8080?x=1", 3128);
+  CHECK(t.kind == Target::Kind::Plain);
+  CHECK(t.authority == "www.example.org:8080");
+  CHECK(t.path == "/?x=1");
+  t = route_target("http://LOCALHOST:3128/api/v1?q", 3128);
+  CHECK(t.kind == Target::Kind::Credential);
+  CHECK(t.own_url);
+  CHECK(t.credential == "api");
+  CHECK(t.rest == "/v1?q");
+  t = route_target("/api?q", 3128);
+  CHECK(t.kind == Target::Kind::Credential);
+  CHECK(t.rest == "/?q");
+  CHECK(route_target("http://127.0.0.1:3129/api", 3128).kind == Target::Kind::Plain);
+  CHECK(route_target("*", 3128).kind == Target::Kind::Bad);
+  CHECK(route_target("https://x/", 3128).kind == Target::Kind::Bad);
+  CHECK_FALSE(coded("", false));
+  CHECK_FALSE(coded(" identity ", false));
+  CHECK(coded("gzip", false));
+  CHECK(coded("identity, br", false));
+  CHECK_FALSE(coded("chunked", true));
+  CHECK(coded("gzip, chunked", true));
+  CHECK(coded("chunked", false));
 }
