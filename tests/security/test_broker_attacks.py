@@ -250,6 +250,12 @@ def denials(run, **match):
     return [e for e in run["events"] if e["type"] == "policy.denied" and all(e.get(k) == v for k, v in match.items())]
 
 
+def test_box_started_states_the_allowed_ranges(attacked, allowed):
+    started = [e for e in attacked["events"] if e["type"] == "box.started"][0]
+    assert started["network"]["allow_cidrs"] == [API_ADDR]
+    assert len([e for e in allowed["events"] if e["type"] == "box.started"][0]["network"]["allow_cidrs"]) == 6
+
+
 @pytest.mark.parametrize("name", list(ADDRESSES))
 def test_connect_to_an_allowed_name_pointing_inside_is_refused(attacked, name):
     r = check(attacked, "connect", name)
