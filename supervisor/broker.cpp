@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "broker-request.hpp"
 #include "egress-policy.hpp"
 #include "os/socket-owner.hpp"
 
@@ -31,6 +32,10 @@ namespace {
 
 constexpr auto nothrow = asio::as_tuple(asio::use_awaitable);
 constexpr size_t kMaxConnections = 256;
+constexpr size_t kMaxDnsTcpConnections = 16;
+// Lookups the resolver passes on to the system's (a name neither pinned nor an address) at once;
+// past this a question is answered SERVFAIL at once rather than queued without bound.
+constexpr size_t kMaxDnsInFlight = 64;
 constexpr uint64_t kMaxResponseBody = 1ull << 30;  // streamed, never held whole
 constexpr auto kTunnelIdle = std::chrono::minutes(10);
 
@@ -70,54 +75,6 @@ void replace_all(std::string& s, std::string_view what, std::string_view with) {
     s.replace(at, what.size(), with);
 }
 
-// host[:port] from an authority or CONNECT target; IPv6 in brackets.
-bool split_authority(std::string_view a, std::string& host, int& port, int default_port) {
-  port = default_port;
-  size_t colon = std::string_view::npos;
-  if (a.starts_with('[')) {
-    size_t close = a.find(']');
-    if (close == std::string_view::npos) return false;
-    host = std::string(a.substr(0, close + 1));
-    if (close + 1 < a.size()) {
-      if (a[close + 1] != ':') return false;
-      colon = close + 1;
-    }
-  } else {
-    colon = a.rfind(':');
-    host = std::string(a.substr(0, colon));
-  }
-  if (colon != std::string_view::npos) {
-    auto p = a.substr(colon + 1);
-    if (p.empty() || p.size() > 5) return false;
-    port = 0;
-    for (char c : p) {
-      if (c < '0' || c > '9') return false;
-      port = port * 10 + (c - '0');
-    }
-    if (port < 1 || port > 65535) return false;
-  }
-  return !host.empty() && host.find('@') == std::string::npos;
-}
-
-// Whether a path could leave the prefix it is appended to: a "." or ".." segment, plain or
-// percent-encoded, an encoded slash, or a backslash (which some servers read as a slash).
-bool escapes_prefix(std::string_view path) {
-  path = path.substr(0, path.find('?'));
-  std::string lower(path);
-  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (auto* bad : {"%2e", "%2f", "%5c", "\\"})
-    if (lower.find(bad) != std::string::npos) return true;
-  size_t start = 0;
-  while (start <= lower.size()) {
-    size_t slash = lower.find('/', start);
-    auto seg = std::string_view(lower).substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-    if (seg == "." || seg == "..") return true;
-    if (slash == std::string::npos) break;
-    start = slash + 1;
-  }
-  return false;
-}
-
 // Who sent a request: the agent's end of the connection, to find the process holding it.
 struct Peer {
   bool tcp = true;
@@ -145,7 +102,10 @@ struct Broker::Impl {
   tcp::acceptor acceptor{io};
   udp::socket dns{io};
   tcp::acceptor dns_tcp{io};
+  AddressPolicy addresses;
   std::atomic<size_t> connections{0};
+  std::atomic<size_t> dns_tcp_connections{0};
+  size_t dns_inflight = 0;  // on the broker's thread only
   // Refusals are reported at most kDenyBurst per second; the rest are counted and the count
   // rides on the next report, so a flood cannot flood the journal.
   static constexpr int kDenyBurst = 50;
@@ -154,7 +114,11 @@ struct Broker::Impl {
   uint64_t deny_suppressed = 0;
   std::thread thread;
 
-  Impl(BrokerConfig c, Sink s) : cfg(std::move(c)), policy(cfg.network.allow, cfg.network.deny), sink(std::move(s)) {}
+  Impl(BrokerConfig c, Sink s)
+      : cfg(std::move(c)),
+        policy(cfg.network.allow, cfg.network.deny),
+        sink(std::move(s)),
+        addresses(cfg.network.allow_cidrs) {}
 
   std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(cfg.network.timeout_ms); }
 
@@ -202,46 +166,65 @@ struct Broker::Impl {
     return std::nullopt;
   }
 
-  static bool local_address(const asio::ip::address& a) {
-    if (a.is_unspecified() || a.is_loopback() || a.is_multicast()) return true;
+  // What resolving a host gave: the addresses the broker may connect to, or why there are none.
+  struct Resolved {
+    boost::system::error_code ec;  // access_denied: every address was in a range not allowed
+    std::vector<tcp::endpoint> eps;
+    std::string refused, why;  // the first address refused, and the reason
+    boost::json::object denial() const { return {{"address", refused}}; }
+  };
+
+  static IpAddress ip_of(const asio::ip::address& a) {
     if (a.is_v4()) {
       auto b = a.to_v4().to_bytes();
-      return b[0] == 0 || (b[0] == 169 && b[1] == 254);
+      return *IpAddress::from_bytes(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
     }
-    auto v6 = a.to_v6();
-    if (v6.is_v4_mapped()) return local_address(asio::ip::make_address_v4(asio::ip::v4_mapped, v6));
-    return v6.is_link_local() || v6.is_site_local();
+    auto b = a.to_v6().to_bytes();
+    return *IpAddress::from_bytes(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   }
-  static constexpr const char* kLocalOnly = "resolves only to loopback or link-local addresses";
 
-  awaitable<std::pair<boost::system::error_code, std::vector<tcp::endpoint>>> resolve(const std::string& host, int port) {
-    std::vector<tcp::endpoint> eps;
-    boost::system::error_code ec;
+  // A host's addresses (a `resolve` pin, the address it is, or the system's resolver), each
+  // checked against the address policy. The caller connects only to what this returns: the name
+  // is resolved once and what was checked is what is used, so a name that DNS re-points between a
+  // check and a connect (rebinding) gains nothing.
+  awaitable<Resolved> resolve(const std::string& host, int port) {
+    Resolved out;
+    std::vector<asio::ip::address> found;
     std::string h = host;
     if (auto it = cfg.network.resolve.find(host); it != cfg.network.resolve.end()) h = it->second;
-    auto addr = asio::ip::make_address(h, ec);
-    if (!ec) {
-      eps.emplace_back(addr, static_cast<uint16_t>(port));
-      co_return std::pair{ec, eps};
+    boost::system::error_code ec;
+    if (auto addr = asio::ip::make_address(h, ec); !ec) {
+      found.push_back(addr);
+    } else {
+      tcp::resolver r(io);
+      auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
+      if (rec) {
+        out.ec = rec;
+        co_return out;
+      }
+      for (auto& e : results) found.push_back(e.endpoint().address());
     }
-    tcp::resolver r(io);
-    auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
-    if (rec) co_return std::pair{rec, eps};
-    // A listed name that DNS points at this machine or the link (the supervisor's own ports, a
-    // cloud's metadata service) is not reached: only a `resolve` pin or a listed address may.
-    for (auto& e : results)
-      if (!local_address(e.endpoint().address())) eps.push_back(e.endpoint());
-    if (eps.empty() && !results.empty()) co_return std::pair{boost::system::error_code(asio::error::access_denied), eps};
-    co_return std::pair{boost::system::error_code{}, eps};
+    for (auto& a : found) {
+      std::string why;
+      if (addresses.allows(ip_of(a), &why)) {
+        out.eps.emplace_back(a, static_cast<uint16_t>(port));
+      } else if (out.refused.empty()) {
+        out.refused = ip_of(a).unmapped().text();
+        out.why = std::move(why);
+      }
+    }
+    if (out.eps.empty() && out.refused.empty()) out.ec = asio::error::host_not_found;
+    if (out.eps.empty() && !out.refused.empty()) out.ec = asio::error::access_denied;
+    co_return out;
   }
 
-  awaitable<boost::system::error_code> connect(beast::tcp_stream& s, const std::string& host, int port) {
-    auto [ec, eps] = co_await resolve(host, port);
-    if (ec) co_return ec;
-    if (eps.empty()) co_return asio::error::host_not_found;
+  awaitable<Resolved> connect(beast::tcp_stream& s, const std::string& host, int port) {
+    auto r = co_await resolve(host, port);
+    if (r.ec) co_return r;
     s.expires_after(timeout());
-    auto [cec, ep] = co_await s.async_connect(eps, nothrow);
-    co_return cec;
+    auto [cec, ep] = co_await s.async_connect(r.eps, nothrow);
+    r.ec = cec;
+    co_return r;
   }
 
   // Relays the upstream's response to the agent as it arrives (an LLM's streamed tokens reach
@@ -262,6 +245,18 @@ struct Broker::Impl {
     up_tcp.expires_after(timeout());
     auto [hec, hn] = co_await http::async_read_header(s, b, p, nothrow);
     if (hec) co_return "read response: " + hec.message();
+    if (secret) {
+      // The request asked for identity; a body coded all the same would carry the secret past
+      // the scrub, so it is not relayed at all.
+      for (auto field : {http::field::content_encoding, http::field::transfer_encoding}) {
+        auto v = p.get()[field];
+        if (!coded(v, field == http::field::transfer_encoding)) continue;
+        std::string why = "upstream answered with " + std::string(http::to_string(field)) + ": " +
+                          std::string(v.substr(0, 64)) + " (asked for identity); the secret could not be scrubbed from it";
+        deny("credential", c->host, c->port, why, {{"credential", c->name}}, conn.peer);
+        co_return why;
+      }
+    }
 
     http::response<http::buffer_body> res{p.get().result(), version};
     for (auto& f : p.get()) {
@@ -374,6 +369,12 @@ struct Broker::Impl {
     std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
     Request up = upstream_request(req, c.path_prefix + rest, host_header, true);
     up.erase(c.header);
+    // The response is scrubbed of the secret byte by byte, which works only on the whole body as
+    // plain bytes: no compression (the agent's Accept-Encoding is not passed on) and no ranges
+    // (a secret fetched a few bytes at a time would never match whole).
+    up.set(http::field::accept_encoding, "identity");
+    up.erase(http::field::range);
+    up.erase(http::field::if_range);
     std::string value = c.format;
     replace_all(value, "{}", secret);
     up.set(c.header, value);
@@ -384,7 +385,14 @@ struct Broker::Impl {
       log()->warn("credential {}: upstream {}: {}", c.name, where, what);
       return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what, req.version());
     };
-    if (auto ec = co_await connect(beast::get_lowest_layer(s), c.host, c.port)) co_return fail("connect: " + ec.message());
+    if (auto r = co_await connect(beast::get_lowest_layer(s), c.host, c.port); r.ec == asio::error::access_denied) {
+      auto extra = r.denial();
+      extra["credential"] = c.name;
+      deny("credential", c.host, c.port, r.why, std::move(extra), peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: upstream " + where + ": " + r.why, req.version());
+    } else if (r.ec) {
+      co_return fail("connect: " + r.ec.message());
+    }
     bool is_ip = canonical_host(c.host).value_or(CanonicalHost{}).is_ip;
     if (!is_ip) SSL_set_tlsext_host_name(s.native_handle(), c.host.c_str());
     s.set_verify_mode(ssl::verify_peer);
@@ -423,11 +431,12 @@ struct Broker::Impl {
     }
     beast::tcp_stream s(io);
     auto where = h->name + ":" + std::to_string(port);
-    if (auto ec = co_await connect(s, h->name, port); ec == asio::error::access_denied) {
-      deny("egress", h->name, port, kLocalOnly, {}, peer);
-      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " " + kLocalOnly, req.version());
-    } else if (ec)
-      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + ec.message(), req.version());
+    if (auto r = co_await connect(s, h->name, port); r.ec == asio::error::access_denied) {
+      deny("egress", h->name, port, r.why, r.denial(), peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + ": " + r.why, req.version());
+    } else if (r.ec) {
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + r.ec.message(), req.version());
+    }
     Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
     auto err = co_await relay(s, s, up, conn, req.version(), nullptr, nullptr);
     if (err) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
@@ -435,37 +444,17 @@ struct Broker::Impl {
   }
 
   awaitable<Response> handle(Request& req, Conn& conn) {
-    std::string_view target = req.target();
-    if (target.starts_with("http://") || target.starts_with("HTTP://")) {
-      auto rest = target.substr(7);
-      size_t slash = rest.find_first_of("/?");
-      std::string authority(rest.substr(0, slash));
-      std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
-      if (path.front() == '?') path = "/" + path;
-      std::string h;
-      int port;
-      // A client that sends even the broker's own URL through the proxy reaches the credentials.
-      if (split_authority(authority, h, port, 80) && port == cfg.network.proxy_port &&
-          (h == "127.0.0.1" || iequals(h, "localhost"))) {
-        target = {};
-        req.target(path);
-      } else {
-        co_return co_await forward_plain(req, authority, path, conn);
-      }
-    }
-    target = req.target();
-    if (!target.starts_with('/'))
+    auto t = route_target(req.target(), cfg.network.proxy_port);
+    if (t.kind == Target::Kind::Plain) co_return co_await forward_plain(req, t.authority, t.path, conn);
+    if (t.kind == Target::Kind::Bad)
       co_return text_response(http::status::bad_request,
                               "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
                               req.version());
-    auto name_end = target.find_first_of("/?", 1);
-    std::string name(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
-    std::string rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
-    if (rest.front() == '?') rest = "/" + rest;
+    if (t.own_url) req.target(t.path);
     for (size_t i = 0; i < cfg.credentials.size(); ++i)
-      if (cfg.credentials[i].name == name) co_return co_await credential_request(req, i, rest, conn);
-    co_return text_response(http::status::not_found, "sandboxer broker: no credential named \"" + name.substr(0, 64) + "\"",
-                            req.version());
+      if (cfg.credentials[i].name == t.credential) co_return co_await credential_request(req, i, t.rest, conn);
+    co_return text_response(http::status::not_found,
+                            "sandboxer broker: no credential named \"" + t.credential.substr(0, 64) + "\"", req.version());
   }
 
   static awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
@@ -507,12 +496,12 @@ struct Broker::Impl {
       co_return;
     }
     beast::tcp_stream up(io);
-    if (auto ec = co_await connect(up, h->name, port); ec == asio::error::access_denied) {
-      deny("egress", h->name, port, kLocalOnly, {}, peer);
-      co_await refuse(http::status::forbidden, h->name + " " + kLocalOnly);
+    if (auto r = co_await connect(up, h->name, port); r.ec == asio::error::access_denied) {
+      deny("egress", h->name, port, r.why, r.denial(), peer);
+      co_await refuse(http::status::forbidden, h->name + ": " + r.why);
       co_return;
-    } else if (ec) {
-      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + ec.message());
+    } else if (r.ec) {
+      co_await refuse(http::status::bad_gateway, h->name + ":" + std::to_string(port) + ": " + r.ec.message());
       co_return;
     }
     client.expires_after(timeout());
@@ -625,9 +614,10 @@ struct Broker::Impl {
     client.socket().shutdown(tcp::socket::shutdown_both, ig);
   }
 
-  // Accepts on `acc` until it closes, each connection served by `serve` (HTTP or DNS over TCP),
-  // at most kMaxConnections at once across both.
-  awaitable<void> accept_loop(tcp::acceptor& acc, awaitable<void> (Impl::*serve_fn)(tcp::socket)) {
+  // Accepts on `acc` until it closes, each connection served by `serve_fn` (HTTP or DNS over
+  // TCP), at most `limit` at once (counted in `open`, which the server decrements).
+  awaitable<void> accept_loop(tcp::acceptor& acc, awaitable<void> (Impl::*serve_fn)(tcp::socket),
+                              std::atomic<size_t>& open, size_t limit) {
     for (;;) {
       auto [ec, sock] = co_await acc.async_accept(nothrow);
       if (ec == asio::error::operation_aborted || !acc.is_open()) co_return;
@@ -637,8 +627,8 @@ struct Broker::Impl {
         co_await t.async_wait(nothrow);
         continue;
       }
-      if (connections >= kMaxConnections) continue;  // `sock` closes here
-      ++connections;
+      if (open >= limit) continue;  // `sock` closes here
+      ++open;
       asio::co_spawn(io, (this->*serve_fn)(std::move(sock)), asio::detached);
     }
   }
@@ -666,31 +656,52 @@ struct Broker::Impl {
       } else if (q->qclass != 1 || (q->qtype != kDnsTypeA && q->qtype != kDnsTypeAAAA)) {
         reply = make_dns_reply(msg, *q, kDnsNoError);
       } else {
-        auto [ec, eps] = co_await resolve(h->name, 0);
-        std::vector<std::string> addrs;
-        for (auto& e : eps) {
-          auto a = e.address();
-          if (q->qtype == kDnsTypeA && a.is_v4()) {
-            auto bytes = a.to_v4().to_bytes();
-            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          } else if (q->qtype == kDnsTypeAAAA && a.is_v6()) {
-            auto bytes = a.to_v6().to_bytes();
-            addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          }
-          if (addrs.size() >= 8) break;
-        }
-        std::sort(addrs.begin(), addrs.end());
-        addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
-        if (ec == asio::error::access_denied) deny("dns", h->name, 0, kLocalOnly, {}, peer);
-        reply = make_dns_reply(msg, *q,
-                               ec == asio::error::host_not_found ? kDnsNxDomain
-                               : ec == asio::error::access_denied ? kDnsRefused
-                               : ec                               ? kDnsServFail
-                                                                  : kDnsNoError,
-                               addrs);
+        reply = co_await dns_answer(msg, *q, *h, peer);
       }
     }
     co_return reply;
+  }
+
+  // The answer to an allowed name's A or AAAA question: the addresses the broker itself would
+  // connect to. An address in a range the profile does not allow is left out rather than handed
+  // to the agent (the agent reaches nothing by address anyway, and it need not learn the host's
+  // internal network); a name with no other address is REFUSED and reported.
+  awaitable<std::string> dns_answer(const std::string& msg, const DnsQuestion& q, const CanonicalHost& host, Peer peer) {
+    const std::string& name = host.name;
+    // Pins and addresses are answered at once; only a lookup waits on the system's resolver.
+    bool lookup = !host.is_ip && !cfg.network.resolve.contains(name);
+    if (lookup && dns_inflight >= kMaxDnsInFlight) {
+      deny("dns", name, 0, "more than " + std::to_string(kMaxDnsInFlight) + " lookups in flight", {}, peer);
+      co_return make_dns_reply(msg, q, kDnsServFail);
+    }
+    struct InFlight {
+      size_t& n;
+      bool on;
+      ~InFlight() { n -= on; }
+    } inflight{dns_inflight, lookup};
+    dns_inflight += lookup;
+    auto r = co_await resolve(name, 0);
+    std::vector<std::string> addrs;
+    for (auto& e : r.eps) {
+      auto a = e.address();
+      if (q.qtype == kDnsTypeA && a.is_v4()) {
+        auto bytes = a.to_v4().to_bytes();
+        addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      } else if (q.qtype == kDnsTypeAAAA && a.is_v6()) {
+        auto bytes = a.to_v6().to_bytes();
+        addrs.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }
+      if (addrs.size() >= 8) break;
+    }
+    std::sort(addrs.begin(), addrs.end());
+    addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
+    if (r.ec == asio::error::access_denied) deny("dns", name, 0, r.why, r.denial(), peer);
+    co_return make_dns_reply(msg, q,
+                             r.ec == asio::error::host_not_found ? kDnsNxDomain
+                             : r.ec == asio::error::access_denied ? kDnsRefused
+                             : r.ec                               ? kDnsServFail
+                                                                  : kDnsNoError,
+                             addrs);
   }
 
   // DNS over TCP (RFC 7766): two bytes of length, then the message; answers in the same framing,
@@ -699,7 +710,7 @@ struct Broker::Impl {
     struct Count {
       std::atomic<size_t>& n;
       ~Count() { --n; }
-    } count{connections};
+    } count{dns_tcp_connections};
     Peer peer{true, 0, 53};
     boost::system::error_code ig;
     if (auto ep = sock.remote_endpoint(ig); !ig) peer.port = ep.port();
@@ -765,9 +776,9 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
     im.dns_tcp.assign(tcp::v4(), dns_tcp_fd.get(), ec);
     if (ec) throw std::runtime_error("broker: adopt the DNS (TCP) socket: " + ec.message());
     dns_tcp_fd.release();
-    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp), asio::detached);
+    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp, im.dns_tcp_connections, kMaxDnsTcpConnections), asio::detached);
   }
-  asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve), asio::detached);
+  asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve, im.connections, kMaxConnections), asio::detached);
   im.thread = std::thread([&im] {
     for (;;) {
       try {

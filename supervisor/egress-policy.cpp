@@ -3,7 +3,9 @@
 #include <arpa/inet.h>
 #include <idn2.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 namespace sbx::supervisor {
@@ -128,6 +130,185 @@ bool HostPolicy::allows(const CanonicalHost& h, std::string* why) const {
   for (auto& a : allow_)
     if (matches(a, h)) return true;
   return set_why(why, "not on the allow list");
+}
+
+// ---- addresses ----
+
+std::optional<IpAddress> IpAddress::parse(std::string_view text) {
+  if (text.empty() || text.size() >= INET6_ADDRSTRLEN) return std::nullopt;
+  std::string s(text);
+  IpAddress a;
+  if (s.find(':') == std::string::npos) {
+    // inet_pton, unlike inet_aton, takes only the four dotted decimals: no "127.1", no hex.
+    if (::inet_pton(AF_INET, s.c_str(), a.bytes.data()) != 1) return std::nullopt;
+    a.v4 = true;
+    return a;
+  }
+  if (::inet_pton(AF_INET6, s.c_str(), a.bytes.data()) != 1) return std::nullopt;
+  return a;
+}
+
+std::optional<IpAddress> IpAddress::from_bytes(std::string_view raw) {
+  if (raw.size() != 4 && raw.size() != 16) return std::nullopt;
+  IpAddress a;
+  a.v4 = raw.size() == 4;
+  std::memcpy(a.bytes.data(), raw.data(), raw.size());
+  return a;
+}
+
+std::string IpAddress::text() const {
+  char buf[INET6_ADDRSTRLEN];
+  ::inet_ntop(v4 ? AF_INET : AF_INET6, bytes.data(), buf, sizeof buf);
+  return buf;
+}
+
+IpAddress IpAddress::unmapped() const {
+  static constexpr std::array<uint8_t, 12> kMapped{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (v4 || !std::equal(kMapped.begin(), kMapped.end(), bytes.begin())) return *this;
+  IpAddress a;
+  a.v4 = true;
+  std::copy(bytes.begin() + 12, bytes.end(), a.bytes.begin());
+  return a;
+}
+
+namespace {
+// Whether the first `bits` bits of two addresses agree.
+bool same_prefix(const IpAddress& a, const IpAddress& b, int bits) {
+  int whole = bits / 8;
+  if (!std::equal(a.bytes.begin(), a.bytes.begin() + whole, b.bytes.begin())) return false;
+  if (bits % 8 == 0) return true;
+  auto mask = static_cast<uint8_t>(0xff << (8 - bits % 8));
+  return (a.bytes[whole] & mask) == (b.bytes[whole] & mask);
+}
+}  // namespace
+
+bool Cidr::contains(const IpAddress& a) const { return a.v4 == net.v4 && same_prefix(a, net, bits); }
+
+bool Cidr::overlaps(const Cidr& o) const { return o.net.v4 == net.v4 && same_prefix(o.net, net, std::min(bits, o.bits)); }
+
+std::string Cidr::text() const { return net.text() + "/" + std::to_string(bits); }
+
+std::optional<Cidr> parse_cidr(std::string_view text, std::string* why) {
+  auto fail = [&](std::string t) -> std::optional<Cidr> {
+    set_why(why, std::move(t));
+    return std::nullopt;
+  };
+  auto slash = text.find('/');
+  auto addr = IpAddress::parse(text.substr(0, slash));
+  if (!addr) return fail("not an IPv4 or IPv6 address (a range is written like 10.1.2.0/24 or fd00::/8)");
+  Cidr c{*addr, addr->v4 ? 32 : 128};
+  if (slash != std::string_view::npos) {
+    auto len = text.substr(slash + 1);
+    if (len.empty() || len.size() > 3 || !all_of(len, is_digit) || (len.size() > 1 && len[0] == '0'))
+      return fail("the prefix length after / must be a decimal number");
+    int bits = std::atoi(std::string(len).c_str());
+    if (bits > (addr->v4 ? 32 : 128))
+      return fail("a prefix length of " + std::to_string(bits) + " is more than an " + (addr->v4 ? "IPv4" : "IPv6") +
+                  " address has");
+    c.bits = bits;
+  }
+  if (!addr->v4 && addr->unmapped().v4) return fail("an IPv4-mapped range: write the IPv4 range itself");
+  IpAddress masked = c.net;
+  for (int i = 0; i < 16; ++i) {
+    int keep = std::clamp(c.bits - i * 8, 0, 8);
+    masked.bytes[i] &= static_cast<uint8_t>(0xff00 >> keep);
+  }
+  if (!(masked == c.net)) return fail("host bits are set (the range is " + Cidr{masked, c.bits}.text() + ")");
+  return c;
+}
+
+namespace {
+
+struct SpecialRange {
+  Cidr range;
+  const char* what;
+  int embeds_at = -1;  // where the IPv4 address it carries starts (NAT64, 6to4); -1: refused whole
+};
+
+// The special-purpose ranges of the IANA registries (RFC 6890 and successors) that are not
+// globally reachable, plus the metadata endpoints clouds put on addresses of their own. The
+// more specific entries come first, so an address is named by its narrowest range.
+const std::vector<SpecialRange>& special_ranges() {
+  static const std::vector<SpecialRange> table = [] {
+    std::vector<SpecialRange> t;
+    auto add = [&t](const char* cidr, const char* what, int embeds_at = -1) {
+      t.push_back({*parse_cidr(cidr), what, embeds_at});
+    };
+    add("0.0.0.0/8", "\"this network\"; 0.0.0.0 reaches this machine");
+    add("10.0.0.0/8", "private, RFC 1918");
+    add("100.64.0.0/10", "shared address space, carrier-grade NAT; Alibaba Cloud metadata at 100.100.100.200");
+    add("127.0.0.0/8", "loopback: this machine");
+    add("168.63.129.16/32", "Azure platform endpoint (WireServer)");
+    add("169.254.0.0/16", "link-local: cloud metadata services such as 169.254.169.254");
+    add("172.16.0.0/12", "private, RFC 1918");
+    add("192.0.0.0/24", "IETF protocol assignments; Oracle Cloud metadata at 192.0.0.192");
+    add("192.0.2.0/24", "documentation, TEST-NET-1");
+    add("192.88.99.0/24", "6to4 relay anycast, deprecated");
+    add("192.168.0.0/16", "private, RFC 1918");
+    add("198.18.0.0/15", "benchmarking, RFC 2544");
+    add("198.51.100.0/24", "documentation, TEST-NET-2");
+    add("203.0.113.0/24", "documentation, TEST-NET-3");
+    add("224.0.0.0/4", "multicast");
+    add("240.0.0.0/4", "reserved, and the broadcast address");
+    add("::/128", "unspecified: this machine");
+    add("::1/128", "loopback: this machine");
+    add("::/96", "IPv4-compatible, deprecated");
+    add("64:ff9b::/96", "NAT64", 12);
+    add("64:ff9b:1::/48", "local-use NAT64, RFC 8215");
+    add("100::/64", "discard-only, RFC 6666");
+    add("2001::/32", "Teredo");
+    add("2001:db8::/32", "documentation");
+    add("2002::/16", "6to4", 2);
+    add("fc00::/7", "unique local, RFC 4193; AWS metadata at fd00:ec2::254");
+    add("fe80::/10", "link-local");
+    add("fec0::/10", "site-local, deprecated");
+    add("ff00::/8", "multicast");
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+std::optional<std::string> special_range(const IpAddress& addr) {
+  IpAddress a = addr.unmapped();
+  for (auto& r : special_ranges()) {
+    if (!r.range.contains(a)) continue;
+    std::string where = r.range.text() + " (" + r.what + ")";
+    if (r.embeds_at < 0) return where;
+    // A translator would carry the connection on to the IPv4 address inside: that one decides.
+    IpAddress inner;
+    inner.v4 = true;
+    std::copy_n(a.bytes.begin() + r.embeds_at, 4, inner.bytes.begin());
+    auto in = special_range(inner);
+    if (!in) return std::nullopt;
+    return where + " for " + inner.text() + ", which is in " + *in;
+  }
+  return std::nullopt;
+}
+
+AddressPolicy::AddressPolicy(const std::vector<std::string>& allow_cidrs) {
+  for (size_t i = 0; i < allow_cidrs.size(); ++i) {
+    std::string why;
+    auto where = "allow_cidrs[" + std::to_string(i) + "]: \"" + allow_cidrs[i] + "\": ";
+    auto c = parse_cidr(allow_cidrs[i], &why);
+    if (!c) throw std::invalid_argument(where + why);
+    bool special = false;
+    for (auto& r : special_ranges()) special |= c->overlaps(r.range);
+    if (!special)
+      throw std::invalid_argument(where + "holds no special-purpose address (public addresses need no allowance; " +
+                                  "names still need network.allow)");
+    allow_.push_back(*c);
+  }
+}
+
+bool AddressPolicy::allows(const IpAddress& addr, std::string* why) const {
+  IpAddress a = addr.unmapped();
+  auto range = special_range(a);
+  if (!range) return true;
+  for (auto& c : allow_)
+    if (c.contains(a)) return true;
+  return set_why(why, a.text() + " is in " + *range + ", which network.allow_cidrs does not allow");
 }
 
 // ---- DNS ----

@@ -2,6 +2,7 @@
 // The egress policy's pure parts: host names brought to one canonical form, the allow/deny
 // matcher, and the minimal DNS message handling the broker's resolver needs. No I/O here, so the
 // unit tests cover every rule.
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,6 +46,61 @@ class HostPolicy {
   static Pattern parse_pattern(const std::string& entry, const char* list);
   static bool matches(const Pattern& p, const CanonicalHost& h);
   std::vector<Pattern> allow_, deny_;
+};
+
+/// An IP address as the broker connects to it: IPv4 in the first 4 bytes, or IPv6 in all 16.
+struct IpAddress {
+  std::array<uint8_t, 16> bytes{};
+  bool v4 = false;
+
+  /// A literal in its plain text form ("10.0.0.1", "fd00::1"; no brackets, no zone); nullopt
+  /// for anything else.
+  static std::optional<IpAddress> parse(std::string_view text);
+  /// 4 bytes (IPv4) or 16 (IPv6), as on the wire; nullopt for any other size.
+  static std::optional<IpAddress> from_bytes(std::string_view raw);
+  std::string text() const;
+  /// An IPv4-mapped IPv6 address (::ffff:a.b.c.d) is the IPv4 address it carries: a socket
+  /// connecting to it reaches that address.
+  IpAddress unmapped() const;
+  bool operator==(const IpAddress&) const = default;
+};
+
+/// A range of addresses: "10.1.2.0/24", "fd00::/8"; a bare address is a /32 or /128.
+struct Cidr {
+  IpAddress net;
+  int bits = 0;
+  bool contains(const IpAddress& a) const;  // false across families
+  bool overlaps(const Cidr& o) const;
+  std::string text() const;
+};
+
+/// Parses a range strictly: the address part a plain literal, the length 0..32 or 0..128 in
+/// decimal, no host bits set (`why` then names the range meant), no IPv4-mapped IPv6 range (write
+/// the IPv4 one). nullopt with `why` for anything else.
+std::optional<Cidr> parse_cidr(std::string_view text, std::string* why = nullptr);
+
+/// Where `a` is not a public unicast address, the special-purpose range it lies in and what that
+/// range is ("169.254.0.0/16 (link-local: cloud metadata services such as 169.254.169.254)");
+/// for an address that embeds an IPv4 one (NAT64 64:ff9b::/96, 6to4 2002::/16), the range of
+/// the address it embeds. nullopt for a public address.
+std::optional<std::string> special_range(const IpAddress& a);
+
+/// The address half of the egress policy: any public address may be connected to (the name
+/// was allowed by HostPolicy already); an address in a special-purpose range (private, loopback,
+/// link-local and metadata, shared, multicast, reserved, unique local, NAT64 of any of those) only
+/// when a range of `network.allow_cidrs` holds it.
+class AddressPolicy {
+ public:
+  /// Throws std::invalid_argument naming the bad entry (by index) and what is wrong with it.
+  explicit AddressPolicy(const std::vector<std::string>& allow_cidrs);
+  AddressPolicy() = default;
+
+  /// Whether the broker may connect to `a` (IPv4-mapped addresses are read as their IPv4
+  /// address); when not, `why` names the address, its range and the missing allowance.
+  bool allows(const IpAddress& a, std::string* why = nullptr) const;
+
+ private:
+  std::vector<Cidr> allow_;
 };
 
 /// One DNS question as the broker's resolver reads it.

@@ -211,13 +211,15 @@ boost::json::object BranchNetwork::describe() const {
   const auto& net = profile_.network;
   boost::json::object o{{"mode", network_mode_name(net.mode)}, {"isolated", net.mode != NetworkPolicy::Mode::Host}};
   if (net.mode == NetworkPolicy::Mode::Proxy) {
-    boost::json::array allow, deny, creds;
+    boost::json::array allow, deny, creds, cidrs;
     for (auto& a : net.allow) allow.emplace_back(a);
+    for (auto& c : net.allow_cidrs) cidrs.emplace_back(c);
     for (auto& d : net.deny) deny.emplace_back(d);
     for (auto& c : profile_.credentials)
       creds.emplace_back(boost::json::object{{"name", c.name}, {"bound_to", c.scheme + "://" + c.host + ":" + std::to_string(c.port) + c.path_prefix}});
     o["allow"] = std::move(allow);
     o["deny"] = std::move(deny);
+    o["allow_cidrs"] = std::move(cidrs);  // the special-purpose ranges the broker may reach
     o["credentials"] = std::move(creds);
     o["proxy"] = "http://127.0.0.1:" + std::to_string(net.proxy_port);
     o["dns"] = "127.0.0.1:53";

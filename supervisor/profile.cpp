@@ -220,6 +220,7 @@ void parse_network(NetworkPolicy& n, const json::value& v) {
   }
   if (auto* a = f.get("allow")) n.allow = as_string_list(*a, "network.allow");
   if (auto* d = f.get("deny")) n.deny = as_string_list(*d, "network.deny");
+  if (auto* c = f.get("allow_cidrs")) n.allow_cidrs = as_string_list(*c, "network.allow_cidrs");
   if (auto* r = f.get("resolve")) {
     if (!r->is_object()) throw ProfileError("network.resolve: expected an object of host: address");
     n.resolve.clear();
@@ -241,6 +242,7 @@ void parse_network(NetworkPolicy& n, const json::value& v) {
   f.done();
   try {
     HostPolicy check(n.allow, n.deny);
+    AddressPolicy addresses(n.allow_cidrs);
   } catch (const std::invalid_argument& e) {
     throw ProfileError(std::string("network.") + e.what());
   }

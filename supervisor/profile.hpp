@@ -19,6 +19,7 @@ struct NetworkPolicy {
   enum class Mode { Host, None, Proxy };
   Mode mode = Mode::Host;
   std::vector<std::string> allow, deny;       // exact hosts, IP literals, "*.suffix"
+  std::vector<std::string> allow_cidrs;       // special-purpose ranges (private, loopback, ...) it may reach
   std::map<std::string, std::string> resolve;  // host -> address the broker connects to (pinning)
   int proxy_port = 3128;                       // the broker's port inside the agent's netns
   int64_t max_header_bytes = 16 * 1024;

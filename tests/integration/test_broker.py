@@ -1,8 +1,9 @@
 """The egress broker and credential injection (profile `network` and `credentials`).
 
-Loopback only: the stand-in upstreams listen on 127.0.0.1 of the test's own network namespace,
-which is the supervisor's; the agent runs in a namespace of its own whose only way out is the
-broker. One box runs the agent of broker/agent.py (every check one JSON line); each test asserts
+Loopback only: the stand-in upstreams listen on 127.0.0.2 of the test's own network namespace,
+which is the supervisor's (the profile allows the broker that one loopback address by
+`allow_cidrs`; 127.0.0.1, where `localhost` points, stays refused); the agent runs in a namespace
+of its own whose only way out is the broker. One box runs the agent of broker/agent.py (every check one JSON line); each test asserts
 one behaviour of that run."""
 import http.server
 import json
@@ -20,6 +21,7 @@ from sbxtest import CLI, read_journal, run_init
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "agent.py"
 PLACEHOLDER = "sbx-placeholder-api-0001"
+UPSTREAM_ADDR = "127.0.0.2"
 
 
 def make_ca(d):
@@ -37,9 +39,9 @@ def make_ca(d):
 
 
 class Upstream:
-    """An HTTP(S) server on 127.0.0.1 that records what it received."""
+    """An HTTP(S) server on `addr` that records what it received."""
 
-    def __init__(self, secret=None, tls=None):
+    def __init__(self, secret=None, tls=None, addr=UPSTREAM_ADDR):
         self.requests = []
         outer = self
 
@@ -87,7 +89,7 @@ class Upstream:
 
             do_GET = do_POST = reply
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((addr, 0), Handler)
         if tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(tls[0], tls[1])
@@ -100,13 +102,15 @@ class Upstream:
         self.server.server_close()
 
 
-def write_profile(path, mode, upstream_port, ca, secret_file):
+def write_profile(path, mode, upstream_port, ca, secret_file, upstream_addr="127.0.0.1"):
     profile = {"name": "broker-test", "network": {"mode": mode}}
     if mode == "proxy":
         profile["network"].update({
             "allow": ["api.example.test", "other.example.test", "localhost"],
             "deny": ["*.evil.com"],
-            "resolve": {"api.example.test": "127.0.0.1", "other.example.test": "127.0.0.1"},
+            "resolve": {"api.example.test": upstream_addr, "other.example.test": upstream_addr},
+            # The stand-ins listen on loopback, which the broker refuses unless allowed.
+            "allow_cidrs": [upstream_addr],
             "timeout": "2s", "max_header_bytes": 16384, "max_body_bytes": 1048576})
         profile["credentials"] = [{
             "name": "api", "source": {"env": "SBX_TEST_API_SECRET"},
@@ -137,8 +141,9 @@ def run_agent_box(tmp, mode):
     secret_file = tmp / "file-secret"
     secret_file.write_text(file_secret + "\n")
     secret_file.chmod(0o600)
-    profile = write_profile(tmp / "profile.json", mode, up.port, ca, secret_file)
-    cfg = {"mode": mode, "upstream_port": up.port, "other_port": other.port, "proxy_port": 3128,
+    profile = write_profile(tmp / "profile.json", mode, up.port, ca, secret_file, UPSTREAM_ADDR)
+    cfg = {"mode": mode, "upstream_addr": UPSTREAM_ADDR, "upstream_port": up.port, "other_port": other.port,
+           "proxy_port": 3128,
            "tmp": str(tmp), "secret_file": str(secret_file)}
     env = {"PATH": "/usr/bin:/bin", "SBX_TEST_API_SECRET": secret, "SBX_TEST_MARKER": marker}
     try:
@@ -290,10 +295,11 @@ def test_connect_to_a_host_not_on_the_list_is_refused(proxied):
 
 def test_listed_name_resolving_to_loopback_is_refused(proxied):
     # localhost is listed but resolves (through the system resolver) to the supervisor's own
-    # loopback; api.example.test, pinned to the same address by `resolve`, was reached above.
+    # loopback, 127.0.0.1, which allow_cidrs does not hold; api.example.test, pinned to the
+    # allowed 127.0.0.2 by `resolve`, was reached above.
     assert check(proxied, "connect_local")["status"].startswith("HTTP/1.1 403")
     ev = denied(proxied, what="egress", host="localhost")
-    assert ev and "loopback" in ev[0]["reason"]
+    assert ev and "loopback" in ev[0]["reason"] and ev[0]["address"] == "127.0.0.1", ev
     assert check(proxied, "connect_allowed")["status"] == 200
 
 
@@ -310,7 +316,7 @@ def test_raw_connection_control_without_the_policy(control):
 
 
 def test_dns_answers_allowed_names_only(proxied):
-    assert check(proxied, "dns_allowed")["addr"] == "127.0.0.1"
+    assert check(proxied, "dns_allowed")["addr"] == UPSTREAM_ADDR
     assert check(proxied, "dns_allowed_raw")["rcode"] == 0
     assert check(proxied, "dns_denied")["addr"] is None
     assert denied(proxied, what="dns", host="not-listed.example.org")
@@ -319,7 +325,7 @@ def test_dns_answers_allowed_names_only(proxied):
 def test_dns_over_tcp_answers_allowed_names_only(proxied):
     # Two queries on one connection: the allowed name is answered, the other refused and reported.
     r = check(proxied, "dns_tcp")
-    assert r.get("rcode") == 0 and r["addr"] == "127.0.0.1", r
+    assert r.get("rcode") == 0 and r["addr"] == UPSTREAM_ADDR, r
     assert r["denied_rcode"] == 5
     ev = denied(proxied, what="dns", host=r["denied_name"])
     assert ev and ev[0]["pid"] == agent_pid(proxied)

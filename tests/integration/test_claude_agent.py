@@ -26,6 +26,7 @@ def test_claude_agent_calls_the_api_through_the_broker(tmp_path):
     # The example's profile, bound to the stand-in instead of api.anthropic.com.
     profile["network"]["allow"] = ["api.example.test"]
     profile["network"]["resolve"] = {"api.example.test": "127.0.0.1"}
+    profile["network"]["allow_cidrs"] = ["127.0.0.1"]  # the stand-in API listens on loopback
     cred = profile["credentials"][0]
     cred["bind"].update(host="api.example.test", port=api.port)
     cred["ca_file"] = str(ca)

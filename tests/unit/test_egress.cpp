@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "broker-request.hpp"
 #include "egress-policy.hpp"
 #include "profile.hpp"
 
@@ -85,6 +86,92 @@ TEST_CASE("egress: allow and deny lists") {
   CHECK_THROWS_AS(HostPolicy({"*.10.0.0.1"}, {}), std::invalid_argument);
 }
 
+TEST_CASE("egress: special-purpose address ranges") {
+  auto ip = [](std::string_view t) {
+    auto a = IpAddress::parse(t);
+    REQUIRE(a);
+    return *a;
+  };
+  auto range = [&](std::string_view t) { return special_range(ip(t)).value_or("public"); };
+  // Every range of the issue, IPv4 and IPv6, each named by its narrowest entry.
+  for (auto [addr, want] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"0.0.0.0", "0.0.0.0/8"},          {"10.1.2.3", "10.0.0.0/8"},
+           {"100.100.100.200", "100.64.0.0/10"}, {"127.0.0.1", "127.0.0.0/8"},
+           {"127.255.255.254", "127.0.0.0/8"}, {"169.254.169.254", "169.254.0.0/16"},
+           {"172.31.255.255", "172.16.0.0/12"}, {"192.0.0.192", "192.0.0.0/24"},
+           {"192.168.1.1", "192.168.0.0/16"},  {"198.19.0.1", "198.18.0.0/15"},
+           {"224.0.0.1", "224.0.0.0/4"},       {"255.255.255.255", "240.0.0.0/4"},
+           {"168.63.129.16", "168.63.129.16/32"}, {"::", "::/128"},
+           {"::1", "::1/128"},                 {"::ffff:10.0.0.1", "10.0.0.0/8"},
+           {"::ffff:169.254.169.254", "169.254.0.0/16"}, {"::10.0.0.1", "::/96"},
+           {"64:ff9b::a01:203", "64:ff9b::/96 (NAT64) for 10.1.2.3, which is in 10.0.0.0/8"},
+           {"64:ff9b::7f00:1", "for 127.0.0.1, which is in 127.0.0.0/8"},
+           {"64:ff9b:1::1", "64:ff9b:1::/48"},  {"fd00::1", "fc00::/7"},
+           {"fd00:ec2::254", "fc00::/7"},      {"fe80::1", "fe80::/10"},
+           {"ff02::1", "ff00::/8"},            {"2001:db8::1", "2001:db8::/32"},
+           {"2002:a9fe:a9fe::1", "2002::/16 (6to4) for 169.254.169.254"}}) {
+    CAPTURE(addr);
+    CHECK(range(addr).find(want) != std::string::npos);
+  }
+  // Public addresses, including translations of public ones.
+  for (auto* addr : {"1.1.1.1", "8.8.8.8", "100.63.255.255", "100.128.0.0", "172.32.0.1", "11.0.0.1", "2606:4700::1111",
+                     "64:ff9b::101:101", "::ffff:1.1.1.1", "2002:101:101::1", "168.63.129.17"}) {
+    CAPTURE(addr);
+    CHECK(range(addr) == "public");
+  }
+}
+
+TEST_CASE("egress: ranges are parsed strictly") {
+  auto why = [](std::string_view t) {
+    std::string w;
+    return parse_cidr(t, &w) ? std::string("ok") : w;
+  };
+  CHECK(why("10.1.2.0/24") == "ok");
+  CHECK(why("fd00::/8") == "ok");
+  CHECK(why("127.0.0.1") == "ok");
+  CHECK(parse_cidr("127.0.0.1")->bits == 32);
+  CHECK(parse_cidr("::1")->bits == 128);
+  CHECK(why("10.1.2.3/24").find("host bits are set (the range is 10.1.2.0/24)") != std::string::npos);
+  CHECK(why("10.0.0.0/33").find("more than an IPv4") != std::string::npos);
+  CHECK(why("10.0.0.0/08").find("decimal") != std::string::npos);
+  CHECK(why("10.0.0.0/").find("decimal") != std::string::npos);
+  CHECK(why("10.0.0.0/+8").find("decimal") != std::string::npos);
+  CHECK(why("10.0.0/8").find("not an IPv4 or IPv6") != std::string::npos);
+  CHECK(why("010.0.0.0/8").find("not an IPv4 or IPv6") != std::string::npos);
+  CHECK(why("[fd00::]/8").find("not an IPv4 or IPv6") != std::string::npos);
+  CHECK(why("example.com/8").find("not an IPv4 or IPv6") != std::string::npos);
+  CHECK(why("::ffff:10.0.0.0/104").find("IPv4-mapped") != std::string::npos);
+  CHECK(why("").find("not an IPv4") != std::string::npos);
+}
+
+TEST_CASE("egress: special ranges are refused unless allowed by range") {
+  auto ip = [](std::string_view t) { return *IpAddress::parse(t); };
+  AddressPolicy none(std::vector<std::string>{});
+  std::string why;
+  CHECK(none.allows(ip("93.184.216.34")));
+  CHECK_FALSE(none.allows(ip("169.254.169.254"), &why));
+  CHECK(why == "169.254.169.254 is in 169.254.0.0/16 (link-local: cloud metadata services such as 169.254.169.254), "
+               "which network.allow_cidrs does not allow");
+  CHECK_FALSE(none.allows(ip("::ffff:127.0.0.1"), &why));
+  CHECK(why.starts_with("127.0.0.1 is in 127.0.0.0/8"));
+  AddressPolicy some({"10.1.2.0/24", "127.0.0.1", "fd00::/8", "64:ff9b::a01:200/120"});
+  CHECK(some.allows(ip("10.1.2.3")));
+  CHECK_FALSE(some.allows(ip("10.1.3.3")));
+  CHECK(some.allows(ip("127.0.0.1")));
+  CHECK(some.allows(ip("::ffff:127.0.0.1")));
+  CHECK_FALSE(some.allows(ip("127.0.0.2")));
+  CHECK(some.allows(ip("fd00::1")));
+  CHECK_FALSE(some.allows(ip("fe80::1")));
+  // A translated address is allowed by a range holding it, not by one holding what it embeds.
+  CHECK(some.allows(ip("64:ff9b::a01:203")));
+  CHECK_FALSE(AddressPolicy({"10.0.0.0/8"}).allows(ip("64:ff9b::a01:203")));
+  CHECK_THROWS_WITH_AS(AddressPolicy({"10.0.0.0/8", "10.1.2.3/24"}), doctest::Contains("allow_cidrs[1]: \"10.1.2.3/24\""),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(AddressPolicy({"8.8.8.0/24"}), doctest::Contains("no special-purpose address"),
+                       std::invalid_argument);
+  CHECK_NOTHROW(AddressPolicy({"0.0.0.0/0"}));
+}
+
 TEST_CASE("egress: DNS questions") {
   auto m = query("Files.PyPI.org");
   auto q = parse_dns_query(m);
@@ -158,4 +245,36 @@ TEST_CASE("profile: network and credentials") {
   CHECK_THROWS_WITH_AS(
       parse_profile(R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
       doctest::Contains("denied"), ProfileError);
+  CHECK(parse_profile(R"({"network":{"allow_cidrs":["10.1.2.0/24","fd00::/8"]}})").network.allow_cidrs.size() == 2);
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":["10.1.2.3/24"]}})"),
+                       doctest::Contains("network.allow_cidrs[0]: \"10.1.2.3/24\": host bits are set"), ProfileError);
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":"10.0.0.0/8"}})"),
+                       doctest::Contains("network.allow_cidrs: expected a list"), ProfileError);
+  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":[10]}})"), doctest::Contains("network.allow_cidrs[0]"),
+                       ProfileError);
+}
+
+TEST_CASE("broker: targets and coding headers") {
+  auto t = route_target("http://www.example.org:8080?x=1", 3128);
+  CHECK(t.kind == Target::Kind::Plain);
+  CHECK(t.authority == "www.example.org:8080");
+  CHECK(t.path == "/?x=1");
+  t = route_target("http://LOCALHOST:3128/api/v1?q", 3128);
+  CHECK(t.kind == Target::Kind::Credential);
+  CHECK(t.own_url);
+  CHECK(t.credential == "api");
+  CHECK(t.rest == "/v1?q");
+  t = route_target("/api?q", 3128);
+  CHECK(t.kind == Target::Kind::Credential);
+  CHECK(t.rest == "/?q");
+  CHECK(route_target("http://127.0.0.1:3129/api", 3128).kind == Target::Kind::Plain);
+  CHECK(route_target("*", 3128).kind == Target::Kind::Bad);
+  CHECK(route_target("https://x/", 3128).kind == Target::Kind::Bad);
+  CHECK_FALSE(coded("", false));
+  CHECK_FALSE(coded(" identity ", false));
+  CHECK(coded("gzip", false));
+  CHECK(coded("identity, br", false));
+  CHECK_FALSE(coded("chunked", true));
+  CHECK(coded("gzip, chunked", true));
+  CHECK(coded("chunked", false));
 }

@@ -130,11 +130,11 @@ with open("/workspace/seen.txt", "w") as f:
 if cfg.get("mode") == "host":
     # Control: without the policy the same direct connection succeeds.
     try:
-        socket.create_connection(("127.0.0.1", cfg["upstream_port"]), timeout=5).close()
-        out("raw", target=f"127.0.0.1:{cfg['upstream_port']}", result="connected")
+        socket.create_connection((cfg["upstream_addr"], cfg["upstream_port"]), timeout=5).close()
+        out("raw", target=f"{cfg['upstream_addr']}:{cfg['upstream_port']}", result="connected")
     except OSError as e:
-        out("raw", target=f"127.0.0.1:{cfg['upstream_port']}", result=repr(e))
-    st, body = http(f"http://127.0.0.1:{cfg['other_port']}/", {"x-api-key": "sbx-placeholder-api-0001"})
+        out("raw", target=f"{cfg['upstream_addr']}:{cfg['upstream_port']}", result=repr(e))
+    st, body = http(f"http://{cfg['upstream_addr']}:{cfg['other_port']}/", {"x-api-key": "sbx-placeholder-api-0001"})
     out("wrong_destination", status=st)
     sys.exit(0)
 
@@ -159,7 +159,7 @@ out("connect_allowed", status=st, body=body)
 st, body = http("https://denied.example.org/", ctx=ctx)
 out("connect_denied", status=st, body=body)
 
-for host, port in (("127.0.0.1", cfg["upstream_port"]), ("10.0.0.1", 80), ("1.1.1.1", 443), ("::1", cfg["upstream_port"])):
+for host, port in ((cfg["upstream_addr"], cfg["upstream_port"]), ("10.0.0.1", 80), ("1.1.1.1", 443), ("::1", cfg["upstream_port"])):
     t0 = time.monotonic()
     try:
         socket.create_connection((host, port), timeout=5).close()
