@@ -122,6 +122,11 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
   set("memory", memory > 0, [&] { return b.cgroup->set_memory(memory); });
   set("cpus", prof.resources.cpus > 0, [&] { return b.cgroup->set_cpus(prof.resources.cpus); });
   set("pids", pids > 0, [&] { return b.cgroup->set_pids(pids); });
+  // Whatever the profile's capabilities (CAP_MKNOD included), only the usual devices open.
+  set("devices", true, [&] { return b.cgroup->set_devices(os::default_device_rules()); });
+  if (auto* d = cg_state.if_contains("devices"); d && !d->as_string().starts_with("not enforced"))
+    *d = how + (b.cgroup->v2() ? " device program" : " devices") + ": only " +
+         os::describe_device_rules(os::default_device_rules());
   if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
   if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
   effective_memory_ = memory;

@@ -33,22 +33,72 @@ auto log() {
 // One step of the mount plan. The plan is built in the parent; the cloned child only walks it
 // with plain syscalls (no allocation, no logging), and reports the failing step's index and errno.
 struct MountOp {
-  enum Kind { PrivateRoot, CloneTree, SetReadOnly, Mount, MkDir, Touch, Symlink, Move, Mask, Pivot, RemountRootRO };
+  enum Kind { PrivateRoot, CloneTree, SetAttr, Mount, MkDir, Touch, Symlink, Move, Mask, ReadOnly, Pivot, RemountRootRO };
   Kind kind;
   std::string a, b, fstype, data;  // meaning depends on kind (see run_plan)
-  unsigned long flags = 0;
-  int slot = -1;        // CloneTree/SetReadOnly/Move: which detached tree
+  unsigned long flags = 0;  // Mount: MS_*; SetAttr: MOUNT_ATTR_*; MkDir: the mode
+  int slot = -1;        // CloneTree/SetAttr/Move: which detached tree
   bool recursive = false;
   bool optional = false;  // a missing source skips the step
   bool or_else = false;   // run only if the previous step failed (its failure is then forgiven)
   std::string what;     // for the error message
 };
 
+// Read-only trees of the host (and the supervisor's binary): no setuid bit or device node in
+// them counts inside the box. Writable mounts: nosuid,nodev.
+constexpr uint64_t kReadOnlyAttrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+constexpr uint64_t kWritableAttrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+
 struct Plan {
   std::vector<MountOp> ops;
   std::vector<int> slots;  // detached trees (open_tree fds), sized before the clone
   std::string new_root;
 };
+
+// A fresh /proc and a minimal /dev: the devices in `devs` (name, slot of its clone), devpts, shm.
+// /dev is nodev: its devices are binds of the host's nodes, each a mount of its own, so a node the
+// agent makes there opens nothing.
+void add_proc_and_dev(Plan& p, const std::vector<std::pair<std::string, int>>& devs) {
+  const std::string& r = p.new_root;
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
+  add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /proc"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev", .flags = 0755, .what = "mkdir /dev"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev", .fstype = "tmpfs", .data = "mode=0755,size=64k",
+       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC, .what = "mount /dev"});
+  for (auto& [d, s] : devs) {
+    add({.kind = MountOp::Touch, .a = r + "/dev/" + d, .what = "create /dev/" + d});
+    add({.kind = MountOp::Move, .a = r + "/dev/" + d, .slot = s, .optional = true, .what = "attach /dev/" + d});
+  }
+  add({.kind = MountOp::MkDir, .a = r + "/dev/pts", .flags = 0755, .what = "mkdir /dev/pts"});
+  add({.kind = MountOp::Mount, .a = "devpts", .b = r + "/dev/pts", .fstype = "devpts",
+       .data = "newinstance,ptmxmode=0666,mode=0620", .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev/pts"});
+  add({.kind = MountOp::Symlink, .a = "pts/ptmx", .b = r + "/dev/ptmx", .what = "symlink /dev/ptmx"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev/shm", .flags = 01777, .what = "mkdir /dev/shm"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev/shm", .fstype = "tmpfs", .data = "mode=1777",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount /dev/shm"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd", .b = r + "/dev/fd", .what = "symlink /dev/fd"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/2", .b = r + "/dev/stderr", .what = "symlink /dev/stderr"});
+}
+
+// What runc (and so Docker) keeps from a container, after the state dir and credential masks:
+// the kernel's settings and triggers read-only, its memory, key and timer lists and firmware
+// tables masked (an empty read-only tmpfs over a directory, /dev/null over a file). A path this
+// kernel lacks is skipped.
+void add_kernel_masks(Plan& p) {
+  const std::string& r = p.new_root;
+  for (auto* path : kKernelReadOnlyPaths)
+    p.ops.push_back({.kind = MountOp::ReadOnly, .a = r + path, .optional = true, .what = std::string("make ") + path + " read-only"});
+  for (auto* path : kKernelMaskedPaths) {
+    struct stat st {};
+    if (::stat(path, &st) != 0) continue;
+    p.ops.push_back({.kind = MountOp::Mask, .a = r + path, .recursive = S_ISDIR(st.st_mode), .optional = true,
+                     .what = std::string("mask ") + path});
+  }
+}
 
 // Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
 // read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
@@ -93,11 +143,13 @@ Plan make_plan(const BranchSpec& spec) {
   for (auto& e : entries) {
     if (!e.dir) continue;
     add({.kind = MountOp::CloneTree, .a = "/" + e.name, .slot = slot, .recursive = true, .what = "clone /" + e.name});
-    add({.kind = MountOp::SetReadOnly, .slot = slot, .recursive = true, .what = "make /" + e.name + " read-only"});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = slot, .recursive = true,
+         .what = "make /" + e.name + " read-only"});
     trees.emplace_back("/" + e.name, slot++);
   }
   add({.kind = MountOp::CloneTree, .a = "/sys", .slot = slot, .recursive = true, .what = "clone /sys"});
-  add({.kind = MountOp::SetReadOnly, .slot = slot, .recursive = true, .what = "make /sys read-only"});
+  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC, .slot = slot, .recursive = true,
+       .what = "make /sys read-only"});
   trees.emplace_back("/sys", slot++);
   static const char* kDevs[] = {"null", "zero", "full", "random", "urandom", "tty"};
   std::vector<std::pair<std::string, int>> devs;
@@ -107,14 +159,16 @@ Plan make_plan(const BranchSpec& spec) {
     devs.emplace_back(d, slot++);
   }
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
+  add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = slot, .what = "make the workspace nosuid,nodev"});
   trees.emplace_back("/workspace", slot++);
   int tmp_slot = slot++;
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = tmp_slot, .what = "clone the branch's /tmp"});
+  add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = tmp_slot, .what = "make the branch's /tmp nosuid,nodev"});
   // The supervisor's own binary, bound at a fixed path: it may live where the branch cannot see
   // (under the host's /tmp, say), and ns-init runs from inside the new root.
   int exe_slot = slot++;
   add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
-  add({.kind = MountOp::SetReadOnly, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
+  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
   int resolv_slot = -1;  // network: the branch's resolv.conf
   if (!spec.resolv_conf.empty()) {
     add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
@@ -126,14 +180,14 @@ Plan make_plan(const BranchSpec& spec) {
   if (struct stat st {}; ::stat(lib_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     lib_slot = slot++;
     add({.kind = MountOp::CloneTree, .a = lib_dir, .slot = lib_slot, .what = "clone " + lib_dir});
-    add({.kind = MountOp::SetReadOnly, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
   }
   // The branch's machine id over /etc/machine-id (where the host has one to cover).
   int mid_slot = -1;
   if (struct stat st {}; ::stat("/etc/machine-id", &st) == 0 && S_ISREG(st.st_mode)) {
     mid_slot = slot++;
     add({.kind = MountOp::CloneTree, .a = spec.dir + "/" + kMachineIdFile, .slot = mid_slot, .what = "clone the machine id"});
-    add({.kind = MountOp::SetReadOnly, .slot = mid_slot, .what = "make the machine id read-only"});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = mid_slot, .what = "make the machine id read-only"});
   }
   p.slots.assign(static_cast<size_t>(slot), -1);
 
@@ -162,32 +216,14 @@ Plan make_plan(const BranchSpec& spec) {
        .data = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work",
        .flags = MS_NOSUID | MS_NODEV, .what = "mount the /tmp overlay"});
   add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
-  add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
-  add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
-       .what = "mount /proc"});
-  add({.kind = MountOp::MkDir, .a = r + "/dev", .flags = 0755, .what = "mkdir /dev"});
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev", .fstype = "tmpfs", .data = "mode=0755,size=64k",
-       .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev"});
-  for (auto& [d, s] : devs) {
-    add({.kind = MountOp::Touch, .a = r + "/dev/" + d, .what = "create /dev/" + d});
-    add({.kind = MountOp::Move, .a = r + "/dev/" + d, .slot = s, .optional = true, .what = "attach /dev/" + d});
-  }
-  add({.kind = MountOp::MkDir, .a = r + "/dev/pts", .flags = 0755, .what = "mkdir /dev/pts"});
-  add({.kind = MountOp::Mount, .a = "devpts", .b = r + "/dev/pts", .fstype = "devpts",
-       .data = "newinstance,ptmxmode=0666,mode=0620", .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev/pts"});
-  add({.kind = MountOp::Symlink, .a = "pts/ptmx", .b = r + "/dev/ptmx", .what = "symlink /dev/ptmx"});
-  add({.kind = MountOp::MkDir, .a = r + "/dev/shm", .flags = 01777, .what = "mkdir /dev/shm"});
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev/shm", .fstype = "tmpfs", .data = "mode=1777",
-       .flags = MS_NOSUID | MS_NODEV, .what = "mount /dev/shm"});
-  add({.kind = MountOp::Symlink, .a = "/proc/self/fd", .b = r + "/dev/fd", .what = "symlink /dev/fd"});
-  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
-  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
-  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/2", .b = r + "/dev/stderr", .what = "symlink /dev/stderr"});
+  add_proc_and_dev(p, devs);
   // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
   // /run/sandboxer/branch.json can be written into each restored copy before its restore.
   add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
-  add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND | MS_NOSUID | MS_NODEV,
-       .what = "bind /run"});
+  add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND, .what = "bind /run"});
+  // A bind takes its flags from a remount only.
+  add({.kind = MountOp::Mount, .b = r + "/run", .flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV,
+       .what = "make /run nosuid,nodev"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer/bin", .flags = 0755, .what = "mkdir /run/sandboxer/bin"});
   if (lib_slot >= 0) {
@@ -201,6 +237,7 @@ Plan make_plan(const BranchSpec& spec) {
     if (::stat(m.c_str(), &st) != 0) continue;
     add({.kind = MountOp::Mask, .a = r + m, .recursive = S_ISDIR(st.st_mode), .optional = true, .what = "mask " + m});
   }
+  add_kernel_masks(p);
   add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});
   add({.kind = MountOp::RemountRootRO, .what = "make / read-only"});
   return p;
@@ -231,17 +268,18 @@ int run_plan(Plan& p, int* err) noexcept {
         p.slots[static_cast<size_t>(op.slot)] = fd;
         break;
       }
-      case MountOp::SetReadOnly: {
+      case MountOp::SetAttr: {
         int fd = p.slots[static_cast<size_t>(op.slot)];
         if (fd < 0) break;
         struct mount_attr attr {};
-        attr.attr_set = MOUNT_ATTR_RDONLY;
+        attr.attr_set = op.flags;
         rc = static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (op.recursive ? AT_RECURSIVE : 0),
                                         &attr, sizeof attr));
         break;
       }
       case MountOp::Mount:
-        rc = ::mount(op.a.c_str(), op.b.c_str(), op.fstype.c_str(), op.flags, op.data.empty() ? nullptr : op.data.c_str());
+        rc = ::mount(op.a.empty() ? nullptr : op.a.c_str(), op.b.c_str(), op.fstype.empty() ? nullptr : op.fstype.c_str(),
+                     op.flags, op.data.empty() ? nullptr : op.data.c_str());
         break;
       case MountOp::MkDir:
         rc = ::mkdir(op.a.c_str(), static_cast<mode_t>(op.flags));
@@ -267,10 +305,23 @@ int run_plan(Plan& p, int* err) noexcept {
       case MountOp::Mask: {
         struct stat st {};
         if (::lstat(op.a.c_str(), &st) != 0) break;  // not in the agent's view at all
-        if (op.recursive)
+        if (op.recursive) {
           rc = ::mount("tmpfs", op.a.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0000");
-        else
+        } else {
+          // Not nodev: the bind is /dev/null itself, and reads as empty.
           rc = ::mount("/dev/null", op.a.c_str(), nullptr, MS_BIND, nullptr);
+          if (rc == 0)
+            rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, nullptr);
+        }
+        break;
+      }
+      case MountOp::ReadOnly: {
+        struct stat st {};
+        if (::lstat(op.a.c_str(), &st) != 0) break;  // not on this kernel
+        rc = ::mount(op.a.c_str(), op.a.c_str(), nullptr, MS_BIND | MS_REC, nullptr);
+        if (rc == 0)
+          rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       nullptr);
         break;
       }
       case MountOp::Pivot:

@@ -29,6 +29,15 @@ inline constexpr const char* kNsInitLibDir = "/run/sandboxer/lib";
 /// has one (a fork's copies get new ones: the id names one running system).
 inline constexpr const char* kMachineIdFile = "machine-id";
 
+/// Paths of the agent's /proc and /sys that are read-only (bound onto themselves, remounted
+/// read-only) or masked (an empty read-only tmpfs, or /dev/null), as runc does.
+inline constexpr const char* kKernelReadOnlyPaths[] = {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+                                                       "/proc/sysrq-trigger"};
+inline constexpr const char* kKernelMaskedPaths[] = {
+    "/proc/acpi",       "/proc/asound",     "/proc/interrupts", "/proc/kcore",         "/proc/keys",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware",    "/sys/devices/virtual/powercap"};
+
 /// Writes DIR/machine-id (32 random hex digits, as machine-id(5)) unless it exists.
 void ensure_machine_id(const std::string& dir);
 

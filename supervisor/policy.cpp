@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "capabilities.hpp"
+#include "launcher.hpp"
 #include "os/sys.hpp"
 
 #ifndef PR_CAP_AMBIENT
@@ -234,6 +235,7 @@ boost::json::object describe_enforcement(const Profile& p, const boost::json::ob
   from_cg("pids", p.resources.pids > 0);
   e["open_files"] = p.resources.open_files > 0 ? "RLIMIT_NOFILE" : "inherited";
   from_cg("disk", p.resources.disk > 0);
+  from_cg("devices", true);
   e["timeout"] = p.resources.timeout_ms > 0 ? "supervisor timer" : "none";
   e["idle"] = p.resources.idle_ms > 0 ? "supervisor timer (output and cgroup cpu time)" : "none";
   e["user"] = p.isolation.uid ? std::to_string(*p.isolation.uid) + ":" + std::to_string(p.isolation.gid.value_or(0))
@@ -251,8 +253,18 @@ boost::json::object describe_enforcement(const Profile& p, const boost::json::ob
   else if (landlock_abi <= 0) e["landlock"] = "not enforced: the kernel has no Landlock";
   else e["landlock"] = "ABI " + std::to_string(landlock_abi);
   e["seccomp"] = p.isolation.seccomp == "none" ? std::string("none") : p.isolation.seccomp;
-  e["filesystem"] = namespaced ? "read-only root, own /tmp and workspace, state dir and credentials masked"
+  e["filesystem"] = namespaced ? "read-only root, own /tmp and workspace, state dir and credentials masked; every "
+                                 "mount nosuid,nodev (/dev's devices are binds of the host's)"
                                : "not enforced: no mount namespace";
+  if (namespaced) {
+    std::string ro = "/sys", masked;
+    for (auto* path : kKernelReadOnlyPaths) ro += std::string(", ") + path;
+    for (auto* path : kKernelMaskedPaths) masked += (masked.empty() ? "" : ", ") + std::string(path);
+    e["read_only"] = ro + " (where this kernel has them)";
+    e["masked"] = masked + " (where this kernel has them)";
+  } else {
+    e["read_only"] = e["masked"] = "not enforced: no mount namespace (the host's /proc and /sys)";
+  }
   e["network"] = network_mode_name(p.network.mode);
   return e;
 }

@@ -182,6 +182,15 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
     g.by_controller_[c] = made[parent];
   }
   if (g.dirs_.empty()) return errc(ENOENT);
+  // The devices hierarchy is a hardening, not a ceiling: where a group cannot be made there (a
+  // read-only mount), the group goes on without it and set_devices says ENOTSUP.
+  if (auto it = host.v1_dirs.find("devices"); it != host.v1_dirs.end()) {
+    std::string d = made.contains(it->second) ? made[it->second] : it->second + "/" + name;
+    if (made.contains(it->second) || ::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST) {
+      if (!made.contains(it->second)) g.dirs_.push_back(d);
+      g.by_controller_["devices"] = d;
+    }
+  }
   // No swap for the group: the memory ceiling is the ceiling.
   if (g.has("memory")) (void)write_str(g.dir_of("memory") + "/memory.swappiness", "0");
   return g;

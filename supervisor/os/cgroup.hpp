@@ -38,6 +38,20 @@ std::optional<int64_t> host_limit(const CgroupHost& host, const std::string& con
 /// cpu.stat); nullopt when the key is missing.
 std::optional<int64_t> keyed_value(std::string_view text, std::string_view key);
 
+/// One device an agent may use: type 'c' or 'b', major and minor (-1: any), access letters of
+/// "rwm" (read, write, mknod).
+struct DeviceRule {
+  char type;
+  int major, minor;
+  const char* access;
+};
+
+/// The devices a branch may use, nothing else (not even mknod of another): null, zero, full,
+/// random, urandom, tty, ptmx and the ptys, as the usual container runtimes allow.
+const std::vector<DeviceRule>& default_device_rules();
+/// "c 1:3 rwm, ..." for box.started.
+std::string describe_device_rules(const std::vector<DeviceRule>& rules);
+
 class CgroupDir {
  public:
   /// The controllers a branch's group uses on v1.
@@ -69,6 +83,11 @@ class CgroupDir {
   Result<void> set_memory(int64_t bytes);
   Result<void> set_cpus(double cpus);
   Result<void> set_pids(int64_t max);
+  /// Lets the group's processes open and make only the devices `allow` lists: v1 the devices
+  /// controller (devices.deny "a", then devices.allow per rule), v2 a BPF_PROG_TYPE_CGROUP_DEVICE
+  /// program attached to the group (BPF_F_ALLOW_MULTI, so the host's own rules still hold).
+  /// ENOTSUP where v1 has no devices hierarchy.
+  Result<void> set_devices(const std::vector<DeviceRule>& allow);
 
   /// One O_WRONLY fd on cgroup.procs per directory: a child writes "0" to each to join itself,
   /// with no allocation, before it runs anything of its own.

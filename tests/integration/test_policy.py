@@ -96,7 +96,8 @@ def setuid_copy(host_dir, src):
 
 
 # A setuid-root copy of a shell (bash -p keeps the euid it was given) and of the static probe,
-# on a mount that honours setuid (the host's root, which the agent sees read-only at /var).
+# on the host's root, which honours setuid on the host and which the agent sees read-only (and
+# nosuid) at /var: no_new_privs and nosuid both stop it.
 SHELL_CHECK = ["-p", "-c", "echo ruid=$(id -ru) euid=$(id -u)"]
 
 

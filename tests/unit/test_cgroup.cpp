@@ -76,6 +76,11 @@ TEST_CASE("cgroup v2: procs, freeze, events and kill on the core files of a cgro
   CHECK(g->pids() == std::vector<pid_t>{p});
   CHECK(g->populated());
 
+  SUBCASE("a device program loads and attaches (its effect: tests/security/test_mounts.py)") {
+    CHECK(g->set_devices(default_device_rules()).has_value());
+    ::kill(p, SIGKILL);
+  }
+
   SUBCASE("freeze and thaw") {
     REQUIRE(g->freeze(true).has_value());
     CHECK(wait_until([&] { return g->frozen(); }));
@@ -142,6 +147,17 @@ TEST_CASE("cgroup v1: a group per hierarchy under our own, with ceilings, remove
       CHECK(g->pids_max_events() == 0);
     }
     if (g->has("cpu")) CHECK(g->set_cpus(0.5).has_value());
+    if (host.v1_dirs.contains("devices")) {
+      // Only the listed devices, the rest of the parent's "a *:* rwm" gone.
+      REQUIRE(g->has("devices"));
+      REQUIRE(g->set_devices(default_device_rules()).has_value());
+      auto list = read_file(g->dir_of("devices") + "/devices.list");
+      REQUIRE(list.has_value());
+      CHECK(list->find("c 1:3 rwm") != std::string::npos);
+      CHECK(list->find("c 136:* rwm") != std::string::npos);
+      CHECK(list->find("a *:*") == std::string::npos);
+      CHECK(list->find("b ") == std::string::npos);
+    }
     pid_t p = sleeper();
     REQUIRE(g->add(p).has_value());
     CHECK(g->pids() == std::vector<pid_t>{p});

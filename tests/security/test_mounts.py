@@ -1,0 +1,314 @@
+"""Attacks on the agent's mounts and devices (issue #13 items 1 and 8, /sys, setuid): the agent,
+root in its box, tries to write the kernel's settings through its fresh /proc and through /sys,
+to read the kernel's memory, key and timer lists, to make and open a block device, and to gain
+root from a setuid copy of a shell. Each refusal is asserted with the kernel's reason; each
+control shows the same probe succeeding where the defence is off (SANDBOXER_CGROUP=none for the
+devices cgroup) or, where no knob exists, on this host as root."""
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import uuid
+
+import pytest
+
+from policy_util import box, output, started
+
+pytestmark = pytest.mark.timeout(60)
+
+AGENT = pathlib.Path(__file__).resolve().parent / "agents" / "mounts.py"
+PY = "/usr/bin/python3"
+ROOT_PROFILES = ["default", "explorer", "claude-agent"]
+
+
+def agent(*args):
+    return [PY, str(AGENT), *[str(a) for a in args]]
+
+
+def parse(text):
+    """'<what> <path> <result> [n]' lines of the agent -> {(what, path): (result, n)}."""
+    out = {}
+    for line in text.splitlines():
+        p = line.split()
+        if len(p) >= 3:
+            extra = None if len(p) < 4 else int(p[3]) if p[3].isdigit() else p[3]
+            out[(p[0], p[1])] = (p[2], extra)
+    return out
+
+
+def results(ev):
+    return parse(output(ev))
+
+
+def run(state_dir, args, *sets, profile=None, env=None):
+    r, ev = box(state_dir, agent(*args), *sets, profile=profile, env=env)
+    res = results(ev)
+    assert res, (r.stderr, output(ev), output(ev, "stderr"))
+    return res, ev
+
+
+def on_host(args):
+    """The same probe outside any box, as root on this host."""
+    return parse(subprocess.run([PY, str(AGENT), *args], capture_output=True, text=True, timeout=20).stdout)
+
+
+# --- /proc: the kernel's settings (item 1) -------------------------------------------------------
+
+KERNEL_SETTINGS = ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches"]
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_proc_sys_opens_read_only_for_a_root_agent(state_dir, profile):
+    res, ev = run(state_dir, ["write", *KERNEL_SETTINGS], profile=profile)
+    for p in KERNEL_SETTINGS:
+        assert res[("write", p)] == ("EROFS", None), res
+    assert "/proc/sys" in started(ev)["enforcement"]["read_only"]
+
+
+def test_proc_sys_opens_read_only_under_untrusted_run_as_root(state_dir):
+    # untrusted runs as nobody, whom file permissions already stop: as root it must still be EROFS.
+    res, _ = run(state_dir, ["write", *KERNEL_SETTINGS], "isolation.user=root", profile="untrusted")
+    for p in KERNEL_SETTINGS:
+        assert res[("write", p)] == ("EROFS", None), res
+
+
+def test_proc_sys_control_on_the_host_opens_for_writing():
+    res = on_host(["write", *KERNEL_SETTINGS])
+    for p in KERNEL_SETTINGS:
+        assert res[("write", p)] == ("ok", None), res
+
+
+TRIGGERS = ["/proc/sysrq-trigger", "/proc/irq/default_smp_affinity"]
+
+
+def test_proc_triggers_and_irq_open_read_only(state_dir):
+    res, _ = run(state_dir, ["write", *TRIGGERS])
+    for p in TRIGGERS:
+        # A path this kernel lacks (no CONFIG_MAGIC_SYSRQ here) is absent in the box too.
+        want = "EROFS" if os.path.exists(p) else "ENOENT"
+        assert res[("write", p)] == (want, None), res
+
+
+def test_proc_triggers_control_on_the_host():
+    present = [p for p in TRIGGERS if os.path.exists(p)]
+    assert present
+    res = on_host(["write", *present])
+    for p in present:
+        assert res[("write", p)] == ("ok", None), res
+
+
+# --- /proc and /sys: the kernel's lists and tables, masked --------------------------------------
+
+KERNEL_LISTS = ["/proc/keys", "/proc/timer_list", "/proc/interrupts", "/proc/kcore", "/proc/sched_debug"]
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_kernel_lists_read_empty(state_dir, profile):
+    res, ev = run(state_dir, ["read", *KERNEL_LISTS, "/proc/self/status"], profile=profile)
+    for p in KERNEL_LISTS:
+        want = ("ok", 0) if os.path.exists(p) else ("ENOENT", None)
+        assert res[("read", p)] == want, res
+    assert res[("read", "/proc/self/status")][1] > 0  # /proc itself still works
+    assert "/proc/keys" in started(ev)["enforcement"]["masked"]
+
+
+def test_kernel_lists_control_on_the_host_are_not_empty():
+    present = [p for p in KERNEL_LISTS if os.path.exists(p)]
+    assert "/proc/keys" in present and "/proc/timer_list" in present
+    res = on_host(["read", *present])
+    for p in present:
+        assert res[("read", p)][0] == "ok" and res[("read", p)][1] > 0, res
+
+
+def test_sys_firmware_is_an_empty_directory(state_dir):
+    res, _ = run(state_dir, ["list", "/sys/firmware"])
+    assert res[("list", "/sys/firmware")] in (("EACCES", None), ("ok", 0)), res
+
+
+def test_sys_firmware_control_on_the_host_is_not_empty():
+    res = on_host(["list", "/sys/firmware"])
+    assert res[("list", "/sys/firmware")][0] == "ok" and res[("list", "/sys/firmware")][1] > 0, res
+
+
+# --- /sys: read-only -----------------------------------------------------------------------------
+
+SYS_WRITES = ["/sys/kernel/mm/transparent_hugepage/enabled"]
+
+
+def host_cgroup_parent():
+    # A cgroup directory the agent would make to escape its own group.
+    for c in ("memory", "pids", "unified"):
+        d = f"/sys/fs/cgroup/{c}"
+        if os.path.isdir(d):
+            return d
+    pytest.skip("no cgroup mount under /sys/fs/cgroup")
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_sys_is_read_only(state_dir, profile):
+    evil = f"{host_cgroup_parent()}/sbx-evil-{uuid.uuid4().hex[:6]}"
+    res, ev = run(state_dir, ["write", *SYS_WRITES], profile=profile)
+    res2, _ = run(state_dir / "2", ["mkdir", evil], profile=profile)
+    for p in SYS_WRITES:
+        assert res[("write", p)] == ("EROFS", None), res
+    assert res2[("mkdir", evil)] == ("EROFS", None), res2
+    assert started(ev)["enforcement"]["read_only"].startswith("/sys")
+
+
+def test_sys_control_on_the_host_is_writable():
+    evil = f"{host_cgroup_parent()}/sbx-evil-{uuid.uuid4().hex[:6]}"
+    res = on_host(["write", *SYS_WRITES])
+    res2 = on_host(["mkdir", evil])  # made and removed at once
+    for p in SYS_WRITES:
+        assert res[("write", p)] == ("ok", None), res
+    assert res2[("mkdir", evil)] == ("ok", None), res2
+
+
+# --- devices (item 8) ----------------------------------------------------------------------------
+
+DEFAULT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_NET_RAW", "CAP_SETGID",
+                "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+                "CAP_AUDIT_WRITE"]
+WITH_MKNOD = 'isolation.capabilities=["' + '","'.join(DEFAULT_CAPS + ["CAP_MKNOD"]) + '"]'
+
+
+@pytest.mark.parametrize("where", ["/workspace", "/tmp"])
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_mknod_block_device_refused(state_dir, where, profile):
+    res, ev = run(state_dir, ["mknod", f"{where}/loop", "b", 7, 0], profile=profile)
+    assert res[("mknod", f"{where}/loop")] == ("EPERM", None), res
+
+
+def test_mknod_control_on_the_host_makes_and_opens_the_device(tmp_path):
+    node = tmp_path / "loop"
+    res = on_host(["mknod", str(node), "b", "7", "0"])
+    assert res[("mknod", str(node))] == ("ok", None), res
+    assert res[("read", str(node))][0] == "ok", res
+
+
+@pytest.mark.parametrize("where", ["/workspace", "/tmp"])
+def test_mknod_kept_by_the_profile_the_devices_cgroup_still_refuses(state_dir, where):
+    # The profile keeps CAP_MKNOD: a null device (allowed) is made, so the capability is there;
+    # the block device is refused by the devices cgroup; and the node made opens nothing (nodev).
+    res, ev = run(state_dir, ["mknod", f"{where}/null", "c", 1, 3], WITH_MKNOD)
+    res2, _ = run(state_dir / "2", ["mknod", f"{where}/loop", "b", 7, 0], WITH_MKNOD)
+    assert res[("mknod", f"{where}/null")] == ("ok", None), res
+    assert res[("read", f"{where}/null")] == ("EACCES", None), res
+    assert res2[("mknod", f"{where}/loop")] == ("EPERM", None), res2
+    assert "only c 1:3 rwm" in started(ev)["enforcement"]["devices"]
+
+
+FLAT = ['isolation.capabilities=["ALL"]', "isolation.namespaces=[]"]
+
+
+def host_block_device():
+    for d in ("/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1"):
+        if os.path.exists(d) and stat.S_ISBLK(os.stat(d).st_mode):
+            return d
+    pytest.skip("no block device on this host")
+
+
+def test_devices_cgroup_refuses_a_host_block_device_without_namespaces(state_dir):
+    # No mount namespace, every capability: the host's /dev is in view, and only the devices
+    # cgroup stands between the agent and the disk.
+    dev = host_block_device()
+    res, ev = run(state_dir, ["read", dev, "/dev/null"], *FLAT)
+    assert res[("read", dev)] == ("EPERM", None), res
+    assert res[("read", "/dev/null")] == ("ok", 0), res
+    assert started(ev)["enforcement"]["devices"].startswith("cgroup ")
+
+
+def test_devices_cgroup_control_without_a_cgroup_the_device_opens(state_dir):
+    dev = host_block_device()
+    res, ev = run(state_dir, ["read", dev], *FLAT, env={**os.environ, "SANDBOXER_CGROUP": "none"})
+    assert res[("read", dev)][0] == "ok", res
+    assert started(ev)["enforcement"]["devices"].startswith("not enforced")
+
+
+@pytest.fixture
+def v2_parent():
+    """A directory of this host's cgroup2 mount, for the v2 code on a hybrid host."""
+    mount = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, post = line.split(" - ")
+            if post.split()[0] == "cgroup2":
+                mount = pre.split()[4]
+                break
+    if not mount:
+        pytest.skip("no cgroup2 mount")
+    d = f"{mount}/sbx-test-devices-{uuid.uuid4().hex[:6]}"
+    os.mkdir(d)
+    yield d
+    for sub in sorted(pathlib.Path(d).glob("*/"), reverse=True):
+        if (sub / "cgroup.procs").exists():
+            sub.rmdir()
+    os.rmdir(d)
+
+
+def test_v2_device_program_refuses_a_host_block_device(state_dir, v2_parent):
+    dev = host_block_device()
+    res, ev = run(state_dir, ["read", dev, "/dev/null"], *FLAT, env={**os.environ, "SANDBOXER_CGROUP": "v2:" + v2_parent})
+    assert res[("read", dev)] == ("EPERM", None), res
+    assert res[("read", "/dev/null")] == ("ok", 0), res
+    assert started(ev)["enforcement"]["devices"].startswith("cgroup v2 device program: only ")
+
+
+# --- setuid and nodev on writable mounts --------------------------------------------------------
+
+SHELL_CHECK = ["-p", "-c", "echo ruid=$(id -ru) euid=$(id -u)"]
+
+
+@pytest.fixture
+def var_state():
+    """A state dir on the host's root filesystem, so the control can run its file in place."""
+    d = pathlib.Path(f"/var/tmp/sbx-mounts-{uuid.uuid4().hex[:8]}")
+    d.mkdir(mode=0o755)
+    yield d / "state"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_setuid_shell_made_in_the_workspace_gains_nothing(var_state):
+    # Root in the box makes a setuid-root bash in /workspace, then runs it as nobody.
+    cmd = (f"{PY} {AGENT} setuid-copy /bin/bash /workspace/suid-bash && "
+           f"setpriv --reuid 65534 --regid 65534 --clear-groups /workspace/suid-bash {' '.join(map(repr, SHELL_CHECK))}")
+    r, ev = box(var_state, ["/bin/sh", "-c", cmd])
+    out = output(ev)
+    assert "setuid-copy /workspace/suid-bash ok" in out, (out, output(ev, "stderr"))
+    assert "ruid=65534 euid=65534" in out, out
+    # Two locks: no_new_privs, and the workspace is mounted nosuid.
+    res, _ = run(var_state / "2", ["mounts"])
+    assert "nosuid" in res[("mount", "/workspace")][1].split(","), res
+
+
+def test_setuid_shell_control_the_same_file_on_the_host_gains_root(var_state):
+    cmd = f"{PY} {AGENT} setuid-copy /bin/bash /workspace/suid-bash"
+    box(var_state, ["/bin/sh", "-c", cmd])
+    made = list(var_state.glob("branches/*/workspace/suid-bash"))
+    assert made, list(var_state.rglob("*"))
+    for p in [made[0], *made[0].parents]:
+        if p == var_state.parent:
+            break
+        p.chmod(p.stat().st_mode | 0o555)
+    assert made[0].stat().st_mode & stat.S_ISUID
+    out = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", str(made[0]),
+                          *SHELL_CHECK], capture_output=True, text=True, timeout=10).stdout
+    assert "ruid=65534 euid=0" in out, out
+
+
+def test_every_writable_mount_is_nosuid_and_nodev(state_dir):
+    res, ev = run(state_dir, ["mounts"])
+    # Agent-visible mounts that are writable; /dev's device binds and devpts carry devices.
+    bad = []
+    for line in output(ev).splitlines():
+        parts = line.split()
+        if parts[0] != "mount":
+            continue
+        point, fstype, opts = parts[1], parts[2], parts[3].split(",")
+        if "rw" not in opts or fstype in ("devtmpfs", "devpts"):
+            continue
+        if "nosuid" not in opts or "nodev" not in opts:
+            bad.append((point, fstype, opts))
+    assert not bad, bad
+    assert ("mount", "/workspace") in res and ("mount", "/run") in res
