@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from sbxtest import ROOT
+from sbxtest import CLI, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "security"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
@@ -161,3 +161,54 @@ def test_up_checkpoint_profile_container_holds_criu_caps_the_agent_does_not(unde
     assert started["capabilities"]["namespaces"] is True
     for bit in (21, 19, 12, 25):  # SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_TIME
         assert not int(who["CapBnd"], 16) & (1 << bit), (bit, who)
+
+
+# ---- bombs: inside a container the container's own limits hold the agent -----------------------
+
+def journal_is_complete(events):
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1)), "a gap in the journal"
+    assert events[0]["type"] == "box.started"
+    assert [e for e in events if e["type"] == "proc.exited" and e["proc"] == "main"], "no proc.exited"
+
+
+def messages(events, key):
+    return [e["message"] for e in events if e["type"] == "proc.message" and key in e["message"]]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_up_fork_bomb_is_held_and_the_supervisor_answers(docker_env, image, profile):
+    argv = ["python3", f"{IN}/attacks.py", "forkbomb"]
+    with Up(docker_env, image, argv, "--profile", profile, "-v", f"{AGENTS}:{IN}:ro") as box:
+        deadline = time.monotonic() + 120
+        refused = []
+        while not refused and time.monotonic() < deadline:
+            refused = messages(box.journal(), "forkbomb")
+            time.sleep(0.5)
+        assert refused and refused[0]["forkbomb"] == "refused", refused
+        # At the ceiling (the agent's cgroup, or the container's pids limit where the cgroup
+        # filesystem is read-only), the supervisor still answers and stops the box in order.
+        stats = subprocess.run([str(CLI), "stats", box.url, "--json"],
+                               env=docker_env, capture_output=True, text=True, timeout=60)
+        assert stats.returncode == 0, stats.stderr
+        down = subprocess.run([str(CLI), "down", box.url], env=docker_env,
+                              capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        events = box.journal()
+    journal_is_complete(events)
+    pids = json.loads((ROOT / "profiles" / f"{profile}.json").read_text())["resources"]["pids"]
+    assert refused[0]["after"] < pids + 32, refused
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_up_memory_bomb_is_killed_and_the_supervisor_survives(docker_env, image, profile):
+    argv = ["python3", f"{IN}/attacks.py", "membomb"]
+    with Up(docker_env, image, argv, "--profile", profile, "-v", f"{AGENTS}:{IN}:ro") as box:
+        # The agent (oom_score_adj 1000) is the OOM killer's choice, not the supervisor: the box
+        # ends with the agent's status after writing its end.
+        assert docker(docker_env, "wait", box.name, timeout=180).stdout.strip() == "137"
+        events = box.journal()
+    journal_is_complete(events)
+    ex = [e for e in events if e["type"] == "proc.exited" and e["proc"] == "main"][0]
+    assert ex.get("signal") in ("KILL", 9), ex
+    assert not messages(events, "membomb") or all(m["membomb"] == "held" for m in messages(events, "membomb"))
