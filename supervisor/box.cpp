@@ -334,12 +334,13 @@ void Box::start() {
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  // launch_branch only knows that none were asked for; say which of the two reasons it was (before
+  // the network, whose refusal quotes it).
+  if (!spec.want_namespaces)
+    b->launched.why_not = !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
   // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
   network_ = std::make_unique<BranchNetwork>(loop_, opts_.profile, b->launched,
                                              [this](boost::json::object e) { emit("main", std::move(e)); });
-  // launch_branch only knows that none were asked for; say which of the two reasons it was.
-  if (!spec.want_namespaces)
-    b->launched.why_not = !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
 
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;

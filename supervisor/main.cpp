@@ -111,6 +111,15 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(o.log_level));
 
+  // Not dumpable: opening our /proc/PID/mem, environ or fd/, ptrace and process_vm_readv then
+  // need CAP_SYS_PTRACE, whatever else a process of the same user holds. Without it, an agent that
+  // can see us (a box without namespaces) and holds our capabilities (a container without added
+  // ones, where the profile keeps Docker's defaults) could read the token from our memory or write
+  // into it. Children get the flag back at their exec.
+  if (::prctl(PR_SET_DUMPABLE, 0) != 0) {
+    spdlog::critical("make the supervisor non-dumpable: {}", std::strerror(errno));
+    return 125;
+  }
   if (::getpid() != 1 && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     spdlog::critical("become a child subreaper (not PID 1): {}; orphans of the agent could not be reaped",
                      std::strerror(errno));

@@ -41,7 +41,10 @@ const std::vector<std::string>& default_denied_syscalls() {
       // io_uring (bypasses seccomp for the operations it runs)
       "io_uring_setup", "io_uring_enter", "io_uring_register",
       // host administration
-      "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd"};
+      "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd",
+      // the host's names: a branch has no UTS namespace of its own (restored copies do), so a
+      // profile that keeps CAP_SYS_ADMIN would otherwise rename the host
+      "sethostname", "setdomainname"};
   return names;
 }
 

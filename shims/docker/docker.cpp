@@ -221,6 +221,7 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
   plan.grace_ms = parsed.resources.grace_ms;
   plan.stop_timeout_s = static_cast<int>((plan.grace_ms + 999) / 1000) + kStopMarginS;
   plan.live_checkpoint_caps = wants_live_checkpoint(profile);
+  plan.namespace_caps = !plan.live_checkpoint_caps && parsed.isolation.namespaces;
   if (auto* r = profile.if_contains("resources"); r && r->is_object()) plan.limit_args = docker_limits(r->as_object());
   return plan;
 }
@@ -301,6 +302,9 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   if (plan.live_checkpoint_caps) {
     args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN",
                              "--cap-add", "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
+  } else if (plan.namespace_caps) {
+    // Docker's seccomp profile refuses pivot_root even with SYS_ADMIN; the agent gets its own filter.
+    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"});
   }
   args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
   for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
@@ -320,7 +324,10 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   }
 
   log << "box " << box.name << ": image " << box.image << ", "
-      << (plan.live_checkpoint_caps ? "live-checkpoint capabilities" : "no added capabilities") << ", "
+      << (plan.live_checkpoint_caps ? "live-checkpoint capabilities"
+          : plan.namespace_caps     ? "namespace capabilities (SYS_ADMIN NET_ADMIN)"
+                                    : "no added capabilities")
+      << ", "
       << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
   auto forget = [&] { ::unlink(token_file.c_str()); };
   if (auto r = run_docker(args); r.status != 0) {

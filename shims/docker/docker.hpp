@@ -59,6 +59,12 @@ struct BoxRecord {
 /// What `up` decides from the profile, before anything runs (unit-testable).
 struct RunPlan {
   bool live_checkpoint_caps = false;
+  // A profile that wants namespaces but not checkpoint: the capabilities the supervisor needs to
+  // make them (SYS_ADMIN; NET_ADMIN for the loopback of a network namespace of its own; seccomp
+  // unconfined, as Docker's profile refuses pivot_root), so its masks hold and `network: none` is
+  // enforced. The agent's bounding set is cleared to its
+  // profile's whatever the container gets.
+  bool namespace_caps = false;
   int64_t grace_ms = 10000;
   int stop_timeout_s = 15;
   std::vector<std::string> limit_args;  // --memory, --cpus, --pids-limit

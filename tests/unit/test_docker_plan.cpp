@@ -28,6 +28,16 @@ TEST_CASE("docker plan: checkpoint capabilities follow the profile") {
                   .live_checkpoint_caps);
 }
 
+TEST_CASE("docker plan: a profile with namespaces but no checkpoint gets only the namespace capabilities") {
+  auto eph = plan_for_profile(profile(R"({"name":"p","version":1,"persistence":"ephemeral"})"), {});
+  CHECK_FALSE(eph.live_checkpoint_caps);
+  CHECK(eph.namespace_caps);
+  CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1})"), {}).namespace_caps);  // criu's, a superset
+  CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1,"persistence":"ephemeral"})"),
+                               {"isolation.namespaces=false"})
+                  .namespace_caps);
+}
+
 TEST_CASE("docker plan: a bad profile is refused with the field's name") {
   CHECK_THROWS_WITH_AS(plan_for_profile(profile(R"({"name":"p","version":1,"resources":{"grace":"soon"}})"), {}),
                        doctest::Contains("resources.grace"), std::exception);
