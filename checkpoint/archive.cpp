@@ -806,22 +806,28 @@ struct Copier {
     return true;
   }
 
+  // The names in the directory `fd` (but . and ..).
+  bool list(int fd, const std::string& shown, std::vector<std::string>& names) {
+    int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+    if (!d) {
+      if (lfd >= 0) ::close(lfd);
+      return fail("list " + shown, errno);
+    }
+    while (auto* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+    ::closedir(d);
+    return true;
+  }
+
   // Copies the directory `sfd` into `dfd` (new and empty), entry by entry.
   bool dir(int sfd, int dfd, const std::string& shown, int depth) {
     if (depth > kMaxDepth) {
       err = "copy " + shown + ": the tree is deeper than " + std::to_string(kMaxDepth) + " directories";
       return false;
     }
-    int lfd = ::fcntl(sfd, F_DUPFD_CLOEXEC, 3);
-    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
-    if (!d) {
-      if (lfd >= 0) ::close(lfd);
-      return fail("list " + shown, errno);
-    }
     std::vector<std::string> names;
-    while (auto* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
-    ::closedir(d);
+    if (!list(sfd, shown, names)) return false;
     for (auto& n : names)
       if (!entry(sfd, n.c_str(), dfd, n.c_str(), shown + "/" + n, depth)) return false;
     return true;
@@ -885,6 +891,43 @@ std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst
   }
   Copier c{err};
   if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return std::nullopt;
+  return c.bytes;
+}
+
+std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err) {
+  // Both are the caller's (the snapshot's store, the branch's dir); what is below them is reached
+  // by fd only.
+  os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  os::UniqueFd ddir(::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!sdir || !ddir) {
+    err = "open " + (sdir ? dst : src) + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  Copier c{err};
+  // The destination is new: empty, but for the lost+found of a filesystem just made on it.
+  std::vector<std::string> there;
+  if (!c.list(ddir.get(), dst, there)) return std::nullopt;
+  bool has_lost_found = false;
+  for (auto& n : there) {
+    if (n == "lost+found") {
+      has_lost_found = true;
+      continue;
+    }
+    err = "copy " + src + " into " + dst + ": the destination is not empty (it holds " + n + ")";
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstat(sdir.get(), &st) != 0) {
+    err = "stat " + src + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::vector<std::string> names;
+  if (!c.list(sdir.get(), src, names)) return std::nullopt;
+  for (auto& n : names) {
+    if (has_lost_found && n == "lost+found") continue;  // the destination's own
+    if (!c.entry(sdir.get(), n.c_str(), ddir.get(), n.c_str(), src + "/" + n, 1)) return std::nullopt;
+  }
+  if (!c.keep_owner(ddir.get(), st, src)) return std::nullopt;
   return c.bytes;
 }
 

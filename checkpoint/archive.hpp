@@ -85,6 +85,11 @@ std::optional<std::string> incompatibility(const boost::json::object& manifest,
 /// a symlink. Returns the bytes of regular files copied.
 std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err);
 
+/// The same as copy_tree for the contents of the directory `src`, into the directory `dst`, which
+/// exists and is empty (a mount point just made for them, such as a copy's workspace with its
+/// disk ceiling) but for a filesystem's own lost+found; `dst` gets `src`'s owner and mode.
+std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err);
+
 /// rm -rf; errors are ignored.
 void remove_tree(const std::string& path);
 

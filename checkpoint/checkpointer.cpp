@@ -798,7 +798,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         for (const char* d : supervisor::kLayerDirs) {
           struct stat st {};
           if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
-          if (!copy_tree(src + "/fs/" + d, dir + "/" + d, *err)) return;
+          // The workspace is there already: mounted with the parent's disk ceiling and owner.
+          bool into = std::string_view(d) == "workspace";
+          if (!(into ? copy_tree_into : copy_tree)(src + "/fs/" + d, dir + "/" + d, *err)) return;
         }
         // A cold copy gets the /tmp overlay again: its files go to the upper layer.
         if (!live && !copy_tree(src + "/fs/tmp", dir + "/tmp-upper", *err)) return;

@@ -11,11 +11,14 @@ in its box, hostile) uses its agent channel. One subcommand per attack; each pri
 """
 import json
 import os
+import pathlib
 import signal
 import sys
 import time
 
-sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+# The agent starts with a clean environment: the SDK is found beside this file, in the host's
+# tree the box sees read-only.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "sdk" / "python" / "sandboxer"))
 import agent  # noqa: E402  (sdk/python/sandboxer/agent.py)
 
 

@@ -12,7 +12,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+# The agent starts with a clean environment: the SDK is found beside this file, in the host's
+# tree the box sees read-only.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "sdk", "python",
+                                "sandboxer"))
 import agent as channel_module  # noqa: E402  (sdk/python/sandboxer/agent.py, stdlib only)
 
 
