@@ -180,18 +180,22 @@ std::optional<PublicKey> load_trust_key(const std::string& path, std::string& er
 }
 
 std::string user_key_dir() {
-  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/keys";
-  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/keys";
-  return "/tmp/sandboxer/keys";
+  std::string why;
+  std::string home = os::state_home(why);
+  // No private home to be had: ensure_user_key then says why (its directory is refused).
+  return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
 }
 
 std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err) {
   std::string priv = dir + "/signing.pem", pub = dir + "/signing.pub";
-  if (auto r = os::make_dirs(dir, 0700); !r) {
-    err = "create " + dir + ": " + r.error().message();
+  // Whoever can write the key store chooses which archives criu restores: it is this user's
+  // alone, and so is the key in it.
+  std::string parent = dir.substr(0, dir.rfind('/'));
+  if (auto r = os::make_dirs(parent, 0700); !r) {
+    err = "create " + parent + ": " + r.error().message();
     return std::nullopt;
   }
-  ::chmod(dir.c_str(), 0700);
+  if (!os::own_private_dir(parent, err) || !os::own_private_dir(dir, err)) return std::nullopt;
   struct stat st {};
   if (::lstat(priv.c_str(), &st) != 0) {
     // First use: a whole key in a temporary file, then linked into place (link fails when a
@@ -214,8 +218,8 @@ std::optional<std::string> ensure_user_key(const std::string& dir, std::string& 
       return std::nullopt;
     }
     ::unlink(tmp.c_str());
-  } else if (!S_ISREG(st.st_mode)) {
-    err = priv + ": not a regular file";
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    err = priv + ": not a regular file of this user's alone (mode 0600)";
     return std::nullopt;
   }
   auto key = SigningKey::load(priv, err);

@@ -38,33 +38,17 @@ std::string trim(std::string t) {
 }  // namespace
 
 namespace {
-// A directory of ours alone: made 0700 if missing, then checked, by the fd it is opened with,
-// to be a directory (not a symlink), owned by this user and reachable by nobody else. Anything
-// else is refused: in a world-writable place another user may have made it first.
 void own_private_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    throw std::runtime_error("create " + dir + ": " + os::last_error().message());
-  os::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat st {};
-  if (!fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &st) == 0)
-    throw std::runtime_error(dir + " is " + os::file_type_name(st.st_mode) +
-                             ", not a directory: refusing to keep tokens there (remove it, or set HOME or XDG_STATE_HOME)");
-  if (!fd || ::fstat(fd.get(), &st) != 0)
-    throw std::runtime_error("open " + dir + ": " + os::last_error().message());
-  if (st.st_uid != ::geteuid())
-    throw std::runtime_error(dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
-                             std::to_string(::geteuid()) + "): refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
-  if ((st.st_mode & 077) != 0 && ::fchmod(fd.get(), 0700) != 0)
-    throw std::runtime_error("chmod 0700 " + dir + ": " + os::last_error().message());
+  std::string why;
+  if (!os::own_private_dir(dir, why))
+    throw std::runtime_error(why + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
 }
 }  // namespace
 
 std::string state_home() {
-  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
-  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
-  // No home: a directory of this user's own in /tmp, checked before anything goes in it.
-  std::string dir = "/tmp/sandboxer-" + std::to_string(::geteuid());
-  own_private_dir(dir);
+  std::string why;
+  std::string dir = os::state_home(why);
+  if (dir.empty()) throw std::runtime_error(why + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
   return dir;
 }
 

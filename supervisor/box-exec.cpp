@@ -73,7 +73,19 @@ boost::json::object Box::proc_state(const Proc& p) const {
 }
 
 void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, boost::json::object)> done) {
-  if (auto it = procs_.find(proc_key(spec.branch, spec.proc)); it != procs_.end()) {
+  // "main" and "main@BRANCH" name a branch's agent (ns-init reports it as "main"): an exec by
+  // that name is the agent itself (the idempotent answer below), never a new process.
+  std::string id = spec.proc;
+  bool agent = id == "main" || id.starts_with("main@");
+  if (agent) {
+    auto bit = branches_.find(spec.branch);
+    if (bit != branches_.end() && id != "main" && id != bit->second->main_proc) bit = branches_.end();
+    if (bit == branches_.end())
+      return done(OpError{"bad_request", "proc id " + id + " is reserved: main and main@BRANCH name a branch's agent"},
+                  {});
+    id = bit->second->main_proc;
+  }
+  if (auto it = procs_.find(proc_key(spec.branch, id)); it != procs_.end()) {
     // Idempotent: the same id names the same process, whatever else the request says.
     Proc& p = *it->second;
     auto reply = [this, &p, done] {
@@ -81,7 +93,7 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
       st["existing"] = true;
       done(std::nullopt, std::move(st));
     };
-    if (!p.started && !p.status_known && p.id != "main") p.on_started.push_back(reply);
+    if (!p.started && !p.status_known && !agent) p.on_started.push_back(reply);
     else reply();
     return;
   }

@@ -94,7 +94,10 @@ std::optional<std::string> probe_websocket(const std::string& addr, int port, in
     if (n > 0) got.append(buf, static_cast<size_t>(n));
   }
   std::string status = got.substr(0, got.find("\r\n"));
-  if (status.starts_with("HTTP/1.1 101") || status.starts_with("HTTP/1.1 401")) return std::nullopt;
+  // 503: the server answers, with its unauthenticated slots full (anyone who reaches the port can
+  // fill them): that is load, not a dead supervisor.
+  if (status.starts_with("HTTP/1.1 101") || status.starts_with("HTTP/1.1 401") || status.starts_with("HTTP/1.1 503"))
+    return std::nullopt;
   return where + " answered \"" + status + "\", not a WebSocket upgrade";
 }
 

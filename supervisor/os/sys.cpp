@@ -1,6 +1,7 @@
 #include "os/sys.hpp"
 
 #include <dirent.h>
+#include <cstdlib>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -260,6 +261,40 @@ std::optional<int> parse_signal(std::string_view s) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
   if (ec == std::errc() && p == s.data() + s.size() && n > 0 && n < NSIG) return n;
   return std::nullopt;
+}
+
+bool own_private_dir(const std::string& dir, std::string& why) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    why = "create " + dir + ": " + last_error().message();
+    return false;
+  }
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &st) == 0) {
+    why = dir + " is " + file_type_name(st.st_mode) + ", not a directory";
+    return false;
+  }
+  if (!fd || ::fstat(fd.get(), &st) != 0) {
+    why = "open " + dir + ": " + last_error().message();
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    why = dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+          std::to_string(::geteuid()) + ")";
+    return false;
+  }
+  if ((st.st_mode & 077) != 0 && ::fchmod(fd.get(), 0700) != 0) {
+    why = "chmod 0700 " + dir + ": " + last_error().message();
+    return false;
+  }
+  return true;
+}
+
+std::string state_home(std::string& why) {
+  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
+  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
+  std::string dir = "/tmp/sandboxer-" + std::to_string(::geteuid());
+  return own_private_dir(dir, why) ? dir : std::string();
 }
 
 }  // namespace sbx::os

@@ -69,6 +69,17 @@ Result<UniqueFd> reopen(int fd, int flags) noexcept;
 /// What a file type is called in messages: "a FIFO", "a socket", "a character device", ...
 const char* file_type_name(mode_t mode) noexcept;
 
+/// Makes `dir` (0700) if it is missing, then checks, by the fd it opens, that it is a directory
+/// (not a symlink), owned by this user and reachable by nobody else (a wider mode is narrowed).
+/// False, with the reason in `why`, otherwise: in a world-writable place another user may have
+/// made it first.
+bool own_private_dir(const std::string& dir, std::string& why);
+
+/// This user's state directory: $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else
+/// (no home) /tmp/sandboxer-UID, checked with own_private_dir. Empty, with `why`, when that check
+/// fails.
+std::string state_home(std::string& why);
+
 Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 
 /// The pids of the direct children of `pid` (all threads), from /proc/PID/task/*/children.

@@ -384,7 +384,9 @@ def test_dns_flood_control_below_the_bound_is_let_through(flooded):
 
 def test_resolver_keeps_answering_after_the_flood(flooded):
     r = check(flooded, "after_flood")
-    assert r["rcode"] == 0 and r["addrs"] == [API_ADDR] and r["seconds"] < 1.0, r
+    # Answered at once, not queued behind the flood (which waits on a resolver that never answers,
+    # 5 s a try): the bound leaves room for a loaded machine.
+    assert r["rcode"] == 0 and r["addrs"] == [API_ADDR] and r["seconds"] < 4.0, r
     assert flooded["rc"] == 0, flooded["stderr"][-2000:]
 
 

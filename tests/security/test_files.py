@@ -151,20 +151,18 @@ def test_fs_read_and_write_refuse_what_is_not_a_regular_file_and_the_box_keeps_s
     async def go():
         async with ws_connect(fifo_box) as ws:
             s = Session(ws)
-            t0 = time.monotonic()
-            rd = await s.request("fs.read", timeout=3, id=21, path=path)
-            wr = await s.request("fs.write", timeout=3, id=22, path=path, data="x")
-            ap = await s.request("fs.write", timeout=3, id=23, path=path, data="x", append=True)
-            took = time.monotonic() - t0
-            t1 = time.monotonic()
-            st = await s.request("stats", timeout=1)
-            return rd, wr, ap, took, st, time.monotonic() - t1
+            # A supervisor that opened the FIFO would block its only loop: no reply would come (the
+            # bounds are generous for a loaded machine; a blocked loop never answers).
+            rd = await s.request("fs.read", timeout=10, id=21, path=path)
+            wr = await s.request("fs.write", timeout=10, id=22, path=path, data="x")
+            ap = await s.request("fs.write", timeout=10, id=23, path=path, data="x", append=True)
+            st = await s.request("stats", timeout=10)
+            return rd, wr, ap, st
 
-    rd, wr, ap, took, st, stats_took = run(go(), timeout=30)
+    rd, wr, ap, st = run(go(), timeout=60)
     for r in (rd, wr, ap):
         assert r["ok"] is False and r["error"]["code"] == "not_a_file", r
         assert r["error"]["message"] == f"{path}: not a regular file: {kind}"
-    assert took < 1.5 and stats_took < 1.0
     assert st["ok"] is True
     assert "main" in st["procs"], st
     assert fifo_box.alive()
@@ -234,3 +232,31 @@ def test_cli_token_dir_without_home_refuses_another_users_dir_and_makes_its_own_
     for d in (mine, mine / "tokens"):
         st = os.lstat(d)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+
+
+@needs_root
+def test_archive_key_store_without_home_refuses_another_users_key(tmp_path):
+    # The key a box signs with decides which archives criu restores: a key planted in the /tmp
+    # fallback by another user must never be taken for ours.
+    fake = tmp_path / "faketmp"
+    fake.mkdir(mode=0o1777)
+    home = fake / f"sandboxer-{os.geteuid()}"
+    (home / "keys").mkdir(parents=True, mode=0o700)
+    (home / "keys" / "signing.pem").write_text("an attacker's key\n")
+    os.chmod(home, 0o700)
+    run = '"$CLI" run --state-dir /tmp/state -- /bin/true'
+    os.chown(home / "keys" / "signing.pem", 4242, 4242)
+    r = cli_without_home(fake, run)
+    assert r.returncode != 0 and "signing.pem: not a regular file of this user's alone" in r.stderr, r.stderr
+    os.chown(home, 4242, 4242)
+    r = cli_without_home(fake, run)
+    assert r.returncode != 0 and f"belongs to uid 4242, not to this user (uid {os.geteuid()})" in r.stderr, r.stderr
+    # Control: with nothing planted, the store is made 0700 with a 0600 key of ours, and the box runs.
+    shutil.rmtree(home)
+    r = cli_without_home(fake, run)
+    assert r.returncode == 0, r.stderr
+    for d in (home, home / "keys"):
+        st = os.lstat(d)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    st = os.lstat(home / "keys" / "signing.pem")
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()

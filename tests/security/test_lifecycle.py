@@ -152,6 +152,31 @@ def test_proc_ids_are_per_branch(tmp_path):
     assert out == {"main": "main\n", "f1": "f1\n"}
 
 
+def test_exec_by_the_agents_own_id_names_the_agent_never_a_new_process(tmp_path):
+    # "main" in a copy is the copy's agent (main@f1): an exec by that id must not start a second
+    # process that ns-init would report, and signal, as the agent.
+    with WsBox(tmp_path, attack("sleeper"), env=no_criu_env()) as b:
+        wait_for(b, message(lambda m: m.get("ready") == "f1"))
+
+        async def go():
+            async with ws_connect(b) as ws:
+                s = Session(ws)
+                argv = ["sh", "-c", "exec sleep 30"]
+                return (await s.request("exec", proc="main", argv=argv, branch="f1"),
+                        await s.request("exec", proc="main@f1", argv=argv, branch="f1"),
+                        await s.request("exec", proc="main@f2", argv=argv, branch="f1"),
+                        await s.request("exec", proc="main", argv=argv))
+        in_copy, by_name, other, in_main = run(go())
+    for r in (in_copy, by_name):
+        assert r["ok"] and r["existing"] is True and r["proc"] == "main@f1", r
+    assert other["ok"] is False and other["error"]["code"] == "bad_request", other
+    assert "reserved" in other["error"]["message"]
+    assert in_main["ok"] and in_main["existing"] is True and in_main["proc"] == "main", in_main
+    # Nothing was started besides the agents.
+    ev = read_journal(b.state)
+    assert {(e["branch"], e["proc"]) for e in ev if e["type"] == "proc.started"} == {("main", "main"), ("f1", "main@f1")}
+
+
 # A criu that claims 4.2.1 and, asked to dump, records its pid and arguments, then sleeps (the
 # test kills it, or the supervisor) or fails at once.
 FAKE_CRIU = '''#!/bin/sh

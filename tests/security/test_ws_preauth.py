@@ -80,8 +80,14 @@ def test_the_connection_past_the_bound_is_refused_while_the_others_are_open(box)
             await still_serving(box)
             # One goes: there is room for one more.
             await held.pop().close()
-            await asyncio.sleep(0.3)
-            held.append(await ws_connect(box, header=False))
+            deadline = time.monotonic() + 20
+            while True:  # the server frees the slot when it sees the close: retry until it has
+                try:
+                    held.append(await ws_connect(box, header=False))
+                    break
+                except InvalidStatus:
+                    assert time.monotonic() < deadline, "the closed connection's slot was never freed"
+                    await asyncio.sleep(0.1)
         finally:
             await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
     run(go(), 60)
