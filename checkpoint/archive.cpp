@@ -257,6 +257,11 @@ bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::
     } else {
       continue;  // sockets, fifos and devices in a writable layer are not part of a snapshot
     }
+    // Owner and mode are signed with the rest: a copy from an archive gets the files its parent had.
+    auto& f = files[rel.string()].as_object();
+    f["uid"] = p.st.st_uid;
+    f["gid"] = p.st.st_gid;
+    if (!S_ISLNK(p.st.st_mode)) f["mode"] = p.st.st_mode & 07777;
     plan.push_back(std::move(p));
   }
   return true;
@@ -400,6 +405,9 @@ struct Listed {
   std::string type;  // dir, file, symlink
   uint64_t size = 0;
   std::string sha, target;
+  std::optional<uid_t> uid;   // owner and mode as the manifest lists them (none: root, the tar's mode)
+  std::optional<gid_t> gid;
+  std::optional<mode_t> mode;
   bool seen = false;
 };
 
@@ -526,6 +534,7 @@ class Extractor {
   void check_signature(bool present, const std::string& text);
   bool entry(struct archive_entry* e);
   bool write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path, Listed& l);
+  bool keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode);
   bool finish();
 
   const ImportPolicy& policy_;
@@ -572,6 +581,17 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
   } else if (l.type != "dir") {
     return bad("has type " + l.type + " (dir, file or symlink)");
   }
+  // Absent: root, and the tar's mode. Present: a number within its range.
+  auto id = [&](const char* k, uint64_t max, auto& out) {
+    auto* f = o.if_contains(k);
+    if (!f) return true;
+    if (!f->is_int64() || f->as_int64() < 0 || static_cast<uint64_t>(f->as_int64()) > max) return false;
+    out = static_cast<std::remove_reference_t<decltype(*out)>>(f->as_int64());
+    return true;
+  };
+  if (!id("uid", 0xfffffffeu, l.uid)) return bad("has a bad uid");
+  if (!id("gid", 0xfffffffeu, l.gid)) return bad("has a bad gid");
+  if (!id("mode", 07777, l.mode)) return bad("has a bad mode");
   listed_[path] = std::move(l);
   return true;
 }
@@ -665,14 +685,12 @@ bool Extractor::entry(struct archive_entry* e) {
     return refuse("extract " + path + ": its directory " + dir + " " +
                  (errno == ENOENT ? std::string("comes later or not at all") : std::strerror(errno)))
                 ;
-  mode_t perm = archive_entry_perm(e) & 01777;  // no set-id bits
   if (type == AE_IFDIR) {
     if (::mkdirat(parent.get(), name.c_str(), 0700) != 0)
       return refuse("create " + path + ": " + std::strerror(errno));
     os::UniqueFd d(::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!d || ::fchmod(d.get(), perm | 0700) != 0)
-      return refuse("create " + path + ": " + std::strerror(errno));
-    return true;
+    if (!d) return refuse("create " + path + ": " + std::strerror(errno));
+    return keep_owner(d.get(), path, l, l.mode ? *l.mode : (archive_entry_perm(e) | 0700));
   }
   return write_file(e, parent.get(), name, path, l);
 }
@@ -699,8 +717,15 @@ bool Extractor::write_file(struct archive_entry* e, int parent, const std::strin
   }
   if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
   if (sha.hex() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
-  if (::fchmod(out.get(), archive_entry_perm(e) & 0777) != 0)
-    return refuse("chmod " + path + ": " + std::strerror(errno));
+  return keep_owner(out.get(), path, l, l.mode ? *l.mode : archive_entry_perm(e));
+}
+
+bool Extractor::keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode) {
+  // chown first (it clears set-id bits), and no set-id bits at all: an archive brings files, not
+  // privileges.
+  if ((l.uid || l.gid) && ::fchown(fd, l.uid ? *l.uid : 0, l.gid ? *l.gid : 0) != 0)
+    return refuse("chown " + path + ": " + std::strerror(errno));
+  if (::fchmod(fd, mode & 01777) != 0) return refuse("chmod " + path + ": " + std::strerror(errno));
   return true;
 }
 
@@ -715,6 +740,10 @@ bool Extractor::finish() {
     std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
     if (!parent || ::symlinkat(target.c_str(), parent.get(), name.c_str()) != 0)
       return refuse("create " + path + ": " + std::strerror(errno));
+    const Listed& l = listed_.at(path);
+    if ((l.uid || l.gid) &&
+        ::fchownat(parent.get(), name.c_str(), l.uid ? *l.uid : 0, l.gid ? *l.gid : 0, AT_SYMLINK_NOFOLLOW) != 0)
+      return refuse("chown " + path + ": " + std::strerror(errno));
   }
   return true;
 }

@@ -406,3 +406,32 @@ TEST_CASE("os: write_file_atomic_at replaces a symlink at its place and never fo
   }
   CHECK(get(t.path / "victim") == "host file");
 }
+
+TEST_CASE("archive: owners and modes are signed in the manifest and come back out, set-id bits never") {
+  TempDir t;
+  put(t.path / "src/fs/workspace/mine.txt", "agent's");
+  put(t.path / "src/fs/workspace/tool", "#!/bin/sh\n");
+  fs::create_symlink("mine.txt", t.path / "src/fs/workspace/link");
+  REQUIRE(::chown((t.path / "src/fs/workspace").c_str(), 65534, 65534) == 0);
+  REQUIRE(::chmod((t.path / "src/fs/workspace").c_str(), 0750) == 0);
+  REQUIRE(::chown((t.path / "src/fs/workspace/mine.txt").c_str(), 65534, 1234) == 0);
+  REQUIRE(::chmod((t.path / "src/fs/workspace/mine.txt").c_str(), 0640) == 0);
+  REQUIRE(::chmod((t.path / "src/fs/workspace/tool").c_str(), 04755) == 0);
+  REQUIRE(::lchown((t.path / "src/fs/workspace/link").c_str(), 65534, 65534) == 0);
+  std::string err;
+  REQUIRE_MESSAGE(write(t.path / "src", manifest(), t.path / "a.tar.zst", err), err);
+  auto m = extract(t.path / "a.tar.zst", t.path / "out", err);
+  REQUIRE_MESSAGE(m, err);
+  auto& listed = m->at("files").at("fs/workspace/mine.txt").as_object();
+  CHECK(listed.at("uid").as_int64() == 65534);
+  CHECK(listed.at("mode").as_int64() == 0640);
+  struct stat st {};
+  REQUIRE(::lstat((t.path / "out/fs/workspace").c_str(), &st) == 0);
+  CHECK((st.st_uid == 65534 && st.st_gid == 65534 && (st.st_mode & 07777) == 0750));
+  REQUIRE(::lstat((t.path / "out/fs/workspace/mine.txt").c_str(), &st) == 0);
+  CHECK((st.st_uid == 65534 && st.st_gid == 1234 && (st.st_mode & 07777) == 0640));
+  REQUIRE(::lstat((t.path / "out/fs/workspace/tool").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0755);  // the setuid bit stays behind
+  REQUIRE(::lstat((t.path / "out/fs/workspace/link").c_str(), &st) == 0);
+  CHECK((S_ISLNK(st.st_mode) && st.st_uid == 65534));
+}
