@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "event.hpp"
 #include "os/sys.hpp"
 #include "os/unique-fd.hpp"
 
@@ -41,13 +42,7 @@ class Sha256 {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned len = 0;
     EVP_DigestFinal_ex(ctx_, md, &len);
-    static constexpr char h[] = "0123456789abcdef";
-    std::string out;
-    for (unsigned i = 0; i < len; ++i) {
-      out += h[md[i] >> 4];
-      out += h[md[i] & 15];
-    }
-    return out;
+    return hex_encode(md, len);
   }
 
  private:
@@ -335,8 +330,8 @@ std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json
     if (sig.empty()) return std::nullopt;
     signature = json::serialize(json::object{{"alg", "ed25519"},
                                              {"key", key->public_key().fingerprint()},
-                                             {"public_key", base64_encode(key->public_key().raw)},
-                                             {"signature", base64_encode(sig)}}) +
+                                             {"public_key", supervisor::base64_encode(key->public_key().raw)},
+                                             {"signature", supervisor::base64_encode(sig)}}) +
                 "\n";
   }
 
@@ -633,8 +628,14 @@ void Extractor::check_signature(bool present, const std::string& text) {
     return std::string(f->as_string());
   };
   auto alg = field("alg");
-  auto pub = field("public_key") ? base64_decode(*field("public_key")) : std::nullopt;
-  auto sig = field("signature") ? base64_decode(*field("signature")) : std::nullopt;
+  auto decoded = [&](const char* k) -> std::optional<std::string> {
+    std::string out;
+    auto f = field(k);
+    if (!f || !supervisor::base64_decode(*f, out)) return std::nullopt;
+    return out;
+  };
+  auto pub = decoded("public_key");
+  auto sig = decoded("signature");
   if (alg != "ed25519" || !pub || pub->size() != 32 || !sig) {
     out_.why_untrusted = "its signature.json is malformed (alg ed25519, public_key, signature, base64)";
     return;

@@ -35,16 +35,6 @@ std::string raw_public(EVP_PKEY* k) {
   return raw;
 }
 
-std::string hex(const unsigned char* p, size_t n) {
-  static constexpr char h[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += h[p[i] >> 4];
-    out += h[p[i] & 15];
-  }
-  return out;
-}
-
 struct BioDeleter {
   void operator()(BIO* b) const { BIO_free(b); }
 };
@@ -58,11 +48,21 @@ std::string bio_text(BIO* b) {
 
 }  // namespace
 
+std::string hex_encode(const unsigned char* p, size_t n) {
+  static constexpr char h[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += h[p[i] >> 4];
+    out += h[p[i] & 15];
+  }
+  return out;
+}
+
 std::string PublicKey::fingerprint() const {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned len = 0;
   EVP_Digest(raw.data(), raw.size(), md, &len, EVP_sha256(), nullptr);
-  return "ed25519:" + hex(md, 16);
+  return "ed25519:" + hex_encode(md, 16);
 }
 
 bool PublicKey::verify(std::string_view msg, std::string_view sig) const {
@@ -232,48 +232,6 @@ std::optional<std::string> ensure_user_key(const std::string& dir, std::string& 
       return std::nullopt;
     }
   return priv;
-}
-
-std::string base64_encode(std::string_view in) {
-  static constexpr char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
-    out += {t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], t[v & 63]};
-  }
-  if (i + 1 == in.size()) {
-    uint32_t v = uint8_t(in[i]) << 16;
-    out += {t[v >> 18], t[(v >> 12) & 63], '=', '='};
-  } else if (i + 2 == in.size()) {
-    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
-    out += {t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], '='};
-  }
-  return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  auto val = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  for (size_t i = 0; i < in.size(); i += 4) {
-    int a = val(in[i]), b = val(in[i + 1]);
-    bool last = i + 4 == in.size();
-    int c = last && in[i + 2] == '=' ? -2 : val(in[i + 2]);
-    int d = last && in[i + 3] == '=' ? -2 : val(in[i + 3]);
-    if (a < 0 || b < 0 || c == -1 || d == -1 || (c == -2 && d != -2)) return std::nullopt;
-    out += static_cast<char>((a << 2) | (b >> 4));
-    if (c >= 0) out += static_cast<char>(((b & 15) << 4) | (c >> 2));
-    if (d >= 0) out += static_cast<char>(((c & 3) << 6) | d);
-  }
-  return out;
 }
 
 }  // namespace sbx::checkpoint

@@ -59,8 +59,7 @@ std::string user_key_dir();
 /// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path.
 std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err);
 
-/// Base64 (standard alphabet, padded) both ways; decode returns nullopt on bad input.
-std::string base64_encode(std::string_view in);
-std::optional<std::string> base64_decode(std::string_view in);
+/// Lowercase hex of `n` bytes.
+std::string hex_encode(const unsigned char* p, size_t n);
 
 }  // namespace sbx::checkpoint

@@ -289,11 +289,7 @@ TEST_CASE("archive: symlinks come back as symlinks, and nothing is followed thro
   CHECK(get(t.path / "out/fs/workspace/a") == "a");
 }
 
-TEST_CASE("signing: base64 both ways, and a signature checks only its own message") {
-  for (std::string s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)})
-    CHECK(base64_decode(base64_encode(s)) == std::optional<std::string>(s));
-  CHECK_FALSE(base64_decode("abc"));
-  CHECK_FALSE(base64_decode("ab=c"));
+TEST_CASE("signing: a signature checks only its own message") {
   std::string err;
   auto sig = box_key().sign("hello", err);
   REQUIRE(sig.size() == 64);
