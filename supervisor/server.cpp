@@ -410,12 +410,14 @@ struct Server::Impl {
     }
     Upload& u = it->second;
     if (!u.archive.path.empty() && h->offset + data.size() > u.expected) {
+      // The reply says what the upload announced: read before erase frees it.
       auto rid = u.id;
+      auto expected = u.expected;
       if (!h->last()) c.failed_uploads.insert(h->id);
       c.uploads.erase(it);
       send(c, protocol::error_reply(rid, "bad_snapshot",
                                     "snapshot.import: a frame reaches byte " + std::to_string(h->offset + data.size()) +
-                                        ", past the " + std::to_string(u.expected) + " bytes announced in size"));
+                                        ", past the " + std::to_string(expected) + " bytes announced in size"));
       return 0;
     }
     size_t done = 0;
