@@ -62,7 +62,9 @@ def box_memory(mb):
 def ours(bindir, tmp, mb):
     state = tmp / f"ours-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb), "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
+    # The agent starts with a clean environment: the SDK's path is handed on by name.
+    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
+                        "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
                        timeout=900, env=env, capture_output=True)
     ev = journal(bindir, state)
     if p.returncode != 0:
@@ -101,7 +103,7 @@ def raw(bindir, tmp, mb):
     state = tmp / f"raw-{mb}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     box = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
-                            "--events", "-", "--",
+                            "--env", "SBX_AGENT_SDK", "--events", "-", "--",
                             sys.executable, "-c", AGENT, "hold", str(mb)], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True)
     try:
