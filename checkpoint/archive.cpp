@@ -430,13 +430,13 @@ bool hex64(std::string_view s) {
 // Opens the directory `rel` ("" for the root itself) beneath `root`, following no symlink and
 // leaving neither the tree nor its filesystem.
 os::UniqueFd open_beneath(int root, const std::string& rel) {
-  struct open_how how {};
-  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
-  int fd;
-  do fd = static_cast<int>(::syscall(SYS_openat2, root, rel.empty() ? "." : rel.c_str(), &how, sizeof how));
-  while (fd < 0 && errno == EINTR);
-  return os::UniqueFd(fd);
+  auto fd = os::open_beneath(root, rel.empty() ? "." : rel, O_PATH | O_DIRECTORY, 0,
+                             os::kResolveNoLinks | RESOLVE_NO_XDEV);
+  if (!fd) {
+    errno = fd.error().value();  // the caller names it
+    return {};
+  }
+  return std::move(*fd);
 }
 
 // Reads one archive into a directory, checking as it goes (extract_archive's contract).

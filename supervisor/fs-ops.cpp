@@ -58,15 +58,14 @@ std::pair<const std::string*, std::string> split(const FsRoots& roots, const std
   return {root, rest};
 }
 
+// The workspace's own symlinks resolve, as long as they stay beneath it. An fd, or -1 and errno.
 int open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) {
-  struct open_how how {};
-  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
-  how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-  int fd;
-  do fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
-  while (fd < 0 && errno == EAGAIN);
-  return fd;
+  auto fd = os::open_beneath(dirfd, rel, flags, mode, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+  if (!fd) {
+    errno = fd.error().value();
+    return -1;
+  }
+  return fd->release();
 }
 
 os::UniqueFd open_root(const std::string& root, const std::string& path) {

@@ -93,11 +93,13 @@ boost::system::error_code errc(int e) { return {e, boost::system::system_categor
 bool plain_name(std::string_view n) { return !n.empty() && n != "." && n != ".." && n.find('/') == n.npos; }
 }  // namespace
 
-Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode) noexcept {
+static_assert(kResolveNoLinks == (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS));
+
+Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode, uint64_t resolve) noexcept {
   struct open_how how {};
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
   how.mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? mode : 0;
-  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  how.resolve = resolve;
   int fd;
   do fd = static_cast<int>(::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how));
   while (fd < 0 && errno == EAGAIN);

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <boost/system/result.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -43,10 +44,14 @@ Result<void> make_dirs(const std::string& path, mode_t mode = 0755);
 // reached from a directory fd the supervisor trusts, never by a path an agent could bend with a
 // symlink: nothing below `dirfd` is followed, and nothing leaves it.
 
-/// Opens `rel` below `dirfd` with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-/// RESOLVE_NO_MAGICLINKS): no `..` out, no symlink on the way or at the end (ELOOP). O_CLOEXEC is
-/// added.
-Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode = 0) noexcept;
+/// openat2's RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS (linux/openat2.h).
+inline constexpr uint64_t kResolveNoLinks = 0x08 | 0x04 | 0x02;
+
+/// Opens `rel` below `dirfd` with openat2 and `resolve` (by default kResolveNoLinks: no `..` out,
+/// no symlink on the way or at the end, ELOOP); retried while a rename races it (EAGAIN).
+/// O_CLOEXEC is added.
+Result<UniqueFd> open_beneath(int dirfd, const std::string& rel, int flags, mode_t mode = 0,
+                              uint64_t resolve = kResolveNoLinks) noexcept;
 
 /// Opens a directory the caller trusts by its path (the state dir, a branch's dir), with
 /// O_DIRECTORY | O_NOFOLLOW: the fd the *_at helpers start from.
