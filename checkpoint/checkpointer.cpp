@@ -16,13 +16,15 @@
 #include <cstring>
 #include <memory>
 
-#include "box.hpp"
-#include "checkpoint/archive.hpp"
+#include "supervisor/box.hpp"
+#include "archive/archive.hpp"
 #include "checkpoint/criu.hpp"
-#include "launcher.hpp"
+#include "sandbox/launcher.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
-#include "policy.hpp"
+#include "sandbox/policy.hpp"
+#include "base/encoding.hpp"
+#include "os/files.hpp"
 
 namespace sbx::checkpoint {
 
@@ -135,13 +137,6 @@ bool tmp_is_overlay(pid_t pid) {
 
 }  // namespace
 
-bool valid_snapshot_id(std::string_view id) {
-  if (id.size() != 18 || !id.starts_with("s-")) return false;
-  for (char c : id.substr(2))
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
 struct Checkpointer::CheckpointOp {
   std::string branch, name;
   bool leave_running = true;
@@ -158,7 +153,7 @@ struct Checkpointer::CheckpointOp {
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   std::string error;
-  std::optional<ArchiveInfo> info;
+  std::optional<archive::ArchiveInfo> info;
   std::string id;
 };
 
@@ -176,11 +171,11 @@ struct Checkpointer::RestoreOp {
   bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
   json::array results;
-  std::vector<std::unique_ptr<supervisor::BranchPipes>> pipes;
+  std::vector<std::unique_ptr<sandbox::BranchPipes>> pipes;
 };
 
 Checkpointer::Checkpointer(Box& box)
-    : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()), image_id_(read_image_id()) {
+    : box_(box), snap_dir_(box.opts_.state_dir + "/snapshots"), criu_(find_criu()), image_id_(archive::read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
   policy_.trusted = box.opts_.trust_keys;
   if (box.opts_.signing_key) policy_.trusted.push_back(box.opts_.signing_key->public_key());
@@ -279,7 +274,7 @@ size_t Checkpointer::stored_snapshots() const {
   if (!d) return 0;
   while (auto* e = ::readdir(d)) {
     std::string_view name = e->d_name;
-    if (name.size() > 5 && name.ends_with(".json") && valid_snapshot_id(name.substr(0, name.size() - 5))) ++n;
+    if (name.size() > 5 && name.ends_with(".json") && archive::valid_snapshot_id(name.substr(0, name.size() - 5))) ++n;
   }
   ::closedir(d);
   return n;
@@ -322,7 +317,7 @@ std::optional<json::object> Checkpointer::copies_refusal(const std::string& bran
 }
 
 std::optional<json::object> Checkpointer::channel_refusal(const Branch& b, const std::string& id, bool to_delete) const {
-  if (!valid_snapshot_id(id)) return std::nullopt;  // the operation itself says what is wrong
+  if (!archive::valid_snapshot_id(id)) return std::nullopt;  // the operation itself says what is wrong
   auto text = os::read_file(snap_dir_ + "/" + id + ".json");
   if (!text) return std::nullopt;  // no such snapshot: the operation says so
   boost::system::error_code ec;
@@ -400,9 +395,9 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.launched.pipe_inodes[i];
   json::array argv;
   for (auto& a : b.argv) argv.emplace_back(a);
-  op->manifest = {{"format", kFormatName},
-                  {"format_version", kFormatVersion},
-                  {"created", supervisor::rfc3339_now()},
+  op->manifest = {{"format", archive::kFormatName},
+                  {"format_version", archive::kFormatVersion},
+                  {"created", base::rfc3339_now()},
                   {"box", box_.id_},
                   {"branch", branch},
                   {"name", name},
@@ -492,7 +487,7 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
   std::erase(dumping_, op);
   if (auto it = box_.branches_.find(op->branch); it != box_.branches_.end()) it->second->busy = false;
   box_.emit(op->branch, {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
-  remove_tree(op->work);
+  os::remove_tree(op->work);
   op->done(error_reply(code, msg));
   op_done();
 }
@@ -505,16 +500,16 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   bool overlay = tmp_is_overlay(op->ns_pid);
   offload(
       [op, src, overlay] {
-        for (const char* d : supervisor::kLayerDirs) {
+        for (const char* d : sandbox::kLayerDirs) {
           std::string from = std::string(d) == "tmp" && overlay ? "tmp-upper" : d;
           struct stat st {};
           if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
           // Overlay whiteouts (devices) are left out of the copy.
-          auto r = copy_tree(src + "/" + from, op->work + "/payload/fs/" + d, op->error);
+          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d, op->error);
           if (!r) return;
           op->fs_bytes += *r;
         }
-        op->image_bytes = tree_bytes(op->work + "/payload/criu");
+        op->image_bytes = os::tree_bytes(op->work + "/payload/criu");
       },
       [this, op] {
         op->t_snapped = now_ms();
@@ -571,7 +566,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         --checkpoints_;
         std::erase(dumping_, op);
         // The payload stays extracted beside the archive: forks of it need no decompression.
-        remove_tree(base + ".d");
+        os::remove_tree(base + ".d");
         if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
           m["verified"] = box_.opts_.signing_key
@@ -581,7 +576,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
           (void)os::write_file_atomic(base + ".d/.complete", "");
         }
         (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
-        remove_tree(op->work);
+        os::remove_tree(op->work);
         if (auto it = box_.branches_.find(op->branch); it != box_.branches_.end()) it->second->busy = false;
         json::object ev{{"type", "checkpoint.created"},
                         {"snapshot", op->id},
@@ -626,10 +621,10 @@ std::optional<json::object> complete_manifest(const std::string& d) {
 // Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d unless
 // another extraction of the same archive got there first (then that one is the result). Fills
 // `result`, else `err` and `code`.
-void extract_snapshot(const std::string& base, const std::string& id, const ImportPolicy& policy,
+void extract_snapshot(const std::string& base, const std::string& id, const archive::ImportPolicy& policy,
                       std::optional<json::object>& result, std::string& err, std::string& code) {
   // The id is the archive's content hash: check it before reading anything out of it.
-  auto sha = sha256_file(base + ".tar.zst", err);
+  auto sha = archive::sha256_file(base + ".tar.zst", err);
   if (!sha) return;
   if (sha->substr(0, 16) != id.substr(2)) {
     err = "the archive of " + id + " is corrupted: its sha256 is " + *sha;
@@ -637,7 +632,7 @@ void extract_snapshot(const std::string& base, const std::string& id, const Impo
   }
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
   bool untrusted = false;
-  auto x = extract_archive(base + ".tar.zst", tmp, policy, err, &untrusted);
+  auto x = archive::extract_archive(base + ".tar.zst", tmp, policy, err, &untrusted);
   if (!x) {
     if (untrusted) code = "untrusted";
     return;
@@ -649,7 +644,7 @@ void extract_snapshot(const std::string& base, const std::string& id, const Impo
   if (w) w = os::write_file_atomic(tmp + "/.complete", "");
   if (!w) {
     err = "store the extracted snapshot: " + w.error().message();
-    remove_tree(tmp);
+    os::remove_tree(tmp);
     return;
   }
   std::string dst = base + ".d";
@@ -660,14 +655,14 @@ void extract_snapshot(const std::string& base, const std::string& id, const Impo
     }
     if (errno != EEXIST && errno != ENOTEMPTY) break;
     if (auto other = complete_manifest(dst)) {  // a concurrent extraction finished first
-      remove_tree(tmp);
+      os::remove_tree(tmp);
       result = std::move(*other);
       return;
     }
-    remove_tree(dst);  // a leftover of an extraction that never completed
+    os::remove_tree(dst);  // a leftover of an extraction that never completed
   }
   err = "store the extracted snapshot: " + std::string(std::strerror(errno));
-  remove_tree(tmp);
+  os::remove_tree(tmp);
 }
 
 }  // namespace
@@ -696,7 +691,7 @@ std::string Checkpointer::next_branch_name() {
 
 void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
                            int first_index) {
-  if (!valid_snapshot_id(snapshot))
+  if (!archive::valid_snapshot_id(snapshot))
     return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
   auto op = std::make_shared<RestoreOp>();
@@ -743,7 +738,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     std::string why;
     std::optional<std::string> refuse;
     if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
-    else refuse = incompatibility(checked, box_.caps_.criu, image_id_);
+    else refuse = archive::incompatibility(checked, box_.caps_.criu, image_id_);
     if (!refuse && mode == "live")
       if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
     // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
@@ -795,15 +790,15 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           *err = "create " + dir + ": " + r.error().message();
           return;
         }
-        for (const char* d : supervisor::kLayerDirs) {
+        for (const char* d : sandbox::kLayerDirs) {
           struct stat st {};
           if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
           // The workspace is there already: mounted with the parent's disk ceiling and owner.
           bool into = std::string_view(d) == "workspace";
-          if (!(into ? copy_tree_into : copy_tree)(src + "/fs/" + d, dir + "/" + d, *err)) return;
+          if (!(into ? os::copy_tree_into : os::copy_tree)(src + "/fs/" + d, dir + "/" + d, *err)) return;
         }
         // A cold copy gets the /tmp overlay again: its files go to the upper layer.
-        if (!live && !copy_tree(src + "/fs/tmp", dir + "/tmp-upper", *err)) return;
+        if (!live && !os::copy_tree(src + "/fs/tmp", dir + "/tmp-upper", *err)) return;
         // A live copy's /tmp is a directory of its own (not the original's overlay): the mount
         // points of the masks criu restores below /tmp must exist in it.
         for (auto& v : masks) {
@@ -835,7 +830,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         write_branch_json(box_, br, dir);
         if (!live) {
           // Cold restart: the agent's command again, on the snapshot's files.
-          supervisor::BranchSpec spec = box_.branch_spec(br.name);
+          sandbox::BranchSpec spec = box_.branch_spec(br.name);
           if (auto e = box_.prepare_copy_network(spec); !e.empty()) {
             res["error"] = e;
             return copy_done(op, index, std::move(res));
@@ -844,7 +839,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           // Landlock) as the original's did, and a cgroup of its own with the original's ceilings.
           auto cg = box_.prepare_copy_cgroup(br);
           for (auto& fd : cg) spec.cgroup_procs.push_back(fd.get());
-          auto lb = supervisor::launch_branch(spec);
+          auto lb = sandbox::launch_branch(spec);
           cg.clear();
           if (!lb) {
             res["error"] = "start the copy: " + lb.error().message();
@@ -866,9 +861,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                                  {"env", env},
                                  {"cwd", cwd},
                                  {"grace_ms", box_.opts_.profile.resources.grace_ms},
-                                 {"policy", supervisor::policy_to_json(
+                                 {"policy", sandbox::policy_to_json(
                                                 box_.opts_.profile, box_.caps_.landlock_abi,
-                                                supervisor::shares_host_network(box_.opts_.profile, br.launched.namespaced))}});
+                                                sandbox::shares_host_network(box_.opts_.profile, br.launched.namespaced))}});
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), false);
           box_.start_watcher(added);
@@ -882,13 +877,13 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           res["timings_ms"] = {{"copy", round_ms(t_copied - t_start)}, {"restore", round_ms(now_ms() - t_copied)}};
           return copy_done(op, index, std::move(res));
         }
-        auto pipes = supervisor::make_branch_pipes();
+        auto pipes = sandbox::make_branch_pipes();
         if (!pipes) {
           res["error"] = "make pipes: " + pipes.error().message();
           return copy_done(op, index, std::move(res));
         }
         auto& pp = op->pipes[static_cast<size_t>(index)];
-        pp = std::make_unique<supervisor::BranchPipes>(std::move(*pipes));
+        pp = std::make_unique<sandbox::BranchPipes>(std::move(*pipes));
         CriuRun run;
         (void)os::make_dirs(dir + "/.criu", 0700);
         run.args = {"restore",
@@ -905,7 +900,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
                     "--external", "mnt[workspace]:" + dir + "/workspace",
                     "--external", "mnt[tmp]:" + dir + "/tmp",
                     "--external", "mnt[run]:" + dir + "/run",
-                    "--external", "mnt[machine-id]:" + dir + "/" + supervisor::kMachineIdFile,
+                    "--external", "mnt[machine-id]:" + dir + "/" + sandbox::kMachineIdFile,
                     "--pidfile", dir + "/.criu/pid"};
         auto ends = pp->child_ends();
         auto& old = op->manifest.at("pipes").as_object();
@@ -920,7 +915,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         run.new_netns = true;
         run.writable_proc_sys = true;
         run.hostname = (*b)->name + "." + box_.id_;
-        supervisor::ensure_machine_id(dir);  // a new one: the copy is another running system
+        sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
         run.output = dir + "/.criu/restore.out";
         // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
         auto cg = box_.prepare_copy_cgroup(**b);
@@ -999,7 +994,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, int /*slot*/, json::
     if (!box_.branches_.contains(branch)) {
       std::string dir = box_.opts_.state_dir + "/branches/" + branch;
       (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
-      remove_tree(dir);
+      os::remove_tree(dir);
     }
     ev["type"] = "restore.failed";
     ev["error"] = res.at("error");
@@ -1042,7 +1037,7 @@ json::array Checkpointer::list() const {
   std::vector<std::string> names;
   while (auto* e = ::readdir(d)) {
     std::string n = e->d_name;
-    if (n.size() > 5 && n.ends_with(".json") && valid_snapshot_id(n.substr(0, n.size() - 5))) names.push_back(n);
+    if (n.size() > 5 && n.ends_with(".json") && archive::valid_snapshot_id(n.substr(0, n.size() - 5))) names.push_back(n);
   }
   ::closedir(d);
   std::sort(names.begin(), names.end());
@@ -1060,20 +1055,20 @@ json::array Checkpointer::list() const {
 }
 
 json::object Checkpointer::remove(const std::string& id) {
-  if (!valid_snapshot_id(id)) return error_reply("bad_request", "\"" + id + "\" is not a snapshot id");
+  if (!archive::valid_snapshot_id(id)) return error_reply("bad_request", "\"" + id + "\" is not a snapshot id");
   std::string base = snap_dir_ + "/" + id;
   struct stat st {};
   if (::stat((base + ".json").c_str(), &st) != 0 && ::stat((base + ".tar.zst").c_str(), &st) != 0)
     return error_reply("not_found", "no snapshot \"" + id + "\"");
   ::unlink((base + ".tar.zst").c_str());
   ::unlink((base + ".json").c_str());
-  remove_tree(base + ".d");
+  os::remove_tree(base + ".d");
   box_.emit("main", {{"type", "snapshot.deleted"}, {"snapshot", id}});
   return {{"ok", true}};
 }
 
 std::optional<std::string> Checkpointer::archive_path(const std::string& id, std::string& err) const {
-  if (!valid_snapshot_id(id)) {
+  if (!archive::valid_snapshot_id(id)) {
     err = "\"" + id + "\" is not a snapshot id (s- and 16 hex digits)";
     return std::nullopt;
   }
@@ -1110,7 +1105,7 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
       [tmp, dir, st] {
         struct stat sb {};
         if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
-        auto sha = sha256_file(tmp, st->err);
+        auto sha = archive::sha256_file(tmp, st->err);
         if (!sha) return;
         st->id = "s-" + sha->substr(0, 16);
         std::string dst = dir + "/" + st->id + ".tar.zst";
@@ -1147,7 +1142,7 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
           index["id"] = st->id;
           index.erase("files");
           index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
-          index["imported"] = supervisor::rfc3339_now();
+          index["imported"] = base::rfc3339_now();
           if (!st->existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
           auto* v = index.if_contains("verified");
           json::value trusted = v && v->is_object() && v->as_object().contains("trusted") ? v->at("trusted") : false;
@@ -1177,7 +1172,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
   offload([path, tmp, err] {
             // The operator's path may be a symlink (copy_tree follows none): resolved here.
             std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
-            (void)copy_tree(real ? real.get() : path, tmp, *err);
+            (void)os::copy_tree(real ? real.get() : path, tmp, *err);
           },
           [this, err, tmp, path] {
             auto fail = [this](const std::string& msg) {

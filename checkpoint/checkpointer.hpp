@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/archive.hpp"
+#include "archive/archive.hpp"
 
 namespace sbx::supervisor {
 class Box;
@@ -112,15 +112,12 @@ class Checkpointer {
   std::string snap_dir_;
   std::optional<std::string> criu_;
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
-  ImportPolicy policy_;                  // the box's trusted keys, --allow-unsigned, the size bound
+  archive::ImportPolicy policy_;                  // the box's trusted keys, --allow-unsigned, the size bound
   int ops_ = 0;
   int next_copy_ = 1;
   int64_t checkpoints_ = 0;     // checkpoints under way (counted against resources.snapshots)
   int64_t copies_starting_ = 0; // copies being restored (counted against resources.copies)
   std::vector<std::shared_ptr<CheckpointOp>> dumping_;  // checkpoints under way
 };
-
-/// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).
-bool valid_snapshot_id(std::string_view id);
 
 }  // namespace sbx::checkpoint

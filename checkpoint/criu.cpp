@@ -1,4 +1,4 @@
-#include "criu.hpp"
+#include "checkpoint/criu.hpp"
 
 #include <fcntl.h>
 #include <net/if.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "signals.hpp"
+#include "os/signal-mask.hpp"
 
 namespace sbx::checkpoint {
 
@@ -67,7 +67,7 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   if (pid < 0) return os::last_error();
   if (pid == 0) {
     // No allocation from here on: errors go to the pipe as (step, errno).
-    supervisor::reset_signals_for_child();
+    os::reset_signals_for_child();
     int e[2] = {0, 0};
     // Into the copy's cgroup before anything is restored: its memory is charged there.
     for (int fd : run.cgroup_procs) {

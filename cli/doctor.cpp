@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "capabilities.hpp"
-#include "commands.hpp"
-#include "launcher.hpp"
+#include "sandbox/capabilities.hpp"
+#include "cli/commands.hpp"
+#include "sandbox/launcher.hpp"
 #include "os/cgroup.hpp"
 #include "os/sys.hpp"
 
@@ -118,7 +118,7 @@ Line check_landlock() {
 
 Line check_namespaces() {
   std::string why;
-  bool pidmnt = supervisor::can_make_namespaces(&why);
+  bool pidmnt = sandbox::can_make_namespaces(&why);
   int net = in_child([] { return ::unshare(CLONE_NEWNET) == 0 ? 0 : errno; });
   std::string detail = std::string("pid+mount: ") + (pidmnt ? "yes" : "no (" + why + ")") +
                        ", network: " + (net == 0 ? "yes" : std::string("no (") + std::strerror(net) + ")");
@@ -212,8 +212,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
   }
   std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(),
                              check_overlay(), check_criu(),    check_disk(),     check_privileges()};
-  supervisor::CommandProbe criu({"criu", "--version"});
-  auto caps = supervisor::detect_capabilities(&criu);
+  sandbox::CommandProbe criu({"criu", "--version"});
+  auto caps = sandbox::detect_capabilities(&criu);
   if (json) {
     boost::json::object o;
     for (auto& l : lines) {

@@ -23,13 +23,13 @@
 #include <stdexcept>
 #include <thread>
 
-#include "checkpoint/archive.hpp"
-#include "checkpoint/checkpointer.hpp"
-#include "commands.hpp"
-#include "docker/docker.hpp"
-#include "journal.hpp"
+#include "archive/archive.hpp"
+#include "os/files.hpp"
+#include "cli/commands.hpp"
+#include "shims/docker/docker.hpp"
+#include "journal/journal.hpp"
 #include "os/sys.hpp"
-#include "tokens.hpp"
+#include "cli/tokens.hpp"
 
 namespace sbx::cli {
 
@@ -47,7 +47,7 @@ struct Outcome {
 
 Outcome restore_outcome(const std::string& state_dir) {
   Outcome out;
-  (void)supervisor::Journal::read(state_dir + "/journal", 0, [&](uint64_t, std::string_view line) {
+  (void)journal::Journal::read(state_dir + "/journal", 0, [&](uint64_t, std::string_view line) {
     boost::system::error_code ec;
     auto v = json::parse(line, ec);
     if (ec || !v.is_object()) return true;
@@ -72,7 +72,7 @@ Outcome restore_outcome(const std::string& state_dir) {
 }  // namespace
 
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n) {
-  if (!checkpoint::valid_snapshot_id(snap))
+  if (!archive::valid_snapshot_id(snap))
     throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
   if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
   auto t0 = std::chrono::steady_clock::now();
@@ -85,7 +85,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   if (auto r = os::make_dirs(work, 0700); !r) throw std::runtime_error("create " + work + ": " + r.error().message());
   struct RemoveWork {
     std::string dir;
-    ~RemoveWork() { checkpoint::remove_tree(dir); }
+    ~RemoveWork() { os::remove_tree(dir); }
   } remove_work{work};
   std::string archive = work + "/" + snap + ".tar.zst";
   // `sandboxer export` itself: the archive arrives whole and hashing to its id, or not at all.

@@ -6,7 +6,7 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "commands.hpp"
+#include "cli/commands.hpp"
 #include "os/sys.hpp"
 
 namespace bp = boost::process;

@@ -4,9 +4,9 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "commands.hpp"
-#include "journal.hpp"
-#include "printer.hpp"
+#include "cli/commands.hpp"
+#include "journal/journal.hpp"
+#include "cli/printer.hpp"
 
 namespace sbx::cli {
 
@@ -28,7 +28,7 @@ int cmd_log(const std::vector<std::string>& args) {
     jdir = dir;  // given the journal directory itself
   }
   EventPrinter printer(json);
-  auto r = supervisor::Journal::read(jdir, since, [&](uint64_t, std::string_view line) {
+  auto r = journal::Journal::read(jdir, since, [&](uint64_t, std::string_view line) {
     boost::system::error_code ec;
     auto v = boost::json::parse(line, ec);
     if (!ec && v.is_object()) printer.print(line, v.as_object());

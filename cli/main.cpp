@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "commands.hpp"
+#include "cli/commands.hpp"
 
 namespace {
 const char* kUsage =

@@ -1,8 +1,8 @@
-#include "printer.hpp"
+#include "cli/printer.hpp"
 
 #include <unistd.h>
 
-#include "event.hpp"
+#include "base/encoding.hpp"
 
 namespace sbx::cli {
 
@@ -27,7 +27,7 @@ void EventPrinter::output(const boost::json::object& ev) {
     data = d->as_string();
   } else if (auto* b = ev.if_contains("data_b64")) {
     std::string raw;
-    sbx::supervisor::base64_decode(b->as_string(), raw);
+    sbx::base::base64_decode(b->as_string(), raw);
     data = "[" + std::to_string(raw.size()) + " bytes, not UTF-8]\n";
   }
   std::string prefix = proc + (stream == "stderr" ? " ! " : " | ");

@@ -18,12 +18,12 @@
 #include <set>
 #include <stdexcept>
 
-#include "checkpoint/archive.hpp"
-#include "commands.hpp"
-#include "event.hpp"
+#include "archive/archive.hpp"
+#include "cli/commands.hpp"
+#include "base/encoding.hpp"
 #include "os/sys.hpp"
-#include "printer.hpp"
-#include "tokens.hpp"
+#include "cli/printer.hpp"
+#include "cli/tokens.hpp"
 
 namespace sbx::cli {
 
@@ -80,7 +80,7 @@ std::string error_text(const json::object& r) {
 std::string bytes_of(const json::object& ev) {
   if (auto* d = ev.if_contains("data")) return std::string(d->as_string());
   std::string raw;
-  if (auto* b = ev.if_contains("data_b64")) supervisor::base64_decode(b->as_string(), raw);
+  if (auto* b = ev.if_contains("data_b64")) base::base64_decode(b->as_string(), raw);
   return raw;
 }
 
@@ -258,7 +258,7 @@ int cmd_exec(const std::vector<std::string>& args_in) {
               auto* cl = static_cast<Client*>(s->data);
               std::string id = static_cast<const char*>(s->loop->data);
               if (n > 0) {
-                cl->request({{"op", "stdin"}, {"proc", id}, {"data_b64", supervisor::base64_encode({b->base, static_cast<size_t>(n)})}});
+                cl->request({{"op", "stdin"}, {"proc", id}, {"data_b64", base::base64_encode({b->base, static_cast<size_t>(n)})}});
               } else if (n < 0) {
                 uv_read_stop(s);
                 cl->request({{"op", "stdin"}, {"proc", id}, {"eof", true}});
@@ -414,7 +414,7 @@ int cmd_export(const std::vector<std::string>& args_in) {
   }
   // The id is the start of the archive's sha256: check what arrived against it.
   std::string err;
-  auto sha = checkpoint::sha256_file(part, err);
+  auto sha = archive::sha256_file(part, err);
   if (!sha || "s-" + sha->substr(0, 16) != args[1]) {
     ::unlink(part.c_str());
     std::cerr << "sandboxer export: " << (sha ? "the archive received does not hash to " + args[1] : err) << "\n";

@@ -12,11 +12,12 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "checkpoint/signing.hpp"
-#include "commands.hpp"
+#include "archive/signing.hpp"
+#include "cli/commands.hpp"
 #include "os/sys.hpp"
-#include "printer.hpp"
-#include "tokens.hpp"
+#include "cli/printer.hpp"
+#include "cli/tokens.hpp"
+#include "archive/archive.hpp"
 
 namespace bp = boost::process;
 
@@ -84,7 +85,7 @@ int cmd_run(const std::vector<std::string>& args) {
     // The user's archive key pair (made on first use, 0600, beside the tokens): every box this
     // user starts signs with it and trusts it, so export, import and --restore between them work.
     std::string err;
-    auto key = checkpoint::ensure_user_key(checkpoint::user_key_dir(), err);
+    auto key = archive::ensure_user_key(archive::user_key_dir(), err);
     if (!key) throw std::runtime_error("the archive signing key: " + err);
     init_args.insert(init_args.end(), {"--signing-key", *key});
   }

@@ -1,4 +1,4 @@
-#include "tokens.hpp"
+#include "cli/tokens.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

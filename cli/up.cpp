@@ -3,10 +3,10 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "agent-env.hpp"
-#include "commands.hpp"
-#include "docker/docker.hpp"
-#include "tokens.hpp"
+#include "profile/agent-env.hpp"
+#include "cli/commands.hpp"
+#include "shims/docker/docker.hpp"
+#include "cli/tokens.hpp"
 
 namespace sbx::cli {
 
@@ -42,7 +42,7 @@ int cmd_up(const std::vector<std::string>& args) {
     else if (a == "--set") o.overrides.push_back(value(a));
     else if (a == "--env") {
       // K alone takes our value of K, as docker does: the container has none of our environment.
-      if (auto kv = supervisor::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
+      if (auto kv = profile::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
     }
     else if (a == "--image") o.image = value(a);
     else if (a == "--name") o.name = value(a);

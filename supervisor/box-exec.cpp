@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "box.hpp"
+#include "supervisor/box.hpp"
 #include "os/sys.hpp"
-#include "proc-io.hpp"
+#include "supervisor/proc-io.hpp"
 
 namespace sbx::supervisor {
 

@@ -7,11 +7,11 @@
 // credentials, its refusals reported on the copy's branch.
 #include <spdlog/spdlog.h>
 
-#include "box.hpp"
+#include "supervisor/box.hpp"
 
 namespace sbx::supervisor {
 
-std::string Box::prepare_copy_network(BranchSpec& spec) {
+std::string Box::prepare_copy_network(sandbox::BranchSpec& spec) {
   try {
     BranchNetwork::prepare(opts_.profile, spec);
     return "";
@@ -43,8 +43,8 @@ std::vector<std::string> Box::branch_masks() const {
 
 boost::json::object Box::network_manifest() const {
   const auto& net = opts_.profile.network;
-  boost::json::object o{{"mode", network_mode_name(net.mode)}};
-  if (net.mode == NetworkPolicy::Mode::Proxy) {
+  boost::json::object o{{"mode", profile::network_mode_name(net.mode)}};
+  if (net.mode == profile::NetworkPolicy::Mode::Proxy) {
     o["proxy_port"] = net.proxy_port;
     boost::json::array creds;
     for (auto& c : opts_.profile.credentials) creds.emplace_back(c.name);
@@ -59,11 +59,11 @@ std::string Box::copy_network_refusal(const boost::json::object& manifest) const
   const auto& theirs = v->as_object();
   const auto& net = opts_.profile.network;
   std::string mode = theirs.contains("mode") && theirs.at("mode").is_string() ? std::string(theirs.at("mode").as_string()) : "";
-  std::string mine = network_mode_name(net.mode);
+  std::string mine = profile::network_mode_name(net.mode);
   if (mode != mine)
     return "the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" + mine +
            "\": its copy would not get the network it expects";
-  if (net.mode != NetworkPolicy::Mode::Proxy) return "";
+  if (net.mode != profile::NetworkPolicy::Mode::Proxy) return "";
   auto* port = theirs.if_contains("proxy_port");
   if (port && port->is_int64() && port->as_int64() != net.proxy_port)
     return "the snapshot's agent reaches its broker at 127.0.0.1:" + std::to_string(port->as_int64()) +

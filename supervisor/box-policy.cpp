@@ -13,9 +13,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "box.hpp"
+#include "supervisor/box.hpp"
 #include "os/sys.hpp"
-#include "policy.hpp"
+#include "sandbox/policy.hpp"
 
 namespace sbx::supervisor {
 
@@ -26,7 +26,7 @@ auto log() {
 }
 // A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
 // and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
-std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target, const Profile& prof) {
+std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target, const profile::Profile& prof) {
   struct stat st {};
   if (::stat(image.c_str(), &st) != 0) {
     os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
@@ -34,7 +34,7 @@ std::string mount_ext4_image(const std::string& image, int64_t size, const std::
     if (::ftruncate(f.get(), size) != 0) return std::string("size ") + image + ": " + std::strerror(errno);
     f.reset();
     std::string owner = std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
-    if (!run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
+    if (!sandbox::run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
       ::unlink(image.c_str());
       return "mkfs.ext4 " + image + " failed (is e2fsprogs installed?)";
     }
@@ -85,7 +85,7 @@ os::CgroupHost Box::cgroup_host() const {
 }
 
 std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Branch& b, boost::json::object* state) {
-  const Profile& prof = opts_.profile;
+  const profile::Profile& prof = opts_.profile;
   boost::json::object scratch;
   boost::json::object& cg_state = state ? *state : scratch;
   auto g = os::CgroupDir::create(host, "sbx-" + id_ + "-" + b.name);
@@ -148,9 +148,9 @@ std::vector<os::UniqueFd> Box::prepare_copy_cgroup(Branch& b) {
   }
 }
 
-void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
-  const Profile& prof = opts_.profile;
-  check_profile_for_host(prof);
+void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
+  const profile::Profile& prof = opts_.profile;
+  sandbox::check_profile_for_host(prof);
   // isolation.level is the least the host must give: a profile written for a microVM does not
   // silently run in a plain process.
   auto rank = [](const std::string& l) {
@@ -160,7 +160,7 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
     return 0;
   };
   if (rank(prof.isolation.level) > rank(caps_.isolation))
-    throw ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
+    throw profile::ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
                        caps_.isolation + "\"");
   boost::json::object cg_state;
   auto host = cgroup_host();
@@ -178,14 +178,14 @@ void Box::setup_branch_policy(Branch& b, BranchSpec& spec) {
   std::string ws = spec.dir + "/workspace";
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
   if (auto how = mount_workspace(b, spec.dir); !how.empty()) cg_state["disk"] = how;
-  spec.new_net = prof.network.mode != NetworkPolicy::Mode::Host;
+  spec.new_net = prof.network.mode != profile::NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
 }
 
 std::string Box::mount_workspace(Branch& b, const std::string& dir) {
   // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
   // the group that writes it), owned by the agent's user. Every branch gets it, copies included.
-  const Profile& prof = opts_.profile;
+  const profile::Profile& prof = opts_.profile;
   std::string ws = dir + "/workspace";
   std::string how;
   if (prof.resources.disk > 0 && prof.persistence == "persistent") {
@@ -217,13 +217,13 @@ std::string Box::mount_workspace(Branch& b, const std::string& dir) {
 }
 
 void Box::start_limits(Branch& b) {
-  const Profile& prof = opts_.profile;
+  const profile::Profile& prof = opts_.profile;
   auto cg = std::move(enforcement_);
-  enforcement_ = describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
-  if (prof.network.mode == NetworkPolicy::Mode::None)
+  enforcement_ = sandbox::describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
+  if (prof.network.mode == profile::NetworkPolicy::Mode::None)
     enforcement_["network"] = b.launched.namespaced ? "none: a network namespace of its own (loopback only)"
                                                     : "not enforced: no namespaces";
-  else if (prof.network.mode == NetworkPolicy::Mode::Proxy)
+  else if (prof.network.mode == profile::NetworkPolicy::Mode::Proxy)
     enforcement_["network"] = "proxy: a network namespace of its own, the broker its only way out";
   else
     enforcement_["network"] = "host: not restricted";
@@ -231,7 +231,7 @@ void Box::start_limits(Branch& b) {
 }
 
 void Box::start_watcher(Branch& b) {
-  const Profile& prof = opts_.profile;
+  const profile::Profile& prof = opts_.profile;
   LimitsWatcher::Callbacks cb;
   Branch* bp = &b;
   cb.emit = [this, bp](boost::json::object e) {
@@ -244,7 +244,7 @@ void Box::start_watcher(Branch& b) {
     else send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
   };
   // The watcher compares against the ceilings actually set (a cap below the box's included).
-  Profile::Resources r = prof.resources;
+  profile::Profile::Resources r = prof.resources;
   if (effective_memory_ > 0) r.memory = effective_memory_;
   if (effective_pids_ > 0) r.pids = effective_pids_;
   b.limits = std::make_unique<LimitsWatcher>(loop_, b.cgroup.get(), r, std::move(cb));

@@ -3,10 +3,10 @@
 
 #include <unistd.h>
 
-#include "box.hpp"
-#include "health.hpp"
-#include "server.hpp"
-#include "stats.hpp"
+#include "supervisor/box.hpp"
+#include "supervisor/health.hpp"
+#include "supervisor/server.hpp"
+#include "supervisor/stats.hpp"
 
 namespace sbx::supervisor {
 

@@ -1,4 +1,4 @@
-#include "box.hpp"
+#include "supervisor/box.hpp"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -10,14 +10,14 @@
 #include <cstring>
 #include <utility>
 
-#include "agent-env.hpp"
+#include "profile/agent-env.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
-#include "policy.hpp"
-#include "proc-io.hpp"
-#include "server.hpp"
-#include "stats.hpp"
+#include "sandbox/policy.hpp"
+#include "supervisor/proc-io.hpp"
+#include "supervisor/server.hpp"
+#include "supervisor/stats.hpp"
 
 extern char** environ;
 
@@ -262,7 +262,7 @@ void Box::start() {
     if (auto r = os::write_file_atomic(box_json, boost::json::serialize(boost::json::object{{"id", id_}}) + "\n"); !r)
       throw std::runtime_error("write " + box_json + ": " + r.error().message());
   }
-  auto j = Journal::open(loop_, {.dir = opts_.state_dir + "/journal", .box = id_,
+  auto j = journal::Journal::open(loop_, {.dir = opts_.state_dir + "/journal", .box = id_,
                                 .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap)});
   if (!j) throw std::runtime_error("open journal in " + opts_.state_dir + ": " + j.error().message());
   journal_ = std::move(*j);
@@ -274,7 +274,7 @@ void Box::start() {
     if (!events_fd_) throw std::runtime_error("open --events " + opts_.events_path + ": " + std::strerror(errno));
   }
   if (events_fd_) {
-    journal_->add_listener([this](const Event& e) {
+    journal_->add_listener([this](const journal::Event& e) {
       if (!events_fd_) return;
       std::string l = e.line;
       l.push_back('\n');
@@ -287,15 +287,15 @@ void Box::start() {
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
-  CommandProbe criu_probe({"criu", "--version"});
-  caps_ = detect_capabilities();
+  sandbox::CommandProbe criu_probe({"criu", "--version"});
+  caps_ = sandbox::detect_capabilities();
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(*this);
 
   boost::json::object caps;
   std::string why_not;
   bool live = false;
   auto read_criu = [&] {
-    caps_.criu = criu_version_of(criu_probe.output(3000));
+    caps_.criu = sandbox::criu_version_of(criu_probe.output(3000));
     caps = caps_.to_json();
     live = checkpointer_->live_possible(&why_not);
   };
@@ -325,12 +325,12 @@ void Box::start() {
   b->name = "main";
   b->main_proc = "main";
   b->argv = opts_.argv;
-  BranchSpec spec = branch_spec(b->name);
+  sandbox::BranchSpec spec = branch_spec(b->name);
   setup_branch_policy(*b, spec);
   BranchNetwork::prepare(opts_.profile, spec);
   // criu does not restore Landlock: such a tree is refused at checkpoint (DESIGN.md).
   b->landlocked = opts_.profile.isolation.landlock.has_value();
-  auto lb = launch_branch(spec);
+  auto lb = sandbox::launch_branch(spec);
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
@@ -356,8 +356,8 @@ void Box::start() {
                              {"env", env},
                              {"cwd", workdir},
                              {"grace_ms", opts_.profile.resources.grace_ms},
-                             {"policy", policy_to_json(opts_.profile, caps_.landlock_abi,
-                                                        shares_host_network(opts_.profile, b->launched.namespaced))}};
+                             {"policy", sandbox::policy_to_json(opts_.profile, caps_.landlock_abi,
+                                                        sandbox::shares_host_network(opts_.profile, b->launched.namespaced))}};
   send_request(*b, config);
   b->launched.in.reset();  // the main agent's stdin is empty
 
@@ -379,8 +379,8 @@ void Box::start() {
   start_server();
 }
 
-BranchSpec Box::branch_spec(const std::string& name) const {
-  BranchSpec spec;
+sandbox::BranchSpec Box::branch_spec(const std::string& name) const {
+  sandbox::BranchSpec spec;
   spec.name = name;
   spec.dir = opts_.state_dir + "/branches/" + name;
   spec.self_exe = opts_.self_exe;
@@ -392,25 +392,25 @@ BranchSpec Box::branch_spec(const std::string& name) const {
 std::vector<std::string> Box::base_masks() const {
   auto masks = opts_.masks;
   masks.push_back(opts_.state_dir);
-  for (auto& c : credential_paths()) masks.push_back(c);
+  for (auto& c : sandbox::credential_paths()) masks.push_back(c);
   return masks;
 }
 
 boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {
   // A clean environment (agent-env.hpp), then who it is.
-  AgentEnvSpec spec;
+  profile::AgentEnvSpec spec;
   spec.inherit = opts_.env_inherit;
   for (char** e = environ; *e; ++e) spec.supervisor_env.emplace_back(*e);
-  spec.home = opts_.profile.isolation.uid && *opts_.profile.isolation.uid != 0 ? home_of(*opts_.profile.isolation.uid)
+  spec.home = opts_.profile.isolation.uid && *opts_.profile.isolation.uid != 0 ? profile::home_of(*opts_.profile.isolation.uid)
                                                                                : "/root";
   spec.profile_env = opts_.profile.env;
   spec.extra = opts_.env;
   boost::json::array env;
-  for (auto& kv : build_agent_env(spec)) env.emplace_back(kv);
+  for (auto& kv : profile::build_agent_env(spec)) env.emplace_back(kv);
   env.emplace_back("SANDBOXER_BOX=" + id_);
   env.emplace_back("SANDBOXER_BRANCH=" + b.name);
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b.launched.namespaced ? std::string("/workspace") : dir + "/workspace"));
-  env.emplace_back("SANDBOXER_CHANNEL_FD=" + std::to_string(kAgentChanReq) + "," + std::to_string(kAgentChanRep));
+  env.emplace_back("SANDBOXER_CHANNEL_FD=" + std::to_string(sandbox::kAgentChanReq) + "," + std::to_string(sandbox::kAgentChanRep));
   return env;
 }
 

@@ -11,17 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "capabilities.hpp"
-#include "checkpoint/archive.hpp"
-#include "journal.hpp"
-#include "launcher.hpp"
-#include "limits.hpp"
-#include "network.hpp"
+#include "sandbox/capabilities.hpp"
+#include "archive/archive.hpp"
+#include "journal/journal.hpp"
+#include "sandbox/launcher.hpp"
+#include "supervisor/limits.hpp"
+#include "supervisor/network.hpp"
 #include "os/cgroup.hpp"
-#include "output.hpp"
-#include "profile.hpp"
-#include "reaper.hpp"
-#include "signals.hpp"
+#include "supervisor/output.hpp"
+#include "profile/profile.hpp"
+#include "supervisor/reaper.hpp"
+#include "supervisor/signals.hpp"
 
 namespace sbx::checkpoint {
 class Checkpointer;
@@ -34,7 +34,7 @@ struct BoxOptions {
   std::string state_dir;           // created if missing; an existing one continues its journal
   std::string events_path;         // "" none, "-" stdout, else a file (JSON lines)
   std::string workdir = "/workspace";
-  Profile profile;
+  profile::Profile profile;
   std::string self_exe;
   std::vector<std::string> masks;  // extra host paths to hide from the agent
   // The agent's environment (agent-env.hpp): clean unless env_inherit; `env` is --env's K=V.
@@ -50,10 +50,10 @@ struct BoxOptions {
   int restore_index = 0;           // which copy this box is (--restore-index)
   // Signed archives (checkpoint/signing.hpp): what this box signs with, and what it trusts (its
   // own key's public half among them); --allow-unsigned; the bound on one archive's expansion.
-  std::shared_ptr<const checkpoint::SigningKey> signing_key;
-  std::vector<checkpoint::PublicKey> trust_keys;
+  std::shared_ptr<const archive::SigningKey> signing_key;
+  std::vector<archive::PublicKey> trust_keys;
   bool allow_unsigned = false;
-  uint64_t max_archive_bytes = checkpoint::kDefaultMaxArchiveBytes;
+  uint64_t max_archive_bytes = archive::kDefaultMaxArchiveBytes;
   std::string health_file;         // "" none; else health.hpp's file, once the server is up
 };
 
@@ -102,7 +102,7 @@ struct Proc {
 
 struct Branch {
   std::string name;
-  LaunchedBranch launched;
+  sandbox::LaunchedBranch launched;
   uv_pipe_t* reports = nullptr;
   std::string pending;
   bool ns_init_reaped = false;
@@ -139,7 +139,7 @@ class Box {
   /// Starts the box and runs the loop until it ends; returns the supervisor's exit status.
   int run();
 
-  Journal& journal() { return *journal_; }
+  journal::Journal& journal() { return *journal_; }
   const std::string& id() const { return id_; }
   uv_loop_t* loop() { return loop_; }
 
@@ -212,7 +212,7 @@ class Box {
   void emit_started();
 
   // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
-  void setup_branch_policy(Branch& b, BranchSpec& spec);
+  void setup_branch_policy(Branch& b, sandbox::BranchSpec& spec);
   /// The workspace DIR/workspace (existing) of a branch, the original or a copy: a sized tmpfs or
   /// ext4 image for the profile's disk ceiling, owned by the agent's user. Returns what enforces
   /// the ceiling ("" none asked for; "not enforced: ..." when the mount failed).
@@ -239,8 +239,8 @@ class Box {
   uv_loop_t* loop_;
   BoxOptions opts_;
   std::string id_;
-  HostCapabilities caps_;
-  std::unique_ptr<Journal> journal_;
+  sandbox::HostCapabilities caps_;
+  std::unique_ptr<journal::Journal> journal_;
   Reaper reaper_;
   std::unique_ptr<SignalSource> signals_;
   std::map<std::string, std::unique_ptr<Branch>> branches_;
@@ -258,7 +258,7 @@ class Box {
 
   // box-network.cpp: the network of a restored or forked copy (the checkpointer's hooks).
   /// Before a cold copy's launch: its network namespace and resolv.conf, as the original's.
-  std::string prepare_copy_network(BranchSpec& spec);
+  std::string prepare_copy_network(sandbox::BranchSpec& spec);
   /// Before a copy runs: loopback in its namespace and, for `proxy`, a broker of its own at the
   /// same in-namespace address and port as the original's (a restored agent's memory holds that
   /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
@@ -270,7 +270,7 @@ class Box {
   std::string copy_network_refusal(const boost::json::object& manifest) const;
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
   /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
-  BranchSpec branch_spec(const std::string& name) const;
+  sandbox::BranchSpec branch_spec(const std::string& name) const;
   /// The host paths masked in every branch's view: the box's own (token file, ...), its state
   /// dir, and the usual credential paths (policy.hpp: credential_paths).
   std::vector<std::string> base_masks() const;

@@ -1,4 +1,4 @@
-#include "fs-ops.hpp"
+#include "supervisor/fs-ops.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

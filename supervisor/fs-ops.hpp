@@ -10,7 +10,7 @@
 #include <string>
 
 #include "os/unique-fd.hpp"
-#include "protocol.hpp"
+#include "protocol/protocol.hpp"
 
 namespace sbx::supervisor {
 

@@ -17,11 +17,6 @@ inline constexpr const char* kHealthFile = "/run/sandboxer/init.json";
 /// Records pid, listen address and port (port 0: no server) in `path`, atomically.
 void write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept;
 
-/// Sends a WebSocket upgrade request (subprotocol sandboxer.v1, no token) to addr:port and reads
-/// the status line. The server answers 101 (and waits for an auth frame) or 401: either means the
-/// API is up. Returns nullopt when it answered, else what went wrong.
-std::optional<std::string> probe_websocket(const std::string& addr, int port, int timeout_ms);
-
 /// The `--health` mode: 0 healthy, 1 unhealthy (Docker's HEALTHCHECK convention), one line on
 /// stdout saying which and why.
 int health_main(const std::string& path = kHealthFile);

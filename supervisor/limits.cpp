@@ -1,4 +1,4 @@
-#include "limits.hpp"
+#include "supervisor/limits.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -25,7 +25,7 @@ void close_handle(H*& h) {
 
 }  // namespace
 
-LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const Profile::Resources& r, Callbacks cb)
+LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb)
     : loop_(loop), cg_(cg && !cg->empty() ? cg : nullptr), r_(r), cb_(std::move(cb)) {}
 
 LimitsWatcher::~LimitsWatcher() {

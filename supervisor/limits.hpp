@@ -11,7 +11,7 @@
 #include <string>
 
 #include "os/cgroup.hpp"
-#include "profile.hpp"
+#include "profile/profile.hpp"
 
 namespace sbx::supervisor {
 
@@ -25,7 +25,7 @@ class LimitsWatcher {
   };
 
   /// `cg` may be null (no cgroup on this host): then only the timers run.
-  LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const Profile::Resources& r, Callbacks cb);
+  LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb);
   ~LimitsWatcher();
   LimitsWatcher(const LimitsWatcher&) = delete;
   LimitsWatcher& operator=(const LimitsWatcher&) = delete;
@@ -53,7 +53,7 @@ class LimitsWatcher {
 
   uv_loop_t* loop_;
   const os::CgroupDir* cg_;
-  Profile::Resources r_;
+  profile::Profile::Resources r_;
   Callbacks cb_;
   uv_timer_t* tick_ = nullptr;
   uv_timer_t* timeout_ = nullptr;

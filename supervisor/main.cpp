@@ -10,13 +10,15 @@
 #include <iostream>
 #include <optional>
 
-#include "box.hpp"
-#include "checkpoint/signing.hpp"
-#include "health.hpp"
-#include "ns-init.hpp"
-#include "options.hpp"
+#include "supervisor/box.hpp"
+#include "archive/signing.hpp"
+#include "supervisor/health.hpp"
+#include "sandbox/ns-init.hpp"
+#include "supervisor/options.hpp"
 #include "os/sys.hpp"
-#include "signals.hpp"
+#include "supervisor/signals.hpp"
+#include "os/signal-mask.hpp"
+#include "archive/archive.hpp"
 
 using namespace sbx::supervisor;
 
@@ -33,32 +35,32 @@ std::string default_state_root() {
 bool load_keys(const InitOptions& o, BoxOptions& bo) {
   std::string err;
   std::string signing = o.signing_key;
-  std::string user_dir = sbx::checkpoint::user_key_dir();
-  std::optional<sbx::checkpoint::SigningKey> key;
+  std::string user_dir = sbx::archive::user_key_dir();
+  std::optional<sbx::archive::SigningKey> key;
   if (signing.empty()) {
-    if (auto p = sbx::checkpoint::ensure_user_key(user_dir, err)) {
+    if (auto p = sbx::archive::ensure_user_key(user_dir, err)) {
       signing = *p;
     } else {
       // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
       // still restore; another box trusts them only when given its key, which nobody has.
       spdlog::warn("the user's archive key: {}; this box signs with a key of its own (give one with "
                    "--signing-key FILE)", err);
-      key = sbx::checkpoint::SigningKey::generate(err);
+      key = sbx::archive::SigningKey::generate(err);
     }
   }
-  if (!key) key = sbx::checkpoint::SigningKey::load(signing, err);
+  if (!key) key = sbx::archive::SigningKey::load(signing, err);
   if (!key) {
     spdlog::critical("--signing-key {}", err);
     return false;
   }
-  bo.signing_key = std::make_shared<const sbx::checkpoint::SigningKey>(std::move(*key));
+  bo.signing_key = std::make_shared<const sbx::archive::SigningKey>(std::move(*key));
   // The key, and the user's key dir (whatever key this box was given: another box's agent must
   // not read the pair every box of this user trusts).
   if (!signing.empty() && !signing.starts_with(user_dir + "/")) bo.masks.push_back(signing);
   struct stat st {};
   if (::stat(user_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) bo.masks.push_back(user_dir);
   for (auto& f : o.trust_keys) {
-    auto pub = sbx::checkpoint::load_trust_key(f, err);
+    auto pub = sbx::archive::load_trust_key(f, err);
     if (!pub) {
       spdlog::critical("--trust-key {}", err);
       return false;
@@ -68,7 +70,7 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
   bo.allow_unsigned = o.allow_unsigned;
   if (!o.max_archive_bytes.empty()) {
     try {
-      auto n = parse_size(o.max_archive_bytes, "--max-archive-bytes");
+      auto n = sbx::profile::parse_size(o.max_archive_bytes, "--max-archive-bytes");
       if (n <= 0) throw std::invalid_argument("--max-archive-bytes " + o.max_archive_bytes + ": must be above 0");
       bo.max_archive_bytes = static_cast<uint64_t>(n);
     } catch (const std::exception& e) {
@@ -85,7 +87,7 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
 
 int main(int argc, char** argv) {
   // Before any thread exists: every thread inherits the mask, so the signalfd sees them all.
-  block_handled_signals();
+  sbx::os::block_handled_signals();
 
   InitOptions o;
   try {
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
     std::cerr << "sandboxer-init: " << e.what() << "\n" << kInitUsage;
     return 125;
   }
-  if (o.mode == InitOptions::NsInit) return ns_init_main(o.flat);
+  if (o.mode == InitOptions::NsInit) return sbx::sandbox::ns_init_main(o.flat);
   if (o.mode == InitOptions::Version) {
     std::cout << "sandboxer-init " << SBX_VERSION << "\n";
     return 0;
@@ -128,8 +130,8 @@ int main(int argc, char** argv) {
 
   BoxOptions bo;
   try {
-    bo.profile = load_profile(o.profile);
-    for (auto& s : o.overrides) apply_override(bo.profile, s);
+    bo.profile = sbx::profile::load_profile(o.profile);
+    for (auto& s : o.overrides) sbx::profile::apply_override(bo.profile, s);
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 125;
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
   try {
     bo.metrics_ms = o.metrics_interval.empty() ? bo.profile.metrics.interval_ms
                     : o.metrics_interval == "0"  ? 0
-                                                 : parse_duration_ms(o.metrics_interval, "--metrics-interval");
+                                                 : sbx::profile::parse_duration_ms(o.metrics_interval, "--metrics-interval");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 125;

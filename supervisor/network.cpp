@@ -1,4 +1,4 @@
-#include "network.hpp"
+#include "supervisor/network.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -90,7 +90,7 @@ bool env_key_is(std::string_view kv, std::string_view key, bool any_case = false
 
 }  // namespace
 
-std::string load_secret(const Credential& c) {
+std::string load_secret(const profile::Credential& c) {
   std::string v;
   if (!c.source_file.empty()) {
     auto text = os::read_file(c.source_file);
@@ -109,8 +109,8 @@ std::string load_secret(const Credential& c) {
   return v;
 }
 
-void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
-  if (profile.network.mode == NetworkPolicy::Mode::Host) return;
+void BranchNetwork::prepare(const profile::Profile& profile, sandbox::BranchSpec& spec) {
+  if (profile.network.mode == profile::NetworkPolicy::Mode::Host) return;
   spec.new_net = true;
   // Names resolve through the broker's DNS (for `none`, nothing answers there: lookups fail fast).
   if (auto r = os::make_dirs(spec.dir, 0755); !r) throw std::runtime_error("create " + spec.dir + ": " + r.error().message());
@@ -120,23 +120,23 @@ void BranchNetwork::prepare(const Profile& profile, BranchSpec& spec) {
   for (auto& m : masked_files(profile)) spec.masks.push_back(m);
 }
 
-std::vector<std::string> BranchNetwork::masked_files(const Profile& profile) {
+std::vector<std::string> BranchNetwork::masked_files(const profile::Profile& profile) {
   std::vector<std::string> out;
   for (auto& c : profile.credentials)
     if (!c.source_file.empty()) out.push_back(c.source_file);
   return out;
 }
 
-BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit,
+BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, const sandbox::LaunchedBranch& branch, Emit emit,
                              const std::string& proc)
     : profile_(profile), emit_(std::move(emit)) {
   const auto& net = profile.network;
-  if (net.mode == NetworkPolicy::Mode::Host) return;
+  if (net.mode == profile::NetworkPolicy::Mode::Host) return;
   if (!branch.namespaced)
-    throw std::runtime_error(std::string("network mode \"") + network_mode_name(net.mode) +
+    throw std::runtime_error(std::string("network mode \"") + profile::network_mode_name(net.mode) +
                              "\" needs the agent in namespaces of its own, and it is not: " + branch.why_not);
-  bool proxy = net.mode == NetworkPolicy::Mode::Proxy;
-  BrokerConfig cfg;
+  bool proxy = net.mode == profile::NetworkPolicy::Mode::Proxy;
+  broker::BrokerConfig cfg;
   if (proxy) {
     cfg.network = net;
     cfg.credentials = profile.credentials;
@@ -151,7 +151,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const Profile& profile, const Laun
   async_ = new uv_async_t;
   uv_async_init(loop, async_, [](uv_async_t* a) { static_cast<BranchNetwork*>(a->data)->drain(); });
   async_->data = this;
-  broker_ = std::make_unique<Broker>(std::move(cfg), std::move(socks.tcp), std::move(socks.udp), [this](boost::json::object e) {
+  broker_ = std::make_unique<broker::Broker>(std::move(cfg), std::move(socks.tcp), std::move(socks.udp), [this](boost::json::object e) {
     {
       std::lock_guard lk(mu_);
       if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
@@ -184,7 +184,7 @@ void BranchNetwork::edit_env(boost::json::array& env) const {
   for (auto& c : profile_.credentials)
     for (auto* k : {&c.source_env, &c.placeholder_env, &c.base_url_env})
       if (!k->empty()) drop.push_back(*k);
-  bool isolated = net.mode != NetworkPolicy::Mode::Host;
+  bool isolated = net.mode != profile::NetworkPolicy::Mode::Host;
   boost::json::array out;
   for (auto& v : env) {
     std::string_view kv = v.as_string();
@@ -194,7 +194,7 @@ void BranchNetwork::edit_env(boost::json::array& env) const {
       for (auto* k : {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}) skip |= env_key_is(kv, k, true);
     if (!skip) out.push_back(v);
   }
-  if (net.mode == NetworkPolicy::Mode::Proxy) {
+  if (net.mode == profile::NetworkPolicy::Mode::Proxy) {
     std::string url = "http://127.0.0.1:" + std::to_string(net.proxy_port);
     for (auto* k : {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"})
       out.emplace_back(std::string(k) + "=" + url);
@@ -209,8 +209,8 @@ void BranchNetwork::edit_env(boost::json::array& env) const {
 
 boost::json::object BranchNetwork::describe() const {
   const auto& net = profile_.network;
-  boost::json::object o{{"mode", network_mode_name(net.mode)}, {"isolated", net.mode != NetworkPolicy::Mode::Host}};
-  if (net.mode == NetworkPolicy::Mode::Proxy) {
+  boost::json::object o{{"mode", profile::network_mode_name(net.mode)}, {"isolated", net.mode != profile::NetworkPolicy::Mode::Host}};
+  if (net.mode == profile::NetworkPolicy::Mode::Proxy) {
     boost::json::array allow, deny, creds, cidrs;
     for (auto& a : net.allow) allow.emplace_back(a);
     for (auto& c : net.allow_cidrs) cidrs.emplace_back(c);

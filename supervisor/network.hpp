@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "broker.hpp"
-#include "launcher.hpp"
-#include "profile.hpp"
+#include "broker/broker.hpp"
+#include "sandbox/launcher.hpp"
+#include "profile/profile.hpp"
 
 namespace sbx::supervisor {
 
@@ -27,16 +27,16 @@ class BranchNetwork {
 
   /// Before launch: asks for a network namespace, writes the branch's resolv.conf, and hides the
   /// credentials' files from the agent.
-  static void prepare(const Profile& profile, BranchSpec& spec);
+  static void prepare(const profile::Profile& profile, sandbox::BranchSpec& spec);
   /// The host files a branch of `profile` must not see (the credentials' files): masked in its
   /// view, so a checkpoint lists them among the mount points each copy needs.
-  static std::vector<std::string> masked_files(const Profile& profile);
+  static std::vector<std::string> masked_files(const profile::Profile& profile);
 
   /// After launch, before the agent starts (or a restored copy runs): brings up loopback in the
   /// branch's namespace and, for `proxy`, reads the secrets and starts the broker there, at the
   /// profile's address and port. Events reach `emit` on the loop; refusals name `proc`.
   /// Throws std::runtime_error naming what failed (never with a secret in it).
-  BranchNetwork(uv_loop_t* loop, const Profile& profile, const LaunchedBranch& branch, Emit emit,
+  BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, const sandbox::LaunchedBranch& branch, Emit emit,
                 const std::string& proc = "main");
   ~BranchNetwork();
   BranchNetwork(const BranchNetwork&) = delete;
@@ -52,16 +52,16 @@ class BranchNetwork {
  private:
   void drain();
 
-  const Profile& profile_;
+  const profile::Profile& profile_;
   Emit emit_;
   uv_async_t* async_ = nullptr;
   std::mutex mu_;
   std::vector<boost::json::object> queue_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<broker::Broker> broker_;
 };
 
 /// Reads a credential's value from its file or the supervisor's environment. Throws
 /// std::runtime_error naming the credential and the source, never the value.
-std::string load_secret(const Credential& c);
+std::string load_secret(const profile::Credential& c);
 
 }  // namespace sbx::supervisor

@@ -1,9 +1,9 @@
-#include "options.hpp"
+#include "supervisor/options.hpp"
 
 #include <cstdlib>
 #include <stdexcept>
 
-#include "agent-env.hpp"
+#include "profile/agent-env.hpp"
 
 namespace sbx::supervisor {
 
@@ -65,7 +65,7 @@ InitOptions parse_init_options(int argc, char** argv) {
     else if (a == "--workdir") o.workdir = value(a);
     else if (a == "--log-level") o.log_level = value(a);
     else if (a == "--env") {
-      if (auto kv = parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
+      if (auto kv = profile::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
     }
     else if (a == "--env-inherit") o.env_inherit = true;
     else if (a == "--listen") o.listen = value(a);

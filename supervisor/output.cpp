@@ -1,8 +1,9 @@
-#include "output.hpp"
+#include "supervisor/output.hpp"
 
 #include <spdlog/spdlog.h>
 
-#include "event.hpp"
+#include "base/encoding.hpp"
+#include "protocol/protocol.hpp"
 
 namespace sbx::supervisor {
 
@@ -15,13 +16,13 @@ void OutputDecoder::feed(std::string_view bytes) {
     bytes = joined;
   }
   // Hold back a trailing, still incomplete character (at most 3 bytes) for the next read.
-  size_t valid = utf8_valid_prefix(bytes);
+  size_t valid = base::utf8_valid_prefix(bytes);
   size_t rest = bytes.size() - valid;
-  size_t keep = rest > 0 && rest <= 3 && utf8_incomplete_tail(bytes) == rest ? rest : 0;
+  size_t keep = rest > 0 && rest <= 3 && base::utf8_incomplete_tail(bytes) == rest ? rest : 0;
   std::string_view now = bytes.substr(0, bytes.size() - keep);
   if (!now.empty()) {
     boost::json::object ev{{"type", "proc.output"}, {"stream", stream_}};
-    put_bytes(ev, now);
+    protocol::put_bytes(ev, now);
     emit_(std::move(ev));
     if (messages_) scan_lines(now);
   }
@@ -31,7 +32,7 @@ void OutputDecoder::feed(std::string_view bytes) {
 void OutputDecoder::finish() {
   if (!carry_.empty()) {
     boost::json::object ev{{"type", "proc.output"}, {"stream", stream_}};
-    put_bytes(ev, carry_);
+    protocol::put_bytes(ev, carry_);
     emit_(std::move(ev));
     if (messages_) scan_lines(carry_);
     carry_.clear();

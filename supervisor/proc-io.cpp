@@ -1,4 +1,4 @@
-#include "proc-io.hpp"
+#include "supervisor/proc-io.hpp"
 
 #include <unistd.h>
 

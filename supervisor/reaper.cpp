@@ -1,4 +1,4 @@
-#include "reaper.hpp"
+#include "supervisor/reaper.hpp"
 
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>

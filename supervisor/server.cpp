@@ -1,4 +1,4 @@
-#include "server.hpp"
+#include "supervisor/server.hpp"
 
 #include <fcntl.h>
 #include <libwebsockets.h>
@@ -16,12 +16,12 @@
 #include <optional>
 #include <set>
 
-#include "box.hpp"
-#include "event.hpp"
-#include "fs-ops.hpp"
+#include "supervisor/box.hpp"
+#include "base/encoding.hpp"
+#include "supervisor/fs-ops.hpp"
 #include "os/sys.hpp"
-#include "protocol.hpp"
-#include "stats.hpp"
+#include "protocol/protocol.hpp"
+#include "supervisor/stats.hpp"
 
 namespace sbx::supervisor {
 
@@ -201,7 +201,7 @@ struct Server::Impl {
     return b && b->is_string() && b->as_string() == *c.branch;
   }
 
-  void on_event(const Event& e) {
+  void on_event(const journal::Event& e) {
     for (auto& [id, c] : clients) {
       if (!c->subscribed || !c->live || e.seq <= c->cursor) continue;
       c->cursor = e.seq;
@@ -243,7 +243,7 @@ struct Server::Impl {
         size_t bytes = 0;
         bool stopped = false;
         const std::string dir = box.journal().dir();
-        auto r = Journal::read(dir, c.cursor, [&](uint64_t seq, std::string_view line) {
+        auto r = journal::Journal::read(dir, c.cursor, [&](uint64_t seq, std::string_view line) {
           c.cursor = seq;
           bool keep = true;
           if (c.branch) {
@@ -581,7 +581,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     std::string data;
     if (auto d = protocol::opt_string(f, "data")) data = *d;
     if (auto b = protocol::opt_string(f, "data_b64")) {
-      if (!base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
+      if (!base::base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
     }
     bool eof = protocol::opt_bool(f, "eof").value_or(false);
     if (auto e = box.proc_stdin(proc, protocol::opt_string(f, "branch"), data, eof)) throw RequestError(e->code, e->message);
@@ -635,7 +635,7 @@ void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
     if (auto d = protocol::opt_string(f, "data")) inline_data = *d;
     if (auto b = protocol::opt_string(f, "data_b64")) {
       std::string raw;
-      if (!base64_decode(*b, raw)) throw RequestError("bad_request", "field data_b64: not valid base64");
+      if (!base::base64_decode(*b, raw)) throw RequestError("bad_request", "field data_b64: not valid base64");
       inline_data = std::move(raw);
     }
     uint32_t bid = 0;
@@ -948,7 +948,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts) : impl_(std::make_
   auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
   int bound = vh ? lws_get_vhost_listen_port(vh) : port;
   impl_->port = bound > 0 ? bound : port;
-  impl_->listener = box.journal().add_listener([this](const Event& e) { impl_->on_event(e); });
+  impl_->listener = box.journal().add_listener([this](const journal::Event& e) { impl_->on_event(e); });
   log()->info("listening on {}:{}{}", o.addr, impl_->port, o.tls_cert.empty() ? "" : " (TLS)");
   box.emit("main", {{"type", "server.listening"}, {"addr", o.addr}, {"port", impl_->port}, {"tls", !o.tls_cert.empty()}});
 }

@@ -1,4 +1,5 @@
-#include "signals.hpp"
+#include "supervisor/signals.hpp"
+#include "os/signal-mask.hpp"
 
 #include <spdlog/spdlog.h>
 #include <sys/signalfd.h>
@@ -8,31 +9,8 @@
 
 namespace sbx::supervisor {
 
-const sigset_t& handled_signals() {
-  static const sigset_t set = [] {
-    sigset_t s;
-    sigemptyset(&s);
-    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGPIPE})
-      sigaddset(&s, sig);
-    return s;
-  }();
-  return set;
-}
-
-void block_handled_signals() { pthread_sigmask(SIG_BLOCK, &handled_signals(), nullptr); }
-
-void reset_signals_for_child() noexcept {
-  struct sigaction sa {};
-  sa.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig)
-    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &sa, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-}
-
 SignalSource::SignalSource(uv_loop_t* loop, Handler h)
-    : fd_(::signalfd(-1, &handled_signals(), SFD_NONBLOCK | SFD_CLOEXEC)), poll_(new uv_poll_t), handler_(std::move(h)) {
+    : fd_(::signalfd(-1, &os::handled_signals(), SFD_NONBLOCK | SFD_CLOEXEC)), poll_(new uv_poll_t), handler_(std::move(h)) {
   // SIGPIPE is in the set only so that a write to a closed pipe returns EPIPE instead of
   // killing the supervisor; it is read and dropped.
   if (!fd_) {

@@ -8,17 +8,10 @@
 
 #include <functional>
 
+#include "os/signal-mask.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::supervisor {
-
-/// The signals the supervisor handles: blocked at start, before any thread exists.
-const sigset_t& handled_signals();
-/// Blocks handled_signals() in the calling thread (call first thing in main).
-void block_handled_signals();
-/// Restores an empty mask and default dispositions: for a child between fork and exec.
-/// Async-signal-safe.
-void reset_signals_for_child() noexcept;
 
 class SignalSource {
  public:

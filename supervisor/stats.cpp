@@ -1,4 +1,4 @@
-#include "stats.hpp"
+#include "supervisor/stats.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "box.hpp"
+#include "supervisor/box.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {

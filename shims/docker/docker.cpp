@@ -1,4 +1,4 @@
-#include "docker/docker.hpp"
+#include "shims/docker/docker.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -15,10 +15,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "checkpoint/archive.hpp"
-#include "health.hpp"
+#include "archive/archive.hpp"
 #include "os/sys.hpp"
-#include "profile.hpp"
+#include "profile/profile.hpp"
+#include "protocol/probe.hpp"
+#include "os/files.hpp"
 
 namespace bp = boost::process;
 namespace json = boost::json;
@@ -215,7 +216,7 @@ std::vector<std::string> docker_limits(const json::object& res) {
 RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& overrides) {
   for (auto& s : overrides) apply_override_json(profile, s);
   // The supervisor's own parser: the box would refuse what it refuses, so refuse it here first.
-  supervisor::Profile parsed = supervisor::parse_profile(json::serialize(profile));
+  profile::Profile parsed = profile::parse_profile(json::serialize(profile));
   RunPlan plan;
   plan.profile = profile;
   plan.grace_ms = parsed.resources.grace_ms;
@@ -256,7 +257,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   std::string archive_copy = box_dir + "/restore.tar.zst";
   if (!o.restore_archive.empty() && ::link(o.restore_archive.c_str(), archive_copy.c_str()) != 0) {
     std::string err;
-    if (!checkpoint::copy_tree(o.restore_archive, archive_copy, err))
+    if (!os::copy_tree(o.restore_archive, archive_copy, err))
       throw std::runtime_error("copy " + o.restore_archive + " for " + box.name + ": " + err);
   }
 
@@ -270,8 +271,8 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   std::string signing_key = o.signing_key;
   std::vector<std::string> trust_keys = o.trust_keys;
   if (signing_key.empty()) {
-    std::string err, dir = checkpoint::user_key_dir();
-    auto k = checkpoint::ensure_user_key(dir, err);
+    std::string err, dir = archive::user_key_dir();
+    auto k = archive::ensure_user_key(dir, err);
     if (!k) throw std::runtime_error("the archive signing key: " + err);
     signing_key = *k;
     trust_keys.push_back(dir + "/signing.pub");
@@ -341,7 +342,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto next_state_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
   for (;;) {
-    if (!supervisor::probe_websocket("127.0.0.1", port, 500)) break;
+    if (!protocol::probe_websocket("127.0.0.1", port, 500)) break;
     if (auto now = std::chrono::steady_clock::now(); now > next_state_check || now > deadline) {
       next_state_check = now + std::chrono::milliseconds(400);
       auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});

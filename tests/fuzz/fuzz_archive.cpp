@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/archive.hpp"
+#include "archive/archive.hpp"
 
-using namespace sbx::checkpoint;
+using namespace sbx::archive;
 namespace fs = std::filesystem;
 
 namespace {

@@ -10,10 +10,10 @@
 #include <string>
 #include <string_view>
 
-#include "broker-request.hpp"
-#include "egress-policy.hpp"
+#include "egress/broker-request.hpp"
+#include "egress/egress-policy.hpp"
 
-using namespace sbx::supervisor;
+using namespace sbx::egress;
 namespace http = boost::beast::http;
 
 namespace {

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "protocol.hpp"
+#include "protocol/protocol.hpp"
 
-using namespace sbx::supervisor::protocol;
+using namespace sbx::protocol;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);

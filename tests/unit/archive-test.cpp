@@ -9,12 +9,14 @@
 #include <fstream>
 #include <string>
 
-#include "checkpoint/archive.hpp"
+#include "archive/archive.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "os/sys.hpp"
+#include "os/files.hpp"
 
 namespace fs = std::filesystem;
-using namespace sbx::checkpoint;
+using namespace sbx::archive;
+namespace os = sbx::os;
 
 namespace {
 
@@ -313,17 +315,17 @@ TEST_CASE("copy_tree: goes into a new place only, never through a symlink, keepi
   SUBCASE("a destination that exists already is refused, and nothing is merged into it") {
     fs::create_directories(t.path / "dst");
     fs::create_symlink(victim, t.path / "dst/x");
-    CHECK_FALSE(copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
+    CHECK_FALSE(os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
     CHECK(err.find("the destination exists already") != std::string::npos);
     CHECK(fs::is_symlink(fs::symlink_status(t.path / "dst/x")));  // untouched
   }
   SUBCASE("a destination that is a symlink is refused, not followed") {
     fs::create_symlink(victim, t.path / "dst");
-    CHECK_FALSE(copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
+    CHECK_FALSE(os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), err));
     CHECK(err.find("(it is a symlink)") != std::string::npos);
   }
   SUBCASE("a source that is a symlink is refused") {
-    CHECK_FALSE(copy_tree((t.path / "src/link").string(), (t.path / "dst").string(), err));
+    CHECK_FALSE(os::copy_tree((t.path / "src/link").string(), (t.path / "dst").string(), err));
     CHECK(err.find("is a symlink, not a directory") != std::string::npos);
   }
   SUBCASE("symlinks are copied as symlinks, owners, modes and set-id bits are kept, FIFOs skipped") {
@@ -332,7 +334,7 @@ TEST_CASE("copy_tree: goes into a new place only, never through a symlink, keepi
     REQUIRE(::chown((t.path / "src/x").c_str(), 4321, 8765) == 0);
     REQUIRE(::lchown((t.path / "src/link").c_str(), 1111, 2222) == 0);
     REQUIRE(::mkfifo((t.path / "src/fifo").c_str(), 0644) == 0);
-    auto n = copy_tree((t.path / "src").string(), (t.path / "dst").string(), err);
+    auto n = os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), err);
     REQUIRE_MESSAGE(n, err);
     CHECK(*n == 4);
     struct stat st {};
@@ -370,8 +372,8 @@ TEST_CASE("copy_tree: the attack of issue #13 item 4 (two sources into one place
   put(t.path / "tmp-upper/x/ld.so.preload", "evil");
   fs::permissions(t.path / "tmp-upper/x", fs::perms(0777));
   std::string err;
-  REQUIRE(copy_tree((t.path / "tmp").string(), (t.path / "out").string(), err));
-  CHECK_FALSE(copy_tree((t.path / "tmp-upper").string(), (t.path / "out").string(), err));
+  REQUIRE(os::copy_tree((t.path / "tmp").string(), (t.path / "out").string(), err));
+  CHECK_FALSE(os::copy_tree((t.path / "tmp-upper").string(), (t.path / "out").string(), err));
   CHECK(err.find("the destination exists already") != std::string::npos);
   struct stat st {};
   REQUIRE(::stat(victim.c_str(), &st) == 0);

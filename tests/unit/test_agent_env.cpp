@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "agent-env.hpp"
-#include "options.hpp"
-#include "policy.hpp"
-#include "profile.hpp"
+#include "profile/agent-env.hpp"
+#include "supervisor/options.hpp"
+#include "sandbox/policy.hpp"
+#include "profile/profile.hpp"
 
-using namespace sbx::supervisor;
+namespace profile = sbx::profile;
+namespace sandbox = sbx::sandbox;
+namespace supervisor = sbx::supervisor;
+
+using namespace sbx::profile;
 
 namespace {
 bool has(const std::vector<std::string>& env, const std::string& kv) {
@@ -20,12 +24,12 @@ bool has_key(const std::vector<std::string>& env, const std::string& k) {
 }  // namespace
 
 TEST_CASE("agent env: clean by default, the operator's variables stay out") {
-  AgentEnvSpec s;
+  profile::AgentEnvSpec s;
   s.supervisor_env = {"AWS_SECRET_ACCESS_KEY=s3cr3t", "PATH=/home/op/bin:/usr/bin", "TERM=xterm", "LANG=C.UTF-8",
                       "SANDBOXER_TOKEN=tok", "HOME=/home/op"};
-  auto env = build_agent_env(s);
+  auto env = profile::build_agent_env(s);
   CHECK(env.size() == 4);
-  CHECK(has(env, std::string("PATH=") + kDefaultAgentPath));
+  CHECK(has(env, std::string("PATH=") + profile::kDefaultAgentPath));
   CHECK(has(env, "HOME=/root"));
   CHECK(has(env, "TERM=xterm"));
   CHECK(has(env, "LANG=C.UTF-8"));
@@ -33,10 +37,10 @@ TEST_CASE("agent env: clean by default, the operator's variables stay out") {
 }
 
 TEST_CASE("agent env: the profile, then --env, each later one winning") {
-  AgentEnvSpec s;
+  profile::AgentEnvSpec s;
   s.profile_env = {{"A", "profile"}, {"PATH", "/opt/bin"}, {"B", "b"}};
   s.extra = {"A=flag", "C=x=y"};
-  auto env = build_agent_env(s);
+  auto env = profile::build_agent_env(s);
   CHECK(has(env, "A=flag"));
   CHECK(has(env, "B=b"));
   CHECK(has(env, "C=x=y"));
@@ -45,73 +49,73 @@ TEST_CASE("agent env: the profile, then --env, each later one winning") {
 }
 
 TEST_CASE("agent env: --env-inherit starts from ours, never with the token") {
-  AgentEnvSpec s;
+  profile::AgentEnvSpec s;
   s.inherit = true;
   s.supervisor_env = {"AWS_SECRET_ACCESS_KEY=s3cr3t", "SANDBOXER_TOKEN=tok", "SANDBOXER_BOX=old"};
-  auto env = build_agent_env(s);
+  auto env = profile::build_agent_env(s);
   CHECK(has(env, "AWS_SECRET_ACCESS_KEY=s3cr3t"));
   CHECK_FALSE(has_key(env, "SANDBOXER_TOKEN"));
   CHECK_FALSE(has_key(env, "SANDBOXER_BOX"));
 }
 
 TEST_CASE("agent env: names the supervisor owns are refused, with the reason") {
-  CHECK(env_name_refusal("FOO").empty());
-  CHECK(env_name_refusal("SANDBOXER_TOKEN_FILE").find("supervisor's own") != std::string::npos);
-  CHECK(env_name_refusal("SANDBOXER_BRANCH").find("supervisor's own") != std::string::npos);
-  CHECK(env_name_refusal("").find("not empty") != std::string::npos);
-  CHECK_THROWS_WITH_AS(parse_env_assignment("SANDBOXER_BOX=x"), doctest::Contains("SANDBOXER_BOX is the supervisor's own"),
+  CHECK(profile::env_name_refusal("FOO").empty());
+  CHECK(profile::env_name_refusal("SANDBOXER_TOKEN_FILE").find("supervisor's own") != std::string::npos);
+  CHECK(profile::env_name_refusal("SANDBOXER_BRANCH").find("supervisor's own") != std::string::npos);
+  CHECK(profile::env_name_refusal("").find("not empty") != std::string::npos);
+  CHECK_THROWS_WITH_AS(profile::parse_env_assignment("SANDBOXER_BOX=x"), doctest::Contains("SANDBOXER_BOX is the supervisor's own"),
                        std::invalid_argument);
-  CHECK_THROWS_AS(parse_env_assignment("=x"), std::invalid_argument);
-  CHECK(parse_env_assignment("K=V=W") == "K=V=W");
-  CHECK(parse_env_assignment("SBX_SURELY_UNSET_VARIABLE_42").empty());
+  CHECK_THROWS_AS(profile::parse_env_assignment("=x"), std::invalid_argument);
+  CHECK(profile::parse_env_assignment("K=V=W") == "K=V=W");
+  CHECK(profile::parse_env_assignment("SBX_SURELY_UNSET_VARIABLE_42").empty());
 }
 
 TEST_CASE("agent env: sandboxer-init's --env and --env-inherit") {
   const char* argv[] = {"sandboxer-init", "--env", "A=1", "--env", "B=2", "--env-inherit", "--", "true"};
-  auto o = parse_init_options(8, const_cast<char**>(argv));
+  auto o = supervisor::parse_init_options(8, const_cast<char**>(argv));
   CHECK(o.env == std::vector<std::string>{"A=1", "B=2"});
   CHECK(o.env_inherit);
   const char* bad[] = {"sandboxer-init", "--env", "SANDBOXER_TOKEN=x", "--", "true"};
-  CHECK_THROWS_WITH_AS(parse_init_options(5, const_cast<char**>(bad)), doctest::Contains("--env SANDBOXER_TOKEN=x"),
+  CHECK_THROWS_WITH_AS(supervisor::parse_init_options(5, const_cast<char**>(bad)), doctest::Contains("--env SANDBOXER_TOKEN=x"),
                        std::invalid_argument);
 }
 
 TEST_CASE("profile: env is an object of strings, merged by overrides") {
-  Profile p = parse_profile(R"({"env": {"A": "1", "B": "2"}})");
+  profile::Profile p = parse_profile(R"({"env": {"A": "1", "B": "2"}})");
   CHECK(p.env.at("A") == "1");
-  apply_override(p, "env.C=8080");
+  profile::apply_override(p, "env.C=8080");
   CHECK(p.env.at("C") == "8080");  // a string, though it reads as a number
-  apply_override(p, "env.A=null");
+  profile::apply_override(p, "env.A=null");
   CHECK_FALSE(p.env.contains("A"));
   CHECK(p.env.at("B") == "2");
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"env": {"A": 1}})"), doctest::Contains("env.A: expected a string"), ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"env": ["A=1"]})"), doctest::Contains("env: expected an object"), ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"env": {"SANDBOXER_BOX": "x"}})"),
-                       doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"), ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"A": 1}})"), doctest::Contains("env.A: expected a string"), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": ["A=1"]})"), doctest::Contains("env: expected an object"), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"SANDBOXER_BOX": "x"}})"),
+                       doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"), sbx::profile::ProfileError);
 }
 
 TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namespace") {
-  Profile p = parse_profile(R"({"isolation": {"capabilities": ["CAP_NET_RAW", "CAP_CHOWN"]}})");
-  CHECK(shares_host_network(p, true));  // network host
-  auto host = policy_to_json(p, 0, true);
+  profile::Profile p = parse_profile(R"({"isolation": {"capabilities": ["CAP_NET_RAW", "CAP_CHOWN"]}})");
+  CHECK(sandbox::shares_host_network(p, true));  // network host
+  auto host = sandbox::policy_to_json(p, 0, true);
   REQUIRE(host.contains("drop"));
   CHECK(host.at("drop").as_array().size() == 1);
   CHECK(host.at("drop").as_array()[0].to_number<int>() == 13);
-  auto pp = prepare_policy(host);
+  auto pp = sandbox::prepare_policy(host);
   CHECK(pp.caps);
   CHECK((pp.keep_mask & (1ULL << 13)) == 0);
-  CHECK(describe_enforcement(p, {}, 0, true).at("capabilities").as_string().find("less CAP_NET_RAW") !=
+  CHECK(sandbox::describe_enforcement(p, {}, 0, true).at("capabilities").as_string().find("less CAP_NET_RAW") !=
         boost::json::string::npos);
-  apply_override(p, "network=none");
-  CHECK_FALSE(shares_host_network(p, true));
-  CHECK(shares_host_network(p, false));  // without namespaces it shares ours whatever the mode
-  CHECK_FALSE(policy_to_json(p, 0, false).contains("drop"));
+  profile::apply_override(p, "network=none");
+  CHECK_FALSE(sandbox::shares_host_network(p, true));
+  CHECK(sandbox::shares_host_network(p, false));  // without namespaces it shares ours whatever the mode
+  CHECK_FALSE(sandbox::policy_to_json(p, 0, false).contains("drop"));
 }
 
 TEST_CASE("policy: a dropped capability with no list keeps the rest for root, none for another user") {
-  auto all = prepare_policy(boost::json::object{{"drop", boost::json::array{13}}});
+  auto all = sandbox::prepare_policy(boost::json::object{{"drop", boost::json::array{13}}});
   CHECK(all.caps);
   CHECK((all.keep_mask & (1ULL << 13)) == 0);
-  auto nobody = prepare_policy(boost::json::object{{"uid", 65534}, {"gid", 65534}, {"drop", boost::json::array{13}}});
+  auto nobody = sandbox::prepare_policy(boost::json::object{{"uid", 65534}, {"gid", 65534}, {"drop", boost::json::array{13}}});
   CHECK(nobody.keep_mask == 0);
 }

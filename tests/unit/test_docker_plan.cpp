@@ -3,7 +3,7 @@
 
 #include <boost/json.hpp>
 
-#include "docker/docker.hpp"
+#include "shims/docker/docker.hpp"
 
 using sbx::shims::docker::plan_for_profile;
 

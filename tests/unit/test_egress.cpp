@@ -1,22 +1,25 @@
 #include <doctest/doctest.h>
 
-#include "broker-request.hpp"
-#include "egress-policy.hpp"
-#include "profile.hpp"
+#include "egress/broker-request.hpp"
+#include "egress/egress-policy.hpp"
+#include "profile/profile.hpp"
 
-using namespace sbx::supervisor;
+namespace profile = sbx::profile;
+namespace egress = sbx::egress;
+
+using namespace sbx::profile;
 
 namespace {
 std::string canon(std::string_view s) {
-  auto h = canonical_host(s);
+  auto h = egress::canonical_host(s);
   return h ? h->name : "<refused>";
 }
-bool allowed(const HostPolicy& p, std::string_view host) {
-  auto h = canonical_host(host);
+bool allowed(const egress::HostPolicy& p, std::string_view host) {
+  auto h = egress::canonical_host(host);
   return h && p.allows(*h);
 }
 // A query for `name` (type A) as a resolver library sends it.
-std::string query(std::string_view name, uint16_t qtype = kDnsTypeA) {
+std::string query(std::string_view name, uint16_t qtype = egress::kDnsTypeA) {
   std::string m = {'\x12', '\x34', '\x01', '\x00', 0, 1, 0, 0, 0, 0, 0, 0};
   size_t start = 0;
   while (start <= name.size()) {
@@ -52,12 +55,12 @@ TEST_CASE("egress: host names are brought to one form") {
   CHECK(canon("evil.com%2f.good.com") == "<refused>");
   CHECK(canon("user@host") == "<refused>");
   CHECK(canon(std::string(64, 'a') + ".com") == "<refused>");
-  CHECK(canonical_host("127.0.0.1")->is_ip);
-  CHECK_FALSE(canonical_host("example.com")->is_ip);
+  CHECK(egress::canonical_host("127.0.0.1")->is_ip);
+  CHECK_FALSE(egress::canonical_host("example.com")->is_ip);
 }
 
 TEST_CASE("egress: allow and deny lists") {
-  HostPolicy p({"api.anthropic.com", "*.pypi.org", "10.0.0.1"}, {"evil.pypi.org"});
+  egress::HostPolicy p({"api.anthropic.com", "*.pypi.org", "10.0.0.1"}, {"evil.pypi.org"});
   CHECK(allowed(p, "api.anthropic.com"));
   CHECK(allowed(p, "API.ANTHROPIC.COM."));
   CHECK(allowed(p, "files.pypi.org"));
@@ -79,20 +82,20 @@ TEST_CASE("egress: allow and deny lists") {
     CHECK_FALSE(allowed(p, "127.0.0.1"));
   }
   std::string why;
-  CHECK_FALSE(p.allows(*canonical_host("evil.pypi.org"), &why));
+  CHECK_FALSE(p.allows(*egress::canonical_host("evil.pypi.org"), &why));
   CHECK(why.find("evil.pypi.org") != std::string::npos);
-  CHECK_THROWS_AS(HostPolicy({"*"}, {}), std::invalid_argument);
-  CHECK_THROWS_AS(HostPolicy({"a.*.com"}, {}), std::invalid_argument);
-  CHECK_THROWS_AS(HostPolicy({"*.10.0.0.1"}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(egress::HostPolicy({"*"}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(egress::HostPolicy({"a.*.com"}, {}), std::invalid_argument);
+  CHECK_THROWS_AS(egress::HostPolicy({"*.10.0.0.1"}, {}), std::invalid_argument);
 }
 
 TEST_CASE("egress: special-purpose address ranges") {
   auto ip = [](std::string_view t) {
-    auto a = IpAddress::parse(t);
+    auto a = egress::IpAddress::parse(t);
     REQUIRE(a);
     return *a;
   };
-  auto range = [&](std::string_view t) { return special_range(ip(t)).value_or("public"); };
+  auto range = [&](std::string_view t) { return egress::special_range(ip(t)).value_or("public"); };
   // Every range of the issue, IPv4 and IPv6, each named by its narrowest entry.
   for (auto [addr, want] : std::initializer_list<std::pair<const char*, const char*>>{
            {"0.0.0.0", "0.0.0.0/8"},          {"10.1.2.3", "10.0.0.0/8"},
@@ -124,13 +127,13 @@ TEST_CASE("egress: special-purpose address ranges") {
 TEST_CASE("egress: ranges are parsed strictly") {
   auto why = [](std::string_view t) {
     std::string w;
-    return parse_cidr(t, &w) ? std::string("ok") : w;
+    return egress::parse_cidr(t, &w) ? std::string("ok") : w;
   };
   CHECK(why("10.1.2.0/24") == "ok");
   CHECK(why("fd00::/8") == "ok");
   CHECK(why("127.0.0.1") == "ok");
-  CHECK(parse_cidr("127.0.0.1")->bits == 32);
-  CHECK(parse_cidr("::1")->bits == 128);
+  CHECK(egress::parse_cidr("127.0.0.1")->bits == 32);
+  CHECK(egress::parse_cidr("::1")->bits == 128);
   CHECK(why("10.1.2.3/24").find("host bits are set (the range is 10.1.2.0/24)") != std::string::npos);
   CHECK(why("10.0.0.0/33").find("more than an IPv4") != std::string::npos);
   CHECK(why("10.0.0.0/08").find("decimal") != std::string::npos);
@@ -145,8 +148,8 @@ TEST_CASE("egress: ranges are parsed strictly") {
 }
 
 TEST_CASE("egress: special ranges are refused unless allowed by range") {
-  auto ip = [](std::string_view t) { return *IpAddress::parse(t); };
-  AddressPolicy none(std::vector<std::string>{});
+  auto ip = [](std::string_view t) { return *egress::IpAddress::parse(t); };
+  egress::AddressPolicy none(std::vector<std::string>{});
   std::string why;
   CHECK(none.allows(ip("93.184.216.34")));
   CHECK_FALSE(none.allows(ip("169.254.169.254"), &why));
@@ -154,7 +157,7 @@ TEST_CASE("egress: special ranges are refused unless allowed by range") {
                "which network.allow_cidrs does not allow");
   CHECK_FALSE(none.allows(ip("::ffff:127.0.0.1"), &why));
   CHECK(why.starts_with("127.0.0.1 is in 127.0.0.0/8"));
-  AddressPolicy some({"10.1.2.0/24", "127.0.0.1", "fd00::/8", "64:ff9b::a01:200/120"});
+  egress::AddressPolicy some({"10.1.2.0/24", "127.0.0.1", "fd00::/8", "64:ff9b::a01:200/120"});
   CHECK(some.allows(ip("10.1.2.3")));
   CHECK_FALSE(some.allows(ip("10.1.3.3")));
   CHECK(some.allows(ip("127.0.0.1")));
@@ -164,117 +167,117 @@ TEST_CASE("egress: special ranges are refused unless allowed by range") {
   CHECK_FALSE(some.allows(ip("fe80::1")));
   // A translated address is allowed by a range holding it, not by one holding what it embeds.
   CHECK(some.allows(ip("64:ff9b::a01:203")));
-  CHECK_FALSE(AddressPolicy({"10.0.0.0/8"}).allows(ip("64:ff9b::a01:203")));
-  CHECK_THROWS_WITH_AS(AddressPolicy({"10.0.0.0/8", "10.1.2.3/24"}), doctest::Contains("allow_cidrs[1]: \"10.1.2.3/24\""),
+  CHECK_FALSE(egress::AddressPolicy({"10.0.0.0/8"}).allows(ip("64:ff9b::a01:203")));
+  CHECK_THROWS_WITH_AS(egress::AddressPolicy({"10.0.0.0/8", "10.1.2.3/24"}), doctest::Contains("allow_cidrs[1]: \"10.1.2.3/24\""),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(AddressPolicy({"8.8.8.0/24"}), doctest::Contains("no special-purpose address"),
+  CHECK_THROWS_WITH_AS(egress::AddressPolicy({"8.8.8.0/24"}), doctest::Contains("no special-purpose address"),
                        std::invalid_argument);
-  CHECK_NOTHROW(AddressPolicy({"0.0.0.0/0"}));
+  CHECK_NOTHROW(egress::AddressPolicy({"0.0.0.0/0"}));
 }
 
 TEST_CASE("egress: DNS questions") {
   auto m = query("Files.PyPI.org");
-  auto q = parse_dns_query(m);
+  auto q = egress::parse_dns_query(m);
   REQUIRE(q);
   CHECK(q->id == 0x1234);
   CHECK(q->name == "Files.PyPI.org");
-  CHECK(q->qtype == kDnsTypeA);
-  auto r = make_dns_reply(m, *q, kDnsNoError, {std::string("\x7f\x00\x00\x01", 4)});
+  CHECK(q->qtype == egress::kDnsTypeA);
+  auto r = egress::make_dns_reply(m, *q, egress::kDnsNoError, {std::string("\x7f\x00\x00\x01", 4)});
   CHECK(r.size() == m.size() + 16);
   CHECK((static_cast<unsigned char>(r[2]) & 0x80));  // a response
   CHECK(r[7] == 1);                                  // one answer
-  auto refused = make_dns_reply(m, *q, kDnsRefused);
-  CHECK((refused[3] & 0xf) == kDnsRefused);
+  auto refused = egress::make_dns_reply(m, *q, egress::kDnsRefused);
+  CHECK((refused[3] & 0xf) == egress::kDnsRefused);
   SUBCASE("malformed messages are not read") {
-    CHECK_FALSE(parse_dns_query(m.substr(0, 11)));
-    CHECK_FALSE(parse_dns_query(m.substr(0, m.size() - 1)));
+    CHECK_FALSE(egress::parse_dns_query(m.substr(0, 11)));
+    CHECK_FALSE(egress::parse_dns_query(m.substr(0, m.size() - 1)));
     std::string two = m;
     two[5] = 2;
-    CHECK_FALSE(parse_dns_query(two));
+    CHECK_FALSE(egress::parse_dns_query(two));
     std::string reply = m;
     reply[2] = '\x81';
-    CHECK_FALSE(parse_dns_query(reply));
+    CHECK_FALSE(egress::parse_dns_query(reply));
     std::string ptr = m.substr(0, 12) + "\xc0\x0c" + std::string("\0\1\0\1", 4);
-    CHECK_FALSE(parse_dns_query(ptr));
+    CHECK_FALSE(egress::parse_dns_query(ptr));
     std::string dotted = query("a.b");
     dotted[13] = '.';  // the label "a" becomes "."
-    CHECK_FALSE(parse_dns_query(dotted));
+    CHECK_FALSE(egress::parse_dns_query(dotted));
     uint16_t id = 0;
-    CHECK_FALSE(parse_dns_query(m.substr(0, 13), &id));
+    CHECK_FALSE(egress::parse_dns_query(m.substr(0, 13), &id));
     CHECK(id == 0x1234);
   }
   SUBCASE("names longer than DNS allows") {
     std::string long_name;
     for (int i = 0; i < 5; ++i) long_name += std::string(60, 'a') + ".";
     long_name += "com";
-    CHECK_FALSE(parse_dns_query(query(long_name)));
+    CHECK_FALSE(egress::parse_dns_query(query(long_name)));
   }
 }
 
 TEST_CASE("profile: network and credentials") {
-  auto p = parse_profile(R"({"network":{"mode":"proxy","allow":["api.example.com"],"resolve":{"api.example.com":"127.0.0.1"}},
+  auto p = profile::parse_profile(R"({"network":{"mode":"proxy","allow":["api.example.com"],"resolve":{"api.example.com":"127.0.0.1"}},
     "credentials":[{"name":"anthropic","source":{"env":"KEY"},"bind":{"host":"api.example.com","port":8443},
                     "inject":{"header":"X-Api-Key","format":"{}"},"placeholder_env":"ANTHROPIC_API_KEY",
                     "base_url_env":"ANTHROPIC_BASE_URL"}]})");
-  CHECK(p.network.mode == NetworkPolicy::Mode::Proxy);
+  CHECK(p.network.mode == profile::NetworkPolicy::Mode::Proxy);
   REQUIRE(p.credentials.size() == 1);
   CHECK(p.credentials[0].header == "x-api-key");
   CHECK(p.credentials[0].placeholder == "sbx-placeholder-anthropic");
-  CHECK_THROWS_WITH_AS(apply_override(p, "network.mode=host"), doctest::Contains("need network.mode \"proxy\""),
-                       ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"), ProfileError);
+  CHECK_THROWS_WITH_AS(profile::apply_override(p, "network.mode=host"), doctest::Contains("need network.mode \"proxy\""),
+                       sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"), sbx::profile::ProfileError);
   SUBCASE("a string is short for the mode") {
-    CHECK(parse_profile(R"({"network":"none"})").network.mode == NetworkPolicy::Mode::None);
-    Profile q = parse_profile(R"({"network":{"mode":"proxy","allow":["a.com"]}})");
-    apply_override(q, "network=host");
-    CHECK(q.network.mode == NetworkPolicy::Mode::Host);
+    CHECK(profile::parse_profile(R"({"network":"none"})").network.mode == profile::NetworkPolicy::Mode::None);
+    profile::Profile q = parse_profile(R"({"network":{"mode":"proxy","allow":["a.com"]}})");
+    profile::apply_override(q, "network=host");
+    CHECK(q.network.mode == profile::NetworkPolicy::Mode::Host);
     CHECK(q.network.allow == std::vector<std::string>{"a.com"});  // the rest of the object stays
-    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"), ProfileError);
-    CHECK_THROWS_WITH_AS(parse_profile(R"({"network":7})"), doctest::Contains("network"), ProfileError);
+    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"), sbx::profile::ProfileError);
+    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":7})"), doctest::Contains("network"), sbx::profile::ProfileError);
   }
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow":["a.*.com"]}})"), doctest::Contains("network.allow"),
-                       ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"resolve":{"a.com":"nope"}}})"),
-                       doctest::Contains("network.resolve.a.com"), ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow":["a.*.com"]}})"), doctest::Contains("network.allow"),
+                       sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"resolve":{"a.com":"nope"}}})"),
+                       doctest::Contains("network.resolve.a.com"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K","file":"/f"},"bind":{"host":"h"}}]})"),
-      doctest::Contains("credentials[0].source"), ProfileError);
+      profile::parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K","file":"/f"},"bind":{"host":"h"}}]})"),
+      doctest::Contains("credentials[0].source"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"scheme":"http","host":"h"}}]})"),
-      doctest::Contains("credentials[0].bind.scheme"), ProfileError);
+      profile::parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"scheme":"http","host":"h"}}]})"),
+      doctest::Contains("credentials[0].bind.scheme"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      parse_profile(R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
-      doctest::Contains("denied"), ProfileError);
-  CHECK(parse_profile(R"({"network":{"allow_cidrs":["10.1.2.0/24","fd00::/8"]}})").network.allow_cidrs.size() == 2);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":["10.1.2.3/24"]}})"),
-                       doctest::Contains("network.allow_cidrs[0]: \"10.1.2.3/24\": host bits are set"), ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":"10.0.0.0/8"}})"),
-                       doctest::Contains("network.allow_cidrs: expected a list"), ProfileError);
-  CHECK_THROWS_WITH_AS(parse_profile(R"({"network":{"allow_cidrs":[10]}})"), doctest::Contains("network.allow_cidrs[0]"),
-                       ProfileError);
+      profile::parse_profile(R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
+      doctest::Contains("denied"), sbx::profile::ProfileError);
+  CHECK(profile::parse_profile(R"({"network":{"allow_cidrs":["10.1.2.0/24","fd00::/8"]}})").network.allow_cidrs.size() == 2);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":["10.1.2.3/24"]}})"),
+                       doctest::Contains("network.allow_cidrs[0]: \"10.1.2.3/24\": host bits are set"), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":"10.0.0.0/8"}})"),
+                       doctest::Contains("network.allow_cidrs: expected a list"), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":[10]}})"), doctest::Contains("network.allow_cidrs[0]"),
+                       sbx::profile::ProfileError);
 }
 
 TEST_CASE("broker: targets and coding headers") {
-  auto t = route_target("http://www.example.org:8080?x=1", 3128);
-  CHECK(t.kind == Target::Kind::Plain);
+  auto t = egress::route_target("http://www.example.org:8080?x=1", 3128);
+  CHECK(t.kind == egress::Target::Kind::Plain);
   CHECK(t.authority == "www.example.org:8080");
   CHECK(t.path == "/?x=1");
-  t = route_target("http://LOCALHOST:3128/api/v1?q", 3128);
-  CHECK(t.kind == Target::Kind::Credential);
+  t = egress::route_target("http://LOCALHOST:3128/api/v1?q", 3128);
+  CHECK(t.kind == egress::Target::Kind::Credential);
   CHECK(t.own_url);
   CHECK(t.credential == "api");
   CHECK(t.rest == "/v1?q");
-  t = route_target("/api?q", 3128);
-  CHECK(t.kind == Target::Kind::Credential);
+  t = egress::route_target("/api?q", 3128);
+  CHECK(t.kind == egress::Target::Kind::Credential);
   CHECK(t.rest == "/?q");
-  CHECK(route_target("http://127.0.0.1:3129/api", 3128).kind == Target::Kind::Plain);
-  CHECK(route_target("*", 3128).kind == Target::Kind::Bad);
-  CHECK(route_target("https://x/", 3128).kind == Target::Kind::Bad);
-  CHECK_FALSE(coded("", false));
-  CHECK_FALSE(coded(" identity ", false));
-  CHECK(coded("gzip", false));
-  CHECK(coded("identity, br", false));
-  CHECK_FALSE(coded("chunked", true));
-  CHECK(coded("gzip, chunked", true));
-  CHECK(coded("chunked", false));
+  CHECK(egress::route_target("http://127.0.0.1:3129/api", 3128).kind == egress::Target::Kind::Plain);
+  CHECK(egress::route_target("*", 3128).kind == egress::Target::Kind::Bad);
+  CHECK(egress::route_target("https://x/", 3128).kind == egress::Target::Kind::Bad);
+  CHECK_FALSE(egress::coded("", false));
+  CHECK_FALSE(egress::coded(" identity ", false));
+  CHECK(egress::coded("gzip", false));
+  CHECK(egress::coded("identity, br", false));
+  CHECK_FALSE(egress::coded("chunked", true));
+  CHECK(egress::coded("gzip, chunked", true));
+  CHECK(egress::coded("chunked", false));
 }

@@ -1,25 +1,29 @@
 #include <doctest/doctest.h>
 
-#include "event.hpp"
-#include "output.hpp"
+#include "base/encoding.hpp"
+#include "supervisor/output.hpp"
 
-using namespace sbx::supervisor;
+namespace base = sbx::base;
+namespace supervisor = sbx::supervisor;
+
+using namespace sbx::base;
+
 
 TEST_CASE("utf8: valid prefix stops at the first bad byte") {
-  CHECK(utf8_valid_prefix("hello") == 5);
-  CHECK(utf8_valid_prefix("h\xc3\xa9llo") == 6);
-  CHECK(utf8_valid_prefix("ab\xff") == 2);
-  CHECK(utf8_valid_prefix("\xc0\xaf") == 0);          // overlong
-  CHECK(utf8_valid_prefix("\xed\xa0\x80") == 0);      // surrogate
-  CHECK(utf8_valid_prefix("\xf4\x90\x80\x80") == 0);  // above U+10FFFF
-  CHECK(utf8_valid_prefix("\xf0\x9f\x98\x80") == 4);
+  CHECK(base::utf8_valid_prefix("hello") == 5);
+  CHECK(base::utf8_valid_prefix("h\xc3\xa9llo") == 6);
+  CHECK(base::utf8_valid_prefix("ab\xff") == 2);
+  CHECK(base::utf8_valid_prefix("\xc0\xaf") == 0);          // overlong
+  CHECK(base::utf8_valid_prefix("\xed\xa0\x80") == 0);      // surrogate
+  CHECK(base::utf8_valid_prefix("\xf4\x90\x80\x80") == 0);  // above U+10FFFF
+  CHECK(base::utf8_valid_prefix("\xf0\x9f\x98\x80") == 4);
 }
 
 TEST_CASE("utf8: an incomplete tail is recognised, an invalid one is not") {
-  CHECK(utf8_incomplete_tail("ab\xf0\x9f") == 2);
-  CHECK(utf8_incomplete_tail("ab\xe2") == 1);
-  CHECK(utf8_incomplete_tail("ab") == 0);
-  CHECK(utf8_incomplete_tail("ab\xf0\x28") == 0);
+  CHECK(base::utf8_incomplete_tail("ab\xf0\x9f") == 2);
+  CHECK(base::utf8_incomplete_tail("ab\xe2") == 1);
+  CHECK(base::utf8_incomplete_tail("ab") == 0);
+  CHECK(base::utf8_incomplete_tail("ab\xf0\x28") == 0);
 }
 
 TEST_CASE("base64: round trip of every byte value") {
@@ -27,16 +31,16 @@ TEST_CASE("base64: round trip of every byte value") {
   for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
   for (size_t n = 0; n < 6; ++n) {
     std::string in = all.substr(0, 250 + n), out;
-    REQUIRE(base64_decode(base64_encode(in), out));
+    REQUIRE(base::base64_decode(base::base64_encode(in), out));
     CHECK(out == in);
   }
   std::string out;
-  CHECK_FALSE(base64_decode("ab$d", out));
+  CHECK_FALSE(base::base64_decode("ab$d", out));
 }
 
 TEST_CASE("output: a character split across reads is joined, bad bytes go as base64") {
   std::vector<boost::json::object> evs;
-  OutputDecoder d("stdout", true, [&](boost::json::object e) { evs.push_back(std::move(e)); });
+  supervisor::OutputDecoder d("stdout", true, [&](boost::json::object e) { evs.push_back(std::move(e)); });
   d.feed("smile \xf0\x9f");
   d.feed("\x98\x80!\n");
   d.feed("\xff\n");
@@ -49,7 +53,7 @@ TEST_CASE("output: a character split across reads is joined, bad bytes go as bas
 
 TEST_CASE("output: JSON-object lines become messages, other lines do not") {
   std::vector<boost::json::object> msgs;
-  OutputDecoder d("stdout", true, [&](boost::json::object e) {
+  supervisor::OutputDecoder d("stdout", true, [&](boost::json::object e) {
     if (e.at("type") == "proc.message") msgs.push_back(std::move(e));
   });
   SUBCASE("split across reads") {
@@ -62,7 +66,7 @@ TEST_CASE("output: JSON-object lines become messages, other lines do not") {
     CHECK(msgs[1].at("message").at("b") == 2);
   }
   SUBCASE("a line over 64 KiB is not a message") {
-    std::string big = "{\"x\":\"" + std::string(kMaxMessageLine, 'y') + "\"}\n";
+    std::string big = "{\"x\":\"" + std::string(sbx::supervisor::kMaxMessageLine, 'y') + "\"}\n";
     d.feed(big);
     d.feed("{\"ok\":true}\n");
     REQUIRE(msgs.size() == 1);
@@ -71,7 +75,7 @@ TEST_CASE("output: JSON-object lines become messages, other lines do not") {
 }
 
 TEST_CASE("events: timestamps are RFC 3339 with microseconds") {
-  auto ts = rfc3339_now();
+  auto ts = base::rfc3339_now();
   CHECK(ts.size() == 27);
   CHECK(ts[10] == 'T');
   CHECK(ts.back() == 'Z');

@@ -4,10 +4,12 @@
 
 #include <filesystem>
 
-#include "journal.hpp"
+#include "journal/journal.hpp"
 #include "os/sys.hpp"
 
-using namespace sbx::supervisor;
+namespace journal = sbx::journal;
+
+using namespace sbx::journal;
 namespace fs = std::filesystem;
 
 namespace {
@@ -25,7 +27,7 @@ struct LoopFixture {
   }
   std::vector<std::pair<uint64_t, std::string>> read_all(uint64_t since = 0) {
     std::vector<std::pair<uint64_t, std::string>> out;
-    auto r = Journal::read(dir.string(), since, [&](uint64_t s, std::string_view l) {
+    auto r = journal::Journal::read(dir.string(), since, [&](uint64_t s, std::string_view l) {
       out.emplace_back(s, std::string(l));
       return true;
     });
@@ -37,10 +39,10 @@ struct LoopFixture {
 
 TEST_CASE_FIXTURE(LoopFixture, "journal: seq is strictly increasing across sealed segments") {
   {
-    auto j = Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 4096});
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 4096});
     REQUIRE(j);
     int seen = 0;
-    (*j)->add_listener([&](const Event& e) { CHECK(e.seq == static_cast<uint64_t>(++seen)); });
+    (*j)->add_listener([&](const journal::Event& e) { CHECK(e.seq == static_cast<uint64_t>(++seen)); });
     for (int i = 0; i < 500; ++i) (*j)->append({{"type", "t"}, {"i", i}});
     (*j)->flush();
   }
@@ -55,7 +57,7 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: seq is strictly increasing across seale
 
 TEST_CASE_FIXTURE(LoopFixture, "journal: a torn tail is dropped and reported, seq continues") {
   {
-    auto j = Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
     REQUIRE(j);
     for (int i = 0; i < 3; ++i) (*j)->append({{"type", "t"}});
   }
@@ -69,7 +71,7 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a torn tail is dropped and reported, se
     ::close(fd);
   }
   {
-    auto j = Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
     REQUIRE(j);
     CHECK((*j)->last_seq() == 3);
     (*j)->append({{"type", "after"}});
@@ -83,7 +85,7 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a torn tail is dropped and reported, se
 
 TEST_CASE_FIXTURE(LoopFixture, "journal: the disk cap drops the oldest sealed segments and says so") {
   {
-    auto j = Journal::open(&loop, {.dir = dir.string(), .box = "b", .segment_bytes = 2048, .disk_cap = 4096});
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b", .segment_bytes = 2048, .disk_cap = 4096});
     REQUIRE(j);
     for (int i = 0; i < 2000; ++i) {
       (*j)->append({{"type", "t"}, {"pad", sbx::os::random_hex(32)}});

@@ -2,15 +2,19 @@
 
 #include <string>
 
-#include "policy.hpp"
-#include "profile.hpp"
+#include "sandbox/policy.hpp"
+#include "profile/profile.hpp"
 
-using namespace sbx::supervisor;
+namespace profile = sbx::profile;
+namespace sandbox = sbx::sandbox;
+
+using namespace sbx::profile;
+using namespace sbx::sandbox;
 
 namespace {
 std::string error_of(const std::string& doc) {
   try {
-    parse_profile(doc);
+    profile::parse_profile(doc);
   } catch (const ProfileError& e) {
     return e.what();
   }
@@ -19,17 +23,17 @@ std::string error_of(const std::string& doc) {
 }  // namespace
 
 TEST_CASE("profile: sizes and durations") {
-  CHECK(parse_size("512M", "f") == 512LL << 20);
-  CHECK(parse_size("4G", "f") == 4LL << 30);
-  CHECK(parse_size("4GiB", "f") == 4LL << 30);
-  CHECK(parse_size("1.5G", "f") == 3LL << 29);
-  CHECK(parse_size("100", "f") == 100);
-  CHECK_THROWS_WITH(parse_size("4X", "resources.memory"), doctest::Contains("resources.memory"));
-  CHECK(parse_duration_ms("2h", "f") == 7200000);
+  CHECK(profile::parse_size("512M", "f") == 512LL << 20);
+  CHECK(profile::parse_size("4G", "f") == 4LL << 30);
+  CHECK(profile::parse_size("4GiB", "f") == 4LL << 30);
+  CHECK(profile::parse_size("1.5G", "f") == 3LL << 29);
+  CHECK(profile::parse_size("100", "f") == 100);
+  CHECK_THROWS_WITH(profile::parse_size("4X", "resources.memory"), doctest::Contains("resources.memory"));
+  CHECK(profile::parse_duration_ms("2h", "f") == 7200000);
 }
 
 TEST_CASE("profile: every field, by the names of the issue") {
-  auto p = parse_profile(R"({"name":"t","version":1,
+  auto p = profile::parse_profile(R"({"name":"t","version":1,
     "resources":{"memory":"64M","cpus":0.5,"pids":32,"open_files":256,"disk":"16M","timeout":"2h","idle":"5m",
                  "grace":"3s","pids_grace":"1s"},
     "isolation":{"level":"container","namespaces":["pid","mount"],"user":{"uid":1000,"gid":100},
@@ -45,7 +49,7 @@ TEST_CASE("profile: every field, by the names of the issue") {
   CHECK(*p.isolation.uid == 1000);
   CHECK(*p.isolation.gid == 100);
   CHECK(p.isolation.landlock->rw.size() == 1);
-  CHECK(p.network.mode == NetworkPolicy::Mode::None);
+  CHECK(p.network.mode == profile::NetworkPolicy::Mode::None);
 }
 
 TEST_CASE("profile: refusals name the field") {
@@ -58,10 +62,10 @@ TEST_CASE("profile: refusals name the field") {
 }
 
 TEST_CASE("profile: copies and snapshots bound a box, strictly") {
-  auto d = parse_profile("{}");
+  auto d = profile::parse_profile("{}");
   CHECK(d.resources.copies == 16);
   CHECK(d.resources.snapshots == 32);
-  auto p = parse_profile(R"({"resources":{"copies":0,"snapshots":4096}})");
+  auto p = profile::parse_profile(R"({"resources":{"copies":0,"snapshots":4096}})");
   CHECK(p.resources.copies == 0);
   CHECK(p.resources.snapshots == 4096);
   CHECK(error_of(R"({"resources":{"copies":-1}})").starts_with("resources.copies: -1 is impossible"));
@@ -72,25 +76,25 @@ TEST_CASE("profile: copies and snapshots bound a box, strictly") {
 }
 
 TEST_CASE("profile: overrides go through the same parser") {
-  Profile p;
-  apply_override(p, "resources.memory=64M");
+  profile::Profile p;
+  profile::apply_override(p, "resources.memory=64M");
   CHECK(p.resources.memory == 64 << 20);
-  apply_override(p, "isolation.user=nobody");
+  profile::apply_override(p, "isolation.user=nobody");
   CHECK(*p.isolation.uid == 65534);
-  CHECK_THROWS_WITH(apply_override(p, "resources.cpus=0.001"), doctest::Contains("resources.cpus"));
+  CHECK_THROWS_WITH(profile::apply_override(p, "resources.cpus=0.001"), doctest::Contains("resources.cpus"));
 }
 
 TEST_CASE("policy: an rlimit above the hard limit is refused naming the field") {
-  Profile p;
+  profile::Profile p;
   p.resources.open_files = 1LL << 30;
-  CHECK_THROWS_WITH(check_profile_for_host(p), doctest::Contains("resources.open_files"));
+  CHECK_THROWS_WITH(sandbox::check_profile_for_host(p), doctest::Contains("resources.open_files"));
   p.resources.open_files = 64;
   p.isolation.capabilities = std::vector<std::string>{"CAP_NOPE"};
-  CHECK_THROWS_WITH(check_profile_for_host(p), doctest::Contains("isolation.capabilities[0]"));
+  CHECK_THROWS_WITH(sandbox::check_profile_for_host(p), doctest::Contains("isolation.capabilities[0]"));
 }
 
 TEST_CASE("policy: the default seccomp program is built in memory") {
-  auto prog = build_seccomp({{"policy", "default"}});
-  CHECK(prog.size() > default_denied_syscalls().size());
-  CHECK(build_seccomp({{"policy", "none"}}).empty());
+  auto prog = sandbox::build_seccomp({{"policy", "default"}});
+  CHECK(prog.size() > sandbox::default_denied_syscalls().size());
+  CHECK(sandbox::build_seccomp({{"policy", "none"}}).empty());
 }

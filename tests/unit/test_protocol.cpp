@@ -6,9 +6,10 @@
 #include <sandboxer/client.hpp>
 
 #include "os/sys.hpp"
-#include "protocol.hpp"
+#include "protocol/protocol.hpp"
 
-using namespace sbx::supervisor;
+namespace protocol = sbx::protocol;
+
 
 namespace {
 boost::json::array load(const std::string& name) {
@@ -82,9 +83,9 @@ TEST_CASE("protocol: field accessors name the field and the problem") {
   } catch (const protocol::RequestError& e) {
     CHECK(std::string(e.what()).find("field a") != std::string::npos);
   }
-  CHECK_THROWS_AS(protocol::opt_int(o, "n", 0, 10), protocol::RequestError);
-  CHECK_THROWS_AS(protocol::opt_bool(o, "b"), protocol::RequestError);
-  CHECK_THROWS_AS(protocol::opt_int(o, "big", 0, INT64_MAX), protocol::RequestError);
+  CHECK_THROWS_AS(protocol::opt_int(o, "n", 0, 10), sbx::protocol::RequestError);
+  CHECK_THROWS_AS(protocol::opt_bool(o, "b"), sbx::protocol::RequestError);
+  CHECK_THROWS_AS(protocol::opt_int(o, "big", 0, INT64_MAX), sbx::protocol::RequestError);
   CHECK(protocol::opt_duration_ms(boost::json::parse(R"({"g": "2s"})").as_object(), "g") == 2000);
   CHECK(protocol::opt_duration_ms(boost::json::parse(R"({"g": 1.5})").as_object(), "g") == 1500);
 }

@@ -1,0 +1,802 @@
+#include "archive/archive.hpp"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <ftw.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "base/encoding.hpp"
+#include "os/sys.hpp"
+#include "os/unique-fd.hpp"
+#include "os/files.hpp"
+
+namespace sbx::archive {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+namespace {
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    EVP_DigestFinal_ex(ctx_, md, &len);
+    return hex_encode(md, len);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+// Where libarchive's tar stream goes: compressed here with libzstd (a frame with a content
+// checksum, which libarchive's zstd filter does not write: with it, a flipped byte anywhere in the
+// file is an error at extraction, not only where the manifest's hashes look), then into the
+// file, hashed and counted on the way.
+struct Sink {
+  int fd = -1;
+  Sha256 sha;
+  uint64_t bytes = 0;
+  int error = 0;
+  std::string zerror;
+  ZSTD_CCtx* z = nullptr;
+  std::vector<char> out = std::vector<char>(ZSTD_CStreamOutSize());
+
+  ~Sink() { ZSTD_freeCCtx(z); }
+  bool put(const char* p, size_t n) {
+    if (auto r = os::write_all(fd, {p, n}); !r) {
+      error = r.error().value();
+      return false;
+    }
+    sha.update(p, n);
+    bytes += n;
+    return true;
+  }
+  // Feeds `n` bytes (or, with end, finishes the frame) through the compressor.
+  bool feed(const void* buf, size_t n, ZSTD_EndDirective how) {
+    ZSTD_inBuffer in{buf, n, 0};
+    for (;;) {
+      ZSTD_outBuffer o{out.data(), out.size(), 0};
+      size_t left = ZSTD_compressStream2(z, &o, &in, how);
+      if (ZSTD_isError(left)) {
+        zerror = ZSTD_getErrorName(left);
+        return false;
+      }
+      if (o.pos && !put(out.data(), o.pos)) return false;
+      if (how == ZSTD_e_end ? left == 0 : in.pos == in.size) return true;
+    }
+  }
+};
+
+la_ssize_t sink_write(struct archive*, void* data, const void* buf, size_t n) {
+  auto* s = static_cast<Sink*>(data);
+  return s->feed(buf, n, ZSTD_e_continue) ? static_cast<la_ssize_t>(n) : -1;
+}
+
+int sink_close(struct archive*, void* data) {
+  auto* s = static_cast<Sink*>(data);
+  return s->feed(nullptr, 0, ZSTD_e_end) ? ARCHIVE_OK : ARCHIVE_FATAL;
+}
+
+struct ArchiveDeleter {
+  void operator()(struct archive* a) const { archive_write_free(a); }
+};
+// Where libarchive's tar reader takes its bytes from: the file, decompressed here with libzstd.
+// libarchive's tar reader stops at the end-of-archive blocks and its own zstd filter would never
+// reach the frame's end, where the content checksum is checked: drain() reads on to the end.
+struct Source {
+  int fd = -1;
+  ZSTD_DCtx* z = ZSTD_createDCtx();
+  std::vector<char> in = std::vector<char>(ZSTD_DStreamInSize());
+  std::vector<char> out = std::vector<char>(ZSTD_DStreamOutSize());
+  ZSTD_inBuffer ib{in.data(), 0, 0};
+  size_t last = 1;  // ZSTD_decompressStream's last answer: 0 when a frame ended (and checked)
+  bool file_ended = false;
+  std::string error;
+  // What the stream may expand to: a bound set from the manifest, so a decompression bomb (in an
+  // entry, or past the end of the tar stream, which drain() reads) stops at it.
+  uint64_t produced = 0;
+  uint64_t limit = UINT64_MAX;
+
+  ~Source() { ZSTD_freeDCtx(z); }
+  // The next decompressed bytes: >0 bytes, 0 at the end of the file, -1 on an error.
+  ssize_t next() {
+    for (;;) {
+      if (ib.pos == ib.size && !file_ended) {
+        ssize_t n;
+        do n = ::read(fd, in.data(), in.size());
+        while (n < 0 && errno == EINTR);
+        if (n < 0) {
+          error = std::strerror(errno);
+          return -1;
+        }
+        ib = {in.data(), static_cast<size_t>(n), 0};
+        file_ended = n == 0;
+      }
+      if (ib.pos == ib.size && file_ended) {
+        if (last != 0) {
+          error = "the zstd stream ends inside a frame";
+          return -1;
+        }
+        return 0;
+      }
+      ZSTD_outBuffer ob{out.data(), out.size(), 0};
+      last = ZSTD_decompressStream(z, &ob, &ib);
+      if (ZSTD_isError(last)) {
+        error = std::string("zstd: ") + ZSTD_getErrorName(last);
+        return -1;
+      }
+      produced += ob.pos;
+      if (produced > limit) {
+        error = "the archive expands beyond " + std::to_string(limit) +
+                " bytes, more than its manifest lists: refused as a decompression bomb";
+        return -1;
+      }
+      if (ob.pos) return static_cast<ssize_t>(ob.pos);
+    }
+  }
+  // Reads what is left of the stream, so the frame's checksum is checked; false (and error) if
+  // the stream is damaged or cut.
+  bool drain() {
+    for (;;) {
+      ssize_t n = next();
+      if (n < 0) return false;
+      if (n == 0) return true;
+    }
+  }
+};
+
+la_ssize_t source_read(struct archive*, void* data, const void** buf) {
+  auto* s = static_cast<Source*>(data);
+  ssize_t n = s->next();
+  *buf = s->out.data();
+  return n;
+}
+
+struct ReadDeleter {
+  void operator()(struct archive* a) const { archive_read_free(a); }
+};
+struct EntryDeleter {
+  void operator()(struct archive_entry* e) const { archive_entry_free(e); }
+};
+
+// Relative paths under root, parents before children, in a stable order.
+void walk(const fs::path& root, const fs::path& rel, std::vector<fs::path>& out) {
+  std::vector<fs::path> kids;
+  std::error_code ec;
+  for (auto& de : fs::directory_iterator(root / rel, ec)) kids.push_back(rel / de.path().filename());
+  std::sort(kids.begin(), kids.end());
+  for (auto& k : kids) {
+    out.push_back(k);
+    struct stat st {};
+    if (::lstat((root / k).c_str(), &st) == 0 && S_ISDIR(st.st_mode)) walk(root, k, out);
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> sha256_file(const std::string& path, std::string& err) {
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    err = "open " + path + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  Sha256 sha;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      err = "read " + path + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    sha.update(buf.data(), static_cast<size_t>(n));
+  }
+  return sha.hex();
+}
+
+namespace {
+
+// The payload as the first pass of write_archive found it: every entry's manifest line is known
+// (and signed) before the first byte of the tar stream is written.
+struct Planned {
+  fs::path rel;
+  struct stat st {};
+  std::string target;  // a symlink's
+  std::string sha;     // a regular file's
+};
+
+bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::object& files, uint64_t& raw,
+                  std::string& err) {
+  std::vector<fs::path> paths;
+  walk(src_dir, "", paths);
+  for (auto& rel : paths) {
+    Planned p{rel};
+    std::string full = (fs::path(src_dir) / rel).string();
+    if (::lstat(full.c_str(), &p.st) != 0) continue;
+    if (S_ISDIR(p.st.st_mode)) {
+      files[rel.string()] = {{"type", "dir"}};
+    } else if (S_ISLNK(p.st.st_mode)) {
+      char target[4096];
+      ssize_t n = ::readlink(full.c_str(), target, sizeof target - 1);
+      if (n <= 0) continue;
+      p.target.assign(target, static_cast<size_t>(n));
+      files[rel.string()] = {{"type", "symlink"}, {"target", p.target}};
+    } else if (S_ISREG(p.st.st_mode)) {
+      auto sha = sha256_file(full, err);
+      if (!sha) return false;
+      p.sha = *sha;
+      raw += static_cast<uint64_t>(p.st.st_size);
+      files[rel.string()] = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
+    } else {
+      continue;  // sockets, fifos and devices in a writable layer are not part of a snapshot
+    }
+    // Owner and mode are signed with the rest: a copy from an archive gets the files its parent had.
+    auto& f = files[rel.string()].as_object();
+    f["uid"] = p.st.st_uid;
+    f["gid"] = p.st.st_gid;
+    if (!S_ISLNK(p.st.st_mode)) f["mode"] = p.st.st_mode & 07777;
+    plan.push_back(std::move(p));
+  }
+  return true;
+}
+
+// A small regular entry (manifest.json, signature.json).
+bool write_blob(struct archive* a, const char* name, const std::string& text) {
+  std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
+  archive_entry_copy_pathname(e.get(), name);
+  archive_entry_set_filetype(e.get(), AE_IFREG);
+  archive_entry_set_perm(e.get(), 0644);
+  archive_entry_set_size(e.get(), static_cast<la_int64_t>(text.size()));
+  return archive_write_header(a, e.get()) == ARCHIVE_OK &&
+         archive_write_data(a, text.data(), text.size()) == static_cast<la_ssize_t>(text.size());
+}
+
+// One planned entry. The payload is the supervisor's own staging copy (in its state dir, which no
+// agent sees), so a file is not hashed a second time: its size must still be its plan's, and an
+// importer checks every byte against the manifest anyway.
+// Returns "" or what went wrong ("archive" when libarchive or the sink says why).
+std::string write_payload_entry(struct archive* a, const std::string& src_dir, const Planned& p,
+                                std::vector<char>& buf) {
+  std::string full = (fs::path(src_dir) / p.rel).string();
+  std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
+  archive_entry_copy_pathname(e.get(), p.rel.c_str());
+  archive_entry_set_perm(e.get(), p.st.st_mode & 07777);
+  archive_entry_set_uid(e.get(), p.st.st_uid);
+  archive_entry_set_gid(e.get(), p.st.st_gid);
+  archive_entry_set_mtime(e.get(), p.st.st_mtim.tv_sec, p.st.st_mtim.tv_nsec);
+  if (S_ISDIR(p.st.st_mode)) {
+    archive_entry_set_filetype(e.get(), AE_IFDIR);
+    return archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+  }
+  if (S_ISLNK(p.st.st_mode)) {
+    archive_entry_set_filetype(e.get(), AE_IFLNK);
+    archive_entry_copy_symlink(e.get(), p.target.c_str());
+    return archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+  }
+  os::UniqueFd in(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!in) return "open " + full + ": " + std::strerror(errno);
+  archive_entry_set_filetype(e.get(), AE_IFREG);
+  archive_entry_set_size(e.get(), p.st.st_size);
+  if (archive_write_header(a, e.get()) != ARCHIVE_OK) return "archive";
+  uint64_t left = static_cast<uint64_t>(p.st.st_size);
+  while (left > 0) {
+    ssize_t n = ::read(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return "read " + full + ": " + (n < 0 ? std::strerror(errno) : "the file shrank while it was archived");
+    if (archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n) return "archive";
+    left -= static_cast<uint64_t>(n);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
+                                         const std::string& dst, int level, const SigningKey* key,
+                                         std::string& err) {
+  // First the manifest (and its signature), so a reader can check them before any payload.
+  std::vector<Planned> plan;
+  json::object files;
+  uint64_t raw = 0;
+  if (!plan_payload(src_dir, plan, files, raw, err)) return std::nullopt;
+  manifest["files"] = std::move(files);
+  manifest["raw_bytes"] = raw;
+  std::string text = json::serialize(manifest) + "\n";
+  std::string signature;
+  if (key) {
+    std::string sig = key->sign(text, err);
+    if (sig.empty()) return std::nullopt;
+    signature = json::serialize(json::object{{"alg", "ed25519"},
+                                             {"key", key->public_key().fingerprint()},
+                                             {"public_key", base::base64_encode(key->public_key().raw)},
+                                             {"signature", base::base64_encode(sig)}}) +
+                "\n";
+  }
+
+  Sink sink;
+  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out) {
+    err = "create " + dst + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  sink.fd = out.get();
+  sink.z = ZSTD_createCCtx();
+  if (!sink.z) {
+    err = "start the archive: no memory for a zstd context";
+    return std::nullopt;
+  }
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_checksumFlag, 1);
+  (void)ZSTD_CCtx_setParameter(sink.z, ZSTD_c_nbWorkers, 2);  // a libzstd without threads says no: fine
+  std::unique_ptr<struct archive, ArchiveDeleter> a(archive_write_new());
+  archive_write_set_format_pax_restricted(a.get());
+  archive_write_set_bytes_per_block(a.get(), 1 << 20);
+  archive_write_set_bytes_in_last_block(a.get(), 1);
+  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK) {
+    err = std::string("start the archive: ") + archive_error_string(a.get());
+    return std::nullopt;
+  }
+  auto fail = [&](const std::string& what) {
+    err = what + ": " + (sink.error             ? std::strerror(sink.error)
+                         : !sink.zerror.empty() ? "zstd: " + sink.zerror
+                                                : std::string(archive_error_string(a.get())));
+    ::unlink(dst.c_str());
+    return std::nullopt;
+  };
+  if (!write_blob(a.get(), "manifest.json", text)) return fail("write manifest.json");
+  if (key && !write_blob(a.get(), "signature.json", signature)) return fail("write signature.json");
+  std::vector<char> buf(1 << 20);
+  for (auto& p : plan) {
+    if (auto why = write_payload_entry(a.get(), src_dir, p, buf); !why.empty()) {
+      if (why != "archive") {
+        err = why;
+        ::unlink(dst.c_str());
+        return std::nullopt;
+      }
+      return fail("write " + p.rel.string());
+    }
+  }
+  if (archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
+  if (::fsync(out.get()) != 0) {
+    err = "fsync " + dst + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  return ArchiveInfo{sink.sha.hex(), raw + text.size() + signature.size(), sink.bytes};
+}
+
+namespace {
+
+constexpr size_t kMaxManifest = 64u << 20;
+constexpr size_t kMaxSignature = 64u << 10;
+// What tar adds to each entry beyond its data (a header, a pax header for long names or large
+// numbers, padding), generously; and to the whole stream (end blocks, the last block's padding).
+constexpr uint64_t kEntryOverhead = 16u << 10;
+constexpr uint64_t kStreamOverhead = 2u << 20;
+
+// A manifest line, checked before extraction.
+struct Listed {
+  std::string type;  // dir, file, symlink
+  uint64_t size = 0;
+  std::string sha, target;
+  std::optional<uid_t> uid;   // owner and mode as the manifest lists them (none: root, the tar's mode)
+  std::optional<gid_t> gid;
+  std::optional<mode_t> mode;
+  bool seen = false;
+};
+
+// A path as an archive may hold it: relative, under criu/ or fs/ (or one of those), with no
+// empty, "." or ".." component.
+bool payload_path(std::string_view p) {
+  if (p.empty() || p.size() > 4096 || p.front() == '/') return false;
+  size_t start = 0;
+  bool first = true;
+  for (;;) {
+    size_t slash = p.find('/', start);
+    auto part = p.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    if (part.empty() || part == "." || part == ".." || part.find('\0') != std::string_view::npos) return false;
+    if (first && part != "criu" && part != "fs") return false;
+    first = false;
+    if (slash == std::string_view::npos) return true;
+    start = slash + 1;
+  }
+}
+
+bool hex64(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// Opens the directory `rel` ("" for the root itself) beneath `root`, following no symlink and
+// leaving neither the tree nor its filesystem.
+os::UniqueFd open_beneath(int root, const std::string& rel) {
+  auto fd = os::open_beneath(root, rel.empty() ? "." : rel, O_PATH | O_DIRECTORY, 0,
+                             os::kResolveNoLinks | RESOLVE_NO_XDEV);
+  if (!fd) {
+    errno = fd.error().value();  // the caller names it
+    return {};
+  }
+  return std::move(*fd);
+}
+
+// Reads one archive into a directory, checking as it goes (extract_archive's contract).
+class Extractor {
+ public:
+  Extractor(const ImportPolicy& policy, std::string& err) : policy_(policy), err_(err) {}
+
+  std::optional<Extracted> run(const std::string& src, const std::string& dst_dir, bool* untrusted) {
+    if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
+    made_ = dst_dir;
+    root_ = os::UniqueFd(::open(dst_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!root_) return fail("open " + dst_dir + ": " + std::strerror(errno));
+    in_ = os::UniqueFd(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in_) return fail("open " + src + ": " + std::strerror(errno));
+    source_.fd = in_.get();
+    source_.limit = kMaxManifest + kMaxSignature + 4 * kEntryOverhead + kStreamOverhead;
+    archive_read_support_format_tar(a_.get());
+    if (archive_read_open(a_.get(), &source_, nullptr, source_read, nullptr) != ARCHIVE_OK)
+      return fail("the archive is corrupted or truncated: " + why());
+    struct archive_entry* e = nullptr;
+    if (!next(e)) return std::nullopt;
+    if (!e || std::string_view(archive_entry_pathname(e)) != "manifest.json" || archive_entry_filetype(e) != AE_IFREG)
+      return fail("the archive does not begin with manifest.json: it is of format 1 (from before signed "
+                  "archives; make it again with this version) or not a sandboxer archive");
+    if (!read_blob(manifest_text_, kMaxManifest, "manifest.json") || !check_manifest()) return std::nullopt;
+    if (!next(e)) return std::nullopt;
+    std::string signature;
+    bool signed_ = e && std::string_view(archive_entry_pathname(e)) == "signature.json";
+    if (signed_ && archive_entry_filetype(e) != AE_IFREG) return fail("the archive's signature.json is not a regular file");
+    if (signed_ && !read_blob(signature, kMaxSignature, "signature.json")) return std::nullopt;
+    check_signature(signed_, signature);
+    if (!out_.trusted) {
+      if (untrusted) *untrusted = true;
+      if (!policy_.allow_unsigned)
+        return fail("the archive is refused: " + out_.why_untrusted +
+                    " (a box trusts its own signing key and those given with --trust-key; a box started "
+                    "with --allow-unsigned restores such an archive cold, its files only)");
+    }
+    // From here on, payload: the stream may expand to what the manifest says, and no further.
+    source_.limit = source_.produced + total_ + kEntryOverhead * listed_.size() + kStreamOverhead;
+    if (signed_ && !next(e)) return std::nullopt;
+    while (e)
+      if (!entry(e) || !next(e)) return std::nullopt;
+    if (!source_.drain()) return fail("the archive is corrupted or truncated: " + source_.error);
+    if (!finish()) return std::nullopt;
+    made_.clear();
+    return std::move(out_);
+  }
+
+  ~Extractor() {
+    if (!made_.empty()) os::remove_tree(made_);
+  }
+
+ private:
+  std::nullopt_t fail(std::string what) {
+    err_ = std::move(what);
+    return std::nullopt;
+  }
+  bool refuse(std::string what) {
+    err_ = std::move(what);
+    return false;
+  }
+  // What went wrong reading: the decompressor's word first (libarchive has none for it).
+  std::string why() {
+    if (!source_.error.empty()) return source_.error;
+    const char* e = archive_error_string(a_.get());
+    return e ? e : "unreadable";
+  }
+  // The next header; `e` is null at the end of the tar stream.
+  bool next(struct archive_entry*& e) {
+    int r = archive_read_next_header(a_.get(), &e);
+    if (r == ARCHIVE_EOF) {
+      e = nullptr;
+      return true;
+    }
+    if (r != ARCHIVE_OK && r != ARCHIVE_WARN) return refuse("the archive is corrupted or truncated: " + why());
+    return true;
+  }
+  bool read_blob(std::string& out, size_t cap, const char* name) {
+    for (;;) {
+      la_ssize_t n = archive_read_data(a_.get(), buf_.data(), buf_.size());
+      if (n < 0) return refuse("the archive is corrupted or truncated: " + why());
+      if (n == 0) return true;
+      out.append(buf_.data(), static_cast<size_t>(n));
+      if (out.size() > cap) return refuse(std::string("the archive's ") + name + " is too large");
+    }
+  }
+  bool check_manifest();
+  bool check_listed(const std::string& path, const json::value& v);
+  void check_signature(bool present, const std::string& text);
+  bool entry(struct archive_entry* e);
+  bool write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path, Listed& l);
+  bool keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode);
+  bool finish();
+
+  const ImportPolicy& policy_;
+  std::string& err_;
+  std::unique_ptr<struct archive, ReadDeleter> a_{archive_read_new()};
+  Source source_;
+  os::UniqueFd in_, root_;
+  std::string made_;  // removed on failure
+  std::string manifest_text_;
+  std::map<std::string, Listed> listed_;
+  uint64_t total_ = 0;
+  std::vector<std::pair<std::string, std::string>> symlinks_;  // made last: path, target
+  Extracted out_;
+  std::vector<char> buf_ = std::vector<char>(1 << 20);
+};
+
+bool Extractor::check_listed(const std::string& path, const json::value& v) {
+  if (!payload_path(path)) return refuse("the archive's manifest lists an unsafe path: " + path);
+  auto bad = [&](const std::string& what) { return refuse("the manifest's entry for " + path + " " + what); };
+  if (!v.is_object()) return bad("is not an object");
+  auto& o = v.as_object();
+  Listed l;
+  auto* type = o.if_contains("type");
+  if (!type || !type->is_string()) return bad("has no type");
+  l.type = std::string(type->as_string());
+  if (l.type == "file") {
+    auto* size = o.if_contains("size");
+    auto* sha = o.if_contains("sha256");
+    if (!size || !size->is_int64() || size->as_int64() < 0) return bad("has no size");
+    if (!sha || !sha->is_string() || !hex64(sha->as_string())) return bad("has no sha256");
+    l.size = static_cast<uint64_t>(size->as_int64());
+    l.sha = std::string(sha->as_string());
+    if (l.size > policy_.max_bytes || total_ + l.size > policy_.max_bytes)
+      return refuse("the archive would expand beyond " + std::to_string(policy_.max_bytes) +
+                   " bytes, this box's limit (--max-archive-bytes): its manifest lists more than that")
+                  ;
+    total_ += l.size;
+  } else if (l.type == "symlink") {
+    auto* target = o.if_contains("target");
+    if (!target || !target->is_string() || target->as_string().empty() || target->as_string().size() > 4095)
+      return bad("has no target");
+    if (path.starts_with("criu")) return bad("is a symlink among the criu images");
+    l.target = std::string(target->as_string());
+  } else if (l.type != "dir") {
+    return bad("has type " + l.type + " (dir, file or symlink)");
+  }
+  // Absent: root, and the tar's mode. Present: a number within its range.
+  auto id = [&](const char* k, uint64_t max, auto& out) {
+    auto* f = o.if_contains(k);
+    if (!f) return true;
+    if (!f->is_int64() || f->as_int64() < 0 || static_cast<uint64_t>(f->as_int64()) > max) return false;
+    out = static_cast<std::remove_reference_t<decltype(*out)>>(f->as_int64());
+    return true;
+  };
+  if (!id("uid", 0xfffffffeu, l.uid)) return bad("has a bad uid");
+  if (!id("gid", 0xfffffffeu, l.gid)) return bad("has a bad gid");
+  if (!id("mode", 07777, l.mode)) return bad("has a bad mode");
+  listed_[path] = std::move(l);
+  return true;
+}
+
+bool Extractor::check_manifest() {
+  boost::system::error_code ec;
+  auto v = json::parse(manifest_text_, ec);
+  if (ec || !v.is_object()) return refuse("the archive is corrupted: its manifest.json is not a JSON object");
+  auto& m = v.as_object();
+  auto* fmt = m.if_contains("format");
+  auto* ver = m.if_contains("format_version");
+  if (!fmt || *fmt != kFormatName) return refuse("not a sandboxer checkpoint archive (manifest format)");
+  if (!ver || !ver->is_int64() || ver->as_int64() != kFormatVersion)
+    return refuse("the archive's format_version is not " + std::to_string(kFormatVersion) +
+                 (ver && ver->is_int64() && ver->as_int64() < kFormatVersion
+                      ? " (format " + std::to_string(ver->as_int64()) + " is from before signed archives: make it again)"
+                      : std::string()))
+                ;
+  auto* files = m.if_contains("files");
+  if (!files || !files->is_object()) return refuse("the archive's manifest lists no files");
+  for (auto& [k, f] : files->as_object())
+    if (!check_listed(std::string(k), f)) return false;
+  out_.manifest = std::move(m);
+  return true;
+}
+
+void Extractor::check_signature(bool present, const std::string& text) {
+  out_.trusted = false;
+  if (!present) {
+    out_.why_untrusted = "it is not signed";
+    return;
+  }
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  auto field = [&](const char* k) -> std::optional<std::string> {
+    if (ec || !v.is_object()) return std::nullopt;
+    auto* f = v.as_object().if_contains(k);
+    if (!f || !f->is_string()) return std::nullopt;
+    return std::string(f->as_string());
+  };
+  auto alg = field("alg");
+  auto decoded = [&](const char* k) -> std::optional<std::string> {
+    std::string out;
+    auto f = field(k);
+    if (!f || !base::base64_decode(*f, out)) return std::nullopt;
+    return out;
+  };
+  auto pub = decoded("public_key");
+  auto sig = decoded("signature");
+  if (alg != "ed25519" || !pub || pub->size() != 32 || !sig) {
+    out_.why_untrusted = "its signature.json is malformed (alg ed25519, public_key, signature, base64)";
+    return;
+  }
+  PublicKey key{*pub};
+  auto it = std::find_if(policy_.trusted.begin(), policy_.trusted.end(), [&](const PublicKey& k) { return k.raw == key.raw; });
+  if (it == policy_.trusted.end()) {
+    out_.why_untrusted = "it is signed by an unknown key " + key.fingerprint();
+    return;
+  }
+  if (!key.verify(manifest_text_, *sig)) {
+    out_.why_untrusted = "its signature by key " + key.fingerprint() + " does not verify: the manifest was altered";
+    return;
+  }
+  out_.trusted = true;
+  out_.signer = key.fingerprint();
+}
+
+bool Extractor::entry(struct archive_entry* e) {
+  std::string path = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
+  if (archive_entry_filetype(e) == AE_IFDIR && path.size() > 1 && path.back() == '/') path.pop_back();
+  if (!payload_path(path)) return refuse("the archive holds an unsafe path: " + path);
+  if (archive_entry_hardlink(e))
+    return refuse("the archive holds a hard link (" + path + "), which no checkpoint makes");
+  auto it = listed_.find(path);
+  if (it == listed_.end())
+    return refuse("the archive holds " + path + ", which its manifest does not list");
+  Listed& l = it->second;
+  if (l.seen) return refuse("the archive holds " + path + " twice");
+  l.seen = true;
+  auto type = archive_entry_filetype(e);
+  const char* want = type == AE_IFDIR ? "dir" : type == AE_IFREG ? "file" : type == AE_IFLNK ? "symlink" : nullptr;
+  if (!want) return refuse("the archive holds an entry of an unsupported type: " + path);
+  if (l.type != want)
+    return refuse("the archive holds " + path + " as a " + want + ", its manifest as a " + l.type);
+  auto slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (type == AE_IFLNK) {
+    const char* target = archive_entry_symlink(e);
+    if (!target || l.target != target)
+      return refuse("the archive's symlink " + path + " does not point where its manifest says");
+    symlinks_.emplace_back(path, l.target);
+    return true;
+  }
+  os::UniqueFd parent = open_beneath(root_.get(), dir);
+  if (!parent)
+    return refuse("extract " + path + ": its directory " + dir + " " +
+                 (errno == ENOENT ? std::string("comes later or not at all") : std::strerror(errno)))
+                ;
+  if (type == AE_IFDIR) {
+    if (::mkdirat(parent.get(), name.c_str(), 0700) != 0)
+      return refuse("create " + path + ": " + std::strerror(errno));
+    os::UniqueFd d(::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!d) return refuse("create " + path + ": " + std::strerror(errno));
+    return keep_owner(d.get(), path, l, l.mode ? *l.mode : (archive_entry_perm(e) | 0700));
+  }
+  return write_file(e, parent.get(), name, path, l);
+}
+
+bool Extractor::write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path,
+                           Listed& l) {
+  if (!archive_entry_size_is_set(e) || archive_entry_size(e) < 0 || static_cast<uint64_t>(archive_entry_size(e)) != l.size)
+    return refuse("the archive's " + path + " is " + std::to_string(archive_entry_size(e)) + " bytes, its manifest says " +
+                 std::to_string(l.size))
+                ;
+  os::UniqueFd out(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out) return refuse("create " + path + ": " + std::strerror(errno));
+  Sha256 sha;
+  uint64_t size = 0;
+  for (;;) {
+    la_ssize_t n = archive_read_data(a_.get(), buf_.data(), buf_.size());
+    if (n < 0) return refuse("the archive is corrupted or truncated: " + why());
+    if (n == 0) break;
+    size += static_cast<uint64_t>(n);
+    if (size > l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
+    sha.update(buf_.data(), static_cast<size_t>(n));
+    if (auto w = os::write_all(out.get(), {buf_.data(), static_cast<size_t>(n)}); !w)
+      return refuse("write " + path + ": " + w.error().message());
+  }
+  if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
+  if (sha.hex() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
+  return keep_owner(out.get(), path, l, l.mode ? *l.mode : archive_entry_perm(e));
+}
+
+bool Extractor::keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode) {
+  // chown first (it clears set-id bits), and no set-id bits at all: an archive brings files, not
+  // privileges.
+  if ((l.uid || l.gid) && ::fchown(fd, l.uid ? *l.uid : 0, l.gid ? *l.gid : 0) != 0)
+    return refuse("chown " + path + ": " + std::strerror(errno));
+  if (::fchmod(fd, mode & 01777) != 0) return refuse("chmod " + path + ": " + std::strerror(errno));
+  return true;
+}
+
+bool Extractor::finish() {
+  for (auto& [path, l] : listed_)
+    if (!l.seen) return refuse("the archive is missing " + path + " (listed in its manifest)");
+  // Symlinks last: nothing is extracted through one.
+  for (auto& [path, target] : symlinks_) {
+    auto slash = path.rfind('/');
+    std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
+    os::UniqueFd parent = open_beneath(root_.get(), dir);
+    std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+    if (!parent || ::symlinkat(target.c_str(), parent.get(), name.c_str()) != 0)
+      return refuse("create " + path + ": " + std::strerror(errno));
+    const Listed& l = listed_.at(path);
+    if ((l.uid || l.gid) &&
+        ::fchownat(parent.get(), name.c_str(), l.uid ? *l.uid : 0, l.gid ? *l.gid : 0, AT_SYMLINK_NOFOLLOW) != 0)
+      return refuse("chown " + path + ": " + std::strerror(errno));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
+                                         const ImportPolicy& policy, std::string& err, bool* untrusted) {
+  if (untrusted) *untrusted = false;
+  err.clear();
+  Extractor x(policy, err);
+  return x.run(src, dst_dir, untrusted);
+}
+
+std::optional<std::string> read_image_id(const std::string& path) {
+  auto text = os::read_file(path);
+  if (!text) return std::nullopt;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(*text, ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  auto* id = v.as_object().if_contains("id");
+  if (!id || !id->is_string() || id->as_string().empty()) return std::nullopt;
+  return std::string(id->as_string());
+}
+
+std::optional<std::string> incompatibility(const boost::json::object& manifest,
+                                           const std::optional<std::string>& criu_here,
+                                           const std::optional<std::string>& image_here) {
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    auto* v = manifest.if_contains(key);
+    if (!v || !v->is_string()) return std::nullopt;
+    return std::string(v->as_string());
+  };
+  auto image = text("image");
+  if (image && image_here && *image != *image_here)
+    return "the snapshot was made in image " + *image + ", this box runs image " + *image_here +
+           ": a live copy needs the same files and libraries under it";
+  if (text("mode").value_or("fs") == "live") {
+    auto criu = text("criu").value_or("(unknown)");
+    if (!criu_here) return "the snapshot is live (criu " + criu + ") and this box has no criu";
+    if (criu != *criu_here)
+      return "the snapshot was made with criu " + criu + ", this box has criu " + *criu_here;
+  }
+  return std::nullopt;
+}
+
+bool valid_snapshot_id(std::string_view id) {
+  if (id.size() != 18 || !id.starts_with("s-")) return false;
+  for (char c : id.substr(2))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+}  // namespace sbx::archive

@@ -1,0 +1,85 @@
+#pragma once
+// The checkpoint archive (format 2, checkpoint/README.md): one tar stream, zstd-compressed,
+// whose first entry is manifest.json (every other entry with its type, and a file's size and
+// sha256), whose second is signature.json (an Ed25519 signature of the manifest's bytes), and
+// then the criu images (criu/) and the branch's writable layer (fs/). The snapshot id is derived
+// from the sha256 of the whole archive file, so an archive names its own content; the signature
+// says which box made it. A reader verifies the signature before it writes a single byte of the
+// payload, then checks each entry against the signed manifest as it streams.
+#include <boost/json.hpp>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "archive/signing.hpp"
+
+namespace sbx::archive {
+
+inline constexpr int kFormatVersion = 2;
+inline constexpr const char* kFormatName = "sandboxer.checkpoint";
+/// The box-wide bound on what one archive may expand to (--max-archive-bytes).
+inline constexpr uint64_t kDefaultMaxArchiveBytes = 64ull << 30;
+
+/// What an import trusts, and how far an archive may expand.
+struct ImportPolicy {
+  std::vector<PublicKey> trusted;  // an archive signed by one of these is trusted
+  bool allow_unsigned = false;     // else an unsigned or untrusted archive is refused
+  uint64_t max_bytes = kDefaultMaxArchiveBytes;
+};
+
+/// An archive extracted and checked.
+struct Extracted {
+  boost::json::object manifest;
+  bool trusted = false;       // a trusted key verified its signature
+  std::string signer;         // that key's fingerprint
+  std::string why_untrusted;  // else why not (accepted only under allow_unsigned)
+};
+
+struct ArchiveInfo {
+  std::string sha256;        // of the archive file
+  uint64_t raw_bytes = 0;    // sum of the entries' sizes
+  uint64_t compressed_bytes = 0;
+};
+
+/// Writes `manifest` (with "files" added: every dir, regular file and symlink under `src_dir`),
+/// its signature by `key` (none when null: an unsigned archive), then those entries, to `dst` as
+/// tar + zstd. Returns nullopt and sets `err` on failure.
+std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
+                                         const std::string& dst, int level, const SigningKey* key,
+                                         std::string& err);
+
+/// The sha256 of a file, as lowercase hex; nullopt (and `err`) when it cannot be read.
+std::optional<std::string> sha256_file(const std::string& path, std::string& err);
+
+/// Extracts `src` into `dst_dir` (which must not exist; it is created 0700): the manifest and its
+/// signature first (refused, before any payload byte is written, when no key of `policy`
+/// verifies it, unless policy.allow_unsigned), then every entry checked against the manifest
+/// (listed, same type, size and sha256) beneath a directory fd with no symlink followed
+/// (symlinks are made last), no hard links, devices, absolute or `..` paths, and the expansion
+/// bounded by the manifest's sizes and policy.max_bytes. On any failure the partial directory is
+/// removed and `err` says what was wrong; `*untrusted` (if given) says whether the signature was.
+std::optional<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
+                                         const ImportPolicy& policy, std::string& err,
+                                         bool* untrusted = nullptr);
+
+/// Where an image says who it is (images/write-image-json): {"id": "sha256:...", "version", ...}.
+inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";
+
+/// The image id from an image.json file, or nullopt where there is none (a plain host) or it
+/// has no string "id".
+std::optional<std::string> read_image_id(const std::string& path = kImageJson);
+
+/// Why a snapshot with this manifest cannot be restored here, or nullopt when it can: a live
+/// snapshot needs the same criu version as the one that dumped it (`criu_here` is nullopt where
+/// there is no criu); any snapshot needs the same image, when both its manifest and this box
+/// know their image id (a snapshot from a plain host, or a box outside an image, carries null).
+std::optional<std::string> incompatibility(const boost::json::object& manifest,
+                                           const std::optional<std::string>& criu_here,
+                                           const std::optional<std::string>& image_here);
+
+/// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).
+bool valid_snapshot_id(std::string_view id);
+
+}  // namespace sbx::archive

@@ -1,0 +1,237 @@
+#include "archive/signing.hpp"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "os/sys.hpp"
+
+namespace sbx::archive {
+
+namespace {
+
+std::string ssl_error() {
+  unsigned long e = ERR_get_error();
+  if (!e) return "unknown OpenSSL error";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof buf);
+  ERR_clear_error();
+  return buf;
+}
+
+std::string raw_public(EVP_PKEY* k) {
+  std::string raw(32, '\0');
+  size_t len = raw.size();
+  if (EVP_PKEY_get_raw_public_key(k, reinterpret_cast<unsigned char*>(raw.data()), &len) != 1) return {};
+  raw.resize(len);
+  return raw;
+}
+
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+using Bio = std::unique_ptr<BIO, BioDeleter>;
+
+std::string bio_text(BIO* b) {
+  char* p = nullptr;
+  long n = BIO_get_mem_data(b, &p);
+  return n > 0 ? std::string(p, static_cast<size_t>(n)) : std::string();
+}
+
+}  // namespace
+
+std::string hex_encode(const unsigned char* p, size_t n) {
+  static constexpr char h[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += h[p[i] >> 4];
+    out += h[p[i] & 15];
+  }
+  return out;
+}
+
+std::string PublicKey::fingerprint() const {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  EVP_Digest(raw.data(), raw.size(), md, &len, EVP_sha256(), nullptr);
+  return "ed25519:" + hex_encode(md, 16);
+}
+
+bool PublicKey::verify(std::string_view msg, std::string_view sig) const {
+  EVP_PKEY* k = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
+                                            reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+  if (!k) {
+    ERR_clear_error();
+    return false;
+  }
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok = ctx && EVP_DigestVerifyInit(ctx, nullptr, nullptr, nullptr, k) == 1 &&
+            EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                             reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) == 1;
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(k);
+  ERR_clear_error();
+  return ok;
+}
+
+SigningKey::SigningKey(void* pkey) : pkey_(pkey) { pub_.raw = raw_public(static_cast<EVP_PKEY*>(pkey)); }
+SigningKey::~SigningKey() { EVP_PKEY_free(static_cast<EVP_PKEY*>(pkey_)); }
+SigningKey::SigningKey(SigningKey&& o) noexcept : pkey_(o.pkey_), pub_(std::move(o.pub_)) { o.pkey_ = nullptr; }
+SigningKey& SigningKey::operator=(SigningKey&& o) noexcept {
+  if (this != &o) {
+    EVP_PKEY_free(static_cast<EVP_PKEY*>(pkey_));
+    pkey_ = o.pkey_;
+    pub_ = std::move(o.pub_);
+    o.pkey_ = nullptr;
+  }
+  return *this;
+}
+
+std::optional<SigningKey> SigningKey::load(const std::string& path, std::string& err) {
+  auto text = os::read_file(path);
+  if (!text) {
+    err = "read " + path + ": " + text.error().message();
+    return std::nullopt;
+  }
+  Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
+  EVP_PKEY* k = bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr;
+  if (!k) {
+    err = path + ": not a PEM private key (" + ssl_error() + ")";
+    return std::nullopt;
+  }
+  if (EVP_PKEY_get_id(k) != EVP_PKEY_ED25519) {
+    EVP_PKEY_free(k);
+    err = path + ": not an Ed25519 key (make one with: openssl genpkey -algorithm ed25519)";
+    return std::nullopt;
+  }
+  return SigningKey(k);
+}
+
+std::optional<SigningKey> SigningKey::generate(std::string& err) {
+  EVP_PKEY* k = EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519");
+  if (!k) {
+    err = "generate an Ed25519 key: " + ssl_error();
+    return std::nullopt;
+  }
+  return SigningKey(k);
+}
+
+std::string SigningKey::sign(std::string_view msg, std::string& err) const {
+  std::string sig(64, '\0');
+  size_t len = sig.size();
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok = ctx && EVP_DigestSignInit(ctx, nullptr, nullptr, nullptr, static_cast<EVP_PKEY*>(pkey_)) == 1 &&
+            EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(sig.data()), &len,
+                           reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) == 1;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) {
+    err = "sign: " + ssl_error();
+    return {};
+  }
+  sig.resize(len);
+  return sig;
+}
+
+std::string SigningKey::private_pem() const {
+  Bio bio(BIO_new(BIO_s_mem()));
+  PEM_write_bio_PrivateKey(bio.get(), static_cast<EVP_PKEY*>(pkey_), nullptr, nullptr, 0, nullptr, nullptr);
+  return bio_text(bio.get());
+}
+
+std::string SigningKey::public_pem() const {
+  Bio bio(BIO_new(BIO_s_mem()));
+  PEM_write_bio_PUBKEY(bio.get(), static_cast<EVP_PKEY*>(pkey_));
+  return bio_text(bio.get());
+}
+
+std::optional<PublicKey> load_trust_key(const std::string& path, std::string& err) {
+  auto text = os::read_file(path);
+  if (!text) {
+    err = "read " + path + ": " + text.error().message();
+    return std::nullopt;
+  }
+  Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
+  EVP_PKEY* k = PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr);
+  if (!k) {
+    ERR_clear_error();
+    Bio again(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
+    k = PEM_read_bio_PrivateKey(again.get(), nullptr, nullptr, nullptr);
+  }
+  if (!k) {
+    err = path + ": not a PEM public or private key (" + ssl_error() + ")";
+    return std::nullopt;
+  }
+  PublicKey pub{raw_public(k)};
+  bool ed = EVP_PKEY_get_id(k) == EVP_PKEY_ED25519;
+  EVP_PKEY_free(k);
+  if (!ed || pub.raw.size() != 32) {
+    err = path + ": not an Ed25519 key";
+    return std::nullopt;
+  }
+  return pub;
+}
+
+std::string user_key_dir() {
+  std::string why;
+  std::string home = os::state_home(why);
+  // No private home to be had: ensure_user_key then says why (its directory is refused).
+  return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
+}
+
+std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err) {
+  std::string priv = dir + "/signing.pem", pub = dir + "/signing.pub";
+  // Whoever can write the key store chooses which archives criu restores: it is this user's
+  // alone, and so is the key in it.
+  std::string parent = dir.substr(0, dir.rfind('/'));
+  if (auto r = os::make_dirs(parent, 0700); !r) {
+    err = "create " + parent + ": " + r.error().message();
+    return std::nullopt;
+  }
+  if (!os::own_private_dir(parent, err) || !os::own_private_dir(dir, err)) return std::nullopt;
+  struct stat st {};
+  if (::lstat(priv.c_str(), &st) != 0) {
+    // First use: a whole key in a temporary file, then linked into place (link fails when a
+    // concurrent first use got there first: then its key is the one).
+    auto key = SigningKey::generate(err);
+    if (!key) return std::nullopt;
+    std::string tmp = priv + ".tmp-" + os::random_hex(6);
+    os::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd) {
+      err = "create " + tmp + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    ::fchmod(fd.get(), 0600);
+    auto w = os::write_all(fd.get(), key->private_pem());
+    if (w && ::fsync(fd.get()) != 0) w = os::last_error();
+    fd.reset();
+    if (!w || (::link(tmp.c_str(), priv.c_str()) != 0 && errno != EEXIST)) {
+      err = "write " + priv + ": " + (w ? std::strerror(errno) : w.error().message());
+      ::unlink(tmp.c_str());
+      return std::nullopt;
+    }
+    ::unlink(tmp.c_str());
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    err = priv + ": not a regular file of this user's alone (mode 0600)";
+    return std::nullopt;
+  }
+  auto key = SigningKey::load(priv, err);
+  if (!key) return std::nullopt;
+  // The public half beside it, for boxes elsewhere (Docker) to trust; the same text every time.
+  auto have = os::read_file(pub);
+  if (!have || *have != key->public_pem())
+    if (auto r = os::write_file_atomic(pub, key->public_pem(), 0644); !r) {
+      err = "write " + pub + ": " + r.error().message();
+      return std::nullopt;
+    }
+  return priv;
+}
+
+}  // namespace sbx::archive

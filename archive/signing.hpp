@@ -1,0 +1,65 @@
+#pragma once
+// Signed checkpoint archives: Ed25519 keys (OpenSSL), loaded from PEM files the host gives a box.
+// A box signs the manifest of every archive it writes with its signing key (--signing-key) and
+// imports or restores only archives whose signature one of its trusted keys (--trust-key, and its
+// own key's public half) verifies. The CLI keeps one key pair per user (user_key_dir()), made on
+// first use, and hands it to every box it starts; a box given no key uses the same pair.
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::archive {
+
+/// An Ed25519 public key: its 32 raw bytes.
+struct PublicKey {
+  std::string raw;
+  /// "ed25519:" and the first 32 hex digits of the sha256 of the raw key: what messages show.
+  std::string fingerprint() const;
+  /// Whether `sig` is this key's Ed25519 signature of `msg`.
+  bool verify(std::string_view msg, std::string_view sig) const;
+};
+
+/// An Ed25519 private key, which signs.
+class SigningKey {
+ public:
+  ~SigningKey();
+  SigningKey(const SigningKey&) = delete;
+  SigningKey& operator=(const SigningKey&) = delete;
+  SigningKey(SigningKey&&) noexcept;
+  SigningKey& operator=(SigningKey&&) noexcept;
+
+  /// Reads a PEM private key (PKCS#8, as `openssl genpkey -algorithm ed25519` writes it).
+  static std::optional<SigningKey> load(const std::string& path, std::string& err);
+  /// A fresh random key.
+  static std::optional<SigningKey> generate(std::string& err);
+
+  const PublicKey& public_key() const { return pub_; }
+  /// The 64-byte signature of `msg`; empty on an OpenSSL failure (which `err` names).
+  std::string sign(std::string_view msg, std::string& err) const;
+  /// The private key as PEM (PKCS#8), and the public key as PEM (SubjectPublicKeyInfo).
+  std::string private_pem() const;
+  std::string public_pem() const;
+
+ private:
+  explicit SigningKey(void* pkey);
+  void* pkey_ = nullptr;  // EVP_PKEY*
+  PublicKey pub_;
+};
+
+/// A trusted key from a file: a PEM public key, or a PEM private key (its public half).
+std::optional<PublicKey> load_trust_key(const std::string& path, std::string& err);
+
+/// Where the per-user key pair lives: $XDG_STATE_HOME/sandboxer/keys (else
+/// ~/.local/state/sandboxer/keys), the directory 0700, holding signing.pem (0600) and signing.pub.
+std::string user_key_dir();
+
+/// The per-user key pair in `dir`: loaded, or made on first use (the private key created with
+/// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path.
+std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err);
+
+/// Lowercase hex of `n` bytes.
+std::string hex_encode(const unsigned char* p, size_t n);
+
+}  // namespace sbx::archive

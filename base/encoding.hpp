@@ -1,0 +1,25 @@
+#pragma once
+// Text encodings: UTF-8 validity, base64, hex, and the time stamps events carry.
+#include <boost/json.hpp>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace sbx::base {
+
+/// RFC 3339 UTC with microseconds: 2026-11-21T23:58:47.123456Z.
+std::string rfc3339_now();
+
+/// Length of the longest prefix of `s` that is valid UTF-8 (RFC 3629: no overlongs, no
+/// surrogates, nothing above U+10FFFF).
+size_t utf8_valid_prefix(std::string_view s) noexcept;
+
+/// How many bytes at the end of `s` are the start of a multi-byte sequence that could still be
+/// completed by more input (0..3). Only meaningful when everything before them is valid.
+size_t utf8_incomplete_tail(std::string_view s) noexcept;
+
+std::string base64_encode(std::string_view in);
+/// Decodes standard base64 (padding optional); false on any invalid character.
+bool base64_decode(std::string_view in, std::string& out);
+
+}  // namespace sbx::base

@@ -1,0 +1,92 @@
+#pragma once
+// The journal: every event of a box, seq-numbered, on disk before anyone sees it.
+//
+// Layout under DIR: one file per segment, named by the first seq it holds (20 digits). The active
+// segment is plain JSON lines (`N.jsonl`), appended with write(2) per event; a sealed segment is
+// compressed on the loop's thread pool to `N.jsonl.zst` and the plain file removed. A reader
+// prefers the .zst of a segment when both exist (the rename happened, the unlink did not).
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <boost/system/result.hpp>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "os/unique-fd.hpp"
+
+namespace sbx::journal {
+
+/// A journal event once written: what listeners receive.
+struct Event {
+  uint64_t seq;
+  const boost::json::object& obj;
+  const std::string& line;  // the serialized object, no trailing newline
+};
+
+
+struct JournalOptions {
+  std::string dir;
+  std::string box;
+  uint64_t segment_bytes = 16u << 20;
+  uint64_t disk_cap = 0;  // 0: unlimited
+};
+
+class Journal {
+ public:
+  using Listener = std::function<void(const Event&)>;
+
+  /// Opens (creating or recovering) the journal. Recovery drops a torn last line of the active
+  /// segment and remembers it, so the first append after open is a `journal.recovered` event.
+  static boost::system::result<std::unique_ptr<Journal>> open(uv_loop_t* loop, JournalOptions opts);
+  ~Journal();
+
+  /// Assigns seq, ts and box; writes the line; then tells every listener. `ev` must hold "type".
+  /// Returns the seq. A write error is logged and the event still reaches listeners: losing the
+  /// disk must not stop the stream.
+  uint64_t append(boost::json::object ev);
+
+  uint64_t last_seq() const noexcept { return last_seq_; }
+  /// Continues numbering after `seq` (a box restored from an archive continues its parent's).
+  void skip_to(uint64_t seq) noexcept {
+    if (seq > last_seq_) last_seq_ = seq;
+  }
+  const std::string& dir() const noexcept { return opts_.dir; }
+
+  int add_listener(Listener l);
+  void remove_listener(int id);
+
+  /// Waits for compressions under way (used at shutdown), running the loop if it must.
+  void flush();
+
+  /// Calls `fn(seq, line)` for every event with seq > since, in order, from the files under
+  /// `dir`. Stops early when fn returns false. Works on a journal another process is writing.
+  static boost::system::result<void> read(const std::string& dir, uint64_t since,
+                                          const std::function<bool(uint64_t, std::string_view)>& fn);
+
+ private:
+  Journal(uv_loop_t* loop, JournalOptions opts);
+  boost::system::result<void> recover();
+  void open_segment(uint64_t first_seq);
+  void seal_active();
+  void enforce_cap();
+
+  uv_loop_t* loop_;
+  JournalOptions opts_;
+  uint64_t last_seq_ = 0;
+  os::UniqueFd active_;
+  uint64_t active_first_ = 0;
+  uint64_t active_bytes_ = 0;
+  int pending_compressions_ = 0;
+  std::map<int, Listener> listeners_;
+  int next_listener_ = 1;
+  boost::json::object recovered_;  // non-empty: report it with the first append
+  bool in_append_ = false;
+};
+
+/// Compresses `src` to `dst` (zstd, streaming); used by the journal and by tests.
+boost::system::result<void> zstd_compress_file(const std::string& src, const std::string& dst, int level = 3);
+
+}  // namespace sbx::journal

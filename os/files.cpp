@@ -1,0 +1,239 @@
+#include "os/files.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "os/sys.hpp"
+#include "os/unique-fd.hpp"
+
+namespace sbx::os {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// A copy of a tree the agent wrote (a branch's layer) into a place only the supervisor writes.
+// Every entry is reached from its parent's fd without following symlinks, and every entry of the
+// copy is created new (mkdirat, O_CREAT | O_EXCL, symlinkat): nothing already there is written
+// through, so a symlink in the source (or anywhere) is copied as a symlink and never followed.
+struct Copier {
+  std::string& err;
+  uint64_t bytes = 0;
+  std::vector<char> buf;
+
+  static constexpr int kMaxDepth = 256;
+
+  bool fail(const std::string& what, int e) {
+    err = what + ": " + std::strerror(e);
+    return false;
+  }
+
+  // Owner and mode of the copy as the source has them: chown first (it clears set-id bits).
+  bool keep_owner(int fd, const struct stat& st, const std::string& shown) {
+    if (::fchown(fd, st.st_uid, st.st_gid) != 0) return fail("chown " + shown, errno);
+    if (::fchmod(fd, st.st_mode & 07777) != 0) return fail("chmod " + shown, errno);
+    return true;
+  }
+
+  bool data(int in, int out, const struct stat& st, const std::string& shown) {
+    off_t left = st.st_size;
+    bool plain = false;  // copy_file_range refuses some pairs of filesystems: read and write then
+    while (left > 0) {
+      ssize_t n = -1;
+      if (!plain) {
+        n = ::copy_file_range(in, nullptr, out, nullptr, static_cast<size_t>(left), 0);
+        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+          plain = true;
+          continue;
+        }
+      } else {
+        if (buf.empty()) buf.resize(1 << 20);
+        n = ::read(in, buf.data(), std::min<size_t>(buf.size(), static_cast<size_t>(left)));
+        if (n > 0)
+          if (auto w = os::write_all(out, {buf.data(), static_cast<size_t>(n)}); !w)
+            return fail("write " + shown, w.error().value());
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return fail("copy " + shown, errno);
+      if (n == 0) break;  // the file shrank under us: keep what is there
+      left -= n;
+    }
+    bytes += static_cast<uint64_t>(st.st_size - left);
+    return true;
+  }
+
+  bool file(int sdir, const char* name, int ddir, const char* dname, const std::string& shown) {
+    // O_PATH first, then the very inode it holds: a FIFO or a device is never opened.
+    auto p = os::open_beneath(sdir, name, O_PATH | O_NOFOLLOW);
+    if (!p) return fail("open " + shown, p.error().value());
+    struct stat st {};
+    if (::fstat(p->get(), &st) != 0) return fail("stat " + shown, errno);
+    if (!S_ISREG(st.st_mode)) return true;  // swapped for another type meanwhile: not copied
+    auto in = os::reopen(p->get(), O_RDONLY);
+    if (!in) return fail("open " + shown, in.error().value());
+    os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) return fail("create the copy of " + shown, errno);
+    return data(in->get(), out.get(), st, shown) && keep_owner(out.get(), st, shown);
+  }
+
+  bool symlink(int sdir, const char* name, const struct stat& st, int ddir, const char* dname,
+               const std::string& shown) {
+    std::vector<char> target(static_cast<size_t>(std::max<off_t>(st.st_size, 0)) + 2);
+    ssize_t n = ::readlinkat(sdir, name, target.data(), target.size() - 1);
+    if (n < 0) return fail("read the symlink " + shown, errno);
+    target[static_cast<size_t>(n)] = 0;
+    if (::symlinkat(target.data(), ddir, dname) != 0) return fail("create the copy of " + shown, errno);
+    if (::fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0) return fail("chown " + shown, errno);
+    return true;
+  }
+
+  // The names in the directory `fd` (but . and ..).
+  bool list(int fd, const std::string& shown, std::vector<std::string>& names) {
+    int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+    if (!d) {
+      if (lfd >= 0) ::close(lfd);
+      return fail("list " + shown, errno);
+    }
+    while (auto* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+    ::closedir(d);
+    return true;
+  }
+
+  // Copies the directory `sfd` into `dfd` (new and empty), entry by entry.
+  bool dir(int sfd, int dfd, const std::string& shown, int depth) {
+    if (depth > kMaxDepth) {
+      err = "copy " + shown + ": the tree is deeper than " + std::to_string(kMaxDepth) + " directories";
+      return false;
+    }
+    std::vector<std::string> names;
+    if (!list(sfd, shown, names)) return false;
+    for (auto& n : names)
+      if (!entry(sfd, n.c_str(), dfd, n.c_str(), shown + "/" + n, depth)) return false;
+    return true;
+  }
+
+  // Copies the entry `name` of `sdir` as the new entry `dname` of `ddir`.
+  bool entry(int sdir, const char* name, int ddir, const char* dname, const std::string& shown, int depth) {
+    struct stat st {};
+    if (::fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return true;  // gone meanwhile
+      return fail("stat " + shown, errno);
+    }
+    if (S_ISLNK(st.st_mode)) return symlink(sdir, name, st, ddir, dname, shown);
+    if (S_ISREG(st.st_mode)) return file(sdir, name, ddir, dname, shown);
+    if (!S_ISDIR(st.st_mode)) return true;  // sockets, FIFOs, devices, overlay whiteouts: not part of a copy
+    auto sub = os::open_beneath(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (!sub) return fail("open " + shown, sub.error().value());
+    if (::fstat(sub->get(), &st) != 0) return fail("stat " + shown, errno);
+    if (::mkdirat(ddir, dname, 0700) != 0) return fail("create the copy of " + shown, errno);
+    auto out = os::open_beneath(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (!out) return fail("open the copy of " + shown, out.error().value());
+    return dir(sub->get(), out->get(), shown, depth + 1) && keep_owner(out->get(), st, shown);
+  }
+};
+
+}  // namespace
+
+std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err) {
+  auto split = [](const std::string& p) {
+    auto slash = p.rfind('/');
+    if (slash == std::string::npos) return std::pair<std::string, std::string>(".", p);
+    return std::pair<std::string, std::string>(slash == 0 ? "/" : p.substr(0, slash), p.substr(slash + 1));
+  };
+  auto [sparent, sname] = split(src);
+  auto [dparent, dname] = split(dst);
+  if (sname.empty() || sname == "." || sname == ".." || dname.empty() || dname == "." || dname == "..") {
+    err = "copy " + src + " to " + dst + ": each must name an entry";
+    return std::nullopt;
+  }
+  // The parents are the caller's (the state dir); what is below them is reached by fd only.
+  os::UniqueFd sdir(::open(sparent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  os::UniqueFd ddir(::open(dparent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!sdir || !ddir) {
+    err = "open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstatat(sdir.get(), sname.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    err = "stat " + src + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+    err = "copy " + src + ": it is " + os::file_type_name(st.st_mode) + ", not a directory or a regular file";
+    return std::nullopt;
+  }
+  // A copy goes into a new place only: never merged into, or written through, what is there.
+  if (::fstatat(ddir.get(), dname.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    err = "copy " + src + " to " + dst + ": the destination exists already (it is " + os::file_type_name(st.st_mode) +
+          ")";
+    return std::nullopt;
+  }
+  Copier c{err};
+  if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return std::nullopt;
+  return c.bytes;
+}
+
+std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err) {
+  // Both are the caller's (the snapshot's store, the branch's dir); what is below them is reached
+  // by fd only.
+  os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  os::UniqueFd ddir(::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!sdir || !ddir) {
+    err = "open " + (sdir ? dst : src) + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  Copier c{err};
+  // The destination is new: empty, but for the lost+found of a filesystem just made on it.
+  std::vector<std::string> there;
+  if (!c.list(ddir.get(), dst, there)) return std::nullopt;
+  bool has_lost_found = false;
+  for (auto& n : there) {
+    if (n == "lost+found") {
+      has_lost_found = true;
+      continue;
+    }
+    err = "copy " + src + " into " + dst + ": the destination is not empty (it holds " + n + ")";
+    return std::nullopt;
+  }
+  struct stat st {};
+  if (::fstat(sdir.get(), &st) != 0) {
+    err = "stat " + src + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::vector<std::string> names;
+  if (!c.list(sdir.get(), src, names)) return std::nullopt;
+  for (auto& n : names) {
+    if (has_lost_found && n == "lost+found") continue;  // the destination's own
+    if (!c.entry(sdir.get(), n.c_str(), ddir.get(), n.c_str(), src + "/" + n, 1)) return std::nullopt;
+  }
+  if (!c.keep_owner(ddir.get(), st, src)) return std::nullopt;
+  return c.bytes;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+uint64_t tree_bytes(const std::string& path) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+}  // namespace sbx::os

@@ -1,0 +1,27 @@
+#pragma once
+// Whole trees of files: copied by fd without following symlinks, measured, removed.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace sbx::os {
+
+/// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)
+/// into `dst`, which must not exist: a copy is never merged into what is there. Nothing below
+/// `src` or `dst` is reached through a symlink (symlinks are copied as symlinks); other file types
+/// (sockets, FIFOs, devices) are skipped. `src` itself must be a directory or a regular file, not
+/// a symlink. Returns the bytes of regular files copied.
+std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err);
+
+/// The same as copy_tree for the contents of the directory `src`, into the directory `dst`, which
+/// exists and is empty (a mount point just made for them, such as a copy's workspace with its
+/// disk ceiling) but for a filesystem's own lost+found; `dst` gets `src`'s owner and mode.
+std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err);
+
+/// rm -rf; errors are ignored.
+void remove_tree(const std::string& path);
+
+/// Bytes of regular files under `path`.
+uint64_t tree_bytes(const std::string& path);
+
+}  // namespace sbx::os

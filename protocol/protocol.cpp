@@ -1,0 +1,159 @@
+#include "protocol/protocol.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "base/encoding.hpp"
+#include "profile/profile.hpp"
+
+namespace sbx::protocol {
+
+namespace {
+std::string field(std::string_view key) { return "field " + std::string(key) + ": "; }
+const char* kind_of(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null: return "null";
+    case boost::json::kind::bool_: return "a boolean";
+    case boost::json::kind::int64:
+    case boost::json::kind::uint64:
+    case boost::json::kind::double_: return "a number";
+    case boost::json::kind::string: return "a string";
+    case boost::json::kind::array: return "an array";
+    case boost::json::kind::object: return "an object";
+  }
+  return "?";
+}
+}  // namespace
+
+Request parse_request(std::string_view text, boost::json::value* id_out) {
+  if (text.size() > kMaxTextFrame)
+    throw RequestError("frame_too_large", "text frame of " + std::to_string(text.size()) + " bytes exceeds the cap of " +
+                                              std::to_string(kMaxTextFrame) + " bytes");
+  boost::system::error_code ec;
+  boost::json::parse_options po;
+  po.max_depth = 32;
+  auto v = boost::json::parse(text, ec, {}, po);
+  if (ec) throw RequestError("bad_json", "the frame is not valid JSON: " + ec.message());
+  if (!v.is_object()) throw RequestError("bad_request", std::string("a request is a JSON object, not ") + kind_of(v));
+  Request r;
+  r.fields = std::move(v.as_object());
+  if (auto* id = r.fields.if_contains("id")) {
+    bool ok = id->is_string() || id->is_null() || id->is_int64() || id->is_uint64();
+    if (ok) r.id = *id;
+    if (id_out) *id_out = r.id;
+    if (!ok) throw RequestError("bad_request", std::string("field id: expected an integer or a string, got ") + kind_of(*id));
+  }
+  auto* op = r.fields.if_contains("op");
+  if (!op) throw RequestError("bad_request", "field op: missing");
+  if (!op->is_string()) throw RequestError("bad_request", std::string("field op: expected a string, got ") + kind_of(*op));
+  r.op = op->as_string();
+  return r;
+}
+
+std::optional<std::string> opt_string(const boost::json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_string()) throw RequestError("bad_request", field(key) + "expected a string, got " + kind_of(*v));
+  return std::string(v->as_string());
+}
+
+std::string need_string(const boost::json::object& o, std::string_view key) {
+  auto s = opt_string(o, key);
+  if (!s) throw RequestError("bad_request", field(key) + "missing");
+  return *s;
+}
+
+std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max) {
+  auto* v = o.if_contains(key);
+  if (!v || v->is_null()) return std::nullopt;
+  int64_t n;
+  if (v->is_int64()) {
+    n = v->as_int64();
+  } else if (v->is_uint64()) {
+    if (v->as_uint64() > static_cast<uint64_t>(max))
+      throw RequestError("bad_request", field(key) + "out of range (at most " + std::to_string(max) + ")");
+    n = static_cast<int64_t>(v->as_uint64());
+  } else if (v->is_double()) {
+    double d = v->as_double();
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(min) || d > static_cast<double>(max))
+      throw RequestError("bad_request", field(key) + "expected an integer in [" + std::to_string(min) + ", " +
+                                            std::to_string(max) + "]");
+    n = static_cast<int64_t>(d);
+  } else {
+    throw RequestError("bad_request", field(key) + "expected an integer, got " + kind_of(*v));
+  }
+  if (n < min || n > max)
+    throw RequestError("bad_request", field(key) + "out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  return n;
+}
+
+std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_bool()) throw RequestError("bad_request", field(key) + "expected a boolean, got " + kind_of(*v));
+  return v->as_bool();
+}
+
+std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  if (!v) throw RequestError("bad_request", field(key) + "missing");
+  if (!v->is_array()) throw RequestError("bad_request", field(key) + "expected an array of strings, got " + kind_of(*v));
+  std::vector<std::string> out;
+  for (auto& e : v->as_array()) {
+    if (!e.is_string()) throw RequestError("bad_request", field(key) + "expected an array of strings, found " + kind_of(e));
+    out.emplace_back(e.as_string());
+  }
+  return out;
+}
+
+std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  if (!v || v->is_null()) return std::nullopt;
+  if (v->is_string()) {
+    try {
+      return profile::parse_duration_ms(v->as_string(), std::string(key));
+    } catch (const std::exception& e) {
+      throw RequestError("bad_request", e.what());
+    }
+  }
+  double s = v->is_double() ? v->as_double() : v->is_int64() ? static_cast<double>(v->as_int64())
+                                             : v->is_uint64() ? static_cast<double>(v->as_uint64())
+                                                              : -1;
+  if (!v->is_number()) throw RequestError("bad_request", field(key) + "expected seconds or a duration string, got " + kind_of(*v));
+  if (!std::isfinite(s) || s < 0 || s > 86400.0 * 365)
+    throw RequestError("bad_request", field(key) + "out of range (0 to a year of seconds)");
+  return static_cast<int64_t>(s * 1000);
+}
+
+boost::json::object ok_reply(const boost::json::value& id) { return {{"id", id}, {"ok", true}}; }
+
+boost::json::object error_reply(const boost::json::value& id, std::string_view code, std::string_view message) {
+  return {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+void put_header(std::string& out, const BinaryHeader& h) {
+  unsigned char b[kBinaryHeader];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(h.id >> (8 * i));
+  for (int i = 0; i < 8; ++i) b[4 + i] = static_cast<unsigned char>(h.offset >> (8 * i));
+  b[12] = h.flags;
+  out.append(reinterpret_cast<const char*>(b), sizeof b);
+}
+
+std::optional<BinaryHeader> get_header(std::string_view f) {
+  if (f.size() < kBinaryHeader) return std::nullopt;
+  auto u = [&](size_t i) { return static_cast<uint64_t>(static_cast<unsigned char>(f[i])); };
+  BinaryHeader h;
+  for (int i = 0; i < 4; ++i) h.id |= static_cast<uint32_t>(u(static_cast<size_t>(i)) << (8 * i));
+  for (int i = 0; i < 8; ++i) h.offset |= u(static_cast<size_t>(4 + i)) << (8 * i);
+  h.flags = static_cast<uint8_t>(u(12));
+  return h;
+}
+
+void put_bytes(boost::json::object& ev, std::string_view data) {
+  if (base::utf8_valid_prefix(data) == data.size())
+    ev["data"] = data;
+  else
+    ev["data_b64"] = base::base64_encode(data);
+}
+
+}  // namespace sbx::protocol

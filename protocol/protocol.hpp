@@ -1,0 +1,67 @@
+#pragma once
+// The wire format of the WebSocket API (DESIGN.md, "Protocol details"): parsing one request
+// frame with errors that name the problem, and the binary frame header for file content.
+// Pure code: the server and the fuzz target use it.
+#include <boost/json.hpp>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sbx::protocol {
+
+inline constexpr const char* kSubprotocol = "sandboxer.v1";
+inline constexpr size_t kMaxTextFrame = 1u << 20;
+inline constexpr size_t kMaxBinaryData = 1u << 20;
+inline constexpr size_t kBinaryHeader = 13;  // u32 id, u64 offset, u8 flags; little-endian
+inline constexpr uint8_t kFlagLast = 1;
+
+// Close codes.
+inline constexpr int kCloseUnauthorized = 4401;
+inline constexpr int kCloseTooSlow = 4008;
+inline constexpr int kCloseTooBig = 1009;  // RFC 6455: a message too big to process
+
+/// A refused request: `code` is stable (for programs), `message` says what was wrong.
+struct RequestError : std::runtime_error {
+  RequestError(std::string c, const std::string& m) : std::runtime_error(m), code(std::move(c)) {}
+  std::string code;
+};
+
+struct Request {
+  boost::json::value id;  // echoed in the reply; null when absent
+  std::string op;
+  boost::json::object fields;
+};
+
+/// Parses a text frame. Throws RequestError (with `id_out` set to the id if one was readable).
+Request parse_request(std::string_view text, boost::json::value* id_out = nullptr);
+
+// Field accessors: each throws RequestError("bad_request", "field F: ...") on a wrong type.
+std::optional<std::string> opt_string(const boost::json::object& o, std::string_view key);
+std::string need_string(const boost::json::object& o, std::string_view key);
+std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max);
+std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key);
+std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key);
+/// A duration: a number of seconds, or a string "3s", "500ms".
+std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string_view key);
+
+boost::json::object ok_reply(const boost::json::value& id);
+boost::json::object error_reply(const boost::json::value& id, std::string_view code, std::string_view message);
+
+struct BinaryHeader {
+  uint32_t id = 0;
+  uint64_t offset = 0;
+  uint8_t flags = 0;
+  bool last() const noexcept { return flags & kFlagLast; }
+};
+/// Appends the header to `out`.
+void put_header(std::string& out, const BinaryHeader& h);
+/// Reads the header of a binary frame; nullopt when shorter than the header.
+std::optional<BinaryHeader> get_header(std::string_view frame);
+
+/// Puts `data` into `ev` as "data" when it is valid UTF-8, else as "data_b64".
+void put_bytes(boost::json::object& ev, std::string_view data);
+
+}  // namespace sbx::protocol

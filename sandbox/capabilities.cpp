@@ -1,0 +1,151 @@
+#include "sandbox/capabilities.hpp"
+
+#include <fcntl.h>
+#include <linux/landlock.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "sandbox/launcher.hpp"
+#include "os/sys.hpp"
+
+extern char** environ;
+
+namespace sbx::sandbox {
+
+boost::json::object HostCapabilities::to_json() const {
+  boost::json::object o;
+  o["cgroup"] = cgroup;
+  o["controllers"] = controllers;
+  o["namespaces"] = namespaces;
+  if (!namespaces) o["namespaces_why_not"] = namespaces_why_not;
+  o["seccomp"] = seccomp;
+  o["landlock"] = landlock_abi;
+  o["overlay"] = overlay;
+  o["criu"] = criu ? boost::json::value(*criu) : boost::json::value(nullptr);
+  o["isolation"] = isolation;
+  return o;
+}
+
+CommandProbe::CommandProbe(const std::vector<std::string>& argv) {
+  auto p = os::make_pipe();
+  if (!p) return;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p->write.get(), 1);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> av;
+  for (auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
+  av.push_back(nullptr);
+  pid_t pid;
+  int rc = posix_spawnp(&pid, av[0], &fa, &attr, av.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return;
+  pid_ = pid;
+  fd_ = p->read.release();
+}
+
+CommandProbe::~CommandProbe() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<std::string> CommandProbe::output(int timeout_ms) {
+  if (pid_ <= 0) return std::nullopt;
+  std::string out;
+  struct pollfd pfd{fd_, POLLIN, 0};
+  for (;;) {
+    if (::poll(&pfd, 1, timeout_ms) <= 0) {
+      ::kill(pid_, SIGKILL);
+      break;
+    }
+    char buf[4096];
+    ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  int st;
+  ::waitpid(pid_, &st, 0);
+  pid_ = -1;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> run_and_capture(const std::vector<std::string>& argv, int timeout_ms) {
+  return CommandProbe(argv).output(timeout_ms);
+}
+
+std::optional<std::string> criu_version_of(const std::optional<std::string>& out) {
+  if (!out) return std::nullopt;
+  std::smatch m;
+  static const std::regex re(R"(Version:\s*([0-9.]+))");
+  if (std::regex_search(*out, m, re)) return m[1].str();
+  return std::nullopt;
+}
+
+HostCapabilities detect_capabilities(CommandProbe* criu) {
+  HostCapabilities c;
+  // cgroups: v1 lines name their controllers; a lone "0::" line is the v2 unified hierarchy.
+  {
+    std::ifstream f("/proc/self/cgroup");
+    std::string line;
+    bool v1 = false;
+    while (std::getline(f, line)) {
+      auto a = line.find(':'), b = line.find(':', a + 1);
+      if (a == std::string::npos || b == std::string::npos) continue;
+      std::string ctl = line.substr(a + 1, b - a - 1);
+      if (ctl.empty()) continue;
+      std::stringstream ss(ctl);
+      std::string one;
+      while (std::getline(ss, one, ','))
+        if (!one.starts_with("name=")) {
+          c.controllers.push_back(boost::json::value(one));
+          v1 = true;
+        }
+    }
+    if (v1) {
+      c.cgroup = "v1";
+    } else if (auto s = os::read_file("/sys/fs/cgroup/cgroup.controllers")) {
+      c.cgroup = "v2";
+      std::stringstream ss(*s);
+      std::string one;
+      while (ss >> one) c.controllers.push_back(boost::json::value(one));
+    }
+  }
+  c.namespaces = can_make_namespaces(&c.namespaces_why_not);
+  c.seccomp = ::prctl(PR_GET_SECCOMP) >= 0;
+  {
+    long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    c.landlock_abi = abi > 0 ? static_cast<int>(abi) : 0;
+  }
+  if (auto fs = os::read_file("/proc/filesystems")) c.overlay = fs->find("\toverlay\n") != std::string::npos;
+  if (criu) c.criu = criu_version_of(criu->output(3000));
+  if (auto v = os::read_file("/proc/version"); v && v->find("gVisor") != std::string::npos)
+    c.isolation = "gvisor";
+  else if (::access("/.dockerenv", F_OK) == 0 || ::access("/run/.containerenv", F_OK) == 0 ||
+           std::getenv("KUBERNETES_SERVICE_HOST"))
+    c.isolation = "container";
+  return c;
+}
+
+}  // namespace sbx::sandbox

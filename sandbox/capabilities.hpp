@@ -1,0 +1,50 @@
+#pragma once
+// What this host lets the supervisor do, detected at start and reported in `box.started`.
+#include <boost/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sbx::sandbox {
+
+struct HostCapabilities {
+  std::string cgroup = "none";        // v1, v2, none
+  boost::json::array controllers;     // the controllers this process may use
+  bool namespaces = false;
+  std::string namespaces_why_not;
+  bool seccomp = false;
+  int landlock_abi = 0;
+  bool overlay = false;
+  std::optional<std::string> criu;    // version
+  std::string isolation = "process";  // process, container, gvisor, microvm
+
+  boost::json::object to_json() const;
+};
+
+/// A command started now whose stdout is read later: start-up probes (`criu --version` takes
+/// several ms) run while the supervisor does its other work. Only for use before the loop starts
+/// (it waits by pid); the destructor kills and reaps a probe never read.
+class CommandProbe {
+ public:
+  explicit CommandProbe(const std::vector<std::string>& argv);
+  ~CommandProbe();
+  CommandProbe(const CommandProbe&) = delete;
+  CommandProbe& operator=(const CommandProbe&) = delete;
+  /// Its stdout once it exits 0; nullopt if it could not start, failed, or took longer.
+  std::optional<std::string> output(int timeout_ms = 5000);
+
+ private:
+  int pid_ = -1;
+  int fd_ = -1;
+};
+
+/// The version `criu --version` printed, or nullopt.
+std::optional<std::string> criu_version_of(const std::optional<std::string>& out);
+
+/// Everything but criu's version unless `criu` is given (a probe started earlier).
+HostCapabilities detect_capabilities(CommandProbe* criu = nullptr);
+
+/// Runs `argv` and returns its stdout; only for use before the loop starts (it waits by pid).
+std::optional<std::string> run_and_capture(const std::vector<std::string>& argv, int timeout_ms = 5000);
+
+}  // namespace sbx::sandbox

@@ -1,0 +1,569 @@
+#include "sandbox/launcher.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "sandbox/policy.hpp"
+#include "os/signal-mask.hpp"
+
+#ifndef MOUNT_ATTR_RDONLY
+#include <linux/mount.h>
+#endif
+
+namespace sbx::sandbox {
+
+namespace {
+
+auto log() {
+  static auto l = spdlog::default_logger()->clone("launcher");
+  return l;
+}
+
+// One step of the mount plan. The plan is built in the parent; the cloned child only walks it
+// with plain syscalls (no allocation, no logging), and reports the failing step's index and errno.
+struct MountOp {
+  enum Kind { PrivateRoot, CloneTree, SetAttr, Mount, MkDir, Touch, Symlink, Move, Mask, ReadOnly, Pivot, RemountRootRO };
+  Kind kind;
+  std::string a, b, fstype, data;  // meaning depends on kind (see run_plan)
+  unsigned long flags = 0;  // Mount: MS_*; SetAttr: MOUNT_ATTR_*; MkDir: the mode
+  int slot = -1;        // CloneTree/SetAttr/Move: which detached tree
+  bool recursive = false;
+  bool optional = false;  // a missing source skips the step
+  bool or_else = false;   // run only if the previous step failed (its failure is then forgiven)
+  std::string what;     // for the error message
+};
+
+// Read-only trees of the host (and the supervisor's binary): no setuid bit or device node in
+// them counts inside the box. Writable mounts: nosuid,nodev.
+constexpr uint64_t kReadOnlyAttrs = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+constexpr uint64_t kWritableAttrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+
+struct Plan {
+  std::vector<MountOp> ops;
+  std::vector<int> slots;  // detached trees (open_tree fds), sized before the clone
+  std::string new_root;
+};
+
+// A fresh /proc and a minimal /dev: the devices in `devs` (name, slot of its clone), devpts, shm.
+// /dev is nodev: its devices are binds of the host's nodes, each a mount of its own, so a node the
+// agent makes there opens nothing.
+void add_proc_and_dev(Plan& p, const std::vector<std::pair<std::string, int>>& devs) {
+  const std::string& r = p.new_root;
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
+  add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /proc"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev", .flags = 0755, .what = "mkdir /dev"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev", .fstype = "tmpfs", .data = "mode=0755,size=64k",
+       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC, .what = "mount /dev"});
+  for (auto& [d, s] : devs) {
+    add({.kind = MountOp::Touch, .a = r + "/dev/" + d, .what = "create /dev/" + d});
+    add({.kind = MountOp::Move, .a = r + "/dev/" + d, .slot = s, .optional = true, .what = "attach /dev/" + d});
+  }
+  add({.kind = MountOp::MkDir, .a = r + "/dev/pts", .flags = 0755, .what = "mkdir /dev/pts"});
+  add({.kind = MountOp::Mount, .a = "devpts", .b = r + "/dev/pts", .fstype = "devpts",
+       .data = "newinstance,ptmxmode=0666,mode=0620", .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev/pts"});
+  add({.kind = MountOp::Symlink, .a = "pts/ptmx", .b = r + "/dev/ptmx", .what = "symlink /dev/ptmx"});
+  add({.kind = MountOp::MkDir, .a = r + "/dev/shm", .flags = 01777, .what = "mkdir /dev/shm"});
+  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev/shm", .fstype = "tmpfs", .data = "mode=1777",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount /dev/shm"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd", .b = r + "/dev/fd", .what = "symlink /dev/fd"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
+  add({.kind = MountOp::Symlink, .a = "/proc/self/fd/2", .b = r + "/dev/stderr", .what = "symlink /dev/stderr"});
+}
+
+// What runc (and so Docker) keeps from a container, after the state dir and credential masks:
+// the kernel's settings and triggers read-only, its memory, key and timer lists and firmware
+// tables masked (an empty read-only tmpfs over a directory, /dev/null over a file). A path this
+// kernel lacks is skipped.
+void add_kernel_masks(Plan& p) {
+  const std::string& r = p.new_root;
+  for (auto* path : kKernelReadOnlyPaths)
+    p.ops.push_back({.kind = MountOp::ReadOnly, .a = r + path, .optional = true, .what = std::string("make ") + path + " read-only"});
+  for (auto* path : kKernelMaskedPaths) {
+    struct stat st {};
+    if (::stat(path, &st) != 0) continue;
+    p.ops.push_back({.kind = MountOp::Mask, .a = r + path, .recursive = S_ISDIR(st.st_mode), .optional = true,
+                     .what = std::string("mask ") + path});
+  }
+}
+
+// Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
+// read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
+// /proc, a minimal /dev, and /workspace and /tmp of the branch's own.
+Plan make_plan(const BranchSpec& spec) {
+  Plan p;
+  p.new_root = spec.dir + "/root";
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  add({.kind = MountOp::PrivateRoot, .what = "make / private"});
+
+  static const char* kSkip[] = {"proc", "dev", "sys", "tmp", "run", "workspace", "lost+found", "boot", "media", "mnt"};
+  struct Entry {
+    std::string name;
+    bool dir;
+    std::string link;
+  };
+  std::vector<Entry> entries;
+  if (DIR* d = ::opendir("/")) {
+    while (auto* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == ".." || n.starts_with(".")) continue;
+      bool skip = false;
+      for (auto* s : kSkip) skip |= n == s;
+      if (skip) continue;
+      struct stat st {};
+      std::string path = "/" + n;
+      if (::lstat(path.c_str(), &st) != 0) continue;
+      if (S_ISLNK(st.st_mode)) {
+        char buf[4096];
+        ssize_t len = ::readlink(path.c_str(), buf, sizeof buf - 1);
+        if (len > 0) entries.push_back({n, false, std::string(buf, static_cast<size_t>(len))});
+      } else if (S_ISDIR(st.st_mode)) {
+        entries.push_back({n, true, {}});
+      }
+    }
+    ::closedir(d);
+  }
+
+  // Clone every tree first.
+  int slot = 0;
+  std::vector<std::pair<std::string, int>> trees;  // target inside root, slot
+  for (auto& e : entries) {
+    if (!e.dir) continue;
+    add({.kind = MountOp::CloneTree, .a = "/" + e.name, .slot = slot, .recursive = true, .what = "clone /" + e.name});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = slot, .recursive = true,
+         .what = "make /" + e.name + " read-only"});
+    trees.emplace_back("/" + e.name, slot++);
+  }
+  add({.kind = MountOp::CloneTree, .a = "/sys", .slot = slot, .recursive = true, .what = "clone /sys"});
+  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC, .slot = slot, .recursive = true,
+       .what = "make /sys read-only"});
+  trees.emplace_back("/sys", slot++);
+  static const char* kDevs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+  std::vector<std::pair<std::string, int>> devs;
+  for (auto* d : kDevs) {
+    add({.kind = MountOp::CloneTree, .a = std::string("/dev/") + d, .slot = slot, .optional = true,
+         .what = std::string("clone /dev/") + d});
+    devs.emplace_back(d, slot++);
+  }
+  add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
+  add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = slot, .what = "make the workspace nosuid,nodev"});
+  trees.emplace_back("/workspace", slot++);
+  int tmp_slot = slot++;
+  add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = tmp_slot, .what = "clone the branch's /tmp"});
+  add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = tmp_slot, .what = "make the branch's /tmp nosuid,nodev"});
+  // The supervisor's own binary, bound at a fixed path: it may live where the branch cannot see
+  // (under the host's /tmp, say), and ns-init runs from inside the new root.
+  int exe_slot = slot++;
+  add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
+  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
+  int resolv_slot = -1;  // network: the branch's resolv.conf
+  if (!spec.resolv_conf.empty()) {
+    add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
+    resolv_slot = slot++;
+  }
+  // A bundle's libraries, found through the $ORIGIN/../lib rpath from kNsInitPath.
+  int lib_slot = -1;
+  std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
+  if (struct stat st {}; ::stat(lib_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    lib_slot = slot++;
+    add({.kind = MountOp::CloneTree, .a = lib_dir, .slot = lib_slot, .what = "clone " + lib_dir});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
+  }
+  // The branch's machine id over /etc/machine-id (where the host has one to cover).
+  int mid_slot = -1;
+  if (struct stat st {}; ::stat("/etc/machine-id", &st) == 0 && S_ISREG(st.st_mode)) {
+    mid_slot = slot++;
+    add({.kind = MountOp::CloneTree, .a = spec.dir + "/" + kMachineIdFile, .slot = mid_slot, .what = "clone the machine id"});
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = mid_slot, .what = "make the machine id read-only"});
+  }
+  p.slots.assign(static_cast<size_t>(slot), -1);
+
+  const std::string& r = p.new_root;
+  // The root is a directory of the branch's own, bound onto itself (pivot_root needs a mount
+  // point), not a tmpfs: criu does not dump the contents of a mount namespace's root, so a restored
+  // copy gets this directory's copy (mount points and symlinks) as its --root.
+  add({.kind = MountOp::Mount, .a = r, .b = r, .flags = MS_BIND, .what = "bind the root directory"});
+  for (auto& e : entries)
+    if (!e.dir) add({.kind = MountOp::Symlink, .a = e.link, .b = r + "/" + e.name, .what = "symlink /" + e.name});
+  for (auto& [target, s] : trees) {
+    add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
+    add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
+  }
+  if (resolv_slot >= 0)
+    add({.kind = MountOp::Move, .a = r + "/etc/resolv.conf", .slot = resolv_slot, .optional = true,
+         .what = "attach /etc/resolv.conf"});
+  if (mid_slot >= 0)
+    add({.kind = MountOp::Move, .a = r + "/etc/machine-id", .slot = mid_slot, .optional = true,
+         .what = "attach /etc/machine-id"});
+  // /tmp: the host's /tmp seen through an overlay whose writes stay the branch's own, so a
+  // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
+  // an overlay filesystem, as in a container), a private /tmp of the branch's own.
+  add({.kind = MountOp::MkDir, .a = r + "/tmp", .flags = 01777, .what = "mkdir /tmp"});
+  add({.kind = MountOp::Mount, .a = "overlay", .b = r + "/tmp", .fstype = "overlay",
+       .data = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work",
+       .flags = MS_NOSUID | MS_NODEV, .what = "mount the /tmp overlay"});
+  add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
+  add_proc_and_dev(p, devs);
+  // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
+  // /run/sandboxer/branch.json can be written into each restored copy before its restore.
+  add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
+  add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND, .what = "bind /run"});
+  // A bind takes its flags from a remount only.
+  add({.kind = MountOp::Mount, .b = r + "/run", .flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV,
+       .what = "make /run nosuid,nodev"});
+  add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
+  add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer/bin", .flags = 0755, .what = "mkdir /run/sandboxer/bin"});
+  if (lib_slot >= 0) {
+    add({.kind = MountOp::MkDir, .a = r + kNsInitLibDir, .flags = 0755, .what = std::string("mkdir ") + kNsInitLibDir});
+    add({.kind = MountOp::Move, .a = r + kNsInitLibDir, .slot = lib_slot, .what = std::string("attach ") + kNsInitLibDir});
+  }
+  add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
+  add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
+  for (auto& m : spec.masks) {
+    struct stat st {};
+    if (::stat(m.c_str(), &st) != 0) continue;
+    add({.kind = MountOp::Mask, .a = r + m, .recursive = S_ISDIR(st.st_mode), .optional = true, .what = "mask " + m});
+  }
+  add_kernel_masks(p);
+  add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});
+  add({.kind = MountOp::RemountRootRO, .what = "make / read-only"});
+  return p;
+}
+
+struct PlanError {
+  int op;
+  int err;
+};
+
+// Runs in the cloned child: async-signal-safe syscalls only. Returns the failing op or -1.
+int run_plan(Plan& p, int* err) noexcept {
+  bool prev_failed = false;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    MountOp& op = p.ops[i];
+    if (op.or_else && !prev_failed) continue;
+    prev_failed = false;
+    int rc = 0;
+    switch (op.kind) {
+      case MountOp::PrivateRoot:
+        rc = ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+        break;
+      case MountOp::CloneTree: {
+        int fd = static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, op.a.c_str(),
+                                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (op.recursive ? AT_RECURSIVE : 0)));
+        if (fd < 0 && op.optional && errno == ENOENT) break;
+        if (fd < 0) rc = -1;
+        p.slots[static_cast<size_t>(op.slot)] = fd;
+        break;
+      }
+      case MountOp::SetAttr: {
+        int fd = p.slots[static_cast<size_t>(op.slot)];
+        if (fd < 0) break;
+        struct mount_attr attr {};
+        attr.attr_set = op.flags;
+        rc = static_cast<int>(::syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | (op.recursive ? AT_RECURSIVE : 0),
+                                        &attr, sizeof attr));
+        break;
+      }
+      case MountOp::Mount:
+        rc = ::mount(op.a.empty() ? nullptr : op.a.c_str(), op.b.c_str(), op.fstype.empty() ? nullptr : op.fstype.c_str(),
+                     op.flags, op.data.empty() ? nullptr : op.data.c_str());
+        break;
+      case MountOp::MkDir:
+        rc = ::mkdir(op.a.c_str(), static_cast<mode_t>(op.flags));
+        if (rc != 0 && errno == EEXIST) rc = 0;
+        break;
+      case MountOp::Touch: {
+        int fd = ::open(op.a.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) rc = -1;
+        else ::close(fd);
+        break;
+      }
+      case MountOp::Symlink:
+        rc = ::symlink(op.a.c_str(), op.b.c_str());
+        if (rc != 0 && errno == EEXIST) rc = 0;  // the root directory of an earlier start
+        break;
+      case MountOp::Move: {
+        int fd = p.slots[static_cast<size_t>(op.slot)];
+        if (fd < 0 && op.optional) break;
+        rc = static_cast<int>(
+            ::syscall(SYS_move_mount, fd, "", AT_FDCWD, op.a.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
+        break;
+      }
+      case MountOp::Mask: {
+        struct stat st {};
+        if (::lstat(op.a.c_str(), &st) != 0) break;  // not in the agent's view at all
+        if (op.recursive) {
+          rc = ::mount("tmpfs", op.a.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0000");
+        } else {
+          // Not nodev: the bind is /dev/null itself, and reads as empty.
+          rc = ::mount("/dev/null", op.a.c_str(), nullptr, MS_BIND, nullptr);
+          if (rc == 0)
+            rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, nullptr);
+        }
+        break;
+      }
+      case MountOp::ReadOnly: {
+        struct stat st {};
+        if (::lstat(op.a.c_str(), &st) != 0) break;  // not on this kernel
+        rc = ::mount(op.a.c_str(), op.a.c_str(), nullptr, MS_BIND | MS_REC, nullptr);
+        if (rc == 0)
+          rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       nullptr);
+        break;
+      }
+      case MountOp::Pivot:
+        // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new.
+        rc = ::chdir(op.a.c_str());
+        if (rc == 0) rc = static_cast<int>(::syscall(SYS_pivot_root, ".", "."));
+        if (rc == 0) rc = ::umount2(".", MNT_DETACH);
+        if (rc == 0) rc = ::chdir("/");
+        break;
+      case MountOp::RemountRootRO:
+        rc = ::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr);
+        break;
+    }
+    if (rc != 0) {
+      if (op.optional && errno == ENOENT) continue;
+      if (i + 1 < p.ops.size() && p.ops[i + 1].or_else) {
+        prev_failed = true;
+        continue;
+      }
+      *err = errno;
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+struct ChildArgs {
+  Plan* plan;  // null: flat mode
+  const std::vector<int>* cgroup_procs;
+  bool new_net;
+  const char* exe;
+  char* const* argv;
+  char* const* envp;
+  int fds[7];     // sources for 3..9
+  int err_pipe;   // write end, reported to on failure
+};
+
+// Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
+void place_fds(ChildArgs& a) noexcept {
+  int high[7];
+  for (int i = 0; i < 7; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
+  int ep = ::fcntl(a.err_pipe, F_DUPFD_CLOEXEC, 100);
+  for (int i = 0; i < 7; ++i) ::dup2(high[i], 3 + i);
+  ::dup3(ep, 10, O_CLOEXEC);
+  a.err_pipe = 10;
+  ::close_range(11, ~0U, 0);
+}
+
+[[noreturn]] void child_main(ChildArgs& a) noexcept {
+  os::reset_signals_for_child();
+  PlanError pe{-1, 0};
+  // Into the branch's cgroup first: everything from here on, ns-init and the agent, is counted.
+  for (int fd : *a.cgroup_procs) {
+    if (::write(fd, "0", 1) != 1) {
+      pe = {-3, errno};
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  if (a.new_net && a.plan) {
+    if (int e = bring_up_loopback(); e != 0) {
+      pe = {-4, e};
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  if (a.plan) {
+    pe.op = run_plan(*a.plan, &pe.err);
+    if (pe.op >= 0) {
+      (void)!::write(a.err_pipe, &pe, sizeof pe);
+      ::_exit(127);
+    }
+  }
+  ::setsid();
+  place_fds(a);
+  ::execve(a.exe, a.argv, a.envp);
+  pe = {-2, errno};
+  (void)!::write(a.err_pipe, &pe, sizeof pe);
+  ::_exit(127);
+}
+
+}  // namespace
+
+std::array<int, 7> BranchPipes::child_ends() const {
+  return {req.read.get(), rep.write.get(), in.read.get(), out.write.get(), err.write.get(), chan_req.write.get(),
+          chan_rep.read.get()};
+}
+
+std::array<uint64_t, 7> BranchPipes::inodes() const {
+  std::array<uint64_t, 7> out{};
+  auto ends = child_ends();
+  for (size_t i = 0; i < ends.size(); ++i) {
+    struct stat st {};
+    if (::fstat(ends[i], &st) == 0) out[i] = st.st_ino;
+  }
+  return out;
+}
+
+os::Result<BranchPipes> make_branch_pipes() {
+  BranchPipes p;
+  for (os::Pipe* x : {&p.req, &p.rep, &p.in, &p.out, &p.err, &p.chan_req, &p.chan_rep}) {
+    auto r = os::make_pipe();
+    if (!r) return r.error();
+    *x = std::move(*r);
+  }
+  return p;
+}
+
+void LaunchedBranch::take(BranchPipes& p) {
+  pipe_inodes = p.inodes();
+  requests = std::move(p.req.write);
+  reports = std::move(p.rep.read);
+  in = std::move(p.in.write);
+  out = std::move(p.out.read);
+  err = std::move(p.err.read);
+  chan_req = std::move(p.chan_req.read);
+  chan_rep = std::move(p.chan_rep.write);
+  (void)os::set_nonblocking(reports.get());
+  (void)os::set_nonblocking(out.get());
+  (void)os::set_nonblocking(err.get());
+  (void)os::set_nonblocking(chan_req.get());
+}
+
+void ensure_machine_id(const std::string& dir) {
+  auto d = os::open_dir(dir);
+  struct stat st {};
+  if (!d || ::fstatat(d->get(), kMachineIdFile, &st, AT_SYMLINK_NOFOLLOW) == 0) return;
+  (void)os::write_file_atomic_at(d->get(), kMachineIdFile, os::random_hex(16) + "\n", 0444);
+}
+
+namespace {
+// The branch's writable layer, made (or checked) from the branch's dir by fd: a copy's layer holds
+// what its agent wrote, so a symlink anywhere in it is refused, never followed (ELOOP). The mount
+// plan then finds real directories, and the file ns-init's binary is bound over, at its paths.
+os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
+  if (auto r = os::make_dirs(spec.dir, 0755); !r) return r.error();
+  auto top = os::open_dir(spec.dir);
+  if (!top) return top.error();
+  for (const char* sub : {"root", "workspace", "tmp", "run", "tmp-upper", "tmp-work", "run/sandboxer/bin"}) {
+    auto d = os::make_dirs_at(top->get(), sub, 0755);
+    if (!d) return d.error();
+    // /tmp is everyone's, sticky.
+    if ((std::string_view(sub) == "tmp" || std::string_view(sub) == "tmp-upper") && ::fchmod(d->get(), 01777) != 0)
+      return os::last_error();
+  }
+  if (bundle_libs)
+    if (auto d = os::make_dirs_at(top->get(), "run/sandboxer/lib", 0755); !d) return d.error();
+  auto exe = os::open_beneath(top->get(), "run/sandboxer/bin/sandboxer-init", O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0755);
+  if (!exe) return exe.error();
+  struct stat st {};
+  if (::fstat(exe->get(), &st) != 0) return os::last_error();
+  if (!S_ISREG(st.st_mode)) return boost::system::error_code(EEXIST, boost::system::system_category());
+  return {};
+}
+}  // namespace
+
+bool can_make_namespaces(std::string* why_not) {
+  pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
+  if (pid == 0) ::_exit(0);
+  if (pid < 0) {
+    if (why_not) *why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
+    return false;
+  }
+  int st;
+  ::waitpid(pid, &st, __WALL);
+  return true;
+}
+
+os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
+  std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
+  struct stat lst {};
+  if (auto r = prepare_layer(spec, ::stat(lib_dir.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)); !r) {
+    log()->error("branch {}: prepare its writable layer in {}: {}", spec.name, spec.dir, r.error().message());
+    return r.error();
+  }
+  ensure_machine_id(spec.dir);
+
+  auto pipes = make_branch_pipes();
+  if (!pipes) return pipes.error();
+
+  std::vector<std::string> args = {spec.self_exe, "--ns-init"};
+
+  LaunchedBranch lb;
+  std::string why_not;
+  bool try_ns = spec.want_namespaces;
+  if (!try_ns) why_not = "namespaces are off in the profile";
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool ns = try_ns && attempt == 0;
+    args[0] = ns ? kNsInitPath : spec.self_exe;
+    if (!ns) args.push_back("--flat");
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    char* envp[] = {nullptr};
+    Plan plan;
+    if (ns) plan = make_plan(spec);
+    auto ep = os::make_pipe();
+    if (!ep) return ep.error();
+    ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.new_net, ns ? kNsInitPath : spec.self_exe.c_str(),
+                 argv.data(), envp, {}, ep->write.get()};
+    auto ends = pipes->child_ends();
+    for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
+    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
+    pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
+    if (pid == 0) child_main(ca);
+    if (pid < 0) {
+      if (ns) {
+        why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
+        continue;
+      }
+      return os::last_error();
+    }
+    ep->write.reset();
+    PlanError pe{};
+    ssize_t n;
+    do n = ::read(ep->read.get(), &pe, sizeof pe);
+    while (n < 0 && errno == EINTR);
+    if (n == sizeof pe) {
+      // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
+      int st;
+      ::waitpid(pid, &st, __WALL);
+      std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what
+                         : pe.op == -3 ? std::string("join the branch's cgroup")
+                         : pe.op == -4 ? std::string("set the loopback interface up")
+                                       : "exec " + spec.self_exe;
+      std::string msg = step + ": " + std::strerror(pe.err);
+      if (ns && pe.op >= 0) {
+        log()->warn("branch {}: {}; running without namespaces", spec.name, msg);
+        why_not = msg;
+        continue;
+      }
+      return boost::system::error_code(pe.err, boost::system::system_category());
+    }
+    lb.pid = pid;
+    lb.namespaced = ns;
+    break;
+  }
+  if (lb.pid < 0) return boost::system::error_code(ECHILD, boost::system::system_category());
+  lb.why_not = lb.namespaced ? "" : why_not;
+  lb.take(*pipes);
+  return lb;
+}
+
+}  // namespace sbx::sandbox

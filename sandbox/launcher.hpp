@@ -1,0 +1,99 @@
+#pragma once
+// Starts a branch: ns-init as PID 1 of a new pid and mount namespace on a root of its own, or,
+// where namespaces cannot be made, ns-init as a plain child subreaper ("flat" mode).
+//
+// ns-init's fds, by number (the contract with ns-init.cpp):
+//   3 requests from the supervisor (JSON lines; the first line is the branch's config)
+//   4 reports to the supervisor (JSON lines)
+//   5, 6, 7 the agent's stdin, stdout, stderr
+//   8, 9 the agent channel: requests (agent writes), replies (agent reads); the agent gets them
+//        as its fds 3 and 4 (SANDBOXER_CHANNEL_FD=3,4)
+#include <sys/types.h>
+
+#include <array>
+
+#include <boost/json.hpp>
+#include <string>
+#include <vector>
+
+#include "os/sys.hpp"
+
+namespace sbx::sandbox {
+
+/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch. A bundled
+/// sandboxer-init (scripts/bundle) finds its libraries at $ORIGIN/../lib: its lib/ directory is
+/// bound at /run/sandboxer/lib beside it.
+inline constexpr const char* kNsInitPath = "/run/sandboxer/bin/sandboxer-init";
+inline constexpr const char* kNsInitLibDir = "/run/sandboxer/lib";
+/// Each branch's own machine id: DIR/machine-id, bound over /etc/machine-id where the host root
+/// has one (a fork's copies get new ones: the id names one running system).
+inline constexpr const char* kMachineIdFile = "machine-id";
+
+/// Paths of the agent's /proc and /sys that are read-only (bound onto themselves, remounted
+/// read-only) or masked (an empty read-only tmpfs, or /dev/null), as runc does.
+inline constexpr const char* kKernelReadOnlyPaths[] = {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+                                                       "/proc/sysrq-trigger"};
+inline constexpr const char* kKernelMaskedPaths[] = {
+    "/proc/acpi",       "/proc/asound",     "/proc/interrupts", "/proc/kcore",         "/proc/keys",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware",    "/sys/devices/virtual/powercap"};
+
+/// Writes DIR/machine-id (32 random hex digits, as machine-id(5)) unless it exists.
+void ensure_machine_id(const std::string& dir);
+
+inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
+inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
+inline constexpr int kAgentChanReq = 3, kAgentChanRep = 4;
+
+/// The seven pipes between the supervisor and a branch (see the fd list above). Their inodes are
+/// what criu names them by when they cross the boundary of a dumped tree.
+struct BranchPipes {
+  os::Pipe req, rep, in, out, err, chan_req, chan_rep;
+  /// The branch's ends, in the order of ns-init's fds 3..9.
+  std::array<int, 7> child_ends() const;
+  /// The pipes' inodes in the same order (equal for both ends of a pipe).
+  std::array<uint64_t, 7> inodes() const;
+};
+os::Result<BranchPipes> make_branch_pipes();
+
+struct BranchSpec {
+  std::string name = "main";
+  std::string dir;            // state dir of the branch: root/, workspace/, tmp/ below it
+  std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
+  bool want_namespaces = true;
+  std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
+  std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
+                                   // the child joins each before it runs anything of its own
+  bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
+  std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
+};
+
+/// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each
+/// restored copy gets a copy of. `root` holds the mount points and symlinks of the agent's /.
+inline constexpr const char* kLayerDirs[] = {"root", "workspace", "tmp", "run"};
+
+struct LaunchedBranch {
+  pid_t pid = -1;           // ns-init, in the supervisor's pid namespace
+  bool namespaced = false;  // own pid + mount namespace and root
+  std::string why_not;      // why not namespaced
+  os::UniqueFd requests;    // supervisor -> ns-init
+  os::UniqueFd reports;     // ns-init -> supervisor (non-blocking)
+  os::UniqueFd in;          // agent stdin, write end
+  os::UniqueFd out, err;    // agent stdout / stderr, read ends (non-blocking)
+  os::UniqueFd chan_req;    // agent channel requests, read end (non-blocking)
+  os::UniqueFd chan_rep;    // agent channel replies, write end
+  std::array<uint64_t, 7> pipe_inodes{};  // see BranchPipes::inodes
+
+  /// Takes the supervisor's ends of `p`.
+  void take(BranchPipes& p);
+};
+
+/// Starts ns-init for `spec`. The caller then writes the branch's config (argv, env, cwd,
+/// grace_ms) as the first line of `requests`. Falls back to flat mode when the namespaces or the mount plan
+/// fail, and says why in `why_not`. The caller registers the pid with its reaper at once.
+os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec);
+
+/// Whether this process may create pid + mount namespaces (tried in a throwaway child).
+bool can_make_namespaces(std::string* why_not);
+
+}  // namespace sbx::sandbox

@@ -1,0 +1,82 @@
+#pragma once
+// The policy applied to the agent between fork and exec (in ns-init), in this order:
+//   cgroup (ns-init joined the branch's group before it ran, so the agent is born inside),
+//   oom_score_adj 1000, the capability bounding set cleared to the profile's, gid/groups/uid,
+//   the kept capabilities (ambient for a non-root agent), RLIMIT_CORE=0 and the profile's
+//   rlimits, no_new_privs, Landlock (the best ABI the kernel has), seccomp last.
+// Everything that allocates (the seccomp program, the Landlock ruleset, capability masks) is
+// prepared before the fork; the child only makes plain syscalls.
+#include <linux/filter.h>
+#include <sys/types.h>
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "os/unique-fd.hpp"
+#include "profile/profile.hpp"
+
+namespace sbx::sandbox {
+
+struct HostCapabilities;
+
+/// Checks `p` against this host before anything starts: an rlimit above the hard limit, an
+/// unknown capability name, a seccomp file that does not parse, a network mode this supervisor
+/// cannot enforce. Throws ProfileError naming the field.
+void check_profile_for_host(const profile::Profile& p);
+
+/// Whether a branch's agent shares the supervisor's network namespace: `network: host`, or no
+/// namespaces at all. There it could read the API's loopback traffic (the bearer token crosses
+/// it in clear) with a raw socket, so it never keeps CAP_NET_RAW, whatever the profile says.
+bool shares_host_network(const profile::Profile& p, bool namespaced);
+
+/// The policy part of ns-init's branch config, from the profile. `landlock_abi` is the kernel's;
+/// `host_net` (shares_host_network) adds CAP_NET_RAW to the capabilities always dropped.
+boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net);
+
+/// What is enforced, for `box.started` (field -> how, or "not enforced: why").
+boost::json::object describe_enforcement(const profile::Profile& p, const boost::json::object& cgroup_state, int landlock_abi,
+                                         bool namespaced);
+
+/// Host paths holding credentials the agent must never see (masked by mounts): the CLI's token
+/// store, SSH and cloud credentials of the supervisor's user and of root.
+std::vector<std::string> credential_paths();
+
+struct PreparedPolicy {
+  bool set_oom_score = true;
+  bool have_ids = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool caps = false;            // false: capabilities untouched
+  uint64_t keep_mask = 0;       // capabilities kept (bit per capability); never one of "drop"
+  int cap_last = 0;             // highest capability number of this kernel
+  bool set_nofile = false;
+  uint64_t nofile = 0;
+  os::UniqueFd landlock;        // ruleset fd, or none
+  std::vector<struct sock_filter> seccomp;  // empty: no filter
+};
+
+/// Builds the policy in ns-init before the fork. Throws std::runtime_error naming the problem.
+PreparedPolicy prepare_policy(const boost::json::object& policy);
+
+/// In the forked child: applies `p` in the documented order with plain syscalls (no allocation).
+/// Returns 0, or an errno with `*step` set to the step's index (see policy_step_name).
+int apply_policy(const PreparedPolicy& p, int* step) noexcept;
+const char* policy_step_name(int step) noexcept;
+
+/// In a fresh network namespace: sets `lo` up (no allocation). Returns 0 or an errno.
+int bring_up_loopback() noexcept;
+
+/// The seccomp program of a policy description ({"policy": "default"|"none"} or
+/// {"policy": "file", "deny": [...], "enosys": [...]}), exported by libseccomp. Empty for none.
+std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc);
+/// Reads a seccomp policy file into a description; throws ProfileError naming the field.
+boost::json::object seccomp_description(const std::string& setting);
+
+/// The syscalls the default policy refuses with EPERM (clone with namespace flags, socket() of
+/// AF_PACKET/AF_ALG/AF_VSOCK and clone3 -> ENOSYS are extra rules).
+const std::vector<std::string>& default_denied_syscalls();
+
+}  // namespace sbx::sandbox
