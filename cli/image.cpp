@@ -29,12 +29,12 @@ int cmd_image(const std::vector<std::string>& args) {
       throw std::invalid_argument("unknown or incomplete option " + a + "\n" + usage);
     }
   }
-  // The recipe lives in the source tree: beside a build directory (build/bin/..), or where
-  // SANDBOXER_SOURCE points.
+  // The recipe is shipped beside the binary (an install prefix or a build tree stages it in
+  // share/sandboxer/images), or lives in the source tree SANDBOXER_SOURCE names.
   std::string dir = os::exe_dir();
   std::vector<std::string> candidates;
   if (auto* s = std::getenv("SANDBOXER_SOURCE"); s && *s) candidates.push_back(std::string(s) + "/images/docker-image");
-  candidates.push_back(dir + "/../../images/docker-image");
+  for (auto& d : os::shipped_dirs("images")) candidates.push_back(d + "/docker-image");
   std::string script;
   for (auto& c : candidates)
     if (::access(c.c_str(), X_OK) == 0) {
@@ -42,8 +42,8 @@ int cmd_image(const std::vector<std::string>& args) {
       break;
     }
   if (script.empty())
-    throw std::runtime_error("images/docker-image not found (looked in " + candidates.back() +
-                             "; set SANDBOXER_SOURCE to the source tree)");
+    throw std::runtime_error("images/docker-image not found (looked in " + candidates.front() + " and " +
+                             std::to_string(candidates.size() - 1) + " more places; set SANDBOXER_SOURCE to the source tree)");
   pass.insert(pass.begin(), {"--build", dir + "/.."});
   return bp::system(script, bp::args(pass), bp::std_in < bp::null);
 }

@@ -217,6 +217,18 @@ std::string exe_dir() {
   return p.empty() ? "." : p.substr(0, p.rfind('/'));
 }
 
+std::vector<std::string> shipped_dirs(const std::string& sub) {
+  std::vector<std::string> dirs;
+  if (std::string bin = exe_dir(); bin != ".") {
+    dirs.push_back(bin + "/../share/sandboxer/" + sub);
+    dirs.push_back(bin + "/../" + sub);
+    dirs.push_back(bin + "/../../" + sub);
+  }
+  dirs.push_back("/etc/sandboxer/" + sub);
+  dirs.push_back("/usr/share/sandboxer/" + sub);
+  return dirs;
+}
+
 std::string random_hex(size_t bytes) {
   std::string raw(bytes, '\0');
   size_t got = 0;

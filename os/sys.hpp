@@ -96,6 +96,11 @@ std::vector<pid_t> descendants_of(pid_t pid, size_t limit = 100000);
 /// This process's executable (/proc/self/exe), and the directory it is in ("" / "." if unknown).
 std::string exe_path();
 std::string exe_dir();
+/// Where the shipped files under `sub` ("profiles", "images", "scripts") may be, in the order to
+/// try: an install prefix or a build tree (BIN/../share/sandboxer/SUB, which the build stages),
+/// a bundle (BIN/../SUB), the source tree a build directory sits in (BIN/../../SUB), then
+/// /etc/sandboxer/SUB and /usr/share/sandboxer/SUB. BIN is the running binary's directory.
+std::vector<std::string> shipped_dirs(const std::string& sub);
 
 /// Random bytes as lowercase hex (getrandom).
 std::string random_hex(size_t bytes);

@@ -480,32 +480,32 @@ Profile parse_profile(std::string_view text) {
   return p;
 }
 
-Profile load_profile(const std::string& name_or_path) {
-  std::vector<std::string> candidates;
+ProfileSource find_profile(const std::string& name_or_path) {
   if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json")) {
-    candidates.push_back(name_or_path);
-  } else {
-    if (auto* d = std::getenv("SANDBOXER_PROFILE_DIR")) candidates.push_back(std::string(d) + "/" + name_or_path + ".json");
-    // Beside the binary in a build tree or bundle, then the system locations.
-    if (std::string dir = os::exe_dir(); dir != ".") {
-      candidates.push_back(dir + "/../profiles/" + name_or_path + ".json");
-      candidates.push_back(dir + "/../../profiles/" + name_or_path + ".json");
-      candidates.push_back(dir + "/../share/sandboxer/profiles/" + name_or_path + ".json");
-    }
-    candidates.push_back("/etc/sandboxer/profiles/" + name_or_path + ".json");
-    candidates.push_back("/usr/share/sandboxer/profiles/" + name_or_path + ".json");
+    auto text = os::read_file(name_or_path);
+    if (!text) throw ProfileError("profile " + name_or_path + ": " + text.error().message());
+    return {name_or_path, std::move(*text)};
   }
-  for (auto& c : candidates) {
-    auto text = os::read_file(c);
-    if (!text) continue;
-    try {
-      return parse_profile(*text);
-    } catch (const ProfileError& e) {
-      throw ProfileError(c + ": " + e.what());
-    }
+  std::vector<std::string> candidates;
+  if (auto* d = std::getenv("SANDBOXER_PROFILE_DIR")) candidates.push_back(std::string(d) + "/" + name_or_path + ".json");
+  for (auto& dir : os::shipped_dirs("profiles")) candidates.push_back(dir + "/" + name_or_path + ".json");
+  for (auto& c : candidates)
+    if (auto text = os::read_file(c)) return {c, std::move(*text)};
+  // A binary copied on its own (a build tree moved, a container without /usr/share) still has
+  // the shipped profiles.
+  for (auto& b : builtin_profiles())
+    if (name_or_path == b.name) return {std::string("built-in ") + b.name, b.text};
+  throw ProfileError("profile \"" + name_or_path + "\": not found (looked in " + candidates.front() + " and " +
+                     std::to_string(candidates.size() - 1) + " more places, and among the built-in profiles)");
+}
+
+Profile load_profile(const std::string& name_or_path) {
+  auto src = find_profile(name_or_path);
+  try {
+    return parse_profile(src.text);
+  } catch (const ProfileError& e) {
+    throw ProfileError(src.where + ": " + e.what());
   }
-  throw ProfileError("profile \"" + name_or_path + "\": not found (looked in " + candidates.front() +
-                     (candidates.size() > 1 ? " and " + std::to_string(candidates.size() - 1) + " more places)" : ")"));
 }
 
 void apply_override(Profile& p, const std::string& assignment) {

@@ -88,7 +88,23 @@ struct Profile {
 
 /// Parses a profile document; throws ProfileError naming the field.
 Profile parse_profile(std::string_view json_text);
-/// Loads `name_or_path`: a path to a file, or a name looked up in the profile directories.
+/// A shipped profile compiled into the binary (profiles/*.json at build time).
+struct BuiltinProfile {
+  const char* name;
+  const char* text;
+};
+const std::vector<BuiltinProfile>& builtin_profiles();
+
+/// A profile's text and where it came from: a file's path, or "built-in NAME".
+struct ProfileSource {
+  std::string where;
+  std::string text;
+};
+/// Finds `name_or_path`: a path to a file (read as it is), or a name looked up in
+/// $SANDBOXER_PROFILE_DIR, then the shipped profile directories (os::shipped_dirs), then among
+/// the profiles compiled in. Throws ProfileError naming where it looked when none has it.
+ProfileSource find_profile(const std::string& name_or_path);
+/// find_profile, then parse_profile; a parse error names where the text came from.
 Profile load_profile(const std::string& name_or_path);
 /// Applies "a.b=value" overrides (the value parsed as JSON, or taken as a string).
 void apply_override(Profile& p, const std::string& assignment);

@@ -175,22 +175,6 @@ DockerResult run_docker(const std::vector<std::string>& args) {
   return {c.exit_code(), out.get(), err.get()};
 }
 
-std::string find_profile_file(const std::string& name_or_path) {
-  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json")) {
-    if (::access(name_or_path.c_str(), R_OK) != 0)
-      throw std::runtime_error("profile " + name_or_path + ": " + os::last_error().message());
-    return name_or_path;
-  }
-  std::string dir = os::exe_dir();
-  std::vector<std::string> candidates = {dir + "/../profiles/", dir + "/../../profiles/",
-                                         dir + "/../share/sandboxer/profiles/", "/etc/sandboxer/profiles/",
-                                         "/usr/share/sandboxer/profiles/"};
-  for (auto& c : candidates)
-    if (::access((c + name_or_path + ".json").c_str(), R_OK) == 0) return c + name_or_path + ".json";
-  throw std::runtime_error("profile \"" + name_or_path + "\": not found (looked in " + candidates.front() +
-                           " and " + std::to_string(candidates.size() - 1) + " more places)");
-}
-
 std::vector<std::string> docker_limits(const json::object& res) {
   std::vector<std::string> args;
   if (auto* m = res.if_contains("memory")) {
@@ -231,12 +215,10 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   if (o.argv.empty() && o.restore_archive.empty()) throw std::runtime_error("no command given (expected -- COMMAND ...)");
   if (!o.argv.empty() && !o.restore_archive.empty())
     throw std::runtime_error("a box starts from a command or from an archive, not both");
-  std::string profile_file = find_profile_file(o.profile);
-  auto text = os::read_file(profile_file);
-  if (!text) throw std::runtime_error("read " + profile_file + ": " + text.error().message());
+  auto source = profile::find_profile(o.profile);
   boost::system::error_code ec;
-  auto pv = json::parse(*text, ec);
-  if (ec || !pv.is_object()) throw std::runtime_error("profile " + profile_file + ": not a JSON object");
+  auto pv = json::parse(source.text, ec);
+  if (ec || !pv.is_object()) throw std::runtime_error("profile " + source.where + ": not a JSON object");
   RunPlan plan = plan_for_profile(pv.as_object(), o.overrides);
 
   BoxRecord box;

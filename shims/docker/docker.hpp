@@ -80,9 +80,6 @@ RunPlan plan_for_profile(boost::json::object profile, const std::vector<std::str
 /// --pids-limit (with a margin for the supervisor, ns-init, `docker exec` and the health check).
 std::vector<std::string> docker_limits(const boost::json::object& resources);
 
-/// Finds a profile file on the host by name (the directories sandboxer-init searches) or path.
-std::string find_profile_file(const std::string& name_or_path);
-
 /// What a fork onto new containers must repeat of the box it forks, read from `docker inspect` of
 /// the box's container (found by its io.sandboxer.url label).
 struct BoxSpec {
