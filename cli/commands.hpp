@@ -1,13 +1,25 @@
 #pragma once
+// The subcommands of `sandboxer`, one file each (main.cpp dispatches), and the exit codes they
+// share. Each parses its arguments with args.hpp; those that talk to a box do it through
+// session.hpp.
 #include <string>
 #include <vector>
 
+#include <boost/json/fwd.hpp>
+
 namespace sbx::cli {
+
+/// Exit codes. exec exits with the remote command's own status instead (126, 127, 128 + signal
+/// and 255 for its own failures); run with the agent's.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;  ///< the box refused, or the connection or a local file failed
+inline constexpr int kExitUsage = 2;   ///< a bad command line, or nothing to start with (main's catch)
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_log(const std::vector<std::string>& args);
 int cmd_checkpoint(const std::vector<std::string>& args);
-int cmd_restore_or_fork(const std::string& cmd, const std::vector<std::string>& args);
+int cmd_restore(const std::vector<std::string>& args);
+int cmd_fork(const std::vector<std::string>& args);
 int cmd_snapshots(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_import(const std::vector<std::string>& args);
@@ -22,6 +34,10 @@ int cmd_ps(const std::vector<std::string>& args);
 int cmd_image(const std::vector<std::string>& args);
 /// `fork URL --snapshot S -n N --host docker`: N new containers, each restoring S (fork-docker.cpp).
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n);
+/// restore's and fork's request (`op` restore or fork) sent to the box at `url`, and its reply
+/// reported: each copy on a line `<branch> <proc>`, or the reply as JSON (restore.cpp).
+int restore_in_box(const std::string& cmd, const std::string& url, const std::string& token_file,
+                   boost::json::object req, bool as_json);
 
 /// sandboxer-init beside this binary, else on PATH.
 std::string find_init_binary();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "sandbox/capabilities.hpp"
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "sandbox/launcher.hpp"
 #include "os/cgroup.hpp"
@@ -205,11 +206,8 @@ Line check_privileges() {
 }  // namespace
 
 int cmd_doctor(const std::vector<std::string>& args) {
-  bool json = false;
-  for (auto& a : args) {
-    if (a == "--json") json = true;
-    else throw std::invalid_argument("unknown option " + a + " (doctor takes --json)");
-  }
+  auto a = parse_args(args, {.usage = "usage: sandboxer doctor [--json]", .flags = {"--json"}, .max_positionals = 0});
+  bool json = a.has("--json");
   std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(),
                              check_overlay(), check_criu(),    check_disk(),     check_privileges()};
   sandbox::CommandProbe criu({"criu", "--version"});

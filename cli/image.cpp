@@ -6,6 +6,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "os/sys.hpp"
 
@@ -14,21 +15,21 @@ namespace bp = boost::process;
 namespace sbx::cli {
 
 int cmd_image(const std::vector<std::string>& args) {
-  const char* usage = "usage: sandboxer image build [--variant base|python] [--tag NAME:VERSION] [--cache DIR]";
-  if (args.empty() || args[0] != "build") throw std::invalid_argument(usage);
-  std::vector<std::string> pass;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const auto& a = args[i];
-    if ((a == "--variant" || a == "--tag" || a == "--cache") && i + 1 < args.size()) {
-      pass.push_back(a);
-      pass.push_back(args[++i]);
-    } else if (a == "-h" || a == "--help") {
-      std::cout << usage << "\n";
-      return 0;
-    } else {
-      throw std::invalid_argument("unknown or incomplete option " + a + "\n" + usage);
-    }
+  auto a = parse_args(args, {.usage = "usage: sandboxer image build [--variant base|python] [--tag NAME:VERSION] "
+                                      "[--cache DIR]",
+                             .flags = {"--help"},
+                             .options = {"--variant", "--tag", "--cache"},
+                             .aliases = {{"-h", "--help"}},
+                             .max_positionals = 1});
+  if (a.positionals().empty() || a.positionals()[0] != "build") throw UsageError(a.usage());
+  if (a.has("--help")) {
+    std::cout << a.usage() << "\n";
+    return kExitOk;
   }
+  // images/docker-image's own options, in the order given.
+  std::vector<std::string> pass;
+  for (auto& o : a.given())
+    if (o.value) pass.insert(pass.end(), {o.name, *o.value});
   // The recipe is shipped beside the binary (an install prefix or a build tree stages it in
   // share/sandboxer/images), or lives in the source tree SANDBOXER_SOURCE names.
   std::string dir = os::exe_dir();

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "journal/journal.hpp"
 #include "cli/printer.hpp"
@@ -11,17 +12,14 @@
 namespace sbx::cli {
 
 int cmd_log(const std::vector<std::string>& args) {
-  std::string dir;
-  uint64_t since = 0;
-  bool json = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json") json = true;
-    else if (args[i] == "--since" && i + 1 < args.size()) since = std::stoull(args[++i]);
-    else if (args[i].starts_with("-")) throw std::invalid_argument("unknown option " + args[i]);
-    else if (dir.empty()) dir = args[i];
-    else throw std::invalid_argument("unexpected argument " + args[i]);
-  }
-  if (dir.empty()) throw std::invalid_argument("usage: sandboxer log STATE_DIR [--since N] [--json]");
+  auto a = parse_args(args, {.usage = "usage: sandboxer log STATE_DIR [--since N] [--json]",
+                             .flags = {"--json"},
+                             .options = {"--since"},
+                             .max_positionals = 1});
+  a.expect_positionals(1);
+  const std::string& dir = a.positionals()[0];
+  auto since = a.number<uint64_t>("--since", 0);
+  bool json = a.has("--json");
   std::string jdir = dir + "/journal";
   if (::access(jdir.c_str(), F_OK) != 0) {
     if (::access(dir.c_str(), F_OK) != 0) throw std::runtime_error(dir + ": no such directory");

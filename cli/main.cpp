@@ -1,4 +1,5 @@
-// sandboxer: the host CLI. One file per subcommand; this one dispatches.
+// sandboxer: the host CLI. One file per subcommand (commands.hpp), each parsing its arguments
+// with args.hpp and, if it talks to a box, connecting through session.hpp; this one dispatches.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -38,7 +39,7 @@ const char* kUsage =
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
+    return argc < 2 ? sbx::cli::kExitUsage : sbx::cli::kExitOk;
   }
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
@@ -46,7 +47,8 @@ int main(int argc, char** argv) {
     if (cmd == "run") return sbx::cli::cmd_run(args);
     if (cmd == "log") return sbx::cli::cmd_log(args);
     if (cmd == "checkpoint") return sbx::cli::cmd_checkpoint(args);
-    if (cmd == "restore" || cmd == "fork") return sbx::cli::cmd_restore_or_fork(cmd, args);
+    if (cmd == "restore") return sbx::cli::cmd_restore(args);
+    if (cmd == "fork") return sbx::cli::cmd_fork(args);
     if (cmd == "snapshots") return sbx::cli::cmd_snapshots(args);
     if (cmd == "export") return sbx::cli::cmd_export(args);
     if (cmd == "import") return sbx::cli::cmd_import(args);
@@ -64,9 +66,10 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::exception& e) {
+    // A usage error (args.hpp), or nothing to start with: no token, no sandboxer-init, no Docker.
     std::cerr << "sandboxer " << cmd << ": " << e.what() << "\n";
-    return 2;
+    return sbx::cli::kExitUsage;
   }
   std::cerr << "sandboxer: unknown command \"" << cmd << "\"\n" << kUsage;
-  return 2;
+  return sbx::cli::kExitUsage;
 }

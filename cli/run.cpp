@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "archive/signing.hpp"
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "os/sys.hpp"
 #include "cli/printer.hpp"
@@ -51,36 +52,22 @@ std::string find_init_binary() {
 }
 
 int cmd_run(const std::vector<std::string>& args) {
+  // Ours: --json and --listen; the rest is sandboxer-init's, handed on in the order given.
+  auto a = parse_args(args, {.usage = "usage: sandboxer run [OPTIONS] -- CMD...",
+                             .flags = {"--json", "--allow-unsigned", "--env-inherit"},
+                             .options = {"--listen", "--profile", "--set", "--state-dir", "--workdir", "--log-level",
+                                         "--signing-key", "--trust-key", "--max-archive-bytes", "--env"},
+                             .max_positionals = 0,
+                             .command = CommandStart::after_positionals});
+  if (a.command().empty()) throw UsageError("no command given: sandboxer run [OPTIONS] -- CMD...");
   std::vector<std::string> init_args;
-  bool json = false;
-  std::string listen, pending_token, signing_key;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const auto& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--listen") {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      listen = args[++i];
-    } else if (a == "--allow-unsigned" || a == "--env-inherit") {
-      init_args.push_back(a);
-    } else if (a == "--profile" || a == "--set" || a == "--state-dir" || a == "--workdir" || a == "--log-level" ||
-               a == "--signing-key" || a == "--trust-key" || a == "--max-archive-bytes" || a == "--env") {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      if (a == "--signing-key") signing_key = args[i + 1];
-      init_args.push_back(a);
-      init_args.push_back(args[++i]);
-    } else if (a.starts_with("-")) {
-      throw std::invalid_argument("unknown option " + a);
-    } else {
-      break;
-    }
+  for (auto& o : a.given()) {
+    if (o.name == "--json" || o.name == "--listen") continue;
+    init_args.push_back(o.name);
+    if (o.value) init_args.push_back(*o.value);
   }
-  if (i >= args.size()) throw std::invalid_argument("no command given: sandboxer run [OPTIONS] -- CMD...");
+  bool json = a.has("--json");
+  std::string listen = a.value_or("--listen", ""), signing_key = a.value_or("--signing-key", ""), pending_token;
   if (signing_key.empty()) {
     // The user's archive key pair (made on first use, 0600, beside the tokens): every box this
     // user starts signs with it and trusts it, so export, import and --restore between them work.
@@ -99,7 +86,7 @@ int cmd_run(const std::vector<std::string>& args) {
   init_args.push_back("--events");
   init_args.push_back("-");
   init_args.push_back("--");
-  for (; i < args.size(); ++i) init_args.push_back(args[i]);
+  init_args.insert(init_args.end(), a.command().begin(), a.command().end());
 
   bp::ipstream events;
   bp::child child(find_init_binary(), bp::args(init_args), bp::std_out > events, ChildSetup{});

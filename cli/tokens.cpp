@@ -105,17 +105,4 @@ void save_token(const std::string& url, const std::string& token) {
 
 void forget_token(const std::string& url) { ::unlink(token_path(url).c_str()); }
 
-std::string take_token_file(std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") break;
-    if (args[i] == "--token-file") {
-      if (i + 1 >= args.size()) throw std::invalid_argument("--token-file needs a value");
-      std::string f = args[i + 1];
-      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-      return f;
-    }
-  }
-  return {};
-}
-
 }  // namespace sbx::cli

@@ -6,7 +6,6 @@
 // the format shims/common.py writes and sdk/python reads.
 #include <optional>
 #include <string>
-#include <vector>
 
 namespace sbx::cli {
 
@@ -28,8 +27,5 @@ std::string find_token(const std::string& url, const std::string& token_file);
 void save_token(const std::string& url, const std::string& token);
 /// Removes the token for `url` from the store; no error when there was none.
 void forget_token(const std::string& url);
-
-/// Takes "--token-file F" out of args; returns F or "".
-std::string take_token_file(std::vector<std::string>& args);
 
 }  // namespace sbx::cli

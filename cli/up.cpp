@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "profile/agent-env.hpp"
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "shims/docker/docker.hpp"
 #include "cli/tokens.hpp"
@@ -18,43 +19,34 @@ const char* kUpUsage =
     "-- CMD...";
 
 void check_host(const std::string& host) {
-  if (host.empty()) throw std::invalid_argument("--host is required (docker)");
-  if (host != "docker") throw std::invalid_argument("--host " + host + ": not supported here (docker)");
+  if (host.empty()) throw UsageError("--host is required (docker)");
+  if (host != "docker") throw UsageError("--host " + host + ": not supported here (docker)");
 }
 }  // namespace
 
 int cmd_up(const std::vector<std::string>& args) {
-  dk::UpOptions o;
-  std::string host;
-  size_t i = 0;
-  auto value = [&](const std::string& opt) -> std::string {
-    if (i + 1 >= args.size()) throw std::invalid_argument(opt + " needs a value");
-    return args[++i];
-  };
-  for (; i < args.size(); ++i) {
-    const auto& a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "--host") host = value(a);
-    else if (a == "--profile") o.profile = value(a);
-    else if (a == "--set") o.overrides.push_back(value(a));
-    else if (a == "--env") {
-      // K alone takes our value of K, as docker does: the container has none of our environment.
-      if (auto kv = profile::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
-    }
-    else if (a == "--image") o.image = value(a);
-    else if (a == "--name") o.name = value(a);
-    else if (a == "-v" || a == "--volume") o.volumes.push_back(value(a));
-    else if (a == "-h" || a == "--help") {
-      std::cout << kUpUsage << "\n";
-      return 0;
-    } else throw std::invalid_argument("unknown option " + a + "\n" + kUpUsage);
+  auto a = parse_args(args, {.usage = kUpUsage,
+                             .flags = {"--help"},
+                             .options = {"--host", "--profile", "--set", "--env", "--image", "--name", "--volume"},
+                             .aliases = {{"-h", "--help"}, {"-v", "--volume"}},
+                             .max_positionals = 0,
+                             .command = CommandStart::after_dashdash});
+  if (a.has("--help")) {
+    std::cout << kUpUsage << "\n";
+    return kExitOk;
   }
-  o.argv.assign(args.begin() + static_cast<long>(std::min(i, args.size())), args.end());
-  check_host(host);
-  if (o.argv.empty()) throw std::invalid_argument(std::string("no command given (expected -- CMD...)\n") + kUpUsage);
+  dk::UpOptions o;
+  o.profile = a.value_or("--profile", o.profile);
+  o.overrides = a.values("--set");
+  // K alone takes our value of K, as docker does: the container has none of our environment.
+  for (auto& e : a.values("--env"))
+    if (auto kv = profile::parse_env_assignment(e); !kv.empty()) o.env.push_back(std::move(kv));
+  o.image = a.value_or("--image", o.image);
+  o.name = a.value_or("--name", o.name);
+  o.volumes = a.values("--volume");
+  o.argv = a.command();
+  check_host(a.value_or("--host", ""));
+  if (o.argv.empty()) throw UsageError(std::string("no command given (expected -- CMD...)\n") + kUpUsage);
   o.box_root = state_home() + "/docker";
   auto box = dk::up(o, std::cerr);
   save_token(box.url, box.token);
@@ -65,19 +57,17 @@ int cmd_up(const std::vector<std::string>& args) {
 }
 
 int cmd_down(const std::vector<std::string>& args) {
-  if (args.size() != 1) throw std::invalid_argument("usage: sandboxer down URL|NAME");
-  auto box = dk::down(args[0]);
+  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME"});
+  a.expect_positionals(1);
+  auto box = dk::down(a.positionals()[0]);
   if (!box.url.empty()) forget_token(box.url);
   std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";
   return 0;
 }
 
 int cmd_ps(const std::vector<std::string>& args) {
-  bool as_json = false;
-  for (auto& a : args) {
-    if (a == "--json") as_json = true;
-    else throw std::invalid_argument("unknown option " + a + " (usage: sandboxer ps [--json])");
-  }
+  auto a = parse_args(args, {.usage = "usage: sandboxer ps [--json]", .flags = {"--json"}, .max_positionals = 0});
+  bool as_json = a.has("--json");
   auto boxes = dk::ps();
   if (as_json) {
     for (auto& b : boxes)

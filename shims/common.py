@@ -2,23 +2,25 @@
 the dry-run record.
 
 The supervisor's flags used here are the ones sandboxer-init reads (`--listen`, `--state-dir`,
-`--token-file`, `--profile`) or that shared/DESIGN.md names for it (`--idle`, `--restore FILE`).
+`--token-file`, `--profile`, `--idle`, `--restore FILE`; see `sandboxer-init --help`).
 Where a host can only hand over secrets as environment variables (Modal, Daytona), the token
 travels as `SANDBOXER_TOKEN`, which sandboxer-init reads and removes from its own environment
 before it starts anything: the agent never sees it, and it is never on a command line.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import secrets
 import sys
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 # The WebSocket port inside the box. Hosts map it to their own URL (tunnel, preview, Service).
 PORT = 7777
 # The supervisor's journal and branch state. On a volume or tmpfs of its own: an overlay upper
-# directory cannot sit on the container's own overlay root (DESIGN.md).
+# directory cannot sit on the container's own overlay root (docs/architecture.md).
 STATE_DIR = "/var/lib/sandboxer/box"
 # A box started on a copy of another box's whole filesystem (Modal's snapshot_filesystem) keeps
 # the parent's journal where it was and writes its own here.
@@ -31,8 +33,8 @@ TOKEN_ENV = "SANDBOXER_TOKEN"
 TOKEN_DIR = "/etc/sandboxer/secret"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 DEFAULT_IMAGE = "sandboxer/agent:0.1.0"
-# The capabilities criu needs inside a container (DESIGN.md, checked with Docker on these
-# machines). A profile without checkpoint gets none of them.
+# The capabilities criu needs inside a container (docs/architecture.md, checked with Docker on
+# these machines). A profile without checkpoint gets none of them.
 LIVE_CHECKPOINT_CAPS = ("SYS_ADMIN", "SYS_PTRACE", "NET_ADMIN", "SYS_TIME")
 # Docker's and Kubernetes' stop timeouts must exceed the supervisor's grace (10 s by default),
 # so the journal is complete when the container stops.
@@ -66,6 +68,57 @@ def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
     if command:
         argv += ["--", *command]
     return argv
+
+
+@dataclass
+class BoxParser:
+    """A shim's command line: `up` and `fork` as every shim takes them, with its own options."""
+    parser: argparse.ArgumentParser
+    ops: Any  # the subparsers, for a shim's own operations (down)
+    up: argparse.ArgumentParser
+    fork: argparse.ArgumentParser
+
+
+def box_parser(prog: str, description: str, box_options: Callable[[argparse.ArgumentParser], None], *,
+               dockerfile_help: str | None = None, image_help: str | None = None,
+               dry_run_help: str | None = None, fork_command: bool = False) -> BoxParser:
+    """The one parser of `up` and `fork` for every shim. Both take --image (or, with
+    `dockerfile_help`, --dockerfile instead), --profile, --dry-run and the shim's own
+    `box_options`; `up` takes the agent's command after --, `fork` --snapshot S and -n N (and a
+    command too with `fork_command`). argparse refuses what does not parse (exit 2, its usage);
+    check_box_args what parses but cannot be done."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    ops = p.add_subparsers(dest="op", required=True)
+    parsers = {}
+    for op, what in (("up", "start a box"), ("fork", "start N boxes from one snapshot")):
+        sp = ops.add_parser(op, help=what)
+        image = sp
+        if dockerfile_help:
+            image = sp.add_mutually_exclusive_group()
+        image.add_argument("--image", default=DEFAULT_IMAGE, help=image_help)
+        if dockerfile_help:
+            image.add_argument("--dockerfile", help=dockerfile_help)
+        sp.add_argument("--profile")
+        sp.add_argument("--dry-run", action="store_true", help=dry_run_help)
+        box_options(sp)
+        if op == "fork":
+            sp.add_argument("--snapshot", required=True)
+            sp.add_argument("-n", type=int, required=True)
+        if op == "up" or fork_command:
+            sp.add_argument("command", nargs="*")
+        parsers[op] = sp
+    return BoxParser(p, ops, parsers["up"], parsers["fork"])
+
+
+def check_box_args(opts, *, max_copies: int) -> None:
+    """What `up` and `fork` refuse in every shim, with the same words: no command for `up`; a
+    snapshot name outside check_name's subset, or -n outside 1..max_copies, for `fork`."""
+    if opts.op == "up" and not opts.command:
+        raise ShimError("up: give the agent's command after --")
+    if opts.op == "fork":
+        check_name("snapshot", opts.snapshot)
+        if not 1 <= opts.n <= max_copies:
+            raise ShimError(f"fork: -n {opts.n}: between 1 and {max_copies}")
 
 
 def check_name(what: str, name: str) -> str:

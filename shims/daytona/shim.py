@@ -219,36 +219,24 @@ def plan_down(client, opts) -> list[Request]:
     return [serialize(client, Request("SandboxApi.delete_sandbox", None, None), opts.sandbox)]
 
 
+def _box_options(sp) -> None:
+    sp.add_argument("--class", dest="sandbox_class", choices=["container", "linux-vm"],
+                    help="linux-vm can grant the capabilities live checkpoint needs")
+    sp.add_argument("--volume", default="sandboxer-archives")
+    sp.add_argument("--snapshot-tag", default="agent-0.1.0", help="name of the image's snapshot")
+    sp.add_argument("--public", action="store_true",
+                    help="preview URL reachable without Daytona's preview token (the box token "
+                         "still guards every connection)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shims.daytona", description=__doc__.split("\n\n")[0])
-    p.add_argument("--api-url", default=DEFAULT_API)
-    sub = p.add_subparsers(dest="op", required=True)
-
-    def box_options(sp):
-        src = sp.add_mutually_exclusive_group()
-        src.add_argument("--image", default=common.DEFAULT_IMAGE)
-        src.add_argument("--dockerfile", help="build the snapshot from this Dockerfile")
-        sp.add_argument("--class", dest="sandbox_class", choices=["container", "linux-vm"],
-                        help="linux-vm can grant the capabilities live checkpoint needs")
-        sp.add_argument("--volume", default="sandboxer-archives")
-        sp.add_argument("--snapshot-tag", default="agent-0.1.0", help="name of the image's snapshot")
-        sp.add_argument("--profile")
-        sp.add_argument("--public", action="store_true",
-                        help="preview URL reachable without Daytona's preview token (the box token "
-                             "still guards every connection)")
-        sp.add_argument("--dry-run", action="store_true")
-
-    up = sub.add_parser("up")
-    box_options(up)
-    up.add_argument("command", nargs="*")
-    fk = sub.add_parser("fork")
-    box_options(fk)
-    fk.add_argument("--snapshot", required=True)
-    fk.add_argument("-n", type=int, required=True)
-    dn = sub.add_parser("down")
+    bp = common.box_parser("python -m shims.daytona", __doc__.split("\n\n")[0], _box_options,
+                           dockerfile_help="build the snapshot from this Dockerfile")
+    bp.parser.add_argument("--api-url", default=DEFAULT_API)
+    dn = bp.ops.add_parser("down", help="delete a box")
     dn.add_argument("sandbox")
     dn.add_argument("--dry-run", action="store_true")
-    return p
+    return bp.parser
 
 
 def _exec_over_ws(url: str, headers: dict, token: str, command: list[str]) -> None:
@@ -273,12 +261,8 @@ def _exec_over_ws(url: str, headers: dict, token: str, command: list[str]) -> No
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     try:
-        if opts.op == "up" and not opts.command:
-            raise ShimError("up: give the agent's command after --")
-        if opts.op == "fork":
-            common.check_name("snapshot", opts.snapshot)
-            if not 1 <= opts.n <= 64:
-                raise ShimError(f"fork: -n {opts.n}: between 1 and 64")
+        if opts.op != "down":
+            common.check_box_args(opts, max_copies=64)
         client = _client(opts.api_url, None)
         if opts.op == "up":
             boxes, tokens = [secrets.token_hex(6)], [common.new_token()]

@@ -9,7 +9,7 @@ Prints the manifests as YAML documents for `kubectl apply -f -` (or `--json` for
   the token comes from --token-file, or is made here and kept where the CLI finds it;
 - a PersistentVolumeClaim for checkpoint archives, shared by every box (ReadWriteMany, so forks
   on other nodes read the same archives), mounted at ARCHIVE_DIR;
-- a Pod running sandboxer-init, with the capabilities live checkpoint needs (shared/DESIGN.md:
+- a Pod running sandboxer-init, with the capabilities live checkpoint needs (docs/architecture.md:
   SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_TIME, seccomp and AppArmor unconfined, a tmpfs at /run)
   unless --no-live-checkpoint, and a Service for its WebSocket; or, with --kind agent-sandbox, a
   kubernetes-sigs agent-sandbox `Sandbox` around the same pod spec (its controller makes the
@@ -82,7 +82,7 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
     if opts.live_checkpoint:
         container["securityContext"] = {
             "capabilities": {"add": list(LIVE_CHECKPOINT_CAPS)},
-            # The runtime's default seccomp profile breaks criu's dump (DESIGN.md).
+            # The runtime's default seccomp profile breaks criu's dump (docs/architecture.md).
             "seccompProfile": {"type": "Unconfined"},
             "appArmorProfile": {"type": "Unconfined"},
         }
@@ -165,36 +165,25 @@ def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
     return docs, boxes
 
 
+def _box_options(sp) -> None:
+    sp.add_argument("--kind", choices=["pod", "agent-sandbox"], default="pod")
+    sp.add_argument("--namespace", default="default")
+    sp.add_argument("--name", help="box name (fork: the prefix of each copy's name)")
+    sp.add_argument("--no-live-checkpoint", dest="live_checkpoint", action="store_false",
+                    help="no added capabilities; checkpoints fall back to filesystem snapshots")
+    sp.add_argument("--grace", type=int, default=common.DEFAULT_GRACE_S, help="seconds")
+    sp.add_argument("--cpu")
+    sp.add_argument("--memory")
+    sp.add_argument("--archive-claim", default="sandboxer-archives")
+    sp.add_argument("--archive-size", default="20Gi")
+    sp.add_argument("--storage-class")
+    sp.add_argument("--token-file", help="read the box token from this file")
+    sp.add_argument("--json", action="store_true", help="a v1 List as JSON instead of YAML")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="generate.py", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="op", required=True)
-
-    def box_options(sp):
-        sp.add_argument("--kind", choices=["pod", "agent-sandbox"], default="pod")
-        sp.add_argument("--image", default=common.DEFAULT_IMAGE)
-        sp.add_argument("--namespace", default="default")
-        sp.add_argument("--name", help="box name (fork: the prefix of each copy's name)")
-        sp.add_argument("--profile")
-        sp.add_argument("--no-live-checkpoint", dest="live_checkpoint", action="store_false",
-                        help="no added capabilities; checkpoints fall back to filesystem snapshots")
-        sp.add_argument("--grace", type=int, default=common.DEFAULT_GRACE_S, help="seconds")
-        sp.add_argument("--cpu")
-        sp.add_argument("--memory")
-        sp.add_argument("--archive-claim", default="sandboxer-archives")
-        sp.add_argument("--archive-size", default="20Gi")
-        sp.add_argument("--storage-class")
-        sp.add_argument("--token-file", help="read the box token from this file")
-        sp.add_argument("--json", action="store_true", help="a v1 List as JSON instead of YAML")
-        sp.add_argument("--dry-run", action="store_true", help="redact the Secret, write nothing")
-
-    up = sub.add_parser("up")
-    box_options(up)
-    up.add_argument("command", nargs="*")
-    fk = sub.add_parser("fork")
-    box_options(fk)
-    fk.add_argument("--snapshot", required=True)
-    fk.add_argument("-n", type=int, required=True)
-    return p
+    return common.box_parser("generate.py", __doc__.split("\n\n")[0], _box_options,
+                             dry_run_help="redact the Secret, write nothing").parser
 
 
 def _redact(docs: list[dict]) -> list[dict]:
@@ -209,10 +198,7 @@ def _redact(docs: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     try:
-        if opts.op == "up" and not opts.command:
-            raise ShimError("up: give the agent's command after --")
-        if opts.op == "fork" and not 1 <= opts.n <= 256:
-            raise ShimError(f"fork: -n {opts.n}: between 1 and 256")
+        common.check_box_args(opts, max_copies=256)
         docs, boxes = generate(opts)
     except ShimError as e:
         print(f"sandboxer kubernetes: {e}", file=sys.stderr)

@@ -149,46 +149,31 @@ def check_plan(calls: list[Call]) -> None:
         check_call(modal, c)
 
 
+def _box_options(sp) -> None:
+    sp.add_argument("--app", default="sandboxer", help="Modal App the Sandboxes belong to")
+    sp.add_argument("--volume", default="sandboxer-archives", help="Modal Volume for archives")
+    sp.add_argument("--timeout", type=int, default=24 * 3600, help="Sandbox lifetime, seconds")
+    sp.add_argument("--cpu", type=float)
+    sp.add_argument("--memory", type=int, help="MiB")
+    sp.add_argument("--runtime", choices=["gvisor", "vm"])
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m shims.modal", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="op", required=True)
-
-    def box_options(sp):
-        src = sp.add_mutually_exclusive_group()
-        src.add_argument("--image", default=common.DEFAULT_IMAGE, help="registry image reference")
-        src.add_argument("--dockerfile", help="build from this Dockerfile (e.g. images/Dockerfile)")
-        sp.add_argument("--app", default="sandboxer", help="Modal App the Sandboxes belong to")
-        sp.add_argument("--volume", default="sandboxer-archives", help="Modal Volume for archives")
-        sp.add_argument("--profile")
-        sp.add_argument("--timeout", type=int, default=24 * 3600, help="Sandbox lifetime, seconds")
-        sp.add_argument("--cpu", type=float)
-        sp.add_argument("--memory", type=int, help="MiB")
-        sp.add_argument("--runtime", choices=["gvisor", "vm"])
-        sp.add_argument("--dry-run", action="store_true")
-
-    up = sub.add_parser("up", help="start a box")
-    box_options(up)
-    up.add_argument("command", nargs="*")
-    fk = sub.add_parser("fork", help="start N boxes from one snapshot")
-    box_options(fk)
-    fk.add_argument("--snapshot", required=True)
-    fk.add_argument("-n", type=int, required=True)
-    fk.add_argument("--via", choices=["volume", "modal-snapshot"], default="volume")
-    fk.add_argument("--sandbox-id", help="the running box to snapshot (--via modal-snapshot)")
-    fk.add_argument("command", nargs="*")
-    dn = sub.add_parser("down", help="terminate a box")
+    bp = common.box_parser("python -m shims.modal", __doc__.split("\n\n")[0], _box_options,
+                           image_help="registry image reference",
+                           dockerfile_help="build from this Dockerfile (e.g. images/Dockerfile)",
+                           fork_command=True)
+    bp.fork.add_argument("--via", choices=["volume", "modal-snapshot"], default="volume")
+    bp.fork.add_argument("--sandbox-id", help="the running box to snapshot (--via modal-snapshot)")
+    dn = bp.ops.add_parser("down", help="terminate a box")
     dn.add_argument("sandbox_id")
     dn.add_argument("--dry-run", action="store_true")
-    return p
+    return bp.parser
 
 
 def _validate(opts) -> None:
-    if opts.op == "up" and not opts.command:
-        raise ShimError("up: give the agent's command after --")
+    common.check_box_args(opts, max_copies=64)
     if opts.op == "fork":
-        common.check_name("snapshot", opts.snapshot)
-        if not 1 <= opts.n <= 64:
-            raise ShimError(f"fork: -n {opts.n}: between 1 and 64")
         if opts.via == "modal-snapshot" and not (opts.sandbox_id and opts.command):
             raise ShimError("fork --via modal-snapshot: needs --sandbox-id and the agent's command after --")
         if opts.via == "volume" and opts.command:

@@ -1,0 +1,45 @@
+// sandboxer export URL SNAPSHOT FILE: a snapshot's archive out of the box (snapshot.export),
+// into FILE.part, checked against its id (the start of its sha256) and renamed to FILE when
+// whole: a failed export leaves no FILE behind.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "archive/archive.hpp"
+#include "cli/commands.hpp"
+#include "cli/session.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::cli {
+
+int cmd_export(const std::vector<std::string>& args) {
+  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer export URL SNAPSHOT FILE"}));
+  a.expect_positionals(3);
+  const auto& snap = a.positionals()[1];
+  const auto& file = a.positionals()[2];
+  Session s("export", a.positionals()[0], a);
+  std::string part = file + ".part";
+  auto r = s.download({{"op", "snapshot.export"}, {"snapshot", snap}}, part);
+  if (!r) {
+    ::unlink(part.c_str());
+    return s.fail(r.error());
+  }
+  // The id is the start of the archive's sha256: what arrived is checked against it.
+  std::string err;
+  auto sha = archive::sha256_file(part, err);
+  if (!sha || "s-" + sha->substr(0, 16) != snap) {
+    ::unlink(part.c_str());
+    s.report(sha ? "the archive received does not hash to " + snap : err);
+    return kExitFailed;
+  }
+  if (::rename(part.c_str(), file.c_str()) != 0) {
+    s.report(file + ": " + os::last_error().message());
+    ::unlink(part.c_str());
+    return kExitFailed;
+  }
+  std::cerr << "exported " << snap << " (" << r->at("size").to_number<uint64_t>() << " bytes) to " << file << "\n";
+  return kExitOk;
+}
+
+}  // namespace sbx::cli

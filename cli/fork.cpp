@@ -1,0 +1,26 @@
+// sandboxer fork URL --snapshot S -n N [--host docker] [--json]
+// N live copies of snapshot S: in the box (op fork, each a branch; one line each: <branch>
+// <proc>), or with --host docker in N new containers (fork-docker.cpp; one line each: main <URL>).
+#include "cli/commands.hpp"
+#include "cli/session.hpp"
+
+namespace sbx::cli {
+
+int cmd_fork(const std::vector<std::string>& args) {
+  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S -n N [--host docker]",
+                                         .flags = {"--json"},
+                                         .options = {"--snapshot", "-n", "--host"}}));
+  auto snap = a.value_or("--snapshot", "");
+  if (snap.empty()) throw UsageError(a.usage());
+  a.expect_positionals(1);
+  const auto& url = a.positionals()[0];
+  auto token_file = a.value_or("--token-file", "");
+  if (auto host = a.value("--host")) {
+    if (*host != "docker") throw UsageError("--host " + *host + ": not supported here (docker)");
+    return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1));
+  }
+  return restore_in_box("fork", url, token_file, {{"op", "fork"}, {"snapshot", snap}, {"n", a.number<int>("-n", 1)}},
+                        a.has("--json"));
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,47 @@
+// sandboxer restore URL SNAPSHOT [--json]: a snapshot restored in the box, as a branch of its own.
+// The reply is reported as fork's is (fork.cpp sends its request through restore_in_box too).
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "cli/session.hpp"
+
+namespace sbx::cli {
+
+namespace json = boost::json;
+
+int restore_in_box(const std::string& cmd, const std::string& url, const std::string& token_file, json::object req,
+                   bool as_json) {
+  Session s(cmd, url, token_file);
+  auto r = s.request(std::move(req));
+  json::object reply = r ? *r : error_reply(r.error());
+  if (as_json) std::cout << json::serialize(reply) << "\n";
+  if (!reply_ok(reply)) {
+    // Each copy that failed says why (criu's own first error line).
+    if (auto* copies = reply.if_contains("copies"); copies && copies->is_array())
+      for (auto& c : copies->as_array())
+        if (auto* e = c.as_object().if_contains("error"); e && e->is_string())
+          s.report("copy " + json::value_to<std::string>(c.at("branch")) + ": " + std::string(e->as_string()));
+    return s.fail(reply);
+  }
+  // One line per copy: <branch> <proc>.
+  if (!as_json)
+    if (auto* copies = reply.if_contains("copies"))
+      for (auto& c : copies->as_array()) {
+        auto& o = c.as_object();
+        std::cout << json::value_to<std::string>(o.at("branch")) << " "
+                  << (o.contains("proc") ? json::value_to<std::string>(o.at("proc")) : std::string("main")) << "\n";
+      }
+  return kExitOk;
+}
+
+int cmd_restore(const std::vector<std::string>& args) {
+  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer restore URL SNAPSHOT",
+                                         .flags = {"--json"},
+                                         .options = {"--host"}}));
+  if (a.has("--host")) throw UsageError("--host: only fork starts new boxes (restore runs in the box)");
+  a.expect_positionals(2);
+  return restore_in_box("restore", a.positionals()[0], a.value_or("--token-file", ""),
+                        {{"op", "restore"}, {"snapshot", a.positionals()[1]}}, a.has("--json"));
+}
+
+}  // namespace sbx::cli

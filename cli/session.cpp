@@ -1,0 +1,200 @@
+#include "cli/session.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "cli/tokens.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::cli {
+
+namespace json = boost::json;
+using sdk::Client;
+
+namespace {
+
+sdk::Endpoint resolve(const std::string& url, const std::string& token_file) {
+  sdk::Endpoint ep{url, find_token(url, token_file)};
+  ep.insecure = std::getenv("SANDBOXER_INSECURE") != nullptr;
+  sdk::parse_url(url);  // fails early with a clear message
+  return ep;
+}
+
+}  // namespace
+
+ArgSpec remote_spec(ArgSpec spec) {
+  spec.options.push_back("--token-file");
+  return spec;
+}
+
+base::Error reply_error(const json::object& reply) {
+  if (auto* e = reply.if_contains("error"); e && e->is_object()) {
+    auto& o = e->as_object();
+    return base::fail(std::string(o.at("message").as_string()), std::string(o.at("code").as_string()));
+  }
+  return base::fail(json::serialize(reply), "");
+}
+
+json::object error_reply(const base::Error& e) {
+  return json::object{{"ok", false}, {"error", {{"code", e.code}, {"message", e.message}}}};
+}
+
+bool reply_ok(const json::object& reply) { return reply.at("ok").as_bool(); }
+
+Session::Session(std::string cmd, std::string url, const Args& args)
+    : Session(std::move(cmd), std::move(url), args.value_or("--token-file", "")) {}
+
+Session::Session(std::string cmd, std::string url, const std::string& token_file)
+    : cmd_(std::move(cmd)), endpoint_(resolve(url, token_file)) {
+  uv_loop_init(&loop_);
+  for (auto* s : {&sigint_, &sigterm_}) {
+    uv_signal_init(&loop_, s);
+    s->data = this;
+    // The signals alone keep no loop running.
+    uv_unref(reinterpret_cast<uv_handle_t*>(s));
+  }
+  auto cb = [](uv_signal_t* s, int) {
+    auto* self = static_cast<Session*>(s->data);
+    if (self->on_interrupt_) self->on_interrupt_();
+    else uv_stop(s->loop);
+  };
+  uv_signal_start(&sigint_, cb, SIGINT);
+  uv_signal_start(&sigterm_, cb, SIGTERM);
+}
+
+Session::~Session() {
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  uv_loop_close(&loop_);
+}
+
+void Session::report(std::string_view what) const { std::cerr << "sandboxer " << cmd_ << ": " << what << "\n"; }
+
+int Session::fail(const base::Error& e, std::string_view what) const {
+  std::string text = what.empty() ? "" : std::string(what) + ": ";
+  text += e.message;
+  if (!e.code.empty()) text += " (" + e.code + ")";
+  report(text);
+  return kExitFailed;
+}
+
+base::Result<json::object> Session::request(json::object req) {
+  Client c(&loop_, endpoint_);
+  base::Result<json::object> result = base::fail("the connection closed first", "closed");
+  c.on_close([&](int, const std::string&) { stop(); });
+  c.connect([&](const std::string& err) {
+    if (!err.empty()) {
+      result = base::fail("connect to " + url() + ": " + err, "connect");
+      return stop();
+    }
+    c.request(std::move(req), [&](const json::object& r) {
+      result = r;
+      c.close();
+      stop();
+    });
+  });
+  auto interrupt = std::exchange(on_interrupt_, [this] { stop(); });
+  run();
+  on_interrupt_ = std::move(interrupt);
+  return result;
+}
+
+base::Result<json::object> Session::call(json::object req) {
+  auto r = request(std::move(req));
+  if (r && !reply_ok(*r)) return reply_error(*r);
+  return r;
+}
+
+base::Result<json::object> Session::download(json::object req, const std::string& local_path) {
+  return transfer(std::move(req), local_path, false);
+}
+
+base::Result<json::object> Session::upload(json::object req, const std::string& local_path) {
+  return transfer(std::move(req), local_path, true);
+}
+
+// A download: `req`'s reply, then binary frames written to the local file. An upload: the
+// local file in 1 MiB binary frames after `req` (its id in their headers), the reply after the
+// last, with at most 8 MiB waiting to be sent.
+base::Result<json::object> Session::transfer(json::object req, const std::string& local_path, bool upload) {
+  Client c(&loop_, endpoint_);
+  base::Result<json::object> result = base::fail("the connection closed before the transfer ended", "closed");
+  bool finished = false;
+  auto finish = [&](base::Result<json::object> r) {
+    if (finished) return;
+    finished = true;
+    result = std::move(r);
+    c.close();
+  };
+  auto local_error = [](const std::string& msg) { return base::fail(msg, "local"); };
+  c.on_close([&](int code, const std::string& reason) {
+    if (!finished)
+      result = base::fail("the connection closed first: " + reason + " (" + std::to_string(code) + ")", "closed");
+    stop();
+  });
+  os::UniqueFd local;
+  uint64_t sent = 0, size = 0;
+  uint32_t upload_id = 0;
+  json::object download_reply;
+  constexpr size_t kChunk = 1 << 20;
+  if (upload) {
+    local.reset(::open(local_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!local) return local_error(local_path + ": " + os::last_error().message());
+    struct stat st {};
+    ::fstat(local.get(), &st);
+    if (!S_ISREG(st.st_mode)) return local_error(local_path + ": not a regular file");
+    size = static_cast<uint64_t>(st.st_size);
+    if (req.contains("size")) req["size"] = size;
+  }
+  auto pump = [&] {
+    while (upload_id && sent < size && c.pending_bytes() < (8u << 20) && !finished) {
+      std::string chunk(static_cast<size_t>(std::min<uint64_t>(kChunk, size - sent)), '\0');
+      ssize_t n = ::pread(local.get(), chunk.data(), chunk.size(), static_cast<off_t>(sent));
+      if (n <= 0)
+        return finish(local_error("read " + local_path + ": " + (n < 0 ? os::last_error().message() : "file shrank")));
+      chunk.resize(static_cast<size_t>(n));
+      c.send_binary(upload_id, sent, sent + chunk.size() >= size, chunk);
+      sent += chunk.size();
+    }
+  };
+  c.on_drained([&] { pump(); });
+  c.on_binary([&](uint32_t, uint64_t off, bool last, std::string_view data) {
+    if (::pwrite(local.get(), data.data(), data.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(data.size()))
+      return finish(local_error("write " + local_path + ": " + os::last_error().message()));
+    if (last) finish(download_reply);
+  });
+  auto on_reply = [&](const json::object& rep) {
+    if (!reply_ok(rep)) return finish(reply_error(rep));
+    if (upload) finish(rep);
+    else download_reply = rep;  // the file's frames follow
+  };
+  c.connect([&](const std::string& err) {
+    if (!err.empty()) {
+      finished = true;
+      result = base::fail("connect to " + url() + ": " + err, "connect");
+      return stop();
+    }
+    if (!upload) {
+      local.reset(::open(local_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (!local) return finish(local_error(local_path + ": " + os::last_error().message()));
+      c.request(std::move(req), on_reply);
+    } else {
+      upload_id = static_cast<uint32_t>(c.request(std::move(req), on_reply));
+      if (size == 0) c.send_binary(upload_id, 0, true, {});
+      pump();
+    }
+  });
+  auto interrupt = std::exchange(on_interrupt_, [&] { finish(base::fail("interrupted", "interrupted")); });
+  run();
+  on_interrupt_ = std::move(interrupt);
+  return result;
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,77 @@
+#pragma once
+// What every subcommand that talks to a box shares (attach, exec, cp, stats, checkpoint, restore,
+// fork, snapshots, export, import): the box's endpoint (its URL; the token from --token-file,
+// else SANDBOXER_TOKEN, else the store, see tokens.hpp; SANDBOXER_INSECURE to accept a
+// self-signed wss certificate), one libuv loop on which SIGINT and SIGTERM are events, one
+// request or one file transfer over a connection of sdk/cpp's Client, and the one way a failure
+// is reported: "sandboxer CMD: <message> (<code>)" on stderr and exit 1 (kExitFailed).
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <functional>
+#include <sandboxer/client.hpp>
+#include <string>
+#include <string_view>
+
+#include "base/result.hpp"
+#include "cli/args.hpp"
+
+namespace sbx::cli {
+
+/// A remote subcommand's spec with the options every remote subcommand takes (--token-file F).
+ArgSpec remote_spec(ArgSpec spec);
+
+/// A reply's error as an Error: its message and code, or (no error object) the whole reply.
+base::Error reply_error(const boost::json::object& reply);
+/// An Error as the server would have replied it: {"ok": false, "error": {"code", "message"}}.
+boost::json::object error_reply(const base::Error& e);
+/// The reply said ok.
+bool reply_ok(const boost::json::object& reply);
+
+class Session {
+ public:
+  /// Resolves the endpoint of `url` with --token-file from `args`; throws (exit 2) when there
+  /// is no token or the URL is not ws[s]://HOST:PORT[/PATH].
+  Session(std::string cmd, std::string url, const Args& args);
+  Session(std::string cmd, std::string url, const std::string& token_file);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const std::string& url() const { return endpoint_.url; }
+  const sdk::Endpoint& endpoint() const { return endpoint_; }
+  uv_loop_t* loop() { return &loop_; }
+  /// What SIGINT or SIGTERM does while run() runs; by default it stops the loop.
+  void on_interrupt(std::function<void()> fn) { on_interrupt_ = std::move(fn); }
+  /// Runs the loop until nothing is left or stop().
+  void run() { uv_run(&loop_, UV_RUN_DEFAULT); }
+  void stop() { uv_stop(&loop_); }
+
+  /// One request on a connection of its own: the box's reply, ok or not; an error only when
+  /// no reply came (the connection failed or closed first, or an interrupt).
+  base::Result<boost::json::object> request(boost::json::object req);
+  /// As request(), and a reply that is not ok is an error too.
+  base::Result<boost::json::object> call(boost::json::object req);
+  /// One file out of the box: `req`'s reply, then binary frames written to `local_path`
+  /// (created or truncated). Error: the box's, the connection's or the local file's.
+  base::Result<boost::json::object> download(boost::json::object req, const std::string& local_path);
+  /// One file into the box: `local_path` in binary frames after `req`, and the reply after the last.
+  base::Result<boost::json::object> upload(boost::json::object req, const std::string& local_path);
+
+  /// "sandboxer CMD: <what>" on stderr.
+  void report(std::string_view what) const;
+  /// "sandboxer CMD: [<what>: ]<message> (<code>)" on stderr; returns kExitFailed.
+  int fail(const base::Error& e, std::string_view what = {}) const;
+  int fail(const boost::json::object& reply) const { return fail(reply_error(reply)); }
+
+ private:
+  base::Result<boost::json::object> transfer(boost::json::object req, const std::string& local_path, bool upload);
+
+  std::string cmd_;
+  sdk::Endpoint endpoint_;
+  uv_loop_t loop_;
+  uv_signal_t sigint_, sigterm_;
+  std::function<void()> on_interrupt_;
+};
+
+}  // namespace sbx::cli
