@@ -131,6 +131,13 @@ boost::json::object error_reply(const boost::json::value& id, std::string_view c
   return {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
 }
 
+boost::json::object reply_with_id(const boost::json::value& id, const boost::json::object& body) {
+  boost::json::object reply{{"id", id}};
+  for (auto& kv : body) reply[kv.key()] = kv.value();
+  if (!reply.contains("ok")) reply["ok"] = true;
+  return reply;
+}
+
 void put_header(std::string& out, const BinaryHeader& h) {
   unsigned char b[kBinaryHeader];
   for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(h.id >> (8 * i));

@@ -49,6 +49,9 @@ std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string
 
 boost::json::object ok_reply(const boost::json::value& id);
 boost::json::object error_reply(const boost::json::value& id, std::string_view code, std::string_view message);
+/// A reply from a body built later ({"ok": ..., ...}, as the box's snapshot operations answer):
+/// the request's id first, then the body, with "ok": true added unless the body says.
+boost::json::object reply_with_id(const boost::json::value& id, const boost::json::object& body);
 
 struct BinaryHeader {
   uint32_t id = 0;

@@ -14,6 +14,7 @@
 #include "checkpoint/checkpointer.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
+#include "protocol/channel.hpp"
 #include "sandbox/policy.hpp"
 #include "supervisor/proc-io.hpp"
 #include "supervisor/server.hpp"
@@ -491,18 +492,12 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
       auto* br = static_cast<Branch*>(h->data);
       auto* box = static_cast<Box*>(h->loop->data);
       if (!read_available(br->launched.chan_req.get(), br->chan_pending)) uv_poll_stop(h);
-      for_each_line(br->chan_pending, [&](const boost::json::object* o) {
-        if (!o) {
-          box->channel_reply(*br, {{"ok", false},
-                                   {"error", {{"code", "bad_request"}, {"message", "a request is one JSON object per line"}}}});
-          return;
-        }
-        try {
-          box->on_channel(*br, *o);
-        } catch (const std::exception& e) {
-          box->channel_reply(*br, {{"ok", false}, {"error", {{"code", "bad_request"}, {"message", e.what()}}}});
-        }
-      });
+      // One request per line; on_channel answers each one, a refusal included.
+      for (size_t nl; (nl = br->chan_pending.find('\n')) != std::string::npos;) {
+        std::string line = br->chan_pending.substr(0, nl);
+        br->chan_pending.erase(0, nl + 1);
+        box->on_channel(*br, line);
+      }
     });
   }
   return *bp;
@@ -547,118 +542,83 @@ void Box::on_branch_exit(Branch& b, int st) {
 
 void Box::channel_reply(Branch& b, const boost::json::object& msg) {
   if (!b.launched.chan_rep) return;
-  std::string line = boost::json::serialize(msg) + "\n";
+  std::string line = protocol::channel_line(msg);
   ssize_t n = ::write(b.launched.chan_rep.get(), line.data(), line.size());
   if (n != static_cast<ssize_t>(line.size()))
     log()->warn("reply on the agent channel of branch {}: the agent is not reading it", b.name);
 }
 
-void Box::on_channel(Branch& b, const boost::json::object& req) {
-  int64_t id = -1;
-  if (auto* v = req.if_contains("id"); v && v->is_int64()) id = v->as_int64();
-  auto reply = [this, &b, id](boost::json::object r) {
-    if (id >= 0) r["id"] = id;
-    channel_reply(b, r);
-  };
-  auto* op = req.if_contains("op");
-  if (!op || !op->is_string()) {
-    reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "missing \"op\" (a string)"}}}});
-    return;
-  }
-  if (*op == "whoami") {
-    boost::json::object r = checkpoint::Checkpointer::identity(*this, b);
-    r["ok"] = true;
-    reply(std::move(r));
-  } else if (*op == "event") {
-    // {"event": {"type": "agent.x", ...}}; the type is kept under "agent." so an agent cannot
-    // forge the supervisor's own events.
-    auto* data = req.if_contains("event");
-    if (!data || !data->is_object()) {
-      reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "event needs \"event\" (an object)"}}}});
-      return;
-    }
-    boost::json::object ev = data->as_object();
-    std::string type = ev.contains("type") && ev.at("type").is_string() ? std::string(ev.at("type").as_string()) : "event";
-    if (!type.starts_with("agent.")) type = "agent." + type;
-    for (const char* k : {"seq", "ts", "box", "branch", "proc"}) ev.erase(k);
-    ev["type"] = type;
-    ev["proc"] = b.main_proc;
-    uint64_t seq = emit(b.name, std::move(ev));
-    reply({{"ok", true}, {"seq", seq}});
-  } else if (*op == "checkpoint" || *op == "fork") {
-    std::string name;
-    if (auto* v = req.if_contains("name"); v && v->is_string()) name = v->as_string();
-    bool leave_running = true;
-    if (auto* v = req.if_contains("leave_running"); v && v->is_bool()) leave_running = v->as_bool();
-    int n = 0;
-    if (*op == "fork") {
-      auto* v = req.if_contains("n");
-      if (!v || !v->is_int64() || v->as_int64() < 1 || v->as_int64() > 64) {
-        reply({{"ok", false}, {"error", {{"code", "bad_request"}, {"message", "fork needs \"n\" (1..64)"}}}});
+// One request on the agent channel, parsed by protocol::parse_channel_request, answered in the
+// server's reply shape with the request's id. This is the channel's one boundary (docs/errors.md,
+// section 3): a refusal (RequestError) is answered with its code, anything else with `internal`,
+// and the agent and its channel go on either way.
+void Box::on_channel(Branch& b, std::string_view line) {
+  using protocol::ChannelOp;
+  boost::json::value id;
+  try {
+    auto req = protocol::parse_channel_request(line, &id);
+    auto answer = [this, &b, &id](const boost::json::object& body) { channel_reply(b, protocol::reply_with_id(id, body)); };
+    // An answer given later finds the branch again by name: it may have ended meanwhile.
+    std::string bname = b.name;
+    auto later = [this, bname, id](const boost::json::object& body) {
+      auto it = branches_.find(bname);
+      if (it != branches_.end()) channel_reply(*it->second, protocol::reply_with_id(id, body));
+    };
+    switch (req.op) {
+      case ChannelOp::whoami:
+        return answer(checkpoint::Checkpointer::identity(*this, b));
+      case ChannelOp::event: {
+        boost::json::object ev = std::move(req.event);
+        ev["proc"] = b.main_proc;
+        uint64_t seq = emit(b.name, std::move(ev));
+        return answer({{"ok", true}, {"seq", seq}});
+      }
+      case ChannelOp::checkpoint:
+      case ChannelOp::fork: {
+        int n = req.op == ChannelOp::fork ? req.n : 0;
+        // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot.
+        if (n > 0)
+          if (auto refusal = checkpointer_->copies_refusal(bname, n)) return answer(*refusal);
+        // A live copy answers this same request in its own channel: the manifest keeps its id.
+        b.chan_inflight = id.is_int64() && id.as_int64() >= 0 ? id.as_int64() : -1;
+        checkpoint(bname, req.name, req.leave_running, [this, bname, later, n](boost::json::object r) {
+          auto it = branches_.find(bname);
+          if (it != branches_.end()) it->second->chan_inflight = -1;
+          bool ok = r.contains("ok") && r.at("ok").as_bool();
+          if (!ok || n == 0) {
+            r["copy"] = false;
+            return later(r);
+          }
+          std::string snap(r.at("snapshot").as_string());
+          restore(snap, n, true, [later, snap](boost::json::object fr) {
+            fr["snapshot"] = snap;
+            fr["copy"] = false;
+            later(fr);
+          });
+        }, bname);
         return;
       }
-      n = static_cast<int>(v->as_int64());
-    }
-    std::string bname = b.name;
-    // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot.
-    if (n > 0)
-      if (auto refusal = checkpointer_->copies_refusal(bname, n)) return reply(std::move(*refusal));
-    b.chan_inflight = id;
-    checkpoint(bname, name, leave_running, [this, bname, id, n](boost::json::object r) {
-      auto it = branches_.find(bname);
-      Branch* br = it == branches_.end() ? nullptr : it->second.get();
-      if (br) br->chan_inflight = -1;
-      bool ok = r.contains("ok") && r.at("ok").as_bool();
-      if (!ok || n == 0) {
-        if (br) {
-          if (id >= 0) r["id"] = id;
-          r["copy"] = false;
-          channel_reply(*br, r);
+      case ChannelOp::snapshot_list:
+        // The channel sees the snapshots it may restore (checkpoint/README.md, "The agent channel").
+        return answer({{"ok", true}, {"snapshots", checkpointer_->list_for(b)}});
+      case ChannelOp::restore:
+      case ChannelOp::snapshot_delete: {
+        bool to_delete = req.op == ChannelOp::snapshot_delete;
+        if (auto refusal = checkpointer_->channel_refusal(b, req.snapshot, to_delete)) {
+          log()->warn("agent channel of branch {}: {} {}: {}", b.name, protocol::channel_op_name(req.op), req.snapshot,
+                      std::string(refusal->at("error").at("message").as_string()));
+          return answer(*refusal);
         }
-        return;
+        if (to_delete) return answer(snapshot_delete(req.snapshot));
+        if (auto refusal = checkpointer_->copies_refusal(bname, 1)) return answer(*refusal);
+        return restore(req.snapshot, 1, false, later);
       }
-      std::string snap(r.at("snapshot").as_string());
-      restore(snap, n, true, [this, bname, id, snap](boost::json::object fr) {
-        auto it2 = branches_.find(bname);
-        if (it2 == branches_.end()) return;
-        if (id >= 0) fr["id"] = id;
-        fr["snapshot"] = snap;
-        fr["copy"] = false;
-        channel_reply(*it2->second, fr);
-      });
-    }, bname);
-  } else if (*op == "snapshot.list") {
-    // The channel sees the snapshots it may restore (checkpoint/README.md, "The agent channel").
-    reply({{"ok", true}, {"snapshots", checkpointer_->list_for(b)}});
-  } else if (*op == "snapshot.delete" || *op == "restore") {
-    auto* v = req.if_contains(*op == "restore" ? "snapshot" : "id");
-    if (!v || !v->is_string()) {
-      reply({{"ok", false},
-             {"error", {{"code", "bad_request"},
-                        {"message", std::string(*op == "restore" ? "restore needs \"snapshot\"" : "snapshot.delete needs \"id\"") +
-                                        " (a snapshot id)"}}}});
-      return;
     }
-    std::string snap(v->as_string());
-    if (auto refusal = checkpointer_->channel_refusal(b, snap, *op == "snapshot.delete")) {
-      log()->warn("agent channel of branch {}: {} {}: {}", b.name, std::string(op->as_string()), snap,
-                  std::string(refusal->at("error").at("message").as_string()));
-      return reply(std::move(*refusal));
-    }
-    if (*op == "snapshot.delete") return reply(snapshot_delete(snap));
-    std::string bname = b.name;
-    if (auto refusal = checkpointer_->copies_refusal(bname, 1)) return reply(std::move(*refusal));
-    restore(snap, 1, false, [this, bname, id](boost::json::object r) {
-      auto it = branches_.find(bname);
-      if (it == branches_.end()) return;
-      if (id >= 0) r["id"] = id;
-      channel_reply(*it->second, r);
-    });
-  } else {
-    reply({{"ok", false},
-           {"error", {{"code", "unknown_op"},
-                      {"message", "unknown op \"" + std::string(op->as_string()) +
-                                      "\" (whoami, event, checkpoint, fork, restore, snapshot.list, snapshot.delete)"}}}});
+  } catch (const protocol::RequestError& e) {
+    channel_reply(b, protocol::error_reply(id, e.code, e.what()));
+  } catch (const std::exception& e) {
+    log()->error("agent channel of branch {}: {}", b.name, e.what());
+    channel_reply(b, protocol::error_reply(id, "internal", e.what()));
   }
 }
 

@@ -203,7 +203,7 @@ class Box {
   Branch& add_branch(std::unique_ptr<Branch> b, bool running);
   void start_readers(Branch& b, Proc& p);
   void on_branch_exit(Branch& b, int status);
-  void on_channel(Branch& b, const boost::json::object& req);
+  void on_channel(Branch& b, std::string_view line);
   void channel_reply(Branch& b, const boost::json::object& msg);
   void maybe_finish();
   boost::json::array agent_env(const Branch& b, const std::string& dir) const;

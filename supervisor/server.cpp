@@ -6,22 +6,20 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <array>
 #include <boost/json.hpp>
-#include <deque>
 #include <map>
+#include <memory>
 #include <optional>
-#include <set>
+#include <string_view>
 
-#include "supervisor/box.hpp"
-#include "base/encoding.hpp"
-#include "supervisor/fs-ops.hpp"
 #include "os/sys.hpp"
 #include "protocol/protocol.hpp"
-#include "supervisor/stats.hpp"
+#include "supervisor/box.hpp"
+#include "supervisor/server-client.hpp"
+#include "supervisor/server-ops.hpp"
 
 namespace sbx::supervisor {
 
@@ -42,79 +40,50 @@ constexpr size_t kHighWater = 2u << 20;
 constexpr size_t kReplayBatch = 1u << 20;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
 
-struct OutFrame {
-  std::string buf;  // LWS_PRE bytes of headroom, then the payload
-  bool binary = false;
-  uint64_t seq = 0;  // an event's seq, 0 for replies and file data
-  size_t size() const { return buf.size() - LWS_PRE; }
+// The ops (server-ops.hpp), in the order the unknown_op reply lists them.
+struct Op {
+  std::string_view name;
+  OpFn run;
+};
+constexpr std::array kOps{
+    Op{"auth", op_auth},
+    Op{"subscribe", op_subscribe},
+    Op{"unsubscribe", op_unsubscribe},
+    Op{"exec", op_exec},
+    Op{"stdin", op_stdin},
+    Op{"signal", op_signal},
+    Op{"resize", op_resize},
+    Op{"fs.read", op_fs_read},
+    Op{"fs.write", op_fs_write},
+    Op{"fs.list", op_fs_list},
+    Op{"fs.stat", op_fs_stat},
+    Op{"fs.remove", op_fs_remove},
+    Op{"fs.mkdir", op_fs_mkdir},
+    Op{"stats", op_stats},
+    Op{"shutdown", op_shutdown},
+    Op{"ping", op_ping},
+    Op{"checkpoint", op_checkpoint},
+    Op{"restore", op_restore},
+    Op{"fork", op_fork},
+    Op{"snapshot.list", op_snapshot_list},
+    Op{"snapshot.export", op_snapshot_export},
+    Op{"snapshot.import", op_snapshot_import},
+    Op{"snapshot.delete", op_snapshot_delete},
 };
 
-// A file that is removed when its owner goes, unless released first.
-struct TempPath {
-  std::string path;
-  TempPath() = default;
-  explicit TempPath(std::string p) : path(std::move(p)) {}
-  TempPath(TempPath&& o) noexcept : path(std::exchange(o.path, {})) {}
-  TempPath& operator=(TempPath&& o) noexcept {
-    if (this != &o) {
-      reset();
-      path = std::exchange(o.path, {});
-    }
-    return *this;
-  }
-  ~TempPath() { reset(); }
-  void reset() {
-    if (!path.empty()) ::unlink(path.c_str());
-    path.clear();
-  }
-  std::string release() { return std::exchange(path, {}); }
-};
+const Op* find_op(std::string_view name) {
+  for (const auto& op : kOps)
+    if (op.name == name) return &op;
+  return nullptr;
+}
 
-struct Upload {
-  os::UniqueFd fd;
-  std::string path;
-  uint64_t end = 0;
-  json::value id;
-  // snapshot.import: the archive goes to a temporary file of the snapshot store, then is
-  // checked whole and filed under its id.
-  TempPath archive;
-  uint64_t expected = 0;
-};
-
-struct Download {
-  json::value id;
-  uint32_t bin_id;
-  os::UniqueFd fd;
-  uint64_t offset = 0;
-  uint64_t remaining = 0;
-};
+std::string unknown_op_message(std::string_view name) {
+  std::string known;
+  for (const auto& op : kOps) known += (known.empty() ? "" : ", ") + std::string(op.name);
+  return "unknown op \"" + std::string(name) + "\" (known: " + known + ")";
+}
 
 }  // namespace
-
-struct Client {
-  uint64_t id = 0;
-  lws* wsi = nullptr;
-  bool authed = false;
-  std::string peer;
-  // The message being received.
-  std::string rx;
-  bool rx_new = true, rx_binary = false, rx_oversize = false;
-  size_t rx_total = 0;
-  // What goes out.
-  std::deque<OutFrame> q;
-  size_t q_bytes = 0;
-  uint64_t last_written_seq = 0;
-  // The subscription: replaying from disk until caught up, then live.
-  bool subscribed = false, live = false;
-  uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
-  std::optional<std::string> branch;
-  std::map<uint32_t, Upload> uploads;
-  std::set<uint32_t> failed_uploads;
-  std::deque<Download> downloads;
-  int close_code = 0;
-  std::string close_reason;
-  bool peer_closed = false;
-};
 
 struct Server::Impl {
   Box& box;
@@ -126,7 +95,9 @@ struct Server::Impl {
   int port = 0;
   int listener = 0;
   uint64_t next_client = 1;
-  std::map<uint64_t, Client*> clients;
+  // Every connected client, owned here; libwebsockets' per-connection slot holds a non-owning
+  // pointer to the same Client (server-client.hpp).
+  std::map<uint64_t, std::unique_ptr<Client>> clients;
   int unauthenticated = 0;  // clients that have not authenticated yet (opts.max_unauthenticated)
   bool draining = false;
   std::function<void()> drained;
@@ -375,15 +346,7 @@ struct Server::Impl {
       }
     }
     if (binary) return on_binary(c, msg);
-    json::value id;
-    try {
-      auto req = protocol::parse_request(msg, &id);
-      dispatch(c, req);
-    } catch (const RequestError& e) {
-      send(c, protocol::error_reply(id, e.code, e.what()));
-    } catch (const std::exception& e) {
-      send(c, protocol::error_reply(id, "internal", e.what()));
-    }
+    dispatch(c, msg);
     return 0;
   }
 
@@ -469,28 +432,19 @@ struct Server::Impl {
     return [this, cid = c.id, id = std::move(id)](json::object body) {
       auto it = clients.find(cid);
       if (it == clients.end()) return;
-      json::object reply{{"id", id}};
-      for (auto& kv : body) reply[kv.key()] = kv.value();
-      if (!reply.contains("ok")) reply["ok"] = true;
-      send(*it->second, reply);
+      send(*it->second, protocol::reply_with_id(id, body));
     };
   }
 
-  FsRoots roots_of(const json::object& req) {
-    std::string branch = protocol::opt_string(req, "branch").value_or("main");
-    if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
-    auto dir = box.branch_dir(branch);
-    return {dir + "/workspace", dir + "/tmp"};
+  // A whole frame sent later, if the client is still connected.
+  std::function<void(const json::object&)> later_sender(const Client& c) {
+    return [this, cid = c.id](const json::object& frame) {
+      auto it = clients.find(cid);
+      if (it != clients.end()) send(*it->second, frame);
+    };
   }
 
-  static uint32_t binary_id(const json::value& id, const char* op) {
-    if ((id.is_int64() && id.as_int64() >= 0 && id.as_int64() <= 0xffffffffLL) ||
-        (id.is_uint64() && id.as_uint64() <= 0xffffffffULL))
-      return static_cast<uint32_t>(id.to_number<uint64_t>());
-    throw RequestError("bad_request", std::string(op) + " needs an integer id in [0, 2^32): binary frames carry it");
-  }
-
-  void dispatch(Client& c, const protocol::Request& req);
+  void dispatch(Client& c, std::string_view text);
 
   // Answers an upgrade request with a plain HTTP error (written whole, then the connection ends).
   static int reject_http(lws* wsi, int code, const char* reason, const std::string& text) {
@@ -503,260 +457,50 @@ struct Server::Impl {
   }
 };
 
-void Server::Impl::dispatch(Client& c, const protocol::Request& r) {
-  const auto& f = r.fields;
-  const std::string& op = r.op;
-  log()->debug("client {}: {}", c.id, op);
-  auto ok = protocol::ok_reply(r.id);
-  if (op == "auth") {
-    auto token = protocol::opt_string(f, "token");
-    if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
-    return send(c, ok);
+// The one boundary an op runs in (docs/errors.md, section 3): a refusal (RequestError, from the
+// parser or the op) is replied with its code and the request's id when it was readable; anything
+// else escaping an op is replied as `internal`, and the client, the box and the agent go on.
+// Every op needs an authenticated client: on_message lets no other reach here.
+void Server::Impl::dispatch(Client& c, std::string_view text) {
+  json::value id;
+  try {
+    auto req = protocol::parse_request(text, &id);
+    log()->debug("client {}: {}", c.id, req.op);
+    const Op* op = find_op(req.op);
+    if (!op) throw RequestError("unknown_op", unknown_op_message(req.op));
+    OpContext ctx{*this, box, c, req};
+    op->run(ctx);
+  } catch (const RequestError& e) {
+    send(c, protocol::error_reply(id, e.code, e.what()));
+  } catch (const std::exception& e) {
+    send(c, protocol::error_reply(id, "internal", e.what()));
   }
-  if (op == "ping") {
-    ok["pong"] = true;
-    return send(c, ok);
-  }
-  if (op == "subscribe") {
-    auto since = protocol::opt_int(f, "since", 0, INT64_MAX).value_or(0);
-    auto branch = protocol::opt_string(f, "branch");
-    if (branch && !box.has_branch(*branch)) throw RequestError("no_such_branch", "no branch named " + *branch);
-    ok["last_seq"] = box.journal().last_seq();
-    send(c, ok);
-    c.subscribed = true;
-    c.branch = branch;
-    c.cursor = static_cast<uint64_t>(since);
-    c.live = c.cursor >= box.journal().last_seq();
-    if (!c.live) lws_callback_on_writable(c.wsi);
-    return;
-  }
-  if (op == "unsubscribe") {
-    c.subscribed = false;
-    return send(c, ok);
-  }
-  if (op == "exec") {
-    ExecSpec spec;
-    spec.proc = protocol::need_string(f, "proc");
-    if (spec.proc.empty() || spec.proc.size() > 128)
-      throw RequestError("bad_request", "field proc: 1 to 128 characters");
-    for (unsigned char ch : spec.proc)
-      if (ch < 0x21 || ch == 0x7f) throw RequestError("bad_request", "field proc: no spaces or control characters");
-    spec.argv = protocol::need_string_array(f, "argv");
-    if (spec.argv.empty()) throw RequestError("bad_request", "field argv: empty");
-    for (auto& a : spec.argv)
-      if (a.find('\0') != std::string::npos) throw RequestError("bad_request", "field argv: contains a NUL byte");
-    if (auto* env = f.if_contains("env"); env && !env->is_null()) {
-      if (!env->is_object()) throw RequestError("bad_request", "field env: expected an object of strings");
-      for (auto& kv : env->as_object()) {
-        if (!kv.value().is_string()) throw RequestError("bad_request", "field env." + std::string(kv.key()) + ": expected a string");
-        if (kv.key().empty() || kv.key().find('=') != json::string_view::npos)
-          throw RequestError("bad_request", "field env: a name is not empty and has no '='");
-        spec.env.push_back(std::string(kv.key()) + "=" + std::string(kv.value().as_string()));
-      }
-    }
-    spec.cwd = protocol::opt_string(f, "cwd").value_or("");
-    spec.tty = protocol::opt_bool(f, "tty").value_or(false);
-    spec.stdin_open = protocol::opt_bool(f, "stdin").value_or(false);
-    spec.cols = static_cast<int>(protocol::opt_int(f, "cols", 1, 10000).value_or(80));
-    spec.rows = static_cast<int>(protocol::opt_int(f, "rows", 1, 10000).value_or(24));
-    spec.branch = protocol::opt_string(f, "branch").value_or("main");
-    uint64_t cid = c.id;
-    json::value id = r.id;
-    box.exec(spec, [this, cid, id](std::optional<OpError> err, json::object st) {
-      auto it = clients.find(cid);
-      if (it == clients.end()) return;
-      if (err) {
-        auto e = protocol::error_reply(id, err->code, err->message);
-        if (!st.empty()) e["state"] = std::move(st);
-        return send(*it->second, e);
-      }
-      auto reply = protocol::ok_reply(id);
-      for (auto& kv : st) reply[kv.key()] = kv.value();
-      send(*it->second, reply);
-    });
-    return;
-  }
-  if (op == "stdin") {
-    auto proc = protocol::need_string(f, "proc");
-    std::string data;
-    if (auto d = protocol::opt_string(f, "data")) data = *d;
-    if (auto b = protocol::opt_string(f, "data_b64")) {
-      if (!base::base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
-    }
-    bool eof = protocol::opt_bool(f, "eof").value_or(false);
-    if (auto e = box.proc_stdin(proc, protocol::opt_string(f, "branch"), data, eof)) throw RequestError(e->code, e->message);
-    return send(c, ok);
-  }
-  if (op == "signal") {
-    auto proc = protocol::need_string(f, "proc");
-    auto* s = f.if_contains("signal");
-    if (!s) throw RequestError("bad_request", "field signal: missing");
-    std::optional<int> sig;
-    if (s->is_string()) sig = os::parse_signal(s->as_string());
-    else if (s->is_int64() && s->as_int64() > 0 && s->as_int64() < 65) sig = static_cast<int>(s->as_int64());
-    else if (s->is_uint64() && s->as_uint64() < 65) sig = static_cast<int>(s->as_uint64());
-    if (!sig) throw RequestError("bad_request", "field signal: expected a signal name (\"TERM\") or number (1-64)");
-    if (auto e = box.proc_signal(proc, protocol::opt_string(f, "branch"), *sig)) throw RequestError(e->code, e->message);
-    return send(c, ok);
-  }
-  if (op == "resize") {
-    auto proc = protocol::need_string(f, "proc");
-    auto cols = protocol::opt_int(f, "cols", 1, 10000);
-    auto rows = protocol::opt_int(f, "rows", 1, 10000);
-    if (!cols || !rows) throw RequestError("bad_request", "fields cols and rows: both required");
-    if (auto e = box.proc_resize(proc, protocol::opt_string(f, "branch"), static_cast<int>(*cols), static_cast<int>(*rows)))
-      throw RequestError(e->code, e->message);
-    return send(c, ok);
-  }
-  if (op == "fs.read") {
-    uint32_t bid = binary_id(r.id, "fs.read");
-    auto path = protocol::need_string(f, "path");
-    auto roots = roots_of(f);
-    auto fd = fs_open_file(roots, path, O_RDONLY);
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) throw RequestError("io_error", path + ": " + std::strerror(errno));
-    uint64_t size = static_cast<uint64_t>(st.st_size);
-    uint64_t offset = static_cast<uint64_t>(protocol::opt_int(f, "offset", 0, INT64_MAX).value_or(0));
-    if (offset > size) offset = size;
-    uint64_t length = static_cast<uint64_t>(protocol::opt_int(f, "length", 0, INT64_MAX).value_or(INT64_MAX));
-    ok["size"] = size;
-    ok["length"] = std::min(length, size - offset);
-    send(c, ok);
-    c.downloads.push_back({r.id, bid, std::move(fd), offset, std::min(length, size - offset)});
-    lws_callback_on_writable(c.wsi);
-    return;
-  }
-  if (op == "fs.write") {
-    auto path = protocol::need_string(f, "path");
-    auto roots = roots_of(f);
-    auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0644));
-    bool append = protocol::opt_bool(f, "append").value_or(false);
-    std::optional<std::string> inline_data;
-    if (auto d = protocol::opt_string(f, "data")) inline_data = *d;
-    if (auto b = protocol::opt_string(f, "data_b64")) {
-      std::string raw;
-      if (!base::base64_decode(*b, raw)) throw RequestError("bad_request", "field data_b64: not valid base64");
-      inline_data = std::move(raw);
-    }
-    uint32_t bid = 0;
-    if (!inline_data) {
-      bid = binary_id(r.id, "fs.write");
-      if (c.uploads.contains(bid)) throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
-      c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
-    }
-    auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
-    if (inline_data) {
-      if (auto w = os::write_all(fd.get(), *inline_data); !w)
-        throw RequestError("io_error", "write " + path + ": " + w.error().message());
-      ok["size"] = inline_data->size();
-      ok["path"] = path;
-      return send(c, ok);
-    }
-    c.failed_uploads.erase(bid);
-    c.uploads[bid] = Upload{std::move(fd), path, 0, r.id};
-    return;  // the reply comes with the last binary frame
-  }
-  if (op == "fs.stat") {
-    auto st = fs_stat(roots_of(f), protocol::need_string(f, "path"));
-    for (auto& kv : st) ok[kv.key()] = kv.value();
-    return send(c, ok);
-  }
-  if (op == "fs.list") {
-    ok["entries"] = fs_list(roots_of(f), protocol::opt_string(f, "path").value_or("/workspace"));
-    return send(c, ok);
-  }
-  if (op == "fs.remove") {
-    fs_remove(roots_of(f), protocol::need_string(f, "path"), protocol::opt_bool(f, "recursive").value_or(false));
-    return send(c, ok);
-  }
-  if (op == "fs.mkdir") {
-    fs_mkdir(roots_of(f), protocol::need_string(f, "path"));
-    return send(c, ok);
-  }
-  if (op == "stats") {
-    auto st = collect_stats(box, nullptr);
-    for (auto& kv : st) ok[kv.key()] = kv.value();
-    ok["last_seq"] = box.journal().last_seq();
-    return send(c, ok);
-  }
-  if (op == "shutdown") {
-    int64_t grace = protocol::opt_duration_ms(f, "grace").value_or(box.options().profile.resources.grace_ms);
-    send(c, ok);
-    box.shutdown(grace);
-    return;
-  }
-  // Checkpoints and snapshots (checkpoint/): the Box answers with {"ok": ..., ...} when done.
-  auto snapshot_reply = later_reply(c, r.id);
-  if (op == "checkpoint") {
-    auto branch = protocol::opt_string(f, "branch").value_or("main");
-    if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
-    box.checkpoint(branch, protocol::opt_string(f, "name").value_or(""),
-                   protocol::opt_bool(f, "leave_running").value_or(true), snapshot_reply);
-    return;
-  }
-  if (op == "restore" || op == "fork") {
-    auto snap = protocol::need_string(f, "snapshot");
-    int n = op == "fork" ? static_cast<int>(protocol::opt_int(f, "n", 1, 64).value_or(1)) : 1;
-    box.restore(snap, n, op == "fork", snapshot_reply);
-    return;
-  }
-  if (op == "snapshot.list") {
-    ok["snapshots"] = box.snapshot_list();
-    return send(c, ok);
-  }
-  if (op == "snapshot.export") {
-    uint32_t bid = binary_id(r.id, "snapshot.export");
-    auto snap = protocol::need_string(f, "snapshot");
-    std::string err;
-    auto path = box.snapshot_archive(snap, err);
-    if (!path) throw RequestError(err.starts_with("no snapshot") ? "not_found" : "bad_request", err);
-    os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st {};
-    if (!fd || ::fstat(fd.get(), &st) != 0) throw RequestError("io_error", *path + ": " + std::strerror(errno));
-    uint64_t size = static_cast<uint64_t>(st.st_size);
-    ok["snapshot"] = snap;
-    ok["size"] = size;
-    ok["length"] = size;
-    send(c, ok);
-    c.downloads.push_back({r.id, bid, std::move(fd), 0, size});
-    lws_callback_on_writable(c.wsi);
-    return;
-  }
-  if (op == "snapshot.import") {
-    uint32_t bid = binary_id(r.id, "snapshot.import");
-    if (c.uploads.contains(bid)) throw RequestError("bad_request", "an upload with id " + std::to_string(bid) + " is in progress");
-    auto size = protocol::opt_int(f, "size", 1, INT64_MAX);
-    if (!size) throw RequestError("bad_request", "snapshot.import needs size: the archive's length in bytes (> 0)");
-    c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped
-    TempPath tmp(box.snapshot_incoming_path());
-    struct statvfs vfs {};
-    std::string dir = tmp.path.substr(0, tmp.path.rfind('/'));
-    if (::statvfs(dir.c_str(), &vfs) == 0 &&
-        static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2)
-      throw RequestError("no_space", "snapshot.import: " + std::to_string(*size) + " bytes announced, " +
-                                         std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
-                                         " free in " + dir + " (the archive and its extraction need twice that)");
-    os::UniqueFd fd(::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!fd) throw RequestError("io_error", tmp.path + ": " + std::strerror(errno));
-    c.failed_uploads.erase(bid);
-    Upload u{std::move(fd), "snapshot", 0, r.id};
-    u.archive = std::move(tmp);
-    u.expected = static_cast<uint64_t>(*size);
-    c.uploads[bid] = std::move(u);
-    return;  // the reply comes once the archive is checked and filed
-  }
-  if (op == "snapshot.delete") {
-    // The snapshot is named by `snapshot`: a field `id` would be the request's own id.
-    snapshot_reply(box.snapshot_delete(protocol::need_string(f, "snapshot")));
-    return;
-  }
-  throw RequestError("unknown_op", "unknown op \"" + op +
-                                       "\" (known: auth, subscribe, unsubscribe, exec, stdin, signal, resize, fs.read, "
-                                       "fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, stats, shutdown, ping, "
-                                       "checkpoint, restore, fork, snapshot.list, snapshot.export, snapshot.import, "
-                                       "snapshot.delete)");
 }
 
+void OpContext::reply(const json::object& frame) { server.send(client, frame); }
+
+Box::Reply OpContext::later() { return server.later_reply(client, req.id); }
+
+std::function<void(const json::object&)> OpContext::sender() { return server.later_sender(client); }
+
+void OpContext::wake() { lws_callback_on_writable(client.wsi); }
+
+bool OpContext::token_ok(std::string_view token) const { return server.token_ok(token); }
+
+FsRoots OpContext::roots() const {
+  std::string branch = protocol::opt_string(req.fields, "branch").value_or("main");
+  if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
+  auto dir = box.branch_dir(branch);
+  return {dir + "/workspace", dir + "/tmp"};
+}
+
+uint32_t OpContext::binary_id(const char* op) const {
+  const auto& id = req.id;
+  if ((id.is_int64() && id.as_int64() >= 0 && id.as_int64() <= 0xffffffffLL) ||
+      (id.is_uint64() && id.as_uint64() <= 0xffffffffULL))
+    return static_cast<uint32_t>(id.to_number<uint64_t>());
+  throw RequestError("bad_request", std::string(op) + " needs an integer id in [0, 2^32): binary frames carry it");
+}
 int Server::Impl::callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
   auto* ctx = lws_get_context(wsi);
   auto* self = ctx ? static_cast<Impl*>(lws_context_user(ctx)) : nullptr;
@@ -804,7 +548,8 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       if (lws_return_http_status(wsi, 426, "this server speaks WebSocket (subprotocol sandboxer.v1) only")) return -1;
       return lws_http_transaction_completed(wsi) ? -1 : 0;
     case LWS_CALLBACK_ESTABLISHED: {
-      auto* c = new Client;
+      auto owned = std::make_unique<Client>();
+      Client* c = owned.get();
       c->id = next_client++;
       c->wsi = wsi;
       char ip[64] = "";
@@ -812,8 +557,8 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       c->peer = ip;
       auto b = bearer(wsi);
       c->authed = b && token_ok(*b);
-      *slot = c;
-      clients[c->id] = c;
+      *slot = c;  // lws's slot: not owning (clients owns it)
+      clients[c->id] = std::move(owned);
       if (!c->authed) {
         ++unauthenticated;
         lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
@@ -844,10 +589,9 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       if (!slot || !*slot) return 0;
       Client* c = *slot;
       *slot = nullptr;
-      clients.erase(c->id);
       if (!c->authed) --unauthenticated;
       log()->debug("client {} gone", c->id);
-      delete c;
+      clients.erase(c->id);  // frees it: nothing else owns it
       if (draining && clients.empty() && drained) {
         auto d = std::move(drained);
         drained = nullptr;
@@ -964,7 +708,7 @@ Server::~Server() {
     // The libuv glue closes its handles asynchronously: let the loop finish them.
     for (int i = 0; i < 50; ++i) uv_run(impl_->loop, UV_RUN_NOWAIT);
   }
-  for (auto& [id, c] : impl_->clients) delete c;
+  // Clients libwebsockets did not close are freed with impl_->clients.
 }
 
 int Server::port() const noexcept { return impl_->port; }

@@ -1,7 +1,8 @@
 #pragma once
-// The WebSocket API of a box (DESIGN.md, "The protocol" and "Protocol details"): libwebsockets
-// on the supervisor's own libuv loop. Every client has a bounded queue; a client too slow for it
-// is closed with 4008 and `resume_after=N` while the agent and other clients go on.
+// The WebSocket API of a box (docs/architecture.md, "The protocol"; tests/protocol/README.md):
+// libwebsockets on the supervisor's own libuv loop. Every client has a bounded queue; a client too
+// slow for it is closed with 4008 and `resume_after=N` while the agent and other clients go on.
+// The ops are a table of small functions in ops-*.cpp (server-ops.hpp).
 #include <uv.h>
 
 #include <cstdint>

@@ -43,9 +43,10 @@ def test_the_channel_answers_who_and_refuses_bad_requests(tmp_path):
     assert out["whoami"] == {"box": box, "branch": "main", "mode": "original", "index": 0, "parent": None,
                              "snapshot": None}
     assert out["file"] == out["whoami"]
-    assert out["garbage"]["ok"] is False and out["garbage"]["error"]["code"] == "bad_request"
-    assert out["no_op"] == {"ok": False, "error": {"code": "bad_request", "message": 'missing "op" (a string)'},
-                            "id": 90}
+    # The server's reply shape (tests/protocol/channel.json): the id, null when unreadable.
+    assert out["garbage"]["ok"] is False and out["garbage"]["error"]["code"] == "bad_json"
+    assert out["garbage"]["id"] is None
+    assert out["no_op"] == {"id": 90, "ok": False, "error": {"code": "bad_request", "message": "field op: missing"}}
     assert out["unknown"]["error"]["code"] == "unknown_op" and "launch_missiles" in out["unknown"]["error"]["message"]
     assert out["bad_event"]["error"]["code"] == "bad_request" and out["bad_event"]["id"] == 92
     assert out["bad_fork"]["error"]["code"] == "bad_request" and out["bad_fork"]["id"] == 93

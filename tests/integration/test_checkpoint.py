@@ -236,7 +236,7 @@ if r.get("copy"):
     sys.exit(0)
 out = {"snapshot": r["snapshot"], "list": ch.snapshots()}
 out["restore"] = ch.restore(r["snapshot"])
-out["delete"] = ch.request("snapshot.delete", id=r["snapshot"])
+out["delete"] = ch.request("snapshot.delete", snapshot=r["snapshot"])
 out["list_after"] = ch.snapshots()
 for bad in ({"id": r["snapshot"]}, {"id": "../../etc"}):
     try:

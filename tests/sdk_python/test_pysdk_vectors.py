@@ -1,16 +1,19 @@
 """sdk/python against the shared protocol vectors (tests/protocol/): binary headers, close
-codes, how frames are told apart, error replies; and, against the real supervisor, that each
-request the SDK sends is the vector's request and each refused one raises the vector's code."""
+codes, how frames are told apart, error replies; the agent channel (channel.json) as
+sandboxer.agent speaks it; and, against the real supervisor, that each request the SDK sends is
+the vector's request and each refused one raises the vector's code."""
 import asyncio
 import json
+import os
 import pathlib
 import re
+import threading
 
 import pytest
 from websockets.asyncio.client import ClientConnection
 
 from boxserver import run
-from sandboxer import Box, SandboxerError, frames
+from sandboxer import Box, SandboxerError, agent, frames
 from sandboxer.connection import CLOSE_AUTH, CLOSE_SLOW, classify
 from sandboxer.events import parse_resume_after
 from sandboxer.process import output_bytes
@@ -55,6 +58,110 @@ def test_reply_vectors_are_replies_and_errors_are_typed(v):
         err = SandboxerError.from_reply(frame, "op")
         assert (err.code, err.message) == (frame["error"]["code"], frame["error"]["message"])
         assert err.reply == frame
+
+
+# -- the agent channel (channel.json), against a peer playing the supervisor's side -------------
+
+class ChannelPeer:
+    """Reads one request line from the agent's channel and answers with `lines`."""
+
+    def __init__(self, lines):
+        self.req_r, self.req_w = os.pipe()
+        self.rep_r, self.rep_w = os.pipe()
+        self.lines = lines
+        self.seen = None
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        with os.fdopen(self.req_r, "rb") as f:
+            line = f.readline()
+            self.seen = json.loads(line)
+            for out in self.lines(self.seen):
+                os.write(self.rep_w, (json.dumps(out) + "\n").encode())
+
+    def channel(self):
+        return agent.Channel(f"{self.req_w},{self.rep_r}")
+
+    def close(self):
+        os.close(self.req_w)
+        self.t.join(5)
+        os.close(self.rep_w)
+        os.close(self.rep_r)
+
+
+S = "s-0123456789abcdef"
+# What the sandboxer.agent call for each valid channel request vector is (None: the module does not
+# send that request, e.g. it picks integer ids itself).
+CHANNEL_CALLS = {
+    "whoami": lambda ch: ch.whoami(),
+    "checkpoint": lambda ch: ch.checkpoint("before-step-3"),
+    "checkpoint that ends the original": lambda ch: ch.checkpoint("last", leave_running=False),
+    "event": lambda ch: ch.event("agent.note", text="hi"),
+    "event with a bare type and the journal's fields":
+        lambda ch: ch.event("note", seq=1, ts="x", box="forged", branch="f9", proc="p", n=2),
+    "fork": lambda ch: ch.fork(4),
+    "restore": lambda ch: ch.restore(S),
+    "snapshot.list": lambda ch: ch.snapshots(),
+    "snapshot.delete": lambda ch: ch.delete_snapshot(S),
+    "a string id": None,
+}
+
+
+def test_every_valid_channel_vector_is_mapped_to_its_call():
+    assert sorted(v["name"] for v in load("channel.json")["requests"] if v["valid"]) == sorted(CHANNEL_CALLS)
+
+
+@pytest.mark.parametrize("v", [v for v in load("channel.json")["requests"] if CHANNEL_CALLS.get(v["name"])],
+                         ids=lambda v: v["name"])
+def test_channel_request_vector_is_what_the_agent_module_sends(v):
+    call = CHANNEL_CALLS[v["name"]]
+    p = ChannelPeer(lambda r: [{"id": r["id"], "ok": True, "snapshots": []}])
+    try:
+        call(p.channel())
+        want = json.loads(v["text"])
+        assert {k: x for k, x in p.seen.items() if k != "id"} == {k: x for k, x in want.items() if k != "id"}
+        assert isinstance(p.seen["id"], int)
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("v", load("channel.json")["replies"], ids=lambda v: v["name"])
+def test_channel_reply_vector_is_returned_or_raised(v):
+    frame = v["frame"]
+
+    def answer(r):
+        # The vector's reply to this request: its id is the one the module sent (or null).
+        return [dict(frame, id=r["id"] if frame["id"] is not None else None)]
+
+    p = ChannelPeer(answer)
+    try:
+        ch = p.channel()
+        if frame["ok"]:
+            assert ch.request("whoami") == dict(frame, id=1)
+        else:
+            with pytest.raises(agent.ChannelError) as e:
+                ch.request("whoami")
+            assert (e.value.code, e.value.message) == (frame["error"]["code"], frame["error"]["message"])
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("v", load("channel.json")["identity"], ids=lambda v: v["name"])
+def test_channel_identity_vector_is_kept_and_skipped(v):
+    p = ChannelPeer(lambda r: [v["frame"], {"id": r["id"], "ok": True, "snapshots": []}])
+    try:
+        ch = p.channel()
+        assert ch.snapshots() == []
+        assert ch.identity == v["frame"]
+    finally:
+        p.close()
+
+
+def test_channel_request_fields_cannot_be_named_id():
+    ch = agent.Channel("0,1")
+    with pytest.raises(ValueError, match="id"):
+        ch.request("snapshot.delete", id=S)
 
 
 # -- against the real supervisor --------------------------------------------------------------

@@ -1,22 +1,25 @@
-// The request parser and the binary header against the shared protocol vectors (tests/protocol/),
-// and the client URL parser of sdk/cpp.
+// The request parser, the agent channel's parser and replies, and the binary header against the
+// shared protocol vectors (tests/protocol/), and the client URL parser of sdk/cpp.
 #include <doctest/doctest.h>
 
 #include <boost/json.hpp>
 #include <sandboxer/client.hpp>
 
 #include "os/sys.hpp"
+#include "protocol/channel.hpp"
 #include "protocol/protocol.hpp"
 
 namespace protocol = sbx::protocol;
 
 
 namespace {
-boost::json::array load(const std::string& name) {
+boost::json::value load_value(const std::string& name) {
   auto text = sbx::os::read_file(std::string(SBX_PROTOCOL_VECTORS) + "/" + name);
   REQUIRE(text);
-  return boost::json::parse(*text).as_array();
+  return boost::json::parse(*text);
 }
+boost::json::array load(const std::string& name) { return load_value(name).as_array(); }
+boost::json::array channel_vectors(const char* part) { return load_value("channel.json").at(part).as_array(); }
 }  // namespace
 
 TEST_CASE("protocol: every valid request vector parses") {
@@ -88,6 +91,68 @@ TEST_CASE("protocol: field accessors name the field and the problem") {
   CHECK_THROWS_AS(protocol::opt_int(o, "big", 0, INT64_MAX), sbx::protocol::RequestError);
   CHECK(protocol::opt_duration_ms(boost::json::parse(R"({"g": "2s"})").as_object(), "g") == 2000);
   CHECK(protocol::opt_duration_ms(boost::json::parse(R"({"g": 1.5})").as_object(), "g") == 1500);
+}
+
+TEST_CASE("channel: every valid request vector parses to its fields") {
+  for (auto& v : channel_vectors("requests")) {
+    auto& o = v.as_object();
+    if (!o.at("valid").as_bool()) continue;
+    CAPTURE(o.at("name"));
+    auto r = protocol::parse_channel_request(o.at("text").as_string());
+    auto& want = o.at("parsed").as_object();
+    CHECK(protocol::channel_op_name(r.op) == std::string_view(want.at("op").as_string()));
+    CHECK(r.id == boost::json::parse(o.at("text").as_string()).as_object().at("id"));
+    if (auto* n = want.if_contains("name")) CHECK(r.name == std::string_view(n->as_string()));
+    if (auto* l = want.if_contains("leave_running")) CHECK(r.leave_running == l->as_bool());
+    if (auto* n = want.if_contains("n")) CHECK(r.n == n->to_number<int>());
+    if (auto* s = want.if_contains("snapshot")) CHECK(r.snapshot == std::string_view(s->as_string()));
+    if (auto* e = want.if_contains("event")) CHECK(r.event == e->as_object());
+  }
+}
+
+TEST_CASE("channel: refused request vectors fail with their code, id and message") {
+  for (auto& v : channel_vectors("requests")) {
+    auto& o = v.as_object();
+    if (o.at("valid").as_bool()) continue;
+    CAPTURE(o.at("name"));
+    boost::json::value id;
+    try {
+      protocol::parse_channel_request(o.at("text").as_string(), &id);
+      FAIL("parsed");
+    } catch (const protocol::RequestError& e) {
+      CHECK(e.code == std::string_view(o.at("code").as_string()));
+      CHECK(id == o.at("id"));
+      if (auto* m = o.if_contains("message")) CHECK(std::string_view(e.what()) == std::string_view(m->as_string()));
+      // The reply is the server's error reply.
+      auto reply = protocol::error_reply(id, e.code, e.what());
+      CHECK(reply.at("id") == o.at("id"));
+      CHECK(reply.at("ok") == false);
+    }
+  }
+}
+
+TEST_CASE("channel: reply vectors have the server's shape, as the protocol library builds them") {
+  for (auto& v : channel_vectors("replies")) {
+    auto& frame = v.as_object().at("frame").as_object();
+    CAPTURE(v.as_object().at("name"));
+    REQUIRE(frame.contains("id"));
+    REQUIRE(frame.at("ok").is_bool());
+    boost::json::object body = frame;
+    body.erase("id");
+    CHECK(protocol::reply_with_id(frame.at("id"), body) == frame);
+    if (!frame.at("ok").as_bool()) {
+      auto& err = frame.at("error").as_object();
+      CHECK(protocol::error_reply(frame.at("id"), err.at("code").as_string(), err.at("message").as_string()) == frame);
+    }
+    auto line = protocol::channel_line(frame);
+    CHECK(line.back() == '\n');
+    CHECK(boost::json::parse(line) == frame);
+  }
+  for (auto& v : channel_vectors("identity")) {
+    auto& frame = v.as_object().at("frame").as_object();
+    CHECK_FALSE(frame.contains("id"));  // how the agent tells it from a reply
+    CHECK_FALSE(frame.contains("ok"));
+  }
 }
 
 TEST_CASE("sdk: URLs") {

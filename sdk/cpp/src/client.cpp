@@ -6,6 +6,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "protocol/protocol.hpp"
+
 namespace sbx::sdk {
 
 namespace json = boost::json;
@@ -234,7 +236,7 @@ void Client::connect(OpenFn on_open) {
   auto& m = *impl_;
   m.on_open = std::move(on_open);
   lws_set_log_level(LLL_ERR, nullptr);
-  m.protocols[0] = {"sandboxer.v1", Impl::cb, 0, 64 * 1024, 0, nullptr, 0};
+  m.protocols[0] = {protocol::kSubprotocol, Impl::cb, 0, 64 * 1024, 0, nullptr, 0};
   m.protocols[1] = {nullptr, nullptr, 0, 0, 0, nullptr, 0};
   lws_context_creation_info info{};
   void* loops[] = {m.loop};
@@ -256,7 +258,7 @@ void Client::connect(OpenFn on_open) {
   ci.path = m.url.path.c_str();
   ci.host = m.url.host.c_str();
   ci.origin = m.url.host.c_str();
-  ci.protocol = "sandboxer.v1";
+  ci.protocol = protocol::kSubprotocol;
   ci.userdata = &m;
   ci.pwsi = &m.wsi;
   if (m.url.tls)
@@ -353,17 +355,17 @@ void Subscription::start() {
   };
   client_->on_close([this, again](int code, const std::string& reason) {
     if (stopped_) return on_end_(code, reason);
-    if (code == 4008 || code == 1006 || code == 1011) {
+    if (code == protocol::kCloseTooSlow || code == 1006 || code == 1011) {
       // Too slow (the journal has everything) or dropped: resume from the last seq we delivered.
       if (++failures_ > 20) return on_end_(code, reason);
-      return again(code == 4008 ? 0 : 200u * static_cast<unsigned>(failures_));
+      return again(code == protocol::kCloseTooSlow ? 0 : 200u * static_cast<unsigned>(failures_));
     }
     on_end_(code, reason);
   });
   client_->connect([this, again](const std::string& err) {
     if (!err.empty()) {
       if (++failures_ > 20 || err.find("401") != std::string::npos || err.find("not 101") != std::string::npos)
-        return on_end_(4401, err);
+        return on_end_(protocol::kCloseUnauthorized, err);
       return again(200u * static_cast<unsigned>(failures_));
     }
     json::object req{{"op", "subscribe"}, {"since", last_}};

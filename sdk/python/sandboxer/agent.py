@@ -1,4 +1,5 @@
-"""The agent side of the agent channel (DESIGN.md, "The agent channel"). Standard library only.
+"""The agent side of the agent channel (checkpoint/README.md, "The agent channel"). Standard
+library only.
 
 The supervisor gives the agent a pipe pair instead of the box token: `SANDBOXER_CHANNEL_FD` names
 the fd the agent writes requests to and the fd it reads replies from, as `REQ,REPLY` (one number
@@ -9,11 +10,13 @@ names a single bidirectional fd). Both directions carry JSON lines. Requests:
     {"id": 3, "op": "event", "event": {"type": "agent.note", ...}}
     {"id": 4, "op": "fork", "n": 4}                  (checkpoint, then 4 live copies)
     {"id": 5, "op": "restore", "snapshot": "s-..."}  (one more copy of a snapshot)
-    {"id": 6, "op": "snapshot.list"} / {"id": 7, "op": "snapshot.delete", "id": "s-..."}
+    {"id": 6, "op": "snapshot.list"} / {"id": 7, "op": "snapshot.delete", "snapshot": "s-..."}
 
-Replies carry the request's `id` and `ok` (with `error: {code, message}` when not ok). After a
-restore or fork, the first line on the reply fd is an identity line with no `id` (box, branch,
-parent, snapshot, index, mode); it is kept in `Channel.identity`.
+Replies have the WebSocket API's shape: `{"id", "ok": true, ...}` or `{"id", "ok": false,
+"error": {"code", "message"}}` (`id` null when the request's was unreadable). After a restore or
+fork, the first line on the reply fd is an identity line with neither `id` nor `ok` (box, branch,
+parent, snapshot, index, mode); it is kept in `Channel.identity`. tests/protocol/channel.json
+holds the requests and replies this module and the supervisor are both checked against.
 """
 from __future__ import annotations
 
@@ -84,6 +87,8 @@ class Channel:
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Sends one request and returns its reply; raises ChannelError when it is not ok."""
+        if "id" in fields:
+            raise ValueError("a request field cannot be named id: that is the request's own id")
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -131,7 +136,7 @@ class Channel:
 
     def delete_snapshot(self, snapshot: str) -> None:
         """Deletes `snapshot` (its archive and its extracted copy)."""
-        self.request("snapshot.delete", id=snapshot)
+        self.request("snapshot.delete", snapshot=snapshot)
 
     def event(self, type: str, **fields: Any) -> dict[str, Any]:
         """Writes a custom event of `type` with `fields` into the box's journal."""

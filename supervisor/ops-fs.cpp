@@ -1,0 +1,101 @@
+// The ops on a branch's files: fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir
+// (server-ops.hpp). Paths are resolved inside the branch's /workspace and /tmp by fs-ops.cpp.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "base/encoding.hpp"
+#include "os/sys.hpp"
+#include "protocol/protocol.hpp"
+#include "supervisor/server-ops.hpp"
+
+namespace sbx::supervisor {
+
+using protocol::RequestError;
+
+void op_fs_read(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  uint32_t bid = ctx.binary_id("fs.read");
+  auto path = protocol::need_string(f, "path");
+  auto roots = ctx.roots();
+  auto fd = fs_open_file(roots, path, O_RDONLY);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw RequestError("io_error", path + ": " + std::strerror(errno));
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t offset = static_cast<uint64_t>(protocol::opt_int(f, "offset", 0, INT64_MAX).value_or(0));
+  if (offset > size) offset = size;
+  uint64_t length = static_cast<uint64_t>(protocol::opt_int(f, "length", 0, INT64_MAX).value_or(INT64_MAX));
+  auto ok = ctx.ok();
+  ok["size"] = size;
+  ok["length"] = std::min(length, size - offset);
+  ctx.reply(ok);
+  // The content follows in binary frames with the request's id, written as the client takes them.
+  ctx.client.downloads.push_back({ctx.req.id, bid, std::move(fd), offset, std::min(length, size - offset)});
+  ctx.wake();
+}
+
+void op_fs_write(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  Client& c = ctx.client;
+  auto path = protocol::need_string(f, "path");
+  auto roots = ctx.roots();
+  auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0644));
+  bool append = protocol::opt_bool(f, "append").value_or(false);
+  std::optional<std::string> inline_data;
+  if (auto d = protocol::opt_string(f, "data")) inline_data = *d;
+  if (auto b = protocol::opt_string(f, "data_b64")) {
+    std::string raw;
+    if (!base::base64_decode(*b, raw)) throw RequestError("bad_request", "field data_b64: not valid base64");
+    inline_data = std::move(raw);
+  }
+  uint32_t bid = 0;
+  if (!inline_data) {
+    bid = ctx.binary_id("fs.write");
+    if (c.uploads.contains(bid))
+      throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
+    c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
+  }
+  auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
+  if (inline_data) {
+    if (auto w = os::write_all(fd.get(), *inline_data); !w)
+      throw RequestError("io_error", "write " + path + ": " + w.error().message());
+    auto ok = ctx.ok();
+    ok["size"] = inline_data->size();
+    ok["path"] = path;
+    return ctx.reply(ok);
+  }
+  c.failed_uploads.erase(bid);
+  c.uploads[bid] = Upload{std::move(fd), path, 0, ctx.req.id};
+  // The reply comes with the last binary frame (Server::Impl::on_binary).
+}
+
+void op_fs_stat(OpContext& ctx) {
+  auto st = fs_stat(ctx.roots(), protocol::need_string(ctx.fields(), "path"));
+  auto ok = ctx.ok();
+  for (auto& kv : st) ok[kv.key()] = kv.value();
+  ctx.reply(ok);
+}
+
+void op_fs_list(OpContext& ctx) {
+  auto ok = ctx.ok();
+  ok["entries"] = fs_list(ctx.roots(), protocol::opt_string(ctx.fields(), "path").value_or("/workspace"));
+  ctx.reply(ok);
+}
+
+void op_fs_remove(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  fs_remove(ctx.roots(), protocol::need_string(f, "path"), protocol::opt_bool(f, "recursive").value_or(false));
+  ctx.reply(ctx.ok());
+}
+
+void op_fs_mkdir(OpContext& ctx) {
+  fs_mkdir(ctx.roots(), protocol::need_string(ctx.fields(), "path"));
+  ctx.reply(ctx.ok());
+}
+
+}  // namespace sbx::supervisor

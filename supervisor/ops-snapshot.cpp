@@ -1,0 +1,95 @@
+// The ops on checkpoints and snapshots: checkpoint, restore, fork, snapshot.list, snapshot.export,
+// snapshot.import, snapshot.delete (server-ops.hpp). The Box (and checkpoint/ behind it) does the
+// work and answers with {"ok": ..., ...} when done: those replies go through OpContext::later().
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "protocol/protocol.hpp"
+#include "supervisor/server-ops.hpp"
+
+namespace sbx::supervisor {
+
+using protocol::RequestError;
+
+void op_checkpoint(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  auto branch = protocol::opt_string(f, "branch").value_or("main");
+  if (!ctx.box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
+  ctx.box.checkpoint(branch, protocol::opt_string(f, "name").value_or(""),
+                     protocol::opt_bool(f, "leave_running").value_or(true), ctx.later());
+}
+
+void op_restore(OpContext& ctx) {
+  auto snap = protocol::need_string(ctx.fields(), "snapshot");
+  ctx.box.restore(snap, 1, false, ctx.later());
+}
+
+void op_fork(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  auto snap = protocol::need_string(f, "snapshot");
+  int n = static_cast<int>(protocol::opt_int(f, "n", 1, 64).value_or(1));
+  ctx.box.restore(snap, n, true, ctx.later());
+}
+
+void op_snapshot_list(OpContext& ctx) {
+  auto ok = ctx.ok();
+  ok["snapshots"] = ctx.box.snapshot_list();
+  ctx.reply(ok);
+}
+
+void op_snapshot_export(OpContext& ctx) {
+  uint32_t bid = ctx.binary_id("snapshot.export");
+  auto snap = protocol::need_string(ctx.fields(), "snapshot");
+  std::string err;
+  auto path = ctx.box.snapshot_archive(snap, err);
+  if (!path) throw RequestError(err.starts_with("no snapshot") ? "not_found" : "bad_request", err);
+  os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) throw RequestError("io_error", *path + ": " + std::strerror(errno));
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto ok = ctx.ok();
+  ok["snapshot"] = snap;
+  ok["size"] = size;
+  ok["length"] = size;
+  ctx.reply(ok);
+  // The archive follows in binary frames with the request's id, the last one flagged.
+  ctx.client.downloads.push_back({ctx.req.id, bid, std::move(fd), 0, size});
+  ctx.wake();
+}
+
+void op_snapshot_import(OpContext& ctx) {
+  Client& c = ctx.client;
+  uint32_t bid = ctx.binary_id("snapshot.import");
+  if (c.uploads.contains(bid)) throw RequestError("bad_request", "an upload with id " + std::to_string(bid) + " is in progress");
+  auto size = protocol::opt_int(ctx.fields(), "size", 1, INT64_MAX);
+  if (!size) throw RequestError("bad_request", "snapshot.import needs size: the archive's length in bytes (> 0)");
+  c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped
+  TempPath tmp(ctx.box.snapshot_incoming_path());
+  struct statvfs vfs {};
+  std::string dir = tmp.path.substr(0, tmp.path.rfind('/'));
+  if (::statvfs(dir.c_str(), &vfs) == 0 &&
+      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2)
+    throw RequestError("no_space", "snapshot.import: " + std::to_string(*size) + " bytes announced, " +
+                                       std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
+                                       " free in " + dir + " (the archive and its extraction need twice that)");
+  os::UniqueFd fd(::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) throw RequestError("io_error", tmp.path + ": " + std::strerror(errno));
+  c.failed_uploads.erase(bid);
+  Upload u{std::move(fd), "snapshot", 0, ctx.req.id};
+  u.archive = std::move(tmp);
+  u.expected = static_cast<uint64_t>(*size);
+  c.uploads[bid] = std::move(u);
+  // The reply comes once the archive is checked and filed (Server::Impl::import_uploaded).
+}
+
+void op_snapshot_delete(OpContext& ctx) {
+  // The snapshot is named by `snapshot`: a field `id` would be the request's own id.
+  ctx.later()(ctx.box.snapshot_delete(protocol::need_string(ctx.fields(), "snapshot")));
+}
+
+}  // namespace sbx::supervisor

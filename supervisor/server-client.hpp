@@ -1,0 +1,96 @@
+#pragma once
+// Internal to the WebSocket server (server.cpp and the ops-*.cpp files): one connected client and
+// what it holds: its outgoing queue, its subscription, its uploads and downloads.
+//
+// Ownership: Server::Impl::clients owns every Client (std::unique_ptr, keyed by Client::id); the
+// per-connection slot libwebsockets keeps for a wsi holds a non-owning Client* to the same object,
+// cleared when the connection closes (LWS_CALLBACK_CLOSED), just before the map lets it go.
+#include <libwebsockets.h>
+#include <unistd.h>
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "os/unique-fd.hpp"
+
+namespace sbx::supervisor {
+
+struct OutFrame {
+  std::string buf;  // LWS_PRE bytes of headroom, then the payload
+  bool binary = false;
+  uint64_t seq = 0;  // an event's seq, 0 for replies and file data
+  size_t size() const { return buf.size() - LWS_PRE; }
+};
+
+// A file that is removed when its owner goes, unless released first.
+struct TempPath {
+  std::string path;
+  TempPath() = default;
+  explicit TempPath(std::string p) : path(std::move(p)) {}
+  TempPath(TempPath&& o) noexcept : path(std::exchange(o.path, {})) {}
+  TempPath& operator=(TempPath&& o) noexcept {
+    if (this != &o) {
+      reset();
+      path = std::exchange(o.path, {});
+    }
+    return *this;
+  }
+  ~TempPath() { reset(); }
+  void reset() {
+    if (!path.empty()) ::unlink(path.c_str());
+    path.clear();
+  }
+  std::string release() { return std::exchange(path, {}); }
+};
+
+struct Upload {
+  os::UniqueFd fd;
+  std::string path;
+  uint64_t end = 0;
+  boost::json::value id;
+  // snapshot.import: the archive goes to a temporary file of the snapshot store, then is
+  // checked whole and filed under its id.
+  TempPath archive;
+  uint64_t expected = 0;
+};
+
+struct Download {
+  boost::json::value id;
+  uint32_t bin_id;
+  os::UniqueFd fd;
+  uint64_t offset = 0;
+  uint64_t remaining = 0;
+};
+
+struct Client {
+  uint64_t id = 0;
+  lws* wsi = nullptr;  // not owned: libwebsockets' connection, valid until LWS_CALLBACK_CLOSED
+  bool authed = false;
+  std::string peer;
+  // The message being received.
+  std::string rx;
+  bool rx_new = true, rx_binary = false, rx_oversize = false;
+  size_t rx_total = 0;
+  // What goes out.
+  std::deque<OutFrame> q;
+  size_t q_bytes = 0;
+  uint64_t last_written_seq = 0;
+  // The subscription: replaying from disk until caught up, then live.
+  bool subscribed = false, live = false;
+  uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
+  std::optional<std::string> branch;
+  std::map<uint32_t, Upload> uploads;
+  std::set<uint32_t> failed_uploads;
+  std::deque<Download> downloads;
+  int close_code = 0;
+  std::string close_reason;
+  bool peer_closed = false;
+};
+
+}  // namespace sbx::supervisor
