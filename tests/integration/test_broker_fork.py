@@ -122,6 +122,14 @@ def denied(events, **match):
     return [e for e in events if e["type"] == "policy.denied" and all(e.get(k) == v for k, v in match.items())]
 
 
+def branches_after(forked):
+    """The branches that reported their `after` check: main and its two copies, or the test fails
+    (a loop over an empty dict would pass)."""
+    after = forked["after"]
+    assert len(after) == 3 and "main" in after, (sorted(after), forked["stderr"][-3000:])
+    return after
+
+
 def searchable_bytes(root):
     """Every byte of every file below `root`, each .zst decompressed and each tar unpacked."""
     out = []
@@ -160,11 +168,8 @@ def midrequest(setup):
 @needs_criu
 def test_each_copy_reaches_the_upstream_through_a_broker_of_its_own(forked, setup):
     assert forked["rc"] == 0, forked["stderr"][-3000:]
-    after = forked["after"]
-    copies = sorted(b for b in after if b != "main")
-    assert len(copies) == 2 and "main" in after, (after, forked["stderr"][-3000:])
-    for b in copies + ["main"]:
-        a = after[b]
+    after = branches_after(forked)
+    for b, a in after.items():
         assert a["status"] == 200 and a["key_matches"] is True, a
         assert a["copy"] is (b != "main")
         assert a["base"] == "http://127.0.0.1:3128/api"  # the URL its restored memory holds
@@ -175,17 +180,14 @@ def test_each_copy_reaches_the_upstream_through_a_broker_of_its_own(forked, setu
 
 @needs_criu
 def test_a_copy_resolves_allowed_names_through_its_broker(forked):
-    for b, a in forked["after"].items():
+    for b, a in branches_after(forked).items():
         assert a["dns_allowed"] == ["127.0.0.1"], (b, a)
         assert "not-listed" not in str(a["dns_denied"]) and not isinstance(a["dns_denied"], list), (b, a)
 
 
 @needs_criu
 def test_a_copy_refuses_hosts_off_the_list_and_names_its_branch(forked):
-    copies = [b for b in forked["after"] if b != "main"]
-    assert copies
-    for b in copies + ["main"]:
-        a = forked["after"][b]
+    for b, a in branches_after(forked).items():
         assert a["connect_denied"].startswith("HTTP/1.1 403"), a
         ev = denied(forked["events"], what="egress", host=f"denied-{b}.example.org")
         assert len(ev) == 1 and ev[0]["branch"] == b, ev

@@ -295,10 +295,18 @@ def test_path_escape_is_refused_with_a_typed_error(server):
 def test_stats_reports_the_box_and_its_procs(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:
-            return await box.stats()
+            # The agent starts after the server listens: wait until it is counted.
+            while "main" not in (st := await box.stats())["procs"]:
+                await asyncio.sleep(0.05)
+            return st
     st = run(go(), 20)
-    for key in ("cpu", "memory", "pids"):
-        assert key in str(st), st
+    assert set(st) == {"box", "branches", "procs", "last_seq"}, st
+    assert st["last_seq"] >= 1, st
+    # The agent (`sbx-testprobe wait`) is running: its tree has a process and some memory.
+    for usage in (st["box"], st["branches"]["main"], st["procs"]["main"]):
+        assert usage["pids"] >= 1 and usage["memory"] > 0 and usage["cpu_s"] >= 0, st
+    assert st["box"]["pids"] >= st["procs"]["main"]["pids"], st
+    assert st["box"]["disk"] == st["branches"]["main"]["disk"] >= 0, st
 
 
 def test_unknown_op_gets_a_typed_error_and_the_server_keeps_serving(server):
