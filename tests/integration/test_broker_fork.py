@@ -12,15 +12,14 @@ import pathlib
 import secrets
 import shutil
 import socket
-import ssl
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from sbxtest import INIT, ROOT, read_journal
-from test_broker import make_ca, write_profile
+from sbxtest import INIT, ROOT, close_http, make_tls, read_journal, serve_http
+from test_broker import write_profile
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "fork_agent.py"
@@ -66,17 +65,12 @@ class HoldingUpstream:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(tls[0], tls[1])
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.server = serve_http(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler), tls)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        close_http(self.server)
 
 
 class Setup:
@@ -84,15 +78,15 @@ class Setup:
 
     def __init__(self, tmp):
         self.tmp = tmp
-        ca, cert, key = make_ca(tmp)
+        tls = make_tls(tmp)
         self.secret = "sk-test-" + secrets.token_hex(16)
         self.marker = "sbx-marker-" + secrets.token_hex(8)
         self.file_secret = "sk-file-" + secrets.token_hex(16)
         secret_file = tmp / "file-secret"
         secret_file.write_text(self.file_secret + "\n")
         secret_file.chmod(0o600)
-        self.up = HoldingUpstream(self.secret, (cert, key))
-        self.profile = write_profile(tmp / "profile.json", "proxy", self.up.port, ca, secret_file)
+        self.up = HoldingUpstream(self.secret, tls)
+        self.profile = write_profile(tmp / "profile.json", "proxy", self.up.port, tls.ca, secret_file)
         # The marker travels the way a secret would if it leaked: the supervisor's environment,
         # named with --env (the agent's environment is otherwise clean).
         self.env = dict(os.environ, SBX_AGENT_SDK=str(SDK), SBX_TEST_API_SECRET=self.secret,

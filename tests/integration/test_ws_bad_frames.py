@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from wsbox import Session, WsBox, run, ws_connect
+from sbxtest import Session, WsBox, run, ws_connect
 
 VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
 
