@@ -1,11 +1,22 @@
-"""What the tests share besides fixtures: the built binaries and the journal reader.
+"""What the tests share besides pytest fixtures, in one place: the built binaries, one way to run a
+box to its end and one to start a box serving the WebSocket API, one journal reader and one "wait
+for an event", the WebSocket client helpers, and the test TLS certificates and HTTPS stand-ins.
 
 A module of its own rather than conftest.py: tests/sdk_python has a conftest.py too, and two
-modules both named `conftest` cannot both be imported by that name in one pytest run."""
+modules both named `conftest` cannot both be imported by that name in one pytest run. Every test
+directory can import it: tests/conftest.py puts tests/ on sys.path."""
+import asyncio
+import base64
 import json
 import os
 import pathlib
+import secrets
+import signal
+import ssl
 import subprocess
+import threading
+import time
+from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD = pathlib.Path(os.environ.get("SANDBOXER_BUILD", ROOT / "build"))
@@ -14,6 +25,10 @@ INIT = BIN / "sandboxer-init"
 CLI = BIN / "sandboxer"
 PROBE = BIN / "sbx-testprobe"
 
+SUBPROTOCOL = "sandboxer.v1"
+
+
+# -- the journal and its events ---------------------------------------------------------------
 
 def read_journal(state_dir, since=0):
     """Every event of a box's journal, through `sandboxer log --json` (the reader users have)."""
@@ -22,9 +37,311 @@ def read_journal(state_dir, since=0):
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+def read_events(path):
+    """The events a running box has written so far to its `--events` file (none before it exists;
+    a last line still being written is left for the next read)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return events
+
+
+def wait_event(path, pred, timeout=30):
+    """The first event of the `--events` file at `path` for which `pred` holds, polled until
+    `timeout` seconds have passed (then TimeoutError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for e in read_events(path):
+            if pred(e):
+                return e
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no such event in {path} within {timeout}s")
+        time.sleep(0.02)
+
+
+def of_type(events, t):
+    return [e for e in events if e["type"] == t]
+
+
+def started(events):
+    return of_type(events, "box.started")[0]
+
+
+def exited(events):
+    ex = of_type(events, "proc.exited")
+    assert len(ex) == 1, ex
+    return ex[0]
+
+
+def output(events, stream="stdout"):
+    """The text the box's processes wrote to `stream`."""
+    return "".join(e.get("data", "") for e in events if e["type"] == "proc.output" and e["stream"] == stream)
+
+
+def output_of(events, proc):
+    """The bytes process `proc` wrote, both streams in order."""
+    buf = bytearray()
+    for e in events:
+        if e["type"] == "proc.output" and e.get("proc") == proc:
+            buf += e["data"].encode() if "data" in e else base64.b64decode(e["data_b64"])
+    return bytes(buf)
+
+
+# -- a box run to its end ---------------------------------------------------------------------
+
 def run_init(args, state_dir, *, as_pid1=True, timeout=60, **kw):
     """Runs sandboxer-init (as PID 1 of a fresh pid namespace unless as_pid1=False)."""
     cmd = [str(INIT), "--state-dir", str(state_dir)] + list(args)
     if as_pid1:
         cmd = ["unshare", "--pid", "--fork", "--mount-proc"] + cmd
     return subprocess.run(cmd, timeout=timeout, capture_output=True, **kw)
+
+
+def box(state_dir, argv, *sets, profile=None, timeout=60, env=None):
+    """Runs one box to its end (sandboxer-init as PID 1 of a fresh pid namespace) with profile
+    overrides; returns the completed process and the journal's events."""
+    args = []
+    if profile:
+        args += ["--profile", profile]
+    for s in sets:
+        args += ["--set", s]
+    r = run_init(args + ["--"] + [str(a) for a in argv], state_dir, timeout=timeout, env=env)
+    return r, read_journal(state_dir)
+
+
+def probe(*args):
+    """The argv of the test probe (tests/helper/testprobe.c) with `args`."""
+    return [str(PROBE)] + [str(a) for a in args]
+
+
+# -- a box serving the WebSocket API ----------------------------------------------------------
+
+class WsBox:
+    """The real sandboxer-init with `--listen 127.0.0.1:0` and a token file, running `argv` as its
+    agent; its port comes from the `server.listening` event of its `--events` file. With
+    `as_pid1` it is PID 1 of a fresh pid namespace (as in a container), and `stop` ends the whole
+    process group. `metrics=None` keeps the profile's cadence of metrics events."""
+
+    def __init__(self, tmp_path, argv, *, extra=(), env=None, metrics="0", as_pid1=False):
+        self.dir = pathlib.Path(tmp_path)
+        self.state = self.dir / "state"
+        self.events = self.dir / "events.jsonl"
+        self.token = secrets.token_hex(16)
+        self.token_file = self.dir / "token"
+        self.token_file.write_text(self.token + "\n")
+        self.token_file.chmod(0o600)
+        self.as_pid1 = as_pid1
+        cmd = [str(INIT), "--state-dir", str(self.state), "--events", str(self.events),
+               "--listen", "127.0.0.1:0", "--token-file", str(self.token_file),
+               "--log-level", os.environ.get("SBX_TEST_LOG", "info"),
+               *(["--metrics-interval", metrics] if metrics is not None else []), *extra, "--", *argv]
+        if as_pid1:
+            cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *cmd]
+        self.stderr_path = self.dir / "init.stderr"
+        self._stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr,
+                                     env=env, start_new_session=True)
+        self.port = self._wait_port()
+        self.url = f"ws://127.0.0.1:{self.port}"
+
+    def _wait_port(self, timeout=15):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ev in read_events(self.events):
+                if ev["type"] == "server.listening":
+                    return ev["port"]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandboxer-init exited {self.proc.returncode}: {self.stderr()}")
+            time.sleep(0.02)
+        raise TimeoutError(f"no server.listening event: {self.stderr()}")
+
+    @property
+    def workspace(self):
+        return self.state / "branches" / "main" / "workspace"
+
+    def read_events(self):
+        """The events written so far (the `--events` file)."""
+        return read_events(self.events)
+
+    def wait_event(self, pred, timeout=30):
+        """The first event written for which `pred` holds (TimeoutError after `timeout` s)."""
+        return wait_event(self.events, pred, timeout)
+
+    def stderr(self):
+        """The end of sandboxer-init's stderr so far."""
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, timeout=30):
+        if self.proc.poll() is None:
+            try:
+                if self.as_pid1:
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+                else:
+                    self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL) if self.as_pid1 else self.proc.kill()
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(10)
+        self._stderr.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.stop()
+
+
+# -- WebSocket clients ------------------------------------------------------------------------
+
+def auth_headers(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def ws_connect(box, *, token=None, header=True, **kw):
+    from websockets.asyncio.client import connect
+    kw.setdefault("max_size", 64 << 20)
+    # A client that stops reading with a backlog cannot see the close answer behind it: do not wait long.
+    kw.setdefault("close_timeout", 1)
+    return connect(box.url, subprotocols=[SUBPROTOCOL], additional_headers=auth_headers(token or box.token) if header else {},
+                   open_timeout=10, **kw)
+
+
+class Session:
+    """Requests with ids; events set aside as they arrive."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.next_id = 1
+        self.events = []
+        self.binary = []
+
+    async def recv_one(self, timeout=30):
+        m = await asyncio.wait_for(self.ws.recv(), timeout)
+        if isinstance(m, bytes):
+            self.binary.append(m)
+            return None
+        obj = json.loads(m)
+        if "seq" in obj and "id" not in obj:
+            self.events.append(obj)
+            return None
+        return obj
+
+    async def request(self, op, timeout=30, **fields):
+        rid = fields.pop("id", None)
+        if rid is None:
+            rid = self.next_id
+            self.next_id += 1
+        await self.ws.send(json.dumps({"id": rid, "op": op, **fields}))
+        return await self.reply(rid, timeout)
+
+    async def reply(self, rid, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no reply to {rid}")
+            r = await self.recv_one(left)
+            if r is not None and r.get("id") == rid:
+                return r
+
+    async def wait_event(self, pred, timeout=30):
+        deadline = time.monotonic() + timeout
+        for e in self.events:
+            if pred(e):
+                return e
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("event not seen")
+            n = len(self.events)
+            await self.recv_one(left)
+            for e in self.events[n:]:
+                if pred(e):
+                    return e
+
+
+def run(coro, timeout=120):
+    """Runs a coroutine to completion within `timeout` seconds."""
+    async def bounded():
+        async with asyncio.timeout(timeout):
+            return await coro
+    return asyncio.run(bounded())
+
+
+async def follow(box, until, since=0, timeout=120):
+    """Subscribes from `since` and reads until `until(event)`, resuming after a 4008 (too slow)
+    from the last seq seen, as the SDKs do. Returns every event seen, each once."""
+    from websockets.exceptions import ConnectionClosed
+    events = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                await s.request("subscribe", since=events[-1]["seq"] if events else since)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("follow: condition not met")
+                    n = len(s.events)
+                    await s.recv_one(left)
+                    for e in s.events[n:]:
+                        events.append(e)
+                        if until(e):
+                            return events
+        except ConnectionClosed as e:
+            if e.rcvd is None or e.rcvd.code != 4008:
+                raise
+
+
+# -- TLS: a test CA, its server certificate, and HTTPS stand-ins ------------------------------
+
+class Tls(NamedTuple):
+    ca: pathlib.Path    # the test CA's certificate: what a client trusts
+    cert: pathlib.Path  # the server's certificate, signed by the CA
+    key: pathlib.Path   # the server's private key
+
+
+def make_tls(d, names=("api.example.test",)):
+    """A test CA and a server certificate it signs for `names` (host names, or IP addresses such
+    as 127.0.0.1), by the openssl CLI, in directory `d`. P-256 keys: quick to make."""
+    d = pathlib.Path(d)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=30)  # noqa: E731
+    openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem", "-days", "2", "-subj", "/CN=sbx test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *ec, "-keyout", d / "srv.key", "-out", d / "srv.csr", "-subj", "/CN=" + names[0])
+    alt = ",".join(("IP:" if n.replace(".", "").isdigit() or ":" in n else "DNS:") + n for n in names)
+    (d / "ext.cnf").write_text(f"subjectAltName={alt}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", d / "srv.csr", "-CA", d / "ca.pem", "-CAkey", d / "ca.key", "-CAcreateserial",
+        "-out", d / "srv.pem", "-days", "2", "-extfile", d / "ext.cnf")
+    return Tls(d / "ca.pem", d / "srv.pem", d / "srv.key")
+
+
+def serve_http(server, tls=None):
+    """Serves an http.server on a daemon thread, over TLS with `tls` (a Tls from make_tls) when
+    given; returns the server (its port: `server.server_address[1]`; stop: `close_http`)."""
+    if tls is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(tls.cert, tls.key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def close_http(server):
+    server.shutdown()
+    server.server_close()

@@ -9,16 +9,13 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 import time
 import urllib.parse
 
 import pytest
 
-from sbxtest import CLI, ROOT
+from sbxtest import CLI, ROOT, output_of
 
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from wsbox import output_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
 

@@ -9,33 +9,17 @@ import http.server
 import json
 import pathlib
 import secrets
-import ssl
 import subprocess
-import threading
 import time
 
 import pytest
 
-from sbxtest import CLI, read_journal, run_init
+from sbxtest import CLI, close_http, make_tls, read_journal, run_init, serve_http
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "agent.py"
 PLACEHOLDER = "sbx-placeholder-api-0001"
 UPSTREAM_ADDR = "127.0.0.2"
-
-
-def make_ca(d):
-    """A test CA and a server certificate for api.example.test, by the openssl CLI."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=30)  # noqa: E731
-    run("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem", "-days", "2", "-subj", "/CN=sbx test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", *ec, "-keyout", d / "srv.key", "-out", d / "srv.csr", "-subj", "/CN=api.example.test")
-    (d / "ext.cnf").write_text("subjectAltName=DNS:api.example.test\nbasicConstraints=CA:FALSE\n"
-                               "extendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", d / "srv.csr", "-CA", d / "ca.pem", "-CAkey", d / "ca.key", "-CAcreateserial",
-        "-out", d / "srv.pem", "-days", "2", "-extfile", d / "ext.cnf")
-    return d / "ca.pem", d / "srv.pem", d / "srv.key"
 
 
 class Upstream:
@@ -89,17 +73,11 @@ class Upstream:
 
             do_GET = do_POST = reply
 
-        self.server = http.server.ThreadingHTTPServer((addr, 0), Handler)
-        if tls:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(tls[0], tls[1])
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.server = serve_http(http.server.ThreadingHTTPServer((addr, 0), Handler), tls)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        close_http(self.server)
 
 
 def write_profile(path, mode, upstream_port, ca, secret_file, upstream_addr="127.0.0.1"):
@@ -126,10 +104,11 @@ def write_profile(path, mode, upstream_port, ca, secret_file, upstream_addr="127
 
 
 def run_agent_box(tmp, mode):
-    ca, cert, key = make_ca(tmp)
+    tls = make_tls(tmp)
+    ca = tls.ca
     secret = "sk-test-" + secrets.token_hex(16)
     marker = "sbx-marker-" + secrets.token_hex(8)
-    up = Upstream(secret, (cert, key))
+    up = Upstream(secret, tls)
     other = Upstream()
     state = tmp / "state"
     ws = state / "branches" / "main" / "workspace"

@@ -12,15 +12,14 @@ import pathlib
 import secrets
 import shutil
 import socket
-import ssl
 import subprocess
 import sys
 import threading
 
 import pytest
 
-from sbxtest import INIT, ROOT, read_journal
-from test_broker import make_ca, write_profile
+from sbxtest import INIT, ROOT, close_http, make_tls, read_journal, serve_http
+from test_broker import write_profile
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "fork_agent.py"
@@ -66,17 +65,12 @@ class HoldingUpstream:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(tls[0], tls[1])
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.server = serve_http(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler), tls)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        close_http(self.server)
 
 
 class Setup:
@@ -84,15 +78,15 @@ class Setup:
 
     def __init__(self, tmp):
         self.tmp = tmp
-        ca, cert, key = make_ca(tmp)
+        tls = make_tls(tmp)
         self.secret = "sk-test-" + secrets.token_hex(16)
         self.marker = "sbx-marker-" + secrets.token_hex(8)
         self.file_secret = "sk-file-" + secrets.token_hex(16)
         secret_file = tmp / "file-secret"
         secret_file.write_text(self.file_secret + "\n")
         secret_file.chmod(0o600)
-        self.up = HoldingUpstream(self.secret, (cert, key))
-        self.profile = write_profile(tmp / "profile.json", "proxy", self.up.port, ca, secret_file)
+        self.up = HoldingUpstream(self.secret, tls)
+        self.profile = write_profile(tmp / "profile.json", "proxy", self.up.port, tls.ca, secret_file)
         # The marker travels the way a secret would if it leaked: the supervisor's environment,
         # named with --env (the agent's environment is otherwise clean).
         self.env = dict(os.environ, SBX_AGENT_SDK=str(SDK), SBX_TEST_API_SECRET=self.secret,
@@ -120,6 +114,14 @@ def results(events, check):
 
 def denied(events, **match):
     return [e for e in events if e["type"] == "policy.denied" and all(e.get(k) == v for k, v in match.items())]
+
+
+def branches_after(forked):
+    """The branches that reported their `after` check: main and its two copies, or the test fails
+    (a loop over an empty dict would pass)."""
+    after = forked["after"]
+    assert len(after) == 3 and "main" in after, (sorted(after), forked["stderr"][-3000:])
+    return after
 
 
 def searchable_bytes(root):
@@ -160,11 +162,8 @@ def midrequest(setup):
 @needs_criu
 def test_each_copy_reaches_the_upstream_through_a_broker_of_its_own(forked, setup):
     assert forked["rc"] == 0, forked["stderr"][-3000:]
-    after = forked["after"]
-    copies = sorted(b for b in after if b != "main")
-    assert len(copies) == 2 and "main" in after, (after, forked["stderr"][-3000:])
-    for b in copies + ["main"]:
-        a = after[b]
+    after = branches_after(forked)
+    for b, a in after.items():
         assert a["status"] == 200 and a["key_matches"] is True, a
         assert a["copy"] is (b != "main")
         assert a["base"] == "http://127.0.0.1:3128/api"  # the URL its restored memory holds
@@ -175,17 +174,14 @@ def test_each_copy_reaches_the_upstream_through_a_broker_of_its_own(forked, setu
 
 @needs_criu
 def test_a_copy_resolves_allowed_names_through_its_broker(forked):
-    for b, a in forked["after"].items():
+    for b, a in branches_after(forked).items():
         assert a["dns_allowed"] == ["127.0.0.1"], (b, a)
         assert "not-listed" not in str(a["dns_denied"]) and not isinstance(a["dns_denied"], list), (b, a)
 
 
 @needs_criu
 def test_a_copy_refuses_hosts_off_the_list_and_names_its_branch(forked):
-    copies = [b for b in forked["after"] if b != "main"]
-    assert copies
-    for b in copies + ["main"]:
-        a = forked["after"][b]
+    for b, a in branches_after(forked).items():
         assert a["connect_denied"].startswith("HTTP/1.1 403"), a
         ev = denied(forked["events"], what="egress", host=f"denied-{b}.example.org")
         assert len(ev) == 1 and ev[0]["branch"] == b, ev

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from sbxtest import ROOT, read_journal, run_init
-from test_broker import make_ca
+from sbxtest import ROOT, make_tls, read_journal, run_init
 
 EXAMPLE = ROOT / "examples" / "claude-agent"
 PYTHON = EXAMPLE / ".venv" / "bin" / "python"
@@ -19,7 +18,7 @@ from standin import REPLY, StandIn  # noqa: E402
 @pytest.mark.skipif(not PYTHON.exists(), reason="run examples/claude-agent/setup first (claude-agent-sdk, ~370 MB)")
 @pytest.mark.timeout(120)
 def test_claude_agent_calls_the_api_through_the_broker(tmp_path):
-    ca, cert, key = make_ca(tmp_path)  # the certificate names api.example.test
+    ca, cert, key = make_tls(tmp_path)  # the certificate names api.example.test
     secret = "sk-ant-test-" + secrets.token_hex(16)
     api = StandIn(secret, 0, str(cert), str(key))
     profile = json.loads((EXAMPLE / "profile.json").read_text())

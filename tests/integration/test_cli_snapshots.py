@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI
-from wsbox import Session, WsBox, output_of, run, ws_connect
+from sbxtest import CLI, Session, WsBox, output_of, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -29,7 +28,7 @@ def cli(box, *args, timeout=120):
 
 def text_of(box, branch):
     """Everything the branch's agent wrote, in order (a line may span several proc.output events)."""
-    events = [json.loads(line) for line in box.events.read_text().splitlines()]
+    events = box.read_events()
     return output_of(events, "main" if branch == "main" else "main@" + branch).decode(errors="replace")
 
 
@@ -83,7 +82,7 @@ def test_export_then_import_into_another_box_restores_the_live_agent(tmp_path):
         # The id names the content: the same id in the other box.
         assert i.stdout.strip().splitlines()[-1] == snap
         assert snap in cli(b, "snapshots", b.url).stdout
-        imported = [json.loads(x) for x in b.events.read_text().splitlines()]
+        imported = b.read_events()
         assert any(ev["type"] == "snapshot.imported" and ev["snapshot"] == snap for ev in imported)
         again = cli(b, "import", b.url, str(archive), "--json")
         assert again.returncode == 0 and json.loads(again.stdout.splitlines()[0])["existing"] is True
@@ -202,7 +201,7 @@ HOG_IN_COPIES = ("import json, os, time\n"
 
 
 def exits(box):
-    return {e["branch"]: e for e in map(json.loads, box.events.read_text().splitlines()) if e["type"] == "proc.exited"}
+    return {e["branch"]: e for e in box.read_events() if e["type"] == "proc.exited"}
 
 
 @pytest.mark.parametrize("ceiling,namespaces", [("64M", "true"), ("64M", "false"), ("0", "true")],
@@ -227,8 +226,7 @@ def test_each_copy_has_its_own_cgroup_with_the_original_ceilings(tmp_path, ceili
         else:
             for b in branches:
                 assert b in ended and ended[b]["reason"] == "oom", (b, ended.get(b))
-            hits = [e for e in map(json.loads, box.events.read_text().splitlines())
-                    if e["type"] == "limit.hit" and e["limit"] == "memory"]
+            hits = [e for e in box.read_events() if e["type"] == "limit.hit" and e["limit"] == "memory"]
             assert {e["branch"] for e in hits} >= set(branches), hits
         # The original, under the same ceiling in a group of its own, goes on.
         assert "main" not in ended
@@ -291,5 +289,5 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
             assert "ssh True" not in seen and "ssh False" in seen, (b, seen[-200:])
             if b == "main" or control_in_copy:
                 assert "notes True" in seen, (b, seen[-200:])
-        modes = [e["mode"] for e in map(json.loads, box.events.read_text().splitlines()) if e["type"] == "restore.done"]
+        modes = [e["mode"] for e in box.read_events() if e["type"] == "restore.done"]
         assert modes == ["live" if live else "cold"]

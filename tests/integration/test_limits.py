@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, PROBE, read_journal
-from policy_util import box, exited, of_type, output, probe, started
+from sbxtest import INIT, PROBE, box, exited, of_type, output, probe, read_journal, started
 
 pytestmark = pytest.mark.timeout(60)
 

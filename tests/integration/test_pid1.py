@@ -1,5 +1,4 @@
 """sandboxer-init as PID 1: exit codes, signal forwarding, reaping, shutdown with grace."""
-import json
 import os
 import signal
 import subprocess
@@ -7,7 +6,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, PROBE, read_journal, run_init
+from sbxtest import INIT, PROBE, read_journal, run_init, wait_event
 
 
 def exited(events):
@@ -42,15 +41,7 @@ def start_box(state_dir, argv, *extra):
 
 
 def wait_for_output(events_path, text, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if events_path.exists():
-            for line in events_path.read_text().splitlines():
-                e = json.loads(line)
-                if e["type"] == "proc.output" and text in e.get("data", ""):
-                    return
-        time.sleep(0.02)
-    raise AssertionError(f"no output {text!r} within {timeout}s")
+    wait_event(events_path, lambda e: e["type"] == "proc.output" and text in e.get("data", ""), timeout)
 
 
 def supervisor_pid(unshare_proc):

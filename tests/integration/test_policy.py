@@ -9,8 +9,7 @@ import uuid
 
 import pytest
 
-from sbxtest import INIT, PROBE, read_journal
-from policy_util import box, exited, output, probe, started
+from sbxtest import INIT, PROBE, box, exited, output, probe, read_journal, started
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,8 +6,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.asyncio.client import connect
 
-from sbxtest import INIT
-from wsbox import SUBPROTOCOL, Session, WsBox, run, ws_connect
+from sbxtest import INIT, SUBPROTOCOL, Session, WsBox, make_tls, run, ws_connect
 
 
 @pytest.fixture
@@ -103,12 +102,9 @@ def test_the_agent_sees_neither_the_token_nor_its_file(tmp_path):
 def test_tls_listener_serves_wss(tmp_path):
     import ssl
 
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
-    with WsBox(tmp_path, ["sleep", "60"], extra=["--tls-cert", str(cert), "--tls-key", str(key)]) as box:
-        ctx = ssl.create_default_context(cafile=str(cert))
-        ctx.check_hostname = False
+    tls = make_tls(tmp_path, ["127.0.0.1"])
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]) as box:
+        ctx = ssl.create_default_context(cafile=str(tls.ca))
 
         async def go():
             async with connect(box.url.replace("ws://", "wss://"), ssl=ctx, subprotocols=[SUBPROTOCOL],
@@ -116,8 +112,7 @@ def test_tls_listener_serves_wss(tmp_path):
                 s = Session(ws)
                 assert (await s.request("ping"))["ok"]
         run(go(), 30)
-        ev = [json.loads(l) for l in box.events.read_text().splitlines()]
-        assert any(e["type"] == "server.listening" and e["tls"] is True for e in ev)
+        assert any(e["type"] == "server.listening" and e["tls"] is True for e in box.read_events())
 
 
 def test_a_token_from_the_environment_is_scrubbed_from_proc_environ(tmp_path):

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from wsbox import Session, WsBox, run, ws_connect
+from sbxtest import Session, WsBox, run, ws_connect
 
 VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
 
@@ -30,35 +30,36 @@ async def still_serving(s, box):
     assert box.alive()
 
 
+# Each bad frame, the error code and id of its reply, and what the message must name.
 CORPUS = [
-    ("truncated JSON", '{"id": 1, "op": "sub', "bad_json"),
-    ("empty frame", "", "bad_json"),
-    ("a number", "42", "bad_request"),
-    ("a string", '"subscribe"', "bad_request"),
-    ("wrong type for op", '{"id": 2, "op": ["exec"]}', "bad_request"),
-    ("wrong type for since", '{"id": 3, "op": "subscribe", "since": {"a": 1}}', "bad_request"),
-    ("huge number", '{"id": 4, "op": "subscribe", "since": 1e999999}', "bad_request"),
-    ("huge integer", '{"id": 5, "op": "subscribe", "since": 123456789012345678901234567890}', "bad_request"),
-    ("huge id", '{"id": 123456789012345678901234567890, "op": "ping"}', "bad_request"),
-    ("unknown op", '{"id": 6, "op": "format_disk"}', "unknown_op"),
-    ("deep nesting", "[" * 10000 + "]" * 10000, "bad_json"),
-    ("invalid UTF-8 escape", '{"id": 7, "op": "ping", "x": "\\ud800"}', None),
-    ("NUL in argv", '{"id": 8, "op": "exec", "proc": "z", "argv": ["a\\u0000b"]}', "bad_request"),
+    ("truncated JSON", '{"id": 1, "op": "sub', "bad_json", None, "not valid JSON"),
+    ("empty frame", "", "bad_json", None, "not valid JSON"),
+    ("a number", "42", "bad_request", None, "not a number"),
+    ("a string", '"subscribe"', "bad_request", None, "not a string"),
+    ("wrong type for op", '{"id": 2, "op": ["exec"]}', "bad_request", 2, "field op"),
+    ("wrong type for since", '{"id": 3, "op": "subscribe", "since": {"a": 1}}', "bad_request", 3, "field since"),
+    ("huge number", '{"id": 4, "op": "subscribe", "since": 1e999999}', "bad_request", 4, "field since"),
+    ("huge integer", '{"id": 5, "op": "subscribe", "since": 123456789012345678901234567890}', "bad_request", 5,
+     "field since"),
+    ("huge id", '{"id": 123456789012345678901234567890, "op": "ping"}', "bad_request", None, "field id"),
+    ("unknown op", '{"id": 6, "op": "format_disk"}', "unknown_op", 6, '"format_disk"'),
+    ("deep nesting", "[" * 10000 + "]" * 10000, "bad_json", None, "too deep"),
+    # A lone UTF-16 surrogate is not JSON the parser accepts: the frame is refused whole.
+    ("invalid UTF-8 escape", '{"id": 7, "op": "ping", "x": "\\ud800"}', "bad_json", None, "not valid JSON"),
+    ("NUL in argv", '{"id": 8, "op": "exec", "proc": "z", "argv": ["a\\u0000b"]}', "bad_request", 8,
+     "field argv: contains a NUL byte"),
 ]
 
 
-@pytest.mark.parametrize("name,frame,code", CORPUS, ids=[c[0] for c in CORPUS])
-def test_a_bad_text_frame_gets_an_error_and_the_box_keeps_serving(box, name, frame, code):
+@pytest.mark.parametrize("name,frame,code,rid,names", CORPUS, ids=[c[0] for c in CORPUS])
+def test_a_bad_text_frame_gets_an_error_and_the_box_keeps_serving(box, name, frame, code, rid, names):
     async def go():
         async with ws_connect(box) as ws:
             s = Session(ws)
             await ws.send(frame)
             r = json.loads(await ws.recv())
-            if code is None:
-                assert "ok" in r  # answered, either way
-            else:
-                assert r["ok"] is False and r["error"]["code"] == code, r
-                assert r["error"]["message"]
+            assert r == {"id": rid, "ok": False, "error": {"code": code, "message": r["error"]["message"]}}, r
+            assert names in r["error"]["message"], r
             await still_serving(s, box)
     run(go(), 30)
 
@@ -128,23 +129,91 @@ def test_protocol_vector_invalid_request(box, vec):
     run(go(), 30)
 
 
+class Optional:
+    """A key of a reply that may be absent; when present, its value matches `want`."""
+
+    def __init__(self, want):
+        self.want = want
+
+
+def matches(got, want):
+    """`want` a type: any value of it; a set: one of its members; a dict: the same keys (but for
+    Optional ones), each matching; a list: element by element; else equal, and of the same type."""
+    if isinstance(want, Optional):
+        want = want.want
+    if isinstance(want, type):
+        return isinstance(got, want) and not (want is int and isinstance(got, bool))
+    if isinstance(want, set):
+        return got in want
+    if isinstance(want, dict):
+        required = {k for k, v in want.items() if not isinstance(v, Optional)}
+        return (isinstance(got, dict) and required <= got.keys() <= want.keys()
+                and all(matches(got[k], want[k]) for k in got))
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(matches, got, want))
+    return type(got) is type(want) and got == want  # true is not 1
+
+
+# What a fresh box (agent `sleep 300`) replies to each valid vector once the vector's `prepare`
+# requests have run: every key of the reply, with its exact value where the box's state decides it
+# and its type where it does not (pids, seqs, times).
+A_TXT = [{"op": "fs.write", "path": "/workspace/a.txt", "data": "hello"}]
+RUNNING_P1 = [{"op": "exec", "proc": "p1", "argv": ["cat"], "stdin": True}]
+SHELL = [{"op": "exec", "proc": "shell", "argv": ["sh"], "tty": True}]
+STARTED = {"branch": "main", "state": "running", "pid": int, "ns_pid": int, "started_seq": int}
+VALID = {
+    "auth": ([], {"id": None, "ok": True}),
+    "subscribe from the start": ([], {"id": 1, "ok": True, "last_seq": int}),
+    "subscribe to a branch": ([], {"id": 2, "ok": True, "last_seq": int}),
+    # `echo hi` may be over by the time of the reply: then it says so, and its pid may be gone.
+    "exec with pipes": ([], {"id": 3, "ok": True, "proc": "p1", **STARTED, "state": {"running", "exited"},
+                             "pid": Optional(int), "code": Optional({0}), "tty": False}),
+    "exec with a pty": ([], {"id": 4, "ok": True, "proc": "shell", **STARTED, "tty": True}),
+    "stdin text": (RUNNING_P1, {"id": 5, "ok": True}),
+    "stdin bytes and eof": (RUNNING_P1, {"id": 6, "ok": True}),
+    "signal by name": (RUNNING_P1, {"id": 7, "ok": True}),
+    "signal by number": (RUNNING_P1, {"id": 8, "ok": True}),
+    "resize": (SHELL, {"id": 9, "ok": True}),
+    "fs.read": (A_TXT, {"id": 10, "ok": True, "size": 5, "length": 5}),
+    "fs.write with binary frames": ([], {"id": 11, "ok": True, "size": 5, "path": "/workspace/a.txt"}),
+    "fs.write inline": ([], {"id": 12, "ok": True, "size": 5, "path": "b.txt"}),
+    "fs.list": (A_TXT, {"id": 13, "ok": True, "entries": [{"name": "a.txt", "type": "file", "size": 5}]}),
+    "fs.stat": (A_TXT, {"id": 14, "ok": True, "path": "/workspace/a.txt", "type": "file", "size": 5,
+                        "mode": 0o644, "mtime": float}),
+    "fs.remove": (A_TXT, {"id": 15, "ok": True}),
+    "stats": ([], {"id": 16, "ok": True, "box": dict, "branches": dict, "procs": dict, "last_seq": int}),
+    "string id": ([], {"id": "req-17", "ok": True, "pong": True}),
+}
+
+
+def test_every_valid_vector_has_an_expected_reply():
+    assert sorted(VALID) == sorted(v["name"] for v in vectors(True))
+
+
 @pytest.mark.parametrize("vec", vectors(True), ids=[v["name"] for v in vectors(True)])
-def test_protocol_vector_valid_request_parses(box, vec):
-    async def go():
-        async with ws_connect(box) as ws:
-            text = vec["text"].replace('"token":"T"', f'"token":"{box.token}"')
-            await ws.send(text)
-            if '"fs.write"' in text and '"data"' not in text:
-                await ws.send(struct.pack("<IQB", json.loads(text)["id"], 0, 1) + b"hello")
-            while True:
-                m = await ws.recv()
-                if isinstance(m, str) and '"seq"' not in m[:8]:
-                    break
-            r = json.loads(m)
-            # It may fail on the box's state (no such proc), never on its form.
-            if not r["ok"]:
-                assert r["error"]["code"] not in ("bad_json", "bad_request", "unknown_op"), r
-    run(go(), 30)
+def test_protocol_vector_valid_request_gets_its_reply(tmp_path, vec):
+    prepare, want = VALID[vec["name"]]
+    with WsBox(tmp_path, ["sleep", "300"], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                for i, req in enumerate(prepare):
+                    r = await s.request(id=1000 + i, **req)
+                    assert r["ok"] is True, (req, r)
+                text = vec["text"].replace('"token":"T"', f'"token":"{box.token}"')
+                await ws.send(text)
+                if '"fs.write"' in text and '"data"' not in text:
+                    await ws.send(struct.pack("<IQB", json.loads(text)["id"], 0, 1) + b"hello")
+                r = await s.reply(json.loads(text).get("id"))
+                if vec["name"] == "fs.read":  # then the content, in one frame flagged last
+                    while not s.binary:
+                        await s.recv_one()
+                    return r, s.binary
+                return r, []
+        r, frames = run(go(), 30)
+        assert matches(r, want), json.dumps(r)
+        if vec["name"] == "fs.read":
+            assert frames == [struct.pack("<IQB", 10, 0, 1) + b"hello"]
 
 
 def test_snapshot_import_frames_that_disagree_with_size_are_refused(tmp_path):

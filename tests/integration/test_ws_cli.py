@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, PROBE
-from wsbox import WsBox
+from sbxtest import CLI, PROBE, WsBox
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """exec, stdin, signal and resize over the WebSocket: processes forked by the branch's ns-init."""
 import pytest
 
-from wsbox import Session, WsBox, output_of, run, ws_connect
+from sbxtest import Session, WsBox, output_of, run, ws_connect
 
 
 @pytest.fixture

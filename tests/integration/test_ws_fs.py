@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from wsbox import Session, WsBox, run, ws_connect
+from sbxtest import Session, WsBox, run, ws_connect
 
 CHUNK = 1 << 20
 

@@ -10,8 +10,7 @@ import time
 
 from websockets.exceptions import ConnectionClosed
 
-from sbxtest import INIT as INIT_BIN, PROBE
-from wsbox import Session, WsBox, follow, run, ws_connect
+from sbxtest import INIT as INIT_BIN, PROBE, Session, WsBox, follow, run, ws_connect
 
 HERE = os.path.dirname(__file__)
 

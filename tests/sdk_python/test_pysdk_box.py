@@ -6,9 +6,64 @@ import os
 
 import pytest
 
-from boxserver import PROBE, Relay, run
 from sandboxer import AuthError, Box, SandboxerError
 from sandboxer.process import output_bytes
+from sbxtest import PROBE, run
+
+
+class Relay:  # only this file's tests cut connections
+    """A TCP relay 127.0.0.1:port -> target; `cut()` aborts every connection it carries."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.cuts = 0
+        self._conns: set[asyncio.Transport] = set()
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    async def start(self) -> "Relay":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            sr, sw = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            cw.transport.abort()
+            return
+        ts = {cw.transport, sw.transport}
+        self._conns |= ts
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                w.transport.abort()
+
+        await asyncio.gather(pump(cr, sw), pump(sr, cw))
+        self._conns -= ts
+
+    def cut(self) -> None:
+        """Drops every relayed connection at once (no close frame: a lost network)."""
+        self.cuts += 1
+        for t in list(self._conns):
+            t.abort()
+        self._conns.clear()
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
 
 
 async def until(stream, pred, limit=100_000):
@@ -295,10 +350,18 @@ def test_path_escape_is_refused_with_a_typed_error(server):
 def test_stats_reports_the_box_and_its_procs(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:
-            return await box.stats()
+            # The agent starts after the server listens: wait until it is counted.
+            while "main" not in (st := await box.stats())["procs"]:
+                await asyncio.sleep(0.05)
+            return st
     st = run(go(), 20)
-    for key in ("cpu", "memory", "pids"):
-        assert key in str(st), st
+    assert set(st) == {"box", "branches", "procs", "last_seq"}, st
+    assert st["last_seq"] >= 1, st
+    # The agent (`sbx-testprobe wait`) is running: its tree has a process and some memory.
+    for usage in (st["box"], st["branches"]["main"], st["procs"]["main"]):
+        assert usage["pids"] >= 1 and usage["memory"] > 0 and usage["cpu_s"] >= 0, st
+    assert st["box"]["pids"] >= st["procs"]["main"]["pids"], st
+    assert st["box"]["disk"] == st["branches"]["main"]["disk"] >= 0, st
 
 
 def test_unknown_op_gets_a_typed_error_and_the_server_keeps_serving(server):

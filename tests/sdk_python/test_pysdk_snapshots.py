@@ -3,8 +3,8 @@ import hashlib
 
 import pytest
 
-from boxserver import run
 from sandboxer import Box, SandboxerError
+from sbxtest import run
 
 
 async def _served(box, op):

@@ -1,22 +1,19 @@
 """sdk/python over wss:// against sandboxer-init serving TLS (--tls-cert, --tls-key)."""
 import ssl
-import subprocess
 
 import pytest
 
-from boxserver import PROBE, BoxServer, run
 from sandboxer import Box, ConnectionLost
+from sbxtest import PROBE, WsBox, make_tls, run
 
 
 @pytest.fixture
 def tls_server(tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    s = BoxServer(tmp_path, [str(PROBE), "wait"], ["--tls-cert", str(cert), "--tls-key", str(key)])
+    tls = make_tls(tmp_path, ["127.0.0.1"])
+    s = WsBox(tmp_path, [str(PROBE), "wait"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)],
+              as_pid1=True, metrics=None)
     s.url = f"wss://127.0.0.1:{s.port}"
-    yield s, cert
+    yield s, tls.ca
     s.stop()
 
 

@@ -5,10 +5,9 @@ import signal
 import subprocess
 import time
 
-from boxserver import BUILD, run
 from sandboxer import Box
+from sbxtest import CLI, run
 
-CLI = BUILD / "bin" / "sandboxer"
 
 
 def test_sdk_connects_to_a_box_the_cli_started_without_being_given_a_token(tmp_path, monkeypatch):

@@ -12,11 +12,12 @@ import threading
 import pytest
 from websockets.asyncio.client import ClientConnection
 
-from boxserver import run
 from sandboxer import Box, SandboxerError, agent, frames
+from sbxtest import run
 from sandboxer.connection import CLOSE_AUTH, CLOSE_SLOW, classify
 from sandboxer.events import parse_resume_after
 from sandboxer.process import output_bytes
+from sbxtest import run
 
 VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
 

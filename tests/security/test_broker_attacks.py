@@ -23,7 +23,7 @@ import threading
 
 import pytest
 
-from sbxtest import INIT, read_journal
+from sbxtest import INIT, close_http, make_tls, read_journal, serve_http
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "agents" / "broker.py"
@@ -145,34 +145,14 @@ class Upstream:
                 self.wfile.write(data)
 
         with ns.enter():
-            self.plain = DualStack(("::", 0), Plain)
-            self.api = DualStack(("::", 0), Api)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(tls[0], tls[1])
-        self.api.socket = ctx.wrap_socket(self.api.socket, server_side=True)
+            self.plain = serve_http(DualStack(("::", 0), Plain))
+            self.api = serve_http(DualStack(("::", 0), Api), tls)
         self.port = self.plain.server_address[1]
         self.tls_port = self.api.server_address[1]
-        for s in (self.plain, self.api):
-            threading.Thread(target=s.serve_forever, daemon=True).start()
 
     def close(self):
         for s in (self.plain, self.api):
-            s.shutdown()
-            s.server_close()
-
-
-def make_ca(d, names):
-    """A test CA and a server certificate for `names`, by the openssl CLI."""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=30)  # noqa: E731
-    run("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem", "-days", "2", "-subj", "/CN=sbx test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    run("req", *ec, "-keyout", d / "srv.key", "-out", d / "srv.csr", "-subj", "/CN=" + names[0])
-    (d / "ext.cnf").write_text("subjectAltName=" + ",".join("DNS:" + n for n in names) +
-                               "\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    run("x509", "-req", "-in", d / "srv.csr", "-CA", d / "ca.pem", "-CAkey", d / "ca.key", "-CAcreateserial",
-        "-out", d / "srv.pem", "-days", "2", "-extfile", d / "ext.cnf")
-    return d / "ca.pem", d / "srv.pem", d / "srv.key"
+            close_http(s)
 
 
 def run_in_netns(ns, tmp, profile, agent_cfg, env, resolv="nameserver 127.0.0.53\noptions timeout:1 attempts:1\n"):
@@ -214,9 +194,9 @@ def broker_profile(tmp, ca, tls_port, allow_cidrs):
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     ns = Netns()
-    ca, cert, key = make_ca(tmp, ["api.example.test", "internal.example.test"])
-    up = Upstream(ns, (cert, key))
-    yield {"ns": ns, "ca": ca, "up": up, "secret": "sk-test-" + secrets.token_hex(16)}
+    tls = make_tls(tmp, ["api.example.test", "internal.example.test"])
+    up = Upstream(ns, tls)
+    yield {"ns": ns, "ca": tls.ca, "up": up, "secret": "sk-test-" + secrets.token_hex(16)}
     up.close()
     ns.close()
 

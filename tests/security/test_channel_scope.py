@@ -9,18 +9,12 @@ the token, reaches all. A box runs at most `resources.copies` copies and keeps a
 Most run without criu on PATH (checkpoints of the files, cold copies): what is checked is the
 supervisor's decision, which is the same for live copies, and cold copies are the ones that had
 their own policy path."""
-import json
 import os
 import pathlib
-import sys
-import time
+
+from sbxtest import ROOT, Session, WsBox, box, of_type, run, ws_connect
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "integration"))
-
-from policy_util import box, of_type  # noqa: E402
-from sbxtest import ROOT  # noqa: E402
-from wsbox import Session, WsBox, run, ws_connect  # noqa: E402
 
 ATTACKS = HERE / "agents" / "channel.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -48,14 +42,7 @@ def run_box(state_dir, argv, *sets, profile=None):
 
 
 def wait_message(b, pred, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in b.events.read_text().splitlines():
-            e = json.loads(line)
-            if e["type"] == "proc.message" and pred(e["message"]):
-                return e["message"]
-        time.sleep(0.05)
-    raise TimeoutError("no such proc.message")
+    return b.wait_event(lambda e: e["type"] == "proc.message" and pred(e["message"]), timeout)["message"]
 
 
 def test_the_agent_cannot_restore_or_delete_the_operators_snapshot(tmp_path):
@@ -162,7 +149,7 @@ def test_an_import_past_resources_snapshots_is_refused(tmp_path):
         assert cli(a, "export", a.url, snap, str(archive)).returncode == 0
         refused = cli(full, "import", full.url, str(archive))
         assert refused.returncode != 0 and "resources.snapshots: this box keeps at most 0" in refused.stderr, refused
-        hit = [json.loads(x) for x in full.events.read_text().splitlines()]
+        hit = full.read_events()
         assert [(e["limit"], e["value"], e["ceiling"]) for e in hit if e["type"] == "limit.hit"] == [("snapshots", 1, 0)]
         assert not list((full.state / "snapshots").glob("s-*")) and not list((full.state / "snapshots").glob(".import-*"))
         # Control: a box with room for it takes it.

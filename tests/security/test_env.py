@@ -13,11 +13,8 @@ import sys
 
 import pytest
 
-from sbxtest import CLI, read_journal, run_init
-from policy_util import of_type, started
+from sbxtest import CLI, WsBox, of_type, read_journal, run_init, started
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
-from wsbox import WsBox  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,8 +24,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, INIT, ROOT, read_journal, run_init
-from policy_util import box, exited, of_type, started
+from sbxtest import CLI, INIT, ROOT, WsBox, box, exited, of_type, read_journal, run_init, started
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -293,15 +292,13 @@ def profile_field(profile, section, field):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_fork_bomb_is_held_at_the_pids_ceiling_and_the_supervisor_answers(tmp_path, profile):
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
-    from wsbox import WsBox
     # pids_grace raised so the question below lands while the bomb is still at the ceiling.
     with WsBox(tmp_path, ["python3", str(AGENT), "forkbomb"],
                extra=["--profile", profile, "--set", "resources.pids_grace=8s"]) as b:
         deadline = time.monotonic() + 60
         hit = None
         while hit is None and time.monotonic() < deadline:
-            evs = [json.loads(l) for l in b.events.read_text().splitlines() if l.strip()]
+            evs = b.read_events()
             hit = next((e for e in evs if e["type"] == "limit.hit" and e["limit"] == "pids"), None)
             time.sleep(0.1)
         assert hit, [e["type"] for e in evs]

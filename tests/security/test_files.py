@@ -15,11 +15,8 @@ import time
 
 import pytest
 
-from policy_util import box, of_type
-from sbxtest import CLI, ROOT
+from sbxtest import CLI, ROOT, Session, WsBox, box, of_type, run, ws_connect
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
-from wsbox import Session, WsBox, run, ws_connect  # noqa: E402  (tests/integration/wsbox.py)
 
 AGENT = pathlib.Path(__file__).resolve().parent / "agents" / "files.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"

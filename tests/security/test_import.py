@@ -22,9 +22,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
-from sbxtest import CLI, INIT  # noqa: E402
-from wsbox import WsBox  # noqa: E402
+from sbxtest import CLI, INIT, WsBox, of_type
 
 # An agent whose memory a live copy keeps: it prints a nonce made at its start, then counts.
 COUNTER = ("import os, time\n"
@@ -195,7 +193,7 @@ def leftovers(box):
 
 
 def events(box, type_):
-    return [e for e in (json.loads(line) for line in box.events.read_text().splitlines()) if e["type"] == type_]
+    return of_type(box.read_events(), type_)
 
 
 def wait_for(fn, timeout=20):

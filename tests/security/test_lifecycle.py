@@ -7,16 +7,13 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "integration"))
+from sbxtest import INIT, ROOT, Session, WsBox, read_journal, run, ws_connect
 
-from sbxtest import INIT, ROOT, read_journal  # noqa: E402
-from wsbox import Session, WsBox, run, ws_connect  # noqa: E402
+HERE = pathlib.Path(__file__).resolve().parent
 
 ATTACKS = HERE / "agents" / "channel.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -34,28 +31,14 @@ def attack(*args):
     return ["/usr/bin/python3", str(ATTACKS), *[str(a) for a in args]]
 
 
-def events_of(b):
-    return [json.loads(line) for line in b.events.read_text().splitlines()]
-
-
-def wait_for(b, pred, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in events_of(b):
-            if pred(e):
-                return e
-        time.sleep(0.05)
-    raise TimeoutError("event not seen")
-
-
 def message(pred):
     return lambda e: e["type"] == "proc.message" and pred(e["message"])
 
 
 def test_a_signal_to_a_copys_agent_reaches_it(tmp_path):
     with WsBox(tmp_path, attack("sleeper"), env=no_criu_env()) as b:
-        wait_for(b, message(lambda m: m.get("ready") == "f1"))
-        wait_for(b, message(lambda m: m.get("ready") == "main"))
+        b.wait_event(message(lambda m: m.get("ready") == "f1"))
+        b.wait_event(message(lambda m: m.get("ready") == "main"))
 
         async def signals():
             async with ws_connect(b) as ws:
@@ -66,11 +49,11 @@ def test_a_signal_to_a_copys_agent_reaches_it(tmp_path):
         ok, missing = run(signals())
         assert ok["ok"] is True, ok
         assert missing["ok"] is False and missing["error"]["code"] == "no_such_proc"
-        got = wait_for(b, message(lambda m: "usr1" in m), timeout=10)
+        got = b.wait_event(message(lambda m: "usr1" in m), timeout=10)
         assert got["message"]["usr1"] == "f1" and got["branch"] == "f1"
         # Control: the same request to the original's agent, by its own name.
         run(_signal(b, "main"))
-        wait_for(b, message(lambda m: m.get("usr1") == "main"), timeout=10)
+        b.wait_event(message(lambda m: m.get("usr1") == "main"), timeout=10)
 
 
 async def _signal(b, proc):
@@ -127,7 +110,7 @@ def test_exit_statuses_of_execd_processes_are_not_lost_while_ns_init_reaps(tmp_p
 
 def test_proc_ids_are_per_branch(tmp_path):
     with WsBox(tmp_path, attack("sleeper"), env=no_criu_env()) as b:
-        wait_for(b, message(lambda m: m.get("ready") == "f1"))
+        b.wait_event(message(lambda m: m.get("ready") == "f1"))
 
         async def both():
             async with ws_connect(b) as ws:
@@ -156,7 +139,7 @@ def test_exec_by_the_agents_own_id_names_the_agent_never_a_new_process(tmp_path)
     # "main" in a copy is the copy's agent (main@f1): an exec by that id must not start a second
     # process that ns-init would report, and signal, as the agent.
     with WsBox(tmp_path, attack("sleeper"), env=no_criu_env()) as b:
-        wait_for(b, message(lambda m: m.get("ready") == "f1"))
+        b.wait_event(message(lambda m: m.get("ready") == "f1"))
 
         async def go():
             async with ws_connect(b) as ws:

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from policy_util import box, output, started
+from sbxtest import box, output, started
 
 pytestmark = pytest.mark.timeout(60)
 

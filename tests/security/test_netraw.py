@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-from sbxtest import read_journal, run_init
-from policy_util import of_type, started
+from sbxtest import make_tls, of_type, read_journal, run_init, started
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -79,10 +78,8 @@ def test_a_cold_copy_beside_the_api_has_no_raw_socket_either(state_dir):
 
 
 def make_cert(d):
-    key, cert = d / "server.key", d / "server.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True, timeout=60)
-    return cert, key
+    tls = make_tls(d, ["127.0.0.1"])
+    return tls.cert, tls.key
 
 
 def test_the_tls_key_and_certificate_are_masked(tmp_path):

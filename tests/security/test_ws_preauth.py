@@ -6,15 +6,12 @@ authentication is capped at 4 KiB (close 1009 with the reason), at most 64 unaut
 connections are open at once (the next gets HTTP 503), each has 10 s to authenticate, and the
 authenticated path keeps its 1 MiB frames."""
 import asyncio
-import pathlib
-import sys
 import time
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "integration"))
-from wsbox import Session, WsBox, run, ws_connect  # noqa: E402
+from sbxtest import Session, WsBox, run, ws_connect
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -29,7 +29,13 @@ TEST_CASE("profile: sizes and durations") {
   CHECK(profile::parse_size("1.5G", "f") == 3LL << 29);
   CHECK(profile::parse_size("100", "f") == 100);
   CHECK_THROWS_WITH(profile::parse_size("4X", "resources.memory"), doctest::Contains("resources.memory"));
+  CHECK(profile::parse_duration_ms("10s", "f") == 10000);
+  CHECK(profile::parse_duration_ms("500ms", "f") == 500);
   CHECK(profile::parse_duration_ms("2h", "f") == 7200000);
+  CHECK(profile::parse_duration_ms("1.5m", "f") == 90000);
+  CHECK_THROWS_WITH_AS(profile::parse_duration_ms("10x", "resources.grace"), doctest::Contains("resources.grace"),
+                       ProfileError);
+  CHECK_THROWS_AS(profile::parse_duration_ms("-1s", "f"), ProfileError);
 }
 
 TEST_CASE("profile: every field, by the names of the issue") {
@@ -59,6 +65,10 @@ TEST_CASE("profile: refusals name the field") {
   CHECK(error_of(R"({"isolation":{"namespaces":["pid"]}})").starts_with("isolation.namespaces"));
   CHECK(error_of(R"({"isolation":{"landlock":{"rw":"/x"}}})").starts_with("isolation.landlock.rw"));
   CHECK(error_of(R"({"extra":1})").starts_with("extra: unknown field"));
+  CHECK(error_of(R"({"name":"x","resources":{"grase":"1s"}})").starts_with("resources.grase: unknown field"));
+  CHECK(error_of(R"({"name":7})").starts_with("name: expected a string"));
+  CHECK(error_of(R"({"isolation":{"namespaces":"yes"}})").starts_with("isolation.namespaces"));
+  CHECK(error_of("{").find("not valid JSON") != std::string::npos);
 }
 
 TEST_CASE("profile: copies and snapshots bound a box, strictly") {
@@ -82,6 +92,11 @@ TEST_CASE("profile: overrides go through the same parser") {
   profile::apply_override(p, "isolation.user=nobody");
   CHECK(*p.isolation.uid == 65534);
   CHECK_THROWS_WITH(profile::apply_override(p, "resources.cpus=0.001"), doctest::Contains("resources.cpus"));
+  profile::apply_override(p, "resources.grace=3s");
+  CHECK(p.resources.grace_ms == 3000);
+  CHECK_THROWS_WITH_AS(profile::apply_override(p, "resources.nope=1"), doctest::Contains("resources.nope: unknown field"),
+                       ProfileError);
+  CHECK_THROWS_AS(profile::apply_override(p, "novalue"), ProfileError);
 }
 
 TEST_CASE("policy: an rlimit above the hard limit is refused naming the field") {

@@ -22,14 +22,24 @@ boost::json::array load(const std::string& name) { return load_value(name).as_ar
 boost::json::array channel_vectors(const char* part) { return load_value("channel.json").at(part).as_array(); }
 }  // namespace
 
-TEST_CASE("protocol: every valid request vector parses") {
+TEST_CASE("protocol: every valid request vector parses to the vector's op, id and fields") {
+  int checked = 0;
   for (auto& v : load("requests.json")) {
     auto& o = v.as_object();
     if (!o.at("valid").as_bool()) continue;
     CAPTURE(o.at("name"));
+    auto& expect = o.at("expect").as_object();
     auto r = protocol::parse_request(o.at("text").as_string());
-    CHECK(!r.op.empty());
+    CHECK(r.op == expect.at("op").as_string());
+    CHECK(r.id == expect.at("id"));
+    // The parsed object keeps id and op beside the op's own fields; every other key is expected.
+    auto fields = r.fields;
+    fields.erase("id");
+    fields.erase("op");
+    CHECK(fields == expect.at("fields").as_object());
+    ++checked;
   }
+  CHECK(checked >= 19);
 }
 
 TEST_CASE("protocol: frames that are not requests fail with the vector's code") {
