@@ -14,6 +14,7 @@
 #include "sandbox/capabilities.hpp"
 #include "archive/archive.hpp"
 #include "journal/journal.hpp"
+#include "loop/uv-handle.hpp"
 #include "sandbox/launcher.hpp"
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
@@ -103,7 +104,7 @@ struct Proc {
 struct Branch {
   std::string name;
   sandbox::LaunchedBranch launched;
-  uv_pipe_t* reports = nullptr;
+  loop::UvHandle<uv_poll_t> reports;  // ns-init's reports, read on the loop
   std::string pending;
   bool ns_init_reaped = false;
   int ns_init_status = 0;
@@ -115,10 +116,10 @@ struct Branch {
   std::string parent, snapshot;
   int index = 0;
   // The agent channel: requests read on the loop, replies written back.
-  uv_poll_t* channel = nullptr;
+  loop::UvHandle<uv_poll_t> channel;
   std::string chan_pending;
   int64_t chan_inflight = -1;  // id of a channel request being served (checkpoint), else -1
-  uv_timer_t* drain_timer = nullptr;
+  loop::UvHandle<uv_timer_t> drain_timer;
   bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
   bool busy = false;        // a checkpoint of it is under way
   std::string ended_by;     // "checkpoint" when a checkpoint ended it
@@ -246,7 +247,7 @@ class Box {
   std::map<std::string, std::unique_ptr<Branch>> branches_;
   std::map<std::string, std::unique_ptr<Proc>> procs_;
   bool shutting_down_ = false;
-  uv_timer_t* kill_timer_ = nullptr;   // backstop when a branch outlives its grace period
+  loop::UvHandle<uv_timer_t> kill_timer_;  // backstop when a branch outlives its grace period
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;

@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -148,8 +150,11 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
   if (!socks.error.empty()) throw std::runtime_error("network of the branch: " + socks.error);
   if (!proxy) return;
 
-  async_ = new uv_async_t;
-  uv_async_init(loop, async_, [](uv_async_t* a) { static_cast<BranchNetwork*>(a->data)->drain(); });
+  auto async = loop::UvHandle<uv_async_t>::make(loop, uv_async_init, [](uv_async_t* a) noexcept {
+    if (auto* self = static_cast<BranchNetwork*>(a->data)) self->drain();
+  });
+  if (!async) throw std::runtime_error("network of the branch: " + async.error().message);
+  async_ = std::move(*async);
   async_->data = this;
   broker_ = std::make_unique<broker::Broker>(std::move(cfg), std::move(socks.tcp), std::move(socks.udp), [this](boost::json::object e) {
     {
@@ -157,7 +162,7 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
       if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
       queue_.push_back(std::move(e));
     }
-    uv_async_send(async_);
+    uv_async_send(async_.get());
   }, std::move(socks.dns_tcp));
 }
 
@@ -165,17 +170,23 @@ BranchNetwork::~BranchNetwork() {
   broker_.reset();
   if (async_) {
     drain();
-    uv_close(reinterpret_cast<uv_handle_t*>(async_), [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+    async_.reset();
   }
 }
 
-void BranchNetwork::drain() {
+void BranchNetwork::drain() noexcept {
   std::vector<boost::json::object> q;
   {
     std::lock_guard lk(mu_);
     q.swap(queue_);
   }
-  for (auto& e : q) emit_(std::move(e));
+  // Called from the loop's async callback: an event that cannot be written is logged and
+  // dropped, and the broker goes on.
+  try {
+    for (auto& e : q) emit_(std::move(e));
+  } catch (const std::exception& e) {
+    spdlog::error("record the broker's events: {}", e.what());
+  }
 }
 
 void BranchNetwork::edit_env(boost::json::array& env) const {
