@@ -13,6 +13,7 @@
 
 #include "sandbox/capabilities.hpp"
 #include "archive/archive.hpp"
+#include "base/result.hpp"
 #include "journal/journal.hpp"
 #include "loop/uv-handle.hpp"
 #include "sandbox/launcher.hpp"
@@ -259,16 +260,16 @@ class Box {
 
   // box-network.cpp: the network of a restored or forked copy (the checkpointer's hooks).
   /// Before a cold copy's launch: its network namespace and resolv.conf, as the original's.
-  std::string prepare_copy_network(sandbox::BranchSpec& spec);
+  base::Result<void> prepare_copy_network(sandbox::BranchSpec& spec);
   /// Before a copy runs: loopback in its namespace and, for `proxy`, a broker of its own at the
   /// same in-namespace address and port as the original's (a restored agent's memory holds that
   /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
-  /// Returns what failed, or "".
-  std::string attach_copy_network(Branch& b, boost::json::array* env = nullptr);
+  base::Result<void> attach_copy_network(Branch& b, boost::json::array* env = nullptr);
   /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
   boost::json::object network_manifest() const;
-  /// Why this box cannot give a live copy of `manifest` the network its agent expects, or "".
-  std::string copy_network_refusal(const boost::json::object& manifest) const;
+  /// Whether this box can give a live copy of `manifest` the network its agent expects; the
+  /// error says why not.
+  base::Result<void> copy_network_refusal(const boost::json::object& manifest) const;
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
   /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
   sandbox::BranchSpec branch_spec(const std::string& name) const;
