@@ -334,7 +334,7 @@ void parse_env(std::map<std::string, std::string>& env, const json::value& v) {
   if (!v.is_object()) throw ProfileError("env: expected an object of NAME: \"value\"");
   for (auto& kv : v.as_object()) {
     std::string name(kv.key());
-    if (auto why = env_name_refusal(name); !why.empty()) throw ProfileError("env." + name + ": " + why);
+    if (auto ok = check_env_name(name); !ok) throw ProfileError("env." + name + ": " + ok.error().message);
     if (kv.value().is_null()) {
       env.erase(name);
       continue;
