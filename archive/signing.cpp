@@ -95,32 +95,22 @@ SigningKey& SigningKey::operator=(SigningKey&& o) noexcept {
   return *this;
 }
 
-std::optional<SigningKey> SigningKey::load(const std::string& path, std::string& err) {
+base::Result<SigningKey> SigningKey::load(const std::string& path) {
   auto text = os::read_file(path);
-  if (!text) {
-    err = "read " + path + ": " + text.error().message();
-    return std::nullopt;
-  }
+  if (!text) return base::fail("read " + path + ": " + text.error().message());
   Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
   EVP_PKEY* k = bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr;
-  if (!k) {
-    err = path + ": not a PEM private key (" + ssl_error() + ")";
-    return std::nullopt;
-  }
+  if (!k) return base::fail(path + ": not a PEM private key (" + ssl_error() + ")");
   if (EVP_PKEY_get_id(k) != EVP_PKEY_ED25519) {
     EVP_PKEY_free(k);
-    err = path + ": not an Ed25519 key (make one with: openssl genpkey -algorithm ed25519)";
-    return std::nullopt;
+    return base::fail(path + ": not an Ed25519 key (make one with: openssl genpkey -algorithm ed25519)");
   }
   return SigningKey(k);
 }
 
-std::optional<SigningKey> SigningKey::generate(std::string& err) {
+base::Result<SigningKey> SigningKey::generate() {
   EVP_PKEY* k = EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519");
-  if (!k) {
-    err = "generate an Ed25519 key: " + ssl_error();
-    return std::nullopt;
-  }
+  if (!k) return base::fail("generate an Ed25519 key: " + ssl_error());
   return SigningKey(k);
 }
 
@@ -152,12 +142,9 @@ std::string SigningKey::public_pem() const {
   return bio_text(bio.get());
 }
 
-std::optional<PublicKey> load_trust_key(const std::string& path, std::string& err) {
+base::Result<PublicKey> load_trust_key(const std::string& path) {
   auto text = os::read_file(path);
-  if (!text) {
-    err = "read " + path + ": " + text.error().message();
-    return std::nullopt;
-  }
+  if (!text) return base::fail("read " + path + ": " + text.error().message());
   Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
   EVP_PKEY* k = PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr);
   if (!k) {
@@ -165,17 +152,11 @@ std::optional<PublicKey> load_trust_key(const std::string& path, std::string& er
     Bio again(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
     k = PEM_read_bio_PrivateKey(again.get(), nullptr, nullptr, nullptr);
   }
-  if (!k) {
-    err = path + ": not a PEM public or private key (" + ssl_error() + ")";
-    return std::nullopt;
-  }
+  if (!k) return base::fail(path + ": not a PEM public or private key (" + ssl_error() + ")");
   PublicKey pub{raw_public(k)};
   bool ed = EVP_PKEY_get_id(k) == EVP_PKEY_ED25519;
   EVP_PKEY_free(k);
-  if (!ed || pub.raw.size() != 32) {
-    err = path + ": not an Ed25519 key";
-    return std::nullopt;
-  }
+  if (!ed || pub.raw.size() != 32) return base::fail(path + ": not an Ed25519 key");
   return pub;
 }
 
@@ -186,52 +167,44 @@ std::string user_key_dir() {
   return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
 }
 
-std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err) {
+base::Result<std::string> ensure_user_key(const std::string& dir) {
   std::string priv = dir + "/signing.pem", pub = dir + "/signing.pub";
   // Whoever can write the key store chooses which archives criu restores: it is this user's
   // alone, and so is the key in it.
   std::string parent = dir.substr(0, dir.rfind('/'));
-  if (auto r = os::make_dirs(parent, 0700); !r) {
-    err = "create " + parent + ": " + r.error().message();
-    return std::nullopt;
-  }
-  if (!os::own_private_dir(parent, err) || !os::own_private_dir(dir, err)) return std::nullopt;
+  if (auto r = os::make_dirs(parent, 0700); !r) return base::fail("create " + parent + ": " + r.error().message());
+  if (std::string why; !os::own_private_dir(parent, why) || !os::own_private_dir(dir, why)) return base::fail(why);
   struct stat st {};
   if (::lstat(priv.c_str(), &st) != 0) {
     // First use: a whole key in a temporary file, then linked into place (link fails when a
     // concurrent first use got there first: then its key is the one).
-    auto key = SigningKey::generate(err);
-    if (!key) return std::nullopt;
+    auto key = SigningKey::generate();
+    if (!key) return key.error();
     std::string tmp = priv + ".tmp-" + os::random_hex(6);
     os::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd) {
-      err = "create " + tmp + ": " + std::strerror(errno);
-      return std::nullopt;
-    }
+    if (!fd) return base::sys_fail("create " + tmp, errno);
     ::fchmod(fd.get(), 0600);
     auto w = os::write_all(fd.get(), key->private_pem());
     if (w && ::fsync(fd.get()) != 0) w = os::last_error();
     fd.reset();
     if (!w || (::link(tmp.c_str(), priv.c_str()) != 0 && errno != EEXIST)) {
-      err = "write " + priv + ": " + (w ? std::strerror(errno) : w.error().message());
+      auto e = base::fail("write " + priv + ": " + (w ? std::strerror(errno) : w.error().message()));
       ::unlink(tmp.c_str());
-      return std::nullopt;
+      return e;
     }
     ::unlink(tmp.c_str());
   } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    err = priv + ": not a regular file of this user's alone (mode 0600)";
-    return std::nullopt;
+    return base::fail(priv + ": not a regular file of this user's alone (mode 0600)");
   }
-  auto key = SigningKey::load(priv, err);
-  if (!key) return std::nullopt;
+  auto key = SigningKey::load(priv);
+  if (!key) return key.error();
   // The public half beside it, for boxes elsewhere (Docker) to trust; the same text every time.
   auto have = os::read_file(pub);
   if (!have || *have != key->public_pem())
-    if (auto r = os::write_file_atomic(pub, key->public_pem(), 0644); !r) {
-      err = "write " + pub + ": " + r.error().message();
-      return std::nullopt;
-    }
-  return priv;
+    if (auto r = os::write_file_atomic(pub, key->public_pem(), 0644); !r)
+      return base::fail("write " + pub + ": " + r.error().message());
+  // In place: base::Error, an aggregate, is constructible from a string as well.
+  return {boost::system::in_place_value, priv};
 }
 
 }  // namespace sbx::archive

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/result.hpp"
+
 namespace sbx::archive {
 
 /// An Ed25519 public key: its 32 raw bytes.
@@ -31,9 +33,9 @@ class SigningKey {
   SigningKey& operator=(SigningKey&&) noexcept;
 
   /// Reads a PEM private key (PKCS#8, as `openssl genpkey -algorithm ed25519` writes it).
-  static std::optional<SigningKey> load(const std::string& path, std::string& err);
+  static base::Result<SigningKey> load(const std::string& path);
   /// A fresh random key.
-  static std::optional<SigningKey> generate(std::string& err);
+  static base::Result<SigningKey> generate();
 
   const PublicKey& public_key() const { return pub_; }
   /// The 64-byte signature of `msg`; empty on an OpenSSL failure (which `err` names).
@@ -49,7 +51,7 @@ class SigningKey {
 };
 
 /// A trusted key from a file: a PEM public key, or a PEM private key (its public half).
-std::optional<PublicKey> load_trust_key(const std::string& path, std::string& err);
+base::Result<PublicKey> load_trust_key(const std::string& path);
 
 /// Where the per-user key pair lives: $XDG_STATE_HOME/sandboxer/keys (else
 /// ~/.local/state/sandboxer/keys), the directory 0700, holding signing.pem (0600) and signing.pub.
@@ -57,7 +59,7 @@ std::string user_key_dir();
 
 /// The per-user key pair in `dir`: loaded, or made on first use (the private key created with
 /// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path.
-std::optional<std::string> ensure_user_key(const std::string& dir, std::string& err);
+base::Result<std::string> ensure_user_key(const std::string& dir);
 
 /// Lowercase hex of `n` bytes.
 std::string hex_encode(const unsigned char* p, size_t n);

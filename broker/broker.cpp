@@ -206,12 +206,11 @@ struct Broker::Impl {
       for (auto& e : results) found.push_back(e.endpoint().address());
     }
     for (auto& a : found) {
-      std::string why;
-      if (addresses.allows(ip_of(a), &why)) {
+      if (auto ok = addresses.allows(ip_of(a))) {
         out.eps.emplace_back(a, static_cast<uint16_t>(port));
       } else if (out.refused.empty()) {
         out.refused = ip_of(a).unmapped().text();
-        out.why = std::move(why);
+        out.why = std::move(ok.error().message);
       }
     }
     if (out.eps.empty() && out.refused.empty()) out.ec = asio::error::host_not_found;
@@ -394,7 +393,8 @@ struct Broker::Impl {
     } else if (r.ec) {
       co_return fail("connect: " + r.ec.message());
     }
-    bool is_ip = egress::canonical_host(c.host).value_or(egress::CanonicalHost{}).is_ip;
+    auto canonical = egress::canonical_host(c.host);
+    bool is_ip = canonical && canonical->is_ip;
     if (!is_ip) SSL_set_tlsext_host_name(s.native_handle(), c.host.c_str());
     s.set_verify_mode(ssl::verify_peer);
     s.set_verify_callback(ssl::host_name_verification(c.host));
@@ -411,15 +411,15 @@ struct Broker::Impl {
     Peer peer = conn.peer;
     std::string raw_host;
     int port;
-    std::string why;
     if (!egress::split_authority(authority, raw_host, port, 80))
       co_return text_response(http::status::bad_request, "sandboxer broker: bad host in target", req.version());
-    auto h = egress::canonical_host(raw_host, &why);
+    auto h = egress::canonical_host(raw_host);
     if (!h) {
-      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
-      co_return text_response(http::status::forbidden, "sandboxer broker: " + why, req.version());
+      deny("egress", raw_host.substr(0, 255), port, h.error().message, {}, peer);
+      co_return text_response(http::status::forbidden, "sandboxer broker: " + h.error().message, req.version());
     }
-    if (!policy.allows(*h, &why)) {
+    if (auto ok = policy.allows(*h); !ok) {
+      std::string why = ok.error().message;
       deny("egress", h->name, port, why, {}, peer);
       co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + " is " + why, req.version());
     }
@@ -474,7 +474,7 @@ struct Broker::Impl {
   }
 
   awaitable<void> tunnel(beast::tcp_stream& client, beast::flat_buffer& buf, const Request& req, Peer peer) {
-    std::string raw_host, why;
+    std::string raw_host;
     int port;
     auto refuse = [&](http::status st, std::string text) -> awaitable<void> {
       auto r = text_response(st, "sandboxer broker: " + text, req.version());
@@ -485,13 +485,14 @@ struct Broker::Impl {
       co_await refuse(http::status::bad_request, "CONNECT needs host:port");
       co_return;
     }
-    auto h = egress::canonical_host(raw_host, &why);
+    auto h = egress::canonical_host(raw_host);
     if (!h) {
-      deny("egress", raw_host.substr(0, 255), port, why, {}, peer);
-      co_await refuse(http::status::forbidden, why);
+      deny("egress", raw_host.substr(0, 255), port, h.error().message, {}, peer);
+      co_await refuse(http::status::forbidden, h.error().message);
       co_return;
     }
-    if (!policy.allows(*h, &why)) {
+    if (auto ok = policy.allows(*h); !ok) {
+      std::string why = ok.error().message;
       deny("egress", h->name, port, why, {}, peer);
       co_await refuse(http::status::forbidden, h->name + " is " + why);
       co_return;
@@ -647,12 +648,12 @@ struct Broker::Impl {
     if (!q) {
       if (msg.size() >= 12) reply = egress::make_dns_error(id, egress::kDnsFormErr);
     } else {
-      std::string why;
-      auto h = egress::canonical_host(q->name, &why);
-      if (!h || !policy.allows(*h, &why)) {
+      auto h = egress::canonical_host(q->name);
+      auto ok = h ? policy.allows(*h) : base::Result<void>(h.error());
+      if (!ok) {
         // A name that is not allowed is never resolved: nothing of it leaves the box, so a
         // secret spelled into its labels goes nowhere.
-        deny("dns", q->name.substr(0, 255), 0, why, {}, peer);
+        deny("dns", q->name.substr(0, 255), 0, ok.error().message, {}, peer);
         reply = egress::make_dns_reply(msg, *q, egress::kDnsRefused);
       } else if (q->qclass != 1 || (q->qtype != egress::kDnsTypeA && q->qtype != egress::kDnsTypeAAAA)) {
         reply = egress::make_dns_reply(msg, *q, egress::kDnsNoError);

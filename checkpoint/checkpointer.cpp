@@ -740,7 +740,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
     else refuse = archive::incompatibility(checked, box_.caps_.criu, image_id_);
     if (!refuse && mode == "live")
-      if (auto r = box_.copy_network_refusal(op->manifest); !r.empty()) refuse = r;
+      if (auto r = box_.copy_network_refusal(op->manifest); !r) refuse = r.error().message;
     // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
     // without it. A cold copy gets it again.
     if (!refuse && mode == "live" && box_.opts_.profile.isolation.landlock)
@@ -831,8 +831,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         if (!live) {
           // Cold restart: the agent's command again, on the snapshot's files.
           sandbox::BranchSpec spec = box_.branch_spec(br.name);
-          if (auto e = box_.prepare_copy_network(spec); !e.empty()) {
-            res["error"] = e;
+          if (auto e = box_.prepare_copy_network(spec); !e) {
+            res["error"] = e.error().message;
             return copy_done(op, index, std::move(res));
           }
           // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp,
@@ -850,9 +850,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           auto env = box_.agent_env(br, dir);
           env.emplace_back("SANDBOXER_RESUMED=1");
           env.emplace_back("SANDBOXER_SNAPSHOT=" + op->snapshot);
-          if (auto e = box_.attach_copy_network(br, &env); !e.empty()) {
+          if (auto e = box_.attach_copy_network(br, &env); !e) {
             ::kill(br.launched.pid, SIGKILL);  // its ns-init still waits for its config
-            res["error"] = e;
+            res["error"] = e.error().message;
             return copy_done(op, index, std::move(res));
           }
           json::array argv;
@@ -947,9 +947,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
           pp.reset();  // closes the copy's ends: the restored tree holds them now
           br.launched.in.reset();
           // Its network before it runs: the copy's own broker where the agent expects it.
-          if (auto e = box_.attach_copy_network(br); !e.empty()) {
+          if (auto e = box_.attach_copy_network(br); !e) {
             ::kill(root, SIGKILL);
-            res["error"] = e;
+            res["error"] = e.error().message;
             return copy_done(op, index, std::move(res));
           }
           Branch& added = box_.add_branch(std::move(*b), true);

@@ -118,10 +118,10 @@ Line check_landlock() {
 }
 
 Line check_namespaces() {
-  std::string why;
-  bool pidmnt = sandbox::can_make_namespaces(&why);
+  auto ns = sandbox::can_make_namespaces();
+  bool pidmnt = ns.has_value();
   int net = in_child([] { return ::unshare(CLONE_NEWNET) == 0 ? 0 : errno; });
-  std::string detail = std::string("pid+mount: ") + (pidmnt ? "yes" : "no (" + why + ")") +
+  std::string detail = std::string("pid+mount: ") + (pidmnt ? "yes" : "no (" + ns.error().message + ")") +
                        ", network: " + (net == 0 ? "yes" : std::string("no (") + std::strerror(net) + ")");
   if (!pidmnt)
     return {"namespaces", false, detail,

@@ -71,9 +71,8 @@ int cmd_run(const std::vector<std::string>& args) {
   if (signing_key.empty()) {
     // The user's archive key pair (made on first use, 0600, beside the tokens): every box this
     // user starts signs with it and trusts it, so export, import and --restore between them work.
-    std::string err;
-    auto key = archive::ensure_user_key(archive::user_key_dir(), err);
-    if (!key) throw std::runtime_error("the archive signing key: " + err);
+    auto key = archive::ensure_user_key(archive::user_key_dir());
+    if (!key) throw std::runtime_error("the archive signing key: " + key.error().message);
     init_args.insert(init_args.end(), {"--signing-key", *key});
   }
   if (!listen.empty()) {

@@ -12,11 +12,6 @@ namespace sbx::egress {
 
 namespace {
 
-bool set_why(std::string* why, std::string text) {
-  if (why) *why = std::move(text);
-  return false;
-}
-
 bool all_of(std::string_view s, bool (*pred)(char)) {
   for (char c : s)
     if (!pred(c)) return false;
@@ -28,11 +23,8 @@ bool is_hex_label_char(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') ||
 
 }  // namespace
 
-std::optional<CanonicalHost> canonical_host(std::string_view raw, std::string* why) {
-  auto fail = [&](std::string text) -> std::optional<CanonicalHost> {
-    set_why(why, std::move(text));
-    return std::nullopt;
-  };
+base::Result<CanonicalHost> canonical_host(std::string_view raw) {
+  auto fail = [](std::string text) { return base::fail(std::move(text)); };
   if (raw.empty()) return fail("empty host");
   if (raw.size() > 1024) return fail("host too long");
   // IPv6 literals: bracketed in URLs and CONNECT targets, bare in profiles.
@@ -102,9 +94,8 @@ HostPolicy::Pattern HostPolicy::parse_pattern(const std::string& entry, const ch
   }
   if (body.find('*') != std::string_view::npos)
     throw std::invalid_argument(std::string(list) + ": \"" + entry + "\": a pattern is an exact host or *.suffix");
-  std::string why;
-  auto h = canonical_host(body, &why);
-  if (!h) throw std::invalid_argument(std::string(list) + ": \"" + entry + "\": " + why);
+  auto h = canonical_host(body);
+  if (!h) throw std::invalid_argument(std::string(list) + ": \"" + entry + "\": " + h.error().message);
   if (p.wildcard && h->is_ip)
     throw std::invalid_argument(std::string(list) + ": \"" + entry + "\": *. patterns take names, not addresses");
   p.host = h->name;
@@ -124,12 +115,12 @@ bool HostPolicy::matches(const Pattern& p, const CanonicalHost& h) {
          h.name[h.name.size() - p.host.size() - 1] == '.';
 }
 
-bool HostPolicy::allows(const CanonicalHost& h, std::string* why) const {
+base::Result<void> HostPolicy::allows(const CanonicalHost& h) const {
   for (auto& d : deny_)
-    if (matches(d, h)) return set_why(why, "denied by \"" + d.text + "\"");
+    if (matches(d, h)) return base::fail("denied by \"" + d.text + "\"");
   for (auto& a : allow_)
-    if (matches(a, h)) return true;
-  return set_why(why, "not on the allow list");
+    if (matches(a, h)) return {};
+  return base::fail("not on the allow list");
 }
 
 // ---- addresses ----
@@ -188,11 +179,8 @@ bool Cidr::overlaps(const Cidr& o) const { return o.net.v4 == net.v4 && same_pre
 
 std::string Cidr::text() const { return net.text() + "/" + std::to_string(bits); }
 
-std::optional<Cidr> parse_cidr(std::string_view text, std::string* why) {
-  auto fail = [&](std::string t) -> std::optional<Cidr> {
-    set_why(why, std::move(t));
-    return std::nullopt;
-  };
+base::Result<Cidr> parse_cidr(std::string_view text) {
+  auto fail = [](std::string t) { return base::fail(std::move(t)); };
   auto slash = text.find('/');
   auto addr = IpAddress::parse(text.substr(0, slash));
   if (!addr) return fail("not an IPv4 or IPv6 address (a range is written like 10.1.2.0/24 or fd00::/8)");
@@ -289,10 +277,9 @@ std::optional<std::string> special_range(const IpAddress& addr) {
 
 AddressPolicy::AddressPolicy(const std::vector<std::string>& allow_cidrs) {
   for (size_t i = 0; i < allow_cidrs.size(); ++i) {
-    std::string why;
     auto where = "allow_cidrs[" + std::to_string(i) + "]: \"" + allow_cidrs[i] + "\": ";
-    auto c = parse_cidr(allow_cidrs[i], &why);
-    if (!c) throw std::invalid_argument(where + why);
+    auto c = parse_cidr(allow_cidrs[i]);
+    if (!c) throw std::invalid_argument(where + c.error().message);
     bool special = false;
     for (auto& r : special_ranges()) special |= c->overlaps(r.range);
     if (!special)
@@ -302,13 +289,13 @@ AddressPolicy::AddressPolicy(const std::vector<std::string>& allow_cidrs) {
   }
 }
 
-bool AddressPolicy::allows(const IpAddress& addr, std::string* why) const {
+base::Result<void> AddressPolicy::allows(const IpAddress& addr) const {
   IpAddress a = addr.unmapped();
   auto range = special_range(a);
-  if (!range) return true;
+  if (!range) return {};
   for (auto& c : allow_)
-    if (c.contains(a)) return true;
-  return set_why(why, a.text() + " is in " + *range + ", which network.allow_cidrs does not allow");
+    if (c.contains(a)) return {};
+  return base::fail(a.text() + " is in " + *range + ", which network.allow_cidrs does not allow");
 }
 
 // ---- DNS ----

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/result.hpp"
+
 namespace sbx::egress {
 
 /// A host as the policy compares it: lowercase A-labels (IDNA for Unicode names), no trailing
@@ -18,11 +20,11 @@ struct CanonicalHost {
   bool is_ip = false;
 };
 
-/// Canonicalizes a host from a request, a DNS question or a profile. Returns nullopt with `why`
-/// for anything that is not a plain host name or IP literal (empty labels, odd characters, an
+/// Canonicalizes a host from a request, a DNS question or a profile. The error says why for
+/// anything that is not a plain host name or IP literal (empty labels, odd characters, an
 /// all-numeric last label that is not a valid address, names longer than DNS allows, Unicode
 /// that IDNA refuses).
-std::optional<CanonicalHost> canonical_host(std::string_view raw, std::string* why = nullptr);
+base::Result<CanonicalHost> canonical_host(std::string_view raw);
 
 /// Allow and deny lists of exact names, IP literals and `*.suffix` patterns.
 class HostPolicy {
@@ -31,10 +33,10 @@ class HostPolicy {
   HostPolicy(const std::vector<std::string>& allow, const std::vector<std::string>& deny);
   HostPolicy() = default;
 
-  /// Whether `host` (canonical) may be reached; when not, `why` says which rule refused it.
+  /// Whether `host` (canonical) may be reached; when not, the error says which rule refused it.
   /// Deny wins; `*.x` matches names below x but not x itself; an IP literal matches only an
   /// identical IP entry.
-  bool allows(const CanonicalHost& host, std::string* why = nullptr) const;
+  base::Result<void> allows(const CanonicalHost& host) const;
 
  private:
   struct Pattern {
@@ -75,9 +77,9 @@ struct Cidr {
 };
 
 /// Parses a range strictly: the address part a plain literal, the length 0..32 or 0..128 in
-/// decimal, no host bits set (`why` then names the range meant), no IPv4-mapped IPv6 range (write
-/// the IPv4 one). nullopt with `why` for anything else.
-std::optional<Cidr> parse_cidr(std::string_view text, std::string* why = nullptr);
+/// decimal, no host bits set (the error then names the range meant), no IPv4-mapped IPv6 range
+/// (write the IPv4 one). The error says why for anything else.
+base::Result<Cidr> parse_cidr(std::string_view text);
 
 /// Where `a` is not a public unicast address, the special-purpose range it lies in and what that
 /// range is ("169.254.0.0/16 (link-local: cloud metadata services such as 169.254.169.254)");
@@ -96,8 +98,8 @@ class AddressPolicy {
   AddressPolicy() = default;
 
   /// Whether the broker may connect to `a` (IPv4-mapped addresses are read as their IPv4
-  /// address); when not, `why` names the address, its range and the missing allowance.
-  bool allows(const IpAddress& a, std::string* why = nullptr) const;
+  /// address); when not, the error names the address, its range and the missing allowance.
+  base::Result<void> allows(const IpAddress& a) const;
 
  private:
   std::vector<Cidr> allow_;

@@ -32,19 +32,19 @@ bool env_name_is_reserved(std::string_view name) {
   return false;
 }
 
-std::string env_name_refusal(std::string_view name) {
-  if (name.empty()) return "an environment variable name is not empty";
-  if (name.find('=') != std::string_view::npos) return "\"" + std::string(name) + "\": a name holds no '='";
-  if (name.find('\0') != std::string_view::npos) return "a name holds no NUL byte";
+base::Result<void> check_env_name(std::string_view name) {
+  if (name.empty()) return base::fail("an environment variable name is not empty");
+  if (name.find('=') != std::string_view::npos) return base::fail("\"" + std::string(name) + "\": a name holds no '='");
+  if (name.find('\0') != std::string_view::npos) return base::fail("a name holds no NUL byte");
   if (env_name_is_reserved(name))
-    return std::string(name) + " is the supervisor's own (it sets it for the agent, or keeps it from the agent)";
-  return "";
+    return base::fail(std::string(name) + " is the supervisor's own (it sets it for the agent, or keeps it from the agent)");
+  return {};
 }
 
 std::string parse_env_assignment(const std::string& arg) {
   auto eq = arg.find('=');
   std::string name = arg.substr(0, eq);
-  if (auto why = env_name_refusal(name); !why.empty()) throw std::invalid_argument("--env " + arg + ": " + why);
+  if (auto ok = check_env_name(name); !ok) throw std::invalid_argument("--env " + arg + ": " + ok.error().message);
   if (arg.find('\0') != std::string::npos) throw std::invalid_argument("--env: a value holds no NUL byte");
   if (eq != std::string::npos) return arg;
   const char* v = std::getenv(name.c_str());

@@ -9,16 +9,18 @@
 #include <string_view>
 #include <vector>
 
+#include "base/result.hpp"
+
 namespace sbx::profile {
 
 /// docker's default PATH, the agent's unless the profile or --env sets one.
 inline constexpr const char* kDefaultAgentPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Why `name` cannot be set in the agent's environment by a profile or --env, or "" when it can:
-/// empty, holds '=' or NUL, or is one the supervisor owns (SANDBOXER_TOKEN*, SANDBOXER_BOX,
+/// Whether `name` may be set in the agent's environment by a profile or --env; the error says why
+/// not: empty, holds '=' or NUL, or is one the supervisor owns (SANDBOXER_TOKEN*, SANDBOXER_BOX,
 /// SANDBOXER_BRANCH, SANDBOXER_WORKSPACE, SANDBOXER_CHANNEL_FD, SANDBOXER_RESUMED, SANDBOXER_SNAPSHOT).
-std::string env_name_refusal(std::string_view name);
-/// True for the names the supervisor sets or keeps to itself (see env_name_refusal).
+base::Result<void> check_env_name(std::string_view name);
+/// True for the names the supervisor sets or keeps to itself (see check_env_name).
 bool env_name_is_reserved(std::string_view name);
 
 /// Parses one `--env` value: "K=V", or "K" alone for K's value in `environ` (skipped, returning

@@ -270,9 +270,8 @@ Credential parse_credential(const json::value& v, const std::string& path) {
   if (c.scheme != "https") throw ProfileError(path + ".bind.scheme: only https (the secret never travels in clear)");
   auto* host = bf.get("host");
   if (!host) throw ProfileError(path + ".bind.host: required");
-  std::string why;
-  auto h = egress::canonical_host(as_string(*host, path + ".bind.host"), &why);
-  if (!h) throw ProfileError(path + ".bind.host: " + why);
+  auto h = egress::canonical_host(as_string(*host, path + ".bind.host"));
+  if (!h) throw ProfileError(path + ".bind.host: " + h.error().message);
   c.host = h->name;
   if (auto* x = bf.get("port")) c.port = static_cast<int>(as_int(*x, path + ".bind.port", 1, 65535));
   if (auto* x = bf.get("path_prefix")) c.path_prefix = as_string(*x, path + ".bind.path_prefix");
@@ -320,10 +319,10 @@ void check_network(const Profile& p) {
     throw ProfileError("credentials: need network.mode \"proxy\" (only the broker may hold them)");
   egress::HostPolicy policy(p.network.allow, p.network.deny);
   for (auto& c : p.credentials) {
-    std::string why;
     egress::CanonicalHost h{c.host, false};
     h.is_ip = egress::canonical_host(c.host)->is_ip;
-    policy.allows(h, &why);
+    auto ok = policy.allows(h);
+    std::string why = ok ? "" : ok.error().message;
     if (why.starts_with("denied")) throw ProfileError("credentials." + c.name + ".bind.host: " + c.host + " is " + why);
   }
 }
@@ -335,7 +334,7 @@ void parse_env(std::map<std::string, std::string>& env, const json::value& v) {
   if (!v.is_object()) throw ProfileError("env: expected an object of NAME: \"value\"");
   for (auto& kv : v.as_object()) {
     std::string name(kv.key());
-    if (auto why = env_name_refusal(name); !why.empty()) throw ProfileError("env." + name + ": " + why);
+    if (auto ok = check_env_name(name); !ok) throw ProfileError("env." + name + ": " + ok.error().message);
     if (kv.value().is_null()) {
       env.erase(name);
       continue;

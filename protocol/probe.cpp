@@ -25,7 +25,7 @@ int remaining_ms(Clock::time_point deadline) {
 
 }  // namespace
 
-std::optional<std::string> probe_websocket(const std::string& addr, int port, int timeout_ms) {
+base::Result<void> probe_websocket(const std::string& addr, int port, int timeout_ms) {
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   sockaddr_storage ss{};
   socklen_t len = 0;
@@ -39,19 +39,19 @@ std::optional<std::string> probe_websocket(const std::string& addr, int port, in
     a6->sin6_port = htons(static_cast<uint16_t>(port));
     len = sizeof *a6;
   } else {
-    return "address " + addr + ": not a numeric IPv4 or IPv6 address";
+    return base::fail("address " + addr + ": not a numeric IPv4 or IPv6 address");
   }
   os::UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (fd.get() < 0) return std::string("socket: ") + std::strerror(errno);
+  if (fd.get() < 0) return base::fail(std::string("socket: ") + std::strerror(errno));
   std::string where = host + ":" + std::to_string(port);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    if (errno != EINPROGRESS) return "connect " + where + ": " + std::strerror(errno);
+    if (errno != EINPROGRESS) return base::fail("connect " + where + ": " + std::strerror(errno));
     pollfd p{fd.get(), POLLOUT, 0};
-    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return "connect " + where + ": no answer in time";
+    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return base::fail("connect " + where + ": no answer in time");
     int err = 0;
     socklen_t el = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &el);
-    if (err) return "connect " + where + ": " + std::strerror(err);
+    if (err) return base::fail("connect " + where + ": " + std::strerror(err));
   }
   // An HTTP request, not WebSocket framing: the probe stops at the handshake's status line.
   std::string req = "GET / HTTP/1.1\r\nHost: " + where +
@@ -65,26 +65,26 @@ std::optional<std::string> probe_websocket(const std::string& addr, int port, in
       off += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return "send to " + where + ": " + std::strerror(errno);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return base::fail("send to " + where + ": " + std::strerror(errno));
     pollfd p{fd.get(), POLLOUT, 0};
-    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return "send to " + where + ": timed out";
+    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return base::fail("send to " + where + ": timed out");
   }
   std::string got;
   while (got.find("\r\n") == std::string::npos && got.size() < 512) {
     pollfd p{fd.get(), POLLIN, 0};
-    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return where + ": no HTTP answer in time";
+    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return base::fail(where + ": no HTTP answer in time");
     char buf[256];
     ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
-    if (n == 0) return where + ": closed without an answer";
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return "recv from " + where + ": " + std::strerror(errno);
+    if (n == 0) return base::fail(where + ": closed without an answer");
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return base::fail("recv from " + where + ": " + std::strerror(errno));
     if (n > 0) got.append(buf, static_cast<size_t>(n));
   }
   std::string status = got.substr(0, got.find("\r\n"));
   // 503: the server answers, with its unauthenticated slots full (anyone who reaches the port can
   // fill them): that is load, not a dead supervisor.
   if (status.starts_with("HTTP/1.1 101") || status.starts_with("HTTP/1.1 401") || status.starts_with("HTTP/1.1 503"))
-    return std::nullopt;
-  return where + " answered \"" + status + "\", not a WebSocket upgrade";
+    return {};
+  return base::fail(where + " answered \"" + status + "\", not a WebSocket upgrade");
 }
 
 }  // namespace sbx::protocol

@@ -132,7 +132,12 @@ HostCapabilities detect_capabilities(CommandProbe* criu) {
       while (ss >> one) c.controllers.push_back(boost::json::value(one));
     }
   }
-  c.namespaces = can_make_namespaces(&c.namespaces_why_not);
+  if (auto r = can_make_namespaces(); r) {
+    c.namespaces = true;
+  } else {
+    c.namespaces = false;
+    c.namespaces_why_not = r.error().message;
+  }
   c.seccomp = ::prctl(PR_GET_SECCOMP) >= 0;
   {
     long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);

@@ -478,16 +478,13 @@ os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
 }
 }  // namespace
 
-bool can_make_namespaces(std::string* why_not) {
+base::Result<void> can_make_namespaces() {
   pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
   if (pid == 0) ::_exit(0);
-  if (pid < 0) {
-    if (why_not) *why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
-    return false;
-  }
+  if (pid < 0) return base::sys_fail("clone(CLONE_NEWPID|CLONE_NEWNS)", errno);
   int st;
   ::waitpid(pid, &st, __WALL);
-  return true;
+  return {};
 }
 
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/result.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::sandbox {
@@ -93,7 +94,8 @@ struct LaunchedBranch {
 /// fail, and says why in `why_not`. The caller registers the pid with its reaper at once.
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec);
 
-/// Whether this process may create pid + mount namespaces (tried in a throwaway child).
-bool can_make_namespaces(std::string* why_not);
+/// Whether this process may create pid + mount namespaces (tried in a throwaway child); the
+/// error says why not.
+base::Result<void> can_make_namespaces();
 
 }  // namespace sbx::sandbox

@@ -11,16 +11,16 @@
 
 namespace sbx::supervisor {
 
-std::string Box::prepare_copy_network(sandbox::BranchSpec& spec) {
+base::Result<void> Box::prepare_copy_network(sandbox::BranchSpec& spec) {
   try {
     BranchNetwork::prepare(opts_.profile, spec);
-    return "";
+    return {};
   } catch (const std::exception& e) {
-    return std::string("network of the copy: ") + e.what();
+    return base::fail(std::string("network of the copy: ") + e.what());
   }
 }
 
-std::string Box::attach_copy_network(Branch& b, boost::json::array* env) {
+base::Result<void> Box::attach_copy_network(Branch& b, boost::json::array* env) {
   try {
     auto net = std::make_unique<BranchNetwork>(
         loop_, opts_.profile, b.launched, [this, name = b.name](boost::json::object e) { emit(name, std::move(e)); },
@@ -29,9 +29,9 @@ std::string Box::attach_copy_network(Branch& b, boost::json::array* env) {
     // A box started from an archive says in its box.started what its restored branch got.
     if (b.name == "main" && !pending_started_.empty()) pending_started_["network"] = net->describe();
     copy_networks_[b.name] = std::move(net);
-    return "";
+    return {};
   } catch (const std::exception& e) {
-    return std::string("network of the copy: ") + e.what();
+    return base::fail(std::string("network of the copy: ") + e.what());
   }
 }
 
@@ -53,31 +53,31 @@ boost::json::object Box::network_manifest() const {
   return o;
 }
 
-std::string Box::copy_network_refusal(const boost::json::object& manifest) const {
+base::Result<void> Box::copy_network_refusal(const boost::json::object& manifest) const {
   auto* v = manifest.if_contains("network");
-  if (!v || !v->is_object()) return "";  // an archive from before the field: nothing to compare
+  if (!v || !v->is_object()) return {};  // an archive from before the field: nothing to compare
   const auto& theirs = v->as_object();
   const auto& net = opts_.profile.network;
   std::string mode = theirs.contains("mode") && theirs.at("mode").is_string() ? std::string(theirs.at("mode").as_string()) : "";
   std::string mine = profile::network_mode_name(net.mode);
   if (mode != mine)
-    return "the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" + mine +
-           "\": its copy would not get the network it expects";
-  if (net.mode != profile::NetworkPolicy::Mode::Proxy) return "";
+    return base::fail("the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" + mine +
+           "\": its copy would not get the network it expects");
+  if (net.mode != profile::NetworkPolicy::Mode::Proxy) return {};
   auto* port = theirs.if_contains("proxy_port");
   if (port && port->is_int64() && port->as_int64() != net.proxy_port)
-    return "the snapshot's agent reaches its broker at 127.0.0.1:" + std::to_string(port->as_int64()) +
-           ", and this box's profile puts it at port " + std::to_string(net.proxy_port);
+    return base::fail("the snapshot's agent reaches its broker at 127.0.0.1:" + std::to_string(port->as_int64()) +
+                      ", and this box's profile puts it at port " + std::to_string(net.proxy_port));
   if (auto* creds = theirs.if_contains("credentials"); creds && creds->is_array())
     for (auto& c : creds->as_array()) {
       if (!c.is_string()) continue;
       bool found = false;
       for (auto& mine_c : opts_.profile.credentials) found |= mine_c.name == c.as_string();
       if (!found)
-        return "the snapshot's agent uses credential \"" + std::string(c.as_string()) +
-               "\", which this box's profile does not name";
+        return base::fail("the snapshot's agent uses credential \"" + std::string(c.as_string()) +
+                          "\", which this box's profile does not name");
     }
-  return "";
+  return {};
 }
 
 }  // namespace sbx::supervisor

@@ -46,15 +46,14 @@ Box::~Box() {
   copy_networks_.clear();
   signals_.reset();
   checkpointer_.reset();
+  // The branches' handles close now, so that the loop's last turn below frees them.
   for (auto& [n, b] : branches_) {
-    for (auto* poll : {reinterpret_cast<uv_poll_t*>(b->reports), b->channel})
-      if (poll) uv_close(reinterpret_cast<uv_handle_t*>(poll), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
-    if (b->drain_timer)
-      uv_close(reinterpret_cast<uv_handle_t*>(b->drain_timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+    b->reports.reset();
+    b->channel.reset();
+    b->drain_timer.reset();
   }
   procs_.clear();
-  for (auto* t : {kill_timer_})
-    if (t) uv_close(reinterpret_cast<uv_handle_t*>(t), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  kill_timer_.reset();
   uv_run(loop_, UV_RUN_NOWAIT);
 }
 
@@ -89,12 +88,11 @@ void Box::shutdown(int64_t grace_ms) {
   maybe_finish();
   // Backstop: ns-init does the grace period itself; if it has not ended its branch by then
   // (stopped, wedged), killing it ends its whole pid namespace.
-  kill_timer_ = new uv_timer_t;
-  uv_timer_init(loop_, kill_timer_);
+  kill_timer_ = loop::make_timer(loop_);
   kill_timer_->data = this;
   uv_timer_start(
-      kill_timer_,
-      [](uv_timer_t* t) {
+      kill_timer_.get(),
+      [](uv_timer_t* t) noexcept {
         auto* self = static_cast<Box*>(t->data);
         for (auto& [n, b] : self->branches_)
           if (!b->ns_init_reaped) {
@@ -460,35 +458,42 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
   Proc& p = *proc;
   procs_[proc_key(b->name, proc->id)] = std::move(proc);
 
-  auto* poll = new uv_poll_t;
-  b->reports = reinterpret_cast<uv_pipe_t*>(poll);
-  uv_poll_init(loop_, poll, b->launched.reports.get());
-  poll->data = bp;
+  if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, b->launched.reports.get())) {
+    b->reports = std::move(*poll);
+    b->reports->data = bp;
+  } else {
+    log()->error("watch the reports of branch {}: {}", b->name, poll.error().message);
+  }
   if (b->launched.chan_req) {
-    b->channel = new uv_poll_t;
-    uv_poll_init(loop_, b->channel, b->launched.chan_req.get());
-    b->channel->data = bp;
+    if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, b->launched.chan_req.get())) {
+      b->channel = std::move(*poll);
+      b->channel->data = bp;
+    } else {
+      log()->error("watch the agent channel of branch {}: {}", b->name, poll.error().message);
+    }
   }
   branches_[b->name] = std::move(b);
   if (running) start_readers(*bp, p);
   // A copy that finished restoring while the box stops ends with the others.
   if (shutting_down_) send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
 
-  uv_poll_start(poll, UV_READABLE, [](uv_poll_t* h, int, int) {
-    auto* br = static_cast<Branch*>(h->data);
-    auto* box = static_cast<Box*>(h->loop->data);
-    if (!read_available(br->launched.reports.get(), br->pending)) uv_poll_stop(h);
-    for_each_line(br->pending, [&](const boost::json::object* o) {
-      if (!o) return;
-      try {
-        box->on_report(*br, *o);
-      } catch (const std::exception& e) {
-        log()->error("report from branch {}: {}", br->name, e.what());
-      }
+  if (bp->reports) {
+    uv_poll_start(bp->reports.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
+      auto* br = static_cast<Branch*>(h->data);
+      auto* box = static_cast<Box*>(h->loop->data);
+      if (!read_available(br->launched.reports.get(), br->pending)) uv_poll_stop(h);
+      for_each_line(br->pending, [&](const boost::json::object* o) {
+        if (!o) return;
+        try {
+          box->on_report(*br, *o);
+        } catch (const std::exception& e) {
+          log()->error("report from branch {}: {}", br->name, e.what());
+        }
+      });
     });
-  });
+  }
   if (bp->channel) {
-    uv_poll_start(bp->channel, UV_READABLE, [](uv_poll_t* h, int, int) {
+    uv_poll_start(bp->channel.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
       auto* br = static_cast<Branch*>(h->data);
       auto* box = static_cast<Box*>(h->loop->data);
       if (!read_available(br->launched.chan_req.get(), br->chan_pending)) uv_poll_stop(h);
@@ -523,17 +528,18 @@ void Box::on_branch_exit(Branch& b, int st) {
     on_report(b, {{"ev", "spawn_failed"}, {"error", "ns-init exited before starting the agent"}});
   }
   // A process that escaped the tree may still hold the pipes: stop waiting after a moment.
-  if (!b.drain_timer) {
-    b.drain_timer = new uv_timer_t;
-    uv_timer_init(loop_, b.drain_timer);
-  }
+  if (!b.drain_timer) b.drain_timer = loop::make_timer(loop_);
   b.drain_timer->data = &p;
   uv_timer_start(
-      b.drain_timer,
-      [](uv_timer_t* t) {
+      b.drain_timer.get(),
+      [](uv_timer_t* t) noexcept {
         auto* p = static_cast<Proc*>(t->data);
-        if (p->out) p->out->close();
-        if (p->err) p->err->close();
+        try {
+          if (p->out) p->out->close();
+          if (p->err) p->err->close();
+        } catch (const std::exception& e) {
+          log()->error("stop reading the output of {}: {}", p->id, e.what());
+        }
       },
       2000, 0);
   maybe_proc_exited(p);

@@ -13,7 +13,9 @@
 
 #include "sandbox/capabilities.hpp"
 #include "archive/archive.hpp"
+#include "base/result.hpp"
 #include "journal/journal.hpp"
+#include "loop/uv-handle.hpp"
 #include "sandbox/launcher.hpp"
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
@@ -103,7 +105,7 @@ struct Proc {
 struct Branch {
   std::string name;
   sandbox::LaunchedBranch launched;
-  uv_pipe_t* reports = nullptr;
+  loop::UvHandle<uv_poll_t> reports;  // ns-init's reports, read on the loop
   std::string pending;
   bool ns_init_reaped = false;
   int ns_init_status = 0;
@@ -115,10 +117,10 @@ struct Branch {
   std::string parent, snapshot;
   int index = 0;
   // The agent channel: requests read on the loop, replies written back.
-  uv_poll_t* channel = nullptr;
+  loop::UvHandle<uv_poll_t> channel;
   std::string chan_pending;
   int64_t chan_inflight = -1;  // id of a channel request being served (checkpoint), else -1
-  uv_timer_t* drain_timer = nullptr;
+  loop::UvHandle<uv_timer_t> drain_timer;
   bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
   bool busy = false;        // a checkpoint of it is under way
   std::string ended_by;     // "checkpoint" when a checkpoint ended it
@@ -246,7 +248,7 @@ class Box {
   std::map<std::string, std::unique_ptr<Branch>> branches_;
   std::map<std::string, std::unique_ptr<Proc>> procs_;
   bool shutting_down_ = false;
-  uv_timer_t* kill_timer_ = nullptr;   // backstop when a branch outlives its grace period
+  loop::UvHandle<uv_timer_t> kill_timer_;  // backstop when a branch outlives its grace period
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;
@@ -258,16 +260,16 @@ class Box {
 
   // box-network.cpp: the network of a restored or forked copy (the checkpointer's hooks).
   /// Before a cold copy's launch: its network namespace and resolv.conf, as the original's.
-  std::string prepare_copy_network(sandbox::BranchSpec& spec);
+  base::Result<void> prepare_copy_network(sandbox::BranchSpec& spec);
   /// Before a copy runs: loopback in its namespace and, for `proxy`, a broker of its own at the
   /// same in-namespace address and port as the original's (a restored agent's memory holds that
   /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
-  /// Returns what failed, or "".
-  std::string attach_copy_network(Branch& b, boost::json::array* env = nullptr);
+  base::Result<void> attach_copy_network(Branch& b, boost::json::array* env = nullptr);
   /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
   boost::json::object network_manifest() const;
-  /// Why this box cannot give a live copy of `manifest` the network its agent expects, or "".
-  std::string copy_network_refusal(const boost::json::object& manifest) const;
+  /// Whether this box can give a live copy of `manifest` the network its agent expects; the
+  /// error says why not.
+  base::Result<void> copy_network_refusal(const boost::json::object& manifest) const;
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
   /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
   sandbox::BranchSpec branch_spec(const std::string& name) const;

@@ -58,8 +58,8 @@ int health_main(const std::string& path) {
     std::cout << "healthy: the supervisor (pid " << *pid << ") runs; it serves no WebSocket API\n";
     return 0;
   }
-  if (auto err = protocol::probe_websocket(*addr, static_cast<int>(*port), 2000)) {
-    std::cout << "unhealthy: " << *err << "\n";
+  if (auto r = protocol::probe_websocket(*addr, static_cast<int>(*port), 2000); !r) {
+    std::cout << "unhealthy: " << r.error().message << "\n";
     return 1;
   }
   std::cout << "healthy: the WebSocket API on " << *addr << ":" << *port << " answers\n";

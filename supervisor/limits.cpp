@@ -16,26 +16,10 @@ constexpr uint64_t kTickMs = 100;
 // CPU time below this since the last activity is the kernel's bookkeeping, not work.
 constexpr int64_t kIdleCpuUs = 2000;
 
-template <class H>
-void close_handle(H*& h) {
-  if (!h) return;
-  uv_close(reinterpret_cast<uv_handle_t*>(h), [](uv_handle_t* x) { delete reinterpret_cast<H*>(x); });
-  h = nullptr;
-}
-
 }  // namespace
 
 LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb)
     : loop_(loop), cg_(cg && !cg->empty() ? cg : nullptr), r_(r), cb_(std::move(cb)) {}
-
-LimitsWatcher::~LimitsWatcher() {
-  close_handle(tick_);
-  close_handle(timeout_);
-  if (oom_poll_) uv_poll_stop(oom_poll_);
-  close_handle(oom_poll_);
-  if (warn_poll_) uv_poll_stop(warn_poll_);
-  close_handle(warn_poll_);
-}
 
 void LimitsWatcher::start() {
   last_activity_ = static_cast<int64_t>(uv_now(loop_));
@@ -46,48 +30,53 @@ void LimitsWatcher::start() {
       // v1: the kernel tells us about each OOM through an eventfd; v2 is read on the tick.
       if (auto fd = cg_->oom_eventfd()) {
         oom_fd_ = std::move(*fd);
-        oom_poll_ = new uv_poll_t;
-        uv_poll_init(loop_, oom_poll_, oom_fd_.get());
-        oom_poll_->data = this;
-        uv_poll_start(oom_poll_, UV_READABLE, [](uv_poll_t* h, int, int) {
-          static_cast<LimitsWatcher*>(h->data)->on_oom_event();
-        });
+        if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, oom_fd_.get())) {
+          oom_poll_ = std::move(*poll);
+          oom_poll_->data = this;
+          uv_poll_start(oom_poll_.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
+            static_cast<LimitsWatcher*>(h->data)->on_oom_event();
+          });
+        } else {
+          log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", poll.error().message);
+        }
       } else {
         log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", fd.error().message());
       }
       if (r_.memory > 0) {
         if (auto fd = cg_->memory_threshold_eventfd(r_.memory / 10 * 9)) {
           warn_fd_ = std::move(*fd);
-          warn_poll_ = new uv_poll_t;
-          uv_poll_init(loop_, warn_poll_, warn_fd_.get());
-          warn_poll_->data = this;
-          uv_poll_start(warn_poll_, UV_READABLE, [](uv_poll_t* h, int, int) {
-            auto* self = static_cast<LimitsWatcher*>(h->data);
-            uint64_t n;
-            (void)!::read(self->warn_fd_.get(), &n, sizeof n);
-            self->tick();
-          });
+          if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, warn_fd_.get())) {
+            warn_poll_ = std::move(*poll);
+            warn_poll_->data = this;
+            uv_poll_start(warn_poll_.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
+              auto* self = static_cast<LimitsWatcher*>(h->data);
+              uint64_t n;
+              (void)!::read(self->warn_fd_.get(), &n, sizeof n);
+              self->tick();
+            });
+          } else {
+            log()->warn("watch the memory of the branch's group: {} (read on the tick instead)", poll.error().message);
+          }
         }
       }
     }
   }
-  tick_ = new uv_timer_t;
-  uv_timer_init(loop_, tick_);
+  tick_ = loop::make_timer(loop_);
   tick_->data = this;
-  uv_timer_start(tick_, [](uv_timer_t* t) { static_cast<LimitsWatcher*>(t->data)->tick(); }, kTickMs, kTickMs);
+  uv_timer_start(tick_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->tick(); }, kTickMs,
+                 kTickMs);
   if (r_.timeout_ms > 0) {
-    timeout_ = new uv_timer_t;
-    uv_timer_init(loop_, timeout_);
+    timeout_ = loop::make_timer(loop_);
     timeout_->data = this;
-    uv_timer_start(timeout_, [](uv_timer_t* t) { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
+    uv_timer_start(timeout_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
                    static_cast<uint64_t>(r_.timeout_ms), 0);
   }
 }
 
 void LimitsWatcher::stop() noexcept {
   stopped_ = true;
-  if (tick_) uv_timer_stop(tick_);
-  if (timeout_) uv_timer_stop(timeout_);
+  if (tick_) uv_timer_stop(tick_.get());
+  if (timeout_) uv_timer_stop(timeout_.get());
 }
 
 void LimitsWatcher::on_output() noexcept { last_activity_ = static_cast<int64_t>(uv_now(loop_)); }
@@ -99,12 +88,22 @@ void LimitsWatcher::end(const std::string& reason, bool now) {
   if (cb_.end_tree) cb_.end_tree(reason, now);
 }
 
-void LimitsWatcher::on_timeout() noexcept { end("timeout", false); }
+void LimitsWatcher::on_timeout() noexcept {
+  try {
+    end("timeout", false);
+  } catch (const std::exception& e) {
+    log()->error("limits timeout: {}", e.what());
+  }
+}
 
 void LimitsWatcher::on_oom_event() noexcept {
   uint64_t n;
   (void)!::read(oom_fd_.get(), &n, sizeof n);
-  check_oom();
+  try {
+    check_oom();
+  } catch (const std::exception& e) {
+    log()->error("limits OOM event: {}", e.what());
+  }
 }
 
 void LimitsWatcher::check_oom() const {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "loop/uv-handle.hpp"
 #include "os/cgroup.hpp"
 #include "profile/profile.hpp"
 
@@ -26,7 +27,6 @@ class LimitsWatcher {
 
   /// `cg` may be null (no cgroup on this host): then only the timers run.
   LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb);
-  ~LimitsWatcher();
   LimitsWatcher(const LimitsWatcher&) = delete;
   LimitsWatcher& operator=(const LimitsWatcher&) = delete;
 
@@ -55,12 +55,13 @@ class LimitsWatcher {
   const os::CgroupDir* cg_;
   profile::Profile::Resources r_;
   Callbacks cb_;
-  uv_timer_t* tick_ = nullptr;
-  uv_timer_t* timeout_ = nullptr;
-  uv_poll_t* oom_poll_ = nullptr;
+  // The fds before the polls that watch them: a poll is closed before its fd.
   os::UniqueFd oom_fd_;
-  uv_poll_t* warn_poll_ = nullptr;  // v1: memory crossed 90 % (the tick checks it as well)
   os::UniqueFd warn_fd_;
+  loop::UvHandle<uv_timer_t> tick_;
+  loop::UvHandle<uv_timer_t> timeout_;
+  loop::UvHandle<uv_poll_t> oom_poll_;
+  loop::UvHandle<uv_poll_t> warn_poll_;  // v1: memory crossed 90 % (the tick checks it as well)
   mutable int64_t oom_kills_ = 0;
   bool mem_warned_ = false;
   int64_t pids_events_ = 0;

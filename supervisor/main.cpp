@@ -33,24 +33,23 @@ std::string default_state_root() {
 // The archive keys (checkpoint/signing.hpp): the signing key (given, else the user's pair, made on
 // first use), masked from the agent with the user's key dir; the trusted keys; the size bound.
 bool load_keys(const InitOptions& o, BoxOptions& bo) {
-  std::string err;
   std::string signing = o.signing_key;
   std::string user_dir = sbx::archive::user_key_dir();
-  std::optional<sbx::archive::SigningKey> key;
+  std::optional<sbx::base::Result<sbx::archive::SigningKey>> made;
   if (signing.empty()) {
-    if (auto p = sbx::archive::ensure_user_key(user_dir, err)) {
+    if (auto p = sbx::archive::ensure_user_key(user_dir)) {
       signing = *p;
     } else {
       // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
       // still restore; another box trusts them only when given its key, which nobody has.
       spdlog::warn("the user's archive key: {}; this box signs with a key of its own (give one with "
-                   "--signing-key FILE)", err);
-      key = sbx::archive::SigningKey::generate(err);
+                   "--signing-key FILE)", p.error().message);
+      made = sbx::archive::SigningKey::generate();
     }
   }
-  if (!key) key = sbx::archive::SigningKey::load(signing, err);
+  auto key = made && *made ? std::move(*made) : sbx::archive::SigningKey::load(signing);
   if (!key) {
-    spdlog::critical("--signing-key {}", err);
+    spdlog::critical("--signing-key {}", key.error().message);
     return false;
   }
   bo.signing_key = std::make_shared<const sbx::archive::SigningKey>(std::move(*key));
@@ -60,9 +59,9 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
   struct stat st {};
   if (::stat(user_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) bo.masks.push_back(user_dir);
   for (auto& f : o.trust_keys) {
-    auto pub = sbx::archive::load_trust_key(f, err);
+    auto pub = sbx::archive::load_trust_key(f);
     if (!pub) {
-      spdlog::critical("--trust-key {}", err);
+      spdlog::critical("--trust-key {}", pub.error().message);
       return false;
     }
     bo.trust_keys.push_back(*pub);

@@ -12,8 +12,12 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
+#include "base/result.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -22,15 +26,11 @@ namespace {
 
 struct NsSockets {
   os::UniqueFd tcp, udp, dns_tcp;
-  std::string error;  // the failing step, empty on success
 };
 
-os::UniqueFd bound_socket(int type, int port, std::string& error) {
+base::Result<os::UniqueFd> bound_socket(int type, int port) {
   os::UniqueFd s(::socket(AF_INET, type | SOCK_CLOEXEC, 0));
-  if (!s) {
-    error = std::string("socket: ") + std::strerror(errno);
-    return {};
-  }
+  if (!s) return base::sys_fail("socket", errno);
   int one = 1;
   ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
@@ -38,45 +38,51 @@ os::UniqueFd bound_socket(int type, int port, std::string& error) {
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    error = "bind 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
-    return {};
+    int e = errno;
+    return base::sys_fail("bind 127.0.0.1:" + std::to_string(port), e);
   }
-  if (type == SOCK_STREAM && ::listen(s.get(), 128) != 0) {
-    error = std::string("listen: ") + std::strerror(errno);
-    return {};
-  }
+  if (type == SOCK_STREAM && ::listen(s.get(), 128) != 0) return base::sys_fail("listen", errno);
   return s;
 }
 
-// Runs on a thread of its own, which alone enters the branch's network namespace and ends.
-NsSockets setup_in_netns(pid_t pid, bool proxy, int port) {
+// Loopback up and, for `proxy`, the broker's sockets, in the network namespace the calling
+// thread has entered.
+base::Result<NsSockets> sockets_in_netns(bool proxy, int port) {
+  os::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (!s || ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return base::sys_fail("read the flags of lo", errno);
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return base::sys_fail("bring up lo", errno);
   NsSockets out;
+  if (!proxy) return out;
+  auto tcp = bound_socket(SOCK_STREAM, port);
+  if (!tcp) return tcp.error();
+  auto udp = bound_socket(SOCK_DGRAM, 53);
+  if (!udp) return udp.error();
+  auto dns_tcp = bound_socket(SOCK_STREAM, 53);
+  if (!dns_tcp) return dns_tcp.error();
+  out.tcp = std::move(*tcp);
+  out.udp = std::move(*udp);
+  out.dns_tcp = std::move(*dns_tcp);
+  return out;
+}
+
+// Runs on a thread of its own, which alone enters the branch's network namespace and ends.
+base::Result<NsSockets> setup_in_netns(pid_t pid, bool proxy, int port) {
+  std::optional<base::Result<NsSockets>> out;
   std::thread t([&] {
     std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
     os::UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) {
-      out.error = "enter the network namespace of " + path + ": " + std::strerror(errno);
+      int e = errno;
+      out = base::sys_fail("enter the network namespace of " + path, e);
       return;
     }
-    os::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    ifreq ifr{};
-    std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-    if (!s || ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) {
-      out.error = std::string("read the flags of lo: ") + std::strerror(errno);
-      return;
-    }
-    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-    if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) {
-      out.error = std::string("bring up lo: ") + std::strerror(errno);
-      return;
-    }
-    if (!proxy) return;
-    out.tcp = bound_socket(SOCK_STREAM, port, out.error);
-    if (out.tcp) out.udp = bound_socket(SOCK_DGRAM, 53, out.error);
-    if (out.udp) out.dns_tcp = bound_socket(SOCK_STREAM, 53, out.error);
+    out = sockets_in_netns(proxy, port);
   });
   t.join();
-  return out;
+  return std::move(*out);
 }
 
 bool env_key_is(std::string_view kv, std::string_view key, bool any_case = false) {
@@ -145,37 +151,46 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
     for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
   }
   auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);
-  if (!socks.error.empty()) throw std::runtime_error("network of the branch: " + socks.error);
+  if (!socks) throw std::runtime_error("network of the branch: " + socks.error().message);
   if (!proxy) return;
 
-  async_ = new uv_async_t;
-  uv_async_init(loop, async_, [](uv_async_t* a) { static_cast<BranchNetwork*>(a->data)->drain(); });
+  auto async = loop::UvHandle<uv_async_t>::make(loop, uv_async_init, [](uv_async_t* a) noexcept {
+    if (auto* self = static_cast<BranchNetwork*>(a->data)) self->drain();
+  });
+  if (!async) throw std::runtime_error("network of the branch: " + async.error().message);
+  async_ = std::move(*async);
   async_->data = this;
-  broker_ = std::make_unique<broker::Broker>(std::move(cfg), std::move(socks.tcp), std::move(socks.udp), [this](boost::json::object e) {
+  broker_ = std::make_unique<broker::Broker>(std::move(cfg), std::move(socks->tcp), std::move(socks->udp), [this](boost::json::object e) {
     {
       std::lock_guard lk(mu_);
       if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
       queue_.push_back(std::move(e));
     }
-    uv_async_send(async_);
-  }, std::move(socks.dns_tcp));
+    uv_async_send(async_.get());
+  }, std::move(socks->dns_tcp));
 }
 
 BranchNetwork::~BranchNetwork() {
   broker_.reset();
   if (async_) {
     drain();
-    uv_close(reinterpret_cast<uv_handle_t*>(async_), [](uv_handle_t* h) { delete reinterpret_cast<uv_async_t*>(h); });
+    async_.reset();
   }
 }
 
-void BranchNetwork::drain() {
+void BranchNetwork::drain() noexcept {
   std::vector<boost::json::object> q;
   {
     std::lock_guard lk(mu_);
     q.swap(queue_);
   }
-  for (auto& e : q) emit_(std::move(e));
+  // Called from the loop's async callback: an event that cannot be written is logged and
+  // dropped, and the broker goes on.
+  try {
+    for (auto& e : q) emit_(std::move(e));
+  } catch (const std::exception& e) {
+    spdlog::error("record the broker's events: {}", e.what());
+  }
 }
 
 void BranchNetwork::edit_env(boost::json::array& env) const {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "broker/broker.hpp"
+#include "loop/uv-handle.hpp"
 #include "sandbox/launcher.hpp"
 #include "profile/profile.hpp"
 
@@ -50,11 +51,11 @@ class BranchNetwork {
   boost::json::object describe() const;
 
  private:
-  void drain();
+  void drain() noexcept;
 
   const profile::Profile& profile_;
   Emit emit_;
-  uv_async_t* async_ = nullptr;
+  loop::UvHandle<uv_async_t> async_;
   std::mutex mu_;
   std::vector<boost::json::object> queue_;
   std::unique_ptr<broker::Broker> broker_;

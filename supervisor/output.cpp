@@ -71,26 +71,22 @@ void OutputDecoder::scan_lines(std::string_view bytes) {
 }
 
 OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decoder, std::function<void()> on_eof)
-    : pipe_(new uv_pipe_t), decoder_(std::move(decoder)), on_eof_(std::move(on_eof)) {
-  uv_pipe_init(loop, pipe_, 0);
+    : pipe_(std::move(loop::UvHandle<uv_pipe_t>::make(loop, uv_pipe_init, 0).value())),
+      decoder_(std::move(decoder)),
+      on_eof_(std::move(on_eof)) {
   pipe_->data = this;
-  if (int rc = uv_pipe_open(pipe_, fd.release()); rc != 0) {
+  if (int rc = uv_pipe_open(pipe_.get(), fd.release()); rc != 0) {
     spdlog::error("watch output pipe: {}", uv_strerror(rc));
     done_ = true;
     return;
   }
   buf_.resize(64 * 1024);
-  uv_read_start(reinterpret_cast<uv_stream_t*>(pipe_), on_alloc, on_read);
-}
-
-OutputReader::~OutputReader() {
-  pipe_->data = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(pipe_), [](uv_handle_t* h) { delete reinterpret_cast<uv_pipe_t*>(h); });
+  uv_read_start(pipe_.stream(), on_alloc, on_read);
 }
 
 void OutputReader::close() {
   if (done_) return;
-  uv_read_stop(reinterpret_cast<uv_stream_t*>(pipe_));
+  uv_read_stop(pipe_.stream());
   done_ = true;
   decoder_.finish();
   if (on_eof_) on_eof_();

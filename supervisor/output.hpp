@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 
+#include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::supervisor {
@@ -37,7 +38,6 @@ class OutputDecoder {
 class OutputReader {
  public:
   OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decoder, std::function<void()> on_eof);
-  ~OutputReader();
   OutputReader(const OutputReader&) = delete;
   OutputReader& operator=(const OutputReader&) = delete;
   bool done() const noexcept { return done_; }
@@ -47,7 +47,7 @@ class OutputReader {
  private:
   static void on_alloc(uv_handle_t*, size_t, uv_buf_t*) noexcept;
   static void on_read(uv_stream_t*, ssize_t, const uv_buf_t*) noexcept;
-  uv_pipe_t* pipe_;
+  loop::UvHandle<uv_pipe_t> pipe_;
   OutputDecoder decoder_;
   std::function<void()> on_eof_;
   std::string buf_;

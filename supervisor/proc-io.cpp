@@ -4,20 +4,20 @@
 
 #include <cerrno>
 
+#include <spdlog/spdlog.h>
+
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
 
 InputWriter::InputWriter(uv_loop_t* loop, os::UniqueFd fd) : fd_(std::move(fd)) {
   (void)os::set_nonblocking(fd_.get());
-  poll_ = new uv_poll_t;
-  uv_poll_init(loop, poll_, fd_.get());
-  poll_->data = this;
-}
-
-InputWriter::~InputWriter() {
-  poll_->data = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+  if (auto poll = loop::UvHandle<uv_poll_t>::make(loop, uv_poll_init, fd_.get())) {
+    poll_ = std::move(*poll);
+    poll_->data = this;
+  } else {
+    spdlog::warn("watch the input of a process: {}", poll.error().message);
+  }
 }
 
 bool InputWriter::write(std::string_view data) {
@@ -42,9 +42,9 @@ void InputWriter::flush() {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
-      if (!polling_) {
+      if (!polling_ && poll_) {
         polling_ = true;
-        uv_poll_start(poll_, UV_WRITABLE, on_writable);
+        uv_poll_start(poll_.get(), UV_WRITABLE, on_writable);
       }
       return;
     }
@@ -54,10 +54,10 @@ void InputWriter::flush() {
   }
   if (polling_) {
     polling_ = false;
-    uv_poll_stop(poll_);
+    uv_poll_stop(poll_.get());
   }
   if (eof_ && fd_) {
-    uv_poll_stop(poll_);
+    if (poll_) uv_poll_stop(poll_.get());
     fd_.reset();
   }
 }
@@ -67,25 +67,22 @@ void InputWriter::on_writable(uv_poll_t* p, int, int) noexcept {
   if (self) self->flush();
 }
 
-ProcIo::~ProcIo() {
-  if (timer_) {
-    timer_->data = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(timer_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
-  }
-}
-
 void ProcIo::after(uint64_t ms, std::function<void()> fn) {
   fn_ = std::move(fn);
   if (!timer_) {
-    timer_ = new uv_timer_t;
-    uv_timer_init(loop_, timer_);
+    timer_ = loop::make_timer(loop_);
     timer_->data = this;
   }
   uv_timer_start(
-      timer_,
-      [](uv_timer_t* t) {
+      timer_.get(),
+      [](uv_timer_t* t) noexcept {
         auto* self = static_cast<ProcIo*>(t->data);
-        if (self && self->fn_) self->fn_();
+        if (!self || !self->fn_) return;
+        try {
+          self->fn_();
+        } catch (const std::exception& e) {
+          spdlog::error("wait for the output of a process: {}", e.what());
+        }
       },
       ms, 0);
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::supervisor {
@@ -16,7 +17,6 @@ class InputWriter {
  public:
   static constexpr size_t kMaxPending = 16u << 20;
   InputWriter(uv_loop_t* loop, os::UniqueFd fd);
-  ~InputWriter();
   InputWriter(const InputWriter&) = delete;
   InputWriter& operator=(const InputWriter&) = delete;
   /// False when the buffer would exceed kMaxPending or the input is closed.
@@ -30,7 +30,7 @@ class InputWriter {
   void flush();
   static void on_writable(uv_poll_t* p, int status, int events) noexcept;
   os::UniqueFd fd_;
-  uv_poll_t* poll_ = nullptr;
+  loop::UvHandle<uv_poll_t> poll_;  // empty when the fd cannot be polled: then nothing waits
   std::string pending_;
   bool eof_ = false;
   bool polling_ = false;
@@ -39,7 +39,6 @@ class InputWriter {
 class ProcIo {
  public:
   explicit ProcIo(uv_loop_t* loop) : loop_(loop) {}
-  ~ProcIo();
   ProcIo(const ProcIo&) = delete;
   ProcIo& operator=(const ProcIo&) = delete;
 
@@ -53,7 +52,7 @@ class ProcIo {
 
  private:
   uv_loop_t* loop_;
-  uv_timer_t* timer_ = nullptr;
+  loop::UvHandle<uv_timer_t> timer_;
   std::function<void()> fn_;
 };
 

@@ -18,7 +18,6 @@ class Reaper {
   /// Collects every exited child (WNOHANG loop); call on SIGCHLD.
   void reap();
   size_t orphans_reaped() const noexcept { return orphans_; }
-  bool watching(pid_t pid) const { return watched_.contains(pid); }
 
  private:
   std::unordered_map<pid_t, OnExit> watched_;

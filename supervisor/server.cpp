@@ -15,6 +15,7 @@
 #include <optional>
 #include <string_view>
 
+#include "loop/uv-handle.hpp"
 #include "os/sys.hpp"
 #include "protocol/protocol.hpp"
 #include "supervisor/box.hpp"
@@ -101,7 +102,7 @@ struct Server::Impl {
   int unauthenticated = 0;  // clients that have not authenticated yet (opts.max_unauthenticated)
   bool draining = false;
   std::function<void()> drained;
-  uv_timer_t* drain_timer = nullptr;
+  loop::UvHandle<uv_timer_t> drain_timer;
 
   Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
 
@@ -699,10 +700,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts) : impl_(std::make_
 
 Server::~Server() {
   impl_->box.journal().remove_listener(impl_->listener);
-  if (impl_->drain_timer) {
-    uv_timer_stop(impl_->drain_timer);
-    uv_close(reinterpret_cast<uv_handle_t*>(impl_->drain_timer), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
-  }
+  impl_->drain_timer.reset();
   if (impl_->ctx) {
     lws_context_destroy(impl_->ctx);
     // The libuv glue closes its handles asynchronously: let the loop finish them.
@@ -726,11 +724,10 @@ void Server::drain(std::function<void()> done) {
     }
     m.close_with(*c, 1001, "box ended");
   }
-  m.drain_timer = new uv_timer_t;
-  uv_timer_init(m.loop, m.drain_timer);
+  m.drain_timer = loop::make_timer(m.loop);
   m.drain_timer->data = &m;
   uv_timer_start(
-      m.drain_timer,
+      m.drain_timer.get(),
       [](uv_timer_t* t) {
         auto* self = static_cast<Impl*>(t->data);
         if (self->drained) {

@@ -10,21 +10,21 @@
 namespace sbx::supervisor {
 
 SignalSource::SignalSource(uv_loop_t* loop, Handler h)
-    : fd_(::signalfd(-1, &os::handled_signals(), SFD_NONBLOCK | SFD_CLOEXEC)), poll_(new uv_poll_t), handler_(std::move(h)) {
+    : fd_(::signalfd(-1, &os::handled_signals(), SFD_NONBLOCK | SFD_CLOEXEC)), handler_(std::move(h)) {
   // SIGPIPE is in the set only so that a write to a closed pipe returns EPIPE instead of
   // killing the supervisor; it is read and dropped.
   if (!fd_) {
     spdlog::critical("signalfd: {}", std::strerror(errno));
     std::abort();
   }
-  uv_poll_init(loop, poll_, fd_.get());
+  auto poll = loop::UvHandle<uv_poll_t>::make(loop, uv_poll_init, fd_.get());
+  if (!poll) {
+    spdlog::critical("watch the signalfd: {}", poll.error().message);
+    std::abort();
+  }
+  poll_ = std::move(*poll);
   poll_->data = this;
-  uv_poll_start(poll_, UV_READABLE, on_readable);
-}
-
-SignalSource::~SignalSource() {
-  uv_poll_stop(poll_);
-  uv_close(reinterpret_cast<uv_handle_t*>(poll_), [](uv_handle_t* h) { delete reinterpret_cast<uv_poll_t*>(h); });
+  uv_poll_start(poll_.get(), UV_READABLE, on_readable);
 }
 
 void SignalSource::on_readable(uv_poll_t* p, int, int) noexcept {

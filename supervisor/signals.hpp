@@ -8,6 +8,7 @@
 
 #include <functional>
 
+#include "loop/uv-handle.hpp"
 #include "os/signal-mask.hpp"
 #include "os/unique-fd.hpp"
 
@@ -17,14 +18,13 @@ class SignalSource {
  public:
   using Handler = std::function<void(const struct signalfd_siginfo&)>;
   SignalSource(uv_loop_t* loop, Handler h);
-  ~SignalSource();
   SignalSource(const SignalSource&) = delete;
   SignalSource& operator=(const SignalSource&) = delete;
 
  private:
   static void on_readable(uv_poll_t* p, int status, int events) noexcept;
   os::UniqueFd fd_;
-  uv_poll_t* poll_;
+  loop::UvHandle<uv_poll_t> poll_;
   Handler handler_;
 };
 

@@ -119,12 +119,11 @@ boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
   return {{"box", boxo}, {"branches", branches}, {"procs", procs}};
 }
 
-MetricsTimer::MetricsTimer(Box& box, uv_loop_t* loop, uint64_t every_ms) : box_(box), timer_(new uv_timer_t) {
-  uv_timer_init(loop, timer_);
+MetricsTimer::MetricsTimer(Box& box, uv_loop_t* loop, uint64_t every_ms) : box_(box), timer_(loop::make_timer(loop)) {
   timer_->data = this;
   uv_timer_start(
-      timer_,
-      [](uv_timer_t* t) {
+      timer_.get(),
+      [](uv_timer_t* t) noexcept {
         auto* self = static_cast<MetricsTimer*>(t->data);
         if (!self) return;
         try {
@@ -136,11 +135,6 @@ MetricsTimer::MetricsTimer(Box& box, uv_loop_t* loop, uint64_t every_ms) : box_(
         }
       },
       every_ms, every_ms);
-}
-
-MetricsTimer::~MetricsTimer() {
-  timer_->data = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(timer_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
 }
 
 }  // namespace sbx::supervisor

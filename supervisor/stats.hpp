@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "loop/uv-handle.hpp"
+
 namespace sbx::supervisor {
 
 class Box;
@@ -31,13 +33,12 @@ boost::json::object collect_stats(const Box& box, uint64_t* memory_peak);
 class MetricsTimer {
  public:
   MetricsTimer(Box& box, uv_loop_t* loop, uint64_t every_ms);
-  ~MetricsTimer();
   MetricsTimer(const MetricsTimer&) = delete;
   MetricsTimer& operator=(const MetricsTimer&) = delete;
 
  private:
   Box& box_;
-  uv_timer_t* timer_;
+  loop::UvHandle<uv_timer_t> timer_;
   uint64_t peak_ = 0;
 };
 

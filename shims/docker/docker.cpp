@@ -253,9 +253,9 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   std::string signing_key = o.signing_key;
   std::vector<std::string> trust_keys = o.trust_keys;
   if (signing_key.empty()) {
-    std::string err, dir = archive::user_key_dir();
-    auto k = archive::ensure_user_key(dir, err);
-    if (!k) throw std::runtime_error("the archive signing key: " + err);
+    std::string dir = archive::user_key_dir();
+    auto k = archive::ensure_user_key(dir);
+    if (!k) throw std::runtime_error("the archive signing key: " + k.error().message);
     signing_key = *k;
     trust_keys.push_back(dir + "/signing.pub");
   }
@@ -324,7 +324,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto next_state_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
   for (;;) {
-    if (!protocol::probe_websocket("127.0.0.1", port, 500)) break;
+    if (protocol::probe_websocket("127.0.0.1", port, 500)) break;
     if (auto now = std::chrono::steady_clock::now(); now > next_state_check || now > deadline) {
       next_state_check = now + std::chrono::milliseconds(400);
       auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});

@@ -29,16 +29,15 @@ const AddressPolicy& addresses() {
 
 // A host through canonicalisation and the allow list; a canonical name must be a fixed point.
 void check_host(std::string_view raw) {
-  std::string why;
-  auto h = canonical_host(raw, &why);
+  auto h = canonical_host(raw);
   if (!h) return;
   auto again = canonical_host(h->name);
   if (!again || again->name != h->name || again->is_ip != h->is_ip) __builtin_trap();
-  (void)policy().allows(*h, &why);
+  (void)policy().allows(*h);
   if (h->is_ip) {
     auto a = IpAddress::parse(h->name);
     if (!a) __builtin_trap();  // canonical_host's address is one the address policy reads
-    (void)addresses().allows(*a, &why);
+    (void)addresses().allows(*a);
   }
 }
 
@@ -85,8 +84,7 @@ void check_dns(std::string_view msg) {
 }
 
 void check_addresses(std::string_view text) {
-  std::string why;
-  if (auto c = parse_cidr(text.substr(0, 64), &why)) {
+  if (auto c = parse_cidr(text.substr(0, 64))) {
     auto again = parse_cidr(c->text());
     if (!again || again->text() != c->text() || !c->contains(c->net)) __builtin_trap();
   }

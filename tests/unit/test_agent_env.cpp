@@ -59,10 +59,10 @@ TEST_CASE("agent env: --env-inherit starts from ours, never with the token") {
 }
 
 TEST_CASE("agent env: names the supervisor owns are refused, with the reason") {
-  CHECK(profile::env_name_refusal("FOO").empty());
-  CHECK(profile::env_name_refusal("SANDBOXER_TOKEN_FILE").find("supervisor's own") != std::string::npos);
-  CHECK(profile::env_name_refusal("SANDBOXER_BRANCH").find("supervisor's own") != std::string::npos);
-  CHECK(profile::env_name_refusal("").find("not empty") != std::string::npos);
+  CHECK(profile::check_env_name("FOO").has_value());
+  CHECK(profile::check_env_name("SANDBOXER_TOKEN_FILE").error().message.find("supervisor's own") != std::string::npos);
+  CHECK(profile::check_env_name("SANDBOXER_BRANCH").error().message.find("supervisor's own") != std::string::npos);
+  CHECK(profile::check_env_name("").error().message.find("not empty") != std::string::npos);
   CHECK_THROWS_WITH_AS(profile::parse_env_assignment("SANDBOXER_BOX=x"), doctest::Contains("SANDBOXER_BOX is the supervisor's own"),
                        std::invalid_argument);
   CHECK_THROWS_AS(profile::parse_env_assignment("=x"), std::invalid_argument);

@@ -312,16 +312,14 @@ Subscription::Subscription(uv_loop_t* loop, Endpoint ep, uint64_t since, std::op
                            EventFn on_event, EndFn on_end)
     : loop_(loop), ep_(std::move(ep)), last_(since), branch_(std::move(branch)), on_event_(std::move(on_event)),
       on_end_(std::move(on_end)) {
-  retry_ = new uv_timer_t;
-  uv_timer_init(loop_, retry_);
+  retry_ = loop::make_timer(loop_);
   retry_->data = this;
   start();
 }
 
 Subscription::~Subscription() {
   stopped_ = true;
-  retry_->data = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(retry_), [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+  retry_.reset();
   client_.reset();
 }
 
@@ -344,7 +342,7 @@ void Subscription::start() {
   auto again = [this](uint64_t delay_ms) {
     // A new connection from a timer: the old one is torn down outside its own callbacks.
     uv_timer_start(
-        retry_,
+        retry_.get(),
         [](uv_timer_t* t) {
           auto* self = static_cast<Subscription*>(t->data);
           if (!self || self->stopped_) return;

@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "loop/uv-handle.hpp"
+
 namespace sbx::sdk {
 
 /// Where a box is and how to prove we may talk to it.
@@ -87,7 +89,7 @@ class Subscription {
   EventFn on_event_;
   EndFn on_end_;
   std::unique_ptr<Client> client_;
-  uv_timer_t* retry_ = nullptr;
+  loop::UvHandle<uv_timer_t> retry_;
   int failures_ = 0;
   bool stopped_ = false;
 };
