@@ -145,8 +145,8 @@ struct Checkpointer::CheckpointOp {
   std::string note;  // why files only
   std::string work;  // snapshots/.work-X: payload/{criu,fs}, logs
   std::string by;    // the branch whose agent channel asked, or "" (the operator)
-  pid_t ns_pid = -1;
-  os::UniqueFd tree_fd;  // a pidfd of ns_pid: the tree is stopped, continued, killed through it
+  pid_t ns_init_pid = -1;  // the branch's ns-init (the root of its tree), in the supervisor's pid namespace
+  os::UniqueFd tree_fd;    // a pidfd of ns_init_pid: the tree is stopped, continued, killed through it
   pid_t criu = -1;       // criu dumping it, until the reaper collects it
   bool stopped = false;  // the tree is stopped by us and not continued yet
   double t0 = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
@@ -256,7 +256,7 @@ void Checkpointer::write_branch_json(const Box& box, const Branch& b, const std:
 void Checkpointer::continue_op(CheckpointOp& op) {
   if (!op.stopped) return;
   op.stopped = false;
-  continue_tree(op.ns_pid, op.tree_fd.get());
+  continue_tree(op.ns_init_pid, op.tree_fd.get());
 }
 
 void Checkpointer::on_shutdown() {
@@ -387,7 +387,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   ++ops_;
   ++checkpoints_;
   b.busy = true;
-  op->ns_pid = b.launched.pid;
+  op->ns_init_pid = b.launched.pid;
   op->t0 = now_ms();
   dumping_.push_back(op);
 
@@ -417,7 +417,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   op->stopped = true;  // from here until continue_op(), on every path
   if (!op->live) {
     // Files only, but still at one instant: the tree is stopped while its layer is copied.
-    (void)stop_tree(op->ns_pid, op->tree_fd.get());
+    (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
     op->t_stopped = op->t_dumped = now_ms();
     snapshot_layer(op);
     return;
@@ -426,7 +426,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
   // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
   // original would lose its live connections.
-  if (!stop_tree(op->ns_pid, op->tree_fd.get())) {
+  if (!stop_tree(op->ns_init_pid, op->tree_fd.get())) {
     continue_op(*op);
     b.busy = false;
     checkpoint_failed(op, "busy", "could not stop every process of branch \"" + branch + "\" within 0.4 s");
@@ -435,7 +435,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   op->t_stopped = now_ms();
   CriuRun run;
   run.args = {"dump",
-              "--tree", std::to_string(op->ns_pid),
+              "--tree", std::to_string(op->ns_init_pid),
               "--images-dir", op->work + "/payload/criu",
               "--work-dir", op->work + "/logs",
               "--log-file", "dump.log",
@@ -460,7 +460,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
     checkpoint_failed(op, "criu", "start criu: " + pid.error().message());
     return;
   }
-  log()->info("dump branch {} (ns-init {}): criu {}", branch, op->ns_pid, *pid);
+  log()->info("dump branch {} (ns-init {}): criu {}", branch, op->ns_init_pid, *pid);
   op->criu = *pid;
   box_.reaper_.watch(*pid, [this, op](pid_t, int st) {
     op->criu = -1;
@@ -497,7 +497,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   // The agent's /tmp is one of two directories: the upper layer of its /tmp overlay
   // (launcher.cpp), or, where there is no overlay (a live copy, a host without overlay), tmp/
   // itself. Exactly that one is its /tmp in the snapshot: two sources never go into one place.
-  bool overlay = tmp_is_overlay(op->ns_pid);
+  bool overlay = tmp_is_overlay(op->ns_init_pid);
   offload(
       [op, src, overlay] {
         for (const char* d : sandbox::kLayerDirs) {
@@ -521,7 +521,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
             // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
             // whole tree. A flat one is not: every process of the tree goes.
             if (b.launched.namespaced) (void)os::pidfd_signal(op->tree_fd.get(), SIGKILL);
-            else kill_tree(op->ns_pid, op->tree_fd.get());
+            else kill_tree(op->ns_init_pid, op->tree_fd.get());
           }
         }
         continue_op(*op);
@@ -683,9 +683,13 @@ void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
 
 std::string Checkpointer::next_branch_name() {
   for (;;) {
-    std::string n = "f" + std::to_string(next_copy_++);
+    // Built by appending: GCC 12 at -O3 reports a false -Wrestrict on "f" + std::to_string(n).
+    std::string n = "f";
+    n.append(std::to_string(next_copy_++));
+    std::string dir = box_.opts_.state_dir;
+    dir.append("/branches/").append(n);
     struct stat st {};
-    if (!box_.branches_.contains(n) && ::stat((box_.opts_.state_dir + "/branches/" + n).c_str(), &st) != 0) return n;
+    if (!box_.branches_.contains(n) && ::stat(dir.c_str(), &st) != 0) return n;
   }
 }
 

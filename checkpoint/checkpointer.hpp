@@ -88,7 +88,6 @@ class Checkpointer {
   struct CheckpointOp;
   struct RestoreOp;
   void offload(std::function<void()> work, std::function<void()> after);
-  void finish_checkpoint(std::shared_ptr<CheckpointOp> op);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
   void continue_op(CheckpointOp& op);

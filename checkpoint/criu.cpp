@@ -126,8 +126,6 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   while (r < 0 && errno == EINTR);
   if (r == sizeof e) {
     // The child failed before exec and exits at once; the reaper collects it like any child.
-    static const char* steps[] = {"", "unshare(CLONE_NEWNET)", "bring the loopback up", "exec criu"};
-    (void)steps;
     return boost::system::error_code(e[1], boost::system::system_category());
   }
   return pid;
