@@ -20,6 +20,7 @@
 #include "archive/archive.hpp"
 #include "checkpoint/criu.hpp"
 #include "sandbox/launcher.hpp"
+#include "sandbox/ns-init.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
@@ -859,15 +860,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
             res["error"] = e;
             return copy_done(op, index, std::move(res));
           }
-          json::array argv;
-          for (auto& a : br.argv) argv.emplace_back(a);
-          box_.send_request(br, {{"argv", argv},
-                                 {"env", env},
-                                 {"cwd", cwd},
-                                 {"grace_ms", box_.opts_.profile.resources.grace_ms},
-                                 {"policy", sandbox::policy_to_json(
-                                                box_.opts_.profile, box_.caps_.landlock_abi,
-                                                sandbox::shares_host_network(box_.opts_.profile, br.launched.namespaced))}});
+          box_.send_request(br, sandbox::ns_init_config(br.argv, std::move(env), cwd, box_.opts_.profile,
+                                                        box_.caps_.landlock_abi, br.launched.namespaced));
           br.launched.in.reset();
           Branch& added = box_.add_branch(std::move(*b), false);
           box_.start_watcher(added);

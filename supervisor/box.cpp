@@ -15,6 +15,7 @@
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
+#include "sandbox/ns-init.hpp"
 #include "supervisor/proc-io.hpp"
 #include "supervisor/server.hpp"
 #include "supervisor/stats.hpp"
@@ -346,19 +347,12 @@ void Box::start() {
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   b->cwd = workdir;
   checkpoint::Checkpointer::write_branch_json(*this, *b, spec.dir);
-  boost::json::array argv;
-  for (auto& a : opts_.argv) argv.emplace_back(a);
   boost::json::array env = agent_env(*b, spec.dir);
   network_->edit_env(env);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  boost::json::object config{{"argv", argv},
-                             {"env", env},
-                             {"cwd", workdir},
-                             {"grace_ms", opts_.profile.resources.grace_ms},
-                             {"policy", sandbox::policy_to_json(opts_.profile, caps_.landlock_abi,
-                                                        sandbox::shares_host_network(opts_.profile, b->launched.namespaced))}};
-  send_request(*b, config);
+  send_request(*b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi,
+                                           b->launched.namespaced));
   b->launched.in.reset();  // the main agent's stdin is empty
 
   Branch& bp = add_branch(std::move(b), false);
