@@ -290,7 +290,7 @@ void Box::start() {
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
   sandbox::CommandProbe criu_probe({"criu", "--version"});
   caps_ = sandbox::detect_capabilities();
-  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(*this);
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
 
   boost::json::object caps;
   std::string why_not;
@@ -346,7 +346,7 @@ void Box::start() {
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   b->cwd = workdir;
-  checkpoint::Checkpointer::write_branch_json(*this, *b, spec.dir);
+  checkpoint::write_branch_json(id_, b->name, b->lineage, spec.dir);
   boost::json::array env = agent_env(*b, spec.dir);
   network_->edit_env(env);
   agent_env_ = env;
@@ -560,7 +560,7 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
     return;
   }
   if (*op == "whoami") {
-    boost::json::object r = checkpoint::Checkpointer::identity(*this, b);
+    boost::json::object r = checkpoint::identity(id_, b.name, b.lineage);
     r["ok"] = true;
     reply(std::move(r));
   } else if (*op == "event") {
@@ -623,7 +623,7 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
     }, bname);
   } else if (*op == "snapshot.list") {
     // The channel sees the snapshots it may restore (checkpoint/README.md, "The agent channel").
-    reply({{"ok", true}, {"snapshots", checkpointer_->list_for(b)}});
+    reply({{"ok", true}, {"snapshots", checkpointer_->list_for(b.name, b.lineage)}});
   } else if (*op == "snapshot.delete" || *op == "restore") {
     auto* v = req.if_contains(*op == "restore" ? "snapshot" : "id");
     if (!v || !v->is_string()) {
@@ -634,7 +634,7 @@ void Box::on_channel(Branch& b, const boost::json::object& req) {
       return;
     }
     std::string snap(v->as_string());
-    if (auto refusal = checkpointer_->channel_refusal(b, snap, *op == "snapshot.delete")) {
+    if (auto refusal = checkpointer_->channel_refusal(b.name, b.lineage, snap, *op == "snapshot.delete")) {
       log()->warn("agent channel of branch {}: {} {}: {}", b.name, std::string(op->as_string()), snap,
                   std::string(refusal->at("error").at("message").as_string()));
       return reply(std::move(*refusal));
@@ -677,7 +677,12 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
 std::optional<std::string> Box::snapshot_archive(const std::string& id, std::string& err) const {
-  return checkpointer_->archive_path(id, err);
+  auto path = checkpointer_->archive_path(id);
+  if (!path) {
+    err = path.error().message;
+    return std::nullopt;
+  }
+  return *path;
 }
 
 std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }
