@@ -394,8 +394,11 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
           struct stat st {};
           if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
           // Overlay whiteouts (devices) are left out of the copy.
-          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d, op->error);
-          if (!r) return;
+          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d);
+          if (!r) {
+            op->error = r.error().message;
+            return;
+          }
           op->fs_bytes += *r;
         }
         op->image_bytes = os::tree_bytes(op->work + "/payload/criu");
@@ -428,7 +431,9 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   std::string tmp = op->work + "/archive.tar.zst";
   offload(
       [op, tmp, key = settings_.signing_key] {
-        op->info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get(), op->error);
+        auto info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get());
+        if (info) op->info = std::move(*info);
+        else op->error = info.error().message;
       },
       [this, op, tmp] {
         op->t_compressed = now_ms();

@@ -73,14 +73,12 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
                                             const archive::ImportPolicy& policy) {
   auto bad = [](std::string msg) { return base::fail(std::move(msg), "bad_snapshot"); };
   // The id is the archive's content hash: check it before reading anything out of it.
-  std::string err;
-  auto sha = archive::sha256_file(base + ".tar.zst", err);
-  if (!sha) return bad(err);
+  auto sha = archive::sha256_file(base + ".tar.zst");
+  if (!sha) return bad(sha.error().message);
   if (sha->substr(0, 16) != id.substr(2)) return bad("the archive of " + id + " is corrupted: its sha256 is " + *sha);
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
-  bool untrusted = false;
-  auto x = archive::extract_archive(base + ".tar.zst", tmp, policy, err, &untrusted);
-  if (!x) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
+  auto x = archive::extract_archive(base + ".tar.zst", tmp, policy);
+  if (!x) return x.error();
   json::object m = std::move(x->manifest);
   m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}
                              : json::object{{"trusted", false}, {"why", x->why_untrusted}};
@@ -111,7 +109,8 @@ void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
   std::string base = snap_dir_ + "/" + id;
   if (auto m = complete_manifest(base + ".d")) return fn(std::move(*m));
   struct stat st {};
-  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return fn(base::fail("no snapshot \"" + id + "\"", "bad_snapshot"));
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0)
+    return fn(base::fail("no snapshot \"" + id + "\"", "bad_snapshot"));
   auto result = std::make_shared<base::Result<json::object>>(base::fail("", "bad_snapshot"));
   offload([base, id, result, policy = policy_] { *result = extract_snapshot(base, id, policy); },
           [result, fn] { fn(std::move(*result)); });
@@ -178,7 +177,8 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     std::string why;
     std::optional<std::string> refuse;
     if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
-    else refuse = archive::incompatibility(checked, host_.criu_version(), image_id_);
+    else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
+      refuse = r.error().message;
     if (!refuse && mode == "live")
       if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
     // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
@@ -199,22 +199,18 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
 namespace {
 
 // Copies an extracted snapshot's layer (src/fs/...) into a copy's dir. The workspace is there
-// already, mounted with the parent's disk ceiling and owner. Runs on the thread pool; `err` says
-// what failed.
-void copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live,
-                std::string& err) {
-  if (auto r = os::make_dirs(dir, 0755); !r) {
-    err = "create " + dir + ": " + r.error().message();
-    return;
-  }
+// already, mounted with the parent's disk ceiling and owner. Runs on the thread pool.
+base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live) {
+  if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
   for (const char* d : sandbox::kLayerDirs) {
     struct stat st {};
     if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
     bool into = std::string_view(d) == "workspace";
-    if (!(into ? os::copy_tree_into : os::copy_tree)(src + "/fs/" + d, dir + "/" + d, err)) return;
+    if (auto r = (into ? os::copy_tree_into : os::copy_tree)(src + "/fs/" + d, dir + "/" + d); !r) return r.error();
   }
   // A cold copy gets the /tmp overlay again: its files go to the upper layer.
-  if (!live && !os::copy_tree(src + "/fs/tmp", dir + "/tmp-upper", err)) return;
+  if (!live)
+    if (auto r = os::copy_tree(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
   // A live copy's /tmp is a directory of its own (not the original's overlay): the mount points
   // of the masks criu restores below /tmp must exist in it.
   for (auto& v : masks) {
@@ -234,6 +230,7 @@ void copy_layer(const std::string& src, const std::string& dir, const json::arra
       log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
     }
   }
+  return {};
 }
 
 }  // namespace
@@ -268,7 +265,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   std::string src = snap_dir_ + "/" + op->snapshot + ".d";
   offload(
       [src, dir = job->dir, err, masks, live = op->live] {
-        if (err->empty()) copy_layer(src, dir, masks, live, *err);
+        if (!err->empty()) return;
+        if (auto r = copy_layer(src, dir, masks, live); !r) *err = r.error().message;
       },
       [this, job, err] {
         job->t_copied = now_ms();
@@ -305,7 +303,8 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
   auto& res = job->result;
   res["mode"] = "cold";
   res["proc"] = s.main_proc;
-  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)}, {"restore", round_ms(now_ms() - job->t_copied)}};
+  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)},
+                       {"restore", round_ms(now_ms() - job->t_copied)}};
   copy_done(job->op, std::move(res));
 }
 
@@ -402,7 +401,8 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   res["mode"] = "live";
   res["proc"] = s.main_proc;
   res["pid"] = root;
-  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)}, {"restore", round_ms(now_ms() - job->t_copied)}};
+  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)},
+                       {"restore", round_ms(now_ms() - job->t_copied)}};
   copy_done(job->op, std::move(res));
 }
 
@@ -466,7 +466,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
   offload([path, tmp, err] {
             // The operator's path may be a symlink (copy_tree follows none): resolved here.
             std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
-            (void)os::copy_tree(real ? real.get() : path, tmp, *err);
+            if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
           },
           [this, err, tmp, path] {
             auto fail = [this](const std::string& msg) {

@@ -176,8 +176,11 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
       [tmp, dir, st] {
         struct stat sb {};
         if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
-        auto sha = archive::sha256_file(tmp, st->err);
-        if (!sha) return;
+        auto sha = archive::sha256_file(tmp);
+        if (!sha) {
+          st->err = sha.error().message;
+          return;
+        }
         st->id = "s-" + sha->substr(0, 16);
         std::string dst = dir + "/" + st->id + ".tar.zst";
         // Filed under its id without replacing anything: a second import of the same archive

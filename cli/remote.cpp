@@ -413,11 +413,11 @@ int cmd_export(const std::vector<std::string>& args_in) {
     return 1;
   }
   // The id is the start of the archive's sha256: check what arrived against it.
-  std::string err;
-  auto sha = archive::sha256_file(part, err);
+  auto sha = archive::sha256_file(part);
   if (!sha || "s-" + sha->substr(0, 16) != args[1]) {
     ::unlink(part.c_str());
-    std::cerr << "sandboxer export: " << (sha ? "the archive received does not hash to " + args[1] : err) << "\n";
+    std::cerr << "sandboxer export: " << (sha ? "the archive received does not hash to " + args[1] : sha.error().message)
+              << "\n";
     return 1;
   }
   if (::rename(part.c_str(), args[2].c_str()) != 0) {
