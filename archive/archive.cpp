@@ -196,25 +196,19 @@ void walk(const fs::path& root, const fs::path& rel, std::vector<fs::path>& out)
 
 }  // namespace
 
-std::optional<std::string> sha256_file(const std::string& path, std::string& err) {
+base::Result<std::string> sha256_file(const std::string& path) {
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    err = "open " + path + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (!fd) return base::fail("open " + path + ": " + std::strerror(errno));
   Sha256 sha;
   std::vector<char> buf(1 << 20);
   for (;;) {
     ssize_t n = ::read(fd.get(), buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      err = "read " + path + ": " + std::strerror(errno);
-      return std::nullopt;
-    }
+    if (n < 0) return base::fail("read " + path + ": " + std::strerror(errno));
     if (n == 0) break;
     sha.update(buf.data(), static_cast<size_t>(n));
   }
-  return sha.hex();
+  return {boost::system::in_place_value, sha.hex()};  // (an Error could be made of a string too)
 }
 
 namespace {
@@ -245,8 +239,11 @@ bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::
       p.target.assign(target, static_cast<size_t>(n));
       files[rel.string()] = {{"type", "symlink"}, {"target", p.target}};
     } else if (S_ISREG(p.st.st_mode)) {
-      auto sha = sha256_file(full, err);
-      if (!sha) return false;
+      auto sha = sha256_file(full);
+      if (!sha) {
+        err = sha.error().message;
+        return false;
+      }
       p.sha = *sha;
       raw += static_cast<uint64_t>(p.st.st_size);
       files[rel.string()] = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
@@ -314,21 +311,21 @@ std::string write_payload_entry(struct archive* a, const std::string& src_dir, c
 
 }  // namespace
 
-std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
-                                         const std::string& dst, int level, const SigningKey* key,
-                                         std::string& err) {
+base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
+                                        const std::string& dst, int level, const SigningKey* key) {
+  std::string err;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
   json::object files;
   uint64_t raw = 0;
-  if (!plan_payload(src_dir, plan, files, raw, err)) return std::nullopt;
+  if (!plan_payload(src_dir, plan, files, raw, err)) return base::fail(err);
   manifest["files"] = std::move(files);
   manifest["raw_bytes"] = raw;
   std::string text = json::serialize(manifest) + "\n";
   std::string signature;
   if (key) {
     std::string sig = key->sign(text, err);
-    if (sig.empty()) return std::nullopt;
+    if (sig.empty()) return base::fail(err);
     signature = json::serialize(json::object{{"alg", "ed25519"},
                                              {"key", key->public_key().fingerprint()},
                                              {"public_key", base::base64_encode(key->public_key().raw)},
@@ -338,16 +335,10 @@ std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json
 
   Sink sink;
   os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!out) {
-    err = "create " + dst + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (!out) return base::fail("create " + dst + ": " + std::strerror(errno));
   sink.fd = out.get();
   sink.z = ZSTD_createCCtx();
-  if (!sink.z) {
-    err = "start the archive: no memory for a zstd context";
-    return std::nullopt;
-  }
+  if (!sink.z) return base::fail("start the archive: no memory for a zstd context");
   ZSTD_CCtx_setParameter(sink.z, ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(sink.z, ZSTD_c_checksumFlag, 1);
   (void)ZSTD_CCtx_setParameter(sink.z, ZSTD_c_nbWorkers, 2);  // a libzstd without threads says no: fine
@@ -355,16 +346,13 @@ std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json
   archive_write_set_format_pax_restricted(a.get());
   archive_write_set_bytes_per_block(a.get(), 1 << 20);
   archive_write_set_bytes_in_last_block(a.get(), 1);
-  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK) {
-    err = std::string("start the archive: ") + archive_error_string(a.get());
-    return std::nullopt;
-  }
+  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK) return base::fail(std::string("start the archive: ") + archive_error_string(a.get()));
   auto fail = [&](const std::string& what) {
-    err = what + ": " + (sink.error             ? std::strerror(sink.error)
-                         : !sink.zerror.empty() ? "zstd: " + sink.zerror
-                                                : std::string(archive_error_string(a.get())));
+    auto e = base::fail(what + ": " + (sink.error             ? std::strerror(sink.error)
+                                       : !sink.zerror.empty() ? "zstd: " + sink.zerror
+                                                              : std::string(archive_error_string(a.get()))));
     ::unlink(dst.c_str());
-    return std::nullopt;
+    return e;
   };
   if (!write_blob(a.get(), "manifest.json", text)) return fail("write manifest.json");
   if (key && !write_blob(a.get(), "signature.json", signature)) return fail("write signature.json");
@@ -372,18 +360,14 @@ std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json
   for (auto& p : plan) {
     if (auto why = write_payload_entry(a.get(), src_dir, p, buf); !why.empty()) {
       if (why != "archive") {
-        err = why;
         ::unlink(dst.c_str());
-        return std::nullopt;
+        return base::fail(why);
       }
       return fail("write " + p.rel.string());
     }
   }
   if (archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
-  if (::fsync(out.get()) != 0) {
-    err = "fsync " + dst + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
   return ArchiveInfo{sink.sha.hex(), raw + text.size() + signature.size(), sink.bytes};
 }
 
@@ -752,12 +736,13 @@ bool Extractor::finish() {
 
 }  // namespace
 
-std::optional<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
-                                         const ImportPolicy& policy, std::string& err, bool* untrusted) {
-  if (untrusted) *untrusted = false;
-  err.clear();
+base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy) {
+  std::string err;
+  bool untrusted = false;
   Extractor x(policy, err);
-  return x.run(src, dst_dir, untrusted);
+  auto r = x.run(src, dst_dir, &untrusted);
+  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
+  return std::move(*r);
 }
 
 std::optional<std::string> read_image_id(const std::string& path) {
@@ -771,9 +756,9 @@ std::optional<std::string> read_image_id(const std::string& path) {
   return std::string(id->as_string());
 }
 
-std::optional<std::string> incompatibility(const boost::json::object& manifest,
-                                           const std::optional<std::string>& criu_here,
-                                           const std::optional<std::string>& image_here) {
+base::Result<void> incompatibility(const boost::json::object& manifest, const std::optional<std::string>& criu_here,
+                                   const std::optional<std::string>& image_here) {
+  auto refuse = [](std::string why) { return base::fail(std::move(why), "incompatible"); };
   auto text = [&](const char* key) -> std::optional<std::string> {
     auto* v = manifest.if_contains(key);
     if (!v || !v->is_string()) return std::nullopt;
@@ -781,15 +766,15 @@ std::optional<std::string> incompatibility(const boost::json::object& manifest,
   };
   auto image = text("image");
   if (image && image_here && *image != *image_here)
-    return "the snapshot was made in image " + *image + ", this box runs image " + *image_here +
-           ": a live copy needs the same files and libraries under it";
+    return refuse("the snapshot was made in image " + *image + ", this box runs image " + *image_here +
+                  ": a live copy needs the same files and libraries under it");
   if (text("mode").value_or("fs") == "live") {
     auto criu = text("criu").value_or("(unknown)");
-    if (!criu_here) return "the snapshot is live (criu " + criu + ") and this box has no criu";
+    if (!criu_here) return refuse("the snapshot is live (criu " + criu + ") and this box has no criu");
     if (criu != *criu_here)
-      return "the snapshot was made with criu " + criu + ", this box has criu " + *criu_here;
+      return refuse("the snapshot was made with criu " + criu + ", this box has criu " + *criu_here);
   }
-  return std::nullopt;
+  return {};
 }
 
 bool valid_snapshot_id(std::string_view id) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "archive/signing.hpp"
+#include "base/result.hpp"
 
 namespace sbx::archive {
 
@@ -45,13 +46,12 @@ struct ArchiveInfo {
 
 /// Writes `manifest` (with "files" added: every dir, regular file and symlink under `src_dir`),
 /// its signature by `key` (none when null: an unsigned archive), then those entries, to `dst` as
-/// tar + zstd. Returns nullopt and sets `err` on failure.
-std::optional<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
-                                         const std::string& dst, int level, const SigningKey* key,
-                                         std::string& err);
+/// tar + zstd; or what failed.
+base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
+                                        const std::string& dst, int level, const SigningKey* key);
 
-/// The sha256 of a file, as lowercase hex; nullopt (and `err`) when it cannot be read.
-std::optional<std::string> sha256_file(const std::string& path, std::string& err);
+/// The sha256 of a file, as lowercase hex, or why it cannot be read.
+base::Result<std::string> sha256_file(const std::string& path);
 
 /// Extracts `src` into `dst_dir` (which must not exist; it is created 0700): the manifest and its
 /// signature first (refused, before any payload byte is written, when no key of `policy`
@@ -59,10 +59,9 @@ std::optional<std::string> sha256_file(const std::string& path, std::string& err
 /// (listed, same type, size and sha256) beneath a directory fd with no symlink followed
 /// (symlinks are made last), no hard links, devices, absolute or `..` paths, and the expansion
 /// bounded by the manifest's sizes and policy.max_bytes. On any failure the partial directory is
-/// removed and `err` says what was wrong; `*untrusted` (if given) says whether the signature was.
-std::optional<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
-                                         const ImportPolicy& policy, std::string& err,
-                                         bool* untrusted = nullptr);
+/// removed and the error says what was wrong; its code is "untrusted" when no trusted key signed
+/// the archive, else "bad_snapshot".
+base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy);
 
 /// Where an image says who it is (images/write-image-json): {"id": "sha256:...", "version", ...}.
 inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";
@@ -71,13 +70,12 @@ inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";
 /// has no string "id".
 std::optional<std::string> read_image_id(const std::string& path = kImageJson);
 
-/// Why a snapshot with this manifest cannot be restored here, or nullopt when it can: a live
-/// snapshot needs the same criu version as the one that dumped it (`criu_here` is nullopt where
+/// Whether a snapshot with this manifest can be restored here, else why not (code "incompatible"):
+/// a live snapshot needs the same criu version as the one that dumped it (`criu_here` is nullopt where
 /// there is no criu); any snapshot needs the same image, when both its manifest and this box
 /// know their image id (a snapshot from a plain host, or a box outside an image, carries null).
-std::optional<std::string> incompatibility(const boost::json::object& manifest,
-                                           const std::optional<std::string>& criu_here,
-                                           const std::optional<std::string>& image_here);
+base::Result<void> incompatibility(const boost::json::object& manifest, const std::optional<std::string>& criu_here,
+                                   const std::optional<std::string>& image_here);
 
 /// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).
 bool valid_snapshot_id(std::string_view id);

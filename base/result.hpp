@@ -16,7 +16,10 @@ struct source_location;
 namespace sbx::base {
 
 struct Error {
-  std::string message;       // "<operation> <object>: <reason>", never a secret
+  Error() = default;
+  // Explicit, so that a Result<std::string> never takes a string for its error.
+  explicit Error(std::string m, std::string c = "failed") : message(std::move(m)), code(std::move(c)) {}
+  std::string message;          // "<operation> <object>: <reason>", never a secret
   std::string code = "failed";  // stable, for programs: bad_request, not_found, untrusted, ...
 };
 

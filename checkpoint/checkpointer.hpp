@@ -1,8 +1,14 @@
 #pragma once
 // Checkpoint, restore and fork of a box's branches: criu for memory and processes, a copy of
 // the branch's writable layer for files, taken while the tree is stopped so both agree; one
-// archive per checkpoint (archive.hpp). Owned by the Box; everything runs on the Box's loop,
-// with criu as a child the Reaper collects and the heavy copying on libuv's thread pool.
+// archive per checkpoint (archive.hpp). Owned by the box, which it reaches through
+// checkpoint::Host (host.hpp); everything runs on the box's loop, with criu as a child the box's
+// reaper collects and the heavy copying on libuv's thread pool.
+//
+// The files: checkpointer.cpp (checkpoint: stop, dump, copy the layer, write the archive),
+// restore.cpp (restore and fork: a cold copy, a live copy, and their wiring into the box),
+// store.cpp (the snapshot store: list, delete, the bounds and the agent channel's reach, import,
+// export).
 //
 // Layout under the state dir:
 //   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of its sha256)
@@ -20,11 +26,8 @@
 #include <vector>
 
 #include "archive/archive.hpp"
-
-namespace sbx::supervisor {
-class Box;
-struct Branch;
-}  // namespace sbx::supervisor
+#include "base/result.hpp"
+#include "checkpoint/host.hpp"
 
 namespace sbx::checkpoint {
 
@@ -32,7 +35,8 @@ class Checkpointer {
  public:
   using Reply = std::function<void(boost::json::object)>;
 
-  explicit Checkpointer(supervisor::Box& box);
+  /// `loop`: the box's, whose thread pool does the copying and compressing.
+  Checkpointer(uv_loop_t* loop, Host& host, Settings settings);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -52,21 +56,22 @@ class Checkpointer {
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
                int first_index = 0);
   boost::json::array list() const;
-  /// The snapshots the agent channel of `b` may see (channel_refusal with to_delete false).
-  boost::json::array list_for(const supervisor::Branch& b) const;
-  /// Why the agent channel of `b` may not restore or fork (or, `to_delete`, delete) snapshot
+  /// The snapshots the agent channel of `branch` may see (channel_refusal with to_delete false).
+  boost::json::array list_for(const std::string& branch, const Lineage& lineage) const;
+  /// Why the agent channel of `branch` may not restore or fork (or, `to_delete`, delete) snapshot
   /// `id`: the channel reaches the snapshots its own branch took, and restores the one it came
-  /// from; a {"ok": false, "error": {"code": "forbidden", ...}} reply, or nullopt.
-  std::optional<boost::json::object> channel_refusal(const supervisor::Branch& b, const std::string& id,
-                                                     bool to_delete) const;
+  /// from (`lineage.snapshot`); a {"ok": false, "error": {"code": "forbidden", ...}} reply, or
+  /// nullopt.
+  std::optional<boost::json::object> channel_refusal(const std::string& branch, const Lineage& lineage,
+                                                     const std::string& id, bool to_delete) const;
   /// A restore or fork of `n` more copies past resources.copies: the refusal (code "limit") after
   /// a `limit.hit` event on `branch`, or nullopt.
   std::optional<boost::json::object> copies_refusal(const std::string& branch, int n);
   /// The box is shutting down: a dump under way is abandoned and its tree continues at once.
   void on_shutdown();
   boost::json::object remove(const std::string& id);
-  /// The archive file of snapshot `id`, for snapshot.export; nullopt and `err` when there is none.
-  std::optional<std::string> archive_path(const std::string& id, std::string& err) const;
+  /// The archive file of snapshot `id`, for snapshot.export, or why there is none.
+  base::Result<std::string> archive_path(const std::string& id) const;
   /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
   std::string incoming_path() const;
   /// Takes an archive written to `tmp` (incoming_path()): checks it whole (content hash, its
@@ -79,16 +84,11 @@ class Checkpointer {
   /// `sandboxer-init --restore FILE`: imports the archive and restores it as branch "main".
   void start_from_archive(const std::string& path);
 
-  /// Who a branch is: box, branch, parent, snapshot, index, mode.
-  static boost::json::object identity(const supervisor::Box& box, const supervisor::Branch& b);
-  /// Writes identity() to DIR/run/sandboxer/branch.json (the branch's /run/sandboxer/branch.json).
-  static void write_branch_json(const supervisor::Box& box, const supervisor::Branch& b, const std::string& dir);
-
  private:
   struct CheckpointOp;
   struct RestoreOp;
+  struct CopyJob;
   void offload(std::function<void()> work, std::function<void()> after);
-  void finish_checkpoint(std::shared_ptr<CheckpointOp> op);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
   void continue_op(CheckpointOp& op);
@@ -99,16 +99,22 @@ class Checkpointer {
   int64_t live_copies() const;
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
   void compress(std::shared_ptr<CheckpointOp> op);
-  /// `fn(manifest, error, code)`: the snapshot's manifest (with "verified"), else why not and the
-  /// error code (bad_snapshot, untrusted).
-  using Extracted = std::function<void(std::optional<boost::json::object>, std::string, std::string)>;
+  /// `fn`: the snapshot's manifest (with "verified"), else why not (code bad_snapshot, untrusted).
+  using Extracted = std::function<void(base::Result<boost::json::object>)>;
   void with_extracted(const std::string& id, Extracted fn);
+  // restore.cpp: one copy of a restore, in three parts.
   void restore_copy(std::shared_ptr<RestoreOp> op, int index);
-  void copy_done(std::shared_ptr<RestoreOp> op, int index, boost::json::object result);
+  void start_cold_copy(std::shared_ptr<CopyJob> job);
+  void start_live_copy(std::shared_ptr<CopyJob> job);
+  void live_copy_restored(std::shared_ptr<CopyJob> job, int wait_status);
+  void copy_done(std::shared_ptr<RestoreOp> op, boost::json::object result);
+  void copy_failed(std::shared_ptr<CopyJob> job, std::string error);
   std::string next_branch_name();
   void op_done();
 
-  supervisor::Box& box_;
+  uv_loop_t* loop_;
+  Host& host_;
+  Settings settings_;
   std::string snap_dir_;
   std::optional<std::string> criu_;
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image

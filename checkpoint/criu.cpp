@@ -12,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
 
 namespace sbx::checkpoint {
@@ -44,6 +45,9 @@ bool loopback_up() noexcept {
   return ok;
 }
 
+// The steps of criu's child before exec, as it reports them (os::child_fail).
+enum : int { kStepUnshare = 1, kStepLoopback = 2, kStepExec = 3, kStepHostname = 4, kStepJoinCgroup = 5 };
+
 }  // namespace
 
 os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
@@ -66,33 +70,19 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   pid_t pid = ::fork();
   if (pid < 0) return os::last_error();
   if (pid == 0) {
-    // No allocation from here on: errors go to the pipe as (step, errno).
+    // No allocation from here on: errors go to the pipe as (step, errno) (os/child-error.hpp).
     os::reset_signals_for_child();
-    int e[2] = {0, 0};
     // Into the copy's cgroup before anything is restored: its memory is charged there.
-    for (int fd : run.cgroup_procs) {
-      if (::write(fd, "0", 1) != 1) {
-        e[0] = 5;
-        e[1] = errno;
-        (void)!::write(ep->write.get(), e, sizeof e);
-        ::_exit(127);
-      }
-    }
+    for (int fd : run.cgroup_procs)
+      if (::write(fd, "0", 1) != 1) os::child_fail(ep->write.get(), kStepJoinCgroup, errno);
     // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
     // criu itself starts in fresh ones, and the copy gets them.
     if (run.new_netns) {
-      if (::unshare(CLONE_NEWNET | (run.hostname.empty() ? 0 : CLONE_NEWUTS)) != 0) {
-        e[0] = 1;
-      } else if (!loopback_up()) {
-        e[0] = 2;
-      } else if (!run.hostname.empty() && ::sethostname(run.hostname.data(), run.hostname.size()) != 0) {
-        e[0] = 4;
-      }
-      if (e[0]) {
-        e[1] = errno;
-        (void)!::write(ep->write.get(), e, sizeof e);
-        ::_exit(127);
-      }
+      if (::unshare(CLONE_NEWNET | (run.hostname.empty() ? 0 : CLONE_NEWUTS)) != 0)
+        os::child_fail(ep->write.get(), kStepUnshare, errno);
+      if (!loopback_up()) os::child_fail(ep->write.get(), kStepLoopback, errno);
+      if (!run.hostname.empty() && ::sethostname(run.hostname.data(), run.hostname.size()) != 0)
+        os::child_fail(ep->write.get(), kStepHostname, errno);
     }
     // Docker (and most runtimes) bind /proc/sys read-only over /proc; criu sets a restored UTS
     // namespace's hostname through /proc/sys/kernel/hostname. In a mount namespace of criu's own,
@@ -114,22 +104,12 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     ::close_range(static_cast<unsigned>(keep_to + 1), ~0U, 0);
     for (int fd = 3; fd < kCriuFirstFd; ++fd) ::close(fd);
     ::execve(argv[0], argv.data(), envp);
-    e[0] = 3;
-    e[1] = errno;
-    (void)!::write(efd, e, sizeof e);
-    ::_exit(127);
+    os::child_fail(efd, kStepExec, errno);
   }
   ep->write.reset();
-  int e[2];
-  ssize_t r;
-  do r = ::read(ep->read.get(), e, sizeof e);
-  while (r < 0 && errno == EINTR);
-  if (r == sizeof e) {
-    // The child failed before exec and exits at once; the reaper collects it like any child.
-    static const char* steps[] = {"", "unshare(CLONE_NEWNET)", "bring the loopback up", "exec criu"};
-    (void)steps;
-    return boost::system::error_code(e[1], boost::system::system_category());
-  }
+  // The child failed before exec and exits at once; the reaper collects it like any child.
+  if (auto e = os::read_child_error(ep->read.get()))
+    return boost::system::error_code(e->err, boost::system::system_category());
   return pid;
 }
 

@@ -26,11 +26,10 @@ int cmd_export(const std::vector<std::string>& args) {
     return s.fail(r.error());
   }
   // The id is the start of the archive's sha256: what arrived is checked against it.
-  std::string err;
-  auto sha = archive::sha256_file(part, err);
+  auto sha = archive::sha256_file(part);
   if (!sha || "s-" + sha->substr(0, 16) != snap) {
     ::unlink(part.c_str());
-    s.report(sha ? "the archive received does not hash to " + snap : err);
+    s.report(sha ? "the archive received does not hash to " + snap : sha.error().message);
     return kExitFailed;
   }
   if (::rename(part.c_str(), file.c_str()) != 0) {

@@ -26,7 +26,7 @@ namespace {
 // copy is created new (mkdirat, O_CREAT | O_EXCL, symlinkat): nothing already there is written
 // through, so a symlink in the source (or anywhere) is copied as a symlink and never followed.
 struct Copier {
-  std::string& err;
+  std::string err;  // what failed
   uint64_t bytes = 0;
   std::vector<char> buf;
 
@@ -145,7 +145,7 @@ struct Copier {
 
 }  // namespace
 
-std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err) {
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst) {
   auto split = [](const std::string& p) {
     auto slash = p.rfind('/');
     if (slash == std::string::npos) return std::pair<std::string, std::string>(".", p);
@@ -153,71 +153,58 @@ std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst
   };
   auto [sparent, sname] = split(src);
   auto [dparent, dname] = split(dst);
-  if (sname.empty() || sname == "." || sname == ".." || dname.empty() || dname == "." || dname == "..") {
-    err = "copy " + src + " to " + dst + ": each must name an entry";
-    return std::nullopt;
-  }
+  if (sname.empty() || sname == "." || sname == ".." || dname.empty() || dname == "." || dname == "..")
+    return base::fail("copy " + src + " to " + dst + ": each must name an entry");
   // The parents are the caller's (the state dir); what is below them is reached by fd only.
   os::UniqueFd sdir(::open(sparent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   os::UniqueFd ddir(::open(dparent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!sdir || !ddir) {
-    err = "open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (!sdir || !ddir)
+    return base::fail("open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno));
   struct stat st {};
-  if (::fstatat(sdir.get(), sname.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    err = "stat " + src + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
-  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
-    err = "copy " + src + ": it is " + os::file_type_name(st.st_mode) + ", not a directory or a regular file";
-    return std::nullopt;
-  }
+  if (::fstatat(sdir.get(), sname.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
+    return base::fail("stat " + src + ": " + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+    return base::fail("copy " + src + ": it is " + os::file_type_name(st.st_mode) +
+                      ", not a directory or a regular file");
   // A copy goes into a new place only: never merged into, or written through, what is there.
   if (::fstatat(ddir.get(), dname.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    err = "copy " + src + " to " + dst + ": the destination exists already (it is " + os::file_type_name(st.st_mode) +
-          ")";
-    return std::nullopt;
+    return base::fail("copy " + src + " to " + dst + ": the destination exists already (it is " +
+                      os::file_type_name(st.st_mode) + ")");
   }
-  Copier c{err};
-  if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return std::nullopt;
+  Copier c;
+  if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return base::fail(c.err);
   return c.bytes;
 }
 
-std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err) {
+base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string& dst) {
   // Both are the caller's (the snapshot's store, the branch's dir); what is below them is reached
   // by fd only.
   os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   os::UniqueFd ddir(::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!sdir || !ddir) {
-    err = "open " + (sdir ? dst : src) + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
-  Copier c{err};
+  if (!sdir || !ddir)
+    return base::fail("open " + (sdir ? dst : src) + ": " + std::strerror(errno));
+  Copier c;
   // The destination is new: empty, but for the lost+found of a filesystem just made on it.
   std::vector<std::string> there;
-  if (!c.list(ddir.get(), dst, there)) return std::nullopt;
+  if (!c.list(ddir.get(), dst, there)) return base::fail(c.err);
   bool has_lost_found = false;
   for (auto& n : there) {
     if (n == "lost+found") {
       has_lost_found = true;
       continue;
     }
-    err = "copy " + src + " into " + dst + ": the destination is not empty (it holds " + n + ")";
-    return std::nullopt;
+    return base::fail("copy " + src + " into " + dst + ": the destination is not empty (it holds " + n + ")");
   }
   struct stat st {};
-  if (::fstat(sdir.get(), &st) != 0) {
-    err = "stat " + src + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (::fstat(sdir.get(), &st) != 0)
+    return base::fail("stat " + src + ": " + std::strerror(errno));
   std::vector<std::string> names;
-  if (!c.list(sdir.get(), src, names)) return std::nullopt;
+  if (!c.list(sdir.get(), src, names)) return base::fail(c.err);
   for (auto& n : names) {
     if (has_lost_found && n == "lost+found") continue;  // the destination's own
-    if (!c.entry(sdir.get(), n.c_str(), ddir.get(), n.c_str(), src + "/" + n, 1)) return std::nullopt;
+    if (!c.entry(sdir.get(), n.c_str(), ddir.get(), n.c_str(), src + "/" + n, 1)) return base::fail(c.err);
   }
-  if (!c.keep_owner(ddir.get(), st, src)) return std::nullopt;
+  if (!c.keep_owner(ddir.get(), st, src)) return base::fail(c.err);
   return c.bytes;
 }
 

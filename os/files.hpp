@@ -1,8 +1,9 @@
 #pragma once
 // Whole trees of files: copied by fd without following symlinks, measured, removed.
 #include <cstdint>
-#include <optional>
 #include <string>
+
+#include "base/result.hpp"
 
 namespace sbx::os {
 
@@ -10,13 +11,13 @@ namespace sbx::os {
 /// into `dst`, which must not exist: a copy is never merged into what is there. Nothing below
 /// `src` or `dst` is reached through a symlink (symlinks are copied as symlinks); other file types
 /// (sockets, FIFOs, devices) are skipped. `src` itself must be a directory or a regular file, not
-/// a symlink. Returns the bytes of regular files copied.
-std::optional<uint64_t> copy_tree(const std::string& src, const std::string& dst, std::string& err);
+/// a symlink. Returns the bytes of regular files copied, or what failed.
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst);
 
 /// The same as copy_tree for the contents of the directory `src`, into the directory `dst`, which
 /// exists and is empty (a mount point just made for them, such as a copy's workspace with its
 /// disk ceiling) but for a filesystem's own lost+found; `dst` gets `src`'s owner and mode.
-std::optional<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, std::string& err);
+base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string& dst);
 
 /// rm -rf; errors are ignored.
 void remove_tree(const std::string& path);

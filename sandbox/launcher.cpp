@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "sandbox/policy.hpp"
+#include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
 
 #ifndef MOUNT_ATTR_RDONLY
@@ -243,10 +244,9 @@ Plan make_plan(const BranchSpec& spec) {
   return p;
 }
 
-struct PlanError {
-  int op;
-  int err;
-};
+// What the child reports as its step (os::child_fail): an operation of the mount plan (its
+// index, from 0), or one of these.
+enum : int { kStepExec = -2, kStepJoinCgroup = -3, kStepLoopback = -4 };
 
 // Runs in the cloned child: async-signal-safe syscalls only. Returns the failing op or -1.
 int run_plan(Plan& p, int* err) noexcept {
@@ -372,35 +372,19 @@ void place_fds(ChildArgs& a) noexcept {
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
   os::reset_signals_for_child();
-  PlanError pe{-1, 0};
   // Into the branch's cgroup first: everything from here on, ns-init and the agent, is counted.
-  for (int fd : *a.cgroup_procs) {
-    if (::write(fd, "0", 1) != 1) {
-      pe = {-3, errno};
-      (void)!::write(a.err_pipe, &pe, sizeof pe);
-      ::_exit(127);
-    }
-  }
-  if (a.new_net && a.plan) {
-    if (int e = bring_up_loopback(); e != 0) {
-      pe = {-4, e};
-      (void)!::write(a.err_pipe, &pe, sizeof pe);
-      ::_exit(127);
-    }
-  }
+  for (int fd : *a.cgroup_procs)
+    if (::write(fd, "0", 1) != 1) os::child_fail(a.err_pipe, kStepJoinCgroup, errno);
+  if (a.new_net && a.plan)
+    if (int e = bring_up_loopback(); e != 0) os::child_fail(a.err_pipe, kStepLoopback, e);
   if (a.plan) {
-    pe.op = run_plan(*a.plan, &pe.err);
-    if (pe.op >= 0) {
-      (void)!::write(a.err_pipe, &pe, sizeof pe);
-      ::_exit(127);
-    }
+    int err = 0;
+    if (int op = run_plan(*a.plan, &err); op >= 0) os::child_fail(a.err_pipe, op, err);
   }
   ::setsid();
   place_fds(a);
   ::execve(a.exe, a.argv, a.envp);
-  pe = {-2, errno};
-  (void)!::write(a.err_pipe, &pe, sizeof pe);
-  ::_exit(127);
+  os::child_fail(a.err_pipe, kStepExec, errno);
 }
 
 }  // namespace
@@ -533,25 +517,21 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       return os::last_error();
     }
     ep->write.reset();
-    PlanError pe{};
-    ssize_t n;
-    do n = ::read(ep->read.get(), &pe, sizeof pe);
-    while (n < 0 && errno == EINTR);
-    if (n == sizeof pe) {
+    if (auto ce = os::read_child_error(ep->read.get())) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;
       ::waitpid(pid, &st, __WALL);
-      std::string step = pe.op >= 0 ? plan.ops[static_cast<size_t>(pe.op)].what
-                         : pe.op == -3 ? std::string("join the branch's cgroup")
-                         : pe.op == -4 ? std::string("set the loopback interface up")
-                                       : "exec " + spec.self_exe;
-      std::string msg = step + ": " + std::strerror(pe.err);
-      if (ns && pe.op >= 0) {
+      std::string step = ce->step >= 0 ? plan.ops[static_cast<size_t>(ce->step)].what
+                         : ce->step == kStepJoinCgroup ? std::string("join the branch's cgroup")
+                         : ce->step == kStepLoopback   ? std::string("set the loopback interface up")
+                                                     : "exec " + spec.self_exe;
+      std::string msg = step + ": " + std::strerror(ce->err);
+      if (ns && ce->step >= 0) {
         log()->warn("branch {}: {}; running without namespaces", spec.name, msg);
         why_not = msg;
         continue;
       }
-      return boost::system::error_code(pe.err, boost::system::system_category());
+      return boost::system::error_code(ce->err, boost::system::system_category());
     }
     lb.pid = pid;
     lb.namespaced = ns;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sandbox/launcher.hpp"
+#include "os/child-error.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
@@ -114,6 +115,9 @@ void NsInit::begin_shutdown(int64_t grace_ms) {
   signal_tree(SIGCONT);
 }
 
+// The steps of an agent's child before exec, as it reports them (os::child_fail).
+enum : int { kStepChdir = 1, kStepExec = 2, kStepPolicy = 3 };
+
 // Forks and execs argv with the given stdio and the branch's policy; `tty` makes fd 0 the
 // controlling terminal. Returns the pid, or -1 with `error` set (the child's chdir, policy and exec
 // errors arrive through a close-on-exec pipe and also set `error`, with the pid of the dead child).
@@ -171,43 +175,28 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     // The exec error pipe goes to 5; everything from 6 on closes after the policy is applied.
     if (efd >= 0) efd = ::dup3(efd, 5, O_CLOEXEC) >= 0 ? 5 : -1;
     int e = 0;
-    if (::chdir(cwd.c_str()) != 0) {
-      e = errno;
-      int msg[3] = {1, e, 0};
-      (void)!::write(efd, msg, sizeof msg);
-      ::_exit(127);
-    }
+    if (::chdir(cwd.c_str()) != 0) os::child_fail(efd, kStepChdir, errno);
     // The policy (policy.hpp) while its prepared fds are still open; seccomp is its last step.
     int step = 0;
-    if (int perr = apply_policy(policy, &step); perr != 0) {
-      int msg[3] = {3, perr, step};
-      (void)!::write(efd, msg, sizeof msg);
-      ::_exit(127);
-    }
+    if (int perr = apply_policy(policy, &step); perr != 0) os::child_fail(efd, kStepPolicy, perr, step);
     ::close_range(6, ~0U, 0);
     // The last meaningful error wins, as execvp reports it: ENOENT only if nothing was found.
     for (auto& c : candidates) {
       ::execve(c.c_str(), av.data(), ev.data());
       if (errno != ENOENT || e == 0) e = errno;
     }
-    int msg[3] = {2, e, 0};
-    (void)!::write(efd, msg, sizeof msg);
-    ::_exit(127);
+    os::child_fail(efd, kStepExec, e);
   }
   if (pid < 0) {
     error = std::string("fork: ") + std::strerror(errno);
     return -1;
   }
   ep->write.reset();
-  int msg[3];
-  ssize_t n;
-  do n = ::read(ep->read.get(), msg, sizeof msg);
-  while (n < 0 && errno == EINTR);
-  if (n == sizeof msg) {
-    std::string what = msg[0] == 1 ? "chdir " + cwd
-                       : msg[0] == 3 ? std::string("apply policy: ") + policy_step_name(msg[2])
-                                     : "exec " + argv[0];
-    error = what + ": " + std::strerror(msg[1]);
+  if (auto ce = os::read_child_error(ep->read.get())) {
+    std::string what = ce->step == kStepChdir    ? "chdir " + cwd
+                       : ce->step == kStepPolicy ? std::string("apply policy: ") + policy_step_name(ce->detail)
+                                                 : "exec " + argv[0];
+    error = what + ": " + std::strerror(ce->err);
   }
   return pid;
 }
@@ -478,6 +467,17 @@ int NsInit::run() {
 }
 
 }  // namespace
+
+boost::json::object ns_init_config(const std::vector<std::string>& argv, boost::json::array env, const std::string& cwd,
+                                   const profile::Profile& profile, int landlock_abi, bool namespaced) {
+  boost::json::array args;
+  for (auto& a : argv) args.emplace_back(a);
+  return {{"argv", std::move(args)},
+          {"env", std::move(env)},
+          {"cwd", cwd},
+          {"grace_ms", profile.resources.grace_ms},
+          {"policy", policy_to_json(profile, landlock_abi, shares_host_network(profile, namespaced))}};
+}
 
 int ns_init_main(bool flat) {
   NsInit n(flat);

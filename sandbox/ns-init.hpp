@@ -1,4 +1,9 @@
 #pragma once
+#include <boost/json.hpp>
+#include <string>
+#include <vector>
+
+#include "profile/profile.hpp"
 
 namespace sbx::sandbox {
 
@@ -7,5 +12,13 @@ namespace sbx::sandbox {
 /// runs the shutdown (TERM, grace, KILL) and reports the agent's raw wait status. See launcher.hpp
 /// for its fds.
 int ns_init_main(bool flat);
+
+/// ns-init's configuration for a branch's agent: the first line the supervisor writes on its
+/// requests pipe (fd 3), read by ns_init_main. The agent's command, environment and working
+/// directory; the profile's grace period and its process policy for this host (policy.hpp:
+/// `landlock_abi` is the kernel's, `namespaced` whether the branch has namespaces of its own).
+/// The box's main branch and every cold copy are started with it.
+boost::json::object ns_init_config(const std::vector<std::string>& argv, boost::json::array env, const std::string& cwd,
+                                   const profile::Profile& profile, int landlock_abi, bool namespaced);
 
 }  // namespace sbx::sandbox

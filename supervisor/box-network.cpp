@@ -1,10 +1,11 @@
 // The network of a restored or forked copy. A branch's broker lives in the supervisor: its
 // listening sockets sit inside the branch's network namespace but belong to the supervisor, so
 // criu dumps none of them, and a copy comes back in a network namespace of its own with nothing
-// listening there. These hooks (called by checkpoint/checkpointer.cpp) give each copy what the
-// original had: loopback, and for `proxy` a broker of its own at the same address and port (the
-// restored agent holds its *_BASE_URL and proxy variables in memory), with the same allowlist and
-// credentials, its refusals reported on the copy's branch.
+// listening there. These hooks (which checkpoint/restore.cpp reaches through checkpoint::Host,
+// box-checkpoint.cpp) give each copy what the original had: loopback, and for `proxy` a broker of
+// its own at the same address and port (the restored agent holds its *_BASE_URL and proxy
+// variables in memory), with the same allowlist and credentials, its refusals reported on the
+// copy's branch.
 #include <spdlog/spdlog.h>
 
 #include "supervisor/box.hpp"

@@ -16,6 +16,7 @@
 #include "os/sys.hpp"
 #include "protocol/channel.hpp"
 #include "sandbox/policy.hpp"
+#include "sandbox/ns-init.hpp"
 #include "supervisor/proc-io.hpp"
 #include "supervisor/server.hpp"
 #include "supervisor/stats.hpp"
@@ -288,7 +289,7 @@ void Box::start() {
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
   sandbox::CommandProbe criu_probe({"criu", "--version"});
   caps_ = sandbox::detect_capabilities();
-  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(*this);
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
 
   boost::json::object caps;
   std::string why_not;
@@ -344,20 +345,13 @@ void Box::start() {
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   b->cwd = workdir;
-  checkpoint::Checkpointer::write_branch_json(*this, *b, spec.dir);
-  boost::json::array argv;
-  for (auto& a : opts_.argv) argv.emplace_back(a);
+  checkpoint::write_branch_json(id_, b->name, b->lineage, spec.dir);
   boost::json::array env = agent_env(*b, spec.dir);
   network_->edit_env(env);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  boost::json::object config{{"argv", argv},
-                             {"env", env},
-                             {"cwd", workdir},
-                             {"grace_ms", opts_.profile.resources.grace_ms},
-                             {"policy", sandbox::policy_to_json(opts_.profile, caps_.landlock_abi,
-                                                        sandbox::shares_host_network(opts_.profile, b->launched.namespaced))}};
-  send_request(*b, config);
+  send_request(*b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi,
+                                           b->launched.namespaced));
   b->launched.in.reset();  // the main agent's stdin is empty
 
   Branch& bp = add_branch(std::move(b), false);
@@ -572,7 +566,7 @@ void Box::on_channel(Branch& b, std::string_view line) {
     };
     switch (req.op) {
       case ChannelOp::whoami:
-        return answer(checkpoint::Checkpointer::identity(*this, b));
+        return answer(checkpoint::identity(id_, b.name, b.lineage));
       case ChannelOp::event: {
         boost::json::object ev = std::move(req.event);
         ev["proc"] = b.main_proc;
@@ -606,11 +600,11 @@ void Box::on_channel(Branch& b, std::string_view line) {
       }
       case ChannelOp::snapshot_list:
         // The channel sees the snapshots it may restore (checkpoint/README.md, "The agent channel").
-        return answer({{"ok", true}, {"snapshots", checkpointer_->list_for(b)}});
+        return answer({{"ok", true}, {"snapshots", checkpointer_->list_for(b.name, b.lineage)}});
       case ChannelOp::restore:
       case ChannelOp::snapshot_delete: {
         bool to_delete = req.op == ChannelOp::snapshot_delete;
-        if (auto refusal = checkpointer_->channel_refusal(b, req.snapshot, to_delete)) {
+        if (auto refusal = checkpointer_->channel_refusal(b.name, b.lineage, req.snapshot, to_delete)) {
           log()->warn("agent channel of branch {}: {} {}: {}", b.name, protocol::channel_op_name(req.op), req.snapshot,
                       std::string(refusal->at("error").at("message").as_string()));
           return answer(*refusal);
@@ -649,7 +643,12 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
 std::optional<std::string> Box::snapshot_archive(const std::string& id, std::string& err) const {
-  return checkpointer_->archive_path(id, err);
+  auto path = checkpointer_->archive_path(id);
+  if (!path) {
+    err = path.error().message;
+    return std::nullopt;
+  }
+  return *path;
 }
 
 std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }

@@ -14,6 +14,7 @@
 #include "sandbox/capabilities.hpp"
 #include "archive/archive.hpp"
 #include "base/result.hpp"
+#include "checkpoint/checkpointer.hpp"
 #include "journal/journal.hpp"
 #include "loop/uv-handle.hpp"
 #include "sandbox/launcher.hpp"
@@ -24,10 +25,6 @@
 #include "profile/profile.hpp"
 #include "supervisor/reaper.hpp"
 #include "supervisor/signals.hpp"
-
-namespace sbx::checkpoint {
-class Checkpointer;
-}
 
 namespace sbx::supervisor {
 
@@ -113,9 +110,7 @@ struct Branch {
   std::vector<std::string> argv;  // the agent's command
   std::string cwd;
   // Who this branch is (also in /run/sandboxer/branch.json): how it came to run.
-  std::string mode = "original";  // original, live, cold
-  std::string parent, snapshot;
-  int index = 0;
+  checkpoint::Lineage lineage;
   // The agent channel: requests read on the loop, replies written back.
   loop::UvHandle<uv_poll_t> channel;
   std::string chan_pending;
@@ -131,7 +126,8 @@ struct Branch {
   os::UniqueFd pidfd;           // of ns-init (the tree's root), opened while it is our unreaped child
 };
 
-class Box {
+/// The box implements checkpoint::Host (box-checkpoint.cpp): all the checkpointer reaches of it.
+class Box : public checkpoint::Host {
  public:
   Box(uv_loop_t* loop, BoxOptions opts);
   ~Box();
@@ -151,7 +147,7 @@ class Box {
   void signal_branch(const std::string& branch, int sig);
 
   /// Appends an event of `branch` to the journal.
-  uint64_t emit(const std::string& branch, boost::json::object ev);
+  uint64_t emit(const std::string& branch, boost::json::object ev) override;
 
   // Operations of the protocol on processes (box-exec.cpp).
   /// Starts `spec` in its branch, or finds the proc of that id; `done` gets the reply's fields.
@@ -168,7 +164,7 @@ class Box {
   static std::string proc_key(const std::string& branch, const std::string& id) { return branch + "/" + id; }
   /// The host directory of a branch (root/, workspace/, tmp/ below it); "" if no such branch.
   std::string branch_dir(const std::string& branch) const;
-  bool has_branch(const std::string& branch) const { return branches_.contains(branch); }
+  bool has_branch(const std::string& branch) const override { return branches_.contains(branch); }
   /// Host pid of a branch's ns-init, or -1.
   pid_t ns_init_pid(const std::string& branch) const;
   const BoxOptions& options() const { return opts_; }
@@ -199,7 +195,6 @@ class Box {
   void start_server();
   /// The process `proc` of `branch` (see proc_stdin), or why there is none.
   Proc* find_proc(const std::string& proc, const BranchName& branch, std::optional<OpError>& err);
-  friend class checkpoint::Checkpointer;
   /// Takes a started (or restored, `running`) branch: watches ns-init, its reports, its
   /// channel and its main process's output.
   Branch& add_branch(std::unique_ptr<Branch> b, bool running);
@@ -266,7 +261,7 @@ class Box {
   /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
   base::Result<void> attach_copy_network(Branch& b, boost::json::array* env = nullptr);
   /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
-  boost::json::object network_manifest() const;
+  boost::json::object network_manifest() const override;
   /// Whether this box can give a live copy of `manifest` the network its agent expects; the
   /// error says why not.
   base::Result<void> copy_network_refusal(const boost::json::object& manifest) const;
@@ -278,8 +273,32 @@ class Box {
   std::vector<std::string> base_masks() const;
   /// base_masks() and the credentials' source files of a network profile: every mask of a
   /// branch, each a mount point a live copy needs (the manifest lists them).
-  std::vector<std::string> branch_masks() const;
+  std::vector<std::string> branch_masks() const override;
   std::map<std::string, std::unique_ptr<BranchNetwork>> copy_networks_;  // by branch
+
+  // box-checkpoint.cpp: checkpoint::Host, what the checkpointer reaches of the box.
+  checkpoint::Settings checkpoint_settings() const;
+  std::optional<std::string> criu_version() const override { return caps_.criu; }
+  bool shutting_down() const override { return shutting_down_; }
+  uint64_t last_seq() const override;
+  void continue_journal_after(uint64_t seq) override;
+  void box_started() override { emit_started(); }
+  void end_box(int status) override;
+  void operation_done() override { maybe_finish(); }
+  std::optional<checkpoint::BranchView> find_branch(const std::string& name) const override;
+  std::vector<checkpoint::BranchView> branches() const override;
+  void set_busy(const std::string& branch, bool busy) override;
+  void ended_by_checkpoint(const std::string& branch) override;
+  void watch_child(pid_t pid, std::function<void(pid_t, int)> on_exit) override;
+  void channel_reply(const std::string& branch, const boost::json::object& msg) override;
+  base::Result<void> copy_network_possible(const boost::json::object& manifest) const override;
+  std::unique_ptr<checkpoint::Copy> new_copy(const checkpoint::CopySpec& spec) override;
+  base::Result<void> mount_copy_workspace(checkpoint::Copy& copy, const std::string& dir) override;
+  std::vector<os::UniqueFd> copy_cgroup(checkpoint::Copy& copy) override;
+  base::Result<sandbox::BranchSpec> cold_copy_spec(checkpoint::Copy& copy) override;
+  base::Result<void> start_cold_agent(checkpoint::Copy& copy, const std::vector<std::string>& extra_env) override;
+  base::Result<void> attach_live_network(checkpoint::Copy& copy) override;
+  void adopt_copy(std::unique_ptr<checkpoint::Copy> copy, bool running) override;
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

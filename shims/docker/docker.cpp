@@ -238,9 +238,8 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   // The archive stays in the box's own dir for as long as the container may need its mount.
   std::string archive_copy = box_dir + "/restore.tar.zst";
   if (!o.restore_archive.empty() && ::link(o.restore_archive.c_str(), archive_copy.c_str()) != 0) {
-    std::string err;
-    if (!os::copy_tree(o.restore_archive, archive_copy, err))
-      throw std::runtime_error("copy " + o.restore_archive + " for " + box.name + ": " + err);
+    if (auto r = os::copy_tree(o.restore_archive, archive_copy); !r)
+      throw std::runtime_error("copy " + o.restore_archive + " for " + box.name + ": " + r.error().message);
   }
 
   // A bridge lets the API sit in the container's own network namespace, published on loopback;

@@ -54,9 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ImportPolicy policy;
   policy.allow_unsigned = true;  // reach the extraction with unsigned inputs too
   policy.max_bytes = 64u << 20;
-  std::string err;
-  bool untrusted = false;
-  auto x = extract_archive(d.src, d.dst, policy, err, &untrusted);
+  auto x = extract_archive(d.src, d.dst, policy);
   if (!x && fs::exists(d.dst)) __builtin_trap();  // a refusal leaves nothing behind
   std::error_code ec;
   fs::remove_all(d.dst, ec);

@@ -1,0 +1,40 @@
+#pragma once
+// Helpers shared by the checkpointer's files (checkpointer.cpp, restore.cpp, store.cpp); not for
+// use outside checkpoint/.
+#include <spdlog/spdlog.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <boost/json.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sbx::checkpoint::detail {
+
+inline std::shared_ptr<spdlog::logger> log() {
+  static auto l = spdlog::default_logger()->clone("criu");
+  return l;
+}
+
+inline double now_ms() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+inline double round_ms(double v) { return static_cast<double>(static_cast<int64_t>(v * 10 + 0.5)) / 10; }
+
+inline boost::json::object error_reply(const std::string& code, const std::string& msg) {
+  return {{"ok", false}, {"error", {{"code", code}, {"message", msg}}}};
+}
+
+/// The roles of the seven pipes between the supervisor and a branch, in the order of ns-init's
+/// fds 3..9 (sandbox/launcher.hpp): how a live snapshot's manifest names their inodes.
+inline constexpr const char* kPipeRoles[] = {"requests", "reports", "stdin", "stdout", "stderr", "channel_requests",
+                                             "channel_replies"};
+
+/// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
+void continue_tree(pid_t root, int root_fd);
+
+}  // namespace sbx::checkpoint::detail

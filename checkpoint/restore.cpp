@@ -1,0 +1,504 @@
+// Restore and fork: each copy of a snapshot a new branch of the box, restored cold (its files,
+// the agent's command again) or live (criu restores its processes), then wired into the box
+// through checkpoint::Host (host.hpp).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "archive/archive.hpp"
+#include "checkpoint/checkpointer.hpp"
+#include "checkpoint/criu.hpp"
+#include "checkpoint/internal.hpp"
+#include "os/files.hpp"
+#include "os/sys.hpp"
+#include "sandbox/launcher.hpp"
+
+namespace sbx::checkpoint {
+
+namespace json = boost::json;
+using namespace detail;
+
+struct Checkpointer::RestoreOp {
+  std::string snapshot;
+  int n = 1;
+  bool fork = false;
+  Reply done;
+  json::object manifest;
+  std::string forced_name;  // --restore: the copy is "main"
+  int first_index = 0;      // --restore-index: the copy's index among copies in boxes of their own
+  bool live = false;        // criu restores it (a live snapshot a trusted key signed)
+  std::string note;         // why a live snapshot is restored cold
+  double t0 = 0;
+  bool counted = false;  // its copies count in copies_starting_ until each is done
+  int pending = 0;
+  json::array results;
+};
+
+// One copy of a restore, from its name to the box adopting it.
+struct Checkpointer::CopyJob {
+  std::shared_ptr<RestoreOp> op;
+  CopySpec spec;                                // who the copy is
+  std::string dir;                              // its layer: branches/<name>
+  std::unique_ptr<Copy> copy;                   // the box's branch of it, until the box adopts it
+  std::unique_ptr<sandbox::BranchPipes> pipes;  // a live copy's, until criu has restored it
+  double t_start = 0, t_copied = 0;
+  json::object result;                          // {"branch", "index"}, then what came of it
+};
+
+namespace {
+
+// The manifest of an extracted snapshot dir (base.d), when it is complete.
+std::optional<json::object> complete_manifest(const std::string& d) {
+  struct stat st {};
+  if (::stat((d + "/.complete").c_str(), &st) != 0) return std::nullopt;
+  auto text = os::read_file(d + "/manifest.json");
+  boost::system::error_code ec;
+  json::value v = text ? json::parse(*text, ec) : json::value();
+  if (!text || ec || !v.is_object()) return std::nullopt;
+  return v.as_object();
+}
+
+// Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d unless
+// another extraction of the same archive got there first (then that one is the result): the
+// manifest, with "verified". Errors have the code bad_snapshot, or untrusted.
+base::Result<json::object> extract_snapshot(const std::string& base, const std::string& id,
+                                            const archive::ImportPolicy& policy) {
+  auto bad = [](std::string msg) { return base::fail(std::move(msg), "bad_snapshot"); };
+  // The id is the archive's content hash: check it before reading anything out of it.
+  auto sha = archive::sha256_file(base + ".tar.zst");
+  if (!sha) return bad(sha.error().message);
+  if (sha->substr(0, 16) != id.substr(2)) return bad("the archive of " + id + " is corrupted: its sha256 is " + *sha);
+  std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
+  auto x = archive::extract_archive(base + ".tar.zst", tmp, policy);
+  if (!x) return x.error();
+  json::object m = std::move(x->manifest);
+  m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}
+                             : json::object{{"trusted", false}, {"why", x->why_untrusted}};
+  auto w = os::write_file_atomic(tmp + "/manifest.json", json::serialize(m) + "\n");
+  if (w) w = os::write_file_atomic(tmp + "/.complete", "");
+  if (!w) {
+    os::remove_tree(tmp);
+    return bad("store the extracted snapshot: " + w.error().message());
+  }
+  std::string dst = base + ".d";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0) return m;
+    if (errno != EEXIST && errno != ENOTEMPTY) break;
+    if (auto other = complete_manifest(dst)) {  // a concurrent extraction finished first
+      os::remove_tree(tmp);
+      return std::move(*other);
+    }
+    os::remove_tree(dst);  // a leftover of an extraction that never completed
+  }
+  auto why = bad("store the extracted snapshot: " + std::string(std::strerror(errno)));
+  os::remove_tree(tmp);
+  return why;
+}
+
+}  // namespace
+
+void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
+  std::string base = snap_dir_ + "/" + id;
+  if (auto m = complete_manifest(base + ".d")) return fn(std::move(*m));
+  struct stat st {};
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0)
+    return fn(base::fail("no snapshot \"" + id + "\"", "bad_snapshot"));
+  auto result = std::make_shared<base::Result<json::object>>(base::fail("", "bad_snapshot"));
+  offload([base, id, result, policy = policy_] { *result = extract_snapshot(base, id, policy); },
+          [result, fn] { fn(std::move(*result)); });
+}
+
+std::string Checkpointer::next_branch_name() {
+  for (;;) {
+    // Built by appending: GCC 12 at -O3 reports a false -Wrestrict on "f" + std::to_string(n).
+    std::string n = "f";
+    n.append(std::to_string(next_copy_++));
+    std::string dir = settings_.state_dir;
+    dir.append("/branches/").append(n);
+    struct stat st {};
+    if (!host_.has_branch(n) && ::stat(dir.c_str(), &st) != 0) return n;
+  }
+}
+
+void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
+                           int first_index) {
+  if (!archive::valid_snapshot_id(snapshot))
+    return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
+  if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
+  auto op = std::make_shared<RestoreOp>();
+  op->snapshot = snapshot;
+  op->n = n;
+  op->fork = fork;
+  op->done = std::move(done);
+  op->forced_name = name;
+  op->first_index = first_index;
+  op->t0 = now_ms();
+  if (host_.shutting_down()) return op->done(error_reply("shutting_down", "the box is shutting down"));
+  // Every copy runs with the profile's full ceilings: the box runs at most resources.copies.
+  // (A box's own start from an archive restores its main branch, no copy.)
+  if (name != "main")
+    if (auto refusal = copies_refusal("main", n)) return op->done(std::move(*refusal));
+  op->counted = name != "main";
+  if (op->counted) copies_starting_ += n;
+  ++ops_;
+  with_extracted(snapshot, [this, op](base::Result<json::object> m) {
+    if (!m) {
+      log()->error("restore {}: {}", op->snapshot, m.error().message);
+      host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", m.error().message}});
+      if (op->counted) copies_starting_ -= op->n;
+      op->done(error_reply(m.error().code, m.error().message));
+      return op_done();
+    }
+    op->manifest = std::move(*m);
+    std::string mode(op->manifest.contains("mode") && op->manifest.at("mode").is_string()
+                         ? op->manifest.at("mode").as_string()
+                         : "fs");
+    // Only an archive a trusted key signed goes to criu, which restores its images as root; any
+    // other (accepted under --allow-unsigned) is restored cold: its files, the agent's command again.
+    auto* verified = op->manifest.if_contains("verified");
+    auto* trusted = verified && verified->is_object() ? verified->as_object().if_contains("trusted") : nullptr;
+    if (mode == "live" && !(trusted && trusted->is_bool() && trusted->as_bool())) {
+      auto* why = verified && verified->is_object() ? verified->as_object().if_contains("why") : nullptr;
+      op->note = "restored cold, its criu images unused: the archive is untrusted (" +
+                 (why && why->is_string() ? std::string(why->as_string()) : std::string("no signature checked")) + ")";
+      mode = "fs";
+    }
+    op->live = mode == "live";
+    json::object checked = op->manifest;
+    checked["mode"] = mode;
+    std::string why;
+    std::optional<std::string> refuse;
+    if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
+    else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
+      refuse = r.error().message;
+    if (!refuse && mode == "live")
+      if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
+    // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
+    // without it. A cold copy gets it again.
+    if (!refuse && mode == "live" && settings_.landlock)
+      refuse = "a live snapshot restores without Landlock, and this box's profile asks for Landlock";
+    if (refuse) {
+      host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
+      if (op->counted) copies_starting_ -= op->n;
+      op->done(error_reply("incompatible", *refuse));
+      return op_done();
+    }
+    op->pending = op->n;
+    for (int i = 0; i < op->n; ++i) restore_copy(op, i);
+  });
+}
+
+namespace {
+
+// Copies an extracted snapshot's layer (src/fs/...) into a copy's dir. The workspace is there
+// already, mounted with the parent's disk ceiling and owner. Runs on the thread pool.
+base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live) {
+  if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
+  for (const char* d : sandbox::kLayerDirs) {
+    struct stat st {};
+    if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
+    bool into = std::string_view(d) == "workspace";
+    if (auto r = (into ? os::copy_tree_into : os::copy_tree)(src + "/fs/" + d, dir + "/" + d); !r) return r.error();
+  }
+  // A cold copy gets the /tmp overlay again: its files go to the upper layer.
+  if (!live)
+    if (auto r = os::copy_tree(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
+  // A live copy's /tmp is a directory of its own (not the original's overlay): the mount points
+  // of the masks criu restores below /tmp must exist in it.
+  for (auto& v : masks) {
+    if (!v.is_object()) continue;
+    std::string path(v.at("path").as_string());
+    if (!path.starts_with("/tmp/")) continue;
+    // The copy's tmp/ came from the agent's files: nothing in it is followed.
+    std::string rel = "tmp" + path.substr(4);
+    auto top = os::open_dir(dir);
+    if (!top) continue;
+    if (v.at("dir").as_bool()) {
+      if (auto r = os::make_dirs_at(top->get(), rel, 0755); !r)
+        log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
+    } else if (auto p = os::make_dirs_at(top->get(), rel.substr(0, rel.rfind('/')), 0755); !p) {
+      log()->warn("create the mount point {} in {}: {}", path, dir, p.error().message());
+    } else if (auto r = os::write_file_atomic_at(p->get(), rel.substr(rel.rfind('/') + 1), ""); !r) {
+      log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
+  auto job = std::make_shared<CopyJob>();
+  job->op = op;
+  CopySpec& spec = job->spec;
+  spec.name = op->forced_name.empty() ? next_branch_name() : op->forced_name;
+  spec.main_proc = spec.name == "main" ? "main" : "main@" + spec.name;
+  spec.lineage.mode = op->live ? "live" : "cold";
+  spec.lineage.parent = std::string(op->manifest.at("branch").as_string());
+  spec.lineage.snapshot = op->snapshot;
+  spec.lineage.index = op->first_index + index;
+  if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
+    for (auto& v : a->as_array()) spec.argv.emplace_back(v.as_string());
+  spec.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
+  job->dir = settings_.state_dir + "/branches/" + spec.name;
+  job->result = {{"branch", spec.name}, {"index", spec.lineage.index}};
+  // A copy gets exactly its parent's policy (the box's new_copy): Landlock (a cold copy's agent
+  // gets it again; a live one is refused above where the profile asks for it), and the
+  // workspace's disk ceiling and owner, mounted before the snapshot's files are copied into it.
+  job->copy = host_.new_copy(spec);
+  auto err = std::make_shared<std::string>();
+  if (auto r = os::make_dirs(job->dir + "/workspace", 0755); !r)
+    *err = "create " + job->dir + "/workspace: " + r.error().message();
+  else if (auto ws = host_.mount_copy_workspace(*job->copy, job->dir); !ws)
+    *err = "the copy's workspace: " + ws.error().message;
+  job->t_start = now_ms();
+  json::array masks;
+  if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
+  std::string src = snap_dir_ + "/" + op->snapshot + ".d";
+  offload(
+      [src, dir = job->dir, err, masks, live = op->live] {
+        if (!err->empty()) return;
+        if (auto r = copy_layer(src, dir, masks, live); !r) *err = r.error().message;
+      },
+      [this, job, err] {
+        job->t_copied = now_ms();
+        if (!err->empty()) return copy_failed(job, "copy the snapshot's files: " + *err);
+        write_branch_json(settings_.box_id, job->spec.name, job->spec.lineage, job->dir);
+        if (job->op->live) start_live_copy(job);
+        else start_cold_copy(job);
+      });
+}
+
+void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
+  // Cold restart: the agent's command again, on the snapshot's files.
+  auto spec = host_.cold_copy_spec(*job->copy);
+  if (!spec) return copy_failed(job, spec.error().message);
+  // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp, Landlock) as
+  // the original's did, and a cgroup of its own with the original's ceilings.
+  auto cg = host_.copy_cgroup(*job->copy);
+  for (auto& fd : cg) spec->cgroup_procs.push_back(fd.get());
+  auto lb = sandbox::launch_branch(*spec);
+  cg.clear();
+  if (!lb) return copy_failed(job, "start the copy: " + lb.error().message());
+  pid_t ns_init = lb->pid;
+  job->copy->launched() = std::move(*lb);
+  if (auto r = host_.start_cold_agent(*job->copy, {"SANDBOXER_RESUMED=1", "SANDBOXER_SNAPSHOT=" + job->op->snapshot});
+      !r) {
+    ::kill(ns_init, SIGKILL);  // its ns-init still waits for its config
+    return copy_failed(job, r.error().message);
+  }
+  const CopySpec& s = job->spec;
+  host_.adopt_copy(std::move(job->copy), false);
+  auto w = identity(settings_.box_id, s.name, s.lineage);
+  w["type"] = "whoami";
+  host_.channel_reply(s.name, w);
+  auto& res = job->result;
+  res["mode"] = "cold";
+  res["proc"] = s.main_proc;
+  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)},
+                       {"restore", round_ms(now_ms() - job->t_copied)}};
+  copy_done(job->op, std::move(res));
+}
+
+void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
+  const std::string& dir = job->dir;
+  auto pipes = sandbox::make_branch_pipes();
+  if (!pipes) return copy_failed(job, "make pipes: " + pipes.error().message());
+  job->pipes = std::make_unique<sandbox::BranchPipes>(std::move(*pipes));
+  CriuRun run;
+  (void)os::make_dirs(dir + "/.criu", 0700);
+  run.args = {"restore",
+              "--images-dir", snap_dir_ + "/" + job->op->snapshot + ".d/criu",
+              "--work-dir", dir + "/.criu",
+              "--log-file", "restore.log",
+              "--root", dir + "/root",
+              "--restore-sibling",
+              "--restore-detached",
+              "--manage-cgroups=ignore",
+              "--tcp-close",
+              "--file-locks",
+              "--ext-mount-map", "auto",
+              "--external", "mnt[workspace]:" + dir + "/workspace",
+              "--external", "mnt[tmp]:" + dir + "/tmp",
+              "--external", "mnt[run]:" + dir + "/run",
+              "--external", "mnt[machine-id]:" + dir + "/" + sandbox::kMachineIdFile,
+              "--pidfile", dir + "/.criu/pid"};
+  auto ends = job->pipes->child_ends();
+  auto& old = job->op->manifest.at("pipes").as_object();
+  for (size_t i = 0; i < 7; ++i) {
+    run.fds.push_back(ends[i]);
+    auto* ino = old.if_contains(kPipeRoles[i]);
+    if (!ino || !ino->is_number()) continue;
+    run.args.push_back("--inherit-fd");
+    run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(i)) + "]:pipe:[" +
+                       std::to_string(ino->to_number<uint64_t>()) + "]");
+  }
+  run.new_netns = true;
+  run.writable_proc_sys = true;
+  run.hostname = job->spec.name + "." + settings_.box_id;
+  sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
+  run.output = dir + "/.criu/restore.out";
+  // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
+  auto cg = host_.copy_cgroup(*job->copy);
+  for (auto& fd : cg) run.cgroup_procs.push_back(fd.get());
+  auto pid = spawn_criu(*criu_, run);
+  cg.clear();
+  if (!pid) return copy_failed(job, "start criu: " + pid.error().message());
+  host_.watch_child(*pid, [this, job](pid_t, int st) { live_copy_restored(job, st); });
+}
+
+void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
+  const std::string& dir = job->dir;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    job->pipes.reset();
+    return copy_failed(job, "criu restore failed: " + criu_error_from_log(dir + "/.criu/restore.log"));
+  }
+  auto text = os::read_file(dir + "/.criu/pid");
+  pid_t root = text ? static_cast<pid_t>(std::atoi(text->c_str())) : -1;
+  if (root <= 0) {
+    job->pipes.reset();
+    return copy_failed(job, "criu restore left no pid file");
+  }
+  sandbox::LaunchedBranch& launched = job->copy->launched();
+  launched.pid = root;
+  launched.namespaced = true;
+  launched.take(*job->pipes);
+  job->pipes.reset();  // closes the copy's ends: the restored tree holds them now
+  launched.in.reset();
+  // Its network before it runs: the copy's own broker where the agent expects it.
+  if (auto r = host_.attach_live_network(*job->copy); !r) {
+    ::kill(root, SIGKILL);
+    return copy_failed(job, r.error().message);
+  }
+  const CopySpec& s = job->spec;
+  host_.adopt_copy(std::move(job->copy), true);
+  // The tree was dumped stopped, so criu restored it stopped: it runs from here.
+  auto added = host_.find_branch(s.name);
+  continue_tree(root, added ? added->pidfd : -1);
+  // The copy's first line on its channel says who it is; a channel request the original was
+  // waiting on at the dump gets its answer in the copy too.
+  auto w = identity(settings_.box_id, s.name, s.lineage);
+  w["type"] = "whoami";
+  host_.channel_reply(s.name, w);
+  if (auto* cr = job->op->manifest.if_contains("channel_request"); cr && cr->is_int64()) {
+    host_.channel_reply(s.name, {{"id", cr->as_int64()},
+                                 {"ok", true},
+                                 {"snapshot", job->op->snapshot},
+                                 {"copy", true},
+                                 {"branch", s.name},
+                                 {"index", s.lineage.index},
+                                 {"mode", "live"}});
+  }
+  auto& res = job->result;
+  res["mode"] = "live";
+  res["proc"] = s.main_proc;
+  res["pid"] = root;
+  res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)},
+                       {"restore", round_ms(now_ms() - job->t_copied)}};
+  copy_done(job->op, std::move(res));
+}
+
+void Checkpointer::copy_failed(std::shared_ptr<CopyJob> job, std::string error) {
+  job->result["error"] = std::move(error);
+  copy_done(job->op, std::move(job->result));
+}
+
+void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
+  std::string branch(res.at("branch").as_string());
+  json::object ev{{"type", "restore.done"},
+                  {"snapshot", op->snapshot},
+                  {"parent", op->manifest.at("branch")},
+                  {"parent_box", op->manifest.at("box")},
+                  {"index", res.at("index")},
+                  {"of", op->n}};
+  if (op->counted) --copies_starting_;
+  if (res.contains("error")) {
+    // Nothing half-restored stays behind: the copy's directory goes with its failure (its
+    // workspace's mount first, if it got one).
+    if (!host_.has_branch(branch)) {
+      std::string dir = settings_.state_dir + "/branches/" + branch;
+      (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+      os::remove_tree(dir);
+    }
+    ev["type"] = "restore.failed";
+    ev["error"] = res.at("error");
+    log()->error("restore {} as {}: {}", op->snapshot, branch, res.at("error").as_string());
+    host_.emit(branch, ev);
+  } else {
+    ev["mode"] = res.at("mode");
+    if (!op->note.empty()) ev["note"] = res["note"] = op->note;
+    ev["proc"] = res.at("proc");
+    ev["timings_ms"] = res.at("timings_ms");
+    host_.emit(branch, ev);
+  }
+  op->results.emplace_back(std::move(res));
+  if (--op->pending > 0) return;
+  bool all_ok = true;
+  for (auto& r : op->results) {
+    all_ok &= !r.as_object().contains("error");
+  }
+  double total = round_ms(now_ms() - op->t0);
+  if (op->fork) {
+    host_.emit("main", {{"type", "fork.created"},
+                       {"snapshot", op->snapshot},
+                       {"n", op->n},
+                       {"copies", op->results},
+                       {"timings_ms", {{"total", total}}}});
+  }
+  json::object reply{{"ok", all_ok}, {"snapshot", op->snapshot}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
+  if (!all_ok) reply["error"] = {{"code", "restore_failed"}, {"message", "some copies could not be restored"}};
+  op->done(std::move(reply));
+  op_done();
+}
+
+void Checkpointer::start_from_archive(const std::string& path) {
+  ++ops_;
+  auto err = std::make_shared<std::string>();
+  std::string tmp = incoming_path();
+  offload([path, tmp, err] {
+            // The operator's path may be a symlink (copy_tree follows none): resolved here.
+            std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+            if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
+          },
+          [this, err, tmp, path] {
+            auto fail = [this](const std::string& msg) {
+              log()->critical("restore from archive: {}", msg);
+              host_.box_started();
+              host_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
+              host_.end_box(125);
+              op_done();
+            };
+            if (!err->empty()) {
+              ::unlink(tmp.c_str());
+              return fail(path + ": " + *err);
+            }
+            import_archive(tmp, [this, fail, path](json::object r) {
+              if (!r.at("ok").as_bool()) return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
+              std::string id(r.at("snapshot").as_string());
+              // Continue the parent's numbering.
+              auto text = os::read_file(snap_dir_ + "/" + id + ".json");
+              boost::system::error_code ec;
+              json::value m = text ? json::parse(*text, ec) : json::value();
+              if (!ec && m.is_object())
+                if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
+                  host_.continue_journal_after(ls->to_number<uint64_t>());
+              restore(id, 1, false,
+                      [this](json::object r2) {
+                        host_.box_started();
+                        if (!r2.at("ok").as_bool()) host_.end_box(125);
+                      },
+                      "main", settings_.restore_index);
+              op_done();
+            }, false);
+          });
+}
+
+}  // namespace sbx::checkpoint

@@ -1,0 +1,243 @@
+// The snapshot store (snapshots/ under the state dir): the list, deletion, import and export, the
+// box's bounds (resources.snapshots, resources.copies) and the agent channel's reach
+// (checkpoint/README.md, "The agent channel's reach").
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "archive/archive.hpp"
+#include "base/encoding.hpp"
+#include "checkpoint/checkpointer.hpp"
+#include "checkpoint/internal.hpp"
+#include "os/files.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::checkpoint {
+
+namespace json = boost::json;
+using namespace detail;
+
+// ---- bounds and the agent channel's reach ----
+
+size_t Checkpointer::stored_snapshots() const {
+  size_t n = 0;
+  DIR* d = ::opendir(snap_dir_.c_str());
+  if (!d) return 0;
+  while (auto* e = ::readdir(d)) {
+    std::string_view name = e->d_name;
+    if (name.size() > 5 && name.ends_with(".json") && archive::valid_snapshot_id(name.substr(0, name.size() - 5))) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+json::object Checkpointer::limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
+                                         const std::string& msg) {
+  auto b = host_.find_branch(branch);
+  host_.emit(branch, {{"type", "limit.hit"},
+                      {"limit", limit},
+                      {"value", value},
+                      {"ceiling", ceiling},
+                      {"proc", b ? json::value(b->main_proc) : json::value(nullptr)}});
+  return error_reply("limit", msg);
+}
+
+std::optional<json::object> Checkpointer::snapshots_refusal(const std::string& branch) {
+  int64_t ceiling = settings_.max_snapshots;
+  auto value = static_cast<int64_t>(stored_snapshots()) + checkpoints_ + 1;
+  if (value <= ceiling) return std::nullopt;
+  return limit_refusal(branch, "snapshots", value, ceiling,
+                       "resources.snapshots: this box keeps at most " + std::to_string(ceiling) + " snapshots (" +
+                           std::to_string(value - 1) + " kept or being taken); delete one first");
+}
+
+int64_t Checkpointer::live_copies() const {
+  int64_t n = copies_starting_;
+  for (auto& b : host_.branches())
+    if (b.name != "main" && !b.ended) ++n;
+  return n;
+}
+
+std::optional<json::object> Checkpointer::copies_refusal(const std::string& branch, int n) {
+  int64_t ceiling = settings_.max_copies;
+  int64_t value = live_copies() + n;
+  if (value <= ceiling) return std::nullopt;
+  return limit_refusal(branch, "copies", value, ceiling,
+                       "resources.copies: at most " + std::to_string(ceiling) + " copies may run at once in this box (" +
+                           std::to_string(value - n) + " running or starting, " + std::to_string(n) + " asked for)");
+}
+
+std::optional<json::object> Checkpointer::channel_refusal(const std::string& branch, const Lineage& lineage,
+                                                          const std::string& id, bool to_delete) const {
+  if (!archive::valid_snapshot_id(id)) return std::nullopt;  // the operation itself says what is wrong
+  auto text = os::read_file(snap_dir_ + "/" + id + ".json");
+  if (!text) return std::nullopt;  // no such snapshot: the operation says so
+  boost::system::error_code ec;
+  auto v = json::parse(*text, ec);
+  const json::object* origin = nullptr;
+  if (!ec && v.is_object())
+    if (auto* o = v.as_object().if_contains("origin"); o && o->is_object()) origin = &o->as_object();
+  auto field = [&](const char* k) {
+    auto* v = origin ? origin->if_contains(k) : nullptr;
+    return v && v->is_string() ? std::string(v->as_string()) : std::string();
+  };
+  bool own = field("by") == "channel" && field("branch") == branch;
+  if (own) return std::nullopt;
+  // The snapshot a copy was made from is its own past: it may make more copies of it, not delete it.
+  if (!to_delete && id == lineage.snapshot) return std::nullopt;
+  std::string whose = field("by") != "channel" ? std::string("the operator's") : "branch " + field("branch") + "'s";
+  return error_reply("forbidden", "snapshot " + id + " is " + whose + ": the agent channel of branch " + branch +
+                                      " may " + (to_delete ? "delete" : "restore or fork") +
+                                      " only the snapshots it took itself" +
+                                      (to_delete ? "" : " and the one it was restored from"));
+}
+
+json::array Checkpointer::list_for(const std::string& branch, const Lineage& lineage) const {
+  json::array out;
+  for (auto& v : list())
+    if (!channel_refusal(branch, lineage, std::string(v.as_object().at("id").as_string()), false)) out.push_back(v);
+  return out;
+}
+
+// ---- the store ----
+
+json::array Checkpointer::list() const {
+  json::array out;
+  DIR* d = ::opendir(snap_dir_.c_str());
+  if (!d) return out;
+  std::vector<std::string> names;
+  while (auto* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.size() > 5 && n.ends_with(".json") && archive::valid_snapshot_id(n.substr(0, n.size() - 5))) names.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  for (auto& n : names) {
+    auto text = os::read_file(snap_dir_ + "/" + n);
+    boost::system::error_code ec;
+    if (!text) continue;
+    auto v = json::parse(*text, ec);
+    if (ec || !v.is_object()) continue;
+    auto& o = v.as_object();
+    o.erase("files");
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+json::object Checkpointer::remove(const std::string& id) {
+  if (!archive::valid_snapshot_id(id)) return error_reply("bad_request", "\"" + id + "\" is not a snapshot id");
+  std::string base = snap_dir_ + "/" + id;
+  struct stat st {};
+  if (::stat((base + ".json").c_str(), &st) != 0 && ::stat((base + ".tar.zst").c_str(), &st) != 0)
+    return error_reply("not_found", "no snapshot \"" + id + "\"");
+  ::unlink((base + ".tar.zst").c_str());
+  ::unlink((base + ".json").c_str());
+  os::remove_tree(base + ".d");
+  host_.emit("main", {{"type", "snapshot.deleted"}, {"snapshot", id}});
+  return {{"ok", true}};
+}
+
+base::Result<std::string> Checkpointer::archive_path(const std::string& id) const {
+  if (!archive::valid_snapshot_id(id))
+    return base::fail("\"" + id + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request");
+  std::string path = snap_dir_ + "/" + id + ".tar.zst";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return base::fail("no snapshot \"" + id + "\"", "not_found");
+  return {boost::system::in_place_value, std::move(path)};  // (an Error could be made of a string too)
+}
+
+std::string Checkpointer::incoming_path() const {
+  (void)os::make_dirs(snap_dir_, 0700);
+  return snap_dir_ + "/.import-" + os::random_hex(6);
+}
+
+void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce) {
+  // An import is one more snapshot kept (not a box's own start from an archive: its store is new).
+  if (announce)
+    if (auto refusal = snapshots_refusal("main")) {
+      ::unlink(tmp.c_str());
+      return done(std::move(*refusal));
+    }
+  ++ops_;
+  struct State {
+    std::string err, id;
+    uint64_t bytes = 0;
+    bool existing = false;
+  };
+  auto st = std::make_shared<State>();
+  std::string dir = snap_dir_;
+  offload(
+      [tmp, dir, st] {
+        struct stat sb {};
+        if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
+        auto sha = archive::sha256_file(tmp);
+        if (!sha) {
+          st->err = sha.error().message;
+          return;
+        }
+        st->id = "s-" + sha->substr(0, 16);
+        std::string dst = dir + "/" + st->id + ".tar.zst";
+        // Filed under its id without replacing anything: a second import of the same archive
+        // (even one at the same moment) finds it there and says so.
+        if (::link(tmp.c_str(), dst.c_str()) == 0) {
+          ::unlink(tmp.c_str());
+        } else if (errno == EEXIST) {
+          st->existing = true;  // the same content is here already: its id says so
+          ::unlink(tmp.c_str());
+        } else {
+          st->err = "store the archive: " + std::string(std::strerror(errno));
+        }
+      },
+      [this, tmp, st, announce, done = std::move(done)] {
+        if (!st->err.empty()) {
+          ::unlink(tmp.c_str());
+          done(error_reply("bad_snapshot", st->err));
+          return op_done();
+        }
+        // Verify it whole now (its signature, every entry against the manifest, the format
+        // version), so an untrusted, corrupted or truncated upload is refused here and not at
+        // its first restore.
+        with_extracted(st->id, [this, st, announce, done](base::Result<json::object> m) {
+          std::string base = snap_dir_ + "/" + st->id;
+          if (!m) {
+            if (!st->existing) ::unlink((base + ".tar.zst").c_str());
+            const std::string& e = m.error().message;
+            log()->warn("import refused: {}", e);
+            done(error_reply(m.error().code,
+                             e.starts_with("the archive is refused") ? e : "the archive is refused: " + e));
+            return op_done();
+          }
+          json::object index = *m;
+          index["id"] = st->id;
+          index.erase("files");
+          index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
+          index["imported"] = base::rfc3339_now();
+          if (!st->existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
+          auto* v = index.if_contains("verified");
+          json::value trusted = v && v->is_object() && v->as_object().contains("trusted") ? v->at("trusted") : false;
+          json::value signer = v && v->is_object() && v->as_object().contains("key") ? v->at("key") : nullptr;
+          if (announce)
+            host_.emit("main", {{"type", "snapshot.imported"},
+                             {"snapshot", st->id},
+                             {"bytes", st->bytes},
+                             {"existing", st->existing},
+                             {"trusted", trusted},
+                             {"signed_by", signer},
+                             {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
+          json::object r{{"ok", true}, {"snapshot", st->id}, {"bytes", st->bytes}, {"existing", st->existing},
+                         {"trusted", trusted}, {"signed_by", signer},
+                         {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}};
+          if (trusted != true) r["note"] = "untrusted, accepted under --allow-unsigned: it restores cold, files only";
+          done(std::move(r));
+          op_done();
+        });
+      });
+}
+
+}  // namespace sbx::checkpoint
