@@ -34,7 +34,12 @@ bool env_name_is_reserved(std::string_view name) {
 
 base::Result<void> check_env_name(std::string_view name) {
   if (name.empty()) return base::fail("an environment variable name is not empty");
-  if (name.find('=') != std::string_view::npos) return base::fail("\"" + std::string(name) + "\": a name holds no '='");
+  if (name.find('=') != std::string_view::npos) {
+    // Appended rather than "\"" + name: GCC 12 at -O3 warns (-Wrestrict) on the latter.
+    std::string msg(1, '"');
+    msg.append(name).append("\": a name holds no '='");
+    return base::fail(std::move(msg));
+  }
   if (name.find('\0') != std::string_view::npos) return base::fail("a name holds no NUL byte");
   if (env_name_is_reserved(name))
     return base::fail(std::string(name) + " is the supervisor's own (it sets it for the agent, or keeps it from the agent)");
