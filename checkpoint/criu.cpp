@@ -121,7 +121,7 @@ std::string criu_error_from_log(const std::string& log_path) {
   while (std::getline(ss, line)) {
     if (line.empty()) continue;
     last = line;
-    // RLIMIT_NOFILE: benign where CAP_SYS_RESOURCE is missing (DESIGN.md).
+    // RLIMIT_NOFILE: benign where CAP_SYS_RESOURCE is missing (docs/architecture.md, "Hosts").
     // The first error is the cause; the ones after it ("Dumping FAILED") are its echo.
     if (last_error.empty() && line.find("Error") != std::string::npos && line.find("RLIMIT_NOFILE") == std::string::npos)
       last_error = line;

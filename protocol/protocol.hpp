@@ -1,5 +1,5 @@
 #pragma once
-// The wire format of the WebSocket API (DESIGN.md, "Protocol details"): parsing one request
+// The wire format of the WebSocket API (tests/protocol/README.md, docs/architecture.md): parsing one request
 // frame with errors that name the problem, and the binary frame header for file content.
 // Pure code: the server and the fuzz target use it.
 #include <boost/json.hpp>

@@ -314,7 +314,7 @@ void Box::start() {
       return;
     }
     // A box from an archive continues the parent's journal: its own starts with restore.done
-    // (after the parent's last seq), then box.started (DESIGN.md, Events).
+    // (after the parent's last seq), then box.started (docs/architecture.md, "Events").
     started["restored_from"] = opts_.restore_file;
     pending_started_ = std::move(started);
     checkpointer_->start_from_archive(opts_.restore_file);
@@ -328,7 +328,7 @@ void Box::start() {
   sandbox::BranchSpec spec = branch_spec(b->name);
   setup_branch_policy(*b, spec);
   BranchNetwork::prepare(opts_.profile, spec);
-  // criu does not restore Landlock: such a tree is refused at checkpoint (DESIGN.md).
+  // criu does not restore Landlock: such a tree is refused at checkpoint (docs/architecture.md, "Hosts").
   b->landlocked = opts_.profile.isolation.landlock.has_value();
   auto lb = sandbox::launch_branch(spec);
   cgroup_procs_.clear();

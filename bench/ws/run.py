@@ -139,7 +139,7 @@ def sandboxer_run(args):
 
         async def go():
             # A client too slow for its queue is closed with 4008 `resume_after=N` and subscribes
-            # again after N (DESIGN.md), as the SDKs do; the time that takes is part of the figure.
+            # again after N (tests/protocol/README.md), as the SDKs do; the time that takes is part of the figure.
             since, first = 0, True
             while True:
                 task = asyncio.create_task(ws_read(f"ws://127.0.0.1:{port}", m, subscribe=since,

@@ -4,7 +4,7 @@ started again with SANDBOXER_RESUMED=1, continues from the last step it finished
 
 On a host without live checkpoint (Modal's gVisor, a `docker run` without the caps) a checkpoint
 keeps only files, and a restore or fork re-runs the agent's command on them with
-SANDBOXER_RESUMED=1 and SANDBOXER_SNAPSHOT set (shared/DESIGN.md). Memory is gone; whatever the
+SANDBOXER_RESUMED=1 and SANDBOXER_SNAPSHOT set (docs/architecture.md, "Hosts"). Memory is gone; whatever the
 agent wrote down is not. So this agent writes each finished step to `session.jsonl` (fsynced
 before it reports the step) and, resumed, reads it back. No model, no network: each step is a
 link of a SHA-256 chain, so the final value shows that no step was skipped or done twice.

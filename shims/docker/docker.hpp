@@ -1,12 +1,12 @@
 #pragma once
-// The Docker host (DESIGN.md, "Hosts"): a box is one container of the runtime image with
+// The Docker host (docs/architecture.md, "Hosts"): a box is one container of the runtime image with
 // sandboxer-init as its entrypoint. The shim drives the docker CLI through Boost.Process rather
 // than the Engine API socket: the CLI already resolves DOCKER_HOST, contexts and TLS the way the
 // user set them up, its flags are the documented interface people check a box's set-up against,
 // and the host side has no reaper of its own to conflict with Boost.Process's waitpid.
 //
 // What a box gets:
-// - capabilities only when its profile needs live checkpoint (DESIGN.md's list);
+// - capabilities only when its profile needs live checkpoint (docs/architecture.md, "Hosts");
 // - the WebSocket on 127.0.0.1 only: host networking with a picked loopback port when dockerd has
 //   no bridge, else `-p 127.0.0.1:PORT:7777`;
 // - the token as a read-only bind-mounted file (never on a command line, never in the image), and

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs inside a container of the runtime image (tests/e2e/image-criu starts it with the caps of
-# shared/DESIGN.md). The agent (agent.py) runs as PID 1 of its own pid, mount and network
+# docs/architecture.md, "Hosts"). The agent (agent.py) runs as PID 1 of its own pid, mount and network
 # namespaces, on a root set up with pivot_root, its own /tmp tmpfs, setsid, stdio from inside the
 # new root. It is dumped, then restored twice, each copy on a root of its own, and both copies
 # must be running afterwards.
