@@ -4,26 +4,26 @@
 #include <archive_entry.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
-#include <sys/syscall.h>
 #include <ftw.h>
+#include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "base/encoding.hpp"
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "os/unique-fd.hpp"
-#include "os/files.hpp"
 
 namespace sbx::archive {
 
@@ -346,11 +346,13 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
   archive_write_set_format_pax_restricted(a.get());
   archive_write_set_bytes_per_block(a.get(), 1 << 20);
   archive_write_set_bytes_in_last_block(a.get(), 1);
-  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK) return base::fail(std::string("start the archive: ") + archive_error_string(a.get()));
+  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK)
+    return base::fail(std::string("start the archive: ") + archive_error_string(a.get()));
   auto fail = [&](const std::string& what) {
-    auto e = base::fail(what + ": " + (sink.error             ? std::strerror(sink.error)
-                                       : !sink.zerror.empty() ? "zstd: " + sink.zerror
-                                                              : std::string(archive_error_string(a.get()))));
+    auto e = base::fail(what + ": " +
+                        (sink.error             ? std::strerror(sink.error)
+                         : !sink.zerror.empty() ? "zstd: " + sink.zerror
+                                                : std::string(archive_error_string(a.get()))));
     ::unlink(dst.c_str());
     return e;
   };
@@ -385,7 +387,7 @@ struct Listed {
   std::string type;  // dir, file, symlink
   uint64_t size = 0;
   std::string sha, target;
-  std::optional<uid_t> uid;   // owner and mode as the manifest lists them (none: root, the tar's mode)
+  std::optional<uid_t> uid;  // owner and mode as the manifest lists them (none: root, the tar's mode)
   std::optional<gid_t> gid;
   std::optional<mode_t> mode;
   bool seen = false;
@@ -409,14 +411,15 @@ bool payload_path(std::string_view p) {
 }
 
 bool hex64(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 // Opens the directory `rel` ("" for the root itself) beneath `root`, following no symlink and
 // leaving neither the tree nor its filesystem.
 os::UniqueFd open_beneath(int root, const std::string& rel) {
-  auto fd = os::open_beneath(root, rel.empty() ? "." : rel, O_PATH | O_DIRECTORY, 0,
-                             os::kResolveNoLinks | RESOLVE_NO_XDEV);
+  auto fd =
+      os::open_beneath(root, rel.empty() ? "." : rel, O_PATH | O_DIRECTORY, 0, os::kResolveNoLinks | RESOLVE_NO_XDEV);
   if (!fd) {
     errno = fd.error().value();  // the caller names it
     return {};
@@ -444,13 +447,15 @@ class Extractor {
     struct archive_entry* e = nullptr;
     if (!next(e)) return std::nullopt;
     if (!e || std::string_view(archive_entry_pathname(e)) != "manifest.json" || archive_entry_filetype(e) != AE_IFREG)
-      return fail("the archive does not begin with manifest.json: it is of format 1 (from before signed "
-                  "archives; make it again with this version) or not a sandboxer archive");
+      return fail(
+          "the archive does not begin with manifest.json: it is of format 1 (from before signed "
+          "archives; make it again with this version) or not a sandboxer archive");
     if (!read_blob(manifest_text_, kMaxManifest, "manifest.json") || !check_manifest()) return std::nullopt;
     if (!next(e)) return std::nullopt;
     std::string signature;
     bool signed_ = e && std::string_view(archive_entry_pathname(e)) == "signature.json";
-    if (signed_ && archive_entry_filetype(e) != AE_IFREG) return fail("the archive's signature.json is not a regular file");
+    if (signed_ && archive_entry_filetype(e) != AE_IFREG)
+      return fail("the archive's signature.json is not a regular file");
     if (signed_ && !read_blob(signature, kMaxSignature, "signature.json")) return std::nullopt;
     check_signature(signed_, signature);
     if (!out_.trusted) {
@@ -549,8 +554,7 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
     l.sha = std::string(sha->as_string());
     if (l.size > policy_.max_bytes || total_ + l.size > policy_.max_bytes)
       return refuse("the archive would expand beyond " + std::to_string(policy_.max_bytes) +
-                   " bytes, this box's limit (--max-archive-bytes): its manifest lists more than that")
-                  ;
+                    " bytes, this box's limit (--max-archive-bytes): its manifest lists more than that");
     total_ += l.size;
   } else if (l.type == "symlink") {
     auto* target = o.if_contains("target");
@@ -585,11 +589,11 @@ bool Extractor::check_manifest() {
   auto* ver = m.if_contains("format_version");
   if (!fmt || *fmt != kFormatName) return refuse("not a sandboxer checkpoint archive (manifest format)");
   if (!ver || !ver->is_int64() || ver->as_int64() != kFormatVersion)
-    return refuse("the archive's format_version is not " + std::to_string(kFormatVersion) +
-                 (ver && ver->is_int64() && ver->as_int64() < kFormatVersion
-                      ? " (format " + std::to_string(ver->as_int64()) + " is from before signed archives: make it again)"
-                      : std::string()))
-                ;
+    return refuse(
+        "the archive's format_version is not " + std::to_string(kFormatVersion) +
+        (ver && ver->is_int64() && ver->as_int64() < kFormatVersion
+             ? " (format " + std::to_string(ver->as_int64()) + " is from before signed archives: make it again)"
+             : std::string()));
   auto* files = m.if_contains("files");
   if (!files || !files->is_object()) return refuse("the archive's manifest lists no files");
   for (auto& [k, f] : files->as_object())
@@ -626,7 +630,8 @@ void Extractor::check_signature(bool present, const std::string& text) {
     return;
   }
   PublicKey key{*pub};
-  auto it = std::find_if(policy_.trusted.begin(), policy_.trusted.end(), [&](const PublicKey& k) { return k.raw == key.raw; });
+  auto it = std::find_if(policy_.trusted.begin(), policy_.trusted.end(),
+                         [&](const PublicKey& k) { return k.raw == key.raw; });
   if (it == policy_.trusted.end()) {
     out_.why_untrusted = "it is signed by an unknown key " + key.fingerprint();
     return;
@@ -646,16 +651,14 @@ bool Extractor::entry(struct archive_entry* e) {
   if (archive_entry_hardlink(e))
     return refuse("the archive holds a hard link (" + path + "), which no checkpoint makes");
   auto it = listed_.find(path);
-  if (it == listed_.end())
-    return refuse("the archive holds " + path + ", which its manifest does not list");
+  if (it == listed_.end()) return refuse("the archive holds " + path + ", which its manifest does not list");
   Listed& l = it->second;
   if (l.seen) return refuse("the archive holds " + path + " twice");
   l.seen = true;
   auto type = archive_entry_filetype(e);
   const char* want = type == AE_IFDIR ? "dir" : type == AE_IFREG ? "file" : type == AE_IFLNK ? "symlink" : nullptr;
   if (!want) return refuse("the archive holds an entry of an unsupported type: " + path);
-  if (l.type != want)
-    return refuse("the archive holds " + path + " as a " + want + ", its manifest as a " + l.type);
+  if (l.type != want) return refuse("the archive holds " + path + " as a " + want + ", its manifest as a " + l.type);
   auto slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
   std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -669,11 +672,9 @@ bool Extractor::entry(struct archive_entry* e) {
   os::UniqueFd parent = open_beneath(root_.get(), dir);
   if (!parent)
     return refuse("extract " + path + ": its directory " + dir + " " +
-                 (errno == ENOENT ? std::string("comes later or not at all") : std::strerror(errno)))
-                ;
+                  (errno == ENOENT ? std::string("comes later or not at all") : std::strerror(errno)));
   if (type == AE_IFDIR) {
-    if (::mkdirat(parent.get(), name.c_str(), 0700) != 0)
-      return refuse("create " + path + ": " + std::strerror(errno));
+    if (::mkdirat(parent.get(), name.c_str(), 0700) != 0) return refuse("create " + path + ": " + std::strerror(errno));
     os::UniqueFd d(::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!d) return refuse("create " + path + ": " + std::strerror(errno));
     return keep_owner(d.get(), path, l, l.mode ? *l.mode : (archive_entry_perm(e) | 0700));
@@ -683,10 +684,10 @@ bool Extractor::entry(struct archive_entry* e) {
 
 bool Extractor::write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path,
                            Listed& l) {
-  if (!archive_entry_size_is_set(e) || archive_entry_size(e) < 0 || static_cast<uint64_t>(archive_entry_size(e)) != l.size)
-    return refuse("the archive's " + path + " is " + std::to_string(archive_entry_size(e)) + " bytes, its manifest says " +
-                 std::to_string(l.size))
-                ;
+  if (!archive_entry_size_is_set(e) || archive_entry_size(e) < 0 ||
+      static_cast<uint64_t>(archive_entry_size(e)) != l.size)
+    return refuse("the archive's " + path + " is " + std::to_string(archive_entry_size(e)) +
+                  " bytes, its manifest says " + std::to_string(l.size));
   os::UniqueFd out(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!out) return refuse("create " + path + ": " + std::strerror(errno));
   Sha256 sha;
@@ -736,7 +737,8 @@ bool Extractor::finish() {
 
 }  // namespace
 
-base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy) {
+base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
+                                        const ImportPolicy& policy) {
   std::string err;
   bool untrusted = false;
   Extractor x(policy, err);

@@ -9,8 +9,8 @@
 #include <boost/json.hpp>
 #include <cstdint>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "archive/signing.hpp"
@@ -39,8 +39,8 @@ struct Extracted {
 };
 
 struct ArchiveInfo {
-  std::string sha256;        // of the archive file
-  uint64_t raw_bytes = 0;    // sum of the entries' sizes
+  std::string sha256;      // of the archive file
+  uint64_t raw_bytes = 0;  // sum of the entries' sizes
   uint64_t compressed_bytes = 0;
 };
 

@@ -27,7 +27,9 @@ template <class T>
 using Result = boost::system::result<T, Error>;
 
 /// An Error with `message` and `code`.
-inline Error fail(std::string message, std::string code = "failed") { return Error{std::move(message), std::move(code)}; }
+inline Error fail(std::string message, std::string code = "failed") {
+  return Error{std::move(message), std::move(code)};
+}
 
 /// "<what>: <strerror(err)>" for a failed system call.
 Error sys_fail(const std::string& what, int err, std::string code = "failed");

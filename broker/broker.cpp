@@ -12,10 +12,10 @@
 #include <optional>
 #include <thread>
 
+#include "base/encoding.hpp"
 #include "egress/broker-request.hpp"
 #include "egress/egress-policy.hpp"
 #include "os/socket-owner.hpp"
-#include "base/encoding.hpp"
 
 namespace sbx::broker {
 
@@ -158,8 +158,8 @@ struct Broker::Impl {
   std::optional<size_t> placeholder_in(const Request& req) const {
     for (size_t i = 0; i < cfg.credentials.size(); ++i) {
       const auto& ph = cfg.credentials[i].placeholder;
-      bool found = std::string_view(req.target()).find(ph) != std::string_view::npos ||
-                   req.body().find(ph) != std::string::npos;
+      bool found =
+          std::string_view(req.target()).find(ph) != std::string_view::npos || req.body().find(ph) != std::string::npos;
       for (auto& f : req)
         found |= f.value().find(ph) != std::string_view::npos || f.name_string().find(ph) != std::string_view::npos;
       if (found) return i;
@@ -234,7 +234,8 @@ struct Broker::Impl {
   // out, a failure can only end the connection.
   template <class Stream>
   awaitable<std::optional<std::string>> relay(Stream& s, beast::tcp_stream& up_tcp, Request& up_req, Conn& conn,
-                                              unsigned version, const profile::Credential* c, const std::string* secret) {
+                                              unsigned version, const profile::Credential* c,
+                                              const std::string* secret) {
     up_tcp.expires_after(timeout());
     auto [wec, wn] = co_await http::async_write(s, up_req, nothrow);
     if (wec) co_return "send: " + wec.message();
@@ -252,7 +253,8 @@ struct Broker::Impl {
         auto v = p.get()[field];
         if (!egress::coded(v, field == http::field::transfer_encoding)) continue;
         std::string why = "upstream answered with " + std::string(http::to_string(field)) + ": " +
-                          std::string(v.substr(0, 64)) + " (asked for identity); the secret could not be scrubbed from it";
+                          std::string(v.substr(0, 64)) +
+                          " (asked for identity); the secret could not be scrubbed from it";
         deny("credential", c->host, c->port, why, {{"credential", c->name}}, conn.peer);
         co_return why;
       }
@@ -359,12 +361,14 @@ struct Broker::Impl {
       deny("credential", c.host, c.port, "placeholder of credential \"" + o.name + "\" sent toward " + c.host,
            {{"credential", o.name}}, peer);
       co_return text_response(http::status::forbidden,
-                              "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host, req.version());
+                              "sandboxer broker: credential \"" + o.name + "\" is not bound to " + c.host,
+                              req.version());
     }
     if (egress::escapes_prefix(rest)) {
       deny("credential", c.host, c.port, "path leaves the binding's prefix", {{"credential", c.name}}, peer);
       co_return text_response(http::status::forbidden,
-                              "sandboxer broker: \".\" and \"..\" segments (plain or %-encoded) are refused", req.version());
+                              "sandboxer broker: \".\" and \"..\" segments (plain or %-encoded) are refused",
+                              req.version());
     }
     std::string host_header = c.host + (c.port == 443 ? "" : ":" + std::to_string(c.port));
     Request up = upstream_request(req, c.path_prefix + rest, host_header, true);
@@ -383,13 +387,15 @@ struct Broker::Impl {
     auto where = c.host + ":" + std::to_string(c.port);
     auto fail = [&](std::string what) {
       log()->warn("credential {}: upstream {}: {}", c.name, where, what);
-      return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what, req.version());
+      return text_response(http::status::bad_gateway, "sandboxer broker: upstream " + where + ": " + what,
+                           req.version());
     };
     if (auto r = co_await connect(beast::get_lowest_layer(s), c.host, c.port); r.ec == asio::error::access_denied) {
       auto extra = r.denial();
       extra["credential"] = c.name;
       deny("credential", c.host, c.port, r.why, std::move(extra), peer);
-      co_return text_response(http::status::forbidden, "sandboxer broker: upstream " + where + ": " + r.why, req.version());
+      co_return text_response(http::status::forbidden, "sandboxer broker: upstream " + where + ": " + r.why,
+                              req.version());
     } else if (r.ec) {
       co_return fail("connect: " + r.ec.message());
     }
@@ -428,7 +434,8 @@ struct Broker::Impl {
       deny("credential", h->name, port, "placeholder of credential \"" + c.name + "\" sent toward " + h->name,
            {{"credential", c.name}}, peer);
       co_return text_response(http::status::forbidden,
-                              "sandboxer broker: credential \"" + c.name + "\" is not bound to " + h->name, req.version());
+                              "sandboxer broker: credential \"" + c.name + "\" is not bound to " + h->name,
+                              req.version());
     }
     beast::tcp_stream s(io);
     auto where = h->name + ":" + std::to_string(port);
@@ -436,11 +443,13 @@ struct Broker::Impl {
       deny("egress", h->name, port, r.why, r.denial(), peer);
       co_return text_response(http::status::forbidden, "sandboxer broker: " + h->name + ": " + r.why, req.version());
     } else if (r.ec) {
-      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + r.ec.message(), req.version());
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + r.ec.message(),
+                              req.version());
     }
     Request up = upstream_request(req, path.empty() ? "/" : path, authority, false);
     auto err = co_await relay(s, s, up, conn, req.version(), nullptr, nullptr);
-    if (err) co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
+    if (err)
+      co_return text_response(http::status::bad_gateway, "sandboxer broker: " + where + ": " + *err, req.version());
     co_return Response{};
   }
 
@@ -448,14 +457,16 @@ struct Broker::Impl {
     auto t = egress::route_target(req.target(), cfg.network.proxy_port);
     if (t.kind == egress::Target::Kind::Plain) co_return co_await forward_plain(req, t.authority, t.path, conn);
     if (t.kind == egress::Target::Kind::Bad)
-      co_return text_response(http::status::bad_request,
-                              "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
-                              req.version());
+      co_return text_response(
+          http::status::bad_request,
+          "sandboxer broker: use CONNECT for https, http://host/... for plain HTTP, or /<credential>/...",
+          req.version());
     if (t.own_url) req.target(t.path);
     for (size_t i = 0; i < cfg.credentials.size(); ++i)
       if (cfg.credentials[i].name == t.credential) co_return co_await credential_request(req, i, t.rest, conn);
     co_return text_response(http::status::not_found,
-                            "sandboxer broker: no credential named \"" + t.credential.substr(0, 64) + "\"", req.version());
+                            "sandboxer broker: no credential named \"" + t.credential.substr(0, 64) + "\"",
+                            req.version());
   }
 
   static awaitable<void> pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
@@ -558,19 +569,22 @@ struct Broker::Impl {
         auto [ec, n] = co_await http::async_read_header(client, buf, parser, nothrow);
         if (ec) {
           if (ec == http::error::header_limit)
-            co_await http::async_write(client, text_response(http::status::request_header_fields_too_large,
-                                                             "sandboxer broker: header larger than " +
-                                                                 std::to_string(cfg.network.max_header_bytes) + " bytes"),
+            co_await http::async_write(client,
+                                       text_response(http::status::request_header_fields_too_large,
+                                                     "sandboxer broker: header larger than " +
+                                                         std::to_string(cfg.network.max_header_bytes) + " bytes"),
                                        nothrow);
           else if (ec == http::error::body_limit)  // a Content-Length past the bound, known from the header
-            co_await http::async_write(client, text_response(http::status::payload_too_large,
-                                                             "sandboxer broker: body larger than " +
-                                                                 std::to_string(cfg.network.max_body_bytes) + " bytes"),
+            co_await http::async_write(client,
+                                       text_response(http::status::payload_too_large,
+                                                     "sandboxer broker: body larger than " +
+                                                         std::to_string(cfg.network.max_body_bytes) + " bytes"),
                                        nothrow);
           else if (ec != http::error::end_of_stream && ec != beast::error::timeout && ec != asio::error::eof &&
                    ec != asio::error::connection_reset)
             co_await http::async_write(
-                client, text_response(http::status::bad_request, "sandboxer broker: malformed request: " + ec.message()),
+                client,
+                text_response(http::status::bad_request, "sandboxer broker: malformed request: " + ec.message()),
                 nothrow);
           break;
         }
@@ -585,13 +599,15 @@ struct Broker::Impl {
           auto [bec, bn] = co_await http::async_read(client, buf, parser, nothrow);
           if (bec) {
             if (bec == http::error::body_limit)
-              co_await http::async_write(client, text_response(http::status::payload_too_large,
-                                                               "sandboxer broker: body larger than " +
-                                                                   std::to_string(cfg.network.max_body_bytes) + " bytes"),
+              co_await http::async_write(client,
+                                         text_response(http::status::payload_too_large,
+                                                       "sandboxer broker: body larger than " +
+                                                           std::to_string(cfg.network.max_body_bytes) + " bytes"),
                                          nothrow);
             else if (bec != beast::error::timeout)
               co_await http::async_write(
-                  client, text_response(http::status::bad_request, "sandboxer broker: malformed body: " + bec.message()),
+                  client,
+                  text_response(http::status::bad_request, "sandboxer broker: malformed body: " + bec.message()),
                   nothrow);
             break;
           }
@@ -668,7 +684,8 @@ struct Broker::Impl {
   // connect to. An address in a range the profile does not allow is left out rather than handed
   // to the agent (the agent reaches nothing by address anyway, and it need not learn the host's
   // internal network); a name with no other address is REFUSED and reported.
-  awaitable<std::string> dns_answer(const std::string& msg, const egress::DnsQuestion& q, const egress::CanonicalHost& host, Peer peer) {
+  awaitable<std::string> dns_answer(const std::string& msg, const egress::DnsQuestion& q,
+                                    const egress::CanonicalHost& host, Peer peer) {
     const std::string& name = host.name;
     // Pins and addresses are answered at once; only a lookup waits on the system's resolver.
     bool lookup = !host.is_ip && !cfg.network.resolve.contains(name);
@@ -699,11 +716,11 @@ struct Broker::Impl {
     addrs.erase(std::unique(addrs.begin(), addrs.end()), addrs.end());
     if (r.ec == asio::error::access_denied) deny("dns", name, 0, r.why, r.denial(), peer);
     co_return egress::make_dns_reply(msg, q,
-                             r.ec == asio::error::host_not_found ? egress::kDnsNxDomain
-                             : r.ec == asio::error::access_denied ? egress::kDnsRefused
-                             : r.ec                               ? egress::kDnsServFail
-                                                                  : egress::kDnsNoError,
-                             addrs);
+                                     r.ec == asio::error::host_not_found  ? egress::kDnsNxDomain
+                                     : r.ec == asio::error::access_denied ? egress::kDnsRefused
+                                     : r.ec                               ? egress::kDnsServFail
+                                                                          : egress::kDnsNoError,
+                                     addrs);
   }
 
   // DNS over TCP (RFC 7766): two bytes of length, then the message; answers in the same framing,
@@ -761,7 +778,9 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
       ctx->load_verify_file(c.ca_file, ec);
     else
       ctx->set_default_verify_paths(ec);
-    if (ec) throw std::runtime_error("credential " + c.name + ": load trust anchors" + (c.ca_file.empty() ? "" : " from " + c.ca_file) + ": " + ec.message());
+    if (ec)
+      throw std::runtime_error("credential " + c.name + ": load trust anchors" +
+                               (c.ca_file.empty() ? "" : " from " + c.ca_file) + ": " + ec.message());
     im.tls.push_back(std::move(ctx));
   }
   boost::system::error_code ec;
@@ -778,7 +797,9 @@ Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink 
     im.dns_tcp.assign(tcp::v4(), dns_tcp_fd.get(), ec);
     if (ec) throw std::runtime_error("broker: adopt the DNS (TCP) socket: " + ec.message());
     dns_tcp_fd.release();
-    asio::co_spawn(im.io, im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp, im.dns_tcp_connections, kMaxDnsTcpConnections), asio::detached);
+    asio::co_spawn(im.io,
+                   im.accept_loop(im.dns_tcp, &Impl::serve_dns_tcp, im.dns_tcp_connections, kMaxDnsTcpConnections),
+                   asio::detached);
   }
   asio::co_spawn(im.io, im.accept_loop(im.acceptor, &Impl::serve, im.connections, kMaxConnections), asio::detached);
   im.thread = std::thread([&im] {

@@ -121,9 +121,9 @@ struct Checkpointer::CheckpointOp {
   bool leave_running = true;
   Reply done;
   bool live = false;
-  std::string note;  // why files only
-  std::string work;  // snapshots/.work-X: payload/{criu,fs}, logs
-  std::string by;    // the branch whose agent channel asked, or "" (the operator)
+  std::string note;        // why files only
+  std::string work;        // snapshots/.work-X: payload/{criu,fs}, logs
+  std::string by;          // the branch whose agent channel asked, or "" (the operator)
   pid_t ns_init_pid = -1;  // the branch's ns-init (the root of its tree), in the supervisor's pid namespace
   os::UniqueFd tree_fd;    // a pidfd of ns_init_pid: the tree is stopped, continued, killed through it
   pid_t criu = -1;         // criu dumping it, until the reaper collects it
@@ -216,7 +216,9 @@ void write_branch_json(const std::string& box, const std::string& branch, const 
     log()->warn("create {}/run/sandboxer: {}", dir, d.error().message());
     return;
   }
-  if (auto r = os::write_file_atomic_at(d->get(), "branch.json", json::serialize(identity(box, branch, lineage)) + "\n"); !r)
+  if (auto r =
+          os::write_file_atomic_at(d->get(), "branch.json", json::serialize(identity(box, branch, lineage)) + "\n");
+      !r)
     log()->warn("write {}/run/sandboxer/branch.json: {}", dir, r.error().message());
 }
 
@@ -244,8 +246,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   auto found = host_.find_branch(branch);
   if (!found) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   const BranchView& b = *found;
-  if (!b.running)
-    return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
+  if (!b.running) return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
   if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
   if (auto refusal = snapshots_refusal(branch)) return done(std::move(*refusal));
   auto op = std::make_shared<CheckpointOp>();
@@ -323,24 +324,14 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   }
   op->t_stopped = now_ms();
   CriuRun run;
-  run.args = {"dump",
-              "--tree", std::to_string(op->ns_init_pid),
-              "--images-dir", op->work + "/payload/criu",
-              "--work-dir", op->work + "/logs",
-              "--log-file", "dump.log",
-              "--external", "mnt[]",
-              "--external", "mnt[/workspace]:workspace",
-              "--external", "mnt[/tmp]:tmp",
-              "--external", "mnt[/run]:run",
-              "--external", "mnt[/etc/machine-id]:machine-id",
-              "--manage-cgroups=ignore",
+  run.args = {"dump", "--tree", std::to_string(op->ns_init_pid), "--images-dir", op->work + "/payload/criu",
+              "--work-dir", op->work + "/logs", "--log-file", "dump.log", "--external", "mnt[]", "--external",
+              "mnt[/workspace]:workspace", "--external", "mnt[/tmp]:tmp", "--external", "mnt[/run]:run", "--external",
+              "mnt[/etc/machine-id]:machine-id", "--manage-cgroups=ignore",
               // Live TCP connections are dumped; the network is not locked: the tree is stopped,
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
               // network namespace), and no restored copy keeps the connections (--tcp-close).
-              "--tcp-established",
-              "--network-lock", "skip",
-              "--file-locks",
-              "--leave-running"};
+              "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
   run.output = op->work + "/logs/dump.out";
   auto pid = spawn_criu(*criu_, run);
   if (!pid) {
@@ -369,13 +360,15 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   });
 }
 
-void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg) {
+void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code,
+                                     const std::string& msg) {
   log()->error("checkpoint branch {}: {}", op->branch, msg);
   continue_op(*op);  // whatever failed, the agent goes on
   --checkpoints_;
   std::erase(dumping_, op);
   host_.set_busy(op->branch, false);
-  host_.emit(op->branch, {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
+  host_.emit(op->branch,
+             {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
   os::remove_tree(op->work);
   op->done(error_reply(code, msg));
   op_done();
@@ -410,8 +403,10 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
           host_.ended_by_checkpoint(op->branch);
           // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
           // whole tree. A flat one is not: every process of the tree goes.
-          if (b->namespaced) (void)os::pidfd_signal(op->tree_fd.get(), SIGKILL);
-          else kill_tree(op->ns_init_pid, op->tree_fd.get());
+          if (b->namespaced)
+            (void)os::pidfd_signal(op->tree_fd.get(), SIGKILL);
+          else
+            kill_tree(op->ns_init_pid, op->tree_fd.get());
         }
         continue_op(*op);
         op->t_resumed = now_ms();
@@ -432,8 +427,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   offload(
       [op, tmp, key = settings_.signing_key] {
         auto info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get());
-        if (info) op->info = std::move(*info);
-        else op->error = info.error().message;
+        if (info)
+          op->info = std::move(*info);
+        else
+          op->error = info.error().message;
       },
       [this, op, tmp] {
         op->t_compressed = now_ms();
@@ -451,7 +448,8 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         timings["total"] = round_ms(op->t_compressed - op->t0);
         index["timings_ms"] = timings;
         // Who asked: the agent channel of a branch reaches only its own snapshots (channel_refusal).
-        index["origin"] = op->by.empty() ? json::object{{"by", "operator"}} : json::object{{"by", "channel"}, {"branch", op->by}};
+        index["origin"] =
+            op->by.empty() ? json::object{{"by", "operator"}} : json::object{{"by", "channel"}, {"branch", op->by}};
         if (::rename(tmp.c_str(), (base + ".tar.zst").c_str()) != 0)
           return checkpoint_failed(op, "io", "store the archive: " + std::string(std::strerror(errno)));
         --checkpoints_;
@@ -460,9 +458,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         os::remove_tree(base + ".d");
         if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
-          m["verified"] = settings_.signing_key
-                              ? json::object{{"trusted", true}, {"key", settings_.signing_key->public_key().fingerprint()}}
-                              : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
+          m["verified"] =
+              settings_.signing_key
+                  ? json::object{{"trusted", true}, {"key", settings_.signing_key->public_key().fingerprint()}}
+                  : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
           (void)os::write_file_atomic(base + ".d/manifest.json", json::serialize(m) + "\n");
           (void)os::write_file_atomic(base + ".d/.complete", "");
         }
@@ -486,7 +485,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         host_.emit(op->branch, ev);
         log()->info("checkpoint {} of branch {}: {} bytes in {} ms", op->id, op->branch, op->info->compressed_bytes,
                     timings["total"].to_number<double>());
-        json::object r{{"ok", true}, {"snapshot", op->id}, {"mode", op->live ? "live" : "fs"}, {"sizes", ev["sizes"]},
+        json::object r{{"ok", true},
+                       {"snapshot", op->id},
+                       {"mode", op->live ? "live" : "fs"},
+                       {"sizes", ev["sizes"]},
                        {"timings_ms", timings}};
         if (!op->live) r["note"] = op->note;
         op->done(std::move(r));

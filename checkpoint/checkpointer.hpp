@@ -118,11 +118,11 @@ class Checkpointer {
   std::string snap_dir_;
   std::optional<std::string> criu_;
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
-  archive::ImportPolicy policy_;                  // the box's trusted keys, --allow-unsigned, the size bound
+  archive::ImportPolicy policy_;         // the box's trusted keys, --allow-unsigned, the size bound
   int ops_ = 0;
   int next_copy_ = 1;
-  int64_t checkpoints_ = 0;     // checkpoints under way (counted against resources.snapshots)
-  int64_t copies_starting_ = 0; // copies being restored (counted against resources.copies)
+  int64_t checkpoints_ = 0;                             // checkpoints under way (counted against resources.snapshots)
+  int64_t copies_starting_ = 0;                         // copies being restored (counted against resources.copies)
   std::vector<std::shared_ptr<CheckpointOp>> dumping_;  // checkpoints under way
 };
 

@@ -57,7 +57,8 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   // criu finds its helpers (tar, ip, iptables) on PATH.
-  std::string path_env = std::string("PATH=") + (std::getenv("PATH") ? std::getenv("PATH") : "/usr/sbin:/usr/bin:/sbin:/bin");
+  std::string path_env =
+      std::string("PATH=") + (std::getenv("PATH") ? std::getenv("PATH") : "/usr/sbin:/usr/bin:/sbin:/bin");
   char* envp[] = {path_env.data(), nullptr};
 
   os::UniqueFd out(::open(run.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -123,7 +124,8 @@ std::string criu_error_from_log(const std::string& log_path) {
     last = line;
     // RLIMIT_NOFILE: benign where CAP_SYS_RESOURCE is missing (docs/architecture.md, "Hosts").
     // The first error is the cause; the ones after it ("Dumping FAILED") are its echo.
-    if (last_error.empty() && line.find("Error") != std::string::npos && line.find("RLIMIT_NOFILE") == std::string::npos)
+    if (last_error.empty() && line.find("Error") != std::string::npos &&
+        line.find("RLIMIT_NOFILE") == std::string::npos)
       last_error = line;
   }
   std::string what = last_error.empty() ? last : last_error;

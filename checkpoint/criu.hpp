@@ -15,17 +15,17 @@ namespace sbx::checkpoint {
 inline constexpr int kCriuFirstFd = 10;
 
 struct CriuRun {
-  std::vector<std::string> args;  // after the binary's name
-  std::vector<int> fds;           // placed at kCriuFirstFd + i in criu
-  bool new_netns = false;         // run criu (and so the tree it restores) in a fresh network
-                                  // namespace with its loopback up
-  std::string hostname;           // if set: also a fresh UTS namespace with this hostname
-  bool writable_proc_sys = false; // run criu in a mount namespace of its own without a read-only
-                                  // /proc/sys over /proc (a container's): restoring a tree that
-                                  // has a UTS namespace of its own writes kernel/hostname there
-  std::string output;             // criu's stdout and stderr go to this file
-  std::vector<int> cgroup_procs;  // criu joins these cgroups (cgroup.procs fds) first, so the
-                                  // tree it restores is counted in the copy's own group
+  std::vector<std::string> args;   // after the binary's name
+  std::vector<int> fds;            // placed at kCriuFirstFd + i in criu
+  bool new_netns = false;          // run criu (and so the tree it restores) in a fresh network
+                                   // namespace with its loopback up
+  std::string hostname;            // if set: also a fresh UTS namespace with this hostname
+  bool writable_proc_sys = false;  // run criu in a mount namespace of its own without a read-only
+                                   // /proc/sys over /proc (a container's): restoring a tree that
+                                   // has a UTS namespace of its own writes kernel/hostname there
+  std::string output;              // criu's stdout and stderr go to this file
+  std::vector<int> cgroup_procs;   // criu joins these cgroups (cgroup.procs fds) first, so the
+                                   // tree it restores is counted in the copy's own group
 };
 
 /// The criu binary on PATH, or nullopt.

@@ -56,20 +56,20 @@ struct Settings {
 /// A branch as the checkpointer sees it: what it reads to stop, dump and describe its tree.
 struct BranchView {
   std::string name;
-  std::string main_proc;          // the id of its agent's process
+  std::string main_proc;  // the id of its agent's process
   Lineage lineage;
-  bool ended = false;             // its ns-init has been reaped
-  bool running = false;           // its ns-init and its agent's process are both alive
-  bool busy = false;              // a checkpoint of it is under way
-  bool namespaced = false;        // its own pid and mount namespace (else why_not says why)
+  bool ended = false;       // its ns-init has been reaped
+  bool running = false;     // its ns-init and its agent's process are both alive
+  bool busy = false;        // a checkpoint of it is under way
+  bool namespaced = false;  // its own pid and mount namespace (else why_not says why)
   std::string why_not;
-  bool landlocked = false;        // its agent is confined by Landlock
-  pid_t ns_init_pid = -1;         // the root of its tree, in the supervisor's pid namespace
-  int pidfd = -1;                 // borrowed: ns-init's pidfd, -1 if none
+  bool landlocked = false;                // its agent is confined by Landlock
+  pid_t ns_init_pid = -1;                 // the root of its tree, in the supervisor's pid namespace
+  int pidfd = -1;                         // borrowed: ns-init's pidfd, -1 if none
   std::array<uint64_t, 7> pipe_inodes{};  // sandbox::BranchPipes::inodes
-  std::vector<std::string> argv;  // the agent's command
+  std::vector<std::string> argv;          // the agent's command
   std::string cwd;
-  int64_t channel_request = -1;   // the id of an agent channel request being served, else -1
+  int64_t channel_request = -1;  // the id of an agent channel request being served, else -1
 };
 
 /// What a restored copy is, before it runs: the box makes a branch of it (Host::new_copy).

@@ -31,8 +31,8 @@ inline boost::json::object error_reply(const std::string& code, const std::strin
 
 /// The roles of the seven pipes between the supervisor and a branch, in the order of ns-init's
 /// fds 3..9 (sandbox/launcher.hpp): how a live snapshot's manifest names their inodes.
-inline constexpr const char* kPipeRoles[] = {"requests", "reports", "stdin", "stdout", "stderr", "channel_requests",
-                                             "channel_replies"};
+inline constexpr const char* kPipeRoles[] = {"requests", "reports",          "stdin",          "stdout",
+                                             "stderr",   "channel_requests", "channel_replies"};
 
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);

@@ -50,7 +50,7 @@ struct Checkpointer::CopyJob {
   std::unique_ptr<Copy> copy;                   // the box's branch of it, until the box adopts it
   std::unique_ptr<sandbox::BranchPipes> pipes;  // a live copy's, until criu has restored it
   double t_start = 0, t_copied = 0;
-  json::object result;                          // {"branch", "index"}, then what came of it
+  json::object result;  // {"branch", "index"}, then what came of it
 };
 
 namespace {
@@ -176,7 +176,8 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     checked["mode"] = mode;
     std::string why;
     std::optional<std::string> refuse;
-    if (mode == "live" && !live_possible(&why)) refuse = "a live snapshot needs criu here: " + why;
+    if (mode == "live" && !live_possible(&why))
+      refuse = "a live snapshot needs criu here: " + why;
     else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
       refuse = r.error().message;
     if (!refuse && mode == "live")
@@ -272,8 +273,10 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
         job->t_copied = now_ms();
         if (!err->empty()) return copy_failed(job, "copy the snapshot's files: " + *err);
         write_branch_json(settings_.box_id, job->spec.name, job->spec.lineage, job->dir);
-        if (job->op->live) start_live_copy(job);
-        else start_cold_copy(job);
+        if (job->op->live)
+          start_live_copy(job);
+        else
+          start_cold_copy(job);
       });
 }
 
@@ -316,21 +319,31 @@ void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
   CriuRun run;
   (void)os::make_dirs(dir + "/.criu", 0700);
   run.args = {"restore",
-              "--images-dir", snap_dir_ + "/" + job->op->snapshot + ".d/criu",
-              "--work-dir", dir + "/.criu",
-              "--log-file", "restore.log",
-              "--root", dir + "/root",
+              "--images-dir",
+              snap_dir_ + "/" + job->op->snapshot + ".d/criu",
+              "--work-dir",
+              dir + "/.criu",
+              "--log-file",
+              "restore.log",
+              "--root",
+              dir + "/root",
               "--restore-sibling",
               "--restore-detached",
               "--manage-cgroups=ignore",
               "--tcp-close",
               "--file-locks",
-              "--ext-mount-map", "auto",
-              "--external", "mnt[workspace]:" + dir + "/workspace",
-              "--external", "mnt[tmp]:" + dir + "/tmp",
-              "--external", "mnt[run]:" + dir + "/run",
-              "--external", "mnt[machine-id]:" + dir + "/" + sandbox::kMachineIdFile,
-              "--pidfile", dir + "/.criu/pid"};
+              "--ext-mount-map",
+              "auto",
+              "--external",
+              "mnt[workspace]:" + dir + "/workspace",
+              "--external",
+              "mnt[tmp]:" + dir + "/tmp",
+              "--external",
+              "mnt[run]:" + dir + "/run",
+              "--external",
+              "mnt[machine-id]:" + dir + "/" + sandbox::kMachineIdFile,
+              "--pidfile",
+              dir + "/.criu/pid"};
   auto ends = job->pipes->child_ends();
   auto& old = job->op->manifest.at("pipes").as_object();
   for (size_t i = 0; i < 7; ++i) {
@@ -448,12 +461,13 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   double total = round_ms(now_ms() - op->t0);
   if (op->fork) {
     host_.emit("main", {{"type", "fork.created"},
-                       {"snapshot", op->snapshot},
-                       {"n", op->n},
-                       {"copies", op->results},
-                       {"timings_ms", {{"total", total}}}});
+                        {"snapshot", op->snapshot},
+                        {"n", op->n},
+                        {"copies", op->results},
+                        {"timings_ms", {{"total", total}}}});
   }
-  json::object reply{{"ok", all_ok}, {"snapshot", op->snapshot}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
+  json::object reply{
+      {"ok", all_ok}, {"snapshot", op->snapshot}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
   if (!all_ok) reply["error"] = {{"code", "restore_failed"}, {"message", "some copies could not be restored"}};
   op->done(std::move(reply));
   op_done();
@@ -463,25 +477,29 @@ void Checkpointer::start_from_archive(const std::string& path) {
   ++ops_;
   auto err = std::make_shared<std::string>();
   std::string tmp = incoming_path();
-  offload([path, tmp, err] {
-            // The operator's path may be a symlink (copy_tree follows none): resolved here.
-            std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
-            if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
-          },
-          [this, err, tmp, path] {
-            auto fail = [this](const std::string& msg) {
-              log()->critical("restore from archive: {}", msg);
-              host_.box_started();
-              host_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
-              host_.end_box(125);
-              op_done();
-            };
-            if (!err->empty()) {
-              ::unlink(tmp.c_str());
-              return fail(path + ": " + *err);
-            }
-            import_archive(tmp, [this, fail, path](json::object r) {
-              if (!r.at("ok").as_bool()) return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
+  offload(
+      [path, tmp, err] {
+        // The operator's path may be a symlink (copy_tree follows none): resolved here.
+        std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+        if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
+      },
+      [this, err, tmp, path] {
+        auto fail = [this](const std::string& msg) {
+          log()->critical("restore from archive: {}", msg);
+          host_.box_started();
+          host_.emit("main", {{"type", "restore.failed"}, {"error", msg}});
+          host_.end_box(125);
+          op_done();
+        };
+        if (!err->empty()) {
+          ::unlink(tmp.c_str());
+          return fail(path + ": " + *err);
+        }
+        import_archive(
+            tmp,
+            [this, fail, path](json::object r) {
+              if (!r.at("ok").as_bool())
+                return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
               std::string id(r.at("snapshot").as_string());
               // Continue the parent's numbering.
               auto text = os::read_file(snap_dir_ + "/" + id + ".json");
@@ -490,15 +508,17 @@ void Checkpointer::start_from_archive(const std::string& path) {
               if (!ec && m.is_object())
                 if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
                   host_.continue_journal_after(ls->to_number<uint64_t>());
-              restore(id, 1, false,
-                      [this](json::object r2) {
-                        host_.box_started();
-                        if (!r2.at("ok").as_bool()) host_.end_box(125);
-                      },
-                      "main", settings_.restore_index);
+              restore(
+                  id, 1, false,
+                  [this](json::object r2) {
+                    host_.box_started();
+                    if (!r2.at("ok").as_bool()) host_.end_box(125);
+                  },
+                  "main", settings_.restore_index);
               op_done();
-            }, false);
-          });
+            },
+            false);
+      });
 }
 
 }  // namespace sbx::checkpoint

@@ -68,8 +68,9 @@ std::optional<json::object> Checkpointer::copies_refusal(const std::string& bran
   int64_t value = live_copies() + n;
   if (value <= ceiling) return std::nullopt;
   return limit_refusal(branch, "copies", value, ceiling,
-                       "resources.copies: at most " + std::to_string(ceiling) + " copies may run at once in this box (" +
-                           std::to_string(value - n) + " running or starting, " + std::to_string(n) + " asked for)");
+                       "resources.copies: at most " + std::to_string(ceiling) +
+                           " copies may run at once in this box (" + std::to_string(value - n) +
+                           " running or starting, " + std::to_string(n) + " asked for)");
 }
 
 std::optional<json::object> Checkpointer::channel_refusal(const std::string& branch, const Lineage& lineage,
@@ -113,7 +114,8 @@ json::array Checkpointer::list() const {
   std::vector<std::string> names;
   while (auto* e = ::readdir(d)) {
     std::string n = e->d_name;
-    if (n.size() > 5 && n.ends_with(".json") && archive::valid_snapshot_id(n.substr(0, n.size() - 5))) names.push_back(n);
+    if (n.size() > 5 && n.ends_with(".json") && archive::valid_snapshot_id(n.substr(0, n.size() - 5)))
+      names.push_back(n);
   }
   ::closedir(d);
   std::sort(names.begin(), names.end());
@@ -224,14 +226,18 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
           json::value signer = v && v->is_object() && v->as_object().contains("key") ? v->at("key") : nullptr;
           if (announce)
             host_.emit("main", {{"type", "snapshot.imported"},
-                             {"snapshot", st->id},
-                             {"bytes", st->bytes},
-                             {"existing", st->existing},
-                             {"trusted", trusted},
-                             {"signed_by", signer},
-                             {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
-          json::object r{{"ok", true}, {"snapshot", st->id}, {"bytes", st->bytes}, {"existing", st->existing},
-                         {"trusted", trusted}, {"signed_by", signer},
+                                {"snapshot", st->id},
+                                {"bytes", st->bytes},
+                                {"existing", st->existing},
+                                {"trusted", trusted},
+                                {"signed_by", signer},
+                                {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
+          json::object r{{"ok", true},
+                         {"snapshot", st->id},
+                         {"bytes", st->bytes},
+                         {"existing", st->existing},
+                         {"trusted", trusted},
+                         {"signed_by", signer},
                          {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}};
           if (trusted != true) r["note"] = "untrusted, accepted under --allow-unsigned: it restores cold, files only";
           done(std::move(r));

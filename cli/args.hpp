@@ -36,9 +36,9 @@ enum class CommandStart {
 };
 
 struct ArgSpec {
-  std::string usage;                  ///< "usage: sandboxer log STATE_DIR ...": the end of every error
-  std::vector<std::string> flags;     ///< options without a value: "--json", "-i"
-  std::vector<std::string> options;   ///< options with a value: "--since", "-n"
+  std::string usage;                 ///< "usage: sandboxer log STATE_DIR ...": the end of every error
+  std::vector<std::string> flags;    ///< options without a value: "--json", "-i"
+  std::vector<std::string> options;  ///< options with a value: "--since", "-n"
   /// Other names of the above, as (alias, name): {"-v", "--volume"}. Args knows only the name.
   std::vector<std::pair<std::string, std::string>> aliases;
   size_t max_positionals = std::numeric_limits<size_t>::max();

@@ -22,8 +22,10 @@ int cmd_checkpoint(const std::vector<std::string>& args) {
   Session s("checkpoint", a.positionals()[0], a);
   auto r = s.call(std::move(req));
   if (!r) return s.fail(r.error());
-  if (a.has("--json")) std::cout << json::serialize(*r) << "\n";
-  else if (auto* m = r->if_contains("mode")) std::cerr << "checkpoint: mode " << json::serialize(*m) << "\n";
+  if (a.has("--json"))
+    std::cout << json::serialize(*r) << "\n";
+  else if (auto* m = r->if_contains("mode"))
+    std::cerr << "checkpoint: mode " << json::serialize(*m) << "\n";
   // For scripts: the snapshot id is the last line of stdout.
   std::cout << json::value_to<std::string>(r->at("snapshot")) << "\n";
   return kExitOk;

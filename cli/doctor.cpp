@@ -22,12 +22,12 @@
 #include <string>
 #include <vector>
 
-#include "sandbox/capabilities.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
-#include "sandbox/launcher.hpp"
 #include "os/cgroup.hpp"
 #include "os/sys.hpp"
+#include "sandbox/capabilities.hpp"
+#include "sandbox/launcher.hpp"
 
 namespace bp = boost::process;
 
@@ -64,7 +64,8 @@ Line check_cgroup() {
   auto h = os::detect_cgroups();
   if (h.version == "none")
     return {"cgroup", false, "none mounted",
-            "resources.memory, cpus, pids and the idle CPU check are not enforced; oom and pids_limit reasons cannot occur"};
+            "resources.memory, cpus, pids and the idle CPU check are not enforced; oom and pids_limit reasons cannot "
+            "occur"};
   std::vector<std::string> used;
   for (auto& c : {"memory", "cpu", "cpuacct", "pids", "freezer"})
     if (std::find(h.controllers.begin(), h.controllers.end(), c) != h.controllers.end()) used.emplace_back(c);
@@ -85,8 +86,9 @@ Line check_cgroup() {
     while (!c.empty() && (c.back() == '\n' || c.back() == ' ')) c.pop_back();
     detail += "; cgroup2 also at " + h.v2_dir + " with controllers: " + (c.empty() ? "none" : c);
   }
-  if (!g) return {"cgroup", false, detail + "; creating a group failed: " + g.error().message(),
-                  "ceilings of resources.* are not enforced (the box still runs, box.started says so)"};
+  if (!g)
+    return {"cgroup", false, detail + "; creating a group failed: " + g.error().message(),
+            "ceilings of resources.* are not enforced (the box still runs, box.started says so)"};
   std::vector<std::string> missing;
   for (auto& c : {"memory", "cpu", "pids"})
     if (!g->has(c)) missing.emplace_back(c);
@@ -100,8 +102,11 @@ Line check_cgroup() {
 Line check_seccomp() {
   bool ok = ::prctl(PR_GET_SECCOMP) >= 0;
   const scmp_version* v = seccomp_version();
-  std::string lib = "libseccomp " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro);
-  if (!ok) return {"seccomp", false, "not in this kernel", "isolation.seccomp cannot be enforced: the agent may call anything"};
+  std::string lib =
+      "libseccomp " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro);
+  if (!ok)
+    return {"seccomp", false, "not in this kernel",
+            "isolation.seccomp cannot be enforced: the agent may call anything"};
   int mode = ::prctl(PR_GET_SECCOMP);
   std::string detail = "filter mode, " + lib + (mode == 2 ? "; this process is already filtered" : "");
   return {"seccomp", true, detail, mode == 2 ? "criu cannot dump a supervisor under seccomp: live checkpoint off" : ""};
@@ -139,7 +144,8 @@ Line check_overlay() {
 
 Line check_criu() {
   auto path = bp::search_path("criu");
-  if (path.empty()) return {"criu", false, "not on PATH", "no live checkpoint or fork: checkpoints are filesystem-only"};
+  if (path.empty())
+    return {"criu", false, "not on PATH", "no live checkpoint or fork: checkpoints are filesystem-only"};
   std::string version, check;
   try {
     bp::ipstream out;
@@ -160,7 +166,9 @@ Line check_criu() {
   bool ok = !version.empty() && !check.starts_with("failed");
   std::string meaning;
   if (!version.empty() && version < "4.2")
-    meaning = "criu < 4.2 cannot dump processes holding TCP/UDP sockets on this kernel: agents with sockets cannot be checkpointed";
+    meaning =
+        "criu < 4.2 cannot dump processes holding TCP/UDP sockets on this kernel: agents with sockets cannot be "
+        "checkpointed";
   if (!ok) meaning = "no live checkpoint or fork: checkpoints are filesystem-only";
   return {"criu", ok && meaning.empty(), version + "; criu check: " + check, meaning};
 }
@@ -178,14 +186,15 @@ Line check_disk() {
   int loopfd = ::open("/dev/loop-control", O_RDWR | O_CLOEXEC);
   bool mkfs = !bp::search_path("mkfs.ext4").empty();
   std::string loop = loopfd >= 0 && mkfs ? "loop-mounted ext4 image for persistent profiles: yes"
-                     : loopfd < 0       ? std::string("loop devices: no (") + std::strerror(errno) +
+                     : loopfd < 0        ? std::string("loop devices: no (") + std::strerror(errno) +
                                         "): a persistent profile's disk is not enforced"
-                                        : std::string("mkfs.ext4 missing: a persistent profile's disk is not enforced");
+                                  : std::string("mkfs.ext4 missing: a persistent profile's disk is not enforced");
   if (loopfd >= 0) ::close(loopfd);
   if (tmpfs != 0)
     return {"disk", false, std::string("sized tmpfs: no (") + std::strerror(tmpfs) + "); " + loop,
             "resources.disk is not enforced: the workspace shares the state dir's filesystem"};
-  return {"disk", true, "sized tmpfs for a workspace that lives as long as the box: yes (counts against its memory); " + loop,
+  return {"disk", true,
+          "sized tmpfs for a workspace that lives as long as the box: yes (counts against its memory); " + loop,
           loopfd >= 0 && mkfs ? "" : "persistence: persistent with resources.disk runs without a disk ceiling"};
 }
 
@@ -208,7 +217,7 @@ Line check_privileges() {
 int cmd_doctor(const std::vector<std::string>& args) {
   auto a = parse_args(args, {.usage = "usage: sandboxer doctor [--json]", .flags = {"--json"}, .max_positionals = 0});
   bool json = a.has("--json");
-  std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(),
+  std::vector<Line> lines = {check_cgroup(),  check_seccomp(), check_landlock(), check_namespaces(),
                              check_overlay(), check_criu(),    check_disk(),     check_privileges()};
   sandbox::CommandProbe criu({"criu", "--version"});
   auto caps = sandbox::detect_capabilities(&criu);
@@ -224,8 +233,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
   } else {
     std::cout << "isolation level of this host: " << caps.isolation << "\n";
     for (auto& l : lines) {
-      std::cout << (l.ok ? "ok      " : "missing ") << l.what << std::string(12 - std::min<size_t>(l.what.size(), 11), ' ')
-                << l.detail << "\n";
+      std::cout << (l.ok ? "ok      " : "missing ") << l.what
+                << std::string(12 - std::min<size_t>(l.what.size(), 11), ' ') << l.detail << "\n";
       if (!l.meaning.empty()) std::cout << "        " << std::string(12, ' ') << "-> " << l.meaning << "\n";
     }
   }

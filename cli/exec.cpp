@@ -192,8 +192,10 @@ int cmd_exec(const std::vector<std::string>& args) {
     if (type == "proc.output") {
       (void)os::write_all(ev.at("stream").as_string() == "stderr" ? 2 : 1, bytes_of(ev));
     } else if (type == "proc.exited") {
-      if (auto* sig = ev.if_contains("signal")) finish(128 + os::parse_signal(sig->as_string()).value_or(0));
-      else finish(static_cast<int>(ev.at("code").to_number<int64_t>()));
+      if (auto* sig = ev.if_contains("signal"))
+        finish(128 + os::parse_signal(sig->as_string()).value_or(0));
+      else
+        finish(static_cast<int>(ev.at("code").to_number<int64_t>()));
     }
   });
   c.connect([&](const std::string& err) {

@@ -24,12 +24,12 @@
 #include <thread>
 
 #include "archive/archive.hpp"
-#include "os/files.hpp"
 #include "cli/commands.hpp"
-#include "shims/docker/docker.hpp"
-#include "journal/journal.hpp"
-#include "os/sys.hpp"
 #include "cli/tokens.hpp"
+#include "journal/journal.hpp"
+#include "os/files.hpp"
+#include "os/sys.hpp"
+#include "shims/docker/docker.hpp"
 
 namespace sbx::cli {
 
@@ -57,7 +57,8 @@ Outcome restore_outcome(const std::string& state_dir) {
     if (type->as_string() == "restore.done") {
       out = {true, true, e.contains("mode") ? std::string(e.at("mode").as_string()) : "", "", 0};
       if (auto* t = e.if_contains("timings_ms"); t && t->is_object())
-        if (auto* r = t->as_object().if_contains("restore"); r && r->is_number()) out.restore_ms = r->to_number<double>();
+        if (auto* r = t->as_object().if_contains("restore"); r && r->is_number())
+          out.restore_ms = r->to_number<double>();
       return false;
     }
     if (type->as_string() == "restore.failed") {
@@ -149,8 +150,10 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!(outcomes[i] = restore_outcome(c.box->state_dir)).done && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!outcomes[i].done) failures.push_back("box " + c.box->name + ": no restore.done in its journal");
-    else if (!outcomes[i].ok) failures.push_back("box " + c.box->name + ": " + outcomes[i].error);
+    if (!outcomes[i].done)
+      failures.push_back("box " + c.box->name + ": no restore.done in its journal");
+    else if (!outcomes[i].ok)
+      failures.push_back("box " + c.box->name + ": " + outcomes[i].error);
   }
   if (!failures.empty()) {
     for (auto& c : copies) {
@@ -158,7 +161,8 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
       dk::run_docker({"rm", "--force", c.box->name});
       forget_token(c.box->url);
     }
-    std::string msg = "fork of " + snap + " into " + std::to_string(n) + " container(s) failed (the containers it "
+    std::string msg = "fork of " + snap + " into " + std::to_string(n) +
+                      " container(s) failed (the containers it "
                       "started are removed):";
     for (auto& f : failures) msg += "\n  " + f;
     throw std::runtime_error(msg);

@@ -44,7 +44,8 @@ int cmd_image(const std::vector<std::string>& args) {
     }
   if (script.empty())
     throw std::runtime_error("images/docker-image not found (looked in " + candidates.front() + " and " +
-                             std::to_string(candidates.size() - 1) + " more places; set SANDBOXER_SOURCE to the source tree)");
+                             std::to_string(candidates.size() - 1) +
+                             " more places; set SANDBOXER_SOURCE to the source tree)");
   pass.insert(pass.begin(), {"--build", dir + "/.."});
   return bp::system(script, bp::args(pass), bp::std_in < bp::null);
 }

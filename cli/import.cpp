@@ -16,8 +16,10 @@ int cmd_import(const std::vector<std::string>& args) {
   Session s("import", a.positionals()[0], a);
   auto r = s.upload({{"op", "snapshot.import"}, {"size", 0}}, file);
   if (!r) return s.fail(r.error(), file);
-  if (a.has("--json")) std::cout << json::serialize(*r) << "\n";
-  else if (r->at("existing").as_bool()) std::cerr << "import: the box already had this snapshot\n";
+  if (a.has("--json"))
+    std::cout << json::serialize(*r) << "\n";
+  else if (r->at("existing").as_bool())
+    std::cerr << "import: the box already had this snapshot\n";
   // For scripts: the snapshot id is the last line of stdout.
   std::cout << json::value_to<std::string>(r->at("snapshot")) << "\n";
   return kExitOk;

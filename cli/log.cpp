@@ -6,8 +6,8 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
-#include "journal/journal.hpp"
 #include "cli/printer.hpp"
+#include "journal/journal.hpp"
 
 namespace sbx::cli {
 

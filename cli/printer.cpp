@@ -77,8 +77,9 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
     std::string what = str(ev, "what"), host = str(ev, "host"), port = str(ev, "port");
     std::string extra = ev.contains("pid") ? ", pid " + str(ev, "pid") : "";
     if (ev.contains("suppressed_before")) extra += ", " + str(ev, "suppressed_before") + " more refused before this";
-    std::fprintf(out_, "%s %s%s denied %s %s%s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), what.c_str(),
-                 host.c_str(), port.empty() ? "" : (":" + port).c_str(), str(ev, "reason").c_str(), extra.c_str());
+    std::fprintf(out_, "%s %s%s denied %s %s%s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(),
+                 what.c_str(), host.c_str(), port.empty() ? "" : (":" + port).c_str(), str(ev, "reason").c_str(),
+                 extra.c_str());
   } else if (type == "proc.started") {
     std::string argv;
     for (auto& a : ev.at("argv").as_array()) argv += (argv.empty() ? "" : " ") + std::string(a.as_string());
@@ -92,11 +93,14 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
                  str(ev, "reason").c_str(), extra.c_str());
   } else if ((type == "limit.warning" || type == "limit.hit") && ev.contains("limit")) {
     // "memory at 60.5 MiB of 64.0 MiB", "pids at 32 of 32"
-    auto num = [&](const char* k) { return ev.contains(k) && ev.at(k).is_number() ? ev.at(k).to_number<double>() : 0.0; };
+    auto num = [&](const char* k) {
+      return ev.contains(k) && ev.at(k).is_number() ? ev.at(k).to_number<double>() : 0.0;
+    };
     std::string lim = str(ev, "limit");
     char what[160];
     if (lim == "memory")
-      std::snprintf(what, sizeof what, "memory at %.1f MiB of %.1f MiB", num("value") / 1048576, num("ceiling") / 1048576);
+      std::snprintf(what, sizeof what, "memory at %.1f MiB of %.1f MiB", num("value") / 1048576,
+                    num("ceiling") / 1048576);
     else
       std::snprintf(what, sizeof what, "%s at %.0f of %.0f", lim.c_str(), num("value"), num("ceiling"));
     std::fprintf(out_, "%s %s%s %s: %s\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(),

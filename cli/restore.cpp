@@ -35,9 +35,9 @@ int restore_in_box(const std::string& cmd, const std::string& url, const std::st
 }
 
 int cmd_restore(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer restore URL SNAPSHOT",
-                                         .flags = {"--json"},
-                                         .options = {"--host"}}));
+  auto a = parse_args(
+      args,
+      remote_spec({.usage = "usage: sandboxer restore URL SNAPSHOT", .flags = {"--json"}, .options = {"--host"}}));
   if (a.has("--host")) throw UsageError("--host: only fork starts new boxes (restore runs in the box)");
   a.expect_positionals(2);
   return restore_in_box("restore", a.positionals()[0], a.value_or("--token-file", ""),

@@ -12,13 +12,13 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "archive/archive.hpp"
 #include "archive/signing.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
-#include "os/sys.hpp"
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
-#include "archive/archive.hpp"
+#include "os/sys.hpp"
 
 namespace bp = boost::process;
 

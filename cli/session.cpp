@@ -61,8 +61,10 @@ Session::Session(std::string cmd, std::string url, const std::string& token_file
   }
   auto cb = [](uv_signal_t* s, int) {
     auto* self = static_cast<Session*>(s->data);
-    if (self->on_interrupt_) self->on_interrupt_();
-    else uv_stop(s->loop);
+    if (self->on_interrupt_)
+      self->on_interrupt_();
+    else
+      uv_stop(s->loop);
   };
   uv_signal_start(&sigint_, cb, SIGINT);
   uv_signal_start(&sigterm_, cb, SIGTERM);
@@ -172,8 +174,10 @@ base::Result<json::object> Session::transfer(json::object req, const std::string
   });
   auto on_reply = [&](const json::object& rep) {
     if (!reply_ok(rep)) return finish(reply_error(rep));
-    if (upload) finish(rep);
-    else download_reply = rep;  // the file's frames follow
+    if (upload)
+      finish(rep);
+    else
+      download_reply = rep;  // the file's frames follow
   };
   c.connect([&](const std::string& err) {
     if (!err.empty()) {

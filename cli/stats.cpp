@@ -16,16 +16,16 @@ void print_line(const std::string& name, const json::object& s) {
   double mib = static_cast<double>(s.at("memory").to_number<uint64_t>()) / (1 << 20);
   std::printf("%-16s cpu %8.2fs  memory %9.1f MiB  pids %4llu", name.c_str(), s.at("cpu_s").to_number<double>(), mib,
               static_cast<unsigned long long>(s.at("pids").to_number<uint64_t>()));
-  if (auto* d = s.if_contains("disk")) std::printf("  disk %9.1f MiB", static_cast<double>(d->to_number<uint64_t>()) / (1 << 20));
+  if (auto* d = s.if_contains("disk"))
+    std::printf("  disk %9.1f MiB", static_cast<double>(d->to_number<uint64_t>()) / (1 << 20));
   std::printf("\n");
 }
 
 }  // namespace
 
 int cmd_stats(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer stats URL [--json]",
-                                         .flags = {"--json"},
-                                         .max_positionals = 1}));
+  auto a = parse_args(
+      args, remote_spec({.usage = "usage: sandboxer stats URL [--json]", .flags = {"--json"}, .max_positionals = 1}));
   a.expect_positionals(1);
   Session s("stats", a.positionals()[0], a);
   auto r = s.request({{"op", "stats"}});

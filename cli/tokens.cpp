@@ -81,7 +81,8 @@ std::string create_token_file(const std::string& path) {
   os::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) throw std::runtime_error("create token file " + path + ": " + os::last_error().message());
   ::fchmod(fd.get(), 0600);
-  if (auto r = os::write_all(fd.get(), token + "\n"); !r) throw std::runtime_error("write " + path + ": " + r.error().message());
+  if (auto r = os::write_all(fd.get(), token + "\n"); !r)
+    throw std::runtime_error("write " + path + ": " + r.error().message());
   return token;
 }
 
@@ -94,7 +95,8 @@ std::string find_token(const std::string& url, const std::string& token_file) {
   if (auto* e = std::getenv("SANDBOXER_TOKEN"); e && *e) return e;
   std::string p = token_path(url);
   if (auto t = os::read_file(p)) return trim(*t);
-  throw std::runtime_error("no token for " + url + ": give --token-file FILE or SANDBOXER_TOKEN (none stored at " + p + ")");
+  throw std::runtime_error("no token for " + url + ": give --token-file FILE or SANDBOXER_TOKEN (none stored at " + p +
+                           ")");
 }
 
 void save_token(const std::string& url, const std::string& token) {

@@ -3,11 +3,11 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "profile/agent-env.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
-#include "shims/docker/docker.hpp"
 #include "cli/tokens.hpp"
+#include "profile/agent-env.hpp"
+#include "shims/docker/docker.hpp"
 
 namespace sbx::cli {
 
@@ -71,8 +71,11 @@ int cmd_ps(const std::vector<std::string>& args) {
   auto boxes = dk::ps();
   if (as_json) {
     for (auto& b : boxes)
-      std::cout << boost::json::serialize(boost::json::object{{"name", b.name}, {"url", b.url}, {"host", "docker"},
-                                                              {"state_dir", b.state_dir}, {"image", b.image},
+      std::cout << boost::json::serialize(boost::json::object{{"name", b.name},
+                                                              {"url", b.url},
+                                                              {"host", "docker"},
+                                                              {"state_dir", b.state_dir},
+                                                              {"image", b.image},
                                                               {"status", b.status}})
                 << "\n";
     return 0;

@@ -83,7 +83,8 @@ Target route_target(std::string_view target, int proxy_port) {
     std::string h;
     int port;
     // A client that sends even the broker's own URL through the proxy reaches the credentials.
-    if (!split_authority(t.authority, h, port, 80) || port != proxy_port || !(h == "127.0.0.1" || iequals(h, "localhost"))) {
+    if (!split_authority(t.authority, h, port, 80) || port != proxy_port ||
+        !(h == "127.0.0.1" || iequals(h, "localhost"))) {
       t.kind = Target::Kind::Plain;
       return t;
     }
@@ -94,7 +95,8 @@ Target route_target(std::string_view target, int proxy_port) {
   if (!target.starts_with('/')) return t;
   auto name_end = target.find_first_of("/?", 1);
   t.kind = Target::Kind::Credential;
-  t.credential = std::string(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
+  t.credential =
+      std::string(target.substr(1, name_end == std::string_view::npos ? std::string_view::npos : name_end - 1));
   t.rest = name_end == std::string_view::npos ? "/" : std::string(target.substr(name_end));
   if (t.rest.front() == '?') t.rest = "/" + t.rest;
   return t;

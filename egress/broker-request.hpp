@@ -22,11 +22,11 @@ bool coded(std::string_view value, bool transfer);
 struct Target {
   enum class Kind { Plain, Credential, Bad };
   Kind kind = Kind::Bad;
-  std::string authority;  // Plain: host[:port] as sent
-  std::string path;       // Plain: the path and query to send upstream ("/" at least)
-  std::string credential; // Credential: the first segment
-  std::string rest;       // Credential: what follows it ("/" at least)
-  bool own_url = false;   // Credential reached through the broker's own absolute URL
+  std::string authority;   // Plain: host[:port] as sent
+  std::string path;        // Plain: the path and query to send upstream ("/" at least)
+  std::string credential;  // Credential: the first segment
+  std::string rest;        // Credential: what follows it ("/" at least)
+  bool own_url = false;    // Credential reached through the broker's own absolute URL
 };
 
 /// Reads a request target: `http://host[:port]/path` is plain HTTP unless it names the broker

@@ -64,12 +64,16 @@ base::Result<CanonicalHost> canonical_host(std::string_view raw) {
   std::string_view last;
   for (;;) {
     size_t dot = name.find('.', start);
-    std::string_view label = std::string_view(name).substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string_view label =
+        std::string_view(name).substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (label.empty()) return fail("empty label in host");
     if (label.size() > 63) return fail("label longer than 63 characters in host");
     for (char c : label)
       if (!(is_digit(c) || (c >= 'a' && c <= 'z') || c == '-' || c == '_'))
-        return fail(std::string("character '") + (c >= 0x20 && c < 0x7f ? std::string(1, c) : "\\x" + std::to_string(static_cast<unsigned char>(c))) + "' not allowed in a host name");
+        return fail(
+            std::string("character '") +
+            (c >= 0x20 && c < 0x7f ? std::string(1, c) : "\\x" + std::to_string(static_cast<unsigned char>(c))) +
+            "' not allowed in a host name");
     last = label;
     if (dot == std::string::npos) break;
     start = dot + 1;
@@ -175,7 +179,9 @@ bool same_prefix(const IpAddress& a, const IpAddress& b, int bits) {
 
 bool Cidr::contains(const IpAddress& a) const { return a.v4 == net.v4 && same_prefix(a, net, bits); }
 
-bool Cidr::overlaps(const Cidr& o) const { return o.net.v4 == net.v4 && same_prefix(o.net, net, std::min(bits, o.bits)); }
+bool Cidr::overlaps(const Cidr& o) const {
+  return o.net.v4 == net.v4 && same_prefix(o.net, net, std::min(bits, o.bits));
+}
 
 std::string Cidr::text() const { return net.text() + "/" + std::to_string(bits); }
 

@@ -109,7 +109,7 @@ class AddressPolicy {
 struct DnsQuestion {
   uint16_t id = 0;
   uint16_t flags = 0;
-  std::string name;      // as sent, dots between labels, no trailing dot
+  std::string name;  // as sent, dots between labels, no trailing dot
   uint16_t qtype = 0;
   uint16_t qclass = 0;
   size_t question_end = 0;  // offset just past the question in the message

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "os/sys.hpp"
 #include "base/encoding.hpp"
+#include "os/sys.hpp"
 
 namespace sbx::journal {
 
@@ -110,7 +110,8 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
     while (ib.pos < ib.size) {
       ZSTD_outBuffer ob{out.data(), out.size(), 0};
       size_t r = ZSTD_decompressStream(dctx.get(), &ob, &ib);
-      if (ZSTD_isError(r)) return {boost::system::in_place_error, boost::system::error_code(EBADMSG, boost::system::system_category())};
+      if (ZSTD_isError(r))
+        return {boost::system::in_place_error, boost::system::error_code(EBADMSG, boost::system::system_category())};
       if (!feed({out.data(), ob.pos})) return false;
     }
   }
@@ -315,8 +316,7 @@ uint64_t Journal::append(boost::json::object fields) {
   if (!active_) open_segment(seq);
   line.push_back('\n');
   if (active_) {
-    if (auto r = os::write_all(active_.get(), line); !r)
-      log()->error("write journal segment: {}", r.error().message());
+    if (auto r = os::write_all(active_.get(), line); !r) log()->error("write journal segment: {}", r.error().message());
     active_bytes_ += line.size();
   }
   line.pop_back();

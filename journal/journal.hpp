@@ -26,7 +26,6 @@ struct Event {
   const std::string& line;  // the serialized object, no trailing newline
 };
 
-
 struct JournalOptions {
   std::string dir;
   std::string box;

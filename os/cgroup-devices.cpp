@@ -118,13 +118,13 @@ Result<void> set_devices_v2(const std::string& dir, const std::vector<DeviceRule
 
 const std::vector<DeviceRule>& default_device_rules() {
   static const std::vector<DeviceRule> r = {
-      {'c', 1, 3, "rwm"},   // null
-      {'c', 1, 5, "rwm"},   // zero
-      {'c', 1, 7, "rwm"},   // full
-      {'c', 1, 8, "rwm"},   // random
-      {'c', 1, 9, "rwm"},   // urandom
-      {'c', 5, 0, "rwm"},   // tty
-      {'c', 5, 2, "rwm"},   // ptmx
+      {'c', 1, 3, "rwm"},     // null
+      {'c', 1, 5, "rwm"},     // zero
+      {'c', 1, 7, "rwm"},     // full
+      {'c', 1, 8, "rwm"},     // random
+      {'c', 1, 9, "rwm"},     // urandom
+      {'c', 5, 0, "rwm"},     // tty
+      {'c', 5, 2, "rwm"},     // ptmx
       {'c', 136, -1, "rwm"},  // the ptys of /dev/pts
   };
   return r;

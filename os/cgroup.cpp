@@ -105,7 +105,8 @@ CgroupHost detect_cgroups() {
         if (!v2) v2 = m;
       } else if (post[0] == "cgroup") {
         for (auto& o : split(post[2], ','))
-          if (o != "rw" && o != "ro" && !o.starts_with("name=") && o.find('=') == std::string::npos) m.controllers.insert(o);
+          if (o != "rw" && o != "ro" && !o.starts_with("name=") && o.find('=') == std::string::npos)
+            m.controllers.insert(o);
         v1.push_back(std::move(m));
       }
     }

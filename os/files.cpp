@@ -158,8 +158,7 @@ base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst)
   // The parents are the caller's (the state dir); what is below them is reached by fd only.
   os::UniqueFd sdir(::open(sparent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   os::UniqueFd ddir(::open(dparent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!sdir || !ddir)
-    return base::fail("open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno));
+  if (!sdir || !ddir) return base::fail("open " + (sdir ? dparent : sparent) + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstatat(sdir.get(), sname.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
     return base::fail("stat " + src + ": " + std::strerror(errno));
@@ -181,8 +180,7 @@ base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string&
   // by fd only.
   os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   os::UniqueFd ddir(::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!sdir || !ddir)
-    return base::fail("open " + (sdir ? dst : src) + ": " + std::strerror(errno));
+  if (!sdir || !ddir) return base::fail("open " + (sdir ? dst : src) + ": " + std::strerror(errno));
   Copier c;
   // The destination is new: empty, but for the lost+found of a filesystem just made on it.
   std::vector<std::string> there;
@@ -196,8 +194,7 @@ base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string&
     return base::fail("copy " + src + " into " + dst + ": the destination is not empty (it holds " + n + ")");
   }
   struct stat st {};
-  if (::fstat(sdir.get(), &st) != 0)
-    return base::fail("stat " + src + ": " + std::strerror(errno));
+  if (::fstat(sdir.get(), &st) != 0) return base::fail("stat " + src + ": " + std::strerror(errno));
   std::vector<std::string> names;
   if (!c.list(sdir.get(), src, names)) return base::fail(c.err);
   for (auto& n : names) {

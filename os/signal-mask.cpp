@@ -10,8 +10,7 @@ const sigset_t& handled_signals() {
   static const sigset_t set = [] {
     sigset_t s;
     sigemptyset(&s);
-    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGPIPE})
-      sigaddset(&s, sig);
+    for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGPIPE}) sigaddset(&s, sig);
     return s;
   }();
   return set;

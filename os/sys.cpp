@@ -1,15 +1,15 @@
 #include "os/sys.hpp"
 
 #include <dirent.h>
-#include <cstdlib>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <signal.h>
 #include <string.h>
-#include <linux/openat2.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <cerrno>
 #include <charconv>
@@ -19,9 +19,7 @@
 
 namespace sbx::os {
 
-boost::system::error_code last_error() noexcept {
-  return {errno, boost::system::system_category()};
-}
+boost::system::error_code last_error() noexcept { return {errno, boost::system::system_category()}; }
 
 Result<Pipe> make_pipe(int flags) noexcept {
   int fds[2];
@@ -163,14 +161,22 @@ Result<UniqueFd> reopen(int fd, int flags) noexcept {
 
 const char* file_type_name(mode_t mode) noexcept {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFLNK: return "a symlink";
-    case S_IFIFO: return "a FIFO";
-    case S_IFSOCK: return "a socket";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    default: return "a file of unknown type";
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFLNK:
+      return "a symlink";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    default:
+      return "a file of unknown type";
   }
 }
 
@@ -253,12 +259,12 @@ struct SigName {
   const char* name;
 };
 constexpr SigName kSignals[] = {
-    {SIGHUP, "HUP"},   {SIGINT, "INT"},       {SIGQUIT, "QUIT"},   {SIGILL, "ILL"},   {SIGTRAP, "TRAP"},
-    {SIGABRT, "ABRT"}, {SIGBUS, "BUS"},       {SIGFPE, "FPE"},     {SIGKILL, "KILL"}, {SIGUSR1, "USR1"},
-    {SIGSEGV, "SEGV"}, {SIGUSR2, "USR2"},     {SIGPIPE, "PIPE"},   {SIGALRM, "ALRM"}, {SIGTERM, "TERM"},
-    {SIGCHLD, "CHLD"}, {SIGCONT, "CONT"},     {SIGSTOP, "STOP"},   {SIGTSTP, "TSTP"}, {SIGTTIN, "TTIN"},
-    {SIGTTOU, "TTOU"}, {SIGURG, "URG"},       {SIGXCPU, "XCPU"},   {SIGXFSZ, "XFSZ"}, {SIGVTALRM, "VTALRM"},
-    {SIGPROF, "PROF"}, {SIGWINCH, "WINCH"},   {SIGIO, "IO"},       {SIGPWR, "PWR"},   {SIGSYS, "SYS"},
+    {SIGHUP, "HUP"},       {SIGINT, "INT"},     {SIGQUIT, "QUIT"}, {SIGILL, "ILL"},   {SIGTRAP, "TRAP"},
+    {SIGABRT, "ABRT"},     {SIGBUS, "BUS"},     {SIGFPE, "FPE"},   {SIGKILL, "KILL"}, {SIGUSR1, "USR1"},
+    {SIGSEGV, "SEGV"},     {SIGUSR2, "USR2"},   {SIGPIPE, "PIPE"}, {SIGALRM, "ALRM"}, {SIGTERM, "TERM"},
+    {SIGCHLD, "CHLD"},     {SIGCONT, "CONT"},   {SIGSTOP, "STOP"}, {SIGTSTP, "TSTP"}, {SIGTTIN, "TTIN"},
+    {SIGTTOU, "TTOU"},     {SIGURG, "URG"},     {SIGXCPU, "XCPU"}, {SIGXFSZ, "XFSZ"}, {SIGVTALRM, "VTALRM"},
+    {SIGPROF, "PROF"},     {SIGWINCH, "WINCH"}, {SIGIO, "IO"},     {SIGPWR, "PWR"},   {SIGSYS, "SYS"},
     {SIGSTKFLT, "STKFLT"},
 };
 }  // namespace

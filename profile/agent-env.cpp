@@ -42,7 +42,8 @@ base::Result<void> check_env_name(std::string_view name) {
   }
   if (name.find('\0') != std::string_view::npos) return base::fail("a name holds no NUL byte");
   if (env_name_is_reserved(name))
-    return base::fail(std::string(name) + " is the supervisor's own (it sets it for the agent, or keeps it from the agent)");
+    return base::fail(std::string(name) +
+                      " is the supervisor's own (it sets it for the agent, or keeps it from the agent)");
   return {};
 }
 
@@ -76,7 +77,8 @@ std::vector<std::string> build_agent_env(const AgentEnvSpec& spec) {
 
 std::string home_of(unsigned uid) {
   // getpwuid_r: the supervisor may have threads (the broker's).
-  struct passwd pw {}, *res = nullptr;
+  struct passwd pw {
+  }, *res = nullptr;
   char buf[4096];
   if (::getpwuid_r(uid, &pw, buf, sizeof buf, &res) == 0 && res && res->pw_dir && *res->pw_dir) return res->pw_dir;
   return "/";

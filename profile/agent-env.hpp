@@ -28,11 +28,11 @@ bool env_name_is_reserved(std::string_view name);
 std::string parse_env_assignment(const std::string& arg);
 
 struct AgentEnvSpec {
-  bool inherit = false;                      // --env-inherit: start from `environ` instead
-  std::vector<std::string> supervisor_env;   // the supervisor's environment (KEY=VALUE)
-  std::string home = "/root";                // the agent user's home
+  bool inherit = false;                     // --env-inherit: start from `environ` instead
+  std::vector<std::string> supervisor_env;  // the supervisor's environment (KEY=VALUE)
+  std::string home = "/root";               // the agent user's home
   std::map<std::string, std::string> profile_env;
-  std::vector<std::string> extra;            // --env, KEY=VALUE, later ones win
+  std::vector<std::string> extra;  // --env, KEY=VALUE, later ones win
 };
 
 /// The agent's environment before the box adds its identity variables: never any reserved name.

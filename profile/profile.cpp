@@ -3,16 +3,16 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
-#include <boost/json.hpp>
 #include <algorithm>
+#include <boost/json.hpp>
 #include <cctype>
 #include <charconv>
 #include <climits>
 #include <cmath>
 
-#include "profile/agent-env.hpp"
 #include "egress/egress-policy.hpp"
 #include "os/sys.hpp"
+#include "profile/agent-env.hpp"
 
 namespace sbx::profile {
 
@@ -25,12 +25,18 @@ int64_t parse_duration_ms(std::string_view s, const std::string& field) {
     throw ProfileError(field + ": \"" + std::string(s) + "\" is not a duration (like 10s, 500ms, 2h)");
   std::string_view unit(p, static_cast<size_t>(s.data() + s.size() - p));
   double mult;
-  if (unit.empty() || unit == "s") mult = 1000;
-  else if (unit == "ms") mult = 1;
-  else if (unit == "m") mult = 60000;
-  else if (unit == "h") mult = 3600000;
-  else if (unit == "d") mult = 86400000;
-  else throw ProfileError(field + ": unknown unit \"" + std::string(unit) + "\" (use ms, s, m, h, d)");
+  if (unit.empty() || unit == "s")
+    mult = 1000;
+  else if (unit == "ms")
+    mult = 1;
+  else if (unit == "m")
+    mult = 60000;
+  else if (unit == "h")
+    mult = 3600000;
+  else if (unit == "d")
+    mult = 86400000;
+  else
+    throw ProfileError(field + ": unknown unit \"" + std::string(unit) + "\" (use ms, s, m, h, d)");
   return static_cast<int64_t>(v * mult);
 }
 
@@ -40,15 +46,23 @@ int64_t parse_size(std::string_view s, const std::string& field) {
   if (ec != std::errc() || v < 0 || !std::isfinite(v))
     throw ProfileError(field + ": \"" + std::string(s) + "\" is not a size (like 512M, 4G)");
   std::string unit(p, static_cast<size_t>(s.data() + s.size() - p));
-  if (unit.size() >= 2 && (unit.ends_with("iB") || unit.ends_with("ib"))) unit.erase(unit.size() - 2);
-  else if (unit.size() == 2 && (unit[1] == 'B' || unit[1] == 'b')) unit.pop_back();
+  if (unit.size() >= 2 && (unit.ends_with("iB") || unit.ends_with("ib")))
+    unit.erase(unit.size() - 2);
+  else if (unit.size() == 2 && (unit[1] == 'B' || unit[1] == 'b'))
+    unit.pop_back();
   double mult;
-  if (unit.empty() || unit == "B" || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "K") mult = 1024.0;
-  else if (unit == "m" || unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw ProfileError(field + ": unknown unit \"" + unit + "\" (use K, M, G, T)");
+  if (unit.empty() || unit == "B" || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "K")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "T")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw ProfileError(field + ": unknown unit \"" + unit + "\" (use K, M, G, T)");
   double bytes = v * mult;
   if (bytes > 9.0e18) throw ProfileError(field + ": " + std::string(s) + " is too large");
   return static_cast<int64_t>(bytes);
@@ -67,7 +81,9 @@ class Fields {
     seen_.emplace_back(key);
     return obj_->if_contains(key);
   }
-  std::string field(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
+  std::string field(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
   void done() const {
     for (auto& kv : *obj_) {
       bool known = false;
@@ -175,7 +191,8 @@ void parse_user(Profile& p, const json::value& v) {
     p.isolation.gid.reset();
     return;
   }
-  if (!v.is_object()) throw ProfileError(f + ": expected \"root\", \"nobody\", \"UID:GID\", a uid or {\"uid\": N, \"gid\": N}");
+  if (!v.is_object())
+    throw ProfileError(f + ": expected \"root\", \"nobody\", \"UID:GID\", a uid or {\"uid\": N, \"gid\": N}");
   Fields u(v, f);
   const json::value* uv = u.get("uid");
   const json::value* gv = u.get("gid");
@@ -185,19 +202,20 @@ void parse_user(Profile& p, const json::value& v) {
   p.isolation.gid = gv ? static_cast<uint32_t>(as_count(*gv, f + ".gid", 0, 4294967294LL)) : *p.isolation.uid;
 }
 
-
 // ---- network and credentials ----
 int64_t as_int(const json::value& v, const std::string& field, int64_t lo, int64_t hi) {
   if (!v.is_int64() && !v.is_uint64()) throw ProfileError(field + ": expected an integer");
   int64_t n = v.is_int64() ? v.as_int64() : static_cast<int64_t>(std::min<uint64_t>(v.as_uint64(), INT64_MAX));
-  if (n < lo || n > hi) throw ProfileError(field + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+  if (n < lo || n > hi)
+    throw ProfileError(field + ": must be between " + std::to_string(lo) + " and " + std::to_string(hi));
   return n;
 }
 
 bool is_token(std::string_view s, std::string_view extra) {
   if (s.empty()) return false;
   for (char c : s)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || extra.find(c) != std::string_view::npos))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          extra.find(c) != std::string_view::npos))
       return false;
   return true;
 }
@@ -206,17 +224,23 @@ void parse_network(NetworkPolicy& n, const json::value& v) {
   // "network": "none" is short for {"mode": "none"}.
   if (v.is_string()) {
     auto s = as_choice(v, "network", {"none", "proxy", "host"});
-    n.mode = s == "none" ? NetworkPolicy::Mode::None : s == "proxy" ? NetworkPolicy::Mode::Proxy : NetworkPolicy::Mode::Host;
+    n.mode = s == "none"    ? NetworkPolicy::Mode::None
+             : s == "proxy" ? NetworkPolicy::Mode::Proxy
+                            : NetworkPolicy::Mode::Host;
     return;
   }
   if (!v.is_object()) throw ProfileError("network: expected \"none\", \"proxy\", \"host\" or an object with a mode");
   Fields f(v, "network");
   if (auto* m = f.get("mode")) {
     auto s = as_string(*m, "network.mode");
-    if (s == "host") n.mode = NetworkPolicy::Mode::Host;
-    else if (s == "none") n.mode = NetworkPolicy::Mode::None;
-    else if (s == "proxy") n.mode = NetworkPolicy::Mode::Proxy;
-    else throw ProfileError("network.mode: \"" + s + "\" is not one of host, none, proxy");
+    if (s == "host")
+      n.mode = NetworkPolicy::Mode::Host;
+    else if (s == "none")
+      n.mode = NetworkPolicy::Mode::None;
+    else if (s == "proxy")
+      n.mode = NetworkPolicy::Mode::Proxy;
+    else
+      throw ProfileError("network.mode: \"" + s + "\" is not one of host, none, proxy");
   }
   if (auto* a = f.get("allow")) n.allow = as_string_list(*a, "network.allow");
   if (auto* d = f.get("deny")) n.deny = as_string_list(*d, "network.deny");
@@ -286,7 +310,8 @@ Credential parse_credential(const json::value& v, const std::string& path) {
     inf.done();
   }
   if (!is_token(c.header, "-_")) throw ProfileError(path + ".inject.header: not a header name");
-  if (c.format.find("{}") == std::string::npos) throw ProfileError(path + ".inject.format: must contain {} (the secret)");
+  if (c.format.find("{}") == std::string::npos)
+    throw ProfileError(path + ".inject.format: must contain {} (the secret)");
   for (char& ch : c.header) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   c.placeholder = "sbx-placeholder-" + c.name;
   if (auto* x = f.get("placeholder")) c.placeholder = as_string(*x, path + ".placeholder");
@@ -295,7 +320,8 @@ Credential parse_credential(const json::value& v, const std::string& path) {
   if (auto* x = f.get("placeholder_env")) c.placeholder_env = as_string(*x, path + ".placeholder_env");
   if (auto* x = f.get("base_url_env")) c.base_url_env = as_string(*x, path + ".base_url_env");
   for (auto* e : {&c.placeholder_env, &c.base_url_env})
-    if (!e->empty() && !is_token(*e, "_")) throw ProfileError(path + ": \"" + *e + "\" is not an environment variable name");
+    if (!e->empty() && !is_token(*e, "_"))
+      throw ProfileError(path + ": \"" + *e + "\" is not an environment variable name");
   if (auto* x = f.get("ca_file")) c.ca_file = as_string(*x, path + ".ca_file");
   f.done();
   return c;
@@ -307,7 +333,8 @@ void parse_credentials(std::vector<Credential>& out, const json::value& v) {
   for (size_t i = 0; i < v.as_array().size(); ++i) {
     auto c = parse_credential(v.as_array()[i], "credentials[" + std::to_string(i) + "]");
     for (auto& o : out)
-      if (o.name == c.name) throw ProfileError("credentials[" + std::to_string(i) + "].name: \"" + c.name + "\" is used twice");
+      if (o.name == c.name)
+        throw ProfileError("credentials[" + std::to_string(i) + "].name: \"" + c.name + "\" is used twice");
     out.push_back(std::move(c));
   }
 }
@@ -364,7 +391,8 @@ void parse_into(Profile& p, const json::value& doc) {
       if (!v->is_number()) throw ProfileError("resources.cpus: expected a number of cores like 0.5");
       double c = v->to_number<double>();
       if (!(c >= 0) || c > 4096 || (c > 0 && c < 0.01))
-        throw ProfileError("resources.cpus: " + json::serialize(*v) + " is impossible (0.01..4096, or 0 for no ceiling)");
+        throw ProfileError("resources.cpus: " + json::serialize(*v) +
+                           " is impossible (0.01..4096, or 0 for no ceiling)");
       p.resources.cpus = c;
     }
     if (auto* v = f.get("pids")) {
@@ -374,12 +402,14 @@ void parse_into(Profile& p, const json::value& doc) {
     if (auto* v = f.get("open_files")) {
       p.resources.open_files = as_count(*v, "resources.open_files", 0, 1LL << 30);
       if (p.resources.open_files != 0 && p.resources.open_files < 16)
-        throw ProfileError("resources.open_files: " + std::to_string(p.resources.open_files) + " is impossible (at least 16)");
+        throw ProfileError("resources.open_files: " + std::to_string(p.resources.open_files) +
+                           " is impossible (at least 16)");
     }
     if (auto* v = f.get("disk")) {
       p.resources.disk = as_size(*v, "resources.disk");
       if (p.resources.disk != 0 && p.resources.disk < (1 << 20))
-        throw ProfileError("resources.disk: " + std::to_string(p.resources.disk) + " bytes is impossible (at least 1M)");
+        throw ProfileError("resources.disk: " + std::to_string(p.resources.disk) +
+                           " bytes is impossible (at least 1M)");
     }
     if (auto* v = f.get("timeout")) p.resources.timeout_ms = as_duration(*v, "resources.timeout");
     if (auto* v = f.get("idle")) p.resources.idle_ms = as_duration(*v, "resources.idle");
@@ -402,9 +432,13 @@ void parse_into(Profile& p, const json::value& doc) {
         auto names = as_string_list(*v, "isolation.namespaces");
         bool pid = false, mnt = false;
         for (auto& n : names) {
-          if (n == "pid") pid = true;
-          else if (n == "mount") mnt = true;
-          else throw ProfileError("isolation.namespaces: \"" + n + "\" is not supported (pid and mount; network is set by \"network\")");
+          if (n == "pid")
+            pid = true;
+          else if (n == "mount")
+            mnt = true;
+          else
+            throw ProfileError("isolation.namespaces: \"" + n +
+                               "\" is not supported (pid and mount; network is set by \"network\")");
         }
         if (pid != mnt) throw ProfileError("isolation.namespaces: pid and mount go together (or neither)");
         p.isolation.namespaces = pid;
@@ -414,8 +448,10 @@ void parse_into(Profile& p, const json::value& doc) {
     }
     if (auto* v = f.get("user")) parse_user(p, *v);
     if (auto* v = f.get("capabilities")) {
-      if (v->is_null()) p.isolation.capabilities.reset();
-      else p.isolation.capabilities = as_string_list(*v, "isolation.capabilities");
+      if (v->is_null())
+        p.isolation.capabilities.reset();
+      else
+        p.isolation.capabilities = as_string_list(*v, "isolation.capabilities");
       // Names are checked against libcap's list by the policy (policy.cpp), which knows them.
     }
     if (auto* v = f.get("landlock")) {
@@ -486,7 +522,8 @@ ProfileSource find_profile(const std::string& name_or_path) {
     return {name_or_path, std::move(*text)};
   }
   std::vector<std::string> candidates;
-  if (auto* d = std::getenv("SANDBOXER_PROFILE_DIR")) candidates.push_back(std::string(d) + "/" + name_or_path + ".json");
+  if (auto* d = std::getenv("SANDBOXER_PROFILE_DIR"))
+    candidates.push_back(std::string(d) + "/" + name_or_path + ".json");
   for (auto& dir : os::shipped_dirs("profiles")) candidates.push_back(dir + "/" + name_or_path + ".json");
   for (auto& c : candidates)
     if (auto text = os::read_file(c)) return {c, std::move(*text)};
@@ -522,7 +559,8 @@ void apply_override(Profile& p, const std::string& assignment) {
   size_t end = path.size();
   for (;;) {
     size_t dot = path.rfind('.', end - 1);
-    std::string key = path.substr(dot == std::string::npos ? 0 : dot + 1, end - (dot == std::string::npos ? 0 : dot + 1));
+    std::string key =
+        path.substr(dot == std::string::npos ? 0 : dot + 1, end - (dot == std::string::npos ? 0 : dot + 1));
     doc = json::object{{key, doc}};
     if (dot == std::string::npos) break;
     end = dot;

@@ -18,8 +18,8 @@ struct ProfileError : std::runtime_error {
 struct NetworkPolicy {
   enum class Mode { Host, None, Proxy };
   Mode mode = Mode::Host;
-  std::vector<std::string> allow, deny;       // exact hosts, IP literals, "*.suffix"
-  std::vector<std::string> allow_cidrs;       // special-purpose ranges (private, loopback, ...) it may reach
+  std::vector<std::string> allow, deny;        // exact hosts, IP literals, "*.suffix"
+  std::vector<std::string> allow_cidrs;        // special-purpose ranges (private, loopback, ...) it may reach
   std::map<std::string, std::string> resolve;  // host -> address the broker connects to (pinning)
   int proxy_port = 3128;                       // the broker's port inside the agent's netns
   int64_t max_header_bytes = 16 * 1024;
@@ -36,10 +36,10 @@ struct Credential {
   std::string path_prefix;
   std::string header = "authorization";
   std::string format = "Bearer {}";
-  std::string placeholder;              // what the agent holds instead of the secret
-  std::string placeholder_env;          // env var of the agent set to the placeholder
-  std::string base_url_env;             // env var of the agent set to the broker's URL for it
-  std::string ca_file;                  // trust anchors for the upstream (default: system store)
+  std::string placeholder;      // what the agent holds instead of the secret
+  std::string placeholder_env;  // env var of the agent set to the placeholder
+  std::string base_url_env;     // env var of the agent set to the broker's URL for it
+  std::string ca_file;          // trust anchors for the upstream (default: system store)
 };
 // ---- end network and credentials ----
 
@@ -47,23 +47,23 @@ struct Profile {
   std::string name = "default";
   int version = 1;
   struct Resources {
-    int64_t memory = 0;        // bytes; 0: no ceiling of our own
-    double cpus = 0;           // cores; 0: no ceiling
-    int64_t pids = 0;          // 0: no ceiling
-    int64_t open_files = 0;    // RLIMIT_NOFILE; 0: inherited
-    int64_t disk = 0;          // workspace size in bytes; 0: the state dir's filesystem
-    int64_t timeout_ms = 0;    // wall clock; 0: none
-    int64_t idle_ms = 0;       // no output and no CPU for this long; 0: none
+    int64_t memory = 0;      // bytes; 0: no ceiling of our own
+    double cpus = 0;         // cores; 0: no ceiling
+    int64_t pids = 0;        // 0: no ceiling
+    int64_t open_files = 0;  // RLIMIT_NOFILE; 0: inherited
+    int64_t disk = 0;        // workspace size in bytes; 0: the state dir's filesystem
+    int64_t timeout_ms = 0;  // wall clock; 0: none
+    int64_t idle_ms = 0;     // no output and no CPU for this long; 0: none
     int64_t grace_ms = 10000;
     int64_t pids_grace_ms = 2000;  // forks failing at the pids ceiling this long end the tree
-    int64_t copies = 16;       // restored or forked copies alive at once in the box (each with the
-                               // full ceilings above); a restore or fork past it is refused
-    int64_t snapshots = 32;    // snapshots kept in the box's store; a checkpoint or import past it
-                               // is refused
+    int64_t copies = 16;           // restored or forked copies alive at once in the box (each with the
+                                   // full ceilings above); a restore or fork past it is refused
+    int64_t snapshots = 32;        // snapshots kept in the box's store; a checkpoint or import past it
+                                   // is refused
   } resources;
   struct Isolation {
-    std::string level = "process";  // process, container, gvisor, microvm: the least the host must give
-    bool namespaces = true;         // own pid + mount namespace
+    std::string level = "process";     // process, container, gvisor, microvm: the least the host must give
+    bool namespaces = true;            // own pid + mount namespace
     std::optional<uint32_t> uid, gid;  // unset: the agent runs as the supervisor's user
     std::optional<std::vector<std::string>> capabilities;  // kept (CAP_ names); unset: all
     struct Landlock {
@@ -72,8 +72,8 @@ struct Profile {
     std::optional<Landlock> landlock;
     std::string seccomp = "default";  // "default", "none", or a policy file
   } isolation;
-  NetworkPolicy network;                 // network and credentials ("none" etc. is short for a mode)
-  std::vector<Credential> credentials;   // network and credentials
+  NetworkPolicy network;                  // network and credentials ("none" etc. is short for a mode)
+  std::vector<Credential> credentials;    // network and credentials
   std::string persistence = "ephemeral";  // ephemeral, persistent, checkpoint
   // The agent's environment beyond the clean base (agent-env.hpp); an override merges by name,
   // and a null value removes one.

@@ -57,7 +57,9 @@ ChannelRequest parse_channel_request(std::string_view line, json::value* id_out)
       break;
     case ChannelOp::fork: {
       auto n = opt_int(f, "n", 1, kChannelMaxFork);
-      if (!n) throw RequestError("bad_request", "field n: missing (fork needs 1.." + std::to_string(kChannelMaxFork) + " copies)");
+      if (!n)
+        throw RequestError("bad_request",
+                           "field n: missing (fork needs 1.." + std::to_string(kChannelMaxFork) + " copies)");
       r.n = static_cast<int>(*n);
       [[fallthrough]];
     }

@@ -34,7 +34,8 @@ base::Result<void> probe_websocket(const std::string& addr, int port, int timeou
     a4->sin_family = AF_INET;
     a4->sin_port = htons(static_cast<uint16_t>(port));
     len = sizeof *a4;
-  } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss); ::inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
+  } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+             ::inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
     a6->sin6_family = AF_INET6;
     a6->sin6_port = htons(static_cast<uint16_t>(port));
     len = sizeof *a6;
@@ -76,7 +77,8 @@ base::Result<void> probe_websocket(const std::string& addr, int port, int timeou
     char buf[256];
     ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
     if (n == 0) return base::fail(where + ": closed without an answer");
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return base::fail("recv from " + where + ": " + std::strerror(errno));
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+      return base::fail("recv from " + where + ": " + std::strerror(errno));
     if (n > 0) got.append(buf, static_cast<size_t>(n));
   }
   std::string status = got.substr(0, got.find("\r\n"));

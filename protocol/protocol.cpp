@@ -12,14 +12,20 @@ namespace {
 std::string field(std::string_view key) { return "field " + std::string(key) + ": "; }
 const char* kind_of(const boost::json::value& v) {
   switch (v.kind()) {
-    case boost::json::kind::null: return "null";
-    case boost::json::kind::bool_: return "a boolean";
+    case boost::json::kind::null:
+      return "null";
+    case boost::json::kind::bool_:
+      return "a boolean";
     case boost::json::kind::int64:
     case boost::json::kind::uint64:
-    case boost::json::kind::double_: return "a number";
-    case boost::json::kind::string: return "a string";
-    case boost::json::kind::array: return "an array";
-    case boost::json::kind::object: return "an object";
+    case boost::json::kind::double_:
+      return "a number";
+    case boost::json::kind::string:
+      return "a string";
+    case boost::json::kind::array:
+      return "an array";
+    case boost::json::kind::object:
+      return "an object";
   }
   return "?";
 }
@@ -27,8 +33,8 @@ const char* kind_of(const boost::json::value& v) {
 
 Request parse_request(std::string_view text, boost::json::value* id_out) {
   if (text.size() > kMaxTextFrame)
-    throw RequestError("frame_too_large", "text frame of " + std::to_string(text.size()) + " bytes exceeds the cap of " +
-                                              std::to_string(kMaxTextFrame) + " bytes");
+    throw RequestError("frame_too_large", "text frame of " + std::to_string(text.size()) +
+                                              " bytes exceeds the cap of " + std::to_string(kMaxTextFrame) + " bytes");
   boost::system::error_code ec;
   boost::json::parse_options po;
   po.max_depth = 32;
@@ -41,11 +47,13 @@ Request parse_request(std::string_view text, boost::json::value* id_out) {
     bool ok = id->is_string() || id->is_null() || id->is_int64() || id->is_uint64();
     if (ok) r.id = *id;
     if (id_out) *id_out = r.id;
-    if (!ok) throw RequestError("bad_request", std::string("field id: expected an integer or a string, got ") + kind_of(*id));
+    if (!ok)
+      throw RequestError("bad_request", std::string("field id: expected an integer or a string, got ") + kind_of(*id));
   }
   auto* op = r.fields.if_contains("op");
   if (!op) throw RequestError("bad_request", "field op: missing");
-  if (!op->is_string()) throw RequestError("bad_request", std::string("field op: expected a string, got ") + kind_of(*op));
+  if (!op->is_string())
+    throw RequestError("bad_request", std::string("field op: expected a string, got ") + kind_of(*op));
   r.op = op->as_string();
   return r;
 }
@@ -83,7 +91,8 @@ std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view ke
     throw RequestError("bad_request", field(key) + "expected an integer, got " + kind_of(*v));
   }
   if (n < min || n > max)
-    throw RequestError("bad_request", field(key) + "out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    throw RequestError("bad_request",
+                       field(key) + "out of range [" + std::to_string(min) + ", " + std::to_string(max) + "]");
   return n;
 }
 
@@ -97,10 +106,12 @@ std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key)
 std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key) {
   auto* v = o.if_contains(key);
   if (!v) throw RequestError("bad_request", field(key) + "missing");
-  if (!v->is_array()) throw RequestError("bad_request", field(key) + "expected an array of strings, got " + kind_of(*v));
+  if (!v->is_array())
+    throw RequestError("bad_request", field(key) + "expected an array of strings, got " + kind_of(*v));
   std::vector<std::string> out;
   for (auto& e : v->as_array()) {
-    if (!e.is_string()) throw RequestError("bad_request", field(key) + "expected an array of strings, found " + kind_of(e));
+    if (!e.is_string())
+      throw RequestError("bad_request", field(key) + "expected an array of strings, found " + kind_of(e));
     out.emplace_back(e.as_string());
   }
   return out;
@@ -116,10 +127,12 @@ std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string
       throw RequestError("bad_request", e.what());
     }
   }
-  double s = v->is_double() ? v->as_double() : v->is_int64() ? static_cast<double>(v->as_int64())
-                                             : v->is_uint64() ? static_cast<double>(v->as_uint64())
-                                                              : -1;
-  if (!v->is_number()) throw RequestError("bad_request", field(key) + "expected seconds or a duration string, got " + kind_of(*v));
+  double s = v->is_double()   ? v->as_double()
+             : v->is_int64()  ? static_cast<double>(v->as_int64())
+             : v->is_uint64() ? static_cast<double>(v->as_uint64())
+                              : -1;
+  if (!v->is_number())
+    throw RequestError("bad_request", field(key) + "expected seconds or a duration string, got " + kind_of(*v));
   if (!std::isfinite(s) || s < 0 || s > 86400.0 * 365)
     throw RequestError("bad_request", field(key) + "out of range (0 to a year of seconds)");
   return static_cast<int64_t>(s * 1000);

@@ -15,8 +15,8 @@
 #include <regex>
 #include <sstream>
 
-#include "sandbox/launcher.hpp"
 #include "os/sys.hpp"
+#include "sandbox/launcher.hpp"
 
 extern char** environ;
 
@@ -73,7 +73,9 @@ CommandProbe::~CommandProbe() {
 std::optional<std::string> CommandProbe::output(int timeout_ms) {
   if (pid_ <= 0) return std::nullopt;
   std::string out;
-  struct pollfd pfd{fd_, POLLIN, 0};
+  struct pollfd pfd {
+    fd_, POLLIN, 0
+  };
   for (;;) {
     if (::poll(&pfd, 1, timeout_ms) <= 0) {
       ::kill(pid_, SIGKILL);

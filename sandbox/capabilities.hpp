@@ -8,8 +8,8 @@
 namespace sbx::sandbox {
 
 struct HostCapabilities {
-  std::string cgroup = "none";        // v1, v2, none
-  boost::json::array controllers;     // the controllers this process may use
+  std::string cgroup = "none";     // v1, v2, none
+  boost::json::array controllers;  // the controllers this process may use
   bool namespaces = false;
   std::string namespaces_why_not;
   bool seccomp = false;

@@ -14,9 +14,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sandbox/policy.hpp"
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
+#include "sandbox/policy.hpp"
 
 #ifndef MOUNT_ATTR_RDONLY
 #include <linux/mount.h>
@@ -34,15 +34,28 @@ auto log() {
 // One step of the mount plan. The plan is built in the parent; the cloned child only walks it
 // with plain syscalls (no allocation, no logging), and reports the failing step's index and errno.
 struct MountOp {
-  enum Kind { PrivateRoot, CloneTree, SetAttr, Mount, MkDir, Touch, Symlink, Move, Mask, ReadOnly, Pivot, RemountRootRO };
+  enum Kind {
+    PrivateRoot,
+    CloneTree,
+    SetAttr,
+    Mount,
+    MkDir,
+    Touch,
+    Symlink,
+    Move,
+    Mask,
+    ReadOnly,
+    Pivot,
+    RemountRootRO
+  };
   Kind kind;
   std::string a, b, fstype, data;  // meaning depends on kind (see run_plan)
-  unsigned long flags = 0;  // Mount: MS_*; SetAttr: MOUNT_ATTR_*; MkDir: the mode
-  int slot = -1;        // CloneTree/SetAttr/Move: which detached tree
+  unsigned long flags = 0;         // Mount: MS_*; SetAttr: MOUNT_ATTR_*; MkDir: the mode
+  int slot = -1;                   // CloneTree/SetAttr/Move: which detached tree
   bool recursive = false;
   bool optional = false;  // a missing source skips the step
   bool or_else = false;   // run only if the previous step failed (its failure is then forgiven)
-  std::string what;     // for the error message
+  std::string what;       // for the error message
 };
 
 // Read-only trees of the host (and the supervisor's binary): no setuid bit or device node in
@@ -63,22 +76,41 @@ void add_proc_and_dev(Plan& p, const std::vector<std::pair<std::string, int>>& d
   const std::string& r = p.new_root;
   auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
   add({.kind = MountOp::MkDir, .a = r + "/proc", .flags = 0555, .what = "mkdir /proc"});
-  add({.kind = MountOp::Mount, .a = "proc", .b = r + "/proc", .fstype = "proc", .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+  add({.kind = MountOp::Mount,
+       .a = "proc",
+       .b = r + "/proc",
+       .fstype = "proc",
+       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
        .what = "mount /proc"});
   add({.kind = MountOp::MkDir, .a = r + "/dev", .flags = 0755, .what = "mkdir /dev"});
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev", .fstype = "tmpfs", .data = "mode=0755,size=64k",
-       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC, .what = "mount /dev"});
+  add({.kind = MountOp::Mount,
+       .a = "tmpfs",
+       .b = r + "/dev",
+       .fstype = "tmpfs",
+       .data = "mode=0755,size=64k",
+       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /dev"});
   for (auto& [d, s] : devs) {
     add({.kind = MountOp::Touch, .a = r + "/dev/" + d, .what = "create /dev/" + d});
     add({.kind = MountOp::Move, .a = r + "/dev/" + d, .slot = s, .optional = true, .what = "attach /dev/" + d});
   }
   add({.kind = MountOp::MkDir, .a = r + "/dev/pts", .flags = 0755, .what = "mkdir /dev/pts"});
-  add({.kind = MountOp::Mount, .a = "devpts", .b = r + "/dev/pts", .fstype = "devpts",
-       .data = "newinstance,ptmxmode=0666,mode=0620", .flags = MS_NOSUID | MS_NOEXEC, .what = "mount /dev/pts"});
+  add({.kind = MountOp::Mount,
+       .a = "devpts",
+       .b = r + "/dev/pts",
+       .fstype = "devpts",
+       .data = "newinstance,ptmxmode=0666,mode=0620",
+       .flags = MS_NOSUID | MS_NOEXEC,
+       .what = "mount /dev/pts"});
   add({.kind = MountOp::Symlink, .a = "pts/ptmx", .b = r + "/dev/ptmx", .what = "symlink /dev/ptmx"});
   add({.kind = MountOp::MkDir, .a = r + "/dev/shm", .flags = 01777, .what = "mkdir /dev/shm"});
-  add({.kind = MountOp::Mount, .a = "tmpfs", .b = r + "/dev/shm", .fstype = "tmpfs", .data = "mode=1777",
-       .flags = MS_NOSUID | MS_NODEV, .what = "mount /dev/shm"});
+  add({.kind = MountOp::Mount,
+       .a = "tmpfs",
+       .b = r + "/dev/shm",
+       .fstype = "tmpfs",
+       .data = "mode=1777",
+       .flags = MS_NOSUID | MS_NODEV,
+       .what = "mount /dev/shm"});
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd", .b = r + "/dev/fd", .what = "symlink /dev/fd"});
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd/0", .b = r + "/dev/stdin", .what = "symlink /dev/stdin"});
   add({.kind = MountOp::Symlink, .a = "/proc/self/fd/1", .b = r + "/dev/stdout", .what = "symlink /dev/stdout"});
@@ -92,31 +124,40 @@ void add_proc_and_dev(Plan& p, const std::vector<std::pair<std::string, int>>& d
 void add_kernel_masks(Plan& p) {
   const std::string& r = p.new_root;
   for (auto* path : kKernelReadOnlyPaths)
-    p.ops.push_back({.kind = MountOp::ReadOnly, .a = r + path, .optional = true, .what = std::string("make ") + path + " read-only"});
+    p.ops.push_back({.kind = MountOp::ReadOnly,
+                     .a = r + path,
+                     .optional = true,
+                     .what = std::string("make ") + path + " read-only"});
   for (auto* path : kKernelMaskedPaths) {
     struct stat st {};
     if (::stat(path, &st) != 0) continue;
-    p.ops.push_back({.kind = MountOp::Mask, .a = r + path, .recursive = S_ISDIR(st.st_mode), .optional = true,
+    p.ops.push_back({.kind = MountOp::Mask,
+                     .a = r + path,
+                     .recursive = S_ISDIR(st.st_mode),
+                     .optional = true,
                      .what = std::string("mask ") + path});
   }
 }
 
-// Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
-// read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
-// /proc, a minimal /dev, and /workspace and /tmp of the branch's own.
-Plan make_plan(const BranchSpec& spec) {
-  Plan p;
-  p.new_root = spec.dir + "/root";
-  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
-  add({.kind = MountOp::PrivateRoot, .what = "make / private"});
+struct TopEntry {
+  std::string name;
+  bool dir;
+  std::string link;
+};
 
+// Where each cloned tree waits (its slot) until it is attached in the new root; -1: none.
+struct Clones {
+  std::vector<std::pair<std::string, int>> trees;  // target inside the root, slot
+  std::vector<std::pair<std::string, int>> devs;   // /dev entry, slot
+  int tmp = -1, exe = -1, resolv = -1, lib = -1, mid = -1;
+  int count = 0;
+};
+
+// The host's top-level directories (bound read-only) and symlinks (made again) that a plain
+// host's branch root shows: not the ones the branch gets of its own.
+std::vector<TopEntry> host_top_entries() {
   static const char* kSkip[] = {"proc", "dev", "sys", "tmp", "run", "workspace", "lost+found", "boot", "media", "mnt"};
-  struct Entry {
-    std::string name;
-    bool dir;
-    std::string link;
-  };
-  std::vector<Entry> entries;
+  std::vector<TopEntry> entries;
   if (DIR* d = ::opendir("/")) {
     while (auto* e = ::readdir(d)) {
       std::string n = e->d_name;
@@ -138,24 +179,41 @@ Plan make_plan(const BranchSpec& spec) {
     ::closedir(d);
   }
 
+  return entries;
+}
+
+// The first half of the plan: every tree the root will show is cloned into a slot (a detached
+// mount) while the host's paths are still reachable.
+Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries) {
+  Clones c;
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
   // Clone every tree first.
   int slot = 0;
-  std::vector<std::pair<std::string, int>> trees;  // target inside root, slot
+  auto& trees = c.trees;  // target inside root, slot
   for (auto& e : entries) {
     if (!e.dir) continue;
     add({.kind = MountOp::CloneTree, .a = "/" + e.name, .slot = slot, .recursive = true, .what = "clone /" + e.name});
-    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = slot, .recursive = true,
+    add({.kind = MountOp::SetAttr,
+         .flags = kReadOnlyAttrs,
+         .slot = slot,
+         .recursive = true,
          .what = "make /" + e.name + " read-only"});
     trees.emplace_back("/" + e.name, slot++);
   }
   add({.kind = MountOp::CloneTree, .a = "/sys", .slot = slot, .recursive = true, .what = "clone /sys"});
-  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC, .slot = slot, .recursive = true,
+  add({.kind = MountOp::SetAttr,
+       .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC,
+       .slot = slot,
+       .recursive = true,
        .what = "make /sys read-only"});
   trees.emplace_back("/sys", slot++);
   static const char* kDevs[] = {"null", "zero", "full", "random", "urandom", "tty"};
-  std::vector<std::pair<std::string, int>> devs;
+  auto& devs = c.devs;
   for (auto* d : kDevs) {
-    add({.kind = MountOp::CloneTree, .a = std::string("/dev/") + d, .slot = slot, .optional = true,
+    add({.kind = MountOp::CloneTree,
+         .a = std::string("/dev/") + d,
+         .slot = slot,
+         .optional = true,
          .what = std::string("clone /dev/") + d});
     devs.emplace_back(d, slot++);
   }
@@ -163,35 +221,58 @@ Plan make_plan(const BranchSpec& spec) {
   add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = slot, .what = "make the workspace nosuid,nodev"});
   trees.emplace_back("/workspace", slot++);
   int tmp_slot = slot++;
+  c.tmp = tmp_slot;
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = tmp_slot, .what = "clone the branch's /tmp"});
-  add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = tmp_slot, .what = "make the branch's /tmp nosuid,nodev"});
+  add({.kind = MountOp::SetAttr,
+       .flags = kWritableAttrs,
+       .slot = tmp_slot,
+       .what = "make the branch's /tmp nosuid,nodev"});
   // The supervisor's own binary, bound at a fixed path: it may live where the branch cannot see
   // (under the host's /tmp, say), and ns-init runs from inside the new root.
   int exe_slot = slot++;
+  c.exe = exe_slot;
   add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
-  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = exe_slot, .what = "make " + spec.self_exe + " read-only"});
-  int resolv_slot = -1;  // network: the branch's resolv.conf
+  add({.kind = MountOp::SetAttr,
+       .flags = kReadOnlyAttrs,
+       .slot = exe_slot,
+       .what = "make " + spec.self_exe + " read-only"});
+  int& resolv_slot = c.resolv;  // network: the branch's resolv.conf
   if (!spec.resolv_conf.empty()) {
     add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
     resolv_slot = slot++;
   }
   // A bundle's libraries, found through the $ORIGIN/../lib rpath from kNsInitPath.
-  int lib_slot = -1;
+  int& lib_slot = c.lib;
   std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
-  if (struct stat st {}; ::stat(lib_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (struct stat st{}; ::stat(lib_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     lib_slot = slot++;
     add({.kind = MountOp::CloneTree, .a = lib_dir, .slot = lib_slot, .what = "clone " + lib_dir});
-    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = lib_slot, .what = "make " + lib_dir + " read-only"});
+    add({.kind = MountOp::SetAttr,
+         .flags = kReadOnlyAttrs,
+         .slot = lib_slot,
+         .what = "make " + lib_dir + " read-only"});
   }
   // The branch's machine id over /etc/machine-id (where the host has one to cover).
-  int mid_slot = -1;
-  if (struct stat st {}; ::stat("/etc/machine-id", &st) == 0 && S_ISREG(st.st_mode)) {
+  int& mid_slot = c.mid;
+  if (struct stat st{}; ::stat("/etc/machine-id", &st) == 0 && S_ISREG(st.st_mode)) {
     mid_slot = slot++;
-    add({.kind = MountOp::CloneTree, .a = spec.dir + "/" + kMachineIdFile, .slot = mid_slot, .what = "clone the machine id"});
+    add({.kind = MountOp::CloneTree,
+         .a = spec.dir + "/" + kMachineIdFile,
+         .slot = mid_slot,
+         .what = "clone the machine id"});
     add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = mid_slot, .what = "make the machine id read-only"});
   }
-  p.slots.assign(static_cast<size_t>(slot), -1);
+  c.count = slot;
+  return c;
+}
 
+// The second half: the root is made, the cloned trees attached in it, /tmp, /proc, /dev, /run and
+// the masks set up, and the root pivoted into.
+void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries, const Clones& c) {
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  const auto& trees = c.trees;
+  const auto& devs = c.devs;
+  int tmp_slot = c.tmp, exe_slot = c.exe, resolv_slot = c.resolv, lib_slot = c.lib, mid_slot = c.mid;
   const std::string& r = p.new_root;
   // The root is a directory of the branch's own, bound onto itself (pivot_root needs a mount
   // point), not a tmpfs: criu does not dump the contents of a mount namespace's root, so a restored
@@ -204,18 +285,28 @@ Plan make_plan(const BranchSpec& spec) {
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
   if (resolv_slot >= 0)
-    add({.kind = MountOp::Move, .a = r + "/etc/resolv.conf", .slot = resolv_slot, .optional = true,
+    add({.kind = MountOp::Move,
+         .a = r + "/etc/resolv.conf",
+         .slot = resolv_slot,
+         .optional = true,
          .what = "attach /etc/resolv.conf"});
   if (mid_slot >= 0)
-    add({.kind = MountOp::Move, .a = r + "/etc/machine-id", .slot = mid_slot, .optional = true,
+    add({.kind = MountOp::Move,
+         .a = r + "/etc/machine-id",
+         .slot = mid_slot,
+         .optional = true,
          .what = "attach /etc/machine-id"});
   // /tmp: the host's /tmp seen through an overlay whose writes stay the branch's own, so a
   // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
   // an overlay filesystem, as in a container), a private /tmp of the branch's own.
   add({.kind = MountOp::MkDir, .a = r + "/tmp", .flags = 01777, .what = "mkdir /tmp"});
-  add({.kind = MountOp::Mount, .a = "overlay", .b = r + "/tmp", .fstype = "overlay",
+  add({.kind = MountOp::Mount,
+       .a = "overlay",
+       .b = r + "/tmp",
+       .fstype = "overlay",
        .data = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work",
-       .flags = MS_NOSUID | MS_NODEV, .what = "mount the /tmp overlay"});
+       .flags = MS_NOSUID | MS_NODEV,
+       .what = "mount the /tmp overlay"});
   add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
   add_proc_and_dev(p, devs);
   // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
@@ -223,13 +314,18 @@ Plan make_plan(const BranchSpec& spec) {
   add({.kind = MountOp::MkDir, .a = r + "/run", .flags = 0755, .what = "mkdir /run"});
   add({.kind = MountOp::Mount, .a = spec.dir + "/run", .b = r + "/run", .flags = MS_BIND, .what = "bind /run"});
   // A bind takes its flags from a remount only.
-  add({.kind = MountOp::Mount, .b = r + "/run", .flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV,
+  add({.kind = MountOp::Mount,
+       .b = r + "/run",
+       .flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV,
        .what = "make /run nosuid,nodev"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer", .flags = 0755, .what = "mkdir /run/sandboxer"});
   add({.kind = MountOp::MkDir, .a = r + "/run/sandboxer/bin", .flags = 0755, .what = "mkdir /run/sandboxer/bin"});
   if (lib_slot >= 0) {
     add({.kind = MountOp::MkDir, .a = r + kNsInitLibDir, .flags = 0755, .what = std::string("mkdir ") + kNsInitLibDir});
-    add({.kind = MountOp::Move, .a = r + kNsInitLibDir, .slot = lib_slot, .what = std::string("attach ") + kNsInitLibDir});
+    add({.kind = MountOp::Move,
+         .a = r + kNsInitLibDir,
+         .slot = lib_slot,
+         .what = std::string("attach ") + kNsInitLibDir});
   }
   add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
   add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
@@ -241,6 +337,19 @@ Plan make_plan(const BranchSpec& spec) {
   add_kernel_masks(p);
   add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});
   add({.kind = MountOp::RemountRootRO, .what = "make / read-only"});
+}
+
+// Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
+// read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
+// /proc, a minimal /dev, and /workspace and /tmp of the branch's own.
+Plan make_plan(const BranchSpec& spec) {
+  Plan p;
+  p.new_root = spec.dir + "/root";
+  p.ops.push_back({.kind = MountOp::PrivateRoot, .what = "make / private"});
+  auto entries = host_top_entries();
+  Clones c = clone_trees(p, spec, entries);
+  p.slots.assign(static_cast<size_t>(c.count), -1);
+  attach_trees(p, spec, entries, c);
   return p;
 }
 
@@ -278,8 +387,9 @@ int run_plan(Plan& p, int* err) noexcept {
         break;
       }
       case MountOp::Mount:
-        rc = ::mount(op.a.empty() ? nullptr : op.a.c_str(), op.b.c_str(), op.fstype.empty() ? nullptr : op.fstype.c_str(),
-                     op.flags, op.data.empty() ? nullptr : op.data.c_str());
+        rc = ::mount(op.a.empty() ? nullptr : op.a.c_str(), op.b.c_str(),
+                     op.fstype.empty() ? nullptr : op.fstype.c_str(), op.flags,
+                     op.data.empty() ? nullptr : op.data.c_str());
         break;
       case MountOp::MkDir:
         rc = ::mkdir(op.a.c_str(), static_cast<mode_t>(op.flags));
@@ -287,8 +397,10 @@ int run_plan(Plan& p, int* err) noexcept {
         break;
       case MountOp::Touch: {
         int fd = ::open(op.a.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-        if (fd < 0) rc = -1;
-        else ::close(fd);
+        if (fd < 0)
+          rc = -1;
+        else
+          ::close(fd);
         break;
       }
       case MountOp::Symlink:
@@ -298,20 +410,21 @@ int run_plan(Plan& p, int* err) noexcept {
       case MountOp::Move: {
         int fd = p.slots[static_cast<size_t>(op.slot)];
         if (fd < 0 && op.optional) break;
-        rc = static_cast<int>(
-            ::syscall(SYS_move_mount, fd, "", AT_FDCWD, op.a.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
+        rc = static_cast<int>(::syscall(SYS_move_mount, fd, "", AT_FDCWD, op.a.c_str(), MOVE_MOUNT_F_EMPTY_PATH));
         break;
       }
       case MountOp::Mask: {
         struct stat st {};
         if (::lstat(op.a.c_str(), &st) != 0) break;  // not in the agent's view at all
         if (op.recursive) {
-          rc = ::mount("tmpfs", op.a.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0000");
+          rc = ::mount("tmpfs", op.a.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       "size=4k,mode=0000");
         } else {
           // Not nodev: the bind is /dev/null itself, and reads as empty.
           rc = ::mount("/dev/null", op.a.c_str(), nullptr, MS_BIND, nullptr);
           if (rc == 0)
-            rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, nullptr);
+            rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+                         nullptr);
         }
         break;
       }
@@ -320,8 +433,8 @@ int run_plan(Plan& p, int* err) noexcept {
         if (::lstat(op.a.c_str(), &st) != 0) break;  // not on this kernel
         rc = ::mount(op.a.c_str(), op.a.c_str(), nullptr, MS_BIND | MS_REC, nullptr);
         if (rc == 0)
-          rc = ::mount(nullptr, op.a.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                       nullptr);
+          rc = ::mount(nullptr, op.a.c_str(), nullptr,
+                       MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
         break;
       }
       case MountOp::Pivot:
@@ -355,8 +468,8 @@ struct ChildArgs {
   const char* exe;
   char* const* argv;
   char* const* envp;
-  int fds[7];     // sources for 3..9
-  int err_pipe;   // write end, reported to on failure
+  int fds[7];    // sources for 3..9
+  int err_pipe;  // write end, reported to on failure
 };
 
 // Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
@@ -390,8 +503,8 @@ void place_fds(ChildArgs& a) noexcept {
 }  // namespace
 
 std::array<int, 7> BranchPipes::child_ends() const {
-  return {req.read.get(), rep.write.get(), in.read.get(), out.write.get(), err.write.get(), chan_req.write.get(),
-          chan_rep.read.get()};
+  return {req.read.get(),  rep.write.get(),      in.read.get(),      out.write.get(),
+          err.write.get(), chan_req.write.get(), chan_rep.read.get()};
 }
 
 std::array<uint64_t, 7> BranchPipes::inodes() const {
@@ -453,7 +566,8 @@ os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
   }
   if (bundle_libs)
     if (auto d = os::make_dirs_at(top->get(), "run/sandboxer/lib", 0755); !d) return d.error();
-  auto exe = os::open_beneath(top->get(), "run/sandboxer/bin/sandboxer-init", O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0755);
+  auto exe = os::open_beneath(top->get(), "run/sandboxer/bin/sandboxer-init",
+                              O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0755);
   if (!exe) return exe.error();
   struct stat st {};
   if (::fstat(exe->get(), &st) != 0) return os::last_error();
@@ -502,8 +616,14 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr, &spec.cgroup_procs, spec.new_net, ns ? kNsInitPath : spec.self_exe.c_str(),
-                 argv.data(), envp, {}, ep->write.get()};
+    ChildArgs ca{ns ? &plan : nullptr,
+                 &spec.cgroup_procs,
+                 spec.new_net,
+                 ns ? kNsInitPath : spec.self_exe.c_str(),
+                 argv.data(),
+                 envp,
+                 {},
+                 ep->write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
@@ -521,10 +641,10 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;
       ::waitpid(pid, &st, __WALL);
-      std::string step = ce->step >= 0 ? plan.ops[static_cast<size_t>(ce->step)].what
+      std::string step = ce->step >= 0                 ? plan.ops[static_cast<size_t>(ce->step)].what
                          : ce->step == kStepJoinCgroup ? std::string("join the branch's cgroup")
                          : ce->step == kStepLoopback   ? std::string("set the loopback interface up")
-                                                     : "exec " + spec.self_exe;
+                                                       : "exec " + spec.self_exe;
       std::string msg = step + ": " + std::strerror(ce->err);
       if (ns && ce->step >= 0) {
         log()->warn("branch {}: {}; running without namespaces", spec.name, msg);

@@ -35,9 +35,9 @@ inline constexpr const char* kMachineIdFile = "machine-id";
 inline constexpr const char* kKernelReadOnlyPaths[] = {"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
                                                        "/proc/sysrq-trigger"};
 inline constexpr const char* kKernelMaskedPaths[] = {
-    "/proc/acpi",       "/proc/asound",     "/proc/interrupts", "/proc/kcore",         "/proc/keys",
-    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
-    "/sys/firmware",    "/sys/devices/virtual/powercap"};
+    "/proc/acpi",        "/proc/asound",        "/proc/interrupts", "/proc/kcore",
+    "/proc/keys",        "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+    "/proc/sched_debug", "/proc/scsi",          "/sys/firmware",    "/sys/devices/virtual/powercap"};
 
 /// Writes DIR/machine-id (32 random hex digits, as machine-id(5)) unless it exists.
 void ensure_machine_id(const std::string& dir);
@@ -59,8 +59,8 @@ os::Result<BranchPipes> make_branch_pipes();
 
 struct BranchSpec {
   std::string name = "main";
-  std::string dir;            // state dir of the branch: root/, workspace/, tmp/ below it
-  std::string self_exe;       // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
+  std::string dir;       // state dir of the branch: root/, workspace/, tmp/ below it
+  std::string self_exe;  // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
@@ -74,15 +74,15 @@ struct BranchSpec {
 inline constexpr const char* kLayerDirs[] = {"root", "workspace", "tmp", "run"};
 
 struct LaunchedBranch {
-  pid_t pid = -1;           // ns-init, in the supervisor's pid namespace
-  bool namespaced = false;  // own pid + mount namespace and root
-  std::string why_not;      // why not namespaced
-  os::UniqueFd requests;    // supervisor -> ns-init
-  os::UniqueFd reports;     // ns-init -> supervisor (non-blocking)
-  os::UniqueFd in;          // agent stdin, write end
-  os::UniqueFd out, err;    // agent stdout / stderr, read ends (non-blocking)
-  os::UniqueFd chan_req;    // agent channel requests, read end (non-blocking)
-  os::UniqueFd chan_rep;    // agent channel replies, write end
+  pid_t pid = -1;                         // ns-init, in the supervisor's pid namespace
+  bool namespaced = false;                // own pid + mount namespace and root
+  std::string why_not;                    // why not namespaced
+  os::UniqueFd requests;                  // supervisor -> ns-init
+  os::UniqueFd reports;                   // ns-init -> supervisor (non-blocking)
+  os::UniqueFd in;                        // agent stdin, write end
+  os::UniqueFd out, err;                  // agent stdout / stderr, read ends (non-blocking)
+  os::UniqueFd chan_req;                  // agent channel requests, read end (non-blocking)
+  os::UniqueFd chan_rep;                  // agent channel replies, write end
   std::array<uint64_t, 7> pipe_inodes{};  // see BranchPipes::inodes
 
   /// Takes the supervisor's ends of `p`.

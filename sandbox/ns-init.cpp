@@ -3,11 +3,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <termios.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,12 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "sandbox/launcher.hpp"
 #include "os/child-error.hpp"
 #include "os/pidfd.hpp"
-#include "os/sys.hpp"
-#include "sandbox/policy.hpp"
 #include "os/signal-mask.hpp"
+#include "os/sys.hpp"
+#include "sandbox/launcher.hpp"
+#include "sandbox/policy.hpp"
 
 namespace sbx::sandbox {
 
@@ -76,9 +76,9 @@ class NsInit {
   void handle_pending();
 
   bool flat_;
-  os::UniqueFd self_;  // our own pidfd: the root of tree_pidfds in flat mode
-  std::vector<std::string> base_env_;              // the agent's environment, for exec
-  std::map<pid_t, std::string> execs_;             // exec'd procs by pid -> proc id
+  os::UniqueFd self_;                                      // our own pidfd: the root of tree_pidfds in flat mode
+  std::vector<std::string> base_env_;                      // the agent's environment, for exec
+  std::map<pid_t, std::string> execs_;                     // exec'd procs by pid -> proc id
   std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
   // The agent's policy (policy.hpp), prepared before the first fork; every process ns-init
   // starts in the branch gets it with apply_policy() in its child.
@@ -157,7 +157,8 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     os::reset_signals_for_child();
     ::setsid();
     // Sources may sit on 0..2 already: move them high first.
-    int hi[3] = {::fcntl(in, F_DUPFD_CLOEXEC, 10), ::fcntl(out, F_DUPFD_CLOEXEC, 10), ::fcntl(err_fd, F_DUPFD_CLOEXEC, 10)};
+    int hi[3] = {::fcntl(in, F_DUPFD_CLOEXEC, 10), ::fcntl(out, F_DUPFD_CLOEXEC, 10),
+                 ::fcntl(err_fd, F_DUPFD_CLOEXEC, 10)};
     ::dup2(hi[0], 0);
     ::dup2(hi[1], 1);
     ::dup2(hi[2], 2);
@@ -356,7 +357,9 @@ void NsInit::on_request(const boost::json::object& req) {
           ::kill(-pid, sig);
         }
     }
-    if (!found) report({{"ev", "signal_failed"}, {"proc", id}, {"sig", sig}, {"error", "no such running process in this branch"}});
+    if (!found)
+      report(
+          {{"ev", "signal_failed"}, {"proc", id}, {"sig", sig}, {"error", "no such running process in this branch"}});
   } else if (*op == "exec") {
     exec_proc(req);
   } else if (*op == "release") {

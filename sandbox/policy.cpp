@@ -2,14 +2,14 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <net/if.h>
-#include <sys/ioctl.h>
-#include <sys/socket.h>
 #include <linux/capability.h>
 #include <linux/seccomp.h>
+#include <net/if.h>
 #include <sys/capability.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -18,9 +18,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "os/sys.hpp"
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
-#include "os/sys.hpp"
 
 #ifndef PR_CAP_AMBIENT
 #define PR_CAP_AMBIENT 47
@@ -84,14 +84,16 @@ os::UniqueFd build_landlock(const boost::json::object& l) {
       os::UniqueFd pfd(::open(path.c_str(), O_PATH | O_CLOEXEC));
       if (!pfd) {
         if (errno == ENOENT) continue;  // not in this root: nothing to allow
-        throw std::runtime_error(std::string("isolation.landlock.") + which + ": open " + path + ": " + std::strerror(errno));
+        throw std::runtime_error(std::string("isolation.landlock.") + which + ": open " + path + ": " +
+                                 std::strerror(errno));
       }
       struct stat st {};
       ::fstat(pfd.get(), &st);
       ll::PathBeneath pb{rights & attr.handled_access_fs, pfd.get()};
       if (!S_ISDIR(st.st_mode)) pb.allowed_access &= ll::kFileRights;
       if (::syscall(SYS_landlock_add_rule, ruleset.get(), ll::kRulePathBeneath, &pb, 0) != 0)
-        throw std::runtime_error(std::string("isolation.landlock.") + which + ": add " + path + ": " + std::strerror(errno));
+        throw std::runtime_error(std::string("isolation.landlock.") + which + ": add " + path + ": " +
+                                 std::strerror(errno));
     }
   };
   if (auto* ro = l.if_contains("ro")) add(*ro, ll::kExecute | ll::kReadFile | ll::kReadDir, "ro");
@@ -117,10 +119,18 @@ std::optional<int> cap_number(std::string name) {
   return static_cast<int>(v);
 }
 
-const char* const kSteps[] = {"oom_score_adj",  "drop the capability bounding set", "setgroups",
-                              "setresgid",      "keep capabilities across setuid",  "setresuid",
-                              "capset",         "ambient capabilities",             "RLIMIT_CORE",
-                              "RLIMIT_NOFILE",  "no_new_privs",                     "landlock_restrict_self",
+const char* const kSteps[] = {"oom_score_adj",
+                              "drop the capability bounding set",
+                              "setgroups",
+                              "setresgid",
+                              "keep capabilities across setuid",
+                              "setresuid",
+                              "capset",
+                              "ambient capabilities",
+                              "RLIMIT_CORE",
+                              "RLIMIT_NOFILE",
+                              "no_new_privs",
+                              "landlock_restrict_self",
                               "seccomp filter"};
 
 }  // namespace
@@ -148,9 +158,9 @@ int bring_up_loopback() noexcept {
 std::vector<std::string> credential_paths() {
   std::vector<std::string> out;
   auto add_home = [&](const std::string& home) {
-    for (const char* rel : {"/.local/state/sandboxer", "/.ssh", "/.aws", "/.config/gcloud", "/.azure", "/.kube",
-                            "/.docker/config.json", "/.netrc", "/.git-credentials", "/.config/gh", "/.pypirc",
-                            "/.npmrc", "/.anthropic", "/.config/anthropic"})
+    for (const char* rel :
+         {"/.local/state/sandboxer", "/.ssh", "/.aws", "/.config/gcloud", "/.azure", "/.kube", "/.docker/config.json",
+          "/.netrc", "/.git-credentials", "/.config/gh", "/.pypirc", "/.npmrc", "/.anthropic", "/.config/anthropic"})
       out.push_back(home + rel);
   };
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) out.push_back(std::string(x) + "/sandboxer");
@@ -169,15 +179,16 @@ void check_profile_for_host(const profile::Profile& p) {
     ::getrlimit(RLIMIT_NOFILE, &rl);
     if (rl.rlim_max != RLIM_INFINITY && static_cast<rlim_t>(p.resources.open_files) > rl.rlim_max)
       throw profile::ProfileError("resources.open_files: " + std::to_string(p.resources.open_files) +
-                         " is above this host's hard limit " + std::to_string(rl.rlim_max) +
-                         " (raising it needs CAP_SYS_RESOURCE)");
+                                  " is above this host's hard limit " + std::to_string(rl.rlim_max) +
+                                  " (raising it needs CAP_SYS_RESOURCE)");
   }
   if (p.isolation.capabilities) {
     for (size_t i = 0; i < p.isolation.capabilities->size(); ++i) {
       auto& n = (*p.isolation.capabilities)[i];
       if (n == "ALL" || n == "all") continue;
       if (!cap_number(n))
-        throw profile::ProfileError("isolation.capabilities[" + std::to_string(i) + "]: unknown capability \"" + n + "\"");
+        throw profile::ProfileError("isolation.capabilities[" + std::to_string(i) + "]: unknown capability \"" + n +
+                                    "\"");
     }
   }
   (void)seccomp_description(p.isolation.seccomp);  // throws naming the field
@@ -242,16 +253,21 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
                               : std::string("the supervisor's");
   std::string caps = p.isolation.capabilities ? "bounding set cleared to the profile's" : "the supervisor's";
   if (shares_host_network(p, namespaced))
-    caps += ", less CAP_NET_RAW (the agent shares the supervisor's network namespace, where the API's token crosses "
-            "loopback)";
+    caps +=
+        ", less CAP_NET_RAW (the agent shares the supervisor's network namespace, where the API's token crosses "
+        "loopback)";
   e["capabilities"] = caps;
   e["no_new_privs"] = true;
   e["core_dumps"] = "RLIMIT_CORE=0";
   e["oom_score_adj"] = 1000;
-  if (!p.isolation.landlock) e["landlock"] = "not in the profile";
-  else if (p.persistence == "checkpoint") e["landlock"] = "not applied: criu does not restore Landlock (persistence checkpoint)";
-  else if (landlock_abi <= 0) e["landlock"] = "not enforced: the kernel has no Landlock";
-  else e["landlock"] = "ABI " + std::to_string(landlock_abi);
+  if (!p.isolation.landlock)
+    e["landlock"] = "not in the profile";
+  else if (p.persistence == "checkpoint")
+    e["landlock"] = "not applied: criu does not restore Landlock (persistence checkpoint)";
+  else if (landlock_abi <= 0)
+    e["landlock"] = "not enforced: the kernel has no Landlock";
+  else
+    e["landlock"] = "ABI " + std::to_string(landlock_abi);
   e["seccomp"] = p.isolation.seccomp == "none" ? std::string("none") : p.isolation.seccomp;
   e["filesystem"] = namespaced ? "read-only root, own /tmp and workspace, state dir and credentials masked; every "
                                  "mount nosuid,nodev (/dev's devices are binds of the host's)"
@@ -283,8 +299,10 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
   if (c || drop) {
     p.caps = true;
     // Only what this process has can be kept.
-    struct __user_cap_header_struct hdr {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct data[2] {};
+    struct __user_cap_header_struct hdr {
+      _LINUX_CAPABILITY_VERSION_3, 0
+    };
+    struct __user_cap_data_struct data[2]{};
     uint64_t have = ~0ULL;
     if (::syscall(SYS_capget, &hdr, data) == 0) have = data[0].permitted | (uint64_t(data[1].permitted) << 32);
     auto mask_of = [&](const boost::json::array& list) {
@@ -337,8 +355,10 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
     if (::setresuid(p.uid, p.uid, p.uid) != 0) return fail(5);
   }
   if (p.caps) {
-    struct __user_cap_header_struct hdr {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct data[2] {};
+    struct __user_cap_header_struct hdr {
+      _LINUX_CAPABILITY_VERSION_3, 0
+    };
+    struct __user_cap_data_struct data[2]{};
     auto lo = static_cast<uint32_t>(p.keep_mask), hi = static_cast<uint32_t>(p.keep_mask >> 32);
     data[0] = {lo, lo, lo};
     data[1] = {hi, hi, hi};
@@ -350,10 +370,14 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
         if ((p.keep_mask & (1ULL << c)) && ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, c, 0, 0) != 0) return fail(7);
     }
   }
-  struct rlimit none {0, 0};
+  struct rlimit none {
+    0, 0
+  };
   if (::setrlimit(RLIMIT_CORE, &none) != 0) return fail(8);
   if (p.set_nofile) {
-    struct rlimit rl {p.nofile, p.nofile};
+    struct rlimit rl {
+      p.nofile, p.nofile
+    };
     if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return fail(9);
   }
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail(10);
@@ -361,7 +385,9 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
     if (::syscall(SYS_landlock_restrict_self, p.landlock.get(), 0) != 0) return fail(11);
   }
   if (!p.seccomp.empty()) {
-    struct sock_fprog prog {static_cast<unsigned short>(p.seccomp.size()), const_cast<struct sock_filter*>(p.seccomp.data())};
+    struct sock_fprog prog {
+      static_cast<unsigned short>(p.seccomp.size()), const_cast<struct sock_filter*>(p.seccomp.data())
+    };
     if (::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) return fail(12);
   }
   errno = 0;

@@ -37,8 +37,8 @@ bool shares_host_network(const profile::Profile& p, bool namespaced);
 boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net);
 
 /// What is enforced, for `box.started` (field -> how, or "not enforced: why").
-boost::json::object describe_enforcement(const profile::Profile& p, const boost::json::object& cgroup_state, int landlock_abi,
-                                         bool namespaced);
+boost::json::object describe_enforcement(const profile::Profile& p, const boost::json::object& cgroup_state,
+                                         int landlock_abi, bool namespaced);
 
 /// Host paths holding credentials the agent must never see (masked by mounts): the CLI's token
 /// store, SSH and cloud credentials of the supervisor's user and of root.
@@ -49,12 +49,12 @@ struct PreparedPolicy {
   bool have_ids = false;
   uid_t uid = 0;
   gid_t gid = 0;
-  bool caps = false;            // false: capabilities untouched
-  uint64_t keep_mask = 0;       // capabilities kept (bit per capability); never one of "drop"
-  int cap_last = 0;             // highest capability number of this kernel
+  bool caps = false;       // false: capabilities untouched
+  uint64_t keep_mask = 0;  // capabilities kept (bit per capability); never one of "drop"
+  int cap_last = 0;        // highest capability number of this kernel
   bool set_nofile = false;
   uint64_t nofile = 0;
-  os::UniqueFd landlock;        // ruleset fd, or none
+  os::UniqueFd landlock;                    // ruleset fd, or none
   std::vector<struct sock_filter> seccomp;  // empty: no filter
 };
 

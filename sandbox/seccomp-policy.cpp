@@ -97,8 +97,8 @@ boost::json::object seccomp_description(const std::string& setting) {
 
 std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc) {
   std::string policy = desc.contains("policy") ? std::string(desc.at("policy").as_string()) : "default";
-  std::string base = policy == "file" ? (desc.contains("base") ? std::string(desc.at("base").as_string()) : "none")
-                                      : policy;
+  std::string base =
+      policy == "file" ? (desc.contains("base") ? std::string(desc.at("base").as_string()) : "none") : policy;
   if (policy == "none") return {};
   // Anything not named is allowed; other architectures (i386, x32 entry points) are killed,
   // libseccomp's default for an architecture the filter does not list.
@@ -112,9 +112,11 @@ std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc) {
   if (base == "default") {
     for (auto& n : default_denied_syscalls()) deny(n, EPERM);
     // clone with any namespace flag; plain fork/thread clones stay allowed.
-    for (uint64_t flag : {uint64_t(CLONE_NEWNS), uint64_t(CLONE_NEWUTS), uint64_t(CLONE_NEWIPC), uint64_t(CLONE_NEWUSER),
-                          uint64_t(CLONE_NEWPID), uint64_t(CLONE_NEWNET), uint64_t(CLONE_NEWCGROUP)})
-      check(seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag)),
+    for (uint64_t flag :
+         {uint64_t(CLONE_NEWNS), uint64_t(CLONE_NEWUTS), uint64_t(CLONE_NEWIPC), uint64_t(CLONE_NEWUSER),
+          uint64_t(CLONE_NEWPID), uint64_t(CLONE_NEWNET), uint64_t(CLONE_NEWCGROUP)})
+      check(seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                             SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag)),
             "deny clone with namespace flags");
     // clone3 passes its flags in memory, where seccomp cannot look: ENOSYS makes libc fall back
     // to clone, which the rules above can check.

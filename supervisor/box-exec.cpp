@@ -11,8 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "supervisor/box.hpp"
 #include "os/sys.hpp"
+#include "supervisor/box.hpp"
 #include "supervisor/proc-io.hpp"
 
 namespace sbx::supervisor {
@@ -93,8 +93,10 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
       st["existing"] = true;
       done(std::nullopt, std::move(st));
     };
-    if (!p.started && !p.status_known && !agent) p.on_started.push_back(reply);
-    else reply();
+    if (!p.started && !p.status_known && !agent)
+      p.on_started.push_back(reply);
+    else
+      reply();
     return;
   }
   auto bit = branches_.find(spec.branch);
@@ -112,24 +114,30 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
   Proc& pr = *p;
   procs_.emplace(proc_key(p->branch, p->id), std::move(p));
   pr.on_started.push_back([this, &pr, done] {
-    if (!pr.error.empty() && !pr.started)
-      return done(OpError{"spawn_failed", pr.error}, proc_state(pr));
+    if (!pr.error.empty() && !pr.started) return done(OpError{"spawn_failed", pr.error}, proc_state(pr));
     done(std::nullopt, proc_state(pr));
   });
 
   boost::json::array argv, env;
   for (auto& a : spec.argv) argv.emplace_back(a);
   for (auto& e : spec.env) env.emplace_back(e);
-  boost::json::object req{{"op", "exec"},   {"proc", spec.proc}, {"argv", argv},          {"env", env},
-                          {"cwd", spec.cwd.empty() ? agent_cwd_ : spec.cwd}, {"tty", spec.tty},
-                          {"stdin", spec.stdin_open}, {"cols", spec.cols},   {"rows", spec.rows}};
+  boost::json::object req{{"op", "exec"},
+                          {"proc", spec.proc},
+                          {"argv", argv},
+                          {"env", env},
+                          {"cwd", spec.cwd.empty() ? agent_cwd_ : spec.cwd},
+                          {"tty", spec.tty},
+                          {"stdin", spec.stdin_open},
+                          {"cols", spec.cols},
+                          {"rows", spec.rows}};
   send_request(b, req);
 }
 
 void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
   auto ev = r.at("ev").as_string();
   if (ev == "started" || ev == "spawn_failed") {
-    if (ev == "spawn_failed") p.error = r.contains("error") ? std::string(r.at("error").as_string()) : "could not start";
+    if (ev == "spawn_failed")
+      p.error = r.contains("error") ? std::string(r.at("error").as_string()) : "could not start";
     if (auto* pid = r.if_contains("pid")) {
       p.ns_pid = static_cast<pid_t>(pid->to_number<int64_t>());
       p.pid = p.ns_pid;
@@ -188,8 +196,10 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
     if (p.io->input) {
       if (!p.io->early_input.empty()) (void)p.io->input->write(std::exchange(p.io->early_input, {}));
       if (p.io->early_eof) {
-        if (p.tty) (void)p.io->input->write("\x04");
-        else p.io->input->eof();
+        if (p.tty)
+          (void)p.io->input->write("\x04");
+        else
+          p.io->input->eof();
       }
     }
     if (ev == "started" || !p.error.empty()) {
@@ -263,13 +273,16 @@ std::optional<OpError> Box::proc_stdin(const std::string& proc, const BranchName
     p.io->early_eof |= eof;
     return std::nullopt;
   }
-  if (!p.io || !p.io->input) return OpError{"no_stdin", "process " + proc + " was not started with stdin (exec with stdin: true)"};
+  if (!p.io || !p.io->input)
+    return OpError{"no_stdin", "process " + proc + " was not started with stdin (exec with stdin: true)"};
   if (p.io->input->closed()) return OpError{"stdin_closed", "the stdin of " + proc + " is closed"};
   if (!data.empty() && !p.io->input->write(data))
     return OpError{"stdin_full", "the stdin buffer of " + proc + " is full (the process is not reading)"};
   if (eof) {
-    if (p.tty) (void)p.io->input->write("\x04");  // the terminal's end-of-file character
-    else p.io->input->eof();
+    if (p.tty)
+      (void)p.io->input->write("\x04");  // the terminal's end-of-file character
+    else
+      p.io->input->eof();
   }
   return std::nullopt;
 }

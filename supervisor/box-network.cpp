@@ -59,11 +59,12 @@ base::Result<void> Box::copy_network_refusal(const boost::json::object& manifest
   if (!v || !v->is_object()) return {};  // an archive from before the field: nothing to compare
   const auto& theirs = v->as_object();
   const auto& net = opts_.profile.network;
-  std::string mode = theirs.contains("mode") && theirs.at("mode").is_string() ? std::string(theirs.at("mode").as_string()) : "";
+  std::string mode =
+      theirs.contains("mode") && theirs.at("mode").is_string() ? std::string(theirs.at("mode").as_string()) : "";
   std::string mine = profile::network_mode_name(net.mode);
   if (mode != mine)
-    return base::fail("the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" + mine +
-           "\": its copy would not get the network it expects");
+    return base::fail("the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" +
+                      mine + "\": its copy would not get the network it expects");
   if (net.mode != profile::NetworkPolicy::Mode::Proxy) return {};
   auto* port = theirs.if_contains("proxy_port");
   if (port && port->is_int64() && port->as_int64() != net.proxy_port)

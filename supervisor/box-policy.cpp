@@ -13,9 +13,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "supervisor/box.hpp"
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
+#include "supervisor/box.hpp"
 
 namespace sbx::supervisor {
 
@@ -26,14 +26,16 @@ auto log() {
 }
 // A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
 // and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
-std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target, const profile::Profile& prof) {
+std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target,
+                             const profile::Profile& prof) {
   struct stat st {};
   if (::stat(image.c_str(), &st) != 0) {
     os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!f) return std::string("create ") + image + ": " + std::strerror(errno);
     if (::ftruncate(f.get(), size) != 0) return std::string("size ") + image + ": " + std::strerror(errno);
     f.reset();
-    std::string owner = std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
+    std::string owner =
+        std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
     if (!sandbox::run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
       ::unlink(image.c_str());
       return "mkfs.ext4 " + image + " failed (is e2fsprogs installed?)";
@@ -97,8 +99,10 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
   std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
   auto set = [&](const char* field, bool wanted, auto&& fn) {
     if (!wanted) return;
-    if (auto r = fn(); r) cg_state[field] = how;
-    else cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
+    if (auto r = fn(); r)
+      cg_state[field] = how;
+    else
+      cg_state[field] = std::string("not enforced: ") + field + ": " + r.error().message();
   };
   // The agent's ceilings sit below the box's own, so an agent at its ceiling leaves the
   // supervisor room to keep serving.
@@ -127,8 +131,10 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
   if (auto* d = cg_state.if_contains("devices"); d && !d->as_string().starts_with("not enforced"))
     *d = how + (b.cgroup->v2() ? " device program" : " devices") + ": only " +
          os::describe_device_rules(os::default_device_rules());
-  if (!mem_note.empty() && cg_state.contains("memory")) cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
-  if (!pids_note.empty() && cg_state.contains("pids")) cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
+  if (!mem_note.empty() && cg_state.contains("memory"))
+    cg_state["memory"] = std::string(cg_state["memory"].as_string()) + mem_note;
+  if (!pids_note.empty() && cg_state.contains("pids"))
+    cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
   effective_memory_ = memory;
   effective_pids_ = pids;
   auto fds = b.cgroup->open_procs_fds();
@@ -160,12 +166,12 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
     return 0;
   };
   if (rank(prof.isolation.level) > rank(caps_.isolation))
-    throw profile::ProfileError("isolation.level: the profile needs \"" + prof.isolation.level + "\", this host gives \"" +
-                       caps_.isolation + "\"");
+    throw profile::ProfileError("isolation.level: the profile needs \"" + prof.isolation.level +
+                                "\", this host gives \"" + caps_.isolation + "\"");
   boost::json::object cg_state;
   auto host = cgroup_host();
-  bool want_cg = prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 ||
-                 prof.resources.idle_ms > 0;
+  bool want_cg =
+      prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 || prof.resources.idle_ms > 0;
   if (host.version != "none") {
     cgroup_procs_ = make_branch_cgroup(host, b, &cg_state);
     for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
@@ -173,7 +179,8 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
     log()->warn("no cgroup hierarchy here: memory, cpus and pids of profile {} are not enforced", prof.name);
   }
   for (auto& [k, v] : cg_state)
-    if (v.is_string() && v.as_string().starts_with("not enforced")) log()->warn("branch {}: {}", b.name, v.as_string().c_str());
+    if (v.is_string() && v.as_string().starts_with("not enforced"))
+      log()->warn("branch {}: {}", b.name, v.as_string().c_str());
 
   std::string ws = spec.dir + "/workspace";
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
@@ -221,8 +228,8 @@ void Box::start_limits(Branch& b) {
   auto cg = std::move(enforcement_);
   enforcement_ = sandbox::describe_enforcement(prof, cg, caps_.landlock_abi, b.launched.namespaced);
   if (prof.network.mode == profile::NetworkPolicy::Mode::None)
-    enforcement_["network"] = b.launched.namespaced ? "none: a network namespace of its own (loopback only)"
-                                                    : "not enforced: no namespaces";
+    enforcement_["network"] =
+        b.launched.namespaced ? "none: a network namespace of its own (loopback only)" : "not enforced: no namespaces";
   else if (prof.network.mode == profile::NetworkPolicy::Mode::Proxy)
     enforcement_["network"] = "proxy: a network namespace of its own, the broker its only way out";
   else
@@ -240,8 +247,10 @@ void Box::start_watcher(Branch& b) {
   };
   cb.end_tree = [this, bp](const std::string& reason, bool now) {
     log()->warn("branch {}: {}: ending its tree", bp->name, reason);
-    if (now) send_request(*bp, {{"op", "kill"}});
-    else send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
+    if (now)
+      send_request(*bp, {{"op", "kill"}});
+    else
+      send_request(*bp, {{"op", "shutdown"}, {"grace_ms", opts_.profile.resources.grace_ms}});
   };
   // The watcher compares against the ceilings actually set (a cap below the box's included).
   profile::Profile::Resources r = prof.resources;

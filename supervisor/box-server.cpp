@@ -12,7 +12,8 @@ namespace sbx::supervisor {
 
 void Box::start_server() {
   if (server_ || metrics_) return;  // once per box
-  if (opts_.metrics_ms > 0) metrics_ = std::make_unique<MetricsTimer>(*this, loop_, static_cast<uint64_t>(opts_.metrics_ms));
+  if (opts_.metrics_ms > 0)
+    metrics_ = std::make_unique<MetricsTimer>(*this, loop_, static_cast<uint64_t>(opts_.metrics_ms));
   if (opts_.listen.empty()) {
     if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), "", 0);
     return;

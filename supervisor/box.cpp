@@ -10,13 +10,13 @@
 #include <cstring>
 #include <utility>
 
-#include "profile/agent-env.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
+#include "profile/agent-env.hpp"
 #include "protocol/channel.hpp"
-#include "sandbox/policy.hpp"
 #include "sandbox/ns-init.hpp"
+#include "sandbox/policy.hpp"
 #include "supervisor/proc-io.hpp"
 #include "supervisor/server.hpp"
 #include "supervisor/stats.hpp"
@@ -126,8 +126,8 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   // ns-init calls its agent "main" in every branch; a copy's agent is "main@<branch>" here.
   if (proc_id == "main") proc_id = b.main_proc;
   if (*ev == "signal_failed") {
-    log()->warn("signal {} to {} of branch {}: {}", r.contains("sig") ? boost::json::serialize(r.at("sig")) : "?", proc_id,
-                b.name, r.contains("error") ? boost::json::serialize(r.at("error")) : "");
+    log()->warn("signal {} to {} of branch {}: {}", r.contains("sig") ? boost::json::serialize(r.at("sig")) : "?",
+                proc_id, b.name, r.contains("error") ? boost::json::serialize(r.at("error")) : "");
     return;
   }
   auto it = procs_.find(proc_key(b.name, proc_id));
@@ -244,8 +244,10 @@ void Box::finish(int status) {
   finished_ = true;
   exit_status_ = status;
   // Clients get what is queued for them and a close, briefly, before the loop stops.
-  if (server_) server_->drain([this] { uv_stop(loop_); });
-  else uv_stop(loop_);
+  if (server_)
+    server_->drain([this] { uv_stop(loop_); });
+  else
+    uv_stop(loop_);
 }
 
 void Box::start() {
@@ -262,8 +264,9 @@ void Box::start() {
     if (auto r = os::write_file_atomic(box_json, boost::json::serialize(boost::json::object{{"id", id_}}) + "\n"); !r)
       throw std::runtime_error("write " + box_json + ": " + r.error().message());
   }
-  auto j = journal::Journal::open(loop_, {.dir = opts_.state_dir + "/journal", .box = id_,
-                                .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap)});
+  auto j = journal::Journal::open(loop_, {.dir = opts_.state_dir + "/journal",
+                                          .box = id_,
+                                          .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap)});
   if (!j) throw std::runtime_error("open journal in " + opts_.state_dir + ": " + j.error().message());
   journal_ = std::move(*j);
 
@@ -337,7 +340,8 @@ void Box::start() {
   // launch_branch only knows that none were asked for; say which of the two reasons it was (before
   // the network, whose refusal quotes it).
   if (!spec.want_namespaces)
-    b->launched.why_not = !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
+    b->launched.why_not =
+        !opts_.profile.isolation.namespaces ? "namespaces are off in the profile" : caps_.namespaces_why_not;
   // Before the agent starts (ns-init waits for its config): its namespace's loopback and broker.
   network_ = std::make_unique<BranchNetwork>(loop_, opts_.profile, b->launched,
                                              [this](boost::json::object e) { emit("main", std::move(e)); });
@@ -350,8 +354,8 @@ void Box::start() {
   network_->edit_env(env);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  send_request(*b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi,
-                                           b->launched.namespaced));
+  send_request(
+      *b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi, b->launched.namespaced));
   b->launched.in.reset();  // the main agent's stdin is empty
 
   Branch& bp = add_branch(std::move(b), false);
@@ -360,8 +364,10 @@ void Box::start() {
   caps["namespaces"] = bp.launched.namespaced;
   if (!bp.launched.namespaced) caps["namespaces_why_not"] = bp.launched.why_not;
   caps["live_checkpoint"] = live && bp.launched.namespaced;
-  if (!live) caps["why_not"] = why_not;
-  else if (!bp.launched.namespaced) caps["why_not"] = "no pid and mount namespace of its own: " + bp.launched.why_not;
+  if (!live)
+    caps["why_not"] = why_not;
+  else if (!bp.launched.namespaced)
+    caps["why_not"] = "no pid and mount namespace of its own: " + bp.launched.why_not;
   emit("main", {{"type", "box.started"},
                 {"profile", opts_.profile.name},
                 {"isolation", caps_.isolation},
@@ -394,8 +400,9 @@ boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const
   profile::AgentEnvSpec spec;
   spec.inherit = opts_.env_inherit;
   for (char** e = environ; *e; ++e) spec.supervisor_env.emplace_back(*e);
-  spec.home = opts_.profile.isolation.uid && *opts_.profile.isolation.uid != 0 ? profile::home_of(*opts_.profile.isolation.uid)
-                                                                               : "/root";
+  spec.home = opts_.profile.isolation.uid && *opts_.profile.isolation.uid != 0
+                  ? profile::home_of(*opts_.profile.isolation.uid)
+                  : "/root";
   spec.profile_env = opts_.profile.env;
   spec.extra = opts_.env;
   boost::json::array env;
@@ -403,7 +410,8 @@ boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const
   env.emplace_back("SANDBOXER_BOX=" + id_);
   env.emplace_back("SANDBOXER_BRANCH=" + b.name);
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b.launched.namespaced ? std::string("/workspace") : dir + "/workspace"));
-  env.emplace_back("SANDBOXER_CHANNEL_FD=" + std::to_string(sandbox::kAgentChanReq) + "," + std::to_string(sandbox::kAgentChanRep));
+  env.emplace_back("SANDBOXER_CHANNEL_FD=" + std::to_string(sandbox::kAgentChanReq) + "," +
+                   std::to_string(sandbox::kAgentChanRep));
   return env;
 }
 
@@ -442,8 +450,10 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
   Branch* bp = b.get();
   // ns-init is our child and not reaped yet (the reaper collects it on this loop), so its pid is
   // still its own: the pidfd opened now names it for good, even after it is reaped.
-  if (auto fd = os::pidfd_open(b->launched.pid)) b->pidfd = std::move(*fd);
-  else log()->warn("pidfd of branch {} (ns-init {}): {}", b->name, b->launched.pid, fd.error().message());
+  if (auto fd = os::pidfd_open(b->launched.pid))
+    b->pidfd = std::move(*fd);
+  else
+    log()->warn("pidfd of branch {} (ns-init {}): {}", b->name, b->launched.pid, fd.error().message());
   reaper_.watch(b->launched.pid, [this, bp](pid_t, int st) { on_branch_exit(*bp, st); });
 
   auto proc = std::make_unique<Proc>();
@@ -557,7 +567,9 @@ void Box::on_channel(Branch& b, std::string_view line) {
   boost::json::value id;
   try {
     auto req = protocol::parse_channel_request(line, &id);
-    auto answer = [this, &b, &id](const boost::json::object& body) { channel_reply(b, protocol::reply_with_id(id, body)); };
+    auto answer = [this, &b, &id](const boost::json::object& body) {
+      channel_reply(b, protocol::reply_with_id(id, body));
+    };
     // An answer given later finds the branch again by name: it may have ended meanwhile.
     std::string bname = b.name;
     auto later = [this, bname, id](const boost::json::object& body) {
@@ -581,21 +593,24 @@ void Box::on_channel(Branch& b, std::string_view line) {
           if (auto refusal = checkpointer_->copies_refusal(bname, n)) return answer(*refusal);
         // A live copy answers this same request in its own channel: the manifest keeps its id.
         b.chan_inflight = id.is_int64() && id.as_int64() >= 0 ? id.as_int64() : -1;
-        checkpoint(bname, req.name, req.leave_running, [this, bname, later, n](boost::json::object r) {
-          auto it = branches_.find(bname);
-          if (it != branches_.end()) it->second->chan_inflight = -1;
-          bool ok = r.contains("ok") && r.at("ok").as_bool();
-          if (!ok || n == 0) {
-            r["copy"] = false;
-            return later(r);
-          }
-          std::string snap(r.at("snapshot").as_string());
-          restore(snap, n, true, [later, snap](boost::json::object fr) {
-            fr["snapshot"] = snap;
-            fr["copy"] = false;
-            later(fr);
-          });
-        }, bname);
+        checkpoint(
+            bname, req.name, req.leave_running,
+            [this, bname, later, n](boost::json::object r) {
+              auto it = branches_.find(bname);
+              if (it != branches_.end()) it->second->chan_inflight = -1;
+              bool ok = r.contains("ok") && r.at("ok").as_bool();
+              if (!ok || n == 0) {
+                r["copy"] = false;
+                return later(r);
+              }
+              std::string snap(r.at("snapshot").as_string());
+              restore(snap, n, true, [later, snap](boost::json::object fr) {
+                fr["snapshot"] = snap;
+                fr["copy"] = false;
+                later(fr);
+              });
+            },
+            bname);
         return;
       }
       case ChannelOp::snapshot_list:

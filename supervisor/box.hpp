@@ -6,32 +6,32 @@
 #include <boost/json.hpp>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "sandbox/capabilities.hpp"
 #include "archive/archive.hpp"
 #include "base/result.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "journal/journal.hpp"
 #include "loop/uv-handle.hpp"
+#include "os/cgroup.hpp"
+#include "profile/profile.hpp"
+#include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
-#include "os/cgroup.hpp"
 #include "supervisor/output.hpp"
-#include "profile/profile.hpp"
 #include "supervisor/reaper.hpp"
 #include "supervisor/signals.hpp"
 
 namespace sbx::supervisor {
 
 struct BoxOptions {
-  std::vector<std::string> argv;   // the agent's command
-  std::string state_dir;           // created if missing; an existing one continues its journal
-  std::string events_path;         // "" none, "-" stdout, else a file (JSON lines)
+  std::vector<std::string> argv;  // the agent's command
+  std::string state_dir;          // created if missing; an existing one continues its journal
+  std::string events_path;        // "" none, "-" stdout, else a file (JSON lines)
   std::string workdir = "/workspace";
   profile::Profile profile;
   std::string self_exe;
@@ -40,20 +40,20 @@ struct BoxOptions {
   std::vector<std::string> env;
   bool env_inherit = false;
   // The WebSocket server (server.hpp): off when `listen` is empty.
-  std::string listen;              // ADDR:PORT
-  std::string token;               // required with `listen`
+  std::string listen;  // ADDR:PORT
+  std::string token;   // required with `listen`
   std::string tls_cert, tls_key;
-  int64_t metrics_ms = 5000;       // cadence of `metrics` events; 0: none
-  bool idle = false;               // start with no agent and wait (--idle)
-  std::string restore_file;        // start from this checkpoint archive (--restore)
-  int restore_index = 0;           // which copy this box is (--restore-index)
+  int64_t metrics_ms = 5000;  // cadence of `metrics` events; 0: none
+  bool idle = false;          // start with no agent and wait (--idle)
+  std::string restore_file;   // start from this checkpoint archive (--restore)
+  int restore_index = 0;      // which copy this box is (--restore-index)
   // Signed archives (checkpoint/signing.hpp): what this box signs with, and what it trusts (its
   // own key's public half among them); --allow-unsigned; the bound on one archive's expansion.
   std::shared_ptr<const archive::SigningKey> signing_key;
   std::vector<archive::PublicKey> trust_keys;
   bool allow_unsigned = false;
   uint64_t max_archive_bytes = archive::kDefaultMaxArchiveBytes;
-  std::string health_file;         // "" none; else health.hpp's file, once the server is up
+  std::string health_file;  // "" none; else health.hpp's file, once the server is up
 };
 
 class ProcIo;
@@ -81,13 +81,13 @@ struct OpError {
 struct Proc {
   std::string id;
   std::string branch;
-  pid_t pid = -1;      // in the supervisor's pid namespace
-  pid_t ns_pid = -1;   // in the branch's pid namespace
+  pid_t pid = -1;     // in the supervisor's pid namespace
+  pid_t ns_pid = -1;  // in the branch's pid namespace
   std::unique_ptr<OutputReader> out, err;
   bool status_known = false;
   int status = 0;
   bool escalated = false;
-  std::string error;   // why it could not start
+  std::string error;  // why it could not start
   bool exited_sent = false;
   // Exec'd procs (box-exec.cpp).
   std::vector<std::string> argv;
@@ -229,8 +229,8 @@ class Box : public checkpoint::Host {
   std::string limit_reason(const Proc& p, const std::string& fallback) const;
   void note_output(const std::string& branch);
   void teardown_policy();
-  std::vector<os::UniqueFd> cgroup_procs_;  // held until the branch's clone has joined
-  boost::json::object enforcement_;         // what is enforced, for box.started
+  std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
+  boost::json::object enforcement_;                    // what is enforced, for box.started
   int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)
 
   uv_loop_t* loop_;

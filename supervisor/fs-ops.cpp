@@ -19,14 +19,14 @@ using protocol::RequestError;
 namespace {
 
 [[noreturn]] void fail(const std::string& path, int err) {
-  std::string code = err == EXDEV || err == ELOOP ? "path_escape"
-                     : err == ENOENT              ? "not_found"
+  std::string code = err == EXDEV || err == ELOOP    ? "path_escape"
+                     : err == ENOENT                 ? "not_found"
                      : err == EACCES || err == EPERM ? "permission_denied"
-                     : err == ENOTDIR             ? "not_a_directory"
-                     : err == EISDIR              ? "is_a_directory"
-                     : err == ENOTEMPTY           ? "not_empty"
-                     : err == EEXIST              ? "exists"
-                                                  : "io_error";
+                     : err == ENOTDIR                ? "not_a_directory"
+                     : err == EISDIR                 ? "is_a_directory"
+                     : err == ENOTEMPTY              ? "not_empty"
+                     : err == EEXIST                 ? "exists"
+                                                     : "io_error";
   std::string why = err == EXDEV || err == ELOOP ? "resolves outside the allowed roots" : std::strerror(err);
   throw RequestError(code, path + ": " + why);
 }
@@ -93,9 +93,7 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path, in
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
 }
 
-const char* type_of(mode_t m) {
-  return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other";
-}
+const char* type_of(mode_t m) { return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other"; }
 
 }  // namespace
 
@@ -127,7 +125,8 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
     int pfd = open_beneath(rfd.get(), rel, O_PATH, 0);
     if (pfd < 0 && errno == ENOENT && (flags & O_CREAT)) {
       // A new file, made here: O_EXCL, so nothing that appeared meanwhile is written through.
-      int fd = open_beneath(rfd.get(), rel, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | (flags & O_APPEND), mode);
+      int fd =
+          open_beneath(rfd.get(), rel, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | (flags & O_APPEND), mode);
       if (fd >= 0) return os::UniqueFd(fd);
       if (errno == EEXIST) continue;
       fail(path, errno);

@@ -44,7 +44,8 @@ int health_main(const std::string& path) {
     return 1;
   }
   auto pid = o->contains("pid") ? boost::json::try_value_to<int64_t>(o->at("pid")) : boost::system::result<int64_t>(0);
-  auto port = o->contains("port") ? boost::json::try_value_to<int64_t>(o->at("port")) : boost::system::result<int64_t>(0);
+  auto port =
+      o->contains("port") ? boost::json::try_value_to<int64_t>(o->at("port")) : boost::system::result<int64_t>(0);
   auto addr = o->contains("addr") ? boost::json::try_value_to<std::string>(o->at("addr")) : std::string();
   if (!pid || !port || !addr || *pid <= 0) {
     std::cout << "unhealthy: " << path << ": pid, addr or port missing or of the wrong type\n";

@@ -18,7 +18,8 @@ constexpr int64_t kIdleCpuUs = 2000;
 
 }  // namespace
 
-LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb)
+LimitsWatcher::LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r,
+                             Callbacks cb)
     : loop_(loop), cg_(cg && !cg->empty() ? cg : nullptr), r_(r), cb_(std::move(cb)) {}
 
 void LimitsWatcher::start() {
@@ -33,9 +34,8 @@ void LimitsWatcher::start() {
         if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, oom_fd_.get())) {
           oom_poll_ = std::move(*poll);
           oom_poll_->data = this;
-          uv_poll_start(oom_poll_.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
-            static_cast<LimitsWatcher*>(h->data)->on_oom_event();
-          });
+          uv_poll_start(oom_poll_.get(), UV_READABLE,
+                        [](uv_poll_t* h, int, int) noexcept { static_cast<LimitsWatcher*>(h->data)->on_oom_event(); });
         } else {
           log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", poll.error().message);
         }
@@ -63,13 +63,14 @@ void LimitsWatcher::start() {
   }
   tick_ = loop::make_timer(loop_);
   tick_->data = this;
-  uv_timer_start(tick_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->tick(); }, kTickMs,
-                 kTickMs);
+  uv_timer_start(
+      tick_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->tick(); }, kTickMs, kTickMs);
   if (r_.timeout_ms > 0) {
     timeout_ = loop::make_timer(loop_);
     timeout_->data = this;
-    uv_timer_start(timeout_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
-                   static_cast<uint64_t>(r_.timeout_ms), 0);
+    uv_timer_start(
+        timeout_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
+        static_cast<uint64_t>(r_.timeout_ms), 0);
   }
 }
 

@@ -10,15 +10,15 @@
 #include <iostream>
 #include <optional>
 
-#include "supervisor/box.hpp"
-#include "archive/signing.hpp"
-#include "supervisor/health.hpp"
-#include "sandbox/ns-init.hpp"
-#include "supervisor/options.hpp"
-#include "os/sys.hpp"
-#include "supervisor/signals.hpp"
-#include "os/signal-mask.hpp"
 #include "archive/archive.hpp"
+#include "archive/signing.hpp"
+#include "os/signal-mask.hpp"
+#include "os/sys.hpp"
+#include "sandbox/ns-init.hpp"
+#include "supervisor/box.hpp"
+#include "supervisor/health.hpp"
+#include "supervisor/options.hpp"
+#include "supervisor/signals.hpp"
 
 using namespace sbx::supervisor;
 
@@ -42,8 +42,10 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
     } else {
       // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
       // still restore; another box trusts them only when given its key, which nobody has.
-      spdlog::warn("the user's archive key: {}; this box signs with a key of its own (give one with "
-                   "--signing-key FILE)", p.error().message);
+      spdlog::warn(
+          "the user's archive key: {}; this box signs with a key of its own (give one with "
+          "--signing-key FILE)",
+          p.error().message);
       made = sbx::archive::SigningKey::generate();
     }
   }
@@ -137,8 +139,9 @@ int main(int argc, char** argv) {
   }
   try {
     bo.metrics_ms = o.metrics_interval.empty() ? bo.profile.metrics.interval_ms
-                    : o.metrics_interval == "0"  ? 0
-                                                 : sbx::profile::parse_duration_ms(o.metrics_interval, "--metrics-interval");
+                    : o.metrics_interval == "0"
+                        ? 0
+                        : sbx::profile::parse_duration_ms(o.metrics_interval, "--metrics-interval");
   } catch (const std::exception& e) {
     spdlog::critical("{}", e.what());
     return 125;

@@ -11,8 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -90,7 +90,8 @@ bool env_key_is(std::string_view kv, std::string_view key, bool any_case = false
   auto k = kv.substr(0, key.size());
   if (!any_case) return k == key;
   for (size_t i = 0; i < k.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(k[i])) != std::tolower(static_cast<unsigned char>(key[i]))) return false;
+    if (std::tolower(static_cast<unsigned char>(k[i])) != std::tolower(static_cast<unsigned char>(key[i])))
+      return false;
   return true;
 }
 
@@ -100,7 +101,8 @@ std::string load_secret(const profile::Credential& c) {
   std::string v;
   if (!c.source_file.empty()) {
     auto text = os::read_file(c.source_file);
-    if (!text) throw std::runtime_error("credential " + c.name + ": read " + c.source_file + ": " + text.error().message());
+    if (!text)
+      throw std::runtime_error("credential " + c.name + ": read " + c.source_file + ": " + text.error().message());
     v = std::move(*text);
     while (!v.empty() && (v.back() == '\n' || v.back() == '\r')) v.pop_back();
   } else {
@@ -111,7 +113,8 @@ std::string load_secret(const profile::Credential& c) {
   if (v.empty()) throw std::runtime_error("credential " + c.name + ": its source is empty");
   for (unsigned char ch : v)
     if (ch < 0x20 || ch == 0x7f)
-      throw std::runtime_error("credential " + c.name + ": the value holds a control character (a header cannot carry it)");
+      throw std::runtime_error("credential " + c.name +
+                               ": the value holds a control character (a header cannot carry it)");
   return v;
 }
 
@@ -119,7 +122,8 @@ void BranchNetwork::prepare(const profile::Profile& profile, sandbox::BranchSpec
   if (profile.network.mode == profile::NetworkPolicy::Mode::Host) return;
   spec.new_net = true;
   // Names resolve through the broker's DNS (for `none`, nothing answers there: lookups fail fast).
-  if (auto r = os::make_dirs(spec.dir, 0755); !r) throw std::runtime_error("create " + spec.dir + ": " + r.error().message());
+  if (auto r = os::make_dirs(spec.dir, 0755); !r)
+    throw std::runtime_error("create " + spec.dir + ": " + r.error().message());
   spec.resolv_conf = spec.dir + "/resolv.conf";
   if (auto r = os::write_file_atomic(spec.resolv_conf, "nameserver 127.0.0.1\n", 0644); !r)
     throw std::runtime_error("write " + spec.resolv_conf + ": " + r.error().message());
@@ -133,8 +137,8 @@ std::vector<std::string> BranchNetwork::masked_files(const profile::Profile& pro
   return out;
 }
 
-BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, const sandbox::LaunchedBranch& branch, Emit emit,
-                             const std::string& proc)
+BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, const sandbox::LaunchedBranch& branch,
+                             Emit emit, const std::string& proc)
     : profile_(profile), emit_(std::move(emit)) {
   const auto& net = profile.network;
   if (net.mode == profile::NetworkPolicy::Mode::Host) return;
@@ -160,14 +164,17 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
   if (!async) throw std::runtime_error("network of the branch: " + async.error().message);
   async_ = std::move(*async);
   async_->data = this;
-  broker_ = std::make_unique<broker::Broker>(std::move(cfg), std::move(socks->tcp), std::move(socks->udp), [this](boost::json::object e) {
-    {
-      std::lock_guard lk(mu_);
-      if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
-      queue_.push_back(std::move(e));
-    }
-    uv_async_send(async_.get());
-  }, std::move(socks->dns_tcp));
+  broker_ = std::make_unique<broker::Broker>(
+      std::move(cfg), std::move(socks->tcp), std::move(socks->udp),
+      [this](boost::json::object e) {
+        {
+          std::lock_guard lk(mu_);
+          if (queue_.size() >= 10000) return;  // a flood of refusals cannot grow the supervisor without bound
+          queue_.push_back(std::move(e));
+        }
+        uv_async_send(async_.get());
+      },
+      std::move(socks->dns_tcp));
 }
 
 BranchNetwork::~BranchNetwork() {
@@ -224,14 +231,16 @@ void BranchNetwork::edit_env(boost::json::array& env) const {
 
 boost::json::object BranchNetwork::describe() const {
   const auto& net = profile_.network;
-  boost::json::object o{{"mode", profile::network_mode_name(net.mode)}, {"isolated", net.mode != profile::NetworkPolicy::Mode::Host}};
+  boost::json::object o{{"mode", profile::network_mode_name(net.mode)},
+                        {"isolated", net.mode != profile::NetworkPolicy::Mode::Host}};
   if (net.mode == profile::NetworkPolicy::Mode::Proxy) {
     boost::json::array allow, deny, creds, cidrs;
     for (auto& a : net.allow) allow.emplace_back(a);
     for (auto& c : net.allow_cidrs) cidrs.emplace_back(c);
     for (auto& d : net.deny) deny.emplace_back(d);
     for (auto& c : profile_.credentials)
-      creds.emplace_back(boost::json::object{{"name", c.name}, {"bound_to", c.scheme + "://" + c.host + ":" + std::to_string(c.port) + c.path_prefix}});
+      creds.emplace_back(boost::json::object{
+          {"name", c.name}, {"bound_to", c.scheme + "://" + c.host + ":" + std::to_string(c.port) + c.path_prefix}});
     o["allow"] = std::move(allow);
     o["deny"] = std::move(deny);
     o["allow_cidrs"] = std::move(cidrs);  // the special-purpose ranges the broker may reach

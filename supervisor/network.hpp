@@ -17,8 +17,8 @@
 
 #include "broker/broker.hpp"
 #include "loop/uv-handle.hpp"
-#include "sandbox/launcher.hpp"
 #include "profile/profile.hpp"
+#include "sandbox/launcher.hpp"
 
 namespace sbx::supervisor {
 

@@ -49,9 +49,12 @@ int signal_number(const json::object& f) {
   auto* s = f.if_contains("signal");
   if (!s) throw RequestError("bad_request", "field signal: missing");
   std::optional<int> sig;
-  if (s->is_string()) sig = os::parse_signal(s->as_string());
-  else if (s->is_int64() && s->as_int64() > 0 && s->as_int64() < 65) sig = static_cast<int>(s->as_int64());
-  else if (s->is_uint64() && s->as_uint64() < 65) sig = static_cast<int>(s->as_uint64());
+  if (s->is_string())
+    sig = os::parse_signal(s->as_string());
+  else if (s->is_int64() && s->as_int64() > 0 && s->as_int64() < 65)
+    sig = static_cast<int>(s->as_int64());
+  else if (s->is_uint64() && s->as_uint64() < 65)
+    sig = static_cast<int>(s->as_uint64());
   if (!sig) throw RequestError("bad_request", "field signal: expected a signal name (\"TERM\") or number (1-64)");
   return *sig;
 }
@@ -83,7 +86,8 @@ void op_stdin(OpContext& ctx) {
     if (!base::base64_decode(*b, data)) throw RequestError("bad_request", "field data_b64: not valid base64");
   }
   bool eof = protocol::opt_bool(f, "eof").value_or(false);
-  if (auto e = ctx.box.proc_stdin(proc, protocol::opt_string(f, "branch"), data, eof)) throw RequestError(e->code, e->message);
+  if (auto e = ctx.box.proc_stdin(proc, protocol::opt_string(f, "branch"), data, eof))
+    throw RequestError(e->code, e->message);
   ctx.reply(ctx.ok());
 }
 
@@ -91,7 +95,8 @@ void op_signal(OpContext& ctx) {
   const auto& f = ctx.fields();
   auto proc = protocol::need_string(f, "proc");
   int sig = signal_number(f);
-  if (auto e = ctx.box.proc_signal(proc, protocol::opt_string(f, "branch"), sig)) throw RequestError(e->code, e->message);
+  if (auto e = ctx.box.proc_signal(proc, protocol::opt_string(f, "branch"), sig))
+    throw RequestError(e->code, e->message);
   ctx.reply(ctx.ok());
 }
 
@@ -101,7 +106,8 @@ void op_resize(OpContext& ctx) {
   auto cols = protocol::opt_int(f, "cols", 1, 10000);
   auto rows = protocol::opt_int(f, "rows", 1, 10000);
   if (!cols || !rows) throw RequestError("bad_request", "fields cols and rows: both required");
-  if (auto e = ctx.box.proc_resize(proc, protocol::opt_string(f, "branch"), static_cast<int>(*cols), static_cast<int>(*rows)))
+  if (auto e = ctx.box.proc_resize(proc, protocol::opt_string(f, "branch"), static_cast<int>(*cols),
+                                   static_cast<int>(*rows)))
     throw RequestError(e->code, e->message);
   ctx.reply(ctx.ok());
 }

@@ -65,7 +65,8 @@ void op_snapshot_export(OpContext& ctx) {
 void op_snapshot_import(OpContext& ctx) {
   Client& c = ctx.client;
   uint32_t bid = ctx.binary_id("snapshot.import");
-  if (c.uploads.contains(bid)) throw RequestError("bad_request", "an upload with id " + std::to_string(bid) + " is in progress");
+  if (c.uploads.contains(bid))
+    throw RequestError("bad_request", "an upload with id " + std::to_string(bid) + " is in progress");
   auto size = protocol::opt_int(ctx.fields(), "size", 1, INT64_MAX);
   if (!size) throw RequestError("bad_request", "snapshot.import needs size: the archive's length in bytes (> 0)");
   c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped

@@ -28,14 +28,14 @@ const char* const kInitUsage =
     "  --idle                start with no command and wait (for exec, restore, fork)\n"
     "  --restore FILE        start from a checkpoint archive instead of a command\n"
     "  --restore-index N     with --restore: which copy this box is (its identity's index; default 0)\n"
-  "  --signing-key FILE    the Ed25519 private key (PEM) this box signs its archives with; masked\n"
-  "                        from the agent (default: the user's key pair in\n"
-  "                        $XDG_STATE_HOME/sandboxer/keys/, made on first use)\n"
-  "  --trust-key FILE      a public (or private) key whose signed archives this box imports and\n"
-  "                        restores (repeatable; the box always trusts its own signing key)\n"
-  "  --allow-unsigned      accept unsigned or untrusted archives too: restored cold (files only,\n"
-  "                        the agent's command again), never given to criu\n"
-  "  --max-archive-bytes N the most one archive may expand to (default 64G)\n"
+    "  --signing-key FILE    the Ed25519 private key (PEM) this box signs its archives with; masked\n"
+    "                        from the agent (default: the user's key pair in\n"
+    "                        $XDG_STATE_HOME/sandboxer/keys/, made on first use)\n"
+    "  --trust-key FILE      a public (or private) key whose signed archives this box imports and\n"
+    "                        restores (repeatable; the box always trusts its own signing key)\n"
+    "  --allow-unsigned      accept unsigned or untrusted archives too: restored cold (files only,\n"
+    "                        the agent's command again), never given to criu\n"
+    "  --max-archive-bytes N the most one archive may expand to (default 64G)\n"
     "  --version             print the version\n"
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
     "                        answers, else 1 (the image's HEALTHCHECK)\n";
@@ -53,32 +53,54 @@ InitOptions parse_init_options(int argc, char** argv) {
       ++i;
       break;
     }
-    if (a == "--ns-init") o.mode = InitOptions::NsInit;
-    else if (a == "--flat") o.flat = true;
-    else if (a == "--version") o.mode = InitOptions::Version;
-    else if (a == "--health") o.mode = InitOptions::Health;
-    else if (a == "-h" || a == "--help") o.mode = InitOptions::Help;
-    else if (a == "--profile") o.profile = value(a);
-    else if (a == "--set") o.overrides.push_back(value(a));
-    else if (a == "--state-dir") o.state_dir = value(a);
-    else if (a == "--events") o.events = value(a);
-    else if (a == "--workdir") o.workdir = value(a);
-    else if (a == "--log-level") o.log_level = value(a);
+    if (a == "--ns-init")
+      o.mode = InitOptions::NsInit;
+    else if (a == "--flat")
+      o.flat = true;
+    else if (a == "--version")
+      o.mode = InitOptions::Version;
+    else if (a == "--health")
+      o.mode = InitOptions::Health;
+    else if (a == "-h" || a == "--help")
+      o.mode = InitOptions::Help;
+    else if (a == "--profile")
+      o.profile = value(a);
+    else if (a == "--set")
+      o.overrides.push_back(value(a));
+    else if (a == "--state-dir")
+      o.state_dir = value(a);
+    else if (a == "--events")
+      o.events = value(a);
+    else if (a == "--workdir")
+      o.workdir = value(a);
+    else if (a == "--log-level")
+      o.log_level = value(a);
     else if (a == "--env") {
       if (auto kv = profile::parse_env_assignment(value(a)); !kv.empty()) o.env.push_back(std::move(kv));
-    }
-    else if (a == "--env-inherit") o.env_inherit = true;
-    else if (a == "--listen") o.listen = value(a);
-    else if (a == "--token-file") o.token_file = value(a);
-    else if (a == "--tls-cert") o.tls_cert = value(a);
-    else if (a == "--tls-key") o.tls_key = value(a);
-    else if (a == "--metrics-interval") o.metrics_interval = value(a);
-    else if (a == "--idle") o.idle = true;
-    else if (a == "--restore") o.restore_file = value(a);
-    else if (a == "--signing-key") o.signing_key = value(a);
-    else if (a == "--trust-key") o.trust_keys.push_back(value(a));
-    else if (a == "--allow-unsigned") o.allow_unsigned = true;
-    else if (a == "--max-archive-bytes") o.max_archive_bytes = value(a);
+    } else if (a == "--env-inherit")
+      o.env_inherit = true;
+    else if (a == "--listen")
+      o.listen = value(a);
+    else if (a == "--token-file")
+      o.token_file = value(a);
+    else if (a == "--tls-cert")
+      o.tls_cert = value(a);
+    else if (a == "--tls-key")
+      o.tls_key = value(a);
+    else if (a == "--metrics-interval")
+      o.metrics_interval = value(a);
+    else if (a == "--idle")
+      o.idle = true;
+    else if (a == "--restore")
+      o.restore_file = value(a);
+    else if (a == "--signing-key")
+      o.signing_key = value(a);
+    else if (a == "--trust-key")
+      o.trust_keys.push_back(value(a));
+    else if (a == "--allow-unsigned")
+      o.allow_unsigned = true;
+    else if (a == "--max-archive-bytes")
+      o.max_archive_bytes = value(a);
     else if (a == "--restore-index") {
       std::string v = value(a);
       char* end = nullptr;
@@ -86,18 +108,21 @@ InitOptions parse_init_options(int argc, char** argv) {
       if (v.empty() || *end != '\0' || n < 0 || n > 1023)
         throw std::invalid_argument("--restore-index " + v + ": expected a number 0..1023");
       o.restore_index = static_cast<int>(n);
-    }
-    else if (a.starts_with("-")) throw std::invalid_argument("unknown option " + a);
-    else break;  // the command starts here
+    } else if (a.starts_with("-"))
+      throw std::invalid_argument("unknown option " + a);
+    else
+      break;  // the command starts here
   }
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
   if (o.restore_index != 0 && o.restore_file.empty()) throw std::invalid_argument("--restore-index needs --restore");
   if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
-    if (!o.argv.empty()) throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");
+    if (!o.argv.empty())
+      throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");
     if (o.idle && !o.restore_file.empty()) throw std::invalid_argument("--idle and --restore exclude each other");
     return o;
   }
-  if (o.mode == InitOptions::Run && o.argv.empty()) throw std::invalid_argument("no command given (expected -- COMMAND ...)");
+  if (o.mode == InitOptions::Run && o.argv.empty())
+    throw std::invalid_argument("no command given (expected -- COMMAND ...)");
   return o;
 }
 

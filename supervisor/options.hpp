@@ -23,9 +23,9 @@ struct InitOptions {
   std::string token_file;
   std::string tls_cert, tls_key;
   std::string metrics_interval;  // "": the profile's metrics.interval
-  bool idle = false;          // start with no agent and wait
-  std::string restore_file;   // start from a checkpoint archive
-  int restore_index = 0;      // --restore-index: which copy of a fork onto other boxes this is
+  bool idle = false;             // start with no agent and wait
+  std::string restore_file;      // start from a checkpoint archive
+  int restore_index = 0;         // --restore-index: which copy of a fork onto other boxes this is
   // Signed archives: the key this box signs with ("": the user's own, made on first use), keys
   // it trusts besides its own, whether it accepts unsigned archives (cold restores only), and the
   // bound on what one archive may expand to ("": 64G).

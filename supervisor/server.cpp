@@ -4,8 +4,8 @@
 #include <libwebsockets.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
@@ -114,8 +114,9 @@ struct Server::Impl {
     const std::string& want = opts.token;
     volatile unsigned char diff = given.size() == want.size() ? 0 : 1;
     for (size_t i = 0; i < given.size(); ++i)
-      diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(given[i]) ^
-                                                static_cast<unsigned char>(want[i % (want.empty() ? 1 : want.size())])));
+      diff =
+          static_cast<unsigned char>(diff | (static_cast<unsigned char>(given[i]) ^
+                                             static_cast<unsigned char>(want[i % (want.empty() ? 1 : want.size())])));
     return diff == 0 && !want.empty();
   }
 
@@ -186,7 +187,8 @@ struct Server::Impl {
   // Refills the queue from the journal on disk and from file reads while it is short.
   void pump(Client& c) {
     if (c.q_bytes >= kLowWater) return;
-    while (c.q_bytes < kHighWater && c.close_code != protocol::kCloseTooSlow && c.close_code != protocol::kCloseUnauthorized) {
+    while (c.q_bytes < kHighWater && c.close_code != protocol::kCloseTooSlow &&
+           c.close_code != protocol::kCloseUnauthorized) {
       if (!c.downloads.empty()) {
         auto& d = c.downloads.front();
         size_t want = static_cast<size_t>(std::min<uint64_t>(d.remaining, kReadChunk));
@@ -328,7 +330,8 @@ struct Server::Impl {
       try {
         if (binary) throw RequestError("unauthorized", "a binary frame before authentication");
         auto req = protocol::parse_request(msg, &id);
-        if (req.op != "auth") throw RequestError("unauthorized", "authentication required: send {\"op\":\"auth\",\"token\":...} first");
+        if (req.op != "auth")
+          throw RequestError("unauthorized", "authentication required: send {\"op\":\"auth\",\"token\":...} first");
         auto token = protocol::opt_string(req.fields, "token");
         if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
         c.authed = true;
@@ -366,10 +369,11 @@ struct Server::Impl {
     }
     auto it = c.uploads.find(h->id);
     if (it == c.uploads.end()) {
-      send(c, protocol::error_reply(h->id, "unexpected_binary",
-                                    "binary frame for request " + std::to_string(h->id) +
-                                        ", which is no fs.write or snapshot.import in progress (binary frames carry file "
-                                        "content only)"));
+      send(c,
+           protocol::error_reply(h->id, "unexpected_binary",
+                                 "binary frame for request " + std::to_string(h->id) +
+                                     ", which is no fs.write or snapshot.import in progress (binary frames carry file "
+                                     "content only)"));
       return 0;
     }
     Upload& u = it->second;
@@ -452,7 +456,8 @@ struct Server::Impl {
     std::string body = text + "\n";
     std::string resp = std::string(LWS_PRE, '\0') + "HTTP/1.1 " + std::to_string(code) + " " + reason +
                        "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
-                       "\r\nConnection: close\r\n" + (code == 401 ? "WWW-Authenticate: Bearer\r\n" : "") + "\r\n" + body;
+                       "\r\nConnection: close\r\n" + (code == 401 ? "WWW-Authenticate: Bearer\r\n" : "") + "\r\n" +
+                       body;
     lws_write(wsi, reinterpret_cast<unsigned char*>(resp.data()) + LWS_PRE, resp.size() - LWS_PRE, LWS_WRITE_HTTP);
     return 1;
   }
@@ -627,7 +632,8 @@ ServerOptions parse_listen(const std::string& listen) {
 namespace {
 // A free TCP port on `addr` (lws cannot report the port it bound for 0 reliably across versions).
 int pick_port(const std::string& addr) {
-  struct addrinfo hints {}, *res = nullptr;
+  struct addrinfo hints {
+  }, *res = nullptr;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
   if (::getaddrinfo(addr == "0.0.0.0" ? nullptr : addr.c_str(), "0", &hints, &res) != 0 || !res) return -1;
@@ -647,12 +653,15 @@ int pick_port(const std::string& addr) {
 void lws_log_to_spdlog(int level, const char* line) {
   std::string l = line;
   while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
-  if (level & LLL_ERR) log()->warn("lws: {}", l);
-  else log()->info("lws: {}", l);
+  if (level & LLL_ERR)
+    log()->warn("lws: {}", l);
+  else
+    log()->info("lws: {}", l);
 }
 }  // namespace
 
-Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts) : impl_(std::make_unique<Impl>(box, loop, std::move(opts))) {
+Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(box, loop, std::move(opts))) {
   auto& o = impl_->opts;
   if (o.token.empty()) throw std::runtime_error("the server needs a token (--token-file or SANDBOXER_TOKEN)");
   if (o.tls_cert.empty() != o.tls_key.empty()) throw std::runtime_error("--tls-cert and --tls-key go together");
@@ -689,13 +698,16 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts) : impl_(std::make_
     info.ssl_private_key_filepath = o.tls_key.c_str();
   }
   impl_->ctx = lws_create_context(&info);
-  if (!impl_->ctx) throw std::runtime_error("listen on " + o.addr + ":" + std::to_string(port) + ": libwebsockets refused (port in use, or bad TLS files)");
+  if (!impl_->ctx)
+    throw std::runtime_error("listen on " + o.addr + ":" + std::to_string(port) +
+                             ": libwebsockets refused (port in use, or bad TLS files)");
   auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
   int bound = vh ? lws_get_vhost_listen_port(vh) : port;
   impl_->port = bound > 0 ? bound : port;
   impl_->listener = box.journal().add_listener([this](const journal::Event& e) { impl_->on_event(e); });
   log()->info("listening on {}:{}{}", o.addr, impl_->port, o.tls_cert.empty() ? "" : " (TLS)");
-  box.emit("main", {{"type", "server.listening"}, {"addr", o.addr}, {"port", impl_->port}, {"tls", !o.tls_cert.empty()}});
+  box.emit("main",
+           {{"type", "server.listening"}, {"addr", o.addr}, {"port", impl_->port}, {"tls", !o.tls_cert.empty()}});
 }
 
 Server::~Server() {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "supervisor/box.hpp"
 #include "os/sys.hpp"
+#include "supervisor/box.hpp"
 
 namespace sbx::supervisor {
 

@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "archive/archive.hpp"
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "profile/profile.hpp"
 #include "protocol/probe.hpp"
-#include "os/files.hpp"
 
 namespace bp = boost::process;
 namespace json = boost::json;
@@ -58,12 +58,18 @@ int64_t size_bytes(const json::value& v, const std::string& field) {
   double x = std::strtod(s.c_str(), &end);
   std::string unit = end ? std::string(end) : "";
   double mult = 1;
-  if (unit.empty() || unit == "B" || unit == "b") mult = 1;
-  else if (unit[0] == 'k' || unit[0] == 'K') mult = 1024.0;
-  else if (unit[0] == 'm' || unit[0] == 'M') mult = 1024.0 * 1024;
-  else if (unit[0] == 'g' || unit[0] == 'G') mult = 1024.0 * 1024 * 1024;
-  else if (unit[0] == 't' || unit[0] == 'T') mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw std::runtime_error(field + ": unknown unit in \"" + s + "\"");
+  if (unit.empty() || unit == "B" || unit == "b")
+    mult = 1;
+  else if (unit[0] == 'k' || unit[0] == 'K')
+    mult = 1024.0;
+  else if (unit[0] == 'm' || unit[0] == 'M')
+    mult = 1024.0 * 1024;
+  else if (unit[0] == 'g' || unit[0] == 'G')
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit[0] == 't' || unit[0] == 'T')
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw std::runtime_error(field + ": unknown unit in \"" + s + "\"");
   if (end == s.c_str() || x < 0) throw std::runtime_error(field + ": not a size: \"" + s + "\"");
   return static_cast<int64_t>(x * mult);
 }
@@ -164,12 +170,14 @@ std::vector<BoxRecord> parse_ps(const std::string& out) {
 
 DockerResult run_docker(const std::vector<std::string>& args) {
   std::string exe;
-  if (auto* e = std::getenv("SANDBOXER_DOCKER"); e && *e) exe = e;
-  else exe = bp::search_path("docker").string();
+  if (auto* e = std::getenv("SANDBOXER_DOCKER"); e && *e)
+    exe = e;
+  else
+    exe = bp::search_path("docker").string();
   if (exe.empty()) throw std::runtime_error("docker: not found on PATH (or set SANDBOXER_DOCKER)");
   boost::asio::io_context ios;
   std::future<std::string> out, err;
-  bp::child c(exe, bp::args(args), bp::std_in < bp::null, bp::std_out > out, bp::std_err > err, ios);
+  bp::child c(exe, bp::args(args), bp::std_in<bp::null, bp::std_out> out, bp::std_err > err, ios);
   ios.run();
   c.wait();
   return {c.exit_code(), out.get(), err.get()};
@@ -212,7 +220,8 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
 }
 
 BoxRecord up(const UpOptions& o, std::ostream& log) {
-  if (o.argv.empty() && o.restore_archive.empty()) throw std::runtime_error("no command given (expected -- COMMAND ...)");
+  if (o.argv.empty() && o.restore_archive.empty())
+    throw std::runtime_error("no command given (expected -- COMMAND ...)");
   if (!o.argv.empty() && !o.restore_archive.empty())
     throw std::runtime_error("a box starts from a command or from an archive, not both");
   auto source = profile::find_profile(o.profile);
@@ -267,26 +276,38 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   }
   if (o.allow_unsigned) key_args.push_back("--allow-unsigned");
 
-  std::vector<std::string> args = {"run", "--detach", "--name", box.name,
-                                   "--label", "io.sandboxer.box=" + box.name,
-                                   "--label", "io.sandboxer.url=" + box.url,
-                                   "--label", "io.sandboxer.state=" + box.state_dir,
-                                   "--label", "io.sandboxer.profile=" + o.profile,
-                                   "--stop-timeout", std::to_string(plan.stop_timeout_s),
-                                   "--volume", box.state_dir + ":" + kStateIn,
-                                   "--volume", token_file + ":" + kTokenIn + ":ro",
-                                   "--volume", profile_copy + ":" + kProfileIn + ":ro"};
+  std::vector<std::string> args = {"run",
+                                   "--detach",
+                                   "--name",
+                                   box.name,
+                                   "--label",
+                                   "io.sandboxer.box=" + box.name,
+                                   "--label",
+                                   "io.sandboxer.url=" + box.url,
+                                   "--label",
+                                   "io.sandboxer.state=" + box.state_dir,
+                                   "--label",
+                                   "io.sandboxer.profile=" + o.profile,
+                                   "--stop-timeout",
+                                   std::to_string(plan.stop_timeout_s),
+                                   "--volume",
+                                   box.state_dir + ":" + kStateIn,
+                                   "--volume",
+                                   token_file + ":" + kTokenIn + ":ro",
+                                   "--volume",
+                                   profile_copy + ":" + kProfileIn + ":ro"};
   if (bridge) {
     args.insert(args.end(), {"--publish", "127.0.0.1:" + std::to_string(port) + ":" + std::to_string(kBridgePort)});
   } else {
     args.insert(args.end(), {"--network", "host"});
   }
   if (plan.live_checkpoint_caps) {
-    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN",
-                             "--cap-add", "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
+    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN", "--cap-add",
+                             "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
   } else if (plan.namespace_caps) {
     // Docker's seccomp profile refuses pivot_root even with SYS_ADMIN; the agent gets its own filter.
-    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"});
+    args.insert(args.end(),
+                {"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"});
   }
   args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
   for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
@@ -309,8 +330,7 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
       << (plan.live_checkpoint_caps ? "live-checkpoint capabilities"
           : plan.namespace_caps     ? "namespace capabilities (SYS_ADMIN NET_ADMIN)"
                                     : "no added capabilities")
-      << ", "
-      << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
+      << ", " << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
   auto forget = [&] { ::unlink(token_file.c_str()); };
   if (auto r = run_docker(args); r.status != 0) {
     forget();
@@ -332,8 +352,8 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
         auto logs = run_docker({"logs", "--tail", "20", box.name});
         run_docker({"rm", "--force", box.name});
         forget();
-        throw std::runtime_error("box " + box.name + " ended before its API answered (" + state +
-                                 "); its log:\n" + trim(logs.out + logs.err));
+        throw std::runtime_error("box " + box.name + " ended before its API answered (" + state + "); its log:\n" +
+                                 trim(logs.out + logs.err));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         run_docker({"rm", "--force", box.name});
@@ -360,7 +380,8 @@ std::vector<int> free_loopback_ports(int n) {
 
 BoxSpec inspect_box(const std::string& url) {
   auto boxes = parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--filter",
-                                           "label=io.sandboxer.url=" + url, "--format", kPsFormat}).out);
+                                           "label=io.sandboxer.url=" + url, "--format", kPsFormat})
+                            .out);
   if (boxes.empty()) throw std::runtime_error("no box container for " + url + " (see sandboxer ps)");
   BoxSpec spec;
   spec.name = boxes.front().name;
@@ -385,7 +406,8 @@ BoxSpec inspect_box(const std::string& url) {
         spec.profile_file = str("Source");
         continue;
       }
-      if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn || dst == kSigningKeyIn || dst.starts_with(kTrustDirIn))
+      if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn || dst == kSigningKeyIn ||
+          dst.starts_with(kTrustDirIn))
         continue;
       std::string src = type == "volume" ? str("Name") : str("Source");
       if (type != "bind" && type != "volume") continue;
@@ -402,7 +424,8 @@ BoxSpec inspect_box(const std::string& url) {
     }
   }
   if (spec.profile_file.empty())
-    throw std::runtime_error("box " + spec.name + ": no profile mounted at " + kProfileIn + " (not started by sandboxer up?)");
+    throw std::runtime_error("box " + spec.name + ": no profile mounted at " + kProfileIn +
+                             " (not started by sandboxer up?)");
   return spec;
 }
 
@@ -415,7 +438,8 @@ BoxRecord down(const std::string& url_or_name) {
                            ? "label=io.sandboxer.url=" + url_or_name
                            : "name=^" + url_or_name + "$";
   auto boxes = parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--filter", filter,
-                                           "--format", kPsFormat}).out);
+                                           "--format", kPsFormat})
+                            .out);
   if (boxes.empty()) throw std::runtime_error("no box container for " + url_or_name + " (see sandboxer ps)");
   BoxRecord b = boxes.front();
   // docker stop waits the container's own --stop-timeout (set above the grace period by `up`).

@@ -25,20 +25,20 @@
 namespace sbx::shims::docker {
 
 struct UpOptions {
-  std::string profile = "default";          // a name or a path to a profile file
-  std::vector<std::string> overrides;       // --set FIELD=VALUE
-  std::string image;                        // "" : sandboxer/agent:<version>
-  std::string name;                         // "" : sbx-<random>
-  std::vector<std::string> volumes;         // -v SRC:DST[:ro], passed to docker run
-  std::vector<std::string> argv;            // the agent's command
-  std::vector<std::string> env;             // --env K=V for the agent (the container's own
-                                            // environment does not reach it)
-  std::string restore_archive;              // instead of argv: a checkpoint archive on the host the
-                                            // box starts from (`sandboxer-init --restore`)
-  std::vector<std::string> labels;          // extra --label K=V
-  int port = 0;                             // the API's loopback port; 0: a free one is picked
-  int restore_index = 0;                    // with restore_archive: which copy this box is
-  std::string box_root;                     // host dir for per-box state: BOX_ROOT/NAME/{state,token}
+  std::string profile = "default";     // a name or a path to a profile file
+  std::vector<std::string> overrides;  // --set FIELD=VALUE
+  std::string image;                   // "" : sandboxer/agent:<version>
+  std::string name;                    // "" : sbx-<random>
+  std::vector<std::string> volumes;    // -v SRC:DST[:ro], passed to docker run
+  std::vector<std::string> argv;       // the agent's command
+  std::vector<std::string> env;        // --env K=V for the agent (the container's own
+                                       // environment does not reach it)
+  std::string restore_archive;         // instead of argv: a checkpoint archive on the host the
+                                       // box starts from (`sandboxer-init --restore`)
+  std::vector<std::string> labels;     // extra --label K=V
+  int port = 0;                        // the API's loopback port; 0: a free one is picked
+  int restore_index = 0;               // with restore_archive: which copy this box is
+  std::string box_root;                // host dir for per-box state: BOX_ROOT/NAME/{state,token}
   // Signed archives: the private key the box signs with and the public keys it trusts, host
   // files bound in read-only (the key beside the token, masked from the agent like it). An
   // empty signing_key: the user's key pair (checkpoint/signing.hpp), which it then also trusts.
@@ -52,8 +52,8 @@ struct BoxRecord {
   std::string url;        // ws://127.0.0.1:PORT
   std::string state_dir;  // on the host
   std::string image;
-  std::string status;     // docker's words
-  std::string token;      // filled by `up` only
+  std::string status;  // docker's words
+  std::string token;   // filled by `up` only
 };
 
 /// What `up` decides from the profile, before anything runs (unit-testable).
@@ -83,11 +83,11 @@ std::vector<std::string> docker_limits(const boost::json::object& resources);
 /// What a fork onto new containers must repeat of the box it forks, read from `docker inspect` of
 /// the box's container (found by its io.sandboxer.url label).
 struct BoxSpec {
-  std::string name;                    // the container
-  std::string image;                   // the image's id (sha256:...): the very image, not a tag
-  std::string profile_file;            // on the host: the profile `up` wrote, overrides applied
-  std::vector<std::string> volumes;    // the user's own volumes (-v), as docker run takes them
-  std::vector<std::string> env;        // its --env K=V (a cold restart's agent gets them again)
+  std::string name;                  // the container
+  std::string image;                 // the image's id (sha256:...): the very image, not a tag
+  std::string profile_file;          // on the host: the profile `up` wrote, overrides applied
+  std::vector<std::string> volumes;  // the user's own volumes (-v), as docker run takes them
+  std::vector<std::string> env;      // its --env K=V (a cold restart's agent gets them again)
 };
 BoxSpec inspect_box(const std::string& url);
 

@@ -10,14 +10,14 @@
 int main(void) {
   uv_loop_t loop;
   if (uv_loop_init(&loop) != 0) return 2;
-  void *foreign_loops[] = {&loop};
+  void* foreign_loops[] = {&loop};
   struct lws_context_creation_info info;
   memset(&info, 0, sizeof info);
   info.port = CONTEXT_PORT_NO_LISTEN;
   info.options = LWS_SERVER_OPTION_LIBUV;
   info.foreign_loops = foreign_loops;
   lws_set_log_level(LLL_ERR | LLL_WARN, NULL);
-  struct lws_context *ctx = lws_create_context(&info);
+  struct lws_context* ctx = lws_create_context(&info);
   if (!ctx) {
     fprintf(stderr, "lws-uv-probe: lws_create_context with LWS_SERVER_OPTION_LIBUV failed\n");
     return 1;

@@ -35,14 +35,14 @@ static double probe_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void probe_status_line(const char *key) {
+static void probe_status_line(const char* key) {
   char buf[8192];
   int fd = open("/proc/self/status", O_RDONLY);
   ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
   if (fd >= 0) close(fd);
   if (n <= 0) return;
   buf[n] = 0;
-  for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+  for (char* line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
     if (!strncmp(line, key, strlen(key)) && line[strlen(key)] == ':') printf("%s\n", line);
 }
 
@@ -50,7 +50,7 @@ static void probe_status_line(const char *key) {
  * without the filter (EFAULT, EBADF, EINVAL, ...), and prints "name errno" for each. */
 static int probe_syscalls(void) {
   struct {
-    const char *name;
+    const char* name;
     long nr;
     long a[6];
   } calls[] = {
@@ -102,13 +102,14 @@ static int probe_syscalls(void) {
   };
   for (unsigned i = 0; i < sizeof calls / sizeof calls[0]; i++) {
     errno = 0;
-    long rc = syscall(calls[i].nr, calls[i].a[0], calls[i].a[1], calls[i].a[2], calls[i].a[3], calls[i].a[4], calls[i].a[5]);
+    long rc =
+        syscall(calls[i].nr, calls[i].a[0], calls[i].a[1], calls[i].a[2], calls[i].a[3], calls[i].a[4], calls[i].a[5]);
     if (rc == 0 && calls[i].nr == SYS_clone) _exit(0); /* cannot happen: CLONE_THREAD without SIGHAND */
     printf("%s %d\n", calls[i].name, rc < 0 ? errno : 0);
     if (rc > 2) close((int)rc);
   }
   int fams[] = {AF_PACKET, AF_ALG, AF_VSOCK};
-  const char *names[] = {"socket_af_packet", "socket_af_alg", "socket_af_vsock"};
+  const char* names[] = {"socket_af_packet", "socket_af_alg", "socket_af_vsock"};
   for (int i = 0; i < 3; i++) {
     errno = 0;
     int types[] = {SOCK_RAW, SOCK_SEQPACKET, SOCK_STREAM};
@@ -131,7 +132,7 @@ static int probe_main_memhog(long limit_mb, long hold) {
   long mb = 0;
   for (;;) {
     if (limit_mb && mb >= limit_mb) break;
-    char *p = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char* p = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       printf("mmap failed after %ld MiB: %d\n", mb, errno);
       fflush(stdout);
@@ -151,11 +152,12 @@ static int probe_main_memhog(long limit_mb, long hold) {
   return 0;
 }
 
-int policy_probe(int argc, char **argv) {
-  const char *cmd = argv[1];
+int policy_probe(int argc, char** argv) {
+  const char* cmd = argv[1];
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (!strcmp(cmd, "syscalls")) return probe_syscalls();
-  if (!strcmp(cmd, "memhog")) return probe_main_memhog(argc > 2 ? atol(argv[2]) : 0, argc > 3 && !strcmp(argv[3], "hold"));
+  if (!strcmp(cmd, "memhog"))
+    return probe_main_memhog(argc > 2 ? atol(argv[2]) : 0, argc > 3 && !strcmp(argv[3], "hold"));
   if (!strcmp(cmd, "forkbomb")) {
     /* Forks up to MAX sleeping children, retrying while fork fails (EAGAIN at a pids ceiling):
      * a storm that never stops on its own. Without a ceiling it reaches MAX and cleans up. */
@@ -200,13 +202,14 @@ int policy_probe(int argc, char **argv) {
     double wall = probe_now() - t0;
     struct rusage ru;
     getrusage(RUSAGE_CHILDREN, &ru);
-    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    double cpu =
+        (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
     printf("cpu=%.3f wall=%.3f cores=%.3f\n", cpu, wall, cpu / wall);
     return 0;
   }
   if (!strcmp(cmd, "fill-disk")) {
     /* Writes PATH in 1 MiB chunks until an error or MAX bytes. */
-    const char *path = argv[2];
+    const char* path = argv[2];
     long long max = argc > 3 ? atoll(argv[3]) : (1LL << 40);
     static char buf[1 << 20];
     memset(buf, 'x', sizeof buf);
@@ -235,7 +238,7 @@ int policy_probe(int argc, char **argv) {
     char envp[64];
     snprintf(envp, sizeof envp, "/proc/%d/environ", pid);
     for (int i = 2; i < argc; i++) {
-      const char *path = i == 2 ? envp : argv[i];
+      const char* path = i == 2 ? envp : argv[i];
       char buf[256];
       int fd = open(path, O_RDONLY);
       ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf) : -1;

@@ -4,11 +4,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
@@ -20,9 +20,7 @@
 
 #include "probe-policy.h"
 
-static void say(const char *s) {
-  (void)!write(1, s, strlen(s));
-}
+static void say(const char* s) { (void)!write(1, s, strlen(s)); }
 
 static void msleep(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -31,30 +29,38 @@ static void msleep(long ms) {
 }
 
 static int record_fd = -1;
-static const char *sig_name(int s) {
+static const char* sig_name(int s) {
   switch (s) {
-    case SIGHUP: return "HUP\n";
-    case SIGINT: return "INT\n";
-    case SIGQUIT: return "QUIT\n";
-    case SIGUSR1: return "USR1\n";
-    case SIGUSR2: return "USR2\n";
-    case SIGWINCH: return "WINCH\n";
-    case SIGTERM: return "TERM\n";
-    default: return "OTHER\n";
+    case SIGHUP:
+      return "HUP\n";
+    case SIGINT:
+      return "INT\n";
+    case SIGQUIT:
+      return "QUIT\n";
+    case SIGUSR1:
+      return "USR1\n";
+    case SIGUSR2:
+      return "USR2\n";
+    case SIGWINCH:
+      return "WINCH\n";
+    case SIGTERM:
+      return "TERM\n";
+    default:
+      return "OTHER\n";
   }
 }
 static volatile sig_atomic_t got_term;
 static void on_sig(int s) {
-  const char *n = sig_name(s);
+  const char* n = sig_name(s);
   (void)!write(record_fd, n, strlen(n));
   if (s == SIGTERM) got_term = 1;
 }
 
 /* Counts zombies among the processes this process can see in /proc. */
 static int count_zombies(void) {
-  DIR *d = opendir("/proc");
+  DIR* d = opendir("/proc");
   int z = 0;
-  struct dirent *e;
+  struct dirent* e;
   while (d && (e = readdir(d))) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     char p[300], buf[512];
@@ -65,20 +71,21 @@ static int count_zombies(void) {
     close(fd);
     if (n <= 0) continue;
     buf[n] = 0;
-    char *rp = strrchr(buf, ')');
+    char* rp = strrchr(buf, ')');
     if (rp && rp[1] == ' ' && rp[2] == 'Z') z++;
   }
   if (d) closedir(d);
   return z;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: sbx-testprobe exit N | catch FILE | wait | ignore-term | orphans N MS | "
-                    "spew BYTES | badutf8 | leave-tree N | zombies\n");
+    fprintf(stderr,
+            "usage: sbx-testprobe exit N | catch FILE | wait | ignore-term | orphans N MS | "
+            "spew BYTES | badutf8 | leave-tree N | zombies\n");
     return 2;
   }
-  const char *cmd = argv[1];
+  const char* cmd = argv[1];
   if (!strcmp(cmd, "exit")) return atoi(argv[2]);
   if (!strcmp(cmd, "catch")) {
     /* Records every forwardable signal it receives in FILE; exits 0 after TERM. */
@@ -136,7 +143,8 @@ int main(int argc, char **argv) {
       size_t len = 0;
       while (len + 64 <= sizeof buf && (long)len < left) {
         char one[96];
-        snprintf(one, sizeof one, "%010ld abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n", line++ % 10000000000L);
+        snprintf(one, sizeof one, "%010ld abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n",
+                 line++ % 10000000000L);
         memcpy(buf + len, one, 64);
         len += 64;
       }

@@ -4,9 +4,9 @@
 #include <stdexcept>
 
 #include "profile/agent-env.hpp"
-#include "supervisor/options.hpp"
-#include "sandbox/policy.hpp"
 #include "profile/profile.hpp"
+#include "sandbox/policy.hpp"
+#include "supervisor/options.hpp"
 
 namespace profile = sbx::profile;
 namespace sandbox = sbx::sandbox;
@@ -25,8 +25,12 @@ bool has_key(const std::vector<std::string>& env, const std::string& k) {
 
 TEST_CASE("agent env: clean by default, the operator's variables stay out") {
   profile::AgentEnvSpec s;
-  s.supervisor_env = {"AWS_SECRET_ACCESS_KEY=s3cr3t", "PATH=/home/op/bin:/usr/bin", "TERM=xterm", "LANG=C.UTF-8",
-                      "SANDBOXER_TOKEN=tok", "HOME=/home/op"};
+  s.supervisor_env = {"AWS_SECRET_ACCESS_KEY=s3cr3t",
+                      "PATH=/home/op/bin:/usr/bin",
+                      "TERM=xterm",
+                      "LANG=C.UTF-8",
+                      "SANDBOXER_TOKEN=tok",
+                      "HOME=/home/op"};
   auto env = profile::build_agent_env(s);
   CHECK(env.size() == 4);
   CHECK(has(env, std::string("PATH=") + profile::kDefaultAgentPath));
@@ -63,8 +67,8 @@ TEST_CASE("agent env: names the supervisor owns are refused, with the reason") {
   CHECK(profile::check_env_name("SANDBOXER_TOKEN_FILE").error().message.find("supervisor's own") != std::string::npos);
   CHECK(profile::check_env_name("SANDBOXER_BRANCH").error().message.find("supervisor's own") != std::string::npos);
   CHECK(profile::check_env_name("").error().message.find("not empty") != std::string::npos);
-  CHECK_THROWS_WITH_AS(profile::parse_env_assignment("SANDBOXER_BOX=x"), doctest::Contains("SANDBOXER_BOX is the supervisor's own"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(profile::parse_env_assignment("SANDBOXER_BOX=x"),
+                       doctest::Contains("SANDBOXER_BOX is the supervisor's own"), std::invalid_argument);
   CHECK_THROWS_AS(profile::parse_env_assignment("=x"), std::invalid_argument);
   CHECK(profile::parse_env_assignment("K=V=W") == "K=V=W");
   CHECK(profile::parse_env_assignment("SBX_SURELY_UNSET_VARIABLE_42").empty());
@@ -76,8 +80,8 @@ TEST_CASE("agent env: sandboxer-init's --env and --env-inherit") {
   CHECK(o.env == std::vector<std::string>{"A=1", "B=2"});
   CHECK(o.env_inherit);
   const char* bad[] = {"sandboxer-init", "--env", "SANDBOXER_TOKEN=x", "--", "true"};
-  CHECK_THROWS_WITH_AS(supervisor::parse_init_options(5, const_cast<char**>(bad)), doctest::Contains("--env SANDBOXER_TOKEN=x"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(supervisor::parse_init_options(5, const_cast<char**>(bad)),
+                       doctest::Contains("--env SANDBOXER_TOKEN=x"), std::invalid_argument);
 }
 
 TEST_CASE("profile: env is an object of strings, merged by overrides") {
@@ -88,10 +92,13 @@ TEST_CASE("profile: env is an object of strings, merged by overrides") {
   profile::apply_override(p, "env.A=null");
   CHECK_FALSE(p.env.contains("A"));
   CHECK(p.env.at("B") == "2");
-  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"A": 1}})"), doctest::Contains("env.A: expected a string"), sbx::profile::ProfileError);
-  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": ["A=1"]})"), doctest::Contains("env: expected an object"), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"A": 1}})"), doctest::Contains("env.A: expected a string"),
+                       sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": ["A=1"]})"), doctest::Contains("env: expected an object"),
+                       sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"SANDBOXER_BOX": "x"}})"),
-                       doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"), sbx::profile::ProfileError);
+                       doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"),
+                       sbx::profile::ProfileError);
 }
 
 TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namespace") {
@@ -116,6 +123,7 @@ TEST_CASE("policy: a dropped capability with no list keeps the rest for root, no
   auto all = sandbox::prepare_policy(boost::json::object{{"drop", boost::json::array{13}}});
   CHECK(all.caps);
   CHECK((all.keep_mask & (1ULL << 13)) == 0);
-  auto nobody = sandbox::prepare_policy(boost::json::object{{"uid", 65534}, {"gid", 65534}, {"drop", boost::json::array{13}}});
+  auto nobody =
+      sandbox::prepare_policy(boost::json::object{{"uid", 65534}, {"gid", 65534}, {"drop", boost::json::array{13}}});
   CHECK(nobody.keep_mask == 0);
 }

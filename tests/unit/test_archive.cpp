@@ -11,8 +11,8 @@
 
 #include "archive/archive.hpp"
 #include "checkpoint/checkpointer.hpp"
-#include "os/sys.hpp"
 #include "os/files.hpp"
+#include "os/sys.hpp"
 
 namespace fs = std::filesystem;
 using namespace sbx::archive;
@@ -39,9 +39,7 @@ std::string get(const fs::path& p) {
   return r ? *r : std::string("<missing>");
 }
 
-boost::json::object manifest() {
-  return {{"format", kFormatName}, {"format_version", kFormatVersion}, {"box", "b-1"}};
-}
+boost::json::object manifest() { return {{"format", kFormatName}, {"format_version", kFormatVersion}, {"box", "b-1"}}; }
 
 // One key for the whole test binary: the box's own, which its policy trusts.
 const SigningKey& box_key() {

@@ -24,8 +24,8 @@ TEST_CASE("docker plan: checkpoint capabilities follow the profile") {
   CHECK(plan_for_profile(profile(R"({"name":"p","version":1})"), {}).live_checkpoint_caps);
   CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1,"isolation":{"namespaces":false}})"), {})
                   .live_checkpoint_caps);
-  CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1})"), {"isolation.namespaces=false"})
-                  .live_checkpoint_caps);
+  CHECK_FALSE(
+      plan_for_profile(profile(R"({"name":"p","version":1})"), {"isolation.namespaces=false"}).live_checkpoint_caps);
 }
 
 TEST_CASE("docker plan: a profile with namespaces but no checkpoint gets only the namespace capabilities") {
@@ -33,9 +33,9 @@ TEST_CASE("docker plan: a profile with namespaces but no checkpoint gets only th
   CHECK_FALSE(eph.live_checkpoint_caps);
   CHECK(eph.namespace_caps);
   CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1})"), {}).namespace_caps);  // criu's, a superset
-  CHECK_FALSE(plan_for_profile(profile(R"({"name":"p","version":1,"persistence":"ephemeral"})"),
-                               {"isolation.namespaces=false"})
-                  .namespace_caps);
+  CHECK_FALSE(
+      plan_for_profile(profile(R"({"name":"p","version":1,"persistence":"ephemeral"})"), {"isolation.namespaces=false"})
+          .namespace_caps);
 }
 
 TEST_CASE("docker plan: a bad profile is refused with the field's name") {
@@ -48,8 +48,8 @@ TEST_CASE("docker plan: a bad profile is refused with the field's name") {
 TEST_CASE("docker plan: memory, cpus and pids become Docker's flags") {
   using sbx::shims::docker::docker_limits;
   auto a = docker_limits(boost::json::parse(R"({"memory":"1.5G","cpus":0.5,"pids":100,"grace":"3s"})").as_object());
-  std::vector<std::string> want = {"--memory", "1610612736", "--memory-swap", "1610612736", "--cpus", "0.5",
-                                   "--pids-limit", "132"};
+  std::vector<std::string> want = {"--memory", "1610612736", "--memory-swap", "1610612736",
+                                   "--cpus",   "0.5",        "--pids-limit",  "132"};
   CHECK(a == want);
   CHECK(docker_limits(boost::json::parse(R"({"memory":0,"cpus":0,"pids":0})").as_object()).empty());
   CHECK(docker_limits(boost::json::parse(R"({"memory":"512M"})").as_object())[1] == "536870912");

@@ -46,7 +46,8 @@ TEST_CASE("egress: host names are brought to one form") {
   CHECK(canon("2130706433") == "127.0.0.1");
   CHECK(canon("[::1]") == "::1");
   CHECK(canon("0:0::1") == "::1");
-  CHECK(canon("b\xc3\xbc" "cher.de") == "xn--bcher-kva.de");
+  CHECK(canon("b\xc3\xbc"
+              "cher.de") == "xn--bcher-kva.de");
   CHECK(canon("1.2.3.999") == "<refused>");
   CHECK(canon("a..b") == "<refused>");
   CHECK(canon("") == "<refused>");
@@ -98,20 +99,32 @@ TEST_CASE("egress: special-purpose address ranges") {
   auto range = [&](std::string_view t) { return egress::special_range(ip(t)).value_or("public"); };
   // Every range of the issue, IPv4 and IPv6, each named by its narrowest entry.
   for (auto [addr, want] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"0.0.0.0", "0.0.0.0/8"},          {"10.1.2.3", "10.0.0.0/8"},
-           {"100.100.100.200", "100.64.0.0/10"}, {"127.0.0.1", "127.0.0.0/8"},
-           {"127.255.255.254", "127.0.0.0/8"}, {"169.254.169.254", "169.254.0.0/16"},
-           {"172.31.255.255", "172.16.0.0/12"}, {"192.0.0.192", "192.0.0.0/24"},
-           {"192.168.1.1", "192.168.0.0/16"},  {"198.19.0.1", "198.18.0.0/15"},
-           {"224.0.0.1", "224.0.0.0/4"},       {"255.255.255.255", "240.0.0.0/4"},
-           {"168.63.129.16", "168.63.129.16/32"}, {"::", "::/128"},
-           {"::1", "::1/128"},                 {"::ffff:10.0.0.1", "10.0.0.0/8"},
-           {"::ffff:169.254.169.254", "169.254.0.0/16"}, {"::10.0.0.1", "::/96"},
+           {"0.0.0.0", "0.0.0.0/8"},
+           {"10.1.2.3", "10.0.0.0/8"},
+           {"100.100.100.200", "100.64.0.0/10"},
+           {"127.0.0.1", "127.0.0.0/8"},
+           {"127.255.255.254", "127.0.0.0/8"},
+           {"169.254.169.254", "169.254.0.0/16"},
+           {"172.31.255.255", "172.16.0.0/12"},
+           {"192.0.0.192", "192.0.0.0/24"},
+           {"192.168.1.1", "192.168.0.0/16"},
+           {"198.19.0.1", "198.18.0.0/15"},
+           {"224.0.0.1", "224.0.0.0/4"},
+           {"255.255.255.255", "240.0.0.0/4"},
+           {"168.63.129.16", "168.63.129.16/32"},
+           {"::", "::/128"},
+           {"::1", "::1/128"},
+           {"::ffff:10.0.0.1", "10.0.0.0/8"},
+           {"::ffff:169.254.169.254", "169.254.0.0/16"},
+           {"::10.0.0.1", "::/96"},
            {"64:ff9b::a01:203", "64:ff9b::/96 (NAT64) for 10.1.2.3, which is in 10.0.0.0/8"},
            {"64:ff9b::7f00:1", "for 127.0.0.1, which is in 127.0.0.0/8"},
-           {"64:ff9b:1::1", "64:ff9b:1::/48"},  {"fd00::1", "fc00::/7"},
-           {"fd00:ec2::254", "fc00::/7"},      {"fe80::1", "fe80::/10"},
-           {"ff02::1", "ff00::/8"},            {"2001:db8::1", "2001:db8::/32"},
+           {"64:ff9b:1::1", "64:ff9b:1::/48"},
+           {"fd00::1", "fc00::/7"},
+           {"fd00:ec2::254", "fc00::/7"},
+           {"fe80::1", "fe80::/10"},
+           {"ff02::1", "ff00::/8"},
+           {"2001:db8::1", "2001:db8::/32"},
            {"2002:a9fe:a9fe::1", "2002::/16 (6to4) for 169.254.169.254"}}) {
     CAPTURE(addr);
     CHECK(range(addr).find(want) != std::string::npos);
@@ -152,8 +165,9 @@ TEST_CASE("egress: special ranges are refused unless allowed by range") {
   egress::AddressPolicy none(std::vector<std::string>{});
   CHECK(none.allows(ip("93.184.216.34")).has_value());
   auto why = none.allows(ip("169.254.169.254")).error().message;
-  CHECK(why == "169.254.169.254 is in 169.254.0.0/16 (link-local: cloud metadata services such as 169.254.169.254), "
-               "which network.allow_cidrs does not allow");
+  CHECK(why ==
+        "169.254.169.254 is in 169.254.0.0/16 (link-local: cloud metadata services such as 169.254.169.254), "
+        "which network.allow_cidrs does not allow");
   why = none.allows(ip("::ffff:127.0.0.1")).error().message;
   CHECK(why.starts_with("127.0.0.1 is in 127.0.0.0/8"));
   egress::AddressPolicy some({"10.1.2.0/24", "127.0.0.1", "fd00::/8", "64:ff9b::a01:200/120"});
@@ -167,8 +181,8 @@ TEST_CASE("egress: special ranges are refused unless allowed by range") {
   // A translated address is allowed by a range holding it, not by one holding what it embeds.
   CHECK(some.allows(ip("64:ff9b::a01:203")).has_value());
   CHECK_FALSE(egress::AddressPolicy({"10.0.0.0/8"}).allows(ip("64:ff9b::a01:203")).has_value());
-  CHECK_THROWS_WITH_AS(egress::AddressPolicy({"10.0.0.0/8", "10.1.2.3/24"}), doctest::Contains("allow_cidrs[1]: \"10.1.2.3/24\""),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(egress::AddressPolicy({"10.0.0.0/8", "10.1.2.3/24"}),
+                       doctest::Contains("allow_cidrs[1]: \"10.1.2.3/24\""), std::invalid_argument);
   CHECK_THROWS_WITH_AS(egress::AddressPolicy({"8.8.8.0/24"}), doctest::Contains("no special-purpose address"),
                        std::invalid_argument);
   CHECK_NOTHROW(egress::AddressPolicy({"0.0.0.0/0"}));
@@ -214,7 +228,8 @@ TEST_CASE("egress: DNS questions") {
 }
 
 TEST_CASE("profile: network and credentials") {
-  auto p = profile::parse_profile(R"({"network":{"mode":"proxy","allow":["api.example.com"],"resolve":{"api.example.com":"127.0.0.1"}},
+  auto p = profile::parse_profile(
+      R"({"network":{"mode":"proxy","allow":["api.example.com"],"resolve":{"api.example.com":"127.0.0.1"}},
     "credentials":[{"name":"anthropic","source":{"env":"KEY"},"bind":{"host":"api.example.com","port":8443},
                     "inject":{"header":"X-Api-Key","format":"{}"},"placeholder_env":"ANTHROPIC_API_KEY",
                     "base_url_env":"ANTHROPIC_BASE_URL"}]})");
@@ -222,38 +237,47 @@ TEST_CASE("profile: network and credentials") {
   REQUIRE(p.credentials.size() == 1);
   CHECK(p.credentials[0].header == "x-api-key");
   CHECK(p.credentials[0].placeholder == "sbx-placeholder-anthropic");
-  CHECK_THROWS_WITH_AS(profile::apply_override(p, "network.mode=host"), doctest::Contains("need network.mode \"proxy\""),
+  CHECK_THROWS_WITH_AS(profile::apply_override(p, "network.mode=host"),
+                       doctest::Contains("need network.mode \"proxy\""), sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"),
                        sbx::profile::ProfileError);
-  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"mode":"open"}})"), doctest::Contains("network.mode"), sbx::profile::ProfileError);
   SUBCASE("a string is short for the mode") {
     CHECK(profile::parse_profile(R"({"network":"none"})").network.mode == profile::NetworkPolicy::Mode::None);
     profile::Profile q = parse_profile(R"({"network":{"mode":"proxy","allow":["a.com"]}})");
     profile::apply_override(q, "network=host");
     CHECK(q.network.mode == profile::NetworkPolicy::Mode::Host);
     CHECK(q.network.allow == std::vector<std::string>{"a.com"});  // the rest of the object stays
-    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"), sbx::profile::ProfileError);
-    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":7})"), doctest::Contains("network"), sbx::profile::ProfileError);
+    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":"wifi"})"), doctest::Contains("network"),
+                         sbx::profile::ProfileError);
+    CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":7})"), doctest::Contains("network"),
+                         sbx::profile::ProfileError);
   }
-  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow":["a.*.com"]}})"), doctest::Contains("network.allow"),
-                       sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow":["a.*.com"]}})"),
+                       doctest::Contains("network.allow"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"resolve":{"a.com":"nope"}}})"),
                        doctest::Contains("network.resolve.a.com"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      profile::parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K","file":"/f"},"bind":{"host":"h"}}]})"),
+      profile::parse_profile(
+          R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K","file":"/f"},"bind":{"host":"h"}}]})"),
       doctest::Contains("credentials[0].source"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      profile::parse_profile(R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"scheme":"http","host":"h"}}]})"),
+      profile::parse_profile(
+          R"({"network":{"mode":"proxy"},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"scheme":"http","host":"h"}}]})"),
       doctest::Contains("credentials[0].bind.scheme"), sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(
-      profile::parse_profile(R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
+      profile::parse_profile(
+          R"({"network":{"mode":"proxy","deny":["h.com"]},"credentials":[{"name":"x","source":{"env":"K"},"bind":{"host":"h.com"}}]})"),
       doctest::Contains("denied"), sbx::profile::ProfileError);
-  CHECK(profile::parse_profile(R"({"network":{"allow_cidrs":["10.1.2.0/24","fd00::/8"]}})").network.allow_cidrs.size() == 2);
+  CHECK(
+      profile::parse_profile(R"({"network":{"allow_cidrs":["10.1.2.0/24","fd00::/8"]}})").network.allow_cidrs.size() ==
+      2);
   CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":["10.1.2.3/24"]}})"),
-                       doctest::Contains("network.allow_cidrs[0]: \"10.1.2.3/24\": host bits are set"), sbx::profile::ProfileError);
+                       doctest::Contains("network.allow_cidrs[0]: \"10.1.2.3/24\": host bits are set"),
+                       sbx::profile::ProfileError);
   CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":"10.0.0.0/8"}})"),
                        doctest::Contains("network.allow_cidrs: expected a list"), sbx::profile::ProfileError);
-  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":[10]}})"), doctest::Contains("network.allow_cidrs[0]"),
-                       sbx::profile::ProfileError);
+  CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"network":{"allow_cidrs":[10]}})"),
+                       doctest::Contains("network.allow_cidrs[0]"), sbx::profile::ProfileError);
 }
 
 TEST_CASE("broker: targets and coding headers") {

@@ -8,7 +8,6 @@ namespace supervisor = sbx::supervisor;
 
 using namespace sbx::base;
 
-
 TEST_CASE("utf8: valid prefix stops at the first bad byte") {
   CHECK(base::utf8_valid_prefix("hello") == 5);
   CHECK(base::utf8_valid_prefix("h\xc3\xa9llo") == 6);

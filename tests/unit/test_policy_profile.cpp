@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "sandbox/policy.hpp"
 #include "profile/profile.hpp"
+#include "sandbox/policy.hpp"
 
 namespace profile = sbx::profile;
 namespace sandbox = sbx::sandbox;
@@ -94,8 +94,8 @@ TEST_CASE("profile: overrides go through the same parser") {
   CHECK_THROWS_WITH(profile::apply_override(p, "resources.cpus=0.001"), doctest::Contains("resources.cpus"));
   profile::apply_override(p, "resources.grace=3s");
   CHECK(p.resources.grace_ms == 3000);
-  CHECK_THROWS_WITH_AS(profile::apply_override(p, "resources.nope=1"), doctest::Contains("resources.nope: unknown field"),
-                       ProfileError);
+  CHECK_THROWS_WITH_AS(profile::apply_override(p, "resources.nope=1"),
+                       doctest::Contains("resources.nope: unknown field"), ProfileError);
   CHECK_THROWS_AS(profile::apply_override(p, "novalue"), ProfileError);
 }
 

@@ -11,7 +11,6 @@
 
 namespace protocol = sbx::protocol;
 
-
 namespace {
 boost::json::value load_value(const std::string& name) {
   auto text = sbx::os::read_file(std::string(SBX_PROTOCOL_VECTORS) + "/" + name);
@@ -68,7 +67,8 @@ TEST_CASE("protocol: binary headers match the vectors both ways") {
   for (auto& v : load("binary.json")) {
     auto& o = v.as_object();
     CAPTURE(o.at("name"));
-    protocol::BinaryHeader h{static_cast<uint32_t>(o.at("id").to_number<uint64_t>()), o.at("offset").to_number<uint64_t>(),
+    protocol::BinaryHeader h{static_cast<uint32_t>(o.at("id").to_number<uint64_t>()),
+                             o.at("offset").to_number<uint64_t>(),
                              static_cast<uint8_t>(o.at("flags").to_number<uint64_t>())};
     std::string out;
     protocol::put_header(out, h);

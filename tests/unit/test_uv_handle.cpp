@@ -19,7 +19,8 @@ struct LoopFixture {
   // Handles on the loop that are not closing.
   int open_handles() {
     int n = 0;
-    uv_walk(&loop, [](uv_handle_t* h, void* arg) { *static_cast<int*>(arg) += !uv_is_closing(h); }, &n);
+    uv_walk(
+        &loop, [](uv_handle_t* h, void* arg) { *static_cast<int*>(arg) += !uv_is_closing(h); }, &n);
     return n;
   }
 };
@@ -28,7 +29,8 @@ struct LoopFixture {
 TEST_CASE_FIXTURE(LoopFixture, "uv handle: the owner closes and frees its handle") {
   SUBCASE("an active timer") {
     auto t = sbx::loop::make_timer(&loop);
-    uv_timer_start(t.get(), [](uv_timer_t*) { FAIL("a closed timer fired"); }, 10, 10);
+    uv_timer_start(
+        t.get(), [](uv_timer_t*) { FAIL("a closed timer fired"); }, 10, 10);
     CHECK(open_handles() == 1);
   }
   SUBCASE("a poll on a pipe") {

@@ -15,7 +15,8 @@ namespace json = boost::json;
 ParsedUrl parse_url(const std::string& url) {
   ParsedUrl u;
   std::string rest;
-  if (url.starts_with("ws://")) rest = url.substr(5);
+  if (url.starts_with("ws://"))
+    rest = url.substr(5);
   else if (url.starts_with("wss://")) {
     u.tls = true;
     rest = url.substr(6);
@@ -140,8 +141,9 @@ struct Client::Impl {
         auto** p = static_cast<unsigned char**>(in);
         unsigned char* end = *p + len;
         std::string v = "Bearer " + ep.token;
-        if (lws_add_http_header_by_token(w, WSI_TOKEN_HTTP_AUTHORIZATION, reinterpret_cast<const unsigned char*>(v.data()),
-                                         static_cast<int>(v.size()), p, end))
+        if (lws_add_http_header_by_token(w, WSI_TOKEN_HTTP_AUTHORIZATION,
+                                         reinterpret_cast<const unsigned char*>(v.data()), static_cast<int>(v.size()),
+                                         p, end))
           return -1;
         return 0;
       }
@@ -155,8 +157,9 @@ struct Client::Impl {
         if (!q.empty()) lws_callback_on_writable(w);
         return 0;
       case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
-        close_reason = in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in)))
-                          : "connection failed";
+        close_reason =
+            in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in)))
+               : "connection failed";
         finish_close();
         return 0;
       case LWS_CALLBACK_CLIENT_RECEIVE: {
@@ -262,7 +265,8 @@ void Client::connect(OpenFn on_open) {
   ci.userdata = &m;
   ci.pwsi = &m.wsi;
   if (m.url.tls)
-    ci.ssl_connection = LCCSCF_USE_SSL | (m.ep.insecure ? (LCCSCF_ALLOW_SELFSIGNED | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK) : 0);
+    ci.ssl_connection =
+        LCCSCF_USE_SSL | (m.ep.insecure ? (LCCSCF_ALLOW_SELFSIGNED | LCCSCF_SKIP_SERVER_CERT_HOSTNAME_CHECK) : 0);
   if (!lws_client_connect_via_info(&ci)) {
     m.close_reason = "connect to " + m.ep.url + " failed";
     m.finish_close();
@@ -310,7 +314,11 @@ void Client::close() {
 
 Subscription::Subscription(uv_loop_t* loop, Endpoint ep, uint64_t since, std::optional<std::string> branch,
                            EventFn on_event, EndFn on_end)
-    : loop_(loop), ep_(std::move(ep)), last_(since), branch_(std::move(branch)), on_event_(std::move(on_event)),
+    : loop_(loop),
+      ep_(std::move(ep)),
+      last_(since),
+      branch_(std::move(branch)),
+      on_event_(std::move(on_event)),
       on_end_(std::move(on_end)) {
   retry_ = loop::make_timer(loop_);
   retry_->data = this;

@@ -16,8 +16,8 @@ namespace sbx::sdk {
 
 /// Where a box is and how to prove we may talk to it.
 struct Endpoint {
-  std::string url;    ///< ws://HOST:PORT[/PATH] or wss://...
-  std::string token;  ///< bearer token, sent in the Authorization header
+  std::string url;        ///< ws://HOST:PORT[/PATH] or wss://...
+  std::string token;      ///< bearer token, sent in the Authorization header
   bool insecure = false;  ///< wss: accept a self-signed certificate
 };
 
