@@ -30,6 +30,9 @@ int cmd_image(const std::vector<std::string>& args) {
   std::vector<std::string> pass;
   for (auto& o : a.given())
     if (o.value) pass.insert(pass.end(), {o.name, *o.value});
+  // The tag `up` starts by default: this CLI's version (the recipe, run from an install or a build
+  // tree, has no CMakeLists.txt beside it to read the version from).
+  if (!a.has("--tag")) pass.insert(pass.end(), {"--tag", std::string("sandboxer/agent:") + SBX_VERSION});
   // The recipe is shipped beside the binary (an install prefix or a build tree stages it in
   // share/sandboxer/images), or lives in the source tree SANDBOXER_SOURCE names.
   std::string dir = os::exe_dir();

@@ -19,9 +19,14 @@ def test_install_puts_binaries_profiles_and_image_sources_under_the_prefix(tmp_p
     prefix = tmp_path / "prefix"
     subprocess.run(["cmake", "--install", str(BUILD), "--prefix", str(prefix)], check=True, capture_output=True,
                    timeout=60)
+    # images/ runs ../scripts/*: every script it names is there.
+    for script in ["bundle", "debian-mirror"]:
+        for tree in ("images/docker-image", "images/build"):
+            if f"scripts/{script}" in (prefix / "share/sandboxer" / tree).read_text():
+                assert (prefix / "share/sandboxer/scripts" / script).exists(), (tree, script)
     for rel in ["bin/sandboxer-init", "bin/sandboxer", "share/sandboxer/profiles/default.json",
                 "share/sandboxer/profiles/explorer.json", "share/sandboxer/images/docker-image",
-                "share/sandboxer/scripts/bundle"]:
+                "share/sandboxer/scripts/bundle", "share/sandboxer/scripts/debian-mirror"]:
         assert (prefix / rel).exists(), rel
     # The installed binary reads the profiles under the prefix: one only there is found by name.
     doc = json.loads((prefix / "share/sandboxer/profiles/explorer.json").read_text())
