@@ -208,7 +208,7 @@ base::Result<std::string> sha256_file(const std::string& path) {
     if (n == 0) break;
     sha.update(buf.data(), static_cast<size_t>(n));
   }
-  return {boost::system::in_place_value, sha.hex()};  // (an Error could be made of a string too)
+  return sha.hex();
 }
 
 namespace {

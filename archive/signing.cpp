@@ -204,7 +204,7 @@ base::Result<std::string> ensure_user_key(const std::string& dir) {
     if (auto r = os::write_file_atomic(pub, key->public_pem(), 0644); !r)
       return base::fail("write " + pub + ": " + r.error().message());
   // In place: base::Error, an aggregate, is constructible from a string as well.
-  return {boost::system::in_place_value, priv};
+  return priv;
 }
 
 }  // namespace sbx::archive

@@ -17,8 +17,9 @@ namespace sbx::base {
 
 struct Error {
   Error() = default;
-  // Explicit, so that a Result<std::string> never takes a string for its error.
-  explicit Error(std::string m, std::string c = "failed") : message(std::move(m)), code(std::move(c)) {}
+  // Both parts, always (fail() supplies the usual code): an Error constructible from one string
+  // would make every `return some_string;` into a Result<std::string> ambiguous.
+  Error(std::string m, std::string c) : message(std::move(m)), code(std::move(c)) {}
   std::string message;          // "<operation> <object>: <reason>", never a secret
   std::string code = "failed";  // stable, for programs: bad_request, not_found, untrusted, ...
 };

@@ -151,7 +151,7 @@ base::Result<std::string> Checkpointer::archive_path(const std::string& id) cons
   std::string path = snap_dir_ + "/" + id + ".tar.zst";
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return base::fail("no snapshot \"" + id + "\"", "not_found");
-  return {boost::system::in_place_value, std::move(path)};  // (an Error could be made of a string too)
+  return path;
 }
 
 std::string Checkpointer::incoming_path() const {

@@ -94,11 +94,6 @@ void Box::channel_reply(const std::string& branch, const boost::json::object& ms
   if (auto it = branches_.find(branch); it != branches_.end()) channel_reply(*it->second, msg);
 }
 
-base::Result<void> Box::copy_network_possible(const boost::json::object& manifest) const {
-  if (auto why = copy_network_refusal(manifest); !why) return base::fail(why.error().message, "incompatible");
-  return {};
-}
-
 std::unique_ptr<checkpoint::Copy> Box::new_copy(const checkpoint::CopySpec& spec) {
   auto b = std::make_unique<Branch>();
   b->name = spec.name;
@@ -138,10 +133,7 @@ base::Result<void> Box::start_cold_agent(checkpoint::Copy& copy, const std::vect
   return {};
 }
 
-base::Result<void> Box::attach_live_network(checkpoint::Copy& copy) {
-  if (auto e = attach_copy_network(branch_of(copy)); !e) return e;
-  return {};
-}
+base::Result<void> Box::attach_live_network(checkpoint::Copy& copy) { return attach_copy_network(branch_of(copy)); }
 
 void Box::adopt_copy(std::unique_ptr<checkpoint::Copy> copy, bool running) {
   Branch& added = add_branch(std::move(static_cast<BranchCopy&>(*copy).branch), running);

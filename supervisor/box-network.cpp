@@ -54,7 +54,7 @@ boost::json::object Box::network_manifest() const {
   return o;
 }
 
-base::Result<void> Box::copy_network_refusal(const boost::json::object& manifest) const {
+base::Result<void> Box::copy_network_possible(const boost::json::object& manifest) const {
   auto* v = manifest.if_contains("network");
   if (!v || !v->is_object()) return {};  // an archive from before the field: nothing to compare
   const auto& theirs = v->as_object();
@@ -64,12 +64,14 @@ base::Result<void> Box::copy_network_refusal(const boost::json::object& manifest
   std::string mine = profile::network_mode_name(net.mode);
   if (mode != mine)
     return base::fail("the snapshot's agent ran with network \"" + mode + "\", and this box's profile has network \"" +
-                      mine + "\": its copy would not get the network it expects");
+                          mine + "\": its copy would not get the network it expects",
+                      "incompatible");
   if (net.mode != profile::NetworkPolicy::Mode::Proxy) return {};
   auto* port = theirs.if_contains("proxy_port");
   if (port && port->is_int64() && port->as_int64() != net.proxy_port)
     return base::fail("the snapshot's agent reaches its broker at 127.0.0.1:" + std::to_string(port->as_int64()) +
-                      ", and this box's profile puts it at port " + std::to_string(net.proxy_port));
+                          ", and this box's profile puts it at port " + std::to_string(net.proxy_port),
+                      "incompatible");
   if (auto* creds = theirs.if_contains("credentials"); creds && creds->is_array())
     for (auto& c : creds->as_array()) {
       if (!c.is_string()) continue;
@@ -77,7 +79,8 @@ base::Result<void> Box::copy_network_refusal(const boost::json::object& manifest
       for (auto& mine_c : opts_.profile.credentials) found |= mine_c.name == c.as_string();
       if (!found)
         return base::fail("the snapshot's agent uses credential \"" + std::string(c.as_string()) +
-                          "\", which this box's profile does not name");
+                              "\", which this box's profile does not name",
+                          "incompatible");
     }
   return {};
 }

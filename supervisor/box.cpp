@@ -657,14 +657,7 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
-std::optional<std::string> Box::snapshot_archive(const std::string& id, std::string& err) const {
-  auto path = checkpointer_->archive_path(id);
-  if (!path) {
-    err = path.error().message;
-    return std::nullopt;
-  }
-  return *path;
-}
+base::Result<std::string> Box::snapshot_archive(const std::string& id) const { return checkpointer_->archive_path(id); }
 
 std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }
 

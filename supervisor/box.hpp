@@ -178,7 +178,7 @@ class Box : public checkpoint::Host {
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
-  std::optional<std::string> snapshot_archive(const std::string& id, std::string& err) const;
+  base::Result<std::string> snapshot_archive(const std::string& id) const;
   std::string snapshot_incoming_path() const;
   void snapshot_import(const std::string& tmp, Reply done);
 
@@ -262,9 +262,6 @@ class Box : public checkpoint::Host {
   base::Result<void> attach_copy_network(Branch& b, boost::json::array* env = nullptr);
   /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
   boost::json::object network_manifest() const override;
-  /// Whether this box can give a live copy of `manifest` the network its agent expects; the
-  /// error says why not.
-  base::Result<void> copy_network_refusal(const boost::json::object& manifest) const;
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
   /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
   sandbox::BranchSpec branch_spec(const std::string& name) const;

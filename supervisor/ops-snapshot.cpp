@@ -45,9 +45,8 @@ void op_snapshot_list(OpContext& ctx) {
 void op_snapshot_export(OpContext& ctx) {
   uint32_t bid = ctx.binary_id("snapshot.export");
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
-  std::string err;
-  auto path = ctx.box.snapshot_archive(snap, err);
-  if (!path) throw RequestError(err.starts_with("no snapshot") ? "not_found" : "bad_request", err);
+  auto path = ctx.box.snapshot_archive(snap);
+  if (!path) throw RequestError(path.error().code, path.error().message);
   os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0) throw RequestError("io_error", *path + ": " + std::strerror(errno));
