@@ -51,7 +51,11 @@ export class Connection {
     for (const [k, v] of Object.entries(fields)) if (v !== undefined && v !== null) msg[k] = v;
     let text: string;
     try {
-      text = JSON.stringify(msg);
+      // JSON has no NaN or Infinity: JSON.stringify would send null in their place.
+      text = JSON.stringify(msg, (k, v: unknown) => {
+        if (typeof v === "number" && !Number.isFinite(v)) throw new TypeError(`field ${k} is ${v}, not a finite number`);
+        return v;
+      });
     } catch (e) {
       throw new SandboxerError("bad_request", `request is not expressible as JSON: ${(e as Error).message}`, { op });
     }

@@ -26,9 +26,10 @@ type Item = { msg: Incoming } | { close: CloseInfo };
 
 // Messages buffered before the stream stops reading its socket (where the platform allows it),
 // so that a consumer that does not keep up is seen as slow by the server (close 4008) rather
-// than filling this process's memory; reading resumes below RESUME_AT.
-const PAUSE_AT = 4096;
-const RESUME_AT = 512;
+// than filling this process's memory (an output event can carry 64 KiB); reading resumes below
+// RESUME_AT.
+const PAUSE_AT = 64;
+const RESUME_AT = 16;
 
 /** An async iterator of the box's events after `since` (live once the history is sent).
  *

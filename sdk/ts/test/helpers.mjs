@@ -106,12 +106,14 @@ export async function startRelay(targetPort) {
 export const text = (b) => new TextDecoder().decode(b);
 export const isOutputWith = (s) => (ev) => ev.type === "proc.output" && (ev.data ?? "").includes(s);
 
-/** Events of `stream` up to and including the first that matches `pred`. */
+/** Events of `stream` up to and including the first that matches `pred`. It reads with next()
+ * so the stream stays open (leaving a `for await` loop closes it). */
 export async function until(stream, pred) {
   const got = [];
-  for await (const ev of stream) {
-    got.push(ev);
-    if (pred(ev)) return got;
+  for (;;) {
+    const r = await stream.next();
+    if (r.done) return got;
+    got.push(r.value);
+    if (pred(r.value)) return got;
   }
-  return got;
 }
