@@ -235,7 +235,7 @@ void Box::resume_from(std::vector<json::object> candidates, size_t i, json::arra
         emit("main", std::move(ev));
         start_persistence();
       },
-      "main");
+      "main", 0, true);
 }
 
 bool Box::try_resume(uint64_t ended_seq) {

@@ -25,12 +25,12 @@ pytestmark = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 
 class Box:
     """sandboxer-init on `state`, its events in a file of their own per run."""
 
-    def __init__(self, state, sets, agent_args, run):
+    def __init__(self, state, sets, agent_args, run, env=None):
         self.events = state.parent / f"events-{run}"
         self.proc = subprocess.Popen(
             [str(INIT), "--state-dir", str(state), "--events", str(self.events),
              *[a for s in sets for a in ("--set", s)], "--", sys.executable, str(AGENT), *map(str, agent_args)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
     def wait(self, pred, timeout=30):
         return wait_event(self.events, pred, timeout)
@@ -187,6 +187,25 @@ def test_a_corrupted_newest_snapshot_is_found_and_the_previous_one_resumes(state
     # Nothing of the corrupted one ran: one restore.done, of the previous snapshot, as main.
     assert [(e["snapshot"], e["branch"]) for e in of_type(after, "restore.done")] == [(previous, "main")]
     assert counters(after)[0]["nonce"] == counters(before)[0]["nonce"]
+
+
+def test_a_live_snapshot_this_host_cannot_restore_live_resumes_cold_and_says_why(state):
+    sets = ["checkpoint.on_stop=true"]
+    first = Box(state, sets, [0.1], 1)
+    first.wait(lambda e: e["type"] == "proc.message" and e["message"]["n"] >= 3)
+    assert first.end() == 0, first.stderr()
+    before = read_journal(state)
+    # The same box without criu on its PATH: the snapshot's files and the agent's command again.
+    no_criu = ":".join(d for d in os.environ["PATH"].split(":") if not (pathlib.Path(d) / "criu").exists())
+    again = Box(state, sets, [0.1], 2, env=dict(os.environ, PATH=no_criu))
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        again.end()
+    assert resumed["mode"] == "cold" and "criu" in resumed["note"] and resumed["skipped"] == []
+    later = counters(read_journal(state)[len(before):])
+    assert later[0]["n"] == 1 and later[0]["nonce"] != counters(before)[0]["nonce"]
 
 
 def test_the_checkpoint_section_is_validated_with_the_field_named(tmp_path):
