@@ -53,18 +53,42 @@ uint64_t seq_of(const json::object& o) {
 
 }  // namespace
 
-json::array Box::own_snapshots() const {
+json::object Box::persist_state() const {
   auto text = os::read_file(opts_.state_dir + "/persist.json");
   boost::system::error_code ec;
   json::value v = text ? json::parse(*text, ec) : json::value();
-  if (!text || ec || !v.is_object() || !v.as_object().contains("own") || !v.at("own").is_array()) return {};
-  return v.at("own").as_array();
+  if (!text || ec || !v.is_object()) return {};
+  return v.as_object();
 }
 
+json::array Box::own_snapshots() const {
+  auto st = persist_state();
+  auto* own = st.if_contains("own");
+  return own && own->is_array() ? own->as_array() : json::array();
+}
+
+namespace {
+void save_persist_state(const std::string& state_dir, const json::object& st) {
+  if (auto r = os::write_file_atomic(state_dir + "/persist.json", json::serialize(st) + "\n"); !r)
+    log()->error("record the box's own snapshots in {}/persist.json: {}", state_dir, r.error().message());
+}
+}  // namespace
+
 void Box::save_own_snapshots(const json::array& own) {
-  if (auto r = os::write_file_atomic(opts_.state_dir + "/persist.json", json::serialize(json::object{{"own", own}}));
-      !r)
-    log()->error("record the box's own snapshots in {}/persist.json: {}", opts_.state_dir, r.error().message());
+  auto st = persist_state();
+  st["own"] = own;
+  save_persist_state(opts_.state_dir, st);
+}
+
+void Box::note_agent_end() {
+  if (!opts_.profile.checkpoint.enabled() || shutting_down_ || stopping_ || hibernated_) return;
+  auto it = branches_.find("main");
+  if (it == branches_.end() || !it->second->ended_by.empty()) return;
+  // Its work is over (it exited, or a limit ended it): the next start runs the command anew
+  // instead of bringing back an older state of it.
+  auto st = persist_state();
+  st["ended_seq"] = journal_->last_seq();
+  save_persist_state(opts_.state_dir, st);
 }
 
 void Box::persist_checkpoint(const std::string& trigger, bool leave_running, std::function<void(bool)> done) {
@@ -173,9 +197,12 @@ bool Box::hibernate() {
 
 std::vector<json::object> Box::resume_candidates() const {
   std::vector<json::object> out;
+  auto st = persist_state();
+  uint64_t ended =
+      st.contains("ended_seq") && st.at("ended_seq").is_number() ? seq_of({{"last_seq", st.at("ended_seq")}}) : 0;
   for (auto& v : checkpointer_->list()) {
     const auto& o = v.as_object();
-    if (str_of(o, "box") == id_ && str_of(o, "branch") == "main") out.push_back(o);
+    if (str_of(o, "box") == id_ && str_of(o, "branch") == "main" && seq_of(o) > ended) out.push_back(o);
   }
   // Newest first: the one that saw the most of the journal.
   std::stable_sort(out.begin(), out.end(), [](const json::object& a, const json::object& b) {

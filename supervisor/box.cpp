@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "checkpoint/checkpointer.hpp"
@@ -217,6 +218,7 @@ void Box::maybe_finish() {
   for (auto& [n, p] : procs_)
     if (!p->exited_sent) return;
   auto it = procs_.find(proc_key("main", "main"));
+  if (it != procs_.end()) note_agent_end();
   // A hibernated agent was ended by its checkpoint: the box ends well (a restart resumes it).
   finish(it != procs_.end() && !hibernated_ ? exit_status_of(it->second->status) : 0);
 }
@@ -254,6 +256,9 @@ void Box::finish(int status) {
 }
 
 void Box::start() {
+  // criu runs in other directories than ours (--work-dir, --root): a relative state dir would name
+  // other places there, and a live restore would fail on something unrelated.
+  if (!opts_.state_dir.starts_with('/')) opts_.state_dir = std::filesystem::absolute(opts_.state_dir).string();
   if (auto r = os::make_dirs(opts_.state_dir, 0700); !r)
     throw std::runtime_error("create state dir " + opts_.state_dir + ": " + r.error().message());
   std::string box_json = opts_.state_dir + "/box.json";

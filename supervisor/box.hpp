@@ -291,8 +291,13 @@ class Box : public checkpoint::Host {
   bool stop_with_checkpoint(int64_t grace_ms);
   /// on_idle: true when the main branch hibernates instead of being ended.
   bool hibernate();
+  /// STATE/persist.json: {"own": [the box's own snapshots, oldest first], "ended_seq": N}.
+  boost::json::object persist_state() const;
   boost::json::array own_snapshots() const;
   void save_own_snapshots(const boost::json::array& own);
+  /// The main agent ended by itself (not by a stop, a checkpoint or a crash): no later start
+  /// resumes a snapshot taken before now.
+  void note_agent_end();
   loop::UvHandle<uv_timer_t> persist_timer_, stop_timer_;
   bool stopping_ = false;    // an on_stop or on_idle checkpoint is under way
   bool hibernated_ = false;  // it succeeded: the box exits 0

@@ -36,7 +36,8 @@ def test_docker_stop_start_and_kill_start_come_back_to_the_live_agent(docker_env
         docker(docker_env, "start", box.name)
         ev, after = resumed_after(box, len(before))
         assert ev["mode"] == "live" and ev["name"] == "on_stop"
-        assert after[0] == {**last, "n": last["n"] + 1}  # nothing lost
+        # Nothing lost (a line in the stdout pipe at the dump may come again from the restored pipe).
+        assert after[0]["nonce"] == last["nonce"] and after[0]["n"] in (last["n"], last["n"] + 1)
 
         # docker kill: no grace; the newest periodic snapshot comes back.
         wait_for(box, "a periodic snapshot after the resume",
