@@ -1,6 +1,6 @@
 """Agents that outlive their container (issue 16): `sandboxer up` with a profile that persists
 keeps the state dir on the host and sets a restart policy; `docker stop` + `docker start` and
-`docker kill` + `docker start` come back to the live agent, and `sandboxer down` ends it for good.
+`docker kill` + `docker start` and `docker restart` come back to the live agent, and `sandboxer down` ends it for good.
 The private dockerd and the image are tests/e2e/conftest.py's."""
 import os
 
@@ -49,6 +49,13 @@ def test_docker_stop_start_and_kill_start_come_back_to_the_live_agent(docker_env
         assert ev["mode"] == "live" and ev["name"] == "periodic" and ev["lost"]["ms"] >= 0
         assert again[0]["nonce"] == last["nonce"] and again[0]["n"] <= ticks(killed, "main")[-1]["n"] + 1
         assert again[0]["n"] > last["n"] + 1  # from a snapshot taken after the first resume
+
+        # docker restart: stop (on_stop's checkpoint) and start in one.
+        restarted = box.journal()
+        docker(docker_env, "restart", box.name, timeout=60)
+        ev, third = resumed_after(box, len(restarted))
+        assert ev["mode"] == "live" and ev["name"] == "on_stop" and third[0]["nonce"] == last["nonce"]
+        assert third[0]["n"] >= ticks(restarted, "main")[-1]["n"]
 
         # down: stopped and removed for good; the journal stays, the snapshots go.
         r = cli(docker_env, "down", box.name, timeout=120)
