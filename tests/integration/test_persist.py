@@ -25,12 +25,12 @@ pytestmark = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 
 class Box:
     """sandboxer-init on `state`, its events in a file of their own per run."""
 
-    def __init__(self, state, sets, agent_args, run, env=None, relative=False):
+    def __init__(self, state, sets, agent_args, run, env=None, relative=False, extra=()):
         """`relative`: the state dir given relative to the supervisor's working directory."""
         self.events = state.parent / f"events-{run}"
         self.proc = subprocess.Popen(
             [str(INIT), "--state-dir", state.name if relative else str(state), "--events", str(self.events),
-             *[a for s in sets for a in ("--set", s)], "--", sys.executable, str(AGENT), *map(str, agent_args)],
+             *[a for s in sets for a in ("--set", s)], *extra, "--", sys.executable, str(AGENT), *map(str, agent_args)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=state.parent)
 
     def wait(self, pred, timeout=30):
@@ -65,20 +65,22 @@ def state(tmp_path):
 
 def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(state):
     sets = ["checkpoint.every=1s", "checkpoint.keep=2"]
-    first = Box(state, sets, [0.1], 1)
+    # The agent also takes a snapshot named "mine" (its agent channel): never pruned.
+    first = Box(state, sets, [0.1], 1, extra=["--env", "PERSIST_NAMED_AT=2"])
     try:
         # Four periodic checkpoints: two kept, the two oldest deleted.
-        first.wait(lambda e: e["type"] == "checkpoint.created" and first.count("checkpoint.created") >= 4)
+        first.wait(lambda e: e["type"] == "checkpoint.created" and first.count("checkpoint.created") >= 5)
         first.wait(lambda e: e["type"] == "snapshot.deleted" and first.count("snapshot.deleted") >= 2)
     finally:
         assert first.end(signal.SIGKILL) == -signal.SIGKILL
     before = read_journal(state)
-    created = [e["snapshot"] for e in of_type(before, "checkpoint.created")]
+    (mine,) = [e["snapshot"] for e in of_type(before, "checkpoint.created") if e["name"] == "mine"]
+    created = [e["snapshot"] for e in of_type(before, "checkpoint.created") if e["name"] != "mine"]
     deleted = [e["snapshot"] for e in of_type(before, "snapshot.deleted")]
-    assert all(e["name"] == "periodic" and e["mode"] == "live" for e in of_type(before, "checkpoint.created"))
+    assert all(e["name"] in ("periodic", "mine") and e["mode"] == "live" for e in of_type(before, "checkpoint.created"))
     assert deleted == created[:len(deleted)] and len(created) - len(deleted) == 2
     assert own(state) == created[-2:]
-    assert sorted(p.name[:-5] for p in (state / "snapshots").glob("s-*.json")) == sorted(created[-2:])
+    assert sorted(p.name[:-5] for p in (state / "snapshots").glob("s-*.json")) == sorted(created[-2:] + [mine])
     newest = created[-1]
     snap_seq = json.loads((state / "snapshots" / f"{newest}.json").read_text())["last_seq"]
     frozen = [m for e in before if e["seq"] <= snap_seq for m in counters([e])][-1]
