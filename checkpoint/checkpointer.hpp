@@ -53,8 +53,11 @@ class Checkpointer {
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
+  /// `cold_if_refused`: a live snapshot this box cannot restore live (criu, image, network,
+  /// Landlock) is restored cold instead, the reason in the copy's note (the resume of a box
+  /// whose profile persists its agent).
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
-               int first_index = 0);
+               int first_index = 0, bool cold_if_refused = false);
   boost::json::array list() const;
   /// The snapshots the agent channel of `branch` may see (channel_refusal with to_delete false).
   boost::json::array list_for(const std::string& branch, const Lineage& lineage) const;

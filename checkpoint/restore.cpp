@@ -32,10 +32,11 @@ struct Checkpointer::RestoreOp {
   bool fork = false;
   Reply done;
   json::object manifest;
-  std::string forced_name;  // --restore: the copy is "main"
-  int first_index = 0;      // --restore-index: the copy's index among copies in boxes of their own
-  bool live = false;        // criu restores it (a live snapshot a trusted key signed)
-  std::string note;         // why a live snapshot is restored cold
+  std::string forced_name;       // --restore: the copy is "main"
+  int first_index = 0;           // --restore-index: the copy's index among copies in boxes of their own
+  bool live = false;             // criu restores it (a live snapshot a trusted key signed)
+  std::string note;              // why a live snapshot is restored cold
+  bool cold_if_refused = false;  // restore cold what cannot be restored live (not refuse it)
   double t0 = 0;
   bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
@@ -129,7 +130,7 @@ std::string Checkpointer::next_branch_name() {
 }
 
 void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
-                           int first_index) {
+                           int first_index, bool cold_if_refused) {
   if (!archive::valid_snapshot_id(snapshot))
     return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
@@ -140,6 +141,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->done = std::move(done);
   op->forced_name = name;
   op->first_index = first_index;
+  op->cold_if_refused = cold_if_refused;
   op->t0 = now_ms();
   if (host_.shutting_down()) return op->done(error_reply("shutting_down", "the box is shutting down"));
   // Every copy runs with the profile's full ceilings: the box runs at most resources.copies.
@@ -186,6 +188,11 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     // without it. A cold copy gets it again.
     if (!refuse && mode == "live" && settings_.landlock)
       refuse = "a live snapshot restores without Landlock, and this box's profile asks for Landlock";
+    if (refuse && op->cold_if_refused && op->live) {
+      op->note = "restored cold, its criu images unused: " + *refuse;
+      op->live = false;
+      refuse.reset();
+    }
     if (refuse) {
       host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
       if (op->counted) copies_starting_ -= op->n;

@@ -372,6 +372,35 @@ void parse_env(std::map<std::string, std::string>& env, const json::value& v) {
   }
 }
 
+// "checkpoint": the box's own snapshots of its main branch (profile.hpp, Profile::Checkpoint).
+void parse_checkpoint(Profile& p, const json::value& v) {
+  Fields f(v, "checkpoint");
+  auto& c = p.checkpoint;
+  if (auto* x = f.get("every")) {
+    c.every_ms = as_duration(*x, "checkpoint.every");
+    // A live checkpoint stops the agent for a moment: more often than each second it would hardly run.
+    if (c.every_ms != 0 && c.every_ms < 1000) throw ProfileError("checkpoint.every: at least 1s (or 0 for none)");
+  }
+  if (auto* x = f.get("keep")) c.keep = as_count(*x, "checkpoint.keep", 1, 4095);
+  for (auto [key, flag] : {std::pair{"on_stop", &c.on_stop}, std::pair{"on_idle", &c.on_idle}})
+    if (auto* x = f.get(key)) {
+      if (!x->is_bool()) throw ProfileError(std::string("checkpoint.") + key + ": expected true or false");
+      *flag = x->as_bool();
+    }
+  // The profile says why it chose what it chose; the supervisor does not read it.
+  if (auto* x = f.get("why")) as_string(*x, "checkpoint.why");
+  f.done();
+}
+
+// The periodic snapshots must fit in the store beside one being taken (pruning follows it).
+void check_checkpoint(const Profile& p) {
+  if (!p.checkpoint.enabled()) return;
+  if (p.checkpoint.keep >= p.resources.snapshots)
+    throw ProfileError("checkpoint.keep: " + std::to_string(p.checkpoint.keep) +
+                       " snapshots do not fit in resources.snapshots (" + std::to_string(p.resources.snapshots) +
+                       "): keep must be below it, one more is taken before the oldest goes");
+}
+
 void parse_into(Profile& p, const json::value& doc) {
   Fields top(doc, "");
   if (auto* v = top.get("name")) p.name = as_string(*v, "name");
@@ -496,8 +525,10 @@ void parse_into(Profile& p, const json::value& doc) {
     }
     f.done();
   }
+  if (auto* c = top.get("checkpoint")) parse_checkpoint(p, *c);
   top.done();
   check_network(p);
+  check_checkpoint(p);
 }
 
 }  // namespace

@@ -84,6 +84,16 @@ struct Profile {
   struct Metrics {
     int64_t interval_ms = 5000;  // cadence of `metrics` events; 0: none
   } metrics;
+  // Agents that outlive their host (docs/architecture.md, "Checkpoints"): snapshots the box takes
+  // of its main branch by itself, and the resume from the newest at the next start.
+  struct Checkpoint {
+    int64_t every_ms = 0;  // a live checkpoint of the main branch on this period; 0: none
+    int64_t keep = 3;      // the box's own snapshots kept (periodic, on_stop, on_idle); named ones stay
+    bool on_stop = false;  // checkpoint before the agent is ended by SIGTERM, within the grace period
+    bool on_idle = false;  // checkpoint at the idle limit, then end the agent (hibernation)
+    /// Whether the box persists its agent: it takes snapshots of its own and resumes from them.
+    bool enabled() const { return every_ms > 0 || on_stop || on_idle; }
+  } checkpoint;
 };
 
 /// Parses a profile document; throws ProfileError naming the field.

@@ -50,7 +50,7 @@ class ShimError(Exception):
 
 def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
               token_file: str | None = None, profile: str | None = None,
-              port: int = PORT, state_dir: str = STATE_DIR) -> list[str]:
+              port: int = PORT, state_dir: str = STATE_DIR, sets: Sequence[str] = ()) -> list[str]:
     """The command line of sandboxer-init inside the box: serve the WebSocket on PORT, and run
     COMMAND, or restore a snapshot from the archive store, or wait idle for an `exec`."""
     if command and restore:
@@ -60,6 +60,8 @@ def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
         argv += ["--token-file", token_file]
     if profile:
         argv += ["--profile", profile]
+    for s in sets:  # profile overrides, FIELD=VALUE
+        argv += ["--set", s]
     if restore:
         check_name("snapshot", restore)
         argv += ["--restore", f"{ARCHIVE_DIR}/{restore}"]

@@ -246,6 +246,8 @@ void Box::start_watcher(Branch& b) {
     emit(bp->name, std::move(e));
   };
   cb.end_tree = [this, bp](const std::string& reason, bool now) {
+    // on_idle: the main agent hibernates (a checkpoint ends it) instead (box-persist.cpp).
+    if (reason == "idle" && bp->name == "main" && hibernate()) return;
     log()->warn("branch {}: {}: ending its tree", bp->name, reason);
     if (now)
       send_request(*bp, {{"op", "kill"}});

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "checkpoint/checkpointer.hpp"
@@ -55,6 +56,8 @@ Box::~Box() {
   }
   procs_.clear();
   kill_timer_.reset();
+  persist_timer_.reset();
+  stop_timer_.reset();
   uv_run(loop_, UV_RUN_NOWAIT);
 }
 
@@ -111,7 +114,7 @@ void Box::on_signal(const struct signalfd_siginfo& si) {
       reaper_.reap();
       break;
     case SIGTERM:
-      shutdown(opts_.profile.resources.grace_ms);
+      stop(opts_.profile.resources.grace_ms);
       break;
     default:
       for (auto& [n, b] : branches_) signal_branch(n, sig);
@@ -215,7 +218,9 @@ void Box::maybe_finish() {
   for (auto& [n, p] : procs_)
     if (!p->exited_sent) return;
   auto it = procs_.find(proc_key("main", "main"));
-  finish(it != procs_.end() ? exit_status_of(it->second->status) : 0);
+  if (it != procs_.end()) note_agent_end();
+  // A hibernated agent was ended by its checkpoint: the box ends well (a restart resumes it).
+  finish(it != procs_.end() && !hibernated_ ? exit_status_of(it->second->status) : 0);
 }
 
 void Box::kill_leftovers() {
@@ -251,6 +256,9 @@ void Box::finish(int status) {
 }
 
 void Box::start() {
+  // criu runs in other directories than ours (--work-dir, --root): a relative state dir would name
+  // other places there, and a live restore would fail on something unrelated.
+  if (!opts_.state_dir.starts_with('/')) opts_.state_dir = std::filesystem::absolute(opts_.state_dir).string();
   if (auto r = os::make_dirs(opts_.state_dir, 0700); !r)
     throw std::runtime_error("create state dir " + opts_.state_dir + ": " + r.error().message());
   std::string box_json = opts_.state_dir + "/box.json";
@@ -302,7 +310,11 @@ void Box::start() {
     caps = caps_.to_json();
     live = checkpointer_->live_possible(&why_not);
   };
-  if (opts_.idle || !opts_.restore_file.empty()) {
+  // A box whose profile persists its agent resumes the newest snapshot of its main branch instead
+  // of starting the command again (box-persist.cpp).
+  bool resuming =
+      opts_.restore_file.empty() && !opts_.idle && opts_.profile.checkpoint.enabled() && !resume_candidates().empty();
+  if (opts_.idle || !opts_.restore_file.empty() || resuming) {
     read_criu();
     caps["live_checkpoint"] = live;
     if (!live) caps["why_not"] = why_not;
@@ -311,9 +323,12 @@ void Box::start() {
                                 {"isolation", caps_.isolation},
                                 {"version", SBX_VERSION},
                                 {"capabilities", caps}};
+    if (resuming) started["resuming"] = true;
+    uint64_t ended_seq = journal_->last_seq();  // the previous run's last event
     if (opts_.restore_file.empty()) {
       emit("main", std::move(started));
       start_server();
+      if (resuming) try_resume(ended_seq);
       return;
     }
     // A box from an archive continues the parent's journal: its own starts with restore.done
@@ -376,6 +391,7 @@ void Box::start() {
                 {"enforcement", enforcement_},
                 {"network", network_->describe()}});
   start_server();
+  start_persistence();
 }
 
 sandbox::BranchSpec Box::branch_spec(const std::string& name) const {

@@ -143,6 +143,9 @@ class Box : public checkpoint::Host {
 
   /// Ends the box: TERM to every branch, the grace period, then KILL.
   void shutdown(int64_t grace_ms);
+  /// SIGTERM and the `shutdown` op: shutdown(), after a checkpoint of the main branch when the
+  /// profile asks for one on stop (box-persist.cpp).
+  void stop(int64_t grace_ms);
   /// Delivers `sig` to the main process group of `branch`.
   void signal_branch(const std::string& branch, int sig);
 
@@ -272,6 +275,32 @@ class Box : public checkpoint::Host {
   /// branch, each a mount point a live copy needs (the manifest lists them).
   std::vector<std::string> branch_masks() const override;
   std::map<std::string, std::unique_ptr<BranchNetwork>> copy_networks_;  // by branch
+
+  // box-persist.cpp: the profile's `checkpoint` section (periodic snapshots, on_stop, on_idle,
+  // the resume at start).
+  /// Resumes the newest snapshot of the main branch, if the profile persists and there is one.
+  /// `ended_seq`: the journal's last event of the run that ended.
+  bool try_resume(uint64_t ended_seq);
+  std::vector<boost::json::object> resume_candidates() const;
+  void resume_from(std::vector<boost::json::object> candidates, size_t i, boost::json::array skipped,
+                   uint64_t ended_seq, int64_t ended_ms);
+  void start_persistence();
+  /// A checkpoint of the main branch the box takes by itself, named `trigger`, then the pruning.
+  void persist_checkpoint(const std::string& trigger, bool leave_running, std::function<void(bool)> done);
+  /// on_stop: true when a checkpoint of the main branch goes first (shutdown follows it).
+  bool stop_with_checkpoint(int64_t grace_ms);
+  /// on_idle: true when the main branch hibernates instead of being ended.
+  bool hibernate();
+  /// STATE/persist.json: {"own": [the box's own snapshots, oldest first], "ended_seq": N}.
+  boost::json::object persist_state() const;
+  boost::json::array own_snapshots() const;
+  void save_own_snapshots(const boost::json::array& own);
+  /// The main agent ended by itself (not by a stop, a checkpoint or a crash): no later start
+  /// resumes a snapshot taken before now.
+  void note_agent_end();
+  loop::UvHandle<uv_timer_t> persist_timer_, stop_timer_;
+  bool stopping_ = false;    // an on_stop or on_idle checkpoint is under way
+  bool hibernated_ = false;  // it succeeded: the box exits 0
 
   // box-checkpoint.cpp: checkpoint::Host, what the checkpointer reaches of the box.
   checkpoint::Settings checkpoint_settings() const;

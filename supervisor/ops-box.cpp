@@ -56,7 +56,7 @@ void op_shutdown(OpContext& ctx) {
   int64_t grace =
       protocol::opt_duration_ms(ctx.fields(), "grace").value_or(ctx.box.options().profile.resources.grace_ms);
   ctx.reply(ctx.ok());
-  ctx.box.shutdown(grace);
+  ctx.box.stop(grace);
 }
 
 }  // namespace sbx::supervisor

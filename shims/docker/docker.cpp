@@ -214,8 +214,14 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
   plan.grace_ms = parsed.resources.grace_ms;
   plan.stop_timeout_s = static_cast<int>((plan.grace_ms + 999) / 1000) + kStopMarginS;
   plan.live_checkpoint_caps = wants_live_checkpoint(profile);
+  plan.persist = parsed.checkpoint.enabled();
   plan.namespace_caps = !plan.live_checkpoint_caps && parsed.isolation.namespaces;
   if (auto* r = profile.if_contains("resources"); r && r->is_object()) plan.limit_args = docker_limits(r->as_object());
+  // on-failure, not always: a box that hibernated (on_idle) or checkpointed at `docker stop`
+  // exits 0 and stays down until started; a crash (the supervisor killed, dockerd gone) exits
+  // otherwise and is started again, which resumes the agent. docker stop and kill are the
+  // user's: Docker does not restart those.
+  if (plan.persist) plan.limit_args.insert(plan.limit_args.end(), {"--restart", "on-failure"});
   return plan;
 }
 
@@ -446,7 +452,15 @@ BoxRecord down(const std::string& url_or_name) {
   must("docker stop " + b.name, {"stop", b.name});
   must("docker rm " + b.name, {"rm", b.name});
   if (auto slash = b.state_dir.rfind('/'); slash != std::string::npos) {
-    ::unlink((b.state_dir.substr(0, slash) + "/token").c_str());
+    std::string box_dir = b.state_dir.substr(0, slash);
+    ::unlink((box_dir + "/token").c_str());
+    // Ended for good: a box that persists its agent loses its snapshots, so that a box started
+    // again under this name begins anew; the journal stays.
+    if (auto text = os::read_file(box_dir + "/profile.json")) try {
+        if (profile::parse_profile(*text).checkpoint.enabled()) os::remove_tree(b.state_dir + "/snapshots");
+      } catch (const profile::ProfileError&) {
+        // A profile copy edited since `up` that no longer parses: its snapshots stay.
+      }
   }
   b.status = "removed";
   return b;

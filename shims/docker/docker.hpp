@@ -13,7 +13,9 @@
 //   so the archive signing key and the keys it trusts (the user's pair unless told otherwise);
 // - `--stop-timeout` above the profile's grace period, so the journal is complete on `docker stop`;
 // - the profile's memory, cpus and pids as Docker's --memory, --cpus, --pids-limit;
-// - its state dir (journal, branches) bind-mounted from the host, so the journal outlives it.
+// - its state dir (journal, branches, snapshots) bind-mounted from the host, so the journal
+//   outlives it, and, when its profile persists (`checkpoint`), `--restart on-failure`: the box
+//   comes back after a crash and resumes its agent from the newest snapshot.
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -67,7 +69,10 @@ struct RunPlan {
   bool namespace_caps = false;
   int64_t grace_ms = 10000;
   int stop_timeout_s = 15;
-  std::vector<std::string> limit_args;  // --memory, --cpus, --pids-limit
+  // The profile's `checkpoint` section asks for persistence: a restart policy brings the box back
+  // after a crash, and the supervisor resumes its agent from the state dir on the host.
+  bool persist = false;
+  std::vector<std::string> limit_args;  // --memory, --cpus, --pids-limit; --restart when it persists
   boost::json::object profile;          // with the overrides applied
 };
 

@@ -9,6 +9,10 @@ Prints the manifests as YAML documents for `kubectl apply -f -` (or `--json` for
   the token comes from --token-file, or is made here and kept where the CLI finds it;
 - a PersistentVolumeClaim for checkpoint archives, shared by every box (ReadWriteMany, so forks
   on other nodes read the same archives), mounted at ARCHIVE_DIR;
+- with --persist, a PersistentVolumeClaim per box for its state dir (journal, snapshots), so a Pod
+  deleted or evicted and created again from the same manifests resumes its agent from the newest
+  snapshot: the profile's `checkpoint` section is set (`every` from --checkpoint-every, `on_stop`,
+  which the Pod's termination grace covers) and the Pod restarts its container on failure;
 - a Pod running sandboxer-init, with the capabilities live checkpoint needs (docs/architecture.md:
   SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_TIME, seccomp and AppArmor unconfined, a tmpfs at /run)
   unless --no-live-checkpoint, and a Service for its WebSocket; or, with --kind agent-sandbox, a
@@ -25,6 +29,7 @@ import argparse
 import base64
 import json
 import pathlib
+import re
 import secrets
 import sys
 
@@ -57,6 +62,15 @@ def archive_claim(opts) -> dict:
         spec["storageClassName"] = opts.storage_class
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _meta(opts.archive_claim, opts, {}), "spec": spec}
+
+
+def state_claim(box: str, opts) -> dict:
+    """The box's state dir on a volume that outlives its Pod (--persist)."""
+    spec = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": opts.state_size}}}
+    if opts.storage_class:
+        spec["storageClassName"] = opts.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(f"{box}-state", opts, {LABEL_BOX: box}), "spec": spec}
 
 
 def pod_spec(box: str, argv: list[str], opts) -> dict:
@@ -95,8 +109,10 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
         limits["memory"] = opts.memory
     if limits:
         container["resources"] = {"limits": limits, "requests": dict(limits)}
+    persist = getattr(opts, "persist", False)
     return {
-        "restartPolicy": "Never",
+        # A persisted box that crashes comes back in the same Pod and resumes its agent.
+        "restartPolicy": "OnFailure" if persist else "Never",
         # The agent has no business with the cluster's API.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -105,7 +121,8 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
         "containers": [container],
         "volumes": [
             # The supervisor's state (and the branches' writable layers) off the overlay root.
-            {"name": "state", "emptyDir": {}},
+            {"name": "state", **({"persistentVolumeClaim": {"claimName": f"{box}-state"}} if persist
+                                 else {"emptyDir": {}})},
             {"name": "run", "emptyDir": {"medium": "Memory"}},
             {"name": "archives", "persistentVolumeClaim": {"claimName": opts.archive_claim}},
             {"name": "token", "secret": {"secretName": f"{box}-token", "defaultMode": 0o400}},
@@ -117,6 +134,8 @@ def box_manifests(box: str, argv: list[str], labels: dict, token: str, opts) -> 
     labels = {LABEL_BOX: box, **labels}
     spec = pod_spec(box, argv, opts)
     docs = [secret(box, token, opts)]
+    if getattr(opts, "persist", False):
+        docs.append(state_claim(box, opts))
     if opts.kind == "agent-sandbox":
         from k8s_agent_sandbox import constants as c
         docs.append({
@@ -143,11 +162,16 @@ def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
     """The manifests, and (box, token) for each box."""
     docs = [archive_claim(opts)]
     boxes = []
+    if opts.persist and opts.op != "up":
+        raise ShimError("--persist: only for up (each copy of a fork starts from its archive)")
+    if opts.persist and not re.fullmatch(r"[0-9]+(\.[0-9]+)?(ms|s|m|h|d)?", opts.checkpoint_every):
+        raise ShimError(f"--checkpoint-every {opts.checkpoint_every!r}: not a duration (like 30s, 5m, 1h)")
     if opts.op == "up":
         box = opts.name or f"sandboxer-{secrets.token_hex(4)}"
         common.check_name("name", box)
         token = _token(opts)
-        argv = common.init_argv(command=opts.command, token_file=TOKEN_FILE, profile=opts.profile)
+        sets = [f"checkpoint.every={opts.checkpoint_every}", "checkpoint.on_stop=true"] if opts.persist else []
+        argv = common.init_argv(command=opts.command, token_file=TOKEN_FILE, profile=opts.profile, sets=sets)
         docs += box_manifests(box, argv, {}, token, opts)
         boxes.append((box, token))
     else:
@@ -178,6 +202,10 @@ def _box_options(sp) -> None:
     sp.add_argument("--archive-size", default="20Gi")
     sp.add_argument("--storage-class")
     sp.add_argument("--token-file", help="read the box token from this file")
+    sp.add_argument("--persist", action="store_true",
+                    help="up: the state dir on a claim of its own that outlives the Pod; the agent is resumed")
+    sp.add_argument("--state-size", default="10Gi", help="with --persist: the state claim's size")
+    sp.add_argument("--checkpoint-every", default="5m", help="with --persist: the period of live checkpoints")
     sp.add_argument("--json", action="store_true", help="a v1 List as JSON instead of YAML")
 
 

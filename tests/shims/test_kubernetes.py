@@ -150,3 +150,30 @@ def test_bad_input_is_refused_with_its_reason(shim_env):
     assert p.returncode == 2 and "snapshot 'a/b'" in p.stderr and p.stdout == ""
     p = run_shim([*GEN, "up", "--token-file", "/nonexistent", "--", "true"], shim_env, check=False)
     assert p.returncode == 2 and "/nonexistent" in p.stderr
+
+
+def test_persist_keeps_the_state_dir_on_a_claim_that_outlives_the_pod(shim_env, up_docs):
+    docs = generate(shim_env, "up", "--name", "box1", "--persist", "--checkpoint-every", "2m", "--state-size", "5Gi",
+                    "--dry-run", "--", "python3", "/workspace/agent.py")
+    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "Secret", "PersistentVolumeClaim", "Pod", "Service"]
+    (pod,) = kind(docs, "Pod")
+    (claim,) = [d for d in kind(docs, "PersistentVolumeClaim") if d["metadata"]["name"] == "box1-state"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    state = [v for v in pod["spec"]["volumes"] if v["name"] == "state"]
+    assert state == [{"name": "state", "persistentVolumeClaim": {"claimName": "box1-state"}}]
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    argv = pod["spec"]["containers"][0]["command"]
+    sets = [argv[i + 1] for i, a in enumerate(argv[:argv.index("--")]) if a == "--set"]
+    assert sets == ["checkpoint.every=2m", "checkpoint.on_stop=true"]
+    # The control: without --persist the state dir dies with the Pod.
+    (plain,) = kind(up_docs, "Pod")
+    assert {"name": "state", "emptyDir": {}} in plain["spec"]["volumes"] and plain["spec"]["restartPolicy"] == "Never"
+    for d in docs:
+        check_manifest(d)
+
+
+def test_persist_refuses_what_it_cannot_do(shim_env):
+    p = run_shim([*GEN, "up", "--persist", "--checkpoint-every", "often", "--", "true"], shim_env, check=False)
+    assert p.returncode == 2 and "--checkpoint-every 'often': not a duration" in p.stderr
+    p = run_shim([*GEN, "fork", "--persist", "--snapshot", "s", "-n", "2"], shim_env, check=False)
+    assert p.returncode == 2 and "--persist: only for up" in p.stderr

@@ -56,3 +56,20 @@ TEST_CASE("docker plan: memory, cpus and pids become Docker's flags") {
   CHECK_THROWS_WITH_AS(docker_limits(boost::json::parse(R"({"memory":"lots"})").as_object()),
                        doctest::Contains("resources.memory"), std::exception);
 }
+
+TEST_CASE("docker plan: a profile that persists its agent gets a restart policy, others none") {
+  auto restart_of = [](const sbx::shims::docker::RunPlan& p) {
+    for (size_t i = 0; i + 1 < p.limit_args.size(); ++i)
+      if (p.limit_args[i] == "--restart") return p.limit_args[i + 1];
+    return std::string();
+  };
+  auto plain = plan_for_profile(profile(R"({"name":"p","version":1})"), {});
+  CHECK_FALSE(plain.persist);
+  CHECK(restart_of(plain).empty());
+  // on-failure: a hibernated box exits 0 and stays down; a crash comes back and resumes.
+  for (const char* set : {"checkpoint.every=1m", "checkpoint.on_stop=true", "checkpoint.on_idle=true"}) {
+    auto p = plan_for_profile(profile(R"({"name":"p","version":1})"), {set});
+    CHECK(p.persist);
+    CHECK(restart_of(p) == "on-failure");
+  }
+}

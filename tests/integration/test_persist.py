@@ -1,0 +1,236 @@
+"""Agents that outlive their supervisor: the profile's `checkpoint` section (periodic snapshots
+pruned to `keep`, on_stop, on_idle) and the resume from the newest snapshot when a box starts again
+on the same state dir, with the real criu of this host (root needed).
+
+The agent (persist_agent.py) prints a counter and a nonce it keeps only in memory: a live resume
+goes on with the same nonce from the counter its snapshot froze."""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from sbxtest import INIT, of_type, read_events, read_journal, wait_event
+
+AGENT = pathlib.Path(__file__).resolve().parent / "persist_agent.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 0,
+                                reason="needs root and criu on PATH")
+
+
+class Box:
+    """sandboxer-init on `state`, its events in a file of their own per run."""
+
+    def __init__(self, state, sets, agent_args, run, env=None, relative=False, extra=()):
+        """`relative`: the state dir given relative to the supervisor's working directory."""
+        self.events = state.parent / f"events-{run}"
+        self.proc = subprocess.Popen(
+            [str(INIT), "--state-dir", state.name if relative else str(state), "--events", str(self.events),
+             *[a for s in sets for a in ("--set", s)], *extra, "--", sys.executable, str(AGENT), *map(str, agent_args)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=state.parent)
+
+    def wait(self, pred, timeout=30):
+        return wait_event(self.events, pred, timeout)
+
+    def count(self, type_):
+        return len(of_type(read_events(self.events), type_))
+
+    def end(self, sig=signal.SIGTERM, timeout=30):
+        """Sends `sig` (None: nothing, the box ends by itself) and waits for the exit status."""
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout)
+        return self.proc.returncode
+
+    def stderr(self):
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+def counters(events):
+    return [e["message"] for e in events if e["type"] == "proc.message" and "n" in e["message"]]
+
+
+def own(state):
+    return json.loads((state / "persist.json").read_text())["own"]
+
+
+@pytest.fixture
+def state(tmp_path):
+    return tmp_path / "state"
+
+
+def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(state):
+    sets = ["checkpoint.every=1s", "checkpoint.keep=2"]
+    # The agent also takes a snapshot named "mine" (its agent channel): never pruned.
+    first = Box(state, sets, [0.1], 1, extra=["--env", "PERSIST_NAMED_AT=2"])
+    try:
+        # Four periodic checkpoints: two kept, the two oldest deleted.
+        first.wait(lambda e: e["type"] == "checkpoint.created" and first.count("checkpoint.created") >= 5)
+        first.wait(lambda e: e["type"] == "snapshot.deleted" and first.count("snapshot.deleted") >= 2)
+    finally:
+        assert first.end(signal.SIGKILL) == -signal.SIGKILL
+    before = read_journal(state)
+    (mine,) = [e["snapshot"] for e in of_type(before, "checkpoint.created") if e["name"] == "mine"]
+    created = [e["snapshot"] for e in of_type(before, "checkpoint.created") if e["name"] != "mine"]
+    deleted = [e["snapshot"] for e in of_type(before, "snapshot.deleted")]
+    assert all(e["name"] in ("periodic", "mine") and e["mode"] == "live" for e in of_type(before, "checkpoint.created"))
+    assert deleted == created[:len(deleted)] and len(created) - len(deleted) == 2
+    assert own(state) == created[-2:]
+    assert sorted(p.name[:-5] for p in (state / "snapshots").glob("s-*.json")) == sorted(created[-2:] + [mine])
+    newest = created[-1]
+    snap_seq = json.loads((state / "snapshots" / f"{newest}.json").read_text())["last_seq"]
+    frozen = [m for e in before if e["seq"] <= snap_seq for m in counters([e])][-1]
+    last = counters(before)[-1]
+
+    again = Box(state, sets, [0.1], 2)
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        assert again.end() == 143, again.stderr()
+    after = read_journal(state)
+    # Every event written before the kill is still there, numbered as it was; the new run goes on
+    # after the last seq.
+    assert after[:len(before)] == before
+    assert [e["seq"] for e in after] == list(range(1, len(after) + 1))
+    assert resumed["snapshot"] == newest and resumed["mode"] == "live" and resumed["skipped"] == []
+    assert resumed["lost"]["events"] == before[-1]["seq"] - snap_seq and resumed["lost"]["ms"] >= 0
+    assert of_type(after[len(before):], "box.started")[0]["resuming"] is True
+    # The agent's memory came back: the same nonce, counting on from its snapshot (not from 1).
+    # (Lines still in the pipe at the snapshot reach the journal after it: at most up to the kill.)
+    later = counters(after[len(before):])
+    assert later[0]["nonce"] == last["nonce"] and frozen["n"] < later[0]["n"] <= last["n"] + 1
+    assert not of_type(after[len(before):], "proc.started")  # not started again
+
+
+def test_on_stop_checkpoints_at_sigterm_and_the_next_start_continues_exactly(state):
+    sets = ["checkpoint.on_stop=true"]
+    # A state dir named relative to the working directory, as people type it (criu works elsewhere).
+    first = Box(state, sets, [0.1], 1, relative=True)
+    first.wait(lambda e: e["type"] == "proc.message" and e["message"]["n"] >= 5)
+    assert first.end() == 0, first.stderr()  # ended by its checkpoint: hibernated, not failed
+    before = read_journal(state)
+    made = of_type(before, "checkpoint.created")
+    assert [(e["name"], e["mode"], e["leave_running"]) for e in made] == [("on_stop", "live", False)]
+    assert of_type(before, "proc.exited")[0]["by"] == "checkpoint"
+    last = counters(before)[-1]
+
+    again = Box(state, sets, [0.1], 2, relative=True)
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        again.end()
+    later = counters(read_journal(state)[len(before):])
+    assert resumed["snapshot"] == made[0]["snapshot"] and resumed["lost"]["ms"] >= 0
+    # Nothing lost: the agent was ended by the checkpoint itself. (A line still in the stdout pipe
+    # at the dump is in the snapshot's pipe too: the resumed agent's first line may repeat the last.)
+    assert later[0]["nonce"] == last["nonce"] and later[0]["n"] in (last["n"], last["n"] + 1)
+    assert [m["n"] for m in later] == list(range(later[0]["n"], later[0]["n"] + len(later)))
+
+
+def test_on_stop_without_time_for_the_checkpoint_says_so_and_keeps_the_journal(state):
+    # A grace period no checkpoint fits in: the agent is ended without one, and an event says why.
+    first = Box(state, ["checkpoint.on_stop=true", "resources.grace=0s"], [0.1], 1)
+    first.wait(lambda e: e["type"] == "proc.message" and e["message"]["n"] >= 3)
+    first.end()
+    events = read_journal(state)
+    failed = of_type(events, "persist.failed")
+    assert failed and failed[0]["trigger"] == "on_stop" and failed[0]["error"]["code"] == "grace_exceeded"
+    assert of_type(events, "proc.exited") and not of_type(events, "checkpoint.created")
+
+
+def test_on_idle_hibernates_and_the_next_start_wakes_the_agent(state):
+    # Three ticks, then 3 s without output; the idle limit (2 s) comes first: it hibernates. The
+    # rest of its sleep after the resume is shorter than the limit.
+    sets = ["checkpoint.on_idle=true", "resources.idle=2s"]
+    first = Box(state, sets, [0.1, 3, 3, 6], 1)
+    assert first.end(None, timeout=60) == 0, first.stderr()
+    before = read_journal(state)
+    hib = of_type(before, "box.hibernated")
+    assert len(hib) == 1 and hib[0]["snapshot"] == of_type(before, "checkpoint.created")[0]["snapshot"]
+    assert of_type(before, "proc.exited")[0]["by"] == "checkpoint"
+
+    again = Box(state, sets, [0.1, 3, 3, 6], 2)
+    assert again.end(None, timeout=60) == 0, again.stderr()
+    after = read_journal(state)[len(before):]
+    assert of_type(after, "box.resumed")[0]["snapshot"] == hib[0]["snapshot"]
+    # The agent woke where it slept and ran to its end: every tick once, one nonce.
+    ticks = counters(before) + counters(after)
+    assert [m["n"] for m in ticks] == [1, 2, 3, 4, 5, 6] and counters(after)
+    assert len({m["nonce"] for m in ticks}) == 1
+
+    # Its work is over: the next start runs the command anew, no older state of it comes back.
+    done = len(read_journal(state))
+    third = Box(state, sets, [0.1, 0, 0, 2], 3)
+    assert third.end(None, timeout=60) == 0, third.stderr()
+    fresh = read_journal(state)[done:]
+    assert not of_type(fresh, "box.resumed") and "resuming" not in of_type(fresh, "box.started")[0]
+    assert [m["n"] for m in counters(fresh)] == [1, 2] and counters(fresh)[0]["nonce"] != ticks[0]["nonce"]
+
+
+def test_a_corrupted_newest_snapshot_is_found_and_the_previous_one_resumes(state):
+    sets = ["checkpoint.every=1s", "checkpoint.keep=3"]
+    first = Box(state, sets, [0.1], 1)
+    try:
+        first.wait(lambda e: e["type"] == "checkpoint.created" and first.count("checkpoint.created") >= 2)
+    finally:
+        first.end(signal.SIGKILL)
+    before = read_journal(state)
+    created = [e["snapshot"] for e in of_type(before, "checkpoint.created")]
+    newest, previous = created[-1], created[-2]
+    archive = state / "snapshots" / f"{newest}.tar.zst"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+
+    again = Box(state, sets, [0.1], 2)
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        again.end()
+    after = read_journal(state)[len(before):]
+    assert resumed["snapshot"] == previous
+    assert [s["snapshot"] for s in resumed["skipped"]] == [newest]
+    assert "corrupted" in json.dumps(resumed["skipped"][0]["error"])
+    # Nothing of the corrupted one ran: one restore.done, of the previous snapshot, as main.
+    assert [(e["snapshot"], e["branch"]) for e in of_type(after, "restore.done")] == [(previous, "main")]
+    assert counters(after)[0]["nonce"] == counters(before)[0]["nonce"]
+
+
+def test_a_live_snapshot_this_host_cannot_restore_live_resumes_cold_and_says_why(state):
+    sets = ["checkpoint.on_stop=true"]
+    first = Box(state, sets, [0.1], 1)
+    first.wait(lambda e: e["type"] == "proc.message" and e["message"]["n"] >= 3)
+    assert first.end() == 0, first.stderr()
+    before = read_journal(state)
+    # The same box without criu on its PATH: the snapshot's files and the agent's command again.
+    no_criu = ":".join(d for d in os.environ["PATH"].split(":") if not (pathlib.Path(d) / "criu").exists())
+    again = Box(state, sets, [0.1], 2, env=dict(os.environ, PATH=no_criu))
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        again.end()
+    assert resumed["mode"] == "cold" and "criu" in resumed["note"] and resumed["skipped"] == []
+    later = counters(read_journal(state)[len(before):])
+    assert later[0]["n"] == 1 and later[0]["nonce"] != counters(before)[0]["nonce"]
+
+
+def test_the_checkpoint_section_is_validated_with_the_field_named(tmp_path):
+    for setting, words in [("checkpoint.every=100ms", "checkpoint.every: at least 1s"),
+                           ("checkpoint.keep=0", "checkpoint.keep: 0 is impossible"),
+                           ("checkpoint.on_idle=yes", "checkpoint.on_idle: expected true or false"),
+                           ("checkpoint.often=1", "checkpoint.often: unknown field")]:
+        r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--set", setting, "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 125 and words in r.stderr, (setting, r.stderr)
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--set", "resources.snapshots=3", "--set",
+                        "checkpoint={\"every\": \"1m\", \"keep\": 3}", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 125 and "checkpoint.keep: 3 snapshots do not fit in resources.snapshots (3)" in r.stderr
