@@ -81,7 +81,13 @@ struct Client {
   std::deque<OutFrame> q;
   size_t q_bytes = 0;
   uint64_t last_written_seq = 0;
-  // The subscription: replaying from disk until caught up, then live.
+  // The loop's time (ms) of the last frame handed to the socket, or of the moment something was
+  // queued for an idle client: a client with something to send and no progress for
+  // ServerOptions::stall_s is closed with 4008.
+  uint64_t progress_ms = 0;
+  // The subscription: replaying from disk until caught up, then live. A live client whose queue
+  // passes ServerOptions::queue_bytes goes back to replaying (from `cursor`), so a slow reader
+  // costs a bounded queue, never a gap.
   bool subscribed = false, live = false;
   uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
   std::optional<std::string> branch;
@@ -91,6 +97,9 @@ struct Client {
   int close_code = 0;
   std::string close_reason;
   bool peer_closed = false;
+  // libwebsockets drops the connection without a Close when the peer's Close arrives while part
+  // of a frame is still buffered: reading waits while a frame is partly written (server.cpp).
+  bool rx_held = false;
 };
 
 }  // namespace sbx::supervisor

@@ -103,6 +103,7 @@ struct Server::Impl {
   bool draining = false;
   std::function<void()> drained;
   loop::UvHandle<uv_timer_t> drain_timer;
+  loop::UvHandle<uv_timer_t> stall_timer;  // looks for clients that take nothing (stall_s)
 
   Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
 
@@ -137,6 +138,7 @@ struct Server::Impl {
 
   void enqueue(Client& c, std::string payload, bool binary, uint64_t seq = 0) {
     if (c.peer_closed) return;
+    if (c.q.empty()) c.progress_ms = uv_now(loop);  // the stall clock starts with the first owed frame
     OutFrame f;
     f.buf.reserve(LWS_PRE + payload.size());
     f.buf.assign(LWS_PRE, '\0');
@@ -156,9 +158,10 @@ struct Server::Impl {
     lws_callback_on_writable(c.wsi);
   }
 
-  void overflow(Client& c) {
+  void stalled(Client& c) {
     // The journal has everything: drop what is queued and tell the client where to resume.
-    log()->info("client {} ({}) too slow: closing with 4008 after seq {}", c.id, c.peer, c.last_written_seq);
+    log()->info("client {} ({}) took nothing for {} s: closing with 4008 after seq {}", c.id, c.peer, opts.stall_s,
+                c.last_written_seq);
     c.q.clear();
     c.q_bytes = 0;
     c.downloads.clear();
@@ -180,7 +183,20 @@ struct Server::Impl {
       c->cursor = e.seq;
       if (!wants(*c, e.obj)) continue;
       enqueue(*c, e.line, false, e.seq);
-      if (c->q_bytes > opts.queue_bytes) overflow(*c);
+      // Past the bound the client reads the journal (pump) from `cursor` on, at its own pace,
+      // and goes live again once it has caught up: nothing is queued twice or skipped.
+      if (c->q_bytes > opts.queue_bytes) c->live = false;
+    }
+  }
+
+  // Owed frames (queued, a download, or journal still to replay) and nothing taken for stall_s.
+  void check_stalls() {
+    uint64_t now = uv_now(loop);
+    for (auto& [id, c] : clients) {
+      bool owed = !c->q.empty() || !c->downloads.empty() || (c->subscribed && !c->live);
+      if (!owed || c->close_code || c->peer_closed) continue;
+      lws_callback_on_writable(c->wsi);  // in case a read left it waiting (writeable)
+      if (now - c->progress_ms >= static_cast<uint64_t>(opts.stall_s) * 1000) stalled(*c);
     }
   }
 
@@ -249,7 +265,23 @@ struct Server::Impl {
     }
   }
 
+  // True when the client has sent bytes not read yet: they are read (a Close answered, a request
+  // served) before more is written, so a Close never meets a half-written frame.
+  static bool input_waiting(lws* wsi) {
+    char b;
+    return ::recv(lws_get_socket_fd(wsi), &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+
   int writeable(Client& c) {
+    if (c.rx_held) {
+      // The partly written frame is out (lws calls here only then): read again, and first.
+      c.rx_held = false;
+      lws_rx_flow_control(c.wsi, 1);
+      // Not asking to write again here: lws serves writing before reading in a turn, so only
+      // the read may run next. What it reads asks to write when it must (a reply, a Close), and
+      // new events and the stall timer ask too.
+      if (input_waiting(c.wsi)) return 0;
+    }
     pump(c);
     while (!c.q.empty() && !lws_send_pipe_choked(c.wsi)) {
       auto& f = c.q.front();
@@ -258,9 +290,14 @@ struct Server::Impl {
                         f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
       if (w < 0) return -1;
       if (f.seq) c.last_written_seq = f.seq;
+      c.progress_ms = uv_now(loop);
       c.q_bytes -= n;
       c.q.pop_front();
       if (c.q_bytes < kLowWater) pump(c);
+    }
+    if (lws_partial_buffered(c.wsi) && !c.close_code) {
+      c.rx_held = true;
+      lws_rx_flow_control(c.wsi, 0);
     }
     if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live)) {
       // The close frame is written here, so it goes out even when lws would hang up first.
@@ -576,6 +613,8 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
     case LWS_CALLBACK_RECEIVE:
       if (!slot || !*slot) return -1;
       if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
+      // Writing may have waited for this read (writeable): go on with it.
+      lws_callback_on_writable(wsi);
       return on_receive(**slot, static_cast<const char*>(in), len);
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
       // The client is leaving: stop feeding it, so lws can answer its close at once.
@@ -704,6 +743,12 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
   int bound = vh ? lws_get_vhost_listen_port(vh) : port;
   impl_->port = bound > 0 ? bound : port;
+  impl_->stall_timer = loop::make_timer(loop);
+  impl_->stall_timer->data = impl_.get();
+  uint64_t tick = std::max<uint64_t>(250, static_cast<uint64_t>(o.stall_s) * 250);
+  uv_timer_start(
+      impl_->stall_timer.get(), [](uv_timer_t* t) { static_cast<Impl*>(t->data)->check_stalls(); }, tick, tick);
+  uv_unref(reinterpret_cast<uv_handle_t*>(impl_->stall_timer.get()));
   impl_->listener = box.journal().add_listener([this](const journal::Event& e) { impl_->on_event(e); });
   log()->info("listening on {}:{}{}", o.addr, impl_->port, o.tls_cert.empty() ? "" : " (TLS)");
   box.emit("main",
@@ -713,6 +758,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
 Server::~Server() {
   impl_->box.journal().remove_listener(impl_->listener);
   impl_->drain_timer.reset();
+  impl_->stall_timer.reset();
   if (impl_->ctx) {
     lws_context_destroy(impl_->ctx);
     // The libuv glue closes its handles asynchronously: let the loop finish them.
