@@ -162,7 +162,7 @@ async def read_all(box, delay=0.0):
 
 def test_lagging_clients_get_every_byte_once_in_order_and_only_a_non_reader_gets_4008(tmp_path):
     # 4 MiB through a 64 KiB queue bound: every client falls behind the live stream many times
-    # (each read of the agent's output is an event of up to 256 KiB) and catches up from the
+    # (each read of the agent's output is an event of up to 128 KiB) and catches up from the
     # journal; 48 read at once, one reads slowly, one reads nothing until long after the end.
     n = 4 << 20
     env = {**os.environ, "SANDBOXER_WS_QUEUE_BYTES": str(64 << 10), "SANDBOXER_WS_STALL_SECONDS": "2"}
