@@ -17,6 +17,7 @@
 #include <string>
 #include <utility>
 
+#include "journal/journal.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::supervisor {
@@ -90,6 +91,10 @@ struct Client {
   // costs a bounded queue, never a gap.
   bool subscribed = false, live = false;
   uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
+  // Where the last refill from the journal stopped, and the seq it stopped at: the next refill
+  // starts there instead of at the start of the segment.
+  journal::Journal::ReadPos replay_pos;
+  uint64_t replay_pos_seq = 0;
   std::optional<std::string> branch;
   std::map<uint32_t, Upload> uploads;
   std::set<uint32_t> failed_uploads;

@@ -233,24 +233,32 @@ struct Server::Impl {
         size_t bytes = 0;
         bool stopped = false;
         const std::string dir = box.journal().dir();
-        auto r = journal::Journal::read(dir, c.cursor, [&](uint64_t seq, std::string_view line) {
-          c.cursor = seq;
-          bool keep = true;
-          if (c.branch) {
-            boost::system::error_code ec;
-            auto v = json::parse(line, ec);
-            keep = !ec && v.is_object() && wants(c, v.as_object());
-          }
-          if (keep) {
-            enqueue(c, std::string(line), false, seq);
-            bytes += line.size();
-          }
-          if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
-            stopped = true;
-            return false;
-          }
-          return true;
-        });
+        // The position of the last refill is good while the cursor has not gone back before it
+        // (a new subscribe may ask for an earlier since).
+        if (c.cursor < c.replay_pos_seq) c.replay_pos = {};
+        journal::Journal::ReadPos* pos = &c.replay_pos;
+        auto r = journal::Journal::read(
+            dir, c.cursor,
+            [&](uint64_t seq, std::string_view line) {
+              c.cursor = seq;
+              c.replay_pos_seq = seq;
+              bool keep = true;
+              if (c.branch) {
+                boost::system::error_code ec;
+                auto v = json::parse(line, ec);
+                keep = !ec && v.is_object() && wants(c, v.as_object());
+              }
+              if (keep) {
+                enqueue(c, std::string(line), false, seq);
+                bytes += line.size();
+              }
+              if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
+                stopped = true;
+                return false;
+              }
+              return true;
+            },
+            pos);
         if (!r) {
           log()->error("replay journal for client {}: {}", c.id, r.error().message());
           send(c, protocol::error_reply(nullptr, "replay_failed", "read the journal: " + r.error().message()));
