@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -22,11 +23,17 @@
 
 namespace sbx::supervisor {
 
+// LWS_PRE bytes of headroom (lws writes the frame's header there), then the payload. A live
+// event's buffer is shared by every client it is queued for: the header lws writes into the
+// headroom is the same for all of them (an unmasked text frame of the same length, no extension),
+// and a partly sent frame's rest is copied by lws, so sharing is safe on the one loop thread.
+using FrameBuf = std::shared_ptr<std::string>;
+
 struct OutFrame {
-  std::string buf;  // LWS_PRE bytes of headroom, then the payload
+  FrameBuf buf;
   bool binary = false;
   uint64_t seq = 0;  // an event's seq, 0 for replies and file data
-  size_t size() const { return buf.size() - LWS_PRE; }
+  size_t size() const { return buf->size() - LWS_PRE; }
 };
 
 // A file that is removed when its owner goes, unless released first.

@@ -136,13 +136,22 @@ struct Server::Impl {
     return std::string();  // present but not a bearer token: wrong
   }
 
-  void enqueue(Client& c, std::string payload, bool binary, uint64_t seq = 0) {
+  static FrameBuf frame_buf(std::string_view payload) {
+    auto buf = std::make_shared<std::string>();
+    buf->reserve(LWS_PRE + payload.size());
+    buf->assign(LWS_PRE, '\0');
+    buf->append(payload);
+    return buf;
+  }
+  void enqueue(Client& c, std::string_view payload, bool binary, uint64_t seq = 0) {
+    if (c.peer_closed) return;
+    enqueue(c, frame_buf(payload), binary, seq);
+  }
+  void enqueue(Client& c, FrameBuf buf, bool binary, uint64_t seq = 0) {
     if (c.peer_closed) return;
     if (c.q.empty()) c.progress_ms = uv_now(loop);  // the stall clock starts with the first owed frame
     OutFrame f;
-    f.buf.reserve(LWS_PRE + payload.size());
-    f.buf.assign(LWS_PRE, '\0');
-    f.buf.append(payload);
+    f.buf = std::move(buf);
     f.binary = binary;
     f.seq = seq;
     c.q_bytes += f.size();
@@ -178,11 +187,13 @@ struct Server::Impl {
   }
 
   void on_event(const journal::Event& e) {
+    FrameBuf shared;  // one copy of the event for every client it goes to (OutFrame)
     for (auto& [id, c] : clients) {
       if (!c->subscribed || !c->live || e.seq <= c->cursor) continue;
       c->cursor = e.seq;
-      if (!wants(*c, e.obj)) continue;
-      enqueue(*c, e.line, false, e.seq);
+      if (!wants(*c, e.obj) || c->peer_closed) continue;
+      if (!shared) shared = frame_buf(e.line);
+      enqueue(*c, shared, false, e.seq);
       // Past the bound the client reads the journal (pump) from `cursor` on, at its own pace,
       // and goes live again once it has caught up: nothing is queued twice or skipped.
       if (c->q_bytes > opts.queue_bytes) c->live = false;
@@ -249,7 +260,7 @@ struct Server::Impl {
                 keep = !ec && v.is_object() && wants(c, v.as_object());
               }
               if (keep) {
-                enqueue(c, std::string(line), false, seq);
+                enqueue(c, line, false, seq);
                 bytes += line.size();
               }
               if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
@@ -294,7 +305,7 @@ struct Server::Impl {
     while (!c.q.empty() && !lws_send_pipe_choked(c.wsi)) {
       auto& f = c.q.front();
       size_t n = f.size();
-      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf.data()) + LWS_PRE, n,
+      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf->data()) + LWS_PRE, n,
                         f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
       if (w < 0) return -1;
       if (f.seq) c.last_written_seq = f.seq;
