@@ -35,10 +35,11 @@ auto log() {
 }
 
 // Refill (replay from disk, file reads) when the queue falls below the low mark, up to the high
-// one: each refill reads the journal again from its segment's start, so refills must be rare.
+// one. A refill goes on from where the last one stopped (Journal::ReadPos), so refills can be
+// small: what a client catching up holds stays near the high mark.
 constexpr size_t kLowWater = 256u << 10;
-constexpr size_t kHighWater = 2u << 20;
-constexpr size_t kReplayBatch = 1u << 20;
+constexpr size_t kHighWater = 1u << 20;
+constexpr size_t kReplayBatch = 512u << 10;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
 
 // The ops (server-ops.hpp), in the order the unknown_op reply lists them.
