@@ -76,21 +76,29 @@ std::optional<uint64_t> line_seq(std::string_view line) {
 }
 
 // Streams the lines of one segment file to fn; false from fn stops.
+// Calls fn(line, end) for every whole line; `end` is the file offset just past the line's newline
+// (of the decompressed stream for a .zst). A plain file is read from byte `from` on, which must be
+// the start of a line.
 boost::system::result<bool> for_each_line(const std::string& path, bool zst,
-                                          const std::function<bool(std::string_view)>& fn) {
+                                          const std::function<bool(std::string_view, uint64_t)>& fn,
+                                          uint64_t from = 0) {
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return {boost::system::in_place_error, os::last_error()};
+  if (!zst && from > 0 && ::lseek(fd.get(), static_cast<off_t>(from), SEEK_SET) < 0)
+    return {boost::system::in_place_error, os::last_error()};
   std::string pending;
+  uint64_t pending_at = zst ? 0 : from;  // the file offset of pending[0]
   auto feed = [&](std::string_view chunk) -> bool {
     pending.append(chunk);
     size_t start = 0;
     for (;;) {
       size_t nl = pending.find('\n', start);
       if (nl == std::string::npos) break;
-      if (!fn(std::string_view(pending).substr(start, nl - start))) return false;
+      if (!fn(std::string_view(pending).substr(start, nl - start), pending_at + nl + 1)) return false;
       start = nl + 1;
     }
     pending.erase(0, start);
+    pending_at += start;
     return true;
   };
   std::vector<char> in(1 << 17), out(1 << 18);
@@ -218,7 +226,7 @@ boost::system::result<void> Journal::recover() {
     active_bytes_ = good;
   } else {
     uint64_t seq = last.first - 1;
-    auto r = for_each_line(base + ".zst", true, [&](std::string_view l) {
+    auto r = for_each_line(base + ".zst", true, [&](std::string_view l, uint64_t) {
       if (auto s = line_seq(l)) seq = *s;
       return true;
     });
@@ -344,26 +352,28 @@ void Journal::flush() {
 }
 
 boost::system::result<void> Journal::read(const std::string& dir, uint64_t since,
-                                          const std::function<bool(uint64_t, std::string_view)>& fn) {
+                                          const std::function<bool(uint64_t, std::string_view)>& fn, ReadPos* pos) {
   auto segs = list_segments(dir);
   for (size_t i = 0; i < segs.size(); ++i) {
     // Skip a segment whose successor starts at or before since + 1: nothing in it is wanted.
     if (i + 1 < segs.size() && segs[i + 1].first <= since + 1) continue;
     std::string base = dir + "/" + seg_name(segs[i].first) + ".jsonl";
     bool zst = segs[i].zst;
-    auto r = for_each_line(zst ? base + ".zst" : base, zst, [&](std::string_view l) {
-      auto s = line_seq(l);
-      if (!s || *s <= since) return true;
-      return fn(*s, l);
-    });
-    if (!r && r.error().value() == ENOENT && !zst) {
-      // Compressed and unlinked between listing and opening: read the .zst instead.
-      r = for_each_line(base + ".zst", true, [&](std::string_view l) {
-        auto s = line_seq(l);
-        if (!s || *s <= since) return true;
-        return fn(*s, l);
-      });
-    }
+    auto each = [&](bool z) {
+      // Where the last read stopped in this plain segment: the lines before it are all <= since.
+      uint64_t from = !z && pos && pos->segment == segs[i].first ? pos->offset : 0;
+      return for_each_line(
+          z ? base + ".zst" : base, z,
+          [&](std::string_view l, uint64_t end) {
+            auto s = line_seq(l);
+            if (!s || *s <= since) return true;
+            if (pos) *pos = z ? ReadPos{} : ReadPos{segs[i].first, end};
+            return fn(*s, l);
+          },
+          from);
+    };
+    auto r = each(zst);
+    if (!r && r.error().value() == ENOENT && !zst) r = each(true);  // compressed and unlinked meanwhile
     if (!r) return r.error();
     if (!*r) return {};
   }

@@ -60,10 +60,20 @@ class Journal {
   /// Waits for compressions under way (used at shutdown), running the loop if it must.
   void flush();
 
+  /// Where a read stopped in a plain (not yet compressed) segment, so that the next read from
+  /// there need not scan the segment from its start (a client catching up reads it often).
+  struct ReadPos {
+    uint64_t segment = 0;  // the segment's first seq; 0: no position
+    uint64_t offset = 0;   // just past the last line given to fn
+  };
+
   /// Calls `fn(seq, line)` for every event with seq > since, in order, from the files under
   /// `dir`. Stops early when fn returns false. Works on a journal another process is writing.
+  /// With `pos`, starts where the last read with it stopped (when `since` is where it stopped:
+  /// the last seq given to fn, or later) and records where this one stops.
   static boost::system::result<void> read(const std::string& dir, uint64_t since,
-                                          const std::function<bool(uint64_t, std::string_view)>& fn);
+                                          const std::function<bool(uint64_t, std::string_view)>& fn,
+                                          ReadPos* pos = nullptr);
 
  private:
   Journal(uv_loop_t* loop, JournalOptions opts);

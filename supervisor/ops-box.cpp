@@ -1,6 +1,7 @@
 // The ops about the connection and the box as a whole: auth, ping, subscribe, unsubscribe, stats,
 // shutdown (server-ops.hpp).
 #include <cstdint>
+#include <deque>
 
 #include "protocol/protocol.hpp"
 #include "supervisor/server-ops.hpp"
@@ -40,7 +41,15 @@ void op_subscribe(OpContext& ctx) {
 }
 
 void op_unsubscribe(OpContext& ctx) {
-  ctx.client.subscribed = false;
+  // Stop at once: the events still queued are dropped (replies and file data stay), so the reply
+  // is the next frame the client reads and no event follows it.
+  auto& c = ctx.client;
+  c.subscribed = false;
+  c.live = false;
+  std::erase_if(c.q, [&c](const OutFrame& f) {
+    if (f.seq) c.q_bytes -= f.size();
+    return f.seq != 0;
+  });
   ctx.reply(ctx.ok());
 }
 

@@ -1,11 +1,20 @@
 #include "supervisor/output.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include "base/encoding.hpp"
 #include "protocol/protocol.hpp"
 
 namespace sbx::supervisor {
+
+namespace {
+constexpr int kPipeBytes = 1 << 20;
+// One read is one proc.output event: at most 6 JSON bytes per byte read (\u00XX escapes), so
+// 128 KiB keeps every event under the protocol's 1 MiB text frame (protocol::kMaxTextFrame).
+constexpr size_t kReadBytes = 128u << 10;
+static_assert(kReadBytes * 6 + 4096 < protocol::kMaxTextFrame);
+}  // namespace
 
 void OutputDecoder::feed(std::string_view bytes) {
   std::string joined;
@@ -75,12 +84,15 @@ OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decod
       decoder_(std::move(decoder)),
       on_eof_(std::move(on_eof)) {
   pipe_->data = this;
+  // A larger pipe lets a burst of output be taken in a few large reads (one event each) instead
+  // of many 64 KiB ones; where the kernel refuses (a pty, a lower pipe-max-size) it stays as is.
+  ::fcntl(fd.get(), F_SETPIPE_SZ, kPipeBytes);
   if (int rc = uv_pipe_open(pipe_.get(), fd.release()); rc != 0) {
     spdlog::error("watch output pipe: {}", uv_strerror(rc));
     done_ = true;
     return;
   }
-  buf_.resize(64 * 1024);
+  buf_.resize(kReadBytes);
   uv_read_start(pipe_.stream(), on_alloc, on_read);
 }
 

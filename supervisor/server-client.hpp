@@ -12,20 +12,28 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "journal/journal.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::supervisor {
 
+// LWS_PRE bytes of headroom (lws writes the frame's header there), then the payload. A live
+// event's buffer is shared by every client it is queued for: the header lws writes into the
+// headroom is the same for all of them (an unmasked text frame of the same length, no extension),
+// and a partly sent frame's rest is copied by lws, so sharing is safe on the one loop thread.
+using FrameBuf = std::shared_ptr<std::string>;
+
 struct OutFrame {
-  std::string buf;  // LWS_PRE bytes of headroom, then the payload
+  FrameBuf buf;
   bool binary = false;
   uint64_t seq = 0;  // an event's seq, 0 for replies and file data
-  size_t size() const { return buf.size() - LWS_PRE; }
+  size_t size() const { return buf->size() - LWS_PRE; }
 };
 
 // A file that is removed when its owner goes, unless released first.
@@ -81,9 +89,19 @@ struct Client {
   std::deque<OutFrame> q;
   size_t q_bytes = 0;
   uint64_t last_written_seq = 0;
-  // The subscription: replaying from disk until caught up, then live.
+  // The loop's time (ms) of the last frame handed to the socket, or of the moment something was
+  // queued for an idle client: a client with something to send and no progress for
+  // ServerOptions::stall_s is closed with 4008.
+  uint64_t progress_ms = 0;
+  // The subscription: replaying from disk until caught up, then live. A live client whose queue
+  // passes ServerOptions::queue_bytes goes back to replaying (from `cursor`), so a slow reader
+  // costs a bounded queue, never a gap.
   bool subscribed = false, live = false;
   uint64_t cursor = 0;  // the last seq sent (or skipped by the filter)
+  // Where the last refill from the journal stopped, and the seq it stopped at: the next refill
+  // starts there instead of at the start of the segment.
+  journal::Journal::ReadPos replay_pos;
+  uint64_t replay_pos_seq = 0;
   std::optional<std::string> branch;
   std::map<uint32_t, Upload> uploads;
   std::set<uint32_t> failed_uploads;
@@ -91,6 +109,9 @@ struct Client {
   int close_code = 0;
   std::string close_reason;
   bool peer_closed = false;
+  // libwebsockets drops the connection without a Close when the peer's Close arrives while part
+  // of a frame is still buffered: reading waits while a frame is partly written (server.cpp).
+  bool rx_held = false;
 };
 
 }  // namespace sbx::supervisor

@@ -35,10 +35,11 @@ auto log() {
 }
 
 // Refill (replay from disk, file reads) when the queue falls below the low mark, up to the high
-// one: each refill reads the journal again from its segment's start, so refills must be rare.
+// one. A refill goes on from where the last one stopped (Journal::ReadPos), so refills can be
+// small: what a client catching up holds stays near the high mark.
 constexpr size_t kLowWater = 256u << 10;
-constexpr size_t kHighWater = 2u << 20;
-constexpr size_t kReplayBatch = 1u << 20;
+constexpr size_t kHighWater = 1u << 20;
+constexpr size_t kReplayBatch = 512u << 10;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
 
 // The ops (server-ops.hpp), in the order the unknown_op reply lists them.
@@ -103,6 +104,7 @@ struct Server::Impl {
   bool draining = false;
   std::function<void()> drained;
   loop::UvHandle<uv_timer_t> drain_timer;
+  loop::UvHandle<uv_timer_t> stall_timer;  // looks for clients that take nothing (stall_s)
 
   Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
 
@@ -135,12 +137,22 @@ struct Server::Impl {
     return std::string();  // present but not a bearer token: wrong
   }
 
-  void enqueue(Client& c, std::string payload, bool binary, uint64_t seq = 0) {
+  static FrameBuf frame_buf(std::string_view payload) {
+    auto buf = std::make_shared<std::string>();
+    buf->reserve(LWS_PRE + payload.size());
+    buf->assign(LWS_PRE, '\0');
+    buf->append(payload);
+    return buf;
+  }
+  void enqueue(Client& c, std::string_view payload, bool binary, uint64_t seq = 0) {
     if (c.peer_closed) return;
+    enqueue(c, frame_buf(payload), binary, seq);
+  }
+  void enqueue(Client& c, FrameBuf buf, bool binary, uint64_t seq = 0) {
+    if (c.peer_closed) return;
+    if (c.q.empty()) c.progress_ms = uv_now(loop);  // the stall clock starts with the first owed frame
     OutFrame f;
-    f.buf.reserve(LWS_PRE + payload.size());
-    f.buf.assign(LWS_PRE, '\0');
-    f.buf.append(payload);
+    f.buf = std::move(buf);
     f.binary = binary;
     f.seq = seq;
     c.q_bytes += f.size();
@@ -156,9 +168,10 @@ struct Server::Impl {
     lws_callback_on_writable(c.wsi);
   }
 
-  void overflow(Client& c) {
+  void stalled(Client& c) {
     // The journal has everything: drop what is queued and tell the client where to resume.
-    log()->info("client {} ({}) too slow: closing with 4008 after seq {}", c.id, c.peer, c.last_written_seq);
+    log()->info("client {} ({}) took nothing for {} s: closing with 4008 after seq {}", c.id, c.peer, opts.stall_s,
+                c.last_written_seq);
     c.q.clear();
     c.q_bytes = 0;
     c.downloads.clear();
@@ -175,12 +188,27 @@ struct Server::Impl {
   }
 
   void on_event(const journal::Event& e) {
+    FrameBuf shared;  // one copy of the event for every client it goes to (OutFrame)
     for (auto& [id, c] : clients) {
       if (!c->subscribed || !c->live || e.seq <= c->cursor) continue;
       c->cursor = e.seq;
-      if (!wants(*c, e.obj)) continue;
-      enqueue(*c, e.line, false, e.seq);
-      if (c->q_bytes > opts.queue_bytes) overflow(*c);
+      if (!wants(*c, e.obj) || c->peer_closed) continue;
+      if (!shared) shared = frame_buf(e.line);
+      enqueue(*c, shared, false, e.seq);
+      // Past the bound the client reads the journal (pump) from `cursor` on, at its own pace,
+      // and goes live again once it has caught up: nothing is queued twice or skipped.
+      if (c->q_bytes > opts.queue_bytes) c->live = false;
+    }
+  }
+
+  // Owed frames (queued, a download, or journal still to replay) and nothing taken for stall_s.
+  void check_stalls() {
+    uint64_t now = uv_now(loop);
+    for (auto& [id, c] : clients) {
+      bool owed = !c->q.empty() || !c->downloads.empty() || (c->subscribed && !c->live);
+      if (!owed || c->close_code || c->peer_closed) continue;
+      lws_callback_on_writable(c->wsi);  // in case a read left it waiting (writeable)
+      if (now - c->progress_ms >= static_cast<uint64_t>(opts.stall_s) * 1000) stalled(*c);
     }
   }
 
@@ -217,24 +245,32 @@ struct Server::Impl {
         size_t bytes = 0;
         bool stopped = false;
         const std::string dir = box.journal().dir();
-        auto r = journal::Journal::read(dir, c.cursor, [&](uint64_t seq, std::string_view line) {
-          c.cursor = seq;
-          bool keep = true;
-          if (c.branch) {
-            boost::system::error_code ec;
-            auto v = json::parse(line, ec);
-            keep = !ec && v.is_object() && wants(c, v.as_object());
-          }
-          if (keep) {
-            enqueue(c, std::string(line), false, seq);
-            bytes += line.size();
-          }
-          if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
-            stopped = true;
-            return false;
-          }
-          return true;
-        });
+        // The position of the last refill is good while the cursor has not gone back before it
+        // (a new subscribe may ask for an earlier since).
+        if (c.cursor < c.replay_pos_seq) c.replay_pos = {};
+        journal::Journal::ReadPos* pos = &c.replay_pos;
+        auto r = journal::Journal::read(
+            dir, c.cursor,
+            [&](uint64_t seq, std::string_view line) {
+              c.cursor = seq;
+              c.replay_pos_seq = seq;
+              bool keep = true;
+              if (c.branch) {
+                boost::system::error_code ec;
+                auto v = json::parse(line, ec);
+                keep = !ec && v.is_object() && wants(c, v.as_object());
+              }
+              if (keep) {
+                enqueue(c, line, false, seq);
+                bytes += line.size();
+              }
+              if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
+                stopped = true;
+                return false;
+              }
+              return true;
+            },
+            pos);
         if (!r) {
           log()->error("replay journal for client {}: {}", c.id, r.error().message());
           send(c, protocol::error_reply(nullptr, "replay_failed", "read the journal: " + r.error().message()));
@@ -249,18 +285,39 @@ struct Server::Impl {
     }
   }
 
+  // True when the client has sent bytes not read yet: they are read (a Close answered, a request
+  // served) before more is written, so a Close never meets a half-written frame.
+  static bool input_waiting(lws* wsi) {
+    char b;
+    return ::recv(lws_get_socket_fd(wsi), &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+
   int writeable(Client& c) {
+    if (c.rx_held) {
+      // The partly written frame is out (lws calls here only then): read again, and first.
+      c.rx_held = false;
+      lws_rx_flow_control(c.wsi, 1);
+      // Not asking to write again here: lws serves writing before reading in a turn, so only
+      // the read may run next. What it reads asks to write when it must (a reply, a Close), and
+      // new events and the stall timer ask too.
+      if (input_waiting(c.wsi)) return 0;
+    }
     pump(c);
     while (!c.q.empty() && !lws_send_pipe_choked(c.wsi)) {
       auto& f = c.q.front();
       size_t n = f.size();
-      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf.data()) + LWS_PRE, n,
+      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf->data()) + LWS_PRE, n,
                         f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
       if (w < 0) return -1;
       if (f.seq) c.last_written_seq = f.seq;
+      c.progress_ms = uv_now(loop);
       c.q_bytes -= n;
       c.q.pop_front();
       if (c.q_bytes < kLowWater) pump(c);
+    }
+    if (lws_partial_buffered(c.wsi) && !c.close_code) {
+      c.rx_held = true;
+      lws_rx_flow_control(c.wsi, 0);
     }
     if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live)) {
       // The close frame is written here, so it goes out even when lws would hang up first.
@@ -576,6 +633,8 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
     case LWS_CALLBACK_RECEIVE:
       if (!slot || !*slot) return -1;
       if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
+      // Writing may have waited for this read (writeable): go on with it.
+      lws_callback_on_writable(wsi);
       return on_receive(**slot, static_cast<const char*>(in), len);
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
       // The client is leaving: stop feeding it, so lws can answer its close at once.
@@ -704,6 +763,12 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
   int bound = vh ? lws_get_vhost_listen_port(vh) : port;
   impl_->port = bound > 0 ? bound : port;
+  impl_->stall_timer = loop::make_timer(loop);
+  impl_->stall_timer->data = impl_.get();
+  uint64_t tick = std::max<uint64_t>(250, static_cast<uint64_t>(o.stall_s) * 250);
+  uv_timer_start(
+      impl_->stall_timer.get(), [](uv_timer_t* t) { static_cast<Impl*>(t->data)->check_stalls(); }, tick, tick);
+  uv_unref(reinterpret_cast<uv_handle_t*>(impl_->stall_timer.get()));
   impl_->listener = box.journal().add_listener([this](const journal::Event& e) { impl_->on_event(e); });
   log()->info("listening on {}:{}{}", o.addr, impl_->port, o.tls_cert.empty() ? "" : " (TLS)");
   box.emit("main",
@@ -713,6 +778,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
 Server::~Server() {
   impl_->box.journal().remove_listener(impl_->listener);
   impl_->drain_timer.reset();
+  impl_->stall_timer.reset();
   if (impl_->ctx) {
     lws_context_destroy(impl_->ctx);
     // The libuv glue closes its handles asynchronously: let the loop finish them.

@@ -1,7 +1,9 @@
 #pragma once
 // The WebSocket API of a box (docs/architecture.md, "The protocol"; tests/protocol/README.md):
-// libwebsockets on the supervisor's own libuv loop. Every client has a bounded queue; a client too
-// slow for it is closed with 4008 and `resume_after=N` while the agent and other clients go on.
+// libwebsockets on the supervisor's own libuv loop. Every client has a bounded queue; a live client
+// that falls behind it is served from the journal until it has caught up, and only a client that
+// takes nothing for stall_s is closed with 4008 and `resume_after=N`; the agent and the other
+// clients go on.
 // The ops are a table of small functions in ops-*.cpp (server-ops.hpp).
 #include <uv.h>
 
@@ -19,7 +21,8 @@ struct ServerOptions {
   int port = 0;                   // 0: any free port (reported in `server.listening`)
   std::string token;              // required, never empty
   std::string tls_cert, tls_key;  // both or neither
-  size_t queue_bytes = 8u << 20;  // per client; past it: close 4008
+  size_t queue_bytes = 8u << 20;  // per client; past it: served from the journal until caught up
+  int stall_s = 30;               // a client taking nothing for this long while owed frames: 4008
   int auth_timeout_s = 10;        // a client without a token header must authenticate by then
   // Before authentication a client is anyone who can reach the port: it may hold this many
   // connections in all (past it: HTTP 503), and send frames of this many bytes (past it: 1009).

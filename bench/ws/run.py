@@ -81,7 +81,7 @@ async def ws_read(url, m, *, subscribe=None, headers=None, decode=None):
                 return
 
 
-def websocketd_run(args):
+def websocketd_run(args, clients=1):
     port = free_port()
     p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,16 +92,36 @@ def websocketd_run(args):
                 break
             except OSError:
                 time.sleep(0.05)
-        m = Measure()
-        # websocketd sends one message per line, without its newline.
-        asyncio.run(ws_read(f"ws://127.0.0.1:{port}/", m, decode=lambda s: s.encode() + b"\n"))
-        return m
+        ms = [Measure() for _ in range(clients)]
+
+        async def go():
+            # websocketd sends one message per line, without its newline (and runs one producer per client).
+            await asyncio.gather(*(ws_read(f"ws://127.0.0.1:{port}/", m, decode=lambda s: s.encode() + b"\n")
+                                   for m in ms))
+        asyncio.run(go())
+        return ms[0] if clients == 1 else ms
     finally:
         p.kill()
         p.wait()
 
 
-def sandboxer_run(args):
+def journal_latency(journal_dir):
+    """Agent line to journal (ms): the journal's `ts` of each proc.output event against the wall
+    clock stamped in the first line it carries (the producer's `rate` mode)."""
+    from datetime import datetime
+    lat = []
+    for f in sorted(pathlib.Path(journal_dir).glob("*.jsonl")):
+        for l in f.read_text().splitlines():
+            e = json.loads(l)
+            if e.get("type") != "proc.output" or not e.get("data", "").startswith("T "):
+                continue
+            ts = datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+            stamp = int(e["data"][2:].split("\n", 1)[0]) / 1e9
+            lat.append((ts - stamp) * 1e3)
+    return lat
+
+
+def sandboxer_run(args, clients=1):
     d = tempfile.mkdtemp(prefix="sbx-bench-")
     token = secrets.token_hex(16)
     tf = pathlib.Path(d) / "token"
@@ -127,7 +147,7 @@ def sandboxer_run(args):
             if port:
                 break
             time.sleep(0.02)
-        m = Measure()
+        ms = [Measure() for _ in range(clients)]
 
         def decode(msg):
             if '"proc.output"' not in msg[:80] and '"type":"proc.output"' not in msg:
@@ -137,17 +157,18 @@ def sandboxer_run(args):
                 return None
             return e["data"].encode() if "data" in e else b""
 
-        async def go():
+        async def one(m, first):
             # A client too slow for its queue is closed with 4008 `resume_after=N` and subscribes
             # again after N (tests/protocol/README.md), as the SDKs do; the time that takes is part of the figure.
-            since, first = 0, True
+            since = 0
             while True:
                 task = asyncio.create_task(ws_read(f"ws://127.0.0.1:{port}", m, subscribe=since,
                                                    headers={"Authorization": f"Bearer {token}"}, decode=decode))
                 if first:
-                    await asyncio.sleep(0.3)
+                    await asyncio.sleep(0.3 + 0.01 * clients)
                     gate.touch()
-                    m.t0 = time.monotonic()
+                    for x in ms:
+                        x.t0 = time.monotonic()
                     first = False
                 try:
                     await task
@@ -157,8 +178,12 @@ def sandboxer_run(args):
                         raise
                     since = int(e.rcvd.reason.split("=", 1)[1])
                     m.resumed += 1
+
+        async def go():
+            await asyncio.gather(*(one(m, i == 0) for i, m in enumerate(ms)))
         asyncio.run(go())
-        return m
+        ms[0].jlat = journal_latency(pathlib.Path(d) / "s" / "journal")
+        return ms[0] if clients == 1 else ms
     finally:
         p.terminate()
         p.wait(30)
@@ -175,6 +200,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=8 if _rows.QUICK else 64)
     ap.add_argument("--events", type=int, default=3000 if _rows.QUICK else 30000)
+    ap.add_argument("--lines", type=int, default=20000 if _rows.QUICK else 200000)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--clients-mb", type=int, default=1 if _rows.QUICK else 4)
     a = ap.parse_args()
     bulk = ["bulk", str(a.mb << 20), "4096"]
     rate = ["rate", str(a.events), "10000"]
@@ -185,12 +213,31 @@ def main():
         print(f"... {name}: latency", file=sys.stderr, flush=True)
         thr = t.bytes / (1 << 20) / (t.t1 - t.t0)
         lat = fn(rate)
-        rows[name] = (thr, pct(lat.lat, 0.5), pct(lat.lat, 0.99), len(lat.lat), (t.resumed, lat.resumed))
+        rows[name] = (thr, pct(lat.lat, 0.5), pct(lat.lat, 0.99), len(lat.lat), (t.resumed, lat.resumed),
+                      getattr(lat, "jlat", []))
     print(f"bench/ws: {a.mb} MiB of stdout in 4 KiB lines; {a.events} lines at 10k/s (latency)")
     print(f"{'transport':16} {'MiB/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'lines':>7}  resumed after 4008")
-    for name, (thr, p50, p99, n, resumed) in rows.items():
+    for name, (thr, p50, p99, n, resumed, _jl) in rows.items():
         print(f"{name:16} {thr:9.1f} {p50:9.3f} {p99:9.3f} {n:7d}  {resumed[0]} + {resumed[1]}")
     s, w, r = rows["sandboxer-init"], rows["websocketd"], rows["raw pipe"]
+    small = ["bulk", str(a.lines * 100), "100"]
+    took = {}
+    for name, fn in [("websocketd", websocketd_run), ("sandboxer-init", sandboxer_run)]:
+        print(f"... {name}: {a.lines} lines of 100 B", file=sys.stderr, flush=True)
+        t = fn(small)
+        took[name] = t.t1 - t.t0
+    many = ["bulk", str(a.clients_mb << 20), "4096"]
+    agg = {}
+    for name, fn in [("websocketd", websocketd_run), ("sandboxer-init", sandboxer_run)]:
+        print(f"... {name}: {a.clients} clients", file=sys.stderr, flush=True)
+        ms = fn(many, clients=a.clients)
+        agg[name] = sum(m.bytes for m in ms) / (1 << 20) / (max(m.t1 for m in ms) - min(m.t0 for m in ms))
+    jl = s[5]
+    print(f"{a.lines} lines of 100 B: sandboxer {took['sandboxer-init']:.3f} s, websocketd {took['websocketd']:.3f} s "
+          f"(time ratio {took['sandboxer-init'] / took['websocketd']:.2f})")
+    print(f"{a.clients} clients x {a.clients_mb} MiB: aggregate sandboxer {agg['sandboxer-init']:.1f} MiB/s, "
+          f"websocketd {agg['websocketd']:.1f} MiB/s (ratio {agg['sandboxer-init'] / agg['websocketd']:.2f})")
+    print(f"agent line to journal: p50 {pct(jl, 0.5):.3f} ms, p99 {pct(jl, 0.99):.3f} ms ({len(jl)} events)")
     print(f"ratios: throughput sandboxer/websocketd {s[0] / w[0]:.2f}, sandboxer/pipe {s[0] / r[0]:.2f}; "
           f"p50 latency sandboxer/websocketd {s[1] / w[1]:.2f}, p99 {s[2] / w[2]:.2f}")
     thr = f"agent stdout to one WebSocket client, {a.mb} MiB in 4 KiB lines"
@@ -201,6 +248,11 @@ def main():
         _rows.emit("ws", thr, "MiB/s", s[0], peer, theirs[0], better="higher", note=slow(s[4][0]))
     _rows.emit("ws", lat + ", p50", "ms", s[1], "websocketd", w[1], note=slow(s[4][1]))
     _rows.emit("ws", lat + ", p99", "ms", s[2], "websocketd", w[2], note=slow(s[4][1]))
+    _rows.emit("ws", f"{a.lines} lines of 100 B to one client, time", "s", took["sandboxer-init"], "websocketd",
+               took["websocketd"])
+    _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate", "MiB/s",
+               agg["sandboxer-init"], "websocketd (one producer per client)", agg["websocketd"], better="higher")
+    _rows.emit("ws", lat + ", agent line to journal p50", "ms", pct(jl, 0.5))
 
 
 if __name__ == "__main__":

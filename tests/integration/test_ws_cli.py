@@ -121,8 +121,10 @@ def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
     # 4008, attach resumes from its last seq, and in the end every seq is there once.
     n = 20 * 1000 * 1000
     agent = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.01; done; "
-             f"{PROBE} spew {n} && touch /workspace/done && sleep 1"]
-    env = dict(os.environ, SANDBOXER_WS_QUEUE_BYTES="262144")
+             f"{PROBE} spew {n} && touch /workspace/done && sleep 4"]
+    # A client that falls behind is served from the journal; one that takes nothing for the stall
+    # time (1 s here) is closed with 4008.
+    env = dict(os.environ, SANDBOXER_WS_QUEUE_BYTES="262144", SANDBOXER_WS_STALL_SECONDS="1")
     with WsBox(tmp_path, agent, env=env) as box:
         p = subprocess.Popen([str(CLI), "attach", box.url, "--json", "--token-file", str(box.token_file)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -138,6 +140,7 @@ def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
         deadline = time.monotonic() + 60
         while not (box.workspace / "done").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(2)  # past the stall time, however fast the agent was
         out, err = p.communicate(timeout=120)
         out = b"".join(head) + out
         assert p.returncode == 0, err

@@ -75,7 +75,10 @@ def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes
     # from disk at its own pace and is never "too slow"), through a gate file.
     agent = ["sh", "-c", "while [ ! -e /workspace/go ]; do sleep 0.01; done; "
              f"{PROBE} spew {n} && touch /workspace/done && echo END-OF-STREAM && exec sleep 600"]
-    with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"]) as box:
+    # A client that falls behind is served from the journal; only one that takes nothing for the
+    # stall time (2 s here) is closed.
+    env = {**os.environ, "SANDBOXER_WS_STALL_SECONDS": "2"}
+    with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"], env=env) as box:
         async def go():
             # The library stops reading the socket when 4 messages wait unread: the client is stuck.
             async with ws_connect(box, max_queue=4) as ws:
@@ -87,6 +90,7 @@ def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes
                 while not (box.workspace / "done").exists():
                     assert time.monotonic() - t0 < 120, "the agent did not finish while the client was stuck"
                     await asyncio.sleep(0.05)
+                await asyncio.sleep(3)  # past the stall time, whatever the agent's pace
                 # The agent is done; now the client reads again: what was sent, then the close.
                 with_close = None
                 try:

@@ -396,24 +396,36 @@ def test_bad_field_type_names_the_field(server):
     assert "argv" in err.message
 
 
-def test_a_reader_too_slow_is_closed_with_4008_and_resumes_with_every_seq(server):
+def slow_reader(box_server, pause):
     async def go():
-        async with await Box.connect(server.url, server.token) as box:
+        async with await Box.connect(box_server.url, box_server.token) as box:
             async with box.events(since=0) as s:
                 got = await until(s, is_output_with("ready"))  # caught up: the stream is live
                 # 48 MB of output while this reader sleeps: far more than the server queues for it.
                 p = await box.exec([str(PROBE), "spew", "48000000"], proc="spew")
-                await asyncio.sleep(4)
+                await asyncio.sleep(pause)
                 async for ev in s:
                     got.append(ev)
                     if ev["type"] == "proc.exited" and ev.get("proc") == "spew":
                         break
                 return got, s.closes, await p.wait(30)
     got, closes, ex = run(go(), 120)
-    assert any(code == 4008 and reason.startswith("resume_after=") for code, reason in closes), closes
     assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
     assert ex["code"] == 0
     assert sum(len(output_bytes(e)) for e in got if e.get("proc") == "spew") == 48000000
+    return closes
+
+
+def test_a_reader_that_falls_behind_is_served_from_the_journal_without_a_close(server):
+    assert slow_reader(server, 4) == []
+
+
+def test_a_reader_that_takes_nothing_is_closed_with_4008_and_resumes_with_every_seq(make_server, monkeypatch):
+    # The server closes a client that takes nothing for the stall time (1 s here); the stream
+    # resumes after the last seq it yielded.
+    monkeypatch.setenv("SANDBOXER_WS_STALL_SECONDS", "1")
+    closes = slow_reader(make_server([str(PROBE), "wait"]), 4)
+    assert any(code == 4008 and reason.startswith("resume_after=") for code, reason in closes), closes
 
 
 def test_a_field_named_like_the_envelope_is_refused_before_sending(server):

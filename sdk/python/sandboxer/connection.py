@@ -59,6 +59,28 @@ async def open_ws(url: str, token: str, *, auth_frame: bool = False, open_timeou
     return ws
 
 
+async def close_ws(ws: ClientConnection) -> None:
+    """Closes `ws` while reading on (and dropping) what still arrives. The library stops reading
+    the socket while frames wait unread, and the server's Close comes after what the kernel
+    already holds: without reading on, a busy stream's close ends only at the close timeout."""
+    async def drain() -> None:
+        try:
+            while True:
+                await ws.recv()
+        except (ConnectionClosed, RuntimeError):
+            # RuntimeError: another task is reading (it sees the close itself).
+            pass
+    reader = asyncio.get_running_loop().create_task(drain())
+    try:
+        await ws.close()
+    finally:
+        reader.cancel()
+        try:
+            await reader
+        except asyncio.CancelledError:
+            pass
+
+
 def close_info(e: ConnectionClosed) -> tuple[int | None, str]:
     """The close code and reason the server sent, or (None, "") when the connection just broke."""
     if e.rcvd is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from .connection import CLOSE_AUTH, CLOSE_SLOW, classify, close_info, lost_error, open_ws
+from .connection import CLOSE_AUTH, CLOSE_SLOW, classify, close_info, close_ws, lost_error, open_ws
 from .errors import AuthError, ConnectionLost, SandboxerError
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class EventStream:
         ws, self._ws = self._ws, None
         self._box._streams.discard(self)
         if ws is not None:
-            await ws.close()
+            await close_ws(ws)
 
     async def _subscribe(self) -> None:
         """Connects and subscribes from `last_seq`, retrying while the box is unreachable."""
