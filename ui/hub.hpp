@@ -54,16 +54,16 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
 
 class PageSession;
 
+/// Shared by the server and every page session (each holds it), so a session the io_context
+/// destroys at exit still finds it; it owns no I/O object, which must go before the io_context.
 struct Hub {
-  explicit Hub(asio::io_context& io) : io(io), retry(io) {}
+  explicit Hub(asio::io_context& io) : io(io) {}
   asio::io_context& io;
   Store store;
   bool live = false;
   std::string source;                    ///< the box's URL, or the journal directory
   BoxLink::Target box;                   ///< live: where the box is
   std::string box_state = "connecting";  ///< live: connecting, connected, or why it closed
-  std::shared_ptr<BoxLink> feed;         ///< live: the one subscription to the box
-  asio::steady_timer retry;              ///< live: reconnects the feed; replay: follows the journal
   std::set<PageSession*> pages;
 
   /// Every page sends what it has not sent yet.
@@ -76,7 +76,7 @@ struct Hub {
 /// events it subscribed to, sent at the page's own pace (at most kWindow frames queued).
 class PageSession : public std::enable_shared_from_this<PageSession> {
  public:
-  PageSession(Hub& hub, beast::tcp_stream stream);
+  PageSession(std::shared_ptr<Hub> hub, beast::tcp_stream stream);
   ~PageSession();
   asio::awaitable<void> run(http::request<http::string_body> req);
   /// Queues the subscribed events the page has not had yet, up to the window.
@@ -94,7 +94,7 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   void reply(const std::string& id, boost::json::object fields);
   void fail(const std::string& id, std::string_view code, const std::string& message);
 
-  Hub& hub_;
+  std::shared_ptr<Hub> hub_;
   websocket::stream<beast::tcp_stream> ws_;
   std::deque<std::string> out_;
   asio::steady_timer wake_;

@@ -41,12 +41,13 @@ Filter filter_of(const json::object& req) {
 
 }  // namespace
 
-PageSession::PageSession(Hub& hub, beast::tcp_stream stream) : hub_(hub), ws_(std::move(stream)), wake_(hub.io) {
-  hub_.pages.insert(this);
+PageSession::PageSession(std::shared_ptr<Hub> hub, beast::tcp_stream stream)
+    : hub_(std::move(hub)), ws_(std::move(stream)), wake_(hub_->io) {
+  hub_->pages.insert(this);
 }
 
 PageSession::~PageSession() {
-  hub_.pages.erase(this);
+  hub_->pages.erase(this);
   if (link_) link_->close();
 }
 
@@ -59,7 +60,7 @@ asio::awaitable<void> PageSession::run(http::request<http::string_body> req) {
     ws_.read_message_max(1u << 20);
     co_await ws_.async_accept(req, asio::use_awaitable);
     asio::co_spawn(
-        hub_.io, [self]() { return self->write_loop(); }, asio::detached);
+        hub_->io, [self]() { return self->write_loop(); }, asio::detached);
     beast::flat_buffer buf;
     for (;;) {
       co_await ws_.async_read(buf, asio::use_awaitable);
@@ -103,7 +104,7 @@ void PageSession::queue(std::string frame) {
 
 void PageSession::pump() {
   if (!subscribed_ || closed_) return;
-  const auto& store = hub_.store;
+  const auto& store = hub_->store;
   bool added = false;
   while (cursor_ < store.size() && out_.size() < kWindow) {
     const auto& e = store.at(cursor_++);
@@ -149,18 +150,18 @@ void PageSession::handle(std::string_view text) {
 
 bool PageSession::handle_local(const std::string& op, const std::string& id, const json::object& req) {
   if (op == "ui.info") {
-    reply(id, {{"mode", hub_.live ? "live" : "replay"},
-               {"source", hub_.source},
-               {"read_only", !hub_.live},
-               {"box", hub_.live ? hub_.box_state : std::string("journal")},
-               {"ended", hub_.store.ended()},
-               {"last_seq", hub_.store.last_seq()},
-               {"count", hub_.store.size()}});
+    reply(id, {{"mode", hub_->live ? "live" : "replay"},
+               {"source", hub_->source},
+               {"read_only", !hub_->live},
+               {"box", hub_->live ? hub_->box_state : std::string("journal")},
+               {"ended", hub_->store.ended()},
+               {"last_seq", hub_->store.last_seq()},
+               {"count", hub_->store.size()}});
   } else if (op == "subscribe") {
     subscribed_ = true;
     sub_branch_ = str(req, "branch");
-    cursor_ = hub_.store.first_after(num(req, "since", 0));
-    reply(id, {{"last_seq", hub_.store.last_seq()}});
+    cursor_ = hub_->store.first_after(num(req, "since", 0));
+    reply(id, {{"last_seq", hub_->store.last_seq()}});
     pump();
   } else if (op == "unsubscribe") {
     subscribed_ = false;
@@ -176,7 +177,7 @@ bool PageSession::handle_local(const std::string& op, const std::string& id, con
 }
 
 void PageSession::events_range(const std::string& id, const json::object& req) {
-  auto idx = hub_.store.matching(filter_of(req));
+  auto idx = hub_->store.matching(filter_of(req));
   uint64_t from = std::min<uint64_t>(num(req, "from", 0), idx.size());
   uint64_t count = std::min<uint64_t>(num(req, "count", 100), kMaxRange);
   uint64_t to = std::min<uint64_t>(from + count, idx.size());
@@ -185,29 +186,29 @@ void PageSession::events_range(const std::string& id, const json::object& req) {
                       ",\"from\":" + std::to_string(from) + ",\"events\":[";
   for (uint64_t i = from; i < to; ++i) {
     if (i > from) frame += ',';
-    frame += hub_.store.at(idx[i]).line;
+    frame += hub_->store.at(idx[i]).line;
   }
   frame += "]}";
   queue(std::move(frame));
 }
 
 void PageSession::events_find(const std::string& id, const json::object& req) {
-  auto idx = hub_.store.matching(filter_of(req));
+  auto idx = hub_->store.matching(filter_of(req));
   uint64_t seq = num(req, "seq", 0);
   auto it =
-      std::lower_bound(idx.begin(), idx.end(), seq, [&](size_t i, uint64_t s) { return hub_.store.at(i).seq < s; });
+      std::lower_bound(idx.begin(), idx.end(), seq, [&](size_t i, uint64_t s) { return hub_->store.at(i).seq < s; });
   reply(id, {{"index", static_cast<uint64_t>(it - idx.begin())}, {"total", idx.size()}});
 }
 
 void PageSession::relay(const std::string& op, const std::string& id, const json::object& req) {
   if (std::find(std::begin(kRelayed), std::end(kRelayed), op) == std::end(kRelayed))
     return fail(id, "bad_request", op + ": not an operation the page may ask for");
-  if (!hub_.live)
-    return fail(id, "read_only", op + ": refused: this page replays the journal of " + hub_.source + " read-only");
+  if (!hub_->live)
+    return fail(id, "read_only", op + ": refused: this page replays the journal of " + hub_->source + " read-only");
   if (!link_ || link_->closed()) {
     std::weak_ptr<PageSession> weak = weak_from_this();
     link_ = std::make_shared<BoxLink>(
-        hub_.io, hub_.box,
+        hub_->io, hub_->box,
         [weak](std::string text) {
           auto self = weak.lock();
           if (!self) return;
@@ -218,7 +219,7 @@ void PageSession::relay(const std::string& op, const std::string& id, const json
             if (it != v.as_object().end()) self->pending_.erase(json::serialize(it->value()));
           }
           // Replies only: this connection subscribes to nothing, the page's events come from the store.
-          self->queue(self->hub_.scrub(std::move(text)));
+          self->queue(self->hub_->scrub(std::move(text)));
         },
         [weak](std::string why) {
           auto self = weak.lock();

@@ -41,12 +41,18 @@ std::string Hub::scrub(std::string text) const {
 }
 
 struct Server::Impl {
+  // The io_context goes last: destroying it destroys the coroutines still waiting, and the page
+  // sessions among them still use the Hub they share.
   asio::io_context io;
-  Hub hub{io};
+  std::shared_ptr<Hub> hub_ptr = std::make_shared<Hub>(io);
+  Hub& hub = *hub_ptr;
   tcp::acceptor acceptor{io};
   asio::signal_set signals{io, SIGINT, SIGTERM};
+  asio::steady_timer retry{io};   ///< live: reconnects the feed; replay: follows the journal
+  std::shared_ptr<BoxLink> feed;  ///< live: the one subscription to the box
   std::string secret;
   std::string journal_dir;
+  int follow_ms = 250;
   uint16_t port = 0;
 
   asio::awaitable<void> accept_loop();
@@ -113,7 +119,7 @@ asio::awaitable<void> Server::Impl::http_session(tcp::socket sock) {
       std::string origin = "http://" + std::string(req[http::field::host]);
       if (rest && *rest == "ws" && websocket::is_upgrade(req) && req[http::field::origin] == origin) {
         stream.expires_never();
-        auto page = std::make_shared<PageSession>(hub, std::move(stream));
+        auto page = std::make_shared<PageSession>(hub_ptr, std::move(stream));
         co_await page->run(std::move(req));
         co_return;
       }
@@ -150,7 +156,7 @@ asio::awaitable<void> Server::Impl::accept_loop() {
 
 void Server::Impl::connect_feed() {
   hub.box_state = "connecting";
-  hub.feed = std::make_shared<BoxLink>(
+  feed = std::make_shared<BoxLink>(
       io, hub.box,
       [this](std::string text) {
         hub.box_state = "connected";
@@ -163,14 +169,14 @@ void Server::Impl::connect_feed() {
         if (hub.store.ended()) return;
         // The box may be restarting, or the feed was closed for being slow: come back for what
         // follows the last event kept.
-        hub.retry.expires_after(std::chrono::seconds(1));
-        hub.retry.async_wait([this](boost::system::error_code ec) {
+        retry.expires_after(std::chrono::seconds(1));
+        retry.async_wait([this](boost::system::error_code ec) {
           if (!ec) connect_feed();
         });
       });
-  hub.feed->start();
+  feed->start();
   boost::json::object sub{{"id", "ui-feed"}, {"op", "subscribe"}, {"since", hub.store.last_seq()}};
-  hub.feed->send(boost::json::serialize(sub));
+  feed->send(boost::json::serialize(sub));
 }
 
 void Server::Impl::follow_journal() {
@@ -180,11 +186,17 @@ void Server::Impl::follow_journal() {
     return true;
   });
   if (!r) hub.box_state = "read journal " + journal_dir + ": " + r.error().message();
-  if (hub.store.size() != before) hub.publish();
+  if (hub.store.size() != before) {
+    hub.publish();
+    follow_ms = 250;
+  } else {
+    // A finished box's journal is read again less and less often.
+    follow_ms = std::min(follow_ms * 2, 8000);
+  }
   if (hub.store.ended()) return;
   // Another process may still be writing it: the page follows it as `sandboxer log` would.
-  hub.retry.expires_after(std::chrono::seconds(1));
-  hub.retry.async_wait([this](boost::system::error_code ec) {
+  retry.expires_after(std::chrono::milliseconds(follow_ms));
+  retry.async_wait([this](boost::system::error_code ec) {
     if (!ec) follow_journal();
   });
 }

@@ -69,6 +69,7 @@ export class Metrics {
   }
 
   show(branch) {
+    if (![...this.select.options].some((o) => o.value === branch)) this.select.append(el("option", { value: branch }, branch));
     this.branch = branch;
     this.select.value = branch;
     this.charts.replaceChildren();

@@ -37,7 +37,10 @@ export class Timeline {
 
   setFilter(f) {
     Object.assign(this.filter, f);
+    // Pages still on their way were asked for under the old filter: they are dropped on arrival.
+    this.generation = (this.generation ?? 0) + 1;
     this.pages.clear();
+    this.loading.clear();
     this.refresh();
   }
 
@@ -75,12 +78,14 @@ export class Timeline {
   async loadPage(p) {
     if (this.loading.has(p)) return;
     this.loading.add(p);
+    const generation = this.generation;
     try {
       const r = await this.box.request("events.range", { ...this.filter, from: p * PAGE, count: PAGE });
+      if (generation !== this.generation) return;
       this.pages.set(p, r.events);
       while (this.pages.size > KEEP_PAGES) this.pages.delete(this.pages.keys().next().value);
     } finally {
-      this.loading.delete(p);
+      if (generation === this.generation) this.loading.delete(p);
     }
     this.render();
   }

@@ -32,11 +32,15 @@ export function outputText(e) {
   return "";
 }
 
+// Colours and cursor moves are for the consoles; the timeline shows the text alone.
+// eslint-disable-next-line no-control-regex
+const ANSI = /\x1b\[[0-9;?]*[ -\/]*[@-~]|\x1b[()][A-Z0-9]|\x1b[=>]/g;
+
 /** One line summing an event up for the timeline. */
 export function summary(e) {
   switch (e.type) {
     case "proc.output":
-      return `${e.proc} ${e.stream}: ${outputText(e).replace(/\s+$/, "")}`;
+      return `${e.proc} ${e.stream}: ${outputText(e).replace(ANSI, "").replace(/\s+$/, "")}`;
     case "proc.started":
       return `${e.proc} pid ${e.pid}: ${(e.argv || []).join(" ")}`;
     case "proc.exited":
