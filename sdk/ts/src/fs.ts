@@ -1,0 +1,125 @@
+/** Files of the box: fs.read / write / list / stat / mkdir / remove, content in binary frames of
+ * at most 1 MiB each (tests/protocol/README.md). Browser-safe. */
+import { ProtocolError, type JsonObject } from "./errors.js";
+import type { Connection } from "./connection.js";
+import { body, replyArray } from "./connection.js";
+import { concatBytes, dataFields, iterChunks, MAX_CHUNK, utf8, type Chunk } from "./protocol.js";
+
+/** fs.write content up to this size goes inside the request. */
+export const INLINE_MAX = 32 << 10;
+
+/** Collects the binary frames of one transfer; checks they are contiguous. */
+export class Receiver {
+  private parts: Uint8Array[] = [];
+  private size = 0;
+  private last = false;
+  private error: string | null = null;
+  private wake: (() => void) | null = null;
+
+  constructor(private readonly what: string, private readonly base = 0) {}
+
+  readonly sink = (c: Chunk): void => {
+    if (this.last) {
+      this.error ??= `${this.what}: a binary frame arrived after the last one`;
+      return;
+    }
+    if (c.offset !== this.base + this.size) this.error ??= `${this.what}: frame at offset ${c.offset}, expected ${this.base + this.size}`;
+    // The frame's buffer is the socket's: keep a copy.
+    this.parts.push(c.data.slice());
+    this.size += c.data.length;
+    if (c.last) {
+      this.last = true;
+      this.wake?.();
+    }
+  };
+
+  /** The content, once the last frame came; rejects when the connection closes first. */
+  async result(conn: Connection, reply: JsonObject): Promise<Uint8Array> {
+    const expected = typeof reply.length === "number" ? reply.length : typeof reply.size === "number" ? reply.size : null;
+    if (!this.last && !(expected === 0 && this.parts.length === 0)) {
+      const done = new Promise<void>((r) => (this.wake = r));
+      const lost = conn.waitClosed().then((e) => Promise.reject(e));
+      lost.catch(() => {});
+      await Promise.race([done, lost]);
+    }
+    if (this.error) throw new ProtocolError(this.error);
+    const data = concatBytes(this.parts);
+    if (expected !== null && expected !== data.length) {
+      throw new ProtocolError(`${this.what}: reply says ${expected} bytes, frames carried ${data.length}`);
+    }
+    return data;
+  }
+}
+
+export interface WriteOptions {
+  /** Permission bits of a new file. */
+  mode?: number;
+  append?: boolean;
+  branch?: string;
+  /** Content inside the request (`data` / `data_b64`) rather than in binary frames; default:
+   * up to 32 KiB. */
+  inline?: boolean;
+  chunkSize?: number;
+}
+
+/** `box.fs`: the files of the box, confined by the server to the roots its profile allows. */
+export class FileSystem {
+  constructor(private readonly conn: () => Connection) {}
+
+  /** The content of the file at `path` (`/workspace/...` or `/tmp/...`): all of it, or
+   * `length` bytes from `offset`. */
+  async read(path: string, opts: { offset?: number; length?: number; branch?: string } = {}): Promise<Uint8Array> {
+    const conn = this.conn();
+    const recv = new Receiver(`fs.read ${path}`, opts.offset ?? 0);
+    const reply = await conn.request("fs.read", { path, offset: opts.offset || undefined, length: opts.length, branch: opts.branch }, { sink: recv.sink });
+    try {
+      return await recv.result(conn, reply);
+    } finally {
+      conn.dropSink(reply.id as number);
+    }
+  }
+
+  /** The file's content as UTF-8 text. */
+  async readText(path: string, opts: { branch?: string } = {}): Promise<string> {
+    return new TextDecoder().decode(await this.read(path, opts));
+  }
+
+  /** Creates or replaces (or with `append`, extends) the file at `path`; resolves with the reply
+   * (`size`, `path`) once the server has written every byte. */
+  async write(path: string, data: Uint8Array | string, opts: WriteOptions = {}): Promise<JsonObject> {
+    const bytes = typeof data === "string" ? utf8(data) : data;
+    const conn = this.conn();
+    const fields: Record<string, unknown> = { path, mode: opts.mode, append: opts.append || undefined, branch: opts.branch };
+    if (opts.inline ?? bytes.length <= INLINE_MAX) return conn.request("fs.write", { ...fields, ...dataFields(bytes) });
+    const chunkSize = opts.chunkSize ?? MAX_CHUNK;
+    return conn.request("fs.write", fields, {
+      afterSend: async (id) => {
+        for (const frame of iterChunks(id, bytes, chunkSize)) {
+          if (conn.replied(id)) break; // refused (or done) early: the rest would only be ignored
+          await conn.sendBinary(frame);
+        }
+      },
+    });
+  }
+
+  /** The entries of the directory at `path` (name, type, size, ...). */
+  async list(path = "/workspace", opts: { branch?: string } = {}): Promise<JsonObject[]> {
+    const reply = await this.conn().request("fs.list", { path, branch: opts.branch });
+    return replyArray(reply, "entries", "fs.list") as JsonObject[];
+  }
+
+  /** Type, size, mode and mtime of `path`. */
+  async stat(path: string, opts: { branch?: string } = {}): Promise<JsonObject> {
+    return body(await this.conn().request("fs.stat", { path, branch: opts.branch }));
+  }
+
+  /** Creates the directory `path`. */
+  async mkdir(path: string, opts: { branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.mkdir", { path, branch: opts.branch });
+  }
+
+  /** Removes a file, or a directory (`recursive` for one that is not empty). */
+  async remove(path: string, opts: { recursive?: boolean; branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.remove", { path, recursive: opts.recursive || undefined, branch: opts.branch });
+  }
+}
