@@ -90,6 +90,7 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   void relay(const std::string& op, const std::string& id, const boost::json::object& req);
   void events_range(const std::string& id, const boost::json::object& req);
   void events_find(const std::string& id, const boost::json::object& req);
+  void stats_from_journal(const std::string& id);
   void queue(std::string frame);
   void reply(const std::string& id, boost::json::object fields);
   void fail(const std::string& id, std::string_view code, const std::string& message);

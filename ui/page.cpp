@@ -166,8 +166,24 @@ bool PageSession::handle_local(const std::string& op, const std::string& id, con
   } else if (op == "unsubscribe") {
     subscribed_ = false;
     reply(id, {});
+  } else if (op == "auth") {
+    // The page is authenticated by the secret in its address; the client's auth frame carries
+    // nothing, and the box's token is this process's own business.
+  } else if (op == "stats" && !hub_->live) {
+    stats_from_journal(id);
   } else if (op == "events.range") {
     events_range(id, req);
+  } else if (op == "events.procs") {
+    // Every (branch, proc) with an event, in order of first appearance: the page's consoles.
+    std::set<std::pair<std::string, std::string>> seen;
+    json::array procs;
+    const auto& store = hub_->store;
+    for (size_t i = 0; i < store.size(); ++i) {
+      const auto& e = store.at(i);
+      if (!e.proc.empty() && seen.emplace(e.branch, e.proc).second)
+        procs.push_back(json::object{{"branch", e.branch}, {"proc", e.proc}});
+    }
+    reply(id, {{"procs", std::move(procs)}});
   } else if (op == "events.find") {
     events_find(id, req);
   } else {
@@ -190,6 +206,20 @@ void PageSession::events_range(const std::string& id, const json::object& req) {
   }
   frame += "]}";
   queue(std::move(frame));
+}
+
+void PageSession::stats_from_journal(const std::string& id) {
+  // What the box said last: its last metrics event, with the seq it came from.
+  const auto& store = hub_->store;
+  for (size_t i = store.size(); i-- > 0;) {
+    if (store.at(i).type != "metrics") continue;
+    auto v = json::parse(store.at(i).line);
+    json::object out{{"replayed_seq", store.at(i).seq}};
+    for (auto key : {"box", "branches", "procs"})
+      if (auto* f = v.as_object().if_contains(key)) out[key] = *f;
+    return reply(id, std::move(out));
+  }
+  reply(id, {{"replayed_seq", 0}});
 }
 
 void PageSession::events_find(const std::string& id, const json::object& req) {

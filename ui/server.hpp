@@ -1,8 +1,10 @@
 #pragma once
 // `sandboxer ui`'s page server: the embedded page (ui/web, bundled at build time) on 127.0.0.1,
 // behind a random secret in its address, and the page's WebSocket. The page speaks sandboxer.v1
-// to it (the same request and reply shapes as the box's API) plus three ops of its own over the
-// events this process keeps (ui/store.hpp): `ui.info`, `events.range` and `events.find`.
+// to it (the same request and reply shapes as the box's API) plus ops of its own over the events
+// this process keeps (ui/store.hpp): `ui.info`, `events.range{branch, proc, types, from, count}`
+// (a slice of the filtered list and its total), `events.find{..., seq}` (the index of a seq in
+// it) and `events.procs`; `subscribe{since, branch}` is answered from the same events.
 //
 // For a box's URL, this process holds the box's token and one subscription to the box, and relays
 // the page's actions (exec, stdin, signal, resize, stats, checkpoint, fork, restore,

@@ -246,3 +246,38 @@ def test_a_finished_box_replays_the_same_timeline_read_only(tmp_path, page):
         assert reply["ok"] is False and reply["error"]["code"] == "read_only", reply
         assert "read-only" in reply["error"]["message"]
         shot(page, "ui-replay.png")
+
+
+def test_a_timeline_of_120k_events_is_served_by_range_and_the_page_holds_only_the_rows_in_view(tmp_path, page):
+    # A journal in the journal's own format (one segment of compact JSON lines, each starting
+    # with its seq), written here so its size is exact: 120k events over two branches and 10
+    # processes.
+    line = lambda e: json.dumps(e, separators=(",", ":")) + "\n"  # noqa: E731
+    n = 120_000
+    jdir = tmp_path / "state" / "journal"
+    jdir.mkdir(parents=True)
+    with open(jdir / f"{1:020d}.jsonl", "w") as f:
+        f.write(line({"seq": 1, "ts": "2026-11-23T00:00:00.000000Z", "type": "box.started", "box": "b-1",
+                      "branch": "main"}))
+        for seq in range(2, n + 1):
+            f.write(line({"seq": seq, "ts": "2026-11-23T00:00:01.000000Z", "type": "proc.output", "box": "b-1",
+                          "stream": "stdout", "data": f"line {seq}\n", "proc": f"p{seq % 10}",
+                          "branch": "main" if seq % 2 else "f1"}))
+    with Ui(tmp_path / "state") as ui:
+        page.goto(ui.address)
+        page.wait_for_function(f"() => document.querySelector('[data-testid=timeline-count]')?.textContent === '{n} events'",
+                               timeout=30_000)
+        page.fill('[data-testid="jump-seq"]', "100000")
+        page.press('[data-testid="jump-seq"]', "Enter")
+        page.locator('.tl-row[data-seq="100000"]').wait_for(timeout=10_000)
+        assert "line 100000" in page.inner_text('.tl-row[data-seq="100000"]')
+        # Only the rows in view are in the page, not 120k.
+        assert page.locator(".tl-row").count() < 100
+        # A filter is applied by the server over all of them: p3 is on every tenth seq.
+        page.fill('[data-testid="filter-proc"]', "p3")
+        page.press('[data-testid="filter-proc"]', "Enter")
+        page.wait_for_function(f"() => document.querySelector('[data-testid=timeline-count]')?.textContent === '{n // 10} events'",
+                               timeout=10_000)
+        page.wait_for_function("() => { const r = [...document.querySelectorAll('.tl-row')];"
+                               " return r.length > 0 && r.every(e => Number(e.dataset.seq) % 10 === 3); }", timeout=10_000)
+        shot(page, "ui-120k.png")

@@ -20,12 +20,12 @@ export class Actions {
     const b = (label, id, fn) => el("button", { "data-testid": id, onclick: fn, ...(liveBox ? {} : { disabled: "" }) }, label);
     root.append(
       liveBox ? "" : el("div", { class: "note", "data-testid": "read-only" }, "read-only: a journal replayed from disk"),
-      el("div", { class: "row" }, name, b("checkpoint", "do-checkpoint", () => this.run("checkpoint", { name: name.value || undefined, branch: this.branchOf() || undefined }))),
-      el("div", { class: "row" }, this.snapSel, " n ", n, b("fork", "do-fork", () => this.run("fork", { snapshot: this.snapSel.value, n: Number(n.value) }))),
-      el("div", { class: "row" }, proc, sig, b("signal", "do-signal", () => this.run("signal", { proc: proc.value, signal: sig.value }))),
+      el("div", { class: "row" }, name, b("checkpoint", "do-checkpoint", () => this.run("checkpoint", () => box.checkpoint(name.value || undefined, { branch: this.branchOf() || undefined })))),
+      el("div", { class: "row" }, this.snapSel, " n ", n, b("fork", "do-fork", () => this.run("fork", () => box.fork(this.snapSel.value, Number(n.value))))),
+      el("div", { class: "row" }, proc, sig, b("signal", "do-signal", () => this.run("signal", () => box.signal(proc.value, sig.value)))),
       el("div", { class: "row" }, cmd, b("terminal", "do-terminal", () => this.terminal(cmd.value))),
       el("div", { class: "row" }, b("shutdown…", "do-shutdown", () => {
-        if (confirm("Shut the box down? Every process of every branch is ended.")) this.run("shutdown", { grace: "5s" });
+        if (confirm("Shut the box down? Every process of every branch is ended.")) this.run("shutdown", () => box.shutdown("5s"));
       })),
       this.result,
     );
@@ -39,16 +39,18 @@ export class Actions {
     this.snapSel.value = snaps[snaps.length - 1].id;
   }
 
-  async run(op, fields) {
+  /** Runs one call of the client and shows its reply, or its error as the box gave it. */
+  async run(op, call) {
     this.result.textContent = `${op}…`;
     this.result.className = "result";
     try {
-      const r = await this.box.request(op, fields);
+      const r = (await call()) ?? {};
       const { id, ok, ...rest } = r;
       this.result.textContent = `${op}: ok ${JSON.stringify(rest, null, 1)}`;
       return r;
     } catch (e) {
-      this.result.textContent = `${op}: ${e.code}: ${e.message}`;
+      // sdk/ts's errors read "<op>: <code>: <what>".
+      this.result.textContent = e.code && e.message.startsWith(`${op}:`) ? e.message : `${op}: ${e.code ?? "failed"}: ${e.message}`;
       this.result.className = "result error";
       return null;
     }
@@ -58,9 +60,12 @@ export class Actions {
     const proc = `ui-term-${Date.now().toString(36)}-${++terminals}`;
     const branch = this.branchOf() || "main";
     const c = this.consoles.get({ branch, proc }, { pty: true, input: true, focus: true });
-    c.term.onData((data) => this.box.request("stdin", { proc, data }).catch(() => {}));
-    c.term.onResize(({ cols, rows }) => this.box.request("resize", { proc, cols, rows }).catch(() => {}));
-    const r = await this.run("exec", { proc, argv: command.split(/\s+/).filter(Boolean), tty: true, stdin: true, cols: c.term.cols, rows: c.term.rows, branch });
+    c.term.onData((data) => this.box.stdin(proc, data).catch(() => {}));
+    c.term.onResize(({ cols, rows }) => this.box.resize(proc, cols, rows).catch(() => {}));
+    // The exec request itself, not box.exec(): the pty's output reaches the console through the
+    // page's one event stream, and a process handle would follow it on a second one.
+    const argv = command.split(/\s+/).filter(Boolean);
+    const r = await this.run("exec", () => this.box.request("exec", { proc, argv, tty: true, stdin: true, cols: c.term.cols, rows: c.term.rows, branch }));
     if (r) c.term.focus();
   }
 }

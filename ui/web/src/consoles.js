@@ -30,10 +30,14 @@ export class Consoles {
     const tab = el("button", { class: "tab", "data-testid": `tab-${k}`, onclick: () => this.show(k) }, k);
     this.tabs.append(tab);
     this.body.append(pane);
-    c = { k, pane, term, tab, messages, status: "" };
+    c = { k, branch: e.branch, proc: e.proc, pane, term, tab, messages, status: "" };
     this.procs.set(k, c);
     if (!this.current || opts.focus) this.show(k);
     return c;
+  }
+
+  all() {
+    return [...this.procs.values()];
   }
 
   show(k) {
@@ -49,10 +53,26 @@ export class Consoles {
     for (const c of this.procs.values()) c.tab.hidden = branch !== "" && !c.k.startsWith(`${branch}/`);
   }
 
+  flushSoon() {
+    if (this.flushing) return;
+    this.flushing = setTimeout(() => {
+      this.flushing = null;
+      for (const c of this.procs.values()) {
+        if (!c.pending) continue;
+        c.term.write(c.pending);
+        c.pending = "";
+      }
+    }, 30);
+  }
+
   onEvent(e) {
     if (!e.proc) return;
     if (e.type === "proc.output") {
-      this.get(e, { pty: e.stream === "pty" }).term.write(outputText(e));
+      // Written in one piece per console and frame: a journal of 100k lines replays in a
+      // moment instead of one terminal write per event.
+      const c = this.get(e, { pty: e.stream === "pty" });
+      c.pending = (c.pending ?? "") + outputText(e);
+      this.flushSoon();
     } else if (e.type === "proc.started") {
       this.get(e);
     } else if (e.type === "proc.message") {

@@ -25,7 +25,7 @@ export class Timeline {
     this.procInput = el("input", { placeholder: "proc", "data-testid": "filter-proc", size: 8 });
     this.procInput.addEventListener("change", () => this.setFilter({ proc: this.procInput.value.trim() }));
     this.seqInput = el("input", { placeholder: "seq", "data-testid": "jump-seq", size: 8 });
-    this.seqInput.addEventListener("change", () => this.jump(Number(this.seqInput.value)));
+    this.seqInput.addEventListener("change", () => this.jump(Number(this.seqInput.value)).catch(() => {}));
     this.follow = el("input", { type: "checkbox", checked: "", "data-testid": "follow" });
     root.append(
       el("div", { class: "tl-bar" }, this.typeInput, this.procInput, el("label", {}, "jump to ", this.seqInput),
@@ -41,7 +41,7 @@ export class Timeline {
     this.generation = (this.generation ?? 0) + 1;
     this.pages.clear();
     this.loading.clear();
-    this.refresh();
+    this.refresh().catch(() => {});
   }
 
   /** Asks the server for the total again (new events, or another filter), then redraws. */
@@ -49,7 +49,8 @@ export class Timeline {
     if (this.timer) return;
     this.timer = setTimeout(() => {
       this.timer = null;
-      this.refresh();
+      // A lost page server is shown by the status line; the rows on screen stay.
+      this.refresh().catch(() => {});
     }, 250);
   }
 
@@ -99,7 +100,7 @@ export class Timeline {
       const p = Math.floor(i / PAGE);
       const page = this.pages.get(p);
       if (!page) {
-        this.loadPage(p);
+        this.loadPage(p).catch(() => {});
         continue;
       }
       const e = page[i - p * PAGE];
