@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from sbxtest import CLI, ROOT, WsBox, read_journal
+from sbxtest import CLI, ROOT, WsBox, probe, read_journal
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS = ROOT / "docs"
@@ -281,3 +281,18 @@ def test_a_timeline_of_120k_events_is_served_by_range_and_the_page_holds_only_th
         page.wait_for_function("() => { const r = [...document.querySelectorAll('.tl-row')];"
                                " return r.length > 0 && r.every(e => Number(e.dataset.seq) % 10 === 3); }", timeout=10_000)
         shot(page, "ui-120k.png")
+
+
+def test_a_memory_warning_is_marked_on_the_metrics_with_the_ceiling(tmp_path, page):
+    # 59 MiB of a 64 MiB ceiling: past the 90 % warning, held.
+    with WsBox(tmp_path, probe("memhog", 59, "hold"), metrics="500ms",
+               extra=["--set", "resources.memory=64M", "--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        warn = box.wait_event(lambda e: e["type"] == "limit.warning" and e["limit"] == "memory")
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-charts]').dataset.marks) >= 1",
+                               timeout=10_000)
+        assert page.get_attribute('[data-testid="metrics-charts"]', "data-ceiling") == str(warn["ceiling"])
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
+                               timeout=10_000)
+        shot(page, "ui-limit.png")

@@ -115,5 +115,8 @@ export class Metrics {
   update() {
     for (const p of this.plots) p.plot.setData(this.arrays(p.key));
     this.points.textContent = String(this.data.get(this.branch)?.t.length ?? 0);
+    // What the canvas shows, for people with a screen reader and for the tests.
+    this.charts.dataset.marks = String(this.marks.filter((m) => m.branch === this.branch).length);
+    this.charts.dataset.ceiling = this.ceiling ? String(this.ceiling) : "";
   }
 }
