@@ -1,5 +1,6 @@
 // A console per process (xterm.js: ANSI colours, a pty shown as the terminal it is) and its
 // proc.message JSON shown structured beside it.
+import { FitAddon } from "@xterm/addon-fit";
 import { Terminal } from "@xterm/xterm";
 import { el, outputText } from "./util.js";
 
@@ -27,6 +28,21 @@ export class Consoles {
     // Pipes carry "\n" alone; a pty already sends "\r\n".
     const term = new Terminal({ convertEol: !opts.pty, scrollback: 5000, fontSize: 12, rows: 18, cols: 100, disableStdin: !opts.input });
     term.open(termDiv);
+    if (opts.input) {
+      // A terminal of the page's own follows its pane's size; the pty is resized to match
+      // (term.onResize, in actions.js).
+      const fit = new FitAddon();
+      term.loadAddon(fit);
+      const refit = () => {
+        try {
+          if (!pane.hidden) fit.fit();
+        } catch {
+          // Not laid out yet: the next resize fits it.
+        }
+      };
+      window.addEventListener("resize", refit);
+      setTimeout(refit, 0);
+    }
     const tab = el("button", { class: "tab", "data-testid": `tab-${k}`, onclick: () => this.show(k) }, k);
     this.tabs.append(tab);
     this.body.append(pane);
