@@ -70,6 +70,7 @@ int cmd_ui(const std::vector<std::string>& args) {
   if (target.rfind("ws://", 0) == 0 || target.rfind("wss://", 0) == 0) {
     opts.box_url = target;
     opts.box_token = find_token(target, a.value_or("--token-file", ""));
+    opts.insecure = std::getenv("SANDBOXER_INSECURE") != nullptr;
   } else {
     opts.journal_dir = journal_dir_of(target);
   }

@@ -3,7 +3,9 @@
 // from (a box or a journal), the pages connected, and the connections to the box (BoxLink).
 // Private to ui/.
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/json.hpp>
 #include <deque>
 #include <functional>
@@ -23,13 +25,16 @@ using tcp = asio::ip::tcp;
 
 /// One WebSocket connection to the box, authenticated with the box's token (never sent anywhere
 /// else). Frames are sent in order once it is open; `on_text` gets each text frame, `on_close`
-/// once, with why.
+/// once, with why. A wss:// box is verified against the system's CAs (SSL_CERT_FILE and
+/// SSL_CERT_DIR are honoured) and its host name, unless `insecure` (SANDBOXER_INSECURE), as the
+/// CLI's other commands do.
 class BoxLink : public std::enable_shared_from_this<BoxLink> {
  public:
   using TextFn = std::function<void(std::string)>;
   using CloseFn = std::function<void(std::string)>;
   struct Target {
     std::string host, port, path, token;
+    bool tls = false, insecure = false;
   };
   BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close);
   void start();
@@ -38,15 +43,20 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
   bool closed() const { return closed_; }
 
  private:
-  asio::awaitable<void> run();
-  asio::awaitable<void> write_loop();
+  template <class Ws>
+  asio::awaitable<void> run(Ws& ws);
+  template <class Ws>
+  asio::awaitable<void> write_loop(Ws& ws);
   void finish(std::string why);
+  void cancel();
 
   asio::io_context& io_;
   Target target_;
   TextFn on_text_;
   CloseFn on_close_;
-  websocket::stream<beast::tcp_stream> ws_;
+  asio::ssl::context ssl_{asio::ssl::context::tls_client};
+  std::unique_ptr<websocket::stream<beast::tcp_stream>> plain_;
+  std::unique_ptr<websocket::stream<beast::ssl_stream<beast::tcp_stream>>> tls_;
   std::deque<std::string> out_;
   asio::steady_timer wake_;
   bool open_ = false, closed_ = false;

@@ -213,11 +213,14 @@ base::Result<std::unique_ptr<Server>> Server::start(ServerOptions opts) {
     } catch (const std::exception& e) {
       return base::fail(std::string("box URL: ") + e.what(), "bad_request");
     }
-    if (u.tls)
-      return base::fail("box URL " + opts.box_url + ": wss:// is not supported by `sandboxer ui` yet", "bad_request");
     impl->hub.live = true;
     impl->hub.source = opts.box_url;
-    impl->hub.box = {.host = u.host, .port = std::to_string(u.port), .path = u.path, .token = opts.box_token};
+    impl->hub.box = {.host = u.host,
+                     .port = std::to_string(u.port),
+                     .path = u.path,
+                     .token = opts.box_token,
+                     .tls = u.tls,
+                     .insecure = opts.insecure};
   } else {
     impl->hub.source = opts.journal_dir;
     impl->journal_dir = opts.journal_dir;

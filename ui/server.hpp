@@ -24,6 +24,7 @@ struct ServerOptions {
   uint16_t port = 0;        ///< 0: a free port
   std::string box_url;      ///< live: ws://HOST:PORT[/PATH] of the box...
   std::string box_token;    ///< ...and its token
+  bool insecure = false;    ///< wss: accept a self-signed certificate (SANDBOXER_INSECURE)
   std::string journal_dir;  ///< replay: the journal directory of a state dir
   std::string secret;       ///< the page's secret; empty: a random one
 };
@@ -31,7 +32,7 @@ struct ServerOptions {
 class Server {
  public:
   /// Binds 127.0.0.1:port and loads what it serves. Errors: `bind` (the port), `no_bundle` (this
-  /// binary was built without the page), `bad_request` (a URL that is not ws://).
+  /// binary was built without the page), `bad_request` (a URL that is not ws[s]://HOST:PORT).
   static base::Result<std::unique_ptr<Server>> start(ServerOptions opts);
   ~Server();
   /// http://127.0.0.1:PORT/SECRET/

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from sbxtest import CLI, ROOT, WsBox, probe, read_journal
+from sbxtest import CLI, ROOT, WsBox, make_tls, probe, read_journal
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS = ROOT / "docs"
@@ -34,9 +34,9 @@ TICKER = ("import time\n"
 class Ui:
     """`sandboxer ui TARGET` running; `address` is the page's, secret included."""
 
-    def __init__(self, target, token_file=None):
+    def __init__(self, target, token_file=None, env=None):
         cmd = [str(CLI), "ui", str(target)] + (["--token-file", str(token_file)] if token_file else [])
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.address = self.proc.stdout.readline().strip()
         assert self.address.startswith("http://127.0.0.1:"), self.proc.stderr.read()
         self.origin = self.address[:self.address.index("/", len("http://"))]
@@ -296,3 +296,25 @@ def test_a_memory_warning_is_marked_on_the_metrics_with_the_ceiling(tmp_path, pa
         page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
                                timeout=10_000)
         shot(page, "ui-limit.png")
+
+
+def test_a_wss_box_is_relayed_only_when_its_certificate_verifies(tmp_path, page):
+    d = tmp_path / "tls"
+    d.mkdir()
+    tls = make_tls(d, names=("127.0.0.1",))
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]) as box:
+        url = f"wss://127.0.0.1:{box.port}"
+        # The control: a certificate the system does not trust is refused, and the page says why.
+        with Ui(url, box.token_file, env={**os.environ, "SSL_CERT_FILE": str(tls.cert.parent / "none.pem")}) as ui:
+            page.goto(ui.address)
+            page.wait_for_function("() => document.querySelector('[data-testid=fatal]')?.textContent.includes('certificate verify failed')",
+                                   timeout=10_000)
+            assert page.locator(".tl-row").count() == 0
+        with Ui(url, box.token_file, env={**os.environ, "SSL_CERT_FILE": str(tls.ca)}) as ui:
+            page.goto(ui.address)
+            page.locator('[data-testid="timeline"] .tl-row.t-box-started').first.wait_for(timeout=10_000)
+            page.fill('[data-testid="signal-proc"]', "main")
+            page.select_option('[data-testid="signal-name"]', "HUP")
+            page.click('[data-testid="do-signal"]')
+            page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('signal: ok')",
+                                   timeout=10_000)
