@@ -32,6 +32,7 @@ int cmd_up(const std::vector<std::string>& args);
 int cmd_down(const std::vector<std::string>& args);
 int cmd_ps(const std::vector<std::string>& args);
 int cmd_image(const std::vector<std::string>& args);
+int cmd_ui(const std::vector<std::string>& args);
 /// `fork URL --snapshot S -n N --host docker`: N new containers, each restoring S (fork-docker.cpp).
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n);
 /// restore's and fork's request (`op` restore or fork) sent to the box at `url`, and its reply

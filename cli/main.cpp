@@ -32,6 +32,7 @@ const char* kUsage =
     "  export URL SNAPSHOT FILE                                              copy a snapshot's archive out of the box\n"
     "  import URL FILE [--json]                                              copy an archive into the box; prints its "
     "id last\n"
+    "  ui URL|STATE_DIR [--port P] [--open]                                  a live view of the box in the browser\n"
     "  doctor [--json]                                                       what this host enforces, and what is "
     "missing\n"
     "  up --host docker [--profile P] [--env K=V] [--image I] [-v SRC:DST] -- CMD...\n"
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
     if (cmd == "down") return sbx::cli::cmd_down(args);
     if (cmd == "ps") return sbx::cli::cmd_ps(args);
     if (cmd == "image") return sbx::cli::cmd_image(args);
+    if (cmd == "ui") return sbx::cli::cmd_ui(args);
     if (cmd == "version" || cmd == "--version") {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;

@@ -1,0 +1,320 @@
+"""`sandboxer ui`: the page in a real browser (Debian's chromium, headless, driven by Playwright)
+against a real box: the timeline, the consoles, the metrics, the fork tree after a checkpoint and a
+fork made from the page, a terminal, the page secret, and a finished box replayed from its state
+dir. Each test saves a screenshot under docs/ (ui-live.png and ui-fork.png are the README's)."""
+import json
+import os
+import pathlib
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from sbxtest import CLI, ROOT, WsBox, make_tls, probe, read_journal
+
+CHROMIUM = "/usr/bin/chromium"
+DOCS = ROOT / "docs"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="no chromium at /usr/bin/chromium (scripts/install-deps installs it)")
+
+# Prints a numbered line every 0.2 s, keeping its count in memory (a fork continues it).
+TICKER = ("import time\n"
+          "n = 0\n"
+          "while True:\n"
+          "    n += 1\n"
+          "    print(f'\\x1b[32mtick\\x1b[0m {n}', flush=True)\n"
+          "    if n % 10 == 0:\n"
+          "        print('{\"type\": \"progress\", \"n\": %d}' % n, flush=True)\n"
+          "    time.sleep(0.2)\n")
+
+
+class Ui:
+    """`sandboxer ui TARGET` running; `address` is the page's, secret included."""
+
+    def __init__(self, target, token_file=None, env=None):
+        cmd = [str(CLI), "ui", str(target)] + (["--token-file", str(token_file)] if token_file else [])
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.address = self.proc.stdout.readline().strip()
+        assert self.address.startswith("http://127.0.0.1:"), self.proc.stderr.read()
+        self.origin = self.address[:self.address.index("/", len("http://"))]
+        self.secret = self.address.rstrip("/").rsplit("/", 1)[1]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        assert self.proc.returncode == 0, self.proc.stderr.read()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        if self.proc.poll() is None:
+            self.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        # --no-sandbox: the tests run as root, where chromium's own sandbox refuses to start.
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    ctx.close()
+    assert not errors, errors
+
+
+def shot(page, name):
+    page.screenshot(path=str(DOCS / name))
+
+
+def console_text(page, key):
+    return page.locator(f'[data-testid="console-{key}"] .xterm-rows').inner_text()
+
+
+def ticks(events, branch="main"):
+    out = "".join(e.get("data", "") for e in events if e["type"] == "proc.output" and e["branch"] == branch)
+    return [int(line.split()[-1]) for line in out.splitlines() if line.strip().endswith(tuple("0123456789"))]
+
+
+def test_live_page_shows_events_consoles_and_metrics(tmp_path, page):
+    with WsBox(tmp_path, ["python3", "-c", TICKER], metrics="500ms", extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row.t-box-started').first.wait_for(timeout=10_000)
+        assert "live" in page.inner_text('[data-testid="status"]')
+        # The agent's lines reach its console within a second of their event.
+        page.locator('[data-testid="console-main/main"]').wait_for(timeout=10_000)
+        for _ in range(3):
+            box.wait_event(lambda e: e["type"] == "proc.output" and "tick" in e.get("data", ""))
+            last = max(ticks(box.read_events()))
+            page.wait_for_function(
+                "([sel, n]) => document.querySelector(sel)?.innerText.includes(`tick ${n}`)",
+                arg=['[data-testid="console-main/main"] .xterm-rows', last], timeout=1000)
+        # proc.message is shown structured, beside the console.
+        page.locator('[data-testid="messages-main/main"] details').first.wait_for(timeout=5000)
+        assert '"progress"' in page.inner_text('[data-testid="messages-main/main"]')
+        # Two metrics intervals give the chart two points.
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
+                               timeout=10_000)
+        # The timeline filters by type, on the server's side.
+        page.fill('[data-testid="filter-type"]', "metrics")
+        page.press('[data-testid="filter-type"]', "Enter")
+        page.wait_for_function("() => [...document.querySelectorAll('.tl-row .ty')].every(e => e.textContent === 'metrics')"
+                               " && document.querySelectorAll('.tl-row').length > 0", timeout=5000)
+        page.fill('[data-testid="filter-type"]', "")
+        page.press('[data-testid="filter-type"]', "Enter")
+        page.wait_for_function("() => [...document.querySelectorAll('.tl-row .ty')].some(e => e.textContent === 'proc.output')",
+                               timeout=5000)
+        shot(page, "ui-live.png")
+
+
+def test_checkpoint_then_fork_from_the_page_adds_two_branches_each_with_its_console(tmp_path, page):
+    with WsBox(tmp_path, ["python3", "-c", TICKER], metrics="1s", extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        page.locator('[data-testid="console-main/main"]').wait_for(timeout=10_000)
+        page.fill('[data-testid="checkpoint-name"]', "from-page")
+        page.click('[data-testid="do-checkpoint"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('checkpoint: ok')",
+                               timeout=60_000)
+        snap = box.wait_event(lambda e: e["type"] == "checkpoint.created")["snapshot"]
+        page.locator(f'[data-snapshot="{snap}"]').wait_for(timeout=5000)
+        assert "from-page" in page.inner_text('[data-testid="fork-tree"]')
+        page.fill('[data-testid="fork-n"]', "2")
+        page.click('[data-testid="do-fork"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('fork: ok')",
+                               timeout=60_000)
+        fork = box.wait_event(lambda e: e["type"] == "fork.created")
+        copies = [c["branch"] for c in fork["copies"]]
+        assert len(copies) == 2
+        for c in fork["copies"]:
+            # Each copy is a branch under the snapshot in the tree, with a console of its own that
+            # shows the copy's own ticks.
+            page.locator(f'[data-snapshot="{snap}"] [data-branch="{c["branch"]}"]').wait_for(timeout=10_000)
+            key = f'{c["branch"]}/{c["proc"]}'
+            page.locator(f'[data-testid="console-{key}"]').wait_for(state="attached", timeout=10_000)
+            page.click(f'[data-testid="tab-{key}"]')
+            page.wait_for_function("(sel) => document.querySelector(sel)?.innerText.includes('tick')",
+                                   arg=f'[data-testid="console-{key}"] .xterm-rows', timeout=10_000)
+        # A click on a branch filters the timeline to it.
+        page.click(f'[data-testid="branch-{copies[0]}"]')
+        page.wait_for_function("(b) => { const r = [...document.querySelectorAll('.tl-row .br')];"
+                               " return r.length > 0 && r.every(e => e.textContent === b); }", arg=copies[0], timeout=5000)
+        shot(page, "ui-fork.png")
+        # A refused action shows the box's error, and the page goes on.
+        page.fill('[data-testid="signal-proc"]', "no-such-proc")
+        page.click('[data-testid="do-signal"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').classList.contains('error')",
+                               timeout=10_000)
+        assert "signal: no_such_proc" in page.inner_text('[data-testid="action-result"]')
+
+
+def test_typing_in_the_terminal_runs_it_in_the_box(tmp_path, page):
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.click('[data-testid="do-terminal"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('exec: ok')",
+                               timeout=20_000)
+        term = page.locator('[data-testid^="console-main/ui-term-"]')
+        term.wait_for(timeout=5000)
+        term.click()
+        page.keyboard.type("echo hi\n")
+        # The command echoed by the pty, then its output on a line of its own.
+        page.wait_for_function("() => [...document.querySelectorAll('[data-testid^=\"console-main/ui-term-\"] .xterm-rows > div')]"
+                               ".some(r => r.textContent.trim() === 'hi')", timeout=10_000)
+        exe = box.wait_event(lambda e: e["type"] == "proc.started" and e["proc"].startswith("ui-term-"))
+        assert exe["argv"] == ["/bin/sh"]
+        shot(page, "ui-terminal.png")
+
+
+def test_a_wrong_or_missing_secret_gets_403_and_no_data(tmp_path, page):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+    with WsBox(tmp_path, ["sleep", "600"]) as box, Ui(box.url, box.token_file) as ui:
+        wrong = "0" * len(ui.secret)
+        for url in (ui.origin + "/", ui.origin + f"/{wrong}/", ui.origin + f"/{wrong}/app.js", ui.origin + "/app.js",
+                    ui.origin + f"/{ui.secret[:-1]}/", ui.origin + f"/{ui.secret}"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(url, timeout=10)
+            assert e.value.code == 403, url
+            assert e.value.read() == b"forbidden\n", url
+        # The control: with the secret, the same requests are answered.
+        with urllib.request.urlopen(ui.address + "app.js", timeout=10) as r:
+            assert r.status == 200 and len(r.read()) > 10_000
+        ws = ui.origin.replace("http://", "ws://")
+        for url, origin in ((f"{ws}/{wrong}/ws", ui.origin), (f"{ws}/ws", ui.origin),
+                            (f"{ws}/{ui.secret}/ws", "http://evil.example"), (f"{ws}/{ui.secret}/ws", None)):
+            with pytest.raises(InvalidStatus) as e:
+                connect(url, origin=origin, subprotocols=["sandboxer.v1"], open_timeout=10)
+            assert e.value.response.status_code == 403, (url, origin)
+        with connect(f"{ws}/{ui.secret}/ws", origin=ui.origin, subprotocols=["sandboxer.v1"], open_timeout=10) as c:
+            c.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+            assert json.loads(c.recv(10))["ok"] is True
+            assert json.loads(c.recv(10))["type"] == "box.started"
+            # The page cannot reach what only the CLI's own commands do.
+            c.send(json.dumps({"id": 2, "op": "fs.read", "path": "/workspace/x"}))
+            while (m := json.loads(c.recv(10))).get("id") != 2:
+                pass
+            assert m["error"]["code"] == "bad_request" and "fs.read" in m["error"]["message"]
+        page.goto(ui.origin + f"/{wrong}/")
+        assert "forbidden" in page.inner_text("body")
+        shot(page, "ui-forbidden.png")
+        # The token was never sent to the browser: not in the page, nor in any frame it got.
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        assert box.token not in page.content()
+
+
+def test_a_finished_box_replays_the_same_timeline_read_only(tmp_path, page):
+    with WsBox(tmp_path, ["python3", "-c", "print('one'); print('{\"type\": \"done\"}'); print('two')"],
+               metrics="0", extra=["--set", "resources.grace=1s"]) as box:
+        box.wait_event(lambda e: e["type"] == "proc.exited" and e["proc"] == "main", timeout=30)
+        assert box.stop() == 0
+    events = read_journal(box.state)
+    with Ui(box.state) as ui:
+        page.goto(ui.address)
+        page.wait_for_function("(n) => document.querySelector('[data-testid=timeline-count]')?.textContent === `${n} events`",
+                               arg=len(events), timeout=10_000)
+        rows = page.locator(".tl-row")
+        got = [(int(rows.nth(i).get_attribute("data-seq")), rows.nth(i).locator(".ty").inner_text())
+               for i in range(min(rows.count(), len(events)))]
+        assert got == [(e["seq"], e["type"]) for e in events][:len(got)] and got
+        assert "replay" in page.inner_text('[data-testid="status"]')
+        assert "one" in console_text(page, "main/main") and "two" in console_text(page, "main/main")
+        # Actions are disabled in the page, and refused by the server.
+        assert page.locator('[data-testid="do-checkpoint"]').is_disabled()
+        reply = page.evaluate("""async () => {
+            const ws = new WebSocket(new URL('ws', location.href).href.replace('http', 'ws'), 'sandboxer.v1');
+            await new Promise(r => ws.onopen = r);
+            ws.send(JSON.stringify({id: 1, op: 'checkpoint'}));
+            return await new Promise(r => ws.onmessage = m => r(JSON.parse(m.data)));
+        }""")
+        assert reply["ok"] is False and reply["error"]["code"] == "read_only", reply
+        assert "read-only" in reply["error"]["message"]
+        shot(page, "ui-replay.png")
+
+
+def test_a_timeline_of_120k_events_is_served_by_range_and_the_page_holds_only_the_rows_in_view(tmp_path, page):
+    # A journal in the journal's own format (one segment of compact JSON lines, each starting
+    # with its seq), written here so its size is exact: 120k events over two branches and 10
+    # processes.
+    line = lambda e: json.dumps(e, separators=(",", ":")) + "\n"  # noqa: E731
+    n = 120_000
+    jdir = tmp_path / "state" / "journal"
+    jdir.mkdir(parents=True)
+    with open(jdir / f"{1:020d}.jsonl", "w") as f:
+        f.write(line({"seq": 1, "ts": "2026-11-23T00:00:00.000000Z", "type": "box.started", "box": "b-1",
+                      "branch": "main"}))
+        for seq in range(2, n + 1):
+            f.write(line({"seq": seq, "ts": "2026-11-23T00:00:01.000000Z", "type": "proc.output", "box": "b-1",
+                          "stream": "stdout", "data": f"line {seq}\n", "proc": f"p{seq % 10}",
+                          "branch": "main" if seq % 2 else "f1"}))
+    with Ui(tmp_path / "state") as ui:
+        page.goto(ui.address)
+        page.wait_for_function(f"() => document.querySelector('[data-testid=timeline-count]')?.textContent === '{n} events'",
+                               timeout=30_000)
+        page.fill('[data-testid="jump-seq"]', "100000")
+        page.press('[data-testid="jump-seq"]', "Enter")
+        page.locator('.tl-row[data-seq="100000"]').wait_for(timeout=10_000)
+        assert "line 100000" in page.inner_text('.tl-row[data-seq="100000"]')
+        # Only the rows in view are in the page, not 120k.
+        assert page.locator(".tl-row").count() < 100
+        # A filter is applied by the server over all of them: p3 is on every tenth seq.
+        page.fill('[data-testid="filter-proc"]', "p3")
+        page.press('[data-testid="filter-proc"]', "Enter")
+        page.wait_for_function(f"() => document.querySelector('[data-testid=timeline-count]')?.textContent === '{n // 10} events'",
+                               timeout=10_000)
+        page.wait_for_function("() => { const r = [...document.querySelectorAll('.tl-row')];"
+                               " return r.length > 0 && r.every(e => Number(e.dataset.seq) % 10 === 3); }", timeout=10_000)
+        shot(page, "ui-120k.png")
+
+
+def test_a_memory_warning_is_marked_on_the_metrics_with_the_ceiling(tmp_path, page):
+    # 59 MiB of a 64 MiB ceiling: past the 90 % warning, held.
+    with WsBox(tmp_path, probe("memhog", 59, "hold"), metrics="500ms",
+               extra=["--set", "resources.memory=64M", "--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        warn = box.wait_event(lambda e: e["type"] == "limit.warning" and e["limit"] == "memory")
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-charts]').dataset.marks) >= 1",
+                               timeout=10_000)
+        assert page.get_attribute('[data-testid="metrics-charts"]', "data-ceiling") == str(warn["ceiling"])
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
+                               timeout=10_000)
+        shot(page, "ui-limit.png")
+
+
+def test_a_wss_box_is_relayed_only_when_its_certificate_verifies(tmp_path, page):
+    d = tmp_path / "tls"
+    d.mkdir()
+    tls = make_tls(d, names=("127.0.0.1",))
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]) as box:
+        url = f"wss://127.0.0.1:{box.port}"
+        # The control: a certificate the system does not trust is refused, and the page says why.
+        with Ui(url, box.token_file, env={**os.environ, "SSL_CERT_FILE": str(tls.cert.parent / "none.pem")}) as ui:
+            page.goto(ui.address)
+            page.wait_for_function("() => document.querySelector('[data-testid=fatal]')?.textContent.includes('certificate verify failed')",
+                                   timeout=10_000)
+            assert page.locator(".tl-row").count() == 0
+        with Ui(url, box.token_file, env={**os.environ, "SSL_CERT_FILE": str(tls.ca)}) as ui:
+            page.goto(ui.address)
+            page.locator('[data-testid="timeline"] .tl-row.t-box-started').first.wait_for(timeout=10_000)
+            page.fill('[data-testid="signal-proc"]', "main")
+            page.select_option('[data-testid="signal-name"]', "HUP")
+            page.click('[data-testid="do-signal"]')
+            page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('signal: ok')",
+                                   timeout=10_000)

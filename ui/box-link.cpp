@@ -1,0 +1,131 @@
+// The page server's connections to the box: Boost.Beast's WebSocket client on the server's own
+// io_context, so the relay and the page share one thread and need no locks.
+#include <openssl/ssl.h>
+
+#include <chrono>
+
+#include "ui/hub.hpp"
+
+namespace sbx::ui {
+
+BoxLink::BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close)
+    : io_(io), target_(std::move(target)), on_text_(std::move(on_text)), on_close_(std::move(on_close)), wake_(io) {
+  if (target_.tls) {
+    ssl_.set_default_verify_paths();
+    ssl_.set_verify_mode(target_.insecure ? asio::ssl::verify_none : asio::ssl::verify_peer);
+    if (!target_.insecure) ssl_.set_verify_callback(asio::ssl::host_name_verification(target_.host));
+    tls_ = std::make_unique<websocket::stream<beast::ssl_stream<beast::tcp_stream>>>(io, ssl_);
+  } else {
+    plain_ = std::make_unique<websocket::stream<beast::tcp_stream>>(io);
+  }
+}
+
+void BoxLink::start() {
+  auto self = shared_from_this();
+  if (tls_)
+    asio::co_spawn(
+        io_, [self]() { return self->run(*self->tls_); }, asio::detached);
+  else
+    asio::co_spawn(
+        io_, [self]() { return self->run(*self->plain_); }, asio::detached);
+}
+
+void BoxLink::cancel() {
+  if (tls_) beast::get_lowest_layer(*tls_).cancel();
+  if (plain_) beast::get_lowest_layer(*plain_).cancel();
+}
+
+void BoxLink::send(std::string frame) {
+  if (closed_) return;
+  out_.push_back(std::move(frame));
+  wake_.cancel();
+}
+
+void BoxLink::close() {
+  if (closed_) return;
+  closed_ = true;
+  wake_.cancel();
+  cancel();
+}
+
+void BoxLink::finish(std::string why) {
+  bool was_closed = closed_;
+  closed_ = true;
+  wake_.cancel();
+  // The callbacks may hold the last reference to this link's owner: call them once, last.
+  auto on_close = std::move(on_close_);
+  on_text_ = nullptr;
+  if (!was_closed && on_close) on_close(std::move(why));
+}
+
+template <class Ws>
+asio::awaitable<void> BoxLink::run(Ws& ws) {
+  auto self = shared_from_this();
+  try {
+    tcp::resolver resolver(io_);
+    auto results = co_await resolver.async_resolve(target_.host, target_.port, asio::use_awaitable);
+    beast::get_lowest_layer(ws).expires_after(std::chrono::seconds(10));
+    co_await beast::get_lowest_layer(ws).async_connect(results, asio::use_awaitable);
+    if constexpr (!std::is_same_v<Ws, websocket::stream<beast::tcp_stream>>) {
+      // SNI, for a box behind a proxy that routes by name.
+      SSL_set_tlsext_host_name(ws.next_layer().native_handle(), target_.host.c_str());
+      co_await ws.next_layer().async_handshake(asio::ssl::stream_base::client, asio::use_awaitable);
+    }
+    beast::get_lowest_layer(ws).expires_never();
+    ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+    std::string auth = "Bearer " + target_.token;
+    ws.set_option(websocket::stream_base::decorator([auth](websocket::request_type& req) {
+      req.set(http::field::authorization, auth);
+      req.set(http::field::sec_websocket_protocol, "sandboxer.v1");
+    }));
+    ws.read_message_max(4u << 20);
+    std::string host = target_.host + ":" + target_.port;
+    co_await ws.async_handshake(host, target_.path, asio::use_awaitable);
+    open_ = true;
+    asio::co_spawn(
+        io_, [self, &ws]() { return self->write_loop(ws); }, asio::detached);
+    beast::flat_buffer buf;
+    while (!closed_) {
+      co_await ws.async_read(buf, asio::use_awaitable);
+      if (ws.got_text() && on_text_) on_text_(beast::buffers_to_string(buf.data()));
+      buf.consume(buf.size());
+    }
+    finish("closed");
+  } catch (const boost::system::system_error& e) {
+    std::string why = e.code() == websocket::error::closed && !ws.reason().reason.empty()
+                          ? "closed by the box: " + std::string(ws.reason().reason.c_str())
+                          : e.code().message();
+    if (e.code() == websocket::error::closed && ws.reason().reason.empty())
+      why = "closed by the box (" + std::to_string(ws.reason().code) + ")";
+    finish("connection to " + target_.host + ":" + target_.port + ": " + why);
+  } catch (const std::exception& e) {
+    finish(std::string("connection to the box: ") + e.what());
+  }
+}
+
+template <class Ws>
+asio::awaitable<void> BoxLink::write_loop(Ws& ws) {
+  auto self = shared_from_this();
+  try {
+    while (!closed_) {
+      if (out_.empty()) {
+        wake_.expires_at(asio::steady_timer::time_point::max());
+        boost::system::error_code ec;
+        co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      ws.text(true);
+      co_await ws.async_write(asio::buffer(out_.front()), asio::use_awaitable);
+      out_.pop_front();
+    }
+    if (open_) {
+      boost::system::error_code ec;
+      co_await ws.async_close(websocket::close_code::normal, asio::redirect_error(asio::use_awaitable, ec));
+    }
+  } catch (const std::exception&) {
+    // The read loop sees the same failure and reports it.
+    cancel();
+  }
+}
+
+}  // namespace sbx::ui

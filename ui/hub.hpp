@@ -1,0 +1,120 @@
+#pragma once
+// What the page server's parts share, on its one thread: the events kept (Store), where they come
+// from (a box or a journal), the pages connected, and the connections to the box (BoxLink).
+// Private to ui/.
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
+#include <boost/json.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "ui/store.hpp"
+
+namespace sbx::ui {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using tcp = asio::ip::tcp;
+
+/// One WebSocket connection to the box, authenticated with the box's token (never sent anywhere
+/// else). Frames are sent in order once it is open; `on_text` gets each text frame, `on_close`
+/// once, with why. A wss:// box is verified against the system's CAs (SSL_CERT_FILE and
+/// SSL_CERT_DIR are honoured) and its host name, unless `insecure` (SANDBOXER_INSECURE), as the
+/// CLI's other commands do.
+class BoxLink : public std::enable_shared_from_this<BoxLink> {
+ public:
+  using TextFn = std::function<void(std::string)>;
+  using CloseFn = std::function<void(std::string)>;
+  struct Target {
+    std::string host, port, path, token;
+    bool tls = false, insecure = false;
+  };
+  BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close);
+  void start();
+  void send(std::string frame);
+  void close();
+  bool closed() const { return closed_; }
+
+ private:
+  template <class Ws>
+  asio::awaitable<void> run(Ws& ws);
+  template <class Ws>
+  asio::awaitable<void> write_loop(Ws& ws);
+  void finish(std::string why);
+  void cancel();
+
+  asio::io_context& io_;
+  Target target_;
+  TextFn on_text_;
+  CloseFn on_close_;
+  asio::ssl::context ssl_{asio::ssl::context::tls_client};
+  std::unique_ptr<websocket::stream<beast::tcp_stream>> plain_;
+  std::unique_ptr<websocket::stream<beast::ssl_stream<beast::tcp_stream>>> tls_;
+  std::deque<std::string> out_;
+  asio::steady_timer wake_;
+  bool open_ = false, closed_ = false;
+};
+
+class PageSession;
+
+/// Shared by the server and every page session (each holds it), so a session the io_context
+/// destroys at exit still finds it; it owns no I/O object, which must go before the io_context.
+struct Hub {
+  explicit Hub(asio::io_context& io) : io(io) {}
+  asio::io_context& io;
+  Store store;
+  bool live = false;
+  std::string source;                    ///< the box's URL, or the journal directory
+  BoxLink::Target box;                   ///< live: where the box is
+  std::string box_state = "connecting";  ///< live: connecting, connected, or why it closed
+  std::set<PageSession*> pages;
+
+  /// Every page sends what it has not sent yet.
+  void publish();
+  /// `text` with the box's token replaced: it must never reach a page.
+  std::string scrub(std::string text) const;
+};
+
+/// The page's WebSocket: its requests answered from the Store or relayed to the box, and the
+/// events it subscribed to, sent at the page's own pace (at most kWindow frames queued).
+class PageSession : public std::enable_shared_from_this<PageSession> {
+ public:
+  PageSession(std::shared_ptr<Hub> hub, beast::tcp_stream stream);
+  ~PageSession();
+  asio::awaitable<void> run(http::request<http::string_body> req);
+  /// Queues the subscribed events the page has not had yet, up to the window.
+  void pump();
+
+ private:
+  static constexpr size_t kWindow = 256;
+  asio::awaitable<void> write_loop();
+  void handle(std::string_view text);
+  bool handle_local(const std::string& op, const std::string& id, const boost::json::object& req);
+  void relay(const std::string& op, const std::string& id, const boost::json::object& req);
+  void events_range(const std::string& id, const boost::json::object& req);
+  void events_find(const std::string& id, const boost::json::object& req);
+  void stats_from_journal(const std::string& id);
+  void queue(std::string frame);
+  void reply(const std::string& id, boost::json::object fields);
+  void fail(const std::string& id, std::string_view code, const std::string& message);
+
+  std::shared_ptr<Hub> hub_;
+  websocket::stream<beast::tcp_stream> ws_;
+  std::deque<std::string> out_;
+  asio::steady_timer wake_;
+  bool closed_ = false;
+  bool subscribed_ = false;
+  std::string sub_branch_;
+  size_t cursor_ = 0;
+  std::shared_ptr<BoxLink> link_;
+  std::set<std::string> pending_;  ///< ids (as JSON) of requests relayed and not answered yet
+};
+
+}  // namespace sbx::ui

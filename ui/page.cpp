@@ -1,0 +1,266 @@
+// The page's WebSocket (ui/hub.hpp): sandboxer.v1 requests answered from the events this process
+// keeps, or relayed to the box on a connection of the page's own.
+#include <algorithm>
+#include <boost/json.hpp>
+
+#include "ui/hub.hpp"
+
+namespace sbx::ui {
+
+namespace {
+
+namespace json = boost::json;
+
+// What the page may ask of the box: the actions the CLI has. Everything else (auth, fs.* with
+// binary frames, snapshot.export/import) stays with the CLI's own subcommands.
+constexpr std::string_view kRelayed[] = {"exec", "stdin",   "signal",        "resize",   "stats", "checkpoint",
+                                         "fork", "restore", "snapshot.list", "shutdown", "ping"};
+
+constexpr size_t kMaxRange = 2000;
+
+std::string str(const json::object& o, std::string_view key) {
+  auto it = o.find(key);
+  return it != o.end() && it->value().is_string() ? std::string(it->value().as_string()) : std::string();
+}
+
+uint64_t num(const json::object& o, std::string_view key, uint64_t dflt) {
+  auto it = o.find(key);
+  if (it == o.end()) return dflt;
+  if (it->value().is_int64() && it->value().as_int64() >= 0) return static_cast<uint64_t>(it->value().as_int64());
+  if (it->value().is_uint64()) return it->value().as_uint64();
+  return dflt;
+}
+
+Filter filter_of(const json::object& req) {
+  Filter f{.branch = str(req, "branch"), .proc = str(req, "proc")};
+  if (auto it = req.find("types"); it != req.end() && it->value().is_array())
+    for (const auto& t : it->value().as_array())
+      if (t.is_string() && !t.as_string().empty()) f.types.emplace_back(t.as_string());
+  return f;
+}
+
+}  // namespace
+
+PageSession::PageSession(std::shared_ptr<Hub> hub, beast::tcp_stream stream)
+    : hub_(std::move(hub)), ws_(std::move(stream)), wake_(hub_->io) {
+  hub_->pages.insert(this);
+}
+
+PageSession::~PageSession() {
+  hub_->pages.erase(this);
+  if (link_) link_->close();
+}
+
+asio::awaitable<void> PageSession::run(http::request<http::string_body> req) {
+  auto self = shared_from_this();
+  try {
+    ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+    ws_.set_option(websocket::stream_base::decorator(
+        [](websocket::response_type& res) { res.set(http::field::sec_websocket_protocol, "sandboxer.v1"); }));
+    ws_.read_message_max(1u << 20);
+    co_await ws_.async_accept(req, asio::use_awaitable);
+    asio::co_spawn(
+        hub_->io, [self]() { return self->write_loop(); }, asio::detached);
+    beast::flat_buffer buf;
+    for (;;) {
+      co_await ws_.async_read(buf, asio::use_awaitable);
+      if (ws_.got_text()) handle(beast::buffers_to_string(buf.data()));
+      buf.consume(buf.size());
+    }
+  } catch (const std::exception&) {
+    // The page went away (or sent what the WebSocket layer refuses): only this session ends.
+  }
+  closed_ = true;
+  wake_.cancel();
+  if (link_) link_->close();
+}
+
+asio::awaitable<void> PageSession::write_loop() {
+  auto self = shared_from_this();
+  try {
+    while (!closed_) {
+      if (out_.empty()) {
+        wake_.expires_at(asio::steady_timer::time_point::max());
+        boost::system::error_code ec;
+        co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      ws_.text(true);
+      co_await ws_.async_write(asio::buffer(out_.front()), asio::use_awaitable);
+      out_.pop_front();
+      pump();
+    }
+  } catch (const std::exception&) {
+    closed_ = true;
+    beast::get_lowest_layer(ws_).cancel();
+  }
+}
+
+void PageSession::queue(std::string frame) {
+  if (closed_) return;
+  out_.push_back(std::move(frame));
+  wake_.cancel();
+}
+
+void PageSession::pump() {
+  if (!subscribed_ || closed_) return;
+  const auto& store = hub_->store;
+  bool added = false;
+  while (cursor_ < store.size() && out_.size() < kWindow) {
+    const auto& e = store.at(cursor_++);
+    if (!sub_branch_.empty() && e.branch != sub_branch_) continue;
+    out_.push_back(e.line);
+    added = true;
+  }
+  if (added) wake_.cancel();
+}
+
+void PageSession::reply(const std::string& id, json::object fields) {
+  std::string body = json::serialize(fields);
+  // {"id": ID, "ok": true, ...fields}
+  std::string frame = "{\"id\":" + id + ",\"ok\":true";
+  if (body.size() > 2)
+    frame += "," + body.substr(1);
+  else
+    frame += "}";
+  queue(std::move(frame));
+}
+
+void PageSession::fail(const std::string& id, std::string_view code, const std::string& message) {
+  json::object err{{"code", code}, {"message", message}};
+  json::object o{{"ok", false}, {"error", std::move(err)}};
+  std::string body = json::serialize(o);
+  queue("{\"id\":" + id + "," + body.substr(1));
+}
+
+void PageSession::handle(std::string_view text) {
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  if (ec || !v.is_object()) return fail("null", "bad_request", "request: not a JSON object");
+  const auto& req = v.as_object();
+  std::string id = "null";
+  if (auto it = req.find("id"); it != req.end() && (it->value().is_int64() || it->value().is_string()))
+    id = json::serialize(it->value());
+  auto op_it = req.find("op");
+  if (op_it == req.end() || !op_it->value().is_string()) return fail(id, "bad_request", "request: no \"op\"");
+  std::string op(op_it->value().as_string());
+  if (handle_local(op, id, req)) return;
+  relay(op, id, req);
+}
+
+bool PageSession::handle_local(const std::string& op, const std::string& id, const json::object& req) {
+  if (op == "ui.info") {
+    reply(id, {{"mode", hub_->live ? "live" : "replay"},
+               {"source", hub_->source},
+               {"read_only", !hub_->live},
+               {"box", hub_->live ? hub_->box_state : std::string("journal")},
+               {"ended", hub_->store.ended()},
+               {"last_seq", hub_->store.last_seq()},
+               {"count", hub_->store.size()}});
+  } else if (op == "subscribe") {
+    subscribed_ = true;
+    sub_branch_ = str(req, "branch");
+    cursor_ = hub_->store.first_after(num(req, "since", 0));
+    reply(id, {{"last_seq", hub_->store.last_seq()}});
+    pump();
+  } else if (op == "unsubscribe") {
+    subscribed_ = false;
+    reply(id, {});
+  } else if (op == "auth") {
+    // The page is authenticated by the secret in its address; the client's auth frame carries
+    // nothing, and the box's token is this process's own business.
+  } else if (op == "stats" && !hub_->live) {
+    stats_from_journal(id);
+  } else if (op == "events.range") {
+    events_range(id, req);
+  } else if (op == "events.procs") {
+    // Every (branch, proc) with an event, in order of first appearance: the page's consoles.
+    std::set<std::pair<std::string, std::string>> seen;
+    json::array procs;
+    const auto& store = hub_->store;
+    for (size_t i = 0; i < store.size(); ++i) {
+      const auto& e = store.at(i);
+      if (!e.proc.empty() && seen.emplace(e.branch, e.proc).second)
+        procs.push_back(json::object{{"branch", e.branch}, {"proc", e.proc}});
+    }
+    reply(id, {{"procs", std::move(procs)}});
+  } else if (op == "events.find") {
+    events_find(id, req);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void PageSession::events_range(const std::string& id, const json::object& req) {
+  auto idx = hub_->store.matching(filter_of(req));
+  uint64_t from = std::min<uint64_t>(num(req, "from", 0), idx.size());
+  uint64_t count = std::min<uint64_t>(num(req, "count", 100), kMaxRange);
+  uint64_t to = std::min<uint64_t>(from + count, idx.size());
+  // The lines go out as they are: each is already one JSON object.
+  std::string frame = "{\"id\":" + id + ",\"ok\":true,\"total\":" + std::to_string(idx.size()) +
+                      ",\"from\":" + std::to_string(from) + ",\"events\":[";
+  for (uint64_t i = from; i < to; ++i) {
+    if (i > from) frame += ',';
+    frame += hub_->store.at(idx[i]).line;
+  }
+  frame += "]}";
+  queue(std::move(frame));
+}
+
+void PageSession::stats_from_journal(const std::string& id) {
+  // What the box said last: its last metrics event, with the seq it came from.
+  const auto& store = hub_->store;
+  for (size_t i = store.size(); i-- > 0;) {
+    if (store.at(i).type != "metrics") continue;
+    auto v = json::parse(store.at(i).line);
+    json::object out{{"replayed_seq", store.at(i).seq}};
+    for (auto key : {"box", "branches", "procs"})
+      if (auto* f = v.as_object().if_contains(key)) out[key] = *f;
+    return reply(id, std::move(out));
+  }
+  reply(id, {{"replayed_seq", 0}});
+}
+
+void PageSession::events_find(const std::string& id, const json::object& req) {
+  auto idx = hub_->store.matching(filter_of(req));
+  uint64_t seq = num(req, "seq", 0);
+  auto it =
+      std::lower_bound(idx.begin(), idx.end(), seq, [&](size_t i, uint64_t s) { return hub_->store.at(i).seq < s; });
+  reply(id, {{"index", static_cast<uint64_t>(it - idx.begin())}, {"total", idx.size()}});
+}
+
+void PageSession::relay(const std::string& op, const std::string& id, const json::object& req) {
+  if (std::find(std::begin(kRelayed), std::end(kRelayed), op) == std::end(kRelayed))
+    return fail(id, "bad_request", op + ": not an operation the page may ask for");
+  if (!hub_->live)
+    return fail(id, "read_only", op + ": refused: this page replays the journal of " + hub_->source + " read-only");
+  if (!link_ || link_->closed()) {
+    std::weak_ptr<PageSession> weak = weak_from_this();
+    link_ = std::make_shared<BoxLink>(
+        hub_->io, hub_->box,
+        [weak](std::string text) {
+          auto self = weak.lock();
+          if (!self) return;
+          boost::system::error_code ec;
+          auto v = json::parse(text, ec);
+          if (!ec && v.is_object()) {
+            auto it = v.as_object().find("id");
+            if (it != v.as_object().end()) self->pending_.erase(json::serialize(it->value()));
+          }
+          // Replies only: this connection subscribes to nothing, the page's events come from the store.
+          self->queue(self->hub_->scrub(std::move(text)));
+        },
+        [weak](std::string why) {
+          auto self = weak.lock();
+          if (!self) return;
+          for (const auto& pid : self->pending_) self->fail(pid, "unavailable", why);
+          self->pending_.clear();
+        });
+    link_->start();
+  }
+  pending_.insert(id);
+  link_->send(json::serialize(req));
+}
+
+}  // namespace sbx::ui

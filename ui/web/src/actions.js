@@ -1,0 +1,71 @@
+// Actions on a live box, each one request of the same API the CLI uses, its reply or error shown
+// as the box gave it. A replayed journal shows them disabled, and the server refuses them too.
+import { el } from "./util.js";
+
+let terminals = 0;
+
+export class Actions {
+  constructor(box, root, { tree, consoles, liveBox, branchOf }) {
+    this.box = box;
+    this.tree = tree;
+    this.consoles = consoles;
+    this.branchOf = branchOf;
+    this.result = el("pre", { class: "result", "data-testid": "action-result" });
+    const name = el("input", { placeholder: "name", "data-testid": "checkpoint-name", size: 10 });
+    this.snapSel = el("select", { "data-testid": "fork-snapshot" });
+    const n = el("input", { type: "number", min: 1, value: 2, "data-testid": "fork-n", style: "width:4em" });
+    const proc = el("input", { placeholder: "proc", "data-testid": "signal-proc", size: 8 });
+    const sig = el("select", { "data-testid": "signal-name" }, ...["TERM", "INT", "HUP", "KILL", "USR1"].map((s) => el("option", { value: s }, s)));
+    const cmd = el("input", { value: "/bin/sh", "data-testid": "terminal-cmd", size: 10 });
+    const b = (label, id, fn) => el("button", { "data-testid": id, onclick: fn, ...(liveBox ? {} : { disabled: "" }) }, label);
+    root.append(
+      liveBox ? "" : el("div", { class: "note", "data-testid": "read-only" }, "read-only: a journal replayed from disk"),
+      el("div", { class: "row" }, name, b("checkpoint", "do-checkpoint", () => this.run("checkpoint", () => box.checkpoint(name.value || undefined, { branch: this.branchOf() || undefined })))),
+      el("div", { class: "row" }, this.snapSel, " n ", n, b("fork", "do-fork", () => this.run("fork", () => box.fork(this.snapSel.value, Number(n.value))))),
+      el("div", { class: "row" }, proc, sig, b("signal", "do-signal", () => this.run("signal", () => box.signal(proc.value, sig.value)))),
+      el("div", { class: "row" }, cmd, b("terminal", "do-terminal", () => this.terminal(cmd.value))),
+      el("div", { class: "row" }, b("shutdown…", "do-shutdown", () => {
+        if (confirm("Shut the box down? Every process of every branch is ended.")) this.run("shutdown", () => box.shutdown("5s"));
+      })),
+      this.result,
+    );
+  }
+
+  /** Keeps the snapshot list in step with the fork tree. */
+  refreshSnapshots() {
+    const snaps = this.tree.snapshotIds();
+    if (snaps.length === this.snapSel.options.length) return;
+    this.snapSel.replaceChildren(...snaps.map((s) => el("option", { value: s.id }, s.name || s.id.slice(0, 12))));
+    this.snapSel.value = snaps[snaps.length - 1].id;
+  }
+
+  /** Runs one call of the client and shows its reply, or its error as the box gave it. */
+  async run(op, call) {
+    this.result.textContent = `${op}…`;
+    this.result.className = "result";
+    try {
+      const r = (await call()) ?? {};
+      const { id, ok, ...rest } = r;
+      this.result.textContent = `${op}: ok ${JSON.stringify(rest, null, 1)}`;
+      return r;
+    } catch (e) {
+      // sdk/ts's errors read "<op>: <code>: <what>".
+      this.result.textContent = e.code && e.message.startsWith(`${op}:`) ? e.message : `${op}: ${e.code ?? "failed"}: ${e.message}`;
+      this.result.className = "result error";
+      return null;
+    }
+  }
+
+  async terminal(command) {
+    const proc = `ui-term-${Date.now().toString(36)}-${++terminals}`;
+    const branch = this.branchOf() || "main";
+    const c = this.consoles.get({ branch, proc }, { pty: true, input: true, focus: true });
+    c.term.onData((data) => this.box.stdin(proc, data).catch(() => {}));
+    c.term.onResize(({ cols, rows }) => this.box.resize(proc, cols, rows).catch(() => {}));
+    // The exec request itself, not box.exec(): the pty's output reaches the console through the
+    // page's one event stream, and a process handle would follow it on a second one.
+    const argv = command.split(/\s+/).filter(Boolean);
+    const r = await this.run("exec", () => this.box.request("exec", { proc, argv, tty: true, stdin: true, cols: c.term.cols, rows: c.term.rows, branch }));
+    if (r) c.term.focus();
+  }
+}
