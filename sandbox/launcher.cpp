@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -470,6 +471,7 @@ struct ChildArgs {
   char* const* envp;
   int fds[7];    // sources for 3..9
   int err_pipe;  // write end, reported to on failure
+  int pid_fd;    // source for kNsAgentPid, or -1
 };
 
 // Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
@@ -477,10 +479,12 @@ void place_fds(ChildArgs& a) noexcept {
   int high[7];
   for (int i = 0; i < 7; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
   int ep = ::fcntl(a.err_pipe, F_DUPFD_CLOEXEC, 100);
+  int pf = a.pid_fd >= 0 ? ::fcntl(a.pid_fd, F_DUPFD_CLOEXEC, 100) : -1;
   for (int i = 0; i < 7; ++i) ::dup2(high[i], 3 + i);
   ::dup3(ep, 10, O_CLOEXEC);
   a.err_pipe = 10;
-  ::close_range(11, ~0U, 0);
+  if (pf >= 0) ::dup2(pf, kNsAgentPid);
+  ::close_range(kNsAgentPid + (pf >= 0 ? 1 : 0), ~0U, 0);
 }
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
@@ -524,7 +528,36 @@ os::Result<BranchPipes> make_branch_pipes() {
     if (!r) return r.error();
     *x = std::move(*r);
   }
+  // SO_PASSCRED before anything is written: the kernel then attaches the writer's credentials.
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0) return os::last_error();
+  p.pid_read = os::UniqueFd(sv[0]);
+  p.pid_write = os::UniqueFd(sv[1]);
+  int one = 1;
+  if (::setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) return os::last_error();
   return p;
+}
+
+pid_t LaunchedBranch::take_agent_pid() {
+  if (!agent_pid) return -1;
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(ucred))];
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  ssize_t n = ::recvmsg(agent_pid.get(), &m, MSG_DONTWAIT);
+  agent_pid.reset();
+  if (n != 1) return -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_CREDENTIALS) continue;
+    ucred cr;
+    std::memcpy(&cr, CMSG_DATA(c), sizeof cr);
+    return cr.pid > 0 ? cr.pid : -1;
+  }
+  return -1;
 }
 
 void LaunchedBranch::take(BranchPipes& p) {
@@ -536,6 +569,8 @@ void LaunchedBranch::take(BranchPipes& p) {
   err = std::move(p.err.read);
   chan_req = std::move(p.chan_req.read);
   chan_rep = std::move(p.chan_rep.write);
+  agent_pid = std::move(p.pid_read);
+  p.pid_write.reset();
   (void)os::set_nonblocking(reports.get());
   (void)os::set_nonblocking(out.get());
   (void)os::set_nonblocking(err.get());
@@ -623,7 +658,8 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
                  argv.data(),
                  envp,
                  {},
-                 ep->write.get()};
+                 ep->write.get(),
+                 pipes->pid_write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);

@@ -138,8 +138,13 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     p.ns_pid = static_cast<pid_t>(r.at("pid").to_number<int64_t>());
     p.pid = p.ns_pid;
     if (b.launched.namespaced) {
-      auto kids = os::children_of(b.launched.pid);
-      p.pid = kids.empty() ? -1 : kids.front();
+      // From the kernel (launcher.hpp, kNsAgentPid): an agent that has already exited is no
+      // longer among ns-init's children. A restored branch has no such record; its agent runs.
+      p.pid = b.launched.take_agent_pid();
+      if (p.pid < 0) {
+        auto kids = os::children_of(b.launched.pid);
+        p.pid = kids.empty() ? -1 : kids.front();
+      }
     }
     boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
     if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
