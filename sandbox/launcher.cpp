@@ -464,7 +464,6 @@ int run_plan(Plan& p, int* err) noexcept {
 
 struct ChildArgs {
   Plan* plan;  // null: flat mode
-  const std::vector<int>* cgroup_procs;
   bool new_net;
   const char* exe;
   char* const* argv;
@@ -489,9 +488,7 @@ void place_fds(ChildArgs& a) noexcept {
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
   os::reset_signals_for_child();
-  // Into the branch's cgroup first: everything from here on, ns-init and the agent, is counted.
-  for (int fd : *a.cgroup_procs)
-    if (::write(fd, "0", 1) != 1) os::child_fail(a.err_pipe, kStepJoinCgroup, errno);
+  // The parent moves us into the branch's cgroups meanwhile (join_cgroups).
   if (a.new_net && a.plan)
     if (int e = bring_up_loopback(); e != 0) os::child_fail(a.err_pipe, kStepLoopback, e);
   if (a.plan) {
@@ -620,6 +617,21 @@ base::Result<void> can_make_namespaces() {
   return {};
 }
 
+namespace {
+// Moves `pid` into each cgroup (its cgroup.procs fds); 0, or the errno of the first that refused.
+// The parent does it while the child walks its mount plan and execs ns-init: on cgroup v1 each
+// move waits for an RCU grace period (milliseconds), which the child's own write paid in full on
+// the agent's path. Nothing of the agent runs before both are done: ns-init forks the agent only
+// once it reads the branch's config, which the caller sends after launch_branch returns. A child
+// that already failed (ESRCH) is reported by its error pipe instead.
+int join_cgroups(const std::vector<int>& procs, pid_t pid) {
+  std::string s = std::to_string(pid);
+  for (int fd : procs)
+    if (::write(fd, s.data(), s.size()) != static_cast<ssize_t>(s.size())) return errno == ESRCH ? 0 : errno;
+  return 0;
+}
+}  // namespace
+
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
   struct stat lst {};
@@ -651,15 +663,9 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr,
-                 &spec.cgroup_procs,
-                 spec.new_net,
-                 ns ? kNsInitPath : spec.self_exe.c_str(),
-                 argv.data(),
-                 envp,
-                 {},
-                 ep->write.get(),
-                 pipes->pid_write.get()};
+    ChildArgs ca{
+        ns ? &plan : nullptr, spec.new_net,          ns ? kNsInitPath : spec.self_exe.c_str(), argv.data(), envp, {},
+        ep->write.get(),      pipes->pid_write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
@@ -673,6 +679,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       return os::last_error();
     }
     ep->write.reset();
+    int join_err = join_cgroups(spec.cgroup_procs, pid);
     if (auto ce = os::read_child_error(ep->read.get())) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;
@@ -688,6 +695,13 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
         continue;
       }
       return boost::system::error_code(ce->err, boost::system::system_category());
+    }
+    if (join_err != 0) {
+      ::kill(pid, SIGKILL);
+      int st;
+      ::waitpid(pid, &st, __WALL);
+      log()->error("branch {}: join the branch's cgroup: {}", spec.name, std::strerror(join_err));
+      return boost::system::error_code(join_err, boost::system::system_category());
     }
     lb.pid = pid;
     lb.namespaced = ns;

@@ -70,7 +70,7 @@ struct BranchSpec {
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
-                                   // the child joins each before it runs anything of its own
+                                   // launch_branch moves the child into each before the agent exists
   bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };
