@@ -296,7 +296,8 @@ void Box::start() {
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
   sandbox::CommandProbe criu_probe({"criu", "--version"});
-  caps_ = sandbox::detect_capabilities();
+  // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
+  caps_ = sandbox::detect_capabilities(nullptr, opts_.idle || !opts_.restore_file.empty());
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
 
   boost::json::object caps;
@@ -342,6 +343,10 @@ void Box::start() {
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  if (spec.want_namespaces && !b->launched.namespaced && b->launched.why_not.starts_with("clone(")) {
+    caps_.namespaces = false;  // for the branches to come (forks, copies): flat, as this one
+    caps_.namespaces_why_not = b->launched.why_not;
+  }
   // launch_branch only knows that none were asked for; say which of the two reasons it was (before
   // the network, whose refusal quotes it).
   if (!spec.want_namespaces)

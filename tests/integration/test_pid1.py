@@ -192,3 +192,24 @@ def test_as_pid1_of_a_pid_namespace_proc_started_names_the_running_agent(tmp_pat
     p.wait(timeout=30)
     assert p.returncode == 128 + signal.SIGTERM
     assert exited(read_journal(tmp_path / "s"))["reason"] == "shutdown"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_where_namespaces_cannot_be_made_the_box_says_so_from_the_agents_own_clone():
+    # No throwaway probe clone at start: the branch's clone finds out, falls back, and box.started
+    # says why. As nobody, without capabilities, clone(CLONE_NEWPID) is refused.
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="sbx-nobody-")
+    try:
+        os.chmod(d, 0o777)
+        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                        "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--", "/bin/true"],
+                       capture_output=True, timeout=60)
+        started = read_journal(f"{d}/s")[0]
+        assert started["type"] == "box.started"
+        caps = started["capabilities"]
+        assert caps["namespaces"] is False, caps
+        assert caps["namespaces_why_not"].startswith("clone(CLONE_NEWPID|CLONE_NEWNS)"), caps
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
