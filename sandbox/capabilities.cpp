@@ -105,7 +105,7 @@ std::optional<std::string> criu_version_of(const std::optional<std::string>& out
   return std::nullopt;
 }
 
-HostCapabilities detect_capabilities(CommandProbe* criu) {
+HostCapabilities detect_capabilities(CommandProbe* criu, bool probe_namespaces) {
   HostCapabilities c;
   // cgroups: v1 lines name their controllers; a lone "0::" line is the v2 unified hierarchy.
   {
@@ -134,7 +134,9 @@ HostCapabilities detect_capabilities(CommandProbe* criu) {
       while (ss >> one) c.controllers.push_back(boost::json::value(one));
     }
   }
-  if (auto r = can_make_namespaces(); r) {
+  if (!probe_namespaces) {
+    c.namespaces = true;
+  } else if (auto r = can_make_namespaces(); r) {
     c.namespaces = true;
   } else {
     c.namespaces = false;

@@ -41,8 +41,11 @@ class CommandProbe {
 /// The version `criu --version` printed, or nullopt.
 std::optional<std::string> criu_version_of(const std::optional<std::string>& out);
 
-/// Everything but criu's version unless `criu` is given (a probe started earlier).
-HostCapabilities detect_capabilities(CommandProbe* criu = nullptr);
+/// Everything but criu's version unless `criu` is given (a probe started earlier). Without
+/// `probe_namespaces`, `namespaces` is taken as true unprobed: for a caller whose own clone of the
+/// namespaces finds out, and falls back, anyway (launch_branch), so that no throwaway clone sits on
+/// the agent's path.
+HostCapabilities detect_capabilities(CommandProbe* criu = nullptr, bool probe_namespaces = true);
 
 /// Runs `argv` and returns its stdout; only for use before the loop starts (it waits by pid).
 std::optional<std::string> run_and_capture(const std::vector<std::string>& argv, int timeout_ms = 5000);

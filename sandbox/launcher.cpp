@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -463,13 +464,13 @@ int run_plan(Plan& p, int* err) noexcept {
 
 struct ChildArgs {
   Plan* plan;  // null: flat mode
-  const std::vector<int>* cgroup_procs;
   bool new_net;
   const char* exe;
   char* const* argv;
   char* const* envp;
   int fds[7];    // sources for 3..9
   int err_pipe;  // write end, reported to on failure
+  int pid_fd;    // source for kNsAgentPid, or -1
 };
 
 // Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
@@ -477,17 +478,17 @@ void place_fds(ChildArgs& a) noexcept {
   int high[7];
   for (int i = 0; i < 7; ++i) high[i] = ::fcntl(a.fds[i], F_DUPFD_CLOEXEC, 100);
   int ep = ::fcntl(a.err_pipe, F_DUPFD_CLOEXEC, 100);
+  int pf = a.pid_fd >= 0 ? ::fcntl(a.pid_fd, F_DUPFD_CLOEXEC, 100) : -1;
   for (int i = 0; i < 7; ++i) ::dup2(high[i], 3 + i);
   ::dup3(ep, 10, O_CLOEXEC);
   a.err_pipe = 10;
-  ::close_range(11, ~0U, 0);
+  if (pf >= 0) ::dup2(pf, kNsAgentPid);
+  ::close_range(kNsAgentPid + (pf >= 0 ? 1 : 0), ~0U, 0);
 }
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
   os::reset_signals_for_child();
-  // Into the branch's cgroup first: everything from here on, ns-init and the agent, is counted.
-  for (int fd : *a.cgroup_procs)
-    if (::write(fd, "0", 1) != 1) os::child_fail(a.err_pipe, kStepJoinCgroup, errno);
+  // The parent moves us into the branch's cgroups meanwhile (join_cgroups).
   if (a.new_net && a.plan)
     if (int e = bring_up_loopback(); e != 0) os::child_fail(a.err_pipe, kStepLoopback, e);
   if (a.plan) {
@@ -524,7 +525,36 @@ os::Result<BranchPipes> make_branch_pipes() {
     if (!r) return r.error();
     *x = std::move(*r);
   }
+  // SO_PASSCRED before anything is written: the kernel then attaches the writer's credentials.
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0) return os::last_error();
+  p.pid_read = os::UniqueFd(sv[0]);
+  p.pid_write = os::UniqueFd(sv[1]);
+  int one = 1;
+  if (::setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) return os::last_error();
   return p;
+}
+
+pid_t LaunchedBranch::take_agent_pid() {
+  if (!agent_pid) return -1;
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(ucred))];
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  ssize_t n = ::recvmsg(agent_pid.get(), &m, MSG_DONTWAIT);
+  agent_pid.reset();
+  if (n != 1) return -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_CREDENTIALS) continue;
+    ucred cr;
+    std::memcpy(&cr, CMSG_DATA(c), sizeof cr);
+    return cr.pid > 0 ? cr.pid : -1;
+  }
+  return -1;
 }
 
 void LaunchedBranch::take(BranchPipes& p) {
@@ -536,6 +566,8 @@ void LaunchedBranch::take(BranchPipes& p) {
   err = std::move(p.err.read);
   chan_req = std::move(p.chan_req.read);
   chan_rep = std::move(p.chan_rep.write);
+  agent_pid = std::move(p.pid_read);
+  p.pid_write.reset();
   (void)os::set_nonblocking(reports.get());
   (void)os::set_nonblocking(out.get());
   (void)os::set_nonblocking(err.get());
@@ -585,6 +617,21 @@ base::Result<void> can_make_namespaces() {
   return {};
 }
 
+namespace {
+// Moves `pid` into each cgroup (its cgroup.procs fds); 0, or the errno of the first that refused.
+// The parent does it while the child walks its mount plan and execs ns-init: on cgroup v1 each
+// move waits for an RCU grace period (milliseconds), which the child's own write paid in full on
+// the agent's path. Nothing of the agent runs before both are done: ns-init forks the agent only
+// once it reads the branch's config, which the caller sends after launch_branch returns. A child
+// that already failed (ESRCH) is reported by its error pipe instead.
+int join_cgroups(const std::vector<int>& procs, pid_t pid) {
+  std::string s = std::to_string(pid);
+  for (int fd : procs)
+    if (::write(fd, s.data(), s.size()) != static_cast<ssize_t>(s.size())) return errno == ESRCH ? 0 : errno;
+  return 0;
+}
+}  // namespace
+
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
   struct stat lst {};
@@ -616,14 +663,9 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{ns ? &plan : nullptr,
-                 &spec.cgroup_procs,
-                 spec.new_net,
-                 ns ? kNsInitPath : spec.self_exe.c_str(),
-                 argv.data(),
-                 envp,
-                 {},
-                 ep->write.get()};
+    ChildArgs ca{
+        ns ? &plan : nullptr, spec.new_net,          ns ? kNsInitPath : spec.self_exe.c_str(), argv.data(), envp, {},
+        ep->write.get(),      pipes->pid_write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
@@ -637,6 +679,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       return os::last_error();
     }
     ep->write.reset();
+    int join_err = join_cgroups(spec.cgroup_procs, pid);
     if (auto ce = os::read_child_error(ep->read.get())) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;
@@ -652,6 +695,13 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
         continue;
       }
       return boost::system::error_code(ce->err, boost::system::system_category());
+    }
+    if (join_err != 0) {
+      ::kill(pid, SIGKILL);
+      int st;
+      ::waitpid(pid, &st, __WALL);
+      log()->error("branch {}: join the branch's cgroup: {}", spec.name, std::strerror(join_err));
+      return boost::system::error_code(join_err, boost::system::system_category());
     }
     lb.pid = pid;
     lb.namespaced = ns;

@@ -44,12 +44,18 @@ void ensure_machine_id(const std::string& dir);
 
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
+/// ns-init's fd 11 until its agent has started: a datagram socket to the supervisor, on which the
+/// agent's child writes one byte before exec. The kernel attaches the writer's pid, translated into
+/// the reader's pid namespace, so the supervisor learns the agent's pid even when it has exited
+/// and been reaped before the supervisor reads the "started" report.
+inline constexpr int kNsAgentPid = 11;
 inline constexpr int kAgentChanReq = 3, kAgentChanRep = 4;
 
 /// The seven pipes between the supervisor and a branch (see the fd list above). Their inodes are
 /// what criu names them by when they cross the boundary of a dumped tree.
 struct BranchPipes {
   os::Pipe req, rep, in, out, err, chan_req, chan_rep;
+  os::UniqueFd pid_read, pid_write;  // kNsAgentPid's socket pair; not a pipe criu names
   /// The branch's ends, in the order of ns-init's fds 3..9.
   std::array<int, 7> child_ends() const;
   /// The pipes' inodes in the same order (equal for both ends of a pipe).
@@ -64,7 +70,7 @@ struct BranchSpec {
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
-                                   // the child joins each before it runs anything of its own
+                                   // launch_branch moves the child into each before the agent exists
   bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };
@@ -84,6 +90,11 @@ struct LaunchedBranch {
   os::UniqueFd chan_req;                  // agent channel requests, read end (non-blocking)
   os::UniqueFd chan_rep;                  // agent channel replies, write end
   std::array<uint64_t, 7> pipe_inodes{};  // see BranchPipes::inodes
+  os::UniqueFd agent_pid;                 // see kNsAgentPid (non-blocking); closed once read
+
+  /// The agent's pid in the supervisor's pid namespace, as the kernel recorded it when the agent's
+  /// child wrote on kNsAgentPid (-1: nothing there, as for a restored branch). Reads it once.
+  pid_t take_agent_pid();
 
   /// Takes the supervisor's ends of `p`.
   void take(BranchPipes& p);

@@ -155,6 +155,9 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
   pid_t pid = ::fork();
   if (pid == 0) {
     os::reset_signals_for_child();
+    // The branch's agent tells the supervisor its pid (launcher.hpp, kNsAgentPid) before anything
+    // can fail or exit; the fd is closed with everything from 6 on below.
+    if (channel && ::fcntl(kNsAgentPid, F_GETFD) >= 0) (void)!::write(kNsAgentPid, "p", 1);
     ::setsid();
     // Sources may sit on 0..2 already: move them high first.
     int hi[3] = {::fcntl(in, F_DUPFD_CLOEXEC, 10), ::fcntl(out, F_DUPFD_CLOEXEC, 10),
@@ -219,6 +222,7 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   ::close(kNsAgentErr);
   ::close(kNsChanReq);
   ::close(kNsChanRep);
+  ::close(kNsAgentPid);
   if (pid < 0) {
     report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
     agent_done_ = true;

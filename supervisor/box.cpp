@@ -141,8 +141,13 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
     p.ns_pid = static_cast<pid_t>(r.at("pid").to_number<int64_t>());
     p.pid = p.ns_pid;
     if (b.launched.namespaced) {
-      auto kids = os::children_of(b.launched.pid);
-      p.pid = kids.empty() ? -1 : kids.front();
+      // From the kernel (launcher.hpp, kNsAgentPid): an agent that has already exited is no
+      // longer among ns-init's children. A restored branch has no such record; its agent runs.
+      p.pid = b.launched.take_agent_pid();
+      if (p.pid < 0) {
+        auto kids = os::children_of(b.launched.pid);
+        p.pid = kids.empty() ? -1 : kids.front();
+      }
     }
     boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
     if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
@@ -299,7 +304,8 @@ void Box::start() {
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
   sandbox::CommandProbe criu_probe({"criu", "--version"});
-  caps_ = sandbox::detect_capabilities();
+  // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
+  caps_ = sandbox::detect_capabilities(nullptr, opts_.idle || !opts_.restore_file.empty());
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
 
   boost::json::object caps;
@@ -352,6 +358,10 @@ void Box::start() {
   cgroup_procs_.clear();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  if (spec.want_namespaces && !b->launched.namespaced && b->launched.why_not.starts_with("clone(")) {
+    caps_.namespaces = false;  // for the branches to come (forks, copies): flat, as this one
+    caps_.namespaces_why_not = b->launched.why_not;
+  }
   // launch_branch only knows that none were asked for; say which of the two reasons it was (before
   // the network, whose refusal quotes it).
   if (!spec.want_namespaces)

@@ -148,3 +148,68 @@ def test_a_bad_profile_names_the_field(tmp_path):
     r = run_init(["--profile", str(prof), "--", "true"], tmp_path / "s")
     assert r.returncode == 125
     assert b"resources.grase: unknown field" in r.stderr
+
+
+def test_as_pid1_of_a_pid_namespace_the_agent_pid_is_real_even_when_it_exits_at_once(tmp_path):
+    # /bin/true is gone (reaped by ns-init) before the supervisor reads the "started" report more
+    # often than not: the pid comes from the kernel, not from ns-init's children. Several boxes, so
+    # the old way (-1 whenever the agent was quicker) shows here.
+    for i in range(8):
+        s = tmp_path / f"s{i}"
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(s),
+                            "--", str(PROBE), "exit", str(i)], capture_output=True, timeout=60)
+        assert r.returncode == i, r.stderr
+        ev = read_journal(s)
+        types = [e["type"] for e in ev]
+        assert types[:3] == ["box.started", "proc.started", "proc.exited"], types
+        started = ev[1]
+        # The supervisor is 1 in its namespace; ns-init is its child; the agent is ns-init's.
+        assert started["pid"] > 1 and started["ns_pid"] >= 1, started
+        assert exited(ev)["code"] == i
+
+
+def ns_pids(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except OSError:
+        return None
+    return None
+
+
+def test_as_pid1_of_a_pid_namespace_proc_started_names_the_running_agent(tmp_path):
+    p, events = start_box(tmp_path / "s", [str(PROBE), "wait"])
+    wait_for_output(events, "ready")
+    started = [e for e in read_journal(tmp_path / "s") if e["type"] == "proc.started"][0]
+    # The agent seen from here: its NSpid ends with the supervisor's view and the box's own view.
+    sup = supervisor_pid(p)
+    agent = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+             if (ns := ns_pids(pid)) and len(ns) >= 3 and ns[-2:] == [started["pid"], started["ns_pid"]]]
+    assert len(agent) == 1, (started, agent)
+    assert open(f"/proc/{agent[0]}/cmdline").read().split("\0")[1] == "wait"
+    os.kill(sup, signal.SIGTERM)
+    p.wait(timeout=30)
+    assert p.returncode == 128 + signal.SIGTERM
+    assert exited(read_journal(tmp_path / "s"))["reason"] == "shutdown"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_where_namespaces_cannot_be_made_the_box_says_so_from_the_agents_own_clone():
+    # No throwaway probe clone at start: the branch's clone finds out, falls back, and box.started
+    # says why. As nobody, without capabilities, clone(CLONE_NEWPID) is refused.
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="sbx-nobody-")
+    try:
+        os.chmod(d, 0o777)
+        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                        "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--", "/bin/true"],
+                       capture_output=True, timeout=60)
+        started = read_journal(f"{d}/s")[0]
+        assert started["type"] == "box.started"
+        caps = started["capabilities"]
+        assert caps["namespaces"] is False, caps
+        assert caps["namespaces_why_not"].startswith("clone(CLONE_NEWPID|CLONE_NEWNS)"), caps
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
