@@ -6,11 +6,14 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <sstream>
+#include <string_view>
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
@@ -134,6 +137,84 @@ std::string criu_error_from_log(const std::string& log_path) {
   auto close = e == std::string::npos ? std::string::npos : what.find("): ", e);
   if (close != std::string::npos) what = what.substr(close + 3) + " (" + what.substr(e + 7, close - e - 7) + ")";
   return what;
+}
+
+namespace {
+
+// A protobuf varint at text[pos]; false at the end of the text or on a malformed one.
+bool read_varint(std::string_view text, size_t& pos, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && pos < text.size(); shift += 7) {
+    auto b = static_cast<unsigned char>(text[pos++]);
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+// The varint fields of one protobuf message (field number -> value); others are skipped.
+std::map<uint32_t, uint64_t> varint_fields(std::string_view msg) {
+  std::map<uint32_t, uint64_t> out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < msg.size() && read_varint(msg, pos, key)) {
+    if ((key & 7) == 0) {
+      if (!read_varint(msg, pos, v)) break;
+      out[static_cast<uint32_t>(key >> 3)] = v;
+    } else if ((key & 7) == 2) {
+      if (!read_varint(msg, pos, v) || v > msg.size() - pos) break;
+      pos += v;
+    } else {
+      break;  // StatsEntry holds varints and one embedded message only
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+boost::json::object criu_stats(const std::string& path) {
+  auto text = os::read_file(path);
+  // Two magic numbers, the message's size (little endian), then StatsEntry: field 1 is the
+  // dump's DumpStatsEntry, field 2 the restore's RestoreStatsEntry (times in microseconds).
+  if (!text || text->size() < 14) return {};
+  std::string_view rest(*text);
+  uint32_t size = 0;
+  std::memcpy(&size, rest.data() + 8, 4);
+  rest = rest.substr(12);
+  if (size > rest.size()) return {};
+  rest = rest.substr(0, size);
+  size_t pos = 0;
+  uint64_t key = 0, len = 0;
+  if (!read_varint(rest, pos, key) || (key & 7) != 2 || !read_varint(rest, pos, len) || len > rest.size() - pos)
+    return {};
+  auto f = varint_fields(rest.substr(pos, len));
+  auto ms = [&](uint32_t n) { return static_cast<double>(static_cast<int64_t>(f[n] / 100)) / 10; };
+  boost::json::object o;
+  if ((key >> 3) == 1) {
+    o = {{"freezing", ms(1)}, {"frozen", ms(2)},       {"memdump", ms(3)},
+         {"memwrite", ms(4)}, {"pages_scanned", f[5]}, {"pages_written", f[7]}};
+  } else if ((key >> 3) == 2) {
+    o = {{"forking", ms(3)}, {"restore", ms(4)}, {"pages_restored", f[5]}};
+  }
+  return o;
+}
+
+bool lazy_pages_possible(std::string* why_not) {
+  const char* env = std::getenv("SANDBOXER_LAZY_PAGES");
+  if (env && std::string_view(env) == "0") {
+    if (why_not) *why_not = "lazy pages are turned off (SANDBOXER_LAZY_PAGES=0)";
+    return false;
+  }
+  // criu's lazy restore hands the copy's userfaultfd to its lazy-pages daemon: where a host's
+  // seccomp or an old kernel refuses the syscall, copies are restored with all their memory.
+  long fd = ::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (why_not) *why_not = std::string("userfaultfd is unavailable: ") + std::strerror(errno);
+    return false;
+  }
+  ::close(static_cast<int>(fd));
+  return true;
 }
 
 }  // namespace sbx::checkpoint

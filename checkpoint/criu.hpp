@@ -3,6 +3,7 @@
 // with the Reaper at once, which collects its exit: criu is never waited for anywhere else).
 #include <sys/types.h>
 
+#include <boost/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,5 +38,16 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run);
 /// The most useful line of a criu log for an error message: the first "Error" line (the cause),
 /// else the last line.
 std::string criu_error_from_log(const std::string& log_path);
+
+/// criu's own profile of a dump or a restore, from the stats-dump or stats-restore image it
+/// writes in its work dir (a StatsEntry protobuf; criu's images/stats.proto), in
+/// milliseconds and pages: for a dump {"freezing", "frozen", "memdump", "memwrite",
+/// "pages_scanned", "pages_written"}, for a restore {"forking", "restore", "pages_restored"}.
+/// Empty when the file is missing or not what criu writes.
+boost::json::object criu_stats(const std::string& path);
+
+/// Whether copies can be restored with lazy pages here (userfaultfd open to the supervisor, and
+/// not turned off by SANDBOXER_LAZY_PAGES=0); else why not, for restore.done.
+bool lazy_pages_possible(std::string* why_not);
 
 }  // namespace sbx::checkpoint

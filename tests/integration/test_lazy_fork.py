@@ -1,0 +1,94 @@
+"""Forks restored with criu's lazy pages, the eager fallback, and the dump's pause and profile,
+with the real criu of this host (root needed).
+
+The agent (live_agent.py, mode fork) holds HEAP_MB of random heap and a counter, forks 4 copies
+through its agent channel, and each copy reports its counter and its heap's checksum."""
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sbxtest import INIT, ROOT, read_journal
+
+AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
+SDK = ROOT / "sdk" / "python" / "sandboxer"
+HEAP_MB = 32
+
+needs_criu = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 0,
+                                reason="needs root and criu on PATH")
+
+
+def fork_box(state_dir, **env):
+    e = dict(os.environ, SBX_AGENT_SDK=str(SDK), **env)
+    p = random.randrange(20000, 40000, 2)
+    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--env", "SBX_AGENT_SDK", "--", sys.executable,
+                        str(AGENT), "fork", str(p), str(HEAP_MB), "1.5"],
+                       capture_output=True, timeout=120, env=e, text=True)
+    assert r.returncode == 0, r.stderr
+    return read_journal(state_dir)
+
+
+def copies_continue(ev):
+    """Every copy continues the original's state: the same counter, nonce and heap checksum."""
+    msgs = [e for e in ev if e["type"] == "proc.message"]
+    start = next(e["message"] for e in msgs if e["message"].get("start"))
+    after = {e["branch"]: e["message"] for e in msgs if e["message"].get("after")}
+    done = [e for e in ev if e["type"] == "restore.done"]
+    assert len(done) == 4 and {e["mode"] for e in done} == {"live"}
+    for d in done:
+        a = after[d["branch"]]
+        assert a["copy"] is True and a["n"] == 4 and a["counter"] == ["1", "2", "3", "4"]
+        assert a["nonce"] == start["nonce"] and a["sum"] == start["sum"]
+    return done
+
+
+@needs_criu
+def test_lazy_copies_continue_the_agent_and_their_memory_completes(tmp_path):
+    ev = fork_box(tmp_path / "s")
+    done = copies_continue(ev)
+    heap_pages = HEAP_MB << 20 >> 12
+    for d in done:
+        assert d["lazy"] is True and "lazy_why" not in d
+        # criu itself restored only the pages it needs to start the tree; the heap came from the
+        # copy's lazy-pages daemon (the eager test below is the control: all of it there).
+        assert d["timings_ms"]["criu"]["pages_restored"] < heap_pages // 2, d
+        complete = [e for e in ev if e["type"] == "restore.memory_complete" and e["branch"] == d["branch"]]
+        assert len(complete) == 1, complete
+        assert complete[0]["ok"] is True and complete[0]["seq"] > d["seq"]
+        assert complete[0]["snapshot"] == d["snapshot"] and complete[0]["index"] == d["index"]
+    # Each copy had a daemon of its own, and none is left behind.
+    for d in done:
+        assert (tmp_path / "s" / "branches" / d["branch"] / ".criu" / "lazy-pages.log").exists()
+
+
+@needs_criu
+def test_without_lazy_pages_copies_restore_eagerly_and_say_why(tmp_path):
+    ev = fork_box(tmp_path / "s", SANDBOXER_LAZY_PAGES="0")
+    done = copies_continue(ev)
+    heap_pages = HEAP_MB << 20 >> 12
+    for d in done:
+        assert d["lazy"] is False and "SANDBOXER_LAZY_PAGES=0" in d["lazy_why"]
+        assert d["timings_ms"]["criu"]["pages_restored"] >= heap_pages, d
+    assert not [e for e in ev if e["type"] == "restore.memory_complete"]
+
+
+@needs_criu
+def test_the_checkpoint_says_the_agents_pause_and_criu_phases(tmp_path):
+    ev = fork_box(tmp_path / "s", SANDBOXER_LAZY_PAGES="0")
+    created = next(e for e in ev if e["type"] == "checkpoint.created")
+    t = created["timings_ms"]
+    # The archive is compressed and hashed after the agent runs again: the pause leaves it out.
+    assert created["pause_ms"] == t["freeze"] and created["total_ms"] == t["total"]
+    assert created["pause_ms"] + t["compress"] <= created["total_ms"] + 0.2
+    assert created["pause_ms"] < created["total_ms"]
+    criu = t["criu"]
+    assert criu["pages_written"] >= HEAP_MB << 20 >> 12
+    for k in ("freezing", "frozen", "memdump", "memwrite"):
+        assert criu[k] >= 0
+    # The agent's own 'tick' messages stop at the pause and go on after it (it was resumed).
+    ticks = [e for e in ev if e["type"] == "proc.message" and e["branch"] == "main" and "n" in e["message"]]
+    assert ticks and any(e["seq"] > created["seq"] for e in ticks)
