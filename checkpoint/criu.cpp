@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -215,6 +216,131 @@ bool lazy_pages_possible(std::string* why_not) {
   }
   ::close(static_cast<int>(fd));
   return true;
+}
+
+namespace {
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// criu's image.h and mm.proto: a VMA's status bits, its mmap flags, its madv bit mask.
+constexpr uint64_t kVmaRegular = 1 << 0, kVmaStack = 1 << 1, kVmaVsyscall = 1 << 2, kVmaVdso = 1 << 3,
+                   kVmaAnonPrivate = 1 << 9, kVmaVvar = 1 << 12;
+constexpr uint64_t kMapPrivate = 0x02, kMapAnonymous = 0x20, kMapGrowsdown = 0x100;
+constexpr uint64_t kMadvMergeable = 1ULL << 12;  // MADV_MERGEABLE is 12
+constexpr uint32_t kMmVmas = 14;                 // MmEntry.vmas
+constexpr uint32_t kVmaFlags = 6, kVmaStatus = 7, kVmaMadv = 9;
+
+// One VmaEntry, marked mergeable when it is an anonymous private mapping criu restores as such
+// (not the stack, vdso, vvar or vsyscall); `marked` says whether it was.
+std::string mark_vma(std::string_view vma, bool& marked) {
+  auto f = varint_fields(vma);
+  uint64_t st = f[kVmaStatus], fl = f[kVmaFlags];
+  marked = (st & (kVmaRegular | kVmaAnonPrivate)) == (kVmaRegular | kVmaAnonPrivate) &&
+           !(st & (kVmaStack | kVmaVsyscall | kVmaVdso | kVmaVvar)) &&
+           (fl & (kMapPrivate | kMapAnonymous)) == (kMapPrivate | kMapAnonymous) && !(fl & kMapGrowsdown);
+  if (!marked) return std::string(vma);
+  uint64_t madv = f.count(kVmaMadv) ? f[kVmaMadv] : 0;
+  // Every field but madv as it was, then madv with the mergeable bit.
+  std::string out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < vma.size()) {
+    size_t start = pos;
+    if (!read_varint(vma, pos, key)) break;
+    if ((key & 7) == 0) {
+      if (!read_varint(vma, pos, v)) break;
+    } else if ((key & 7) == 2) {
+      if (!read_varint(vma, pos, v) || v > vma.size() - pos) break;
+      pos += v;
+    } else if ((key & 7) == 1) {
+      pos += 8;
+    } else if ((key & 7) == 5) {
+      pos += 4;
+    }
+    if (pos > vma.size()) break;
+    if ((key >> 3) != kVmaMadv) out.append(vma.substr(start, pos - start));
+  }
+  put_varint(out, static_cast<uint64_t>(kVmaMadv) << 3);
+  put_varint(out, madv | kMadvMergeable);
+  return out;
+}
+
+// A whole MmEntry with its VMAs marked; nullopt where it is not what criu writes.
+std::optional<std::string> mark_mm(std::string_view mm, int64_t& marked) {
+  std::string out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < mm.size()) {
+    size_t start = pos;
+    if (!read_varint(mm, pos, key)) return std::nullopt;
+    uint32_t wire = key & 7;
+    if (wire == 0) {
+      if (!read_varint(mm, pos, v)) return std::nullopt;
+      out.append(mm.substr(start, pos - start));
+    } else if (wire == 2) {
+      if (!read_varint(mm, pos, v) || v > mm.size() - pos) return std::nullopt;
+      std::string_view body = mm.substr(pos, v);
+      pos += v;
+      if ((key >> 3) != kMmVmas) {
+        out.append(mm.substr(start, pos - start));
+        continue;
+      }
+      bool m = false;
+      std::string vma = mark_vma(body, m);
+      marked += m ? 1 : 0;
+      put_varint(out, key);
+      put_varint(out, vma.size());
+      out.append(vma);
+    } else if (wire == 1 || wire == 5) {
+      pos += wire == 1 ? 8 : 4;
+      if (pos > mm.size()) return std::nullopt;
+      out.append(mm.substr(start, pos - start));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+base::Result<int64_t> mark_mergeable(const std::string& images_dir) {
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator(images_dir, ec)) names.push_back(e.path().filename().string());
+  if (ec) return base::fail("list " + images_dir + ": " + ec.message());
+  int64_t marked = 0;
+  for (auto& name : names) {
+    if (!name.starts_with("mm-") || !name.ends_with(".img")) continue;
+    std::string path = images_dir + "/" + name;
+    auto text = os::read_file(path);
+    if (!text) return base::fail("read " + path + ": " + text.error().message());
+    // Two magic numbers, then one entry: its size (little endian) and the MmEntry.
+    uint32_t size = 0;
+    if (text->size() >= 12) std::memcpy(&size, text->data() + 8, 4);
+    if (text->size() < 12 || size != text->size() - 12) return base::fail(path + " is not one criu MmEntry");
+    auto mm = mark_mm(std::string_view(*text).substr(12), marked);
+    if (!mm) return base::fail(path + " is not one criu MmEntry");
+    std::string out = text->substr(0, 8);
+    auto n = static_cast<uint32_t>(mm->size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out.append(*mm);
+    if (auto w = os::write_file_atomic(path, out, 0600); !w)
+      return base::fail("write " + path + ": " + w.error().message());
+  }
+  return marked;
+}
+
+std::string ksm_state() {
+  auto run = os::read_file("/sys/kernel/mm/ksm/run");
+  if (!run) return "unavailable";
+  return !run->empty() && (*run)[0] == '1' ? "running" : "stopped";
 }
 
 }  // namespace sbx::checkpoint

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/result.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::checkpoint {
@@ -49,5 +50,15 @@ boost::json::object criu_stats(const std::string& path);
 /// Whether copies can be restored with lazy pages here (userfaultfd open to the supervisor, and
 /// not turned off by SANDBOXER_LAZY_PAGES=0); else why not, for restore.done.
 bool lazy_pages_possible(std::string* why_not);
+
+/// Marks every anonymous private mapping in the mm-*.img files of a criu images dir mergeable
+/// (MADV_MERGEABLE in a VMA's madv flags, which criu's restorer applies), so that the kernel's
+/// KSM merges identical pages of the copies restored from it; returns how many mappings it marked.
+/// Each file is replaced atomically; marking twice changes nothing.
+base::Result<int64_t> mark_mergeable(const std::string& images_dir);
+
+/// The host's KSM (/sys/kernel/mm/ksm/run): "running", "stopped" (run is not 1: nothing is
+/// merged until root sets it) or "unavailable" (no KSM in this kernel).
+std::string ksm_state();
 
 }  // namespace sbx::checkpoint

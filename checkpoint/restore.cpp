@@ -40,6 +40,7 @@ struct Checkpointer::RestoreOp {
   bool lazy = false;        // live copies restored with lazy pages (else lazy_why says why not)
   std::string lazy_why;
   int started = 0, running = 0;  // copies started, and those not yet done (bounded by cores)
+  bool ksm = false;              // live copies' anonymous memory is marked mergeable
   double t0 = 0;
   bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
@@ -204,7 +205,26 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     }
     op->pending = op->n;
     if (op->live) op->lazy = lazy_pages_possible(&op->lazy_why);
-    start_more(op);
+    if (!op->live || !settings_.ksm) return start_more(op);
+    // KSM: the snapshot's anonymous private mappings are marked mergeable once, in its extracted
+    // images (checked when extracted; the archive itself is unchanged), before any copy of it runs.
+    std::string img = snap_dir_ + "/" + op->snapshot + ".d/criu";
+    auto err = std::make_shared<std::string>();
+    offload(
+        [img, err] {
+          struct stat st {};
+          if (::stat((img + "/.mergeable").c_str(), &st) == 0) return;
+          auto m = mark_mergeable(img);
+          if (!m)
+            *err = m.error().message;
+          else if (auto w = os::write_file_atomic(img + "/.mergeable", std::to_string(*m) + "\n"); !w)
+            *err = w.error().message();
+        },
+        [this, op, err] {
+          op->ksm = err->empty();
+          if (!err->empty()) log()->warn("restore {}: copies not mergeable: {}", op->snapshot, *err);
+          start_more(op);
+        });
   });
 }
 
@@ -511,6 +531,7 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
                        {"restore", round_ms(job->t_restored - job->t_copied)},
                        {"criu", criu_stats(dir + "/.criu/stats-restore")}};
   res["lazy"] = job->lazy;
+  res["ksm"] = job->op->ksm;
   if (!job->lazy) res["lazy_why"] = job->lazy_why;
   job->restored = true;
   copy_done(job->op, std::move(res));
@@ -551,6 +572,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
     ev["timings_ms"] = res.at("timings_ms");
     if (auto* lazy = res.if_contains("lazy")) ev["lazy"] = *lazy;
     if (auto* why = res.if_contains("lazy_why")) ev["lazy_why"] = *why;
+    if (auto* ksm = res.if_contains("ksm")) ev["ksm"] = *ksm;
     host_.emit(branch, ev);
   }
   op->results.emplace_back(std::move(res));

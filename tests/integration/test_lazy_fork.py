@@ -92,3 +92,65 @@ def test_the_checkpoint_says_the_agents_pause_and_criu_phases(tmp_path):
     # The agent's own 'tick' messages stop at the pause and go on after it (it was resumed).
     ticks = [e for e in ev if e["type"] == "proc.message" and e["branch"] == "main" and "n" in e["message"]]
     assert ticks and any(e["seq"] > created["seq"] for e in ticks)
+
+
+KSM = pathlib.Path("/sys/kernel/mm/ksm")
+
+
+def ksm_writable():
+    try:
+        (KSM / "run").write_text((KSM / "run").read_text())
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def ksm_running():
+    """KSM on and scanning fast for the test; the host's settings back afterwards."""
+    if not (KSM / "run").exists() or os.geteuid() != 0 or not ksm_writable():
+        pytest.skip("needs root and a writable /sys/kernel/mm/ksm/run")
+    keys = ("run", "pages_to_scan", "sleep_millisecs")
+    saved = {k: (KSM / k).read_text().strip() for k in keys}
+    try:
+        (KSM / "pages_to_scan").write_text("20000")
+        (KSM / "sleep_millisecs").write_text("5")
+        (KSM / "run").write_text("1")
+        yield
+    finally:
+        for k in keys:
+            (KSM / k).write_text(saved[k])
+
+
+def most_pages_sharing(state_dir, *extra):
+    """Runs the fork agent (its copies linger 6 s) and samples pages_sharing meanwhile: the
+    largest growth over its value at the start, and the journal."""
+    base = int((KSM / "pages_sharing").read_text())
+    e = dict(os.environ, SBX_AGENT_SDK=str(SDK))
+    p = subprocess.Popen([str(INIT), "--state-dir", str(state_dir), *extra, "--env", "SBX_AGENT_SDK", "--",
+                          sys.executable, str(AGENT), "fork", str(random.randrange(20000, 40000, 2)), str(HEAP_MB),
+                          "6"], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    most = 0
+    while p.poll() is None:
+        most = max(most, int((KSM / "pages_sharing").read_text()) - base)
+        try:
+            p.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+    assert p.returncode == 0, p.stderr.read()
+    return most, read_journal(state_dir)
+
+
+@needs_criu
+def test_ksm_merges_the_identical_memory_of_live_copies(tmp_path, ksm_running):
+    heap_pages = HEAP_MB << 20 >> 12
+    # Control: copies not marked mergeable share nothing, though their heaps are identical.
+    most, ev = most_pages_sharing(tmp_path / "off", "--set", "resources.ksm=false")
+    started = next(e for e in ev if e["type"] == "box.started")
+    assert started["capabilities"]["ksm"] == {"host": "running", "copies": False}
+    assert {e["ksm"] for e in copies_continue(ev)} == {False}
+    assert most < heap_pages // 4, most
+    most, ev = most_pages_sharing(tmp_path / "on")
+    assert {e["ksm"] for e in copies_continue(ev)} == {True}
+    # Four copies of one 32 MiB heap: at least one copy's worth of pages is shared.
+    assert most >= heap_pages, most
