@@ -101,8 +101,8 @@ class KsmOn:
                 pass
 
 
-def ours(bindir, tmp, mb):
-    state = tmp / f"ours-{mb}"
+def ours(bindir, tmp, mb, ksm_only=False):
+    state = tmp / f"ours-{mb}{'-ksm' if ksm_only else ''}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     # The agent starts with a clean environment: the SDK's path is handed on by name.
     # KSM: pages_sharing sampled while the copies run (KSM turned on for the run where it can be).
@@ -121,6 +121,8 @@ def ours(bindir, tmp, mb):
     if p.returncode != 0:
         ends = [f"{e.get('proc')} {e.get('reason')}" for e in ev if e["type"] == "proc.exited"]
         raise RuntimeError(f"sandboxer-init exited {p.returncode}" + (f" ({', '.join(ends)})" if ends else ""))
+    if ksm_only:
+        return {"ksm_shared_mb": ksm_most * 4096 / 1e6 if ksm_base is not None else None}
     created = [e for e in ev if e["type"] == "checkpoint.created"]
     fork = next(e for e in ev if e["type"] == "fork.created")
     first = created[0]
@@ -163,7 +165,6 @@ def ours(bindir, tmp, mb):
         "fork_lazy_why": next((c["lazy_why"] for c in fork["copies"] if c.get("lazy_why")), None),
         "fork_copy_criu_restore_mean_ms": mean([c.get("restore", 0) for c in copy_criu]),
         "fork_copy_pages_restored_mean": mean([c.get("pages_restored", 0) for c in copy_criu]),
-        "ksm_shared_mb": ksm_most * 4096 / 1e6 if ksm_base is not None else None,
         "fork8_memory_s": (max(ts(e) for e in memory) - (ts(fork) - fork["timings_ms"]["total"] / 1e3))
                           if len(memory) == len(fork_copies) else None,
     }
@@ -402,8 +403,10 @@ def one_size(bindir, tmp, mb, n, podman_ready):
     why_ours = why_raw = None
     why_pm = podman_ready
     try:
+        o = ours(bindir, tmp, mb)
+        # KSM in a run of its own: ksmd scanning fast takes a core, which would slow the timings.
         with KsmOn() as k:
-            o = ours(bindir, tmp, mb)
+            o.update(ours(bindir, tmp, mb, ksm_only=True))
             o["ksm_why"] = k.why
     except Exception as e:  # noqa: BLE001 - any failure becomes the row's note
         why_ours = f"ours failed: {failure(e)}"
