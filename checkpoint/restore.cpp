@@ -362,6 +362,18 @@ void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
   spawn_live_restore(job);
 }
 
+namespace {
+
+// Why a copy's lazy-pages daemon failed: its log's error, or what it printed where it failed
+// before it opened its log.
+std::string lazy_daemon_error(const std::string& dir) {
+  struct stat st {};
+  bool log = ::stat((dir + "/.criu/lazy-pages.log").c_str(), &st) == 0 && st.st_size > 0;
+  return criu_error_from_log(dir + (log ? "/.criu/lazy-pages.log" : "/.criu/lazy-pages.out"));
+}
+
+}  // namespace
+
 void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
   // One daemon per copy serves the snapshot's page images to that copy's userfaultfd: pages
   // the copy touches first, then the rest in the background; it ends when all have arrived.
@@ -405,7 +417,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
       [this, job, ready, eager] {
         if (*ready) return spawn_live_restore(job);
         if (job->daemon > 0) ::kill(job->daemon, SIGKILL);
-        eager("its lazy-pages daemon did not start: " + criu_error_from_log(job->dir + "/.criu/lazy-pages.log"));
+        eager("its lazy-pages daemon did not start: " + lazy_daemon_error(job->dir));
       });
 }
 
@@ -419,7 +431,7 @@ void Checkpointer::lazy_daemon_ended(std::shared_ptr<CopyJob> job) {
   if (!ev["ok"].as_bool())
     ev["error"] = WIFSIGNALED(st)
                       ? std::string("the lazy-pages daemon was killed by SIG") + os::signal_name(WTERMSIG(st))
-                      : "the lazy-pages daemon failed: " + criu_error_from_log(job->dir + "/.criu/lazy-pages.log");
+                      : "the lazy-pages daemon failed: " + lazy_daemon_error(job->dir);
   host_.emit(job->spec.name, ev);
 }
 

@@ -154,3 +154,20 @@ def test_ksm_merges_the_identical_memory_of_live_copies(tmp_path, ksm_running):
     assert {e["ksm"] for e in copies_continue(ev)} == {True}
     # Four copies of one 32 MiB heap: at least one copy's worth of pages is shared.
     assert most >= heap_pages, most
+
+
+@needs_criu
+def test_a_lazy_pages_daemon_that_fails_leaves_the_copy_eager(tmp_path):
+    # criu on PATH is a wrapper whose lazy-pages command fails as a host's seccomp would make it;
+    # every other command is the real criu.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "criu"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = lazy-pages ] && {{ echo "Error (test): no uffd" >&2; exit 1; }}\n'
+                       f'exec {shutil.which("criu")} "$@"\n')
+    wrapper.chmod(0o755)
+    ev = fork_box(tmp_path / "s", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for d in copies_continue(ev):
+        assert d["lazy"] is False and "lazy-pages daemon did not start" in d["lazy_why"], d
+        assert "no uffd" in d["lazy_why"], d  # what the daemon said
+    assert not [e for e in ev if e["type"] == "restore.memory_complete"]
