@@ -201,21 +201,15 @@ boost::json::object criu_stats(const std::string& path) {
   return o;
 }
 
-bool lazy_pages_possible(std::string* why_not) {
+base::Result<void> lazy_pages_possible() {
   const char* env = std::getenv("SANDBOXER_LAZY_PAGES");
-  if (env && std::string_view(env) == "0") {
-    if (why_not) *why_not = "lazy pages are turned off (SANDBOXER_LAZY_PAGES=0)";
-    return false;
-  }
+  if (env && std::string_view(env) == "0") return base::fail("lazy pages are turned off (SANDBOXER_LAZY_PAGES=0)");
   // criu's lazy restore hands the copy's userfaultfd to its lazy-pages daemon: where a host's
   // seccomp or an old kernel refuses the syscall, copies are restored with all their memory.
   long fd = ::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    if (why_not) *why_not = std::string("userfaultfd is unavailable: ") + std::strerror(errno);
-    return false;
-  }
+  if (fd < 0) return base::fail(std::string("userfaultfd is unavailable: ") + std::strerror(errno));
   ::close(static_cast<int>(fd));
-  return true;
+  return {};
 }
 
 namespace {

@@ -48,8 +48,8 @@ std::string criu_error_from_log(const std::string& log_path);
 boost::json::object criu_stats(const std::string& path);
 
 /// Whether copies can be restored with lazy pages here (userfaultfd open to the supervisor, and
-/// not turned off by SANDBOXER_LAZY_PAGES=0); else why not, for restore.done.
-bool lazy_pages_possible(std::string* why_not);
+/// not turned off by SANDBOXER_LAZY_PAGES=0); the error says why not, for restore.done.
+base::Result<void> lazy_pages_possible();
 
 /// Marks every anonymous private mapping in the mm-*.img files of a criu images dir mergeable
 /// (MADV_MERGEABLE in a VMA's madv flags, which criu's restorer applies), so that the kernel's

@@ -204,7 +204,11 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
       return op_done();
     }
     op->pending = op->n;
-    if (op->live) op->lazy = lazy_pages_possible(&op->lazy_why);
+    if (op->live) {
+      auto lazy = lazy_pages_possible();
+      op->lazy = static_cast<bool>(lazy);
+      if (!lazy) op->lazy_why = lazy.error().message;
+    }
     if (!op->live || !settings_.ksm) return start_more(op);
     // KSM: the snapshot's anonymous private mappings are marked mergeable once, in its extracted
     // images (checked when extracted; the archive itself is unchanged), before any copy of it runs.
