@@ -31,8 +31,10 @@ from _rows import QUICK
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SDK = ROOT / "sdk" / "python" / "sandboxer"
 
+COPY_HOLD_S = 8
 AGENT = r'''
 import os, sys, time
+COPY_HOLD_S = %d
 heap = bytearray(os.urandom(int(sys.argv[2]) << 20))
 if sys.argv[1] == "hold":
     print("ready", flush=True)
@@ -42,8 +44,9 @@ import agent
 ch = agent.Channel()
 if ch.checkpoint("bench", leave_running=True).get("copy"):
     sys.exit(0)  # restored from the archive into a new box: that was the measurement
-ch.fork(int(sys.argv[3]))
-'''
+if ch.fork(int(sys.argv[3])).get("copy"):
+    time.sleep(COPY_HOLD_S)  # each copy lives until its memory has arrived (restore.memory_complete)
+''' % COPY_HOLD_S
 
 
 def journal(init_dir, state):
@@ -59,21 +62,83 @@ def box_memory(mb):
     return f"resources.memory={max(2, -(-mb * (FORK_N + 2) // 1024) + 1)}G"
 
 
-def ours(bindir, tmp, mb):
-    state = tmp / f"ours-{mb}"
+def ts(e):
+    from datetime import datetime, timezone
+    return datetime.strptime(e["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+KSM = pathlib.Path("/sys/kernel/mm/ksm")
+
+
+def ksm_pages_sharing():
+    try:
+        return int((KSM / "pages_sharing").read_text()) if (KSM / "run").read_text().strip() == "1" else None
+    except OSError:
+        return None
+
+
+class KsmOn:
+    """KSM running and scanning fast for the benchmark, the host's settings back afterwards."""
+    keys = ("run", "pages_to_scan", "sleep_millisecs")
+
+    def __enter__(self):
+        self.saved = {}
+        try:
+            self.saved = {k: (KSM / k).read_text().strip() for k in self.keys}
+            (KSM / "pages_to_scan").write_text("20000")
+            (KSM / "sleep_millisecs").write_text("5")
+            (KSM / "run").write_text("1")
+            self.why = None
+        except OSError as e:
+            self.why = f"KSM cannot be turned on here: {e}"
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            try:
+                (KSM / k).write_text(v)
+            except OSError:
+                pass
+
+
+def ours(bindir, tmp, mb, ksm_only=False):
+    state = tmp / f"ours-{mb}{'-ksm' if ksm_only else ''}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     # The agent starts with a clean environment: the SDK's path is handed on by name.
-    p = subprocess.run([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
-                        "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
-                       timeout=900, env=env, capture_output=True)
+    # KSM: pages_sharing sampled while the copies run (KSM turned on for the run where it can be).
+    ksm_base = ksm_pages_sharing()
+    p = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
+                          "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ksm_most = 0
+    deadline = time.monotonic() + 900
+    while p.poll() is None and time.monotonic() < deadline:
+        if ksm_base is not None:
+            ksm_most = max(ksm_most, (ksm_pages_sharing() or 0) - ksm_base)
+        time.sleep(0.2)
+    p.wait(timeout=60)
     ev = journal(bindir, state)
     if p.returncode != 0:
         ends = [f"{e.get('proc')} {e.get('reason')}" for e in ev if e["type"] == "proc.exited"]
         raise RuntimeError(f"sandboxer-init exited {p.returncode}" + (f" ({', '.join(ends)})" if ends else ""))
+    if ksm_only:
+        return {"ksm_shared_mb": ksm_most * 4096 / 1e6 if ksm_base is not None else None}
     created = [e for e in ev if e["type"] == "checkpoint.created"]
     fork = next(e for e in ev if e["type"] == "fork.created")
     first = created[0]
     restores = [c["timings_ms"]["restore"] for c in fork["copies"]]
+    # The fork's copies: from the fork request (fork.created's time less its total) to the last
+    # copy's memory complete (lazy pages), and criu's own restore phases per copy.
+    fork_copies = {c["branch"] for c in fork["copies"]}
+    memory = [e for e in ev if e["type"] == "restore.memory_complete" and e["branch"] in fork_copies]
+    copy_criu = [c["timings_ms"].get("criu", {}) for c in fork["copies"]]
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+    t = first["timings_ms"]
+    criu = t.get("criu", {})
+    profile = {"stop": t["stop"], "criu freezing": criu.get("freezing", 0), "criu frozen (dump)": criu.get("frozen", 0),
+               "criu memdump": criu.get("memdump", 0), "criu memwrite (pages)": criu.get("memwrite", 0),
+               "layer copy": t["snapshot"], "resume": t["freeze"] - t["stop"] - t["dump"] - t["snapshot"],
+               "compress+hash+seal (after the pause)": t["compress"]}
     # One restore into a new box from the archive (import, verify, extract, restore): from the
     # command's start (wall clock) to restore.done's timestamp, as podman's is its command's time.
     t0 = time.time()
@@ -83,9 +148,6 @@ def ours(bindir, tmp, mb):
     rev = journal(bindir, tmp / f"ours-r-{mb}")
     done = next(e for e in rev if e["type"] == "restore.done")
 
-    def ts(e):
-        from datetime import datetime, timezone
-        return datetime.strptime(e["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
     return {
         "dump_s": first["timings_ms"]["dump"] / 1e3,
         "checkpoint_total_s": first["timings_ms"]["total"] / 1e3,
@@ -96,6 +158,15 @@ def ours(bindir, tmp, mb):
         "restore_from_archive_s": ts(done) - t0,
         "fork8_s": fork["timings_ms"]["total"] / 1e3,
         "fork_copy_restore_mean_s": sum(restores) / len(restores) / 1e3,
+        "pause_s": first.get("pause_ms", t["freeze"]) / 1e3,
+        "profile_ms": profile,
+        "pages_written": criu.get("pages_written", 0),
+        "fork_lazy": sum(1 for c in fork["copies"] if c.get("lazy")),
+        "fork_lazy_why": next((c["lazy_why"] for c in fork["copies"] if c.get("lazy_why")), None),
+        "fork_copy_criu_restore_mean_ms": mean([c.get("restore", 0) for c in copy_criu]),
+        "fork_copy_pages_restored_mean": mean([c.get("pages_restored", 0) for c in copy_criu]),
+        "fork8_memory_s": (max(ts(e) for e in memory) - (ts(fork) - fork["timings_ms"]["total"] / 1e3))
+                          if len(memory) == len(fork_copies) else None,
     }
 
 
@@ -333,6 +404,10 @@ def one_size(bindir, tmp, mb, n, podman_ready):
     why_pm = podman_ready
     try:
         o = ours(bindir, tmp, mb)
+        # KSM in a run of its own: ksmd scanning fast takes a core, which would slow the timings.
+        with KsmOn() as k:
+            o.update(ours(bindir, tmp, mb, ksm_only=True))
+            o["ksm_why"] = k.why
     except Exception as e:  # noqa: BLE001 - any failure becomes the row's note
         why_ours = f"ours failed: {failure(e)}"
     try:
@@ -350,6 +425,16 @@ def one_size(bindir, tmp, mb, n, podman_ready):
     if o:
         print(f"   ours: dump {o['dump_s']:.3f}s (freeze {o['freeze_s']:.3f}s, checkpoint with archive "
               f"{o['checkpoint_total_s']:.3f}s, images {o['images_mb']:.0f} MB, archive {o['archive_mb']:.0f} MB)")
+        print(f"         agent paused {o['pause_s']:.3f}s; per phase (ms): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in o["profile_ms"].items()) + f"; {o['pages_written']} pages written")
+        print(f"         fork copies: {o['fork_lazy']} of {n} lazy"
+              + (f" (eager: {o['fork_lazy_why']})" if o["fork_lazy_why"] else "")
+              + f", criu's restore {o['fork_copy_criu_restore_mean_ms']:.1f} ms and "
+              f"{o['fork_copy_pages_restored_mean']:.0f} pages restored by criu per copy (mean), all memory complete "
+              + (f"{o['fork8_memory_s']:.3f}s" if o["fork8_memory_s"] is not None else "(not reported by every copy)")
+              + " from the fork request")
+        print(f"         KSM: " + (f"{o['ksm_shared_mb']:.0f} MB of the {n} copies' memory shared at most (pages_sharing), "
+                                   f"of {n * mb} MB of heap" if o["ksm_shared_mb"] is not None else o["ksm_why"] or "not running"))
         print(f"         restore {o['restore_s']:.3f}s (a new box from the archive, verify and extract included: "
               f"{o['restore_from_archive_s']:.3f}s), fork of {n} {o['fork8_s']:.3f}s")
     else:
@@ -360,7 +445,7 @@ def one_size(bindir, tmp, mb, n, podman_ready):
     else:
         print(f"   {why_raw}")
     if o and r:
-        print(f"   ratio ours/raw: dump {o['dump_s'] / r['dump_s']:.2f}, restore {o['restore_s'] / r['restore_s']:.2f}, "
+        print(f"   ratio ours/raw: agent paused {o['pause_s'] / r['dump_s']:.2f}, dump {o['dump_s'] / r['dump_s']:.2f}, restore {o['restore_s'] / r['restore_s']:.2f}, "
               f"fork of {n} {o['fork8_s'] / r['fork8_s']:.2f}")
     if pm:
         print(f"   podman: checkpoint --export {pm['dump_s']:.3f}s (runc's part {pm['runtime_dump_s']:.3f}s, "
@@ -377,10 +462,15 @@ def one_size(bindir, tmp, mb, n, podman_ready):
     rv = lambda k: r[k] if r else None
     pv = lambda k: pm[k] if pm else None
     both = lambda a, b: "; ".join(x for x in (a, b) if x) or None
-    for what, k, rk in ((f"dump (criu's part, leave running), {agent}", "dump_s", "dump_s"),
+    for what, k, rk in ((f"agent paused by a checkpoint, {agent}", "pause_s", "dump_s"),
+                        (f"dump (criu's part, leave running), {agent}", "dump_s", "dump_s"),
                         (f"restore (criu's part), {agent}", "restore_s", "restore_s"),
                         (f"fork of {n} (all running), {agent}", "fork8_s", "fork8_s")):
         _rows.emit("checkpoint", what, "s", ov(k), "criu CLI", rv(rk), note=both(why_ours, why_raw))
+    _rows.emit("checkpoint", f"fork of {n}: all copies' memory complete (lazy pages), {agent}", "s",
+               ov("fork8_memory_s"), note=why_ours)
+    _rows.emit("checkpoint", f"fork of {n}: memory shared by KSM (pages_sharing at most), {agent}", "MB",
+               ov("ksm_shared_mb"), better="higher", note=why_ours or (o["ksm_why"] if o else None))
     for what, unit, k, peer, pk in (
             (f"checkpoint to one archive (dump, files, compress), {agent}", "s", "checkpoint_total_s",
              "podman checkpoint --export", "dump_s"),

@@ -237,6 +237,8 @@ void Checkpointer::on_shutdown() {
     if (op->criu > 0) ::kill(op->criu, SIGKILL);
     continue_op(*op);
   }
+  // A copy whose memory is still arriving ends with the box: its daemon goes too.
+  for (pid_t d : lazy_daemons_) ::kill(d, SIGKILL);
 }
 
 // ---- checkpoint ----
@@ -422,6 +424,8 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                        {"snapshot", round_ms(op->t_snapped - op->t_dumped)},
                        {"stop", round_ms(op->t_stopped - op->t0)},
                        {"freeze", round_ms(op->t_resumed - op->t0)}};
+  // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
+  if (op->live) timings["criu"] = criu_stats(op->work + "/logs/stats-dump");
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->work + "/archive.tar.zst";
   offload(
@@ -480,6 +484,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                           {"images", op->image_bytes},
                           {"fs", op->fs_bytes}}},
                         {"timings_ms", timings},
+                        // The agent's pause (stopped until its dump and layer copy ended), and
+                        // the whole checkpoint with the archive's compression and hashing.
+                        {"pause_ms", timings["freeze"]},
+                        {"total_ms", timings["total"]},
                         {"archive", base + ".tar.zst"}};
         if (!op->live) ev["note"] = op->note;
         host_.emit(op->branch, ev);

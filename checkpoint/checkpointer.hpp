@@ -110,6 +110,13 @@ class Checkpointer {
   void start_cold_copy(std::shared_ptr<CopyJob> job);
   void start_live_copy(std::shared_ptr<CopyJob> job);
   void live_copy_restored(std::shared_ptr<CopyJob> job, int wait_status);
+  // Lazy pages: a copy's `criu lazy-pages` daemon, then its restore with --lazy-pages (or
+  // eagerly, when the daemon did not start), then the event that its memory is complete.
+  void start_lazy_daemon(std::shared_ptr<CopyJob> job);
+  void spawn_live_restore(std::shared_ptr<CopyJob> job);
+  void lazy_daemon_ended(std::shared_ptr<CopyJob> job);
+  /// Starts the next copies of `op`, at most as many at once as the host has cores.
+  void start_more(std::shared_ptr<RestoreOp> op);
   void copy_done(std::shared_ptr<RestoreOp> op, boost::json::object result);
   void copy_failed(std::shared_ptr<CopyJob> job, std::string error);
   std::string next_branch_name();
@@ -127,6 +134,7 @@ class Checkpointer {
   int64_t checkpoints_ = 0;                             // checkpoints under way (counted against resources.snapshots)
   int64_t copies_starting_ = 0;                         // copies being restored (counted against resources.copies)
   std::vector<std::shared_ptr<CheckpointOp>> dumping_;  // checkpoints under way
+  std::vector<pid_t> lazy_daemons_;                     // lazy-pages daemons not yet reaped
 };
 
 }  // namespace sbx::checkpoint

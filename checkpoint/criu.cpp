@@ -6,11 +6,15 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <sstream>
+#include <string_view>
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
@@ -134,6 +138,203 @@ std::string criu_error_from_log(const std::string& log_path) {
   auto close = e == std::string::npos ? std::string::npos : what.find("): ", e);
   if (close != std::string::npos) what = what.substr(close + 3) + " (" + what.substr(e + 7, close - e - 7) + ")";
   return what;
+}
+
+namespace {
+
+// A protobuf varint at text[pos]; false at the end of the text or on a malformed one.
+bool read_varint(std::string_view text, size_t& pos, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && pos < text.size(); shift += 7) {
+    auto b = static_cast<unsigned char>(text[pos++]);
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return true;
+  }
+  return false;
+}
+
+// The varint fields of one protobuf message (field number -> value); others are skipped.
+std::map<uint32_t, uint64_t> varint_fields(std::string_view msg) {
+  std::map<uint32_t, uint64_t> out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < msg.size() && read_varint(msg, pos, key)) {
+    if ((key & 7) == 0) {
+      if (!read_varint(msg, pos, v)) break;
+      out[static_cast<uint32_t>(key >> 3)] = v;
+    } else if ((key & 7) == 2) {
+      if (!read_varint(msg, pos, v) || v > msg.size() - pos) break;
+      pos += v;
+    } else {
+      break;  // StatsEntry holds varints and one embedded message only
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+boost::json::object criu_stats(const std::string& path) {
+  auto text = os::read_file(path);
+  // Two magic numbers, the message's size (little endian), then StatsEntry: field 1 is the
+  // dump's DumpStatsEntry, field 2 the restore's RestoreStatsEntry (times in microseconds).
+  if (!text || text->size() < 14) return {};
+  std::string_view rest(*text);
+  uint32_t size = 0;
+  std::memcpy(&size, rest.data() + 8, 4);
+  rest = rest.substr(12);
+  if (size > rest.size()) return {};
+  rest = rest.substr(0, size);
+  size_t pos = 0;
+  uint64_t key = 0, len = 0;
+  if (!read_varint(rest, pos, key) || (key & 7) != 2 || !read_varint(rest, pos, len) || len > rest.size() - pos)
+    return {};
+  auto f = varint_fields(rest.substr(pos, len));
+  auto ms = [&](uint32_t n) { return static_cast<double>(static_cast<int64_t>(f[n] / 100)) / 10; };
+  boost::json::object o;
+  if ((key >> 3) == 1) {
+    o = {{"freezing", ms(1)}, {"frozen", ms(2)},       {"memdump", ms(3)},
+         {"memwrite", ms(4)}, {"pages_scanned", f[5]}, {"pages_written", f[7]}};
+  } else if ((key >> 3) == 2) {
+    o = {{"forking", ms(3)}, {"restore", ms(4)}, {"pages_restored", f[5]}};
+  }
+  return o;
+}
+
+base::Result<void> lazy_pages_possible() {
+  const char* env = std::getenv("SANDBOXER_LAZY_PAGES");
+  if (env && std::string_view(env) == "0") return base::fail("lazy pages are turned off (SANDBOXER_LAZY_PAGES=0)");
+  // criu's lazy restore hands the copy's userfaultfd to its lazy-pages daemon: where a host's
+  // seccomp or an old kernel refuses the syscall, copies are restored with all their memory.
+  long fd = ::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return base::fail(std::string("userfaultfd is unavailable: ") + std::strerror(errno));
+  ::close(static_cast<int>(fd));
+  return {};
+}
+
+namespace {
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+// criu's image.h and mm.proto: a VMA's status bits, its mmap flags, its madv bit mask.
+constexpr uint64_t kVmaRegular = 1 << 0, kVmaStack = 1 << 1, kVmaVsyscall = 1 << 2, kVmaVdso = 1 << 3,
+                   kVmaAnonPrivate = 1 << 9, kVmaVvar = 1 << 12;
+constexpr uint64_t kMapPrivate = 0x02, kMapAnonymous = 0x20, kMapGrowsdown = 0x100;
+constexpr uint64_t kMadvMergeable = 1ULL << 12;  // MADV_MERGEABLE is 12
+constexpr uint32_t kMmVmas = 14;                 // MmEntry.vmas
+constexpr uint32_t kVmaFlags = 6, kVmaStatus = 7, kVmaMadv = 9;
+
+// One VmaEntry, marked mergeable when it is an anonymous private mapping criu restores as such
+// (not the stack, vdso, vvar or vsyscall); `marked` says whether it was.
+std::string mark_vma(std::string_view vma, bool& marked) {
+  auto f = varint_fields(vma);
+  uint64_t st = f[kVmaStatus], fl = f[kVmaFlags];
+  marked = (st & (kVmaRegular | kVmaAnonPrivate)) == (kVmaRegular | kVmaAnonPrivate) &&
+           !(st & (kVmaStack | kVmaVsyscall | kVmaVdso | kVmaVvar)) &&
+           (fl & (kMapPrivate | kMapAnonymous)) == (kMapPrivate | kMapAnonymous) && !(fl & kMapGrowsdown);
+  if (!marked) return std::string(vma);
+  uint64_t madv = f.count(kVmaMadv) ? f[kVmaMadv] : 0;
+  // Every field but madv as it was, then madv with the mergeable bit.
+  std::string out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < vma.size()) {
+    size_t start = pos;
+    if (!read_varint(vma, pos, key)) break;
+    if ((key & 7) == 0) {
+      if (!read_varint(vma, pos, v)) break;
+    } else if ((key & 7) == 2) {
+      if (!read_varint(vma, pos, v) || v > vma.size() - pos) break;
+      pos += v;
+    } else if ((key & 7) == 1) {
+      pos += 8;
+    } else if ((key & 7) == 5) {
+      pos += 4;
+    }
+    if (pos > vma.size()) break;
+    if ((key >> 3) != kVmaMadv) out.append(vma.substr(start, pos - start));
+  }
+  put_varint(out, static_cast<uint64_t>(kVmaMadv) << 3);
+  put_varint(out, madv | kMadvMergeable);
+  return out;
+}
+
+// A whole MmEntry with its VMAs marked; nullopt where it is not what criu writes.
+std::optional<std::string> mark_mm(std::string_view mm, int64_t& marked) {
+  std::string out;
+  size_t pos = 0;
+  uint64_t key = 0, v = 0;
+  while (pos < mm.size()) {
+    size_t start = pos;
+    if (!read_varint(mm, pos, key)) return std::nullopt;
+    uint32_t wire = key & 7;
+    if (wire == 0) {
+      if (!read_varint(mm, pos, v)) return std::nullopt;
+      out.append(mm.substr(start, pos - start));
+    } else if (wire == 2) {
+      if (!read_varint(mm, pos, v) || v > mm.size() - pos) return std::nullopt;
+      std::string_view body = mm.substr(pos, v);
+      pos += v;
+      if ((key >> 3) != kMmVmas) {
+        out.append(mm.substr(start, pos - start));
+        continue;
+      }
+      bool m = false;
+      std::string vma = mark_vma(body, m);
+      marked += m ? 1 : 0;
+      put_varint(out, key);
+      put_varint(out, vma.size());
+      out.append(vma);
+    } else if (wire == 1 || wire == 5) {
+      pos += wire == 1 ? 8 : 4;
+      if (pos > mm.size()) return std::nullopt;
+      out.append(mm.substr(start, pos - start));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+base::Result<int64_t> mark_mergeable(const std::string& images_dir) {
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator(images_dir, ec)) names.push_back(e.path().filename().string());
+  if (ec) return base::fail("list " + images_dir + ": " + ec.message());
+  int64_t marked = 0;
+  for (auto& name : names) {
+    if (!name.starts_with("mm-") || !name.ends_with(".img")) continue;
+    std::string path = images_dir + "/" + name;
+    auto text = os::read_file(path);
+    if (!text) return base::fail("read " + path + ": " + text.error().message());
+    // Two magic numbers, then one entry: its size (little endian) and the MmEntry.
+    uint32_t size = 0;
+    if (text->size() >= 12) std::memcpy(&size, text->data() + 8, 4);
+    if (text->size() < 12 || size != text->size() - 12) return base::fail(path + " is not one criu MmEntry");
+    auto mm = mark_mm(std::string_view(*text).substr(12), marked);
+    if (!mm) return base::fail(path + " is not one criu MmEntry");
+    std::string out = text->substr(0, 8);
+    auto n = static_cast<uint32_t>(mm->size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out.append(*mm);
+    if (auto w = os::write_file_atomic(path, out, 0600); !w)
+      return base::fail("write " + path + ": " + w.error().message());
+  }
+  return marked;
+}
+
+std::string ksm_state() {
+  auto run = os::read_file("/sys/kernel/mm/ksm/run");
+  if (!run) return "unavailable";
+  return !run->empty() && (*run)[0] == '1' ? "running" : "stopped";
 }
 
 }  // namespace sbx::checkpoint

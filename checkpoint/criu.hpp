@@ -3,10 +3,12 @@
 // with the Reaper at once, which collects its exit: criu is never waited for anywhere else).
 #include <sys/types.h>
 
+#include <boost/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/result.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::checkpoint {
@@ -37,5 +39,26 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run);
 /// The most useful line of a criu log for an error message: the first "Error" line (the cause),
 /// else the last line.
 std::string criu_error_from_log(const std::string& log_path);
+
+/// criu's own profile of a dump or a restore, from the stats-dump or stats-restore image it
+/// writes in its work dir (a StatsEntry protobuf; criu's images/stats.proto), in
+/// milliseconds and pages: for a dump {"freezing", "frozen", "memdump", "memwrite",
+/// "pages_scanned", "pages_written"}, for a restore {"forking", "restore", "pages_restored"}.
+/// Empty when the file is missing or not what criu writes.
+boost::json::object criu_stats(const std::string& path);
+
+/// Whether copies can be restored with lazy pages here (userfaultfd open to the supervisor, and
+/// not turned off by SANDBOXER_LAZY_PAGES=0); the error says why not, for restore.done.
+base::Result<void> lazy_pages_possible();
+
+/// Marks every anonymous private mapping in the mm-*.img files of a criu images dir mergeable
+/// (MADV_MERGEABLE in a VMA's madv flags, which criu's restorer applies), so that the kernel's
+/// KSM merges identical pages of the copies restored from it; returns how many mappings it marked.
+/// Each file is replaced atomically; marking twice changes nothing.
+base::Result<int64_t> mark_mergeable(const std::string& images_dir);
+
+/// The host's KSM (/sys/kernel/mm/ksm/run): "running", "stopped" (run is not 1: nothing is
+/// merged until root sets it) or "unavailable" (no KSM in this kernel).
+std::string ksm_state();
 
 }  // namespace sbx::checkpoint

@@ -45,6 +45,7 @@ struct Settings {
   int64_t max_copies = 0;     // resources.copies: copies running at once
   bool landlock = false;      // the profile asks for Landlock, which criu does not restore
   int restore_index = 0;      // --restore-index: which copy a box started from an archive is
+  bool ksm = true;            // resources.ksm: live copies' anonymous memory is marked mergeable
   // Signed archives: what this box signs with, what it trusts (its own key's public half among
   // them), --allow-unsigned, the bound on one archive's expansion.
   std::shared_ptr<const archive::SigningKey> signing_key;

@@ -2,6 +2,7 @@
 // the agent's command again) or live (criu restores its processes), then wired into the box
 // through checkpoint::Host (host.hpp).
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -37,6 +38,10 @@ struct Checkpointer::RestoreOp {
   bool live = false;             // criu restores it (a live snapshot a trusted key signed)
   std::string note;              // why a live snapshot is restored cold
   bool cold_if_refused = false;  // restore cold what cannot be restored live (not refuse it)
+  bool lazy = false;             // live copies restored with lazy pages (else lazy_why says why not)
+  std::string lazy_why;
+  int started = 0, running = 0;  // copies started, and those not yet done (bounded by cores)
+  bool ksm = false;              // live copies' anonymous memory is marked mergeable
   double t0 = 0;
   bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
@@ -50,7 +55,13 @@ struct Checkpointer::CopyJob {
   std::string dir;                              // its layer: branches/<name>
   std::unique_ptr<Copy> copy;                   // the box's branch of it, until the box adopts it
   std::unique_ptr<sandbox::BranchPipes> pipes;  // a live copy's, until criu has restored it
-  double t_start = 0, t_copied = 0;
+  double t_start = 0, t_copied = 0, t_restored = 0;
+  bool lazy = false;  // restored with lazy pages (else lazy_why says why not)
+  std::string lazy_why;
+  pid_t daemon = -1;          // its lazy-pages daemon, until reaped
+  bool restored = false;      // criu's restore of it succeeded (restore.done was sent)
+  bool memory_ended = false;  // its daemon has ended (status in memory_status)
+  int memory_status = 0;
   json::object result;  // {"branch", "index"}, then what came of it
 };
 
@@ -200,8 +211,44 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
       return op_done();
     }
     op->pending = op->n;
-    for (int i = 0; i < op->n; ++i) restore_copy(op, i);
+    if (op->live) {
+      auto lazy = lazy_pages_possible();
+      op->lazy = static_cast<bool>(lazy);
+      if (!lazy) op->lazy_why = lazy.error().message;
+    }
+    if (!op->live || !settings_.ksm) return start_more(op);
+    // KSM: the snapshot's anonymous private mappings are marked mergeable once, in its extracted
+    // images (checked when extracted; the archive itself is unchanged), before any copy of it runs.
+    std::string img = snap_dir_ + "/" + op->snapshot + ".d/criu";
+    auto err = std::make_shared<std::string>();
+    offload(
+        [img, err] {
+          struct stat st {};
+          if (::stat((img + "/.mergeable").c_str(), &st) == 0) return;
+          auto m = mark_mergeable(img);
+          if (!m)
+            *err = m.error().message;
+          else if (auto w = os::write_file_atomic(img + "/.mergeable", std::to_string(*m) + "\n"); !w)
+            *err = w.error().message();
+        },
+        [this, op, err] {
+          op->ksm = err->empty();
+          if (!err->empty()) log()->warn("restore {}: copies not mergeable: {}", op->snapshot, *err);
+          start_more(op);
+        });
   });
+}
+
+void Checkpointer::start_more(std::shared_ptr<RestoreOp> op) {
+  // Copies restore side by side, twice as many at once as there are cores: criu's restore
+  // waits on the kernel for much of its time (a fork of 8 on 2 cores was faster with 4 or 8 at
+  // once than with 2), and more only wait for CPU while each one started holds its memory.
+  long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  int bound = 2 * (cores > 0 ? static_cast<int>(cores) : 1);
+  while (op->started < op->n && op->running < bound) {
+    ++op->running;
+    restore_copy(op, op->started++);
+  }
 }
 
 namespace {
@@ -319,12 +366,92 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
 }
 
 void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
+  (void)os::make_dirs(job->dir + "/.criu", 0700);
+  job->lazy = job->op->lazy;
+  job->lazy_why = job->op->lazy_why;
+  if (job->lazy) return start_lazy_daemon(job);
+  spawn_live_restore(job);
+}
+
+namespace {
+
+// Why a copy's lazy-pages daemon failed: its log's error, or what it printed where it failed
+// before it opened its log.
+std::string lazy_daemon_error(const std::string& dir) {
+  struct stat st {};
+  bool log = ::stat((dir + "/.criu/lazy-pages.log").c_str(), &st) == 0 && st.st_size > 0;
+  return criu_error_from_log(dir + (log ? "/.criu/lazy-pages.log" : "/.criu/lazy-pages.out"));
+}
+
+}  // namespace
+
+void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
+  // One daemon per copy serves the snapshot's page images to that copy's userfaultfd: pages
+  // the copy touches first, then the rest in the background; it ends when all have arrived.
+  // It and the restore meet at a socket in the copy's criu work dir.
+  auto eager = [this, job](std::string why) {
+    job->lazy = false;
+    job->lazy_why = std::move(why);
+    spawn_live_restore(job);
+  };
+  auto status = os::make_pipe();
+  if (!status) return eager("its lazy-pages daemon: " + status.error().message());
+  CriuRun run;
+  run.args = {"lazy-pages",     "--images-dir",      snap_dir_ + "/" + job->op->snapshot + ".d/criu",
+              "--work-dir",     job->dir + "/.criu", "--log-file",
+              "lazy-pages.log", "--status-fd",       std::to_string(kCriuFirstFd)};
+  run.fds = {status->write.get()};
+  run.output = job->dir + "/.criu/lazy-pages.out";
+  auto pid = spawn_criu(*criu_, run);
+  status->write.reset();
+  if (!pid) return eager("start its lazy-pages daemon: " + pid.error().message());
+  job->daemon = *pid;
+  lazy_daemons_.push_back(*pid);
+  host_.watch_child(*pid, [this, job](pid_t p, int st) {
+    std::erase(lazy_daemons_, p);
+    job->daemon = -1;
+    job->memory_ended = true;
+    job->memory_status = st;
+    if (job->restored) lazy_daemon_ended(job);
+  });
+  // The daemon writes one byte to its status fd once its socket listens (or exits first).
+  auto ready = std::make_shared<bool>(false);
+  auto rd = std::make_shared<os::UniqueFd>(std::move(status->read));
+  offload(
+      [rd, ready] {
+        struct pollfd p {
+          rd->get(), POLLIN, 0
+        };
+        char c = 0;
+        *ready = ::poll(&p, 1, 10000) == 1 && ::read(rd->get(), &c, 1) == 1;
+      },
+      [this, job, ready, eager] {
+        if (*ready) return spawn_live_restore(job);
+        if (job->daemon > 0) ::kill(job->daemon, SIGKILL);
+        eager("its lazy-pages daemon did not start: " + lazy_daemon_error(job->dir));
+      });
+}
+
+void Checkpointer::lazy_daemon_ended(std::shared_ptr<CopyJob> job) {
+  int st = job->memory_status;
+  json::object ev{{"type", "restore.memory_complete"},
+                  {"snapshot", job->op->snapshot},
+                  {"index", job->spec.lineage.index},
+                  {"ok", WIFEXITED(st) && WEXITSTATUS(st) == 0},
+                  {"ms", round_ms(now_ms() - job->t_restored)}};
+  if (!ev["ok"].as_bool())
+    ev["error"] = WIFSIGNALED(st)
+                      ? std::string("the lazy-pages daemon was killed by SIG") + os::signal_name(WTERMSIG(st))
+                      : "the lazy-pages daemon failed: " + lazy_daemon_error(job->dir);
+  host_.emit(job->spec.name, ev);
+}
+
+void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   const std::string& dir = job->dir;
   auto pipes = sandbox::make_branch_pipes();
   if (!pipes) return copy_failed(job, "make pipes: " + pipes.error().message());
   job->pipes = std::make_unique<sandbox::BranchPipes>(std::move(*pipes));
   CriuRun run;
-  (void)os::make_dirs(dir + "/.criu", 0700);
   run.args = {"restore",
               "--images-dir",
               snap_dir_ + "/" + job->op->snapshot + ".d/criu",
@@ -361,6 +488,7 @@ void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
     run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(i)) + "]:pipe:[" +
                        std::to_string(ino->to_number<uint64_t>()) + "]");
   }
+  if (job->lazy) run.args.push_back("--lazy-pages");
   run.new_netns = true;
   run.writable_proc_sys = true;
   run.hostname = job->spec.name + "." + settings_.box_id;
@@ -379,6 +507,7 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   const std::string& dir = job->dir;
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     job->pipes.reset();
+    if (job->daemon > 0) ::kill(job->daemon, SIGKILL);  // it has no copy to serve
     return copy_failed(job, "criu restore failed: " + criu_error_from_log(dir + "/.criu/restore.log"));
   }
   auto text = os::read_file(dir + "/.criu/pid");
@@ -421,9 +550,17 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   res["mode"] = "live";
   res["proc"] = s.main_proc;
   res["pid"] = root;
+  job->t_restored = now_ms();
   res["timings_ms"] = {{"copy", round_ms(job->t_copied - job->t_start)},
-                       {"restore", round_ms(now_ms() - job->t_copied)}};
+                       {"restore", round_ms(job->t_restored - job->t_copied)},
+                       {"criu", criu_stats(dir + "/.criu/stats-restore")}};
+  res["lazy"] = job->lazy;
+  res["ksm"] = job->op->ksm;
+  if (!job->lazy) res["lazy_why"] = job->lazy_why;
+  job->restored = true;
   copy_done(job->op, std::move(res));
+  // Its memory may have arrived before criu's restore ended (a small copy).
+  if (job->lazy && job->memory_ended) lazy_daemon_ended(job);
 }
 
 void Checkpointer::copy_failed(std::shared_ptr<CopyJob> job, std::string error) {
@@ -457,9 +594,14 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
     if (!op->note.empty()) ev["note"] = res["note"] = op->note;
     ev["proc"] = res.at("proc");
     ev["timings_ms"] = res.at("timings_ms");
+    if (auto* lazy = res.if_contains("lazy")) ev["lazy"] = *lazy;
+    if (auto* why = res.if_contains("lazy_why")) ev["lazy_why"] = *why;
+    if (auto* ksm = res.if_contains("ksm")) ev["ksm"] = *ksm;
     host_.emit(branch, ev);
   }
   op->results.emplace_back(std::move(res));
+  --op->running;
+  start_more(op);
   if (--op->pending > 0) return;
   bool all_ok = true;
   for (auto& r : op->results) {

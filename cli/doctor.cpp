@@ -142,6 +142,14 @@ Line check_overlay() {
           ok ? "" : "branch roots are copies, not copy-on-write layers: forks cost disk and time"};
 }
 
+Line check_ksm() {
+  auto run = os::read_file("/sys/kernel/mm/ksm/run");
+  if (!run) return {"ksm", false, "not in this kernel", "live copies of a fork do not share identical pages"};
+  bool on = !run->empty() && (*run)[0] == '1';
+  return {"ksm", on, on ? "running (/sys/kernel/mm/ksm/run is 1)" : "stopped (/sys/kernel/mm/ksm/run is not 1)",
+          on ? "" : "live copies of a fork do not share identical pages until root writes 1 there"};
+}
+
 Line check_criu() {
   auto path = bp::search_path("criu");
   if (path.empty())
@@ -217,8 +225,8 @@ Line check_privileges() {
 int cmd_doctor(const std::vector<std::string>& args) {
   auto a = parse_args(args, {.usage = "usage: sandboxer doctor [--json]", .flags = {"--json"}, .max_positionals = 0});
   bool json = a.has("--json");
-  std::vector<Line> lines = {check_cgroup(),  check_seccomp(), check_landlock(), check_namespaces(),
-                             check_overlay(), check_criu(),    check_disk(),     check_privileges()};
+  std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(), check_overlay(),
+                             check_criu(),   check_ksm(),     check_disk(),     check_privileges()};
   sandbox::CommandProbe criu({"criu", "--version"});
   auto caps = sandbox::detect_capabilities(&criu);
   if (json) {

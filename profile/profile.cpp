@@ -447,6 +447,10 @@ void parse_into(Profile& p, const json::value& doc) {
     // Each copy runs with the full ceilings, so these bound what one box can take (0: none allowed).
     if (auto* v = f.get("copies")) p.resources.copies = as_count(*v, "resources.copies", 0, 1024);
     if (auto* v = f.get("snapshots")) p.resources.snapshots = as_count(*v, "resources.snapshots", 0, 4096);
+    if (auto* v = f.get("ksm")) {
+      if (!v->is_bool()) throw ProfileError("resources.ksm: must be true or false");
+      p.resources.ksm = v->as_bool();
+    }
     f.done();
   }
   if (auto* r = top.get("isolation")) {

@@ -60,6 +60,7 @@ struct Profile {
                                    // full ceilings above); a restore or fork past it is refused
     int64_t snapshots = 32;        // snapshots kept in the box's store; a checkpoint or import past it
                                    // is refused
+    bool ksm = true;               // live copies' anonymous memory mergeable by the host's KSM
   } resources;
   struct Isolation {
     std::string level = "process";     // process, container, gvisor, microvm: the least the host must give

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "checkpoint/checkpointer.hpp"
+#include "checkpoint/criu.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "profile/agent-env.hpp"
@@ -314,6 +315,8 @@ void Box::start() {
   auto read_criu = [&] {
     caps_.criu = sandbox::criu_version_of(criu_probe.output(3000));
     caps = caps_.to_json();
+    // KSM shares identical pages of the box's live copies when the host runs it (README, "Forks").
+    caps["ksm"] = boost::json::object{{"host", checkpoint::ksm_state()}, {"copies", opts_.profile.resources.ksm}};
     live = checkpointer_->live_possible(&why_not);
   };
   // A box whose profile persists its agent resumes the newest snapshot of its main branch instead

@@ -9,7 +9,7 @@ from sbxtest import CLI
 
 pytestmark = pytest.mark.timeout(60)
 
-CAPS = ["cgroup", "seccomp", "landlock", "namespaces", "overlayfs", "criu", "disk", "privileges"]
+CAPS = ["cgroup", "seccomp", "landlock", "namespaces", "overlayfs", "criu", "ksm", "disk", "privileges"]
 
 
 def landlock_abi():
@@ -34,6 +34,11 @@ def test_doctor_json_matches_this_host():
         assert d["landlock"]["detail"].startswith(f"ABI {abi}")
     v1 = any(l.split(":")[1] for l in open("/proc/self/cgroup").read().splitlines())
     assert d["cgroup"]["detail"].startswith("v1" if v1 else "v2")
+    try:
+        ksm = open("/sys/kernel/mm/ksm/run").read().strip() == "1"
+    except OSError:
+        ksm = False
+    assert d["ksm"]["ok"] == ksm
     for name, e in d.items():
         if isinstance(e, dict) and not e["ok"]:
             assert e.get("meaning"), name  # every missing one says what it means for profiles

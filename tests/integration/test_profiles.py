@@ -38,6 +38,7 @@ BAD = [
     {"resources": {"cpus": -1}},
     {"resources": {"copies": -1}},
     {"resources": {"snapshots": "many"}},
+    {"resources": {"ksm": "maybe"}},
     {"isolation": {"namespaces": "yes"}},
     {"isolation": {"level": "vm"}},
     {"isolation": {"user": "alice"}},
