@@ -160,6 +160,50 @@ base::Result<PublicKey> load_trust_key(const std::string& path) {
   return pub;
 }
 
+ArchiveKeys::ArchiveKeys(std::string signing, std::vector<std::string> trust)
+    : signing_path_(std::move(signing)), trust_paths_(std::move(trust)) {}
+
+base::Result<void> ArchiveKeys::check_files() const {
+  auto regular = [](const std::string& opt, const std::string& path) -> base::Result<void> {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return base::sys_fail(opt + " " + path, errno);
+    if (!S_ISREG(st.st_mode)) return base::fail(opt + " " + path + ": not a regular file");
+    return {};
+  };
+  if (!signing_path_.empty())
+    if (auto r = regular("--signing-key", signing_path_); !r) return r;
+  for (auto& f : trust_paths_)
+    if (auto r = regular("--trust-key", f); !r) return r;
+  return {};
+}
+
+base::Result<std::shared_ptr<const SigningKey>> ArchiveKeys::signing() const {
+  if (!signing_) {
+    auto key = signing_path_.empty() ? SigningKey::generate() : SigningKey::load(signing_path_);
+    if (key)
+      signing_ = std::make_shared<const SigningKey>(std::move(*key));
+    else
+      signing_ = base::fail("--signing-key " + key.error().message);
+  }
+  return *signing_;
+}
+
+base::Result<std::vector<PublicKey>> ArchiveKeys::trusted() const {
+  if (!trusted_) {
+    std::vector<PublicKey> keys;
+    for (auto& f : trust_paths_) {
+      auto pub = load_trust_key(f);
+      if (!pub) return *(trusted_ = base::fail("--trust-key " + pub.error().message));
+      keys.push_back(*pub);
+    }
+    auto own = signing();
+    if (!own) return *(trusted_ = own.error());
+    keys.push_back((*own)->public_key());
+    trusted_ = std::move(keys);
+  }
+  return *trusted_;
+}
+
 std::string user_key_dir() {
   std::string why;
   std::string home = os::state_home(why);
@@ -167,7 +211,7 @@ std::string user_key_dir() {
   return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
 }
 
-base::Result<std::string> ensure_user_key(const std::string& dir) {
+base::Result<std::string> ensure_user_key(const std::string& dir, bool parse) {
   std::string priv = dir + "/signing.pem", pub = dir + "/signing.pub";
   // Whoever can write the key store chooses which archives criu restores: it is this user's
   // alone, and so is the key in it.
@@ -195,6 +239,8 @@ base::Result<std::string> ensure_user_key(const std::string& dir) {
     ::unlink(tmp.c_str());
   } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     return base::fail(priv + ": not a regular file of this user's alone (mode 0600)");
+  } else if (!parse) {
+    return priv;
   }
   auto key = SigningKey::load(priv);
   if (!key) return key.error();

@@ -53,13 +53,40 @@ class SigningKey {
 /// A trusted key from a file: a PEM public key, or a PEM private key (its public half).
 base::Result<PublicKey> load_trust_key(const std::string& path);
 
+/// A box's archive keys, read when first needed (its first checkpoint, import or restore) and not
+/// at start: parsing a PEM key loads most of OpenSSL, some 2 MiB every box would keep for nothing
+/// (README, "Benchmarks": the supervisor's peak RSS). At start the files are only checked to exist as regular files, so
+/// a missing key still stops the box at once; a key that does not parse is reported, naming its file, by the first
+/// operation that needs it. Used from one thread (the box's loop) only.
+class ArchiveKeys {
+ public:
+  /// `signing`: the signing key's file, empty for a fresh key of this box alone (made on first
+  /// use); `trust`: the --trust-key files.
+  ArchiveKeys(std::string signing, std::vector<std::string> trust);
+  /// Whether every file exists and is a regular file: the cheap check done at start. The error
+  /// names the option and the file.
+  base::Result<void> check_files() const;
+  /// The signing key, loaded (or made) on the first call; the same error on every later call.
+  base::Result<std::shared_ptr<const SigningKey>> signing() const;
+  /// The trusted keys: the --trust-key files' and the signing key's public half.
+  base::Result<std::vector<PublicKey>> trusted() const;
+
+ private:
+  std::string signing_path_;
+  std::vector<std::string> trust_paths_;
+  mutable std::optional<base::Result<std::shared_ptr<const SigningKey>>> signing_;
+  mutable std::optional<base::Result<std::vector<PublicKey>>> trusted_;
+};
+
 /// Where the per-user key pair lives: $XDG_STATE_HOME/sandboxer/keys (else
 /// ~/.local/state/sandboxer/keys), the directory 0700, holding signing.pem (0600) and signing.pub.
 std::string user_key_dir();
 
 /// The per-user key pair in `dir`: loaded, or made on first use (the private key created with
 /// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path.
-base::Result<std::string> ensure_user_key(const std::string& dir);
+/// With `parse` false, an existing key that passes the file checks is not parsed (nor its public
+/// half rewritten): a box reads it later through ArchiveKeys.
+base::Result<std::string> ensure_user_key(const std::string& dir, bool parse = true);
 
 /// Lowercase hex of `n` bytes.
 std::string hex_encode(const unsigned char* p, size_t n);

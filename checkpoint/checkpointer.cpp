@@ -121,9 +121,10 @@ struct Checkpointer::CheckpointOp {
   bool leave_running = true;
   Reply done;
   bool live = false;
-  std::string note;        // why files only
-  std::string work;        // snapshots/.work-X: payload/{criu,fs}, logs
-  std::string by;          // the branch whose agent channel asked, or "" (the operator)
+  std::string note;                                // why files only
+  std::string work;                                // snapshots/.work-X: payload/{criu,fs}, logs
+  std::shared_ptr<const archive::SigningKey> key;  // what signs the archive; null: nothing does
+  std::string by;                                  // the branch whose agent channel asked, or "" (the operator)
   pid_t ns_init_pid = -1;  // the branch's ns-init (the root of its tree), in the supervisor's pid namespace
   os::UniqueFd tree_fd;    // a pidfd of ns_init_pid: the tree is stopped, continued, killed through it
   pid_t criu = -1;         // criu dumping it, until the reaper collects it
@@ -144,10 +145,18 @@ Checkpointer::Checkpointer(uv_loop_t* loop, Host& host, Settings settings)
       criu_(find_criu()),
       image_id_(archive::read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
-  policy_.trusted = settings_.trust_keys;
-  if (settings_.signing_key) policy_.trusted.push_back(settings_.signing_key->public_key());
-  policy_.allow_unsigned = settings_.allow_unsigned;
-  policy_.max_bytes = settings_.max_archive_bytes;
+}
+
+base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
+  archive::ImportPolicy p;
+  if (settings_.keys) {
+    auto trusted = settings_.keys->trusted();
+    if (!trusted) return base::fail(trusted.error().message, "bad_key");
+    p.trusted = std::move(*trusted);
+  }
+  p.allow_unsigned = settings_.allow_unsigned;
+  p.max_bytes = settings_.max_archive_bytes;
+  return p;
 }
 
 Checkpointer::~Checkpointer() = default;
@@ -251,7 +260,19 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   if (!b.running) return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
   if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
   if (auto refusal = snapshots_refusal(branch)) return done(std::move(*refusal));
+  // The signing key is read at the first checkpoint, not at start (archive::ArchiveKeys): a key
+  // that does not parse is refused here, before the agent is stopped, naming its file.
+  std::shared_ptr<const archive::SigningKey> key;
+  if (settings_.keys) {
+    auto k = settings_.keys->signing();
+    if (!k) {
+      log()->error("checkpoint branch {}: {}", branch, k.error().message);
+      return done(error_reply("bad_key", k.error().message));
+    }
+    key = *k;
+  }
   auto op = std::make_shared<CheckpointOp>();
+  op->key = std::move(key);
   op->branch = branch;
   op->name = name;
   op->by = by;
@@ -429,7 +450,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->work + "/archive.tar.zst";
   offload(
-      [op, tmp, key = settings_.signing_key] {
+      [op, tmp, key = op->key] {
         auto info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get());
         if (info)
           op->info = std::move(*info);
@@ -462,10 +483,9 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         os::remove_tree(base + ".d");
         if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
-          m["verified"] =
-              settings_.signing_key
-                  ? json::object{{"trusted", true}, {"key", settings_.signing_key->public_key().fingerprint()}}
-                  : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
+          m["verified"] = op->key
+                              ? json::object{{"trusted", true}, {"key", op->key->public_key().fingerprint()}}
+                              : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
           (void)os::write_file_atomic(base + ".d/manifest.json", json::serialize(m) + "\n");
           (void)os::write_file_atomic(base + ".d/.complete", "");
         }

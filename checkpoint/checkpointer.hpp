@@ -128,7 +128,9 @@ class Checkpointer {
   std::string snap_dir_;
   std::optional<std::string> criu_;
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
-  archive::ImportPolicy policy_;         // the box's trusted keys, --allow-unsigned, the size bound
+  /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
+  /// size bound; or why a key could not be read.
+  base::Result<archive::ImportPolicy> import_policy() const;
   int ops_ = 0;
   int next_copy_ = 1;
   int64_t checkpoints_ = 0;                             // checkpoints under way (counted against resources.snapshots)

@@ -46,10 +46,10 @@ struct Settings {
   bool landlock = false;      // the profile asks for Landlock, which criu does not restore
   int restore_index = 0;      // --restore-index: which copy a box started from an archive is
   bool ksm = true;            // resources.ksm: live copies' anonymous memory is marked mergeable
-  // Signed archives: what this box signs with, what it trusts (its own key's public half among
-  // them), --allow-unsigned, the bound on one archive's expansion.
-  std::shared_ptr<const archive::SigningKey> signing_key;
-  std::vector<archive::PublicKey> trust_keys;
+  // Signed archives: what this box signs with and what it trusts (its own key's public half among
+  // them), read at the first checkpoint, import or restore (null: it signs nothing, trusts none);
+  // --allow-unsigned; the bound on one archive's expansion.
+  std::shared_ptr<const archive::ArchiveKeys> keys;
   bool allow_unsigned = false;
   uint64_t max_archive_bytes = archive::kDefaultMaxArchiveBytes;
 };

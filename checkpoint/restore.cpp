@@ -123,8 +123,10 @@ void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
   struct stat st {};
   if (::stat((base + ".tar.zst").c_str(), &st) != 0)
     return fn(base::fail("no snapshot \"" + id + "\"", "bad_snapshot"));
+  auto policy = import_policy();
+  if (!policy) return fn(policy.error());
   auto result = std::make_shared<base::Result<json::object>>(base::fail("", "bad_snapshot"));
-  offload([base, id, result, policy = policy_] { *result = extract_snapshot(base, id, policy); },
+  offload([base, id, result, policy = std::move(*policy)] { *result = extract_snapshot(base, id, policy); },
           [result, fn] { fn(std::move(*result)); });
 }
 

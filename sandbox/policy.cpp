@@ -164,7 +164,9 @@ std::vector<std::string> credential_paths() {
       out.push_back(home + rel);
   };
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) out.push_back(std::string(x) + "/sandboxer");
-  if (auto* h = std::getenv("HOME"); h && *h && std::string(h) != "/") add_home(h);
+  // Each home once: a mask given twice is two more mounts on every branch's start.
+  const char* h = std::getenv("HOME");
+  if (h && *h && std::string(h) != "/" && std::string(h) != "/root") add_home(h);
   add_home("/root");
   out.push_back("/etc/sandboxer/tokens");
   out.push_back("/run/sandboxer/token");

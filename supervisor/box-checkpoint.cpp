@@ -53,8 +53,7 @@ checkpoint::Settings Box::checkpoint_settings() const {
   s.landlock = opts_.profile.isolation.landlock.has_value();
   s.restore_index = opts_.restore_index;
   s.ksm = opts_.profile.resources.ksm;
-  s.signing_key = opts_.signing_key;
-  s.trust_keys = opts_.trust_keys;
+  s.keys = opts_.keys;
   s.allow_unsigned = opts_.allow_unsigned;
   s.max_archive_bytes = opts_.max_archive_bytes;
   return s;

@@ -49,8 +49,8 @@ struct BoxOptions {
   int restore_index = 0;      // which copy this box is (--restore-index)
   // Signed archives (checkpoint/signing.hpp): what this box signs with, and what it trusts (its
   // own key's public half among them); --allow-unsigned; the bound on one archive's expansion.
-  std::shared_ptr<const archive::SigningKey> signing_key;
-  std::vector<archive::PublicKey> trust_keys;
+  // Read when first needed (archive::ArchiveKeys), not at start.
+  std::shared_ptr<const archive::ArchiveKeys> keys;
   bool allow_unsigned = false;
   uint64_t max_archive_bytes = archive::kDefaultMaxArchiveBytes;
   std::string health_file;  // "" none; else health.hpp's file, once the server is up

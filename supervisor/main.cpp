@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
-#include <optional>
 
 #include "archive/archive.hpp"
 #include "archive/signing.hpp"
@@ -30,14 +29,15 @@ std::string default_state_root() {
   return "/var/lib/sandboxer/boxes";
 }
 
-// The archive keys (checkpoint/signing.hpp): the signing key (given, else the user's pair, made on
+// The archive keys (archive/signing.hpp): the signing key (given, else the user's pair, made on
 // first use), masked from the agent with the user's key dir; the trusted keys; the size bound.
+// Only the files are checked here: the keys are parsed at the first checkpoint, import or restore
+// (archive::ArchiveKeys), so a box that makes none never loads OpenSSL's key decoders.
 bool load_keys(const InitOptions& o, BoxOptions& bo) {
   std::string signing = o.signing_key;
   std::string user_dir = sbx::archive::user_key_dir();
-  std::optional<sbx::base::Result<sbx::archive::SigningKey>> made;
   if (signing.empty()) {
-    if (auto p = sbx::archive::ensure_user_key(user_dir)) {
+    if (auto p = sbx::archive::ensure_user_key(user_dir, false)) {
       signing = *p;
     } else {
       // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
@@ -46,28 +46,18 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
           "the user's archive key: {}; this box signs with a key of its own (give one with "
           "--signing-key FILE)",
           p.error().message);
-      made = sbx::archive::SigningKey::generate();
     }
   }
-  auto key = made && *made ? std::move(*made) : sbx::archive::SigningKey::load(signing);
-  if (!key) {
-    spdlog::critical("--signing-key {}", key.error().message);
+  bo.keys = std::make_shared<const sbx::archive::ArchiveKeys>(signing, o.trust_keys);
+  if (auto r = bo.keys->check_files(); !r) {
+    spdlog::critical("{}", r.error().message);
     return false;
   }
-  bo.signing_key = std::make_shared<const sbx::archive::SigningKey>(std::move(*key));
   // The key, and the user's key dir (whatever key this box was given: another box's agent must
   // not read the pair every box of this user trusts).
   if (!signing.empty() && !signing.starts_with(user_dir + "/")) bo.masks.push_back(signing);
   struct stat st {};
   if (::stat(user_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) bo.masks.push_back(user_dir);
-  for (auto& f : o.trust_keys) {
-    auto pub = sbx::archive::load_trust_key(f);
-    if (!pub) {
-      spdlog::critical("--trust-key {}", pub.error().message);
-      return false;
-    }
-    bo.trust_keys.push_back(*pub);
-  }
   bo.allow_unsigned = o.allow_unsigned;
   if (!o.max_archive_bytes.empty()) {
     try {
@@ -79,8 +69,8 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
       return false;
     }
   }
-  spdlog::debug("archives: signed with {}, {} more trusted key(s){}", bo.signing_key->public_key().fingerprint(),
-                bo.trust_keys.size(), bo.allow_unsigned ? ", unsigned ones accepted (cold)" : "");
+  spdlog::debug("archives: signed with {}, {} more trusted key(s){}", signing.empty() ? "a key of this box" : signing,
+                o.trust_keys.size(), bo.allow_unsigned ? ", unsigned ones accepted (cold)" : "");
   return true;
 }
 
