@@ -15,7 +15,7 @@ const char* kUsage =
     "      [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...\n"
     "                                                                        run an agent here, show its events; its\n"
     "                                                                        environment is clean but for --env\n"
-    "  log STATE_DIR [--since N] [--json]                                    print a box's journal\n"
+    "  log STATE_DIR|URL [--since N] [--json] [--follow]                     print a box's journal\n"
     "  attach URL [--since N] [--branch B] [--json]                          follow a box's events (resumes by "
     "itself)\n"
     "  exec URL [-i] [-t] [--proc ID] [--env K=V] [--cwd D] -- CMD...        run CMD in the box; exits with its "
