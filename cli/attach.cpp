@@ -25,14 +25,7 @@ int cmd_attach(const std::vector<std::string>& args) {
   sdk::Subscription sub(
       s.loop(), s.endpoint(), since, a.value("--branch"),
       [&](const json::object& ev, std::string_view line) { printer.print(line, ev); },
-      [&](int code, const std::string& reason) {
-        // 1000 and 1001: the box ended, or is going away; anything else is a failure.
-        if (code != 1000 && code != 1001) {
-          s.report(s.url() + ": " + reason + " (" + std::to_string(code) + ")");
-          rc = kExitFailed;
-        }
-        s.stop();
-      });
+      [&](int code, const std::string& reason) { rc = s.stream_closed(code, reason); });
   s.run();
   return rc;
 }

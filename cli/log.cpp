@@ -44,14 +44,7 @@ int log_remote(const Args& a, uint64_t since, bool json) {
         const auto* seq = ev.if_contains("seq");
         if (!follow && seq && seq->is_int64() && static_cast<uint64_t>(seq->as_int64()) >= until) s.stop();
       },
-      [&](int code, const std::string& reason) {
-        // 1000 and 1001: the box ended, or is going away; anything else is a failure.
-        if (code != 1000 && code != 1001) {
-          s.report(s.url() + ": " + reason + " (" + std::to_string(code) + ")");
-          rc = kExitFailed;
-        }
-        s.stop();
-      });
+      [&](int code, const std::string& reason) { rc = s.stream_closed(code, reason); });
   s.run();
   return rc;
 }

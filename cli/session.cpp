@@ -77,6 +77,13 @@ Session::~Session() {
   uv_loop_close(&loop_);
 }
 
+int Session::stream_closed(int code, const std::string& reason) {
+  stop();
+  if (code == 1000 || code == 1001) return kExitOk;
+  report(url() + ": " + reason + " (" + std::to_string(code) + ")");
+  return kExitFailed;
+}
+
 void Session::report(std::string_view what) const { std::cerr << "sandboxer " << cmd_ << ": " << what << "\n"; }
 
 int Session::fail(const base::Error& e, std::string_view what) const {

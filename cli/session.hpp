@@ -60,6 +60,9 @@ class Session {
 
   /// "sandboxer CMD: <what>" on stderr.
   void report(std::string_view what) const;
+  /// An event stream's end: 1000 and 1001 (the box ended, or is going away) are a clean end, any
+  /// other close is reported as a failure. Stops the loop; returns the exit status.
+  int stream_closed(int code, const std::string& reason);
   /// "sandboxer CMD: [<what>: ]<message> (<code>)" on stderr; returns kExitFailed.
   int fail(const base::Error& e, std::string_view what = {}) const;
   int fail(const boost::json::object& reply) const { return fail(reply_error(reply)); }
