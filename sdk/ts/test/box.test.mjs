@@ -221,9 +221,11 @@ describe("one box", () => {
   });
 });
 
-// About 2,000 events, a little apart, so the stream is still live while the test cuts it.
-const SPEW = ["python3", "-c", "import time\nfor i in range(2000):\n    print('line', i, flush=True)\n    time.sleep(0.0005)\nprint('DONE', flush=True)\ntime.sleep(1000)\n"];
-const CUTS = [5, 100, 500, 1200];
+// The supervisor reads output in large chunks, so a loaded machine joins lines into fewer events:
+// 600 lines over ~3 s still give more events than the last cut, and the cuts are far enough
+// apart that events buffered before one cut do not reach the next.
+const SPEW = ["python3", "-c", "import time\nfor i in range(600):\n    print('line', i, flush=True)\n    time.sleep(0.005)\nprint('DONE', flush=True)\ntime.sleep(1000)\n"];
+const CUTS = [3, 30, 80, 150];
 
 test("after lost connections the stream is the uninterrupted sequence: no gap, no duplicate", async () => {
   const server = await startBox(SPEW);
@@ -257,8 +259,11 @@ test("after lost connections the stream is the uninterrupted sequence: no gap, n
   }
 });
 
-test("a reader too slow is closed with 4008 and resumes with every seq", async () => {
-  const server = await startBox();
+test("a reader that takes nothing for the stall time is closed with 4008 and resumes with every seq", async () => {
+  // A reader that falls behind is served from the journal; only one that takes nothing for the
+  // stall time (1 s here, 30 s by default) is closed. This one stops reading the socket once 64
+  // frames wait in the SDK, so it takes nothing while the test sleeps.
+  const server = await startBox(undefined, [], { SANDBOXER_WS_STALL_SECONDS: "1" });
   try {
     const box = await Box.connect(server.url, { token: server.token });
     const s = box.events({ since: 0 });

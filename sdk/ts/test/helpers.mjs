@@ -35,8 +35,8 @@ export function readEvents(path) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** sandboxer-init as PID 1 of a fresh pid namespace, running `argv` as its agent and serving
- * ws://127.0.0.1:PORT with a fresh token. */
-export async function startBox(argv = [PROBE, "wait"], extra = []) {
+ * ws://127.0.0.1:PORT with a fresh token; `env` is added to its environment. */
+export async function startBox(argv = [PROBE, "wait"], extra = [], env = {}) {
   const dir = mkdtempSync(join(tmpdir(), "sbx-ts-"));
   const token = randomBytes(16).toString("hex");
   const tokenFile = join(dir, "token");
@@ -45,7 +45,7 @@ export async function startBox(argv = [PROBE, "wait"], extra = []) {
   const cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", INIT, "--state-dir", join(dir, "state"),
     "--events", events, "--listen", "127.0.0.1:0", "--token-file", tokenFile, "--log-level", "warn", ...extra, "--", ...argv];
   let stderr = "";
-  const child = spawn(cmd[0], cmd.slice(1), { detached: true, stdio: ["ignore", "ignore", "pipe"] });
+  const child = spawn(cmd[0], cmd.slice(1), { detached: true, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
   child.stderr.on("data", (d) => (stderr = (stderr + d).slice(-4000)));
   const exited = new Promise((r) => child.on("exit", (code, sig) => r(code ?? sig)));
   let port = 0;
