@@ -107,17 +107,7 @@ template <class Ws>
 asio::awaitable<void> BoxLink::write_loop(Ws& ws) {
   auto self = shared_from_this();
   try {
-    while (!closed_) {
-      if (out_.empty()) {
-        wake_.expires_at(asio::steady_timer::time_point::max());
-        boost::system::error_code ec;
-        co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
-      ws.text(true);
-      co_await ws.async_write(asio::buffer(out_.front()), asio::use_awaitable);
-      out_.pop_front();
-    }
+    co_await write_frames(ws, out_, wake_, closed_, [] {});
     if (open_) {
       boost::system::error_code ec;
       co_await ws.async_close(websocket::close_code::normal, asio::redirect_error(asio::use_awaitable, ec));

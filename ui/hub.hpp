@@ -23,6 +23,26 @@ namespace http = beast::http;
 namespace websocket = beast::websocket;
 using tcp = asio::ip::tcp;
 
+/// Writes `out`'s frames to `ws` in order, as text, until `closed`: waits on `wake` while `out` is
+/// empty (whoever queues a frame or closes cancels it), and runs `after` once each frame is out.
+/// A write that fails throws to the caller.
+template <class Ws, class After>
+asio::awaitable<void> write_frames(Ws& ws, std::deque<std::string>& out, asio::steady_timer& wake, const bool& closed,
+                                   After after) {
+  while (!closed) {
+    if (out.empty()) {
+      wake.expires_at(asio::steady_timer::time_point::max());
+      boost::system::error_code ec;
+      co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    ws.text(true);
+    co_await ws.async_write(asio::buffer(out.front()), asio::use_awaitable);
+    out.pop_front();
+    after();
+  }
+}
+
 /// One WebSocket connection to the box, authenticated with the box's token (never sent anywhere
 /// else). Frames are sent in order once it is open; `on_text` gets each text frame, `on_close`
 /// once, with why. A wss:// box is verified against the system's CAs (SSL_CERT_FILE and

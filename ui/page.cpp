@@ -78,18 +78,7 @@ asio::awaitable<void> PageSession::run(http::request<http::string_body> req) {
 asio::awaitable<void> PageSession::write_loop() {
   auto self = shared_from_this();
   try {
-    while (!closed_) {
-      if (out_.empty()) {
-        wake_.expires_at(asio::steady_timer::time_point::max());
-        boost::system::error_code ec;
-        co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
-      ws_.text(true);
-      co_await ws_.async_write(asio::buffer(out_.front()), asio::use_awaitable);
-      out_.pop_front();
-      pump();
-    }
+    co_await write_frames(ws_, out_, wake_, closed_, [this] { pump(); });
   } catch (const std::exception&) {
     closed_ = true;
     beast::get_lowest_layer(ws_).cancel();
