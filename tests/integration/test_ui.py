@@ -110,7 +110,7 @@ def test_live_page_shows_events_consoles_and_metrics(tmp_path, page):
         page.locator('[data-testid="messages-main/main"] details').first.wait_for(timeout=5000)
         assert '"progress"' in page.inner_text('[data-testid="messages-main/main"]')
         # Two metrics intervals give the chart two points.
-        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]')?.textContent) >= 2",
                                timeout=10_000)
         # The timeline filters by type, on the server's side.
         page.fill('[data-testid="filter-type"]', "metrics")
@@ -131,14 +131,14 @@ def test_checkpoint_then_fork_from_the_page_adds_two_branches_each_with_its_cons
         page.locator('[data-testid="console-main/main"]').wait_for(timeout=10_000)
         page.fill('[data-testid="checkpoint-name"]', "from-page")
         page.click('[data-testid="do-checkpoint"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('checkpoint: ok')",
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('checkpoint: ok')",
                                timeout=60_000)
         snap = box.wait_event(lambda e: e["type"] == "checkpoint.created")["snapshot"]
         page.locator(f'[data-snapshot="{snap}"]').wait_for(timeout=5000)
         assert "from-page" in page.inner_text('[data-testid="fork-tree"]')
         page.fill('[data-testid="fork-n"]', "2")
         page.click('[data-testid="do-fork"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('fork: ok')",
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('fork: ok')",
                                timeout=60_000)
         fork = box.wait_event(lambda e: e["type"] == "fork.created")
         copies = [c["branch"] for c in fork["copies"]]
@@ -160,7 +160,7 @@ def test_checkpoint_then_fork_from_the_page_adds_two_branches_each_with_its_cons
         # A refused action shows the box's error, and the page goes on.
         page.fill('[data-testid="signal-proc"]', "no-such-proc")
         page.click('[data-testid="do-signal"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').classList.contains('error')",
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.classList.contains('error')",
                                timeout=10_000)
         assert "signal: no_such_proc" in page.inner_text('[data-testid="action-result"]')
 
@@ -170,7 +170,7 @@ def test_typing_in_the_terminal_runs_it_in_the_box(tmp_path, page):
         page.goto(ui.address)
         page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
         page.click('[data-testid="do-terminal"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('exec: ok')",
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('exec: ok')",
                                timeout=20_000)
         term = page.locator('[data-testid^="console-main/ui-term-"]')
         term.wait_for(timeout=5000)
@@ -293,10 +293,10 @@ def test_a_memory_warning_is_marked_on_the_metrics_with_the_ceiling(tmp_path, pa
             Ui(box.url, box.token_file) as ui:
         page.goto(ui.address)
         warn = box.wait_event(lambda e: e["type"] == "limit.warning" and e["limit"] == "memory")
-        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-charts]').dataset.marks) >= 1",
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-charts]')?.dataset.marks) >= 1",
                                timeout=10_000)
         assert page.get_attribute('[data-testid="metrics-charts"]', "data-ceiling") == str(warn["ceiling"])
-        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]').textContent) >= 2",
+        page.wait_for_function("() => Number(document.querySelector('[data-testid=metrics-points]')?.textContent) >= 2",
                                timeout=10_000)
         shot(page, "ui-limit.png")
 
@@ -319,5 +319,5 @@ def test_a_wss_box_is_relayed_only_when_its_certificate_verifies(tmp_path, page)
             page.fill('[data-testid="signal-proc"]', "main")
             page.select_option('[data-testid="signal-name"]', "HUP")
             page.click('[data-testid="do-signal"]')
-            page.wait_for_function("() => document.querySelector('[data-testid=action-result]').textContent.startsWith('signal: ok')",
+            page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('signal: ok')",
                                    timeout=10_000)
