@@ -222,8 +222,8 @@ struct Planned {
   std::string sha;     // a regular file's
 };
 
-bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::object& files, uint64_t& raw,
-                  std::string& err) {
+base::Result<void> plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::object& files,
+                                uint64_t& raw) {
   std::vector<fs::path> paths;
   walk(src_dir, "", paths);
   for (auto& rel : paths) {
@@ -240,10 +240,7 @@ bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::
       files[rel.string()] = {{"type", "symlink"}, {"target", p.target}};
     } else if (S_ISREG(p.st.st_mode)) {
       auto sha = sha256_file(full);
-      if (!sha) {
-        err = sha.error().message;
-        return false;
-      }
+      if (!sha) return sha.error();
       p.sha = *sha;
       raw += static_cast<uint64_t>(p.st.st_size);
       files[rel.string()] = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
@@ -257,7 +254,7 @@ bool plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::
     if (!S_ISLNK(p.st.st_mode)) f["mode"] = p.st.st_mode & 07777;
     plan.push_back(std::move(p));
   }
-  return true;
+  return {};
 }
 
 // A small regular entry (manifest.json, signature.json).
@@ -313,23 +310,22 @@ std::string write_payload_entry(struct archive* a, const std::string& src_dir, c
 
 base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
                                         const std::string& dst, int level, const SigningKey* key) {
-  std::string err;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
   json::object files;
   uint64_t raw = 0;
-  if (!plan_payload(src_dir, plan, files, raw, err)) return base::fail(err);
+  if (auto planned = plan_payload(src_dir, plan, files, raw); !planned) return planned.error();
   manifest["files"] = std::move(files);
   manifest["raw_bytes"] = raw;
   std::string text = json::serialize(manifest) + "\n";
   std::string signature;
   if (key) {
-    std::string sig = key->sign(text, err);
-    if (sig.empty()) return base::fail(err);
+    auto sig = key->sign(text);
+    if (!sig) return sig.error();
     signature = json::serialize(json::object{{"alg", "ed25519"},
                                              {"key", key->public_key().fingerprint()},
                                              {"public_key", base::base64_encode(key->public_key().raw)},
-                                             {"signature", base::base64_encode(sig)}}) +
+                                             {"signature", base::base64_encode(*sig)}}) +
                 "\n";
   }
 

@@ -114,7 +114,7 @@ base::Result<SigningKey> SigningKey::generate() {
   return SigningKey(k);
 }
 
-std::string SigningKey::sign(std::string_view msg, std::string& err) const {
+base::Result<std::string> SigningKey::sign(std::string_view msg) const {
   std::string sig(64, '\0');
   size_t len = sig.size();
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
@@ -122,10 +122,7 @@ std::string SigningKey::sign(std::string_view msg, std::string& err) const {
             EVP_DigestSign(ctx, reinterpret_cast<unsigned char*>(sig.data()), &len,
                            reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) == 1;
   EVP_MD_CTX_free(ctx);
-  if (!ok) {
-    err = "sign: " + ssl_error();
-    return {};
-  }
+  if (!ok) return base::fail("sign a manifest: " + ssl_error());
   sig.resize(len);
   return sig;
 }

@@ -38,8 +38,8 @@ class SigningKey {
   static base::Result<SigningKey> generate();
 
   const PublicKey& public_key() const { return pub_; }
-  /// The 64-byte signature of `msg`; empty on an OpenSSL failure (which `err` names).
-  std::string sign(std::string_view msg, std::string& err) const;
+  /// The 64-byte signature of `msg`, or OpenSSL's reason.
+  base::Result<std::string> sign(std::string_view msg) const;
   /// The private key as PEM (PKCS#8), and the public key as PEM (SubjectPublicKeyInfo).
   std::string private_pem() const;
   std::string public_pem() const;
