@@ -4,13 +4,16 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "base/encoding.hpp"
@@ -175,6 +178,14 @@ boost::system::result<std::unique_ptr<Journal>> Journal::open(uv_loop_t* loop, J
 }
 
 boost::system::result<void> Journal::recover() {
+  // The high-water mark: 20 digits and a newline, created once and rewritten in place.
+  std::string hwm_path = opts_.dir + "/seq.hwm";
+  hwm_fd_.reset(::open(hwm_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640));
+  if (!hwm_fd_) return os::last_error();
+  char buf[32] = {};
+  ssize_t n = ::pread(hwm_fd_.get(), buf, sizeof buf - 1, 0);
+  if (n > 0) std::from_chars(buf, buf + n, hwm_);
+  if (n <= 0) persist_high_water(0);  // allocate its block now, while there is room
   auto segs = list_segments(opts_.dir);
   for (size_t i = 0; i < segs.size(); ++i) {
     auto& s = segs[i];
@@ -189,41 +200,14 @@ boost::system::result<void> Journal::recover() {
       if (auto r = zstd_compress_file(base, base + ".zst"); r) ::unlink(base.c_str());
     }
   }
-  if (segs.empty()) return {};
+  if (segs.empty()) {
+    make_reserve();
+    return {};
+  }
   auto& last = segs.back();
   std::string base = opts_.dir + "/" + seg_name(last.first) + ".jsonl";
   if (last.plain) {
-    // The active segment of the previous run: keep every whole line, drop a torn tail.
-    auto content = os::read_file(base);
-    if (!content) return content.error();
-    std::string_view c = *content;
-    size_t good = 0;
-    uint64_t seq = 0;
-    size_t pos = 0;
-    while (pos < c.size()) {
-      size_t nl = c.find('\n', pos);
-      if (nl == std::string_view::npos) break;
-      auto s = line_seq(c.substr(pos, nl - pos));
-      boost::system::error_code ec;
-      boost::json::parse(c.substr(pos, nl - pos), ec);
-      if (!s || ec) break;
-      seq = *s;
-      pos = nl + 1;
-      good = pos;
-    }
-    if (good < c.size()) {
-      if (::truncate(base.c_str(), static_cast<off_t>(good)) != 0) return os::last_error();
-      recovered_["type"] = "journal.recovered";
-      recovered_["dropped_bytes"] = c.size() - good;
-      recovered_["segment"] = seg_name(last.first);
-      log()->warn("recover journal: dropped a torn tail of {} bytes in segment {}", c.size() - good,
-                  seg_name(last.first));
-    }
-    last_seq_ = seq ? seq : last.first - 1;
-    active_.reset(::open(base.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
-    if (!active_) return os::last_error();
-    active_first_ = last.first;
-    active_bytes_ = good;
+    if (auto r = recover_active(base, last.first); !r) return r;
   } else {
     uint64_t seq = last.first - 1;
     auto r = for_each_line(base + ".zst", true, [&](std::string_view l, uint64_t) {
@@ -233,6 +217,63 @@ boost::system::result<void> Journal::recover() {
     if (!r) return r.error();
     last_seq_ = seq;
   }
+  // A seq handed out while events waited in memory is never handed out again, even if those
+  // events never reached the disk.
+  if (hwm_ > last_seq_) {
+    log()->warn("recover journal: seq continues after {} (the high-water mark), not {}", hwm_, last_seq_);
+    last_seq_ = hwm_;
+  }
+  make_reserve();
+  return {};
+}
+
+// The active segment of the previous run: every whole line that parses is kept; a line that does
+// not (a bad block, a hand edit) is skipped, not the end of the journal; a torn tail (no newline:
+// the writer died mid-write) is cut off. Rewritten only when something was skipped.
+boost::system::result<void> Journal::recover_active(const std::string& path, uint64_t first) {
+  auto content = os::read_file(path);
+  if (!content) return content.error();
+  std::string_view c = *content;
+  std::string kept;
+  uint64_t seq = 0, skipped = 0, skipped_bytes = 0;
+  size_t pos = 0;
+  while (pos < c.size()) {
+    size_t nl = c.find('\n', pos);
+    if (nl == std::string_view::npos) break;
+    auto line = c.substr(pos, nl - pos);
+    auto s = line_seq(line);
+    boost::system::error_code ec;
+    boost::json::parse(line, ec);
+    if (s && !ec && *s > seq) {
+      seq = *s;
+      kept.append(line).push_back('\n');
+    } else {
+      ++skipped;
+      skipped_bytes += line.size() + 1;
+    }
+    pos = nl + 1;
+  }
+  uint64_t torn = c.size() - pos;
+  if (skipped) {
+    // Rewrite beside it and rename over: a crash in between leaves one whole file or the other.
+    if (auto r = os::write_file_atomic(path, kept, 0640); !r) return r.error();
+    log()->warn("recover journal: skipped {} unreadable line(s) ({} bytes) in segment {}", skipped, skipped_bytes,
+                seg_name(first));
+  } else if (torn && ::truncate(path.c_str(), static_cast<off_t>(pos)) != 0) {
+    return os::last_error();
+  }
+  if (torn || skipped) {
+    recovered_["type"] = "journal.recovered";
+    recovered_["dropped_bytes"] = torn + skipped_bytes;
+    if (skipped) recovered_["skipped_lines"] = skipped;
+    recovered_["segment"] = seg_name(first);
+    if (torn) log()->warn("recover journal: dropped a torn tail of {} bytes in segment {}", torn, seg_name(first));
+  }
+  last_seq_ = seq ? seq : first - 1;
+  active_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (!active_) return os::last_error();
+  active_first_ = first;
+  active_bytes_ = kept.size();
   return {};
 }
 
@@ -304,6 +345,46 @@ void Journal::enforce_cap() {
   }
 }
 
+boost::json::object Journal::stamp(uint64_t seq, boost::json::object fields) const {
+  boost::json::object ev;
+  ev.reserve(fields.size() + 4);
+  ev["seq"] = seq;  // first: readers take a line's seq without parsing it (line_seq)
+  ev["ts"] = base::rfc3339_now();
+  ev["type"] = fields.contains("type") ? fields["type"] : boost::json::value("unknown");
+  ev["box"] = opts_.box;
+  for (auto& kv : fields)
+    if (kv.key() != "type") ev[kv.key()] = std::move(kv.value());
+  return ev;
+}
+
+// One line, whole or not at all: a short or failed write is cut back to the last whole line, so
+// the segment never holds half an event followed by the next one.
+boost::system::result<void> Journal::write_line(uint64_t seq, const std::string& line) {
+  if (!active_) open_segment(seq);
+  if (!active_) return os::last_error();
+  std::string buf;
+  buf.reserve(line.size() + 1);
+  buf.append(line).push_back('\n');
+  if (auto r = os::write_all(active_.get(), buf); !r) {
+    if (::ftruncate(active_.get(), static_cast<off_t>(active_bytes_)) != 0)
+      log()->error("cut journal segment {} back to {} bytes: {}", seg_name(active_first_), active_bytes_,
+                   os::last_error().message());
+    return r.error();
+  }
+  active_bytes_ += buf.size();
+  return {};
+}
+
+void Journal::publish(uint64_t seq, const boost::json::object& obj, const std::string& line) {
+  Event e{seq, obj, line};
+  // Listeners may add or remove listeners while being called: iterate over a snapshot of ids.
+  std::vector<int> ids;
+  for (auto& [id, l] : listeners_) ids.push_back(id);
+  for (int id : ids)
+    if (auto it = listeners_.find(id); it != listeners_.end()) it->second(e);
+  if (active_bytes_ >= opts_.segment_bytes) seal_active();
+}
+
 uint64_t Journal::append(boost::json::object fields) {
   if (!recovered_.empty()) {
     auto rec = std::move(recovered_);
@@ -311,32 +392,128 @@ uint64_t Journal::append(boost::json::object fields) {
     append(std::move(rec));
   }
   in_append_ = true;
-  boost::json::object ev;
-  ev.reserve(fields.size() + 4);
   uint64_t seq = ++last_seq_;
-  ev["seq"] = seq;
-  ev["ts"] = base::rfc3339_now();
-  ev["type"] = fields.contains("type") ? fields["type"] : boost::json::value("unknown");
-  ev["box"] = opts_.box;
-  for (auto& kv : fields)
-    if (kv.key() != "type") ev[kv.key()] = std::move(kv.value());
-  std::string line = boost::json::serialize(ev);
-  if (!active_) open_segment(seq);
-  line.push_back('\n');
-  if (active_) {
-    if (auto r = os::write_all(active_.get(), line); !r) log()->error("write journal segment: {}", r.error().message());
-    active_bytes_ += line.size();
+  auto ev = stamp(seq, std::move(fields));
+  if (degraded_) {
+    std::string line = boost::json::serialize(ev);
+    enqueue(seq, std::move(ev), std::move(line));
+  } else {
+    std::string line = boost::json::serialize(ev);
+    if (auto w = write_line(seq, line); w)
+      publish(seq, ev, line);
+    else
+      seq = degrade(w.error(), seq, std::move(ev));
   }
-  line.pop_back();
-  Event e{seq, ev, line};
-  // Listeners may add or remove listeners while being called: iterate over a snapshot of ids.
-  std::vector<int> ids;
-  for (auto& [id, l] : listeners_) ids.push_back(id);
-  for (int id : ids)
-    if (auto it = listeners_.find(id); it != listeners_.end()) it->second(e);
-  if (active_bytes_ >= opts_.segment_bytes) seal_active();
   in_append_ = false;
   return seq;
+}
+
+// The first failed write: the reserve is given back so that `journal.degraded` takes the failed
+// event's seq and reaches the disk and the clients; the failed event follows it, in memory.
+uint64_t Journal::degrade(const boost::system::error_code& ec, uint64_t seq, boost::json::object ev) {
+  degraded_ = true;
+  spell_ = Spell{.since = std::chrono::steady_clock::now(), .reason = ec.message()};
+  release_reserve();
+  log()->error(
+      "write journal segment {}: {}: events now wait in memory (up to {} bytes, then the agent is stopped) "
+      "and are shown once written",
+      seg_name(active_first_), ec.message(), opts_.queue_bytes);
+  persist_high_water(seq + 1);
+  auto d = stamp(seq, {{"type", "journal.degraded"},
+                       {"reason", ec.message()},
+                       {"errno", ec.value()},
+                       {"queue_bytes", opts_.queue_bytes}});
+  std::string dline = boost::json::serialize(d);
+  if (write_line(seq, dline))
+    publish(seq, d, dline);
+  else
+    enqueue(seq, std::move(d), std::move(dline));
+  uint64_t moved = ++last_seq_;
+  ev["seq"] = moved;
+  std::string line = boost::json::serialize(ev);
+  enqueue(moved, std::move(ev), std::move(line));
+  if (!retry_timer_) retry_timer_ = loop::make_timer(loop_);
+  retry_timer_->data = this;
+  uv_timer_start(
+      retry_timer_.get(), [](uv_timer_t* t) { static_cast<Journal*>(t->data)->retry(); }, opts_.retry_ms,
+      opts_.retry_ms);
+  return moved;
+}
+
+void Journal::enqueue(uint64_t seq, boost::json::object obj, std::string line) {
+  persist_high_water(seq);
+  waiting_bytes_ += line.size() + 1;
+  spell_.events++;
+  spell_.bytes += line.size() + 1;
+  waiting_.push_back({seq, std::move(obj), std::move(line)});
+  if (!spell_.stopped && waiting_bytes_ > opts_.queue_bytes) {
+    spell_.stopped = true;
+    spell_.stopped_at = std::chrono::steady_clock::now();
+    log()->error("journal: {} bytes wait for the disk, past the bound of {}: stopping the agent until they are written",
+                 waiting_bytes_, opts_.queue_bytes);
+    if (pressure_) pressure_(true);
+  }
+}
+
+// On the retry timer: once the disk has room for what waits (and the reserve), write it in
+// order, showing each event as it lands; then say so and let the agent go on.
+void Journal::retry(bool insist) {
+  if (!degraded_) return;
+  struct statvfs sv {};
+  if (!insist && ::statvfs(opts_.dir.c_str(), &sv) == 0 &&
+      static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize < waiting_bytes_ + 2 * opts_.reserve_bytes + 4096)
+    return;
+  while (!waiting_.empty()) {
+    Waiting w = std::move(waiting_.front());
+    waiting_.pop_front();
+    if (auto r = write_line(w.seq, w.line); !r) {
+      waiting_.push_front(std::move(w));
+      return;  // still full: the next turn of the timer tries again
+    }
+    waiting_bytes_ -= w.line.size() + 1;
+    publish(w.seq, w.obj, w.line);  // a listener may append: that waits behind, and is written here too
+  }
+  degraded_ = false;
+  retry_timer_.reset();
+  auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  if (spell_.stopped) {
+    spell_.stopped_ms = ms(now - spell_.stopped_at);
+    if (pressure_) pressure_(false);
+  }
+  make_reserve();
+  log()->warn("journal: the disk takes writes again; {} events ({} bytes) that waited are written", spell_.events,
+              spell_.bytes);
+  append({{"type", "journal.recovered"},
+          {"after", "degraded"},
+          {"reason", spell_.reason},
+          {"events", spell_.events},
+          {"bytes", spell_.bytes},
+          {"degraded_ms", std::llround(ms(now - spell_.since))},
+          {"agent_stopped", spell_.stopped},
+          {"stopped_ms", std::llround(spell_.stopped_ms)}});
+}
+
+void Journal::make_reserve() {
+  if (!opts_.reserve_bytes) return;
+  std::string path = opts_.dir + "/reserve";
+  os::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return;
+  if (int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(opts_.reserve_bytes)); rc != 0) {
+    log()->warn("reserve {} bytes for the journal in {}: {}", opts_.reserve_bytes, opts_.dir, std::strerror(rc));
+    ::unlink(path.c_str());
+  }
+}
+
+void Journal::release_reserve() { ::unlink((opts_.dir + "/reserve").c_str()); }
+
+void Journal::persist_high_water(uint64_t seq) {
+  if (!hwm_fd_ || (seq <= hwm_ && seq != 0)) return;
+  hwm_ = seq;
+  char buf[32];
+  int n = std::snprintf(buf, sizeof buf, "%020llu\n", static_cast<unsigned long long>(seq));
+  if (::pwrite(hwm_fd_.get(), buf, static_cast<size_t>(n), 0) != n)
+    log()->error("write the journal's high-water mark (seq {}): {}", seq, os::last_error().message());
 }
 
 int Journal::add_listener(Listener l) {
@@ -348,6 +525,12 @@ int Journal::add_listener(Listener l) {
 void Journal::remove_listener(int id) { listeners_.erase(id); }
 
 void Journal::flush() {
+  if (degraded_) {
+    retry(true);
+    if (degraded_ && !waiting_.empty())
+      log()->error("journal: {} events (seq {} to {}) never reached the disk, which stayed full; no one was shown them",
+                   waiting_.size(), waiting_.front().seq, waiting_.back().seq);
+  }
   while (pending_compressions_ > 0) uv_run(loop_, UV_RUN_ONCE);
 }
 

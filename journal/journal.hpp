@@ -9,12 +9,15 @@
 
 #include <boost/json.hpp>
 #include <boost/system/result.hpp>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::journal {
@@ -31,6 +34,14 @@ struct JournalOptions {
   std::string box;
   uint64_t segment_bytes = 16u << 20;
   uint64_t disk_cap = 0;  // 0: unlimited
+  // While the disk refuses writes (full, quota, I/O error): the bytes of events kept in memory
+  // before the journal asks for the agent to be stopped (see Journal::on_pressure).
+  uint64_t queue_bytes = 4u << 20;
+  // Space held in a file of its own (`reserve`) and given back on the first failed write, so
+  // that `journal.degraded` itself reaches the disk and the clients. 0: none.
+  uint64_t reserve_bytes = 64u << 10;
+  // How often a degraded journal tries the disk again.
+  uint64_t retry_ms = 200;
 };
 
 class Journal {
@@ -43,9 +54,17 @@ class Journal {
   ~Journal();
 
   /// Assigns seq, ts and box; writes the line; then tells every listener. `ev` must hold "type".
-  /// Returns the seq. A write error is logged and the event still reaches listeners: losing the
-  /// disk must not stop the stream.
+  /// Returns the seq. Written before shown, always: when a write fails (ENOSPC, EDQUOT, EIO) the
+  /// segment is cut back to its last whole line, `journal.degraded` is written in the space the
+  /// reserve gave back, and events wait in memory, unseen, until a retry writes them in order
+  /// (then `journal.recovered`). Past `queue_bytes` waiting, on_pressure(true) asks the owner to
+  /// stop the producers; on_pressure(false) when the queue has drained.
   uint64_t append(boost::json::object ev);
+
+  using PressureFn = std::function<void(bool stop)>;
+  void on_pressure(PressureFn fn) { pressure_ = std::move(fn); }
+  /// Whether events are waiting in memory for the disk.
+  bool degraded() const noexcept { return degraded_; }
 
   uint64_t last_seq() const noexcept { return last_seq_; }
   /// Continues numbering after `seq` (a box restored from an archive continues its parent's).
@@ -76,8 +95,33 @@ class Journal {
                                           ReadPos* pos = nullptr);
 
  private:
+  // An event that could not be written yet: neither on disk nor shown.
+  struct Waiting {
+    uint64_t seq;
+    boost::json::object obj;
+    std::string line;  // no newline
+  };
+  // What a degraded spell has cost so far (journal.recovered reports it).
+  struct Spell {
+    std::chrono::steady_clock::time_point since, stopped_at;
+    std::string reason;
+    uint64_t events = 0, bytes = 0;
+    bool stopped = false;
+    double stopped_ms = 0;
+  };
+
   Journal(uv_loop_t* loop, JournalOptions opts);
   boost::system::result<void> recover();
+  boost::system::result<void> recover_active(const std::string& path, uint64_t first);
+  boost::json::object stamp(uint64_t seq, boost::json::object fields) const;
+  boost::system::result<void> write_line(uint64_t seq, const std::string& line);
+  void publish(uint64_t seq, const boost::json::object& obj, const std::string& line);
+  uint64_t degrade(const boost::system::error_code& ec, uint64_t seq, boost::json::object ev);
+  void enqueue(uint64_t seq, boost::json::object obj, std::string line);
+  void retry(bool insist = false);
+  void make_reserve();
+  void release_reserve();
+  void persist_high_water(uint64_t seq);
   void open_segment(uint64_t first_seq);
   void seal_active();
   void enforce_cap();
@@ -93,6 +137,17 @@ class Journal {
   int next_listener_ = 1;
   boost::json::object recovered_;  // non-empty: report it with the first append
   bool in_append_ = false;
+  // Degraded: events wait here, in seq order, until the disk takes them.
+  bool degraded_ = false;
+  std::deque<Waiting> waiting_;
+  uint64_t waiting_bytes_ = 0;
+  Spell spell_;
+  loop::UvHandle<uv_timer_t> retry_timer_;
+  PressureFn pressure_;
+  // `seq.hwm`: a seq no later run may reuse (the highest handed out while events waited in
+  // memory), rewritten in place so that it needs no new block on a full disk.
+  os::UniqueFd hwm_fd_;
+  uint64_t hwm_ = 0;
 };
 
 /// Compresses `src` to `dst` (zstd, streaming); used by the journal and by tests.

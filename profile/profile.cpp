@@ -518,6 +518,10 @@ void parse_into(Profile& p, const json::value& doc) {
       p.journal.disk_cap = as_size(*v, "journal.disk_cap");
       if (p.journal.disk_cap < 0) throw ProfileError("journal.disk_cap: negative");
     }
+    if (auto* v = f.get("queue")) {
+      p.journal.queue = as_size(*v, "journal.queue");
+      if (p.journal.queue < 4096) throw ProfileError("journal.queue: at least 4KiB");
+    }
     f.done();
   }
   if (auto* m = top.get("metrics")) {

@@ -80,7 +80,8 @@ struct Profile {
   // and a null value removes one.
   std::map<std::string, std::string> env;
   struct Journal {
-    int64_t disk_cap = 0;  // bytes the journal may keep on disk; past it the oldest sealed segments go
+    int64_t disk_cap = 0;     // bytes the journal may keep on disk; past it the oldest sealed segments go
+    int64_t queue = 4 << 20;  // bytes of events kept in memory while the disk is full; past it the agent is frozen
   } journal;
   struct Metrics {
     int64_t interval_ms = 5000;  // cadence of `metrics` events; 0: none

@@ -96,6 +96,14 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
     return {};
   }
   b.cgroup = std::make_unique<os::CgroupDir>(std::move(*g));
+  // The group of a run of this box that was killed (same state dir, same name) may still be
+  // frozen (the journal stopped its agent for a full disk) and hold that agent: a new agent must
+  // not join a frozen group, and the old tree is no one's now.
+  if (b.cgroup->populated()) {
+    log()->warn("branch {}: its cgroup still holds processes of an earlier run of this box: killing them", b.name);
+    (void)b.cgroup->kill_all(2000);
+  }
+  (void)b.cgroup->freeze(false);
   std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
   auto set = [&](const char* field, bool wanted, auto&& fn) {
     if (!wanted) return;
@@ -288,6 +296,20 @@ void Box::teardown_policy() {
     b->workspace_mount.clear();
   }
   cgroup_procs_.clear();
+}
+
+void Box::stop_for_journal(bool stop) {
+  if (stop && shutting_down_) return;  // a box going down lets its agent end; what it writes waits
+  stopped_for_journal_ = stop;
+  for (auto& [name, b] : branches_) {
+    if (!b->cgroup) {
+      log()->error("{} branch {} for the journal: it has no cgroup; its output keeps arriving", stop ? "stop" : "go on",
+                   name);
+      continue;
+    }
+    if (auto r = b->cgroup->freeze(stop); !r)
+      log()->error("{} branch {} for the journal: {}", stop ? "freeze" : "thaw", name, r.error().message());
+  }
 }
 
 }  // namespace sbx::supervisor

@@ -87,6 +87,8 @@ void Box::shutdown(int64_t grace_ms) {
   }
   shutting_down_ = true;
   log()->info("shut down box {}: grace {} ms", id_, grace_ms);
+  // A tree frozen for a full disk must see its TERM; what it writes now waits in memory.
+  if (stopped_for_journal_) stop_for_journal(false);
   // A tree stopped for a checkpoint would not see the TERM until the dump ends: it goes on now.
   if (checkpointer_) checkpointer_->on_shutdown();
   for (auto& [n, b] : branches_) send_request(*b, {{"op", "shutdown"}, {"grace_ms", grace_ms}});
@@ -280,9 +282,11 @@ void Box::start() {
   }
   auto j = journal::Journal::open(loop_, {.dir = opts_.state_dir + "/journal",
                                           .box = id_,
-                                          .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap)});
+                                          .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap),
+                                          .queue_bytes = static_cast<uint64_t>(opts_.profile.journal.queue)});
   if (!j) throw std::runtime_error("open journal in " + opts_.state_dir + ": " + j.error().message());
   journal_ = std::move(*j);
+  journal_->on_pressure([this](bool stop) { stop_for_journal(stop); });
 
   if (opts_.events_path == "-") {
     events_fd_.reset(::fcntl(1, F_DUPFD_CLOEXEC, 3));

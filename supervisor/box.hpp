@@ -231,6 +231,10 @@ class Box : public checkpoint::Host {
   std::vector<os::UniqueFd> prepare_copy_cgroup(Branch& b);
   std::string limit_reason(const Proc& p, const std::string& fallback) const;
   void note_output(const std::string& branch);
+  /// The journal's back-pressure: while events wait in memory for a full disk, every branch's
+  /// tree is frozen (not killed) and thawed when they are written.
+  void stop_for_journal(bool stop);
+  bool stopped_for_journal_ = false;
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
   boost::json::object enforcement_;                    // what is enforced, for box.started

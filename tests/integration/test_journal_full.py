@@ -1,0 +1,152 @@
+"""The journal when the disk fills (issue 16): written before shown holds on a full disk.
+
+The state dir is a small tmpfs the test mounts, most of it taken by a ballast file, and the agent
+writes more than the rest can hold. Before this was handled, the journal stopped with ENOSPC on
+stderr while live clients and `--events` went on: events shown that no journal held. Now the
+journal cuts back to its last whole line, says `journal.degraded` (in space a reserve gives back),
+keeps what follows in memory unseen, freezes the agent once that passes `journal.queue`, and when
+the test frees the ballast writes it all in order, thaws the agent and says `journal.recovered`.
+"""
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from sbxtest import INIT, PROBE, WsBox, read_journal, run, ws_connect
+
+TMPFS = 8 << 20
+BALLAST = 7 << 20
+SPEW = 3_000_000  # bytes of agent stdout: far more than the tmpfs has left
+
+
+def freezer_state(pid):
+    """The freezer state of `pid`'s v1 freezer cgroup ("" when it has none)."""
+    for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            return pathlib.Path(f"/sys/fs/cgroup/freezer{path}/freezer.state").read_text().strip()
+    return ""
+
+
+@pytest.fixture
+def small_state(tmp_path):
+    if not pathlib.Path("/sys/fs/cgroup/freezer").is_dir():
+        pytest.skip("no v1 freezer hierarchy on this host")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS}", "tmpfs", str(state)], check=True)
+    try:
+        (state / "ballast").write_bytes(b"\0" * BALLAST)
+        yield state
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def journal_lines(state):
+    """The raw lines of the journal's plain segments (nothing is sealed at these sizes)."""
+    lines = []
+    for f in sorted((state / "journal").glob("*.jsonl")):
+        lines += [json.loads(l) for l in f.read_text().splitlines()]
+    return lines
+
+
+def test_a_full_disk_loses_nothing_and_shows_nothing_unwritten(tmp_path, small_state):
+    with WsBox(tmp_path, [str(PROBE), "spew", str(SPEW)],
+               extra=["--set", "journal.queue=256KiB"]) as box:
+        seen = []
+
+        async def watch():
+            async with ws_connect(box) as ws:
+                await ws.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+
+                async def read_all():  # every event, until the box's close
+                    try:
+                        while True:
+                            m = json.loads(await ws.recv())
+                            if "seq" in m and "id" not in m:
+                                seen.append(m)
+                    except ConnectionClosed:
+                        pass
+
+                async def until(pred, timeout=30):
+                    deadline = time.monotonic() + timeout
+                    while not (hit := next((e for e in seen if pred(e)), None)):
+                        assert time.monotonic() < deadline, "event not seen"
+                        await asyncio.sleep(0.02)
+                    return hit
+
+                reader = asyncio.create_task(read_all())
+                started = await until(lambda e: e["type"] == "proc.started")
+                await until(lambda e: e["type"] == "journal.degraded")
+                # The queue passes its bound and the agent's tree is frozen, not killed.
+                deadline = time.monotonic() + 30
+                while freezer_state(started["pid"]) != "FROZEN":
+                    assert time.monotonic() < deadline, "the agent was never frozen"
+                    await asyncio.sleep(0.05)
+                shown = len(seen)
+                await asyncio.sleep(0.5)
+                # Frozen, and nothing the disk has not taken is shown meanwhile.
+                assert freezer_state(started["pid"]) == "FROZEN"
+                assert len(seen) == shown
+                (small_state / "ballast").unlink()  # space comes back
+                await asyncio.wait_for(reader, 60)
+
+        run(watch(), timeout=120)
+        assert box.proc.wait(60) == 0, box.stderr()
+
+    on_disk = journal_lines(small_state)
+    disk_seqs = [e["seq"] for e in on_disk]
+    # Every seq once, in order, no gap.
+    assert disk_seqs == list(range(1, len(disk_seqs) + 1))
+    # Written before shown: every event a client saw is the journal's event of that seq.
+    by_seq = {e["seq"]: e for e in on_disk}
+    for e in seen:
+        assert e["seq"] in by_seq, f"shown but not in the journal: {e['seq']} {e['type']}"
+        assert by_seq[e["seq"]]["type"] == e["type"]
+    # ... and the client saw the journal up to the agent's end.
+    assert [e["seq"] for e in seen] == disk_seqs[:len(seen)]
+    # The agent's whole output, byte for byte, in order.
+    out = "".join(e["data"] for e in on_disk if e["type"] == "proc.output" and e["stream"] == "stdout")
+    assert len(out) == SPEW
+    assert out.splitlines()[:3] == [f"{i:010d} abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" for i in range(3)]
+    degraded = [e for e in on_disk if e["type"] == "journal.degraded"]
+    recovered = [e for e in on_disk if e["type"] == "journal.recovered"]
+    assert len(degraded) == 1 and degraded[0]["reason"] == "No space left on device"
+    assert len(recovered) == 1 and recovered[0]["after"] == "degraded"
+    assert recovered[0]["events"] > 0 and recovered[0]["bytes"] > 256 << 10
+    assert recovered[0]["agent_stopped"] is True
+    exited = [e for e in on_disk if e["type"] == "proc.exited"]
+    assert exited and exited[-1]["code"] == 0
+    # The same through the user's reader.
+    assert [e["seq"] for e in read_journal(small_state)] == disk_seqs
+
+
+def test_a_restart_never_reuses_a_seq_that_waited_in_memory(tmp_path, small_state):
+    """A box killed while events wait for the disk: the next run numbers after them."""
+    box = WsBox(tmp_path, [str(PROBE), "spew", str(SPEW)], extra=["--set", "journal.queue=256KiB"], as_pid1=True)
+    try:
+        box.wait_event(lambda e: e["type"] == "journal.degraded", timeout=30)
+        hwm_file = small_state / "journal" / "seq.hwm"
+        deadline = time.monotonic() + 30
+        while int(hwm_file.read_text() or 0) <= box.read_events()[-1]["seq"]:
+            assert time.monotonic() < deadline, "no seq was handed out to a waiting event"
+            time.sleep(0.05)
+    finally:
+        os.killpg(box.proc.pid, signal.SIGKILL)  # no goodbye: what waited in memory is gone
+        box.stop()
+    hwm = int((small_state / "journal" / "seq.hwm").read_text())
+    last_on_disk = journal_lines(small_state)[-1]["seq"]
+    assert hwm > last_on_disk
+    (small_state / "ballast").unlink()
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(small_state),
+                        "--", "/bin/true"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    after = [e for e in journal_lines(small_state) if e["seq"] > last_on_disk]
+    # Numbering goes on after every seq the killed run handed out, shown or not.
+    assert after and after[0]["seq"] == hwm + 1
