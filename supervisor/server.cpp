@@ -319,7 +319,10 @@ struct Server::Impl {
       c.rx_held = true;
       lws_rx_flow_control(c.wsi, 0);
     }
-    if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live)) {
+    // Not while lws still holds the tail of a frame (lws_partial_buffered): a close written then
+    // goes out first and the hang-up drops that tail, so the client would lose the last events.
+    if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live) &&
+        !lws_partial_buffered(c.wsi)) {
       // The close frame is written here, so it goes out even when lws would hang up first.
       std::string frame(LWS_PRE, '\0');
       frame.push_back(static_cast<char>((c.close_code >> 8) & 0xff));
@@ -329,7 +332,8 @@ struct Server::Impl {
                 static_cast<lws_write_protocol>(4) /* LWS_WRITE_CLOSE, internal in 4.1 */);
       return -1;
     }
-    if (!c.q.empty() || !c.downloads.empty() || (c.subscribed && !c.live)) lws_callback_on_writable(c.wsi);
+    if (!c.q.empty() || !c.downloads.empty() || (c.subscribed && !c.live) || c.close_code)
+      lws_callback_on_writable(c.wsi);
     return 0;
   }
 
