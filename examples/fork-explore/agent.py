@@ -53,6 +53,18 @@ def say(step, **fields):
     print(json.dumps({"step": step, **fields}), flush=True)
 
 
+RESTORED = {}
+
+
+@channel_module.on_restore
+def on_restore(identity):
+    """Runs in each live copy as it starts, before its fork() returns. A copy's memory is its
+    parent's, generators included: sandboxer.agent has just reseeded `random` from the kernel, so
+    what is drawn from it now is this copy's own (`salt`, which differs between copies). A real
+    agent reopens its connections here (a copy's TCP connections were closed at its restore)."""
+    RESTORED.update(branch=identity.get("branch"), salt=random.getrandbits(32))
+
+
 # ---- the prefix: deterministic for a given seed ----
 
 def make_problem(seed, n):
@@ -158,7 +170,8 @@ def explore(dist, tour, near, nonce, who, continued, prefix_s):
     except OSError:
         branch_json = None  # no root of its own (flat mode): no /run/sandboxer of its own either
     say("continue", branch=who.get("branch"), index=index, mode=who.get("mode"), continued=continued,
-        state=state_sum(dist, tour), nonce=nonce, prefix_s=round(prefix_s, 3), branch_json=branch_json)
+        state=state_sum(dist, tour), nonce=nonce, prefix_s=round(prefix_s, 3), branch_json=branch_json,
+        salt=RESTORED.get("salt"))
     start_len = tour_length(dist, n, tour)
     t0 = time.monotonic()
     length, best, accepted = anneal(dist, near, n, tour, seed, temp, ARGS.moves)

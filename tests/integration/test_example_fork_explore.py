@@ -50,6 +50,9 @@ def test_fork_explore_copies_continue_from_the_prefix_in_memory(tmp_path):
     results = {e["branch"]: e["message"] for e in messages(events, "result")}
     assert sorted(results) == sorted(c["branch"] for c in copies)
     assert all(results[c["branch"]]["length"] == c["length"] for c in copies)
+    # Each copy's on_restore hook ran (with `random` reseeded: a salt of its own each).
+    salts = [e["message"]["salt"] for e in messages(events, "continue")]
+    assert None not in salts and len(set(salts)) == len(salts) == 3, salts
     # Each copy knew who it was from the channel, and its /run/sandboxer/branch.json agrees.
     for e in messages(events, "continue"):
         assert e["message"]["branch"] == e["branch"] == e["message"]["branch_json"]["branch"]

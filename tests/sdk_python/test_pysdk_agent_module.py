@@ -99,3 +99,35 @@ def test_supervisor_closing_the_channel_is_reported():
     with pytest.raises(agent.ChannelError, match="closed"):
         ch.whoami()
     p.close()
+
+
+def test_on_restore_hooks_run_once_per_identity_line_after_reseeding_random(monkeypatch):
+    import random
+    monkeypatch.setattr(agent, "_restore_hooks", [])
+    ran = []
+
+    @agent.on_restore
+    def hook(identity):
+        ran.append((identity["branch"], random.random()))
+        # A hook may use the channel: the request that brought the identity line has let go of it.
+        ch.event("agent.reopened")
+
+    def answer(r):
+        if r["op"] == "fork":
+            return [{"box": "b1", "branch": "f1", "index": 0, "mode": "live"},
+                    {"id": r["id"], "ok": True, "copy": True, "branch": "f1", "index": 0}]
+        return [{"id": r["id"], "ok": True}]
+
+    p = Peer(answer)
+    try:
+        ch = agent.Channel(p.spec)
+        random.seed(7)
+        parent_draw = random.Random(7).random()  # what `random` would give without the reseed
+        assert ch.whoami() is not None and ran == []  # no identity line: no hook
+        r = ch.fork(1)
+        assert r["copy"] is True and ch.identity["branch"] == "f1"
+        assert len(ran) == 1 and ran[0][0] == "f1"
+        assert ran[0][1] != parent_draw
+        assert [q["op"] for q in p.seen] == ["whoami", "fork", "event"]
+    finally:
+        p.close()

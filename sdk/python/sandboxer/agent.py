@@ -22,10 +22,36 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["Channel", "ChannelError", "channel", "whoami", "checkpoint", "fork", "event", "branch_info"]
+__all__ = ["Channel", "ChannelError", "channel", "whoami", "checkpoint", "fork", "event", "branch_info",
+           "on_restore"]
+
+RestoreHook = Callable[[dict[str, Any]], None]
+_restore_hooks: list[RestoreHook] = []
+
+
+def on_restore(fn: RestoreHook) -> RestoreHook:
+    """Registers `fn(identity)` to run in a copy right after it is restored (a fork, a restore, a
+    checkpoint that returns in a copy), before the channel call that was under way returns; usable
+    as a decorator. `identity` is the copy's identity line (box, branch, parent, snapshot, index,
+    mode). Before the hooks run, the module reseeds `random` from the kernel: a copy's memory is
+    its parent's, so without it every copy would draw the same "random" numbers. What the hooks
+    are for: reopening connections (a copy's TCP connections were closed at its restore), seeding
+    generators of their own, dropping caches keyed by pid or hostname.
+
+    A copy made while the agent was not in a channel call (an operator's `fork`) runs the hooks at
+    its next channel call, when the identity line is read."""
+    _restore_hooks.append(fn)
+    return fn
+
+
+def _restored(identity: dict[str, Any]) -> None:
+    random.seed()  # from os.urandom: this copy's own sequence from here on
+    for fn in list(_restore_hooks):
+        fn(identity)
 
 BRANCH_JSON = "/run/sandboxer/branch.json"
 
@@ -96,14 +122,17 @@ class Channel:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._req_fd, view):]
+            restored = None
             while True:
                 reply = self._read_line()
                 if "id" not in reply and "ok" not in reply:
-                    self.identity = reply
+                    self.identity = restored = reply
                     continue
                 if reply.get("id") not in (rid, None):
                     continue  # a reply to a request that an earlier copy of this process made
                 break
+        if restored is not None:
+            _restored(restored)  # outside the lock: a hook may use the channel
         if not reply.get("ok", False):
             err = reply.get("error") or {}
             raise ChannelError(str(err.get("code", "unknown")), str(err.get("message", "")))
