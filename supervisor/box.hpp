@@ -170,6 +170,12 @@ class Box : public checkpoint::Host {
   bool has_branch(const std::string& branch) const override { return branches_.contains(branch); }
   /// Host pid of a branch's ns-init, or -1.
   pid_t ns_init_pid(const std::string& branch) const;
+  /// The branches running now (main and its copies), by name.
+  std::vector<std::string> branch_names() const {
+    std::vector<std::string> out;
+    for (auto& [n, b] : branches_) out.push_back(n);
+    return out;
+  }
   const BoxOptions& options() const { return opts_; }
   /// The snapshot operations (the WebSocket server and the agent channel call these). `done`
   /// receives the reply body: {"ok": true, ...} or {"ok": false, "error": {code, message}}.

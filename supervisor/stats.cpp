@@ -38,6 +38,28 @@ bool proc_stat(pid_t pid, uint64_t& ticks, uint64_t& rss_pages) {
   return true;
 }
 
+// Private (clean + dirty), Pss and KSM bytes of one process, from /proc/PID/smaps_rollup (kB).
+void add_rollup(pid_t pid, TreeStats& t) {
+  auto text = os::read_file("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  if (!text) return;  // gone, or a kernel without it: the other figures stand
+  std::string_view rest = *text;
+  while (!rest.empty()) {
+    size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string_view key = line.substr(0, colon);
+    uint64_t kb = std::strtoull(std::string(line.substr(colon + 1)).c_str(), nullptr, 10);
+    if (key == "Private_Clean" || key == "Private_Dirty")
+      t.memory_private += kb << 10;
+    else if (key == "Pss")
+      t.memory_pss += kb << 10;
+    else if (key == "KSM")
+      t.memory_ksm += kb << 10;
+  }
+}
+
 }  // namespace
 
 TreeStats tree_stats(pid_t root) {
@@ -53,6 +75,7 @@ TreeStats tree_stats(pid_t root) {
     t.cpu_s += static_cast<double>(ticks) / hz;
     t.memory += rss * page;
     ++t.pids;
+    add_rollup(p, t);
   }
   return t;
 }
@@ -82,16 +105,13 @@ uint64_t disk_used(const std::string& dir, size_t max_entries) {
 
 boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
   auto to_json = [](const TreeStats& t) {
-    return boost::json::object{{"cpu_s", t.cpu_s}, {"memory", t.memory}, {"pids", t.pids}};
+    return boost::json::object{
+        {"cpu_s", t.cpu_s},           {"memory", t.memory},         {"memory_private", t.memory_private},
+        {"memory_pss", t.memory_pss}, {"memory_ksm", t.memory_ksm}, {"pids", t.pids}};
   };
   // The box: everything below the supervisor (the supervisor itself is not the agent's).
   TreeStats all;
-  for (pid_t c : os::children_of(::getpid())) {
-    auto t = tree_stats(c);
-    all.cpu_s += t.cpu_s;
-    all.memory += t.memory;
-    all.pids += t.pids;
-  }
+  for (pid_t c : os::children_of(::getpid())) all += tree_stats(c);
   boost::json::object boxo = to_json(all);
   if (memory_peak) {
     if (all.memory > *memory_peak) *memory_peak = all.memory;
@@ -99,8 +119,7 @@ boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
   }
   boost::json::object branches;
   uint64_t disk_total = 0;
-  for (const char* name : {"main"}) {
-    if (!box.has_branch(name)) continue;
+  for (const auto& name : box.branch_names()) {
     auto dir = box.branch_dir(name);
     uint64_t disk = disk_used(dir + "/workspace") + disk_used(dir + "/tmp");
     disk_total += disk;

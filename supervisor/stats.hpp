@@ -1,6 +1,7 @@
 #pragma once
 // Resource use of the box and its processes, read from /proc: cpu seconds, resident memory and
-// the number of processes of a process tree, and the disk a branch uses. `metrics` events carry
+// the number of processes of a process tree, its private, proportional and KSM-merged memory,
+// and the disk a branch uses. `metrics` events carry
 // the same numbers at a fixed cadence.
 #include <sys/types.h>
 #include <uv.h>
@@ -19,6 +20,20 @@ struct TreeStats {
   double cpu_s = 0;
   uint64_t memory = 0;  // resident bytes, summed
   uint64_t pids = 0;
+  // From /proc/PID/smaps_rollup, summed: pages no other process maps (what the tree alone costs;
+  // with KSM, merged pages leave it), the proportional share, and pages merged by KSM.
+  uint64_t memory_private = 0;
+  uint64_t memory_pss = 0;
+  uint64_t memory_ksm = 0;
+  TreeStats& operator+=(const TreeStats& o) {
+    cpu_s += o.cpu_s;
+    memory += o.memory;
+    pids += o.pids;
+    memory_private += o.memory_private;
+    memory_pss += o.memory_pss;
+    memory_ksm += o.memory_ksm;
+    return *this;
+  }
 };
 
 /// `root` and every descendant of it.

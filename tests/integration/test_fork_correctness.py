@@ -29,7 +29,8 @@ def forked(tmp_path_factory):
     state = tmp_path_factory.mktemp("fork") / "s"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     port = random.randrange(20000, 40000, 2)
-    r = subprocess.run([str(INIT), "--state-dir", str(state), "--env", "SBX_AGENT_SDK", "--", sys.executable,
+    r = subprocess.run([str(INIT), "--state-dir", str(state), "--env", "SBX_AGENT_SDK", "--metrics-interval", "300ms",
+                        "--", sys.executable,
                         str(AGENT), str(port)], capture_output=True, timeout=120, env=env, text=True)
     assert r.returncode == 0, r.stderr
     ev = read_journal(state)
@@ -100,3 +101,20 @@ def test_a_copys_channel_cannot_act_on_its_parent_or_siblings(forked):
     assert taker["mine"] not in after["main"]["listed"]
     # The fork snapshot was not deleted by any copy's attempt.
     assert not [e for e in ev if e["type"] == "snapshot.deleted"]
+
+
+def test_metrics_say_each_copys_private_and_shared_memory(forked):
+    _, after, ev = forked
+    both = [e for e in ev if e["type"] == "metrics" and set(after) <= set(e["branches"])
+            and all(e["branches"][n]["memory"] > 0 for n in after)]
+    assert both, "no metrics event while the parent and both copies ran"
+    m = both[-1]
+    for name in after:
+        b = m["branches"][name]
+        # The agent's own pages (a Python interpreter: megabytes) are private to each tree; the
+        # proportional share and the private part never exceed what is resident.
+        assert 1 << 20 < b["memory_private"] <= b["memory"], (name, b)
+        assert b["memory_private"] <= b["memory_pss"] <= b["memory"], (name, b)
+        assert b["memory_ksm"] >= 0
+    box = m["box"]
+    assert box["memory_private"] >= sum(m["branches"][n]["memory_private"] for n in after)
