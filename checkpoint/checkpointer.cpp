@@ -161,19 +161,14 @@ base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
 
 Checkpointer::~Checkpointer() = default;
 
-bool Checkpointer::live_possible(std::string* why_not) const {
+base::Result<void> Checkpointer::live_possible() const {
   auto version = host_.criu_version();
-  if (!criu_ || !version) {
-    if (why_not) *why_not = "criu was not found on PATH";
-    return false;
-  }
+  if (!criu_ || !version) return base::fail("criu was not found on PATH", "unavailable");
   int major = 0, minor = 0;
   std::sscanf(version->c_str(), "%d.%d", &major, &minor);
-  if (major < 4 || (major == 4 && minor < 2)) {
-    if (why_not) *why_not = "criu " + *version + " is too old: sockets need criu >= 4.2";
-    return false;
-  }
-  return true;
+  if (major < 4 || (major == 4 && minor < 2))
+    return base::fail("criu " + *version + " is too old: sockets need criu >= 4.2", "unavailable");
+  return {};
 }
 
 void Checkpointer::offload(std::function<void()> work, std::function<void()> after) {
@@ -278,9 +273,8 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   op->by = by;
   op->leave_running = leave_running;
   op->done = std::move(done);
-  std::string why;
-  if (!live_possible(&why)) {
-    op->note = "filesystem only: " + why;
+  if (auto live = live_possible(); !live) {
+    op->note = "filesystem only: " + live.error().message;
   } else if (!b.namespaced) {
     op->note = "filesystem only: the branch has no pid and mount namespace of its own (" + b.why_not + ")";
   } else {

@@ -43,8 +43,9 @@ class Checkpointer {
 
   /// Whether an operation is under way (the box does not end before it is done).
   bool busy() const noexcept { return ops_ > 0; }
-  /// Whether this host can checkpoint a live tree at all (criu >= 4.2 present); else why not.
-  bool live_possible(std::string* why_not) const;
+  /// Whether this host can checkpoint a live tree at all (criu >= 4.2 present); the error says
+  /// why not.
+  base::Result<void> live_possible() const;
 
   /// `by`: the branch whose agent channel asks, recorded in the snapshot's index (`origin`); ""
   /// for the operator.

@@ -189,10 +189,10 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
     op->live = mode == "live";
     json::object checked = op->manifest;
     checked["mode"] = mode;
-    std::string why;
     std::optional<std::string> refuse;
-    if (mode == "live" && !live_possible(&why))
-      refuse = "a live snapshot needs criu here: " + why;
+    auto live = mode == "live" ? live_possible() : base::Result<void>{};
+    if (!live)
+      refuse = "a live snapshot needs criu here: " + live.error().message;
     else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
       refuse = r.error().message;
     if (!refuse && mode == "live")

@@ -143,7 +143,7 @@ void Box::start_persistence() {
 
 bool Box::stop_with_checkpoint(int64_t grace) {
   if (!opts_.profile.checkpoint.on_stop || shutting_down_ || stopping_) return false;
-  auto main = checkpointer_->live_possible(nullptr) ? find_branch("main") : std::nullopt;
+  auto main = checkpointer_->live_possible() ? find_branch("main") : std::nullopt;
   if (!main || !main->running) return false;
   stopping_ = true;
   if (persist_timer_) uv_timer_stop(persist_timer_.get());
@@ -181,7 +181,7 @@ void Box::stop(int64_t grace_ms) {
 
 bool Box::hibernate() {
   if (!opts_.profile.checkpoint.on_idle || shutting_down_ || stopping_) return false;
-  if (!checkpointer_->live_possible(nullptr)) return false;
+  if (!checkpointer_->live_possible()) return false;
   stopping_ = true;
   if (persist_timer_) uv_timer_stop(persist_timer_.get());
   log()->info("idle limit: the main branch hibernates");

@@ -321,7 +321,9 @@ void Box::start() {
     caps = caps_.to_json();
     // KSM shares identical pages of the box's live copies when the host runs it (README, "Forks").
     caps["ksm"] = boost::json::object{{"host", checkpoint::ksm_state()}, {"copies", opts_.profile.resources.ksm}};
-    live = checkpointer_->live_possible(&why_not);
+    auto possible = checkpointer_->live_possible();
+    live = possible.has_value();
+    if (!live) why_not = possible.error().message;
   };
   // A box whose profile persists its agent resumes the newest snapshot of its main branch instead
   // of starting the command again (box-persist.cpp).
