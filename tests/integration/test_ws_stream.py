@@ -69,6 +69,13 @@ def test_a_killed_client_resumes_with_since_and_sees_exactly_the_uninterrupted_s
         assert combined == whole
 
 
+def until(pred, timeout, what):
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
 def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes_to_every_seq(tmp_path):
     n = 200 * 1000 * 1000
     # The agent starts writing once the client is live (a client still replaying history reads
@@ -79,40 +86,44 @@ def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes
     # stall time (2 s here) is closed.
     env = {**os.environ, "SANDBOXER_WS_STALL_SECONDS": "2"}
     with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"], env=env) as box:
+        # The client is a process of its own, stopped (SIGSTOP) while the agent writes: it takes
+        # nothing, whatever a client library would buffer or read by itself.
+        out, closed = tmp_path / "reader.out", tmp_path / "reader.closed"
+        reader = subprocess.Popen([sys.executable, os.path.join(HERE, "ws_reader.py"), box.url, box.token, "0",
+                                   str(out), str(closed)])
+        try:
+            until(lambda: out.exists() and '"proc":"main"' in out.read_text() and
+                     '"proc.started"' in out.read_text(), 30, "the reader saw proc.started")
+            reader.send_signal(signal.SIGSTOP)
+            (box.workspace / "go").touch()
+            until(lambda: (box.workspace / "done").exists(), 120, "the agent finished while the client was stuck")
+            # The stall clock starts only once the kernel's buffers are full, which on loopback
+            # (tens of MiB) can be seconds after the agent is done: wait for the server to say it.
+            until(lambda: "closing with 4008" in box.stderr_path.read_text(errors="replace"), 60, "the server saw the client take nothing")
+            # The agent is done; now the client reads again: what was sent, then the close.
+            reader.send_signal(signal.SIGCONT)
+            reader.wait(60)
+        finally:
+            reader.kill()
+            reader.wait()
+        with_close = json.loads(closed.read_text())
+        assert with_close["code"] == 4008, with_close
+        assert with_close["reason"].startswith("resume_after=")
+        resume_after = int(with_close["reason"].split("=")[1])
+        seen = [json.loads(line) for line in out.read_text().splitlines()]
+        # Everything up to resume_after was handed to the socket; a client library may still drop
+        # what it had queued when the close came, so a client resumes from the last seq it saw
+        # itself (never later than resume_after).
+        assert seen[-1]["seq"] <= resume_after
+        assert not any(is_end(e) for e in seen)
+
         async def go():
-            # The library stops reading the socket when 4 messages wait unread: the client is stuck.
-            async with ws_connect(box, max_queue=4) as ws:
-                s = Session(ws)
-                await s.request("subscribe", since=0)
-                await s.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == "main", 30)
-                (box.workspace / "go").touch()
-                t0 = time.monotonic()
-                while not (box.workspace / "done").exists():
-                    assert time.monotonic() - t0 < 120, "the agent did not finish while the client was stuck"
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(3)  # past the stall time, whatever the agent's pace
-                # The agent is done; now the client reads again: what was sent, then the close.
-                with_close = None
-                try:
-                    while True:
-                        await s.recv_one(60)
-                except ConnectionClosed as e:
-                    with_close = e.rcvd
-                assert with_close is not None and with_close.code == 4008, with_close
-                assert with_close.reason.startswith("resume_after=")
-                resume_after = int(with_close.reason.split("=")[1])
-                seen = s.events
-                # Everything up to resume_after was handed to the socket; a client library may
-                # still drop what it had queued when the close came, so a client resumes from
-                # the last seq it saw itself (never later than resume_after).
-                assert seen[-1]["seq"] <= resume_after
-                assert not any(is_end(e) for e in seen)
             async with ws_connect(box) as ws:
                 s2 = Session(ws)
                 await s2.request("subscribe", since=seen[-1]["seq"])
                 await s2.wait_event(is_end, 120)
-                return seen, s2.events
-        seen, rest = run(go(), 240)
+                return s2.events
+        rest = run(go(), 240)
         seqs = [e["seq"] for e in seen + rest]
         assert seqs == list(range(1, seqs[-1] + 1))
         total = sum(len(e.get("data", "")) for e in seen + rest
