@@ -14,6 +14,7 @@ import sys
 import time
 
 sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+from net_probes import bindable, tcp_state  # noqa: E402  (beside this script)
 import agent as channel_module  # noqa: E402  (sdk/python/sandboxer/agent.py, stdlib only)
 
 port = int(sys.argv[1])
@@ -62,22 +63,10 @@ say(before=facts())
 r = ch.fork(2, name="explore")
 me = r.get("branch") if r.get("copy") else "main"
 after = facts()
-try:
-    conn_c.settimeout(2)
-    conn_c.sendall(b"live")
-    conn_s.settimeout(2)
-    tcp = "open" if conn_s.recv(4) == b"live" else "closed"
-except OSError:
-    tcp = "closed"
+tcp = tcp_state(conn_c, conn_s)
 # The parent's port is free to bind again in a copy only if the copy has a network of its own
 # (its restored listener holds it otherwise); a fresh port the same in every copy.
-fresh = socket.socket()
-try:
-    fresh.bind(("127.0.0.1", port + 1))
-    fresh.listen()
-    bound = True
-except OSError as e:
-    bound = str(e)
+bound = bindable(port + 1)
 
 # What the channel lets a copy do to what is not its own.
 refusals = {}

@@ -15,6 +15,7 @@ import sys
 import time
 
 sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+from net_probes import bindable, tcp_state  # noqa: E402  (beside this script)
 import agent as channel_module  # noqa: E402  (sdk/python/sandboxer/agent.py, stdlib only)
 
 mode, port, heap_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -78,26 +79,14 @@ else:
     r = ch.checkpoint("mid", leave_running=(mode == "keep"))
 
 me = (ch.identity or {}).get("branch", os.environ.get("SANDBOXER_BRANCH"))
-try:
-    conn_c.settimeout(2)
-    conn_c.sendall(b"live")
-    conn_s.settimeout(2)
-    tcp = "open" if conn_s.recv(4) == b"live" else "closed"
-except OSError:
-    tcp = "closed"
+tcp = tcp_state(conn_c, conn_s)
 # The listener still works: connect to it and get the bytes through.
 c = socket.create_connection(("127.0.0.1", port), timeout=5)
 s, _ = listener.accept()
 c.sendall(b"ping")
 got = s.recv(4).decode()
 # The same fresh port in every copy: each has its own network namespace.
-fresh = socket.socket()
-try:
-    fresh.bind(("127.0.0.1", port + 1))
-    fresh.listen()
-    bound = True
-except OSError as e:
-    bound = str(e)
+bound = bindable(port + 1)
 with open(os.path.join(ws, f"mine-{me}.txt"), "w") as f:
     f.write(me)
 others = sorted(x for x in os.listdir(ws) if x.startswith("mine-") and x != f"mine-{me}.txt")
