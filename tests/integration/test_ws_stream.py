@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-from websockets.exceptions import ConnectionClosed
 
 from sbxtest import INIT as INIT_BIN, PROBE, Session, WsBox, follow, run, ws_connect
 
