@@ -20,6 +20,8 @@
 #include <memory>
 #include <vector>
 
+#include "archive/chunks.hpp"
+#include "archive/hash.hpp"
 #include "base/encoding.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
@@ -32,24 +34,6 @@ namespace json = boost::json;
 
 namespace {
 
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
-  std::string hex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned len = 0;
-    EVP_DigestFinal_ex(ctx_, md, &len);
-    return hex_encode(md, len);
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
-
 // Where libarchive's tar stream goes: compressed here with libzstd (a frame with a content
 // checksum, which libarchive's zstd filter does not write: with it, a flipped byte anywhere in the
 // file is an error at extraction, not only where the manifest's hashes look), then into the
@@ -60,11 +44,20 @@ struct Sink {
   uint64_t bytes = 0;
   int error = 0;
   std::string zerror;
-  ZSTD_CCtx* z = nullptr;
+  ZSTD_CCtx* z = nullptr;  // null: no archive file, the chunk store only
+  // The tar stream itself: its hash (the snapshot's id), and the chunk store it goes to.
+  Sha256 tar_sha;
+  ChunkWriter* chunks = nullptr;
+  std::string chunk_error;
   std::vector<char> out = std::vector<char>(ZSTD_CStreamOutSize());
 
   ~Sink() { ZSTD_freeCCtx(z); }
   bool put(const char* p, size_t n) {
+    if (fd < 0) {  // hashed and counted only: the archive's bytes are not kept
+      sha.update(p, n);
+      bytes += n;
+      return true;
+    }
     if (auto r = os::write_all(fd, {p, n}); !r) {
       error = r.error().value();
       return false;
@@ -91,11 +84,19 @@ struct Sink {
 
 la_ssize_t sink_write(struct archive*, void* data, const void* buf, size_t n) {
   auto* s = static_cast<Sink*>(data);
+  s->tar_sha.update(buf, n);
+  if (s->chunks)
+    if (auto r = s->chunks->write(buf, n); !r) {
+      s->chunk_error = r.error().message;
+      return -1;
+    }
+  if (!s->z) return static_cast<la_ssize_t>(n);
   return s->feed(buf, n, ZSTD_e_continue) ? static_cast<la_ssize_t>(n) : -1;
 }
 
 int sink_close(struct archive*, void* data) {
   auto* s = static_cast<Sink*>(data);
+  if (!s->z) return ARCHIVE_OK;
   return s->feed(nullptr, 0, ZSTD_e_end) ? ARCHIVE_OK : ARCHIVE_FATAL;
 }
 
@@ -118,10 +119,32 @@ struct Source {
   // entry, or past the end of the tar stream, which drain() reads) stops at it.
   uint64_t produced = 0;
   uint64_t limit = UINT64_MAX;
+  // Or the tar stream comes from the chunk store, each chunk checked against its hash.
+  ChunkReader* chunks = nullptr;
+  const char* data = nullptr;  // where next()'s bytes are
+  Sha256 tar_sha;              // of the tar stream (the snapshot's id)
 
   ~Source() { ZSTD_freeDCtx(z); }
+  bool bounded(size_t n) {
+    produced += n;
+    if (produced <= limit) return true;
+    error = "the archive expands beyond " + std::to_string(limit) +
+            " bytes, more than its manifest lists: refused as a decompression bomb";
+    return false;
+  }
   // The next decompressed bytes: >0 bytes, 0 at the end of the file, -1 on an error.
   ssize_t next() {
+    if (chunks) {
+      auto v = chunks->next();
+      if (!v) {
+        error = v.error().message;
+        return -1;
+      }
+      if (!bounded(v->size())) return -1;
+      data = v->data();
+      tar_sha.update(data, v->size());
+      return static_cast<ssize_t>(v->size());
+    }
     for (;;) {
       if (ib.pos == ib.size && !file_ended) {
         ssize_t n;
@@ -147,13 +170,12 @@ struct Source {
         error = std::string("zstd: ") + ZSTD_getErrorName(last);
         return -1;
       }
-      produced += ob.pos;
-      if (produced > limit) {
-        error = "the archive expands beyond " + std::to_string(limit) +
-                " bytes, more than its manifest lists: refused as a decompression bomb";
-        return -1;
+      if (!bounded(ob.pos)) return -1;
+      if (ob.pos) {
+        data = out.data();
+        tar_sha.update(data, ob.pos);
+        return static_cast<ssize_t>(ob.pos);
       }
-      if (ob.pos) return static_cast<ssize_t>(ob.pos);
     }
   }
   // Reads what is left of the stream, so the frame's checksum is checked; false (and error) if
@@ -170,7 +192,7 @@ struct Source {
 la_ssize_t source_read(struct archive*, void* data, const void** buf) {
   auto* s = static_cast<Source*>(data);
   ssize_t n = s->next();
-  *buf = s->out.data();
+  *buf = s->data;
   return n;
 }
 
@@ -306,10 +328,25 @@ std::string write_payload_entry(struct archive* a, const std::string& src_dir, c
   return "";
 }
 
+base::Result<void> start_compressor(Sink& sink, int level) {
+  sink.z = ZSTD_createCCtx();
+  if (!sink.z) return base::fail("start the archive: no memory for a zstd context");
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_checksumFlag, 1);
+  (void)ZSTD_CCtx_setParameter(sink.z, ZSTD_c_nbWorkers, 2);  // a libzstd without threads says no: fine
+  return {};
+}
+
 }  // namespace
 
 base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
                                         const std::string& dst, int level, const SigningKey* key) {
+  return write_snapshot(src_dir, std::move(manifest), {dst, nullptr}, level, key);
+}
+
+base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json::object manifest,
+                                         const SnapshotOut& to, int level, const SigningKey* key) {
+  const std::string& dst = to.archive;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
   json::object files;
@@ -330,14 +367,16 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
   }
 
   Sink sink;
-  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!out) return base::fail("create " + dst + ": " + std::strerror(errno));
-  sink.fd = out.get();
-  sink.z = ZSTD_createCCtx();
-  if (!sink.z) return base::fail("start the archive: no memory for a zstd context");
-  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_compressionLevel, level);
-  ZSTD_CCtx_setParameter(sink.z, ZSTD_c_checksumFlag, 1);
-  (void)ZSTD_CCtx_setParameter(sink.z, ZSTD_c_nbWorkers, 2);  // a libzstd without threads says no: fine
+  sink.chunks = to.chunks;
+  os::UniqueFd out;
+  if (!dst.empty()) {
+    out = os::UniqueFd(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) return base::fail("create " + dst + ": " + std::strerror(errno));
+    sink.fd = out.get();
+  }
+  // Without a file the archive is still compressed and hashed: its hash is the snapshot's id, and
+  // an export writes the same bytes again from the chunks.
+  if (auto r = start_compressor(sink, level); !r) return r.error();
   std::unique_ptr<struct archive, ArchiveDeleter> a(archive_write_new());
   archive_write_set_format_pax_restricted(a.get());
   archive_write_set_bytes_per_block(a.get(), 1 << 20);
@@ -346,10 +385,11 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
     return base::fail(std::string("start the archive: ") + archive_error_string(a.get()));
   auto fail = [&](const std::string& what) {
     auto e = base::fail(what + ": " +
-                        (sink.error             ? std::strerror(sink.error)
-                         : !sink.zerror.empty() ? "zstd: " + sink.zerror
-                                                : std::string(archive_error_string(a.get()))));
-    ::unlink(dst.c_str());
+                        (sink.error                  ? std::strerror(sink.error)
+                         : !sink.zerror.empty()      ? "zstd: " + sink.zerror
+                         : !sink.chunk_error.empty() ? sink.chunk_error
+                                                     : std::string(archive_error_string(a.get()))));
+    if (!dst.empty()) ::unlink(dst.c_str());
     return e;
   };
   if (!write_blob(a.get(), "manifest.json", text)) return fail("write manifest.json");
@@ -358,15 +398,26 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
   for (auto& p : plan) {
     if (auto why = write_payload_entry(a.get(), src_dir, p, buf); !why.empty()) {
       if (why != "archive") {
-        ::unlink(dst.c_str());
+        if (!dst.empty()) ::unlink(dst.c_str());
         return base::fail(why);
       }
       return fail("write " + p.rel.string());
     }
   }
   if (archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
-  if (::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
-  return ArchiveInfo{sink.sha.hex(), raw + text.size() + signature.size(), sink.bytes};
+  if (out && ::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
+  ArchiveInfo info;
+  info.sha256 = sink.sha.hex();
+  info.tar_sha256 = sink.tar_sha.hex();
+  info.raw_bytes = raw + text.size() + signature.size();
+  info.compressed_bytes = sink.bytes;
+  if (to.chunks) {
+    auto list = to.chunks->finish();
+    if (!list) return fail("store the chunks: " + list.error().message);
+    info.chunks = std::move(*list);
+    info.chunks->archive_sha256 = info.sha256;
+  }
+  return info;
 }
 
 namespace {
@@ -428,14 +479,20 @@ class Extractor {
  public:
   Extractor(const ImportPolicy& policy, std::string& err) : policy_(policy), err_(err) {}
 
-  std::optional<Extracted> run(const std::string& src, const std::string& dst_dir, bool* untrusted) {
+  /// From the archive file `src`, or (`chunks` not null) from the chunk store.
+  std::optional<Extracted> run(const std::string& src, ChunkReader* chunks, const std::string& dst_dir,
+                               bool* untrusted) {
     if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
     made_ = dst_dir;
     root_ = os::UniqueFd(::open(dst_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!root_) return fail("open " + dst_dir + ": " + std::strerror(errno));
-    in_ = os::UniqueFd(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!in_) return fail("open " + src + ": " + std::strerror(errno));
-    source_.fd = in_.get();
+    if (chunks) {
+      source_.chunks = chunks;
+    } else {
+      in_ = os::UniqueFd(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!in_) return fail("open " + src + ": " + std::strerror(errno));
+      source_.fd = in_.get();
+    }
     source_.limit = kMaxManifest + kMaxSignature + 4 * kEntryOverhead + kStreamOverhead;
     archive_read_support_format_tar(a_.get());
     if (archive_read_open(a_.get(), &source_, nullptr, source_read, nullptr) != ARCHIVE_OK)
@@ -469,6 +526,7 @@ class Extractor {
     if (!source_.drain()) return fail("the archive is corrupted or truncated: " + source_.error);
     if (!finish()) return std::nullopt;
     made_.clear();
+    out_.tar_sha256 = source_.tar_sha.hex();
     return std::move(out_);
   }
 
@@ -738,9 +796,58 @@ base::Result<Extracted> extract_archive(const std::string& src, const std::strin
   std::string err;
   bool untrusted = false;
   Extractor x(policy, err);
-  auto r = x.run(src, dst_dir, &untrusted);
+  auto r = x.run(src, nullptr, dst_dir, &untrusted);
   if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
   return std::move(*r);
+}
+
+base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
+                                       const ImportPolicy& policy) {
+  auto reader = ChunkReader::open(store_dir, std::move(list));
+  if (!reader) return base::fail(reader.error().message, "bad_snapshot");
+  std::string err;
+  bool untrusted = false;
+  Extractor x(policy, err);
+  auto r = x.run("", reader->get(), dst_dir, &untrusted);
+  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
+  return std::move(*r);
+}
+
+base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
+                                          int level) {
+  std::string expect_sha256 = list.archive_sha256;
+  auto reader = ChunkReader::open(store_dir, std::move(list));
+  if (!reader) return reader.error();
+  Sink sink;
+  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out) return base::sys_fail("create " + dst, errno);
+  sink.fd = out.get();
+  if (auto r = start_compressor(sink, level); !r) return r.error();
+  auto fail = [&](base::Error e) {
+    ::unlink(dst.c_str());
+    return e;
+  };
+  for (;;) {
+    auto v = (*reader)->next();
+    if (!v) return fail(v.error());
+    if (v->empty()) break;
+    sink.tar_sha.update(v->data(), v->size());
+    if (!sink.feed(v->data(), v->size(), ZSTD_e_continue))
+      return fail(
+          base::fail("write " + dst + ": " + (sink.error ? std::strerror(sink.error) : "zstd: " + sink.zerror)));
+  }
+  if (!sink.feed(nullptr, 0, ZSTD_e_end))
+    return fail(base::fail("write " + dst + ": " + (sink.error ? std::strerror(sink.error) : "zstd: " + sink.zerror)));
+  if (::fsync(out.get()) != 0) return fail(base::sys_fail("fsync " + dst, errno));
+  std::string sha = sink.sha.hex();
+  if (!expect_sha256.empty() && sha != expect_sha256)
+    return fail(base::fail("the archive written anew from the chunk store hashes to " + sha + ", not " + expect_sha256 +
+                           ": this libzstd compresses differently from the one that took the snapshot"));
+  ArchiveInfo info;
+  info.sha256 = sha;
+  info.tar_sha256 = sink.tar_sha.hex();
+  info.compressed_bytes = sink.bytes;
+  return info;
 }
 
 std::optional<std::string> read_image_id(const std::string& path) {

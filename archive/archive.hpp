@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "archive/chunks.hpp"
 #include "archive/signing.hpp"
 #include "base/result.hpp"
 
@@ -36,12 +37,22 @@ struct Extracted {
   bool trusted = false;       // a trusted key verified its signature
   std::string signer;         // that key's fingerprint
   std::string why_untrusted;  // else why not (accepted only under allow_unsigned)
+  std::string tar_sha256;     // of the tar stream read
 };
 
 struct ArchiveInfo {
-  std::string sha256;      // of the archive file
+  std::string sha256;      // of the archive (the snapshot's id), written to a file or not
+  std::string tar_sha256;  // of the tar stream inside
   uint64_t raw_bytes = 0;  // sum of the entries' sizes
   uint64_t compressed_bytes = 0;
+  std::optional<ChunkList> chunks;  // where the stream went to the chunk store
+};
+
+/// Where write_snapshot writes: an archive file (none when empty), the chunk store (none when
+/// null), or both.
+struct SnapshotOut {
+  std::string archive;
+  ChunkWriter* chunks = nullptr;
 };
 
 /// Writes `manifest` (with "files" added: every dir, regular file and symlink under `src_dir`),
@@ -49,6 +60,17 @@ struct ArchiveInfo {
 /// tar + zstd; or what failed.
 base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
                                         const std::string& dst, int level, const SigningKey* key);
+
+/// write_archive's manifest, signature and payload, as one tar stream to `to`.
+base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json::object manifest,
+                                         const SnapshotOut& to, int level, const SigningKey* key);
+
+/// Writes the tar stream `list` of the chunk store at `store_dir` as an archive file `dst` (which
+/// must not exist): an export of a snapshot kept as chunks. Every chunk is checked on the way, and
+/// the archive against list.archive_sha256 when the list has it (zstd writes the same bytes for
+/// the same stream and parameters; another libzstd may not, and that is an error saying so).
+base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
+                                          int level);
 
 /// The sha256 of a file, as lowercase hex, or why it cannot be read.
 base::Result<std::string> sha256_file(const std::string& path);
@@ -62,6 +84,10 @@ base::Result<std::string> sha256_file(const std::string& path);
 /// removed and the error says what was wrong; its code is "untrusted" when no trusted key signed
 /// the archive, else "bad_snapshot".
 base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy);
+/// extract_archive from the tar stream `list` of the chunk store at `store_dir`: a missing or
+/// corrupted chunk is an error naming it (code bad_snapshot).
+base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
+                                       const ImportPolicy& policy);
 
 /// Where an image says who it is (images/write-image-json): {"id": "sha256:...", "version", ...}.
 inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";

@@ -125,6 +125,7 @@ struct Checkpointer::CheckpointOp {
   std::string work;                                // snapshots/.work-X: payload/{criu,fs}, logs
   std::shared_ptr<const archive::SigningKey> key;  // what signs the archive; null: nothing does
   std::string by;                                  // the branch whose agent channel asked, or "" (the operator)
+  bool chunked = false;                            // kept in the chunk store, not as an archive file
   pid_t ns_init_pid = -1;  // the branch's ns-init (the root of its tree), in the supervisor's pid namespace
   os::UniqueFd tree_fd;    // a pidfd of ns_init_pid: the tree is stopped, continued, killed through it
   pid_t criu = -1;         // criu dumping it, until the reaper collects it
@@ -145,6 +146,8 @@ Checkpointer::Checkpointer(uv_loop_t* loop, Host& host, Settings settings)
       criu_(find_criu()),
       image_id_(archive::read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
+  // What a supervisor killed while it stored a snapshot left: chunks no list names yet.
+  collect_chunks();
 }
 
 base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
@@ -248,7 +251,7 @@ void Checkpointer::on_shutdown() {
 // ---- checkpoint ----
 
 void Checkpointer::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
-                              const std::string& by) {
+                              const std::string& by, bool chunked) {
   auto found = host_.find_branch(branch);
   if (!found) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   const BranchView& b = *found;
@@ -271,6 +274,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   op->branch = branch;
   op->name = name;
   op->by = by;
+  op->chunked = chunked;
   op->leave_running = leave_running;
   op->done = std::move(done);
   if (auto live = live_possible(); !live) {
@@ -387,6 +391,7 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
   host_.emit(op->branch,
              {{"type", "checkpoint.failed"}, {"name", op->name}, {"error", {{"code", code}, {"message", msg}}}});
   os::remove_tree(op->work);
+  if (op->chunked) collect_chunks();  // what it stored before it failed
   op->done(error_reply(code, msg));
   op_done();
 }
@@ -432,6 +437,21 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
       });
 }
 
+json::object Checkpointer::sizes_of(const CheckpointOp& op) {
+  json::object sizes{{"raw", op.info->raw_bytes},
+                     {"compressed", op.info->compressed_bytes},
+                     {"images", op.image_bytes},
+                     {"fs", op.fs_bytes}};
+  // In the chunk store: what the snapshot takes there, and what it added (the rest it shares).
+  if (op.chunked) {
+    sizes["compressed"] = op.info->chunks->stored_bytes;
+    sizes["added"] = op.info->chunks->added_bytes;
+    sizes["chunks"] = op.info->chunks->chunks.size();
+    sizes["new_chunks"] = op.info->chunks->new_chunks;
+  }
+  return sizes;
+}
+
 void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["last_seq"] = host_.last_seq();
   op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
@@ -442,10 +462,20 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
   if (op->live) timings["criu"] = criu_stats(op->work + "/logs/stats-dump");
   op->manifest["timings_ms"] = timings;
-  std::string tmp = op->work + "/archive.tar.zst";
+  std::string tmp = op->chunked ? "" : op->work + "/archive.tar.zst";
+  if (op->chunked) ++chunk_writers_;
   offload(
-      [op, tmp, key = op->key] {
-        auto info = write_archive(op->work + "/payload", op->manifest, tmp, 3, key.get());
+      [op, tmp, key = op->key, store = chunk_dir()] {
+        std::unique_ptr<archive::ChunkWriter> chunks;
+        if (op->chunked) {
+          auto w = archive::ChunkWriter::open(store, 3);
+          if (!w) {
+            op->error = w.error().message;
+            return;
+          }
+          chunks = std::move(*w);
+        }
+        auto info = archive::write_snapshot(op->work + "/payload", op->manifest, {tmp, chunks.get()}, 3, key.get());
         if (info)
           op->info = std::move(*info);
         else
@@ -453,15 +483,31 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
       },
       [this, op, tmp] {
         op->t_compressed = now_ms();
-        if (!op->info) return checkpoint_failed(op, "io", "write the archive: " + op->error);
+        // A writer until its list is stored: the chunks it found already there are named by no
+        // list of its own before that, and a collection meanwhile would take them.
+        auto writer_done = [this, op] {
+          if (op->chunked) chunk_writer_done();
+        };
+        if (!op->info) {
+          writer_done();
+          return checkpoint_failed(op, "io", "write the archive: " + op->error);
+        }
         op->id = "s-" + op->info->sha256.substr(0, 16);
         std::string base = snap_dir_ + "/" + op->id;
         json::object index = op->manifest;
         index["id"] = op->id;
-        index["archive"] = {{"path", base + ".tar.zst"},
-                            {"sha256", op->info->sha256},
-                            {"bytes", op->info->compressed_bytes},
-                            {"raw_bytes", op->info->raw_bytes}};
+        if (op->chunked) {
+          const archive::ChunkList& l = *op->info->chunks;
+          index["archive"] = {{"stored", "chunks"},           {"sha256", op->info->sha256},
+                              {"tar_sha256", l.sha256},       {"bytes", l.stored_bytes},
+                              {"added_bytes", l.added_bytes}, {"chunks", l.chunks.size()},
+                              {"new_chunks", l.new_chunks},   {"raw_bytes", op->info->raw_bytes}};
+        } else {
+          index["archive"] = {{"path", base + ".tar.zst"},
+                              {"sha256", op->info->sha256},
+                              {"bytes", op->info->compressed_bytes},
+                              {"raw_bytes", op->info->raw_bytes}};
+        }
         json::object timings = op->manifest["timings_ms"].as_object();
         timings["compress"] = round_ms(op->t_compressed - op->t_resumed);
         timings["total"] = round_ms(op->t_compressed - op->t0);
@@ -469,13 +515,20 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         // Who asked: the agent channel of a branch reaches only its own snapshots (channel_refusal).
         index["origin"] =
             op->by.empty() ? json::object{{"by", "operator"}} : json::object{{"by", "channel"}, {"branch", op->by}};
-        if (::rename(tmp.c_str(), (base + ".tar.zst").c_str()) != 0)
+        if (op->chunked) {
+          // The chunk list before the index that makes the snapshot visible.
+          auto w = os::write_file_atomic(base + ".chunks", json::serialize(archive::to_json(*op->info->chunks)));
+          writer_done();
+          if (!w) return checkpoint_failed(op, "io", "store the chunk list: " + w.error().message());
+        } else if (::rename(tmp.c_str(), (base + ".tar.zst").c_str()) != 0) {
           return checkpoint_failed(op, "io", "store the archive: " + std::string(std::strerror(errno)));
+        }
         --checkpoints_;
         std::erase(dumping_, op);
-        // The payload stays extracted beside the archive: forks of it need no decompression.
+        // The payload stays extracted beside the archive: forks of it need no decompression. A
+        // snapshot in the chunk store keeps only its chunks; it is extracted when restored.
         os::remove_tree(base + ".d");
-        if (::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
+        if (!op->chunked && ::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
           m["verified"] = op->key
                               ? json::object{{"trusted", true}, {"key", op->key->public_key().fingerprint()}}
@@ -492,20 +545,17 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                         {"parent", op->manifest["parent"]},
                         {"mode", op->live ? "live" : "fs"},
                         {"leave_running", op->leave_running},
-                        {"sizes",
-                         {{"raw", op->info->raw_bytes},
-                          {"compressed", op->info->compressed_bytes},
-                          {"images", op->image_bytes},
-                          {"fs", op->fs_bytes}}},
+                        {"sizes", sizes_of(*op)},
                         {"timings_ms", timings},
                         // The agent's pause (stopped until its dump and layer copy ended), and
                         // the whole checkpoint with the archive's compression and hashing.
                         {"pause_ms", timings["freeze"]},
-                        {"total_ms", timings["total"]},
-                        {"archive", base + ".tar.zst"}};
+                        {"total_ms", timings["total"]}};
+        if (!op->chunked) ev["archive"] = base + ".tar.zst";
         if (!op->live) ev["note"] = op->note;
         host_.emit(op->branch, ev);
-        log()->info("checkpoint {} of branch {}: {} bytes in {} ms", op->id, op->branch, op->info->compressed_bytes,
+        log()->info("checkpoint {} of branch {}: {} bytes in {} ms", op->id, op->branch,
+                    op->chunked ? op->info->chunks->added_bytes : op->info->compressed_bytes,
                     timings["total"].to_number<double>());
         json::object r{{"ok", true},
                        {"snapshot", op->id},

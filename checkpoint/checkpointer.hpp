@@ -12,6 +12,9 @@
 //
 // Layout under the state dir:
 //   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of its sha256)
+//   snapshots/<id>.chunks   or, for a snapshot kept in the chunk store, its chunk list (the id is
+//                           the same: that of the archive an export writes again from the chunks)
+//   snapshots/chunks/       the chunk store (archive/chunks.hpp)
 //   snapshots/<id>.json     its index entry: the manifest plus the archive's size and hash
 //   snapshots/<id>.d/       the archive extracted and verified (criu/, fs/, and manifest.json with
 //                           "verified": whether a trusted key signed it), reused by forks
@@ -48,9 +51,10 @@ class Checkpointer {
   base::Result<void> live_possible() const;
 
   /// `by`: the branch whose agent channel asks, recorded in the snapshot's index (`origin`); ""
-  /// for the operator.
+  /// for the operator. `chunked`: the snapshot is kept in the chunk store (shared with the box's
+  /// other chunked snapshots, extracted when restored) instead of as an archive file.
   void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
-                  const std::string& by = "");
+                  const std::string& by = "", bool chunked = false);
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
@@ -74,8 +78,12 @@ class Checkpointer {
   /// The box is shutting down: a dump under way is abandoned and its tree continues at once.
   void on_shutdown();
   boost::json::object remove(const std::string& id);
-  /// The archive file of snapshot `id`, for snapshot.export, or why there is none.
-  base::Result<std::string> archive_path(const std::string& id) const;
+  /// The archive file of snapshot `id`, for snapshot.export, or why there is none: its own file,
+  /// or (`temporary` true: the caller removes it) one written from the chunk store.
+  using ArchiveReady = std::function<void(base::Result<std::string> path, bool temporary)>;
+  void export_archive(const std::string& id, ArchiveReady ready);
+  /// What the chunk store holds (chunks and their bytes).
+  archive::StoreUsage chunk_usage() const;
   /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
   std::string incoming_path() const;
   /// Takes an archive written to `tmp` (incoming_path()): checks it whole (content hash, its
@@ -102,6 +110,14 @@ class Checkpointer {
   size_t stored_snapshots() const;
   int64_t live_copies() const;
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
+  static boost::json::object sizes_of(const CheckpointOp& op);
+  std::string chunk_dir() const { return snap_dir_ + "/chunks"; }
+  /// The chunk list of a snapshot kept in the chunk store, nullopt for one that is not, or why it
+  /// cannot be read.
+  std::optional<base::Result<archive::ChunkList>> chunk_list(const std::string& id) const;
+  /// Deletes the chunks no snapshot's list names; deferred while a writer is adding chunks.
+  void collect_chunks();
+  void chunk_writer_done();
   void compress(std::shared_ptr<CheckpointOp> op);
   /// `fn`: the snapshot's manifest (with "verified"), else why not (code bad_snapshot, untrusted).
   using Extracted = std::function<void(base::Result<boost::json::object>)>;
@@ -138,6 +154,8 @@ class Checkpointer {
   int64_t copies_starting_ = 0;                         // copies being restored (counted against resources.copies)
   std::vector<std::shared_ptr<CheckpointOp>> dumping_;  // checkpoints under way
   std::vector<pid_t> lazy_daemons_;                     // lazy-pages daemons not yet reaped
+  int chunk_writers_ = 0;                               // checkpoints adding chunks to the store
+  bool gc_pending_ = false;                             // collect_chunks waits for them
 };
 
 }  // namespace sbx::checkpoint

@@ -81,15 +81,21 @@ std::optional<json::object> complete_manifest(const std::string& d) {
 // Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d unless
 // another extraction of the same archive got there first (then that one is the result): the
 // manifest, with "verified". Errors have the code bad_snapshot, or untrusted.
+// `chunks`: the snapshot is kept in the chunk store `store` (each chunk checked against its hash
+// as it is read, the whole stream against the list's, which names the id).
 base::Result<json::object> extract_snapshot(const std::string& base, const std::string& id,
-                                            const archive::ImportPolicy& policy) {
+                                            const archive::ImportPolicy& policy,
+                                            const std::optional<archive::ChunkList>& chunks, const std::string& store) {
   auto bad = [](std::string msg) { return base::fail(std::move(msg), "bad_snapshot"); };
-  // The id is the archive's content hash: check it before reading anything out of it.
-  auto sha = archive::sha256_file(base + ".tar.zst");
-  if (!sha) return bad(sha.error().message);
-  if (sha->substr(0, 16) != id.substr(2)) return bad("the archive of " + id + " is corrupted: its sha256 is " + *sha);
+  if (!chunks) {
+    // The id is the archive's content hash: check it before reading anything out of it.
+    auto sha = archive::sha256_file(base + ".tar.zst");
+    if (!sha) return bad(sha.error().message);
+    if (sha->substr(0, 16) != id.substr(2)) return bad("the archive of " + id + " is corrupted: its sha256 is " + *sha);
+  }
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
-  auto x = archive::extract_archive(base + ".tar.zst", tmp, policy);
+  auto x = chunks ? archive::extract_chunks(store, *chunks, tmp, policy)
+                  : archive::extract_archive(base + ".tar.zst", tmp, policy);
   if (!x) return x.error();
   json::object m = std::move(x->manifest);
   m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}
@@ -120,13 +126,19 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
 void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
   std::string base = snap_dir_ + "/" + id;
   if (auto m = complete_manifest(base + ".d")) return fn(std::move(*m));
+  std::optional<archive::ChunkList> chunks;
   struct stat st {};
-  if (::stat((base + ".tar.zst").c_str(), &st) != 0)
+  if (auto list = chunk_list(id)) {
+    if (!*list) return fn((*list).error());
+    chunks = std::move(**list);
+  } else if (::stat((base + ".tar.zst").c_str(), &st) != 0) {
     return fn(base::fail("no snapshot \"" + id + "\"", "bad_snapshot"));
+  }
   auto policy = import_policy();
   if (!policy) return fn(policy.error());
   auto result = std::make_shared<base::Result<json::object>>(base::fail("", "bad_snapshot"));
-  offload([base, id, result, policy = std::move(*policy)] { *result = extract_snapshot(base, id, policy); },
+  offload([base, id, result, policy = std::move(*policy), chunks = std::move(chunks),
+           store = chunk_dir()] { *result = extract_snapshot(base, id, policy, chunks, store); },
           [result, fn] { fn(std::move(*result)); });
 }
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <unordered_set>
 
 #include "archive/archive.hpp"
 #include "base/encoding.hpp"
@@ -138,20 +139,93 @@ json::object Checkpointer::remove(const std::string& id) {
   struct stat st {};
   if (::stat((base + ".json").c_str(), &st) != 0 && ::stat((base + ".tar.zst").c_str(), &st) != 0)
     return error_reply("not_found", "no snapshot \"" + id + "\"");
-  ::unlink((base + ".tar.zst").c_str());
   ::unlink((base + ".json").c_str());
+  ::unlink((base + ".tar.zst").c_str());
+  bool chunked = ::unlink((base + ".chunks").c_str()) == 0;
   os::remove_tree(base + ".d");
   host_.emit("main", {{"type", "snapshot.deleted"}, {"snapshot", id}});
+  // Its chunks that no other snapshot shares go with it.
+  if (chunked) collect_chunks();
   return {{"ok", true}};
 }
 
-base::Result<std::string> Checkpointer::archive_path(const std::string& id) const {
+// ---- the chunk store ----
+
+std::optional<base::Result<archive::ChunkList>> Checkpointer::chunk_list(const std::string& id) const {
+  auto text = os::read_file(snap_dir_ + "/" + id + ".chunks");
+  if (!text) return std::nullopt;
+  boost::system::error_code ec;
+  auto v = json::parse(*text, ec);
+  if (ec)
+    return base::Result<archive::ChunkList>(base::fail("the chunk list of " + id + " is not JSON", "bad_snapshot"));
+  auto l = archive::chunk_list_from_json(v);
+  if (l && l->archive_sha256.substr(0, 16) != id.substr(2))
+    return base::Result<archive::ChunkList>(
+        base::fail("the chunk list of " + id + " is of another snapshot (" + l->archive_sha256 + ")", "bad_snapshot"));
+  return l;
+}
+
+void Checkpointer::collect_chunks() {
+  if (chunk_writers_ > 0) {
+    gc_pending_ = true;
+    return;
+  }
+  gc_pending_ = false;
+  std::unordered_set<std::string> live;
+  DIR* d = ::opendir(snap_dir_.c_str());
+  if (!d) return;
+  std::vector<std::string> ids;
+  while (auto* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n.size() > 7 && n.ends_with(".chunks")) ids.emplace_back(n.substr(0, n.size() - 7));
+  }
+  ::closedir(d);
+  for (auto& id : ids) {
+    auto l = chunk_list(id);
+    // A list that cannot be read keeps the whole store: nothing is deleted on a guess.
+    if (!l || !*l) {
+      log()->warn("chunk store: not collected: {}", l ? (*l).error().message : id + ": unreadable");
+      return;
+    }
+    for (auto& c : (*l)->chunks) live.insert(c.sha256);
+  }
+  auto r = archive::collect_garbage(chunk_dir(), live);
+  if (!r) {
+    log()->warn("chunk store: {}", r.error().message);
+    return;
+  }
+  if (r->first.chunks > 0)
+    log()->info("chunk store: {} chunks ({} bytes) freed, {} chunks ({} bytes) kept", r->first.chunks, r->first.bytes,
+                r->second.chunks, r->second.bytes);
+}
+
+void Checkpointer::chunk_writer_done() {
+  if (--chunk_writers_ == 0 && gc_pending_) collect_chunks();
+}
+
+archive::StoreUsage Checkpointer::chunk_usage() const { return archive::store_usage(chunk_dir()); }
+
+void Checkpointer::export_archive(const std::string& id, ArchiveReady ready) {
   if (!archive::valid_snapshot_id(id))
-    return base::fail("\"" + id + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request");
+    return ready(base::fail("\"" + id + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request"), false);
   std::string path = snap_dir_ + "/" + id + ".tar.zst";
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return base::fail("no snapshot \"" + id + "\"", "not_found");
-  return path;
+  if (::stat(path.c_str(), &st) == 0) return ready(path, false);
+  auto list = chunk_list(id);
+  if (!list) return ready(base::fail("no snapshot \"" + id + "\"", "not_found"), false);
+  if (!*list) return ready((*list).error(), false);
+  // Kept as chunks: the archive is written anew from them (checked on the way), for this export.
+  ++ops_;
+  auto out = std::make_shared<base::Result<archive::ArchiveInfo>>(base::fail(""));
+  std::string tmp = snap_dir_ + "/.export-" + os::random_hex(6);
+  offload([out, tmp, store = chunk_dir(), l = std::move(**list)] { *out = archive::rebuild_archive(store, l, tmp, 3); },
+          [this, out, tmp, ready = std::move(ready)] {
+            if (*out)
+              ready(tmp, true);
+            else
+              ready(base::fail("export: " + out->error().message, out->error().code), false);
+            op_done();
+          });
 }
 
 std::string Checkpointer::incoming_path() const {

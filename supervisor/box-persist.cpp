@@ -92,34 +92,38 @@ void Box::note_agent_end() {
 }
 
 void Box::persist_checkpoint(const std::string& trigger, bool leave_running, std::function<void(bool)> done) {
-  checkpointer_->checkpoint("main", trigger, leave_running, [this, trigger, done](json::object r) {
-    bool ok = r.contains("ok") && r.at("ok").as_bool();
-    if (!ok) {
-      auto* e = r.if_contains("error");
-      json::object err =
-          e && e->is_object() ? e->as_object() : json::object{{"code", "internal"}, {"message", json::serialize(r)}};
-      std::string code = str_of(err, "code");
-      // A periodic tick that finds the agent ended or a checkpoint under way has nothing to do.
-      if (!(trigger == "periodic" && (code == "not_running" || code == "busy"))) {
-        log()->warn("{} checkpoint: {}", trigger, str_of(err, "message"));
-        emit("main", {{"type", "persist.failed"}, {"trigger", trigger}, {"error", err}});
-      }
-      return done(false);
-    }
-    json::array own = own_snapshots();
-    own.emplace_back(r.at("snapshot"));
-    // The oldest of the box's own go first; one the operator deleted meanwhile is simply dropped.
-    auto keep = static_cast<size_t>(opts_.profile.checkpoint.keep);
-    while (own.size() > keep) {
-      std::string id(own.front().is_string() ? own.front().as_string() : "");
-      own.erase(own.begin());
-      if (id.empty()) continue;
-      auto rm = checkpointer_->remove(id);
-      if (!rm.at("ok").as_bool()) log()->info("prune {}: {}", id, json::serialize(rm));
-    }
-    save_own_snapshots(own);
-    done(true);
-  });
+  // The box's own snapshots go to the chunk store: each adds what changed since the last one.
+  checkpointer_->checkpoint(
+      "main", trigger, leave_running,
+      [this, trigger, done](json::object r) {
+        bool ok = r.contains("ok") && r.at("ok").as_bool();
+        if (!ok) {
+          auto* e = r.if_contains("error");
+          json::object err = e && e->is_object() ? e->as_object()
+                                                 : json::object{{"code", "internal"}, {"message", json::serialize(r)}};
+          std::string code = str_of(err, "code");
+          // A periodic tick that finds the agent ended or a checkpoint under way has nothing to do.
+          if (!(trigger == "periodic" && (code == "not_running" || code == "busy"))) {
+            log()->warn("{} checkpoint: {}", trigger, str_of(err, "message"));
+            emit("main", {{"type", "persist.failed"}, {"trigger", trigger}, {"error", err}});
+          }
+          return done(false);
+        }
+        json::array own = own_snapshots();
+        own.emplace_back(r.at("snapshot"));
+        // The oldest of the box's own go first; one the operator deleted meanwhile is simply dropped.
+        auto keep = static_cast<size_t>(opts_.profile.checkpoint.keep);
+        while (own.size() > keep) {
+          std::string id(own.front().is_string() ? own.front().as_string() : "");
+          own.erase(own.begin());
+          if (id.empty()) continue;
+          auto rm = checkpointer_->remove(id);
+          if (!rm.at("ok").as_bool()) log()->info("prune {}: {}", id, json::serialize(rm));
+        }
+        save_own_snapshots(own);
+        done(true);
+      },
+      "", true);
 }
 
 void Box::start_persistence() {

@@ -187,7 +187,7 @@ class Box : public checkpoint::Host {
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
-  base::Result<std::string> snapshot_archive(const std::string& id) const;
+  void snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready);
   std::string snapshot_incoming_path() const;
   void snapshot_import(const std::string& tmp, Reply done);
 

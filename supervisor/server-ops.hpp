@@ -39,6 +39,9 @@ struct OpContext {
   void reply(const boost::json::object& frame);
   /// Answers later with the body the Box gives ({"ok": ..., ...}, "ok" true unless it says).
   Box::Reply later();
+  /// Starts a download later, if the client is still connected: the reply `ok` (a success
+  /// with the request's id), then `fd`'s `size` bytes in binary frames with id `bid`.
+  std::function<void(boost::json::object ok, os::UniqueFd fd, uint64_t size)> later_download(uint32_t bid);
   /// Sends a whole frame later, if the client is still connected.
   std::function<void(const boost::json::object&)> sender();
   /// Asks libwebsockets for a writable callback: queued downloads and replays go out from there.

@@ -550,6 +550,17 @@ Box::Reply OpContext::later() { return server.later_reply(client, req.id); }
 
 std::function<void(const json::object&)> OpContext::sender() { return server.later_sender(client); }
 
+std::function<void(json::object, os::UniqueFd, uint64_t)> OpContext::later_download(uint32_t bid) {
+  return [&server = server, cid = client.id, id = req.id, bid](json::object ok, os::UniqueFd fd, uint64_t size) {
+    auto it = server.clients.find(cid);
+    if (it == server.clients.end()) return;
+    Client& c = *it->second;
+    server.send(c, protocol::reply_with_id(id, ok));
+    c.downloads.push_back({id, bid, std::move(fd), 0, size});
+    lws_callback_on_writable(c.wsi);
+  };
+}
+
 void OpContext::wake() { lws_callback_on_writable(client.wsi); }
 
 bool OpContext::token_ok(std::string_view token) const { return server.token_ok(token); }

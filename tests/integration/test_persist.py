@@ -183,10 +183,16 @@ def test_a_corrupted_newest_snapshot_is_found_and_the_previous_one_resumes(state
     before = read_journal(state)
     created = [e["snapshot"] for e in of_type(before, "checkpoint.created")]
     newest, previous = created[-1], created[-2]
-    archive = state / "snapshots" / f"{newest}.tar.zst"
-    data = bytearray(archive.read_bytes())
+    # The box's own snapshots are kept in the chunk store: damage a chunk only the newest has.
+    snaps = state / "snapshots"
+    listed = {s: [c[0] for c in json.loads((snaps / f"{s}.chunks").read_text())["chunks"]] for s in (newest, previous)}
+    only_newest = [c for c in listed[newest] if c not in set(listed[previous])]
+    assert only_newest and not (snaps / f"{newest}.tar.zst").exists() and not (snaps / f"{newest}.d").exists()
+    damaged = only_newest[len(only_newest) // 2]
+    chunk = snaps / "chunks" / damaged[:2] / damaged
+    data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    archive.write_bytes(bytes(data))
+    chunk.write_bytes(bytes(data))
 
     again = Box(state, sets, [0.1], 2)
     try:
@@ -198,6 +204,7 @@ def test_a_corrupted_newest_snapshot_is_found_and_the_previous_one_resumes(state
     assert resumed["snapshot"] == previous
     assert [s["snapshot"] for s in resumed["skipped"]] == [newest]
     assert "corrupted" in json.dumps(resumed["skipped"][0]["error"])
+    assert damaged in json.dumps(resumed["skipped"][0]["error"])
     # Nothing of the corrupted one ran: one restore.done, of the previous snapshot, as main.
     assert [(e["snapshot"], e["branch"]) for e in of_type(after, "restore.done")] == [(previous, "main")]
     assert counters(after)[0]["nonce"] == counters(before)[0]["nonce"]

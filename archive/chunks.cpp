@@ -1,0 +1,337 @@
+#include "archive/chunks.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include "archive/hash.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::archive {
+
+namespace json = boost::json;
+
+namespace {
+
+// The gear table: 256 fixed pseudo-random words (splitmix64 from a fixed seed). Fixed forever:
+// another table would cut the same content elsewhere, and stores would stop sharing chunks.
+constexpr std::array<uint64_t, 256> make_gear() {
+  std::array<uint64_t, 256> g{};
+  uint64_t x = 0x5a4d6f6e6b657921ull;
+  for (auto& v : g) {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    v = z ^ (z >> 31);
+  }
+  return g;
+}
+constexpr auto kGear = make_gear();
+// The gear hash's high bits depend on the last 64 bytes: a boundary is where they are all zero,
+// harder to meet before the average size and easier after it (normalized chunking).
+constexpr uint64_t kMaskS = ~0ull << (64 - 18);
+constexpr uint64_t kMaskL = ~0ull << (64 - 14);
+
+Sha256* sha(void* p) { return static_cast<Sha256*>(p); }
+
+std::string chunk_path(const std::string& hex) { return hex.substr(0, 2) + "/" + hex; }
+
+bool hex64(std::string_view s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
+base::Result<os::UniqueFd> open_store(const std::string& dir, bool create) {
+  if (create)
+    if (auto r = os::make_dirs(dir, 0700); !r) return base::sys_fail("create the chunk store " + dir, r.error());
+  os::UniqueFd fd(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return base::sys_fail("open the chunk store " + dir, errno);
+  return fd;
+}
+
+}  // namespace
+
+size_t chunk_boundary(const unsigned char* data, size_t n, bool at_end) {
+  if (n <= kChunkMin) return at_end ? n : 0;
+  size_t normal = std::min(kChunkAvg, n), limit = std::min(kChunkMax, n);
+  uint64_t h = 0;
+  size_t i = kChunkMin;
+  for (; i < normal; ++i) {
+    h = (h << 1) + kGear[data[i]];
+    if (!(h & kMaskS)) return i + 1;
+  }
+  for (; i < limit; ++i) {
+    h = (h << 1) + kGear[data[i]];
+    if (!(h & kMaskL)) return i + 1;
+  }
+  if (limit == kChunkMax) return kChunkMax;
+  return at_end ? n : 0;
+}
+
+// ---- writing ----
+
+base::Result<std::unique_ptr<ChunkWriter>> ChunkWriter::open(const std::string& dir, int level) {
+  auto fd = open_store(dir, true);
+  if (!fd) return fd.error();
+  auto w = std::make_unique<ChunkWriter>();
+  w->dir_ = std::move(*fd);
+  w->level_ = level;
+  auto* c = ZSTD_createCCtx();
+  if (!c) return base::fail("start the chunk store: no memory for a zstd context");
+  ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
+  w->cctx_ = c;
+  w->sha_ = new Sha256();
+  w->zbuf_.resize(ZSTD_compressBound(kChunkMax));
+  w->cur_.reserve(2 * kChunkMax);
+  return w;
+}
+
+ChunkWriter::~ChunkWriter() {
+  ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
+  delete sha(sha_);
+}
+
+base::Result<void> ChunkWriter::write(const void* p, size_t n) {
+  auto* b = static_cast<const unsigned char*>(p);
+  sha(sha_)->update(b, n);
+  list_.bytes += n;
+  cur_.insert(cur_.end(), b, b + n);
+  size_t off = 0;
+  while (cur_.size() - off >= kChunkMax) {
+    size_t cut = chunk_boundary(cur_.data() + off, cur_.size() - off, false);
+    if (auto r = store(cur_.data() + off, cut); !r) return r;
+    off += cut;
+  }
+  cur_.erase(cur_.begin(), cur_.begin() + static_cast<ptrdiff_t>(off));
+  return {};
+}
+
+base::Result<void> ChunkWriter::store(const unsigned char* p, size_t n) {
+  Sha256 h;
+  h.update(p, n);
+  std::string hex = h.hex();
+  std::string rel = chunk_path(hex);
+  list_.chunks.push_back({hex, static_cast<uint32_t>(n)});
+  struct stat st {};
+  if (::fstatat(dir_.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+    list_.stored_bytes += static_cast<uint64_t>(st.st_size);  // stored once already
+    return {};
+  }
+  size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), zbuf_.data(), zbuf_.size(), p, n);
+  if (ZSTD_isError(z)) return base::fail(std::string("compress a chunk: zstd: ") + ZSTD_getErrorName(z));
+  std::string sub = hex.substr(0, 2);
+  if (::mkdirat(dir_.get(), sub.c_str(), 0700) != 0 && errno != EEXIST)
+    return base::sys_fail("create the chunk directory " + sub, errno);
+  std::string tmp = sub + "/.tmp-" + os::random_hex(6);
+  os::UniqueFd fd(::openat(dir_.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return base::sys_fail("store chunk " + hex, errno);
+  if (auto r = os::write_all(fd.get(), {zbuf_.data(), z}); !r) {
+    ::unlinkat(dir_.get(), tmp.c_str(), 0);
+    return base::sys_fail("store chunk " + hex, r.error());
+  }
+  fd.reset();
+  // Another writer may have stored the same chunk meanwhile: then its copy stays.
+  if (::renameat2(dir_.get(), tmp.c_str(), dir_.get(), rel.c_str(), RENAME_NOREPLACE) != 0) {
+    int err = errno;
+    ::unlinkat(dir_.get(), tmp.c_str(), 0);
+    if (err != EEXIST) return base::sys_fail("store chunk " + hex, err);
+  } else {
+    list_.added_bytes += z;
+    ++list_.new_chunks;
+  }
+  list_.stored_bytes += z;
+  return {};
+}
+
+base::Result<ChunkList> ChunkWriter::finish() {
+  size_t off = 0;
+  while (off < cur_.size()) {
+    size_t cut = chunk_boundary(cur_.data() + off, cur_.size() - off, true);
+    if (auto r = store(cur_.data() + off, cut); !r) return r.error();
+    off += cut;
+  }
+  cur_.clear();
+  list_.sha256 = sha(sha_)->hex();
+  // Durable before the list that names them is written.
+  os::UniqueFd any(::openat(dir_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!any || ::syncfs(any.get()) != 0) return base::sys_fail("sync the chunk store", errno);
+  return std::move(list_);
+}
+
+// ---- reading ----
+
+base::Result<std::unique_ptr<ChunkReader>> ChunkReader::open(const std::string& dir, ChunkList list) {
+  auto fd = open_store(dir, false);
+  if (!fd) return fd.error();
+  auto r = std::make_unique<ChunkReader>();
+  r->dir_ = std::move(*fd);
+  r->list_ = std::move(list);
+  r->dctx_ = ZSTD_createDCtx();
+  if (!r->dctx_) return base::fail("read the chunk store: no memory for a zstd context");
+  r->sha_ = new Sha256();
+  r->in_.resize(ZSTD_compressBound(kChunkMax));
+  r->out_.resize(kChunkMax);
+  return r;
+}
+
+ChunkReader::~ChunkReader() {
+  ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_));
+  delete sha(sha_);
+}
+
+base::Result<std::string_view> ChunkReader::next() {
+  auto bad = [](std::string m) { return base::fail(std::move(m), "bad_snapshot"); };
+  if (at_ == list_.chunks.size()) {
+    if (at_ == SIZE_MAX) return std::string_view();
+    at_ = SIZE_MAX;
+    std::string got = sha(sha_)->hex();
+    if (got != list_.sha256)
+      return bad("the stream read from the chunk store hashes to " + got + ", not " + list_.sha256);
+    return std::string_view();
+  }
+  if (at_ == SIZE_MAX) return std::string_view();
+  const ChunkRef& c = list_.chunks[at_++];
+  if (c.size == 0 || c.size > kChunkMax) return bad("chunk " + c.sha256 + " has an impossible size");
+  os::UniqueFd fd(::openat(dir_.get(), chunk_path(c.sha256).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return bad("chunk " + c.sha256 + " is missing from the store: " + std::strerror(errno));
+  size_t got = 0;
+  for (;;) {
+    if (got == in_.size()) return bad("chunk " + c.sha256 + " is corrupted: its file is too large");
+    ssize_t n = ::read(fd.get(), in_.data() + got, in_.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return bad("read chunk " + c.sha256 + ": " + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  size_t n = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), out_.data(), out_.size(), in_.data(), got);
+  if (ZSTD_isError(n)) return bad("chunk " + c.sha256 + " is corrupted: zstd: " + ZSTD_getErrorName(n));
+  if (n != c.size)
+    return bad("chunk " + c.sha256 + " is corrupted: " + std::to_string(n) + " bytes, not " + std::to_string(c.size));
+  Sha256 h;
+  h.update(out_.data(), n);
+  if (std::string hex = h.hex(); hex != c.sha256)
+    return bad("chunk " + c.sha256 + " is corrupted: it hashes to " + hex);
+  sha(sha_)->update(out_.data(), n);
+  return std::string_view(out_.data(), n);
+}
+
+// ---- the list ----
+
+json::object to_json(const ChunkList& l) {
+  json::array chunks;
+  chunks.reserve(l.chunks.size());
+  for (auto& c : l.chunks) chunks.push_back(json::array{json::string(c.sha256), c.size});
+  json::object o{{"format", "sandboxer.chunks"},
+                 {"version", 1},
+                 {"sha256", l.sha256},
+                 {"bytes", l.bytes},
+                 {"stored_bytes", l.stored_bytes}};
+  if (!l.archive_sha256.empty()) o["archive_sha256"] = l.archive_sha256;
+  o["chunks"] = std::move(chunks);
+  return o;
+}
+
+base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
+  auto bad = [](std::string m) { return base::fail("the chunk list is damaged: " + std::move(m), "bad_snapshot"); };
+  const auto* o = v.if_object();
+  if (!o) return bad("not an object");
+  auto* f = o->if_contains("format");
+  if (!f || !f->is_string() || f->as_string() != "sandboxer.chunks") return bad("no format sandboxer.chunks");
+  ChunkList l;
+  auto* sha = o->if_contains("sha256");
+  auto* bytes = o->if_contains("bytes");
+  auto* chunks = o->if_contains("chunks");
+  if (!sha || !sha->is_string() || !hex64(sha->as_string())) return bad("sha256");
+  boost::system::error_code ec;
+  if (!bytes || !chunks || !chunks->is_array()) return bad("bytes or chunks");
+  l.bytes = bytes->to_number<uint64_t>(ec);
+  if (ec) return bad("bytes");
+  l.sha256 = std::string(sha->as_string());
+  if (auto* a = o->if_contains("archive_sha256")) {
+    if (!a->is_string() || !hex64(a->as_string())) return bad("archive_sha256");
+    l.archive_sha256 = std::string(a->as_string());
+  }
+  if (auto* s = o->if_contains("stored_bytes"); s && s->is_number()) l.stored_bytes = s->to_number<uint64_t>(ec);
+  uint64_t total = 0;
+  for (auto& c : chunks->as_array()) {
+    auto* a = c.if_array();
+    boost::system::error_code ec;
+    int64_t size = a && a->size() == 2 ? (*a)[1].to_number<int64_t>(ec) : 0;
+    if (!a || a->size() != 2 || !(*a)[0].is_string() || !hex64((*a)[0].as_string()) || ec)
+      return bad("a chunk entry is not [sha256, size]");
+    if (size <= 0 || size > static_cast<int64_t>(kChunkMax)) return bad("a chunk's size is out of range");
+    l.chunks.push_back({std::string((*a)[0].as_string()), static_cast<uint32_t>(size)});
+    total += static_cast<uint64_t>(size);
+  }
+  if (total != l.bytes)
+    return bad("its chunks add up to " + std::to_string(total) + " bytes, not " + std::to_string(l.bytes));
+  return l;
+}
+
+// ---- the store ----
+
+namespace {
+// Calls fn(subdir fd, name, stat) for every file of the store's 256 subdirectories.
+template <class Fn>
+void each_file(int dir, Fn fn) {
+  for (int i = 0; i < 256; ++i) {
+    char sub[3];
+    std::snprintf(sub, sizeof sub, "%02x", i);
+    int fd = ::openat(dir, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    DIR* d = ::fdopendir(fd);
+    if (!d) {
+      ::close(fd);
+      continue;
+    }
+    while (auto* e = ::readdir(d)) {
+      std::string_view name = e->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat st {};
+      if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      fn(fd, name, st);
+    }
+    ::closedir(d);
+  }
+}
+}  // namespace
+
+base::Result<std::pair<StoreUsage, StoreUsage>> collect_garbage(const std::string& dir,
+                                                                const std::unordered_set<std::string>& live) {
+  auto fd = open_store(dir, false);
+  if (!fd) return fd.error();
+  StoreUsage removed, kept;
+  each_file(fd->get(), [&](int sub, std::string_view name, const struct stat& st) {
+    if (hex64(name) && S_ISREG(st.st_mode) && live.contains(std::string(name))) {
+      ++kept.chunks;
+      kept.bytes += static_cast<uint64_t>(st.st_size);
+      return;
+    }
+    if (::unlinkat(sub, std::string(name).c_str(), 0) == 0 && hex64(name)) {
+      ++removed.chunks;
+      removed.bytes += static_cast<uint64_t>(st.st_size);
+    }
+  });
+  return std::pair{removed, kept};
+}
+
+StoreUsage store_usage(const std::string& dir) {
+  StoreUsage u;
+  auto fd = open_store(dir, false);
+  if (!fd) return u;
+  each_file(fd->get(), [&](int, std::string_view name, const struct stat& st) {
+    if (!hex64(name) || !S_ISREG(st.st_mode)) return;
+    ++u.chunks;
+    u.bytes += static_cast<uint64_t>(st.st_size);
+  });
+  return u;
+}
+
+}  // namespace sbx::archive

@@ -1,0 +1,111 @@
+#pragma once
+// The chunk store: a byte stream (a snapshot's tar stream) cut into content-defined chunks, each
+// stored once by its sha256 and zstd-compressed, so snapshots of one agent share what did not
+// change between them (checkpoint/README.md, "The chunk store").
+//
+// Layout: DIR/<first 2 hex>/<64 hex>, each file one zstd frame (with its content checksum) of
+// the chunk whose sha256 is its name. A stream is a ChunkList: the chunks in order, with the
+// stream's own sha256 and size. Chunk boundaries come from a gear hash over the content
+// (FastCDC's normalized chunking: 16 KiB minimum, about 64 KiB on average, 256 KiB maximum), so
+// an insertion or a change moves the boundaries only around it and the rest of the stream cuts
+// into the same chunks as before.
+#include <boost/json.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "base/result.hpp"
+#include "os/unique-fd.hpp"
+
+namespace sbx::archive {
+
+inline constexpr size_t kChunkMin = 16u << 10;
+inline constexpr size_t kChunkAvg = 64u << 10;
+inline constexpr size_t kChunkMax = 256u << 10;
+
+struct ChunkRef {
+  std::string sha256;  // of the chunk's bytes (not of the compressed file)
+  uint32_t size = 0;
+};
+
+struct ChunkList {
+  std::vector<ChunkRef> chunks;
+  std::string sha256;          // of the whole stream
+  uint64_t bytes = 0;          // the stream's size
+  std::string archive_sha256;  // of the stream as an archive (compressed), when it is a snapshot's
+  // What storing it did: the compressed bytes of every chunk it references (its size alone, were
+  // it the only stream), of the chunks it added to the store, and how many it added.
+  uint64_t stored_bytes = 0;
+  uint64_t added_bytes = 0;
+  uint64_t new_chunks = 0;
+};
+
+/// The length of the first chunk of `data` (the whole of it when no boundary is found before its
+/// end and `at_end`; 0 when more bytes are needed to decide). Exposed for tests.
+size_t chunk_boundary(const unsigned char* data, size_t n, bool at_end);
+
+/// Cuts a stream into chunks and stores the ones the store lacks. Not thread-safe; one per stream.
+class ChunkWriter {
+ public:
+  ChunkWriter() = default;
+  /// Opens (creating it 0700 if needed) the store at `dir`; `level` is zstd's.
+  static base::Result<std::unique_ptr<ChunkWriter>> open(const std::string& dir, int level);
+  base::Result<void> write(const void* p, size_t n);
+  /// Stores the last chunk and syncs the store's filesystem: the list is durable once returned.
+  base::Result<ChunkList> finish();
+  ~ChunkWriter();
+  ChunkWriter(const ChunkWriter&) = delete;
+  ChunkWriter& operator=(const ChunkWriter&) = delete;
+
+ private:
+  base::Result<void> store(const unsigned char* p, size_t n);
+  os::UniqueFd dir_;
+  int level_ = 3;
+  void* cctx_ = nullptr;  // ZSTD_CCtx
+  void* sha_ = nullptr;   // the stream's Sha256
+  std::vector<unsigned char> cur_;
+  std::vector<char> zbuf_;
+  ChunkList list_;
+};
+
+/// Reads a stream back from the store, checking every chunk against its hash and the whole
+/// against the list's: a missing or corrupted chunk is an error naming it.
+class ChunkReader {
+ public:
+  static base::Result<std::unique_ptr<ChunkReader>> open(const std::string& dir, ChunkList list);
+  /// The next bytes of the stream: a view valid until the next call, empty at the end.
+  base::Result<std::string_view> next();
+  ~ChunkReader();
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
+  ChunkReader() = default;
+
+ private:
+  os::UniqueFd dir_;
+  ChunkList list_;
+  size_t at_ = 0;
+  void* dctx_ = nullptr;  // ZSTD_DCtx
+  void* sha_ = nullptr;
+  std::vector<char> in_, out_;
+};
+
+boost::json::object to_json(const ChunkList& l);
+/// A list as to_json wrote it, or what is wrong with it (code bad_snapshot).
+base::Result<ChunkList> chunk_list_from_json(const boost::json::value& v);
+
+struct StoreUsage {
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;  // the chunk files' sizes
+};
+
+/// Deletes every chunk of the store at `dir` not named in `live`, and any temporary a writer left
+/// (call it only when no ChunkWriter is open on the store); what was removed and what remains.
+base::Result<std::pair<StoreUsage, StoreUsage>> collect_garbage(const std::string& dir,
+                                                                const std::unordered_set<std::string>& live);
+
+/// What the store at `dir` holds.
+StoreUsage store_usage(const std::string& dir);
+
+}  // namespace sbx::archive

@@ -1,0 +1,201 @@
+// The chunk store: content-defined boundaries, storage that grows with what changed, the archive
+// written from chunks, garbage collection, and a damaged chunk found by its hash.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include "archive/archive.hpp"
+#include "archive/chunks.hpp"
+
+namespace fs = std::filesystem;
+using namespace sbx::archive;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/sbx-chunks-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(g());
+  return s;
+}
+
+ChunkList store(const fs::path& dir, const std::string& data, size_t piece = 1 << 20) {
+  auto w = ChunkWriter::open(dir.string(), 3);
+  REQUIRE_MESSAGE(w.has_value(), w.error().message);
+  for (size_t at = 0; at < data.size(); at += piece) {
+    auto r = (*w)->write(data.data() + at, std::min(piece, data.size() - at));
+    REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  }
+  auto l = (*w)->finish();
+  REQUIRE_MESSAGE(l.has_value(), l.error().message);
+  return std::move(*l);
+}
+
+sbx::base::Result<std::string> read_back(const fs::path& dir, ChunkList l) {
+  auto r = ChunkReader::open(dir.string(), std::move(l));
+  if (!r) return r.error();
+  std::string out;
+  for (;;) {
+    auto v = (*r)->next();
+    if (!v) return v.error();
+    if (v->empty()) return out;
+    out.append(*v);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("chunks: boundaries depend on content, so an insertion moves only the chunks around it") {
+  std::string a = random_bytes(8 << 20, 1);
+  std::string b = a;
+  b.insert(3 << 20, "inserted bytes");
+  auto cuts = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at < s.size()) {
+      size_t n = chunk_boundary(reinterpret_cast<const unsigned char*>(s.data()) + at, s.size() - at, true);
+      REQUIRE(n >= std::min(kChunkMin, s.size() - at));
+      REQUIRE(n <= kChunkMax);
+      out.push_back(s.substr(at, n));
+      at += n;
+    }
+    return out;
+  };
+  auto ca = cuts(a), cb = cuts(b);
+  CHECK(ca.size() > (8u << 20) / kChunkMax);  // cut well below the maximum on random data
+  std::set<std::string> in_a(ca.begin(), ca.end());
+  size_t shared = 0;
+  for (auto& c : cb) shared += in_a.contains(c);
+  CHECK(shared >= cb.size() - 3);  // the chunk with the insertion and at most its neighbours differ
+}
+
+TEST_CASE("chunks: a second stream that changed 1 MiB of 16 adds about 1 MiB, and reads back whole") {
+  TempDir t;
+  std::string a = random_bytes(16 << 20, 2);
+  auto la = store(t.path, a);
+  CHECK(la.bytes == a.size());
+  CHECK(la.new_chunks == la.chunks.size());
+  CHECK(la.added_bytes >= a.size());  // random bytes do not compress
+  std::string b = a;
+  std::string changed = random_bytes(1 << 20, 3);
+  b.replace(5 << 20, changed.size(), changed);
+  // Written in other pieces than the first: boundaries do not depend on how the bytes arrive.
+  auto lb = store(t.path, b, 4096 * 3 + 17);
+  CHECK(lb.added_bytes < (1u << 20) + 2 * kChunkMax + 4096);
+  CHECK(lb.added_bytes >= (1u << 20));
+  auto back = read_back(t.path, lb);
+  REQUIRE_MESSAGE(back.has_value(), back.error().message);
+  CHECK(*back == b);
+  CHECK(store_usage(t.path).bytes == la.added_bytes + lb.added_bytes);
+
+  SUBCASE("collecting with only the second list live frees exactly the first's own chunks") {
+    std::unordered_set<std::string> live;
+    for (auto& c : lb.chunks) live.insert(c.sha256);
+    auto r = collect_garbage(t.path.string(), live);
+    REQUIRE(r.has_value());
+    CHECK(r->second.bytes == lb.stored_bytes);
+    CHECK(r->first.bytes == la.added_bytes + lb.added_bytes - lb.stored_bytes);
+    CHECK(read_back(t.path, lb).value() == b);
+    auto gone = read_back(t.path, la);
+    REQUIRE_FALSE(gone.has_value());
+    CHECK(gone.error().message.find("is missing from the store") != std::string::npos);
+  }
+  SUBCASE("a damaged chunk is named by its hash; the list round-trips through JSON") {
+    auto l = chunk_list_from_json(to_json(lb));
+    REQUIRE(l.has_value());
+    CHECK(l->chunks.size() == lb.chunks.size());
+    const std::string& victim = lb.chunks[lb.chunks.size() / 2].sha256;
+    fs::path f = t.path / victim.substr(0, 2) / victim;
+    std::string z;
+    {
+      std::ifstream in(f, std::ios::binary);
+      z.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    z[z.size() / 2] ^= 0x01;
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << z;
+    auto bad = read_back(t.path, *l);
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().code == "bad_snapshot");
+    CHECK(bad.error().message.find("chunk " + victim + " is corrupted") != std::string::npos);
+  }
+}
+
+TEST_CASE("chunks: a damaged list is refused with what is wrong") {
+  auto bad = [](const char* text) {
+    auto r = chunk_list_from_json(boost::json::parse(text));
+    REQUIRE_FALSE(r.has_value());
+    return r.error().message;
+  };
+  CHECK(bad(R"({"format": "other"})").find("no format") != std::string::npos);
+  std::string h(64, 'a');
+  CHECK(bad((R"({"format": "sandboxer.chunks", "sha256": ")" + h + R"(", "bytes": 5, "chunks": [[")" + h + R"(", 4]]})")
+                .c_str())
+            .find("add up to 4 bytes, not 5") != std::string::npos);
+  CHECK(
+      bad((R"({"format": "sandboxer.chunks", "sha256": ")" + h + R"(", "bytes": 1, "chunks": [["../x", 1]]})").c_str())
+          .find("not [sha256, size]") != std::string::npos);
+}
+
+TEST_CASE("chunks: a snapshot written to the store extracts, and its archive rebuilt from chunks is the same stream") {
+  TempDir t;
+  fs::create_directories(t.path / "src/criu");
+  fs::create_directories(t.path / "src/fs/workspace");
+  std::ofstream(t.path / "src/criu/pages-1.img", std::ios::binary) << random_bytes(3 << 20, 4);
+  std::ofstream(t.path / "src/fs/workspace/a.txt") << "hello";
+  auto key = SigningKey::generate();
+  REQUIRE(key.has_value());
+  ImportPolicy trust;
+  trust.trusted.push_back(key->public_key());
+  auto w = ChunkWriter::open((t.path / "store").string(), 3);
+  REQUIRE(w.has_value());
+  boost::json::object m{{"format", kFormatName}, {"format_version", kFormatVersion}};
+  auto info = write_snapshot((t.path / "src").string(), m, {"", w->get()}, 3, &*key);
+  REQUIRE_MESSAGE(info.has_value(), info.error().message);
+  REQUIRE(info->chunks.has_value());
+  CHECK_FALSE(fs::exists(t.path / "a.tar.zst"));  // no archive file, but its hash (the id)
+  CHECK(info->sha256.size() == 64);
+  CHECK(info->chunks->sha256 == info->tar_sha256);
+  CHECK(info->chunks->archive_sha256 == info->sha256);
+
+  auto x = extract_chunks((t.path / "store").string(), *info->chunks, (t.path / "out").string(), trust);
+  REQUIRE_MESSAGE(x.has_value(), x.error().message);
+  CHECK(x->trusted);
+  CHECK(x->tar_sha256 == info->tar_sha256);
+  std::ifstream in(t.path / "out/fs/workspace/a.txt");
+  CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == "hello");
+
+  auto rebuilt = rebuild_archive((t.path / "store").string(), *info->chunks, (t.path / "a.tar.zst").string(), 3);
+  REQUIRE_MESSAGE(rebuilt.has_value(), rebuilt.error().message);
+  CHECK(rebuilt->tar_sha256 == info->tar_sha256);
+  // The same bytes as the archive that was never written: the id names the export.
+  CHECK(rebuilt->sha256 == info->sha256);
+  CHECK(sha256_file((t.path / "a.tar.zst").string()).value() == info->sha256);
+  auto y = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out2").string(), trust);
+  REQUIRE_MESSAGE(y.has_value(), y.error().message);
+  CHECK(y->tar_sha256 == info->tar_sha256);
+  SUBCASE("an archive that does not come out as the snapshot's is refused, and removed") {
+    auto l = *info->chunks;
+    l.archive_sha256 = std::string(64, '0');
+    auto wrong = rebuild_archive((t.path / "store").string(), l, (t.path / "b.tar.zst").string(), 3);
+    REQUIRE_FALSE(wrong.has_value());
+    CHECK(wrong.error().message.find("hashes to " + info->sha256 + ", not 000") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path / "b.tar.zst"));
+  }
+  // The file exists already: refused, not overwritten.
+  CHECK_FALSE(
+      rebuild_archive((t.path / "store").string(), *info->chunks, (t.path / "a.tar.zst").string(), 3).has_value());
+}
