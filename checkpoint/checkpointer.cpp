@@ -423,12 +423,12 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         auto b = host_.find_branch(op->branch);
         if (b && !op->leave_running && op->error.empty()) {
           host_.ended_by_checkpoint(op->branch);
-          // A namespaced ns-init is PID 1 of the branch's pid namespace: killing it ends the
-          // whole tree. A flat one is not: every process of the tree goes.
-          if (b->namespaced)
-            (void)os::pidfd_signal(op->tree_fd.get(), SIGKILL);
-          else
-            kill_tree(op->ns_init_pid, op->tree_fd.get());
+          // Every process of the tree is killed while it is still stopped, and none is continued
+          // (SIGKILL ends a stopped process). Killing only a namespaced ns-init ends the others as
+          // it exits, a moment later: continued meanwhile, the agent ran on past its snapshot, and
+          // a line it wrote then came again from the resumed agent.
+          kill_tree(op->ns_init_pid, op->tree_fd.get());
+          op->stopped = false;
         }
         continue_op(*op);
         op->t_resumed = now_ms();
