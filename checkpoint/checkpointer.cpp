@@ -258,6 +258,11 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   if (!b.running) return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
   if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
   if (auto refusal = snapshots_refusal(branch)) return done(std::move(*refusal));
+  // The journal's room comes first: no agent is stopped for a snapshot that could not be kept.
+  if (auto why = room_refusal()) {
+    log()->warn("checkpoint branch {}: {}", branch, *why);
+    return done(error_reply("no_space", "checkpoint refused: " + *why));
+  }
   // The signing key is read at the first checkpoint, not at start (archive::ArchiveKeys): a key
   // that does not parse is refused here, before the agent is stopped, naming its file.
   std::shared_ptr<const archive::SigningKey> key;
@@ -515,6 +520,13 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         // Who asked: the agent channel of a branch reaches only its own snapshots (channel_refusal).
         index["origin"] =
             op->by.empty() ? json::object{{"by", "operator"}} : json::object{{"by", "channel"}, {"branch", op->by}};
+        // Stored, it must still leave the journal its room; a tree the checkpoint ended keeps its
+        // snapshot whatever it takes (it is the agent's only state now).
+        if (auto why = op->leave_running ? room_refusal() : std::nullopt) {
+          ::unlink(tmp.c_str());
+          writer_done();
+          return checkpoint_failed(op, "no_space", "checkpoint not kept: " + *why);
+        }
         if (op->chunked) {
           // The chunk list before the index that makes the snapshot visible.
           auto w = os::write_file_atomic(base + ".chunks", json::serialize(archive::to_json(*op->info->chunks)));

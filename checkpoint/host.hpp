@@ -104,6 +104,9 @@ class Host {
   /// Appends an event of `branch` to the journal; returns its seq.
   virtual uint64_t emit(const std::string& branch, boost::json::object ev) = 0;
   virtual uint64_t last_seq() const = 0;
+  /// The room (bytes) the state dir's filesystem keeps free for the journal: what
+  /// journal.disk_cap still allows it, or a floor where it has no cap. Snapshots come after it.
+  virtual uint64_t journal_room() const = 0;
   /// A box started from an archive continues its parent's numbering after `seq`.
   virtual void continue_journal_after(uint64_t seq) = 0;
   /// A box started from an archive: its box.started goes out (held until the restore is done or

@@ -318,6 +318,16 @@ void Journal::seal_active() {
       });
 }
 
+uint64_t Journal::disk_bytes() const {
+  uint64_t total = 0;
+  for (auto& s : list_segments(opts_.dir)) {
+    struct stat st {};
+    std::string p = opts_.dir + "/" + seg_name(s.first) + (s.zst ? ".jsonl.zst" : ".jsonl");
+    if (::stat(p.c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_size);
+  }
+  return total;
+}
+
 void Journal::enforce_cap() {
   if (!opts_.disk_cap || in_append_) return;
   auto segs = list_segments(opts_.dir);

@@ -67,6 +67,9 @@ class Journal {
   bool degraded() const noexcept { return degraded_; }
 
   uint64_t last_seq() const noexcept { return last_seq_; }
+  /// The bytes its segments take on disk now.
+  uint64_t disk_bytes() const;
+  const JournalOptions& options() const noexcept { return opts_; }
   /// Continues numbering after `seq` (a box restored from an archive continues its parent's).
   void skip_to(uint64_t seq) noexcept {
     if (seq > last_seq_) last_seq_ = seq;

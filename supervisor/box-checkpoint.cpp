@@ -61,6 +61,16 @@ checkpoint::Settings Box::checkpoint_settings() const {
 
 uint64_t Box::last_seq() const { return journal_->last_seq(); }
 
+uint64_t Box::journal_room() const {
+  // Without a cap the journal grows as the agent writes: a floor of 16 MiB is kept for it (and a
+  // full disk after that is journal.degraded's, not lost events).
+  constexpr uint64_t kUncappedRoom = 16u << 20;
+  uint64_t cap = journal_->options().disk_cap;
+  if (!cap) return kUncappedRoom;
+  uint64_t used = journal_->disk_bytes();
+  return used < cap ? cap - used : 0;
+}
+
 void Box::continue_journal_after(uint64_t seq) { journal_->skip_to(seq); }
 
 void Box::end_box(int status) {

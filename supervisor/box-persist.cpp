@@ -109,21 +109,30 @@ void Box::persist_checkpoint(const std::string& trigger, bool leave_running, std
           }
           return done(false);
         }
-        json::array own = own_snapshots();
-        own.emplace_back(r.at("snapshot"));
-        // The oldest of the box's own go first; one the operator deleted meanwhile is simply dropped.
-        auto keep = static_cast<size_t>(opts_.profile.checkpoint.keep);
-        while (own.size() > keep) {
-          std::string id(own.front().is_string() ? own.front().as_string() : "");
-          own.erase(own.begin());
-          if (id.empty()) continue;
-          auto rm = checkpointer_->remove(id);
-          if (!rm.at("ok").as_bool()) log()->info("prune {}: {}", id, json::serialize(rm));
-        }
-        save_own_snapshots(own);
+        keep_own_snapshot(r.at("snapshot"));
         done(true);
       },
       "", true);
+}
+
+void Box::keep_own_snapshot(const json::value& id) {
+  json::array own = own_snapshots();
+  own.emplace_back(id);
+  // Recorded before anything is pruned, and each pruned one deleted before it leaves the record:
+  // a supervisor killed in between leaves at worst a deleted snapshot listed (dropped at the next
+  // prune), never a kept one unlisted (which no prune would ever delete).
+  save_own_snapshots(own);
+  // The oldest of the box's own go first; one the operator deleted meanwhile is simply dropped.
+  auto keep = static_cast<size_t>(opts_.profile.checkpoint.keep);
+  while (own.size() > keep) {
+    std::string old(own.front().is_string() ? own.front().as_string() : "");
+    if (!old.empty()) {
+      auto rm = checkpointer_->remove(old);
+      if (!rm.at("ok").as_bool()) log()->info("prune {}: {}", old, json::serialize(rm));
+    }
+    own.erase(own.begin());
+    save_own_snapshots(own);
+  }
 }
 
 void Box::start_persistence() {

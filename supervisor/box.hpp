@@ -305,6 +305,8 @@ class Box : public checkpoint::Host {
   boost::json::object persist_state() const;
   boost::json::array own_snapshots() const;
   void save_own_snapshots(const boost::json::array& own);
+  /// A snapshot of the box's own was taken: recorded, then the oldest pruned to checkpoint.keep.
+  void keep_own_snapshot(const boost::json::value& id);
   /// The main agent ended by itself (not by a stop, a checkpoint or a crash): no later start
   /// resumes a snapshot taken before now.
   void note_agent_end();
@@ -317,6 +319,7 @@ class Box : public checkpoint::Host {
   std::optional<std::string> criu_version() const override { return caps_.criu; }
   bool shutting_down() const override { return shutting_down_; }
   uint64_t last_seq() const override;
+  uint64_t journal_room() const override;
   void continue_journal_after(uint64_t seq) override;
   void box_started() override { emit_started(); }
   void end_box(int status) override;

@@ -123,3 +123,46 @@ def test_periodic_snapshots_grow_the_store_by_what_changed(tmp_path):
     finally:
         other.terminate()
         other.wait(30)
+
+
+# 24 MiB of random bytes, then a line a second: a snapshot of it takes about 25 MiB.
+SMALL_AGENT = ("import json, os, time\n"
+               "heap = bytearray(os.urandom(24 << 20))\n"
+               "i = 0\n"
+               "while True:\n"
+               "    i += 1\n"
+               "    print(json.dumps({'tick': i}), flush=True)\n"
+               "    time.sleep(0.2)\n")
+
+
+@pytest.mark.parametrize("cap, kept", [("8M", True), ("48M", False), ("96M", False)])
+def test_snapshots_leave_the_journal_its_room(tmp_path, cap, kept):
+    """The state dir is a 64 MiB tmpfs. With journal.disk_cap 8M a periodic snapshot (~25 MiB) is
+    kept (the control); with 48M it would leave less than the journal's room and is not kept; with
+    96M there is not that much free to begin with and the agent is not even stopped. Either way
+    the agent and the journal go on."""
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(state)], check=True)
+    try:
+        sets = ["checkpoint.every=1s", "checkpoint.keep=1", f"journal.disk_cap={cap}"]
+        with WsBox(tmp_path, ["python3", "-c", SMALL_AGENT], extra=[a for s in sets for a in ("--set", s)]) as box:
+            first = box.wait_event(lambda e: e["type"] in ("checkpoint.created", "persist.failed"), timeout=60)
+            if kept:
+                assert first["type"] == "checkpoint.created", first
+                assert (state / "snapshots" / f"{first['snapshot']}.chunks").exists()
+            else:
+                assert first["type"] == "persist.failed" and first["error"]["code"] == "no_space", first
+                msg = first["error"]["message"]
+                assert "kept for the journal first" in msg, msg
+                assert msg.startswith("checkpoint refused" if cap == "96M" else "checkpoint not kept"), msg
+                assert not list((state / "snapshots").glob("s-*"))
+                # Its chunks went with it.
+                assert not [p for p in (state / "snapshots" / "chunks").glob("??/*") if len(p.name) == 64]
+                stopped = [e for e in box.read_events() if e["type"] == "checkpoint.failed"]
+                assert bool(stopped) == (cap == "48M")  # refused up front: the agent was never stopped
+            ticks = [e for e in box.read_events() if e["type"] == "proc.message"]
+            box.wait_event(lambda e: e["type"] == "proc.message" and e["message"]["tick"] > ticks[-1]["message"]["tick"] + 3)
+            assert box.alive()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
