@@ -118,7 +118,7 @@ std::unique_ptr<checkpoint::Copy> Box::new_copy(const checkpoint::CopySpec& spec
 }
 
 base::Result<void> Box::mount_copy_workspace(checkpoint::Copy& copy, const std::string& dir) {
-  if (auto ws = mount_workspace(branch_of(copy), dir); ws.starts_with("not enforced")) return base::fail(ws);
+  if (auto ws = mount_workspace(branch_of(copy), dir); !ws) return base::fail("not enforced: " + ws.error().message);
   return {};
 }
 

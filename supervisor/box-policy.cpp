@@ -26,43 +26,43 @@ auto log() {
 }
 // A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
 // and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
-std::string mount_ext4_image(const std::string& image, int64_t size, const std::string& target,
-                             const profile::Profile& prof) {
+base::Result<void> mount_ext4_image(const std::string& image, int64_t size, const std::string& target,
+                                    const profile::Profile& prof) {
   struct stat st {};
   if (::stat(image.c_str(), &st) != 0) {
     os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!f) return std::string("create ") + image + ": " + std::strerror(errno);
-    if (::ftruncate(f.get(), size) != 0) return std::string("size ") + image + ": " + std::strerror(errno);
+    if (!f) return base::sys_fail("create " + image, errno);
+    if (::ftruncate(f.get(), size) != 0) return base::sys_fail("size " + image, errno);
     f.reset();
     std::string owner =
         std::to_string(prof.isolation.uid.value_or(0)) + ":" + std::to_string(prof.isolation.gid.value_or(0));
     if (!sandbox::run_and_capture({"mkfs.ext4", "-q", "-F", "-E", "root_owner=" + owner, "-m", "0", image}, 30000)) {
       ::unlink(image.c_str());
-      return "mkfs.ext4 " + image + " failed (is e2fsprogs installed?)";
+      return base::fail("mkfs.ext4 " + image + " failed (is e2fsprogs installed?)");
     }
   }
   os::UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
-  if (!ctl) return std::string("open /dev/loop-control: ") + std::strerror(errno);
+  if (!ctl) return base::sys_fail("open /dev/loop-control", errno);
   os::UniqueFd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
-  if (!backing) return std::string("open ") + image + ": " + std::strerror(errno);
+  if (!backing) return base::sys_fail("open " + image, errno);
   for (int attempt = 0; attempt < 5; ++attempt) {
     int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
-    if (n < 0) return std::string("LOOP_CTL_GET_FREE: ") + std::strerror(errno);
+    if (n < 0) return base::sys_fail("LOOP_CTL_GET_FREE", errno);
     std::string dev = "/dev/loop" + std::to_string(n);
     os::UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
-    if (!loop) return "open " + dev + ": " + std::strerror(errno);
+    if (!loop) return base::sys_fail("open " + dev, errno);
     struct loop_config cfg {};
     cfg.fd = static_cast<uint32_t>(backing.get());
     cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;  // the device frees itself at the last unmount
     if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) != 0) {
       if (errno == EBUSY) continue;  // another process took it first
-      return "LOOP_CONFIGURE " + dev + ": " + std::strerror(errno);
+      return base::sys_fail("LOOP_CONFIGURE " + dev, errno);
     }
     if (::mount(dev.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) != 0)
-      return "mount " + dev + " on " + target + ": " + std::strerror(errno);
-    return "";
+      return base::sys_fail("mount " + dev + " on " + target, errno);
+    return {};
   }
-  return "no free loop device";
+  return base::fail("no free loop device");
 }
 
 }  // namespace
@@ -192,27 +192,28 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
 
   std::string ws = spec.dir + "/workspace";
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
-  if (auto how = mount_workspace(b, spec.dir); !how.empty()) cg_state["disk"] = how;
+  if (auto how = mount_workspace(b, spec.dir); !how)
+    cg_state["disk"] = "not enforced: " + how.error().message;
+  else if (!how->empty())
+    cg_state["disk"] = *how;
   spec.new_net = prof.network.mode != profile::NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
 }
 
-std::string Box::mount_workspace(Branch& b, const std::string& dir) {
+base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir) {
   // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
   // the group that writes it), owned by the agent's user. Every branch gets it, copies included.
   const profile::Profile& prof = opts_.profile;
   std::string ws = dir + "/workspace";
-  std::string how;
+  base::Result<std::string> how = std::string();
   if (prof.resources.disk > 0 && prof.persistence == "persistent") {
     // Files that must outlive the box cannot sit on a tmpfs.
     std::string image = dir + "/workspace.ext4";
-    std::string err = mount_ext4_image(image, prof.resources.disk, ws, prof);
-    if (err.empty()) {
+    if (auto m = mount_ext4_image(image, prof.resources.disk, ws, prof); m) {
       b.workspace_mount = ws;
       how = "loop-mounted ext4 image " + image;
     } else {
-      how = "not enforced: " + err;
-      log()->warn("branch {}: disk: {}", b.name, err);
+      how = m.error();
     }
   } else if (prof.resources.disk > 0) {
     std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
@@ -222,10 +223,10 @@ std::string Box::mount_workspace(Branch& b, const std::string& dir) {
       b.workspace_mount = ws;
       how = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
     } else {
-      how = std::string("not enforced: mount a tmpfs on the workspace: ") + std::strerror(errno);
-      log()->warn("branch {}: {}", b.name, how);
+      how = base::sys_fail("mount a tmpfs on the workspace", errno);
     }
   }
+  if (!how) log()->warn("branch {}: disk: {}", b.name, how.error().message);
   if (prof.isolation.uid && b.workspace_mount.empty())
     (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
   return how;

@@ -221,8 +221,9 @@ class Box : public checkpoint::Host {
   void setup_branch_policy(Branch& b, sandbox::BranchSpec& spec);
   /// The workspace DIR/workspace (existing) of a branch, the original or a copy: a sized tmpfs or
   /// ext4 image for the profile's disk ceiling, owned by the agent's user. Returns what enforces
-  /// the ceiling ("" none asked for; "not enforced: ..." when the mount failed).
-  std::string mount_workspace(Branch& b, const std::string& dir);
+  /// the ceiling ("" when none is asked for), or why the mount failed (the ceiling is then not
+  /// enforced: the original's enforcement says so, a copy is refused).
+  base::Result<std::string> mount_workspace(Branch& b, const std::string& dir);
   void start_limits(Branch& b);
   /// The limits watcher of a branch (timeout, idle, OOM, pids, warnings): the original's from
   /// start_limits, a copy's from the checkpointer once it runs.
