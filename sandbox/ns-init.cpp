@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/result.hpp"
 #include "os/child-error.hpp"
 #include "os/pidfd.hpp"
 #include "os/signal-mask.hpp"
@@ -118,16 +119,21 @@ void NsInit::begin_shutdown(int64_t grace_ms) {
 // The steps of an agent's child before exec, as it reports them (os::child_fail).
 enum : int { kStepChdir = 1, kStepExec = 2, kStepPolicy = 3 };
 
+// A process spawn() started. Its child may have failed before it ran the program (its chdir, the
+// policy, the exec: they arrive through a close-on-exec pipe): then `failed` says how, and the
+// child, which exits 127, is reaped like any other.
+struct Spawned {
+  pid_t pid = -1;
+  std::string failed;
+};
+
 // Forks and execs argv with the given stdio and the branch's policy; `tty` makes fd 0 the
-// controlling terminal. Returns the pid, or -1 with `error` set (the child's chdir, policy and exec
-// errors arrive through a close-on-exec pipe and also set `error`, with the pid of the dead child).
-pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in, const std::string& cwd,
-            int in, int out, int err_fd, bool tty, bool channel, const PreparedPolicy& policy, std::string& error) {
+// controlling terminal. An error when no process was made.
+base::Result<Spawned> spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_in,
+                            const std::string& cwd, int in, int out, int err_fd, bool tty, bool channel,
+                            const PreparedPolicy& policy) {
   std::vector<std::string> argv = argv_in, env = env_in;
-  if (argv.empty()) {
-    error = "empty argv";
-    return -1;
-  }
+  if (argv.empty()) return base::fail("empty argv");
   std::vector<char*> av, ev;
   for (auto& s : argv) av.push_back(s.data());
   av.push_back(nullptr);
@@ -191,18 +197,16 @@ pid_t spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
     }
     os::child_fail(efd, kStepExec, e);
   }
-  if (pid < 0) {
-    error = std::string("fork: ") + std::strerror(errno);
-    return -1;
-  }
+  if (pid < 0) return base::sys_fail("fork", errno);
   ep->write.reset();
+  Spawned s{pid, ""};
   if (auto ce = os::read_child_error(ep->read.get())) {
     std::string what = ce->step == kStepChdir    ? "chdir " + cwd
                        : ce->step == kStepPolicy ? std::string("apply policy: ") + policy_step_name(ce->detail)
                                                  : "exec " + argv[0];
-    error = what + ": " + std::strerror(ce->err);
+    s.failed = what + ": " + std::strerror(ce->err);
   }
-  return pid;
+  return s;
 }
 
 void NsInit::spawn_agent(const boost::json::object& cfg) {
@@ -215,26 +219,25 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
   // Everything the policy needs is built now, once for the branch: a child only makes syscalls.
   if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
 
-  std::string error;
-  pid_t pid = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, true, policy_, error);
+  auto spawned = spawn(argv, base_env_, cwd, kNsAgentIn, kNsAgentOut, kNsAgentErr, false, true, policy_);
   ::close(kNsAgentIn);
   ::close(kNsAgentOut);
   ::close(kNsAgentErr);
   ::close(kNsChanReq);
   ::close(kNsChanRep);
   ::close(kNsAgentPid);
-  if (pid < 0) {
-    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
+  if (!spawned) {
+    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", spawned.error().message}});
     agent_done_ = true;
     agent_status_ = 127 << 8;
     return;
   }
-  agent_ = pid;
-  if (!error.empty()) {
-    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", error}});
+  agent_ = spawned->pid;
+  if (!spawned->failed.empty()) {
+    report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", spawned->failed}});
     return;  // its exit (127) is collected by reap() like any other
   }
-  report({{"ev", "started"}, {"proc", "main"}, {"pid", pid}});
+  report({{"ev", "started"}, {"proc", "main"}, {"pid", spawned->pid}});
 }
 
 // An exec request: stdio pipes (or a pty) made here, inside the branch's root, and the process
@@ -294,15 +297,14 @@ void NsInit::exec_proc(const boost::json::object& req) {
     keep.push_back(std::move(o->read));
     keep.push_back(std::move(e->read));
   }
-  std::string error;
-  pid_t pid = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, false, policy_, error);
-  if (pid < 0) return fail(error);
-  execs_[pid] = id;
+  auto spawned = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, false, policy_);
+  if (!spawned) return fail(spawned.error().message);
+  execs_[spawned->pid] = id;
   held_[id] = std::move(keep);
-  boost::json::object r{{"ev", "started"}, {"proc", id}, {"pid", pid}, {"fds", fds}};
-  if (!error.empty()) {
+  boost::json::object r{{"ev", "started"}, {"proc", id}, {"pid", spawned->pid}, {"fds", fds}};
+  if (!spawned->failed.empty()) {
     r["ev"] = "spawn_failed";
-    r["error"] = error;
+    r["error"] = spawned->failed;
   }
   report(r);
 }
