@@ -819,12 +819,15 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return reader.error();
   Sink sink;
-  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!out) return base::sys_fail("create " + dst, errno);
-  sink.fd = out.get();
+  os::UniqueFd out;
+  if (!dst.empty()) {  // else the archive is only hashed (its id)
+    out = os::UniqueFd(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) return base::sys_fail("create " + dst, errno);
+    sink.fd = out.get();
+  }
   if (auto r = start_compressor(sink, level); !r) return r.error();
   auto fail = [&](base::Error e) {
-    ::unlink(dst.c_str());
+    if (!dst.empty()) ::unlink(dst.c_str());
     return e;
   };
   for (;;) {
@@ -838,7 +841,7 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
   }
   if (!sink.feed(nullptr, 0, ZSTD_e_end))
     return fail(base::fail("write " + dst + ": " + (sink.error ? std::strerror(sink.error) : "zstd: " + sink.zerror)));
-  if (::fsync(out.get()) != 0) return fail(base::sys_fail("fsync " + dst, errno));
+  if (out && ::fsync(out.get()) != 0) return fail(base::sys_fail("fsync " + dst, errno));
   std::string sha = sink.sha.hex();
   if (!expect_sha256.empty() && sha != expect_sha256)
     return fail(base::fail("the archive written anew from the chunk store hashes to " + sha + ", not " + expect_sha256 +
@@ -848,6 +851,27 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
   info.tar_sha256 = sink.tar_sha.hex();
   info.compressed_bytes = sink.bytes;
   return info;
+}
+
+base::Result<ChunkList> chunk_archive(const std::string& src, const std::string& store_dir) {
+  auto sha = sha256_file(src);
+  if (!sha) return sha.error();
+  os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) return base::sys_fail("open " + src, errno);
+  auto w = ChunkWriter::open(store_dir, 3);
+  if (!w) return w.error();
+  Source source;
+  source.fd = in.get();
+  for (;;) {
+    ssize_t n = source.next();
+    if (n < 0) return base::fail("read " + src + ": " + source.error, "bad_snapshot");
+    if (n == 0) break;
+    if (auto r = (*w)->write(source.data, static_cast<size_t>(n)); !r) return r.error();
+  }
+  auto list = (*w)->finish();
+  if (!list) return list.error();
+  list->archive_sha256 = *sha;
+  return list;
 }
 
 std::optional<std::string> read_image_id(const std::string& path) {

@@ -72,6 +72,10 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
 base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
                                           int level);
 
+/// Cuts the tar stream of the archive file `src` into the chunk store at `store_dir`: the list of
+/// a snapshot kept as an archive, for a delta against it (list.archive_sha256 is the file's).
+base::Result<ChunkList> chunk_archive(const std::string& src, const std::string& store_dir);
+
 /// The sha256 of a file, as lowercase hex, or why it cannot be read.
 base::Result<std::string> sha256_file(const std::string& path);
 

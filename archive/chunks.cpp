@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
 
 #include "archive/hash.hpp"
 #include "os/sys.hpp"
@@ -273,6 +274,194 @@ base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
   if (total != l.bytes)
     return bad("its chunks add up to " + std::to_string(total) + " bytes, not " + std::to_string(l.bytes));
   return l;
+}
+
+// ---- deltas ----
+
+namespace {
+
+// A chunk's compressed file, checked: it decompresses to `c.size` bytes hashing to `c.sha256`.
+base::Result<void> check_compressed(const ChunkRef& c, std::string_view z, std::vector<char>& out) {
+  auto bad = [&](std::string why) { return base::fail("chunk " + c.sha256 + " is corrupted: " + why, "bad_snapshot"); };
+  out.resize(kChunkMax);
+  size_t n = ZSTD_decompress(out.data(), out.size(), z.data(), z.size());
+  if (ZSTD_isError(n)) return bad(std::string("zstd: ") + ZSTD_getErrorName(n));
+  if (n != c.size) return bad(std::to_string(n) + " bytes, not " + std::to_string(c.size));
+  Sha256 h;
+  h.update(out.data(), n);
+  if (auto hex = h.hex(); hex != c.sha256) return bad("it hashes to " + hex);
+  return {};
+}
+
+base::Result<std::string> read_all(int dir, const std::string& rel, size_t limit) {
+  os::UniqueFd fd(::openat(dir, rel.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return base::sys_fail("open " + rel, errno);
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return base::sys_fail("read " + rel, errno);
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > limit) return base::fail(rel + " is larger than " + std::to_string(limit) + " bytes");
+  }
+}
+
+}  // namespace
+
+base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id, const ChunkList& list,
+                                   const std::string& base, const ChunkList& base_list, const std::string& dst) {
+  auto store = open_store(dir, false);
+  if (!store) return store.error();
+  std::unordered_set<std::string> have;
+  for (auto& c : base_list.chunks) have.insert(c.sha256);
+  std::vector<std::pair<const ChunkRef*, std::string>> bodies;
+  json::array included;
+  for (auto& c : list.chunks) {
+    if (have.contains(c.sha256)) continue;
+    have.insert(c.sha256);  // once, however often the stream repeats it
+    auto z = read_all(store->get(), chunk_path(c.sha256), ZSTD_compressBound(kChunkMax));
+    if (!z) return base::fail("chunk " + c.sha256 + ": " + z.error().message, "bad_snapshot");
+    included.push_back(json::array{json::string(c.sha256), z->size()});
+    bodies.emplace_back(&c, std::move(*z));
+  }
+  std::string header = json::serialize(json::object{{"format", "sandboxer.delta"},
+                                                    {"version", 1},
+                                                    {"snapshot", id},
+                                                    {"base", base},
+                                                    {"list", to_json(list)},
+                                                    {"included", std::move(included)}});
+  os::UniqueFd out(::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out) return base::sys_fail("create " + dst, errno);
+  uint32_t len = static_cast<uint32_t>(header.size());
+  unsigned char le[4] = {static_cast<unsigned char>(len), static_cast<unsigned char>(len >> 8),
+                         static_cast<unsigned char>(len >> 16), static_cast<unsigned char>(len >> 24)};
+  uint64_t total = kDeltaMagic.size() + 4 + header.size();
+  auto w = os::write_all(out.get(), kDeltaMagic);
+  if (w) w = os::write_all(out.get(), {reinterpret_cast<const char*>(le), 4});
+  if (w) w = os::write_all(out.get(), header);
+  for (auto& [c, z] : bodies) {
+    if (w) w = os::write_all(out.get(), z);
+    total += z.size();
+  }
+  if (!w || ::fsync(out.get()) != 0) {
+    auto e = w ? base::sys_fail("fsync " + dst, errno) : base::sys_fail("write " + dst, w.error());
+    ::unlink(dst.c_str());
+    return e;
+  }
+  return total;
+}
+
+bool is_delta(const std::string& path) {
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  char magic[8] = {};
+  return fd && ::read(fd.get(), magic, sizeof magic) == 8 && std::string_view(magic, 8) == kDeltaMagic;
+}
+
+base::Result<DeltaHeader> read_delta_header(const std::string& path) {
+  auto bad = [](std::string m) { return base::fail("the delta is refused: " + std::move(m), "bad_snapshot"); };
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return base::sys_fail("open " + path, errno);
+  unsigned char head[12];
+  if (::read(fd.get(), head, sizeof head) != 12 || std::string_view(reinterpret_cast<char*>(head), 8) != kDeltaMagic)
+    return bad("it does not begin with SBXDELTA and a header length");
+  uint32_t len = head[8] | (head[9] << 8) | (head[10] << 16) | (static_cast<uint32_t>(head[11]) << 24);
+  if (len == 0 || len > (64u << 20)) return bad("its header length " + std::to_string(len) + " is out of range");
+  std::string text(len, '\0');
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = ::read(fd.get(), text.data() + got, len - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return bad("it ends inside its header");
+    got += static_cast<size_t>(n);
+  }
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  const json::object* o = ec ? nullptr : v.if_object();
+  auto str = [&](const char* k) {
+    auto* x = o ? o->if_contains(k) : nullptr;
+    return x && x->is_string() ? std::string(x->as_string()) : std::string();
+  };
+  if (!o || str("format") != "sandboxer.delta") return bad("its header is not a sandboxer.delta");
+  DeltaHeader h;
+  h.snapshot = str("snapshot");
+  h.base = str("base");
+  auto* list = o->if_contains("list");
+  auto* inc = o->if_contains("included");
+  if (!list || !inc || !inc->is_array()) return bad("its header has no list or included");
+  auto l = chunk_list_from_json(*list);
+  if (!l) return bad(l.error().message);
+  if (l->archive_sha256.empty()) return bad("its list has no archive_sha256");
+  h.list = std::move(*l);
+  std::unordered_set<std::string> listed;
+  for (auto& c : h.list.chunks) listed.insert(c.sha256);
+  for (auto& e : inc->as_array()) {
+    auto* a = e.if_array();
+    boost::system::error_code nec;
+    uint64_t n = a && a->size() == 2 ? (*a)[1].to_number<uint64_t>(nec) : 0;
+    if (!a || a->size() != 2 || !(*a)[0].is_string() || nec || n == 0 || n > ZSTD_compressBound(kChunkMax) ||
+        !listed.contains(std::string((*a)[0].as_string())))
+      return bad("an included chunk is not [sha256 of a listed chunk, its compressed size]");
+    h.included.emplace_back(std::string((*a)[0].as_string()), n);
+  }
+  h.body_offset = 12 + len;
+  return h;
+}
+
+base::Result<uint64_t> store_delta_chunks(const std::string& path, const DeltaHeader& h, const std::string& dir) {
+  auto store = open_store(dir, true);
+  if (!store) return store.error();
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd || ::lseek(fd.get(), static_cast<off_t>(h.body_offset), SEEK_SET) < 0)
+    return base::sys_fail("read the delta " + path, errno);
+  std::unordered_map<std::string, uint32_t> sizes;
+  for (auto& c : h.list.chunks) sizes[c.sha256] = c.size;
+  std::vector<char> out;
+  std::string z;
+  uint64_t added = 0;
+  for (auto& [sha, n] : h.included) {
+    z.resize(n);
+    size_t got = 0;
+    while (got < n) {
+      ssize_t r = ::read(fd.get(), z.data() + got, n - got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return base::fail("the delta is refused: it ends inside chunk " + sha, "bad_snapshot");
+      got += static_cast<size_t>(r);
+    }
+    ChunkRef c{sha, sizes.at(sha)};
+    if (auto ok = check_compressed(c, z, out); !ok)
+      return base::fail("the delta is refused: " + ok.error().message, "bad_snapshot");
+    std::string rel = chunk_path(sha), sub = sha.substr(0, 2);
+    if (::mkdirat(store->get(), sub.c_str(), 0700) != 0 && errno != EEXIST)
+      return base::sys_fail("create the chunk directory " + sub, errno);
+    std::string tmp = sub + "/.tmp-" + os::random_hex(6);
+    os::UniqueFd f(::openat(store->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!f || !os::write_all(f.get(), z)) {
+      ::unlinkat(store->get(), tmp.c_str(), 0);
+      return base::sys_fail("store chunk " + sha, errno);
+    }
+    f.reset();
+    if (::renameat2(store->get(), tmp.c_str(), store->get(), rel.c_str(), RENAME_NOREPLACE) == 0)
+      added += n;
+    else
+      ::unlinkat(store->get(), tmp.c_str(), 0);  // already stored
+  }
+  char extra;
+  if (::read(fd.get(), &extra, 1) != 0)
+    return base::fail("the delta is refused: bytes follow its last chunk", "bad_snapshot");
+  size_t missing = 0;
+  for (auto& c : h.list.chunks) {
+    struct stat st {};
+    if (::fstatat(store->get(), chunk_path(c.sha256).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) ++missing;
+  }
+  if (missing)
+    return base::fail("this box lacks " + std::to_string(missing) + " chunks of snapshot " + h.snapshot +
+                          " that the delta leaves to its base " + h.base + ": import " + h.base + " first",
+                      "missing_base");
+  os::UniqueFd any(::openat(store->get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!any || ::syncfs(any.get()) != 0) return base::sys_fail("sync the chunk store", errno);
+  return added;
 }
 
 // ---- the store ----

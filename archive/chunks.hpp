@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -94,6 +95,36 @@ class ChunkReader {
 boost::json::object to_json(const ChunkList& l);
 /// A list as to_json wrote it, or what is wrong with it (code bad_snapshot).
 base::Result<ChunkList> chunk_list_from_json(const boost::json::value& v);
+
+// ---- deltas: a snapshot for a store that has another (its base) ----
+//
+// A delta file is "SBXDELTA", a 4-byte little-endian header length, the header (JSON:
+// {"format": "sandboxer.delta", "version": 1, "snapshot", "base", "list": <the snapshot's chunk
+// list>, "included": [[sha256, compressed bytes], ...]}), then the compressed files of the
+// included chunks in that order: the snapshot's chunks the base does not have.
+
+inline constexpr std::string_view kDeltaMagic = "SBXDELTA";
+
+/// Writes the delta of snapshot `id` (its list `list`) against `base` (its list `base_list`) from
+/// the store at `dir` to `dst` (which must not exist); its size.
+base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id, const ChunkList& list,
+                                   const std::string& base, const ChunkList& base_list, const std::string& dst);
+
+struct DeltaHeader {
+  std::string snapshot, base;
+  ChunkList list;
+  std::vector<std::pair<std::string, uint64_t>> included;  // sha256, compressed bytes
+  uint64_t body_offset = 0;                                // where the chunks begin
+};
+
+/// Whether the file at `path` begins as a delta does.
+bool is_delta(const std::string& path);
+/// The header of the delta at `path`, checked (code bad_snapshot).
+base::Result<DeltaHeader> read_delta_header(const std::string& path);
+/// Stores the delta's included chunks in the store at `dir`, each checked (zstd, size, hash)
+/// before it is kept, then checks the store has every chunk of its list: else an error naming how
+/// many are missing and the base to import first (code missing_base). The chunks it added.
+base::Result<uint64_t> store_delta_chunks(const std::string& path, const DeltaHeader& h, const std::string& dir);
 
 struct StoreUsage {
   uint64_t chunks = 0;

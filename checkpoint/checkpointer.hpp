@@ -80,8 +80,10 @@ class Checkpointer {
   boost::json::object remove(const std::string& id);
   /// The archive file of snapshot `id`, for snapshot.export, or why there is none: its own file,
   /// or (`temporary` true: the caller removes it) one written from the chunk store.
+  /// With `base`: a delta (archive/chunks.hpp) holding only the chunks of `id` that `base` lacks,
+  /// for a box that has `base`; snapshot.import takes either.
   using ArchiveReady = std::function<void(base::Result<std::string> path, bool temporary)>;
-  void export_archive(const std::string& id, ArchiveReady ready);
+  void export_archive(const std::string& id, ArchiveReady ready, const std::string& base = "");
   /// What the chunk store holds (chunks and their bytes).
   archive::StoreUsage chunk_usage() const;
   /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
@@ -121,6 +123,12 @@ class Checkpointer {
   /// Deletes the chunks no snapshot's list names; deferred while a writer is adding chunks.
   void collect_chunks();
   void chunk_writer_done();
+  void export_delta(const std::string& id, const std::string& base, ArchiveReady ready);
+  void import_delta(const std::string& tmp, Reply done, bool announce);
+  /// An import checked and filed: its index written (unless `existing`), snapshot.imported, and
+  /// the reply, with `what` (bytes, existing, ...) in both.
+  void imported(const std::string& id, boost::json::object index, boost::json::object what, bool announce,
+                const Reply& done);
   void compress(std::shared_ptr<CheckpointOp> op);
   /// `fn`: the snapshot's manifest (with "verified"), else why not (code bad_snapshot, untrusted).
   using Extracted = std::function<void(base::Result<boost::json::object>)>;

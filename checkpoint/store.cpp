@@ -218,9 +218,10 @@ void Checkpointer::chunk_writer_done() {
 
 archive::StoreUsage Checkpointer::chunk_usage() const { return archive::store_usage(chunk_dir()); }
 
-void Checkpointer::export_archive(const std::string& id, ArchiveReady ready) {
+void Checkpointer::export_archive(const std::string& id, ArchiveReady ready, const std::string& base) {
   if (!archive::valid_snapshot_id(id))
     return ready(base::fail("\"" + id + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request"), false);
+  if (!base.empty()) return export_delta(id, base, std::move(ready));
   std::string path = snap_dir_ + "/" + id + ".tar.zst";
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return ready(path, false);
@@ -253,6 +254,8 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
       ::unlink(tmp.c_str());
       return done(std::move(*refusal));
     }
+  // A delta (snapshot.export with a base) goes into the chunk store beside its base.
+  if (archive::is_delta(tmp)) return import_delta(tmp, std::move(done), announce);
   ++ops_;
   struct State {
     std::string err, id;
@@ -303,32 +306,157 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
             return op_done();
           }
           json::object index = *m;
-          index["id"] = st->id;
-          index.erase("files");
           index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
-          index["imported"] = base::rfc3339_now();
-          if (!st->existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
-          auto* v = index.if_contains("verified");
-          json::value trusted = v && v->is_object() && v->as_object().contains("trusted") ? v->at("trusted") : false;
-          json::value signer = v && v->is_object() && v->as_object().contains("key") ? v->at("key") : nullptr;
-          if (announce)
-            host_.emit("main", {{"type", "snapshot.imported"},
-                                {"snapshot", st->id},
-                                {"bytes", st->bytes},
-                                {"existing", st->existing},
-                                {"trusted", trusted},
-                                {"signed_by", signer},
-                                {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}});
-          json::object r{{"ok", true},
-                         {"snapshot", st->id},
-                         {"bytes", st->bytes},
-                         {"existing", st->existing},
-                         {"trusted", trusted},
-                         {"signed_by", signer},
-                         {"mode", index.contains("mode") ? index.at("mode") : json::value(nullptr)}};
-          if (trusted != true) r["note"] = "untrusted, accepted under --allow-unsigned: it restores cold, files only";
-          done(std::move(r));
+          imported(st->id, std::move(index), {{"bytes", st->bytes}, {"existing", st->existing}}, announce, done);
+        });
+      });
+}
+
+void Checkpointer::imported(const std::string& id, json::object index, json::object what, bool announce,
+                            const Reply& done) {
+  std::string base = snap_dir_ + "/" + id;
+  bool existing = what.at("existing").as_bool();
+  index["id"] = id;
+  index.erase("files");
+  index["imported"] = base::rfc3339_now();
+  if (!existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
+  auto* v = index.if_contains("verified");
+  json::value trusted = v && v->is_object() && v->as_object().contains("trusted") ? v->at("trusted") : false;
+  json::value signer = v && v->is_object() && v->as_object().contains("key") ? v->at("key") : nullptr;
+  json::object r{{"ok", true}, {"snapshot", id}, {"trusted", trusted}, {"signed_by", signer}};
+  for (auto& kv : what) r[kv.key()] = kv.value();
+  if (announce) {
+    json::object ev{{"type", "snapshot.imported"},
+                    {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}};
+    for (auto& kv : r)
+      if (kv.key() != "ok") ev[kv.key()] = kv.value();
+    host_.emit("main", std::move(ev));
+  }
+  r["mode"] = index.contains("mode") ? index.at("mode") : json::value(nullptr);
+  if (trusted != true) r["note"] = "untrusted, accepted under --allow-unsigned: it restores cold, files only";
+  done(std::move(r));
+  op_done();
+}
+
+// ---- deltas ----
+
+namespace {
+
+// The chunk list of snapshot `id` of the store `dir`: its own, or (a snapshot kept as an archive)
+// the archive cut into chunks now and listed beside it. On the thread pool, counted as a writer.
+base::Result<archive::ChunkList> chunks_of(const std::string& dir, const std::string& id) {
+  std::string base = dir + "/" + id;
+  if (auto text = os::read_file(base + ".chunks")) {
+    boost::system::error_code ec;
+    auto v = json::parse(*text, ec);
+    if (ec) return base::fail("the chunk list of " + id + " is not JSON", "bad_snapshot");
+    return archive::chunk_list_from_json(v);
+  }
+  struct stat st {};
+  if (::stat((base + ".tar.zst").c_str(), &st) != 0) return base::fail("no snapshot \"" + id + "\"", "not_found");
+  auto l = archive::chunk_archive(base + ".tar.zst", dir + "/chunks");
+  if (!l) return l.error();
+  if (auto w = os::write_file_atomic(base + ".chunks", json::serialize(archive::to_json(*l))); !w)
+    return base::fail("store the chunk list of " + id + ": " + w.error().message());
+  return l;
+}
+
+}  // namespace
+
+void Checkpointer::export_delta(const std::string& id, const std::string& base, ArchiveReady ready) {
+  if (!archive::valid_snapshot_id(base))
+    return ready(base::fail("base \"" + base + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request"), false);
+  ++ops_;
+  ++chunk_writers_;
+  auto out = std::make_shared<base::Result<uint64_t>>(base::fail(""));
+  std::string tmp = snap_dir_ + "/.export-" + os::random_hex(6);
+  offload(
+      [out, tmp, id, base, dir = snap_dir_, store = chunk_dir()] {
+        auto mine = chunks_of(dir, id);
+        auto theirs = mine ? chunks_of(dir, base) : mine;
+        if (!mine || !theirs) {
+          base::Error e = !mine ? mine.error() : theirs.error();
+          *out = base::fail(e.message, e.code);
+          return;
+        }
+        *out = archive::write_delta(store, id, *mine, base, *theirs, tmp);
+      },
+      [this, out, tmp, ready = std::move(ready)] {
+        chunk_writer_done();
+        if (*out)
+          ready(tmp, true);
+        else
+          ready(base::fail("export: " + out->error().message, out->error().code), false);
+        op_done();
+      });
+}
+
+void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announce) {
+  ++ops_;
+  ++chunk_writers_;
+  struct State {
+    base::Error err{"", ""};
+    std::string id, base;
+    archive::ChunkList list;
+    uint64_t bytes = 0, added = 0;
+    bool existing = false;
+  };
+  auto st = std::make_shared<State>();
+  offload(
+      [tmp, st, dir = snap_dir_, store = chunk_dir()] {
+        struct stat sb {};
+        if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
+        auto h = archive::read_delta_header(tmp);
+        if (!h) return void(st->err = h.error());
+        if (!archive::valid_snapshot_id(h->snapshot) || !archive::valid_snapshot_id(h->base))
+          return void(st->err = base::fail("the delta is refused: its snapshot or base is not an id", "bad_snapshot"));
+        st->base = h->base;
+        // A base kept here as an archive is cut into chunks first: the delta names its chunks.
+        struct stat bs {};
+        if (::stat((dir + "/" + h->base + ".json").c_str(), &bs) == 0)
+          if (auto b = chunks_of(dir, h->base); !b) return void(st->err = b.error());
+        auto added = archive::store_delta_chunks(tmp, *h, store);
+        if (!added) return void(st->err = added.error());
+        st->added = *added;
+        // The id: the archive these chunks make, hashed as an export writes it.
+        auto a = archive::rebuild_archive(store, h->list, "", 3);
+        if (!a) return void(st->err = a.error());
+        if ("s-" + a->sha256.substr(0, 16) != h->snapshot)
+          return void(st->err = base::fail("the delta is refused: its chunks make snapshot s-" +
+                                               a->sha256.substr(0, 16) + ", not " + h->snapshot,
+                                           "bad_snapshot"));
+        st->id = h->snapshot;
+        st->list = std::move(h->list);
+        st->existing = ::stat((dir + "/" + st->id + ".json").c_str(), &bs) == 0;
+        if (!st->existing)
+          if (auto w =
+                  os::write_file_atomic(dir + "/" + st->id + ".chunks", json::serialize(archive::to_json(st->list)));
+              !w)
+            st->err = base::fail("store the chunk list: " + w.error().message());
+      },
+      [this, tmp, st, announce, done = std::move(done)] {
+        chunk_writer_done();
+        ::unlink(tmp.c_str());
+        auto refuse = [this, st, done](const base::Error& e) {
+          if (!st->existing && !st->id.empty()) ::unlink((snap_dir_ + "/" + st->id + ".chunks").c_str());
+          collect_chunks();
+          log()->warn("import refused: {}", e.message);
+          done(error_reply(e.code, e.message));
           op_done();
+        };
+        if (!st->err.message.empty()) return refuse(st->err);
+        // Checked whole as an archive is (signature, every entry against the manifest).
+        with_extracted(st->id, [this, st, announce, done, refuse](base::Result<json::object> m) {
+          if (!m) return refuse(base::fail("the delta is refused: " + m.error().message, m.error().code));
+          json::object index = *m;
+          index["archive"] = {{"stored", "chunks"},
+                              {"sha256", st->list.archive_sha256},
+                              {"tar_sha256", st->list.sha256},
+                              {"bytes", st->list.stored_bytes},
+                              {"chunks", st->list.chunks.size()}};
+          imported(st->id, std::move(index),
+                   {{"bytes", st->bytes}, {"existing", st->existing}, {"base", st->base}, {"added_bytes", st->added}},
+                   announce, done);
         });
       });
 }

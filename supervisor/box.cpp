@@ -692,8 +692,9 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
-void Box::snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready) {
-  checkpointer_->export_archive(id, std::move(ready));
+void Box::snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready,
+                           const std::string& base) {
+  checkpointer_->export_archive(id, std::move(ready), base);
 }
 
 std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }

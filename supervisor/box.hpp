@@ -187,7 +187,8 @@ class Box : public checkpoint::Host {
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
-  void snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready);
+  void snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready,
+                        const std::string& base = "");
   std::string snapshot_incoming_path() const;
   void snapshot_import(const std::string& tmp, Reply done);
 

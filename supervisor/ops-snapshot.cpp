@@ -45,21 +45,29 @@ void op_snapshot_list(OpContext& ctx) {
 void op_snapshot_export(OpContext& ctx) {
   uint32_t bid = ctx.binary_id("snapshot.export");
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
+  // `base`: only the chunks a box that has that snapshot lacks (a delta, checkpoint/README.md).
+  auto base = protocol::opt_string(ctx.fields(), "base").value_or("");
   // A snapshot kept in the chunk store has its archive written first, on the thread pool.
-  ctx.box.snapshot_archive(snap, [snap, start = ctx.later_download(bid), refuse = ctx.later()](
-                                     base::Result<std::string> path, bool temporary) {
-    if (!path)
-      return refuse({{"ok", false}, {"error", {{"code", path.error().code}, {"message", path.error().message}}}});
-    os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
-    int err = errno;
-    if (temporary) ::unlink(path->c_str());  // the open fd keeps it until the download ends
-    struct stat st {};
-    if (!fd || ::fstat(fd.get(), &st) != 0)
-      return refuse({{"ok", false}, {"error", {{"code", "io_error"}, {"message", *path + ": " + std::strerror(err)}}}});
-    auto size = static_cast<uint64_t>(st.st_size);
-    // The archive follows in binary frames with the request's id, the last one flagged.
-    start({{"ok", true}, {"snapshot", snap}, {"size", size}, {"length", size}}, std::move(fd), size);
-  });
+  ctx.box.snapshot_archive(
+      snap,
+      [snap, base, start = ctx.later_download(bid), refuse = ctx.later()](base::Result<std::string> path,
+                                                                          bool temporary) {
+        if (!path)
+          return refuse({{"ok", false}, {"error", {{"code", path.error().code}, {"message", path.error().message}}}});
+        os::UniqueFd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
+        int err = errno;
+        if (temporary) ::unlink(path->c_str());  // the open fd keeps it until the download ends
+        struct stat st {};
+        if (!fd || ::fstat(fd.get(), &st) != 0)
+          return refuse(
+              {{"ok", false}, {"error", {{"code", "io_error"}, {"message", *path + ": " + std::strerror(err)}}}});
+        auto size = static_cast<uint64_t>(st.st_size);
+        // The archive follows in binary frames with the request's id, the last one flagged.
+        boost::json::object ok{{"ok", true}, {"snapshot", snap}, {"size", size}, {"length", size}};
+        if (!base.empty()) ok["base"] = base;
+        start(std::move(ok), std::move(fd), size);
+      },
+      base);
 }
 
 void op_snapshot_import(OpContext& ctx) {

@@ -38,6 +38,44 @@ def chunk_list(state, snap):
     return json.loads((state / "snapshots" / f"{snap}.chunks").read_text())
 
 
+def cli(*args, token):
+    return subprocess.run([str(CLI), *args, "--token-file", str(token)], capture_output=True, text=True, timeout=180)
+
+
+def delta_moves_into_a_box_with_its_base(tmp_path, base_archive, delta, first, last):
+    """Another box: the delta is refused until it has the base, a damaged delta is refused naming
+    the chunk, and then the delta makes the same snapshot, which restores live."""
+    damaged = tmp_path / "damaged.delta"
+    data = bytearray(delta.read_bytes())
+    data[-1000] ^= 0xFF  # inside the last included chunk
+    damaged.write_bytes(bytes(data))
+    other = tmp_path / "other"
+    other.mkdir()
+    with WsBox(other, ["sleep", "600"]) as b:
+        early = cli("import", b.url, str(delta), token=b.token_file)
+        assert early.returncode != 0 and f"import {first} first" in early.stderr, early.stderr
+        assert cli("import", b.url, str(base_archive), token=b.token_file).stdout.split()[-1] == first
+        bad = cli("import", b.url, str(damaged), token=b.token_file)
+        assert bad.returncode != 0 and "is corrupted" in bad.stderr, bad.stderr
+        got = cli("import", b.url, str(delta), "--json", token=b.token_file)
+        assert got.returncode == 0, got.stderr
+        reply = json.loads(got.stdout.splitlines()[0])
+        assert reply["snapshot"] == last and reply["base"] == first and reply["trusted"], reply
+        assert reply["added_bytes"] < delta.stat().st_size
+        listed = sorted(p.name[:-5] for p in (b.state / "snapshots").glob("s-*.json"))
+        assert listed == sorted([first, last])
+
+        async def restore():
+            async with ws_connect(b) as ws:
+                return await Session(ws).request("restore", snapshot=last, timeout=120)
+
+        r = run(restore(), timeout=180)
+        assert r["ok"] and r["copies"][0]["mode"] == "live", r
+        branch = r["copies"][0]["branch"]
+        b.wait_event(lambda e: e["type"] == "proc.message" and e["branch"] == branch and "changed" in e["message"],
+                     timeout=30)
+
+
 def test_periodic_snapshots_grow_the_store_by_what_changed(tmp_path):
     sets = ["checkpoint.every=1s", "checkpoint.keep=20", "resources.snapshots=24"]
     with WsBox(tmp_path, ["python3", "-c", AGENT], extra=[a for s in sets for a in ("--set", s)]) as box:
@@ -109,9 +147,17 @@ def test_periodic_snapshots_grow_the_store_by_what_changed(tmp_path):
 
         # Exported, a snapshot kept as chunks is an archive like any other: a new box restores it.
         archive = tmp_path / "last.tar.zst"
-        e = subprocess.run([str(CLI), "export", box.url, last, str(archive), "--token-file", str(box.token_file)],
-                           capture_output=True, text=True, timeout=120)
+        e = cli("export", box.url, last, str(archive), token=box.token_file)
         assert e.returncode == 0, e.stderr
+        # Against a base: only the chunks the base lacks.
+        base_archive, delta = tmp_path / "first.tar.zst", tmp_path / "last.delta"
+        assert cli("export", box.url, first, str(base_archive), token=box.token_file).returncode == 0
+        e = cli("export", box.url, last, str(delta), "--base", first, token=box.token_file)
+        assert e.returncode == 0, e.stderr
+        changed = sum(c for _, c in grew)
+        assert delta.stat().st_size < 3 * changed + 2 * MiB, (delta.stat().st_size, changed)
+        assert delta.stat().st_size < archive.stat().st_size / 2
+        delta_moves_into_a_box_with_its_base(tmp_path, base_archive, delta, first, last)
     events = tmp_path / "other.jsonl"
     other = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / "other"), "--events", str(events),
                               "--restore", str(archive)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -12,6 +12,8 @@
 #include "archive/archive.hpp"
 #include "archive/chunks.hpp"
 
+#include <zstd.h>
+
 namespace fs = std::filesystem;
 using namespace sbx::archive;
 
@@ -198,4 +200,67 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   // The file exists already: refused, not overwritten.
   CHECK_FALSE(
       rebuild_archive((t.path / "store").string(), *info->chunks, (t.path / "a.tar.zst").string(), 3).has_value());
+}
+
+TEST_CASE("chunks: a delta carries only what its base lacks, and a crafted one is refused with the reason") {
+  TempDir t;
+  std::string a = random_bytes(4 << 20, 7);
+  std::string b = a;
+  std::string changed = random_bytes(256 << 10, 8);
+  b.replace(1 << 20, changed.size(), changed);
+  auto la = store(t.path / "src", a);
+  auto lb = store(t.path / "src", b);
+  la.archive_sha256 = std::string(64, 'a');
+  lb.archive_sha256 = std::string(64, 'b');
+  auto size = write_delta((t.path / "src").string(), "s-bbbbbbbbbbbbbbbb", lb, "s-aaaaaaaaaaaaaaaa", la,
+                          (t.path / "d").string());
+  REQUIRE_MESSAGE(size.has_value(), size.error().message);
+  CHECK(*size < (256u << 10) + 2 * kChunkMax + 64 * 1024);
+  CHECK(is_delta((t.path / "d").string()));
+  auto h = read_delta_header((t.path / "d").string());
+  REQUIRE_MESSAGE(h.has_value(), h.error().message);
+  CHECK(h->base == "s-aaaaaaaaaaaaaaaa");
+  CHECK(h->list.chunks.size() == lb.chunks.size());
+
+  // A store without the base: refused, naming the base to import first.
+  auto early = store_delta_chunks((t.path / "d").string(), *h, (t.path / "dst").string());
+  REQUIRE_FALSE(early.has_value());
+  CHECK(early.error().code == "missing_base");
+  CHECK(early.error().message.find("import s-aaaaaaaaaaaaaaaa first") != std::string::npos);
+  // With the base: every chunk is there, and the stream reads back.
+  store(t.path / "dst", a);
+  auto added = store_delta_chunks((t.path / "d").string(), *h, (t.path / "dst").string());
+  REQUIRE_MESSAGE(added.has_value(), added.error().message);
+  CHECK(read_back(t.path / "dst", lb).value() == b);
+
+  auto crafted = [&](auto edit) {
+    std::string bytes;
+    {
+      std::ifstream in(t.path / "d", std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    edit(bytes);
+    std::ofstream(t.path / "e", std::ios::binary | std::ios::trunc) << bytes;
+    auto hh = read_delta_header((t.path / "e").string());
+    if (!hh) return hh.error().message;
+    fs::remove_all(t.path / "fresh");
+    store(t.path / "fresh", a);
+    auto r = store_delta_chunks((t.path / "e").string(), *hh, (t.path / "fresh").string());
+    return r ? std::string() : r.error().message;
+  };
+  CHECK(crafted([](std::string& s) { s[11] = '\x7f'; }).find("header length") != std::string::npos);
+  CHECK(crafted([](std::string& s) { s.resize(s.size() - 10); }).find("ends inside chunk") != std::string::npos);
+  CHECK(crafted([](std::string& s) { s += "x"; }).find("bytes follow its last chunk") != std::string::npos);
+  CHECK(crafted([](std::string& s) { s[s.size() - 100] ^= 0x20; }).find("is corrupted") != std::string::npos);
+  CHECK(crafted([](std::string& s) { s.replace(0, 8, "NOTDELTA"); }).find("does not begin with") != std::string::npos);
+  // The corrupted chunk was not kept.
+  for (auto& c : lb.chunks) {
+    fs::path f = t.path / "fresh" / c.sha256.substr(0, 2) / c.sha256;
+    if (!fs::exists(f)) continue;
+    std::ifstream in(f, std::ios::binary);
+    std::string z((std::istreambuf_iterator<char>(in)), {});
+    std::string out(kChunkMax, '\0');
+    size_t n = ZSTD_decompress(out.data(), out.size(), z.data(), z.size());
+    REQUIRE_FALSE(ZSTD_isError(n));
+  }
 }
