@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "archive/archive.hpp"
+#include "scratch.hpp"
 
 using namespace sbx::archive;
 namespace fs = std::filesystem;
@@ -23,13 +24,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Dirs {
-  std::string root, src, dst;
-  Dirs() {
-    char tmpl[] = "/tmp/sbx-fuzz-archive-XXXXXX";
-    root = ::mkdtemp(tmpl);
-    src = root + "/in.tar.zst";
-    dst = root + "/out";
-  }
+  std::string src = scratch_dir("archive") + "/in.tar.zst";
+  std::string dst = scratch_dir("archive") + "/out";
 };
 
 const Dirs& dirs() {
@@ -59,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::error_code ec;
   fs::remove_all(d.dst, ec);
   // Nothing but in.tar.zst may ever appear beside the extraction directory.
-  for (auto& e : fs::directory_iterator(d.root, ec))
+  for (auto& e : fs::directory_iterator(scratch_dir("archive"), ec))
     if (e.path().filename() != "in.tar.zst") __builtin_trap();
   return 0;
 }

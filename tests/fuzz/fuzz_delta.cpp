@@ -14,25 +14,21 @@
 
 #include "archive/chunks.hpp"
 #include "archive/hash.hpp"
+#include "scratch.hpp"
 
 using namespace sbx::archive;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Dirs {
-  std::string root, src, store;
-  Dirs() {
-    char tmpl[] = "/tmp/sbx-fuzz-delta-XXXXXX";
-    root = ::mkdtemp(tmpl);
-    src = root + "/in.delta";
-    store = root + "/chunks";
-  }
-};
+const std::string& src() {
+  static const std::string p = scratch_dir("delta") + "/in.delta";
+  return p;
+}
 
-const Dirs& dirs() {
-  static Dirs d;
-  return d;
+const std::string& store_dir() {
+  static const std::string p = scratch_dir("delta") + "/chunks";
+  return p;
 }
 
 // Every chunk file kept in the store decompresses to bytes that hash to its name.
@@ -54,16 +50,15 @@ void check_store(const std::string& store) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const Dirs& d = dirs();
   {
-    std::ofstream f(d.src, std::ios::binary | std::ios::trunc);
+    std::ofstream f(src(), std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   }
-  if (auto h = read_delta_header(d.src)) {
-    (void)store_delta_chunks(d.src, *h, d.store);
-    check_store(d.store);
+  if (auto h = read_delta_header(src())) {
+    (void)store_delta_chunks(src(), *h, store_dir());
+    check_store(store_dir());
   }
   std::error_code ec;
-  fs::remove_all(d.store, ec);
+  fs::remove_all(store_dir(), ec);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "checkpoint/checkpointer.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
+#include "temp-dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace sbx::archive;
@@ -20,13 +21,9 @@ namespace os = sbx::os;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/sbx-archive-test-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
+// One per test case: its own directory, gone at the end.
+struct TempDir : sbx::test::TempDir {
+  TempDir() : sbx::test::TempDir("archive-test") {}
 };
 
 void put(const fs::path& p, const std::string& text) {

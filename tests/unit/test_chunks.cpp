@@ -11,6 +11,7 @@
 
 #include "archive/archive.hpp"
 #include "archive/chunks.hpp"
+#include "temp-dir.hpp"
 
 #include <zstd.h>
 
@@ -19,13 +20,9 @@ using namespace sbx::archive;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/sbx-chunks-test-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
+// One per test case: its own directory, gone at the end.
+struct TempDir : sbx::test::TempDir {
+  TempDir() : sbx::test::TempDir("chunks-test") {}
 };
 
 std::string random_bytes(size_t n, uint32_t seed) {
