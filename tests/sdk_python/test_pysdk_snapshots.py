@@ -57,3 +57,19 @@ def test_export_then_import_gives_back_the_same_snapshot(server):
     assert "s-" + hashlib.sha256(archive).hexdigest()[:16] == sid
     assert gone and back["snapshot"] == sid and back["existing"] is False and sid in listed
     assert bad.code == "bad_snapshot" and "refused" in bad.message
+
+
+def test_a_delta_against_a_base_the_box_has_makes_the_same_snapshot(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            a = (await box.checkpoint("a"))["snapshot"]
+            b = (await box.checkpoint("b"))["snapshot"]
+            whole = await box.export_snapshot(b)
+            delta = await box.export_snapshot(b, base=a)
+            await box.delete_snapshot(b)
+            back = await box.import_snapshot(delta)
+            listed = [s["id"] for s in await box.snapshots()]
+            return a, b, whole, delta, back, listed
+    a, b, whole, delta, back, listed = run(go(), 120)
+    assert delta.startswith(b"SBXDELTA") and len(delta) < len(whole)
+    assert back["snapshot"] == b and back["base"] == a and back["existing"] is False and b in listed

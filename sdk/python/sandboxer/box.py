@@ -211,10 +211,12 @@ class Box:
         """Deletes snapshot `snapshot`."""
         await self._conn.request("snapshot.delete", {"snapshot": snapshot})
 
-    async def export_snapshot(self, snapshot: str) -> bytes:
-        """The archive of snapshot `snapshot` (received in binary frames)."""
+    async def export_snapshot(self, snapshot: str, base: str | None = None) -> bytes:
+        """The archive of snapshot `snapshot` (received in binary frames). With `base`, a delta
+        instead: only the chunks `base` lacks, for a box that has `base` (import_snapshot takes it)."""
         recv = _Receiver(f"snapshot.export {snapshot}")
-        reply = await self._conn.request("snapshot.export", {"snapshot": snapshot}, sink=recv)
+        fields = {"snapshot": snapshot} | ({"base": base} if base else {})
+        reply = await self._conn.request("snapshot.export", fields, sink=recv)
         closed = asyncio.ensure_future(self._conn.wait_closed())
         try:
             return await recv.result(closed, reply)

@@ -212,10 +212,14 @@ export class Box {
     await this.conn.request("snapshot.delete", { snapshot });
   }
 
-  /** The archive of snapshot `snapshot` (received in binary frames). */
-  async exportSnapshot(snapshot: string): Promise<Uint8Array> {
+  /**
+   * The archive of snapshot `snapshot` (received in binary frames). With `base`, a delta instead:
+   * only the chunks `base` lacks, for a box that has `base` (importSnapshot takes it).
+   */
+  async exportSnapshot(snapshot: string, base?: string): Promise<Uint8Array> {
     const recv = new Receiver(`snapshot.export ${snapshot}`);
-    const reply = await this.conn.request("snapshot.export", { snapshot }, { sink: recv.sink });
+    const fields: JsonObject = base ? { snapshot, base } : { snapshot };
+    const reply = await this.conn.request("snapshot.export", fields, { sink: recv.sink });
     try {
       return await recv.result(this.conn, reply);
     } finally {

@@ -216,6 +216,15 @@ describe("one box", () => {
     assert.equal(back.snapshot, sid);
     const bad = await rejects(box.importSnapshot(archive.subarray(0, archive.length >> 1)));
     assert.equal(bad.code, "bad_snapshot");
+    // A delta against a snapshot the box has: only what that one lacks, and the same snapshot back.
+    const later = (await box.checkpoint("later")).snapshot;
+    const delta = await box.exportSnapshot(later, sid);
+    assert.equal(new TextDecoder().decode(delta.subarray(0, 8)), "SBXDELTA");
+    assert.ok(delta.length < (await box.exportSnapshot(later)).length);
+    await box.deleteSnapshot(later);
+    const again = await box.importSnapshot(delta);
+    assert.equal(again.snapshot, later);
+    assert.equal(again.base, sid);
     const e = await rejects(box.restore("s-0000000000000000"));
     assert.ok(e instanceof SandboxerError && e.code !== "unknown_op" && e.detail, String(e));
   });
