@@ -32,9 +32,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SDK = ROOT / "sdk" / "python" / "sandboxer"
 
 COPY_HOLD_S = 8
+KSM_AT_S = 60  # the KSM run: the copies' memory this long after the fork
 AGENT = r'''
 import os, sys, time
-COPY_HOLD_S = %d
+COPY_HOLD_S = float(sys.argv[4]) if len(sys.argv) > 4 else %d
 heap = bytearray(os.urandom(int(sys.argv[2]) << 20))
 if sys.argv[1] == "hold":
     print("ready", flush=True)
@@ -101,28 +102,56 @@ class KsmOn:
                 pass
 
 
+def copies_pss_mb():
+    """The proportional set size of every process running a copy of the agent, summed: each page
+    counted once however many copies share it (KSM's merged pages included)."""
+    total = 0
+    for d in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if b"COPY_HOLD_S" not in (d / "cmdline").read_bytes():
+                continue
+            for line in (d / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total / 1e6
+
+
 def ours(bindir, tmp, mb, ksm_only=False):
     state = tmp / f"ours-{mb}{'-ksm' if ksm_only else ''}"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     # The agent starts with a clean environment: the SDK's path is handed on by name.
-    # KSM: pages_sharing sampled while the copies run (KSM turned on for the run where it can be).
+    # KSM: pages_sharing sampled while the copies run (KSM turned on for the run where it can be);
+    # its copies are held past KSM_AT_S, when their memory is measured.
     ksm_base = ksm_pages_sharing()
+    hold = [str(KSM_AT_S + 5)] if ksm_only else []
     p = subprocess.Popen([str(bindir / "sandboxer-init"), "--state-dir", str(state), "--set", box_memory(mb),
-                          "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N)],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--env", "SBX_AGENT_SDK", "--", sys.executable, "-c", AGENT, "run", str(mb), str(FORK_N),
+                          *hold], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ksm_most = 0
+    pss_at = fork_t0 = None
     deadline = time.monotonic() + 900
     while p.poll() is None and time.monotonic() < deadline:
         if ksm_base is not None:
             ksm_most = max(ksm_most, (ksm_pages_sharing() or 0) - ksm_base)
-        time.sleep(0.2)
+        if ksm_only and fork_t0 is None:
+            try:
+                fork = next((e for e in journal(bindir, state) if e["type"] == "fork.created"), None)
+            except subprocess.CalledProcessError:
+                fork = None
+            if fork:  # from the fork request
+                fork_t0 = ts(fork) - fork["timings_ms"]["total"] / 1e3
+        if fork_t0 is not None and pss_at is None and time.time() - fork_t0 >= KSM_AT_S:
+            pss_at = copies_pss_mb()
+        time.sleep(0.2 if fork_t0 is not None or not ksm_only else 0.5)
     p.wait(timeout=60)
     ev = journal(bindir, state)
     if p.returncode != 0:
         ends = [f"{e.get('proc')} {e.get('reason')}" for e in ev if e["type"] == "proc.exited"]
         raise RuntimeError(f"sandboxer-init exited {p.returncode}" + (f" ({', '.join(ends)})" if ends else ""))
     if ksm_only:
-        return {"ksm_shared_mb": ksm_most * 4096 / 1e6 if ksm_base is not None else None}
+        return {"ksm_shared_mb": ksm_most * 4096 / 1e6 if ksm_base is not None else None, "copies_pss_mb": pss_at}
     created = [e for e in ev if e["type"] == "checkpoint.created"]
     fork = next(e for e in ev if e["type"] == "fork.created")
     first = created[0]
@@ -483,7 +512,9 @@ def one_size(bindir, tmp, mb, n, podman_ready):
               + (f"{o['fork8_memory_s']:.3f}s" if o["fork8_memory_s"] is not None else "(not reported by every copy)")
               + " from the fork request")
         print(f"         KSM: " + (f"{o['ksm_shared_mb']:.0f} MB of the {n} copies' memory shared at most (pages_sharing), "
-                                   f"of {n * mb} MB of heap" if o["ksm_shared_mb"] is not None else o["ksm_why"] or "not running"))
+                                   f"of {n * mb} MB of heap" if o["ksm_shared_mb"] is not None else o["ksm_why"] or "not running")
+              + (f"; the copies' PSS {KSM_AT_S} s after the fork: {o['copies_pss_mb']:.0f} MB"
+                 if o.get("copies_pss_mb") is not None else ""))
         print(f"         restore {o['restore_s']:.3f}s (a new box from the archive, verify and extract included: "
               f"{o['restore_from_archive_s']:.3f}s), fork of {n} {o['fork8_s']:.3f}s")
     else:
@@ -536,6 +567,9 @@ def one_size(bindir, tmp, mb, n, podman_ready):
                ov("fork8_memory_s"), note=why_ours)
     _rows.emit("checkpoint", f"fork of {n}: memory shared by KSM (pages_sharing at most), {agent}", "MB",
                ov("ksm_shared_mb"), better="higher", note=why_ours or (o["ksm_why"] if o else None))
+    _rows.emit("checkpoint", f"fork of {n}: the copies' memory {KSM_AT_S} s after the fork (sum of PSS), KSM on, {agent}",
+               "MB", ov("copies_pss_mb"), f"{n} x the heap", n * mb * 1.048576,
+               note=why_ours or (o["ksm_why"] if o else None))
     for what, unit, k, peer, pk in (
             (f"checkpoint to one archive (dump, files, compress), {agent}", "s", "checkpoint_total_s",
              "podman checkpoint --export", "dump_s"),
