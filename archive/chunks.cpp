@@ -56,6 +56,27 @@ base::Result<os::UniqueFd> open_store(const std::string& dir, bool create) {
   return fd;
 }
 
+// Keeps the compressed file `z` of chunk `hex` in the store `dir`: written to a temporary and
+// renamed into place without replacing. False when the store had it already (that copy stays).
+base::Result<bool> keep_chunk(int dir, const std::string& hex, std::string_view z) {
+  std::string sub = hex.substr(0, 2);
+  if (::mkdirat(dir, sub.c_str(), 0700) != 0 && errno != EEXIST)
+    return base::sys_fail("create the chunk directory " + sub, errno);
+  std::string tmp = sub + "/.tmp-" + os::random_hex(6);
+  os::UniqueFd fd(::openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return base::sys_fail("store chunk " + hex, errno);
+  if (auto r = os::write_all(fd.get(), z); !r) {
+    ::unlinkat(dir, tmp.c_str(), 0);
+    return base::sys_fail("store chunk " + hex, r.error());
+  }
+  fd.reset();
+  if (::renameat2(dir, tmp.c_str(), dir, chunk_path(hex).c_str(), RENAME_NOREPLACE) == 0) return true;
+  int err = errno;
+  ::unlinkat(dir, tmp.c_str(), 0);
+  if (err != EEXIST) return base::sys_fail("store chunk " + hex, err);
+  return false;
+}
+
 }  // namespace
 
 size_t chunk_boundary(const unsigned char* data, size_t n, bool at_end) {
@@ -127,23 +148,10 @@ base::Result<void> ChunkWriter::store(const unsigned char* p, size_t n) {
   }
   size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), zbuf_.data(), zbuf_.size(), p, n);
   if (ZSTD_isError(z)) return base::fail(std::string("compress a chunk: zstd: ") + ZSTD_getErrorName(z));
-  std::string sub = hex.substr(0, 2);
-  if (::mkdirat(dir_.get(), sub.c_str(), 0700) != 0 && errno != EEXIST)
-    return base::sys_fail("create the chunk directory " + sub, errno);
-  std::string tmp = sub + "/.tmp-" + os::random_hex(6);
-  os::UniqueFd fd(::openat(dir_.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd) return base::sys_fail("store chunk " + hex, errno);
-  if (auto r = os::write_all(fd.get(), {zbuf_.data(), z}); !r) {
-    ::unlinkat(dir_.get(), tmp.c_str(), 0);
-    return base::sys_fail("store chunk " + hex, r.error());
-  }
-  fd.reset();
   // Another writer may have stored the same chunk meanwhile: then its copy stays.
-  if (::renameat2(dir_.get(), tmp.c_str(), dir_.get(), rel.c_str(), RENAME_NOREPLACE) != 0) {
-    int err = errno;
-    ::unlinkat(dir_.get(), tmp.c_str(), 0);
-    if (err != EEXIST) return base::sys_fail("store chunk " + hex, err);
-  } else {
+  auto added = keep_chunk(dir_.get(), hex, {zbuf_.data(), z});
+  if (!added) return added.error();
+  if (*added) {
     list_.added_bytes += z;
     ++list_.new_chunks;
   }
@@ -432,20 +440,9 @@ base::Result<uint64_t> store_delta_chunks(const std::string& path, const DeltaHe
     ChunkRef c{sha, sizes.at(sha)};
     if (auto ok = check_compressed(c, z, out); !ok)
       return base::fail("the delta is refused: " + ok.error().message, "bad_snapshot");
-    std::string rel = chunk_path(sha), sub = sha.substr(0, 2);
-    if (::mkdirat(store->get(), sub.c_str(), 0700) != 0 && errno != EEXIST)
-      return base::sys_fail("create the chunk directory " + sub, errno);
-    std::string tmp = sub + "/.tmp-" + os::random_hex(6);
-    os::UniqueFd f(::openat(store->get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!f || !os::write_all(f.get(), z)) {
-      ::unlinkat(store->get(), tmp.c_str(), 0);
-      return base::sys_fail("store chunk " + sha, errno);
-    }
-    f.reset();
-    if (::renameat2(store->get(), tmp.c_str(), store->get(), rel.c_str(), RENAME_NOREPLACE) == 0)
-      added += n;
-    else
-      ::unlinkat(store->get(), tmp.c_str(), 0);  // already stored
+    auto kept = keep_chunk(store->get(), sha, z);
+    if (!kept) return kept.error();
+    if (*kept) added += n;
   }
   char extra;
   if (::read(fd.get(), &extra, 1) != 0)

@@ -164,8 +164,11 @@ json::object Checkpointer::remove(const std::string& id) {
 
 // ---- the chunk store ----
 
-std::optional<base::Result<archive::ChunkList>> Checkpointer::chunk_list(const std::string& id) const {
-  auto text = os::read_file(snap_dir_ + "/" + id + ".chunks");
+namespace {
+// The chunk list DIR/<id>.chunks, checked against the id (its archive's hash); nullopt when the
+// snapshot has none.
+std::optional<base::Result<archive::ChunkList>> read_chunk_list(const std::string& dir, const std::string& id) {
+  auto text = os::read_file(dir + "/" + id + ".chunks");
   if (!text) return std::nullopt;
   boost::system::error_code ec;
   auto v = json::parse(*text, ec);
@@ -176,6 +179,11 @@ std::optional<base::Result<archive::ChunkList>> Checkpointer::chunk_list(const s
     return base::Result<archive::ChunkList>(
         base::fail("the chunk list of " + id + " is of another snapshot (" + l->archive_sha256 + ")", "bad_snapshot"));
   return l;
+}
+}  // namespace
+
+std::optional<base::Result<archive::ChunkList>> Checkpointer::chunk_list(const std::string& id) const {
+  return read_chunk_list(snap_dir_, id);
 }
 
 void Checkpointer::collect_chunks() {
@@ -346,12 +354,7 @@ namespace {
 // the archive cut into chunks now and listed beside it. On the thread pool, counted as a writer.
 base::Result<archive::ChunkList> chunks_of(const std::string& dir, const std::string& id) {
   std::string base = dir + "/" + id;
-  if (auto text = os::read_file(base + ".chunks")) {
-    boost::system::error_code ec;
-    auto v = json::parse(*text, ec);
-    if (ec) return base::fail("the chunk list of " + id + " is not JSON", "bad_snapshot");
-    return archive::chunk_list_from_json(v);
-  }
+  if (auto l = read_chunk_list(dir, id)) return std::move(*l);
   struct stat st {};
   if (::stat((base + ".tar.zst").c_str(), &st) != 0) return base::fail("no snapshot \"" + id + "\"", "not_found");
   auto l = archive::chunk_archive(base + ".tar.zst", dir + "/chunks");
