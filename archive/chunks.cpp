@@ -324,15 +324,18 @@ base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id
   if (!store) return store.error();
   std::unordered_set<std::string> have;
   for (auto& c : base_list.chunks) have.insert(c.sha256);
-  std::vector<std::pair<const ChunkRef*, std::string>> bodies;
+  // The header first, with each included chunk's size; then the chunks, read one at a time (a
+  // delta may be as large as the whole snapshot: it is never held in memory).
+  std::vector<std::pair<std::string, uint64_t>> bodies;
   json::array included;
   for (auto& c : list.chunks) {
     if (have.contains(c.sha256)) continue;
     have.insert(c.sha256);  // once, however often the stream repeats it
-    auto z = read_all(store->get(), chunk_path(c.sha256), ZSTD_compressBound(kChunkMax));
-    if (!z) return base::fail("chunk " + c.sha256 + ": " + z.error().message, "bad_snapshot");
-    included.push_back(json::array{json::string(c.sha256), z->size()});
-    bodies.emplace_back(&c, std::move(*z));
+    struct stat st {};
+    if (::fstatat(store->get(), chunk_path(c.sha256).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+      return base::fail("chunk " + c.sha256 + " is missing from the store", "bad_snapshot");
+    included.push_back(json::array{json::string(c.sha256), st.st_size});
+    bodies.emplace_back(c.sha256, static_cast<uint64_t>(st.st_size));
   }
   std::string header = json::serialize(json::object{{"format", "sandboxer.delta"},
                                                     {"version", 1},
@@ -349,9 +352,17 @@ base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id
   auto w = os::write_all(out.get(), kDeltaMagic);
   if (w) w = os::write_all(out.get(), {reinterpret_cast<const char*>(le), 4});
   if (w) w = os::write_all(out.get(), header);
-  for (auto& [c, z] : bodies) {
-    if (w) w = os::write_all(out.get(), z);
-    total += z.size();
+  for (auto& [sha, size] : bodies) {
+    if (!w) break;
+    auto z = read_all(store->get(), chunk_path(sha), ZSTD_compressBound(kChunkMax));
+    if (!z || z->size() != size) {
+      ::unlink(dst.c_str());
+      return base::fail(
+          "chunk " + sha + ": " + (z ? "its size changed while the delta was written" : z.error().message),
+          "bad_snapshot");
+    }
+    w = os::write_all(out.get(), *z);
+    total += size;
   }
   if (!w || ::fsync(out.get()) != 0) {
     auto e = w ? base::sys_fail("fsync " + dst, errno) : base::sys_fail("write " + dst, w.error());
