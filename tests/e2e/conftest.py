@@ -37,3 +37,11 @@ def image(docker_env):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == TAG
     return TAG
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`--dist loadgroup`) every Docker test runs on one worker, so the suite
+    starts one private dockerd and builds the image once."""
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.xdist_group("docker"))

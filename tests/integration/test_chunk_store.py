@@ -76,6 +76,7 @@ def delta_moves_into_a_box_with_its_base(tmp_path, base_archive, delta, first, l
                      timeout=30)
 
 
+@pytest.mark.alone  # what changes between snapshots is paced by the clock: other load stretches it
 def test_periodic_snapshots_grow_the_store_by_what_changed(tmp_path):
     sets = ["checkpoint.every=1s", "checkpoint.keep=20", "resources.snapshots=24"]
     with WsBox(tmp_path, ["python3", "-c", AGENT], extra=[a for s in sets for a in ("--set", s)]) as box:

@@ -84,15 +84,16 @@ def test_journal_reads_back_every_event_after_the_supervisor_is_gone(tmp_path):
 def test_sigkill_mid_stream_keeps_everything_written(tmp_path):
     state = tmp_path / "s"
     events_file = tmp_path / "events.jsonl"
+    size = (1 << 34) + os.getpid()  # names this test's agent alone for the pkill below
     p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--events", str(events_file), "--",
-                          str(PROBE), "spew", str(1 << 34)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          str(PROBE), "spew", str(size)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline and (not events_file.exists() or events_file.stat().st_size < 4 << 20):
         time.sleep(0.05)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
     # The orphaned agent tree (its ns-init lost its supervisor) ends itself; make sure.
-    subprocess.run(["pkill", "-KILL", "-f", f"{PROBE} spew"], check=False)
+    subprocess.run(["pkill", "-KILL", "-f", f"{PROBE} spew {size}$"], check=False)
     seen = [json.loads(l) for l in events_file.read_text().splitlines() if l.endswith("}")]
     events = read_journal(state)
     assert_seq_complete(events)

@@ -141,6 +141,7 @@ def most_pages_sharing(state_dir, *extra):
     return most, read_journal(state_dir)
 
 
+@pytest.mark.alone  # reads and sets the host's KSM counters and settings
 @needs_criu
 def test_ksm_merges_the_identical_memory_of_live_copies(tmp_path, ksm_running):
     heap_pages = HEAP_MB << 20 >> 12

@@ -178,6 +178,19 @@ def ns_pids(pid):
     return None
 
 
+def descends_from(pid, ancestor):
+    """Whether `ancestor` is `pid` or one of its parents (pids in nested namespaces repeat across
+    boxes: only the process tree tells this box's agent from another's)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("PPid:"))
+        except (OSError, StopIteration):
+            return False
+    return False
+
+
 def test_as_pid1_of_a_pid_namespace_proc_started_names_the_running_agent(tmp_path):
     p, events = start_box(tmp_path / "s", [str(PROBE), "wait"])
     wait_for_output(events, "ready")
@@ -185,7 +198,8 @@ def test_as_pid1_of_a_pid_namespace_proc_started_names_the_running_agent(tmp_pat
     # The agent seen from here: its NSpid ends with the supervisor's view and the box's own view.
     sup = supervisor_pid(p)
     agent = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-             if (ns := ns_pids(pid)) and len(ns) >= 3 and ns[-2:] == [started["pid"], started["ns_pid"]]]
+             if (ns := ns_pids(pid)) and len(ns) >= 3 and ns[-2:] == [started["pid"], started["ns_pid"]]
+             and descends_from(pid, sup)]
     assert len(agent) == 1, (started, agent)
     assert open(f"/proc/{agent[0]}/cmdline").read().split("\0")[1] == "wait"
     os.kill(sup, signal.SIGTERM)
