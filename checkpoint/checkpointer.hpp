@@ -63,6 +63,10 @@ class Checkpointer {
   /// whose profile persists its agent).
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
                int first_index = 0, bool cold_if_refused = false);
+  /// Restores `snapshot` as the box's own agent (branch main, copy `index`), its journal
+  /// continuing the snapshot's: how a box started from an archive (`--restore`) or an idle box
+  /// asked to become a copy (`restore{snapshot, index}`) begins.
+  void restore_main(const std::string& snapshot, int index, Reply done);
   boost::json::array list() const;
   /// The snapshots the agent channel of `branch` may see (channel_refusal with to_delete false).
   boost::json::array list_for(const std::string& branch, const Lineage& lineage) const;

@@ -636,6 +636,19 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   op_done();
 }
 
+void Checkpointer::restore_main(const std::string& snapshot, int index, Reply done) {
+  // Continue the parent's numbering (restore refuses an id that is not one).
+  if (archive::valid_snapshot_id(snapshot))
+    if (auto text = os::read_file(snap_dir_ + "/" + snapshot + ".json")) {
+      boost::system::error_code ec;
+      json::value m = json::parse(*text, ec);
+      if (!ec && m.is_object())
+        if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
+          host_.continue_journal_after(ls->to_number<uint64_t>());
+    }
+  restore(snapshot, 1, false, std::move(done), "main", index);
+}
+
 void Checkpointer::start_from_archive(const std::string& path) {
   ++ops_;
   auto err = std::make_shared<std::string>();
@@ -663,21 +676,10 @@ void Checkpointer::start_from_archive(const std::string& path) {
             [this, fail, path](json::object r) {
               if (!r.at("ok").as_bool())
                 return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
-              std::string id(r.at("snapshot").as_string());
-              // Continue the parent's numbering.
-              auto text = os::read_file(snap_dir_ + "/" + id + ".json");
-              boost::system::error_code ec;
-              json::value m = text ? json::parse(*text, ec) : json::value();
-              if (!ec && m.is_object())
-                if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
-                  host_.continue_journal_after(ls->to_number<uint64_t>());
-              restore(
-                  id, 1, false,
-                  [this](json::object r2) {
-                    host_.box_started();
-                    if (!r2.at("ok").as_bool()) host_.end_box(125);
-                  },
-                  "main", settings_.restore_index);
+              restore_main(std::string(r.at("snapshot").as_string()), settings_.restore_index, [this](json::object r2) {
+                host_.box_started();
+                if (!r2.at("ok").as_bool()) host_.end_box(125);
+              });
               op_done();
             },
             false);

@@ -1,4 +1,5 @@
-// sandboxer restore URL SNAPSHOT [--json]: a snapshot restored in the box, as a branch of its own.
+// sandboxer restore URL SNAPSHOT [--index N] [--json]: a snapshot restored in the box, as a branch
+// of its own, or, with --index, as the idle box's own agent (copy N).
 // The reply is reported as fork's is (fork.cpp sends its request through restore_in_box too).
 #include <iostream>
 
@@ -35,13 +36,15 @@ int restore_in_box(const std::string& cmd, const std::string& url, const std::st
 }
 
 int cmd_restore(const std::vector<std::string>& args) {
-  auto a = parse_args(
-      args,
-      remote_spec({.usage = "usage: sandboxer restore URL SNAPSHOT", .flags = {"--json"}, .options = {"--host"}}));
+  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer restore URL SNAPSHOT [--index N]",
+                                         .flags = {"--json"},
+                                         .options = {"--host", "--index"}}));
   if (a.has("--host")) throw UsageError("--host: only fork starts new boxes (restore runs in the box)");
   a.expect_positionals(2);
-  return restore_in_box("restore", a.positionals()[0], a.value_or("--token-file", ""),
-                        {{"op", "restore"}, {"snapshot", a.positionals()[1]}}, a.has("--json"));
+  json::object req{{"op", "restore"}, {"snapshot", a.positionals()[1]}};
+  // --index: the box (started --idle) becomes that copy of the snapshot instead of gaining a branch.
+  if (a.has("--index")) req["index"] = a.number<int>("--index", 0);
+  return restore_in_box("restore", a.positionals()[0], a.value_or("--token-file", ""), std::move(req), a.has("--json"));
 }
 
 }  // namespace sbx::cli

@@ -688,6 +688,22 @@ void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {
   checkpointer_->restore(snapshot, n, fork, std::move(done));
 }
 
+void Box::restore_as_copy(const std::string& snapshot, int index, Reply done) {
+  if (!opts_.idle || becoming_copy_ || branches_.contains("main")) {
+    std::string why = becoming_copy_ ? "is becoming one already" : "runs an agent of its own";
+    return done({{"ok", false},
+                 {"error",
+                  {{"code", "not_idle"},
+                   {"message", "restore with an index makes an idle box (--idle) a copy; this box " + why}}}});
+  }
+  becoming_copy_ = true;
+  checkpointer_->restore_main(snapshot, index, [this, done = std::move(done)](boost::json::object r) {
+    becoming_copy_ = false;
+    if (r.at("ok").as_bool()) opts_.idle = false;  // the box now ends with its agent
+    done(std::move(r));
+  });
+}
+
 boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }

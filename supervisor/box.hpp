@@ -184,6 +184,11 @@ class Box : public checkpoint::Host {
   void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                   const std::string& by = "");
   void restore(const std::string& snapshot, int n, bool fork, Reply done);
+  /// restore{snapshot, index}: an idle box (--idle) becomes copy `index` of the snapshot, its
+  /// main branch, and from then on ends with that agent, as a box started with `--restore
+  /// ARCHIVE --restore-index N` does; refused (not_idle) in any other box. A failed restore
+  /// leaves the box idle.
+  void restore_as_copy(const std::string& snapshot, int index, Reply done);
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
@@ -313,8 +318,9 @@ class Box : public checkpoint::Host {
   /// resumes a snapshot taken before now.
   void note_agent_end();
   loop::UvHandle<uv_timer_t> persist_timer_, stop_timer_;
-  bool stopping_ = false;    // an on_stop or on_idle checkpoint is under way
-  bool hibernated_ = false;  // it succeeded: the box exits 0
+  bool stopping_ = false;       // an on_stop or on_idle checkpoint is under way
+  bool becoming_copy_ = false;  // an idle box's restore{snapshot, index} is under way
+  bool hibernated_ = false;     // it succeeded: the box exits 0
 
   // box-checkpoint.cpp: checkpoint::Host, what the checkpointer reaches of the box.
   checkpoint::Settings checkpoint_settings() const;

@@ -26,6 +26,9 @@ void op_checkpoint(OpContext& ctx) {
 
 void op_restore(OpContext& ctx) {
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
+  // `index`: an idle box becomes that copy of the snapshot (fork and migrate onto new boxes).
+  if (auto index = protocol::opt_int(ctx.fields(), "index", 0, 1023))
+    return ctx.box.restore_as_copy(snap, static_cast<int>(*index), ctx.later());
   ctx.box.restore(snap, 1, false, ctx.later());
 }
 

@@ -98,6 +98,56 @@ def test_export_then_import_into_another_box_restores_the_live_agent(tmp_path):
         assert a.alive() and b.alive()
 
 
+# COUNTER that ends with status 7 once /workspace/stop exists.
+STOPPABLE = ("import os, time\n"
+             "n = 0\n"
+             "while not os.path.exists('/workspace/stop'):\n"
+             "    n += 1\n"
+             "    print(n, flush=True)\n"
+             "    time.sleep(0.1)\n"
+             "raise SystemExit(7)\n")
+
+
+def test_an_idle_box_becomes_the_copy_it_is_asked_to_restore_with_an_index(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    archive = tmp_path / "moved.tar.zst"
+    with WsBox(tmp_path / "a", ["python3", "-c", STOPPABLE], extra=["--set", "resources.grace=1s"]) as a, \
+            WsBox(tmp_path / "b", [], extra=["--idle", "--set", "resources.grace=1s"]) as b:
+        time.sleep(1.0)
+        snap = cli(a, "checkpoint", a.url).stdout.strip().splitlines()[-1]
+        at_checkpoint = max(outputs(a, "main"))
+        assert cli(a, "export", a.url, snap, str(archive)).returncode == 0
+        assert cli(b, "import", b.url, str(archive)).returncode == 0
+        # A box with an agent of its own is refused: --index is for idle boxes only.
+        r = cli(a, "restore", a.url, snap, "--index", "1")
+        assert r.returncode != 0 and "runs an agent of its own" in r.stderr, r.stderr
+        # A restore that fails leaves the idle box idle.
+        r = cli(b, "restore", b.url, "s-0000000000000000", "--index", "2")
+        assert r.returncode != 0 and b.alive()
+        before = max(e["seq"] for e in b.read_events())
+        r = cli(b, "restore", b.url, snap, "--index", "2")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[0] == "main"
+        # Now it runs an agent: a second one is refused.
+        again = cli(b, "restore", b.url, snap, "--index", "3")
+        assert again.returncode != 0 and "runs an agent of its own" in again.stderr, again.stderr
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(outputs(b, "main")) < 3:
+            time.sleep(0.1)
+        seen = outputs(b, "main")
+        # The box's own agent continues A's from memory, as copy 2, its journal after A's.
+        assert seen and 1 < seen[0] <= at_checkpoint + 2, (seen[:3], at_checkpoint)
+        done = next(e for e in b.read_events() if e["type"] == "restore.done")
+        assert (done["branch"], done["index"], done["mode"]) == ("main", 2, "live"), done
+        last_seq = json.loads((b.state / "snapshots" / f"{snap}.json").read_text())["last_seq"]
+        assert last_seq > before and done["seq"] > last_seq, (before, last_seq, done["seq"])
+        # The box ends with its agent, with its status, as a box started with --restore does.
+        (b.workspace / "stop").write_text("")
+        assert b.proc.wait(timeout=30) == 7
+        assert a.alive()
+
+
 def test_a_truncated_or_corrupted_import_is_refused_and_leaves_nothing(tmp_path):
     good = tmp_path / "good.tar.zst"
     with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:

@@ -73,3 +73,21 @@ def test_a_delta_against_a_base_the_box_has_makes_the_same_snapshot(server):
     a, b, whole, delta, back, listed = run(go(), 120)
     assert delta.startswith(b"SBXDELTA") and len(delta) < len(whole)
     assert back["snapshot"] == b and back["base"] == a and back["existing"] is False and b in listed
+
+
+def test_an_idle_box_becomes_the_copy_restored_with_an_index(server, make_server):
+    idle = make_server([], ["--idle"])
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            sid = (await box.checkpoint("moved"))["snapshot"]
+            archive = await box.export_snapshot(sid)
+            # A box with an agent of its own gains a branch only without an index.
+            with pytest.raises(SandboxerError) as busy:
+                await box.restore(sid, index=1)
+        async with await Box.connect(idle.url, idle.token) as other:
+            await other.import_snapshot(archive)
+            return busy.value, await other.restore(sid, index=3)
+    busy, reply = run(go(), 90)
+    assert busy.code == "not_idle" and "idle" in busy.message
+    assert [(c["branch"], c["index"]) for c in reply["copies"]] == [("main", 3)], reply

@@ -191,9 +191,13 @@ class Box:
         return await self._conn.request("checkpoint", {"name": name, "leave_running": leave_running,
                                                        "branch": branch})
 
-    async def restore(self, snapshot: str) -> dict[str, Any]:
-        """Restores snapshot `snapshot` in this box."""
-        return await self._conn.request("restore", {"snapshot": snapshot})
+    async def restore(self, snapshot: str, index: int | None = None) -> dict[str, Any]:
+        """Restores snapshot `snapshot` in this box, as a new branch. With `index`, an idle box
+        (`sandboxer-init --idle`) becomes that copy of the snapshot instead, and ends with it."""
+        fields: dict[str, Any] = {"snapshot": snapshot}
+        if index is not None:
+            fields["index"] = index
+        return await self._conn.request("restore", fields)
 
     async def fork(self, snapshot: str, n: int = 1) -> dict[str, Any]:
         """Starts `n` copies of snapshot `snapshot` in this box, each a branch of its own."""

@@ -193,9 +193,12 @@ export class Box {
     return this.conn.request("checkpoint", { name, leave_running: opts.leaveRunning ?? true, branch: opts.branch });
   }
 
-  /** Restores snapshot `snapshot` in this box, as a new branch. */
-  restore(snapshot: string): Promise<JsonObject> {
-    return this.conn.request("restore", { snapshot });
+  /**
+   * Restores snapshot `snapshot` in this box, as a new branch. With `index`, an idle box
+   * (`sandboxer-init --idle`) becomes that copy of the snapshot instead, and ends with it.
+   */
+  restore(snapshot: string, index?: number): Promise<JsonObject> {
+    return this.conn.request("restore", { snapshot, index });
   }
 
   /** Starts `n` copies of snapshot `snapshot` in this box, each a branch of its own. */
