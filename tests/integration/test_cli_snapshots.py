@@ -1,4 +1,5 @@
 """The CLI's snapshot commands over the WebSocket: checkpoint a live agent, list, fork."""
+import contextlib
 import json
 import os
 import pathlib
@@ -63,12 +64,19 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         assert bad.returncode != 0 and "sandboxer fork:" in bad.stderr
 
 
-def test_export_then_import_into_another_box_restores_the_live_agent(tmp_path):
+@contextlib.contextmanager
+def agent_and_idle_box(tmp_path, source):
+    """Box A running `python3 -c source` and box B idle (no agent), side by side."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    archive = tmp_path / "moved.tar.zst"
-    with WsBox(tmp_path / "a", ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as a, \
+    with WsBox(tmp_path / "a", ["python3", "-c", source], extra=["--set", "resources.grace=1s"]) as a, \
             WsBox(tmp_path / "b", [], extra=["--idle", "--set", "resources.grace=1s"]) as b:
+        yield a, b
+
+
+def test_export_then_import_into_another_box_restores_the_live_agent(tmp_path):
+    archive = tmp_path / "moved.tar.zst"
+    with agent_and_idle_box(tmp_path, COUNTER) as (a, b):
         time.sleep(1.0)
         r = cli(a, "checkpoint", a.url)
         assert r.returncode == 0, r.stderr
@@ -109,11 +117,8 @@ STOPPABLE = ("import os, time\n"
 
 
 def test_an_idle_box_becomes_the_copy_it_is_asked_to_restore_with_an_index(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
     archive = tmp_path / "moved.tar.zst"
-    with WsBox(tmp_path / "a", ["python3", "-c", STOPPABLE], extra=["--set", "resources.grace=1s"]) as a, \
-            WsBox(tmp_path / "b", [], extra=["--idle", "--set", "resources.grace=1s"]) as b:
+    with agent_and_idle_box(tmp_path, STOPPABLE) as (a, b):
         time.sleep(1.0)
         snap = cli(a, "checkpoint", a.url).stdout.strip().splitlines()[-1]
         at_checkpoint = max(outputs(a, "main"))
