@@ -137,7 +137,7 @@ void Box::keep_own_snapshot(const json::value& id) {
 
 void Box::start_persistence() {
   int64_t every = opts_.profile.checkpoint.every_ms;
-  if (every <= 0) return;
+  if (every <= 0 || persist_timer_) return;
   persist_timer_ = loop::make_timer(loop_);
   persist_timer_->data = this;
   uv_timer_start(
@@ -279,6 +279,16 @@ void Box::resume_from(std::vector<json::object> candidates, size_t i, json::arra
         start_persistence();
       },
       "main", 0, true);
+}
+
+bool Box::resumes_at_start() {
+  // A box whose profile persists its agent resumes the newest snapshot of its main branch instead
+  // of starting the command again. So does one started --idle that has such a snapshot: a copy
+  // made in an idle box (restore with an index) that checkpointed itself, whose container
+  // restarts with the same command line; it then ends with that agent.
+  bool resuming = opts_.restore_file.empty() && opts_.profile.checkpoint.enabled() && !resume_candidates().empty();
+  if (resuming) opts_.idle = false;
+  return resuming;
 }
 
 bool Box::try_resume(uint64_t ended_seq) {

@@ -325,10 +325,7 @@ void Box::start() {
     live = possible.has_value();
     if (!live) why_not = possible.error().message;
   };
-  // A box whose profile persists its agent resumes the newest snapshot of its main branch instead
-  // of starting the command again (box-persist.cpp).
-  bool resuming =
-      opts_.restore_file.empty() && !opts_.idle && opts_.profile.checkpoint.enabled() && !resume_candidates().empty();
+  bool resuming = resumes_at_start();  // the newest snapshot of its main branch, not the command
   if (opts_.idle || !opts_.restore_file.empty() || resuming) {
     read_criu();
     caps["live_checkpoint"] = live;
@@ -677,6 +674,8 @@ void Box::emit_started() {
   emit("main", std::exchange(pending_started_, {}));
   // A box from an archive serves once its journal has begun (restore.done, box.started).
   start_server();
+  // Its agent, if the restore gave it one, is kept as any box's is (the profile's `checkpoint`).
+  if (branches_.contains("main")) start_persistence();
 }
 
 void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
@@ -699,7 +698,10 @@ void Box::restore_as_copy(const std::string& snapshot, int index, Reply done) {
   becoming_copy_ = true;
   checkpointer_->restore_main(snapshot, index, [this, done = std::move(done)](boost::json::object r) {
     becoming_copy_ = false;
-    if (r.at("ok").as_bool()) opts_.idle = false;  // the box now ends with its agent
+    if (r.at("ok").as_bool()) {
+      opts_.idle = false;  // the box now ends with its agent, and keeps it as its profile says
+      start_persistence();
+    }
     done(std::move(r));
   });
 }

@@ -295,6 +295,8 @@ class Box : public checkpoint::Host {
 
   // box-persist.cpp: the profile's `checkpoint` section (periodic snapshots, on_stop, on_idle,
   // the resume at start).
+  /// Whether this start resumes the main branch from its own newest snapshot (an idle box too).
+  bool resumes_at_start();
   /// Resumes the newest snapshot of the main branch, if the profile persists and there is one.
   /// `ended_seq`: the journal's last event of the run that ended.
   bool try_resume(uint64_t ended_seq);

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sbxtest import INIT, of_type, read_events, read_journal, wait_event
+from sbxtest import CLI, INIT, WsBox, of_type, read_events, read_journal, wait_event
 
 AGENT = pathlib.Path(__file__).resolve().parent / "persist_agent.py"
 
@@ -265,3 +265,46 @@ def test_the_checkpoint_section_is_validated_with_the_field_named(tmp_path):
                         "checkpoint={\"every\": \"1m\", \"keep\": 3}", "--", "true"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 125 and "checkpoint.keep: 3 snapshots do not fit in resources.snapshots (3)" in r.stderr
+
+
+def test_a_copy_made_in_an_idle_box_resumes_itself_when_started_idle_again(tmp_path):
+    # `fork --host docker` makes each copy in a container started `--idle` (restore with an index);
+    # a crash restarts that container with the same command line. A persisting copy must come back
+    # as itself (its own newest snapshot), not as an empty idle box.
+    sets = ["--set", "checkpoint.every=1s", "--set", "checkpoint.keep=2", "--set", "resources.grace=1s"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    archive = tmp_path / "a.tar.zst"
+
+    def cli(box, *args):
+        r = subprocess.run([str(CLI), *args, "--token-file", str(box.token_file)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()
+
+    with WsBox(tmp_path / "a", [sys.executable, str(AGENT), "0.1"], extra=sets) as a:
+        a_nonce = wait_event(a.events, lambda e: e["type"] == "proc.message")["message"]["nonce"]
+        snap = cli(a, "checkpoint", a.url)[-1]
+        cli(a, "export", a.url, snap, str(archive))
+    b = WsBox(tmp_path / "b", [], extra=["--idle", *sets])
+    try:
+        cli(b, "import", b.url, str(archive))
+        cli(b, "restore", b.url, snap, "--index", "0")
+        # The copy checkpoints itself (its own box's snapshots), then the box is killed.
+        wait_event(b.events, lambda e: e["type"] == "checkpoint.created" and e.get("name") == "periodic")
+    finally:
+        b.proc.kill()
+        b.proc.wait(30)
+    before = read_journal(b.state)
+    assert counters(before)[-1]["nonce"] == a_nonce
+    again = subprocess.Popen([str(INIT), "--state-dir", str(b.state), "--events", str(tmp_path / "events-2"),
+                              *sets, "--idle", "--"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        resumed = wait_event(tmp_path / "events-2", lambda e: e["type"] == "box.resumed")
+        wait_event(tmp_path / "events-2", lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        again.terminate()
+        again.wait(30)
+    assert resumed["snapshot"] != snap and resumed["mode"] == "live", resumed
+    later = counters(read_journal(b.state)[len(before):])
+    assert later and later[0]["nonce"] == a_nonce, later[:2]
