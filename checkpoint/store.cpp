@@ -334,8 +334,9 @@ void Checkpointer::imported(const std::string& id, json::object index, json::obj
   json::object r{{"ok", true}, {"snapshot", id}, {"trusted", trusted}, {"signed_by", signer}};
   for (auto& kv : what) r[kv.key()] = kv.value();
   if (announce) {
+    // `box` is the importing box's, as on every event; the snapshot's own box is `from_box`.
     json::object ev{{"type", "snapshot.imported"},
-                    {"box", index.contains("box") ? index.at("box") : json::value(nullptr)}};
+                    {"from_box", index.contains("box") ? index.at("box") : json::value(nullptr)}};
     for (auto& kv : r)
       if (kv.key() != "ok") ev[kv.key()] = kv.value();
     host_.emit("main", std::move(ev));
