@@ -23,6 +23,7 @@ int cmd_fork(const std::vector<std::string>& args);
 int cmd_snapshots(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
 int cmd_import(const std::vector<std::string>& args);
+int cmd_send(const std::vector<std::string>& args);
 int cmd_attach(const std::vector<std::string>& args);
 int cmd_exec(const std::vector<std::string>& args);
 int cmd_cp(const std::vector<std::string>& args);

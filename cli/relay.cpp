@@ -1,0 +1,252 @@
+#include "cli/relay.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "archive/archive.hpp"
+#include "archive/hash.hpp"
+#include "cli/session.hpp"
+#include "cli/tokens.hpp"
+#include "os/sys.hpp"
+
+namespace sbx::cli {
+
+namespace json = boost::json;
+using sdk::Client;
+
+namespace {
+
+constexpr size_t kChunk = 1 << 20;      // bytes per binary frame to a target
+constexpr size_t kInFlight = 8u << 20;  // bytes waiting to be sent, per target
+constexpr const char* kPending = "pending";
+
+struct Target {
+  sdk::Endpoint ep;
+  std::unique_ptr<Client> client;
+  bool connected = false, import_sent = false, last_sent = false, finished = false;
+  uint32_t upload_id = 0;
+  uint64_t sent = 0;
+  base::Result<json::object> result = base::fail("not started", kPending);
+};
+
+}  // namespace
+
+std::string new_spool_path(const std::string& snapshot) {
+  std::string home = state_home();
+  if (auto r = os::make_dirs(home, 0700); !r) throw std::runtime_error("create " + home + ": " + r.error().message());
+  return home + "/.spool-" + os::random_hex(4) + "-" + snapshot + ".tar.zst";
+}
+
+struct Relay::Impl {
+  Relay* self;
+  uv_loop_t* loop;
+  sdk::Endpoint source_ep;
+  std::string snapshot, spool_path;
+  os::UniqueFd spool;
+  std::unique_ptr<Client> source;
+  archive::Sha256 sha;
+  uint64_t size = 0, received = 0;
+  bool have_reply = false, complete = false, source_finished = false, sealed = false, notified = false;
+  json::object export_reply;
+  base::Result<json::object> source_result = base::fail("not started", kPending);
+  std::vector<std::unique_ptr<Target>> targets;
+
+  void fail_source(const std::string& why, const std::string& code);
+  void on_source_frame(uint64_t offset, bool last, std::string_view data);
+  void begin(Target& t);
+  void pump(Target& t);
+  void finish(Target& t, base::Result<json::object> r);
+  void check_done();
+};
+
+void Relay::Impl::fail_source(const std::string& why, const std::string& code) {
+  if (source_finished) return;
+  source_finished = true;
+  source_result = base::fail(why, code);
+  if (source) source->close();
+  // No target gets the frame that would end its upload: each box drops what it received.
+  for (auto& t : targets)
+    if (!t->finished) finish(*t, base::fail("the archive did not arrive whole: " + why, "source"));
+  check_done();
+}
+
+void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view data) {
+  if (source_finished) return;
+  if (!have_reply) return fail_source("archive bytes before snapshot.export's reply", "bad_reply");
+  if (offset != received)
+    return fail_source(
+        "a frame at byte " + std::to_string(offset) + " where byte " + std::to_string(received) + " was due",
+        "bad_frame");
+  if (received + data.size() > size)
+    return fail_source(
+        "a frame reaches byte " + std::to_string(received + data.size()) + " of an archive of " + std::to_string(size),
+        "bad_frame");
+  if (auto w = os::write_all(spool.get(), data); !w)  // in order: offset == received
+    return fail_source("write " + spool_path + ": " + w.error().message(), "local");
+  sha.update(data.data(), data.size());
+  received += data.size();
+  if (last) {
+    if (received != size)
+      return fail_source("the export ended at byte " + std::to_string(received) + " of " + std::to_string(size),
+                         "bad_frame");
+    // The id is the start of the archive's sha256: nothing is imported that does not hash to it.
+    if ("s-" + sha.hex().substr(0, 16) != snapshot)
+      return fail_source("the archive received does not hash to " + snapshot, "bad_snapshot");
+    complete = true;
+    source_finished = true;
+    source_result = export_reply;
+    source->close();
+  }
+  for (auto& t : targets) pump(*t);
+  check_done();
+}
+
+void Relay::Impl::begin(Target& t) {
+  if (!t.connected || !have_reply || t.import_sent || t.finished) return;
+  t.import_sent = true;
+  t.upload_id = static_cast<uint32_t>(
+      t.client->request({{"op", "snapshot.import"}, {"size", size}}, [this, &t](const json::object& rep) {
+        if (reply_ok(rep))
+          finish(t, rep);
+        else
+          finish(t, reply_error(rep));
+      }));
+  pump(t);
+}
+
+void Relay::Impl::pump(Target& t) {
+  if (!t.import_sent || t.finished) return;
+  std::string chunk;
+  while (t.sent < received && t.client->pending_bytes() < kInFlight) {
+    chunk.resize(static_cast<size_t>(std::min<uint64_t>(kChunk, received - t.sent)));
+    ssize_t n = ::pread(spool.get(), chunk.data(), chunk.size(), static_cast<off_t>(t.sent));
+    if (n <= 0)
+      return finish(
+          t, base::fail("read " + spool_path + ": " + (n < 0 ? os::last_error().message() : "file shrank"), "local"));
+    chunk.resize(static_cast<size_t>(n));
+    t.client->send_binary(t.upload_id, t.sent, false, chunk);
+    t.sent += chunk.size();
+  }
+  // The end of the upload, only for an archive that arrived whole and hashed to its id.
+  if (complete && t.sent == size && !t.last_sent) {
+    t.client->send_binary(t.upload_id, size, true, {});
+    t.last_sent = true;
+  }
+}
+
+void Relay::Impl::finish(Target& t, base::Result<json::object> r) {
+  if (t.finished) return;
+  t.finished = true;
+  t.result = std::move(r);
+  t.client->close();
+  check_done();
+}
+
+void Relay::Impl::check_done() {
+  if (!sealed || notified) return;
+  bool targets_done = std::all_of(targets.begin(), targets.end(), [](auto& t) { return t->finished; });
+  if (!targets_done) return;
+  // Every target has failed: the rest of the archive has nowhere to go.
+  if (!source_finished) return fail_source("no target left to send it to", "no_target");
+  notified = true;
+  if (self->on_done_) self->on_done_();
+}
+
+Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string spool_path)
+    : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  m.self = this;
+  m.loop = loop;
+  m.source_ep = std::move(source);
+  m.snapshot = std::move(snapshot);
+  m.spool_path = std::move(spool_path);
+}
+
+Relay::~Relay() = default;
+
+base::Result<void> Relay::start() {
+  auto& m = *impl_;
+  m.spool.reset(::open(m.spool_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!m.spool) return base::fail(m.spool_path + ": " + os::last_error().message(), "local");
+  m.source = std::make_unique<Client>(m.loop, m.source_ep);
+  m.source->on_close([&m](int code, const std::string& reason) {
+    m.fail_source("the connection to " + m.source_ep.url + " closed after " + std::to_string(m.received) + " of " +
+                      (m.have_reply ? std::to_string(m.size) : std::string("?")) + " bytes: " + reason + " (" +
+                      std::to_string(code) + ")",
+                  "closed");
+  });
+  m.source->on_binary(
+      [&m](uint32_t, uint64_t off, bool last, std::string_view data) { m.on_source_frame(off, last, data); });
+  m.source->connect([&m](const std::string& err) {
+    if (!err.empty()) return m.fail_source("connect to " + m.source_ep.url + ": " + err, "connect");
+    m.source->request({{"op", "snapshot.export"}, {"snapshot", m.snapshot}}, [&m](const json::object& rep) {
+      if (!reply_ok(rep)) {
+        auto e = reply_error(rep);
+        return m.fail_source(e.message, e.code);
+      }
+      auto* size = rep.if_contains("size");
+      if (!size || !size->is_number() || size->to_number<int64_t>() <= 0)
+        return m.fail_source("snapshot.export's reply names no size", "bad_reply");
+      m.size = size->to_number<uint64_t>();
+      m.export_reply = rep;
+      m.have_reply = true;
+      for (auto& t : m.targets) m.begin(*t);
+    });
+  });
+  return {};
+}
+
+size_t Relay::add_target(sdk::Endpoint ep) {
+  auto& m = *impl_;
+  auto t = std::make_unique<Target>();
+  t->ep = std::move(ep);
+  Target& tr = *t;
+  m.targets.push_back(std::move(t));
+  tr.client = std::make_unique<Client>(m.loop, tr.ep);
+  if (m.source_finished && !m.complete) {
+    m.finish(tr, base::fail("the archive did not arrive whole: " + m.source_result.error().message, "source"));
+    return m.targets.size() - 1;
+  }
+  tr.client->on_close([&m, &tr](int code, const std::string& reason) {
+    m.finish(tr, base::fail(
+                     "the connection to " + tr.ep.url + " closed first: " + reason + " (" + std::to_string(code) + ")",
+                     "closed"));
+  });
+  tr.client->on_drained([&m, &tr] { m.pump(tr); });
+  tr.client->connect([&m, &tr](const std::string& err) {
+    if (!err.empty()) return m.finish(tr, base::fail("connect to " + tr.ep.url + ": " + err, "connect"));
+    tr.connected = true;
+    m.begin(tr);
+  });
+  return m.targets.size() - 1;
+}
+
+void Relay::seal() {
+  impl_->sealed = true;
+  impl_->check_done();
+}
+
+void Relay::abort(const std::string& why) {
+  auto& m = *impl_;
+  for (auto& t : m.targets)
+    if (!t->finished) m.finish(*t, base::fail(why, "interrupted"));
+  m.fail_source(why, "interrupted");
+  m.sealed = true;
+  m.check_done();
+}
+
+bool Relay::done() const { return impl_->notified; }
+
+const base::Result<json::object>& Relay::source() const { return impl_->source_result; }
+
+std::vector<base::Result<json::object>> Relay::targets() const {
+  std::vector<base::Result<json::object>> out;
+  for (auto& t : impl_->targets) out.push_back(t->result);
+  return out;
+}
+
+uint64_t Relay::size() const { return impl_->size; }
+
+}  // namespace sbx::cli

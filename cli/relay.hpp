@@ -1,0 +1,65 @@
+#pragma once
+// One snapshot moved from a source box into N target boxes over the box API, read from the
+// source once (issue 17: fork and migrate on any host, no filesystem shared with the boxes).
+//
+// - The source's snapshot.export arrives in binary frames, each written to a spool file here and
+//   hashed as it comes; every target's snapshot.import is fed from the spool at that target's own
+//   pace (at most 8 MiB waiting per connection), so a slow target holds back neither the source
+//   nor the others and memory stays flat whatever the archive's size.
+// - Targets may join while the archive is still arriving (boxes that are still starting).
+// - A target gets the frame that ends its upload only once the whole archive has arrived and
+//   hashes to the snapshot's id. A source that fails or is cut off leaves every target with an
+//   upload that never ended: the box discards it when the connection closes (server.cpp), so a
+//   partial archive is never imported.
+// - Each outcome is reported: the source's (the export's reply, or why it failed) and each
+//   target's (its snapshot.import reply, or why it failed). One target's failure is its own.
+#include <uv.h>
+
+#include <boost/json.hpp>
+#include <functional>
+#include <memory>
+#include <sandboxer/client.hpp>
+#include <string>
+#include <vector>
+
+#include "base/result.hpp"
+
+namespace sbx::cli {
+
+/// A new spool file's path in the CLI's state dir (tokens.hpp), for `snapshot`.
+std::string new_spool_path(const std::string& snapshot);
+
+class Relay {
+ public:
+  /// On `loop` (run by the caller); the archive is spooled in `spool_path` (created, truncated).
+  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string spool_path);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  /// Starts the export. Fails only when the spool file cannot be created.
+  base::Result<void> start();
+  /// A target box; returns its index in targets(). Any time before seal().
+  size_t add_target(sdk::Endpoint target);
+  /// No more targets: done() once every one has an outcome.
+  void seal();
+  /// Ends everything now: the source's and every unfinished target's outcome is `why`.
+  void abort(const std::string& why);
+  /// Called once, when the source and every target have an outcome (after seal()).
+  void on_done(std::function<void()> fn) { on_done_ = std::move(fn); }
+
+  bool done() const;
+  /// The export's reply ({"ok": true, "snapshot", "size"}), or why the archive did not arrive whole.
+  const base::Result<boost::json::object>& source() const;
+  /// Per target: its snapshot.import reply ({"ok": true, "snapshot", ...}), or why it failed.
+  std::vector<base::Result<boost::json::object>> targets() const;
+  uint64_t size() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::function<void()> on_done_;
+};
+
+}  // namespace sbx::cli

@@ -1,0 +1,78 @@
+// sandboxer send URL SNAPSHOT --to URL2 [--to URL3]...: a snapshot out of one box and into
+// others over the box API, read from the source once and fed to every target side by side
+// (relay.hpp), with nothing left on this machine. The boxes may be on any host this machine
+// reaches; no file is shared with them. A target imports the archive only if it arrived whole
+// and hashed to its id. One line per target that has it, on stdout: <URL> <SNAPSHOT>.
+// Tokens: --token-file for the source; --to-token-file once for every target, or once per --to in
+// the same order; without it each target's is SANDBOXER_TOKEN or the one stored for its URL.
+#include <iostream>
+
+#include "archive/archive.hpp"
+#include "cli/commands.hpp"
+#include "cli/relay.hpp"
+#include "cli/session.hpp"
+#include "cli/tokens.hpp"
+
+namespace sbx::cli {
+
+namespace json = boost::json;
+
+namespace {
+const char* kSendUsage = "usage: sandboxer send URL SNAPSHOT --to URL... [--token-file F] [--to-token-file F]...";
+}  // namespace
+
+int cmd_send(const std::vector<std::string>& args) {
+  auto a = parse_args(args, remote_spec({.usage = kSendUsage, .options = {"--to", "--to-token-file"}}));
+  a.expect_positionals(2);
+  const auto& snap = a.positionals()[1];
+  if (!archive::valid_snapshot_id(snap)) a.fail(snap + ": not a snapshot id (s- and 16 hex digits)");
+  auto to = a.values("--to");
+  if (to.empty()) a.fail("no target (--to URL)");
+  // One --to-token-file serves every target; as many as --to pair with them in order; none: each
+  // target's token is SANDBOXER_TOKEN or the one stored for its URL.
+  auto to_tokens = a.values("--to-token-file");
+  if (to_tokens.size() > 1 && to_tokens.size() != to.size())
+    a.fail(std::to_string(to_tokens.size()) + " --to-token-file for " + std::to_string(to.size()) +
+           " --to (give one for all, or one per target in order)");
+  Session s("send", a.positionals()[0], a);
+  std::vector<sdk::Endpoint> targets;
+  for (size_t i = 0; i < to.size(); ++i) {
+    const auto& url = to[i];
+    std::string tf = to_tokens.empty() ? "" : to_tokens[to_tokens.size() == 1 ? 0 : i];
+    sdk::Endpoint ep{url, find_token(url, tf), s.endpoint().insecure};
+    sdk::parse_url(url);
+    targets.push_back(std::move(ep));
+  }
+  std::string spool = new_spool_path(snap);
+  struct Unlink {
+    std::string path;
+    ~Unlink() { ::unlink(path.c_str()); }
+  } unlink_spool{spool};
+  Relay relay(s.loop(), s.endpoint(), snap, spool);
+  if (auto r = relay.start(); !r) return s.fail(r.error());
+  for (auto& t : targets) relay.add_target(t);
+  relay.seal();
+  relay.on_done([&] { s.stop(); });
+  s.on_interrupt([&] { relay.abort("interrupted"); });
+  if (!relay.done()) s.run();
+  int status = kExitOk;
+  if (!relay.source()) {
+    s.fail(relay.source().error(), "export " + snap + " from " + s.url());
+    status = kExitFailed;
+  }
+  auto results = relay.targets();
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i]) {
+      // Told once: a target that failed only because the source did is covered above.
+      if (relay.source()) s.fail(results[i].error(), "import into " + to[i]);
+      status = kExitFailed;
+      continue;
+    }
+    std::cout << to[i] << " " << json::value_to<std::string>(results[i]->at("snapshot")) << "\n";
+  }
+  if (status == kExitOk)
+    std::cerr << "sent " << snap << " (" << relay.size() << " bytes) to " << to.size() << " box(es)\n";
+  return status;
+}
+
+}  // namespace sbx::cli

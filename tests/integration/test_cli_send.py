@@ -1,0 +1,241 @@
+"""`sandboxer send`: a snapshot out of one box and into others over the box API, read once (issue
+17). The archive reaches a target's store only whole and hashing to its id: a stream cut or
+altered on the way leaves every target as it was, and the source untouched."""
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from sbxtest import CLI, WsBox, output_of
+
+COUNTER = ("import time\n"
+           "n = 0\n"
+           "while True:\n"
+           "    n += 1\n"
+           "    print(n, flush=True)\n"
+           "    time.sleep(0.1)\n")
+
+
+def numbers(box, branch="main"):
+    text = output_of(box.read_events(), branch).decode(errors="replace")
+    return [int(x) for x in text[:text.rfind("\n") + 1].split()]
+
+
+def sandboxer(*args, env=None, timeout=120):
+    return subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@contextlib.contextmanager
+def source_and_idle_boxes(tmp_path, n):
+    """Box A counting in memory, and `n` idle boxes (no agent), each with its own token."""
+    with contextlib.ExitStack() as stack:
+        (tmp_path / "a").mkdir()
+        a = stack.enter_context(WsBox(tmp_path / "a", ["python3", "-c", COUNTER],
+                                      extra=["--set", "resources.grace=1s"]))
+        idle = []
+        for i in range(n):
+            (tmp_path / f"t{i}").mkdir()
+            idle.append(stack.enter_context(WsBox(tmp_path / f"t{i}", [],
+                                                  extra=["--idle", "--set", "resources.grace=1s"])))
+        yield a, idle
+
+
+def checkpoint(a):
+    time.sleep(0.8)
+    r = sandboxer("checkpoint", a.url, "--token-file", str(a.token_file))
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def send(a, snap, targets, env=None, source_url=None):
+    args = ["send", source_url or a.url, snap, "--token-file", str(a.token_file)]
+    for t in targets:
+        args += ["--to", t.url, "--to-token-file", str(t.token_file)]
+    return sandboxer(*args, env=env)
+
+
+def snapshots_of(box):
+    return {p.name for p in (box.state / "snapshots").iterdir()} if (box.state / "snapshots").exists() else set()
+
+
+def test_send_moves_a_live_snapshot_into_two_idle_boxes_which_continue_the_agent(tmp_path):
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "cli-state"))
+    with source_and_idle_boxes(tmp_path, 2) as (a, targets):
+        snap = checkpoint(a)
+        at_checkpoint = max(numbers(a))
+        r = send(a, snap, targets, env=env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(r.stdout.split("\n")[:2]) == sorted(f"{t.url} {snap}" for t in targets), r.stdout
+        # Nothing of the archive stays on this machine.
+        assert not [p for p in (tmp_path / "cli-state").rglob("*") if p.is_file()]
+        a_box = next(e for e in a.read_events() if e["type"] == "box.started")["box"]
+        for i, t in enumerate(targets):
+            (imported,) = [e for e in t.read_events() if e["type"] == "snapshot.imported"]
+            t_box = next(e for e in t.read_events() if e["type"] == "box.started")["box"]
+            assert (imported["snapshot"], imported["from_box"], imported["box"]) == (snap, a_box, t_box), imported
+            rr = sandboxer("restore", t.url, snap, "--index", str(i), "--token-file", str(t.token_file))
+            assert rr.returncode == 0, rr.stderr
+        for i, t in enumerate(targets):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(numbers(t)) < 3:
+                time.sleep(0.1)
+            seen = numbers(t)
+            # Each continues A's counter from memory, as its copy i.
+            assert seen and 1 < seen[0] <= at_checkpoint + 2, (i, seen[:3], at_checkpoint)
+            done = next(e for e in t.read_events() if e["type"] == "restore.done")
+            assert (done["index"], done["mode"], done["snapshot"]) == (i, "live", snap)
+        n = max(numbers(a))
+        time.sleep(0.5)
+        assert a.alive() and max(numbers(a)) > n
+
+
+class FrameProxy:
+    """A TCP proxy on 127.0.0.1 in front of a box. The server's bytes after the HTTP upgrade are
+    read as WebSocket frames (unmasked, server to client), so the proxy can act on the archive:
+    `cut` closes both sides once that many payload bytes of binary frames have passed; `flip`
+    inverts one payload byte of the second binary frame and forwards the rest as it came."""
+
+    def __init__(self, port, *, cut=None, flip=False):
+        self.port, self.cut, self.flip = port, cut, flip
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.binary_bytes = 0
+        self.acted = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._frames, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def _frames(self, server, client):
+        buf = b""
+
+        def need(n):
+            nonlocal buf
+            while len(buf) < n:
+                data = server.recv(65536)
+                if not data:
+                    raise EOFError
+                buf += data
+
+        try:
+            need(4)
+            while b"\r\n\r\n" not in buf:
+                need(len(buf) + 1)
+            end = buf.index(b"\r\n\r\n") + 4
+            client.sendall(buf[:end])
+            buf = buf[end:]
+            binary_frames = 0
+            while True:
+                need(2)
+                length, head = buf[1] & 0x7F, 2
+                if length == 126:
+                    need(4)
+                    length, head = int.from_bytes(buf[2:4], "big"), 4
+                elif length == 127:
+                    need(10)
+                    length, head = int.from_bytes(buf[2:10], "big"), 10
+                need(head + length)
+                frame, buf = bytearray(buf[:head + length]), buf[head + length:]
+                if frame[0] & 0x0F == 2:
+                    binary_frames += 1
+                    if self.flip and binary_frames == 2 and length > 20:
+                        frame[-1] ^= 0xFF  # the payload's last byte, past the 13-byte header
+                        self.acted = True
+                    if self.cut is not None and self.binary_bytes + length > self.cut:
+                        self.acted = True
+                        raise EOFError
+                    self.binary_bytes += length
+                client.sendall(bytes(frame))
+        except (EOFError, OSError):
+            pass
+        for s in (client, server):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("how", ["cut", "flip"])
+def test_a_stream_cut_or_altered_on_the_way_reaches_no_target_and_leaves_the_source(tmp_path, how):
+    with source_and_idle_boxes(tmp_path, 2) as (a, targets):
+        snap = checkpoint(a)
+        before = [snapshots_of(t) for t in targets]
+        whole = tmp_path / "whole.tar.zst"
+        assert sandboxer("export", a.url, snap, str(whole), "--token-file", str(a.token_file)).returncode == 0
+        size = whole.stat().st_size
+        proxy = FrameProxy(a.port, cut=size // 2 if how == "cut" else None, flip=how == "flip")
+        try:
+            r = send(a, snap, targets, source_url=proxy.url)
+        finally:
+            proxy.close()
+        assert proxy.acted, "the proxy never reached the archive's frames"
+        assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+        if how == "cut":
+            assert f"of {size} bytes" in r.stderr and "closed after" in r.stderr, r.stderr
+        else:
+            assert f"does not hash to {snap}" in r.stderr, r.stderr
+        # No target imported anything, and none keeps a partial upload; all still serve.
+        time.sleep(0.5)
+        for t, had in zip(targets, before):
+            assert snapshots_of(t) == had
+            assert not any(e["type"] == "snapshot.imported" for e in t.read_events())
+            assert t.alive()
+        # The source is untouched: it still has the snapshot and counts on.
+        assert f"{snap}.json" in snapshots_of(a) and a.alive()
+        n = max(numbers(a))
+        time.sleep(0.4)
+        assert max(numbers(a)) > n
+        # Control: the same send straight from the source reaches both.
+        ok = send(a, snap, targets)
+        assert ok.returncode == 0, ok.stderr
+        for t in targets:
+            assert any(e["type"] == "snapshot.imported" and e["snapshot"] == snap for e in t.read_events())
+
+
+def test_send_says_what_was_wrong_and_one_bad_target_costs_only_itself(tmp_path):
+    with source_and_idle_boxes(tmp_path, 1) as (a, (good,)):
+        snap = checkpoint(a)
+        r = sandboxer("send", a.url, "not-a-snapshot", "--to", good.url, "--token-file", str(a.token_file))
+        assert r.returncode == 2 and "not a snapshot id" in r.stderr, r.stderr
+        r = sandboxer("send", a.url, snap, "--token-file", str(a.token_file))
+        assert r.returncode == 2 and "no target" in r.stderr, r.stderr
+        r = sandboxer("send", a.url, snap, "--to", good.url, "--to", good.url, "--token-file", str(a.token_file),
+                      "--to-token-file", str(good.token_file), "--to-token-file", str(good.token_file),
+                      "--to-token-file", str(good.token_file))
+        assert r.returncode == 2 and "3 --to-token-file for 2 --to" in r.stderr, r.stderr
+        r = send(a, "s-0000000000000000", [good])
+        assert r.returncode == 1 and "no snapshot" in r.stderr, r.stderr
+        assert not any(e["type"] == "snapshot.imported" for e in good.read_events())
+        # A target that does not answer fails alone: the other gets the snapshot.
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"ws://127.0.0.1:{closed.getsockname()[1]}"
+        r = sandboxer("send", a.url, snap, "--token-file", str(a.token_file), "--to", dead, "--to", good.url,
+                      "--to-token-file", str(good.token_file))
+        assert r.returncode == 1 and f"import into {dead}" in r.stderr, r.stderr
+        assert r.stdout == f"{good.url} {snap}\n", r.stdout
+        assert any(e["type"] == "snapshot.imported" and e["snapshot"] == snap for e in good.read_events())
+        assert a.alive() and good.alive()
