@@ -1,5 +1,5 @@
 // sandboxer fork URL --snapshot S -n N --host docker: one box's checkpoint, continued live in N new
-// containers (issue 6).
+// containers (issues 6 and 17).
 //
 // How it goes, and why this way:
 // - The box to fork is found by `docker inspect` of its container (the io.sandboxer.url label
@@ -7,27 +7,30 @@
 //   the profile file `up` wrote beside the box (overrides applied), and the user's own volumes
 //   (a live copy finds its bind mounts at the same places). The box's own word (the manifest's
 //   profile name) would lose the overrides and says nothing of volumes.
-// - The archive leaves the box over its WebSocket (snapshot.export), so the fork needs nothing
-//   but the URL and token; its id is its own sha256, checked here before any container starts.
-// - Each copy is a new container started by the same path as `up`, with the archive bound in
-//   read-only and `sandboxer-init --restore` as its command: the box is the restored copy from
-//   its first instant (its journal continues the parent's seq; no idle box waits for an upload),
-//   and a refusal (another image, another criu, a corrupted archive) ends the container with the
-//   reason in its journal and log. The API answers only once the restore is done or failed.
-// - Any failure removes every container this command started, and forgets their tokens.
+// - The snapshot moves over the box API only (issue 17): N containers start idle
+//   (`sandboxer-init --idle`) while the source's snapshot.export streams in; the archive is fed to
+//   each new box's snapshot.import as it arrives (relay.hpp: read from the source once, checked
+//   against its id before any box may import it), and each box is then asked to `restore` it as
+//   copy i, so its journal continues the parent's seq. No archive is bound into a container: the
+//   same path serves a dockerd on another machine.
+// - Any failure removes every container this command started; no token of theirs is kept.
+
+#include <uv.h>
 
 #include <chrono>
 #include <future>
 #include <iostream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "archive/archive.hpp"
 #include "cli/commands.hpp"
+#include "cli/relay.hpp"
+#include "cli/session.hpp"
 #include "cli/tokens.hpp"
-#include "journal/journal.hpp"
-#include "os/files.hpp"
+#include "loop/uv-handle.hpp"
 #include "os/sys.hpp"
 #include "shims/docker/docker.hpp"
 
@@ -38,36 +41,124 @@ namespace json = boost::json;
 
 namespace {
 
-// The restore's outcome in a new box's journal: restore.done (mode) or restore.failed (error).
-struct Outcome {
-  bool done = false, ok = false;
-  std::string mode, error;
-  double restore_ms = 0;
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One new container: its record once `up` returned, or why it did not start; and its log.
+struct Copy {
+  std::optional<dk::BoxRecord> box;
+  std::string error, log;
+  std::optional<size_t> target;  // its index in the relay
+  json::object restored;         // the restore's copy: mode, timings
+  bool restore_ended = false;
 };
 
-Outcome restore_outcome(const std::string& state_dir) {
-  Outcome out;
-  (void)journal::Journal::read(state_dir + "/journal", 0, [&](uint64_t, std::string_view line) {
-    boost::system::error_code ec;
-    auto v = json::parse(line, ec);
-    if (ec || !v.is_object()) return true;
-    auto& e = v.as_object();
-    auto* type = e.if_contains("type");
-    if (!type || !type->is_string()) return true;
-    if (type->as_string() == "restore.done") {
-      out = {true, true, e.contains("mode") ? std::string(e.at("mode").as_string()) : "", "", 0};
-      if (auto* t = e.if_contains("timings_ms"); t && t->is_object())
-        if (auto* r = t->as_object().if_contains("restore"); r && r->is_number())
-          out.restore_ms = r->to_number<double>();
-      return false;
-    }
-    if (type->as_string() == "restore.failed") {
-      out = {true, false, "", e.contains("error") ? json::value_to<std::string>(e.at("error")) : "restore failed", 0};
-      return false;
-    }
-    return true;
+Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index, int port) {
+  Copy c;
+  std::ostringstream log;
+  dk::UpOptions o;
+  o.profile = from.profile_file;
+  o.image = from.image;
+  o.volumes = from.volumes;
+  o.env = from.env;  // a copy that restarts cold gets the original's --env again
+  o.idle = true;
+  o.box_root = state_home() + "/docker";
+  o.port = port;
+  o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
+              "io.sandboxer.index=" + std::to_string(index)};
+  try {
+    c.box = dk::up(o, log);
+  } catch (const std::exception& e) {
+    c.error = e.what();
+  }
+  c.log = log.str();
+  return c;
+}
+
+// The N containers start side by side while the archive streams in; each joins the relay as soon
+// as its API answers. Returns once the archive has gone into every box that started, or failed.
+std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& from, const std::string& snap, int n) {
+  std::vector<Copy> copies(static_cast<size_t>(n));
+  size_t reported = 0;
+  std::mutex mu;
+  std::vector<std::pair<size_t, Copy>> ready;  // filled by the starting threads
+  auto wake = loop::UvHandle<uv_async_t>::make(s.loop(), uv_async_init, [](uv_async_t* h) {
+    if (h->data) (*static_cast<std::function<void()>*>(h->data))();
   });
-  return out;
+  if (!wake) throw std::runtime_error(wake.error().message);
+  std::function<void()> on_ready = [&] {
+    std::vector<std::pair<size_t, Copy>> got;
+    {
+      std::lock_guard lock(mu);
+      got.swap(ready);
+    }
+    for (auto& [i, c] : got) {
+      copies[i] = std::move(c);
+      ++reported;
+      if (copies[i].box) copies[i].target = relay.add_target({copies[i].box->url, copies[i].box->token, false});
+    }
+    if (reported == copies.size()) relay.seal();
+  };
+  (*wake)->data = &on_ready;
+  auto ports = dk::free_loopback_ports(n);
+  std::vector<std::future<void>> starting;
+  for (int i = 0; i < n; ++i)
+    starting.push_back(std::async(std::launch::async, [&, i, async = wake->get()] {
+      Copy c = start_idle_copy(from, snap, i, ports[static_cast<size_t>(i)]);
+      std::lock_guard lock(mu);
+      ready.emplace_back(static_cast<size_t>(i), std::move(c));
+      uv_async_send(async);
+    }));
+  relay.on_done([&] { s.stop(); });
+  s.on_interrupt([&] { relay.abort("interrupted"); });
+  if (!relay.done()) s.run();
+  for (auto& f : starting) f.wait();  // an interrupt ends the relay early: every container is known
+  (*wake)->data = nullptr;
+  on_ready();
+  return copies;
+}
+
+// restore{snapshot, index: i} in every box that has the snapshot, side by side.
+void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap, std::vector<std::string>& failures) {
+  std::vector<std::unique_ptr<sdk::Client>> clients;
+  size_t pending = 0;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    auto& c = copies[i];
+    auto client = std::make_unique<sdk::Client>(s.loop(), sdk::Endpoint{c.box->url, c.box->token, false});
+    auto* cl = client.get();
+    clients.push_back(std::move(client));
+    ++pending;
+    auto finish = [&, i, cl](std::optional<std::string> err, json::object copy) {
+      if (copies[i].restore_ended) return;
+      copies[i].restore_ended = true;
+      copies[i].restored = std::move(copy);
+      if (err) failures.push_back("box " + copies[i].box->name + ": " + *err);
+      cl->close();
+      if (--pending == 0) s.stop();
+    };
+    cl->on_close([finish](int code, const std::string& reason) {
+      finish("the connection closed before the restore's reply: " + reason + " (" + std::to_string(code) + ")", {});
+    });
+    cl->connect([&, cl, finish, i](const std::string& err) {
+      if (!err.empty()) return finish("connect: " + err, {});
+      cl->request({{"op", "restore"}, {"snapshot", snap}, {"index", i}}, [finish](const json::object& r) {
+        json::object copy;
+        if (auto* cs = r.if_contains("copies"); cs && cs->is_array() && !cs->as_array().empty())
+          copy = cs->as_array()[0].as_object();
+        if (reply_ok(r)) return finish(std::nullopt, copy);
+        std::string why = reply_error(r).message;
+        if (auto* e = copy.if_contains("error"); e && e->is_string()) why += ": " + std::string(e->as_string());
+        finish(why, copy);
+      });
+    });
+  }
+  s.on_interrupt([&] {
+    for (size_t i = 0; i < copies.size(); ++i)
+      if (!copies[i].restore_ended) failures.push_back("box " + copies[i].box->name + ": interrupted");
+    s.stop();
+  });
+  if (pending > 0) s.run();
 }
 
 }  // namespace
@@ -77,104 +168,57 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
     throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
   if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
   auto t0 = std::chrono::steady_clock::now();
-  auto ms_since = [](auto t) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-  };
   dk::BoxSpec from = dk::inspect_box(url);
+  Session s("fork", url, token_file);
+  std::string spool = new_spool_path(snap);
+  struct Unlink {
+    std::string path;
+    ~Unlink() { ::unlink(path.c_str()); }
+  } unlink_spool{spool};
+  Relay relay(s.loop(), s.endpoint(), snap, spool);
+  if (auto r = relay.start(); !r) return s.fail(r.error());
+  std::cerr << "fork: starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
+            << " streams from " << from.name << "\n";
+  std::vector<Copy> copies = start_and_send(s, relay, from, snap, n);
+  double sent_ms = ms_since(t0);
 
-  std::string work = state_home() + "/docker/.fork-" + os::random_hex(4);
-  if (auto r = os::make_dirs(work, 0700); !r) throw std::runtime_error("create " + work + ": " + r.error().message());
-  struct RemoveWork {
-    std::string dir;
-    ~RemoveWork() { os::remove_tree(dir); }
-  } remove_work{work};
-  std::string archive = work + "/" + snap + ".tar.zst";
-  // `sandboxer export` itself: the archive arrives whole and hashing to its id, or not at all.
-  std::vector<std::string> export_args = {url, snap, archive};
-  if (!token_file.empty()) export_args.insert(export_args.end(), {"--token-file", token_file});
-  if (cmd_export(export_args) != 0) throw std::runtime_error("export " + snap + " from " + url + " failed (see above)");
-  double export_ms = ms_since(t0);
-  std::cerr << "fork: " << snap << " exported from " << from.name << " in " << static_cast<int>(export_ms)
-            << " ms; starting " << n << " container(s) of " << from.image.substr(0, 19) << "\n";
-
-  // The copies start side by side: each `up` waits for its own API.
-  struct Started {
-    std::optional<dk::BoxRecord> box;
-    std::string error, log;
-  };
-  std::vector<std::future<Started>> starting;
-  auto ports = dk::free_loopback_ports(n);
-  for (int i = 0; i < n; ++i) {
-    starting.push_back(std::async(std::launch::async, [&, i] {
-      Started s;
-      std::ostringstream log;
-      dk::UpOptions o;
-      o.profile = from.profile_file;
-      o.image = from.image;
-      o.volumes = from.volumes;
-      o.env = from.env;  // a copy that restarts cold gets the original's --env again
-      o.restore_archive = archive;
-      o.box_root = state_home() + "/docker";
-      o.port = ports[static_cast<size_t>(i)];
-      o.restore_index = i;
-      o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
-                  "io.sandboxer.index=" + std::to_string(i)};
-      try {
-        s.box = dk::up(o, log);
-      } catch (const std::exception& e) {
-        s.error = e.what();
-      }
-      s.log = log.str();
-      return s;
-    }));
-  }
-  std::vector<Started> copies;
-  for (auto& f : starting) copies.push_back(f.get());
   std::vector<std::string> failures;
+  if (!relay.source()) failures.push_back("export from " + from.name + ": " + relay.source().error().message);
+  auto imported = relay.targets();
   for (auto& c : copies) {
     std::cerr << c.log;
-    if (!c.box) {
+    if (!c.box)
       failures.push_back(c.error);
-      continue;
-    }
-    try {
-      save_token(c.box->url, c.box->token);
-    } catch (const std::exception& e) {
-      failures.push_back("box " + c.box->name + ": " + e.what());
-    }
+    else if (relay.source() && !imported[*c.target])
+      failures.push_back("box " + c.box->name + ": import: " + imported[*c.target].error().message);
   }
-  // The API answers once the restore is done or failed: its outcome is in the journal by now.
-  std::vector<Outcome> outcomes(copies.size());
-  for (size_t i = 0; i < copies.size() && failures.empty(); ++i) {
-    auto& c = copies[i];
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!(outcomes[i] = restore_outcome(c.box->state_dir)).done && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!outcomes[i].done)
-      failures.push_back("box " + c.box->name + ": no restore.done in its journal");
-    else if (!outcomes[i].ok)
-      failures.push_back("box " + c.box->name + ": " + outcomes[i].error);
+  if (failures.empty()) {
+    std::cerr << "fork: " << snap << " (" << relay.size() << " bytes) in " << n << " box(es) after "
+              << static_cast<int>(sent_ms) << " ms\n";
+    restore_all(s, copies, snap, failures);
   }
   if (!failures.empty()) {
-    for (auto& c : copies) {
-      if (!c.box) continue;
-      dk::run_docker({"rm", "--force", c.box->name});
-      forget_token(c.box->url);
-    }
-    std::string msg = "fork of " + snap + " into " + std::to_string(n) +
-                      " container(s) failed (the containers it "
-                      "started are removed):";
-    for (auto& f : failures) msg += "\n  " + f;
-    throw std::runtime_error(msg);
+    for (auto& c : copies)
+      if (c.box) dk::run_docker({"rm", "--force", c.box->name});
+    s.report("fork of " + snap + " into " + std::to_string(n) +
+             " container(s) failed (the containers it started are removed):");
+    for (auto& f : failures) std::cerr << "  " << f << "\n";
+    return kExitFailed;
   }
-  for (size_t i = 0; i < copies.size(); ++i)
-    std::cerr << "fork: box " << copies[i].box->name << " restored " << snap << " (" << outcomes[i].mode << ", criu "
-              << static_cast<int>(outcomes[i].restore_ms) << " ms); journal in " << copies[i].box->state_dir << "\n";
+  for (auto& c : copies) {
+    save_token(c.box->url, c.box->token);
+    double criu_ms = 0;
+    if (auto* t = c.restored.if_contains("timings_ms"); t && t->is_object())
+      if (auto* r = t->as_object().if_contains("restore"); r && r->is_number()) criu_ms = r->to_number<double>();
+    std::string mode = c.restored.contains("mode") ? json::value_to<std::string>(c.restored.at("mode")) : "";
+    std::cerr << "fork: box " << c.box->name << " restored " << snap << " (" << mode << ", criu "
+              << static_cast<int>(criu_ms) << " ms); journal in " << c.box->state_dir << "\n";
+  }
   std::cerr << "fork: " << n << " container(s) in " << static_cast<int>(ms_since(t0)) << " ms\n";
   // For scripts: one line per copy, <branch> <URL>; each copy is branch main of its own box.
   for (auto& c : copies) std::cout << "main " << c.box->url << "\n";
   std::cout.flush();
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace sbx::cli

@@ -32,7 +32,7 @@ namespace {
 constexpr const char* kStateIn = "/var/lib/sandboxer/box";
 constexpr const char* kTokenIn = "/etc/sandboxer/secret/token";  // as shims/common.py
 constexpr const char* kProfileIn = "/etc/sandboxer/profile.json";
-constexpr const char* kRestoreIn = "/etc/sandboxer/restore.tar.zst";
+constexpr const char* kRestoreIn = "/etc/sandboxer/restore.tar.zst";  // boxes forked before issue 17
 constexpr const char* kSigningKeyIn = "/etc/sandboxer/secret/signing-key";
 constexpr const char* kTrustDirIn = "/etc/sandboxer/trust/";  // 0.pub, 1.pub, ...
 // The API's port inside a container on a bridge network.
@@ -226,10 +226,8 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
 }
 
 BoxRecord up(const UpOptions& o, std::ostream& log) {
-  if (o.argv.empty() && o.restore_archive.empty())
-    throw std::runtime_error("no command given (expected -- COMMAND ...)");
-  if (!o.argv.empty() && !o.restore_archive.empty())
-    throw std::runtime_error("a box starts from a command or from an archive, not both");
+  if (o.argv.empty() && !o.idle) throw std::runtime_error("no command given (expected -- COMMAND ...)");
+  if (!o.argv.empty() && o.idle) throw std::runtime_error("a box starts with a command or idle, not both");
   auto source = profile::find_profile(o.profile);
   boost::system::error_code ec;
   auto pv = json::parse(source.text, ec);
@@ -250,12 +248,6 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
     throw std::runtime_error("write " + token_file + ": " + r.error().message());
   if (auto r = os::write_file_atomic(profile_copy, json::serialize(plan.profile) + "\n", 0644); !r)
     throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
-  // The archive stays in the box's own dir for as long as the container may need its mount.
-  std::string archive_copy = box_dir + "/restore.tar.zst";
-  if (!o.restore_archive.empty() && ::link(o.restore_archive.c_str(), archive_copy.c_str()) != 0) {
-    if (auto r = os::copy_tree(o.restore_archive, archive_copy); !r)
-      throw std::runtime_error("copy " + o.restore_archive + " for " + box.name + ": " + r.error().message);
-  }
 
   // A bridge lets the API sit in the container's own network namespace, published on loopback;
   // without one (dockerd --bridge=none), host networking with a loopback listener.
@@ -318,15 +310,14 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
   args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
   for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
   for (auto& l : o.labels) args.insert(args.end(), {"--label", l});
-  if (!o.restore_archive.empty()) args.insert(args.end(), {"--volume", archive_copy + ":" + kRestoreIn + ":ro"});
   args.insert(args.end(), key_mounts.begin(), key_mounts.end());
   std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
   args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
                            "--listen", listen});
   args.insert(args.end(), key_args.begin(), key_args.end());
   for (auto& kv : o.env) args.insert(args.end(), {"--env", kv});
-  if (!o.restore_archive.empty()) {
-    args.insert(args.end(), {"--restore", kRestoreIn, "--restore-index", std::to_string(o.restore_index)});
+  if (o.idle) {
+    args.push_back("--idle");
   } else {
     args.push_back("--");
     args.insert(args.end(), o.argv.begin(), o.argv.end());

@@ -35,11 +35,11 @@ struct UpOptions {
   std::vector<std::string> argv;       // the agent's command
   std::vector<std::string> env;        // --env K=V for the agent (the container's own
                                        // environment does not reach it)
-  std::string restore_archive;         // instead of argv: a checkpoint archive on the host the
-                                       // box starts from (`sandboxer-init --restore`)
+  bool idle = false;                   // instead of argv: a box with no agent yet
+                                       // (`sandboxer-init --idle`), that a snapshot is moved
+                                       // into over its API (fork, issue 17)
   std::vector<std::string> labels;     // extra --label K=V
   int port = 0;                        // the API's loopback port; 0: a free one is picked
-  int restore_index = 0;               // with restore_archive: which copy this box is
   std::string box_root;                // host dir for per-box state: BOX_ROOT/NAME/{state,token}
   // Signed archives: the private key the box signs with and the public keys it trusts, host
   // files bound in read-only (the key beside the token, masked from the agent like it). An

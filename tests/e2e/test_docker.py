@@ -554,7 +554,9 @@ def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, im
                 att = subprocess.Popen([str(CLI), "attach", url, "--since", "0", "--json"], env=docker_env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 try:
-                    assert json.loads(att.stdout.readline())["type"] == "restore.done"
+                    # The box started idle, took the snapshot in, then became the copy.
+                    types = [json.loads(att.stdout.readline())["type"] for _ in range(4)]
+                    assert types == ["box.started", "server.listening", "snapshot.imported", "restore.done"], types
                 finally:
                     att.kill()
                     att.wait()

@@ -158,7 +158,8 @@ def test_sandboxer_up_hands_env_to_the_supervisor_in_the_container(tmp_path):
 
 FAKE_DOCKER_FORK = """#!/usr/bin/env python3
 # A docker that knows one box (FAKE_BOX_URL, started with --env KEPT=1) and whose new containers
-# exit at once; it records every `run` command line as a JSON line.
+# exit at once (so the fork fails after `docker run`); it records every `run` command line as a
+# JSON line.
 import json, os, sys
 a = sys.argv[1:]
 if a[0] == "run":
@@ -198,4 +199,6 @@ def test_a_fork_onto_new_containers_repeats_the_boxs_env(tmp_path):
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(runs) == 1, (f.stderr, runs)
     after_image = runs[0][runs[0].index("sha256:fake") + 1:]
-    assert "--restore" in after_image and after_image[after_image.index("--env") + 1] == "KEPT=1", after_image
+    # The copy starts idle (the snapshot reaches it over its API), with the original's --env.
+    assert "--idle" in after_image and after_image[after_image.index("--env") + 1] == "KEPT=1", after_image
+    assert "--restore" not in after_image and not any("restore.tar.zst" in a for a in runs[0]), runs[0]
