@@ -75,6 +75,14 @@ void kill_tree(pid_t root, int root_fd) {
   for (auto& m : members) (void)os::pidfd_signal(m.fd.get(), SIGKILL);
 }
 
+// The profile's document as JSON (null if it is none): a box started elsewhere from the snapshot
+// is given it (fork onto another host).
+json::value profile_document(const std::string& text) {
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  return !ec && v.is_object() ? v : json::value(nullptr);
+}
+
 std::string kernel_release() {
   struct utsname u {};
   ::uname(&u);
@@ -319,6 +327,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
                   {"name", name},
                   {"parent", b.lineage.snapshot.empty() ? json::value(nullptr) : json::value(b.lineage.snapshot)},
                   {"profile", settings_.profile_name},
+                  {"profile_doc", profile_document(settings_.profile_doc)},
                   {"image", image_id_ ? json::value(*image_id_) : json::value(nullptr)},
                   {"mode", op->live ? "live" : "fs"},
                   {"criu", op->live ? json::value(*host_.criu_version()) : json::value(nullptr)},

@@ -41,6 +41,7 @@ struct Settings {
   std::string box_id;
   std::string state_dir;      // snapshots/ and branches/ below it
   std::string profile_name;   // for the manifest
+  std::string profile_doc;    // the profile's JSON, overrides merged (the manifest's `profile_doc`)
   int64_t max_snapshots = 0;  // resources.snapshots: snapshots kept (checkpoints under way count)
   int64_t max_copies = 0;     // resources.copies: copies running at once
   bool landlock = false;      // the profile asks for Landlock, which criu does not restore

@@ -545,12 +545,25 @@ const char* network_mode_name(NetworkPolicy::Mode m) {
   return m == NetworkPolicy::Mode::Proxy ? "proxy" : m == NetworkPolicy::Mode::None ? "none" : "host";
 }
 
+namespace {
+void merge_document(json::object& into, const json::object& from) {
+  for (auto& kv : from) {
+    auto* cur = into.if_contains(kv.key());
+    if (cur && cur->is_object() && kv.value().is_object())
+      merge_document(cur->as_object(), kv.value().as_object());
+    else
+      into[kv.key()] = kv.value();
+  }
+}
+}  // namespace
+
 Profile parse_profile(std::string_view text) {
   boost::system::error_code ec;
   auto doc = json::parse(text, ec);
   if (ec) throw ProfileError("profile: not valid JSON: " + ec.message());
   Profile p;
   parse_into(p, doc);
+  if (doc.is_object()) p.document = json::serialize(doc);
   return p;
 }
 
@@ -609,6 +622,11 @@ void apply_override(Profile& p, const std::string& assignment) {
   } catch (const ProfileError& e) {
     throw ProfileError(std::string("--set ") + assignment + ": " + e.what());
   }
+  // The document too, merged as parse_into merges: objects field by field, anything else replaced.
+  auto whole = json::parse(p.document, ec);
+  if (ec || !whole.is_object()) whole = json::object();
+  merge_document(whole.as_object(), doc.as_object());
+  p.document = json::serialize(whole);
 }
 
 }  // namespace sbx::profile

@@ -45,6 +45,9 @@ struct Credential {
 
 struct Profile {
   std::string name = "default";
+  // The JSON document it was parsed from, with --set overrides merged in: what a box started
+  // elsewhere from one of its snapshots is given (the snapshot's manifest carries it).
+  std::string document = "{}";
   int version = 1;
   struct Resources {
     int64_t memory = 0;      // bytes; 0: no ceiling of our own

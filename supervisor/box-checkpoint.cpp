@@ -48,6 +48,7 @@ checkpoint::Settings Box::checkpoint_settings() const {
   s.box_id = id_;
   s.state_dir = opts_.state_dir;
   s.profile_name = opts_.profile.name;
+  s.profile_doc = opts_.profile.document;
   s.max_snapshots = opts_.profile.resources.snapshots;
   s.max_copies = opts_.profile.resources.copies;
   s.landlock = opts_.profile.isolation.landlock.has_value();

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <boost/json.hpp>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -99,6 +101,24 @@ TEST_CASE("profile: env is an object of strings, merged by overrides") {
   CHECK_THROWS_WITH_AS(profile::parse_profile(R"({"env": {"SANDBOXER_BOX": "x"}})"),
                        doctest::Contains("env.SANDBOXER_BOX: SANDBOXER_BOX is the supervisor's own"),
                        sbx::profile::ProfileError);
+}
+
+TEST_CASE("profile: its document keeps the fields given, with overrides merged field by field") {
+  profile::Profile p = parse_profile(R"({"name": "mine", "resources": {"memory": "1G", "cpus": 1}})");
+  profile::apply_override(p, "resources.cpus=2");
+  profile::apply_override(p, "env.PORT=8080");
+  profile::apply_override(p, "network=none");
+  auto doc = boost::json::parse(p.document).as_object();
+  CHECK(doc.at("name") == "mine");
+  CHECK(doc.at("resources").at("memory") == "1G");  // kept beside the override of cpus
+  CHECK(doc.at("resources").at("cpus") == 2);
+  CHECK(doc.at("env").at("PORT") == "8080");
+  CHECK(doc.at("network") == "none");
+  // The document parses to the same profile: what a box started from it gets.
+  profile::Profile again = parse_profile(p.document);
+  CHECK(again.resources.cpus == p.resources.cpus);
+  CHECK(again.resources.memory == p.resources.memory);
+  CHECK(again.env == p.env);
 }
 
 TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namespace") {
