@@ -6,7 +6,9 @@
 //   `up` put on it): the image by its id (the very image, not a tag that may have moved since),
 //   the profile file `up` wrote beside the box (overrides applied), and the user's own volumes
 //   (a live copy finds its bind mounts at the same places). The box's own word (the manifest's
-//   profile name) would lose the overrides and says nothing of volumes.
+//   profile name) would lose the overrides and says nothing of volumes. A box that is no
+//   container of this dockerd (DOCKER_HOST names another machine's) is forked from what its
+//   snapshot's manifest names: the image by its sandboxer image id, the profile document.
 // - The snapshot moves over the box API only (issue 17): N containers start idle
 //   (`sandboxer-init --idle`) while the source's snapshot.export streams in; the archive is fed to
 //   each new box's snapshot.import as it arrives (relay.hpp: read from the source once, checked
@@ -58,7 +60,8 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
   Copy c;
   std::ostringstream log;
   dk::UpOptions o;
-  o.profile = from.profile_file;
+  o.profile = "forked";
+  o.profile_text = from.profile_text;
   o.image = from.image;
   o.volumes = from.volumes;
   o.env = from.env;  // a copy that restarts cold gets the original's --env again
@@ -161,6 +164,42 @@ void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap,
   if (pending > 0) s.run();
 }
 
+// The box to fork: its container on this dockerd, or, for a box elsewhere (another dockerd,
+// any host), what the snapshot's manifest names: the image by its sandboxer image id (found here
+// by label) and the profile document. A box elsewhere lends no volumes and no --env.
+dk::BoxSpec source_spec(const std::string& url, const std::string& token_file, const std::string& snap) {
+  if (auto spec = dk::find_box(url)) return *spec;
+  std::string why;
+  try {
+    Session s("fork", url, token_file);
+    auto r = s.call({{"op", "snapshot.list"}});
+    if (!r) {
+      why = r.error().message;
+    } else {
+      for (auto& v : r->at("snapshots").as_array()) {
+        auto& m = v.as_object();
+        if (m.at("id") != json::value(snap)) continue;
+        auto* image = m.if_contains("image");
+        auto* doc = m.if_contains("profile_doc");
+        if (!image || !image->is_string())
+          throw std::runtime_error(snap + " names no image (taken in a box outside a sandboxer image)");
+        if (!doc || !doc->is_object())
+          throw std::runtime_error(snap + " carries no profile (taken by an older sandboxer-init)");
+        dk::BoxSpec spec;
+        spec.name = url;
+        spec.image = dk::image_with_id(std::string(image->as_string()));
+        spec.profile_text = json::serialize(*doc);
+        return spec;
+      }
+      why = "it has no snapshot " + snap;
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  throw std::runtime_error("no box container for " + url +
+                           " on this dockerd (see sandboxer ps), and the box itself: " + why);
+}
+
 }  // namespace
 
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n) {
@@ -168,7 +207,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
     throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
   if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
   auto t0 = std::chrono::steady_clock::now();
-  dk::BoxSpec from = dk::inspect_box(url);
+  dk::BoxSpec from = source_spec(url, token_file, snap);
   Session s("fork", url, token_file);
   std::string spool = new_spool_path(snap);
   struct Unlink {

@@ -39,7 +39,7 @@ const char* kUsage =
     "  ui URL|STATE_DIR [--port P] [--open]                                  a live view of the box in the browser\n"
     "  doctor [--json]                                                       what this host enforces, and what is "
     "missing\n"
-    "  up --host docker [--profile P] [--env K=V] [--image I] [-v SRC:DST] -- CMD...\n"
+    "  up --host docker [--profile P] [--env K=V] [--image I] [-v SRC:DST] [--publish-address IP] -- CMD...\n"
     "                                                                        start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
     "  ps [--json]                                                           the boxes this host runs\n"

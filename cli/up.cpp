@@ -16,7 +16,7 @@ namespace dk = sbx::shims::docker;
 namespace {
 const char* kUpUsage =
     "usage: sandboxer up --host docker [--profile P] [--set F=V] [--env K=V] [--image I] [--name N] [-v SRC:DST[:ro]] "
-    "-- CMD...";
+    "[--publish-address IP] -- CMD...";
 
 void check_host(const std::string& host) {
   if (host.empty()) throw UsageError("--host is required (docker)");
@@ -25,12 +25,13 @@ void check_host(const std::string& host) {
 }  // namespace
 
 int cmd_up(const std::vector<std::string>& args) {
-  auto a = parse_args(args, {.usage = kUpUsage,
-                             .flags = {"--help"},
-                             .options = {"--host", "--profile", "--set", "--env", "--image", "--name", "--volume"},
-                             .aliases = {{"-h", "--help"}, {"-v", "--volume"}},
-                             .max_positionals = 0,
-                             .command = CommandStart::after_dashdash});
+  auto a = parse_args(
+      args, {.usage = kUpUsage,
+             .flags = {"--help"},
+             .options = {"--host", "--profile", "--set", "--env", "--image", "--name", "--volume", "--publish-address"},
+             .aliases = {{"-h", "--help"}, {"-v", "--volume"}},
+             .max_positionals = 0,
+             .command = CommandStart::after_dashdash});
   if (a.has("--help")) {
     std::cout << kUpUsage << "\n";
     return kExitOk;
@@ -44,14 +45,18 @@ int cmd_up(const std::vector<std::string>& args) {
   o.image = a.value_or("--image", o.image);
   o.name = a.value_or("--name", o.name);
   o.volumes = a.values("--volume");
+  // A dockerd on another machine (DOCKER_HOST tcp:// or ssh://): where its box's API is published.
+  o.publish_address = a.value_or("--publish-address", "");
   o.argv = a.command();
   check_host(a.value_or("--host", ""));
   if (o.argv.empty()) throw UsageError(std::string("no command given (expected -- CMD...)\n") + kUpUsage);
   o.box_root = state_home() + "/docker";
   auto box = dk::up(o, std::cerr);
   save_token(box.url, box.token);
-  std::cerr << "box " << box.name << ": journal in " << box.state_dir << " (sandboxer log DIR), token in "
-            << token_path(box.url) << "\n";
+  std::cerr << "box " << box.name << ": journal in " << box.state_dir
+            << (box.state_dir.starts_with("volume:") ? " on the dockerd's host (sandboxer log URL)"
+                                                     : " (sandboxer log DIR or URL)")
+            << ", token in " << token_path(box.url) << "\n";
   std::cout << box.url << std::endl;  // the last line of stdout: what scripts read
   return 0;
 }

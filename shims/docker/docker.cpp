@@ -1,8 +1,10 @@
 #include "shims/docker/docker.hpp"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <sstream>
 #include <stdexcept>
@@ -166,6 +169,60 @@ std::vector<BoxRecord> parse_ps(const std::string& out) {
   return boxes;
 }
 
+// Where the dockerd is: this machine, or another one reached by tcp:// or ssh://.
+struct Daemon {
+  bool remote = false;
+  std::string endpoint;    // as the docker CLI names it
+  std::string publish_ip;  // remote: the address boxes' APIs are published on, which this machine reaches
+};
+
+// The host of tcp://H:P or ssh://[USER@]H[:P] ("" for a local endpoint).
+std::string remote_host(const std::string& endpoint) {
+  std::string rest;
+  if (endpoint.starts_with("tcp://"))
+    rest = endpoint.substr(6);
+  else if (endpoint.starts_with("ssh://"))
+    rest = endpoint.substr(6);
+  else
+    return "";
+  rest = rest.substr(0, rest.find('/'));
+  if (auto at = rest.rfind('@'); at != std::string::npos) rest = rest.substr(at + 1);
+  if (rest.starts_with("[")) return rest.substr(1, rest.find(']') - 1);
+  return rest.substr(0, rest.find(':'));
+}
+
+// A host name as the numeric address this machine reaches it at (the one a port is published on).
+std::string numeric_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0 || !res)
+    throw std::runtime_error("resolve " + host + ": " + ::gai_strerror(rc) + " (give --publish-address IP)");
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* a = res->ai_family == AF_INET6
+                      ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr)
+                      : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr);
+  ::inet_ntop(res->ai_family, a, buf, sizeof buf);
+  ::freeaddrinfo(res);
+  return buf;
+}
+
+// DOCKER_HOST if set, else the docker CLI's current context (DOCKER_CONTEXT or `docker context use`).
+Daemon find_daemon(const std::string& publish_address) {
+  Daemon d;
+  if (auto* h = std::getenv("DOCKER_HOST"); h && *h) {
+    d.endpoint = h;
+  } else {
+    auto r = run_docker({"context", "inspect", "--format", "{{.Endpoints.docker.Host}}"});
+    d.endpoint = r.status == 0 ? trim(r.out) : "";
+  }
+  std::string host = remote_host(d.endpoint);
+  // A tcp:// endpoint on this machine's loopback is still this machine.
+  d.remote = !host.empty() && host != "localhost" && !host.starts_with("127.") && host != "::1";
+  if (d.remote) d.publish_ip = numeric_address(publish_address.empty() ? host : publish_address);
+  return d;
+}
+
 }  // namespace
 
 DockerResult run_docker(const std::vector<std::string>& args) {
@@ -225,122 +282,97 @@ RunPlan plan_for_profile(json::object profile, const std::vector<std::string>& o
   return plan;
 }
 
-BoxRecord up(const UpOptions& o, std::ostream& log) {
+namespace {
+
+// Everything a box's container gets but its mounts and its network.
+struct Launch {
+  BoxRecord box;
+  RunPlan plan;
+  std::string profile_text;             // the profile with the overrides applied
+  std::string signing_key;              // host file
+  std::vector<std::string> trust_keys;  // host files, i.pub in kTrustDirIn
+  std::vector<std::string> opts;        // docker run/create options before the image
+  std::vector<std::string> init_args(const UpOptions& o, const std::string& listen) const;
+};
+
+std::vector<std::string> Launch::init_args(const UpOptions& o, const std::string& listen) const {
+  std::vector<std::string> a = {"--state-dir", kStateIn,   "--profile", kProfileIn,      "--token-file",
+                                kTokenIn,      "--listen", listen,      "--signing-key", kSigningKeyIn};
+  for (size_t i = 0; i < trust_keys.size(); ++i)
+    a.insert(a.end(), {"--trust-key", kTrustDirIn + std::to_string(i) + ".pub"});
+  if (o.allow_unsigned) a.push_back("--allow-unsigned");
+  for (auto& kv : o.env) a.insert(a.end(), {"--env", kv});
+  if (o.idle) {
+    a.push_back("--idle");
+  } else {
+    a.push_back("--");
+    a.insert(a.end(), o.argv.begin(), o.argv.end());
+  }
+  return a;
+}
+
+Launch prepare(const UpOptions& o) {
   if (o.argv.empty() && !o.idle) throw std::runtime_error("no command given (expected -- COMMAND ...)");
   if (!o.argv.empty() && o.idle) throw std::runtime_error("a box starts with a command or idle, not both");
-  auto source = profile::find_profile(o.profile);
+  std::string text = o.profile_text, where = "given with the fork";
+  if (text.empty()) {
+    auto source = profile::find_profile(o.profile);
+    text = source.text;
+    where = source.where;
+  }
   boost::system::error_code ec;
-  auto pv = json::parse(source.text, ec);
-  if (ec || !pv.is_object()) throw std::runtime_error("profile " + source.where + ": not a JSON object");
-  RunPlan plan = plan_for_profile(pv.as_object(), o.overrides);
-
-  BoxRecord box;
-  box.name = o.name.empty() ? "sbx-" + os::random_hex(5) : o.name;
-  box.image = o.image.empty() ? std::string("sandboxer/agent:") + SBX_VERSION : o.image;
-  std::string box_dir = o.box_root + "/" + box.name;
-  box.state_dir = box_dir + "/state";
-  for (auto& d : {box_dir, box.state_dir})
-    if (auto r = os::make_dirs(d, 0700); !r) throw std::runtime_error("create " + d + ": " + r.error().message());
-  box.token = os::random_hex(32);
-  std::string token_file = box_dir + "/token";
-  std::string profile_copy = box_dir + "/profile.json";
-  if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r)
-    throw std::runtime_error("write " + token_file + ": " + r.error().message());
-  if (auto r = os::write_file_atomic(profile_copy, json::serialize(plan.profile) + "\n", 0644); !r)
-    throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
-
-  // A bridge lets the API sit in the container's own network namespace, published on loopback;
-  // without one (dockerd --bridge=none), host networking with a loopback listener.
-  bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
-  int port = o.port > 0 ? o.port : free_loopback_port();
-  box.url = "ws://127.0.0.1:" + std::to_string(port);
-
+  auto pv = json::parse(text, ec);
+  if (ec || !pv.is_object()) throw std::runtime_error("profile " + where + ": not a JSON object");
+  Launch l;
+  l.plan = plan_for_profile(pv.as_object(), o.overrides);
+  l.profile_text = json::serialize(l.plan.profile) + "\n";
+  l.box.name = o.name.empty() ? "sbx-" + os::random_hex(5) : o.name;
+  l.box.image = o.image.empty() ? std::string("sandboxer/agent:") + SBX_VERSION : o.image;
+  l.box.token = os::random_hex(32);
   // The archive keys: the user's pair unless the caller names others.
-  std::string signing_key = o.signing_key;
-  std::vector<std::string> trust_keys = o.trust_keys;
-  if (signing_key.empty()) {
+  l.signing_key = o.signing_key;
+  l.trust_keys = o.trust_keys;
+  if (l.signing_key.empty()) {
     std::string dir = archive::user_key_dir();
     auto k = archive::ensure_user_key(dir);
     if (!k) throw std::runtime_error("the archive signing key: " + k.error().message);
-    signing_key = *k;
-    trust_keys.push_back(dir + "/signing.pub");
+    l.signing_key = *k;
+    l.trust_keys.push_back(dir + "/signing.pub");
   }
-  std::vector<std::string> key_args = {"--signing-key", kSigningKeyIn};
-  std::vector<std::string> key_mounts = {"--volume", signing_key + ":" + kSigningKeyIn + ":ro"};
-  for (size_t i = 0; i < trust_keys.size(); ++i) {
-    std::string in = kTrustDirIn + std::to_string(i) + ".pub";
-    key_mounts.insert(key_mounts.end(), {"--volume", trust_keys[i] + ":" + in + ":ro"});
-    key_args.insert(key_args.end(), {"--trust-key", in});
-  }
-  if (o.allow_unsigned) key_args.push_back("--allow-unsigned");
-
-  std::vector<std::string> args = {"run",
-                                   "--detach",
-                                   "--name",
-                                   box.name,
-                                   "--label",
-                                   "io.sandboxer.box=" + box.name,
-                                   "--label",
-                                   "io.sandboxer.url=" + box.url,
-                                   "--label",
-                                   "io.sandboxer.state=" + box.state_dir,
-                                   "--label",
-                                   "io.sandboxer.profile=" + o.profile,
-                                   "--stop-timeout",
-                                   std::to_string(plan.stop_timeout_s),
-                                   "--volume",
-                                   box.state_dir + ":" + kStateIn,
-                                   "--volume",
-                                   token_file + ":" + kTokenIn + ":ro",
-                                   "--volume",
-                                   profile_copy + ":" + kProfileIn + ":ro"};
-  if (bridge) {
-    args.insert(args.end(), {"--publish", "127.0.0.1:" + std::to_string(port) + ":" + std::to_string(kBridgePort)});
-  } else {
-    args.insert(args.end(), {"--network", "host"});
-  }
+  const RunPlan& plan = l.plan;
+  l.opts = {"--label",        "io.sandboxer.box=" + l.box.name,   "--label", "io.sandboxer.profile=" + o.profile,
+            "--stop-timeout", std::to_string(plan.stop_timeout_s)};
   if (plan.live_checkpoint_caps) {
-    args.insert(args.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN", "--cap-add",
-                             "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
+    l.opts.insert(l.opts.end(), {"--cap-add", "SYS_ADMIN", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN",
+                                 "--cap-add", "SYS_TIME", "--security-opt", "seccomp=unconfined", "--tmpfs", "/run"});
   } else if (plan.namespace_caps) {
     // Docker's seccomp profile refuses pivot_root even with SYS_ADMIN; the agent gets its own filter.
-    args.insert(args.end(),
-                {"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"});
+    l.opts.insert(l.opts.end(),
+                  {"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"});
   }
-  args.insert(args.end(), plan.limit_args.begin(), plan.limit_args.end());
-  for (auto& v : o.volumes) args.insert(args.end(), {"--volume", v});
-  for (auto& l : o.labels) args.insert(args.end(), {"--label", l});
-  args.insert(args.end(), key_mounts.begin(), key_mounts.end());
-  std::string listen = bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port);
-  args.insert(args.end(), {box.image, "--state-dir", kStateIn, "--profile", kProfileIn, "--token-file", kTokenIn,
-                           "--listen", listen});
-  args.insert(args.end(), key_args.begin(), key_args.end());
-  for (auto& kv : o.env) args.insert(args.end(), {"--env", kv});
-  if (o.idle) {
-    args.push_back("--idle");
-  } else {
-    args.push_back("--");
-    args.insert(args.end(), o.argv.begin(), o.argv.end());
-  }
+  l.opts.insert(l.opts.end(), plan.limit_args.begin(), plan.limit_args.end());
+  for (auto& v : o.volumes) l.opts.insert(l.opts.end(), {"--volume", v});
+  for (auto& lb : o.labels) l.opts.insert(l.opts.end(), {"--label", lb});
+  return l;
+}
 
-  log << "box " << box.name << ": image " << box.image << ", "
-      << (plan.live_checkpoint_caps ? "live-checkpoint capabilities"
-          : plan.namespace_caps     ? "namespace capabilities (SYS_ADMIN NET_ADMIN)"
-                                    : "no added capabilities")
-      << ", " << (bridge ? "bridge network" : "host network") << ", stop timeout " << plan.stop_timeout_s << "s\n";
-  auto forget = [&] { ::unlink(token_file.c_str()); };
-  if (auto r = run_docker(args); r.status != 0) {
-    forget();
-    throw std::runtime_error(docker_error("docker run " + box.name, r));
-  }
+void describe(const Launch& l, bool bridge, std::ostream& log, const std::string& where) {
+  log << "box " << l.box.name << ": image " << l.box.image << ", "
+      << (l.plan.live_checkpoint_caps ? "live-checkpoint capabilities"
+          : l.plan.namespace_caps     ? "namespace capabilities (SYS_ADMIN NET_ADMIN)"
+                                      : "no added capabilities")
+      << ", " << (bridge ? "bridge network" : "host network") << ", stop timeout " << l.plan.stop_timeout_s << "s"
+      << where << "\n";
+}
 
-  // Ready when the API answers; a container that ends first is reported with its log.
-  // The probe is a local connect (cheap, every 10 ms); whether the container still runs costs a
-  // docker CLI run, so that is asked every 400 ms.
+// Ready when the API answers; a container that ends first is reported with its log. The probe is
+// a connect (cheap, every 10 ms); whether the container still runs costs a docker CLI run, so
+// that is asked every 400 ms. `cleanup` runs before any throw.
+void wait_until_serving(const BoxRecord& box, const std::string& host, int port, const std::function<void()>& cleanup) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto next_state_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
   for (;;) {
-    if (protocol::probe_websocket("127.0.0.1", port, 500)) break;
+    if (protocol::probe_websocket(host, port, 500)) return;
     if (auto now = std::chrono::steady_clock::now(); now > next_state_check || now > deadline) {
       next_state_check = now + std::chrono::milliseconds(400);
       auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});
@@ -348,18 +380,152 @@ BoxRecord up(const UpOptions& o, std::ostream& log) {
       if (state != "running" && state != "created") {
         auto logs = run_docker({"logs", "--tail", "20", box.name});
         run_docker({"rm", "--force", box.name});
-        forget();
+        cleanup();
         throw std::runtime_error("box " + box.name + " ended before its API answered (" + state + "); its log:\n" +
                                  trim(logs.out + logs.err));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         run_docker({"rm", "--force", box.name});
-        forget();
+        cleanup();
         throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s");
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+// A dockerd on this machine: the state dir, token, profile and keys are bind mounts from
+// BOX_ROOT/NAME, so the journal outlives the container.
+BoxRecord up_local(const UpOptions& o, Launch& l, std::ostream& log) {
+  BoxRecord& box = l.box;
+  std::string box_dir = o.box_root + "/" + box.name;
+  box.state_dir = box_dir + "/state";
+  for (auto& d : {box_dir, box.state_dir})
+    if (auto r = os::make_dirs(d, 0700); !r) throw std::runtime_error("create " + d + ": " + r.error().message());
+  std::string token_file = box_dir + "/token";
+  std::string profile_copy = box_dir + "/profile.json";
+  if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r)
+    throw std::runtime_error("write " + token_file + ": " + r.error().message());
+  if (auto r = os::write_file_atomic(profile_copy, l.profile_text, 0644); !r)
+    throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
+  // A bridge lets the API sit in the container's own network namespace, published on loopback;
+  // without one (dockerd --bridge=none), host networking with a loopback listener.
+  bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
+  int port = o.port > 0 ? o.port : free_loopback_port();
+  box.url = "ws://127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> args = {"run",      "--detach",
+                                   "--name",   box.name,
+                                   "--label",  "io.sandboxer.url=" + box.url,
+                                   "--label",  "io.sandboxer.state=" + box.state_dir,
+                                   "--volume", box.state_dir + ":" + kStateIn,
+                                   "--volume", token_file + ":" + kTokenIn + ":ro",
+                                   "--volume", profile_copy + ":" + kProfileIn + ":ro",
+                                   "--volume", l.signing_key + ":" + kSigningKeyIn + ":ro"};
+  for (size_t i = 0; i < l.trust_keys.size(); ++i)
+    args.insert(args.end(), {"--volume", l.trust_keys[i] + ":" + kTrustDirIn + std::to_string(i) + ".pub:ro"});
+  if (bridge)
+    args.insert(args.end(), {"--publish", "127.0.0.1:" + std::to_string(port) + ":" + std::to_string(kBridgePort)});
+  else
+    args.insert(args.end(), {"--network", "host"});
+  args.insert(args.end(), l.opts.begin(), l.opts.end());
+  args.push_back(box.image);
+  auto init = l.init_args(o, bridge ? "0.0.0.0:" + std::to_string(kBridgePort) : "127.0.0.1:" + std::to_string(port));
+  args.insert(args.end(), init.begin(), init.end());
+  describe(l, bridge, log, "");
+  auto forget = [&] { ::unlink(token_file.c_str()); };
+  if (auto r = run_docker(args); r.status != 0) {
+    forget();
+    throw std::runtime_error(docker_error("docker run " + box.name, r));
+  }
+  wait_until_serving(box, "127.0.0.1", port, forget);
+  return box;
+}
+
+// A dockerd on another machine (DOCKER_HOST tcp:// or ssh://, or such a context): nothing of
+// this machine's filesystem reaches it. The container is created, the token, profile and keys
+// are copied into it (`docker cp`, root's, 0600 for the secrets) before it starts, its state dir
+// is a volume of its own on that host, and the API is published on the address this machine
+// reaches the host at, on a port picked here (another is tried if the host has it taken).
+BoxRecord up_remote(const UpOptions& o, Launch& l, const Daemon& d, std::ostream& log) {
+  BoxRecord& box = l.box;
+  if (run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status != 0)
+    throw std::runtime_error("the dockerd at " + d.endpoint +
+                             " has no bridge network: a box on another machine is reached through a published port");
+  // A name of its own: a later box of the same name never finds this one's snapshots.
+  std::string volume = "sbx-state-" + box.name + "-" + os::random_hex(3);
+  box.state_dir = "volume:" + volume;
+  // What goes into /etc/sandboxer, staged here and removed when copied.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string stage = std::string(tmp && *tmp ? tmp : "/tmp") + "/sbx-up-XXXXXX";
+  if (!::mkdtemp(stage.data())) throw std::runtime_error("create " + stage + ": " + os::last_error().message());
+  struct RemoveStage {
+    std::string dir;
+    ~RemoveStage() { os::remove_tree(dir); }
+  } remove_stage{stage};
+  for (auto& dir : {stage + "/secret", stage + "/trust"})
+    if (auto r = os::make_dirs(dir, 0700); !r) throw std::runtime_error("create " + dir + ": " + r.error().message());
+  auto put = [](const std::string& path, const std::string& text, mode_t mode) {
+    if (auto r = os::write_file_atomic(path, text, mode); !r)
+      throw std::runtime_error("write " + path + ": " + r.error().message());
+  };
+  auto read = [](const std::string& path) {
+    auto t = os::read_file(path);
+    if (!t) throw std::runtime_error("read " + path + ": " + t.error().message());
+    return *t;
+  };
+  put(stage + "/profile.json", l.profile_text, 0644);
+  put(stage + "/secret/token", box.token + "\n", 0600);
+  put(stage + "/secret/signing-key", read(l.signing_key), 0600);
+  ::chmod((stage + "/trust").c_str(), 0755);
+  for (size_t i = 0; i < l.trust_keys.size(); ++i)
+    put(stage + "/trust/" + std::to_string(i) + ".pub", read(l.trust_keys[i]), 0644);
+  describe(l, true, log, ", on " + d.endpoint + " (API published on " + d.publish_ip + ")");
+  for (int attempt = 0;; ++attempt) {
+    int port = o.port > 0 && attempt == 0
+                   ? o.port
+                   : 20000 + static_cast<int>(std::stoul(os::random_hex(2), nullptr, 16) % 12000);
+    box.url = "ws://" + (d.publish_ip.find(':') != std::string::npos ? "[" + d.publish_ip + "]" : d.publish_ip) + ":" +
+              std::to_string(port);
+    std::vector<std::string> args = {"create",
+                                     "--name",
+                                     box.name,
+                                     "--label",
+                                     "io.sandboxer.url=" + box.url,
+                                     "--label",
+                                     "io.sandboxer.state=" + box.state_dir,
+                                     "--label",
+                                     "io.sandboxer.profile-json=" + l.profile_text,
+                                     "--volume",
+                                     volume + ":" + kStateIn,
+                                     "--publish",
+                                     d.publish_ip + ":" + std::to_string(port) + ":" + std::to_string(kBridgePort)};
+    args.insert(args.end(), l.opts.begin(), l.opts.end());
+    args.push_back(box.image);
+    auto init = l.init_args(o, "0.0.0.0:" + std::to_string(kBridgePort));
+    args.insert(args.end(), init.begin(), init.end());
+    must("docker create " + box.name, args);
+    auto drop = [&] { run_docker({"rm", "--force", box.name}); };
+    if (auto r = run_docker({"cp", stage + "/.", box.name + ":/etc/sandboxer/"}); r.status != 0) {
+      drop();
+      throw std::runtime_error(docker_error("docker cp into " + box.name, r));
+    }
+    auto r = run_docker({"start", box.name});
+    if (r.status == 0) {
+      wait_until_serving(box, d.publish_ip, port, [] {});
+      return box;
+    }
+    drop();
+    bool taken = r.err.find("already allocated") != std::string::npos || r.err.find("in use") != std::string::npos;
+    if (!taken || attempt >= 4) throw std::runtime_error(docker_error("docker start " + box.name, r));
+  }
+}
+
+}  // namespace
+
+BoxRecord up(const UpOptions& o, std::ostream& log) {
+  Launch l = prepare(o);
+  Daemon d = find_daemon(o.publish_address);
+  BoxRecord box = d.remote ? up_remote(o, l, d, log) : up_local(o, l, log);
   box.status = "running";
   return box;
 }
@@ -376,10 +542,25 @@ std::vector<int> free_loopback_ports(int n) {
 }
 
 BoxSpec inspect_box(const std::string& url) {
+  auto spec = find_box(url);
+  if (!spec) throw std::runtime_error("no box container for " + url + " (see sandboxer ps)");
+  return *spec;
+}
+
+std::string image_with_id(const std::string& id) {
+  auto r = must("docker images", {"images", "--quiet", "--no-trunc", "--filter", "label=io.sandboxer.image.id=" + id});
+  std::string first = trim(r.out.substr(0, r.out.find('\n')));
+  if (first.empty())
+    throw std::runtime_error("this dockerd has no image of sandboxer image id " + id +
+                             " (build it there with `sandboxer image build`, or docker save | docker load it)");
+  return first;
+}
+
+std::optional<BoxSpec> find_box(const std::string& url) {
   auto boxes = parse_ps(must("docker ps", {"ps", "--all", "--filter", "label=io.sandboxer.box", "--filter",
                                            "label=io.sandboxer.url=" + url, "--format", kPsFormat})
                             .out);
-  if (boxes.empty()) throw std::runtime_error("no box container for " + url + " (see sandboxer ps)");
+  if (boxes.empty()) return std::nullopt;
   BoxSpec spec;
   spec.name = boxes.front().name;
   auto r = must("docker inspect " + spec.name, {"inspect", spec.name});
@@ -400,7 +581,11 @@ BoxSpec inspect_box(const std::string& url) {
       };
       std::string dst = str("Destination"), type = str("Type");
       if (dst == kProfileIn) {
-        spec.profile_file = str("Source");
+        auto text = os::read_file(str("Source"));
+        if (!text)
+          throw std::runtime_error("box " + spec.name + ": its profile " + str("Source") + ": " +
+                                   text.error().message());
+        spec.profile_text = *text;
         continue;
       }
       if (dst == kStateIn || dst == kTokenIn || dst == kRestoreIn || dst == kSigningKeyIn ||
@@ -420,9 +605,15 @@ BoxSpec inspect_box(const std::string& url) {
       if (a[i].as_string() == "--env" && a[i + 1].is_string()) spec.env.emplace_back(a[++i].as_string());
     }
   }
-  if (spec.profile_file.empty())
+  // A box on another machine has its profile copied in, and in a label.
+  if (spec.profile_text.empty())
+    if (auto* cfg = c.if_contains("Config"); cfg && cfg->is_object())
+      if (auto* labels = cfg->as_object().if_contains("Labels"); labels && labels->is_object())
+        if (auto* p = labels->as_object().if_contains("io.sandboxer.profile-json"); p && p->is_string())
+          spec.profile_text = std::string(p->as_string());
+  if (spec.profile_text.empty())
     throw std::runtime_error("box " + spec.name + ": no profile mounted at " + kProfileIn +
-                             " (not started by sandboxer up?)");
+                             " nor in its labels (not started by sandboxer up?)");
   return spec;
 }
 
@@ -442,7 +633,8 @@ BoxRecord down(const std::string& url_or_name) {
   // docker stop waits the container's own --stop-timeout (set above the grace period by `up`).
   must("docker stop " + b.name, {"stop", b.name});
   must("docker rm " + b.name, {"rm", b.name});
-  if (auto slash = b.state_dir.rfind('/'); slash != std::string::npos) {
+  // A box on another machine keeps its journal in its volume there (its name never reused).
+  if (auto slash = b.state_dir.rfind('/'); slash != std::string::npos && !b.state_dir.starts_with("volume:")) {
     std::string box_dir = b.state_dir.substr(0, slash);
     ::unlink((box_dir + "/token").c_str());
     // Ended for good: a box that persists its agent loses its snapshots, so that a box started

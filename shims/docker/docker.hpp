@@ -14,8 +14,10 @@
 // - `--stop-timeout` above the profile's grace period, so the journal is complete on `docker stop`;
 // - the profile's memory, cpus and pids as Docker's --memory, --cpus, --pids-limit;
 // - its state dir (journal, branches, snapshots) bind-mounted from the host, so the journal
-//   outlives it, and, when its profile persists (`checkpoint`), `--restart on-failure`: the box
-//   comes back after a crash and resumes its agent from the newest snapshot.
+//   outlives it (on a dockerd on another machine, DOCKER_HOST tcp:// or ssh://: a volume of its
+//   own there, with the token, profile and keys copied in before it starts), and, when its profile persists
+//   (`checkpoint`), `--restart on-failure`: the box comes back after a crash and resumes its agent from the newest
+//   snapshot.
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -38,6 +40,10 @@ struct UpOptions {
   bool idle = false;                   // instead of argv: a box with no agent yet
                                        // (`sandboxer-init --idle`), that a snapshot is moved
                                        // into over its API (fork, issue 17)
+  std::string profile_text;            // the profile's JSON, instead of looking `profile` up
+                                       // (a fork repeats its source's, overrides applied)
+  std::string publish_address;         // a remote dockerd: the address its boxes' APIs are
+                                       // published on ("": the DOCKER_HOST's host)
   std::vector<std::string> labels;     // extra --label K=V
   int port = 0;                        // the API's loopback port; 0: a free one is picked
   std::string box_root;                // host dir for per-box state: BOX_ROOT/NAME/{state,token}
@@ -90,11 +96,18 @@ std::vector<std::string> docker_limits(const boost::json::object& resources);
 struct BoxSpec {
   std::string name;                  // the container
   std::string image;                 // the image's id (sha256:...): the very image, not a tag
-  std::string profile_file;          // on the host: the profile `up` wrote, overrides applied
+  std::string profile_text;          // the profile `up` gave it, overrides applied (the file
+                                     // beside a local box, the label of a remote one)
   std::vector<std::string> volumes;  // the user's own volumes (-v), as docker run takes them
   std::vector<std::string> env;      // its --env K=V (a cold restart's agent gets them again)
 };
 BoxSpec inspect_box(const std::string& url);
+/// The same, or nothing when this dockerd has no box container for `url` (a box elsewhere).
+std::optional<BoxSpec> find_box(const std::string& url);
+/// The image on this dockerd that `sandboxer image build` made with this sandboxer image id (its
+/// io.sandboxer.image.id label, the id a snapshot's manifest names); throws naming the id when
+/// there is none.
+std::string image_with_id(const std::string& sandboxer_image_id);
 
 /// `n` distinct free loopback ports (all held open while they are picked, so boxes started side
 /// by side do not race for one).
