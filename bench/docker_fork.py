@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checkpoint and fork across containers (issue 6): a live agent in container A is checkpointed
 (`sandboxer checkpoint`), then forked into two new containers (`sandboxer fork --host docker -n
-2`: export over the WebSocket, two `docker run`s of A's image and profile, a criu restore in
-each). Beside it, in the same run, on the same image, agent and criu:
+2`: two idle containers of A's image and profile started while the snapshot streams out of A's
+API into theirs, read once, then a criu restore in each). Beside it, in the same run, on the same image, agent and criu:
 - Docker's own live checkpoint (experimental; runc drives the same criu): `docker checkpoint
   create --leave-running` of the agent under tini, then for each copy `docker create`, the
   checkpoint copied into that container's own dir under dockerd's data root (Docker has no
