@@ -209,12 +209,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   auto t0 = std::chrono::steady_clock::now();
   dk::BoxSpec from = source_spec(url, token_file, snap);
   Session s("fork", url, token_file);
-  std::string spool = new_spool_path(snap);
-  struct Unlink {
-    std::string path;
-    ~Unlink() { ::unlink(path.c_str()); }
-  } unlink_spool{spool};
-  Relay relay(s.loop(), s.endpoint(), snap, spool);
+  Relay relay(s.loop(), s.endpoint(), snap);
   if (auto r = relay.start(); !r) return s.fail(r.error());
   std::cerr << "fork: starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
             << " streams from " << from.name << "\n";

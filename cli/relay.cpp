@@ -33,12 +33,6 @@ struct Target {
 
 }  // namespace
 
-std::string new_spool_path(const std::string& snapshot) {
-  std::string home = state_home();
-  if (auto r = os::make_dirs(home, 0700); !r) throw std::runtime_error("create " + home + ": " + r.error().message());
-  return home + "/.spool-" + os::random_hex(4) + "-" + snapshot + ".tar.zst";
-}
-
 struct Relay::Impl {
   Relay* self;
   uv_loop_t* loop;
@@ -52,6 +46,16 @@ struct Relay::Impl {
   json::object export_reply;
   base::Result<json::object> source_result = base::fail("not started", kPending);
   std::vector<std::unique_ptr<Target>> targets;
+
+  ~Impl() {
+    // The clients go first (their sockets), then the spool. A callback a client runs as it goes
+    // finds everything finished and does nothing.
+    source_finished = notified = true;
+    for (auto& t : targets) t->finished = true;
+    targets.clear();
+    source.reset();
+    if (spool) ::unlink(spool_path.c_str());
+  }
 
   void fail_source(const std::string& why, const std::string& code);
   void on_source_frame(uint64_t offset, bool last, std::string_view data);
@@ -154,20 +158,26 @@ void Relay::Impl::check_done() {
   if (self->on_done_) self->on_done_();
 }
 
-Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string spool_path)
-    : impl_(std::make_unique<Impl>()) {
+Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot) : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
   m.self = this;
   m.loop = loop;
   m.source_ep = std::move(source);
   m.snapshot = std::move(snapshot);
-  m.spool_path = std::move(spool_path);
 }
 
 Relay::~Relay() = default;
 
 base::Result<void> Relay::start() {
   auto& m = *impl_;
+  std::string home;
+  try {
+    home = state_home();
+  } catch (const std::exception& e) {
+    return base::fail(e.what(), "local");
+  }
+  if (auto r = os::make_dirs(home, 0700); !r) return base::fail("create " + home + ": " + r.error().message(), "local");
+  m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + ".tar.zst";
   m.spool.reset(::open(m.spool_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!m.spool) return base::fail(m.spool_path + ": " + os::last_error().message(), "local");
   m.source = std::make_unique<Client>(m.loop, m.source_ep);

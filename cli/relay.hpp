@@ -26,13 +26,11 @@
 
 namespace sbx::cli {
 
-/// A new spool file's path in the CLI's state dir (tokens.hpp), for `snapshot`.
-std::string new_spool_path(const std::string& snapshot);
-
 class Relay {
  public:
-  /// On `loop` (run by the caller); the archive is spooled in `spool_path` (created, truncated).
-  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string spool_path);
+  /// On `loop` (run by the caller). The archive is spooled in a file of its own in the CLI's
+  /// state dir (tokens.hpp), removed with the Relay.
+  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot);
   ~Relay();
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;

@@ -43,12 +43,7 @@ int cmd_send(const std::vector<std::string>& args) {
     sdk::parse_url(url);
     targets.push_back(std::move(ep));
   }
-  std::string spool = new_spool_path(snap);
-  struct Unlink {
-    std::string path;
-    ~Unlink() { ::unlink(path.c_str()); }
-  } unlink_spool{spool};
-  Relay relay(s.loop(), s.endpoint(), snap, spool);
+  Relay relay(s.loop(), s.endpoint(), snap);
   if (auto r = relay.start(); !r) return s.fail(r.error());
   for (auto& t : targets) relay.add_target(t);
   relay.seal();

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -345,3 +346,25 @@ def serve_http(server, tls=None):
 def close_http(server):
     server.shutdown()
     server.server_close()
+
+
+# -- private dockerds (scripts/dockerd) -------------------------------------------------------
+
+def start_dockerd(d, **env):
+    """scripts/dockerd start D with `env` added (DOCKERD_NETNS, DOCKERD_TCP, ...); its DOCKER_HOST."""
+    out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
+                         timeout=180, env=dict(os.environ, **env))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1].split("=", 1)[1]
+
+
+def stop_dockerd(d, env=None):
+    """Removes every container of the dockerd `env` points at (if given), stops the dockerd of D and
+    removes D (its image layers need not wait for pytest's rotation of old tmp dirs)."""
+    if env is not None:
+        ids = subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], env=env, capture_output=True, timeout=120)
+    # `stop` also unmounts what dockerd left mounted under d (its default netns file).
+    subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
+    shutil.rmtree(d, ignore_errors=True)

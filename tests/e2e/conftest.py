@@ -2,12 +2,11 @@
 and socket, no bridge, stopped at the end) and one build of the runtime image, for every module
 of tests/e2e."""
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from sbxtest import CLI, ROOT
+from sbxtest import CLI, start_dockerd, stop_dockerd
 
 TAG = "sandboxer/agent:e2e"
 
@@ -17,17 +16,9 @@ def docker_env(tmp_path_factory):
     """DOCKER_HOST of a private dockerd, and a state home of the session's own for the CLI."""
     base = tmp_path_factory.mktemp("docker")
     d = base / "d"
-    out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
-                         timeout=180)
-    assert out.returncode == 0, out.stderr
-    env = dict(os.environ)
-    env["DOCKER_HOST"] = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
-    env["XDG_STATE_HOME"] = str(base / "state")
+    env = dict(os.environ, DOCKER_HOST=start_dockerd(d), XDG_STATE_HOME=str(base / "state"))
     yield env
-    # `stop` also unmounts what dockerd left mounted under d (its default netns file).
-    subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
-    # The image's layers (about 200 MB) need not wait for pytest's rotation of old tmp dirs.
-    shutil.rmtree(d, ignore_errors=True)
+    stop_dockerd(d)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, ROOT
+from sbxtest import CLI, start_dockerd, stop_dockerd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
                                 reason="needs root, ip and nsenter")
@@ -32,22 +32,13 @@ def bridged(tmp_path_factory):
     d = base / "d"
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=30)
-        out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
-                             timeout=180, env=dict(os.environ, DOCKERD_NETNS=ns))
-        assert out.returncode == 0, out.stderr
-        env = dict(os.environ, DOCKER_HOST=out.stdout.strip().splitlines()[-1].split("=", 1)[1],
-                   XDG_STATE_HOME=str(base / "state"))
+        env = dict(os.environ, DOCKER_HOST=start_dockerd(d, DOCKERD_NETNS=ns), XDG_STATE_HOME=str(base / "state"))
         built = subprocess.run([str(CLI), "image", "build", "--tag", TAG], env=env, capture_output=True, text=True,
                                timeout=600)
         assert built.returncode == 0, built.stderr[-3000:]
         yield env, ns
     finally:
-        if "env" in locals():
-            ids = subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True, text=True).stdout.split()
-            if ids:
-                subprocess.run(["docker", "rm", "-f", *ids], env=env, capture_output=True, timeout=120)
-        subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
-        shutil.rmtree(d, ignore_errors=True)
+        stop_dockerd(d, locals().get("env"))
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
 

@@ -17,7 +17,7 @@ import urllib.parse
 
 import pytest
 
-from sbxtest import CLI, ROOT
+from sbxtest import CLI, start_dockerd, stop_dockerd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
                                 reason="needs root, ip and nsenter")
@@ -50,11 +50,7 @@ def remote(docker_env, image, tmp_path_factory):
         ip("link", "set", veth, "up")
         ip("-n", name, "addr", "add", f"{there}/30", "dev", "eth-remote")
         ip("-n", name, "link", "set", "eth-remote", "up")
-        out = subprocess.run([str(ROOT / "scripts" / "dockerd"), "start", str(d)], capture_output=True, text=True,
-                             timeout=180, env=dict(os.environ, DOCKERD_NETNS=f"/run/netns/{name}",
-                                                   DOCKERD_TCP=f"{there}:2375"))
-        assert out.returncode == 0, out.stderr
-        local = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
+        local = start_dockerd(d, DOCKERD_NETNS=f"/run/netns/{name}", DOCKERD_TCP=f"{there}:2375")
         save = subprocess.Popen(["docker", "save", image], env=docker_env, stdout=subprocess.PIPE)
         load = subprocess.run(["docker", "-H", local, "load"], stdin=save.stdout, capture_output=True, text=True,
                               timeout=300)
@@ -63,12 +59,7 @@ def remote(docker_env, image, tmp_path_factory):
         env = dict(os.environ, DOCKER_HOST=f"tcp://{there}:2375", XDG_STATE_HOME=str(base / "cli-state"))
         yield env, there
     finally:
-        if "env" in locals():
-            ids = subprocess.run(["docker", "ps", "-aq"], env=env, capture_output=True, text=True).stdout.split()
-            if ids:
-                subprocess.run(["docker", "rm", "-f", *ids], env=env, capture_output=True, timeout=120)
-        subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
-        shutil.rmtree(d, ignore_errors=True)
+        stop_dockerd(d, locals().get("env"))
         subprocess.run(["ip", "link", "del", veth], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
 
