@@ -138,6 +138,8 @@ struct Checkpointer::CheckpointOp {
   os::UniqueFd tree_fd;    // a pidfd of ns_init_pid: the tree is stopped, continued, killed through it
   pid_t criu = -1;         // criu dumping it, until the reaper collects it
   bool stopped = false;    // the tree is stopped by us and not continued yet
+  int64_t hold_ms = 0;     // checkpoint_held: the tree stays stopped after the dump, this long at most
+  bool held = false;       // ... and it is (held_[branch])
   double t0 = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
@@ -252,6 +254,8 @@ void Checkpointer::on_shutdown() {
     if (op->criu > 0) ::kill(op->criu, SIGKILL);
     continue_op(*op);
   }
+  // A tree held after a checkpoint gets the shutdown's TERM too.
+  while (!held_.empty()) (void)release(held_.begin()->first, false, "the box is shutting down");
   // A copy whose memory is still arriving ends with the box: its daemon goes too.
   for (pid_t d : lazy_daemons_) ::kill(d, SIGKILL);
 }
@@ -260,6 +264,18 @@ void Checkpointer::on_shutdown() {
 
 void Checkpointer::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                               const std::string& by, bool chunked) {
+  start_checkpoint(branch, name, leave_running, std::move(done), by, chunked, 0);
+}
+
+void Checkpointer::checkpoint_held(const std::string& branch, const std::string& name, int64_t hold_ms, Reply done) {
+  if (!live_possible())
+    return done(
+        error_reply("not_live", "holding an agent needs a live checkpoint: " + live_possible().error().message));
+  start_checkpoint(branch, name, true, std::move(done), "", false, std::max<int64_t>(hold_ms, 1));
+}
+
+void Checkpointer::start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                                    const std::string& by, bool chunked, int64_t hold_ms) {
   auto found = host_.find_branch(branch);
   if (!found) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   const BranchView& b = *found;
@@ -289,6 +305,7 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
   op->by = by;
   op->chunked = chunked;
   op->leave_running = leave_running;
+  op->hold_ms = hold_ms;
   op->done = std::move(done);
   if (auto live = live_possible(); !live) {
     op->note = "filesystem only: " + live.error().message;
@@ -399,6 +416,7 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
                                      const std::string& msg) {
   log()->error("checkpoint branch {}: {}", op->branch, msg);
   continue_op(*op);  // whatever failed, the agent goes on
+  if (op->held) (void)release(op->branch, false, "the checkpoint failed");
   --checkpoints_;
   std::erase(dumping_, op);
   host_.set_busy(op->branch, false);
@@ -435,6 +453,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
       [this, op] {
         op->t_snapped = now_ms();
         auto b = host_.find_branch(op->branch);
+        if (b && op->hold_ms > 0 && op->error.empty()) hold_tree(*op);
         if (b && !op->leave_running && op->error.empty()) {
           host_.ended_by_checkpoint(op->branch);
           // Every process of the tree is killed while it is still stopped, and none is continued
@@ -559,7 +578,11 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         }
         (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
         os::remove_tree(op->work);
-        host_.set_busy(op->branch, false);
+        if (op->held) {
+          held_[op->branch].snapshot = op->id;
+        } else {
+          host_.set_busy(op->branch, false);
+        }
         json::object ev{{"type", "checkpoint.created"},
                         {"snapshot", op->id},
                         {"name", op->name},
@@ -574,6 +597,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                         {"total_ms", timings["total"]}};
         if (!op->chunked) ev["archive"] = base + ".tar.zst";
         if (!op->live) ev["note"] = op->note;
+        if (op->held) ev["held"] = true;
         host_.emit(op->branch, ev);
         log()->info("checkpoint {} of branch {}: {} bytes in {} ms", op->id, op->branch,
                     op->chunked ? op->info->chunks->added_bytes : op->info->compressed_bytes,
@@ -584,9 +608,56 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                        {"sizes", ev["sizes"]},
                        {"timings_ms", timings}};
         if (!op->live) r["note"] = op->note;
+        if (op->held) r["held"] = true;
         op->done(std::move(r));
         op_done();
       });
+}
+
+// ---- held trees (checkpoint_held) ----
+
+void Checkpointer::hold_tree(CheckpointOp& op) {
+  Held h;
+  h.pid = op.ns_init_pid;
+  h.fd = std::move(op.tree_fd);
+  h.timer = loop::make_timer(loop_);
+  h.timer->data = this;
+  uv_timer_start(
+      h.timer.get(),
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Checkpointer*>(t->data);
+        if (!self) return;
+        for (auto& [branch, held] : self->held_)
+          if (held.timer.get() == t) {
+            std::string b = branch;  // release() erases the entry
+            (void)self->release(b, false, "nobody released it within its hold");
+            return;
+          }
+      },
+      static_cast<uint64_t>(op.hold_ms), 0);
+  held_[op.branch] = std::move(h);
+  op.stopped = false;  // the held tree is held_'s now: continue_op leaves it
+  op.held = true;
+}
+
+json::object Checkpointer::release(const std::string& branch, bool end, const std::string& why) {
+  auto it = held_.find(branch);
+  if (it == held_.end())
+    return error_reply("not_held", "branch \"" + branch + "\" holds no agent stopped by a checkpoint");
+  Held h = std::move(it->second);
+  held_.erase(it);
+  if (end) {
+    host_.ended_by_checkpoint(branch);
+    kill_tree(h.pid, h.fd.get());
+  } else {
+    continue_tree(h.pid, h.fd.get());
+  }
+  host_.set_busy(branch, false);
+  json::object ev{{"type", "checkpoint.released"}, {"action", end ? "ended" : "continued"}, {"why", why}};
+  if (!h.snapshot.empty()) ev["snapshot"] = h.snapshot;
+  host_.emit(branch, ev);
+  log()->info("branch {} held by a checkpoint: {} ({})", branch, end ? "ended" : "continued", why);
+  return {{"ok", true}, {"action", end ? "ended" : "continued"}};
 }
 
 }  // namespace sbx::checkpoint

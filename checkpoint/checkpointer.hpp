@@ -23,6 +23,7 @@
 
 #include <boost/json.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,8 @@
 #include "archive/archive.hpp"
 #include "base/result.hpp"
 #include "checkpoint/host.hpp"
+#include "loop/uv-handle.hpp"
+#include "os/unique-fd.hpp"
 
 namespace sbx::checkpoint {
 
@@ -55,6 +58,14 @@ class Checkpointer {
   /// other chunked snapshots, extracted when restored) instead of as an archive file.
   void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                   const std::string& by = "", bool chunked = false);
+  /// A checkpoint after which the tree stays stopped, neither continued nor ended, until
+  /// release(): what a move to another box needs (the snapshot restored there first, then the
+  /// original ended; or, if that failed, continued as if nothing happened). Not released within
+  /// `hold_ms`, it is continued (`checkpoint.released` says why). The branch stays busy meanwhile.
+  void checkpoint_held(const std::string& branch, const std::string& name, int64_t hold_ms, Reply done);
+  /// Ends (`end`) or continues a tree checkpoint_held() left stopped; an error reply when
+  /// `branch` holds none.
+  boost::json::object release(const std::string& branch, bool end, const std::string& why);
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
@@ -108,6 +119,18 @@ class Checkpointer {
   struct CopyJob;
   void offload(std::function<void()> work, std::function<void()> after);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
+  void start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
+                        const std::string& by, bool chunked, int64_t hold_ms);
+  void hold_tree(CheckpointOp& op);
+  // Trees a checkpoint_held() left stopped, by branch: the pidfd they are continued or ended
+  // through, and the timer that continues them if nobody releases them.
+  struct Held {
+    pid_t pid = -1;
+    os::UniqueFd fd;
+    std::string snapshot;
+    loop::UvHandle<uv_timer_t> timer;
+  };
+  std::map<std::string, Held> held_;
   /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
   void continue_op(CheckpointOp& op);
   std::optional<boost::json::object> snapshots_refusal(const std::string& branch);

@@ -183,6 +183,17 @@ class Box : public checkpoint::Host {
   /// `by`: the branch whose agent channel asks ("" for the operator, who reaches every snapshot).
   void checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                   const std::string& by = "");
+  /// checkpoint{hold_ms}: the branch's tree stays stopped after its snapshot until
+  /// checkpoint.release (migrate: ended once its copy runs elsewhere, continued if that failed).
+  void checkpoint_held(const std::string& branch, const std::string& name, int64_t hold_ms, Reply done) {
+    checkpointer_->checkpoint_held(branch, name, hold_ms, std::move(done));
+  }
+  boost::json::object checkpoint_release(const std::string& branch, bool end) {
+    auto r = checkpointer_->release(branch, end, end ? "released to end" : "released to continue");
+    // The main agent ended so (it goes on elsewhere): the box ends well, as a hibernated one does.
+    if (end && branch == "main" && r.at("ok").as_bool()) hibernated_ = true;
+    return r;
+  }
   void restore(const std::string& snapshot, int n, bool fork, Reply done);
   /// restore{snapshot, index}: an idle box (--idle) becomes copy `index` of the snapshot, its
   /// main branch, and from then on ends with that agent, as a box started with `--restore

@@ -20,8 +20,20 @@ void op_checkpoint(OpContext& ctx) {
   const auto& f = ctx.fields();
   auto branch = protocol::opt_string(f, "branch").value_or("main");
   if (!ctx.box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
-  ctx.box.checkpoint(branch, protocol::opt_string(f, "name").value_or(""),
-                     protocol::opt_bool(f, "leave_running").value_or(true), ctx.later());
+  auto name = protocol::opt_string(f, "name").value_or("");
+  // `hold_ms`: the tree stays stopped after the snapshot, until checkpoint.release or that long.
+  if (auto hold = protocol::opt_int(f, "hold_ms", 1, 600000)) {
+    if (f.contains("leave_running"))
+      throw RequestError("bad_request", "hold_ms and leave_running exclude each other (release decides)");
+    return ctx.box.checkpoint_held(branch, name, *hold, ctx.later());
+  }
+  ctx.box.checkpoint(branch, name, protocol::opt_bool(f, "leave_running").value_or(true), ctx.later());
+}
+
+void op_checkpoint_release(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  auto branch = protocol::opt_string(f, "branch").value_or("main");
+  ctx.later()(ctx.box.checkpoint_release(branch, protocol::opt_bool(f, "end").value_or(false)));
 }
 
 void op_restore(OpContext& ctx) {

@@ -77,6 +77,7 @@ void op_fs_remove(OpContext& ctx);
 void op_fs_mkdir(OpContext& ctx);
 // ops-snapshot.cpp
 void op_checkpoint(OpContext& ctx);
+void op_checkpoint_release(OpContext& ctx);
 void op_restore(OpContext& ctx);
 void op_fork(OpContext& ctx);
 void op_snapshot_list(OpContext& ctx);

@@ -65,6 +65,7 @@ constexpr std::array kOps{
     Op{"shutdown", op_shutdown},
     Op{"ping", op_ping},
     Op{"checkpoint", op_checkpoint},
+    Op{"checkpoint.release", op_checkpoint_release},
     Op{"restore", op_restore},
     Op{"fork", op_fork},
     Op{"snapshot.list", op_snapshot_list},

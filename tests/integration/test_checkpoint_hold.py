@@ -1,0 +1,90 @@
+"""checkpoint{hold_ms} and checkpoint.release (what `migrate` stands on, issue 17): after its
+snapshot the agent stays stopped, neither continued nor ended, until it is released to go on
+(a move that failed) or to end (its copy runs elsewhere), or until the hold runs out."""
+import asyncio
+import shutil
+import time
+
+import pytest
+
+from sbxtest import Session, WsBox, output_of, ws_connect
+
+pytestmark = pytest.mark.skipif(shutil.which("criu") is None, reason="needs criu on PATH")
+
+COUNTER = ("import time\n"
+           "n = 0\n"
+           "while True:\n"
+           "    n += 1\n"
+           "    print(n, flush=True)\n"
+           "    time.sleep(0.05)\n")
+
+
+def numbers(box):
+    text = output_of(box.read_events(), "main").decode(errors="replace")
+    return [int(x) for x in text[:text.rfind("\n") + 1].split()]
+
+
+def request(box, op, **fields):
+    async def go():
+        async with ws_connect(box) as ws:
+            return await Session(ws).request(op, timeout=60, **fields)
+    return asyncio.run(go())
+
+
+def events_of(box, type_):
+    return [e for e in box.read_events() if e["type"] == type_]
+
+
+def test_a_held_agent_stays_stopped_until_released_to_go_on(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.6)
+        r = request(box, "checkpoint", hold_ms=60000)
+        assert r["ok"] and r["held"] is True, r
+        held_at = max(numbers(box))
+        time.sleep(0.6)
+        # Stopped: not one more line in 0.6 s (it prints one every 0.05 s when it runs).
+        assert max(numbers(box)) <= held_at + 1
+        (created,) = events_of(box, "checkpoint.created")
+        assert created["held"] is True and created["snapshot"] == r["snapshot"]
+        # Held, the branch takes no other checkpoint.
+        busy = request(box, "checkpoint")
+        assert not busy["ok"] and busy["error"]["code"] == "busy", busy
+        rel = request(box, "checkpoint.release", end=False)
+        assert rel == {"id": rel["id"], "ok": True, "action": "continued"}, rel
+        time.sleep(0.5)
+        # Control: released, it counts on from where it stopped (its memory kept, not restarted).
+        after = numbers(box)
+        assert max(after) > held_at + 3 and after == list(range(1, len(after) + 1))
+        (released,) = events_of(box, "checkpoint.released")
+        assert (released["action"], released["snapshot"]) == ("continued", r["snapshot"])
+        again = request(box, "checkpoint.release", end=False)
+        assert not again["ok"] and again["error"]["code"] == "not_held", again
+        assert box.alive()
+
+
+def test_a_held_agent_released_to_end_ends_the_box_and_one_never_released_goes_on(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "a", ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.4)
+        bad = request(box, "checkpoint", hold_ms=1000, leave_running=False)
+        assert not bad["ok"] and "exclude each other" in bad["error"]["message"], bad
+        r = request(box, "checkpoint", hold_ms=60000)
+        assert r["ok"], r
+        rel = request(box, "checkpoint.release", end=True)
+        assert rel["ok"] and rel["action"] == "ended", rel
+        # Ended by its checkpoint, as `checkpoint --stop` ends it: the box ends with it, status 0.
+        assert box.proc.wait(timeout=30) == 0
+        exited = [e for e in box.read_events() if e["type"] == "proc.exited" and e.get("proc") == "main"]
+        assert exited and exited[-1].get("by") == "checkpoint", exited
+    with WsBox(tmp_path / "b", ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.4)
+        assert request(box, "checkpoint", hold_ms=800)["ok"]
+        held_at = max(numbers(box))
+        deadline = time.monotonic() + 10
+        while not events_of(box, "checkpoint.released") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (released,) = events_of(box, "checkpoint.released")
+        assert released["action"] == "continued" and "within its hold" in released["why"], released
+        time.sleep(0.4)
+        assert max(numbers(box)) > held_at + 2 and box.alive()
