@@ -35,7 +35,11 @@ int cmd_ps(const std::vector<std::string>& args);
 int cmd_image(const std::vector<std::string>& args);
 int cmd_ui(const std::vector<std::string>& args);
 /// `fork URL --snapshot S -n N --host docker`: N new containers, each restoring S (fork-docker.cpp).
-int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n);
+int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n,
+                   const std::string& publish_address = "");
+/// `migrate URL --to docker`: the box's agent moved into one new container (fork-docker.cpp).
+int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address);
+int cmd_migrate(const std::vector<std::string>& args);
 /// restore's and fork's request (`op` restore or fork) sent to the box at `url`, and its reply
 /// reported: each copy on a line `<branch> <proc>`, or the reply as JSON (restore.cpp).
 int restore_in_box(const std::string& cmd, const std::string& url, const std::string& token_file,

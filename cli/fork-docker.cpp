@@ -1,5 +1,6 @@
 // sandboxer fork URL --snapshot S -n N --host docker: one box's checkpoint, continued live in N new
-// containers (issues 6 and 17).
+// containers (issues 6 and 17); and sandboxer migrate URL --to docker, the same with one copy, the
+// original held stopped meanwhile and ended once the copy runs.
 //
 // How it goes, and why this way:
 // - The box to fork is found by `docker inspect` of its container (the io.sandboxer.url label
@@ -56,7 +57,8 @@ struct Copy {
   bool restore_ended = false;
 };
 
-Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index, int port) {
+Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index, int port,
+                     const std::string& publish_address) {
   Copy c;
   std::ostringstream log;
   dk::UpOptions o;
@@ -66,6 +68,7 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
   o.volumes = from.volumes;
   o.env = from.env;  // a copy that restarts cold gets the original's --env again
   o.idle = true;
+  o.publish_address = publish_address;
   o.box_root = state_home() + "/docker";
   o.port = port;
   o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
@@ -81,7 +84,8 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
 
 // The N containers start side by side while the archive streams in; each joins the relay as soon
 // as its API answers. Returns once the archive has gone into every box that started, or failed.
-std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& from, const std::string& snap, int n) {
+std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& from, const std::string& snap, int n,
+                                 const std::string& publish_address) {
   std::vector<Copy> copies(static_cast<size_t>(n));
   size_t reported = 0;
   std::mutex mu;
@@ -108,7 +112,7 @@ std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& fr
   std::vector<std::future<void>> starting;
   for (int i = 0; i < n; ++i)
     starting.push_back(std::async(std::launch::async, [&, i, async = wake->get()] {
-      Copy c = start_idle_copy(from, snap, i, ports[static_cast<size_t>(i)]);
+      Copy c = start_idle_copy(from, snap, i, ports[static_cast<size_t>(i)], publish_address);
       std::lock_guard lock(mu);
       ready.emplace_back(static_cast<size_t>(i), std::move(c));
       uv_async_send(async);
@@ -200,23 +204,20 @@ dk::BoxSpec source_spec(const std::string& url, const std::string& token_file, c
                            " on this dockerd (see sandboxer ps), and the box itself: " + why);
 }
 
-}  // namespace
-
-int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n) {
-  if (!archive::valid_snapshot_id(snap))
-    throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
-  if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
+// N new containers of `from`, each given snapshot `snap` over the API and restored as copy i;
+// progress on stderr. On any failure every container started is removed and the reasons are in
+// `failures`.
+std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const std::string& snap, int n,
+                                   const std::string& publish_address, std::vector<std::string>& failures) {
   auto t0 = std::chrono::steady_clock::now();
-  dk::BoxSpec from = source_spec(url, token_file, snap);
-  Session s("fork", url, token_file);
   Relay relay(s.loop(), s.endpoint(), snap);
-  if (auto r = relay.start(); !r) return s.fail(r.error());
-  std::cerr << "fork: starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
+  if (auto r = relay.start(); !r) {
+    failures.push_back(r.error().message);
+    return {};
+  }
+  std::cerr << "starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
             << " streams from " << from.name << "\n";
-  std::vector<Copy> copies = start_and_send(s, relay, from, snap, n);
-  double sent_ms = ms_since(t0);
-
-  std::vector<std::string> failures;
+  std::vector<Copy> copies = start_and_send(s, relay, from, snap, n, publish_address);
   if (!relay.source()) failures.push_back("export from " + from.name + ": " + relay.source().error().message);
   auto imported = relay.targets();
   for (auto& c : copies) {
@@ -227,17 +228,14 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
       failures.push_back("box " + c.box->name + ": import: " + imported[*c.target].error().message);
   }
   if (failures.empty()) {
-    std::cerr << "fork: " << snap << " (" << relay.size() << " bytes) in " << n << " box(es) after "
-              << static_cast<int>(sent_ms) << " ms\n";
+    std::cerr << snap << " (" << relay.size() << " bytes) in " << n << " box(es) after "
+              << static_cast<int>(ms_since(t0)) << " ms\n";
     restore_all(s, copies, snap, failures);
   }
   if (!failures.empty()) {
     for (auto& c : copies)
       if (c.box) dk::run_docker({"rm", "--force", c.box->name});
-    s.report("fork of " + snap + " into " + std::to_string(n) +
-             " container(s) failed (the containers it started are removed):");
-    for (auto& f : failures) std::cerr << "  " << f << "\n";
-    return kExitFailed;
+    return {};
   }
   for (auto& c : copies) {
     save_token(c.box->url, c.box->token);
@@ -245,13 +243,78 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
     if (auto* t = c.restored.if_contains("timings_ms"); t && t->is_object())
       if (auto* r = t->as_object().if_contains("restore"); r && r->is_number()) criu_ms = r->to_number<double>();
     std::string mode = c.restored.contains("mode") ? json::value_to<std::string>(c.restored.at("mode")) : "";
-    std::cerr << "fork: box " << c.box->name << " restored " << snap << " (" << mode << ", criu "
-              << static_cast<int>(criu_ms) << " ms); journal in " << c.box->state_dir << "\n";
+    std::cerr << "box " << c.box->name << " restored " << snap << " (" << mode << ", criu " << static_cast<int>(criu_ms)
+              << " ms); journal in " << c.box->state_dir << "\n";
+  }
+  return copies;
+}
+
+}  // namespace
+
+int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n,
+                   const std::string& publish_address) {
+  if (!archive::valid_snapshot_id(snap))
+    throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
+  if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
+  auto t0 = std::chrono::steady_clock::now();
+  dk::BoxSpec from = source_spec(url, token_file, snap);
+  Session s("fork", url, token_file);
+  std::vector<std::string> failures;
+  auto copies = copy_onto_docker(s, from, snap, n, publish_address, failures);
+  if (!failures.empty()) {
+    s.report("fork of " + snap + " into " + std::to_string(n) +
+             " container(s) failed (the containers it started are removed):");
+    for (auto& f : failures) std::cerr << "  " << f << "\n";
+    return kExitFailed;
   }
   std::cerr << "fork: " << n << " container(s) in " << static_cast<int>(ms_since(t0)) << " ms\n";
   // For scripts: one line per copy, <branch> <URL>; each copy is branch main of its own box.
   for (auto& c : copies) std::cout << "main " << c.box->url << "\n";
   std::cout.flush();
+  return kExitOk;
+}
+
+// The source's agent is held stopped by its checkpoint (checkpoint{hold_ms}) while its copy
+// starts on the target; the source is released to end only once the copy runs there, and to
+// continue on any failure before that, so the agent is never lost and never runs twice.
+int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address) {
+  auto t0 = std::chrono::steady_clock::now();
+  Session s("migrate", url, token_file);
+  constexpr int64_t kHoldMs = 300000;  // the longest a move may take before the source goes on
+  auto held = s.call({{"op", "checkpoint"}, {"name", "migrate"}, {"hold_ms", kHoldMs}});
+  if (!held) return s.fail(held.error(), "checkpoint " + url + " (nothing was changed)");
+  std::string snap = json::value_to<std::string>(held->at("snapshot"));
+  std::cerr << "migrate: " << url << " checkpointed as " << snap << ", its agent held stopped\n";
+  std::vector<std::string> failures;
+  std::vector<Copy> copies;
+  try {
+    dk::BoxSpec from = source_spec(url, token_file, snap);
+    copies = copy_onto_docker(s, from, snap, 1, publish_address, failures);
+  } catch (const std::exception& e) {
+    failures.push_back(e.what());
+  }
+  if (!failures.empty()) {
+    auto r = s.call({{"op", "checkpoint.release"}, {"end", false}});
+    s.report("migrate of " + url + " failed; " +
+             (r ? std::string("its agent goes on there") : "releasing its agent failed too: " + r.error().message) +
+             " (the container started is removed):");
+    for (auto& f : failures) std::cerr << "  " << f << "\n";
+    return kExitFailed;
+  }
+  auto& to = *copies.front().box;
+  // The copy runs: the original ends, as a checkpoint that stops its agent ends it.
+  if (auto r = s.call({{"op", "checkpoint.release"}, {"end", true}}); !r)
+    std::cerr << "migrate: ending the original at " << url << ": " << r.error().message
+              << " (its agent is still held stopped; end it with sandboxer down)\n";
+  // A container of this dockerd is removed too, as `down` does (its journal stays).
+  if (dk::find_box(url)) try {
+      dk::down(url);
+      forget_token(url);
+    } catch (const std::exception& e) {
+      std::cerr << "migrate: removing the original's container: " << e.what() << "\n";
+    }
+  std::cerr << "migrate: " << url << " moved to box " << to.name << " in " << static_cast<int>(ms_since(t0)) << " ms\n";
+  std::cout << to.url << std::endl;  // the last line of stdout: the agent's new URL
   return kExitOk;
 }
 

@@ -7,9 +7,10 @@
 namespace sbx::cli {
 
 int cmd_fork(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S -n N [--host docker]",
+  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S -n N [--host docker] "
+                                                  "[--publish-address IP]",
                                          .flags = {"--json"},
-                                         .options = {"--snapshot", "-n", "--host"}}));
+                                         .options = {"--snapshot", "-n", "--host", "--publish-address"}}));
   auto snap = a.value_or("--snapshot", "");
   if (snap.empty()) throw UsageError(a.usage());
   a.expect_positionals(1);
@@ -17,7 +18,7 @@ int cmd_fork(const std::vector<std::string>& args) {
   auto token_file = a.value_or("--token-file", "");
   if (auto host = a.value("--host")) {
     if (*host != "docker") throw UsageError("--host " + *host + ": not supported here (docker)");
-    return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1));
+    return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1), a.value_or("--publish-address", ""));
   }
   return restore_in_box("fork", url, token_file, {{"op", "fork"}, {"snapshot", snap}, {"n", a.number<int>("-n", 1)}},
                         a.has("--json"));

@@ -34,6 +34,8 @@ const char* kUsage =
     "(--base: only what S lacks)\n"
     "  import URL FILE [--json]                                              copy an archive into the box; prints its "
     "id last\n"
+    "  migrate URL --to docker [--publish-address IP]                        move a live agent into a new box; prints "
+    "its URL last\n"
     "  send URL SNAPSHOT --to URL... [--to-token-file F]                     copy a snapshot from one box into others "
     "(no file here)\n"
     "  ui URL|STATE_DIR [--port P] [--open]                                  a live view of the box in the browser\n"
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
     if (cmd == "export") return sbx::cli::cmd_export(args);
     if (cmd == "import") return sbx::cli::cmd_import(args);
     if (cmd == "send") return sbx::cli::cmd_send(args);
+    if (cmd == "migrate") return sbx::cli::cmd_migrate(args);
     if (cmd == "attach") return sbx::cli::cmd_attach(args);
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);

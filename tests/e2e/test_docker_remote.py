@@ -205,3 +205,72 @@ def test_fork_from_a_box_on_this_machine_onto_another(docker_env, remote):
         for u in urls:
             cli(env_b, "down", u)
         cli(docker_env, "down", a_url)
+
+
+def migrate(env, url, *opts, timeout=240):
+    return cli(env, "migrate", url, "--to", "docker", *opts, timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_migrate_moves_a_live_agent_onto_the_other_machine_losing_nothing(docker_env, remote):
+    _, there = remote
+    a_url, _ = up(docker_env, "python3", "-c", COUNTER)
+    env_b = dict(docker_env, DOCKER_HOST=f"tcp://{there}:2375")
+    (a_box,) = [b for b in map(json.loads, cli(docker_env, "ps", "--json").stdout.splitlines()) if b["url"] == a_url]
+    a_name = a_box["name"]
+    new_url = None
+    try:
+        ticks(docker_env, a_url, lambda t: len(t) >= 5)
+        m = migrate(env_b, a_url)
+        assert m.returncode == 0, m.stderr
+        new_url = m.stdout.strip().splitlines()[-1]
+        assert new_url.startswith(f"ws://{there}:"), m.stdout
+        # The original was held stopped at its checkpoint and ended once the copy ran: its
+        # container exited 0 (no restart), its journal saying so.
+        deadline = time.monotonic() + 30
+        while inspect(docker_env, a_name)["State"]["Status"] != "exited":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert inspect(docker_env, a_name)["State"]["ExitCode"] == 0
+        # Its journal stays in its state dir on this machine (the box's API is gone).
+        logged = cli(docker_env, "log", a_box["state_dir"], "--json")
+        before = [json.loads(line) for line in logged.stdout.splitlines()]
+        original = [e["message"] for e in before if e["type"] == "proc.message" and "n" in e.get("message", {})]
+        (released,) = [e for e in before if e["type"] == "checkpoint.released"]
+        assert released["action"] == "ended"
+        # The copy goes on exactly after the original's last line: nothing lost, nothing twice.
+        copy, events = ticks(env_b, new_url, lambda t: len(t) >= 3)
+        assert {t["nonce"] for t in copy} == {original[0]["nonce"]}
+        assert copy[0]["n"] == original[-1]["n"] + 1, (original[-1], copy[:2])
+        (done,) = [e for e in events if e["type"] == "restore.done"]
+        assert done["mode"] == "live" and done["snapshot"] == released["snapshot"]
+    finally:
+        if new_url:
+            cli(env_b, "down", new_url)
+        subprocess.run(["docker", "rm", "-f", a_name], env=docker_env, capture_output=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_migrate_that_fails_leaves_the_agent_going_on_where_it_was(docker_env, remote):
+    _, there = remote
+    a_url, _ = up(docker_env, "python3", "-c", COUNTER)
+    env_b = dict(docker_env, DOCKER_HOST=f"tcp://{there}:2375")
+    try:
+        ticks(docker_env, a_url, lambda t: len(t) >= 3)
+        before = cli(env_b, "ps", "--json").stdout
+        # Published where this machine cannot reach it (the other machine's own loopback): the
+        # copy never answers, so the move fails after the original was held.
+        m = migrate(env_b, a_url, "--publish-address", "127.0.0.1")
+        assert m.returncode == 1 and "its agent goes on there" in m.stderr, m.stderr
+        assert "did not answer" in m.stderr, m.stderr
+        assert cli(env_b, "ps", "--json").stdout == before
+        got, events = ticks(docker_env, a_url, lambda t: True)
+        (released,) = [e for e in events if e["type"] == "checkpoint.released"]
+        assert released["action"] == "continued"
+        n = got[-1]["n"]
+        got, _ = ticks(docker_env, a_url, lambda t: t[-1]["n"] >= n + 3)
+        # One agent, its memory kept: one nonce, and its count unbroken across the hold.
+        assert len({t["nonce"] for t in got}) == 1
+        assert [t["n"] for t in got] == list(range(1, len(got) + 1))
+    finally:
+        cli(docker_env, "down", a_url)
