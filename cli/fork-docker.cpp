@@ -120,6 +120,7 @@ std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& fr
   relay.on_done([&] { s.stop(); });
   s.on_interrupt([&] { relay.abort("interrupted"); });
   if (!relay.done()) s.run();
+  s.on_interrupt({});                 // the lambda above dies with this frame
   for (auto& f : starting) f.wait();  // an interrupt ends the relay early: every container is known
   (*wake)->data = nullptr;
   on_ready();
@@ -166,6 +167,7 @@ void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap,
     s.stop();
   });
   if (pending > 0) s.run();
+  s.on_interrupt({});
 }
 
 // The box to fork: its container on this dockerd, or, for a box elsewhere (another dockerd,

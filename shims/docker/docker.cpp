@@ -525,6 +525,10 @@ BoxRecord up_remote(const UpOptions& o, Launch& l, const Daemon& d, std::ostream
 BoxRecord up(const UpOptions& o, std::ostream& log) {
   Launch l = prepare(o);
   Daemon d = find_daemon(o.publish_address);
+  if (!d.remote && !o.publish_address.empty())
+    throw std::runtime_error("--publish-address " + o.publish_address + ": the dockerd at " +
+                             (d.endpoint.empty() ? std::string("the default socket") : d.endpoint) +
+                             " is this machine's, whose boxes publish their API on 127.0.0.1 only");
   BoxRecord box = d.remote ? up_remote(o, l, d, log) : up_local(o, l, log);
   box.status = "running";
   return box;

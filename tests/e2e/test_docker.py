@@ -303,6 +303,9 @@ def test_up_refuses_bad_input_with_a_clear_error(docker_env, image, tmp_path):
     assert r.returncode != 0 and "sandboxer/missing" in r.stderr
     r = cli(docker_env, "down", "ws://127.0.0.1:1")
     assert r.returncode != 0 and "no box container" in r.stderr
+    # This dockerd is this machine's: its boxes publish on loopback only, whatever is asked.
+    r = cli(docker_env, "up", "--host", "docker", "--image", image, "--publish-address", "10.0.0.1", "--", "true")
+    assert r.returncode != 0 and "--publish-address 10.0.0.1" in r.stderr and "127.0.0.1 only" in r.stderr, r.stderr
     # Control: a good profile starts.
     with Up(docker_env, image, ["sleep", "5"]):
         pass
