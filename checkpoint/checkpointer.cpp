@@ -268,9 +268,6 @@ void Checkpointer::checkpoint(const std::string& branch, const std::string& name
 }
 
 void Checkpointer::checkpoint_held(const std::string& branch, const std::string& name, int64_t hold_ms, Reply done) {
-  if (!live_possible())
-    return done(
-        error_reply("not_live", "holding an agent needs a live checkpoint: " + live_possible().error().message));
   start_checkpoint(branch, name, true, std::move(done), "", false, std::max<int64_t>(hold_ms, 1));
 }
 
@@ -314,6 +311,9 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   } else {
     op->live = true;
   }
+  // A held agent is ended once its copy runs elsewhere: a files-only snapshot would lose its memory.
+  if (hold_ms > 0 && !op->live)
+    return op->done(error_reply("not_live", "holding an agent needs a live checkpoint; this one would be " + op->note));
   // A files-only snapshot restores cold, and a cold copy gets the profile's Landlock again.
   if (b.landlocked && op->live)
     return op->done(error_reply("landlocked", "branch \"" + branch +

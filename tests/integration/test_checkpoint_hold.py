@@ -88,3 +88,20 @@ def test_a_held_agent_released_to_end_ends_the_box_and_one_never_released_goes_o
         assert released["action"] == "continued" and "within its hold" in released["why"], released
         time.sleep(0.4)
         assert max(numbers(box)) > held_at + 2 and box.alive()
+
+
+def test_a_hold_is_refused_where_the_snapshot_would_be_files_only(tmp_path):
+    # Ended once its copy runs, a held agent whose snapshot has no memory would be lost: a branch
+    # without namespaces of its own (files-only snapshots) is refused a hold, and goes on.
+    with WsBox(tmp_path, ["python3", "-c", COUNTER],
+               extra=["--set", "resources.grace=1s", "--set", "isolation.namespaces=false"]) as box:
+        time.sleep(0.4)
+        r = request(box, "checkpoint", hold_ms=60000)
+        assert not r["ok"] and r["error"]["code"] == "not_live", r
+        assert "filesystem only" in r["error"]["message"], r
+        n = max(numbers(box))
+        time.sleep(0.3)
+        assert max(numbers(box)) > n and not events_of(box, "checkpoint.created")
+        # Control: the same branch takes a plain (files-only) checkpoint.
+        plain = request(box, "checkpoint")
+        assert plain["ok"] and plain["mode"] == "fs", plain
