@@ -481,9 +481,8 @@ BoxRecord up_remote(const UpOptions& o, Launch& l, const Daemon& d, std::ostream
     put(stage + "/trust/" + std::to_string(i) + ".pub", read(l.trust_keys[i]), 0644);
   describe(l, true, log, ", on " + d.endpoint + " (API published on " + d.publish_ip + ")");
   for (int attempt = 0;; ++attempt) {
-    int port = o.port > 0 && attempt == 0
-                   ? o.port
-                   : 20000 + static_cast<int>(std::stoul(os::random_hex(2), nullptr, 16) % 12000);
+    // o.port is one free on this machine's loopback (fork picks them): it says nothing of that host.
+    int port = 20000 + static_cast<int>(std::stoul(os::random_hex(2), nullptr, 16) % 12000);
     box.url = "ws://" + (d.publish_ip.find(':') != std::string::npos ? "[" + d.publish_ip + "]" : d.publish_ip) + ":" +
               std::to_string(port);
     std::vector<std::string> args = {"create",

@@ -45,7 +45,8 @@ struct UpOptions {
   std::string publish_address;         // a remote dockerd: the address its boxes' APIs are
                                        // published on ("": the DOCKER_HOST's host)
   std::vector<std::string> labels;     // extra --label K=V
-  int port = 0;                        // the API's loopback port; 0: a free one is picked
+  int port = 0;                        // the API's loopback port; 0: a free one is picked (a
+                                       // remote dockerd's boxes: always picked there)
   std::string box_root;                // host dir for per-box state: BOX_ROOT/NAME/{state,token}
   // Signed archives: the private key the box signs with and the public keys it trusts, host
   // files bound in read-only (the key beside the token, masked from the agent like it). An
