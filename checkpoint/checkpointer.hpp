@@ -73,11 +73,13 @@ class Checkpointer {
   /// Landlock) is restored cold instead, the reason in the copy's note (the resume of a box
   /// whose profile persists its agent).
   void restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name = "",
-               int first_index = 0, bool cold_if_refused = false);
+               int first_index = 0, bool cold_if_refused = false, const std::string& from = "");
   /// Restores `snapshot` as the box's own agent (branch main, copy `index`), its journal
   /// continuing the snapshot's: how a box started from an archive (`--restore`) or an idle box
   /// asked to become a copy (`restore{snapshot, index}`) begins.
-  void restore_main(const std::string& snapshot, int index, Reply done);
+  /// `from`: where the caller says the snapshot came from (a box's URL, an archive's path), named
+  /// in restore.done as told.
+  void restore_main(const std::string& snapshot, int index, Reply done, const std::string& from = "");
   boost::json::array list() const;
   /// The snapshots the agent channel of `branch` may see (channel_refusal with to_delete false).
   boost::json::array list_for(const std::string& branch, const Lineage& lineage) const;

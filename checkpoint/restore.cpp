@@ -37,6 +37,7 @@ struct Checkpointer::RestoreOp {
   int first_index = 0;           // --restore-index: the copy's index among copies in boxes of their own
   bool live = false;             // criu restores it (a live snapshot a trusted key signed)
   std::string note;              // why a live snapshot is restored cold
+  std::string from;              // where the caller says it came from (restore.done's `from`)
   bool cold_if_refused = false;  // restore cold what cannot be restored live (not refuse it)
   bool lazy = false;             // live copies restored with lazy pages (else lazy_why says why not)
   std::string lazy_why;
@@ -155,7 +156,7 @@ std::string Checkpointer::next_branch_name() {
 }
 
 void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
-                           int first_index, bool cold_if_refused) {
+                           int first_index, bool cold_if_refused, const std::string& from) {
   if (!archive::valid_snapshot_id(snapshot))
     return done(error_reply("bad_request", "\"" + snapshot + "\" is not a snapshot id (s- and 16 hex digits)"));
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
@@ -167,6 +168,7 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   op->forced_name = name;
   op->first_index = first_index;
   op->cold_if_refused = cold_if_refused;
+  op->from = from;
   op->t0 = now_ms();
   if (host_.shutting_down()) return op->done(error_reply("shutting_down", "the box is shutting down"));
   // Every copy runs with the profile's full ceilings: the box runs at most resources.copies.
@@ -590,6 +592,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
                   {"parent_box", op->manifest.at("box")},
                   {"index", res.at("index")},
                   {"of", op->n}};
+  if (!op->from.empty()) ev["from"] = op->from;
   if (op->counted) --copies_starting_;
   if (res.contains("error")) {
     // Nothing half-restored stays behind: the copy's directory goes with its failure (its
@@ -636,7 +639,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   op_done();
 }
 
-void Checkpointer::restore_main(const std::string& snapshot, int index, Reply done) {
+void Checkpointer::restore_main(const std::string& snapshot, int index, Reply done, const std::string& from) {
   // Continue the parent's numbering (restore refuses an id that is not one).
   if (archive::valid_snapshot_id(snapshot))
     if (auto text = os::read_file(snap_dir_ + "/" + snapshot + ".json")) {
@@ -646,7 +649,7 @@ void Checkpointer::restore_main(const std::string& snapshot, int index, Reply do
         if (auto* ls = m.as_object().if_contains("last_seq"); ls && ls->is_number())
           host_.continue_journal_after(ls->to_number<uint64_t>());
     }
-  restore(snapshot, 1, false, std::move(done), "main", index);
+  restore(snapshot, 1, false, std::move(done), "main", index, false, from);
 }
 
 void Checkpointer::start_from_archive(const std::string& path) {
@@ -676,10 +679,13 @@ void Checkpointer::start_from_archive(const std::string& path) {
             [this, fail, path](json::object r) {
               if (!r.at("ok").as_bool())
                 return fail(path + ": " + std::string(r.at("error").at("message").as_string()));
-              restore_main(std::string(r.at("snapshot").as_string()), settings_.restore_index, [this](json::object r2) {
-                host_.box_started();
-                if (!r2.at("ok").as_bool()) host_.end_box(125);
-              });
+              restore_main(
+                  std::string(r.at("snapshot").as_string()), settings_.restore_index,
+                  [this](json::object r2) {
+                    host_.box_started();
+                    if (!r2.at("ok").as_bool()) host_.end_box(125);
+                  },
+                  path);
               op_done();
             },
             false);

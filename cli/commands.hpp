@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <boost/json/fwd.hpp>
+#include <sandboxer/client.hpp>
 
 namespace sbx::cli {
 
@@ -39,6 +40,11 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
                    const std::string& publish_address = "");
 /// `migrate URL --to docker`: the box's agent moved into one new container (fork-docker.cpp).
 int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address);
+/// `fork URL --snapshot S --to URL...`: S restored as copy i in the i-th idle box named (fork-docker.cpp).
+int fork_into_boxes(const std::string& url, const std::string& token_file, const std::string& snap,
+                    const std::vector<sdk::Endpoint>& boxes);
+/// `migrate URL --to URL2`: the box's agent moved into the idle box at URL2 (fork-docker.cpp).
+int migrate_into_box(const std::string& url, const std::string& token_file, const sdk::Endpoint& box);
 int cmd_migrate(const std::vector<std::string>& args);
 /// restore's and fork's request (`op` restore or fork) sent to the box at `url`, and its reply
 /// reported: each copy on a line `<branch> <proc>`, or the reply as JSON (restore.cpp).

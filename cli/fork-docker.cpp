@@ -48,9 +48,12 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-// One new container: its record once `up` returned, or why it did not start; and its log.
+// One new box: a container this command started (its record once `up` returned, or why it did
+// not start, and its log), or an idle box some host started and named by its URL.
 struct Copy {
   std::optional<dk::BoxRecord> box;
+  std::string name;                  // in messages: the container's name, or the box's URL
+  std::optional<sdk::Endpoint> api;  // set once the box is up
   std::string error, log;
   std::optional<size_t> target;  // its index in the relay
   json::object restored;         // the restore's copy: mode, timings
@@ -75,6 +78,8 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
               "io.sandboxer.index=" + std::to_string(index)};
   try {
     c.box = dk::up(o, log);
+    c.name = c.box->name;
+    c.api = sdk::Endpoint{c.box->url, c.box->token, false};
   } catch (const std::exception& e) {
     c.error = e.what();
   }
@@ -103,7 +108,7 @@ std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& fr
     for (auto& [i, c] : got) {
       copies[i] = std::move(c);
       ++reported;
-      if (copies[i].box) copies[i].target = relay.add_target({copies[i].box->url, copies[i].box->token, false});
+      if (copies[i].api) copies[i].target = relay.add_target(*copies[i].api);
     }
     if (reported == copies.size()) relay.seal();
   };
@@ -127,13 +132,13 @@ std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& fr
   return copies;
 }
 
-// restore{snapshot, index: i} in every box that has the snapshot, side by side.
+// restore{snapshot, index: i, from: the source's URL} in every box that has the snapshot, side by side.
 void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap, std::vector<std::string>& failures) {
   std::vector<std::unique_ptr<sdk::Client>> clients;
   size_t pending = 0;
   for (size_t i = 0; i < copies.size(); ++i) {
     auto& c = copies[i];
-    auto client = std::make_unique<sdk::Client>(s.loop(), sdk::Endpoint{c.box->url, c.box->token, false});
+    auto client = std::make_unique<sdk::Client>(s.loop(), *c.api);
     auto* cl = client.get();
     clients.push_back(std::move(client));
     ++pending;
@@ -141,7 +146,7 @@ void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap,
       if (copies[i].restore_ended) return;
       copies[i].restore_ended = true;
       copies[i].restored = std::move(copy);
-      if (err) failures.push_back("box " + copies[i].box->name + ": " + *err);
+      if (err) failures.push_back("box " + copies[i].name + ": " + *err);
       cl->close();
       if (--pending == 0) s.stop();
     };
@@ -150,20 +155,23 @@ void restore_all(Session& s, std::vector<Copy>& copies, const std::string& snap,
     });
     cl->connect([&, cl, finish, i](const std::string& err) {
       if (!err.empty()) return finish("connect: " + err, {});
-      cl->request({{"op", "restore"}, {"snapshot", snap}, {"index", i}}, [finish](const json::object& r) {
+      json::object req{{"op", "restore"}, {"snapshot", snap}, {"index", i}, {"from", s.url()}};
+      cl->request(std::move(req), [finish](const json::object& r) {
         json::object copy;
         if (auto* cs = r.if_contains("copies"); cs && cs->is_array() && !cs->as_array().empty())
           copy = cs->as_array()[0].as_object();
         if (reply_ok(r)) return finish(std::nullopt, copy);
-        std::string why = reply_error(r).message;
-        if (auto* e = copy.if_contains("error"); e && e->is_string()) why += ": " + std::string(e->as_string());
+        auto e = reply_error(r);
+        std::string why = e.message;
+        if (auto* ce = copy.if_contains("error"); ce && ce->is_string()) why += ": " + std::string(ce->as_string());
+        if (!e.code.empty()) why += " (" + e.code + ")";
         finish(why, copy);
       });
     });
   }
   s.on_interrupt([&] {
     for (size_t i = 0; i < copies.size(); ++i)
-      if (!copies[i].restore_ended) failures.push_back("box " + copies[i].box->name + ": interrupted");
+      if (!copies[i].restore_ended) failures.push_back("box " + copies[i].name + ": interrupted");
     s.stop();
   });
   if (pending > 0) s.run();
@@ -206,6 +214,35 @@ dk::BoxSpec source_spec(const std::string& url, const std::string& token_file, c
                            " on this dockerd (see sandboxer ps), and the box itself: " + why);
 }
 
+// What the relay did for each copy, then the restore in each: the part of a fork that is the same
+// whoever started the boxes. `failures` says what went wrong.
+void import_and_restore(Session& s, Relay& relay, std::vector<Copy>& copies, const std::string& from,
+                        const std::string& snap, std::vector<std::string>& failures,
+                        std::chrono::steady_clock::time_point t0) {
+  if (!relay.source()) failures.push_back("export from " + from + ": " + relay.source().error().message);
+  auto imported = relay.targets();
+  for (auto& c : copies) {
+    std::cerr << c.log;
+    if (!c.api)
+      failures.push_back(c.error);
+    else if (relay.source() && !imported[*c.target])
+      failures.push_back("box " + c.name + ": import: " + imported[*c.target].error().message);
+  }
+  if (!failures.empty()) return;
+  std::cerr << snap << " (" << relay.size() << " bytes) in " << copies.size() << " box(es) after "
+            << static_cast<int>(ms_since(t0)) << " ms\n";
+  restore_all(s, copies, snap, failures);
+  if (!failures.empty()) return;
+  for (auto& c : copies) {
+    double criu_ms = 0;
+    if (auto* t = c.restored.if_contains("timings_ms"); t && t->is_object())
+      if (auto* r = t->as_object().if_contains("restore"); r && r->is_number()) criu_ms = r->to_number<double>();
+    std::string mode = c.restored.contains("mode") ? json::value_to<std::string>(c.restored.at("mode")) : "";
+    std::cerr << "box " << c.name << " restored " << snap << " (" << mode << ", criu " << static_cast<int>(criu_ms)
+              << " ms)" << (c.box ? "; journal in " + c.box->state_dir : std::string()) << "\n";
+  }
+}
+
 // N new containers of `from`, each given snapshot `snap` over the API and restored as copy i;
 // progress on stderr. On any failure every container started is removed and the reasons are in
 // `failures`.
@@ -220,35 +257,78 @@ std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const st
   std::cerr << "starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
             << " streams from " << from.name << "\n";
   std::vector<Copy> copies = start_and_send(s, relay, from, snap, n, publish_address);
-  if (!relay.source()) failures.push_back("export from " + from.name + ": " + relay.source().error().message);
-  auto imported = relay.targets();
-  for (auto& c : copies) {
-    std::cerr << c.log;
-    if (!c.box)
-      failures.push_back(c.error);
-    else if (relay.source() && !imported[*c.target])
-      failures.push_back("box " + c.box->name + ": import: " + imported[*c.target].error().message);
-  }
-  if (failures.empty()) {
-    std::cerr << snap << " (" << relay.size() << " bytes) in " << n << " box(es) after "
-              << static_cast<int>(ms_since(t0)) << " ms\n";
-    restore_all(s, copies, snap, failures);
-  }
+  import_and_restore(s, relay, copies, from.name, snap, failures, t0);
   if (!failures.empty()) {
     for (auto& c : copies)
       if (c.box) dk::run_docker({"rm", "--force", c.box->name});
     return {};
   }
-  for (auto& c : copies) {
-    save_token(c.box->url, c.box->token);
-    double criu_ms = 0;
-    if (auto* t = c.restored.if_contains("timings_ms"); t && t->is_object())
-      if (auto* r = t->as_object().if_contains("restore"); r && r->is_number()) criu_ms = r->to_number<double>();
-    std::string mode = c.restored.contains("mode") ? json::value_to<std::string>(c.restored.at("mode")) : "";
-    std::cerr << "box " << c.box->name << " restored " << snap << " (" << mode << ", criu " << static_cast<int>(criu_ms)
-              << " ms); journal in " << c.box->state_dir << "\n";
-  }
+  for (auto& c : copies) save_token(c.box->url, c.box->token);
   return copies;
+}
+
+// Boxes some host started idle (`sandboxer-init --idle`) and named by URL, each given `snap` over
+// the API and restored as copy i. They are not this command's: on a failure they are left as they
+// are, for whoever started them to remove.
+std::vector<Copy> copy_into_boxes(Session& s, const std::vector<sdk::Endpoint>& boxes, const std::string& snap,
+                                  std::vector<std::string>& failures) {
+  auto t0 = std::chrono::steady_clock::now();
+  Relay relay(s.loop(), s.endpoint(), snap);
+  if (auto r = relay.start(); !r) {
+    failures.push_back(r.error().message);
+    return {};
+  }
+  std::vector<Copy> copies(boxes.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    copies[i].name = boxes[i].url;
+    copies[i].api = boxes[i];
+    copies[i].target = relay.add_target(boxes[i]);
+  }
+  relay.seal();
+  std::cerr << "sending " << snap << " from " << s.url() << " into " << boxes.size() << " box(es)\n";
+  relay.on_done([&] { s.stop(); });
+  s.on_interrupt([&] { relay.abort("interrupted"); });
+  if (!relay.done()) s.run();
+  s.on_interrupt({});
+  import_and_restore(s, relay, copies, s.url(), snap, failures, t0);
+  return failures.empty() ? copies : std::vector<Copy>{};
+}
+
+// The source's agent is held stopped by its checkpoint (checkpoint{hold_ms}) while `place` starts
+// its copy elsewhere; the source is released to end only once the copy runs there, and to
+// continue on any failure before that, so the agent is never lost and never runs twice.
+using Place = std::function<std::vector<Copy>(Session&, const std::string& snap, std::vector<std::string>& failures)>;
+
+std::optional<Copy> migrate_with(Session& s, const Place& place, const std::string& on_failure) {
+  const std::string& url = s.url();
+  constexpr int64_t kHoldMs = 300000;  // the longest a move may take before the source goes on
+  auto held = s.call({{"op", "checkpoint"}, {"name", "migrate"}, {"hold_ms", kHoldMs}});
+  if (!held) {
+    s.fail(held.error(), "checkpoint " + url + " (nothing was changed)");
+    return std::nullopt;
+  }
+  std::string snap = json::value_to<std::string>(held->at("snapshot"));
+  std::cerr << "migrate: " << url << " checkpointed as " << snap << ", its agent held stopped\n";
+  std::vector<std::string> failures;
+  std::vector<Copy> copies;
+  try {
+    copies = place(s, snap, failures);
+  } catch (const std::exception& e) {
+    failures.push_back(e.what());
+  }
+  if (!failures.empty()) {
+    auto r = s.call({{"op", "checkpoint.release"}, {"end", false}});
+    s.report("migrate of " + url + " failed; " +
+             (r ? std::string("its agent goes on there") : "releasing its agent failed too: " + r.error().message) +
+             " (" + on_failure + "):");
+    for (auto& f : failures) std::cerr << "  " << f << "\n";
+    return std::nullopt;
+  }
+  // The copy runs: the original ends, as a checkpoint that stops its agent ends it.
+  if (auto r = s.call({{"op", "checkpoint.release"}, {"end", true}}); !r)
+    std::cerr << "migrate: ending the original at " << url << ": " << r.error().message
+              << " (its agent is still held stopped; end it with sandboxer down)\n";
+  return std::move(copies.front());
 }
 
 }  // namespace
@@ -276,38 +356,17 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   return kExitOk;
 }
 
-// The source's agent is held stopped by its checkpoint (checkpoint{hold_ms}) while its copy
-// starts on the target; the source is released to end only once the copy runs there, and to
-// continue on any failure before that, so the agent is never lost and never runs twice.
 int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address) {
   auto t0 = std::chrono::steady_clock::now();
   Session s("migrate", url, token_file);
-  constexpr int64_t kHoldMs = 300000;  // the longest a move may take before the source goes on
-  auto held = s.call({{"op", "checkpoint"}, {"name", "migrate"}, {"hold_ms", kHoldMs}});
-  if (!held) return s.fail(held.error(), "checkpoint " + url + " (nothing was changed)");
-  std::string snap = json::value_to<std::string>(held->at("snapshot"));
-  std::cerr << "migrate: " << url << " checkpointed as " << snap << ", its agent held stopped\n";
-  std::vector<std::string> failures;
-  std::vector<Copy> copies;
-  try {
-    dk::BoxSpec from = source_spec(url, token_file, snap);
-    copies = copy_onto_docker(s, from, snap, 1, publish_address, failures);
-  } catch (const std::exception& e) {
-    failures.push_back(e.what());
-  }
-  if (!failures.empty()) {
-    auto r = s.call({{"op", "checkpoint.release"}, {"end", false}});
-    s.report("migrate of " + url + " failed; " +
-             (r ? std::string("its agent goes on there") : "releasing its agent failed too: " + r.error().message) +
-             " (the container started is removed):");
-    for (auto& f : failures) std::cerr << "  " << f << "\n";
-    return kExitFailed;
-  }
-  auto& to = *copies.front().box;
-  // The copy runs: the original ends, as a checkpoint that stops its agent ends it.
-  if (auto r = s.call({{"op", "checkpoint.release"}, {"end", true}}); !r)
-    std::cerr << "migrate: ending the original at " << url << ": " << r.error().message
-              << " (its agent is still held stopped; end it with sandboxer down)\n";
+  auto copy = migrate_with(
+      s,
+      [&](Session& s, const std::string& snap, std::vector<std::string>& failures) {
+        dk::BoxSpec from = source_spec(url, token_file, snap);
+        return copy_onto_docker(s, from, snap, 1, publish_address, failures);
+      },
+      "the container started is removed");
+  if (!copy) return kExitFailed;
   // A container of this dockerd is removed too, as `down` does (its journal stays).
   if (dk::find_box(url)) try {
       dk::down(url);
@@ -315,8 +374,45 @@ int migrate_on_docker(const std::string& url, const std::string& token_file, con
     } catch (const std::exception& e) {
       std::cerr << "migrate: removing the original's container: " << e.what() << "\n";
     }
-  std::cerr << "migrate: " << url << " moved to box " << to.name << " in " << static_cast<int>(ms_since(t0)) << " ms\n";
-  std::cout << to.url << std::endl;  // the last line of stdout: the agent's new URL
+  std::cerr << "migrate: " << url << " moved to box " << copy->name << " in " << static_cast<int>(ms_since(t0))
+            << " ms\n";
+  std::cout << copy->box->url << std::endl;  // the last line of stdout: the agent's new URL
+  return kExitOk;
+}
+
+int fork_into_boxes(const std::string& url, const std::string& token_file, const std::string& snap,
+                    const std::vector<sdk::Endpoint>& boxes) {
+  if (!archive::valid_snapshot_id(snap))
+    throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
+  auto t0 = std::chrono::steady_clock::now();
+  Session s("fork", url, token_file);
+  std::vector<std::string> failures;
+  auto copies = copy_into_boxes(s, boxes, snap, failures);
+  if (!failures.empty()) {
+    s.report("fork of " + snap + " into " + std::to_string(boxes.size()) +
+             " box(es) failed (the boxes are left as they are, for their host to remove):");
+    for (auto& f : failures) std::cerr << "  " << f << "\n";
+    return kExitFailed;
+  }
+  std::cerr << "fork: " << boxes.size() << " box(es) in " << static_cast<int>(ms_since(t0)) << " ms\n";
+  for (auto& c : copies) std::cout << "main " << c.api->url << "\n";
+  std::cout.flush();
+  return kExitOk;
+}
+
+int migrate_into_box(const std::string& url, const std::string& token_file, const sdk::Endpoint& box) {
+  auto t0 = std::chrono::steady_clock::now();
+  Session s("migrate", url, token_file);
+  auto copy = migrate_with(
+      s,
+      [&](Session& s, const std::string& snap, std::vector<std::string>& failures) {
+        return copy_into_boxes(s, {box}, snap, failures);
+      },
+      "the box at " + box.url + " is left as it is, for its host to remove");
+  if (!copy) return kExitFailed;
+  // The original's box ends with its agent (exit 0): its host removes it as any box that ended.
+  std::cerr << "migrate: " << url << " moved to " << box.url << " in " << static_cast<int>(ms_since(t0)) << " ms\n";
+  std::cout << box.url << std::endl;
   return kExitOk;
 }
 

@@ -1,21 +1,32 @@
 // sandboxer fork URL --snapshot S -n N [--host docker] [--json]
+// sandboxer fork URL --snapshot S --to URL... [--to-token-file F]...
 // N live copies of snapshot S: in the box (op fork, each a branch; one line each: <branch>
-// <proc>), or with --host docker in N new containers (fork-docker.cpp; one line each: main <URL>).
+// <proc>); with --host docker in N new containers; with --to in boxes any host started idle
+// (`sandboxer-init --idle`: the host shims' fork), one copy each, in the order given
+// (fork-docker.cpp; one line each: main <URL>).
 #include "cli/commands.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
 
 int cmd_fork(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S -n N [--host docker] "
-                                                  "[--publish-address IP]",
-                                         .flags = {"--json"},
-                                         .options = {"--snapshot", "-n", "--host", "--publish-address"}}));
+  auto a = parse_args(
+      args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S (-n N [--host docker] "
+                                  "[--publish-address IP] | --to URL... [--to-token-file F]...)",
+                         .flags = {"--json"},
+                         .options = {"--snapshot", "-n", "--host", "--publish-address", "--to", "--to-token-file"}}));
   auto snap = a.value_or("--snapshot", "");
   if (snap.empty()) throw UsageError(a.usage());
   a.expect_positionals(1);
   const auto& url = a.positionals()[0];
   auto token_file = a.value_or("--token-file", "");
+  if (a.has("--to")) {
+    if (a.has("--host") || a.has("-n") || a.has("--json"))
+      a.fail("--to names the boxes to fork into: no --host, -n or --json with it");
+    Session s("fork", url, token_file);
+    return fork_into_boxes(url, token_file, snap, target_endpoints(a, s.endpoint().insecure));
+  }
+  if (a.has("--to-token-file")) a.fail("--to-token-file: only with --to");
   if (auto host = a.value("--host")) {
     if (*host != "docker") throw UsageError("--host " + *host + ": not supported here (docker)");
     return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1), a.value_or("--publish-address", ""));

@@ -28,21 +28,8 @@ int cmd_send(const std::vector<std::string>& args) {
   if (!archive::valid_snapshot_id(snap)) a.fail(snap + ": not a snapshot id (s- and 16 hex digits)");
   auto to = a.values("--to");
   if (to.empty()) a.fail("no target (--to URL)");
-  // One --to-token-file serves every target; as many as --to pair with them in order; none: each
-  // target's token is SANDBOXER_TOKEN or the one stored for its URL.
-  auto to_tokens = a.values("--to-token-file");
-  if (to_tokens.size() > 1 && to_tokens.size() != to.size())
-    a.fail(std::to_string(to_tokens.size()) + " --to-token-file for " + std::to_string(to.size()) +
-           " --to (give one for all, or one per target in order)");
   Session s("send", a.positionals()[0], a);
-  std::vector<sdk::Endpoint> targets;
-  for (size_t i = 0; i < to.size(); ++i) {
-    const auto& url = to[i];
-    std::string tf = to_tokens.empty() ? "" : to_tokens[to_tokens.size() == 1 ? 0 : i];
-    sdk::Endpoint ep{url, find_token(url, tf), s.endpoint().insecure};
-    sdk::parse_url(url);
-    targets.push_back(std::move(ep));
-  }
+  std::vector<sdk::Endpoint> targets = target_endpoints(a, s.endpoint().insecure);
   Relay relay(s.loop(), s.endpoint(), snap);
   if (auto r = relay.start(); !r) return s.fail(r.error());
   for (auto& t : targets) relay.add_target(t);

@@ -33,6 +33,25 @@ ArgSpec remote_spec(ArgSpec spec) {
   return spec;
 }
 
+std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure) {
+  auto to = a.values("--to");
+  auto tokens = a.values("--to-token-file");
+  if (tokens.size() > 1 && tokens.size() != to.size())
+    a.fail(std::to_string(tokens.size()) + " --to-token-file for " + std::to_string(to.size()) +
+           " --to (give one for all, or one per target in order)");
+  std::vector<sdk::Endpoint> out;
+  for (size_t i = 0; i < to.size(); ++i) {
+    try {
+      sdk::parse_url(to[i]);
+    } catch (const std::exception& e) {
+      a.fail("--to " + to[i] + ": " + e.what());
+    }
+    std::string tf = tokens.empty() ? "" : tokens[tokens.size() == 1 ? 0 : i];
+    out.push_back({to[i], find_token(to[i], tf), insecure});
+  }
+  return out;
+}
+
 base::Error reply_error(const json::object& reply) {
   if (auto* e = reply.if_contains("error"); e && e->is_object()) {
     auto& o = e->as_object();

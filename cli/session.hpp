@@ -12,6 +12,7 @@
 #include <sandboxer/client.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/result.hpp"
 #include "cli/args.hpp"
@@ -27,6 +28,12 @@ base::Error reply_error(const boost::json::object& reply);
 boost::json::object error_reply(const base::Error& e);
 /// The reply said ok.
 bool reply_ok(const boost::json::object& reply);
+
+/// The boxes named by --to URL, each with its token: one --to-token-file for every target, or one
+/// per --to in the same order; none: each target's is SANDBOXER_TOKEN or the one stored for its
+/// URL (send, fork and migrate onto boxes some host started). Throws UsageError on a bad URL or a
+/// count that does not pair.
+std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure);
 
 class Session {
  public:

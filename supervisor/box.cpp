@@ -687,7 +687,7 @@ void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {
   checkpointer_->restore(snapshot, n, fork, std::move(done));
 }
 
-void Box::restore_as_copy(const std::string& snapshot, int index, Reply done) {
+void Box::restore_as_copy(const std::string& snapshot, int index, Reply done, const std::string& from) {
   if (!opts_.idle || becoming_copy_ || branches_.contains("main")) {
     std::string why = becoming_copy_ ? "is becoming one already" : "runs an agent of its own";
     return done({{"ok", false},
@@ -696,14 +696,17 @@ void Box::restore_as_copy(const std::string& snapshot, int index, Reply done) {
                    {"message", "restore with an index makes an idle box (--idle) a copy; this box " + why}}}});
   }
   becoming_copy_ = true;
-  checkpointer_->restore_main(snapshot, index, [this, done = std::move(done)](boost::json::object r) {
-    becoming_copy_ = false;
-    if (r.at("ok").as_bool()) {
-      opts_.idle = false;  // the box now ends with its agent, and keeps it as its profile says
-      start_persistence();
-    }
-    done(std::move(r));
-  });
+  checkpointer_->restore_main(
+      snapshot, index,
+      [this, done = std::move(done)](boost::json::object r) {
+        becoming_copy_ = false;
+        if (r.at("ok").as_bool()) {
+          opts_.idle = false;  // the box now ends with its agent, and keeps it as its profile says
+          start_persistence();
+        }
+        done(std::move(r));
+      },
+      from);
 }
 
 boost::json::array Box::snapshot_list() { return checkpointer_->list(); }

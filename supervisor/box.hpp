@@ -199,7 +199,7 @@ class Box : public checkpoint::Host {
   /// main branch, and from then on ends with that agent, as a box started with `--restore
   /// ARCHIVE --restore-index N` does; refused (not_idle) in any other box. A failed restore
   /// leaves the box idle.
-  void restore_as_copy(const std::string& snapshot, int index, Reply done);
+  void restore_as_copy(const std::string& snapshot, int index, Reply done, const std::string& from = "");
   boost::json::array snapshot_list();
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.

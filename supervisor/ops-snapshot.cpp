@@ -36,11 +36,26 @@ void op_checkpoint_release(OpContext& ctx) {
   ctx.later()(ctx.box.checkpoint_release(branch, protocol::opt_bool(f, "end").value_or(false)));
 }
 
+namespace {
+
+// A restore's `from`: told by the caller, so kept short and printable (it lands in the journal).
+std::string restore_from(const boost::json::object& f) {
+  auto from = protocol::opt_string(f, "from").value_or("");
+  if (from.size() > 1024) throw RequestError("bad_request", "field from: longer than 1024 bytes");
+  for (unsigned char c : from)
+    if (c < 0x20 || c == 0x7f) throw RequestError("bad_request", "field from: a control character");
+  return from;
+}
+
+}  // namespace
+
 void op_restore(OpContext& ctx) {
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
-  // `index`: an idle box becomes that copy of the snapshot (fork and migrate onto new boxes).
+  // `index`: an idle box becomes that copy of the snapshot (fork and migrate onto new boxes);
+  // `from`, where the caller says it came from (the source box's URL), is named in restore.done.
   if (auto index = protocol::opt_int(ctx.fields(), "index", 0, 1023))
-    return ctx.box.restore_as_copy(snap, static_cast<int>(*index), ctx.later());
+    return ctx.box.restore_as_copy(snap, static_cast<int>(*index), ctx.later(), restore_from(ctx.fields()));
+  if (ctx.fields().contains("from")) throw RequestError("bad_request", "field from: only with index");
   ctx.box.restore(snap, 1, false, ctx.later());
 }
 

@@ -1,6 +1,11 @@
 """`sandboxer send`: a snapshot out of one box and into others over the box API, read once (issue
 17). The archive reaches a target's store only whole and hashing to its id: a stream cut or
-altered on the way leaves every target as it was, and the source untouched."""
+altered on the way leaves every target as it was, and the source untouched.
+
+`sandboxer fork URL --to URL...` and `sandboxer migrate URL --to URL` stand on the same relay:
+boxes some host started idle (what the Modal, Daytona and Kubernetes shims start) become copies
+of the source's agent, each named where it came from in its restore.done."""
+import asyncio
 import contextlib
 import os
 import socket
@@ -10,7 +15,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, WsBox, output_of
+from sbxtest import CLI, Session, WsBox, output_of, ws_connect
 
 COUNTER = ("import time\n"
            "n = 0\n"
@@ -56,6 +61,20 @@ def send(a, snap, targets, env=None, source_url=None):
     for t in targets:
         args += ["--to", t.url, "--to-token-file", str(t.token_file)]
     return sandboxer(*args, env=env)
+
+
+def to_args(targets):
+    args = []
+    for t in targets:
+        args += ["--to", t.url, "--to-token-file", str(t.token_file)]
+    return args
+
+
+def wait_numbers(box, n=3, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(numbers(box)) < n:
+        time.sleep(0.1)
+    return numbers(box)
 
 
 def snapshots_of(box):
@@ -239,3 +258,114 @@ def test_send_says_what_was_wrong_and_one_bad_target_costs_only_itself(tmp_path)
         assert r.stdout == f"{good.url} {snap}\n", r.stdout
         assert any(e["type"] == "snapshot.imported" and e["snapshot"] == snap for e in good.read_events())
         assert a.alive() and good.alive()
+
+
+def test_fork_into_idle_boxes_makes_each_a_live_copy_that_names_its_source(tmp_path):
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "cli-state"))
+    with source_and_idle_boxes(tmp_path, 2) as (a, targets):
+        snap = checkpoint(a)
+        at_checkpoint = max(numbers(a))
+        r = sandboxer("fork", a.url, "--snapshot", snap, "--token-file", str(a.token_file), *to_args(targets),
+                      env=env)
+        assert r.returncode == 0, r.stderr
+        # One line per copy, in the order given: main <URL>.
+        assert r.stdout.splitlines() == [f"main {t.url}" for t in targets], r.stdout
+        a_box = next(e for e in a.read_events() if e["type"] == "box.started")["box"]
+        for i, t in enumerate(targets):
+            seen = wait_numbers(t)
+            assert seen and 1 < seen[0] <= at_checkpoint + 2, (i, seen[:3], at_checkpoint)
+            done = next(e for e in t.read_events() if e["type"] == "restore.done")
+            assert (done["index"], done["mode"], done["snapshot"]) == (i, "live", snap), done
+            # Where it came from: the URL the CLI read it from, and the box that took it.
+            assert (done["from"], done["parent_box"]) == (a.url, a_box), done
+        n = max(numbers(a))
+        time.sleep(0.5)
+        assert a.alive() and max(numbers(a)) > n
+        # A box that has become a copy is no longer idle: a second fork into it is refused.
+        again = sandboxer("fork", a.url, "--snapshot", snap, "--token-file", str(a.token_file), *to_args(targets[:1]))
+        assert again.returncode == 1 and "not_idle" in again.stderr, again.stderr
+
+
+def test_fork_into_boxes_over_a_cut_stream_restores_nothing_and_the_source_goes_on(tmp_path):
+    with source_and_idle_boxes(tmp_path, 2) as (a, targets):
+        snap = checkpoint(a)
+        whole = tmp_path / "whole.tar.zst"
+        assert sandboxer("export", a.url, snap, str(whole), "--token-file", str(a.token_file)).returncode == 0
+        proxy = FrameProxy(a.port, cut=whole.stat().st_size // 2)
+        try:
+            r = sandboxer("fork", proxy.url, "--snapshot", snap, "--token-file", str(a.token_file), *to_args(targets))
+        finally:
+            proxy.close()
+        assert proxy.acted
+        assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+        assert "left as they are" in r.stderr and "closed after" in r.stderr, r.stderr
+        time.sleep(0.5)
+        for t in targets:
+            assert not any(e["type"] in ("snapshot.imported", "restore.done") for e in t.read_events())
+            assert t.alive() and not numbers(t)
+        n = max(numbers(a))
+        time.sleep(0.4)
+        assert a.alive() and max(numbers(a)) > n
+        # Control: the same fork straight from the source makes both copies.
+        ok = sandboxer("fork", a.url, "--snapshot", snap, "--token-file", str(a.token_file), *to_args(targets))
+        assert ok.returncode == 0, ok.stderr
+        for t in targets:
+            assert wait_numbers(t), t.stderr()
+
+
+def test_migrate_into_an_idle_box_continues_the_agent_there_and_ends_the_original(tmp_path):
+    with source_and_idle_boxes(tmp_path, 1) as (a, (t,)):
+        time.sleep(0.8)
+        r = sandboxer("migrate", a.url, "--token-file", str(a.token_file), *to_args([t]))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[-1] == t.url, r.stdout
+        # The original ends as a hibernated box does: exit 0, its last line the one before the copy's first.
+        assert a.proc.wait(timeout=20) == 0, a.stderr()
+        last = max(numbers(a))
+        seen = wait_numbers(t)
+        assert seen[0] == last + 1, (last, seen[:3])
+        done = next(e for e in t.read_events() if e["type"] == "restore.done")
+        assert (done["from"], done["index"], done["mode"]) == (a.url, 0, "live"), done
+
+
+def test_migrate_into_a_box_that_refuses_leaves_the_original_counting(tmp_path):
+    with source_and_idle_boxes(tmp_path, 0) as (a, _):
+        (tmp_path / "busy").mkdir()
+        with WsBox(tmp_path / "busy", ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as busy:
+            time.sleep(0.5)
+            r = sandboxer("migrate", a.url, "--token-file", str(a.token_file), *to_args([busy]))
+            assert r.returncode == 1, r.stderr
+            assert "its agent goes on there" in r.stderr and "not_idle" in r.stderr, r.stderr
+            assert f"the box at {busy.url} is left as it is" in r.stderr, r.stderr
+            n = max(numbers(a))
+            time.sleep(0.5)
+            assert a.alive() and max(numbers(a)) > n and busy.alive()
+
+
+def test_fork_and_migrate_onto_boxes_say_what_was_wrong(tmp_path):
+    with source_and_idle_boxes(tmp_path, 1) as (a, (t,)):
+        tf = ["--token-file", str(a.token_file)]
+        snap = checkpoint(a)
+        r = sandboxer("fork", a.url, "--snapshot", snap, "-n", "2", *tf, *to_args([t]))
+        assert r.returncode == 2 and "no --host, -n or --json" in r.stderr, r.stderr
+        r = sandboxer("fork", a.url, "--snapshot", snap, *tf, "--to", "http://x:1")
+        assert r.returncode == 2 and "--to http://x:1" in r.stderr, r.stderr
+        r = sandboxer("fork", a.url, "--snapshot", snap, *tf, "--to-token-file", str(t.token_file))
+        assert r.returncode == 2 and "only with --to" in r.stderr, r.stderr
+        r = sandboxer("migrate", a.url, *tf, "--to", "ftp://x")
+        assert r.returncode == 2 and "ws:// or wss://" in r.stderr, r.stderr
+        r = sandboxer("migrate", a.url, *tf, *to_args([t, t]))
+        assert r.returncode == 2 and "one target" in r.stderr, r.stderr
+        # restore's `from` is for an idle box's restore only, and printable.
+        r = request_of(t, {"op": "restore", "snapshot": snap, "from": "x"})
+        assert r["error"]["code"] == "bad_request" and "only with index" in r["error"]["message"], r
+        r = request_of(t, {"op": "restore", "snapshot": snap, "index": 0, "from": "a\nb"})
+        assert r["error"]["code"] == "bad_request" and "control character" in r["error"]["message"], r
+        assert t.alive() and a.alive() and not numbers(t)
+
+
+def request_of(box, req):
+    async def go():
+        async with ws_connect(box) as ws:
+            return await Session(ws).request(req.pop("op"), timeout=30, **req)
+    return asyncio.run(go())
