@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import os
 import secrets
+import shutil
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -149,6 +153,89 @@ def read_token_file(path: str) -> str:
 # shims, the SDK and cli/tokens.cpp cannot drift apart.
 from sandboxer.tokens import store_token as save_token  # noqa: E402,F401
 from sandboxer.tokens import token_path  # noqa: E402,F401
+
+
+# -- fork and migrate over the box API (issue 17) ------------------------------------------------
+# The one path for every host: the shim starts boxes idle (`sandboxer-init --idle`) and learns their
+# URLs; the CLI then streams the snapshot out of the source box into each (`sandboxer fork URL
+# --snapshot S --to URL...`, or `sandboxer migrate URL --to URL`) and asks each to restore it. No
+# store is shared between the CLI, the source and the new boxes. The shim keeps each new box's
+# token where the CLI finds it by URL (save_token), so the command lines carry no token.
+
+
+def sandboxer_cli() -> str:
+    """The host CLI: $SANDBOXER_CLI, else this checkout's build, else `sandboxer` on PATH."""
+    for c in (os.environ.get("SANDBOXER_CLI"), str(REPO_ROOT / "build" / "bin" / "sandboxer"),
+              shutil.which("sandboxer")):
+        if c and os.access(c, os.X_OK):
+            return c
+    raise ShimError("no sandboxer CLI: build it (scripts/build), put it on PATH or set SANDBOXER_CLI")
+
+
+def check_source_url(url: str) -> str:
+    if not url.startswith(("ws://", "wss://")) or len(url) > 1024 or any(ord(c) < 0x21 for c in url):
+        raise ShimError(f"--from {url!r}: the source box's ws:// or wss:// URL")
+    return url
+
+
+def api_fork_argv(source: str, snapshot: str, urls: Sequence[str], source_token_file: str | None = None) -> list[str]:
+    """The CLI's fork of `snapshot` from the box at `source` into the idle boxes at `urls`, copy i
+    into the i-th."""
+    argv = ["sandboxer", "fork", check_source_url(source), "--snapshot", check_name("snapshot", snapshot)]
+    if source_token_file:
+        argv += ["--token-file", source_token_file]
+    for u in urls:
+        argv += ["--to", u]
+    return argv
+
+
+def api_migrate_argv(source: str, url: str, source_token_file: str | None = None) -> list[str]:
+    """The CLI's migrate of the box at `source` into the idle box at `url`."""
+    argv = ["sandboxer", "migrate", check_source_url(source), "--to", url]
+    if source_token_file:
+        argv += ["--token-file", source_token_file]
+    return argv
+
+
+def wait_serving(url: str, token: str, *, timeout: float = 300) -> None:
+    """Until the box at `url` answers a request with `token` (a host reports a box started before
+    its supervisor listens, and its tunnel or Service may come later still). A refused token is
+    an error at once."""
+    import asyncio
+
+    from sandboxer.connection import open_ws
+    from sandboxer.errors import AuthError
+
+    async def once() -> None:
+        ws = await open_ws(url, token, open_timeout=10)
+        try:
+            await ws.send(json.dumps({"id": 1, "op": "stats"}))
+            while True:
+                if json.loads(await asyncio.wait_for(ws.recv(), 10)).get("id") == 1:
+                    return
+        finally:
+            await ws.close()
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            asyncio.run(once())
+            return
+        except AuthError as e:
+            raise ShimError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 (any failure to answer is "not yet")
+            if time.monotonic() > deadline:
+                raise ShimError(f"{url}: not serving after {timeout:.0f} s ({type(e).__name__}: {e})") from None
+            time.sleep(1)
+
+
+def run_cli(argv: list[str]) -> list[str]:
+    """Runs a planned CLI command (argv[0] "sandboxer" is the CLI found here); its stderr goes to
+    the shim's. Returns its stdout's lines; raises ShimError with its exit status on a failure."""
+    p = subprocess.run([sandboxer_cli(), *argv[1:]], stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise ShimError(f"{' '.join(argv[:2])} exited {p.returncode} (its reasons above)")
+    return p.stdout.splitlines()
 
 
 def print_plan(plan: dict[str, Any], out=None) -> None:

@@ -2,6 +2,7 @@
 in shims/requirements.txt).
 
     python -m shims.daytona up   [--image REF | --dockerfile PATH] [--class container|linux-vm] [--dry-run] -- CMD...
+    python -m shims.daytona fork --snapshot S -n N --from URL [--from-token-file F] --public [--dry-run]
     python -m shims.daytona fork --snapshot S -n N [--dry-run]
     python -m shims.daytona down SANDBOX [--dry-run]
 
@@ -16,8 +17,13 @@ Live checkpoint needs CAP_SYS_ADMIN and friends inside the sandbox: a `linux-vm`
 kernel, root inside) can grant them, a `container` one may not. The shim does not guess: the
 supervisor says in `box.started` what it could do, and falls back to filesystem snapshots.
 
-`fork` makes one snapshot whose entrypoint restores archive S from the volume, and N sandboxes
-from it. `--dry-run` contacts nothing: every request body is validated by the client's own model
+`fork --from URL` starts N sandboxes idle from the same Daytona snapshot `up` uses, waits until
+each serves, and has the CLI stream snapshot S out of the box at URL into each and restore it as
+copy i (`sandboxer fork URL --snapshot S --to ...`): live where the sandbox grants criu what it
+needs, cold otherwise (`restore.done` says which); no volume is mounted, and the source may be on
+any host. It needs `--public`: the CLI does not send Daytona's preview token. On a failure every
+sandbox it started is deleted. Without `--from`, `fork` makes one snapshot whose entrypoint
+restores archive S from the volume, and N sandboxes from it. `--dry-run` contacts nothing: every request body is validated by the client's own model
 classes with extra keys refused (validate_body), serialised by the client's own request
 serialisers, and printed as JSON (method, path, body; the token redacted).
 """
@@ -169,7 +175,8 @@ def _snapshot_body(opts, name: str, entrypoint: list[str]) -> dict:
     return body
 
 
-def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels: dict) -> list[Request]:
+def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels: dict,
+                      volume: bool = True) -> list[Request]:
     n = _names(box)
     secret = Request("SecretApi.create_secret", "CreateSecret",
                      {"name": n["secret"], "value": token,
@@ -177,11 +184,12 @@ def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels:
     sandbox = Request("SandboxApi.create_sandbox", "CreateSandbox", {
         "name": n["sandbox"], "snapshot": snapshot,
         "secrets": [{TOKEN_ENV: n["secret"]}],
-        "volumes": [{"volumeId": opts.volume, "mountPath": ARCHIVE_DIR}],
         "labels": {"sandboxer.box": box, **labels},
         "public": opts.public,
         "autoStopInterval": 0,
     })
+    if volume:
+        sandbox.body["volumes"] = [{"volumeId": opts.volume, "mountPath": ARCHIVE_DIR}]
     preview = Request("SandboxApi.get_port_preview_url", None, None)
     return [serialize(client, secret), serialize(client, sandbox),
             serialize(client, preview, n["sandbox"], PORT)]
@@ -205,6 +213,17 @@ def plan_up(client, opts, box: str, token: str) -> list[Request]:
 
 
 def plan_fork(client, opts, boxes: list[str], tokens: list[str]) -> list[Request]:
+    if opts.source:
+        # Over the box API: idle boxes from the snapshot `up` uses, no volume.
+        entry = common.init_argv(profile=opts.profile)
+        snap = _snapshot_name(f"sandboxer-{opts.snapshot_tag}", opts, entry)
+        reqs = [serialize(client, Request("SnapshotsApi.create_snapshot", "CreateSnapshot",
+                                          _snapshot_body(opts, snap, entry)))]
+        for i, (box, token) in enumerate(zip(boxes, tokens)):
+            reqs += _sandbox_requests(client, opts, box, snap, token,
+                                      {"sandboxer.snapshot": opts.snapshot, "sandboxer.index": str(i)},
+                                      volume=False)
+        return reqs
     entry = common.init_argv(restore=opts.snapshot, profile=opts.profile)
     snap = _snapshot_name(f"sandboxer-restore-{opts.snapshot}", opts, entry)
     reqs = [serialize(client, Request("SnapshotsApi.create_snapshot", "CreateSnapshot",
@@ -233,6 +252,8 @@ def _parser() -> argparse.ArgumentParser:
     bp = common.box_parser("python -m shims.daytona", __doc__.split("\n\n")[0], _box_options,
                            dockerfile_help="build the snapshot from this Dockerfile")
     bp.parser.add_argument("--api-url", default=DEFAULT_API)
+    bp.fork.add_argument("--from", dest="source", help="the URL of the box the snapshot is in (over the box API)")
+    bp.fork.add_argument("--from-token-file", dest="source_token_file", help="that box's token")
     dn = bp.ops.add_parser("down", help="delete a box")
     dn.add_argument("sandbox")
     dn.add_argument("--dry-run", action="store_true")
@@ -263,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if opts.op != "down":
             common.check_box_args(opts, max_copies=64)
+        if opts.op == "fork" and opts.source:
+            common.check_source_url(opts.source)
+            if not opts.public:
+                raise ShimError("fork --from: needs --public (the CLI that moves the snapshot in does not "
+                                "send Daytona's preview token; the box token still guards every connection)")
         client = _client(opts.api_url, None)
         if opts.op == "up":
             boxes, tokens = [secrets.token_hex(6)], [common.new_token()]
@@ -275,10 +301,16 @@ def main(argv: list[str] | None = None) -> int:
             reqs = plan_down(client, opts)
         if opts.dry_run:
             import daytona_api_client
-            common.print_plan({"host": "daytona", "sdk": f"daytona-api-client {daytona_api_client.__version__}",
-                               "op": opts.op,
-                               "checked": "every body built into the client's own model, extra keys refused",
-                               "requests": [r.json() for r in reqs]})
+            plan = {"host": "daytona", "sdk": f"daytona-api-client {daytona_api_client.__version__}",
+                    "op": opts.op,
+                    "checked": "every body built into the client's own model, extra keys refused",
+                    "requests": [r.json() for r in reqs]}
+            if opts.op == "fork" and opts.source:
+                # Then, once each sandbox's preview URL answers, the CLI moves the snapshot in.
+                plan["then"] = common.api_fork_argv(opts.source, opts.snapshot,
+                                                    [f"<wss preview URL of sandboxer-{b}>" for b in boxes],
+                                                    opts.source_token_file)
+            common.print_plan(plan)
             return 0
         return _live(opts, reqs, boxes if opts.op != "down" else [], tokens if opts.op != "down" else [])
     except ShimError as e:
@@ -310,6 +342,7 @@ def _live(opts, reqs: list[Request], boxes: list[str], tokens: list[str]) -> int
     if not key:
         raise ShimError("DAYTONA_API_KEY is not set")
     client = _client(opts.api_url, key)
+    sandbox_api = d.SandboxApi(client)
     previews = []
     for r in reqs:
         api_name, op = r.api.split(".")
@@ -330,10 +363,30 @@ def _live(opts, reqs: list[Request], boxes: list[str], tokens: list[str]) -> int
                   ("error", "build_failed", "destroyed"), f"sandbox {r.body['name']}")
         elif op == "get_port_preview_url":
             previews.append(result)
+    if opts.op == "fork" and opts.source:
+        return _fork_over_api(opts, sandbox_api, previews, boxes, tokens)
     for i, p in enumerate(previews):
         url = "wss://" + p.url.split("://", 1)[-1]
         common.save_token(url, tokens[i])
         if opts.op == "up":
             _exec_over_ws(url, {"x-daytona-preview-token": p.token}, tokens[i], opts.command)
         print(f"{boxes[i]} {url}" if opts.op == "fork" else url)
+    return 0
+
+
+def _fork_over_api(opts, sandbox_api, previews, boxes: list[str], tokens: list[str]) -> int:
+    """The idle sandboxes become copies of the snapshot over the box API; any failure deletes
+    every one of them."""
+    urls = ["wss://" + p.url.split("://", 1)[-1] for p in previews]
+    try:
+        for url, token in zip(urls, tokens):
+            common.save_token(url, token)
+            common.wait_serving(url, token)
+        common.run_cli(common.api_fork_argv(opts.source, opts.snapshot, urls, opts.source_token_file))
+    except BaseException:
+        for box in boxes:
+            sandbox_api.delete_sandbox(_names(box)["sandbox"])
+        raise
+    for box, url in zip(boxes, urls):
+        print(f"{box} {url}")
     return 0

@@ -2,7 +2,8 @@
 """Kubernetes manifests for sandboxer boxes, checked against the `kubernetes` client's schemas.
 
     python shims/kubernetes/generate.py up   [--kind pod|agent-sandbox] [options] [--dry-run] -- CMD...
-    python shims/kubernetes/generate.py fork --snapshot S -n N [--kind pod|agent-sandbox] [options] [--dry-run]
+    python shims/kubernetes/generate.py fork --snapshot S -n N [--from URL] [--kind pod|agent-sandbox] [options] [--dry-run]
+    python shims/kubernetes/generate.py migrate --from URL [--kind pod|agent-sandbox] [options] [--dry-run]
 
 Prints the manifests as YAML documents for `kubectl apply -f -` (or `--json` for a v1 List):
 - a Secret per box with its WebSocket token, mounted as a file (sandboxer-init --token-file);
@@ -18,7 +19,13 @@ Prints the manifests as YAML documents for `kubectl apply -f -` (or `--json` for
   unless --no-live-checkpoint, and a Service for its WebSocket; or, with --kind agent-sandbox, a
   kubernetes-sigs agent-sandbox `Sandbox` around the same pod spec (its controller makes the
   Service).
-`fork` makes N such boxes that each restore the one archive ARCHIVE_DIR/S from the shared claim.
+`fork --from URL` makes N such boxes idle (`sandboxer-init --idle`), and `migrate --from URL` one;
+once they are Ready, the CLI moves the snapshot into them over the box API (issue 17): the
+command to run is printed on stderr (`sandboxer fork URL --snapshot S --to ws://BOX.NS.svc:7777
+...`, or `sandboxer migrate URL --to ...`), from where the Services resolve (a Pod in the cluster),
+each new box's token kept where that CLI finds it by URL. No shared claim is needed then.
+`fork` without --from makes N boxes that each restore the one archive ARCHIVE_DIR/S from the
+shared claim.
 
 Every manifest is checked before it is printed (validate.py); `--dry-run` prints the same
 manifests with the Secret's data redacted and writes nothing.
@@ -31,6 +38,7 @@ import json
 import pathlib
 import re
 import secrets
+import shlex
 import sys
 
 if __package__ in (None, ""):
@@ -93,6 +101,10 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
             {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
         ],
     }
+    # A box the snapshot reaches over the box API (--from) mounts no shared archive claim.
+    shared_claim = not getattr(opts, "source", None)
+    if not shared_claim:
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "archives"]
     if opts.live_checkpoint:
         container["securityContext"] = {
             "capabilities": {"add": list(LIVE_CHECKPOINT_CAPS)},
@@ -124,7 +136,8 @@ def pod_spec(box: str, argv: list[str], opts) -> dict:
             {"name": "state", **({"persistentVolumeClaim": {"claimName": f"{box}-state"}} if persist
                                  else {"emptyDir": {}})},
             {"name": "run", "emptyDir": {"medium": "Memory"}},
-            {"name": "archives", "persistentVolumeClaim": {"claimName": opts.archive_claim}},
+            *([{"name": "archives", "persistentVolumeClaim": {"claimName": opts.archive_claim}}]
+              if shared_claim else []),
             {"name": "token", "secret": {"secretName": f"{box}-token", "defaultMode": 0o400}},
         ],
     }
@@ -158,9 +171,29 @@ def _token(opts) -> str:
     return common.read_token_file(opts.token_file) if opts.token_file else common.new_token()
 
 
+def service_url(box: str, opts) -> str:
+    """The URL the CLI reaches a box by: its Service inside the cluster (or a port-forward of it)."""
+    return f"ws://{box}.{opts.namespace}.svc:{PORT}"
+
+
+def then_argv(opts, boxes: list[tuple[str, str]]) -> list[str] | None:
+    """What moves the snapshot into the idle boxes once they are Ready (fork or migrate --from)."""
+    source = getattr(opts, "source", None)
+    if not source:
+        return None
+    urls = [service_url(box, opts) for box, _ in boxes]
+    if opts.op == "migrate":
+        return common.api_migrate_argv(source, urls[0], opts.source_token_file)
+    return common.api_fork_argv(source, opts.snapshot, urls, opts.source_token_file)
+
+
 def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
     """The manifests, and (box, token) for each box."""
-    docs = [archive_claim(opts)]
+    source = getattr(opts, "source", None)
+    if source:
+        common.check_source_url(source)
+    # Over the box API the new boxes need no shared claim.
+    docs = [] if source else [archive_claim(opts)]
     boxes = []
     if opts.persist and opts.op != "up":
         raise ShimError("--persist: only for up (each copy of a fork starts from its archive)")
@@ -174,6 +207,13 @@ def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
         argv = common.init_argv(command=opts.command, token_file=TOKEN_FILE, profile=opts.profile, sets=sets)
         docs += box_manifests(box, argv, {}, token, opts)
         boxes.append((box, token))
+    elif opts.op == "migrate":
+        box = opts.name or f"sandboxer-{secrets.token_hex(4)}"
+        common.check_name("name", box)
+        token = _token(opts)
+        argv = common.init_argv(token_file=TOKEN_FILE, profile=opts.profile)  # idle
+        docs += box_manifests(box, argv, {}, token, opts)
+        boxes.append((box, token))
     else:
         common.check_name("snapshot", opts.snapshot)
         prefix = opts.name or f"sandboxer-{secrets.token_hex(4)}"
@@ -181,7 +221,9 @@ def generate(opts) -> tuple[list[dict], list[tuple[str, str]]]:
             box = f"{prefix}-{i}"
             common.check_name("name", box)
             token = _token(opts)
-            argv = common.init_argv(restore=opts.snapshot, token_file=TOKEN_FILE, profile=opts.profile)
+            # Idle when the snapshot comes over the API; else restored from the shared claim.
+            argv = common.init_argv(restore=None if source else opts.snapshot, token_file=TOKEN_FILE,
+                                    profile=opts.profile)
             docs += box_manifests(box, argv, {LABEL_SNAPSHOT: opts.snapshot, LABEL_INDEX: str(i)}, token, opts)
             boxes.append((box, token))
     for d in docs:
@@ -210,8 +252,18 @@ def _box_options(sp) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    return common.box_parser("generate.py", __doc__.split("\n\n")[0], _box_options,
-                             dry_run_help="redact the Secret, write nothing").parser
+    bp = common.box_parser("generate.py", __doc__.split("\n\n")[0], _box_options,
+                           dry_run_help="redact the Secret, write nothing")
+    mg = bp.ops.add_parser("migrate", help="start one idle box to move a live agent into")
+    mg.add_argument("--image", default=common.DEFAULT_IMAGE)
+    mg.add_argument("--profile")
+    mg.add_argument("--dry-run", action="store_true", help="redact the Secret, write nothing")
+    _box_options(mg)
+    for sp, required in ((bp.fork, False), (mg, True)):
+        sp.add_argument("--from", dest="source", required=required,
+                        help="the URL of the box whose snapshot (fork) or agent (migrate) moves over the box API")
+        sp.add_argument("--from-token-file", dest="source_token_file", help="that box's token")
+    return bp.parser
 
 
 def _redact(docs: list[dict]) -> list[dict]:
@@ -237,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         for box, token in boxes:
             # The URL the CLI reaches a box by is its Service inside the cluster (or a
             # port-forward of it): the token is kept under that name.
-            path = common.save_token(f"ws://{box}.{opts.namespace}.svc:{PORT}", token)
+            path = common.save_token(service_url(box, opts), token)
             print(f"# {box}: token kept in {path}", file=sys.stderr)
+    if then := then_argv(opts, boxes):
+        sel = f"{LABEL_BOX} in ({','.join(b for b, _ in boxes)})"
+        print(f"# then, once kubectl wait --for=condition=Ready -n {opts.namespace} pod -l '{sel}' returns:\n"
+              f"#   {shlex.join(then)}", file=sys.stderr)
     if opts.json:
         json.dump({"apiVersion": "v1", "kind": "List", "items": docs}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -2,6 +2,7 @@
 shims/requirements.txt).
 
     python -m shims.modal up   [--image REF | --dockerfile PATH] [options] [--dry-run] -- CMD...
+    python -m shims.modal fork --snapshot S -n N --from URL [--from-token-file F] [--dry-run]
     python -m shims.modal fork --snapshot S -n N [--via volume | --via modal-snapshot --sandbox-id ID -- CMD...] [--dry-run]
     python -m shims.modal down SANDBOX_ID [--dry-run]
 
@@ -12,7 +13,11 @@ checkpoint archives. It prints the wss:// URL as its last line and keeps the tok
 finds it by URL.
 
 Modal runs gVisor: no CRIU, so the supervisor reports `live_checkpoint: false` and every
-checkpoint is a filesystem snapshot. `fork --via volume` starts N Sandboxes that restore one
+checkpoint is a filesystem snapshot. `fork --from URL` (`--via api`) starts N Sandboxes idle
+(`sandboxer-init --idle`), waits until each serves, and has the CLI stream snapshot S out of the
+box at URL into each and restore it there as copy i (`sandboxer fork URL --snapshot S --to ...`):
+a cold restart, the host having no criu; no Volume or shared store is needed, and the source may
+be on any host. On a failure every Sandbox it started is terminated. `fork --via volume` starts N Sandboxes that restore one
 archive from the Volume (the supervisor's cold restart); `fork --via modal-snapshot` uses Modal's
 own `Sandbox.snapshot_filesystem()` of a running box and starts N Sandboxes from that image,
 re-running the agent's command with SANDBOXER_RESUMED=1 and SANDBOXER_SNAPSHOT set.
@@ -91,8 +96,10 @@ def _sandbox(api, *, app, image, volume, token: str, argv: list[str], opts,
              env: dict[str, str] | None = None) -> Any:
     secret = api.call("Secret.from_dict", {TOKEN_ENV: token}, redact={TOKEN_ENV})
     kwargs: dict[str, Any] = dict(
-        app=app, image=image, secrets=[secret], volumes={ARCHIVE_DIR: volume},
-        encrypted_ports=[PORT], timeout=opts.timeout, workdir="/workspace")
+        app=app, image=image, secrets=[secret], encrypted_ports=[PORT], timeout=opts.timeout,
+        workdir="/workspace")
+    if volume is not None:
+        kwargs["volumes"] = {ARCHIVE_DIR: volume}
     if opts.runtime:
         kwargs["runtime"] = opts.runtime
     if opts.cpu is not None:
@@ -117,9 +124,15 @@ def plan_up(api, opts, token: str) -> list[tuple[Any, Any]]:
 def plan_fork(api, opts, tokens: list[str]) -> list[tuple[Any, Any]]:
     """The calls of `fork`; returns (sandbox, its tunnels) per copy."""
     app = api.call("App.lookup", opts.app, create_if_missing=True)
-    volume = api.call("Volume.from_name", opts.volume, create_if_missing=True)
+    # Over the API the snapshot needs no store of the host's: no Volume.
+    volume = None if opts.via == "api" else api.call("Volume.from_name", opts.volume, create_if_missing=True)
     boxes = []
-    if opts.via == "volume":
+    if opts.via == "api":
+        image = _image(api, opts)
+        for i in range(opts.n):
+            boxes.append(_sandbox(api, app=app, image=image, volume=volume, token=tokens[i],
+                                  argv=common.init_argv(profile=opts.profile), opts=opts))
+    elif opts.via == "volume":
         image = _image(api, opts)
         for i in range(opts.n):
             argv = common.init_argv(restore=opts.snapshot, profile=opts.profile)
@@ -163,7 +176,11 @@ def _parser() -> argparse.ArgumentParser:
                            image_help="registry image reference",
                            dockerfile_help="build from this Dockerfile (e.g. images/Dockerfile)",
                            fork_command=True)
-    bp.fork.add_argument("--via", choices=["volume", "modal-snapshot"], default="volume")
+    bp.fork.add_argument("--via", choices=["api", "volume", "modal-snapshot"],
+                         help="api (the default with --from): over the box API from the box at --from; "
+                              "volume (the default without): restore the archive from the Volume")
+    bp.fork.add_argument("--from", dest="source", help="the URL of the box the snapshot is in (--via api)")
+    bp.fork.add_argument("--from-token-file", dest="source_token_file", help="that box's token")
     bp.fork.add_argument("--sandbox-id", help="the running box to snapshot (--via modal-snapshot)")
     dn = bp.ops.add_parser("down", help="terminate a box")
     dn.add_argument("sandbox_id")
@@ -174,6 +191,14 @@ def _parser() -> argparse.ArgumentParser:
 def _validate(opts) -> None:
     common.check_box_args(opts, max_copies=64)
     if opts.op == "fork":
+        if opts.via is None:
+            opts.via = "api" if opts.source else "volume"
+        if (opts.via == "api") != bool(opts.source):
+            raise ShimError("fork: --from URL goes with --via api (the snapshot comes over the box API)")
+        if opts.via == "api":
+            common.check_source_url(opts.source)
+            if opts.command:
+                raise ShimError("fork --via api: the command comes from the snapshot; give none")
         if opts.via == "modal-snapshot" and not (opts.sandbox_id and opts.command):
             raise ShimError("fork --via modal-snapshot: needs --sandbox-id and the agent's command after --")
         if opts.via == "volume" and opts.command:
@@ -195,11 +220,30 @@ def _live(opts, tokens: list[str]) -> int:
         boxes = plan_up(live, opts, tokens[0]) if opts.op == "up" else plan_fork(live, opts, tokens)
     except live.modal.exception.Error as e:
         raise ShimError(f"{type(e).__name__}: {e}") from None
+    if opts.op == "fork" and opts.via == "api":
+        return _fork_over_api(live, opts, boxes, [_ws_url(t, PORT) for _, t in boxes], tokens)
     for i, (sb, tunnels) in enumerate(boxes):
         url = _ws_url(tunnels, PORT)
         common.save_token(url, tokens[i])
         # Fork: one line per copy, the Sandbox's id and its URL; up: the URL alone, last.
         print(f"{sb.object_id} {url}" if opts.op == "fork" else url)
+    return 0
+
+
+def _fork_over_api(live, opts, boxes, urls: list[str], tokens: list[str]) -> int:
+    """The idle Sandboxes (at `urls`, their tunnels) become copies of the snapshot over the box
+    API; any failure terminates every one of them."""
+    try:
+        for url, token in zip(urls, tokens):
+            common.save_token(url, token)
+            common.wait_serving(url, token)
+        common.run_cli(common.api_fork_argv(opts.source, opts.snapshot, urls, opts.source_token_file))
+    except BaseException:
+        for sb, _ in boxes:
+            live.method(sb, "Sandbox.terminate")
+        raise
+    for (sb, _), url in zip(boxes, urls):
+        print(f"{sb.object_id} {url}")
     return 0
 
 
@@ -221,9 +265,16 @@ def main(argv: list[str] | None = None) -> int:
                 plan_down(rec, opts)
             check_plan(rec.calls)
             import modal
-            common.print_plan({"host": "modal", "sdk": f"modal {modal.__version__}", "op": opts.op,
-                               "checked": "every call bound against the installed SDK's signatures",
-                               "calls": [call_json(c) for c in rec.calls]})
+            plan = {"host": "modal", "sdk": f"modal {modal.__version__}", "op": opts.op,
+                    "checked": "every call bound against the installed SDK's signatures",
+                    "calls": [call_json(c) for c in rec.calls]}
+            if opts.op == "fork" and opts.via == "api":
+                # Then, once each Sandbox's tunnel answers, the CLI moves the snapshot in.
+                tunnels = [c.result.id for c in rec.calls if c.path == "Sandbox.tunnels"]
+                plan["then"] = common.api_fork_argv(opts.source, opts.snapshot,
+                                                    [f"<wss URL of {t}>" for t in tunnels],
+                                                    opts.source_token_file)
+            common.print_plan(plan)
             return 0
         return _live(opts, tokens if opts.op != "down" else [])
     except ShimError as e:

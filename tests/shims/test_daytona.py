@@ -148,3 +148,27 @@ def test_snapshot_name_follows_what_it_holds(shim_env, up_plan):
     other = run_plan(["-m", "shims.daytona", "up", "--profile", "strict", "--dry-run", "--", "true"], shim_env)
     body = request(other, "SnapshotsApi.create_snapshot")["body"]
     assert body["name"] != name and "--profile" in body["entrypoint"]
+
+
+def test_fork_from_a_box_starts_idle_sandboxes_from_ups_snapshot_without_a_volume(shim_env, up_plan):
+    src = "ws://10.0.0.5:7000"
+    plan = run_plan(["-m", "shims.daytona", "fork", "--snapshot", "s-0123456789abcdef", "-n", "2", "--from", src,
+                     "--public", "--dry-run"], shim_env)
+    snap = request(plan, "SnapshotsApi.create_snapshot")["body"]
+    # The same idle snapshot `up` makes (its name says what it holds), so it is built once.
+    assert snap == request(up_plan, "SnapshotsApi.create_snapshot")["body"]
+    assert snap["entrypoint"][-1] == "--idle"
+    boxes = [r["body"] for r in plan["requests"] if r["call"] == "SandboxApi.create_sandbox"]
+    assert len(boxes) == 2 and all("volumes" not in b and b["public"] for b in boxes)
+    assert not [r for r in plan["requests"] if r["call"] == "VolumesApi.create_volume"]
+    for b in boxes:
+        validate_body(d.CreateSandbox, b)
+    names = [b["name"] for b in boxes]
+    assert plan["then"] == ["sandboxer", "fork", src, "--snapshot", "s-0123456789abcdef",
+                            "--to", f"<wss preview URL of {names[0]}>", "--to", f"<wss preview URL of {names[1]}>"]
+
+
+def test_fork_from_needs_public_previews(shim_env):
+    p = run_shim(["-m", "shims.daytona", "fork", "--snapshot", "s1", "-n", "1", "--from", "ws://a:1", "--dry-run"],
+                 shim_env, check=False)
+    assert p.returncode == 2 and "needs --public" in p.stderr and p.stdout == ""

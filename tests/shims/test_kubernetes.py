@@ -177,3 +177,37 @@ def test_persist_refuses_what_it_cannot_do(shim_env):
     assert p.returncode == 2 and "--checkpoint-every 'often': not a duration" in p.stderr
     p = run_shim([*GEN, "fork", "--persist", "--snapshot", "s", "-n", "2"], shim_env, check=False)
     assert p.returncode == 2 and "--persist: only for up" in p.stderr
+
+
+def test_fork_from_a_box_makes_idle_pods_and_says_what_moves_the_snapshot_in(shim_env):
+    src = "ws://sandboxer-a.default.svc:7777"
+    p = run_shim([*GEN, "fork", "--snapshot", "s-0123456789abcdef", "-n", "2", "--name", "cp", "--from", src,
+                  "--dry-run"], shim_env)
+    docs = list(yaml.safe_load_all(p.stdout))
+    assert [d["kind"] for d in docs] == ["Secret", "Pod", "Service"] * 2  # no shared claim
+    for pod in kind(docs, "Pod"):
+        c = pod["spec"]["containers"][0]
+        assert c["command"][-1] == "--idle" and "--restore" not in c["command"]
+        assert "archives" not in {v["name"] for v in pod["spec"]["volumes"]}
+        assert "archives" not in {m["name"] for m in c["volumeMounts"]}
+        # The capabilities criu needs to restore the copy live.
+        assert "SYS_ADMIN" in c["securityContext"]["capabilities"]["add"]
+    for d in docs:
+        check_manifest(d)
+    assert ("sandboxer fork ws://sandboxer-a.default.svc:7777 --snapshot s-0123456789abcdef "
+            "--to ws://cp-0.default.svc:7777 --to ws://cp-1.default.svc:7777") in p.stderr, p.stderr
+    assert "kubectl wait --for=condition=Ready" in p.stderr
+
+
+def test_migrate_makes_one_idle_pod_and_says_what_moves_the_agent_in(shim_env):
+    p = run_shim([*GEN, "migrate", "--name", "mv", "--from", "ws://old.default.svc:7777", "--dry-run"], shim_env)
+    docs = list(yaml.safe_load_all(p.stdout))
+    (pod,) = kind(docs, "Pod")
+    assert pod["spec"]["containers"][0]["command"][-1] == "--idle"
+    for d in docs:
+        check_manifest(d)
+    assert "sandboxer migrate ws://old.default.svc:7777 --to ws://mv.default.svc:7777" in p.stderr, p.stderr
+    bad = run_shim([*GEN, "migrate", "--name", "mv", "--dry-run"], shim_env, check=False)
+    assert bad.returncode == 2 and "--from" in bad.stderr and bad.stdout == ""
+    bad = run_shim([*GEN, "migrate", "--from", "file:///etc/passwd", "--dry-run"], shim_env, check=False)
+    assert bad.returncode == 2 and "ws:// or wss:// URL" in bad.stderr and bad.stdout == ""

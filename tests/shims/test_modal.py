@@ -153,3 +153,34 @@ def test_what_the_live_path_also_uses_is_in_the_sdk():
     assert "url" in dir(Tunnel)
     assert "object_id" in dir(modal.Sandbox)
     assert issubclass(modal.exception.NotFoundError, modal.exception.Error)
+
+
+def test_fork_from_a_box_starts_idle_sandboxes_and_hands_the_move_to_the_cli(shim_env):
+    src = "wss://src.example.invalid:443"
+    plan = run_plan(["-m", "shims.modal", "fork", "--snapshot", "s-0123456789abcdef", "-n", "2", "--from", src,
+                     "--dry-run"], shim_env)
+    creates = calls(plan, "Sandbox.create")
+    assert len(creates) == 2
+    for c in creates:
+        # Idle, no archive to restore, no Volume: the snapshot comes over the box API.
+        assert c["args"][-1] == "--idle" and "--restore" not in c["args"]
+        assert "volumes" not in c["kwargs"]
+    assert not calls(plan, "Volume.from_name")
+    assert len({c["kwargs"]["secrets"][0]["$ref"] for c in creates}) == 2
+    tunnels = [c["returns"] for c in calls(plan, "Sandbox.tunnels")]
+    # Then the CLI streams the snapshot from the source into each, copy i into the i-th.
+    assert plan["then"] == ["sandboxer", "fork", src, "--snapshot", "s-0123456789abcdef",
+                            "--to", f"<wss URL of {tunnels[0]}>", "--to", f"<wss URL of {tunnels[1]}>"]
+    check_all(plan)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--via", "volume", "--from", "ws://a:1"], "--from URL goes with --via api"),
+    (["--via", "api"], "--from URL goes with --via api"),
+    (["--from", "http://a:1"], "the source box's ws:// or wss:// URL"),
+    (["--from", "ws://a:1", "--", "python3", "a.py"], "the command comes from the snapshot"),
+])
+def test_fork_from_refuses_what_it_cannot_do(shim_env, argv, message):
+    p = run_shim(["-m", "shims.modal", "fork", "--snapshot", "s1", "-n", "1", "--dry-run", *argv], shim_env,
+                 check=False)
+    assert p.returncode == 2 and message in p.stderr and p.stdout == "", p.stderr
