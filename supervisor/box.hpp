@@ -206,6 +206,8 @@ class Box : public checkpoint::Host {
   void snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready,
                         const std::string& base = "");
   std::string snapshot_incoming_path() const;
+  /// The bytes of the state dir's filesystem kept for the journal before any snapshot is stored.
+  uint64_t journal_room_for_snapshots() const { return journal_room(); }
   void snapshot_import(const std::string& tmp, Reply done);
 
  private:

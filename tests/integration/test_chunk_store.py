@@ -220,3 +220,43 @@ def test_snapshots_leave_the_journal_its_room(tmp_path, cap, kept):
             assert box.alive()
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+@pytest.mark.parametrize("cap, imported", [("", False), ("1M", True)])
+def test_an_import_leaves_the_journal_its_room(tmp_path, cap, imported):
+    """An idle box's state dir is a 24 MiB tmpfs; the archive is ~6 MiB of random heap. Its upload
+    and extraction fit (12 MiB), but without journal.disk_cap the journal is kept 16 MiB first, so
+    the import is refused before a byte is written, saying so; with a 1 MiB cap (the control) the
+    same archive is imported. The box serves on either way."""
+    agent = SMALL_AGENT.replace("24 << 20", "6 << 20")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "t").mkdir()
+    state = tmp_path / "t" / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(state)], check=True)
+    try:
+        sets = ["--set", f"journal.disk_cap={cap}"] if cap else []
+        with WsBox(tmp_path / "a", ["python3", "-c", agent]) as a, \
+                WsBox(tmp_path / "t", [], extra=["--idle", *sets]) as t:
+            a.wait_event(lambda e: e["type"] == "proc.message")
+            snap = subprocess.run([CLI, "checkpoint", a.url, "--token-file", str(a.token_file)], check=True,
+                                  capture_output=True, text=True, timeout=60).stdout.split()[-1]
+            archive = tmp_path / "s.tar.zst"
+            subprocess.run([CLI, "export", a.url, snap, str(archive), "--token-file", str(a.token_file)], check=True,
+                           capture_output=True, timeout=60)
+            assert 5 << 20 < archive.stat().st_size < 8 << 20
+            r = subprocess.run([CLI, "import", t.url, str(archive), "--token-file", str(t.token_file)],
+                               capture_output=True, text=True, timeout=60)
+            if imported:
+                assert r.returncode == 0 and r.stdout.split()[-1] == snap, r.stderr
+            else:
+                assert r.returncode == 1, r.stdout
+                assert "no_space" in r.stderr and "16777216 are kept for the journal first" in r.stderr, r.stderr
+                assert not [p for p in (state / "snapshots").glob("*")
+                            if p.name.startswith(("s-", ".import"))] if (state / "snapshots").exists() else True
+            assert t.alive()
+            r = subprocess.run([CLI, "stats", t.url, "--token-file", str(t.token_file)], capture_output=True,
+                               timeout=30)
+            assert r.returncode == 0
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
