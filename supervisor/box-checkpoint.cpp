@@ -92,7 +92,12 @@ std::vector<checkpoint::BranchView> Box::branches() const {
 }
 
 void Box::set_busy(const std::string& branch, bool busy) {
-  if (auto it = branches_.find(branch); it != branches_.end()) it->second->busy = busy;
+  auto it = branches_.find(branch);
+  if (it == branches_.end() || it->second->busy == busy) return;
+  Branch& b = *it->second;
+  b.busy = busy;
+  // Stopped by its checkpoint (the dump, or a hold until release): its clocks stand still.
+  if (b.limits) busy ? b.limits->pause() : b.limits->resume();
 }
 
 void Box::ended_by_checkpoint(const std::string& branch) {

@@ -301,8 +301,11 @@ void Box::teardown_policy() {
 
 void Box::stop_for_journal(bool stop) {
   if (stop && shutting_down_) return;  // a box going down lets its agent end; what it writes waits
+  if (stop == stopped_for_journal_) return;
   stopped_for_journal_ = stop;
   for (auto& [name, b] : branches_) {
+    // Frozen for the journal: its clocks stand still (it is not ended for time it could not run).
+    if (b->limits) stop ? b->limits->pause() : b->limits->resume();
     if (!b->cgroup) {
       log()->error("{} branch {} for the journal: it has no cgroup; its output keeps arriving", stop ? "stop" : "go on",
                    name);

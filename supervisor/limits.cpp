@@ -68,9 +68,32 @@ void LimitsWatcher::start() {
   if (r_.timeout_ms > 0) {
     timeout_ = loop::make_timer(loop_);
     timeout_->data = this;
-    uv_timer_start(
-        timeout_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
-        static_cast<uint64_t>(r_.timeout_ms), 0);
+    timeout_due_ = static_cast<int64_t>(uv_now(loop_)) + r_.timeout_ms;
+    arm_timeout();
+  }
+}
+
+void LimitsWatcher::arm_timeout() noexcept {
+  int64_t left = std::max<int64_t>(timeout_due_ - static_cast<int64_t>(uv_now(loop_)), 0);
+  uv_timer_start(
+      timeout_.get(), [](uv_timer_t* t) noexcept { static_cast<LimitsWatcher*>(t->data)->on_timeout(); },
+      static_cast<uint64_t>(left), 0);
+}
+
+void LimitsWatcher::pause() noexcept {
+  if (paused_++ > 0) return;
+  paused_at_ = static_cast<int64_t>(uv_now(loop_));
+  if (timeout_) uv_timer_stop(timeout_.get());
+}
+
+void LimitsWatcher::resume() noexcept {
+  if (paused_ == 0 || --paused_ > 0) return;
+  // The clocks go on from where they stood: the stopped time is added to both.
+  int64_t stood = static_cast<int64_t>(uv_now(loop_)) - paused_at_;
+  last_activity_ += stood;
+  if (timeout_ && !stopped_) {
+    timeout_due_ += stood;
+    arm_timeout();
   }
 }
 
@@ -161,7 +184,7 @@ void LimitsWatcher::tick() noexcept {
         }
       }
     }
-    if (r_.idle_ms > 0 && now - last_activity_ >= r_.idle_ms) end("idle", false);
+    if (r_.idle_ms > 0 && paused_ == 0 && now - last_activity_ >= r_.idle_ms) end("idle", false);
   } catch (const std::exception& e) {
     log()->error("limits tick: {}", e.what());
   }

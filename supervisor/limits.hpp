@@ -35,6 +35,11 @@ class LimitsWatcher {
   void stop() noexcept;
   /// The branch wrote output: it is not idle.
   void on_output() noexcept;
+  /// The tree is stopped by the supervisor (a checkpoint's dump or hold, a full journal): the
+  /// timeout and idle clocks stand still until as many resume()s, and then go on from where they
+  /// stood (an agent is not ended for time it was not let run). Nested: each source pauses once.
+  void pause() noexcept;
+  void resume() noexcept;
 
   /// Why the supervisor ended the tree ("" if it did not): pids_limit, timeout, idle.
   const std::string& ended_for() const { return ended_for_; }
@@ -50,6 +55,7 @@ class LimitsWatcher {
 
  private:
   void end(const std::string& reason, bool now);
+  void arm_timeout() noexcept;
 
   uv_loop_t* loop_;
   const os::CgroupDir* cg_;
@@ -67,6 +73,9 @@ class LimitsWatcher {
   int64_t pids_events_ = 0;
   int64_t pids_first_fail_ = -1, pids_last_fail_ = -1;
   int64_t last_activity_ = 0;
+  int64_t timeout_due_ = 0;  // when the timeout fires, on the loop's clock (0: no timeout)
+  int paused_ = 0;           // pause()s not yet resumed
+  int64_t paused_at_ = 0;
   int64_t last_cpu_us_ = -1;  // the group's CPU time at the last activity
   std::string ended_for_;
   bool stopped_ = false;

@@ -105,3 +105,30 @@ def test_a_hold_is_refused_where_the_snapshot_would_be_files_only(tmp_path):
         # Control: the same branch takes a plain (files-only) checkpoint.
         plain = request(box, "checkpoint")
         assert plain["ok"] and plain["mode"] == "fs", plain
+
+
+@pytest.mark.parametrize("limit", ["timeout", "idle"])
+def test_the_timeout_and_idle_clocks_stand_still_while_the_agent_is_held(tmp_path, limit):
+    """A hold longer than the agent's timeout (or idle limit) does not end it: it was not let run.
+    Released, it goes on (a counter counts on; a silent agent is still there), and its clock then
+    runs out as it would have, ending it for that reason. Without the pause the limit fires while
+    it is held, and the release finds it gone."""
+    if limit == "timeout":
+        argv, sets = ["python3", "-c", COUNTER], ["resources.timeout=3s"]
+    else:
+        argv, sets = ["sleep", "600"], ["resources.idle=3s"]
+    with WsBox(tmp_path, argv, extra=[a for s in ["resources.grace=1s", *sets] for a in ("--set", s)]) as box:
+        time.sleep(0.5)
+        assert request(box, "checkpoint", hold_ms=60000)["ok"]
+        time.sleep(4.5)  # held past the 3 s limit
+        assert not [e for e in events_of(box, "proc.exited") if e.get("proc") == "main"]
+        rel = request(box, "checkpoint.release", end=False)
+        assert rel["ok"] and rel["action"] == "continued", rel
+        at = max(numbers(box)) if limit == "timeout" else 0
+        time.sleep(0.5)
+        # Still there 0.5 s after the release (its clock stood at 0.5 s of 3), and counting.
+        assert not [e for e in events_of(box, "proc.exited") if e.get("proc") == "main"]
+        if limit == "timeout":
+            assert max(numbers(box)) > at + 3
+        exited = box.wait_event(lambda e: e["type"] == "proc.exited" and e.get("proc") == "main", timeout=30)
+        assert exited["reason"] == limit, exited
