@@ -27,8 +27,18 @@ as a script sees it (CLI included):
 - checkpoint + fork, the figure of issue 6, against the cold start of two containers;
 - the archive's size.
 
+The two-dockerd case (issue 17; BENCH_REMOTE=0 leaves it out): a second dockerd in a network
+namespace of its own, reached over a veth pair only (DOCKER_HOST=tcp://ADDR:2375, as
+tests/e2e/test_docker_remote.py makes it), the image moved there by docker save | load. The
+agent (the same counter, its code inline: nothing bound in, which a box on another machine could
+not have) runs in A on the first dockerd; rows, beside the same figures on the first dockerd
+alone in the same run:
+- checkpoint + fork into 2 containers on the other dockerd (the CLI pointed at it);
+- migrate A to the other dockerd: checkpoint held, one container there, restore, A ended.
+
 Prints its table; with SANDBOXER_BENCH_ROWS=FILE also appends one JSON line per figure (the
 shared row format bench/run gathers). Not a test: nothing asserts. Needs root (dockerd)."""
+import contextlib
 import json
 import os
 import socket
@@ -223,6 +233,101 @@ def measure(env, heap_mb):
                 f.write(json.dumps(r) + "\n")
 
 
+REMOTE = os.environ.get("BENCH_REMOTE", "1") != "0"
+
+
+@contextlib.contextmanager
+def other_dockerd(env, work):
+    """A dockerd in a network namespace of its own, with TAG loaded: the CLI's env for it."""
+    name, veth = f"sbx-bench-{os.getpid()}", f"sbxb{os.getpid() % 100000}"
+    octet = os.getpid() % 250 + 1
+    here, there = f"10.214.{octet}.1", f"10.214.{octet}.2"
+    d = os.path.join(work, "remote-d")
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    renv = None
+    try:
+        for args in (["-n", name, "link", "set", "lo", "up"],
+                     ["link", "add", veth, "type", "veth", "peer", "name", "eth-remote", "netns", name],
+                     ["addr", "add", f"{here}/30", "dev", veth], ["link", "set", veth, "up"],
+                     ["-n", name, "addr", "add", f"{there}/30", "dev", "eth-remote"],
+                     ["-n", name, "link", "set", "eth-remote", "up"]):
+            subprocess.run(["ip", *args], check=True)
+        out = subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "start", d], capture_output=True, text=True,
+                             check=True, env=dict(os.environ, DOCKERD_NETNS=f"/run/netns/{name}",
+                                                  DOCKERD_TCP=f"{there}:2375"))
+        local = out.stdout.strip().splitlines()[-1].split("=", 1)[1]
+        save = subprocess.Popen(["docker", "save", TAG], env=env, stdout=subprocess.PIPE)
+        subprocess.run(["docker", "-H", local, "load"], stdin=save.stdout, capture_output=True, check=True)
+        save.stdout.close()
+        save.wait()
+        renv = dict(env, DOCKER_HOST=f"tcp://{there}:2375")
+        yield renv
+    finally:
+        if renv:
+            ids = run(renv, "docker", "ps", "-aq").split()
+            if ids:
+                run(renv, "docker", "rm", "-f", *ids)
+        subprocess.run([os.path.join(ROOT, "scripts", "dockerd"), "stop", d], capture_output=True)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def inline_agent(heap_mb):
+    with open(os.path.join(AGENT, "counter_agent.py")) as f:
+        return ["python3", "-c", f.read(), str(heap_mb)]
+
+
+def up_counting(env, heap_mb):
+    url = run(env, CLI, "up", "--host", "docker", "--image", TAG, "--", *inline_agent(heap_mb)).strip().splitlines()[-1]
+    state = next(json.loads(x)["state_dir"] for x in run(env, CLI, "ps", "--json").splitlines()
+                 if json.loads(x)["url"] == url)
+    deadline = time.monotonic() + 60
+    while not counting(state):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agent in A did not start counting")
+        time.sleep(0.05)
+    return url
+
+
+def measure_remote(env, renv, heap_mb):
+    """Fork and migrate from A on the first dockerd onto the other, beside the same on the first."""
+    rows = {"local": [], "remote": [], "migrate_local": [], "migrate_remote": []}
+    for _ in range(RUNS):
+        for key, target in (("local", env), ("remote", renv)):
+            url = up_counting(env, heap_mb)
+            t0 = time.perf_counter()
+            snap = run(env, CLI, "checkpoint", url).strip().splitlines()[-1]
+            run(target, CLI, "fork", url, "--snapshot", snap, "-n", "2", "--host", "docker")
+            rows[key].append(time.perf_counter() - t0)
+            run(env, CLI, "down", url)
+            url = up_counting(env, heap_mb)
+            t0 = time.perf_counter()
+            run(target, CLI, "migrate", url, "--to", "docker")
+            rows["migrate_" + key].append(time.perf_counter() - t0)
+            with contextlib.suppress(RuntimeError):
+                run(env, CLI, "down", url)  # migrate removed it where it was this dockerd's
+        for e in (env, renv):
+            ids = run(e, "docker", "ps", "-aq").split()
+            if ids:
+                run(e, "docker", "rm", "-f", *ids)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"onto another dockerd (a network namespace of its own, tcp://), counter agent + {heap_mb} MB heap, "
+          f"medians of {RUNS} runs")
+    print(f"{'what':<46}{'other':>12}{'same':>12}{'ratio':>8}")
+    for what, a, b in (("checkpoint + fork into 2 containers", med["remote"], med["local"]),
+                       ("migrate (held, moved, restored, A ended)", med["migrate_remote"], med["migrate_local"])):
+        print(f"{what:<46}{a * 1000:>9.0f} ms {b * 1000:>8.0f} ms {a / b:>7.2f}")
+    print()
+    rows_file = os.environ.get("SANDBOXER_BENCH_ROWS")
+    if rows_file:
+        with open(rows_file, "a") as f:
+            for what, a, b in (("checkpoint + fork into 2 containers on another dockerd", med["remote"], med["local"]),
+                               ("migrate onto another dockerd", med["migrate_remote"], med["migrate_local"])):
+                f.write(json.dumps({"bench": "docker_fork", "what": f"{what}, {heap_mb} MB heap", "unit": "ms",
+                                    "ours": round(a * 1000, 1), "peer": "the same onto the first dockerd",
+                                    "peer_value": round(b * 1000, 1), "better": "lower"}) + "\n")
+
+
 def main():
     if os.geteuid() != 0:
         print("docker_fork: skipped (needs root for dockerd)")
@@ -232,6 +337,10 @@ def main():
         run(env, os.path.join(ROOT, "images", "docker-image"), "--build", BUILD, "--tag", TAG)
         for heap_mb in HEAPS:
             measure(env, heap_mb)
+        if REMOTE:
+            with other_dockerd(env, work) as renv:
+                renv["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+                measure_remote(env, renv, max(HEAPS))
 
 
 if __name__ == "__main__":
