@@ -7,12 +7,14 @@ modules both named `conftest` cannot both be imported by that name in one pytest
 directory can import it: tests/conftest.py puts tests/ on sys.path."""
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import pathlib
 import secrets
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import threading
@@ -368,3 +370,88 @@ def stop_dockerd(d, env=None):
     # `stop` also unmounts what dockerd left mounted under d (its default netns file).
     subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
     shutil.rmtree(d, ignore_errors=True)
+
+
+class FrameProxy:
+    """A TCP proxy on 127.0.0.1 in front of a box. The server's bytes after the HTTP upgrade are
+    read as WebSocket frames (unmasked, server to client), so the proxy can act on the archive:
+    `cut` closes both sides once that many payload bytes of binary frames have passed; `flip`
+    inverts one payload byte of the second binary frame and forwards the rest as it came."""
+
+    def __init__(self, port, *, cut=None, flip=False):
+        self.port, self.cut, self.flip = port, cut, flip
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.binary_bytes = 0
+        self.acted = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._frames, args=(server, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def _frames(self, server, client):
+        buf = b""
+
+        def need(n):
+            nonlocal buf
+            while len(buf) < n:
+                data = server.recv(65536)
+                if not data:
+                    raise EOFError
+                buf += data
+
+        try:
+            need(4)
+            while b"\r\n\r\n" not in buf:
+                need(len(buf) + 1)
+            end = buf.index(b"\r\n\r\n") + 4
+            client.sendall(buf[:end])
+            buf = buf[end:]
+            binary_frames = 0
+            while True:
+                need(2)
+                length, head = buf[1] & 0x7F, 2
+                if length == 126:
+                    need(4)
+                    length, head = int.from_bytes(buf[2:4], "big"), 4
+                elif length == 127:
+                    need(10)
+                    length, head = int.from_bytes(buf[2:10], "big"), 10
+                need(head + length)
+                frame, buf = bytearray(buf[:head + length]), buf[head + length:]
+                if frame[0] & 0x0F == 2:
+                    binary_frames += 1
+                    if self.flip and binary_frames == 2 and length > 20:
+                        frame[-1] ^= 0xFF  # the payload's last byte, past the 13-byte header
+                        self.acted = True
+                    if self.cut is not None and self.binary_bytes + length > self.cut:
+                        self.acted = True
+                        raise EOFError
+                    self.binary_bytes += length
+                client.sendall(bytes(frame))
+        except (EOFError, OSError):
+            pass
+        for s in (client, server):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self):
+        self.listener.close()

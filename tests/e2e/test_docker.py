@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from sbxtest import CLI, ROOT, output_of
+from sbxtest import CLI, ROOT, FrameProxy, output_of
 
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dockerd and images/build need root")
@@ -583,3 +583,36 @@ def test_fork_into_containers_fails_clearly_and_leaves_no_container(docker_env, 
         assert r.returncode != 0 and "no box container for ws://127.0.0.1:1" in r.stderr, r.stderr
         r = cli(docker_env, "fork", a.url, "--snapshot", "s-0123456789abcdef", "--host", "kubernetes")
         assert r.returncode != 0 and "--host kubernetes" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(240)
+def test_fork_into_containers_over_a_cut_stream_removes_them_and_leaves_the_source(docker_env, image, tmp_path):
+    """The export cut halfway by a proxy in front of A (the relay reads from the proxy's URL): the
+    new containers never import a partial archive, every one is removed, and A counts on. The
+    same fork straight from A is the control."""
+    with counter_box(docker_env, image) as a:
+        snap = live_checkpoint(docker_env, a)
+        whole = tmp_path / "whole.tar.zst"
+        assert cli(docker_env, "export", a.url, snap, str(whole), timeout=120).returncode == 0
+        port = int(a.url.rsplit(":", 1)[1])
+        proxy = FrameProxy(port, cut=whole.stat().st_size // 2)
+        env = dict(docker_env, SANDBOXER_TOKEN=token_file(docker_env, a.url).read_text().strip())
+        before = docker(docker_env, "ps", "-aq").stdout
+        try:
+            r = cli(env, "fork", proxy.url, "--snapshot", snap, "-n", "2", "--host", "docker", timeout=180)
+        finally:
+            proxy.close()
+        assert proxy.acted
+        assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+        assert "the containers it started are removed" in r.stderr and "closed after" in r.stderr, r.stderr
+        assert docker(docker_env, "ps", "-aq").stdout == before
+        n = ticks(a.journal(), "main")[-1]["n"]
+        wait_for(a, "A goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= n + 3)
+        ok = cli(docker_env, "fork", a.url, "--snapshot", snap, "-n", "1", "--host", "docker", timeout=180)
+        try:
+            assert ok.returncode == 0, ok.stderr
+        finally:
+            for line in ok.stdout.splitlines():
+                name = boxes_by_url(docker_env).get(line.split()[1], {}).get("name")
+                if name:
+                    docker(docker_env, "rm", "--force", name, check=False)
