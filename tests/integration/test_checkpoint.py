@@ -37,7 +37,20 @@ def box(state_dir, args, *, timeout=120, environ=None):
     r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--env", "SBX_AGENT_SDK", *args],
                        capture_output=True, timeout=timeout,
                        env=environ or env(), text=True)
-    return r.returncode, read_journal(state_dir), r.stderr
+    events = read_journal(state_dir)
+    return r.returncode, events, r.stderr + why_in_journal(events)
+
+
+def why_in_journal(events):
+    """What the journal says went wrong, for a failed assertion's message: every agent's stderr
+    (an agent's traceback lands there, not on the box's stderr) and the failure events."""
+    lines = []
+    for e in events:
+        if e["type"] == "proc.output" and e.get("stream") == "stderr":
+            lines.append(f"[{e.get('branch')} {e.get('proc')}] {e.get('data', '<binary>')}".rstrip())
+        elif e["type"].endswith(".failed") or e["type"] == "proc.exited" and e.get("status", 0) != 0:
+            lines.append(json.dumps(e))
+    return "\n--- from the journal ---\n" + "\n".join(lines) if lines else ""
 
 
 def agent_box(state_dir, mode, heap_mb, linger=0.0, *extra, **kw):
