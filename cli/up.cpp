@@ -1,5 +1,9 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
+#include <unistd.h>
+
 #include <boost/json.hpp>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <stdexcept>
 
@@ -16,7 +20,7 @@ namespace dk = sbx::shims::docker;
 namespace {
 const char* kUpUsage =
     "usage: sandboxer up --host docker [--profile P] [--set F=V] [--env K=V] [--image I] [--name N] [-v SRC:DST[:ro]] "
-    "[--publish-address IP] -- CMD...";
+    "[--publish-address IP] [--signing-key F] [--trust-key F]... -- CMD...";
 
 void check_host(const std::string& host) {
   if (host.empty()) throw UsageError("--host is required (docker)");
@@ -25,13 +29,13 @@ void check_host(const std::string& host) {
 }  // namespace
 
 int cmd_up(const std::vector<std::string>& args) {
-  auto a = parse_args(
-      args, {.usage = kUpUsage,
-             .flags = {"--help"},
-             .options = {"--host", "--profile", "--set", "--env", "--image", "--name", "--volume", "--publish-address"},
-             .aliases = {{"-h", "--help"}, {"-v", "--volume"}},
-             .max_positionals = 0,
-             .command = CommandStart::after_dashdash});
+  auto a = parse_args(args, {.usage = kUpUsage,
+                             .flags = {"--help"},
+                             .options = {"--host", "--profile", "--set", "--env", "--image", "--name", "--volume",
+                                         "--publish-address", "--signing-key", "--trust-key"},
+                             .aliases = {{"-h", "--help"}, {"-v", "--volume"}},
+                             .max_positionals = 0,
+                             .command = CommandStart::after_dashdash});
   if (a.has("--help")) {
     std::cout << kUpUsage << "\n";
     return kExitOk;
@@ -47,6 +51,16 @@ int cmd_up(const std::vector<std::string>& args) {
   o.volumes = a.values("--volume");
   // A dockerd on another machine (DOCKER_HOST tcp:// or ssh://): where its box's API is published.
   o.publish_address = a.value_or("--publish-address", "");
+  // The archive keys: the user's own pair unless a key is named. A box on another machine gets
+  // its signing key copied there: a key of its own (that the other boxes trust) keeps the user's
+  // off that host. A box always trusts its own signing key.
+  o.signing_key = a.value_or("--signing-key", "");
+  o.trust_keys = a.values("--trust-key");
+  if (o.signing_key.empty() && !o.trust_keys.empty())
+    a.fail("--trust-key: only with --signing-key (without one the box trusts the user's own key)");
+  for (const auto* what : {"--signing-key", "--trust-key"})
+    for (auto& f : a.values(what))
+      if (::access(f.c_str(), R_OK) != 0) a.fail(std::string(what) + " " + f + ": " + std::strerror(errno));
   o.argv = a.command();
   check_host(a.value_or("--host", ""));
   if (o.argv.empty()) throw UsageError(std::string("no command given (expected -- CMD...)\n") + kUpUsage);

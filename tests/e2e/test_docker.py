@@ -312,6 +312,26 @@ def test_up_refuses_bad_input_with_a_clear_error(docker_env, image, tmp_path):
     assert docker(docker_env, "ps", "-aq").stdout == before
 
 
+@pytest.mark.timeout(120)
+def test_up_with_a_signing_key_of_its_own_gives_the_box_that_key_and_not_the_users(docker_env, image, tmp_path):
+    key = tmp_path / "box.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
+    r = cli(docker_env, "up", "--host", "docker", "--trust-key", str(key), "--", "true")
+    assert r.returncode == 2 and "only with --signing-key" in r.stderr, r.stderr
+    r = cli(docker_env, "up", "--host", "docker", "--signing-key", str(tmp_path / "none.pem"), "--", "true")
+    assert r.returncode == 2 and "none.pem" in r.stderr, r.stderr
+
+    def key_in(box):
+        return docker(docker_env, "exec", box.name, "cat", "/etc/sandboxer/secret/signing-key").stdout
+
+    with Up(docker_env, image, ["sleep", "60"], "--signing-key", str(key)) as box:
+        assert key_in(box) == key.read_text()
+    # Control: without it the box gets the user's own key.
+    with Up(docker_env, image, ["sleep", "60"]) as box:
+        mine = key_in(box)
+        assert "PRIVATE KEY" in mine and mine != key.read_text()
+
+
 @pytest.mark.timeout(180)
 def test_without_the_checkpoint_caps_checkpoint_is_files_only_and_fork_a_cold_restart(docker_env, image, tmp_path):
     # A plain container (no added capabilities): no criu dump is possible, so a checkpoint is of
