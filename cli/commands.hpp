@@ -35,11 +35,17 @@ int cmd_down(const std::vector<std::string>& args);
 int cmd_ps(const std::vector<std::string>& args);
 int cmd_image(const std::vector<std::string>& args);
 int cmd_ui(const std::vector<std::string>& args);
+/// New containers of fork and migrate: where a remote dockerd publishes their APIs, and the public
+/// keys they trust besides the user's own (the source's signing key, where it has one of its own).
+struct DockerTarget {
+  std::string publish_address;
+  std::vector<std::string> trust_keys;
+};
 /// `fork URL --snapshot S -n N --host docker`: N new containers, each restoring S (fork-docker.cpp).
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n,
-                   const std::string& publish_address = "");
+                   const DockerTarget& to);
 /// `migrate URL --to docker`: the box's agent moved into one new container (fork-docker.cpp).
-int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address);
+int migrate_on_docker(const std::string& url, const std::string& token_file, const DockerTarget& to);
 /// `fork URL --snapshot S --to URL...`: S restored as copy i in the i-th idle box named (fork-docker.cpp).
 int fork_into_boxes(const std::string& url, const std::string& token_file, const std::string& snap,
                     const std::vector<sdk::Endpoint>& boxes);

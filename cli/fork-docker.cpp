@@ -60,8 +60,7 @@ struct Copy {
   bool restore_ended = false;
 };
 
-Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index, int port,
-                     const std::string& publish_address) {
+Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index, int port, const DockerTarget& to) {
   Copy c;
   std::ostringstream log;
   dk::UpOptions o;
@@ -71,7 +70,8 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
   o.volumes = from.volumes;
   o.env = from.env;  // a copy that restarts cold gets the original's --env again
   o.idle = true;
-  o.publish_address = publish_address;
+  o.publish_address = to.publish_address;
+  o.trust_keys = to.trust_keys;  // besides the user's own key
   o.box_root = state_home() + "/docker";
   o.port = port;
   o.labels = {"io.sandboxer.forked-from=" + from.name, "io.sandboxer.snapshot=" + snap,
@@ -90,7 +90,7 @@ Copy start_idle_copy(const dk::BoxSpec& from, const std::string& snap, int index
 // The N containers start side by side while the archive streams in; each joins the relay as soon
 // as its API answers. Returns once the archive has gone into every box that started, or failed.
 std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& from, const std::string& snap, int n,
-                                 const std::string& publish_address) {
+                                 const DockerTarget& to) {
   std::vector<Copy> copies(static_cast<size_t>(n));
   size_t reported = 0;
   std::mutex mu;
@@ -117,7 +117,7 @@ std::vector<Copy> start_and_send(Session& s, Relay& relay, const dk::BoxSpec& fr
   std::vector<std::future<void>> starting;
   for (int i = 0; i < n; ++i)
     starting.push_back(std::async(std::launch::async, [&, i, async = wake->get()] {
-      Copy c = start_idle_copy(from, snap, i, ports[static_cast<size_t>(i)], publish_address);
+      Copy c = start_idle_copy(from, snap, i, ports[static_cast<size_t>(i)], to);
       std::lock_guard lock(mu);
       ready.emplace_back(static_cast<size_t>(i), std::move(c));
       uv_async_send(async);
@@ -247,7 +247,7 @@ void import_and_restore(Session& s, Relay& relay, std::vector<Copy>& copies, con
 // progress on stderr. On any failure every container started is removed and the reasons are in
 // `failures`.
 std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const std::string& snap, int n,
-                                   const std::string& publish_address, std::vector<std::string>& failures) {
+                                   const DockerTarget& to, std::vector<std::string>& failures) {
   auto t0 = std::chrono::steady_clock::now();
   Relay relay(s.loop(), s.endpoint(), snap);
   if (auto r = relay.start(); !r) {
@@ -256,7 +256,7 @@ std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const st
   }
   std::cerr << "starting " << n << " idle container(s) of " << from.image.substr(0, 19) << " while " << snap
             << " streams from " << from.name << "\n";
-  std::vector<Copy> copies = start_and_send(s, relay, from, snap, n, publish_address);
+  std::vector<Copy> copies = start_and_send(s, relay, from, snap, n, to);
   import_and_restore(s, relay, copies, from.name, snap, failures, t0);
   if (!failures.empty()) {
     for (auto& c : copies)
@@ -334,7 +334,7 @@ std::optional<Copy> migrate_with(Session& s, const Place& place, const std::stri
 }  // namespace
 
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n,
-                   const std::string& publish_address) {
+                   const DockerTarget& to) {
   if (!archive::valid_snapshot_id(snap))
     throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
   if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
@@ -342,7 +342,7 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   dk::BoxSpec from = source_spec(url, token_file, snap);
   Session s("fork", url, token_file);
   std::vector<std::string> failures;
-  auto copies = copy_onto_docker(s, from, snap, n, publish_address, failures);
+  auto copies = copy_onto_docker(s, from, snap, n, to, failures);
   if (!failures.empty()) {
     s.report("fork of " + snap + " into " + std::to_string(n) +
              " container(s) failed (the containers it started are removed):");
@@ -356,14 +356,14 @@ int fork_on_docker(const std::string& url, const std::string& token_file, const 
   return kExitOk;
 }
 
-int migrate_on_docker(const std::string& url, const std::string& token_file, const std::string& publish_address) {
+int migrate_on_docker(const std::string& url, const std::string& token_file, const DockerTarget& to) {
   auto t0 = std::chrono::steady_clock::now();
   Session s("migrate", url, token_file);
   auto copy = migrate_with(
       s,
       [&](Session& s, const std::string& snap, std::vector<std::string>& failures) {
         dk::BoxSpec from = source_spec(url, token_file, snap);
-        return copy_onto_docker(s, from, snap, 1, publish_address, failures);
+        return copy_onto_docker(s, from, snap, 1, to, failures);
       },
       "the container started is removed");
   if (!copy) return kExitFailed;

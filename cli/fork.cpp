@@ -12,9 +12,10 @@ namespace sbx::cli {
 int cmd_fork(const std::vector<std::string>& args) {
   auto a = parse_args(
       args, remote_spec({.usage = "usage: sandboxer fork URL --snapshot S (-n N [--host docker] "
-                                  "[--publish-address IP] | --to URL... [--to-token-file F]...)",
+                                  "[--publish-address IP] [--trust-key F]... | --to URL... [--to-token-file F]...)",
                          .flags = {"--json"},
-                         .options = {"--snapshot", "-n", "--host", "--publish-address", "--to", "--to-token-file"}}));
+                         .options = {"--snapshot", "-n", "--host", "--publish-address", "--to", "--to-token-file",
+                                     "--trust-key"}}));
   auto snap = a.value_or("--snapshot", "");
   if (snap.empty()) throw UsageError(a.usage());
   a.expect_positionals(1);
@@ -29,8 +30,10 @@ int cmd_fork(const std::vector<std::string>& args) {
   if (a.has("--to-token-file")) a.fail("--to-token-file: only with --to");
   if (auto host = a.value("--host")) {
     if (*host != "docker") throw UsageError("--host " + *host + ": not supported here (docker)");
-    return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1), a.value_or("--publish-address", ""));
+    return fork_on_docker(url, token_file, snap, a.number<int>("-n", 1),
+                          {a.value_or("--publish-address", ""), readable_keys(a)});
   }
+  if (a.has("--trust-key")) a.fail("--trust-key: only with --host docker (new boxes' keys)");
   return restore_in_box("fork", url, token_file, {{"op", "fork"}, {"snapshot", snap}, {"n", a.number<int>("-n", 1)}},
                         a.has("--json"));
 }

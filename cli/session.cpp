@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "cli/commands.hpp"
@@ -50,6 +52,13 @@ std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure) {
     out.push_back({to[i], find_token(to[i], tf), insecure});
   }
   return out;
+}
+
+std::vector<std::string> readable_keys(const Args& a) {
+  auto keys = a.values("--trust-key");
+  for (auto& f : keys)
+    if (::access(f.c_str(), R_OK) != 0) a.fail("--trust-key " + f + ": " + std::strerror(errno));
+  return keys;
 }
 
 base::Error reply_error(const json::object& reply) {

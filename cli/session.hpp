@@ -35,6 +35,9 @@ bool reply_ok(const boost::json::object& reply);
 /// count that does not pair.
 std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure);
 
+/// The files of --trust-key, each checked readable here (UsageError naming the one that is not).
+std::vector<std::string> readable_keys(const Args& a);
+
 class Session {
  public:
   /// Resolves the endpoint of `url` with --token-file from `args`; throws (exit 2) when there

@@ -636,3 +636,35 @@ def test_fork_into_containers_over_a_cut_stream_removes_them_and_leaves_the_sour
                 name = boxes_by_url(docker_env).get(line.split()[1], {}).get("name")
                 if name:
                     docker(docker_env, "rm", "--force", name, check=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_fork_of_a_box_with_its_own_key_restores_live_where_the_copies_trust_it(docker_env, image, tmp_path):
+    key, pub = tmp_path / "box.pem", tmp_path / "box.pub"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
+    with counter_box(docker_env, image, "--signing-key", str(key)) as a:
+        snap = live_checkpoint(docker_env, a)
+        before = {b["name"] for b in boxes_by_url(docker_env).values()}
+        try:
+            # The copies trust the user's key only: the snapshot A signed with its own is not theirs.
+            r = cli(docker_env, "fork", a.url, "--snapshot", snap, "-n", "1", "--host", "docker", timeout=180)
+            assert r.returncode == 1 and "box.pem" not in r.stderr, r.stderr
+            assert "trusted" in r.stderr or "signed" in r.stderr, r.stderr
+            r = cli(docker_env, "fork", a.url, "--snapshot", snap, "-n", "1", "--host", "docker", "--trust-key",
+                    str(pub), timeout=180)
+            assert r.returncode == 0, r.stderr
+            (url,) = [line.split()[1] for line in r.stdout.splitlines()]
+            b = boxes_by_url(docker_env)[url]
+            deadline = time.monotonic() + 30
+            while len(ticks(events_of(b["state_dir"]), "main")) < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            (done,) = [e for e in events_of(b["state_dir"]) if e["type"] == "restore.done"]
+            assert done["mode"] == "live", done
+            assert_continues(ticks(a.journal(), "main"), ticks(events_of(b["state_dir"]), "main"))
+            r = cli(docker_env, "fork", a.url, "--snapshot", snap, "--host", "docker", "--trust-key", "/nonexistent")
+            assert r.returncode == 2 and "--trust-key /nonexistent" in r.stderr, r.stderr
+        finally:
+            for name in {b["name"] for b in boxes_by_url(docker_env).values()} - before:
+                docker(docker_env, "rm", "--force", name, check=False)
