@@ -210,6 +210,8 @@ void Checkpointer::collect_chunks() {
     }
     for (auto& c : (*l)->chunks) live.insert(c.sha256);
   }
+  // No store yet (a box that never kept a snapshot of its own): nothing to collect, nothing to say.
+  if (struct stat st{}; ::stat(chunk_dir().c_str(), &st) != 0 && errno == ENOENT) return;
   auto r = archive::collect_garbage(chunk_dir(), live);
   if (!r) {
     log()->warn("chunk store: {}", r.error().message);

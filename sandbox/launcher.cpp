@@ -228,15 +228,13 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
        .flags = kWritableAttrs,
        .slot = tmp_slot,
        .what = "make the branch's /tmp nosuid,nodev"});
-  // The supervisor's own binary, bound at a fixed path: it may live where the branch cannot see
+  // ns-init's binary, bound at a fixed path: it may live where the branch cannot see
   // (under the host's /tmp, say), and ns-init runs from inside the new root.
   int exe_slot = slot++;
   c.exe = exe_slot;
-  add({.kind = MountOp::CloneTree, .a = spec.self_exe, .slot = exe_slot, .what = "clone " + spec.self_exe});
-  add({.kind = MountOp::SetAttr,
-       .flags = kReadOnlyAttrs,
-       .slot = exe_slot,
-       .what = "make " + spec.self_exe + " read-only"});
+  std::string exe = ns_init_binary(spec.self_exe).path;
+  add({.kind = MountOp::CloneTree, .a = exe, .slot = exe_slot, .what = "clone " + exe});
+  add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = exe_slot, .what = "make " + exe + " read-only"});
   int& resolv_slot = c.resolv;  // network: the branch's resolv.conf
   if (!spec.resolv_conf.empty()) {
     add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
@@ -598,7 +596,7 @@ os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
   }
   if (bundle_libs)
     if (auto d = os::make_dirs_at(top->get(), "run/sandboxer/lib", 0755); !d) return d.error();
-  auto exe = os::open_beneath(top->get(), "run/sandboxer/bin/sandboxer-init",
+  auto exe = os::open_beneath(top->get(), std::string(kNsInitPath).substr(1),
                               O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0755);
   if (!exe) return exe.error();
   struct stat st {};
@@ -607,6 +605,13 @@ os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
   return {};
 }
 }  // namespace
+
+NsInitBinary ns_init_binary(const std::string& self_exe) {
+  std::string own = self_exe.substr(0, self_exe.rfind('/') + 1) + "sandboxer-ns-init";
+  struct stat st {};
+  if (::stat(own.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(own.c_str(), X_OK) == 0) return {own, {}};
+  return {self_exe, {"--ns-init"}};
+}
 
 base::Result<void> can_make_namespaces() {
   pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0));
@@ -644,7 +649,9 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   auto pipes = make_branch_pipes();
   if (!pipes) return pipes.error();
 
-  std::vector<std::string> args = {spec.self_exe, "--ns-init"};
+  NsInitBinary bin = ns_init_binary(spec.self_exe);
+  std::vector<std::string> args = {bin.path};
+  args.insert(args.end(), bin.args.begin(), bin.args.end());
 
   LaunchedBranch lb;
   std::string why_not;
@@ -653,7 +660,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
 
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool ns = try_ns && attempt == 0;
-    args[0] = ns ? kNsInitPath : spec.self_exe;
+    args[0] = ns ? kNsInitPath : bin.path;
     if (!ns) args.push_back("--flat");
     std::vector<char*> argv;
     for (auto& s : args) argv.push_back(s.data());
@@ -664,7 +671,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
     ChildArgs ca{
-        ns ? &plan : nullptr, spec.new_net,          ns ? kNsInitPath : spec.self_exe.c_str(), argv.data(), envp, {},
+        ns ? &plan : nullptr, spec.new_net,          ns ? kNsInitPath : bin.path.c_str(), argv.data(), envp, {},
         ep->write.get(),      pipes->pid_write.get()};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
@@ -687,7 +694,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       std::string step = ce->step >= 0                 ? plan.ops[static_cast<size_t>(ce->step)].what
                          : ce->step == kStepJoinCgroup ? std::string("join the branch's cgroup")
                          : ce->step == kStepLoopback   ? std::string("set the loopback interface up")
-                                                       : "exec " + spec.self_exe;
+                                                       : "exec " + bin.path;
       std::string msg = step + ": " + std::strerror(ce->err);
       if (ns && ce->step >= 0) {
         log()->warn("branch {}: {}; running without namespaces", spec.name, msg);

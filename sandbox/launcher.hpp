@@ -21,10 +21,10 @@
 
 namespace sbx::sandbox {
 
-/// Where ns-init's binary (the supervisor's own) is bound inside a namespaced branch. A bundled
-/// sandboxer-init (scripts/bundle) finds its libraries at $ORIGIN/../lib: its lib/ directory is
-/// bound at /run/sandboxer/lib beside it.
-inline constexpr const char* kNsInitPath = "/run/sandboxer/bin/sandboxer-init";
+/// Where ns-init's binary (ns_init_binary) is bound inside a namespaced branch. A bundled one
+/// (scripts/bundle) finds its libraries at $ORIGIN/../lib: the bundle's lib/ directory is bound at
+/// /run/sandboxer/lib beside it.
+inline constexpr const char* kNsInitPath = "/run/sandboxer/bin/ns-init";
 inline constexpr const char* kNsInitLibDir = "/run/sandboxer/lib";
 /// Each branch's own machine id: DIR/machine-id, bound over /etc/machine-id where the host root
 /// has one (a fork's copies get new ones: the id names one running system).
@@ -66,7 +66,7 @@ os::Result<BranchPipes> make_branch_pipes();
 struct BranchSpec {
   std::string name = "main";
   std::string dir;       // state dir of the branch: root/, workspace/, tmp/ below it
-  std::string self_exe;  // sandboxer-init, by its path on the host (bound at kNsInitPath inside)
+  std::string self_exe;  // sandboxer-init, by its path on the host (ns-init's is found beside it)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
@@ -99,6 +99,15 @@ struct LaunchedBranch {
   /// Takes the supervisor's ends of `p`.
   void take(BranchPipes& p);
 };
+
+/// ns-init's program for a sandboxer-init at `self_exe`, and the arguments before `--flat`:
+/// sandboxer-ns-init beside it (a small binary, most of its libraries linked in: an exec of ~1 ms),
+/// else sandboxer-init's own `--ns-init` mode (an install that copied the one binary).
+struct NsInitBinary {
+  std::string path;
+  std::vector<std::string> args;  // after argv[0]
+};
+NsInitBinary ns_init_binary(const std::string& self_exe);
 
 /// Starts ns-init for `spec`. The caller then writes the branch's config (argv, env, cwd,
 /// grace_ms) as the first line of `requests`. Falls back to flat mode when the namespaces or the mount plan

@@ -443,6 +443,10 @@ def test_live_restore_in_a_container_continues_the_agent(docker_env, image):
         copy = ticks(events, branch)
         assert_continues(ticks(events, "main"), copy)
         assert {t["branch"] for t in copy} == {branch}  # its own /run/sandboxer/branch.json
+        # Both branches run under the image's small ns-init program (not the supervisor's own mode).
+        ps = docker(docker_env, "exec", box.name, "sh", "-c",
+                    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done").stdout
+        assert [line.strip() for line in ps.splitlines() if "ns-init" in line] == ["/run/sandboxer/bin/ns-init"] * 2
         # leave_running: the original goes on beside its copy.
         before = ticks(events, "main")[-1]["n"]
         wait_for(box, "the original goes on", lambda ev: ticks(ev, "main")[-1]["n"] >= before + 3)

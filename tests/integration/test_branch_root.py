@@ -1,8 +1,10 @@
 """The branch's root: the host read-only, the workspace and /tmp writable and private, the
 supervisor's state dir invisible, ns-init PID 1 of the agent's own pid namespace."""
+import shutil
 import subprocess
+import time
 
-from sbxtest import read_journal, run_init
+from sbxtest import INIT, read_journal, run_init
 
 
 def sh(tmp_path, script, **kw):
@@ -36,9 +38,53 @@ def test_the_agent_has_its_own_pid_namespace_under_ns_init(tmp_path):
     r, out = sh(tmp_path, "echo $$; cat /proc/1/cmdline | tr '\\0' ' '")
     pid, cmdline = out.splitlines()[:2]
     assert pid == "2"
-    assert cmdline.startswith("/run/sandboxer/bin/sandboxer-init --ns-init")
+    assert cmdline.strip() == "/run/sandboxer/bin/ns-init"
     started = [e for e in read_journal(tmp_path / "s") if e["type"] == "box.started"][0]
     assert started["capabilities"]["namespaces"] is True
+
+
+def ns_init_of_a_sleeping_box(init, state):
+    """(cmdline, shared objects mapped) of the ns-init under a box of `init` whose agent sleeps,
+    read from the host (the agent may not read ns-init's maps), and the box's stderr at its end."""
+    p = subprocess.Popen([str(init), "--state-dir", str(state), "--", "sleep", "30"], stderr=subprocess.PIPE)
+    try:
+        for _ in range(500):
+            kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+            found = [k for k in kids if open(f"/proc/{k}/cmdline", "rb").read().startswith(b"/run/sandboxer/bin/ns-init")]
+            if found:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("no ns-init under the box")
+        cmdline = open(f"/proc/{found[0]}/cmdline", "rb").read().split(b"\0")[:-1]
+        libs = {line.split()[-1].rsplit("/", 1)[-1] for line in open(f"/proc/{found[0]}/maps") if ".so" in line}
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+    return [a.decode() for a in cmdline], libs, err
+
+
+HEAVY = ("libstdc++", "libwebsockets", "libarchive", "libssl", "libuv", "libspdlog")
+
+
+def test_ns_init_is_its_own_small_program_and_a_box_warns_of_nothing(tmp_path):
+    # sandboxer-ns-init beside sandboxer-init: what every branch execs links little in.
+    cmdline, libs, err = ns_init_of_a_sleeping_box(INIT, tmp_path / "s")
+    assert cmdline == ["/run/sandboxer/bin/ns-init"]
+    assert libs and not any(n.startswith(HEAVY) for n in libs), libs
+    # Nothing but the shutdown's own line (a fresh state dir once warned of a missing chunk store).
+    assert [line for line in err.decode().splitlines() if ": info [" not in line] == [], err
+
+
+def test_without_sandboxer_ns_init_beside_it_ns_init_is_sandboxer_inits_own_mode(tmp_path):
+    # An install that copied the one binary: the control for the test above, with ns-init the
+    # supervisor's own --ns-init mode and all its libraries.
+    lone = tmp_path / "bin"
+    lone.mkdir()
+    shutil.copy2(INIT, lone / "sandboxer-init")
+    cmdline, libs, _ = ns_init_of_a_sleeping_box(lone / "sandboxer-init", tmp_path / "s")
+    assert cmdline == ["/run/sandboxer/bin/ns-init", "--ns-init"]
+    assert any(n.startswith(HEAVY) for n in libs), libs
 
 
 def test_without_namespaces_the_box_says_why(tmp_path):

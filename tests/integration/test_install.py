@@ -24,7 +24,7 @@ def test_install_puts_binaries_profiles_and_image_sources_under_the_prefix(tmp_p
         for tree in ("images/docker-image", "images/build"):
             if f"scripts/{script}" in (prefix / "share/sandboxer" / tree).read_text():
                 assert (prefix / "share/sandboxer/scripts" / script).exists(), (tree, script)
-    for rel in ["bin/sandboxer-init", "bin/sandboxer", "share/sandboxer/profiles/default.json",
+    for rel in ["bin/sandboxer-init", "bin/sandboxer-ns-init", "bin/sandboxer", "share/sandboxer/profiles/default.json",
                 "share/sandboxer/profiles/explorer.json", "share/sandboxer/images/docker-image",
                 "share/sandboxer/scripts/bundle", "share/sandboxer/scripts/debian-mirror"]:
         assert (prefix / rel).exists(), rel
