@@ -445,9 +445,8 @@ Result<UniqueFd> CgroupDir::oom_eventfd() const {
   return v1_event(dir_of("memory"), "memory.oom_control", "");
 }
 
-Result<UniqueFd> CgroupDir::memory_threshold_eventfd(int64_t bytes) const {
-  if (v2_ || !has("memory")) return errc(ENOTSUP);
-  return v1_event(dir_of("memory"), "memory.usage_in_bytes", std::to_string(bytes));
+Result<UniqueFd> CgroupDir::memory_threshold_eventfd(const std::string& memory_dir, int64_t bytes) {
+  return v1_event(memory_dir, "memory.usage_in_bytes", std::to_string(bytes));
 }
 
 }  // namespace sbx::os

@@ -117,8 +117,11 @@ class CgroupDir {
   /// v1 only: an eventfd that becomes readable on each OOM of the group
   /// (memory.oom_control through cgroup.event_control). The caller owns it.
   Result<UniqueFd> oom_eventfd() const;
-  /// v1 only: an eventfd that becomes readable when memory use crosses `bytes` (either way).
-  Result<UniqueFd> memory_threshold_eventfd(int64_t bytes) const;
+  /// v1 only: an eventfd that becomes readable when the memory use of the group whose memory
+  /// directory is `memory_dir` (dir_of("memory")) crosses `bytes` (either way). The kernel waits
+  /// for an RCU grace period to register it (~10 ms here): call it off the event loop; it reads no
+  /// member, so the group's CgroupDir may go while it runs.
+  static Result<UniqueFd> memory_threshold_eventfd(const std::string& memory_dir, int64_t bytes);
 
   /// Removes the directories now (after kill_all); the destructor does the same.
   void remove();

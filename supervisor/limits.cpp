@@ -3,6 +3,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <memory>
+
 namespace sbx::supervisor {
 
 namespace {
@@ -42,23 +45,7 @@ void LimitsWatcher::start() {
       } else {
         log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", fd.error().message());
       }
-      if (r_.memory > 0) {
-        if (auto fd = cg_->memory_threshold_eventfd(r_.memory / 10 * 9)) {
-          warn_fd_ = std::move(*fd);
-          if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, warn_fd_.get())) {
-            warn_poll_ = std::move(*poll);
-            warn_poll_->data = this;
-            uv_poll_start(warn_poll_.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
-              auto* self = static_cast<LimitsWatcher*>(h->data);
-              uint64_t n;
-              (void)!::read(self->warn_fd_.get(), &n, sizeof n);
-              self->tick();
-            });
-          } else {
-            log()->warn("watch the memory of the branch's group: {} (read on the tick instead)", poll.error().message);
-          }
-        }
-      }
+      if (r_.memory > 0 && cg_->has("memory")) watch_memory_threshold();
     }
   }
   tick_ = loop::make_timer(loop_);
@@ -71,6 +58,63 @@ void LimitsWatcher::start() {
     timeout_due_ = static_cast<int64_t>(uv_now(loop_)) + r_.timeout_ms;
     arm_timeout();
   }
+}
+
+// The 90 % threshold's eventfd is registered on libuv's thread pool: the kernel waits for an RCU
+// grace period (~10 ms) to register it, which held the loop, and so every event of a starting box
+// or copy, that long. Until it is in place the tick reads the memory; a watcher gone by then
+// leaves the job to close the fd.
+struct LimitsWatcher::ThresholdJob {
+  uv_work_t req{};
+  std::string dir;
+  int64_t bytes = 0;
+  os::Result<os::UniqueFd> fd = boost::system::error_code(ECANCELED, boost::system::system_category());
+  LimitsWatcher* owner = nullptr;
+};
+
+void LimitsWatcher::watch_memory_threshold() {
+  auto* job = new ThresholdJob;
+  job->dir = cg_->dir_of("memory");
+  job->bytes = r_.memory / 10 * 9;
+  job->owner = this;
+  job->req.data = job;
+  threshold_job_ = job;
+  uv_queue_work(
+      loop_, &job->req,
+      [](uv_work_t* r) {
+        auto* j = static_cast<ThresholdJob*>(r->data);
+        j->fd = os::CgroupDir::memory_threshold_eventfd(j->dir, j->bytes);
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<ThresholdJob> j(static_cast<ThresholdJob*>(r->data));
+        if (j->owner) j->owner->threshold_registered(*j);
+      });
+}
+
+void LimitsWatcher::threshold_registered(ThresholdJob& job) noexcept {
+  threshold_job_ = nullptr;
+  if (stopped_) return;
+  if (!job.fd) {
+    log()->warn("watch the memory of the branch's group: {} (read on the tick instead)", job.fd.error().message());
+    return;
+  }
+  warn_fd_ = std::move(*job.fd);
+  if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, warn_fd_.get())) {
+    warn_poll_ = std::move(*poll);
+    warn_poll_->data = this;
+    uv_poll_start(warn_poll_.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
+      auto* self = static_cast<LimitsWatcher*>(h->data);
+      uint64_t n;
+      (void)!::read(self->warn_fd_.get(), &n, sizeof n);
+      self->tick();
+    });
+  } else {
+    log()->warn("watch the memory of the branch's group: {} (read on the tick instead)", poll.error().message);
+  }
+}
+
+LimitsWatcher::~LimitsWatcher() {
+  if (threshold_job_) threshold_job_->owner = nullptr;
 }
 
 void LimitsWatcher::arm_timeout() noexcept {

@@ -29,6 +29,7 @@ class LimitsWatcher {
   LimitsWatcher(uv_loop_t* loop, const os::CgroupDir* cg, const profile::Profile::Resources& r, Callbacks cb);
   LimitsWatcher(const LimitsWatcher&) = delete;
   LimitsWatcher& operator=(const LimitsWatcher&) = delete;
+  ~LimitsWatcher();
 
   void start();
   /// The tree is gone: no more timers or ends (a late timeout must not rename a finished exit).
@@ -54,8 +55,11 @@ class LimitsWatcher {
   void check_oom() const;
 
  private:
+  struct ThresholdJob;
   void end(const std::string& reason, bool now);
   void arm_timeout() noexcept;
+  void watch_memory_threshold();
+  void threshold_registered(ThresholdJob& job) noexcept;
 
   uv_loop_t* loop_;
   const os::CgroupDir* cg_;
@@ -79,6 +83,7 @@ class LimitsWatcher {
   int64_t last_cpu_us_ = -1;  // the group's CPU time at the last activity
   std::string ended_for_;
   bool stopped_ = false;
+  ThresholdJob* threshold_job_ = nullptr;  // the threshold's registration, while it runs
 };
 
 }  // namespace sbx::supervisor
