@@ -53,16 +53,34 @@ def time_runs(cmds, state_root):
 
 
 def peak_rss_kib(cmd):
-    """VmHWM of the supervisor process itself, read while its agent sleeps."""
+    """(VmHWM, RssAnon) of the supervisor process itself, read while its agent sleeps: the peak of
+    all its resident pages (most are the shared libraries' file pages, shared with every other
+    process that maps them), and the anonymous ones that are its alone."""
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.6)
-    hwm = None
+    got = {}
     with open(f"/proc/{p.pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                hwm = int(line.split()[1])
+            if line.startswith(("VmHWM:", "RssAnon:")):
+                got[line.split(":")[0]] = int(line.split()[1])
     p.wait()
-    return hwm
+    return got.get("VmHWM"), got.get("RssAnon")
+
+
+def exec_costs():
+    """The exec every branch pays for its ns-init: sandboxer-ns-init (the small program) against
+    sandboxer-init's own --ns-init mode, each as a whole process that exits at once (a bad
+    argument; --version for sandboxer-init), beside /bin/true."""
+    small = os.path.join(BIN, "sandboxer-ns-init")
+    cmds = {"sandboxer-ns-init": [small, "--bench"], "sandboxer-init --version": [INIT, "--version"],
+            "bare /bin/true": ["/bin/true"]}
+    times = {k: [] for k in cmds if os.path.exists(cmds[k][0])}
+    for _ in range(RUNS):
+        for name in times:
+            t0 = time.perf_counter()
+            subprocess.run(cmds[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main():
@@ -91,18 +109,29 @@ def main():
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, med[peer] * 1000)
             else:
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, None, note=f"{peer} not on PATH")
+    ex = exec_costs()
+    if "sandboxer-ns-init" in ex and "sandboxer-init --version" in ex:
+        for name, v in ex.items():
+            print(f"{'exec of ' + name + ', whole':44} {v * 1000:10.2f}ms")
+        _rows.emit("pid1", "ns-init's exec, whole process (sandboxer-ns-init vs sandboxer-init's own mode)", "ms",
+                   ex["sandboxer-ns-init"] * 1000, "sandboxer-init --version", ex["sandboxer-init --version"] * 1000)
     sleep = lambda c: [a if a != "/bin/true" else "sleep" for a in c] + ["1"]
     rss = {}
     for name in ("sandboxer-init", "tini", "dumb-init"):
         if name in cmds:
             cmd = [a.replace("@STATE@", f"{state_root}/rss") for a in cmds[name]]
             rss[name] = peak_rss_kib(sleep(cmd))
-    for name, v in rss.items():
-        ratio = "" if name == "sandboxer-init" else f"{rss['sandboxer-init'] / v:.2f}"
-        print(f"{'peak RSS of ' + name:44} {v / 1024:10.2f}MiB {ratio:>20}")
+    for name, (hwm, anon) in rss.items():
+        ours_hwm, ours_anon = rss["sandboxer-init"]
+        ratio = "" if name == "sandboxer-init" else f"{ours_hwm / hwm:.2f}"
+        print(f"{'peak RSS of ' + name:44} {hwm / 1024:10.2f}MiB {ratio:>20}")
+        ratio = "" if name == "sandboxer-init" else f"{ours_anon / anon:.2f}"
+        print(f"{'anonymous RSS of ' + name:44} {anon / 1024:10.2f}MiB {ratio:>20}")
         if name != "sandboxer-init":
-            _rows.emit("pid1", "the init's own peak RSS (VmHWM), agent sleeping", "MiB", rss["sandboxer-init"] / 1024,
-                       name, v / 1024)
+            _rows.emit("pid1", "the init's own peak RSS (VmHWM), agent sleeping", "MiB", ours_hwm / 1024, name,
+                       hwm / 1024)
+            _rows.emit("pid1", "the init's own anonymous memory (RssAnon), agent sleeping", "MiB", ours_anon / 1024,
+                       name, anon / 1024)
     shutil.rmtree(state_root, ignore_errors=True)
 
 

@@ -45,7 +45,9 @@ void LimitsWatcher::start() {
       } else {
         log()->warn("watch OOM of the branch's group: {} (read on the tick instead)", fd.error().message());
       }
-      if (r_.memory > 0 && cg_->has("memory")) watch_memory_threshold();
+      // The 90 % threshold's eventfd waits for the first tick (below): an agent that ends
+      // sooner never pays its registration, and the box's end never waits for it.
+      threshold_wanted_ = r_.memory > 0 && cg_->has("memory");
     }
   }
   tick_ = loop::make_timer(loop_);
@@ -60,10 +62,10 @@ void LimitsWatcher::start() {
   }
 }
 
-// The 90 % threshold's eventfd is registered on libuv's thread pool: the kernel waits for an RCU
-// grace period (~10 ms) to register it, which held the loop, and so every event of a starting box
-// or copy, that long. Until it is in place the tick reads the memory; a watcher gone by then
-// leaves the job to close the fd.
+// The 90 % threshold's eventfd is registered on libuv's thread pool, at the first tick: the kernel
+// waits for an RCU grace period (~10 ms) to register it, which held the loop, and so every event
+// of a starting box or copy, that long. Until it is in place the tick reads the memory; a watcher
+// gone by then leaves the job to close the fd.
 struct LimitsWatcher::ThresholdJob {
   uv_work_t req{};
   std::string dir;
@@ -189,6 +191,10 @@ void LimitsWatcher::tick() noexcept {
   if (stopped_) return;
   try {
     auto now = static_cast<int64_t>(uv_now(loop_));
+    if (threshold_wanted_) {
+      threshold_wanted_ = false;
+      watch_memory_threshold();
+    }
     if (cg_) {
       check_oom();
       if (r_.memory > 0) {

@@ -83,6 +83,7 @@ class LimitsWatcher {
   int64_t last_cpu_us_ = -1;  // the group's CPU time at the last activity
   std::string ended_for_;
   bool stopped_ = false;
+  bool threshold_wanted_ = false;          // v1, a memory ceiling: register at the first tick
   ThresholdJob* threshold_job_ = nullptr;  // the threshold's registration, while it runs
 };
 
