@@ -309,6 +309,13 @@ Result<std::vector<UniqueFd>> CgroupDir::open_procs_fds() const {
   return out;
 }
 
+Result<UniqueFd> CgroupDir::open_v2_dir() const {
+  if (!v2_ || dirs_.empty()) return errc(ENOTSUP);
+  int fd = ::open(dirs_.front().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return last_error();
+  return UniqueFd(fd);
+}
+
 Result<void> CgroupDir::add(pid_t pid) {
   for (auto& d : dirs_)
     if (auto r = write_str(d + "/cgroup.procs", std::to_string(pid)); !r) return r;

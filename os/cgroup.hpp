@@ -92,6 +92,9 @@ class CgroupDir {
   /// One O_WRONLY fd on cgroup.procs per directory: a child writes "0" to each to join itself,
   /// with no allocation, before it runs anything of its own.
   Result<std::vector<UniqueFd>> open_procs_fds() const;
+  /// v2 only: an O_PATH fd on the group's directory, for clone3's CLONE_INTO_CGROUP (the child
+  /// starts in the group: no move through cgroup.procs). ENOTSUP on v1.
+  Result<UniqueFd> open_v2_dir() const;
   /// Joins `pid` (0: the caller) to every directory.
   Result<void> add(pid_t pid);
   /// The pids in the group (the first directory's cgroup.procs).

@@ -22,6 +22,7 @@
 #ifndef MOUNT_ATTR_RDONLY
 #include <linux/mount.h>
 #endif
+#include <linux/sched.h>  // struct clone_args, CLONE_INTO_CGROUP (glibc has no clone3 wrapper)
 
 namespace sbx::sandbox {
 
@@ -637,6 +638,29 @@ int join_cgroups(const std::vector<int>& procs, pid_t pid) {
 }
 }  // namespace
 
+namespace {
+// clone3 into the v2 group `cgroup_dir` where there is one (CLONE_INTO_CGROUP, Linux 5.7): the
+// child starts inside it, where a move through cgroup.procs waits for an RCU grace period. Where
+// clone3 is refused (ENOSYS from an older kernel or a seccomp filter such as Docker's default, or
+// the group), clone and the move. `flags` as clone's, exit signal included.
+pid_t clone_branch(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
+  in_cgroup = false;
+  if (cgroup_dir >= 0) {
+    struct clone_args args {};
+    args.flags = (flags & ~static_cast<unsigned long>(CSIGNAL)) | CLONE_INTO_CGROUP;
+    args.exit_signal = flags & CSIGNAL;
+    args.cgroup = static_cast<uint64_t>(cgroup_dir);
+    long pid = ::syscall(SYS_clone3, &args, sizeof args);
+    if (pid >= 0) {
+      in_cgroup = true;
+      return static_cast<pid_t>(pid);
+    }
+    log()->debug("clone3 into the branch's cgroup: {}; clone, then move it", std::strerror(errno));
+  }
+  return static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
+}
+}  // namespace
+
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
   struct stat lst {};
@@ -676,7 +700,8 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
-    pid_t pid = static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
+    bool in_cgroup = false;
+    pid_t pid = clone_branch(flags, spec.cgroup_dir, in_cgroup);
     if (pid == 0) child_main(ca);
     if (pid < 0) {
       if (ns) {
@@ -686,7 +711,8 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       return os::last_error();
     }
     ep->write.reset();
-    int join_err = join_cgroups(spec.cgroup_procs, pid);
+    int join_err = in_cgroup ? 0 : join_cgroups(spec.cgroup_procs, pid);
+    if (in_cgroup) log()->debug("branch {}: ns-init cloned into its cgroup (CLONE_INTO_CGROUP)", spec.name);
     if (auto ce = os::read_child_error(ep->read.get())) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).
       int st;

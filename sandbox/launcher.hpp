@@ -71,6 +71,8 @@ struct BranchSpec {
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
                                    // launch_branch moves the child into each before the agent exists
+  int cgroup_dir = -1;             // borrowed, v2: the group's directory; the child is cloned into it
+                                   // (clone3 CLONE_INTO_CGROUP), cgroup_procs only where clone3 fails
   bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };

@@ -183,6 +183,11 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
   if (host.version != "none") {
     cgroup_procs_ = make_branch_cgroup(host, b, &cg_state);
     for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
+    if (b.cgroup && b.cgroup->v2())
+      if (auto d = b.cgroup->open_v2_dir()) {
+        cgroup_dir_ = std::move(*d);
+        spec.cgroup_dir = cgroup_dir_.get();
+      }
   } else if (want_cg) {
     log()->warn("no cgroup hierarchy here: memory, cpus and pids of profile {} are not enforced", prof.name);
   }
@@ -297,6 +302,7 @@ void Box::teardown_policy() {
     b->workspace_mount.clear();
   }
   cgroup_procs_.clear();
+  cgroup_dir_.reset();
 }
 
 void Box::stop_for_journal(bool stop) {

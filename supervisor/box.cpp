@@ -362,6 +362,7 @@ void Box::start() {
   b->landlocked = opts_.profile.isolation.landlock.has_value();
   auto lb = sandbox::launch_branch(spec);
   cgroup_procs_.clear();
+  cgroup_dir_.reset();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
   if (spec.want_namespaces && !b->launched.namespaced && b->launched.why_not.starts_with("clone(")) {

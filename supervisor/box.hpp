@@ -263,6 +263,7 @@ class Box : public checkpoint::Host {
   bool stopped_for_journal_ = false;
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
+  os::UniqueFd cgroup_dir_;                            // v2: the group's directory, for the same clone
   boost::json::object enforcement_;                    // what is enforced, for box.started
   int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)
 

@@ -189,6 +189,42 @@ def test_cgroup_v2_core_files_place_and_clean_up_the_branch(state_dir):
     assert not no_process_left("v2-marker")
 
 
+def refuse_clone3():
+    """preexec_fn: a seccomp filter that answers clone3 with ENOSYS, as Docker's default profile
+    does (libseccomp through ctypes; the filter is inherited by the supervisor and its children)."""
+    import ctypes
+    import errno
+    lib = ctypes.CDLL("libseccomp.so.2")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
+    nr = lib.seccomp_syscall_resolve_name(b"clone3")
+    assert ctx and nr >= 0
+    assert lib.seccomp_rule_add(ctx, 0x00050000 | errno.ENOSYS, nr, 0) == 0  # SCMP_ACT_ERRNO(ENOSYS)
+    assert lib.seccomp_load(ctx) == 0
+
+
+@pytest.mark.skipif(not os.access(f"{V2}/cgroup.procs", os.W_OK), reason="no writable cgroup2 mount")
+@pytest.mark.parametrize("clone3", [True, False], ids=["clone3", "clone3-refused"])
+def test_cgroup_v2_ns_init_is_cloned_into_its_group_or_moved_where_clone3_is_refused(state_dir, clone3):
+    # v2: CLONE_INTO_CGROUP starts ns-init in the branch's group (no move through cgroup.procs,
+    # which waits for an RCU grace period); under a filter refusing clone3 the move does it.
+    env = dict(os.environ, SANDBOXER_CGROUP=f"v2:{V2}")
+    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--log-level", "debug", "--", "cat",
+                        "/proc/self/cgroup"], capture_output=True, timeout=60, env=env,
+                       preexec_fn=None if clone3 else refuse_clone3)
+    ev = read_journal(state_dir)
+    assert r.returncode == 0, r.stderr
+    assert f"0::/sbx-{started(ev)['box']}-main" in output(ev), output(ev)
+    cloned = b"ns-init cloned into its cgroup (CLONE_INTO_CGROUP)" in r.stderr
+    assert cloned == clone3, r.stderr.decode()[-2000:]
+    if not clone3:
+        assert b"clone3 into the branch's cgroup: Function not implemented; clone, then move it" in r.stderr
+
+
 def test_no_cgroup_runs_the_agent_and_says_ceilings_are_not_enforced(state_dir):
     env = dict(os.environ, SANDBOXER_CGROUP="none")
     r, ev = box(state_dir, probe("exit", 0), "resources.memory=64M", "resources.pids=16", env=env)
