@@ -150,3 +150,24 @@ def test_a_restart_never_reuses_a_seq_that_waited_in_memory(tmp_path, small_stat
     after = [e for e in journal_lines(small_state) if e["seq"] > last_on_disk]
     # Numbering goes on after every seq the killed run handed out, shown or not.
     assert after and after[0]["seq"] == hwm + 1
+
+
+def test_the_timeout_clock_stands_still_while_the_agent_is_frozen_for_the_journal(tmp_path, small_state):
+    """Frozen for a full disk longer than its whole timeout, the agent is not ended for it: it was
+    not let run. Thawed when space returns, it finishes its output and exits by itself. Without
+    the pause the timeout fires while it is frozen and it ends as "timeout"."""
+    sets = ["journal.queue=256KiB", "resources.timeout=3s", "resources.grace=1s"]
+    with WsBox(tmp_path, [str(PROBE), "spew", str(SPEW)], extra=[a for s in sets for a in ("--set", s)]) as box:
+        started = box.wait_event(lambda e: e["type"] == "proc.started", timeout=30)
+        deadline = time.monotonic() + 30
+        while freezer_state(started["pid"]) != "FROZEN":
+            assert time.monotonic() < deadline, "the agent was never frozen"
+            time.sleep(0.05)
+        time.sleep(4)  # frozen past the 3 s timeout
+        assert freezer_state(started["pid"]) == "FROZEN"
+        (small_state / "ballast").unlink()
+        assert box.proc.wait(60) == 0, box.stderr()
+    exited = [e for e in journal_lines(small_state) if e["type"] == "proc.exited" and e.get("proc") == "main"]
+    assert exited and exited[-1]["reason"] == "exited" and exited[-1]["code"] == 0, exited
+    out = "".join(e["data"] for e in journal_lines(small_state) if e["type"] == "proc.output" and e["stream"] == "stdout")
+    assert len(out) == SPEW
