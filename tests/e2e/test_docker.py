@@ -404,6 +404,16 @@ def wait_for(box, what, cond, timeout=30):
         time.sleep(0.2)
 
 
+def wait_for_memory(state_dir, done, timeout=30):
+    """The restore.memory_complete of the copy `done` (a restore.done) in the box at `state_dir`."""
+    deadline = time.monotonic() + timeout
+    while not (mc := [e for e in events_of(state_dir) if e["type"] == "restore.memory_complete"
+                      and e["branch"] == done["branch"]]):
+        assert time.monotonic() < deadline, json.dumps(events_of(state_dir))[-3000:]
+        time.sleep(0.2)
+    assert mc[0]["ok"] is True and mc[0]["seq"] > done["seq"], mc
+
+
 def counter_box(env, image, *opts):
     box = Up(env, image, COUNTER, "-v", f"{E2E}:/opt/e2e:ro", *opts)
     wait_for(box, "the agent counts", lambda ev: len(ticks(ev, "main")) >= 5)
@@ -464,6 +474,12 @@ def test_live_fork_of_two_in_a_container_runs_both_copies(docker_env, image):
         for b in branches:
             (done,) = [e for e in events if e["type"] == "restore.done" and e["branch"] == b]
             assert done["mode"] == "live"
+            # Lazy pages inside a container (userfaultfd under the checkpoint caps), as on a host.
+            assert done["lazy"] is True, done
+            complete = wait_for(box, "the copy's memory completes",
+                                lambda ev: [e for e in ev if e["type"] == "restore.memory_complete" and e["branch"] == b])
+            (mc,) = [e for e in complete if e["type"] == "restore.memory_complete" and e["branch"] == b]
+            assert mc["ok"] is True and mc["seq"] > done["seq"]
             assert_continues(ticks(events, "main"), ticks(events, b))
         # Each copy has a pid and network namespace of its own: the same listener port in each.
         assert box.inspect()["State"]["Running"]
@@ -569,6 +585,10 @@ def test_fork_into_two_new_containers_continues_the_agent_in_each(docker_env, im
                 (done,) = [e for e in events if e["type"] == "restore.done"]
                 assert done["mode"] == "live" and done["snapshot"] == snap
                 assert done["parent_box"] == started["box"]
+                # Lazy in a new container too: it runs before its memory is all there, which then
+                # arrives from its lazy-pages daemon.
+                assert done["lazy"] is True, done
+                wait_for_memory(b["state_dir"], done)
                 assert_continues(ticks(a.journal(), "main"), ticks(events, "main"))
                 # Each copy knows which it is (its branch.json), as copies in one box do.
                 assert {t["index"] for t in ticks(events, "main")} == {done["index"]}
