@@ -238,6 +238,20 @@ def run_cli(argv: list[str]) -> list[str]:
     return p.stdout.splitlines()
 
 
+def fork_into_idle_boxes(opts, urls: Sequence[str], tokens: Sequence[str], remove_all) -> None:
+    """The idle boxes at `urls` (tokens in the same order) become copies of `opts.snapshot` of
+    the box at `opts.source` over the box API: each token stored, each box waited for, then the
+    CLI's fork. On any failure, or an interrupt, `remove_all()` removes every one of them first."""
+    try:
+        for url, token in zip(urls, tokens):
+            save_token(url, token)
+            wait_serving(url, token)
+        run_cli(api_fork_argv(opts.source, opts.snapshot, urls, opts.source_token_file))
+    except BaseException:
+        remove_all()
+        raise
+
+
 def print_plan(plan: dict[str, Any], out=None) -> None:
     """A dry-run's output: one JSON document, the exact calls or manifests, secrets redacted."""
     out = out or sys.stdout

@@ -378,15 +378,12 @@ def _fork_over_api(opts, sandbox_api, previews, boxes: list[str], tokens: list[s
     """The idle sandboxes become copies of the snapshot over the box API; any failure deletes
     every one of them."""
     urls = ["wss://" + p.url.split("://", 1)[-1] for p in previews]
-    try:
-        for url, token in zip(urls, tokens):
-            common.save_token(url, token)
-            common.wait_serving(url, token)
-        common.run_cli(common.api_fork_argv(opts.source, opts.snapshot, urls, opts.source_token_file))
-    except BaseException:
+
+    def remove_all():
         for box in boxes:
             sandbox_api.delete_sandbox(_names(box)["sandbox"])
-        raise
+
+    common.fork_into_idle_boxes(opts, urls, tokens, remove_all)
     for box, url in zip(boxes, urls):
         print(f"{box} {url}")
     return 0

@@ -233,15 +233,12 @@ def _live(opts, tokens: list[str]) -> int:
 def _fork_over_api(live, opts, boxes, urls: list[str], tokens: list[str]) -> int:
     """The idle Sandboxes (at `urls`, their tunnels) become copies of the snapshot over the box
     API; any failure terminates every one of them."""
-    try:
-        for url, token in zip(urls, tokens):
-            common.save_token(url, token)
-            common.wait_serving(url, token)
-        common.run_cli(common.api_fork_argv(opts.source, opts.snapshot, urls, opts.source_token_file))
-    except BaseException:
+
+    def remove_all():
         for sb, _ in boxes:
             live.method(sb, "Sandbox.terminate")
-        raise
+
+    common.fork_into_idle_boxes(opts, urls, tokens, remove_all)
     for (sb, _), url in zip(boxes, urls):
         print(f"{sb.object_id} {url}")
     return 0
