@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 
 #include "archive/archive.hpp"
@@ -88,15 +89,21 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
                                             const archive::ImportPolicy& policy,
                                             const std::optional<archive::ChunkList>& chunks, const std::string& store) {
   auto bad = [](std::string msg) { return base::fail(std::move(msg), "bad_snapshot"); };
-  if (!chunks) {
-    // The id is the archive's content hash: check it before reading anything out of it.
-    auto sha = archive::sha256_file(base + ".tar.zst");
-    if (!sha) return bad(sha.error().message);
-    if (sha->substr(0, 16) != id.substr(2)) return bad("the archive of " + id + " is corrupted: its sha256 is " + *sha);
-  }
+  // The id is the archive's content hash: taken on a thread of its own while the archive is
+  // extracted (one after the other, ~0.7 s per GiB of the restore was this pass), and nothing
+  // extracted is used, or moved to base.d, unless it matches.
+  std::future<base::Result<std::string>> sha;
+  if (!chunks) sha = std::async(std::launch::async, [f = base + ".tar.zst"] { return archive::sha256_file(f); });
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
   auto x = chunks ? archive::extract_chunks(store, *chunks, tmp, policy)
                   : archive::extract_archive(base + ".tar.zst", tmp, policy);
+  if (!chunks) {
+    auto got = sha.get();
+    if (!got || got->substr(0, 16) != id.substr(2)) {
+      if (x) os::remove_tree(tmp);
+      return bad(got ? "the archive of " + id + " is corrupted: its sha256 is " + *got : got.error().message);
+    }
+  }
   if (!x) return x.error();
   json::object m = std::move(x->manifest);
   m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}

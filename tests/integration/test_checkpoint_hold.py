@@ -132,3 +132,25 @@ def test_the_timeout_and_idle_clocks_stand_still_while_the_agent_is_held(tmp_pat
             assert max(numbers(box)) > at + 3
         exited = box.wait_event(lambda e: e["type"] == "proc.exited" and e.get("proc") == "main", timeout=30)
         assert exited["reason"] == limit, exited
+
+
+def test_an_archive_that_is_not_its_snapshots_is_refused_and_nothing_of_it_is_kept(tmp_path):
+    """The id is the archive's hash, taken while it is extracted: a snapshot's archive replaced by
+    another valid, signed one of the same box (it extracts cleanly) is refused at restore, and its
+    extraction is not kept. The control: the same restore of the untouched snapshot runs."""
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.3)
+        a = request(box, "checkpoint")["snapshot"]
+        time.sleep(0.3)
+        b = request(box, "checkpoint")["snapshot"]
+        snaps = box.state / "snapshots"
+        # Both extracted dirs go (restores of B must extract it too), A's archive becomes B's.
+        shutil.rmtree(snaps / f"{a}.d")
+        shutil.rmtree(snaps / f"{b}.d")
+        shutil.copyfile(snaps / f"{b}.tar.zst", snaps / f"{a}.tar.zst")
+        r = request(box, "restore", snapshot=a)
+        assert not r["ok"] and r["error"]["code"] == "bad_snapshot", r
+        assert f"the archive of {a} is corrupted: its sha256 is {b[2:]}" in r["error"]["message"], r
+        assert not list(snaps.glob(f"{a}.d*")), list(snaps.iterdir())
+        ok = request(box, "restore", snapshot=b)
+        assert ok["ok"] and ok["copies"][0]["mode"] == "live", ok
