@@ -59,6 +59,7 @@ Box::~Box() {
   kill_timer_.reset();
   persist_timer_.reset();
   stop_timer_.reset();
+  LimitsWatcher::wait_for_registrations(loop_);
   uv_run(loop_, UV_RUN_NOWAIT);
 }
 

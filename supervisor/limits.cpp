@@ -74,6 +74,14 @@ struct LimitsWatcher::ThresholdJob {
   LimitsWatcher* owner = nullptr;
 };
 
+namespace {
+int pending_thresholds = 0;  // registrations on the thread pool, watcher gone or not (loop thread)
+}  // namespace
+
+void LimitsWatcher::wait_for_registrations(uv_loop_t* loop) {
+  while (pending_thresholds > 0) uv_run(loop, UV_RUN_ONCE);
+}
+
 void LimitsWatcher::watch_memory_threshold() {
   auto* job = new ThresholdJob;
   job->dir = cg_->dir_of("memory");
@@ -81,6 +89,7 @@ void LimitsWatcher::watch_memory_threshold() {
   job->owner = this;
   job->req.data = job;
   threshold_job_ = job;
+  ++pending_thresholds;
   uv_queue_work(
       loop_, &job->req,
       [](uv_work_t* r) {
@@ -89,6 +98,7 @@ void LimitsWatcher::watch_memory_threshold() {
       },
       [](uv_work_t* r, int) {
         std::unique_ptr<ThresholdJob> j(static_cast<ThresholdJob*>(r->data));
+        --pending_thresholds;
         if (j->owner) j->owner->threshold_registered(*j);
       });
 }

@@ -32,6 +32,9 @@ class LimitsWatcher {
   ~LimitsWatcher();
 
   void start();
+  /// Runs `loop` until every threshold registration still on the thread pool has come back (its
+  /// eventfd closed where its watcher is gone): for the box's teardown, outside any callback.
+  static void wait_for_registrations(uv_loop_t* loop);
   /// The tree is gone: no more timers or ends (a late timeout must not rename a finished exit).
   void stop() noexcept;
   /// The branch wrote output: it is not idle.
