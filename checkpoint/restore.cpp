@@ -667,6 +667,13 @@ void Checkpointer::start_from_archive(const std::string& path) {
       [path, tmp, err] {
         // The operator's path may be a symlink (copy_tree follows none): resolved here.
         std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+        // An archive is one regular file: a directory would be copied whole into the store and
+        // left there, a FIFO waited on.
+        struct stat st {};
+        if (real && ::stat(real.get(), &st) == 0 && !S_ISREG(st.st_mode)) {
+          *err = std::string(S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") + ", not an archive";
+          return;
+        }
         if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
       },
       [this, err, tmp, path] {

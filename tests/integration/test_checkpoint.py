@@ -327,6 +327,22 @@ except agent.ChannelError as e:
 '''
 
 
+def test_restore_from_what_is_not_an_archive_file_says_so_and_never_waits(tmp_path):
+    # A FIFO (which an open would wait on forever), a directory and a missing path: each is a
+    # restore.failed naming it, the box exits 125 at once, and nothing is left in its store.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "a").write_text("x")
+    for name, why in [("fifo", "not a regular file, not an archive"), ("dir", "a directory, not an archive"),
+                      ("missing", "No such file or directory")]:
+        rc, ev, err = box(tmp_path / f"s-{name}", ["--restore", str(tmp_path / name)], timeout=30)
+        assert rc == 125, err
+        failed = one(ev, "restore.failed")
+        assert failed["error"].startswith(f"{tmp_path / name}: ") and why in failed["error"], failed
+        assert not list((tmp_path / f"s-{name}" / "snapshots").glob(".import-*"))
+
+
 @pytest.mark.parametrize("landlock", [True, False])
 def test_a_landlocked_tree_is_refused(tmp_path, landlock):
     # criu does not restore Landlock: a copy would run unconfined. Control: the same box without it.
