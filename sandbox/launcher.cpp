@@ -186,7 +186,7 @@ std::vector<TopEntry> host_top_entries() {
 
 // The first half of the plan: every tree the root will show is cloned into a slot (a detached
 // mount) while the host's paths are still reachable.
-Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries) {
+Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries, const std::string& exe) {
   Clones c;
   auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
   // Clone every tree first.
@@ -233,7 +233,6 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
   // (under the host's /tmp, say), and ns-init runs from inside the new root.
   int exe_slot = slot++;
   c.exe = exe_slot;
-  std::string exe = ns_init_binary(spec.self_exe).path;
   add({.kind = MountOp::CloneTree, .a = exe, .slot = exe_slot, .what = "clone " + exe});
   add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = exe_slot, .what = "make " + exe + " read-only"});
   int& resolv_slot = c.resolv;  // network: the branch's resolv.conf
@@ -342,12 +341,13 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
 // Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
 // read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh
 // /proc, a minimal /dev, and /workspace and /tmp of the branch's own.
-Plan make_plan(const BranchSpec& spec) {
+// `exe`: ns-init's program (ns_init_binary), bound at kNsInitPath.
+Plan make_plan(const BranchSpec& spec, const std::string& exe) {
   Plan p;
   p.new_root = spec.dir + "/root";
   p.ops.push_back({.kind = MountOp::PrivateRoot, .what = "make / private"});
   auto entries = host_top_entries();
-  Clones c = clone_trees(p, spec, entries);
+  Clones c = clone_trees(p, spec, entries, exe);
   p.slots.assign(static_cast<size_t>(c.count), -1);
   attach_trees(p, spec, entries, c);
   return p;
@@ -636,9 +636,7 @@ int join_cgroups(const std::vector<int>& procs, pid_t pid) {
     if (::write(fd, s.data(), s.size()) != static_cast<ssize_t>(s.size())) return errno == ESRCH ? 0 : errno;
   return 0;
 }
-}  // namespace
 
-namespace {
 // clone3 into the v2 group `cgroup_dir` where there is one (CLONE_INTO_CGROUP, Linux 5.7): the
 // child starts inside it, where a move through cgroup.procs waits for an RCU grace period. Where
 // clone3 is refused (ENOSYS from an older kernel or a seccomp filter such as Docker's default, or
@@ -691,7 +689,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     argv.push_back(nullptr);
     char* envp[] = {nullptr};
     Plan plan;
-    if (ns) plan = make_plan(spec);
+    if (ns) plan = make_plan(spec, bin.path);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
     ChildArgs ca{
