@@ -104,6 +104,7 @@ struct Server::Impl {
   int unauthenticated = 0;  // clients that have not authenticated yet (opts.max_unauthenticated)
   bool draining = false;
   std::function<void()> drained;
+  uint64_t drain_started_ms = 0;
   loop::UvHandle<uv_timer_t> drain_timer;
   loop::UvHandle<uv_timer_t> stall_timer;  // looks for clients that take nothing (stall_s)
 
@@ -818,19 +819,27 @@ void Server::drain(std::function<void()> done) {
     }
     m.close_with(*c, 1001, "box ended");
   }
+  // Given up on only when no client has taken anything for 2 s (one that reads goes on getting
+  // its events, however busy the machine: a fixed 2 s cut a slow but reading client short), or
+  // after 10 s in all.
+  m.drain_started_ms = uv_now(m.loop);
   m.drain_timer = loop::make_timer(m.loop);
   m.drain_timer->data = &m;
   uv_timer_start(
       m.drain_timer.get(),
       [](uv_timer_t* t) {
         auto* self = static_cast<Impl*>(t->data);
+        uint64_t now = uv_now(self->loop), last = self->drain_started_ms;
+        for (auto& [id, c] : self->clients) last = std::max(last, c->progress_ms);
+        if (now - last < 2000 && now - self->drain_started_ms < 10000) return;
+        uv_timer_stop(t);
         if (self->drained) {
           auto d = std::move(self->drained);
           self->drained = nullptr;
           d();
         }
       },
-      2000, 0);
+      250, 250);
 }
 
 }  // namespace sbx::supervisor

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 from websockets.exceptions import ConnectionClosed
 
@@ -199,3 +200,20 @@ def test_lagging_clients_get_every_byte_once_in_order_and_only_a_non_reader_gets
             assert stdout_bytes(events) == want
         assert code == 4008 and reason.startswith("resume_after="), (code, reason)
         assert box.alive()
+
+
+def test_a_client_that_reads_nothing_does_not_hold_the_boxs_end(tmp_path):
+    # The end of a box waits for its clients while they take their last events (however busy the
+    # machine), but not for one that takes nothing: the box still ends, within the drain's bound.
+    agent = ["python3", "-c", "import sys; sys.stdout.write(('x' * 4095 + '\\n') * 4096); sys.stdout.flush()"]
+    with WsBox(tmp_path, agent + [], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                await ws.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+                t0 = time.monotonic()
+                await asyncio.sleep(0.2)  # reads nothing while the box ends
+                while box.proc.poll() is None and time.monotonic() - t0 < 30:
+                    await asyncio.sleep(0.1)
+                return time.monotonic() - t0
+        took = run(go(), 60)
+        assert box.proc.poll() is not None and took < 15, took
