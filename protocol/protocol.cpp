@@ -169,8 +169,8 @@ std::optional<BinaryHeader> get_header(std::string_view f) {
   return h;
 }
 
-void put_bytes(boost::json::object& ev, std::string_view data) {
-  if (base::utf8_valid_prefix(data) == data.size())
+void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8) {
+  if (known_utf8 || base::utf8_valid_prefix(data) == data.size())
     ev["data"] = data;
   else
     ev["data_b64"] = base::base64_encode(data);

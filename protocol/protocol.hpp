@@ -64,7 +64,8 @@ void put_header(std::string& out, const BinaryHeader& h);
 /// Reads the header of a binary frame; nullopt when shorter than the header.
 std::optional<BinaryHeader> get_header(std::string_view frame);
 
-/// Puts `data` into `ev` as "data" when it is valid UTF-8, else as "data_b64".
-void put_bytes(boost::json::object& ev, std::string_view data);
+/// Puts `data` into `ev` as "data" when it is valid UTF-8 (`known_utf8`: the caller checked),
+/// else as "data_b64".
+void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8 = false);
 
 }  // namespace sbx::protocol

@@ -31,7 +31,7 @@ void OutputDecoder::feed(std::string_view bytes) {
   std::string_view now = bytes.substr(0, bytes.size() - keep);
   if (!now.empty()) {
     boost::json::object ev{{"type", "proc.output"}, {"stream", stream_}};
-    protocol::put_bytes(ev, now);
+    protocol::put_bytes(ev, now, valid >= now.size());
     emit_(std::move(ev));
     if (messages_) scan_lines(now);
   }

@@ -16,6 +16,16 @@ TEST_CASE("utf8: valid prefix stops at the first bad byte") {
   CHECK(base::utf8_valid_prefix("\xed\xa0\x80") == 0);      // surrogate
   CHECK(base::utf8_valid_prefix("\xf4\x90\x80\x80") == 0);  // above U+10FFFF
   CHECK(base::utf8_valid_prefix("\xf0\x9f\x98\x80") == 4);
+  // Runs of eight ASCII bytes are taken at once: a bad byte at every place after such runs.
+  std::string run(40, 'a');
+  for (size_t at = 0; at < run.size(); ++at) {
+    std::string s = run;
+    s[at] = '\xff';
+    CHECK(base::utf8_valid_prefix(s) == at);
+    s[at] = '\xc3';
+    s.insert(at + 1, "\xa9");
+    CHECK(base::utf8_valid_prefix(s) == s.size());
+  }
 }
 
 TEST_CASE("utf8: an incomplete tail is recognised, an invalid one is not") {
