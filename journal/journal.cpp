@@ -79,33 +79,42 @@ std::optional<uint64_t> line_seq(std::string_view line) {
 }
 
 // Streams the lines of one segment file to fn; false from fn stops.
-// Calls fn(line, end) for every whole line; `end` is the file offset just past the line's newline
-// (of the decompressed stream for a .zst). A plain file is read from byte `from` on, which must be
-// the start of a line.
+// Calls fn(line, resume) for every whole line; `resume` is where a later read may start and still
+// see every line after this one: the file offset just past the line for a plain file, the offset
+// of the zstd frame holding the line for a .zst (frames end at line ends: zstd_compress_file).
+// The file is read from byte `from` on, which must be such a position.
 boost::system::result<bool> for_each_line(const std::string& path, bool zst,
                                           const std::function<bool(std::string_view, uint64_t)>& fn,
                                           uint64_t from = 0) {
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return {boost::system::in_place_error, os::last_error()};
-  if (!zst && from > 0 && ::lseek(fd.get(), static_cast<off_t>(from), SEEK_SET) < 0)
+  if (from > 0 && ::lseek(fd.get(), static_cast<off_t>(from), SEEK_SET) < 0)
     return {boost::system::in_place_error, os::last_error()};
-  std::string pending;
-  uint64_t pending_at = zst ? 0 : from;  // the file offset of pending[0]
+  std::string pending;  // the start of a line the last chunk did not finish
+  uint64_t at = from;   // plain: the file offset of the next byte fed; .zst: the current frame's
   auto feed = [&](std::string_view chunk) -> bool {
-    pending.append(chunk);
-    size_t start = 0;
-    for (;;) {
-      size_t nl = pending.find('\n', start);
-      if (nl == std::string::npos) break;
-      if (!fn(std::string_view(pending).substr(start, nl - start), pending_at + nl + 1)) return false;
-      start = nl + 1;
+    while (!chunk.empty()) {
+      size_t nl = chunk.find('\n');
+      if (nl == std::string_view::npos) {
+        pending.append(chunk);
+        break;
+      }
+      std::string_view line = chunk.substr(0, nl);
+      if (!pending.empty()) {
+        pending.append(line);
+        line = pending;
+      }
+      if (!zst) at += line.size() + 1;
+      bool more = fn(line, at);
+      pending.clear();
+      if (!more) return false;
+      chunk.remove_prefix(nl + 1);
     }
-    pending.erase(0, start);
-    pending_at += start;
     return true;
   };
   std::vector<char> in(1 << 17), out(1 << 18);
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(zst ? ZSTD_createDCtx() : nullptr, ZSTD_freeDCtx);
+  uint64_t in_at = from;  // the file offset of in[0]
   for (;;) {
     ssize_t n = ::read(fd.get(), in.data(), in.size());
     if (n < 0) {
@@ -124,7 +133,9 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
       if (ZSTD_isError(r))
         return {boost::system::in_place_error, boost::system::error_code(EBADMSG, boost::system::system_category())};
       if (!feed({out.data(), ob.pos})) return false;
+      if (r == 0 && pending.empty()) at = in_at + ib.pos;  // a frame ended, at a line end
     }
+    in_at += static_cast<uint64_t>(n);
   }
   // A last line without its newline is torn: the writer died mid-write. Readers skip it.
   return true;
@@ -132,7 +143,11 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
 
 }  // namespace
 
+// Compressed as a series of zstd frames, each ending at a line end near kFrameBytes: a reader catching up resumes at
+// the frame of its last line (ReadPos) instead of decompressing the segment from its start at every refill. One zstd
+// stream all the same.
 boost::system::result<void> zstd_compress_file(const std::string& src, const std::string& dst, int level) {
+  constexpr size_t kFrameBytes = 512u << 10;
   os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return os::last_error();
   std::string tmp = dst + ".tmp";
@@ -142,23 +157,37 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
   std::vector<char> ibuf(ZSTD_CStreamInSize()), obuf(ZSTD_CStreamOutSize());
+  auto put = [&](std::string_view part, ZSTD_EndDirective mode) -> boost::system::result<void> {
+    ZSTD_inBuffer ib{part.data(), part.size(), 0};
+    for (;;) {
+      ZSTD_outBuffer ob{obuf.data(), obuf.size(), 0};
+      size_t rem = ZSTD_compressStream2(cctx.get(), &ob, &ib, mode);
+      if (ZSTD_isError(rem)) return boost::system::error_code(EIO, boost::system::system_category());
+      if (auto r = os::write_all(out.get(), {obuf.data(), ob.pos}); !r) return r.error();
+      if (mode == ZSTD_e_end ? rem == 0 : ib.pos == ib.size) return {};
+    }
+  };
+  size_t in_frame = 0;  // bytes given to the current frame
   for (;;) {
     ssize_t n = ::read(in.get(), ibuf.data(), ibuf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       return os::last_error();
     }
-    bool last = n == 0;
-    ZSTD_inBuffer ib{ibuf.data(), static_cast<size_t>(n), 0};
-    bool done = false;
-    while (!done) {
-      ZSTD_outBuffer ob{obuf.data(), obuf.size(), 0};
-      size_t rem = ZSTD_compressStream2(cctx.get(), &ob, &ib, last ? ZSTD_e_end : ZSTD_e_continue);
-      if (ZSTD_isError(rem)) return boost::system::error_code(EIO, boost::system::system_category());
-      if (auto r = os::write_all(out.get(), {obuf.data(), ob.pos}); !r) return r.error();
-      done = last ? rem == 0 : ib.pos == ib.size;
+    std::string_view chunk(ibuf.data(), static_cast<size_t>(n));
+    if (n == 0) {
+      if (auto r = put({}, ZSTD_e_end); !r) return r.error();
+      break;
     }
-    if (last) break;
+    size_t nl = in_frame + chunk.size() >= kFrameBytes ? chunk.rfind('\n') : std::string_view::npos;
+    if (nl == std::string_view::npos) {
+      if (auto r = put(chunk, ZSTD_e_continue); !r) return r.error();
+      in_frame += chunk.size();
+      continue;
+    }
+    if (auto r = put(chunk.substr(0, nl + 1), ZSTD_e_end); !r) return r.error();
+    if (auto r = put(chunk.substr(nl + 1), ZSTD_e_continue); !r) return r.error();
+    in_frame = chunk.size() - nl - 1;
   }
   if (::fsync(out.get()) != 0) return os::last_error();
   out.reset();
@@ -553,14 +582,14 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
     std::string base = dir + "/" + seg_name(segs[i].first) + ".jsonl";
     bool zst = segs[i].zst;
     auto each = [&](bool z) {
-      // Where the last read stopped in this plain segment: the lines before it are all <= since.
-      uint64_t from = !z && pos && pos->segment == segs[i].first ? pos->offset : 0;
+      // Where the last read stopped in this segment: the lines before it are all <= since.
+      uint64_t from = pos && pos->segment == segs[i].first && pos->zst == z ? pos->offset : 0;
       return for_each_line(
           z ? base + ".zst" : base, z,
           [&](std::string_view l, uint64_t end) {
             auto s = line_seq(l);
             if (!s || *s <= since) return true;
-            if (pos) *pos = z ? ReadPos{} : ReadPos{segs[i].first, end};
+            if (pos) *pos = ReadPos{segs[i].first, end, z};
             return fn(*s, l);
           },
           from);

@@ -82,11 +82,12 @@ class Journal {
   /// Waits for compressions under way (used at shutdown), running the loop if it must.
   void flush();
 
-  /// Where a read stopped in a plain (not yet compressed) segment, so that the next read from
-  /// there need not scan the segment from its start (a client catching up reads it often).
+  /// Where a read stopped in a segment, so that the next read from there need not scan the
+  /// segment from its start (a client catching up reads it often).
   struct ReadPos {
     uint64_t segment = 0;  // the segment's first seq; 0: no position
-    uint64_t offset = 0;   // just past the last line given to fn
+    uint64_t offset = 0;   // plain: just past the last line given to fn; .zst: its frame's offset
+    bool zst = false;
   };
 
   /// Calls `fn(seq, line)` for every event with seq > since, in order, from the files under

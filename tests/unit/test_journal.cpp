@@ -179,3 +179,32 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a read resumes where the last one stopp
   CHECK(again.front().first == 4);
   (*j)->flush();
 }
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a compressed segment is read on from the frame of the last line") {
+  auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 2u << 20});
+  REQUIRE(j);
+  const std::string pad(1000, 'x');
+  for (int i = 0; i < 2500; ++i) (*j)->append({{"type", "t"}, {"i", i}, {"pad", pad}});
+  (*j)->flush();  // the first segment (2 MiB) sealed and compressed
+  REQUIRE(std::filesystem::exists(dir / "00000000000000000001.jsonl.zst"));
+  journal::Journal::ReadPos pos;
+  uint64_t since = 0, zst_resumes = 0;
+  std::vector<uint64_t> got;
+  while (since < 2500) {
+    if (pos.zst && pos.offset > 0) ++zst_resumes;
+    int n = 0;
+    REQUIRE(journal::Journal::read(
+        dir.string(), since,
+        [&](uint64_t s, std::string_view l) {
+          CHECK(l.find("\"pad\"") != std::string_view::npos);
+          got.push_back(s);
+          since = s;
+          return ++n < 100;
+        },
+        &pos));
+  }
+  REQUIRE(got.size() == 2500);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == i + 1);
+  // Frames of ~512 KiB in a 2 MiB segment: reads after the first frame start past it.
+  CHECK(zst_resumes >= 10);
+}
