@@ -26,6 +26,7 @@ void Box::start_server() {
   so.tls_cert = opts_.tls_cert;
   so.tls_key = opts_.tls_key;
   if (auto* q = std::getenv("SANDBOXER_WS_QUEUE_BYTES")) so.queue_bytes = std::strtoull(q, nullptr, 10);
+  if (auto* r = std::getenv("SANDBOXER_WS_RECENT_BYTES")) so.recent_bytes = std::strtoull(r, nullptr, 10);
   if (auto* t = std::getenv("SANDBOXER_WS_STALL_SECONDS")) so.stall_s = std::max(1, std::atoi(t));
   server_ = std::make_unique<Server>(*this, loop_, so);
   if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), so.addr, server_->port());

@@ -107,6 +107,15 @@ struct Server::Impl {
   uint64_t drain_started_ms = 0;
   loop::UvHandle<uv_timer_t> drain_timer;
   loop::UvHandle<uv_timer_t> stall_timer;  // looks for clients that take nothing (stall_s)
+  // Every event published since the earliest cursor of a client catching up (not live), with
+  // contiguous seqs, at most opts.recent_bytes; empty while every client is live.
+  struct Recent {
+    uint64_t seq;
+    FrameBuf buf;
+    std::optional<std::string> branch;
+  };
+  std::deque<Recent> recent;
+  size_t recent_size = 0;
 
   Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
 
@@ -191,16 +200,65 @@ struct Server::Impl {
 
   void on_event(const journal::Event& e) {
     FrameBuf shared;  // one copy of the event for every client it goes to (OutFrame)
+    bool behind = false;
     for (auto& [id, c] : clients) {
-      if (!c->subscribed || !c->live || e.seq <= c->cursor) continue;
+      if (!c->subscribed) continue;
+      if (!c->live) {
+        behind = behind || !c->peer_closed;
+        continue;
+      }
+      if (e.seq <= c->cursor) continue;
       c->cursor = e.seq;
       if (!wants(*c, e.obj) || c->peer_closed) continue;
       if (!shared) shared = frame_buf(e.line);
       enqueue(*c, shared, false, e.seq);
-      // Past the bound the client reads the journal (pump) from `cursor` on, at its own pace,
-      // and goes live again once it has caught up: nothing is queued twice or skipped.
-      if (c->q_bytes > opts.queue_bytes) c->live = false;
+      // Past the bound the client reads `recent` or the journal (pump) from `cursor` on, at its own
+      // pace, and goes live again once it has caught up: nothing is queued twice or skipped.
+      if (c->q_bytes > opts.queue_bytes) {
+        c->live = false;
+        behind = true;
+      }
     }
+    if (!behind) return drop_recent();
+    if (!recent.empty() && e.seq != recent.back().seq + 1) drop_recent();  // never a gap
+    if (!shared) shared = frame_buf(e.line);
+    std::optional<std::string> branch;
+    if (auto* b = e.obj.if_contains("branch"); b && b->is_string()) branch = std::string(b->as_string());
+    recent_size += shared->size();
+    recent.push_back({e.seq, std::move(shared), std::move(branch)});
+    while (recent_size > opts.recent_bytes) pop_recent();
+  }
+
+  void pop_recent() {
+    recent_size -= recent.front().buf->size();
+    recent.pop_front();
+  }
+  void drop_recent() {
+    recent.clear();
+    recent_size = 0;
+  }
+  // Lets go of what every client catching up has already taken.
+  void trim_recent() {
+    uint64_t oldest = UINT64_MAX;
+    for (auto& [id, c] : clients)
+      if (c->subscribed && !c->live && !c->peer_closed) oldest = std::min(oldest, c->cursor);
+    if (oldest == UINT64_MAX) return drop_recent();
+    while (!recent.empty() && recent.front().seq <= oldest) pop_recent();
+  }
+
+  // Refills a client catching up from `recent` when its cursor is within it; false when not.
+  bool refill_from_recent(Client& c) {
+    if (recent.empty() || c.cursor + 1 < recent.front().seq || c.cursor >= recent.back().seq) return false;
+    size_t i = static_cast<size_t>(c.cursor + 1 - recent.front().seq);  // contiguous seqs
+    for (; i < recent.size() && c.q_bytes < kHighWater; ++i) {
+      const Recent& r = recent[i];
+      c.cursor = r.seq;
+      if (!c.branch || r.branch == c.branch) enqueue(c, r.buf, false, r.seq);
+    }
+    c.replay_pos = {};
+    // Everything published is queued: the listener delivers from here on (one thread).
+    if (i == recent.size()) c.live = true;
+    return true;
   }
 
   // Owed frames (queued, a download, or journal still to replay) and nothing taken for stall_s.
@@ -243,6 +301,7 @@ struct Server::Impl {
         if (last) c.downloads.pop_front();
         continue;
       }
+      if (c.subscribed && !c.live && refill_from_recent(c)) continue;
       if (c.subscribed && !c.live) {
         size_t bytes = 0;
         bool stopped = false;
@@ -285,6 +344,7 @@ struct Server::Impl {
       }
       break;
     }
+    if (!recent.empty()) trim_recent();
   }
 
   // True when the client has sent bytes not read yet: they are read (a Close answered, a request

@@ -22,8 +22,11 @@ struct ServerOptions {
   std::string token;              // required, never empty
   std::string tls_cert, tls_key;  // both or neither
   size_t queue_bytes = 8u << 20;  // per client; past it: served from the journal until caught up
-  int stall_s = 30;               // a client taking nothing for this long while owed frames: 4008
-  int auth_timeout_s = 10;        // a client without a token header must authenticate by then
+  // The events published while some client is catching up, held once for all of them: a client
+  // whose cursor is within them reads them from memory, one further behind reads the journal.
+  size_t recent_bytes = 32u << 20;
+  int stall_s = 30;         // a client taking nothing for this long while owed frames: 4008
+  int auth_timeout_s = 10;  // a client without a token header must authenticate by then
   // Before authentication a client is anyone who can reach the port: it may hold this many
   // connections in all (past it: HTTP 503), and send frames of this many bytes (past it: 1009).
   int max_unauthenticated = 64;

@@ -9,6 +9,8 @@ import socket
 import sys
 import time
 
+import pytest
+
 from websockets.exceptions import ConnectionClosed
 
 from sbxtest import PROBE, Session, WsBox, run, ws_connect
@@ -162,12 +164,17 @@ async def read_all(box, delay=0.0):
         yield s.events + [json.loads(m) for m in frames]
 
 
-def test_lagging_clients_get_every_byte_once_in_order_and_only_a_non_reader_gets_4008(tmp_path):
+@pytest.mark.parametrize("recent", ["0", str(1 << 20), None], ids=["journal", "both", "memory"])
+def test_lagging_clients_get_every_byte_once_in_order_and_only_a_non_reader_gets_4008(tmp_path, recent):
     # 4 MiB through a 64 KiB queue bound: every client falls behind the live stream many times
-    # (each read of the agent's output is an event of up to 128 KiB) and catches up from the
-    # journal; 48 read at once, one reads slowly, one reads nothing until long after the end.
+    # (each read of the agent's output is an event of up to 128 KiB) and catches up: from the
+    # journal on disk, from the events held in memory for clients catching up (`recent`, 32 MiB by
+    # default), or from both in turn; 48 read at once, one reads slowly, one reads nothing until
+    # long after the end.
     n = 4 << 20
     env = {**os.environ, "SANDBOXER_WS_QUEUE_BYTES": str(64 << 10), "SANDBOXER_WS_STALL_SECONDS": "2"}
+    if recent is not None:
+        env["SANDBOXER_WS_RECENT_BYTES"] = recent
     with WsBox(tmp_path, gated_spew(n), env=env) as box:
         async def go():
             readers = [read_all(box) for _ in range(48)] + [read_all(box, delay=0.02)]
