@@ -273,7 +273,8 @@ std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const st
 std::vector<Copy> copy_into_boxes(Session& s, const std::vector<sdk::Endpoint>& boxes, const std::string& snap,
                                   std::vector<std::string>& failures) {
   auto t0 = std::chrono::steady_clock::now();
-  Relay relay(s.loop(), s.endpoint(), snap);
+  std::string base = common_base(s, boxes, snap);
+  Relay relay(s.loop(), s.endpoint(), snap, base);
   if (auto r = relay.start(); !r) {
     failures.push_back(r.error().message);
     return {};
@@ -285,7 +286,8 @@ std::vector<Copy> copy_into_boxes(Session& s, const std::vector<sdk::Endpoint>& 
     copies[i].target = relay.add_target(boxes[i]);
   }
   relay.seal();
-  std::cerr << "sending " << snap << " from " << s.url() << " into " << boxes.size() << " box(es)\n";
+  std::cerr << "sending " << snap << " from " << s.url() << " into " << boxes.size() << " box(es)"
+            << (base.empty() ? std::string() : " as a delta against " + base + ", which they all have") << "\n";
   relay.on_done([&] { s.stop(); });
   s.on_interrupt([&] { relay.abort("interrupted"); });
   if (!relay.done()) s.run();

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
 
 #include "archive/archive.hpp"
 #include "archive/hash.hpp"
@@ -37,7 +39,7 @@ struct Relay::Impl {
   Relay* self;
   uv_loop_t* loop;
   sdk::Endpoint source_ep;
-  std::string snapshot, spool_path;
+  std::string snapshot, base, spool_path;
   os::UniqueFd spool;
   std::unique_ptr<Client> source;
   archive::Sha256 sha;
@@ -96,7 +98,8 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
       return fail_source("the export ended at byte " + std::to_string(received) + " of " + std::to_string(size),
                          "bad_frame");
     // The id is the start of the archive's sha256: nothing is imported that does not hash to it.
-    if ("s-" + sha.hex().substr(0, 16) != snapshot)
+    // (A delta is no archive: each target hashes the archive its chunks make.)
+    if (base.empty() && "s-" + sha.hex().substr(0, 16) != snapshot)
       return fail_source("the archive received does not hash to " + snapshot, "bad_snapshot");
     complete = true;
     source_finished = true;
@@ -158,12 +161,14 @@ void Relay::Impl::check_done() {
   if (self->on_done_) self->on_done_();
 }
 
-Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot) : impl_(std::make_unique<Impl>()) {
+Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string base)
+    : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
   m.self = this;
   m.loop = loop;
   m.source_ep = std::move(source);
   m.snapshot = std::move(snapshot);
+  m.base = std::move(base);
 }
 
 Relay::~Relay() = default;
@@ -177,7 +182,7 @@ base::Result<void> Relay::start() {
     return base::fail(e.what(), "local");
   }
   if (auto r = os::make_dirs(home, 0700); !r) return base::fail("create " + home + ": " + r.error().message(), "local");
-  m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + ".tar.zst";
+  m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + (m.base.empty() ? ".tar.zst" : ".delta");
   m.spool.reset(::open(m.spool_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!m.spool) return base::fail(m.spool_path + ": " + os::last_error().message(), "local");
   m.source = std::make_unique<Client>(m.loop, m.source_ep);
@@ -191,7 +196,9 @@ base::Result<void> Relay::start() {
       [&m](uint32_t, uint64_t off, bool last, std::string_view data) { m.on_source_frame(off, last, data); });
   m.source->connect([&m](const std::string& err) {
     if (!err.empty()) return m.fail_source("connect to " + m.source_ep.url + ": " + err, "connect");
-    m.source->request({{"op", "snapshot.export"}, {"snapshot", m.snapshot}}, [&m](const json::object& rep) {
+    json::object req{{"op", "snapshot.export"}, {"snapshot", m.snapshot}};
+    if (!m.base.empty()) req["base"] = m.base;
+    m.source->request(std::move(req), [&m](const json::object& rep) {
       if (!reply_ok(rep)) {
         auto e = reply_error(rep);
         return m.fail_source(e.message, e.code);
@@ -258,5 +265,39 @@ std::vector<base::Result<json::object>> Relay::targets() const {
 }
 
 uint64_t Relay::size() const { return impl_->size; }
+
+namespace {
+// Snapshot id -> its `created` time, from a box's snapshot.list; nullopt when the list fails.
+std::optional<std::map<std::string, std::string>> snapshots_of(Session& s, const sdk::Endpoint& box) {
+  auto r = s.call_to(box, {{"op", "snapshot.list"}});
+  if (!r) return std::nullopt;
+  std::map<std::string, std::string> out;
+  auto* list = r->if_contains("snapshots");
+  if (!list || !list->is_array()) return std::nullopt;
+  for (auto& v : list->as_array()) {
+    auto* m = v.if_object();
+    auto* id = m ? m->if_contains("id") : nullptr;
+    auto* created = m ? m->if_contains("created") : nullptr;
+    if (id && id->is_string())
+      out[std::string(id->as_string())] = created && created->is_string() ? std::string(created->as_string()) : "";
+  }
+  return out;
+}
+}  // namespace
+
+std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
+  if (targets.empty()) return {};
+  auto mine = snapshots_of(s, s.endpoint());
+  if (!mine) return {};
+  mine->erase(snap);
+  for (auto& t : targets) {
+    auto theirs = snapshots_of(s, t);
+    if (!theirs) return {};
+    std::erase_if(*mine, [&](auto& kv) { return !theirs->contains(kv.first); });
+  }
+  // The newest shares the most with `snap`, as a rule: a box's snapshots follow one agent.
+  auto best = std::max_element(mine->begin(), mine->end(), [](auto& a, auto& b) { return a.second < b.second; });
+  return best == mine->end() ? std::string() : best->first;
+}
 
 }  // namespace sbx::cli

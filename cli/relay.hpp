@@ -13,6 +13,9 @@
 //   partial archive is never imported.
 // - Each outcome is reported: the source's (the export's reply, or why it failed) and each
 //   target's (its snapshot.import reply, or why it failed). One target's failure is its own.
+// - With a base (common_base: a snapshot every target already has), the export is a delta, only
+//   the chunks the base lacks (checkpoint/README.md, "Deltas"); each target checks that the archive
+//   those chunks make hashes to the snapshot's id, as the relay does for a whole archive.
 #include <uv.h>
 
 #include <boost/json.hpp>
@@ -30,7 +33,7 @@ class Relay {
  public:
   /// On `loop` (run by the caller). The archive is spooled in a file of its own in the CLI's
   /// state dir (tokens.hpp), removed with the Relay.
-  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot);
+  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string base = {});
   ~Relay();
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
@@ -51,6 +54,7 @@ class Relay {
   const base::Result<boost::json::object>& source() const;
   /// Per target: its snapshot.import reply ({"ok": true, "snapshot", ...}), or why it failed.
   std::vector<base::Result<boost::json::object>> targets() const;
+  /// Bytes sent: the archive's, or the delta's with a base.
   uint64_t size() const;
 
   struct Impl;
@@ -59,5 +63,11 @@ class Relay {
   std::unique_ptr<Impl> impl_;
   std::function<void()> on_done_;
 };
+
+class Session;
+
+/// The newest snapshot of the source other than `snap` that every target has, "" when there is
+/// none (or a list fails: the whole archive then goes, and the failure shows where it matters).
+std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap);
 
 }  // namespace sbx::cli

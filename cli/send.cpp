@@ -5,6 +5,9 @@
 // and hashed to its id. One line per target that has it, on stdout: <URL> <SNAPSHOT>.
 // Tokens: --token-file for the source; --to-token-file once for every target, or once per --to in
 // the same order; without it each target's is SANDBOXER_TOKEN or the one stored for its URL.
+// The targets are asked which snapshots they have first: when all of them have one of the
+// source's, only the chunks that snapshot lacks go (a delta; stderr names its base), unless
+// --whole.
 #include <iostream>
 
 #include "archive/archive.hpp"
@@ -18,11 +21,13 @@ namespace sbx::cli {
 namespace json = boost::json;
 
 namespace {
-const char* kSendUsage = "usage: sandboxer send URL SNAPSHOT --to URL... [--token-file F] [--to-token-file F]...";
+const char* kSendUsage =
+    "usage: sandboxer send URL SNAPSHOT --to URL... [--token-file F] [--to-token-file F]... [--whole]";
 }  // namespace
 
 int cmd_send(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = kSendUsage, .options = {"--to", "--to-token-file"}}));
+  auto a = parse_args(args,
+                      remote_spec({.usage = kSendUsage, .flags = {"--whole"}, .options = {"--to", "--to-token-file"}}));
   a.expect_positionals(2);
   const auto& snap = a.positionals()[1];
   if (!archive::valid_snapshot_id(snap)) a.fail(snap + ": not a snapshot id (s- and 16 hex digits)");
@@ -30,7 +35,8 @@ int cmd_send(const std::vector<std::string>& args) {
   if (to.empty()) a.fail("no target (--to URL)");
   Session s("send", a.positionals()[0], a);
   std::vector<sdk::Endpoint> targets = target_endpoints(a, s.endpoint().insecure);
-  Relay relay(s.loop(), s.endpoint(), snap);
+  std::string base = a.has("--whole") ? "" : common_base(s, targets, snap);
+  Relay relay(s.loop(), s.endpoint(), snap, base);
   if (auto r = relay.start(); !r) return s.fail(r.error());
   for (auto& t : targets) relay.add_target(t);
   relay.seal();
@@ -50,10 +56,18 @@ int cmd_send(const std::vector<std::string>& args) {
       status = kExitFailed;
       continue;
     }
-    std::cout << to[i] << " " << json::value_to<std::string>(results[i]->at("snapshot")) << "\n";
+    auto* got = results[i]->if_contains("snapshot");
+    if (!got || *got != json::value(snap)) {
+      s.fail(base::fail("its import names " + (got ? json::serialize(*got) : "no snapshot"), "bad_reply"),
+             "import into " + to[i]);
+      status = kExitFailed;
+      continue;
+    }
+    std::cout << to[i] << " " << snap << "\n";
   }
   if (status == kExitOk)
-    std::cerr << "sent " << snap << " (" << relay.size() << " bytes) to " << to.size() << " box(es)\n";
+    std::cerr << "sent " << snap << " (" << relay.size() << " bytes"
+              << (base.empty() ? std::string() : ", a delta against " + base) << ") to " << to.size() << " box(es)\n";
   return status;
 }
 

@@ -122,13 +122,13 @@ int Session::fail(const base::Error& e, std::string_view what) const {
   return kExitFailed;
 }
 
-base::Result<json::object> Session::request(json::object req) {
-  Client c(&loop_, endpoint_);
+base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::object req) {
+  Client c(&loop_, box);
   base::Result<json::object> result = base::fail("the connection closed first", "closed");
   c.on_close([&](int, const std::string&) { stop(); });
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
-      result = base::fail("connect to " + url() + ": " + err, "connect");
+      result = base::fail("connect to " + box.url + ": " + err, "connect");
       return stop();
     }
     c.request(std::move(req), [&](const json::object& r) {
@@ -143,8 +143,8 @@ base::Result<json::object> Session::request(json::object req) {
   return result;
 }
 
-base::Result<json::object> Session::call(json::object req) {
-  auto r = request(std::move(req));
+base::Result<json::object> Session::call_to(const sdk::Endpoint& box, json::object req) {
+  auto r = request_to(box, std::move(req));
   if (r && !reply_ok(*r)) return reply_error(*r);
   return r;
 }

@@ -59,9 +59,12 @@ class Session {
 
   /// One request on a connection of its own: the box's reply, ok or not; an error only when
   /// no reply came (the connection failed or closed first, or an interrupt).
-  base::Result<boost::json::object> request(boost::json::object req);
+  base::Result<boost::json::object> request(boost::json::object req) { return request_to(endpoint_, std::move(req)); }
   /// As request(), and a reply that is not ok is an error too.
-  base::Result<boost::json::object> call(boost::json::object req);
+  base::Result<boost::json::object> call(boost::json::object req) { return call_to(endpoint_, std::move(req)); }
+  /// The same, to another box (a target of send, fork or migrate).
+  base::Result<boost::json::object> request_to(const sdk::Endpoint& box, boost::json::object req);
+  base::Result<boost::json::object> call_to(const sdk::Endpoint& box, boost::json::object req);
   /// One file out of the box: `req`'s reply, then binary frames written to `local_path`
   /// (created or truncated). Error: the box's, the connection's or the local file's.
   base::Result<boost::json::object> download(boost::json::object req, const std::string& local_path);

@@ -34,11 +34,11 @@ def sandboxer(*args, env=None, timeout=120):
 
 
 @contextlib.contextmanager
-def source_and_idle_boxes(tmp_path, n):
+def source_and_idle_boxes(tmp_path, n, agent=COUNTER):
     """Box A counting in memory, and `n` idle boxes (no agent), each with its own token."""
     with contextlib.ExitStack() as stack:
         (tmp_path / "a").mkdir()
-        a = stack.enter_context(WsBox(tmp_path / "a", ["python3", "-c", COUNTER],
+        a = stack.enter_context(WsBox(tmp_path / "a", ["python3", "-c", agent],
                                       extra=["--set", "resources.grace=1s"]))
         idle = []
         for i in range(n):
@@ -283,3 +283,40 @@ def request_of(box, req):
         async with ws_connect(box) as ws:
             return await Session(ws).request(req.pop("op"), timeout=30, **req)
     return asyncio.run(go())
+
+
+def sent_bytes(stderr):
+    line = next(l for l in stderr.splitlines() if l.startswith("sent "))
+    return int(line.split("(", 1)[1].split(" bytes", 1)[0])
+
+
+def test_send_and_fork_to_boxes_that_share_a_snapshot_move_only_what_it_lacks(tmp_path):
+    # The agent holds 8 MiB it never changes: between two checkpoints only its counter moves.
+    holder = "import os\nkeep = os.urandom(8 << 20)\n" + COUNTER
+    with source_and_idle_boxes(tmp_path, 2, agent=holder) as (a, (t, u)):
+        s1 = checkpoint(a)
+        first = send(a, s1, [t, u])
+        assert first.returncode == 0 and "delta" not in first.stderr, first.stderr
+        whole = sent_bytes(first.stderr)
+        assert whole > 8 << 20  # random bytes do not compress
+        s2 = checkpoint(a)
+        # Both targets have s1: only the chunks s1 lacks go, and each has s2 after.
+        r = send(a, s2, [t])
+        assert r.returncode == 0 and f"a delta against {s1}" in r.stderr, r.stderr
+        assert r.stdout.split() == [t.url, s2]
+        assert sent_bytes(r.stderr) < whole // 4, (sent_bytes(r.stderr), whole)
+        imported = [e for e in t.read_events() if e["type"] == "snapshot.imported"]
+        assert imported[-1]["snapshot"] == s2 and imported[-1]["base"] == s1, imported[-1]
+        # --whole: the archive itself, as before.
+        w = sandboxer("send", a.url, s2, "--token-file", str(a.token_file), "--to", u.url, "--to-token-file",
+                      str(u.token_file), "--whole")
+        assert w.returncode == 0 and "delta" not in w.stderr and sent_bytes(w.stderr) > 8 << 20, w.stderr
+        # A fork into a box that has s1 (and s2): a delta of s3 against s2, the newest they share, restored live.
+        at = max(numbers(a))
+        s3 = checkpoint(a)
+        f = sandboxer("fork", a.url, "--snapshot", s3, "--token-file", str(a.token_file), *to_args([t]))
+        assert f.returncode == 0 and f"as a delta against {s2}" in f.stderr, f.stderr
+        seen = wait_numbers(t)
+        assert seen and seen[0] > at, (seen[:3], at)
+        done = next(e for e in t.read_events() if e["type"] == "restore.done")
+        assert (done["mode"], done["snapshot"]) == ("live", s3), done
