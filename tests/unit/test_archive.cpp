@@ -1,9 +1,12 @@
 // The checkpoint archive: round trip, and refusal of corrupted, truncated and unsafe archives.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -94,6 +97,34 @@ TEST_CASE("archive: a tree goes in and comes back out the same, with its manifes
   CHECK(get(t.path / "out/criu/core-1.img") == std::string(100000, 'x'));
   CHECK(fs::read_symlink(t.path / "out/fs/workspace/link") == "a.txt");
   CHECK(fs::is_directory(t.path / "out/fs/tmp/empty"));
+}
+
+TEST_CASE("archive: a write the file system refuses fails the archive, naming why, and leaves no file") {
+  TempDir t;
+  // 6 MiB that do not compress, into a file the process may grow to 1 MiB only (EFBIG).
+  std::string noise(6u << 20, '\0');
+  uint64_t x = 88172645463325252ull;
+  for (auto& c : noise) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  put(t.path / "src/criu/pages-1.img", noise);
+  struct rlimit old {};
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  auto old_xfsz = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1u << 20;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst");
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_xfsz);
+  REQUIRE_FALSE(info.has_value());
+  CHECK_MESSAGE(why(info).find("File too large") != std::string::npos, why(info));
+  CHECK_FALSE(fs::exists(t.path / "a.tar.zst"));
+  // The same archive without the limit: written whole.
+  auto again = write(t.path / "src", manifest(), t.path / "a.tar.zst");
+  REQUIRE_MESSAGE(again.has_value(), why(again));
+  CHECK(again->compressed_bytes > (6u << 20));
 }
 
 TEST_CASE("archive: damaged archives are refused with the reason and leave nothing behind") {
