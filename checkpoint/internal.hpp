@@ -10,6 +10,9 @@
 #include <memory>
 #include <string>
 
+#include "archive/archive.hpp"
+#include "base/result.hpp"
+
 namespace sbx::checkpoint::detail {
 
 inline std::shared_ptr<spdlog::logger> log() {
@@ -36,5 +39,16 @@ inline constexpr const char* kPipeRoles[] = {"requests", "reports",          "st
 
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);
+
+/// An archive received into the store's dir `dir` (the file `tmp`): extracted and checked while a
+/// second thread hashes it (its id), then filed as <id>.tar.zst with its extraction as <id>.d,
+/// neither replacing what is there. Errors: bad_snapshot, untrusted; `tmp` is left to the caller.
+struct Filed {
+  std::string id;
+  boost::json::object manifest;  // with "verified"
+  bool existing = false;         // the store had this archive already
+};
+base::Result<Filed> extract_and_file(const std::string& tmp, const std::string& dir,
+                                     const archive::ImportPolicy& policy);
 
 }  // namespace sbx::checkpoint::detail

@@ -80,9 +80,38 @@ std::optional<json::object> complete_manifest(const std::string& d) {
   return v.as_object();
 }
 
-// Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d unless
-// another extraction of the same archive got there first (then that one is the result): the
-// manifest, with "verified". Errors have the code bad_snapshot, or untrusted.
+// Moves a checked extraction `tmp` (its manifest `m`, with "verified") to `dst` unless another
+// extraction of the same archive got there first (then that one is the result).
+base::Result<json::object> place_extraction(const std::string& tmp, json::object m, const std::string& dst) {
+  auto bad = [&tmp](std::string msg) {
+    os::remove_tree(tmp);
+    return base::fail(std::move(msg), "bad_snapshot");
+  };
+  auto w = os::write_file_atomic(tmp + "/manifest.json", json::serialize(m) + "\n");
+  if (w) w = os::write_file_atomic(tmp + "/.complete", "");
+  if (!w) return bad("store the extracted snapshot: " + w.error().message());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0) return m;
+    if (errno != EEXIST && errno != ENOTEMPTY) break;
+    if (auto other = complete_manifest(dst)) {  // a concurrent extraction finished first
+      os::remove_tree(tmp);
+      return std::move(*other);
+    }
+    os::remove_tree(dst);  // a leftover of an extraction that never completed
+  }
+  return bad("store the extracted snapshot: " + std::string(std::strerror(errno)));
+}
+
+json::object with_verified(archive::Extracted& x) {
+  json::object m = std::move(x.manifest);
+  m["verified"] = x.trusted ? json::object{{"trusted", true}, {"key", x.signer}}
+                            : json::object{{"trusted", false}, {"why", x.why_untrusted}};
+  return m;
+}
+
+// Extracts and checks base.tar.zst into a directory of its own, then moves it to base.d
+// (place_extraction): the manifest, with "verified". Errors have the code bad_snapshot, or
+// untrusted.
 // `chunks`: the snapshot is kept in the chunk store `store` (each chunk checked against its hash
 // as it is read, the whole stream against the list's, which names the id).
 base::Result<json::object> extract_snapshot(const std::string& base, const std::string& id,
@@ -105,31 +134,45 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
     }
   }
   if (!x) return x.error();
-  json::object m = std::move(x->manifest);
-  m["verified"] = x->trusted ? json::object{{"trusted", true}, {"key", x->signer}}
-                             : json::object{{"trusted", false}, {"why", x->why_untrusted}};
-  auto w = os::write_file_atomic(tmp + "/manifest.json", json::serialize(m) + "\n");
-  if (w) w = os::write_file_atomic(tmp + "/.complete", "");
-  if (!w) {
-    os::remove_tree(tmp);
-    return bad("store the extracted snapshot: " + w.error().message());
-  }
-  std::string dst = base + ".d";
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE) == 0) return m;
-    if (errno != EEXIST && errno != ENOTEMPTY) break;
-    if (auto other = complete_manifest(dst)) {  // a concurrent extraction finished first
-      os::remove_tree(tmp);
-      return std::move(*other);
-    }
-    os::remove_tree(dst);  // a leftover of an extraction that never completed
-  }
-  auto why = bad("store the extracted snapshot: " + std::string(std::strerror(errno)));
-  os::remove_tree(tmp);
-  return why;
+  return place_extraction(tmp, with_verified(*x), base + ".d");
 }
 
 }  // namespace
+
+base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, const std::string& dir,
+                                                     const archive::ImportPolicy& policy) {
+  // The id is the archive's hash, taken beside the extraction (not in a pass of its own before it).
+  auto sha = std::async(std::launch::async, [tmp] { return archive::sha256_file(tmp); });
+  std::string xdir = dir + "/.import-" + os::random_hex(6) + ".d";
+  auto x = archive::extract_archive(tmp, xdir, policy);
+  auto got = sha.get();
+  if (!got) {
+    if (x) os::remove_tree(xdir);
+    return base::fail(got.error().message, "bad_snapshot");
+  }
+  if (!x) return x.error();
+  Filed f;
+  f.id = "s-" + got->substr(0, 16);
+  std::string base = dir + "/" + f.id;
+  // Filed under its id without replacing anything: a second import of the same archive (even one
+  // at the same moment) finds it there and says so.
+  if (::link(tmp.c_str(), (base + ".tar.zst").c_str()) == 0) {
+    ::unlink(tmp.c_str());
+  } else if (errno == EEXIST) {
+    f.existing = true;  // the same content is here already: its id says so
+    ::unlink(tmp.c_str());
+  } else {
+    os::remove_tree(xdir);
+    return base::fail("store the archive: " + std::string(std::strerror(errno)), "bad_snapshot");
+  }
+  auto m = place_extraction(xdir, with_verified(*x), base + ".d");
+  if (!m) {
+    if (!f.existing) ::unlink((base + ".tar.zst").c_str());
+    return m.error();
+  }
+  f.manifest = std::move(*m);
+  return f;
+}
 
 void Checkpointer::with_extracted(const std::string& id, Extracted fn) {
   std::string base = snap_dir_ + "/" + id;

@@ -266,59 +266,40 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
     }
   // A delta (snapshot.export with a base) goes into the chunk store beside its base.
   if (archive::is_delta(tmp)) return import_delta(tmp, std::move(done), announce);
+  auto policy = import_policy();
+  if (!policy) {
+    ::unlink(tmp.c_str());
+    return done(error_reply(policy.error().code, policy.error().message));
+  }
   ++ops_;
   struct State {
-    std::string err, id;
+    base::Result<Filed> filed = base::fail("", "bad_snapshot");
     uint64_t bytes = 0;
-    bool existing = false;
   };
   auto st = std::make_shared<State>();
-  std::string dir = snap_dir_;
   offload(
-      [tmp, dir, st] {
+      [tmp, dir = snap_dir_, st, policy = std::move(*policy)] {
         struct stat sb {};
         if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
-        auto sha = archive::sha256_file(tmp);
-        if (!sha) {
-          st->err = sha.error().message;
-          return;
-        }
-        st->id = "s-" + sha->substr(0, 16);
-        std::string dst = dir + "/" + st->id + ".tar.zst";
-        // Filed under its id without replacing anything: a second import of the same archive
-        // (even one at the same moment) finds it there and says so.
-        if (::link(tmp.c_str(), dst.c_str()) == 0) {
-          ::unlink(tmp.c_str());
-        } else if (errno == EEXIST) {
-          st->existing = true;  // the same content is here already: its id says so
-          ::unlink(tmp.c_str());
-        } else {
-          st->err = "store the archive: " + std::string(std::strerror(errno));
-        }
+        // Verified whole here (its signature, every entry against the manifest, the format
+        // version), so an untrusted, corrupted or truncated upload is refused now and not at its
+        // first restore; the extraction stays for that restore.
+        st->filed = extract_and_file(tmp, dir, policy);
       },
       [this, tmp, st, announce, done = std::move(done)] {
-        if (!st->err.empty()) {
+        if (!st->filed) {
           ::unlink(tmp.c_str());
-          done(error_reply("bad_snapshot", st->err));
+          const std::string& e = st->filed.error().message;
+          log()->warn("import refused: {}", e);
+          done(error_reply(st->filed.error().code,
+                           e.starts_with("the archive is refused") ? e : "the archive is refused: " + e));
           return op_done();
         }
-        // Verify it whole now (its signature, every entry against the manifest, the format
-        // version), so an untrusted, corrupted or truncated upload is refused here and not at
-        // its first restore.
-        with_extracted(st->id, [this, st, announce, done](base::Result<json::object> m) {
-          std::string base = snap_dir_ + "/" + st->id;
-          if (!m) {
-            if (!st->existing) ::unlink((base + ".tar.zst").c_str());
-            const std::string& e = m.error().message;
-            log()->warn("import refused: {}", e);
-            done(error_reply(m.error().code,
-                             e.starts_with("the archive is refused") ? e : "the archive is refused: " + e));
-            return op_done();
-          }
-          json::object index = *m;
-          index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
-          imported(st->id, std::move(index), {{"bytes", st->bytes}, {"existing", st->existing}}, announce, done);
-        });
+        Filed& f = *st->filed;
+        std::string base = snap_dir_ + "/" + f.id;
+        json::object index = std::move(f.manifest);
+        index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
+        imported(f.id, std::move(index), {{"bytes", st->bytes}, {"existing", f.existing}}, announce, done);
       });
 }
 
