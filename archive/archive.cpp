@@ -1,7 +1,5 @@
 #include "archive/archive.hpp"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -27,6 +25,7 @@
 
 #include "archive/chunks.hpp"
 #include "archive/hash.hpp"
+#include "archive/libarchive.hpp"
 #include "base/encoding.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
@@ -38,6 +37,9 @@ namespace fs = std::filesystem;
 namespace json = boost::json;
 
 namespace {
+
+// The loaded library: only after the public function that got here checked libarchive().
+const LibArchive& la() { return **libarchive(); }
 
 // The archive's bytes, hashed (the snapshot's id) and written to its file (fd >= 0) on a thread of
 // its own, beside the thread that reads the files and feeds the compressor (inline, the hash was
@@ -187,7 +189,7 @@ int sink_close(struct archive*, void* data) {
 }
 
 struct ArchiveDeleter {
-  void operator()(struct archive* a) const { archive_write_free(a); }
+  void operator()(struct archive* a) const { la().archive_write_free(a); }
 };
 // Where libarchive's tar reader takes its bytes from: the file, decompressed here with libzstd.
 // libarchive's tar reader stops at the end-of-archive blocks and its own zstd filter would never
@@ -282,10 +284,10 @@ la_ssize_t source_read(struct archive*, void* data, const void** buf) {
 }
 
 struct ReadDeleter {
-  void operator()(struct archive* a) const { archive_read_free(a); }
+  void operator()(struct archive* a) const { la().archive_read_free(a); }
 };
 struct EntryDeleter {
-  void operator()(struct archive_entry* e) const { archive_entry_free(e); }
+  void operator()(struct archive_entry* e) const { la().archive_entry_free(e); }
 };
 
 // Relative paths under root, parents before children, in a stable order.
@@ -366,13 +368,13 @@ base::Result<void> plan_payload(const std::string& src_dir, std::vector<Planned>
 
 // A small regular entry (manifest.json, signature.json).
 bool write_blob(struct archive* a, const char* name, const std::string& text) {
-  std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
-  archive_entry_copy_pathname(e.get(), name);
-  archive_entry_set_filetype(e.get(), AE_IFREG);
-  archive_entry_set_perm(e.get(), 0644);
-  archive_entry_set_size(e.get(), static_cast<la_int64_t>(text.size()));
-  return archive_write_header(a, e.get()) == ARCHIVE_OK &&
-         archive_write_data(a, text.data(), text.size()) == static_cast<la_ssize_t>(text.size());
+  std::unique_ptr<struct archive_entry, EntryDeleter> e(la().archive_entry_new());
+  la().archive_entry_copy_pathname(e.get(), name);
+  la().archive_entry_set_filetype(e.get(), AE_IFREG);
+  la().archive_entry_set_perm(e.get(), 0644);
+  la().archive_entry_set_size(e.get(), static_cast<la_int64_t>(text.size()));
+  return la().archive_write_header(a, e.get()) == ARCHIVE_OK &&
+         la().archive_write_data(a, text.data(), text.size()) == static_cast<la_ssize_t>(text.size());
 }
 
 // One planned entry. The payload is the supervisor's own staging copy (in its state dir, which no
@@ -382,32 +384,32 @@ bool write_blob(struct archive* a, const char* name, const std::string& text) {
 std::string write_payload_entry(struct archive* a, const std::string& src_dir, const Planned& p,
                                 std::vector<char>& buf) {
   std::string full = (fs::path(src_dir) / p.rel).string();
-  std::unique_ptr<struct archive_entry, EntryDeleter> e(archive_entry_new());
-  archive_entry_copy_pathname(e.get(), p.rel.c_str());
-  archive_entry_set_perm(e.get(), p.st.st_mode & 07777);
-  archive_entry_set_uid(e.get(), p.st.st_uid);
-  archive_entry_set_gid(e.get(), p.st.st_gid);
-  archive_entry_set_mtime(e.get(), p.st.st_mtim.tv_sec, p.st.st_mtim.tv_nsec);
+  std::unique_ptr<struct archive_entry, EntryDeleter> e(la().archive_entry_new());
+  la().archive_entry_copy_pathname(e.get(), p.rel.c_str());
+  la().archive_entry_set_perm(e.get(), p.st.st_mode & 07777);
+  la().archive_entry_set_uid(e.get(), p.st.st_uid);
+  la().archive_entry_set_gid(e.get(), p.st.st_gid);
+  la().archive_entry_set_mtime(e.get(), p.st.st_mtim.tv_sec, p.st.st_mtim.tv_nsec);
   if (S_ISDIR(p.st.st_mode)) {
-    archive_entry_set_filetype(e.get(), AE_IFDIR);
-    return archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+    la().archive_entry_set_filetype(e.get(), AE_IFDIR);
+    return la().archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
   }
   if (S_ISLNK(p.st.st_mode)) {
-    archive_entry_set_filetype(e.get(), AE_IFLNK);
-    archive_entry_copy_symlink(e.get(), p.target.c_str());
-    return archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+    la().archive_entry_set_filetype(e.get(), AE_IFLNK);
+    la().archive_entry_copy_symlink(e.get(), p.target.c_str());
+    return la().archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
   }
   os::UniqueFd in(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!in) return "open " + full + ": " + std::strerror(errno);
-  archive_entry_set_filetype(e.get(), AE_IFREG);
-  archive_entry_set_size(e.get(), p.st.st_size);
-  if (archive_write_header(a, e.get()) != ARCHIVE_OK) return "archive";
+  la().archive_entry_set_filetype(e.get(), AE_IFREG);
+  la().archive_entry_set_size(e.get(), p.st.st_size);
+  if (la().archive_write_header(a, e.get()) != ARCHIVE_OK) return "archive";
   uint64_t left = static_cast<uint64_t>(p.st.st_size);
   while (left > 0) {
     ssize_t n = ::read(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return "read " + full + ": " + (n < 0 ? std::strerror(errno) : "the file shrank while it was archived");
-    if (archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n) return "archive";
+    if (la().archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n) return "archive";
     left -= static_cast<uint64_t>(n);
   }
   return "";
@@ -432,6 +434,7 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
 
 base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json::object manifest,
                                          const SnapshotOut& to, int level, const SigningKey* key) {
+  if (auto lib = libarchive(); !lib) return lib.error();
   const std::string& dst = to.archive;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
@@ -462,18 +465,18 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
   // Without a file the archive is still compressed and hashed: its hash is the snapshot's id, and
   // an export writes the same bytes again from the chunks.
   if (auto r = start_compressor(sink, out ? out.get() : -1, level); !r) return r.error();
-  std::unique_ptr<struct archive, ArchiveDeleter> a(archive_write_new());
-  archive_write_set_format_pax_restricted(a.get());
-  archive_write_set_bytes_per_block(a.get(), 1 << 20);
-  archive_write_set_bytes_in_last_block(a.get(), 1);
-  if (archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK)
-    return base::fail(std::string("start the archive: ") + archive_error_string(a.get()));
+  std::unique_ptr<struct archive, ArchiveDeleter> a(la().archive_write_new());
+  la().archive_write_set_format_pax_restricted(a.get());
+  la().archive_write_set_bytes_per_block(a.get(), 1 << 20);
+  la().archive_write_set_bytes_in_last_block(a.get(), 1);
+  if (la().archive_write_open2(a.get(), &sink, nullptr, sink_write, sink_close, nullptr) != ARCHIVE_OK)
+    return base::fail(std::string("start the archive: ") + la().archive_error_string(a.get()));
   auto fail = [&](const std::string& what) {
     auto e = base::fail(what + ": " +
                         (sink.error                  ? std::strerror(sink.error)
                          : !sink.zerror.empty()      ? "zstd: " + sink.zerror
                          : !sink.chunk_error.empty() ? sink.chunk_error
-                                                     : std::string(archive_error_string(a.get()))));
+                                                     : std::string(la().archive_error_string(a.get()))));
     if (!dst.empty()) ::unlink(dst.c_str());
     return e;
   };
@@ -489,7 +492,7 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
       return fail("write " + p.rel.string());
     }
   }
-  if (archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
+  if (la().archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
   if ((sink.error = sink.writer->finish()) != 0) return fail("write the archive");
   if (out && ::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
   ArchiveInfo info;
@@ -580,20 +583,21 @@ class Extractor {
       source_.fd = in_.get();
     }
     source_.limit = kMaxManifest + kMaxSignature + 4 * kEntryOverhead + kStreamOverhead;
-    archive_read_support_format_tar(a_.get());
-    if (archive_read_open(a_.get(), &source_, nullptr, source_read, nullptr) != ARCHIVE_OK)
+    la().archive_read_support_format_tar(a_.get());
+    if (la().archive_read_open(a_.get(), &source_, nullptr, source_read, nullptr) != ARCHIVE_OK)
       return fail("the archive is corrupted or truncated: " + why());
     struct archive_entry* e = nullptr;
     if (!next(e)) return std::nullopt;
-    if (!e || std::string_view(archive_entry_pathname(e)) != "manifest.json" || archive_entry_filetype(e) != AE_IFREG)
+    if (!e || std::string_view(la().archive_entry_pathname(e)) != "manifest.json" ||
+        la().archive_entry_filetype(e) != AE_IFREG)
       return fail(
           "the archive does not begin with manifest.json: it is of format 1 (from before signed "
           "archives; make it again with this version) or not a sandboxer archive");
     if (!read_blob(manifest_text_, kMaxManifest, "manifest.json") || !check_manifest()) return std::nullopt;
     if (!next(e)) return std::nullopt;
     std::string signature;
-    bool signed_ = e && std::string_view(archive_entry_pathname(e)) == "signature.json";
-    if (signed_ && archive_entry_filetype(e) != AE_IFREG)
+    bool signed_ = e && std::string_view(la().archive_entry_pathname(e)) == "signature.json";
+    if (signed_ && la().archive_entry_filetype(e) != AE_IFREG)
       return fail("the archive's signature.json is not a regular file");
     if (signed_ && !read_blob(signature, kMaxSignature, "signature.json")) return std::nullopt;
     check_signature(signed_, signature);
@@ -632,12 +636,12 @@ class Extractor {
   // What went wrong reading: the decompressor's word first (libarchive has none for it).
   std::string why() {
     if (!source_.error.empty()) return source_.error;
-    const char* e = archive_error_string(a_.get());
+    const char* e = la().archive_error_string(a_.get());
     return e ? e : "unreadable";
   }
   // The next header; `e` is null at the end of the tar stream.
   bool next(struct archive_entry*& e) {
-    int r = archive_read_next_header(a_.get(), &e);
+    int r = la().archive_read_next_header(a_.get(), &e);
     if (r == ARCHIVE_EOF) {
       e = nullptr;
       return true;
@@ -647,7 +651,7 @@ class Extractor {
   }
   bool read_blob(std::string& out, size_t cap, const char* name) {
     for (;;) {
-      la_ssize_t n = archive_read_data(a_.get(), buf_.data(), buf_.size());
+      la_ssize_t n = la().archive_read_data(a_.get(), buf_.data(), buf_.size());
       if (n < 0) return refuse("the archive is corrupted or truncated: " + why());
       if (n == 0) return true;
       out.append(buf_.data(), static_cast<size_t>(n));
@@ -664,7 +668,7 @@ class Extractor {
 
   const ImportPolicy& policy_;
   std::string& err_;
-  std::unique_ptr<struct archive, ReadDeleter> a_{archive_read_new()};
+  std::unique_ptr<struct archive, ReadDeleter> a_{la().archive_read_new()};
   Source source_;
   os::UniqueFd in_, root_;
   std::string made_;  // removed on failure
@@ -785,17 +789,17 @@ void Extractor::check_signature(bool present, const std::string& text) {
 }
 
 bool Extractor::entry(struct archive_entry* e) {
-  std::string path = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
-  if (archive_entry_filetype(e) == AE_IFDIR && path.size() > 1 && path.back() == '/') path.pop_back();
+  std::string path = la().archive_entry_pathname(e) ? la().archive_entry_pathname(e) : "";
+  if (la().archive_entry_filetype(e) == AE_IFDIR && path.size() > 1 && path.back() == '/') path.pop_back();
   if (!payload_path(path)) return refuse("the archive holds an unsafe path: " + path);
-  if (archive_entry_hardlink(e))
+  if (la().archive_entry_hardlink(e))
     return refuse("the archive holds a hard link (" + path + "), which no checkpoint makes");
   auto it = listed_.find(path);
   if (it == listed_.end()) return refuse("the archive holds " + path + ", which its manifest does not list");
   Listed& l = it->second;
   if (l.seen) return refuse("the archive holds " + path + " twice");
   l.seen = true;
-  auto type = archive_entry_filetype(e);
+  auto type = la().archive_entry_filetype(e);
   const char* want = type == AE_IFDIR ? "dir" : type == AE_IFREG ? "file" : type == AE_IFLNK ? "symlink" : nullptr;
   if (!want) return refuse("the archive holds an entry of an unsupported type: " + path);
   if (l.type != want) return refuse("the archive holds " + path + " as a " + want + ", its manifest as a " + l.type);
@@ -803,7 +807,7 @@ bool Extractor::entry(struct archive_entry* e) {
   std::string dir = slash == std::string::npos ? "" : path.substr(0, slash);
   std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
   if (type == AE_IFLNK) {
-    const char* target = archive_entry_symlink(e);
+    const char* target = la().archive_entry_symlink(e);
     if (!target || l.target != target)
       return refuse("the archive's symlink " + path + " does not point where its manifest says");
     symlinks_.emplace_back(path, l.target);
@@ -817,23 +821,23 @@ bool Extractor::entry(struct archive_entry* e) {
     if (::mkdirat(parent.get(), name.c_str(), 0700) != 0) return refuse("create " + path + ": " + std::strerror(errno));
     os::UniqueFd d(::openat(parent.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!d) return refuse("create " + path + ": " + std::strerror(errno));
-    return keep_owner(d.get(), path, l, l.mode ? *l.mode : (archive_entry_perm(e) | 0700));
+    return keep_owner(d.get(), path, l, l.mode ? *l.mode : (la().archive_entry_perm(e) | 0700));
   }
   return write_file(e, parent.get(), name, path, l);
 }
 
 bool Extractor::write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path,
                            Listed& l) {
-  if (!archive_entry_size_is_set(e) || archive_entry_size(e) < 0 ||
-      static_cast<uint64_t>(archive_entry_size(e)) != l.size)
-    return refuse("the archive's " + path + " is " + std::to_string(archive_entry_size(e)) +
+  if (!la().archive_entry_size_is_set(e) || la().archive_entry_size(e) < 0 ||
+      static_cast<uint64_t>(la().archive_entry_size(e)) != l.size)
+    return refuse("the archive's " + path + " is " + std::to_string(la().archive_entry_size(e)) +
                   " bytes, its manifest says " + std::to_string(l.size));
   os::UniqueFd out(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!out) return refuse("create " + path + ": " + std::strerror(errno));
   Sha256 sha;
   uint64_t size = 0;
   for (;;) {
-    la_ssize_t n = archive_read_data(a_.get(), buf_.data(), buf_.size());
+    la_ssize_t n = la().archive_read_data(a_.get(), buf_.data(), buf_.size());
     if (n < 0) return refuse("the archive is corrupted or truncated: " + why());
     if (n == 0) break;
     size += static_cast<uint64_t>(n);
@@ -844,7 +848,7 @@ bool Extractor::write_file(struct archive_entry* e, int parent, const std::strin
   }
   if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
   if (sha.hex() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
-  return keep_owner(out.get(), path, l, l.mode ? *l.mode : archive_entry_perm(e));
+  return keep_owner(out.get(), path, l, l.mode ? *l.mode : la().archive_entry_perm(e));
 }
 
 bool Extractor::keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode) {
@@ -879,6 +883,7 @@ bool Extractor::finish() {
 
 base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
                                         const ImportPolicy& policy) {
+  if (auto lib = libarchive(); !lib) return lib.error();
   std::string err;
   bool untrusted = false;
   Extractor x(policy, err);
@@ -889,6 +894,7 @@ base::Result<Extracted> extract_archive(const std::string& src, const std::strin
 
 base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
                                        const ImportPolicy& policy) {
+  if (auto lib = libarchive(); !lib) return lib.error();
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return base::fail(reader.error().message, "bad_snapshot");
   std::string err;
@@ -989,6 +995,11 @@ base::Result<void> incompatibility(const boost::json::object& manifest, const st
     if (criu != *criu_here)
       return refuse("the snapshot was made with criu " + criu + ", this box has criu " + *criu_here);
   }
+  return {};
+}
+
+base::Result<void> library_loadable() {
+  if (auto lib = libarchive(); !lib) return lib.error();
   return {};
 }
 

@@ -284,6 +284,12 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
     log()->warn("checkpoint branch {}: {}", branch, *why);
     return done(error_reply("no_space", "checkpoint refused: " + *why));
   }
+  // libarchive is loaded at the first checkpoint, not at start: a host where it cannot be is told
+  // so here, before the agent is stopped.
+  if (auto lib = archive::library_loadable(); !lib) {
+    log()->error("checkpoint branch {}: {}", branch, lib.error().message);
+    return done(error_reply(lib.error().code, "checkpoint refused: " + lib.error().message));
+  }
   // The signing key is read at the first checkpoint, not at start (archive::ArchiveKeys): a key
   // that does not parse is refused here, before the agent is stopped, naming its file.
   std::shared_ptr<const archive::SigningKey> key;
