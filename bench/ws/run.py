@@ -6,6 +6,7 @@ usage: python bench/ws/run.py [--mb 64] [--events 30000]
 Not a test: nothing here asserts a time."""
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _common  # noqa: E402
 import _rows  # noqa: E402
 INIT = ROOT / "build" / "bin" / "sandboxer-init"
+READER = ROOT / "build" / "bin" / "sbx-ws-reader"
 PRODUCER = [sys.executable, str(pathlib.Path(__file__).with_name("producer.py"))]
 
 
@@ -121,12 +123,13 @@ def journal_latency(journal_dir):
     return lat
 
 
-def sandboxer_run(args, clients=1):
+@contextlib.contextmanager
+def sandboxer_box(args):
+    """A box whose agent is the producer, waiting for its gate; yields (port, token, gate, state)."""
     d = tempfile.mkdtemp(prefix="sbx-bench-")
     token = secrets.token_hex(16)
     tf = pathlib.Path(d) / "token"
     tf.write_text(token)
-    ev = pathlib.Path(d) / "events"
     # The client connects before the agent starts writing: the producer waits for a file.
     # (/workspace inside the box is state/branches/main/workspace here.)
     gate = pathlib.Path(d) / "s" / "branches" / "main" / "workspace" / "go"
@@ -147,6 +150,16 @@ def sandboxer_run(args, clients=1):
             if port:
                 break
             time.sleep(0.02)
+        yield port, token, gate, pathlib.Path(d) / "s"
+    finally:
+        p.terminate()
+        p.wait(30)
+        # Also the events file carries everything; the disk is not what is measured.
+        subprocess.run(["rm", "-rf", d])
+
+
+def sandboxer_run(args, clients=1):
+    with sandboxer_box(args) as (port, token, gate, state):
         ms = [Measure() for _ in range(clients)]
 
         def decode(msg):
@@ -182,13 +195,45 @@ def sandboxer_run(args, clients=1):
         async def go():
             await asyncio.gather(*(one(m, i == 0) for i, m in enumerate(ms)))
         asyncio.run(go())
-        ms[0].jlat = journal_latency(pathlib.Path(d) / "s" / "journal")
+        ms[0].jlat = journal_latency(state / "journal")
         return ms[0] if clients == 1 else ms
+
+
+def reader_run(server, args, clients):
+    """MiB/s summed over `clients` C++ readers (bench/ws/reader.cpp, one thread each) from the
+    moment the producer may start to the last END: the servers measured, not the client."""
+    def read(port, token, go):
+        r = subprocess.Popen([str(READER), server, "127.0.0.1", str(port), token, str(clients)],
+                             stdout=subprocess.PIPE, text=True)
+        t0 = go(r)
+        out, _ = r.communicate(timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"sbx-ws-reader against {server} failed")
+        rows = [l.split() for l in out.splitlines() if l and l != "ready"]
+        return sum(int(b) for b, _ in rows) / (1 << 20) / (max(float(t) for _, t in rows) - t0)
+
+    if server == "sandboxer":
+        with sandboxer_box(args) as (port, token, gate, _):
+            def go(r):
+                assert r.stdout.readline().strip() == "ready"
+                gate.touch()
+                return time.monotonic()
+            return read(port, token, go)
+    port = free_port()
+    p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        # websocketd starts a producer per connection: its clock starts as the readers connect.
+        return read(port, "-", lambda r: time.monotonic())
     finally:
-        p.terminate()
-        p.wait(30)
-        # Also the events file carries everything; the disk is not what is measured.
-        subprocess.run(["rm", "-rf", d])
+        p.kill()
+        p.wait()
 
 
 def pct(xs, q):
@@ -232,6 +277,12 @@ def main():
         print(f"... {name}: {a.clients} clients", file=sys.stderr, flush=True)
         ms = fn(many, clients=a.clients)
         agg[name] = sum(m.bytes for m in ms) / (1 << 20) / (max(m.t1 for m in ms) - min(m.t0 for m in ms))
+    # The same two measures with the C++ reader for both servers (when it is built).
+    cpp = {}
+    if READER.exists():
+        for name in ("websocketd", "sandboxer"):
+            print(f"... {name}: C++ readers", file=sys.stderr, flush=True)
+            cpp[name] = (reader_run(name, bulk, 1), reader_run(name, many, a.clients))
     jl = s[5]
     print(f"{a.lines} lines of 100 B: sandboxer {took['sandboxer-init']:.3f} s, websocketd {took['websocketd']:.3f} s "
           f"(time ratio {took['sandboxer-init'] / took['websocketd']:.2f})")
@@ -253,6 +304,14 @@ def main():
     _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate", "MiB/s",
                agg["sandboxer-init"], "websocketd (one producer per client)", agg["websocketd"], better="higher")
     _rows.emit("ws", lat + ", agent line to journal p50", "ms", pct(jl, 0.5))
+    if cpp:
+        print(f"C++ readers: one client {cpp['sandboxer'][0]:.1f} MiB/s against websocketd's {cpp['websocketd'][0]:.1f}; "
+              f"{a.clients} clients {cpp['sandboxer'][1]:.1f} MiB/s against {cpp['websocketd'][1]:.1f}")
+        _rows.emit("ws", thr + ", C++ reader", "MiB/s", cpp["sandboxer"][0], "websocketd", cpp["websocketd"][0],
+                   better="higher")
+        _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate, C++ readers",
+                   "MiB/s", cpp["sandboxer"][1], "websocketd (one producer per client)", cpp["websocketd"][1],
+                   better="higher")
 
 
 if __name__ == "__main__":
