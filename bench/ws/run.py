@@ -83,7 +83,9 @@ async def ws_read(url, m, *, subscribe=None, headers=None, decode=None):
                 return
 
 
-def websocketd_run(args, clients=1):
+@contextlib.contextmanager
+def websocketd_server(args):
+    """websocketd running the producer (one per connection), accepting; yields its port."""
     port = free_port()
     p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,6 +96,14 @@ def websocketd_run(args, clients=1):
                 break
             except OSError:
                 time.sleep(0.05)
+        yield port
+    finally:
+        p.kill()
+        p.wait()
+
+
+def websocketd_run(args, clients=1):
+    with websocketd_server(args) as port:
         ms = [Measure() for _ in range(clients)]
 
         async def go():
@@ -102,9 +112,6 @@ def websocketd_run(args, clients=1):
                                    for m in ms))
         asyncio.run(go())
         return ms[0] if clients == 1 else ms
-    finally:
-        p.kill()
-        p.wait()
 
 
 def journal_latency(journal_dir):
@@ -219,21 +226,9 @@ def reader_run(server, args, clients):
                 gate.touch()
                 return time.monotonic()
             return read(port, token, go)
-    port = free_port()
-    p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    with websocketd_server(args) as port:
         # websocketd starts a producer per connection: its clock starts as the readers connect.
         return read(port, "-", lambda r: time.monotonic())
-    finally:
-        p.kill()
-        p.wait()
 
 
 def pct(xs, q):
