@@ -118,7 +118,7 @@ class Journal {
   boost::system::result<void> recover();
   boost::system::result<void> recover_active(const std::string& path, uint64_t first);
   boost::json::object stamp(uint64_t seq, boost::json::object fields) const;
-  boost::system::result<void> write_line(uint64_t seq, const std::string& line);
+  boost::system::result<void> write_line(uint64_t seq, std::string& line);
   void publish(uint64_t seq, const boost::json::object& obj, const std::string& line);
   uint64_t degrade(const boost::system::error_code& ec, uint64_t seq, boost::json::object ev);
   void enqueue(uint64_t seq, boost::json::object obj, std::string line);
