@@ -111,7 +111,8 @@ class Checkpointer {
   /// "trusted", "signed_by"} or an error (code "untrusted" when no trusted key signed it);
   /// `announce`: a `snapshot.imported` event (not for a box's own start from an archive, whose
   /// journal begins with restore.done).
-  void import_archive(const std::string& tmp, Reply done, bool announce = true);
+  /// `from`: the archive is that file, copied into `tmp` while it is extracted (--restore).
+  void import_archive(const std::string& tmp, Reply done, bool announce = true, const std::string& from = {});
   /// `sandboxer-init --restore FILE`: imports the archive and restores it as branch "main".
   void start_from_archive(const std::string& path);
 

@@ -48,7 +48,8 @@ struct Filed {
   boost::json::object manifest;  // with "verified"
   bool existing = false;         // the store had this archive already
 };
+/// With `from`, the archive is that file (--restore): copied into `tmp` beside its extraction.
 base::Result<Filed> extract_and_file(const std::string& tmp, const std::string& dir,
-                                     const archive::ImportPolicy& policy);
+                                     const archive::ImportPolicy& policy, const std::string& from = {});
 
 }  // namespace sbx::checkpoint::detail

@@ -139,13 +139,33 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
 
 }  // namespace
 
+namespace {
+// What tells a file changed: its identity, size and change times.
+bool same_file(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+}  // namespace
+
 base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, const std::string& dir,
-                                                     const archive::ImportPolicy& policy) {
+                                                     const archive::ImportPolicy& policy, const std::string& from) {
   // The id is the archive's hash, taken beside the extraction (not in a pass of its own before it).
-  auto sha = std::async(std::launch::async, [tmp] { return archive::sha256_file(tmp); });
+  // With `from` (the operator's file for --restore), the extraction reads that file while the
+  // second thread copies it into `tmp` and hashes the copy; the file must not change meanwhile.
+  struct stat before {};
+  if (!from.empty() && ::stat(from.c_str(), &before) != 0) return base::sys_fail("read " + from, errno, "bad_snapshot");
+  auto sha = std::async(std::launch::async, [tmp, from]() -> base::Result<std::string> {
+    if (!from.empty())
+      if (auto c = os::copy_tree(from, tmp); !c) return base::fail("copy " + from + ": " + c.error().message);
+    return archive::sha256_file(tmp);
+  });
   std::string xdir = dir + "/.import-" + os::random_hex(6) + ".d";
-  auto x = archive::extract_archive(tmp, xdir, policy);
+  auto x = archive::extract_archive(from.empty() ? tmp : from, xdir, policy);
   auto got = sha.get();
+  struct stat after {};
+  if (got && !from.empty() && (::stat(from.c_str(), &after) != 0 || !same_file(before, after)))
+    got = base::fail(from + " changed while it was read: restore from a file nothing writes to");
   if (!got) {
     if (x) os::remove_tree(xdir);
     return base::fail(got.error().message, "bad_snapshot");
@@ -706,21 +726,27 @@ void Checkpointer::restore_main(const std::string& snapshot, int index, Reply do
 void Checkpointer::start_from_archive(const std::string& path) {
   ++ops_;
   auto err = std::make_shared<std::string>();
+  auto real = std::make_shared<std::string>();
+  auto delta = std::make_shared<bool>(false);
   std::string tmp = incoming_path();
   offload(
-      [path, tmp, err] {
+      [path, tmp, err, real, delta] {
         // The operator's path may be a symlink (copy_tree follows none): resolved here.
-        std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+        std::unique_ptr<char, decltype(&std::free)> r(::realpath(path.c_str(), nullptr), &std::free);
+        *real = r ? r.get() : path;
         // An archive is one regular file: a directory would be copied whole into the store and
         // left there, a FIFO waited on.
         struct stat st {};
-        if (real && ::stat(real.get(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (::stat(real->c_str(), &st) != 0) {
+          *err = std::strerror(errno);
+        } else if (!S_ISREG(st.st_mode)) {
           *err = std::string(S_ISDIR(st.st_mode) ? "a directory" : "not a regular file") + ", not an archive";
-          return;
+        } else if ((*delta = archive::is_delta(*real))) {
+          // A delta goes through the chunk store: copied first, as an upload is.
+          if (auto c = os::copy_tree(*real, tmp); !c) *err = c.error().message;
         }
-        if (auto r = os::copy_tree(real ? real.get() : path, tmp); !r) *err = r.error().message;
       },
-      [this, err, tmp, path] {
+      [this, err, tmp, path, real, delta] {
         auto fail = [this](const std::string& msg) {
           log()->critical("restore from archive: {}", msg);
           host_.box_started();
@@ -732,6 +758,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
           ::unlink(tmp.c_str());
           return fail(path + ": " + *err);
         }
+        // An archive is extracted from the operator's file while it is copied into the store.
         import_archive(
             tmp,
             [this, fail, path](json::object r) {
@@ -746,7 +773,7 @@ void Checkpointer::start_from_archive(const std::string& path) {
                   path);
               op_done();
             },
-            false);
+            false, *delta ? std::string() : *real);
       });
 }
 

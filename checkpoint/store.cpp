@@ -257,7 +257,7 @@ std::string Checkpointer::incoming_path() const {
   return snap_dir_ + "/.import-" + os::random_hex(6);
 }
 
-void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce) {
+void Checkpointer::import_archive(const std::string& tmp, Reply done, bool announce, const std::string& from) {
   // An import is one more snapshot kept (not a box's own start from an archive: its store is new).
   if (announce)
     if (auto refusal = snapshots_refusal("main")) {
@@ -265,7 +265,7 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
       return done(std::move(*refusal));
     }
   // A delta (snapshot.export with a base) goes into the chunk store beside its base.
-  if (archive::is_delta(tmp)) return import_delta(tmp, std::move(done), announce);
+  if (from.empty() && archive::is_delta(tmp)) return import_delta(tmp, std::move(done), announce);
   auto policy = import_policy();
   if (!policy) {
     ::unlink(tmp.c_str());
@@ -278,13 +278,13 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
   };
   auto st = std::make_shared<State>();
   offload(
-      [tmp, dir = snap_dir_, st, policy = std::move(*policy)] {
+      [tmp, from, dir = snap_dir_, st, policy = std::move(*policy)] {
         struct stat sb {};
-        if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
+        if (::stat((from.empty() ? tmp : from).c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
         // Verified whole here (its signature, every entry against the manifest, the format
         // version), so an untrusted, corrupted or truncated upload is refused now and not at its
         // first restore; the extraction stays for that restore.
-        st->filed = extract_and_file(tmp, dir, policy);
+        st->filed = extract_and_file(tmp, dir, policy, from);
       },
       [this, tmp, st, announce, done = std::move(done)] {
         if (!st->filed) {

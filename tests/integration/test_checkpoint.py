@@ -9,6 +9,8 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -173,6 +175,37 @@ def test_a_corrupted_or_truncated_archive_is_refused(tmp_path):
         assert not (tmp_path / name / "branches" / "main").exists()  # nothing half-restored
     # Control: the intact archive restores.
     rc, ev3, err = box(tmp_path / "intact", ["--restore", str(archive)])
+    assert rc == 0, err
+    assert one(ev3, "restore.done")["mode"] == "live"
+
+
+def test_a_restore_from_a_file_that_changes_while_it_is_read_is_refused(tmp_path):
+    # --restore extracts the operator's file while it copies it into the store and hashes the copy
+    # (the id): a file that changes meanwhile (here its times, every half millisecond) could give
+    # an extraction and a stored archive that differ, so the restore is refused and keeps nothing.
+    rc, ev, err = agent_box(tmp_path / "a", "keep", 4)
+    assert rc == 0, err
+    src = tmp_path / "moving.tar.zst"
+    shutil.copy(one(ev, "checkpoint.created")["archive"], src)
+    stop = threading.Event()
+
+    def touch():
+        while not stop.is_set():
+            os.utime(src)
+            time.sleep(0.0005)
+    t = threading.Thread(target=touch)
+    t.start()
+    try:
+        rc, ev2, err = box(tmp_path / "moving", ["--restore", str(src)])
+    finally:
+        stop.set()
+        t.join()
+    assert rc == 125, err
+    assert "changed while it was read" in one(ev2, "restore.failed")["error"]
+    assert not (tmp_path / "moving" / "branches" / "main").exists()
+    assert not list((tmp_path / "moving" / "snapshots").glob("s-*")), "nothing is filed"
+    # Control: the same file, left alone, restores.
+    rc, ev3, err = box(tmp_path / "still", ["--restore", str(src)])
     assert rc == 0, err
     assert one(ev3, "restore.done")["mode"] == "live"
 
