@@ -434,7 +434,7 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
 
 base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json::object manifest,
                                          const SnapshotOut& to, int level, const SigningKey* key) {
-  if (auto lib = libarchive(); !lib) return lib.error();
+  if (const auto& lib = libarchive(); !lib) return lib.error();
   const std::string& dst = to.archive;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
@@ -883,7 +883,7 @@ bool Extractor::finish() {
 
 base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
                                         const ImportPolicy& policy) {
-  if (auto lib = libarchive(); !lib) return lib.error();
+  if (const auto& lib = libarchive(); !lib) return lib.error();
   std::string err;
   bool untrusted = false;
   Extractor x(policy, err);
@@ -894,7 +894,7 @@ base::Result<Extracted> extract_archive(const std::string& src, const std::strin
 
 base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
                                        const ImportPolicy& policy) {
-  if (auto lib = libarchive(); !lib) return lib.error();
+  if (const auto& lib = libarchive(); !lib) return lib.error();
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return base::fail(reader.error().message, "bad_snapshot");
   std::string err;
@@ -999,7 +999,7 @@ base::Result<void> incompatibility(const boost::json::object& manifest, const st
 }
 
 base::Result<void> library_loadable() {
-  if (auto lib = libarchive(); !lib) return lib.error();
+  if (const auto& lib = libarchive(); !lib) return lib.error();
   return {};
 }
 

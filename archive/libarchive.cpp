@@ -26,7 +26,7 @@ base::Result<const LibArchive*> load() {
 
 }  // namespace
 
-base::Result<const LibArchive*> libarchive() {
+const base::Result<const LibArchive*>& libarchive() {
   static const base::Result<const LibArchive*> lib = load();  // once, under the static's guard
   return lib;
 }

@@ -54,6 +54,6 @@ struct LibArchive {
 /// The library, loaded at the first call (by its soname, SBX_LIBARCHIVE_SONAME, through the
 /// caller's run path as the loader finds any library), or why it cannot be: the error names the
 /// soname and the loader's message. Thread-safe.
-base::Result<const LibArchive*> libarchive();
+const base::Result<const LibArchive*>& libarchive();
 
 }  // namespace sbx::archive

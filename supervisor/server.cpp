@@ -192,11 +192,16 @@ struct Server::Impl {
     lws_set_timeout(c.wsi, PENDING_TIMEOUT_USER_OK, 60);
   }
 
-  bool wants(const Client& c, const json::object& ev) const {
-    if (!c.branch) return true;
+  static std::optional<std::string_view> branch_of(const json::object& ev) {
     auto* b = ev.if_contains("branch");
-    return b && b->is_string() && b->as_string() == *c.branch;
+    if (!b || !b->is_string()) return std::nullopt;
+    return std::string_view(b->as_string());
   }
+  // Whether a client's subscription (its branch filter) takes an event of `branch`.
+  static bool wants(const Client& c, std::optional<std::string_view> branch) {
+    return !c.branch || branch == *c.branch;
+  }
+  static bool wants(const Client& c, const json::object& ev) { return wants(c, branch_of(ev)); }
 
   void on_event(const journal::Event& e) {
     FrameBuf shared;  // one copy of the event for every client it goes to (OutFrame)
@@ -222,10 +227,9 @@ struct Server::Impl {
     if (!behind) return drop_recent();
     if (!recent.empty() && e.seq != recent.back().seq + 1) drop_recent();  // never a gap
     if (!shared) shared = frame_buf(e.line);
-    std::optional<std::string> branch;
-    if (auto* b = e.obj.if_contains("branch"); b && b->is_string()) branch = std::string(b->as_string());
+    auto branch = branch_of(e.obj);
     recent_size += shared->size();
-    recent.push_back({e.seq, std::move(shared), std::move(branch)});
+    recent.push_back({e.seq, std::move(shared), branch ? std::optional<std::string>(*branch) : std::nullopt});
     while (recent_size > opts.recent_bytes) pop_recent();
   }
 
@@ -253,7 +257,7 @@ struct Server::Impl {
     for (; i < recent.size() && c.q_bytes < kHighWater; ++i) {
       const Recent& r = recent[i];
       c.cursor = r.seq;
-      if (!c.branch || r.branch == c.branch) enqueue(c, r.buf, false, r.seq);
+      if (wants(c, r.branch)) enqueue(c, r.buf, false, r.seq);
     }
     c.replay_pos = {};
     // Everything published is queued: the listener delivers from here on (one thread).
