@@ -1,4 +1,20 @@
 # The libraries the layers link, found once for the main build and for the fuzz build (tests/fuzz).
+#
+# Linked from the static archives Debian ships where that is sound (SBX_STATIC_DEPS, on unless
+# under the sanitizers): Boost, libseccomp, libzstd. A process start pays the dynamic
+# loader for every shared object (mapping, symbol lookup, relocated pages); from an archive the
+# linker takes only the objects the binary calls (docs/architecture.md, "Start-up"). Shared stay:
+# libwebsockets (Debian's dlopens its libuv event plugin, which links the shared libwebsockets
+# and libuv by soname: a static copy in the binary would run beside a second one) and what it
+# needs (libuv, OpenSSL, libcap, zlib), spdlog and fmt (no archives) with libstdc++, libidn2 (no archive of
+# libunistring), glibc. A fix to an archived library needs a rebuild of sandboxer, as of an image.
+option(SBX_STATIC_DEPS "Link Boost, libseccomp and libzstd from their static archives" ON)
+if(SBX_SANITIZE)
+  set(SBX_STATIC_DEPS OFF)
+endif()
+if(SBX_STATIC_DEPS)
+  set(Boost_USE_STATIC_LIBS ON)
+endif()
 find_package(Boost 1.81.0 EXACT REQUIRED CONFIG COMPONENTS json filesystem)
 find_package(spdlog REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -13,3 +29,23 @@ find_package(OpenSSL REQUIRED)
 find_package(Threads REQUIRED)
 pkg_check_modules(IDN2 REQUIRED IMPORTED_TARGET libidn2)
 pkg_check_modules(LIBARCHIVE REQUIRED IMPORTED_TARGET libarchive)
+
+# PkgConfig::<target>'s shared libraries replaced by the archives beside them (lib<name>.a).
+function(sbx_link_static target)
+  get_target_property(libs ${target} INTERFACE_LINK_LIBRARIES)
+  set(out)
+  foreach(l IN LISTS libs)
+    string(REGEX REPLACE "\\.so$" ".a" a "${l}")
+    if(l MATCHES "\\.so$" AND EXISTS "${a}")
+      list(APPEND out "${a}")
+    else()
+      list(APPEND out "${l}")
+    endif()
+  endforeach()
+  set_target_properties(${target} PROPERTIES INTERFACE_LINK_LIBRARIES "${out}")
+endfunction()
+
+if(SBX_STATIC_DEPS)
+  sbx_link_static(PkgConfig::SECCOMP)
+  sbx_link_static(PkgConfig::ZSTD)
+endif()
