@@ -67,6 +67,27 @@ def peak_rss_kib(cmd):
     return got.get("VmHWM"), got.get("RssAnon")
 
 
+def dirty_runs(state_root, runs):
+    """/bin/true under the init and under tini while another process has left 200 MB unwritten on
+    the state dir's filesystem (a busy host's disk): an end that syncs that filesystem waits for
+    all of it. Medians of `runs`, interleaved."""
+    blob = b"\x5a" * (200 << 20)
+    dirty = os.path.join(state_root, "dirty.bin")
+    cmds = {"sandboxer-init": [INIT, "--state-dir", "@STATE@", "--", "/bin/true"],
+            "tini": ["tini", "-s", "--", "/bin/true"]}
+    times = {k: [] for k in cmds if _present(cmds[k])}
+    for i in range(runs):
+        for name in times:
+            with open(dirty, "wb") as f:
+                f.write(blob)
+            cmd = [a.replace("@STATE@", f"{state_root}/dirty-{i}") for a in cmds[name]]
+            t0 = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            times[name].append(time.perf_counter() - t0)
+            os.unlink(dirty)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def exec_costs():
     """The exec every branch pays for its ns-init: sandboxer-ns-init (the small program) against
     sandboxer-init's own --ns-init mode, each as a whole process that exits at once (a bad
@@ -109,6 +130,12 @@ def main():
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, med[peer] * 1000)
             else:
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, None, note=f"{peer} not on PATH")
+    dirty = dirty_runs(state_root, 3 if _rows.QUICK else 10)
+    for name, v in dirty.items():
+        print(f"{'run /bin/true under ' + name + ', 200 MB dirty':44} {v * 1000:10.2f}ms")
+    if "tini" in dirty:
+        _rows.emit("pid1", "/bin/true under the init, whole process, while 200 MB another process wrote is not yet "
+                   "on disk", "ms", dirty["sandboxer-init"] * 1000, "tini", dirty["tini"] * 1000)
     ex = exec_costs()
     if "sandboxer-ns-init" in ex and "sandboxer-init --version" in ex:
         for name, v in ex.items():

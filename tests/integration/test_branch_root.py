@@ -28,6 +28,25 @@ def test_tmp_writes_stay_private_but_host_tmp_is_readable(tmp_path):
     assert not subprocess.run(["test", "-e", "/tmp/sbx-private-probe"]).returncode == 0
 
 
+def test_tmp_is_a_volatile_overlay_and_stays_one_when_the_box_starts_again(tmp_path):
+    # `volatile`: the branch's end does not sync the host filesystem under the state dir (bench/pid1).
+    # Such a mount leaves work/incompat/volatile in its workdir, and overlayfs refuses that workdir
+    # while it is there: without its removal the second run's /tmp would silently be a plain
+    # directory, not the overlay of the host's /tmp.
+    script = "grep ' /tmp ' /proc/self/mountinfo; cat /tmp/sbx-kept 2>/dev/null; echo kept > /tmp/sbx-kept"
+    for run in range(2):
+        r = run_init(["--", "/bin/sh", "-c", script], tmp_path / "s")
+        assert r.returncode == 0, r.stderr
+        events = read_journal(tmp_path / "s")
+        last = max(i for i, e in enumerate(events) if e["type"] == "box.started")
+        out = "".join(e.get("data", "") for e in events[last:] if e["type"] == "proc.output")
+        mount = out.splitlines()[0].split(" - ")
+        assert mount[1].startswith("overlay overlay ") and "fsync=volatile" in mount[1], out
+        assert (tmp_path / "s/branches/main/tmp-work/work/incompat/volatile").is_dir()
+        # What the first run wrote to /tmp is there for the second, as before.
+        assert ("kept" in out.splitlines()[1:]) == (run == 1), out
+
+
 def test_state_dir_is_masked(tmp_path):
     r, out = sh(tmp_path, f"ls -A {tmp_path / 's'} | wc -l; cat {tmp_path / 's/box.json'} 2>&1")
     assert out.splitlines()[0].strip() == "0"
