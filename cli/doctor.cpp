@@ -15,9 +15,12 @@
 #include <boost/json.hpp>
 #include <boost/process.hpp>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,6 +63,30 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return out;
 }
 
+// How long moving a process into `g` takes, in ms (a child waiting on a pipe is moved; it leaves
+// the group by exiting). On v1 the first move after a quiet while waits for an RCU grace period
+// (the kernel's threadgroup lock switching to its writer mode), and every agent start pays one.
+std::optional<double> move_ms(os::CgroupDir& g) {
+  auto p = os::make_pipe();
+  if (!p) return std::nullopt;
+  pid_t c = ::fork();
+  if (c == 0) {
+    char b;
+    p->write.reset();
+    (void)::read(p->read.get(), &b, 1);
+    ::_exit(0);
+  }
+  if (c < 0) return std::nullopt;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = g.add(c);
+  auto t1 = std::chrono::steady_clock::now();
+  p->write.reset();
+  int st;
+  ::waitpid(c, &st, 0);
+  if (!r) return std::nullopt;
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+
 Line check_cgroup() {
   auto h = os::detect_cgroups();
   if (h.version == "none")
@@ -92,6 +119,14 @@ Line check_cgroup() {
   std::vector<std::string> missing;
   for (auto& c : {"memory", "cpu", "pids"})
     if (!g->has(c)) missing.emplace_back(c);
+  if (h.version == "v1")
+    if (auto ms = move_ms(*g)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; moving a process into its groups took %.2f ms", *ms);
+      detail += buf;
+      // README, "Hosts": a hierarchy mounted with favordynmods keeps the lock in its slow mode.
+      if (*ms >= 1) detail += " (an RCU grace period, paid by every agent start; see favordynmods in README, Hosts)";
+    }
   g->remove();
   if (!missing.empty())
     return {"cgroup", false, detail + "; missing: " + join(missing),
