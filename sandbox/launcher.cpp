@@ -299,13 +299,18 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
   // command under the host's /tmp still runs; where overlay cannot be had (an upper directory on
   // an overlay filesystem, as in a container), a private /tmp of the branch's own.
   add({.kind = MountOp::MkDir, .a = r + "/tmp", .flags = 01777, .what = "mkdir /tmp"});
-  add({.kind = MountOp::Mount,
-       .a = "overlay",
-       .b = r + "/tmp",
-       .fstype = "overlay",
-       .data = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work,volatile",
-       .flags = MS_NOSUID | MS_NODEV,
-       .what = "mount the /tmp overlay"});
+  // `volatile` (Linux 5.10): the branch's end does not sync the host's disk (clear_volatile_mark);
+  // a kernel without it mounts the overlay plain.
+  std::string ovl = "lowerdir=/tmp,upperdir=" + spec.dir + "/tmp-upper,workdir=" + spec.dir + "/tmp-work";
+  for (bool vol : {true, false})
+    add({.kind = MountOp::Mount,
+         .a = "overlay",
+         .b = r + "/tmp",
+         .fstype = "overlay",
+         .data = ovl + (vol ? ",volatile" : ""),
+         .flags = MS_NOSUID | MS_NODEV,
+         .or_else = !vol,
+         .what = "mount the /tmp overlay"});
   add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
   add_proc_and_dev(p, devs);
   // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
