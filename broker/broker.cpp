@@ -37,6 +37,8 @@ constexpr size_t kMaxDnsTcpConnections = 16;
 // Lookups the resolver passes on to the system's (a name neither pinned nor an address) at once;
 // past this a question is answered SERVFAIL at once rather than queued without bound.
 constexpr size_t kMaxDnsInFlight = 64;
+// Threads that run the system's resolver (getaddrinfo blocks); made at the first lookup.
+constexpr size_t kLookupThreads = 4;
 constexpr uint64_t kMaxResponseBody = 1ull << 30;  // streamed, never held whole
 constexpr auto kTunnelIdle = std::chrono::minutes(10);
 
@@ -114,6 +116,7 @@ struct Broker::Impl {
   int deny_count = 0;
   uint64_t deny_suppressed = 0;
   std::thread thread;
+  std::optional<asio::thread_pool> lookups;  // after `io`: joined before it is destroyed
 
   Impl(BrokerConfig c, Sink s)
       : cfg(std::move(c)),
@@ -184,6 +187,29 @@ struct Broker::Impl {
     return *egress::IpAddress::from_bytes(std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   }
 
+  // The system's resolver, for a name neither pinned nor an address. Asio's async_resolve runs
+  // every lookup of a context on one thread of its own, one after another, so a name whose DNS
+  // is slow held every lookup behind it (the agent's DNS questions and the proxy's connects
+  // alike); each lookup runs getaddrinfo on the pool instead, kLookupThreads at once (at most
+  // kMaxDnsInFlight of the agent's wait), and its result is handed back on the broker's thread.
+  template <class Token>
+  auto async_lookup(std::string host, int port, Token&& token) {
+    return asio::async_initiate<Token, void(boost::system::error_code, tcp::resolver::results_type)>(
+        [this](auto handler, std::string host, int port) {
+          if (!lookups) lookups.emplace(kLookupThreads);
+          asio::post(*lookups, [this, handler = std::move(handler), host = std::move(host), port,
+                                work = asio::make_work_guard(io)]() mutable {
+            tcp::resolver r(io);  // its synchronous resolve is getaddrinfo, on this thread
+            boost::system::error_code ec;
+            auto found = r.resolve(host, std::to_string(port), ec);
+            asio::post(io, [handler = std::move(handler), ec, found = std::move(found)]() mutable {
+              std::move(handler)(ec, std::move(found));
+            });
+          });
+        },
+        token, std::move(host), port);
+  }
+
   // A host's addresses (a `resolve` pin, the address it is, or the system's resolver), each
   // checked against the address policy. The caller connects only to what this returns: the name
   // is resolved once and what was checked is what is used, so a name that DNS re-points between a
@@ -197,8 +223,7 @@ struct Broker::Impl {
     if (auto addr = asio::ip::make_address(h, ec); !ec) {
       found.push_back(addr);
     } else {
-      tcp::resolver r(io);
-      auto [rec, results] = co_await r.async_resolve(h, std::to_string(port), nothrow);
+      auto [rec, results] = co_await async_lookup(h, port, nothrow);
       if (rec) {
         out.ec = rec;
         co_return out;
