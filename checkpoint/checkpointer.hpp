@@ -137,9 +137,10 @@ class Checkpointer {
   /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
   void continue_op(CheckpointOp& op);
   std::optional<boost::json::object> snapshots_refusal(const std::string& branch);
-  /// Why a snapshot may not be stored now: the state dir's filesystem has less free than the
-  /// room kept for the journal (Host::journal_room); nullopt when it may.
-  std::optional<std::string> room_refusal() const;
+  /// Why a snapshot may not be stored now (or `needed` bytes of `what` written): the state dir's
+  /// filesystem has less free than that and the room kept for the journal (Host::journal_room);
+  /// nullopt when it may.
+  std::optional<std::string> room_refusal(uint64_t needed = 0, const std::string& what = "") const;
   boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
                                     const std::string& msg);
   size_t stored_snapshots() const;

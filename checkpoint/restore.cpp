@@ -225,6 +225,15 @@ std::string Checkpointer::next_branch_name() {
   }
 }
 
+namespace {
+// The bytes of a snapshot's files (its manifest's sizes.fs), what each copy's branch dir gets.
+uint64_t layer_bytes(const json::object& manifest) {
+  auto* sizes = manifest.if_contains("sizes");
+  auto* fs = sizes && sizes->is_object() ? sizes->as_object().if_contains("fs") : nullptr;
+  return fs && fs->is_int64() && fs->as_int64() > 0 ? static_cast<uint64_t>(fs->as_int64()) : 0;
+}
+}  // namespace
+
 void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply done, const std::string& name,
                            int first_index, bool cold_if_refused, const std::string& from) {
   if (!archive::valid_snapshot_id(snapshot))
@@ -294,6 +303,15 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
       host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
       if (op->counted) copies_starting_ -= op->n;
       op->done(error_reply("incompatible", *refuse));
+      return op_done();
+    }
+    // Each copy gets the snapshot's files (its layer) in its own branch dir: they must fit beside
+    // the journal's room, which comes first, as for a checkpoint or an import.
+    if (auto why = room_refusal(layer_bytes(op->manifest) * static_cast<uint64_t>(op->n),
+                                std::to_string(op->n) + (op->n == 1 ? " copy's files" : " copies' files"))) {
+      host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *why}});
+      if (op->counted) copies_starting_ -= op->n;
+      op->done(error_reply("no_space", "restore refused: " + *why));
       return op_done();
     }
     op->pending = op->n;

@@ -58,14 +58,14 @@ std::optional<json::object> Checkpointer::snapshots_refusal(const std::string& b
                            std::to_string(value - 1) + " kept or being taken); delete one first");
 }
 
-std::optional<std::string> Checkpointer::room_refusal() const {
+std::optional<std::string> Checkpointer::room_refusal(uint64_t needed, const std::string& what) const {
   struct statvfs vfs {};
   if (::statvfs(snap_dir_.c_str(), &vfs) != 0) return std::nullopt;  // unknown: the write says
   uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   uint64_t room = host_.journal_room();
-  if (free >= room) return std::nullopt;
-  return "the state dir's filesystem has " + std::to_string(free) + " bytes free, less than the " +
-         std::to_string(room) +
+  if (free >= room && free - room >= needed) return std::nullopt;
+  return "the state dir's filesystem has " + std::to_string(free) + " bytes free, less than " +
+         (needed ? std::to_string(needed) + " for " + what + " and " : std::string("the ")) + std::to_string(room) +
          " kept for the journal first (what journal.disk_cap still allows it, or 16 MiB without a cap): "
          "delete snapshots, lower checkpoint.keep, or give the state dir more space";
 }

@@ -260,3 +260,38 @@ def test_an_import_leaves_the_journal_its_room(tmp_path, cap, imported):
             assert r.returncode == 0
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_a_fork_leaves_the_journal_its_room(tmp_path):
+    """A box's state dir is a 96 MiB tmpfs and its agent's workspace holds 12 MiB of random bytes,
+    journal.disk_cap 1 MiB. After a checkpoint (its archive and extraction), a fork of 6 would
+    write 6 copies of those files, more than is free: refused before any copy starts, saying how
+    much it needed; a fork of 2 (the control) runs. The box serves on either way."""
+    agent = ("import json, os, time\n"
+             "open('/workspace/blob', 'wb').write(os.urandom(12 << 20))\n"
+             "print(json.dumps({'ready': 1}), flush=True)\n"
+             "time.sleep(600)\n")
+    (tmp_path / "a").mkdir()
+    state = tmp_path / "a" / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(state)], check=True)
+    try:
+        with WsBox(tmp_path / "a", ["python3", "-c", agent], extra=["--set", "journal.disk_cap=1M"]) as a:
+            a.wait_event(lambda e: e["type"] == "proc.message")
+            tok = ["--token-file", str(a.token_file)]
+            snap = subprocess.run([CLI, "checkpoint", a.url, *tok], check=True, capture_output=True, text=True,
+                                  timeout=60).stdout.split()[-1]
+            r = subprocess.run([CLI, "fork", a.url, "--snapshot", snap, "-n", "6", *tok], capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode != 0 and "no_space" in r.stderr, (r.stdout, r.stderr)
+            needed = int(r.stderr.split(" for 6 copies' files")[0].rsplit(" ", 1)[1])
+            assert 6 * (12 << 20) <= needed < 6 * (13 << 20), r.stderr  # the 12 MiB file, 6 times
+            assert sorted(p.name for p in (state / "branches").iterdir()) == ["main"]
+            failed = a.wait_event(lambda e: e["type"] == "restore.failed")
+            assert "6 copies' files" in failed["error"], failed
+            r = subprocess.run([CLI, "fork", a.url, "--snapshot", snap, "-n", "2", *tok], capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode == 0 and len(r.stdout.split("\n")) >= 2, r.stderr
+            assert a.alive()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
