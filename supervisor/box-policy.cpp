@@ -312,13 +312,32 @@ void Box::stop_for_journal(bool stop) {
   for (auto& [name, b] : branches_) {
     // Frozen for the journal: its clocks stand still (it is not ended for time it could not run).
     if (b->limits) stop ? b->limits->pause() : b->limits->resume();
-    if (!b->cgroup) {
-      log()->error("{} branch {} for the journal: it has no cgroup; its output keeps arriving", stop ? "stop" : "go on",
-                   name);
+    std::string failed = "it has no cgroup";
+    if (b->cgroup) {
+      auto r = b->cgroup->freeze(stop);
+      failed = r ? "" : r.error().message();
+    }
+    if (!stop) {
+      if (!failed.empty() && b->cgroup) log()->error("thaw branch {} for the journal: {}", name, failed);
+      if (b->output_paused) pause_output(*b, false);
       continue;
     }
-    if (auto r = b->cgroup->freeze(stop); !r)
-      log()->error("{} branch {} for the journal: {}", stop ? "freeze" : "thaw", name, r.error().message());
+    // Where it cannot be frozen (a container's read-only cgroup filesystem), its output is not
+    // read meanwhile: its processes block in their next write once their pipes are full, and the
+    // events waiting in memory stay bounded.
+    if (failed.empty()) continue;
+    log()->warn("freeze branch {} for the journal: {}; its output is not read until the journal is written", name,
+                failed);
+    pause_output(*b, true);
+  }
+}
+
+void Box::pause_output(Branch& b, bool on) {
+  b.output_paused = on;
+  for (auto& [id, p] : procs_) {
+    if (p->branch != b.name) continue;
+    if (p->out) p->out->pause(on);
+    if (p->err) p->err->pause(on);
   }
 }
 

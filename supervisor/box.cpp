@@ -192,6 +192,10 @@ void Box::start_readers(Branch& b, Proc& p) {
                                                          emit(p.branch, std::move(e));
                                                        }),
                                          on_eof);
+  if (b.output_paused) {
+    p.out->pause(true);
+    p.err->pause(true);
+  }
 }
 
 void Box::maybe_proc_exited(Proc& p) {

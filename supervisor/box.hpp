@@ -124,6 +124,9 @@ struct Branch {
   // Ceilings and policy (box-policy.cpp).
   std::unique_ptr<os::CgroupDir> cgroup;
   std::unique_ptr<LimitsWatcher> limits;
+  // Its processes' output is not read while the journal waits for disk space and the branch
+  // could not be frozen (no freezer cgroup, as in a container): their writes block instead.
+  bool output_paused = false;
   std::string workspace_mount;  // a sized tmpfs we mounted, unmounted at the end
   os::UniqueFd pidfd;           // of ns-init (the tree's root), opened while it is our unreaped child
 };
@@ -262,6 +265,7 @@ class Box : public checkpoint::Host {
   /// The journal's back-pressure: while events wait in memory for a full disk, every branch's
   /// tree is frozen (not killed) and thawed when they are written.
   void stop_for_journal(bool stop);
+  void pause_output(Branch& b, bool on);  // stop_for_journal's fallback: its procs' output unread
   bool stopped_for_journal_ = false;
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined

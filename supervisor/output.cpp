@@ -104,6 +104,15 @@ void OutputReader::close() {
   if (on_eof_) on_eof_();
 }
 
+void OutputReader::pause(bool on) {
+  if (done_ || paused_ == on) return;
+  paused_ = on;
+  if (on)
+    uv_read_stop(pipe_.stream());
+  else
+    uv_read_start(pipe_.stream(), on_alloc, on_read);
+}
+
 void OutputReader::on_alloc(uv_handle_t* h, size_t, uv_buf_t* b) noexcept {
   auto* self = static_cast<OutputReader*>(h->data);
   *b = uv_buf_init(self->buf_.data(), static_cast<unsigned>(self->buf_.size()));

@@ -43,6 +43,8 @@ class OutputReader {
   bool done() const noexcept { return done_; }
   /// Stops reading and flushes (used when a process group is gone but a straggler holds the pipe).
   void close();
+  /// Stops reading for now (the writer blocks once the pipe is full), or reads again.
+  void pause(bool on);
 
  private:
   static void on_alloc(uv_handle_t*, size_t, uv_buf_t*) noexcept;
@@ -52,6 +54,7 @@ class OutputReader {
   std::function<void()> on_eof_;
   std::string buf_;
   bool done_ = false;
+  bool paused_ = false;
 };
 
 }  // namespace sbx::supervisor

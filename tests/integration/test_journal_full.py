@@ -171,3 +171,37 @@ def test_the_timeout_clock_stands_still_while_the_agent_is_frozen_for_the_journa
     assert exited and exited[-1]["reason"] == "exited" and exited[-1]["code"] == 0, exited
     out = "".join(e["data"] for e in journal_lines(small_state) if e["type"] == "proc.output" and e["stream"] == "stdout")
     assert len(out) == SPEW
+
+
+def test_without_a_freezer_the_agents_output_waits_unread(tmp_path, small_state):
+    """A box without cgroups (SANDBOXER_CGROUP=none, as a container whose cgroup filesystem is
+    read-only) cannot freeze its agent for a full disk: it stops reading the agent's output
+    instead, so the agent blocks in its next write and what waits in memory stays bounded. When
+    space returns everything is written, in order. Without the pause (the control this replaced)
+    the agent was never blocked: its 3 MB went into memory and it exited."""
+    env = dict(os.environ, SANDBOXER_CGROUP="none")
+    with WsBox(tmp_path, [str(PROBE), "spew", str(SPEW)], extra=["--set", "journal.queue=256KiB"], env=env) as box:
+        started = box.wait_event(lambda e: e["type"] == "proc.started", timeout=30)
+        box.wait_event(lambda e: e["type"] == "journal.degraded", timeout=30)
+        def wchan():
+            try:
+                return pathlib.Path(f"/proc/{started['pid']}/wchan").read_text()
+            except FileNotFoundError:
+                return "(ended)"
+        deadline = time.monotonic() + 30
+        while "pipe_write" not in (w := wchan()):
+            assert time.monotonic() < deadline and w != "(ended)", f"the agent was never blocked in a write: {w}"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert "pipe_write" in wchan()  # still waiting: its output is not read
+        assert "its output is not read until the journal is written" in box.stderr()
+        (small_state / "ballast").unlink()
+        assert box.proc.wait(60) == 0, box.stderr()
+    on_disk = journal_lines(small_state)
+    assert [e["seq"] for e in on_disk] == list(range(1, len(on_disk) + 1))
+    out = "".join(e["data"] for e in on_disk if e["type"] == "proc.output" and e["stream"] == "stdout")
+    assert len(out) == SPEW
+    recovered = [e for e in on_disk if e["type"] == "journal.recovered"]
+    assert len(recovered) == 1 and recovered[0]["agent_stopped"] is True, recovered
+    # Bounded: what waited in memory is about the queue's bound, not the agent's 3 MB.
+    assert recovered[0]["bytes"] < 1 << 20, recovered
