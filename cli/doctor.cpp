@@ -170,11 +170,37 @@ Line check_namespaces() {
   return {"namespaces", true, detail, ""};
 }
 
+// Mounts an overlay in a throwaway mount namespace over a tmpfs (as a branch's /tmp is mounted),
+// with `opts` added; 0 or the errno.
+int try_overlay(const std::string& dir, const char* opts) {
+  // Everything the child needs is made before the fork.
+  std::vector<std::string> dirs = {dir + "/l", dir + "/u", dir + "/w", dir + "/m"};
+  std::string data = "lowerdir=" + dirs[0] + ",upperdir=" + dirs[1] + ",workdir=" + dirs[2] + opts;
+  return in_child([&] {
+    if (::unshare(CLONE_NEWNS) != 0) return errno;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) return errno;
+    for (auto& d : dirs)
+      if (::mkdir(d.c_str(), 0700) != 0) return errno;
+    return ::mount("overlay", dirs[3].c_str(), "overlay", 0, data.c_str()) == 0 ? 0 : errno;
+  });
+}
+
 Line check_overlay() {
-  auto fs = os::read_file("/proc/filesystems");
-  bool ok = fs && fs->find("\toverlay\n") != std::string::npos;
-  return {"overlayfs", ok, ok ? "in /proc/filesystems" : "not available",
-          ok ? "" : "branch roots are copies, not copy-on-write layers: forks cost disk and time"};
+  char tmpl[] = "/tmp/sbx-doctor-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
+  int plain = dir.empty() ? errno : try_overlay(dir, "");
+  int vol = dir.empty() || plain != 0 ? plain : try_overlay(dir, ",volatile");
+  if (!dir.empty()) ::rmdir(dir.c_str());
+  if (plain != 0)
+    return {"overlayfs", false, std::string("mounting one: ") + std::strerror(plain),
+            "a branch's /tmp is a directory of its own, not an overlay of the host's /tmp"};
+  if (vol != 0)
+    return {"overlayfs", true,
+            std::string("mounts; volatile: no (") + std::strerror(vol) +
+                "), so a branch's end syncs the host's disk (README, \"What works today\")",
+            ""};
+  return {"overlayfs", true, "mounts, volatile too (a branch's end does not sync the host's disk)", ""};
 }
 
 Line check_ksm() {

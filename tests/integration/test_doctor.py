@@ -1,6 +1,7 @@
 """sandboxer doctor: one line per capability of this host, checked against the host itself."""
 import ctypes
 import json
+import os
 import subprocess
 
 import pytest
@@ -38,6 +39,11 @@ def test_doctor_json_matches_this_host():
         # What moving a process into a group took, measured (README, Hosts: favordynmods).
         moved = d["cgroup"]["detail"].split("moving a process into its groups took ")[1]
         assert float(moved.split(" ms")[0]) > 0, moved
+    # overlayfs is tried for real, as a branch's /tmp is mounted: here with volatile (Linux 5.10+).
+    if "\toverlay\n" in open("/proc/filesystems").read():
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+        assert d["overlayfs"]["ok"] and d["overlayfs"]["detail"].startswith("mounts"), d["overlayfs"]
+        assert ("volatile too" in d["overlayfs"]["detail"]) == ((major, minor) >= (5, 10)), d["overlayfs"]
     try:
         ksm = open("/sys/kernel/mm/ksm/run").read().strip() == "1"
     except OSError:
