@@ -312,6 +312,10 @@ void Box::stop_for_journal(bool stop) {
   for (auto& [name, b] : branches_) {
     // Frozen for the journal: its clocks stand still (it is not ended for time it could not run).
     if (b->limits) stop ? b->limits->pause() : b->limits->resume();
+    if (!stop && b->output_paused) {  // it was not frozen: its output is read again
+      pause_output(*b, false);
+      continue;
+    }
     std::string failed = "it has no cgroup";
     if (b->cgroup) {
       auto r = b->cgroup->freeze(stop);
@@ -319,7 +323,6 @@ void Box::stop_for_journal(bool stop) {
     }
     if (!stop) {
       if (!failed.empty() && b->cgroup) log()->error("thaw branch {} for the journal: {}", name, failed);
-      if (b->output_paused) pause_output(*b, false);
       continue;
     }
     // Where it cannot be frozen (a container's read-only cgroup filesystem), its output is not
