@@ -337,6 +337,7 @@ void Box::stop_for_journal(bool stop) {
 
 void Box::pause_output(Branch& b, bool on) {
   b.output_paused = on;
+  watch_channel(b, !on);  // the agent's own events (`event` on its channel) wait too
   for (auto& [id, p] : procs_) {
     if (p->branch != b.name) continue;
     if (p->out) p->out->pause(on);

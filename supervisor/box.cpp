@@ -535,20 +535,30 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
       });
     });
   }
-  if (bp->channel) {
-    uv_poll_start(bp->channel.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
-      auto* br = static_cast<Branch*>(h->data);
-      auto* box = static_cast<Box*>(h->loop->data);
-      if (!read_available(br->launched.chan_req.get(), br->chan_pending)) uv_poll_stop(h);
-      // One request per line; on_channel answers each one, a refusal included.
-      for (size_t nl; (nl = br->chan_pending.find('\n')) != std::string::npos;) {
-        std::string line = br->chan_pending.substr(0, nl);
-        br->chan_pending.erase(0, nl + 1);
-        box->on_channel(*br, line);
-      }
-    });
-  }
+  if (bp->channel) watch_channel(*bp, true);
   return *bp;
+}
+
+void Box::watch_channel(Branch& b, bool on) {
+  if (!b.channel || b.chan_closed) return;
+  if (!on) {
+    uv_poll_stop(b.channel.get());
+    return;
+  }
+  uv_poll_start(b.channel.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
+    auto* br = static_cast<Branch*>(h->data);
+    auto* box = static_cast<Box*>(h->loop->data);
+    if (!read_available(br->launched.chan_req.get(), br->chan_pending)) {
+      uv_poll_stop(h);
+      br->chan_closed = true;
+    }
+    // One request per line; on_channel answers each one, a refusal included.
+    for (size_t nl; (nl = br->chan_pending.find('\n')) != std::string::npos;) {
+      std::string line = br->chan_pending.substr(0, nl);
+      br->chan_pending.erase(0, nl + 1);
+      box->on_channel(*br, line);
+    }
+  });
 }
 
 void Box::on_branch_exit(Branch& b, int st) {

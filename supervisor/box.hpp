@@ -115,6 +115,7 @@ struct Branch {
   checkpoint::Lineage lineage;
   // The agent channel: requests read on the loop, replies written back.
   loop::UvHandle<uv_poll_t> channel;
+  bool chan_closed = false;  // its end was read: not watched again
   std::string chan_pending;
   int64_t chan_inflight = -1;  // id of a channel request being served (checkpoint), else -1
   loop::UvHandle<uv_timer_t> drain_timer;
@@ -265,7 +266,8 @@ class Box : public checkpoint::Host {
   /// The journal's back-pressure: while events wait in memory for a full disk, every branch's
   /// tree is frozen (not killed) and thawed when they are written.
   void stop_for_journal(bool stop);
-  void pause_output(Branch& b, bool on);  // stop_for_journal's fallback: its procs' output unread
+  void pause_output(Branch& b, bool on);   // stop_for_journal's fallback: its procs' output unread
+  void watch_channel(Branch& b, bool on);  // reads the agent channel's requests (or stops for now)
   bool stopped_for_journal_ = false;
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
