@@ -57,6 +57,16 @@ int in_child(Fn fn) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : EIO;
 }
 
+// `fn` in a throwaway child with a private mount namespace of its own: what it mounts vanishes.
+template <class Fn>
+int in_mount_ns(Fn fn) {
+  return in_child([&] {
+    if (::unshare(CLONE_NEWNS) != 0) return errno;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+    return fn();
+  });
+}
+
 std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   std::string out;
   for (auto& s : v) out += (out.empty() ? "" : sep) + s;
@@ -176,9 +186,7 @@ int try_overlay(const std::string& dir, const char* opts) {
   // Everything the child needs is made before the fork.
   std::vector<std::string> dirs = {dir + "/l", dir + "/u", dir + "/w", dir + "/m"};
   std::string data = "lowerdir=" + dirs[0] + ",upperdir=" + dirs[1] + ",workdir=" + dirs[2] + opts;
-  return in_child([&] {
-    if (::unshare(CLONE_NEWNS) != 0) return errno;
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  return in_mount_ns([&] {
     if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) return errno;
     for (auto& d : dirs)
       if (::mkdir(d.c_str(), 0700) != 0) return errno;
@@ -246,9 +254,7 @@ Line check_disk() {
   // A sized tmpfs in a throwaway mount namespace.
   char tmpl[] = "/tmp/sbx-doctor-XXXXXX";
   std::string dir = ::mkdtemp(tmpl) ? tmpl : "";
-  int tmpfs = dir.empty() ? errno : in_child([&] {
-    if (::unshare(CLONE_NEWNS) != 0) return errno;
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  int tmpfs = dir.empty() ? errno : in_mount_ns([&] {
     return ::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=1m") == 0 ? 0 : errno;
   });
   if (!dir.empty()) ::rmdir(dir.c_str());
