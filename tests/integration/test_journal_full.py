@@ -8,6 +8,7 @@ keeps what follows in memory unseen, freezes the agent once that passes `journal
 the test frees the ballast writes it all in order, thaws the agent and says `journal.recovered`.
 """
 import asyncio
+import datetime
 import json
 import os
 import pathlib
@@ -205,3 +206,57 @@ def test_without_a_freezer_the_agents_output_waits_unread(tmp_path, small_state)
     assert len(recovered) == 1 and recovered[0]["agent_stopped"] is True, recovered
     # Bounded: what waited in memory is about the queue's bound, not the agent's 3 MB.
     assert recovered[0]["bytes"] < 1 << 20, recovered
+
+
+CHANNEL_AGENT = r'''
+import os, sys, threading
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ch = agent.Channel()
+def spew():
+    line = b"x" * 99 + b"\n"
+    for _ in range(30000):
+        os.write(1, line)
+threading.Thread(target=spew).start()
+i = 0
+while not os.path.exists("/workspace/stop"):
+    ch.event("agent.note", i=i)
+    i += 1
+'''
+
+
+def test_without_a_freezer_the_agents_channel_waits_unread_too(tmp_path, small_state):
+    """As above, with an agent that also writes events through its channel in a loop while another
+    thread fills its stdout: once the box stops reading, both wait (the channel's next reply never
+    comes), and no agent event is taken while they do. Without the channel's pause (its control)
+    the loop went on and its events were stamped all through the wait."""
+    sdk = pathlib.Path(__file__).resolve().parents[2] / "sdk" / "python" / "sandboxer"
+    env = dict(os.environ, SANDBOXER_CGROUP="none", SBX_AGENT_SDK=str(sdk))
+    with WsBox(tmp_path, ["python3", "-c", CHANNEL_AGENT],
+               extra=["--set", "journal.queue=256KiB", "--env", "SBX_AGENT_SDK"], env=env) as box:
+        started = box.wait_event(lambda e: e["type"] == "proc.started", timeout=30)
+        box.wait_event(lambda e: e["type"] == "journal.degraded", timeout=30)
+
+        def waits():
+            out = []
+            for t in pathlib.Path(f"/proc/{started['pid']}/task").iterdir():
+                try:
+                    out.append((t / "wchan").read_text())
+                except FileNotFoundError:
+                    pass
+            return out
+        deadline = time.monotonic() + 30
+        while not (any("pipe_write" in w for w in waits()) and any("pipe_read" in w for w in waits())):
+            assert time.monotonic() < deadline, f"the agent's threads never both waited: {waits()}"
+            time.sleep(0.05)
+        t_blocked = time.time()
+        time.sleep(1.0)
+        t_free = time.time()
+        (small_state / "ballast").unlink()
+        (small_state / "branches" / "main" / "workspace" / "stop").write_text("")
+        assert box.proc.wait(60) == 0, box.stderr()
+    notes = [e for e in journal_lines(small_state) if e["type"] == "agent.note"]
+    assert notes, "the agent wrote no event"
+    stamped = [e for e in notes
+               if t_blocked + 0.1 < datetime.datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp() < t_free]
+    assert stamped == [], f"{len(stamped)} channel events were taken while the box waited for the disk"
