@@ -313,8 +313,7 @@ void Box::start() {
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
-  std::shared_ptr<sandbox::CommandProbe> criu_probe = std::move(opts_.criu_probe);
-  if (!criu_probe) criu_probe = std::make_shared<sandbox::CommandProbe>(std::vector<std::string>{"criu", "--version"});
+  sandbox::CommandProbe criu_probe({"criu", "--version"});
   // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
   caps_ = sandbox::detect_capabilities(nullptr, opts_.idle || !opts_.restore_file.empty());
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
@@ -323,7 +322,7 @@ void Box::start() {
   std::string why_not;
   bool live = false;
   auto read_criu = [&] {
-    caps_.criu = sandbox::criu_version_of(criu_probe->output(3000));
+    caps_.criu = sandbox::criu_version_of(criu_probe.output(3000));
     caps = caps_.to_json();
     // KSM shares identical pages of the box's live copies when the host runs it (README, "Forks").
     caps["ksm"] = boost::json::object{{"host", checkpoint::ksm_state()}, {"copies", opts_.profile.resources.ksm}};

@@ -54,8 +54,6 @@ struct BoxOptions {
   bool allow_unsigned = false;
   uint64_t max_archive_bytes = archive::kDefaultMaxArchiveBytes;
   std::string health_file;  // "" none; else health.hpp's file, once the server is up
-  // `criu --version` for box.started, started by main before the rest of start-up (or by start).
-  std::shared_ptr<sandbox::CommandProbe> criu_probe;
 };
 
 class ProcIo;

@@ -13,7 +13,6 @@
 #include "archive/signing.hpp"
 #include "os/signal-mask.hpp"
 #include "os/sys.hpp"
-#include "sandbox/capabilities.hpp"
 #include "sandbox/ns-init.hpp"
 #include "supervisor/box.hpp"
 #include "supervisor/health.hpp"
@@ -99,19 +98,6 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // The token never stays in our environment: processes we start must not inherit it.
-  std::string env_token;
-  if (char* t = std::getenv("SANDBOXER_TOKEN")) {
-    env_token = t;
-    // unsetenv only unlinks the string: the bytes stay in the initial environment block that
-    // /proc/PID/environ shows, so overwrite them first.
-    std::memset(t, 'x', std::strlen(t));
-    ::unsetenv("SANDBOXER_TOKEN");
-  }
-  // `criu --version` (for box.started) takes 3-4 ms, most of it criu's own dynamic loading: it
-  // runs from here, beside the whole of our start-up, not after it.
-  auto criu_probe = std::make_shared<sbx::sandbox::CommandProbe>(std::vector<std::string>{"criu", "--version"});
-
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>("sandboxer-init", sink);
   logger->set_pattern("sandboxer-init: %^%l%$ [%n] %v");
@@ -150,7 +136,14 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", e.what());
     return 125;
   }
-  bo.token = std::move(env_token);
+  // The token never stays in our environment: processes we start must not inherit it.
+  if (char* t = std::getenv("SANDBOXER_TOKEN")) {
+    bo.token = t;
+    // unsetenv only unlinks the string: the bytes stay in the initial environment block that
+    // /proc/PID/environ shows, so overwrite them first.
+    std::memset(t, 'x', std::strlen(t));
+    ::unsetenv("SANDBOXER_TOKEN");
+  }
   if (!o.token_file.empty()) {
     auto t = sbx::os::read_file(o.token_file);
     if (!t) {
@@ -184,7 +177,6 @@ int main(int argc, char** argv) {
   bo.self_exe = sbx::os::exe_path();
   // A container's init says where it serves, for `--health` (the image's HEALTHCHECK).
   if (::getpid() == 1) bo.health_file = kHealthFile;
-  bo.criu_probe = std::move(criu_probe);
   bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
 
   uv_loop_t loop;
