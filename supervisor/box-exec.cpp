@@ -192,9 +192,7 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
       if (auto err = fd_of("err"))
         p.err = std::make_unique<OutputReader>(loop_, std::move(err), OutputDecoder("stderr", false, emit_to), on_eof);
     }
-    if (b.output_paused)  // the journal waits for disk space and the branch could not be frozen
-      for (auto* r : {p.out.get(), p.err.get()})
-        if (r) r->pause(true);
+    if (b.output_paused) pause_readers(p, true);  // the journal waits and the branch was not frozen
     if (fds) send_request(b, {{"op", "release"}, {"proc", p.id}});
     if (p.io->input) {
       if (!p.io->early_input.empty()) (void)p.io->input->write(std::exchange(p.io->early_input, {}));

@@ -338,11 +338,13 @@ void Box::stop_for_journal(bool stop) {
 void Box::pause_output(Branch& b, bool on) {
   b.output_paused = on;
   watch_channel(b, !on);  // the agent's own events (`event` on its channel) wait too
-  for (auto& [id, p] : procs_) {
-    if (p->branch != b.name) continue;
-    if (p->out) p->out->pause(on);
-    if (p->err) p->err->pause(on);
-  }
+  for (auto& [id, p] : procs_)
+    if (p->branch == b.name) pause_readers(*p, on);
+}
+
+void Box::pause_readers(Proc& p, bool on) {
+  for (auto* r : {p.out.get(), p.err.get()})
+    if (r) r->pause(on);
 }
 
 }  // namespace sbx::supervisor

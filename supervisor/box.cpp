@@ -192,10 +192,7 @@ void Box::start_readers(Branch& b, Proc& p) {
                                                          emit(p.branch, std::move(e));
                                                        }),
                                          on_eof);
-  if (b.output_paused) {
-    p.out->pause(true);
-    p.err->pause(true);
-  }
+  if (b.output_paused) pause_readers(p, true);  // readers of a branch whose output waits start paused
 }
 
 void Box::maybe_proc_exited(Proc& p) {

@@ -264,8 +264,9 @@ class Box : public checkpoint::Host {
   /// The journal's back-pressure: while events wait in memory for a full disk, every branch's
   /// tree is frozen (not killed) and thawed when they are written.
   void stop_for_journal(bool stop);
-  void pause_output(Branch& b, bool on);   // stop_for_journal's fallback: its procs' output unread
-  void watch_channel(Branch& b, bool on);  // reads the agent channel's requests (or stops for now)
+  void pause_output(Branch& b, bool on);        // stop_for_journal's fallback: its procs' output unread
+  void watch_channel(Branch& b, bool on);       // reads the agent channel's requests (or stops for now)
+  static void pause_readers(Proc& p, bool on);  // its stdout and stderr readers
   bool stopped_for_journal_ = false;
   void teardown_policy();
   std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
