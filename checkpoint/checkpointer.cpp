@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -11,7 +12,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <system_error>
+#include <thread>
 
 #include "archive/archive.hpp"
 #include "base/encoding.hpp"
@@ -146,6 +150,7 @@ struct Checkpointer::CheckpointOp {
   std::string error;
   std::optional<archive::ArchiveInfo> info;
   std::string id;
+  std::shared_ptr<ForkSeal> fork;  // fork_branch: copies of it start before its archive is sealed
 };
 
 Checkpointer::Checkpointer(uv_loop_t* loop, Host& host, Settings settings)
@@ -156,7 +161,16 @@ Checkpointer::Checkpointer(uv_loop_t* loop, Host& host, Settings settings)
       criu_(find_criu()),
       image_id_(archive::read_image_id()) {
   (void)os::make_dirs(snap_dir_, 0700);
-  // What a supervisor killed while it stored a snapshot left: chunks no list names yet.
+  // What a supervisor killed while it took a snapshot or forked one left: its work dirs, the
+  // linked trees of forks (fork_early), and chunks no list names yet.
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator(snap_dir_, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with(".work-") || name.starts_with(".fork-")) {
+      log()->info("removing {}, left by a supervisor that ended before its checkpoint or fork did", name);
+      os::remove_tree(e.path().string());
+    }
+  }
   collect_chunks();
 }
 
@@ -272,7 +286,8 @@ void Checkpointer::checkpoint_held(const std::string& branch, const std::string&
 }
 
 void Checkpointer::start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
-                                    const std::string& by, bool chunked, int64_t hold_ms) {
+                                    const std::string& by, bool chunked, int64_t hold_ms,
+                                    std::shared_ptr<ForkSeal> fork) {
   auto found = host_.find_branch(branch);
   if (!found) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   const BranchView& b = *found;
@@ -310,6 +325,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   op->leave_running = leave_running;
   op->hold_ms = hold_ms;
   op->done = std::move(done);
+  op->fork = std::move(fork);
   if (auto live = live_possible(); !live) {
     op->note = "filesystem only: " + live.error().message;
   } else if (!b.namespaced) {
@@ -472,6 +488,40 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         continue_op(*op);
         op->t_resumed = now_ms();
         if (!op->error.empty()) return checkpoint_failed(op, "io", "snapshot the writable layer: " + op->error);
+        // A fork's copies start from the images now; only a signed snapshot restores live.
+        if (op->fork && op->live && op->key && !host_.shutting_down()) return fork_early(op);
+        compress(op);
+      });
+}
+
+namespace {
+// What a box's own snapshot says of its signature (the extracted manifest's "verified").
+json::object own_verified(const archive::SigningKey* key) {
+  return key ? json::object{{"trusted", true}, {"key", key->public_key().fingerprint()}}
+             : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
+}
+}  // namespace
+
+void Checkpointer::fork_early(std::shared_ptr<CheckpointOp> op) {
+  // The copies restore from the dump's images and files as they are, linked (not copied) into a
+  // tree of the fork's own: the archive is written from the payload meanwhile and moves it away
+  // when sealed, and the copies' KSM marks replace their mm images there (a new inode each), so
+  // the archive's stay as criu wrote them. The tree goes when the last copy's memory has arrived.
+  std::string dir = snap_dir_ + "/.fork-" + os::random_hex(6);
+  auto err = std::make_shared<std::string>();
+  offload(
+      [src = op->work + "/payload", dir, err] {
+        if (auto r = os::link_tree(src, dir); !r) *err = r.error().message;
+      },
+      [this, op, dir, err] {
+        if (err->empty() && !host_.shutting_down()) {
+          json::object m = op->manifest;
+          m["verified"] = own_verified(op->key.get());
+          fork_copies(op->fork, dir, std::move(m));
+        } else {
+          os::remove_tree(dir);
+          if (!err->empty()) log()->warn("fork of branch {}: the copies wait for the archive: {}", op->branch, *err);
+        }
         compress(op);
       });
 }
@@ -503,22 +553,39 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["timings_ms"] = timings;
   std::string tmp = op->chunked ? "" : op->work + "/archive.tar.zst";
   if (op->chunked) ++chunk_writers_;
+  // A fork's copies start from the images while this runs (fork_early): on a thread of its own
+  // at a lower priority (nice 10; zstd's workers inherit it), so criu's restores and lazy-pages
+  // daemons come first and the archive takes what CPU they leave. Measured on 2 cores, a 50 MB
+  // agent's 8 copies ran 0.42 s after the pause with the seal beside them at the same priority.
+  bool behind = op->fork && op->fork->early;
+  auto write = [op, tmp, key = op->key, store = chunk_dir()] {
+    std::unique_ptr<archive::ChunkWriter> chunks;
+    if (op->chunked) {
+      auto w = archive::ChunkWriter::open(store, 3);
+      if (!w) {
+        op->error = w.error().message;
+        return;
+      }
+      chunks = std::move(*w);
+    }
+    auto info = archive::write_snapshot(op->work + "/payload", op->manifest, {tmp, chunks.get()}, 3, key.get());
+    if (info)
+      op->info = std::move(*info);
+    else
+      op->error = info.error().message;
+  };
   offload(
-      [op, tmp, key = op->key, store = chunk_dir()] {
-        std::unique_ptr<archive::ChunkWriter> chunks;
-        if (op->chunked) {
-          auto w = archive::ChunkWriter::open(store, 3);
-          if (!w) {
-            op->error = w.error().message;
-            return;
-          }
-          chunks = std::move(*w);
+      [write, behind] {
+        if (!behind) return write();
+        try {
+          std::thread t([write] {
+            (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+            write();
+          });
+          t.join();
+        } catch (const std::system_error&) {
+          write();  // no thread to be had: at the pool's priority, as any other checkpoint
         }
-        auto info = archive::write_snapshot(op->work + "/payload", op->manifest, {tmp, chunks.get()}, 3, key.get());
-        if (info)
-          op->info = std::move(*info);
-        else
-          op->error = info.error().message;
       },
       [this, op, tmp] {
         op->t_compressed = now_ms();
@@ -576,9 +643,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         os::remove_tree(base + ".d");
         if (!op->chunked && ::rename((op->work + "/payload").c_str(), (base + ".d").c_str()) == 0) {
           json::object m = op->manifest;
-          m["verified"] = op->key
-                              ? json::object{{"trusted", true}, {"key", op->key->public_key().fingerprint()}}
-                              : json::object{{"trusted", false}, {"why", "this box signs nothing (no signing key)"}};
+          m["verified"] = own_verified(op->key.get());
           (void)os::write_file_atomic(base + ".d/manifest.json", json::serialize(m) + "\n");
           (void)os::write_file_atomic(base + ".d/.complete", "");
         }

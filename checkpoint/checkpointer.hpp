@@ -66,6 +66,15 @@ class Checkpointer {
   /// Ends (`end`) or continues a tree checkpoint_held() left stopped; an error reply when
   /// `branch` holds none.
   boost::json::object release(const std::string& branch, bool end, const std::string& why);
+  /// A live checkpoint of `branch` (left running, or ended: `leave_running`) and `n` copies of
+  /// it, each a new branch: the copies restore from the dump's images (linked, not copied) as soon
+  /// as the dump and the layer copy end, while the archive is compressed, hashed and signed. Until
+  /// that ends their `snapshot` is null (restore.done, whoami); `fork.created` and the reply name
+  /// it, with the copies and `timings_ms.running` (all copies running). A files-only checkpoint
+  /// (no criu, no namespaces, no signing key) forks once it is stored, as restore() does.
+  /// `by`: as for checkpoint().
+  void fork_branch(const std::string& branch, const std::string& name, int n, bool leave_running, Reply done,
+                   const std::string& by = "");
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).
@@ -120,10 +129,26 @@ class Checkpointer {
   struct CheckpointOp;
   struct RestoreOp;
   struct CopyJob;
+  // fork_branch: a checkpoint whose copies restore from its images while its archive is sealed.
+  struct ForkSeal {
+    int n = 0;
+    Reply done;  // the requester's, once the copies run and the archive is sealed
+    double t0 = 0, t_running = 0;
+    bool early = false;                         // the copies began from the images, before the seal
+    std::string id;                             // the snapshot, once sealed and kept
+    std::optional<boost::json::object> sealed;  // the checkpoint's reply
+    std::optional<boost::json::object> forked;  // the copies' (the restore's reply)
+    std::vector<std::string> copies;            // the copies' branches, named as they start
+  };
+  void fork_early(std::shared_ptr<CheckpointOp> op);
+  void fork_copies(std::shared_ptr<ForkSeal> fs, const std::string& dir, boost::json::object manifest);
+  void fork_sealed(std::shared_ptr<ForkSeal> fs, boost::json::object checkpoint_reply);
+  void fork_finish(std::shared_ptr<ForkSeal> fs);
+  void begin_restore(std::shared_ptr<RestoreOp> op);
   void offload(std::function<void()> work, std::function<void()> after);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   void start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
-                        const std::string& by, bool chunked, int64_t hold_ms);
+                        const std::string& by, bool chunked, int64_t hold_ms, std::shared_ptr<ForkSeal> fork = nullptr);
   void hold_tree(CheckpointOp& op);
   // Trees a checkpoint_held() left stopped, by branch: the pidfd they are continued or ended
   // through, and the timer that continues them if nobody releases them.

@@ -161,6 +161,9 @@ class Host {
   /// Takes the copy into the box, as a branch: watches its ns-init, its reports, its channel, its
   /// ceilings, and (`running`: a live copy, whose agent runs already) its agent's output.
   virtual void adopt_copy(std::unique_ptr<Copy> copy, bool running) = 0;
+  /// A fork's copy learns the snapshot it came from once that is sealed (fork_branch): its
+  /// lineage, and its /run/sandboxer/branch.json.
+  virtual void set_snapshot_of(const std::string& branch, const std::string& snapshot) = 0;
 
  protected:
   ~Host() = default;

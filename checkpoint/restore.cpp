@@ -48,6 +48,14 @@ struct Checkpointer::RestoreOp {
   bool counted = false;  // its copies count in copies_starting_ until each is done
   int pending = 0;
   json::array results;
+  std::string src;                 // the snapshot's files and images: snapshots/<id>.d, or a fork's
+  std::shared_ptr<ForkSeal> seal;  // fork_branch: the checkpoint sealed while the copies start
+  std::shared_ptr<void> images;    // ... whose images (a linked tree) go with the last copy
+  // The snapshot's id as events name it: null for a fork's copies until their snapshot is sealed.
+  json::value snapshot_id() const {
+    const std::string& id = seal && !seal->id.empty() ? seal->id : snapshot;
+    return id.empty() ? json::value(nullptr) : json::value(id);
+  }
 };
 
 // One copy of a restore, from its name to the box adopting it.
@@ -266,81 +274,88 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
       return op_done();
     }
     op->manifest = std::move(*m);
-    std::string mode(op->manifest.contains("mode") && op->manifest.at("mode").is_string()
-                         ? op->manifest.at("mode").as_string()
-                         : "fs");
-    // Only an archive a trusted key signed goes to criu, which restores its images as root; any
-    // other (accepted under --allow-unsigned) is restored cold: its files, the agent's command again.
-    auto* verified = op->manifest.if_contains("verified");
-    auto* trusted = verified && verified->is_object() ? verified->as_object().if_contains("trusted") : nullptr;
-    if (mode == "live" && !(trusted && trusted->is_bool() && trusted->as_bool())) {
-      auto* why = verified && verified->is_object() ? verified->as_object().if_contains("why") : nullptr;
-      op->note = "restored cold, its criu images unused: the archive is untrusted (" +
-                 (why && why->is_string() ? std::string(why->as_string()) : std::string("no signature checked")) + ")";
-      mode = "fs";
-    }
-    op->live = mode == "live";
-    json::object checked = op->manifest;
-    checked["mode"] = mode;
-    std::optional<std::string> refuse;
-    auto live = mode == "live" ? live_possible() : base::Result<void>{};
-    if (!live)
-      refuse = "a live snapshot needs criu here: " + live.error().message;
-    else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
-      refuse = r.error().message;
-    if (!refuse && mode == "live")
-      if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
-    // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
-    // without it. A cold copy gets it again.
-    if (!refuse && mode == "live" && settings_.landlock)
-      refuse = "a live snapshot restores without Landlock, and this box's profile asks for Landlock";
-    if (refuse && op->cold_if_refused && op->live) {
-      op->note = "restored cold, its criu images unused: " + *refuse;
-      op->live = false;
-      refuse.reset();
-    }
-    if (refuse) {
-      host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *refuse}});
-      if (op->counted) copies_starting_ -= op->n;
-      op->done(error_reply("incompatible", *refuse));
-      return op_done();
-    }
-    // Each copy gets the snapshot's files (its layer) in its own branch dir: they must fit beside
-    // the journal's room, which comes first, as for a checkpoint or an import.
-    if (auto why = room_refusal(layer_bytes(op->manifest) * static_cast<uint64_t>(op->n),
-                                std::to_string(op->n) + (op->n == 1 ? " copy's files" : " copies' files"))) {
-      host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot}, {"error", *why}});
-      if (op->counted) copies_starting_ -= op->n;
-      op->done(error_reply("no_space", "restore refused: " + *why));
-      return op_done();
-    }
-    op->pending = op->n;
-    if (op->live) {
-      auto lazy = lazy_pages_possible();
-      op->lazy = static_cast<bool>(lazy);
-      if (!lazy) op->lazy_why = lazy.error().message;
-    }
-    if (!op->live || !settings_.ksm) return start_more(op);
-    // KSM: the snapshot's anonymous private mappings are marked mergeable once, in its extracted
-    // images (checked when extracted; the archive itself is unchanged), before any copy of it runs.
-    std::string img = snap_dir_ + "/" + op->snapshot + ".d/criu";
-    auto err = std::make_shared<std::string>();
-    offload(
-        [img, err] {
-          struct stat st {};
-          if (::stat((img + "/.mergeable").c_str(), &st) == 0) return;
-          auto m = mark_mergeable(img);
-          if (!m)
-            *err = m.error().message;
-          else if (auto w = os::write_file_atomic(img + "/.mergeable", std::to_string(*m) + "\n"); !w)
-            *err = w.error().message();
-        },
-        [this, op, err] {
-          op->ksm = err->empty();
-          if (!err->empty()) log()->warn("restore {}: copies not mergeable: {}", op->snapshot, *err);
-          start_more(op);
-        });
+    op->src = snap_dir_ + "/" + op->snapshot + ".d";
+    begin_restore(op);
   });
+}
+
+// A restore whose snapshot is at hand (op->src, op->manifest): checked against this host, then
+// its copies started.
+void Checkpointer::begin_restore(std::shared_ptr<RestoreOp> op) {
+  std::string mode(op->manifest.contains("mode") && op->manifest.at("mode").is_string()
+                       ? op->manifest.at("mode").as_string()
+                       : "fs");
+  // Only an archive a trusted key signed goes to criu, which restores its images as root; any
+  // other (accepted under --allow-unsigned) is restored cold: its files, the agent's command again.
+  auto* verified = op->manifest.if_contains("verified");
+  auto* trusted = verified && verified->is_object() ? verified->as_object().if_contains("trusted") : nullptr;
+  if (mode == "live" && !(trusted && trusted->is_bool() && trusted->as_bool())) {
+    auto* why = verified && verified->is_object() ? verified->as_object().if_contains("why") : nullptr;
+    op->note = "restored cold, its criu images unused: the archive is untrusted (" +
+               (why && why->is_string() ? std::string(why->as_string()) : std::string("no signature checked")) + ")";
+    mode = "fs";
+  }
+  op->live = mode == "live";
+  json::object checked = op->manifest;
+  checked["mode"] = mode;
+  std::optional<std::string> refuse;
+  auto live = mode == "live" ? live_possible() : base::Result<void>{};
+  if (!live)
+    refuse = "a live snapshot needs criu here: " + live.error().message;
+  else if (auto r = archive::incompatibility(checked, host_.criu_version(), image_id_); !r)
+    refuse = r.error().message;
+  if (!refuse && mode == "live")
+    if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
+  // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
+  // without it. A cold copy gets it again.
+  if (!refuse && mode == "live" && settings_.landlock)
+    refuse = "a live snapshot restores without Landlock, and this box's profile asks for Landlock";
+  if (refuse && op->cold_if_refused && op->live) {
+    op->note = "restored cold, its criu images unused: " + *refuse;
+    op->live = false;
+    refuse.reset();
+  }
+  if (refuse) {
+    host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot_id()}, {"error", *refuse}});
+    if (op->counted) copies_starting_ -= op->n;
+    op->done(error_reply("incompatible", *refuse));
+    return op_done();
+  }
+  // Each copy gets the snapshot's files (its layer) in its own branch dir: they must fit beside
+  // the journal's room, which comes first, as for a checkpoint or an import.
+  if (auto why = room_refusal(layer_bytes(op->manifest) * static_cast<uint64_t>(op->n),
+                              std::to_string(op->n) + (op->n == 1 ? " copy's files" : " copies' files"))) {
+    host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot_id()}, {"error", *why}});
+    if (op->counted) copies_starting_ -= op->n;
+    op->done(error_reply("no_space", "restore refused: " + *why));
+    return op_done();
+  }
+  op->pending = op->n;
+  if (op->live) {
+    auto lazy = lazy_pages_possible();
+    op->lazy = static_cast<bool>(lazy);
+    if (!lazy) op->lazy_why = lazy.error().message;
+  }
+  if (!op->live || !settings_.ksm) return start_more(op);
+  // KSM: the snapshot's anonymous private mappings are marked mergeable once, in its extracted
+  // images (checked when extracted; the archive itself is unchanged), before any copy of it runs.
+  std::string img = op->src + "/criu";
+  auto err = std::make_shared<std::string>();
+  offload(
+      [img, err] {
+        struct stat st {};
+        if (::stat((img + "/.mergeable").c_str(), &st) == 0) return;
+        auto m = mark_mergeable(img);
+        if (!m)
+          *err = m.error().message;
+        else if (auto w = os::write_file_atomic(img + "/.mergeable", std::to_string(*m) + "\n"); !w)
+          *err = w.error().message();
+      },
+      [this, op, err] {
+        op->ksm = err->empty();
+        if (!err->empty()) log()->warn("restore {}: copies not mergeable: {}", op->snapshot, *err);
+        start_more(op);
+      });
 }
 
 void Checkpointer::start_more(std::shared_ptr<RestoreOp> op) {
@@ -403,8 +418,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   spec.main_proc = spec.name == "main" ? "main" : "main@" + spec.name;
   spec.lineage.mode = op->live ? "live" : "cold";
   spec.lineage.parent = std::string(op->manifest.at("branch").as_string());
-  spec.lineage.snapshot = op->snapshot;
+  spec.lineage.snapshot = op->snapshot;  // a fork's copy gets it once sealed (fork_sealed)
   spec.lineage.index = op->first_index + index;
+  if (op->seal) op->seal->copies.push_back(spec.name);
   if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
     for (auto& v : a->as_array()) spec.argv.emplace_back(v.as_string());
   spec.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
@@ -422,7 +438,7 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   job->t_start = now_ms();
   json::array masks;
   if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
-  std::string src = snap_dir_ + "/" + op->snapshot + ".d";
+  std::string src = op->src;
   offload(
       [src, dir = job->dir, err, masks, live = op->live] {
         if (!err->empty()) return;
@@ -502,7 +518,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
   auto status = os::make_pipe();
   if (!status) return eager("its lazy-pages daemon: " + status.error().message());
   CriuRun run;
-  run.args = {"lazy-pages",     "--images-dir",      snap_dir_ + "/" + job->op->snapshot + ".d/criu",
+  run.args = {"lazy-pages",     "--images-dir",      job->op->src + "/criu",
               "--work-dir",     job->dir + "/.criu", "--log-file",
               "lazy-pages.log", "--status-fd",       std::to_string(kCriuFirstFd)};
   run.fds = {status->write.get()};
@@ -540,7 +556,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
 void Checkpointer::lazy_daemon_ended(std::shared_ptr<CopyJob> job) {
   int st = job->memory_status;
   json::object ev{{"type", "restore.memory_complete"},
-                  {"snapshot", job->op->snapshot},
+                  {"snapshot", job->op->snapshot_id()},
                   {"index", job->spec.lineage.index},
                   {"ok", WIFEXITED(st) && WEXITSTATUS(st) == 0},
                   {"ms", round_ms(now_ms() - job->t_restored)}};
@@ -559,7 +575,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   CriuRun run;
   run.args = {"restore",
               "--images-dir",
-              snap_dir_ + "/" + job->op->snapshot + ".d/criu",
+              job->op->src + "/criu",
               "--work-dir",
               dir + "/.criu",
               "--log-file",
@@ -632,8 +648,14 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
     ::kill(root, SIGKILL);
     return copy_failed(job, r.error().message);
   }
-  const CopySpec& s = job->spec;
+  CopySpec& s = job->spec;
   host_.adopt_copy(std::move(job->copy), true);
+  // A fork's copy restored after its snapshot was sealed learns it here (fork_sealed told the
+  // copies adopted before).
+  if (job->op->seal && !job->op->seal->id.empty()) {
+    s.lineage.snapshot = job->op->seal->id;
+    host_.set_snapshot_of(s.name, s.lineage.snapshot);
+  }
   // The tree was dumped stopped, so criu restored it stopped: it runs from here.
   auto added = host_.find_branch(s.name);
   continue_tree(root, added ? added->pidfd : -1);
@@ -645,7 +667,7 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   if (auto* cr = job->op->manifest.if_contains("channel_request"); cr && cr->is_int64()) {
     host_.channel_reply(s.name, {{"id", cr->as_int64()},
                                  {"ok", true},
-                                 {"snapshot", job->op->snapshot},
+                                 {"snapshot", job->op->snapshot_id()},
                                  {"copy", true},
                                  {"branch", s.name},
                                  {"index", s.lineage.index},
@@ -676,7 +698,7 @@ void Checkpointer::copy_failed(std::shared_ptr<CopyJob> job, std::string error) 
 void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   std::string branch(res.at("branch").as_string());
   json::object ev{{"type", "restore.done"},
-                  {"snapshot", op->snapshot},
+                  {"snapshot", op->snapshot_id()},
                   {"parent", op->manifest.at("branch")},
                   {"parent_box", op->manifest.at("box")},
                   {"index", res.at("index")},
@@ -714,7 +736,8 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
     all_ok &= !r.as_object().contains("error");
   }
   double total = round_ms(now_ms() - op->t0);
-  if (op->fork) {
+  // A fork of a live branch says fork.created once its snapshot is sealed too (fork_finish).
+  if (op->fork && !op->seal) {
     host_.emit("main", {{"type", "fork.created"},
                         {"snapshot", op->snapshot},
                         {"n", op->n},
@@ -722,10 +745,92 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
                         {"timings_ms", {{"total", total}}}});
   }
   json::object reply{
-      {"ok", all_ok}, {"snapshot", op->snapshot}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
+      {"ok", all_ok}, {"snapshot", op->snapshot_id()}, {"copies", op->results}, {"timings_ms", {{"total", total}}}};
   if (!all_ok) reply["error"] = {{"code", "restore_failed"}, {"message", "some copies could not be restored"}};
   op->done(std::move(reply));
   op_done();
+}
+
+// ---- fork of a live branch ----
+
+void Checkpointer::fork_branch(const std::string& branch, const std::string& name, int n, bool leave_running,
+                               Reply done, const std::string& by) {
+  if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
+  if (host_.shutting_down()) return done(error_reply("shutting_down", "the box is shutting down"));
+  // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot. Its
+  // copies count from here, as a restore's do.
+  if (auto refusal = copies_refusal(branch, n)) return done(std::move(*refusal));
+  auto fs = std::make_shared<ForkSeal>();
+  fs->n = n;
+  fs->done = std::move(done);
+  fs->t0 = now_ms();
+  copies_starting_ += n;
+  start_checkpoint(
+      branch, name, leave_running, [this, fs](json::object r) { fork_sealed(fs, std::move(r)); }, by, false, 0, fs);
+}
+
+void Checkpointer::fork_copies(std::shared_ptr<ForkSeal> fs, const std::string& dir, json::object manifest) {
+  fs->early = true;
+  auto op = std::make_shared<RestoreOp>();
+  op->n = fs->n;
+  op->fork = true;
+  op->seal = fs;
+  op->src = dir;
+  op->images = std::shared_ptr<void>(nullptr, [dir](void*) { os::remove_tree(dir); });
+  op->manifest = std::move(manifest);
+  op->t0 = fs->t0;
+  op->counted = true;  // since fork_branch
+  op->done = [this, fs](json::object r) {
+    fs->t_running = now_ms();
+    fs->forked = std::move(r);
+    fork_finish(fs);
+  };
+  ++ops_;
+  begin_restore(op);
+}
+
+void Checkpointer::fork_sealed(std::shared_ptr<ForkSeal> fs, json::object r) {
+  auto* ok = r.if_contains("ok");
+  if (ok && ok->is_bool() && ok->as_bool()) {
+    fs->id = std::string(r.at("snapshot").as_string());
+    // The copies running already learn their snapshot; the others do as they are adopted.
+    for (auto& b : fs->copies) host_.set_snapshot_of(b, fs->id);
+  }
+  fs->sealed = std::move(r);
+  if (fs->early) return fork_finish(fs);
+  // Not begun from the images (a files-only checkpoint, a box that signs nothing, or the images
+  // could not be linked): the copies restore from the stored snapshot, as a fork of it does.
+  copies_starting_ -= fs->n;
+  if (fs->id.empty()) return fs->done(std::move(*fs->sealed));
+  restore(fs->id, fs->n, true, [fs](json::object fr) {
+    auto* t = fs->sealed->if_contains("timings_ms");
+    if (t && fr.contains("timings_ms")) fr["timings_ms"].as_object()["checkpoint"] = *t;
+    fs->done(std::move(fr));
+  });
+}
+
+void Checkpointer::fork_finish(std::shared_ptr<ForkSeal> fs) {
+  if (!fs->sealed || !fs->forked) return;
+  json::object reply = std::move(*fs->forked);
+  const json::object& cp = *fs->sealed;
+  reply["snapshot"] = fs->id.empty() ? json::value(nullptr) : json::value(fs->id);
+  json::object timings{{"total", round_ms(now_ms() - fs->t0)}, {"running", round_ms(fs->t_running - fs->t0)}};
+  if (auto* t = cp.if_contains("timings_ms")) timings["checkpoint"] = *t;
+  reply["timings_ms"] = timings;
+  if (fs->id.empty()) {
+    auto* e = cp.if_contains("error");
+    auto* m = e && e->is_object() ? e->as_object().if_contains("message") : nullptr;
+    reply["note"] = "the copies run, but their snapshot was not kept: " +
+                    (m && m->is_string() ? std::string(m->as_string()) : std::string("the checkpoint failed"));
+  }
+  json::value copies = reply.contains("copies") ? reply.at("copies") : json::value(json::array{});
+  host_.emit("main", {{"type", "fork.created"},
+                      {"snapshot", reply.at("snapshot")},
+                      {"n", fs->n},
+                      {"copies", copies},
+                      {"early", true},
+                      {"timings_ms", timings}});
+  fs->done(std::move(reply));
 }
 
 void Checkpointer::restore_main(const std::string& snapshot, int index, Reply done, const std::string& from) {

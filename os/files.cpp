@@ -28,6 +28,7 @@ namespace {
 struct Copier {
   std::string err;  // what failed
   uint64_t bytes = 0;
+  bool link = false;  // link_tree: regular files are hard links to the source's, not copies
   std::vector<char> buf;
 
   static constexpr int kMaxDepth = 256;
@@ -78,6 +79,13 @@ struct Copier {
     struct stat st {};
     if (::fstat(p->get(), &st) != 0) return fail("stat " + shown, errno);
     if (!S_ISREG(st.st_mode)) return true;  // swapped for another type meanwhile: not copied
+    if (link) {
+      // By name (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH, which a container may lack);
+      // linkat never follows a symlink, and link_tree's trees are the supervisor's own.
+      if (::linkat(sdir, name, ddir, dname, 0) != 0) return fail("link " + shown, errno);
+      bytes += static_cast<uint64_t>(st.st_size);
+      return true;
+    }
     auto in = os::reopen(p->get(), O_RDONLY);
     if (!in) return fail("open " + shown, in.error().value());
     os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
@@ -145,7 +153,9 @@ struct Copier {
 
 }  // namespace
 
-base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst) {
+namespace {
+
+base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool link) {
   auto split = [](const std::string& p) {
     auto slash = p.rfind('/');
     if (slash == std::string::npos) return std::pair<std::string, std::string>(".", p);
@@ -171,9 +181,16 @@ base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst)
                       os::file_type_name(st.st_mode) + ")");
   }
   Copier c;
+  c.link = link;
   if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), src, 0)) return base::fail(c.err);
   return c.bytes;
 }
+
+}  // namespace
+
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst) { return tree(src, dst, false); }
+
+base::Result<uint64_t> link_tree(const std::string& src, const std::string& dst) { return tree(src, dst, true); }
 
 base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string& dst) {
   // Both are the caller's (the snapshot's store, the branch's dir); what is below them is reached

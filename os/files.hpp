@@ -14,6 +14,11 @@ namespace sbx::os {
 /// a symlink. Returns the bytes of regular files copied, or what failed.
 base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst);
 
+/// copy_tree with each regular file a hard link to the source's (one inode, no data copied):
+/// both on one filesystem, for a tree that is read but never written in place. Returns the bytes
+/// of the regular files linked.
+base::Result<uint64_t> link_tree(const std::string& src, const std::string& dst);
+
 /// The same as copy_tree for the contents of the directory `src`, into the directory `dst`, which
 /// exists and is empty (a mount point just made for them, such as a copy's workspace with its
 /// disk ceiling) but for a filesystem's own lost+found; `dst` gets `src`'s owner and mode.

@@ -156,4 +156,12 @@ void Box::adopt_copy(std::unique_ptr<checkpoint::Copy> copy, bool running) {
   start_watcher(added);
 }
 
+void Box::set_snapshot_of(const std::string& branch, const std::string& snapshot) {
+  auto it = branches_.find(branch);
+  if (it == branches_.end()) return;
+  Branch& b = *it->second;
+  b.lineage.snapshot = snapshot;
+  checkpoint::write_branch_json(id_, b.name, b.lineage, opts_.state_dir + "/branches/" + b.name);
+}
+
 }  // namespace sbx::supervisor

@@ -633,29 +633,17 @@ void Box::on_channel(Branch& b, std::string_view line) {
       case ChannelOp::checkpoint:
       case ChannelOp::fork: {
         int n = req.op == ChannelOp::fork ? req.n : 0;
-        // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot.
-        if (n > 0)
-          if (auto refusal = checkpointer_->copies_refusal(bname, n)) return answer(*refusal);
         // A live copy answers this same request in its own channel: the manifest keeps its id.
         b.chan_inflight = id.is_int64() && id.as_int64() >= 0 ? id.as_int64() : -1;
-        checkpoint(
-            bname, req.name, req.leave_running,
-            [this, bname, later, n](boost::json::object r) {
-              auto it = branches_.find(bname);
-              if (it != branches_.end()) it->second->chan_inflight = -1;
-              bool ok = r.contains("ok") && r.at("ok").as_bool();
-              if (!ok || n == 0) {
-                r["copy"] = false;
-                return later(r);
-              }
-              std::string snap(r.at("snapshot").as_string());
-              restore(snap, n, true, [later, snap](boost::json::object fr) {
-                fr["snapshot"] = snap;
-                fr["copy"] = false;
-                later(fr);
-              });
-            },
-            bname);
+        auto answered = [this, bname, later](boost::json::object r) {
+          auto it = branches_.find(bname);
+          if (it != branches_.end()) it->second->chan_inflight = -1;
+          r["copy"] = false;
+          later(r);
+        };
+        // A fork's copies start from the dump's images, before its archive is sealed.
+        if (n > 0) return checkpointer_->fork_branch(bname, req.name, n, req.leave_running, answered, bname);
+        checkpoint(bname, req.name, req.leave_running, answered, bname);
         return;
       }
       case ChannelOp::snapshot_list:
@@ -694,6 +682,10 @@ void Box::emit_started() {
 void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                      const std::string& by) {
   checkpointer_->checkpoint(branch, name, leave_running, std::move(done), by);
+}
+
+void Box::fork_branch(const std::string& branch, const std::string& name, int n, Reply done) {
+  checkpointer_->fork_branch(branch, name, n, true, std::move(done));
 }
 
 void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {

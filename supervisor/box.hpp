@@ -199,6 +199,9 @@ class Box : public checkpoint::Host {
     return r;
   }
   void restore(const std::string& snapshot, int n, bool fork, Reply done);
+  /// A live checkpoint of `branch` and n copies of it, started before its archive is sealed
+  /// (Checkpointer::fork_branch).
+  void fork_branch(const std::string& branch, const std::string& name, int n, Reply done);
   /// restore{snapshot, index}: an idle box (--idle) becomes copy `index` of the snapshot, its
   /// main branch, and from then on ends with that agent, as a box started with `--restore
   /// ARCHIVE --restore-index N` does; refused (not_idle) in any other box. A failed restore
@@ -369,6 +372,7 @@ class Box : public checkpoint::Host {
   base::Result<void> start_cold_agent(checkpoint::Copy& copy, const std::vector<std::string>& extra_env) override;
   base::Result<void> attach_live_network(checkpoint::Copy& copy) override;
   void adopt_copy(std::unique_ptr<checkpoint::Copy> copy, bool running) override;
+  void set_snapshot_of(const std::string& branch, const std::string& snapshot) override;
 };
 
 /// The exit status a shell would report for a wait status: the code, or 128 + signal.

@@ -61,9 +61,16 @@ void op_restore(OpContext& ctx) {
 
 void op_fork(OpContext& ctx) {
   const auto& f = ctx.fields();
-  auto snap = protocol::need_string(f, "snapshot");
   int n = static_cast<int>(protocol::opt_int(f, "n", 1, 64).value_or(1));
-  ctx.box.restore(snap, n, true, ctx.later());
+  // `branch`: a live checkpoint of it and its copies at once, the copies started from the dump's
+  // images before the archive is sealed; `snapshot`: copies of a snapshot the box has.
+  if (auto branch = protocol::opt_string(f, "branch")) {
+    if (f.contains("snapshot")) throw RequestError("bad_request", "fork takes a snapshot or a branch, not both");
+    if (!ctx.box.has_branch(*branch)) throw RequestError("no_such_branch", "no branch named " + *branch);
+    return ctx.box.fork_branch(*branch, protocol::opt_string(f, "name").value_or(""), n, ctx.later());
+  }
+  if (f.contains("name")) throw RequestError("bad_request", "field name: only with branch (it names the checkpoint)");
+  ctx.box.restore(protocol::need_string(f, "snapshot"), n, true, ctx.later());
 }
 
 void op_snapshot_list(OpContext& ctx) {

@@ -100,3 +100,23 @@ def test_an_idle_box_becomes_the_copy_restored_with_an_index(server, make_server
     busy, reply = run(go(), 90)
     assert busy.code == "not_idle" and "idle" in busy.message
     assert [(c["branch"], c["index"]) for c in reply["copies"]] == [("main", 3)], reply
+
+
+def test_fork_of_a_branch_names_its_snapshot_and_a_bad_call_is_refused_before_sending(make_server):
+    server = make_server(HOLDER)
+    server.wait_event(lambda e: e["type"] == "proc.output" and "ready" in e.get("data", ""), timeout=30)
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            r = await box.fork(branch="main", n=1, name="sdk-fork")
+            listed = {s["id"]: s for s in await box.snapshots()}
+            with pytest.raises(ValueError):
+                await box.fork("s-0000000000000000", branch="main")
+            with pytest.raises(ValueError):
+                await box.fork()
+            with pytest.raises(ValueError):
+                await box.fork("s-0000000000000000", name="x")
+            return r, listed
+    r, listed = run(go(), 90)
+    assert r["ok"] and len(r["copies"]) == 1 and r["snapshot"] in listed
+    assert listed[r["snapshot"]]["name"] == "sdk-fork"

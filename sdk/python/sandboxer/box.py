@@ -199,9 +199,21 @@ class Box:
             fields["index"] = index
         return await self._conn.request("restore", fields)
 
-    async def fork(self, snapshot: str, n: int = 1) -> dict[str, Any]:
-        """Starts `n` copies of snapshot `snapshot` in this box, each a branch of its own."""
-        return await self._conn.request("fork", {"snapshot": snapshot, "n": n})
+    async def fork(self, snapshot: str | None = None, n: int = 1, *, branch: str | None = None,
+                   name: str | None = None) -> dict[str, Any]:
+        """Starts `n` copies of snapshot `snapshot` in this box, each a branch of its own. With
+        `branch` instead: a live checkpoint of that branch (named `name`) and `n` copies of it,
+        started from its images before its archive is sealed; the reply names the snapshot."""
+        if (snapshot is None) == (branch is None):
+            raise ValueError("fork: give a snapshot or a branch, one of them")
+        if branch is None:
+            if name is not None:
+                raise ValueError("fork: name names the checkpoint of a branch: only with branch")
+            return await self._conn.request("fork", {"snapshot": snapshot, "n": n})
+        fields: dict[str, Any] = {"branch": branch, "n": n}
+        if name is not None:
+            fields["name"] = name
+        return await self._conn.request("fork", fields)
 
     async def snapshots(self) -> list[dict[str, Any]]:
         """The snapshots the box holds."""

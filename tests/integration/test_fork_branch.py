@@ -1,0 +1,160 @@
+"""A fork of a live branch (op fork with `branch`, the CLI's `fork --branch`, the agent channel's
+fork): its copies restore from the dump's images, linked into a tree of the fork's own, while the
+archive is compressed, hashed and signed; they learn their snapshot once it is sealed. Real criu.
+
+The early start is told apart from a fork after the seal by the KSM marks: copies started from
+the fork's own tree mark that tree's mm images, never the snapshot's extracted ones
+(<id>.d/criu/.mergeable), which a fork of the stored snapshot does mark (the control)."""
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+
+import pytest
+
+from sbxtest import CLI, Session, WsBox, run, ws_connect
+
+needs_criu = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 0,
+                                reason="needs root and criu on PATH")
+
+# 24 MB of heap the copies must carry over, and a nonce only memory holds.
+AGENT = ("import os, sys, time\n"
+         "heap = bytearray(os.urandom(24 << 20))\n"
+         "nonce = os.urandom(8).hex()\n"
+         "open('/tmp/nonce', 'w').write(nonce)\n"
+         "print('ready', nonce, flush=True)\n"
+         "while True:\n"
+         "    time.sleep(0.2)\n")
+
+
+def wait_ready(box):
+    box.wait_event(lambda e: e["type"] == "proc.output" and b"ready" in e.get("data", "").encode(), timeout=30)
+
+
+async def exec_out(s, branch, argv, proc):
+    r = await s.request("exec", proc=proc, branch=branch, argv=argv)
+    assert r["ok"], r
+    e = await s.wait_event(lambda e: e["type"] == "proc.exited" and e.get("proc") == proc, timeout=30)
+    assert e["code"] == 0, e
+    out = b"".join(x["data"].encode() for x in s.events if x["type"] == "proc.output" and x.get("proc") == proc)
+    return out.decode()
+
+
+def archive_criu_files(archive):
+    """The criu images in a snapshot archive, by name."""
+    tar = subprocess.run(["zstd", "-dc", str(archive)], capture_output=True, timeout=60, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r|") as t:
+        out = {}
+        for m in t:
+            if m.isfile() and m.name.split("/")[0] == "criu":
+                out[m.name.split("/", 1)[1]] = t.extractfile(m).read()
+        return out
+
+
+def mergeable_marked(snapdir, snap):
+    return (snapdir / f"{snap}.d" / "criu" / ".mergeable").exists()
+
+
+@needs_criu
+def test_a_fork_of_the_live_branch_starts_its_copies_from_the_images_and_names_the_snapshot(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", AGENT], extra=["--set", "resources.ksm=true"]) as box:
+        wait_ready(box)
+
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                assert (await s.request("subscribe", since=1))["ok"]
+                r = await s.request("fork", branch="main", n=2, name="explore", timeout=120)
+                assert r["ok"], r
+                snap = r["snapshot"]
+                assert snap.startswith("s-") and len(r["copies"]) == 2
+                assert r["timings_ms"]["running"] <= r["timings_ms"]["total"]
+                assert "checkpoint" in r["timings_ms"]
+                out = {}
+                for c in r["copies"]:
+                    assert c["mode"] == "live" and c["ksm"] is True, c
+                    # The copy continues the agent's memory, and knows its snapshot now it is sealed.
+                    who = json.loads(await exec_out(s, c["branch"], ["cat", "/run/sandboxer/branch.json"],
+                                                    "who-" + c["branch"]))
+                    out[c["branch"]] = who
+                    assert who["snapshot"] == snap and who["parent"] == "main" and who["mode"] == "live"
+                    nonce = await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "nonce-" + c["branch"])
+                    assert len(nonce) == 16
+                return r, out
+        r, _ = run(go())
+        snap = r["snapshot"]
+        ev = box.read_events()
+        (fc,) = [e for e in ev if e["type"] == "fork.created"]
+        assert fc["snapshot"] == snap and fc["early"] is True and fc["n"] == 2
+        (cc,) = [e for e in ev if e["type"] == "checkpoint.created"]
+        assert cc["snapshot"] == snap and cc["name"] == "explore"
+        # Each copy's restore.done names the snapshot if it was sealed by then, else null; never another.
+        done = [e for e in ev if e["type"] == "restore.done"]
+        assert len(done) == 2 and all(d["snapshot"] in (snap, None) for d in done)
+        assert all(d["snapshot"] is None for d in done if d["seq"] < cc["seq"])
+        snapdir = box.state / "snapshots"
+        # The copies' KSM marks went to the fork's own tree: the snapshot's images are as criu wrote
+        # them, and the archive holds exactly those.
+        assert not mergeable_marked(snapdir, snap)
+        extracted = {p.name: p.read_bytes() for p in (snapdir / f"{snap}.d" / "criu").iterdir() if p.is_file()}
+        assert archive_criu_files(snapdir / f"{snap}.tar.zst") == extracted
+        # The fork's tree goes once every copy's memory has arrived.
+        deadline = time.monotonic() + 30
+        while list(snapdir.glob(".fork-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(snapdir.glob(".fork-*"))
+
+        # Control: a fork of the stored snapshot starts from its extracted images, and marks them.
+        async def fork_snapshot():
+            async with ws_connect(box) as ws:
+                return await Session(ws).request("fork", snapshot=snap, n=1, timeout=120)
+        f = run(fork_snapshot())
+        assert f["ok"] and f["copies"][0]["ksm"] is True, f
+        assert mergeable_marked(snapdir, snap)
+
+
+@needs_criu
+def test_the_cli_forks_a_branch_and_bad_requests_are_refused(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", AGENT]) as box:
+        wait_ready(box)
+
+        def cli(*args):
+            return subprocess.run([str(CLI), *args, "--token-file", str(box.token_file)], capture_output=True,
+                                  text=True, timeout=120)
+        r = cli("fork", box.url, "--branch", "main", "-n", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        reply = json.loads(r.stdout)
+        assert reply["snapshot"].startswith("s-") and [c["mode"] for c in reply["copies"]] == ["live", "live"]
+        bad = cli("fork", box.url, "--branch", "main", "--snapshot", reply["snapshot"])
+        assert bad.returncode != 0 and "--branch forks in the box itself: no --snapshot" in bad.stderr
+        bad = cli("fork", box.url, "--snapshot", reply["snapshot"], "--name", "x")
+        assert bad.returncode != 0 and "--name names the checkpoint of --branch" in bad.stderr
+
+        async def refused():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                both = await s.request("fork", branch="main", snapshot=reply["snapshot"])
+                nobranch = await s.request("fork", branch="nope")
+                named = await s.request("fork", snapshot=reply["snapshot"], name="x")
+                return both, nobranch, named
+        both, nobranch, named = run(refused())
+        assert both["error"]["code"] == "bad_request" and "a snapshot or a branch" in both["error"]["message"]
+        assert nobranch["error"]["code"] == "no_such_branch"
+        assert named["error"]["code"] == "bad_request" and "only with branch" in named["error"]["message"]
+        assert box.alive()
+
+
+def test_a_new_supervisor_removes_the_work_and_fork_trees_a_killed_one_left(tmp_path):
+    snapdir = tmp_path / "state" / "snapshots"
+    for d in (".fork-0a1b2c/criu", ".work-9f8e/payload/fs", "s-0123456789abcdef.d/criu"):
+        (snapdir / d).mkdir(parents=True)
+        (snapdir / d / "pages-1.img").write_bytes(b"x" * 4096)
+    with WsBox(tmp_path, ["sleep", "30"]) as box:
+        box.wait_event(lambda e: e["type"] == "proc.started")
+        left = sorted(p.name for p in snapdir.iterdir())
+    # The leftovers are gone; a snapshot's extraction (not a leftover) stays.
+    assert ".fork-0a1b2c" not in left and ".work-9f8e" not in left
+    assert "s-0123456789abcdef.d" in left
