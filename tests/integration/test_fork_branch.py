@@ -158,3 +158,45 @@ def test_a_new_supervisor_removes_the_work_and_fork_trees_a_killed_one_left(tmp_
     # The leftovers are gone; a snapshot's extraction (not a leftover) stays.
     assert ".fork-0a1b2c" not in left and ".work-9f8e" not in left
     assert "s-0123456789abcdef.d" in left
+
+
+@needs_criu
+def test_copies_run_on_when_their_snapshot_cannot_be_kept(tmp_path):
+    """The state dir is a 64 MiB tmpfs with journal.disk_cap 36M; the agent holds 16 MiB of random
+    heap. The dump (~20 MB) still leaves the journal its room, so the copies start from it; the
+    archive (~17 MB more) would not, so the snapshot is not kept. The copies run on, the reply
+    says why, and nothing of the snapshot stays once their memory has arrived."""
+    agent = AGENT.replace("24 << 20", "16 << 20")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(state)], check=True)
+    try:
+        with WsBox(tmp_path, ["python3", "-c", agent], extra=["--set", "journal.disk_cap=36M"]) as box:
+            wait_ready(box)
+
+            async def go():
+                async with ws_connect(box) as ws:
+                    s = Session(ws)
+                    assert (await s.request("subscribe", since=1))["ok"]
+                    r = await s.request("fork", branch="main", n=2, timeout=120)
+                    nonces = [await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "n-" + c["branch"])
+                              for c in r.get("copies", [])]
+                    return r, nonces
+            r, nonces = run(go())
+            assert r["ok"] and r["snapshot"] is None, r
+            assert "not kept" in r["note"] and "kept for the journal first" in r["note"], r
+            assert len(nonces) == 2 and all(len(n) == 16 for n in nonces)
+            ev = box.read_events()
+            (failed,) = [e for e in ev if e["type"] == "checkpoint.failed"]
+            assert failed["error"]["code"] == "no_space", failed
+            (fc,) = [e for e in ev if e["type"] == "fork.created"]
+            assert fc["snapshot"] is None and len(fc["copies"]) == 2
+            snapdir = state / "snapshots"
+            deadline = time.monotonic() + 30
+            while list(snapdir.glob(".fork-*")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not list(snapdir.glob(".fork-*")) and not list(snapdir.glob("s-*"))
+            assert not list(snapdir.glob(".work-*"))
+            assert box.alive()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
