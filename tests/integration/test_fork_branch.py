@@ -43,6 +43,14 @@ async def exec_out(s, branch, argv, proc):
     return out.decode()
 
 
+async def forked(box, then, **fields):
+    """Subscribes from the start, asks for a fork with `fields`, and returns `then(session, reply)`."""
+    async with ws_connect(box) as ws:
+        s = Session(ws)
+        assert (await s.request("subscribe", since=1))["ok"]
+        return await then(s, await s.request("fork", timeout=120, **fields))
+
+
 def archive_criu_files(archive):
     """The criu images in a snapshot archive, by name."""
     tar = subprocess.run(["zstd", "-dc", str(archive)], capture_output=True, timeout=60, check=True).stdout
@@ -63,28 +71,24 @@ def test_a_fork_of_the_live_branch_starts_its_copies_from_the_images_and_names_t
     with WsBox(tmp_path, ["python3", "-c", AGENT], extra=["--set", "resources.ksm=true"]) as box:
         wait_ready(box)
 
-        async def go():
-            async with ws_connect(box) as ws:
-                s = Session(ws)
-                assert (await s.request("subscribe", since=1))["ok"]
-                r = await s.request("fork", branch="main", n=2, name="explore", timeout=120)
-                assert r["ok"], r
-                snap = r["snapshot"]
-                assert snap.startswith("s-") and len(r["copies"]) == 2
-                assert r["timings_ms"]["running"] <= r["timings_ms"]["total"]
-                assert "checkpoint" in r["timings_ms"]
-                out = {}
-                for c in r["copies"]:
-                    assert c["mode"] == "live" and c["ksm"] is True, c
-                    # The copy continues the agent's memory, and knows its snapshot now it is sealed.
-                    who = json.loads(await exec_out(s, c["branch"], ["cat", "/run/sandboxer/branch.json"],
-                                                    "who-" + c["branch"]))
-                    out[c["branch"]] = who
-                    assert who["snapshot"] == snap and who["parent"] == "main" and who["mode"] == "live"
-                    nonce = await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "nonce-" + c["branch"])
-                    assert len(nonce) == 16
-                return r, out
-        r, _ = run(go())
+        async def check(s, r):
+            assert r["ok"], r
+            snap = r["snapshot"]
+            assert snap.startswith("s-") and len(r["copies"]) == 2
+            assert r["timings_ms"]["running"] <= r["timings_ms"]["total"]
+            assert "checkpoint" in r["timings_ms"]
+            out = {}
+            for c in r["copies"]:
+                assert c["mode"] == "live" and c["ksm"] is True, c
+                # The copy continues the agent's memory, and knows its snapshot now it is sealed.
+                who = json.loads(await exec_out(s, c["branch"], ["cat", "/run/sandboxer/branch.json"],
+                                                "who-" + c["branch"]))
+                out[c["branch"]] = who
+                assert who["snapshot"] == snap and who["parent"] == "main" and who["mode"] == "live"
+                nonce = await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "nonce-" + c["branch"])
+                assert len(nonce) == 16
+            return r, out
+        r, _ = run(forked(box, check, branch="main", n=2, name="explore"))
         snap = r["snapshot"]
         ev = box.read_events()
         (fc,) = [e for e in ev if e["type"] == "fork.created"]
@@ -174,15 +178,10 @@ def test_copies_run_on_when_their_snapshot_cannot_be_kept(tmp_path):
         with WsBox(tmp_path, ["python3", "-c", agent], extra=["--set", "journal.disk_cap=36M"]) as box:
             wait_ready(box)
 
-            async def go():
-                async with ws_connect(box) as ws:
-                    s = Session(ws)
-                    assert (await s.request("subscribe", since=1))["ok"]
-                    r = await s.request("fork", branch="main", n=2, timeout=120)
-                    nonces = [await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "n-" + c["branch"])
-                              for c in r.get("copies", [])]
-                    return r, nonces
-            r, nonces = run(go())
+            async def nonces_of(s, r):
+                return r, [await exec_out(s, c["branch"], ["cat", "/tmp/nonce"], "n-" + c["branch"])
+                           for c in r.get("copies", [])]
+            r, nonces = run(forked(box, nonces_of, branch="main", n=2))
             assert r["ok"] and r["snapshot"] is None, r
             assert "not kept" in r["note"] and "kept for the journal first" in r["note"], r
             assert len(nonces) == 2 and all(len(n) == 16 for n in nonces)
