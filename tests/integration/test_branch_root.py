@@ -75,6 +75,13 @@ def ns_init_of_a_sleeping_box(init, state):
             time.sleep(0.01)
         else:
             raise AssertionError("no ns-init under the box")
+        # Its maps once it has started the agent: right after its exec only the loader is mapped.
+        for _ in range(500):
+            if open(f"/proc/{found[0]}/task/{found[0]}/children").read().split():
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("ns-init started no agent")
         cmdline = open(f"/proc/{found[0]}/cmdline", "rb").read().split(b"\0")[:-1]
         libs = {line.split()[-1].rsplit("/", 1)[-1] for line in open(f"/proc/{found[0]}/maps") if ".so" in line}
     finally:
