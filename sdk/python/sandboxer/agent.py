@@ -151,8 +151,9 @@ class Channel:
 
     def fork(self, n: int, name: str = "") -> dict[str, Any]:
         """Checkpoints this agent and starts n live copies of it in this box. Returns in the
-        original (`copy` false, `copies` lists the new branches) and in each copy (`copy` true,
-        `branch`, `index`)."""
+        original (`copy` false, `copies` lists the new branches, `snapshot` names the checkpoint)
+        and in each copy (`copy` true, `branch`, `index`). The copies start before the checkpoint's
+        archive is sealed: a copy's `snapshot` is None then, and `whoami()` names it once sealed."""
         return self.request("fork", n=n, name=name)
 
     def restore(self, snapshot: str) -> dict[str, Any]:
