@@ -139,6 +139,8 @@ class Checkpointer {
     std::optional<boost::json::object> sealed;  // the checkpoint's reply
     std::optional<boost::json::object> forked;  // the copies' (the restore's reply)
     std::vector<std::string> copies;            // the copies' branches, named as they start
+    // Their channel's first lines (identity, the fork's answer), said once the seal ends.
+    std::vector<std::function<void(const std::string& id)>> tell;
   };
   void fork_early(std::shared_ptr<CheckpointOp> op);
   void fork_copies(std::shared_ptr<ForkSeal> fs, const std::string& dir, boost::json::object manifest);

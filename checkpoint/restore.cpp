@@ -14,6 +14,8 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include "archive/archive.hpp"
 #include "checkpoint/checkpointer.hpp"
@@ -660,19 +662,29 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   auto added = host_.find_branch(s.name);
   continue_tree(root, added ? added->pidfd : -1);
   // The copy's first line on its channel says who it is; a channel request the original was
-  // waiting on at the dump gets its answer in the copy too.
-  auto w = identity(settings_.box_id, s.name, s.lineage);
-  w["type"] = "whoami";
-  host_.channel_reply(s.name, w);
-  if (auto* cr = job->op->manifest.if_contains("channel_request"); cr && cr->is_int64()) {
-    host_.channel_reply(s.name, {{"id", cr->as_int64()},
+  // waiting on at the dump gets its answer in the copy too. A fork's copy that runs before its
+  // snapshot is sealed gets both once it is (fork_sealed): its agent goes on knowing it.
+  std::optional<int64_t> request;
+  if (auto* cr = job->op->manifest.if_contains("channel_request"); cr && cr->is_int64()) request = cr->as_int64();
+  auto tell = [this, name = s.name, lineage = s.lineage, request](const std::string& id) {
+    Lineage l = lineage;
+    if (!id.empty()) l.snapshot = id;
+    auto w = identity(settings_.box_id, name, l);
+    w["type"] = "whoami";
+    host_.channel_reply(name, w);
+    if (request)
+      host_.channel_reply(name, {{"id", *request},
                                  {"ok", true},
-                                 {"snapshot", job->op->snapshot_id()},
+                                 {"snapshot", w.at("snapshot")},
                                  {"copy", true},
-                                 {"branch", s.name},
-                                 {"index", s.lineage.index},
+                                 {"branch", name},
+                                 {"index", l.index},
                                  {"mode", "live"}});
-  }
+  };
+  if (job->op->seal && !job->op->seal->sealed)
+    job->op->seal->tell.push_back(std::move(tell));
+  else
+    tell(job->op->seal ? job->op->seal->id : job->op->snapshot);
   auto& res = job->result;
   res["mode"] = "live";
   res["proc"] = s.main_proc;
@@ -797,6 +809,9 @@ void Checkpointer::fork_sealed(std::shared_ptr<ForkSeal> fs, json::object r) {
     for (auto& b : fs->copies) host_.set_snapshot_of(b, fs->id);
   }
   fs->sealed = std::move(r);
+  // The copies running already hear who they are, and the answer to the fork (snapshot null if
+  // it was not kept).
+  for (auto& tell : std::exchange(fs->tell, {})) tell(fs->id);
   if (fs->early) return fork_finish(fs);
   // Not begun from the images (a files-only checkpoint, a box that signs nothing, or the images
   // could not be linked): the copies restore from the stored snapshot, as a fork of it does.

@@ -72,13 +72,8 @@ bound = bindable(port + 1)
 refusals = {}
 mine = None
 if r.get("copy"):
-    # A copy started before its snapshot was sealed has none in its reply: whoami names it once sealed.
-    parent_snapshot = r.get("snapshot")
-    while parent_snapshot is None:
-        time.sleep(0.05)
-        parent_snapshot = ch.whoami().get("snapshot")
     try:
-        ch.delete_snapshot(parent_snapshot)  # its parent's: it may fork from it, not delete it
+        ch.delete_snapshot(r["snapshot"])  # its parent's: it may fork from it, not delete it
         refusals["delete_parent_snapshot"] = "allowed"
     except channel_module.ChannelError as e:
         refusals["delete_parent_snapshot"] = e.code

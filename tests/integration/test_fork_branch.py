@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, Session, WsBox, run, ws_connect
+from sbxtest import CLI, INIT, ROOT, Session, WsBox, read_journal, run, ws_connect
 
 needs_criu = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 0,
                                 reason="needs root and criu on PATH")
@@ -60,6 +60,13 @@ def archive_criu_files(archive):
             if m.isfile() and m.name.split("/")[0] == "criu":
                 out[m.name.split("/", 1)[1]] = t.extractfile(m).read()
         return out
+
+
+def output_of_branch(ev, branch):
+    """What a branch's main process wrote to stdout."""
+    proc = "main" if branch == "main" else "main@" + branch
+    return "".join(e["data"] for e in ev if e["type"] == "proc.output" and e.get("proc") == proc
+                   and e.get("stream") == "stdout")
 
 
 def mergeable_marked(snapdir, snap):
@@ -199,3 +206,39 @@ def test_copies_run_on_when_their_snapshot_cannot_be_kept(tmp_path):
             assert box.alive()
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+# Forks itself through its agent channel with 64 MB of heap (a seal long enough that its copies
+# usually run before it ends) and says what its fork() returned and who it is.
+CHANNEL_AGENT = ("import json, os, sys, time\n"
+                 "sys.path.insert(0, os.environ['SBX_AGENT_SDK'])\n"
+                 "import agent\n"
+                 "heap = bytearray(os.urandom(64 << 20))\n"
+                 "ch = agent.Channel()\n"
+                 "r = ch.fork(2, name='chan')\n"
+                 "print(json.dumps({'copy': r.get('copy'), 'snapshot': r.get('snapshot'),\n"
+                 "                  'who': ch.whoami()['snapshot'], 'file': agent.branch_info()['snapshot']}),\n"
+                 "      flush=True)\n"
+                 "time.sleep(0.5)\n")
+
+
+@needs_criu
+def test_a_copy_of_a_channel_fork_hears_its_snapshot_when_its_fork_returns(tmp_path):
+    env = dict(os.environ, SBX_AGENT_SDK=str(ROOT / "sdk" / "python" / "sandboxer"))
+    state = tmp_path / "s"
+    r = subprocess.run([str(INIT), "--state-dir", str(state), "--env", "SBX_AGENT_SDK", "--", "python3", "-c",
+                        CHANNEL_AGENT], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    ev = read_journal(state)
+    (cc,) = [e for e in ev if e["type"] == "checkpoint.created"]
+    (fc,) = [e for e in ev if e["type"] == "fork.created"]
+    assert fc["early"] is True and fc["snapshot"] == cc["snapshot"]
+    said = {e["branch"]: json.loads(output_of_branch(ev, e["branch"])) for e in ev
+            if e["type"] == "proc.exited" and e["branch"] in ("main", "f1", "f2")}
+    assert set(said) == {"main", "f1", "f2"}, said
+    for branch, m in said.items():
+        # Every branch's fork() returned naming the sealed snapshot; a copy's whoami and branch.json
+        # name it too (the original's own lineage is that it has none).
+        assert m["snapshot"] == cc["snapshot"] and m["copy"] is (branch != "main"), (branch, m)
+        if branch != "main":
+            assert m["who"] == m["file"] == cc["snapshot"], (branch, m)

@@ -152,8 +152,8 @@ class Channel:
     def fork(self, n: int, name: str = "") -> dict[str, Any]:
         """Checkpoints this agent and starts n live copies of it in this box. Returns in the
         original (`copy` false, `copies` lists the new branches, `snapshot` names the checkpoint)
-        and in each copy (`copy` true, `branch`, `index`). The copies start before the checkpoint's
-        archive is sealed: a copy's `snapshot` is None then, and `whoami()` names it once sealed."""
+        and in each copy (`copy` true, `branch`, `index`, `snapshot`). The copies run from before
+        the checkpoint's archive is sealed; this returns in them, as in the original, once it is."""
         return self.request("fork", n=n, name=name)
 
     def restore(self, snapshot: str) -> dict[str, Any]:
