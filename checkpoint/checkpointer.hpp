@@ -138,8 +138,8 @@ class Checkpointer {
     std::string id;                             // the snapshot, once sealed and kept
     std::optional<boost::json::object> sealed;  // the checkpoint's reply
     std::optional<boost::json::object> forked;  // the copies' (the restore's reply)
-    std::vector<std::string> copies;            // the copies' branches, named as they start
-    // Their channel's first lines (identity, the fork's answer), said once the seal ends.
+    // The copies' lineage and their channel's first lines (identity, the fork's answer), given
+    // once the seal ends.
     std::vector<std::function<void(const std::string& id)>> tell;
   };
   void fork_early(std::shared_ptr<CheckpointOp> op);

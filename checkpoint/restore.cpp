@@ -420,9 +420,8 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   spec.main_proc = spec.name == "main" ? "main" : "main@" + spec.name;
   spec.lineage.mode = op->live ? "live" : "cold";
   spec.lineage.parent = std::string(op->manifest.at("branch").as_string());
-  spec.lineage.snapshot = op->snapshot;  // a fork's copy gets it once sealed (fork_sealed)
+  spec.lineage.snapshot = op->snapshot;  // a fork's copy gets it once sealed (its `tell`)
   spec.lineage.index = op->first_index + index;
-  if (op->seal) op->seal->copies.push_back(spec.name);
   if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
     for (auto& v : a->as_array()) spec.argv.emplace_back(v.as_string());
   spec.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
@@ -650,25 +649,23 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
     ::kill(root, SIGKILL);
     return copy_failed(job, r.error().message);
   }
-  CopySpec& s = job->spec;
+  const CopySpec& s = job->spec;
   host_.adopt_copy(std::move(job->copy), true);
-  // A fork's copy restored after its snapshot was sealed learns it here (fork_sealed told the
-  // copies adopted before).
-  if (job->op->seal && !job->op->seal->id.empty()) {
-    s.lineage.snapshot = job->op->seal->id;
-    host_.set_snapshot_of(s.name, s.lineage.snapshot);
-  }
   // The tree was dumped stopped, so criu restored it stopped: it runs from here.
   auto added = host_.find_branch(s.name);
   continue_tree(root, added ? added->pidfd : -1);
   // The copy's first line on its channel says who it is; a channel request the original was
   // waiting on at the dump gets its answer in the copy too. A fork's copy that runs before its
-  // snapshot is sealed gets both once it is (fork_sealed): its agent goes on knowing it.
+  // snapshot is sealed gets both once it is (fork_sealed), and its lineage then names the
+  // snapshot (whoami, branch.json): its agent goes on knowing it.
   std::optional<int64_t> request;
   if (auto* cr = job->op->manifest.if_contains("channel_request"); cr && cr->is_int64()) request = cr->as_int64();
   auto tell = [this, name = s.name, lineage = s.lineage, request](const std::string& id) {
     Lineage l = lineage;
-    if (!id.empty()) l.snapshot = id;
+    if (!id.empty() && id != l.snapshot) {
+      l.snapshot = id;
+      host_.set_snapshot_of(name, id);
+    }
     auto w = identity(settings_.box_id, name, l);
     w["type"] = "whoami";
     host_.channel_reply(name, w);
@@ -803,14 +800,10 @@ void Checkpointer::fork_copies(std::shared_ptr<ForkSeal> fs, const std::string& 
 
 void Checkpointer::fork_sealed(std::shared_ptr<ForkSeal> fs, json::object r) {
   auto* ok = r.if_contains("ok");
-  if (ok && ok->is_bool() && ok->as_bool()) {
-    fs->id = std::string(r.at("snapshot").as_string());
-    // The copies running already learn their snapshot; the others do as they are adopted.
-    for (auto& b : fs->copies) host_.set_snapshot_of(b, fs->id);
-  }
+  if (ok && ok->is_bool() && ok->as_bool()) fs->id = std::string(r.at("snapshot").as_string());
   fs->sealed = std::move(r);
-  // The copies running already hear who they are, and the answer to the fork (snapshot null if
-  // it was not kept).
+  // The copies running already learn their snapshot, hear who they are and the answer to the
+  // fork (snapshot null if it was not kept); the others do as they are adopted.
   for (auto& tell : std::exchange(fs->tell, {})) tell(fs->id);
   if (fs->early) return fork_finish(fs);
   // Not begun from the images (a files-only checkpoint, a box that signs nothing, or the images
