@@ -492,3 +492,23 @@ def test_event_stream_over_an_auth_frame_connection(server):
                 return await until(s, is_output_with("ready"))
     evs = run(go(), 30)
     assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+
+
+def test_the_last_events_before_the_box_ends_reach_a_stream_that_was_not_reading(make_server):
+    # The box's agent ends while the stream is not reading: its last events and the server's close
+    # (1001) arrive together and wait in the client. Every event is still yielded before the
+    # stream ends (websockets before 14.1 dropped messages buffered when the close came: the
+    # SDK's floor is 14.1 for this).
+    server = make_server(["sh", "-c", "sleep 1; echo bye"])
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            async with box.events(since=0) as stream:
+                first = await stream.__anext__()
+                server.proc.wait(30)  # the box has ended; its close is with the client
+                await asyncio.sleep(0.2)
+                return [first] + [ev async for ev in stream], stream.closes
+    seen, closes = run(go(), 60)
+    assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+    assert any(e["type"] == "proc.exited" and e.get("proc") == "main" for e in seen), [e["type"] for e in seen]
+    assert closes and closes[-1][0] == 1001, closes
