@@ -5,6 +5,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 namespace sbx::base {
 
@@ -79,6 +82,114 @@ size_t utf8_incomplete_tail(std::string_view s) noexcept {
     return n < 0 ? back : 0;
   }
   return 0;
+}
+
+namespace {
+// A byte JSON writes escaped: '"', '\\' and the controls below 0x20 (as boost::json does: not
+// 0x7f, not '/', and bytes past 0x7f as they are).
+bool needs_escape(unsigned char c) { return c < 0x20 || c == '"' || c == '\\'; }
+
+// The first byte in [p, end) that needs an escape, or end.
+const char* find_escape(const char* p, const char* end) {
+#ifdef __SSE2__
+  const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), ctl = _mm_set1_epi8(0x1f);
+  while (end - p >= 16) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                               _mm_cmpeq_epi8(_mm_min_epu8(v, ctl), v));  // v <= 0x1f, unsigned
+    if (int m = _mm_movemask_epi8(hit); m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
+    p += 16;
+  }
+#endif
+  while (p < end && !needs_escape(static_cast<unsigned char>(*p))) ++p;
+  return p;
+}
+
+// The two-character escape of c (\n for a newline), or 0 where JSON writes \u00XX.
+char short_escape(unsigned char c) {
+  switch (c) {
+    case '"':
+    case '\\':
+      return static_cast<char>(c);
+    case '\b':
+      return 'b';
+    case '\t':
+      return 't';
+    case '\n':
+      return 'n';
+    case '\f':
+      return 'f';
+    case '\r':
+      return 'r';
+    default:
+      return 0;
+  }
+}
+
+void append_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  // Room for the string and a few escapes: a line of output grows once, not at every escape.
+  out.reserve(out.size() + s.size() + s.size() / 16 + 8);
+  out.push_back('"');
+  const char *p = s.data(), *end = p + s.size();
+  while (p < end) {
+    const char* q = find_escape(p, end);
+    out.append(p, static_cast<size_t>(q - p));
+    if (q == end) break;
+    auto c = static_cast<unsigned char>(*q);
+    char two = short_escape(c);
+    if (two) {
+      out.push_back('\\');
+      out.push_back(two);
+    } else {
+      const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+      out.append(u, 6);
+    }
+    p = q + 1;
+  }
+  out.push_back('"');
+}
+}  // namespace
+
+void json_append(std::string& out, const boost::json::object& o) {
+  out.push_back('{');
+  bool first = true;
+  for (const auto& kv : o) {
+    if (!first) out.push_back(',');
+    first = false;
+    append_string(out, kv.key());
+    out.push_back(':');
+    json_append(out, kv.value());
+  }
+  out.push_back('}');
+}
+
+void json_append(std::string& out, const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::string:
+      return append_string(out, v.get_string());
+    case boost::json::kind::object:
+      return json_append(out, v.get_object());
+    case boost::json::kind::array: {
+      out.push_back('[');
+      bool first = true;
+      for (const auto& e : v.get_array()) {
+        if (!first) out.push_back(',');
+        first = false;
+        json_append(out, e);
+      }
+      out.push_back(']');
+      return;
+    }
+    default: {
+      // A number, a bool or null: boost's own text for it (its double format included).
+      char buf[64];
+      boost::json::serializer sr;
+      sr.reset(&v);
+      out.append(sr.read(buf, sizeof buf));
+      return;
+    }
+  }
 }
 
 static constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

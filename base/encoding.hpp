@@ -18,6 +18,13 @@ size_t utf8_valid_prefix(std::string_view s) noexcept;
 /// completed by more input (0..3). Only meaningful when everything before them is valid.
 size_t utf8_incomplete_tail(std::string_view s) noexcept;
 
+/// Appends the JSON text of `v` to `out`: byte for byte what boost::json::serialize writes, in
+/// one pass over strings. Boost 1.81's serializer copies a string byte by byte after its first
+/// escape, and every line of an agent's output has one (its newline): the journal writes every
+/// event through this.
+void json_append(std::string& out, const boost::json::value& v);
+void json_append(std::string& out, const boost::json::object& o);
+
 std::string base64_encode(std::string_view in);
 /// Decodes standard base64 (padding optional); false on any invalid character.
 bool base64_decode(std::string_view in, std::string& out);

@@ -396,28 +396,35 @@ boost::json::object Journal::stamp(uint64_t seq, boost::json::object fields) con
   return ev;
 }
 
+// The event's line in a buffer of its own, after the headroom a listener may frame it in.
+LineBuf Journal::serialize(const boost::json::object& ev) const {
+  auto b = std::make_shared<std::string>(opts_.headroom, '\0');
+  base::json_append(*b, ev);
+  return b;
+}
+
 // One line, whole or not at all: a short or failed write is cut back to the last whole line, so
-// the segment never holds half an event followed by the next one.
-boost::system::result<void> Journal::write_line(uint64_t seq, std::string& line) {
+// the segment never holds half an event followed by the next one. `buf` is a LineBuf's string.
+boost::system::result<void> Journal::write_line(uint64_t seq, std::string& buf) {
   if (!active_) open_segment(seq);
   if (!active_) return os::last_error();
   // The newline goes on the line itself for the write and comes off after: no copy of the event
   // (up to ~800 KiB of escaped output) to add one byte.
-  line.push_back('\n');
-  auto r = os::write_all(active_.get(), line);
-  line.pop_back();
+  buf.push_back('\n');
+  auto r = os::write_all(active_.get(), std::string_view(buf).substr(opts_.headroom));
+  buf.pop_back();
   if (!r) {
     if (::ftruncate(active_.get(), static_cast<off_t>(active_bytes_)) != 0)
       log()->error("cut journal segment {} back to {} bytes: {}", seg_name(active_first_), active_bytes_,
                    os::last_error().message());
     return r.error();
   }
-  active_bytes_ += line.size() + 1;
+  active_bytes_ += buf.size() - opts_.headroom + 1;
   return {};
 }
 
-void Journal::publish(uint64_t seq, const boost::json::object& obj, const std::string& line) {
-  Event e{seq, obj, line};
+void Journal::publish(uint64_t seq, const boost::json::object& obj, const LineBuf& buf) {
+  Event e{seq, obj, std::string_view(*buf).substr(opts_.headroom), buf, opts_.headroom};
   // Listeners may add or remove listeners while being called: iterate over a snapshot of ids.
   std::vector<int> ids;
   for (auto& [id, l] : listeners_) ids.push_back(id);
@@ -436,11 +443,11 @@ uint64_t Journal::append(boost::json::object fields) {
   uint64_t seq = ++last_seq_;
   auto ev = stamp(seq, std::move(fields));
   if (degraded_) {
-    std::string line = boost::json::serialize(ev);
+    auto line = serialize(ev);
     enqueue(seq, std::move(ev), std::move(line));
   } else {
-    std::string line = boost::json::serialize(ev);
-    if (auto w = write_line(seq, line); w)
+    auto line = serialize(ev);
+    if (auto w = write_line(seq, *line); w)
       publish(seq, ev, line);
     else
       seq = degrade(w.error(), seq, std::move(ev));
@@ -464,14 +471,14 @@ uint64_t Journal::degrade(const boost::system::error_code& ec, uint64_t seq, boo
                        {"reason", ec.message()},
                        {"errno", ec.value()},
                        {"queue_bytes", opts_.queue_bytes}});
-  std::string dline = boost::json::serialize(d);
-  if (write_line(seq, dline))
+  auto dline = serialize(d);
+  if (write_line(seq, *dline))
     publish(seq, d, dline);
   else
     enqueue(seq, std::move(d), std::move(dline));
   uint64_t moved = ++last_seq_;
   ev["seq"] = moved;
-  std::string line = boost::json::serialize(ev);
+  auto line = serialize(ev);
   enqueue(moved, std::move(ev), std::move(line));
   if (!retry_timer_) retry_timer_ = loop::make_timer(loop_);
   retry_timer_->data = this;
@@ -481,11 +488,11 @@ uint64_t Journal::degrade(const boost::system::error_code& ec, uint64_t seq, boo
   return moved;
 }
 
-void Journal::enqueue(uint64_t seq, boost::json::object obj, std::string line) {
+void Journal::enqueue(uint64_t seq, boost::json::object obj, LineBuf line) {
   persist_high_water(seq);
-  waiting_bytes_ += line.size() + 1;
+  waiting_bytes_ += line_size(line) + 1;
   spell_.events++;
-  spell_.bytes += line.size() + 1;
+  spell_.bytes += line_size(line) + 1;
   waiting_.push_back({seq, std::move(obj), std::move(line)});
   if (!spell_.stopped && waiting_bytes_ > opts_.queue_bytes) {
     spell_.stopped = true;
@@ -507,11 +514,11 @@ void Journal::retry(bool insist) {
   while (!waiting_.empty()) {
     Waiting w = std::move(waiting_.front());
     waiting_.pop_front();
-    if (auto r = write_line(w.seq, w.line); !r) {
+    if (auto r = write_line(w.seq, *w.line); !r) {
       waiting_.push_front(std::move(w));
       return;  // still full: the next turn of the timer tries again
     }
-    waiting_bytes_ -= w.line.size() + 1;
+    waiting_bytes_ -= line_size(w.line) + 1;
     publish(w.seq, w.obj, w.line);  // a listener may append: that waits behind, and is written here too
   }
   degraded_ = false;

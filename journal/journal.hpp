@@ -22,11 +22,18 @@
 
 namespace sbx::journal {
 
+/// An event's line as the journal wrote it: `JournalOptions::headroom` bytes (room for a
+/// transport's frame header), then the serialized object without its newline. Shared with the
+/// listeners that keep it (a WebSocket queue sends it in place); never changed once shown.
+using LineBuf = std::shared_ptr<std::string>;
+
 /// A journal event once written: what listeners receive.
 struct Event {
   uint64_t seq;
   const boost::json::object& obj;
-  const std::string& line;  // the serialized object, no trailing newline
+  std::string_view line;  // the serialized object, no trailing newline
+  const LineBuf& buf;     // `headroom` bytes, then `line`
+  size_t headroom;
 };
 
 struct JournalOptions {
@@ -42,6 +49,9 @@ struct JournalOptions {
   uint64_t reserve_bytes = 64u << 10;
   // How often a degraded journal tries the disk again.
   uint64_t retry_ms = 200;
+  // Bytes kept free before each event's line in its buffer (Event::buf): a listener that frames
+  // the line (the WebSocket server: LWS_PRE) sends it from there, with no copy.
+  size_t headroom = 0;
 };
 
 class Journal {
@@ -103,7 +113,7 @@ class Journal {
   struct Waiting {
     uint64_t seq;
     boost::json::object obj;
-    std::string line;  // no newline
+    LineBuf line;  // headroom, then the line (no newline)
   };
   // What a degraded spell has cost so far (journal.recovered reports it).
   struct Spell {
@@ -118,10 +128,12 @@ class Journal {
   boost::system::result<void> recover();
   boost::system::result<void> recover_active(const std::string& path, uint64_t first);
   boost::json::object stamp(uint64_t seq, boost::json::object fields) const;
-  boost::system::result<void> write_line(uint64_t seq, std::string& line);
-  void publish(uint64_t seq, const boost::json::object& obj, const std::string& line);
+  LineBuf serialize(const boost::json::object& ev) const;
+  size_t line_size(const LineBuf& b) const noexcept { return b->size() - opts_.headroom; }
+  boost::system::result<void> write_line(uint64_t seq, std::string& buf);
+  void publish(uint64_t seq, const boost::json::object& obj, const LineBuf& buf);
   uint64_t degrade(const boost::system::error_code& ec, uint64_t seq, boost::json::object ev);
-  void enqueue(uint64_t seq, boost::json::object obj, std::string line);
+  void enqueue(uint64_t seq, boost::json::object obj, LineBuf line);
   void retry(bool insist = false);
   void make_reserve();
   void release_reserve();

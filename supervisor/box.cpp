@@ -285,7 +285,8 @@ void Box::start() {
   auto j = journal::Journal::open(loop_, {.dir = opts_.state_dir + "/journal",
                                           .box = id_,
                                           .disk_cap = static_cast<uint64_t>(opts_.profile.journal.disk_cap),
-                                          .queue_bytes = static_cast<uint64_t>(opts_.profile.journal.queue)});
+                                          .queue_bytes = static_cast<uint64_t>(opts_.profile.journal.queue),
+                                          .headroom = kFrameHeadroom});
   if (!j) throw std::runtime_error("open journal in " + opts_.state_dir + ": " + j.error().message());
   journal_ = std::move(*j);
   journal_->on_pressure([this](bool stop) { stop_for_journal(stop); });
@@ -299,7 +300,7 @@ void Box::start() {
   if (events_fd_) {
     journal_->add_listener([this](const journal::Event& e) {
       if (!events_fd_) return;
-      std::string l = e.line;
+      std::string l(e.line);
       l.push_back('\n');
       if (auto r = os::write_all(events_fd_.get(), l); !r) {
         log()->warn("write events: {} (the journal still has every event)", r.error().message());

@@ -155,6 +155,8 @@ struct Server::Impl {
     buf->append(payload);
     return buf;
   }
+  // The journal's own buffer when it left the frame's headroom (the Box opens it with kFrameHeadroom), else a copy.
+  static FrameBuf frame_of(const journal::Event& e) { return e.headroom == LWS_PRE ? e.buf : frame_buf(e.line); }
   void enqueue(Client& c, std::string_view payload, bool binary, uint64_t seq = 0) {
     if (c.peer_closed) return;
     enqueue(c, frame_buf(payload), binary, seq);
@@ -215,7 +217,7 @@ struct Server::Impl {
       if (e.seq <= c->cursor) continue;
       c->cursor = e.seq;
       if (!wants(*c, e.obj) || c->peer_closed) continue;
-      if (!shared) shared = frame_buf(e.line);
+      if (!shared) shared = frame_of(e);
       enqueue(*c, shared, false, e.seq);
       // Past the bound the client reads `recent` or the journal (pump) from `cursor` on, at its own
       // pace, and goes live again once it has caught up: nothing is queued twice or skipped.
@@ -226,7 +228,7 @@ struct Server::Impl {
     }
     if (!behind) return drop_recent();
     if (!recent.empty() && e.seq != recent.back().seq + 1) drop_recent();  // never a gap
-    if (!shared) shared = frame_buf(e.line);
+    if (!shared) shared = frame_of(e);
     auto branch = branch_of(e.obj);
     recent_size += shared->size();
     recent.push_back({e.seq, std::move(shared), branch ? std::optional<std::string>(*branch) : std::nullopt});
@@ -749,6 +751,8 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       return lws_callback_http_dummy(wsi, reason, user, in, len);
   }
 }
+
+const size_t kFrameHeadroom = LWS_PRE;
 
 ServerOptions parse_listen(const std::string& listen) {
   ServerOptions o;

@@ -33,6 +33,10 @@ struct ServerOptions {
   size_t preauth_frame_bytes = 4096;
 };
 
+/// The bytes a WebSocket frame's header needs before its payload (LWS_PRE): the Box opens its
+/// journal with this headroom, so the server sends an event from the journal's buffer.
+extern const size_t kFrameHeadroom;
+
 /// Splits "ADDR:PORT" ("[::1]:PORT" for IPv6); throws std::invalid_argument.
 ServerOptions parse_listen(const std::string& listen);
 

@@ -35,6 +35,34 @@ TEST_CASE("utf8: an incomplete tail is recognised, an invalid one is not") {
   CHECK(base::utf8_incomplete_tail("ab\xf0\x28") == 0);
 }
 
+TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhere in a string") {
+  auto same = [](const boost::json::value& v) {
+    std::string out = "prefix";
+    base::json_append(out, v);
+    CHECK(out == "prefix" + boost::json::serialize(v));
+  };
+  // Every byte value, alone and at every offset of a run longer than a vector block: the byte
+  // after an escape is where boost's serializer and a block scan could disagree.
+  for (int b = 0; b < 256; ++b) {
+    same(boost::json::value(std::string(1, static_cast<char>(b))));
+    for (size_t at : {0, 1, 15, 16, 17, 31, 40}) {
+      std::string s(41, 'x');
+      s[at] = static_cast<char>(b);
+      same(boost::json::value(s));
+    }
+  }
+  std::string lines;
+  for (int i = 0; i < 100; ++i) lines += std::string(static_cast<size_t>(i), 'y') + "\n\t\"\\\x01\x7f\xc3\xa9";
+  same(boost::json::value(lines));
+  same(boost::json::value(""));
+  same(boost::json::parse(R"({"seq":18446744073709551615,"n":-9223372036854775807,"d":0.1,"e":1E300,"z":-0.0,)"
+                          R"("t":true,"f":false,"x":null,"a":[1,[2,{"k\n":"v\u0000"}],[],{}],"o":{}})"));
+  boost::json::object ev{{"type", "proc.output"}, {"data", lines}, {"ts", "2026-11-26T06:00:00.000001Z"}};
+  std::string out;
+  base::json_append(out, ev);
+  CHECK(out == boost::json::serialize(ev));
+}
+
 TEST_CASE("base64: round trip of every byte value") {
   std::string all;
   for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));

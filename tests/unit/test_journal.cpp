@@ -208,3 +208,25 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a compressed segment is read on from th
   // Frames of ~512 KiB in a 2 MiB segment: reads after the first frame start past it.
   CHECK(zst_resumes >= 10);
 }
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a listener gets the line in place after the headroom, as written") {
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .headroom = 16});
+    REQUIRE(j);
+    std::vector<std::string> seen;
+    (*j)->add_listener([&](const journal::Event& e) {
+      CHECK(e.headroom == 16);
+      CHECK(e.buf->size() == 16 + e.line.size());
+      CHECK(e.line.data() == e.buf->data() + 16);  // the same bytes, not a copy
+      seen.emplace_back(e.line);
+    });
+    (*j)->append({{"type", "proc.output"}, {"data", "a\nb\t\"c\"\n"}});
+    (*j)->append({{"type", "x"}});
+    REQUIRE(seen.size() == 2);
+    auto lines = read_all();
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0].second == seen[0]);
+    CHECK(lines[1].second == seen[1]);
+    CHECK(boost::json::parse(seen[0]).at("data") == "a\nb\t\"c\"\n");
+  }
+}
