@@ -8,6 +8,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <cstdlib>
 
@@ -37,6 +38,21 @@ Result<void> write_all(int fd, std::string_view data) noexcept {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return {};
+}
+
+Result<void> write_line(int fd, std::string_view line) noexcept {
+  static const char nl = '\n';
+  while (!line.empty()) {
+    struct iovec v[2] = {{const_cast<char*>(line.data()), line.size()}, {const_cast<char*>(&nl), 1}};
+    ssize_t n = ::writev(fd, v, 2);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return last_error();
+    }
+    if (static_cast<size_t>(n) > line.size()) return {};  // the newline went too
+    line.remove_prefix(static_cast<size_t>(n));
+  }
+  return write_all(fd, "\n");
 }
 
 Result<std::string> read_all(int fd) {

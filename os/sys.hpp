@@ -25,6 +25,10 @@ Result<Pipe> make_pipe(int flags = 0) noexcept;
 /// Writes all of `data`, retrying on EINTR and short writes (blocking fds).
 Result<void> write_all(int fd, std::string_view data) noexcept;
 
+/// Writes `line` and a newline after it, in one writev where the fd takes it (no copy of the
+/// line to add the newline); retries like write_all.
+Result<void> write_line(int fd, std::string_view line) noexcept;
+
 /// Reads until EOF (blocking fd).
 Result<std::string> read_all(int fd);
 

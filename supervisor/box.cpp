@@ -300,9 +300,7 @@ void Box::start() {
   if (events_fd_) {
     journal_->add_listener([this](const journal::Event& e) {
       if (!events_fd_) return;
-      std::string l(e.line);
-      l.push_back('\n');
-      if (auto r = os::write_all(events_fd_.get(), l); !r) {
+      if (auto r = os::write_line(events_fd_.get(), e.line); !r) {
         log()->warn("write events: {} (the journal still has every event)", r.error().message());
         events_fd_.reset();
       }

@@ -1,6 +1,11 @@
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <thread>
+
 #include "base/encoding.hpp"
+#include "os/sys.hpp"
 #include "supervisor/output.hpp"
 
 namespace base = sbx::base;
@@ -116,4 +121,22 @@ TEST_CASE("events: timestamps are RFC 3339 with microseconds") {
   CHECK(ts.size() == 27);
   CHECK(ts[10] == 'T');
   CHECK(ts.back() == 'Z');
+}
+
+TEST_CASE("write_line: the line and its newline, whole, into a pipe smaller than the line (--events -)") {
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  std::string got;
+  std::thread reader([&] {
+    char buf[4096];  // a line larger than the pipe: the writer waits for these reads
+    for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  });
+  std::string big(3 << 20, 'e');
+  CHECK(sbx::os::write_line(p[1], big));
+  CHECK(sbx::os::write_line(p[1], ""));
+  CHECK(sbx::os::write_line(p[1], "{\"seq\":2}"));
+  ::close(p[1]);
+  reader.join();
+  ::close(p[0]);
+  CHECK(got == big + "\n\n{\"seq\":2}\n");
 }
