@@ -130,7 +130,7 @@ class Journal {
   boost::json::object stamp(uint64_t seq, boost::json::object fields) const;
   LineBuf serialize(const boost::json::object& ev) const;
   size_t line_size(const LineBuf& b) const noexcept { return b->size() - opts_.headroom; }
-  boost::system::result<void> write_line(uint64_t seq, std::string& buf);
+  boost::system::result<void> write_line(uint64_t seq, const LineBuf& buf);
   void publish(uint64_t seq, const boost::json::object& obj, const LineBuf& buf);
   uint64_t degrade(const boost::system::error_code& ec, uint64_t seq, boost::json::object ev);
   void enqueue(uint64_t seq, boost::json::object obj, LineBuf line);
