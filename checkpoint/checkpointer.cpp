@@ -285,13 +285,74 @@ void Checkpointer::checkpoint_held(const std::string& branch, const std::string&
   start_checkpoint(branch, name, true, std::move(done), "", false, std::max<int64_t>(hold_ms, 1));
 }
 
+void Checkpointer::defer(uint64_t ms, std::function<void()> run) {
+  auto& d = deferred_.emplace_back();
+  d.run = std::move(run);
+  d.timer = loop::make_timer(loop_);
+  d.timer->data = this;
+  uv_timer_start(
+      d.timer.get(),
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Checkpointer*>(t->data);
+        for (auto it = self->deferred_.begin(); it != self->deferred_.end(); ++it)
+          if (it->timer.get() == t) {
+            auto run = std::move(it->run);
+            self->deferred_.erase(it);  // closes the timer: libuv allows it in its own callback
+            return run();
+          }
+      },
+      ms, 0);
+}
+
+// What the archive's manifest says of the box and of the branch being checkpointed.
+json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& op) const {
+  json::object pipes;
+  for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.pipe_inodes[i];
+  json::array argv;
+  for (auto& a : b.argv) argv.emplace_back(a);
+  json::object m = {
+      {"format", archive::kFormatName},
+      {"format_version", archive::kFormatVersion},
+      {"created", base::rfc3339_now()},
+      {"box", settings_.box_id},
+      {"branch", b.name},
+      {"name", op.name},
+      {"parent", b.lineage.snapshot.empty() ? json::value(nullptr) : json::value(b.lineage.snapshot)},
+      {"profile", settings_.profile_name},
+      {"profile_doc", profile_document(settings_.profile_doc)},
+      {"image", image_id_ ? json::value(*image_id_) : json::value(nullptr)},
+      {"mode", op.live ? "live" : "fs"},
+      {"criu", op.live ? json::value(*host_.criu_version()) : json::value(nullptr)},
+      {"kernel", kernel_release()},
+      {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
+      {"pipes", pipes},
+      {"masks", mask_list(host_.branch_masks())},
+      {"network", host_.network_manifest()},
+      {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
+  if (!op.live) m["note"] = op.note;
+  return m;
+}
+
 void Checkpointer::start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                                     const std::string& by, bool chunked, int64_t hold_ms,
-                                    std::shared_ptr<ForkSeal> fork) {
+                                    std::shared_ptr<ForkSeal> fork, int64_t waited_ms) {
   auto found = host_.find_branch(branch);
   if (!found) return done(error_reply("not_found", "no branch \"" + branch + "\""));
   const BranchView& b = *found;
   if (!b.running) return done(error_reply("not_running", "branch \"" + branch + "\" is not running"));
+  // Until ns-init reports the agent started it holds the socket the agent's pid comes through,
+  // which criu would refuse as an external socket: a checkpoint asked for in those few
+  // milliseconds (right after the box starts) waits for the start.
+  if (b.starting) {
+    constexpr int64_t kStep = 10, kStartWaitMs = 10000;
+    if (waited_ms >= kStartWaitMs)
+      return done(error_reply("not_running", "branch \"" + branch + "\" has not started its agent within " +
+                                                 std::to_string(kStartWaitMs / 1000) + " s"));
+    return defer(kStep, [=, this, done = std::move(done), fork = std::move(fork)]() mutable {
+      start_checkpoint(branch, name, leave_running, std::move(done), by, chunked, hold_ms, std::move(fork),
+                       waited_ms + kStep);
+    });
+  }
   if (b.busy) return done(error_reply("busy", "a checkpoint of branch \"" + branch + "\" is already under way"));
   if (auto refusal = snapshots_refusal(branch)) return done(std::move(*refusal));
   // The journal's room comes first: no agent is stopped for a snapshot that could not be kept.
@@ -354,29 +415,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   op->t0 = now_ms();
   dumping_.push_back(op);
 
-  json::object pipes;
-  for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.pipe_inodes[i];
-  json::array argv;
-  for (auto& a : b.argv) argv.emplace_back(a);
-  op->manifest = {{"format", archive::kFormatName},
-                  {"format_version", archive::kFormatVersion},
-                  {"created", base::rfc3339_now()},
-                  {"box", settings_.box_id},
-                  {"branch", branch},
-                  {"name", name},
-                  {"parent", b.lineage.snapshot.empty() ? json::value(nullptr) : json::value(b.lineage.snapshot)},
-                  {"profile", settings_.profile_name},
-                  {"profile_doc", profile_document(settings_.profile_doc)},
-                  {"image", image_id_ ? json::value(*image_id_) : json::value(nullptr)},
-                  {"mode", op->live ? "live" : "fs"},
-                  {"criu", op->live ? json::value(*host_.criu_version()) : json::value(nullptr)},
-                  {"kernel", kernel_release()},
-                  {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
-                  {"pipes", pipes},
-                  {"masks", mask_list(host_.branch_masks())},
-                  {"network", host_.network_manifest()},
-                  {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
-  if (!op->live) op->manifest["note"] = op->note;
+  op->manifest = manifest_of(b, *op);
 
   op->stopped = true;  // from here until continue_op(), on every path
   if (!op->live) {

@@ -23,6 +23,7 @@
 
 #include <boost/json.hpp>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -150,8 +151,17 @@ class Checkpointer {
   void offload(std::function<void()> work, std::function<void()> after);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   void start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
-                        const std::string& by, bool chunked, int64_t hold_ms, std::shared_ptr<ForkSeal> fork = nullptr);
+                        const std::string& by, bool chunked, int64_t hold_ms, std::shared_ptr<ForkSeal> fork = nullptr,
+                        int64_t waited_ms = 0);
+  // Work run once after a delay, on the loop (a checkpoint waiting for its branch's agent to start).
+  struct Deferred {
+    loop::UvHandle<uv_timer_t> timer;
+    std::function<void()> run;
+  };
+  std::list<Deferred> deferred_;
+  void defer(uint64_t ms, std::function<void()> run);
   void hold_tree(CheckpointOp& op);
+  boost::json::object manifest_of(const BranchView& b, const CheckpointOp& op) const;
   // Trees a checkpoint_held() left stopped, by branch: the pidfd they are continued or ended
   // through, and the timer that continues them if nobody releases them.
   struct Held {

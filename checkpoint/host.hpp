@@ -63,6 +63,7 @@ struct BranchView {
   bool ended = false;       // its ns-init has been reaped
   bool running = false;     // its ns-init and its agent's process are both alive
   bool busy = false;        // a checkpoint of it is under way
+  bool starting = false;    // its agent is not started yet: ns-init holds a socket criu refuses
   bool namespaced = false;  // its own pid and mount namespace (else why_not says why)
   std::string why_not;
   bool landlocked = false;                // its agent is confined by Landlock

@@ -29,6 +29,7 @@ checkpoint::BranchView view_of(const Branch& b, const std::map<std::string, std:
   auto p = procs.find(Box::proc_key(b.name, b.main_proc));
   v.running = !b.ns_init_reaped && p != procs.end() && !p->second->status_known;
   v.busy = b.busy;
+  v.starting = b.starting;
   v.namespaced = b.launched.namespaced;
   v.why_not = b.launched.why_not;
   v.landlocked = b.landlocked;

@@ -141,6 +141,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   if (it == procs_.end()) return;
   Proc& p = *it->second;
   if (proc_id != b.main_proc) return on_exec_report(b, p, r);
+  if (*ev == "started" || *ev == "spawn_failed") b.starting = false;
   if (*ev == "started") {
     p.ns_pid = static_cast<pid_t>(r.at("pid").to_number<int64_t>());
     p.pid = p.ns_pid;
@@ -366,6 +367,7 @@ void Box::start() {
   cgroup_dir_.reset();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);
+  b->starting = true;
   if (spec.want_namespaces && !b->launched.namespaced && b->launched.why_not.starts_with("clone(")) {
     caps_.namespaces = false;  // for the branches to come (forks, copies): flat, as this one
     caps_.namespaces_why_not = b->launched.why_not;

@@ -119,7 +119,10 @@ struct Branch {
   loop::UvHandle<uv_timer_t> drain_timer;
   bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
   bool busy = false;        // a checkpoint of it is under way
-  std::string ended_by;     // "checkpoint" when a checkpoint ended it
+  // Launched, and its ns-init has not yet reported the agent started (or failed to start): it
+  // still holds the socket the agent's pid comes through (kNsAgentPid). A restored copy: false.
+  bool starting = false;
+  std::string ended_by;  // "checkpoint" when a checkpoint ended it
   // Ceilings and policy (box-policy.cpp).
   std::unique_ptr<os::CgroupDir> cgroup;
   std::unique_ptr<LimitsWatcher> limits;
