@@ -1,14 +1,16 @@
 # The libraries the layers link, found once for the main build and for the fuzz build (tests/fuzz).
 #
 # Linked from the static archives Debian ships where that is sound (SBX_STATIC_DEPS, on unless
-# under the sanitizers): Boost, libseccomp, libzstd. A process start pays the dynamic
-# loader for every shared object (mapping, symbol lookup, relocated pages); from an archive the
-# linker takes only the objects the binary calls (docs/architecture.md, "Start-up"). Shared stay:
-# libwebsockets (Debian's dlopens its libuv event plugin, which links the shared libwebsockets
-# and libuv by soname: a static copy in the binary would run beside a second one) and what it
-# needs (libuv, OpenSSL, libcap, zlib), spdlog and fmt (no archives) with libstdc++, libidn2 (no archive of
-# libunistring), glibc. A fix to an archived library needs a rebuild of sandboxer, as of an image.
-option(SBX_STATIC_DEPS "Link Boost, libseccomp and libzstd from their static archives" ON)
+# under the sanitizers): Boost, libseccomp, libzstd, libstdc++ and libgcc; spdlog and fmt (which
+# Debian ships as shared libraries only) in their header-only forms, so that no shared object
+# left needs libstdc++. A process start pays the dynamic loader for every shared object (mapping,
+# symbol lookup, relocated pages); from an archive the linker takes only the objects the binary
+# calls (docs/architecture.md, "Start-up"). Shared stay: libwebsockets (Debian's dlopens its libuv
+# event plugin, which links the shared libwebsockets and libuv by soname: a static copy in the
+# binary would run beside a second one) and what it needs (libuv, OpenSSL, libcap, zlib), libidn2
+# (no archive of libunistring), glibc: all C. A fix to an archived library needs a rebuild of
+# sandboxer, as of an image.
+option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd and libstdc++ from their static archives" ON)
 if(SBX_SANITIZE)
   set(SBX_STATIC_DEPS OFF)
 endif()
@@ -48,4 +50,18 @@ endfunction()
 if(SBX_STATIC_DEPS)
   sbx_link_static(PkgConfig::SECCOMP)
   sbx_link_static(PkgConfig::ZSTD)
+endif()
+
+# dep_spdlog: what the layers link for logging. With SBX_STATIC_DEPS, spdlog and fmt header-only
+# (their own targets' definitions: SPDLOG_FMT_EXTERNAL, FMT_HEADER_ONLY), and libstdc++ from its
+# archive in every program; otherwise Debian's shared libspdlog and libfmt.
+add_library(dep_spdlog INTERFACE)
+if(SBX_STATIC_DEPS)
+  target_compile_definitions(dep_spdlog INTERFACE SPDLOG_FMT_EXTERNAL)
+  target_include_directories(dep_spdlog
+                             INTERFACE $<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_link_libraries(dep_spdlog INTERFACE fmt::fmt-header-only Threads::Threads)
+  add_link_options(-static-libstdc++ -static-libgcc)
+else()
+  target_link_libraries(dep_spdlog INTERFACE spdlog::spdlog)
 endif()
