@@ -11,6 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -103,6 +107,73 @@ std::optional<std::string> criu_version_of(const std::optional<std::string>& out
   static const std::regex re(R"(Version:\s*([0-9.]+))");
   if (std::regex_search(*out, m, re)) return m[1].str();
   return std::nullopt;
+}
+
+namespace {
+
+// What names the criu binary for the cache: a reinstall changes its inode, size or times.
+std::string criu_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  boost::json::object o{{"path", path},
+                        {"dev", static_cast<uint64_t>(st.st_dev)},
+                        {"ino", static_cast<uint64_t>(st.st_ino)},
+                        {"size", static_cast<int64_t>(st.st_size)},
+                        {"mtime_ns", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec},
+                        {"ctime_ns", static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec}};
+  return boost::json::serialize(o);
+}
+
+bool is_version(std::string_view v) {
+  if (v.empty() || v.size() > 32 || !std::isdigit(static_cast<unsigned char>(v.front()))) return false;
+  return std::all_of(v.begin(), v.end(),
+                     [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
+}
+
+// The cached version for `key`, read below `dir` without following a symlink; nullopt otherwise.
+std::optional<std::string> read_criu_cache(int dir, const std::string& key) {
+  auto fd = os::open_beneath(dir, kCriuVersionCache, O_RDONLY | O_NONBLOCK);
+  if (!fd) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 4096) return std::nullopt;
+  char buf[4096];
+  ssize_t n = ::read(fd->get(), buf, sizeof buf);
+  if (n <= 0) return std::nullopt;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(std::string_view(buf, static_cast<size_t>(n)), ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  auto* k = v.as_object().if_contains("criu");
+  auto* ver = v.as_object().if_contains("version");
+  if (!k || !ver || !k->is_string() || !ver->is_string() || k->as_string() != key) return std::nullopt;
+  if (!is_version(ver->as_string())) return std::nullopt;
+  return std::string(ver->as_string());
+}
+
+}  // namespace
+
+CriuVersionProbe::CriuVersionProbe(const std::optional<std::string>& criu, const std::string& cache_dir)
+    : cache_dir_(cache_dir) {
+  if (!criu) return;
+  if (!cache_dir_.empty()) key_ = criu_identity(*criu);
+  if (!key_.empty())
+    if (auto dir = os::open_dir(cache_dir_))
+      if ((version_ = read_criu_cache(dir->get(), key_))) {
+        from_cache_ = true;
+        return;
+      }
+  probe_.emplace(std::vector<std::string>{*criu, "--version"});
+}
+
+std::optional<std::string> CriuVersionProbe::version(int timeout_ms) {
+  if (!probe_) return version_;
+  version_ = criu_version_of(probe_->output(timeout_ms));
+  probe_.reset();
+  if (version_ && !key_.empty()) {
+    std::string text = boost::json::serialize(boost::json::object{{"criu", key_}, {"version", *version_}}) + "\n";
+    // A cache that cannot be written (a read-only home, a full disk) costs the next start a probe.
+    if (auto dir = os::open_dir(cache_dir_)) (void)os::write_file_atomic_at(dir->get(), kCriuVersionCache, text, 0600);
+  }
+  return version_;
 }
 
 HostCapabilities detect_capabilities(CommandProbe* criu, bool probe_namespaces) {

@@ -41,6 +41,31 @@ class CommandProbe {
 /// The version `criu --version` printed, or nullopt.
 std::optional<std::string> criu_version_of(const std::optional<std::string>& out);
 
+/// The version of the criu at `criu` (checkpoint::find_criu's answer), for box.started: from the
+/// cache file kCriuVersionCache in `cache_dir` when that was written for this same file (its path,
+/// device, inode, size, modification and change times), else from `criu --version`, started at
+/// construction and cached once read. The probe costs every box's start several ms of a CPU while
+/// its agent starts; the cache, a stat and a read. The cache is advisory and bounded: a missing,
+/// unreadable, foreign or malformed one (a symlink is not followed) means the probe runs, and one
+/// that cannot be written means the next start probes again. `cache_dir` empty: no cache.
+class CriuVersionProbe {
+ public:
+  CriuVersionProbe(const std::optional<std::string>& criu, const std::string& cache_dir);
+  /// The version; nullopt without a criu, or when it would not say within `timeout_ms`.
+  std::optional<std::string> version(int timeout_ms = 3000);
+  /// True when the answer came from the cache (no criu was started).
+  bool cached() const { return from_cache_; }
+
+ private:
+  std::string cache_dir_;
+  std::string key_;  // the file's identity; empty when it could not be had (no cache then)
+  std::optional<std::string> version_;
+  bool from_cache_ = false;
+  std::optional<CommandProbe> probe_;
+};
+
+inline constexpr const char* kCriuVersionCache = "criu-version.json";
+
 /// Everything but criu's version unless `criu` is given (a probe started earlier). Without
 /// `probe_namespaces`, `namespaces` is taken as true unprobed: for a caller whose own clone of the
 /// namespaces finds out, and falls back, anyway (launch_branch), so that no throwaway clone sits on

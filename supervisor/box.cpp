@@ -309,8 +309,10 @@ void Box::start() {
   }
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
-  // `criu --version` (for box.started) takes several ms: it runs while the agent is launched.
-  sandbox::CommandProbe criu_probe({"criu", "--version"});
+  // criu's version (for box.started): from the user's cache, else `criu --version`, which takes
+  // several ms and runs while the agent is launched.
+  std::string why_no_home;
+  sandbox::CriuVersionProbe criu_probe(checkpoint::find_criu(), os::state_home(why_no_home));
   // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
   caps_ = sandbox::detect_capabilities(nullptr, opts_.idle || !opts_.restore_file.empty());
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
@@ -319,7 +321,7 @@ void Box::start() {
   std::string why_not;
   bool live = false;
   auto read_criu = [&] {
-    caps_.criu = sandbox::criu_version_of(criu_probe.output(3000));
+    caps_.criu = criu_probe.version(3000);
     caps = caps_.to_json();
     // KSM shares identical pages of the box's live copies when the host runs it (README, "Forks").
     caps["ksm"] = boost::json::object{{"host", checkpoint::ksm_state()}, {"copies", opts_.profile.resources.ksm}};
