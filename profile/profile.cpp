@@ -541,10 +541,6 @@ void parse_into(Profile& p, const json::value& doc) {
 
 }  // namespace
 
-const char* network_mode_name(NetworkPolicy::Mode m) {
-  return m == NetworkPolicy::Mode::Proxy ? "proxy" : m == NetworkPolicy::Mode::None ? "none" : "host";
-}
-
 namespace {
 void merge_document(json::object& into, const json::object& from) {
   for (auto& kv : from) {

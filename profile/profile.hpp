@@ -26,7 +26,11 @@ struct NetworkPolicy {
   int64_t max_body_bytes = 8 * 1024 * 1024;
   int64_t timeout_ms = 30000;  // to read a request's header, to connect, for a whole response
 };
-const char* network_mode_name(NetworkPolicy::Mode m);
+// Inline: sandbox/policy.cpp names the mode, and sandboxer-ns-init, which links that file, would
+// otherwise take in profile.cpp whole, with the egress parser and libidn2 (sandbox/CMakeLists.txt).
+inline const char* network_mode_name(NetworkPolicy::Mode m) {
+  return m == NetworkPolicy::Mode::Proxy ? "proxy" : m == NetworkPolicy::Mode::None ? "none" : "host";
+}
 
 struct Credential {
   std::string name;                     // also the first path segment at the broker

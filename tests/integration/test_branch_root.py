@@ -90,7 +90,7 @@ def ns_init_of_a_sleeping_box(init, state):
     return [a.decode() for a in cmdline], libs, err
 
 
-HEAVY = ("libstdc++", "libwebsockets", "libarchive", "libssl", "libuv", "libspdlog")
+HEAVY = ("libstdc++", "libwebsockets", "libarchive", "libssl", "libuv", "libspdlog", "libidn2", "libunistring")
 
 
 def test_ns_init_is_its_own_small_program_and_a_box_warns_of_nothing(tmp_path):
