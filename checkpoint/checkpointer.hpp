@@ -53,6 +53,8 @@ class Checkpointer {
   /// Whether this host can checkpoint a live tree at all (criu >= 4.2 present); the error says
   /// why not.
   base::Result<void> live_possible() const;
+  /// The criu it runs: the first `criu` on PATH at its construction, if any.
+  const std::optional<std::string>& criu() const { return criu_; }
 
   /// `by`: the branch whose agent channel asks, recorded in the snapshot's index (`origin`); ""
   /// for the operator. `chunked`: the snapshot is kept in the chunk store (shared with the box's

@@ -309,13 +309,13 @@ void Box::start() {
   }
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
-  // criu's version (for box.started): from the user's cache, else `criu --version`, which takes
-  // several ms and runs while the agent is launched.
-  std::string why_no_home;
-  sandbox::CriuVersionProbe criu_probe(checkpoint::find_criu(), os::state_home(why_no_home));
   // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
   caps_ = sandbox::detect_capabilities(nullptr, opts_.idle || !opts_.restore_file.empty());
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
+  // criu's version (for box.started) of the criu the checkpointer found: from the user's cache,
+  // else `criu --version`, which takes several ms and runs while the agent is launched.
+  std::string why_no_home;
+  sandbox::CriuVersionProbe criu_probe(checkpointer_->criu(), os::state_home(why_no_home));
 
   boost::json::object caps;
   std::string why_not;
