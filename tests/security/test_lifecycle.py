@@ -118,9 +118,13 @@ def test_proc_ids_are_per_branch(tmp_path):
                 argv = ["sh", "-c", "echo $SANDBOXER_BRANCH; exec sleep 30"]
                 r1 = await s.request("exec", proc="p1", argv=argv)
                 r2 = await s.request("exec", proc="p1", argv=argv, branch="f1")
+                # Each shell's echo before any signal: a TERM that came first would end it silent.
+                await s.request("subscribe", since=0)
+                for br in ("main", "f1"):
+                    await s.wait_event(lambda e, br=br: e["type"] == "proc.output" and e["proc"] == "p1"
+                                       and e["branch"] == br, timeout=20)
                 ambiguous = await s.request("signal", proc="p1", signal="TERM")
                 term = await s.request("signal", proc="p1", signal="TERM", branch="f1")
-                await s.request("subscribe", since=0)
                 ex = await s.wait_event(lambda e: e["type"] == "proc.exited" and e["proc"] == "p1", timeout=20)
                 return r1, r2, ambiguous, term, ex
 
