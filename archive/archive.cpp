@@ -139,10 +139,10 @@ struct Sink {
   int error = 0;
   std::string zerror;
   ZSTD_CCtx* z = nullptr;  // null: no archive file, the chunk store only
-  // The tar stream itself, when it goes to a chunk store: its hash (the chunk list's) and the store.
-  // An archive file alone is named by its own hash and checked by its files': a third SHA-256
-  // pass over the whole payload cost ~0.5 s per GiB of every checkpoint, after the agent's pause.
-  Sha256 tar_sha;
+  // The tar stream itself, when it goes to a chunk store, which hashes it for the chunk list. No
+  // hash of its own here: an archive file alone is named by its own hash and checked by its
+  // files', and each further SHA-256 pass over the payload costs ~0.55 s per GiB of every
+  // checkpoint after the agent's pause (this one was a second hash of the list's stream).
   ChunkWriter* chunks = nullptr;
   std::string chunk_error;
   std::vector<char> out = std::vector<char>(ZSTD_CStreamOutSize());
@@ -172,7 +172,6 @@ struct Sink {
 la_ssize_t sink_write(struct archive*, void* data, const void* buf, size_t n) {
   auto* s = static_cast<Sink*>(data);
   if (s->chunks) {
-    s->tar_sha.update(buf, n);
     if (auto r = s->chunks->write(buf, n); !r) {
       s->chunk_error = r.error().message;
       return -1;
@@ -210,7 +209,6 @@ struct Source {
   // Or the tar stream comes from the chunk store, each chunk checked against its hash.
   ChunkReader* chunks = nullptr;
   const char* data = nullptr;  // where next()'s bytes are
-  Sha256 tar_sha;              // of the tar stream, from the chunk store only (Sink's tar_sha)
 
   ~Source() { ZSTD_freeDCtx(z); }
   bool bounded(size_t n) {
@@ -230,7 +228,6 @@ struct Source {
       }
       if (!bounded(v->size())) return -1;
       data = v->data();
-      tar_sha.update(data, v->size());
       return static_cast<ssize_t>(v->size());
     }
     for (;;) {
@@ -497,7 +494,6 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
   if (out && ::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
   ArchiveInfo info;
   info.sha256 = sink.writer->sha().hex();
-  if (to.chunks) info.tar_sha256 = sink.tar_sha.hex();
   info.raw_bytes = raw + text.size() + signature.size();
   info.compressed_bytes = sink.writer->bytes();
   if (to.chunks) {
@@ -505,6 +501,7 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
     if (!list) return fail("store the chunks: " + list.error().message);
     info.chunks = std::move(*list);
     info.chunks->archive_sha256 = info.sha256;
+    info.tar_sha256 = info.chunks->sha256;
   }
   return info;
 }
@@ -616,7 +613,8 @@ class Extractor {
     if (!source_.drain()) return fail("the archive is corrupted or truncated: " + source_.error);
     if (!finish()) return std::nullopt;
     made_.clear();
-    if (source_.chunks) out_.tar_sha256 = source_.tar_sha.hex();
+    // The reader checked the whole stream against its list's hash at its end (drained above).
+    if (source_.chunks) out_.tar_sha256 = source_.chunks->list().sha256;
     return std::move(out_);
   }
 
@@ -907,7 +905,7 @@ base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList l
 
 base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
                                           int level) {
-  std::string expect_sha256 = list.archive_sha256;
+  std::string expect_sha256 = list.archive_sha256, tar_sha256 = list.sha256;
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return reader.error();
   os::UniqueFd out;  // before the sink: its writer thread ends before the file is closed
@@ -925,7 +923,6 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
     auto v = (*reader)->next();
     if (!v) return fail(v.error());
     if (v->empty()) break;
-    sink.tar_sha.update(v->data(), v->size());
     if (!sink.feed(v->data(), v->size(), ZSTD_e_continue))
       return fail(
           base::fail("write " + dst + ": " + (sink.error ? std::strerror(sink.error) : "zstd: " + sink.zerror)));
@@ -940,7 +937,7 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
                            ": this libzstd compresses differently from the one that took the snapshot"));
   ArchiveInfo info;
   info.sha256 = sha;
-  info.tar_sha256 = sink.tar_sha.hex();
+  info.tar_sha256 = tar_sha256;  // the reader checked the stream against it at its end
   info.compressed_bytes = sink.writer->bytes();
   return info;
 }

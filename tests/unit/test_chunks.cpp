@@ -11,6 +11,7 @@
 
 #include "archive/archive.hpp"
 #include "archive/chunks.hpp"
+#include "archive/hash.hpp"
 #include "temp-dir.hpp"
 
 #include <zstd.h>
@@ -168,6 +169,7 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   CHECK_FALSE(fs::exists(t.path / "a.tar.zst"));  // no archive file, but its hash (the id)
   CHECK(info->sha256.size() == 64);
   CHECK(info->chunks->sha256 == info->tar_sha256);
+  CHECK(info->chunks->sha256 != info->sha256);  // the tar stream's hash, not the archive's
   CHECK(info->chunks->archive_sha256 == info->sha256);
 
   auto x = extract_chunks((t.path / "store").string(), *info->chunks, (t.path / "out").string(), trust);
@@ -183,10 +185,33 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   // The same bytes as the archive that was never written: the id names the export.
   CHECK(rebuilt->sha256 == info->sha256);
   CHECK(sha256_file((t.path / "a.tar.zst").string()).value() == info->sha256);
+  {
+    // The list's hash is the tar stream's: the archive's bytes decompressed.
+    std::ifstream zf(t.path / "a.tar.zst", std::ios::binary);
+    std::string z((std::istreambuf_iterator<char>(zf)), {});
+    std::string tar(8u << 20, '\0');
+    size_t n = ZSTD_decompress(tar.data(), tar.size(), z.data(), z.size());
+    REQUIRE_FALSE(ZSTD_isError(n));
+    Sha256 h;
+    h.update(tar.data(), n);
+    CHECK(h.hex() == info->tar_sha256);
+  }
   auto y = extract_archive((t.path / "a.tar.zst").string(), (t.path / "out2").string(), trust);
   REQUIRE_MESSAGE(y.has_value(), y.error().message);
   // From an archive file the tar stream is not hashed again: its own hash and its files' check it.
   CHECK(y->tar_sha256.empty());
+  SUBCASE("a list whose stream hash is not its chunks' is refused at the end of the stream") {
+    auto l = *info->chunks;
+    l.sha256 = std::string(64, '0');
+    auto bad = extract_chunks((t.path / "store").string(), l, (t.path / "out3").string(), trust);
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().message.find("hashes to " + info->tar_sha256 + ", not 000") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path / "out3"));
+    auto again = rebuild_archive((t.path / "store").string(), l, (t.path / "c.tar.zst").string(), 3);
+    REQUIRE_FALSE(again.has_value());
+    CHECK(again.error().message.find("hashes to " + info->tar_sha256 + ", not 000") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path / "c.tar.zst"));
+  }
   SUBCASE("an archive that does not come out as the snapshot's is refused, and removed") {
     auto l = *info->chunks;
     l.archive_sha256 = std::string(64, '0');
