@@ -501,7 +501,6 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
     if (!list) return fail("store the chunks: " + list.error().message);
     info.chunks = std::move(*list);
     info.chunks->archive_sha256 = info.sha256;
-    info.tar_sha256 = info.chunks->sha256;
   }
   return info;
 }
@@ -613,8 +612,6 @@ class Extractor {
     if (!source_.drain()) return fail("the archive is corrupted or truncated: " + source_.error);
     if (!finish()) return std::nullopt;
     made_.clear();
-    // The reader checked the whole stream against its list's hash at its end (drained above).
-    if (source_.chunks) out_.tar_sha256 = source_.chunks->list().sha256;
     return std::move(out_);
   }
 
@@ -905,7 +902,7 @@ base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList l
 
 base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
                                           int level) {
-  std::string expect_sha256 = list.archive_sha256, tar_sha256 = list.sha256;
+  std::string expect_sha256 = list.archive_sha256;
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return reader.error();
   os::UniqueFd out;  // before the sink: its writer thread ends before the file is closed
@@ -937,7 +934,6 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
                            ": this libzstd compresses differently from the one that took the snapshot"));
   ArchiveInfo info;
   info.sha256 = sha;
-  info.tar_sha256 = tar_sha256;  // the reader checked the stream against it at its end
   info.compressed_bytes = sink.writer->bytes();
   return info;
 }

@@ -37,12 +37,10 @@ struct Extracted {
   bool trusted = false;       // a trusted key verified its signature
   std::string signer;         // that key's fingerprint
   std::string why_untrusted;  // else why not (accepted only under allow_unsigned)
-  std::string tar_sha256;     // of the tar stream read from a chunk store ("" from an archive file)
 };
 
 struct ArchiveInfo {
   std::string sha256;      // of the archive (the snapshot's id), written to a file or not
-  std::string tar_sha256;  // of the tar stream inside, when it went to a chunk store (else "")
   uint64_t raw_bytes = 0;  // sum of the entries' sizes
   uint64_t compressed_bytes = 0;
   std::optional<ChunkList> chunks;  // where the stream went to the chunk store

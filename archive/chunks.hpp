@@ -78,8 +78,6 @@ class ChunkReader {
   static base::Result<std::unique_ptr<ChunkReader>> open(const std::string& dir, ChunkList list);
   /// The next bytes of the stream: a view valid until the next call, empty at the end.
   base::Result<std::string_view> next();
-  /// The list it reads (whose sha256 the stream was checked against once next() returned empty).
-  const ChunkList& list() const { return list_; }
   ~ChunkReader();
   ChunkReader(const ChunkReader&) = delete;
   ChunkReader& operator=(const ChunkReader&) = delete;
