@@ -730,21 +730,12 @@ void Checkpointer::hold_tree(CheckpointOp& op) {
   Held h;
   h.pid = op.ns_init_pid;
   h.fd = std::move(op.tree_fd);
-  h.timer = loop::make_timer(loop_);
-  h.timer->data = this;
-  uv_timer_start(
-      h.timer.get(),
-      [](uv_timer_t* t) {
-        auto* self = static_cast<Checkpointer*>(t->data);
-        if (!self) return;
-        for (auto& [branch, held] : self->held_)
-          if (held.timer.get() == t) {
-            std::string b = branch;  // release() erases the entry
-            (void)self->release(b, false, "nobody released it within its hold");
-            return;
-          }
-      },
-      static_cast<uint64_t>(op.hold_ms), 0);
+  h.hold = ++holds_;
+  // Continued if nobody released it within its hold: this hold, not a later one of the branch.
+  defer(static_cast<uint64_t>(op.hold_ms), [this, branch = op.branch, hold = h.hold] {
+    if (auto it = held_.find(branch); it != held_.end() && it->second.hold == hold)
+      (void)release(branch, false, "nobody released it within its hold");
+  });
   held_[op.branch] = std::move(h);
   op.stopped = false;  // the held tree is held_'s now: continue_op leaves it
   op.held = true;

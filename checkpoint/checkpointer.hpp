@@ -165,14 +165,15 @@ class Checkpointer {
   void hold_tree(CheckpointOp& op);
   boost::json::object manifest_of(const BranchView& b, const CheckpointOp& op) const;
   // Trees a checkpoint_held() left stopped, by branch: the pidfd they are continued or ended
-  // through, and the timer that continues them if nobody releases them.
+  // through, and which hold it is (the deferred release that ends its hold acts on that one only).
   struct Held {
     pid_t pid = -1;
     os::UniqueFd fd;
     std::string snapshot;
-    loop::UvHandle<uv_timer_t> timer;
+    uint64_t hold = 0;
   };
   std::map<std::string, Held> held_;
+  uint64_t holds_ = 0;
   /// Continues the op's tree if it is stopped (every path of a checkpoint ends here).
   void continue_op(CheckpointOp& op);
   std::optional<boost::json::object> snapshots_refusal(const std::string& branch);

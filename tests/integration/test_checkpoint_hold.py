@@ -90,6 +90,23 @@ def test_a_held_agent_released_to_end_ends_the_box_and_one_never_released_goes_o
         assert max(numbers(box)) > held_at + 2 and box.alive()
 
 
+def test_a_hold_released_early_does_not_cut_short_the_next_hold_of_the_branch(tmp_path):
+    # The first hold's 1.5 s run out while the second (60 s) holds the same branch: that end is
+    # the first hold's, and the second stays held until it is released.
+    with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.4)
+        assert request(box, "checkpoint", hold_ms=1500)["ok"]
+        assert request(box, "checkpoint.release", end=False)["action"] == "continued"
+        assert request(box, "checkpoint", hold_ms=60000)["ok"]
+        held_at = max(numbers(box))
+        time.sleep(2.5)
+        assert len(events_of(box, "checkpoint.released")) == 1
+        assert max(numbers(box)) <= held_at + 1
+        rel = request(box, "checkpoint.release", end=False)
+        assert rel["ok"] and rel["action"] == "continued", rel
+        assert box.alive()
+
+
 def test_a_hold_is_refused_where_the_snapshot_would_be_files_only(tmp_path):
     # Ended once its copy runs, a held agent whose snapshot has no memory would be lost: a branch
     # without namespaces of its own (files-only snapshots) is refused a hold, and goes on.
