@@ -459,9 +459,10 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
     out = os::UniqueFd(::open(dst.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return base::fail("create " + dst + ": " + std::strerror(errno));
   }
-  // Without a file the archive is still compressed and hashed: its hash is the snapshot's id, and
-  // an export writes the same bytes again from the chunks.
-  if (auto r = start_compressor(sink, out ? out.get() : -1, level); !r) return r.error();
+  // Without a file nothing is compressed here: the chunk store compresses its chunks, and the id
+  // is the manifest's hash, whatever bytes an export's compression makes.
+  if (!dst.empty())
+    if (auto r = start_compressor(sink, out.get(), level); !r) return r.error();
   std::unique_ptr<struct archive, ArchiveDeleter> a(la().archive_write_new());
   la().archive_write_set_format_pax_restricted(a.get());
   la().archive_write_set_bytes_per_block(a.get(), 1 << 20);
@@ -490,17 +491,22 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
     }
   }
   if (la().archive_write_close(a.get()) != ARCHIVE_OK) return fail("finish the archive");
-  if ((sink.error = sink.writer->finish()) != 0) return fail("write the archive");
+  if (sink.writer && (sink.error = sink.writer->finish()) != 0) return fail("write the archive");
   if (out && ::fsync(out.get()) != 0) return base::fail("fsync " + dst + ": " + std::strerror(errno));
   ArchiveInfo info;
-  info.sha256 = sink.writer->sha().hex();
+  Sha256 id;
+  id.update(text.data(), text.size());
+  info.manifest_sha256 = id.hex();
+  if (sink.writer) {
+    info.sha256 = sink.writer->sha().hex();
+    info.compressed_bytes = sink.writer->bytes();
+  }
   info.raw_bytes = raw + text.size() + signature.size();
-  info.compressed_bytes = sink.writer->bytes();
   if (to.chunks) {
     auto list = to.chunks->finish();
     if (!list) return fail("store the chunks: " + list.error().message);
     info.chunks = std::move(*list);
-    info.chunks->archive_sha256 = info.sha256;
+    info.chunks->manifest_sha256 = info.manifest_sha256;
   }
   return info;
 }
@@ -559,18 +565,24 @@ os::UniqueFd open_beneath(int root, const std::string& rel) {
   return std::move(*fd);
 }
 
-// Reads one archive into a directory, checking as it goes (extract_archive's contract).
+// Reads one archive into a directory, checking as it goes (extract_archive's contract); or checks
+// it without writing anything (verify_archive), or reads its manifest alone (read_manifest).
 class Extractor {
  public:
-  Extractor(const ImportPolicy& policy, std::string& err) : policy_(policy), err_(err) {}
+  enum class Mode { extract, verify, head };
+  Extractor(const ImportPolicy& policy, std::string& err, Mode mode = Mode::extract)
+      : policy_(policy), err_(err), mode_(mode) {}
 
-  /// From the archive file `src`, or (`chunks` not null) from the chunk store.
+  /// From the archive file `src`, or (`chunks` not null) from the chunk store; into `dst_dir` when
+  /// extracting.
   std::optional<Extracted> run(const std::string& src, ChunkReader* chunks, const std::string& dst_dir,
                                bool* untrusted) {
-    if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
-    made_ = dst_dir;
-    root_ = os::UniqueFd(::open(dst_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!root_) return fail("open " + dst_dir + ": " + std::strerror(errno));
+    if (mode_ == Mode::extract) {
+      if (::mkdir(dst_dir.c_str(), 0700) != 0) return fail("create " + dst_dir + ": " + std::strerror(errno));
+      made_ = dst_dir;
+      root_ = os::UniqueFd(::open(dst_dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!root_) return fail("open " + dst_dir + ": " + std::strerror(errno));
+    }
     if (chunks) {
       source_.chunks = chunks;
     } else {
@@ -590,6 +602,7 @@ class Extractor {
           "the archive does not begin with manifest.json: it is of format 1 (from before signed "
           "archives; make it again with this version) or not a sandboxer archive");
     if (!read_blob(manifest_text_, kMaxManifest, "manifest.json") || !check_manifest()) return std::nullopt;
+    if (mode_ == Mode::head) return std::move(out_);
     if (!next(e)) return std::nullopt;
     std::string signature;
     bool signed_ = e && std::string_view(la().archive_entry_pathname(e)) == "signature.json";
@@ -660,9 +673,11 @@ class Extractor {
   bool write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path, Listed& l);
   bool keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode);
   bool finish();
+  bool parent_seen(const std::string& path, const std::string& dir);
 
   const ImportPolicy& policy_;
   std::string& err_;
+  Mode mode_;
   std::unique_ptr<struct archive, ReadDeleter> a_{la().archive_read_new()};
   Source source_;
   os::UniqueFd in_, root_;
@@ -727,12 +742,17 @@ bool Extractor::check_manifest() {
   auto* fmt = m.if_contains("format");
   auto* ver = m.if_contains("format_version");
   if (!fmt || *fmt != kFormatName) return refuse("not a sandboxer checkpoint archive (manifest format)");
-  if (!ver || !ver->is_int64() || ver->as_int64() != kFormatVersion)
+  if (!ver || !ver->is_int64() || ver->as_int64() < kOldestFormatVersion || ver->as_int64() > kFormatVersion)
     return refuse(
-        "the archive's format_version is not " + std::to_string(kFormatVersion) +
-        (ver && ver->is_int64() && ver->as_int64() < kFormatVersion
+        "the archive's format_version is not " + std::to_string(kOldestFormatVersion) + ".." +
+        std::to_string(kFormatVersion) +
+        (ver && ver->is_int64() && ver->as_int64() < kOldestFormatVersion
              ? " (format " + std::to_string(ver->as_int64()) + " is from before signed archives: make it again)"
              : std::string()));
+  out_.format_version = static_cast<int>(ver->as_int64());
+  Sha256 sha;
+  sha.update(manifest_text_.data(), manifest_text_.size());
+  out_.manifest_sha256 = sha.hex();
   auto* files = m.if_contains("files");
   if (!files || !files->is_object()) return refuse("the archive's manifest lists no files");
   for (auto& [k, f] : files->as_object())
@@ -808,6 +828,10 @@ bool Extractor::entry(struct archive_entry* e) {
     symlinks_.emplace_back(path, l.target);
     return true;
   }
+  if (mode_ != Mode::extract) {
+    if (!parent_seen(path, dir)) return false;
+    return type == AE_IFDIR || write_file(e, -1, name, path, l);
+  }
   os::UniqueFd parent = open_beneath(root_.get(), dir);
   if (!parent)
     return refuse("extract " + path + ": its directory " + dir + " " +
@@ -821,14 +845,28 @@ bool Extractor::entry(struct archive_entry* e) {
   return write_file(e, parent.get(), name, path, l);
 }
 
+// Without a directory to write into (verify_archive): an entry's directory must have come before it,
+// as extraction's open_beneath would find it.
+bool Extractor::parent_seen(const std::string& path, const std::string& dir) {
+  if (dir.empty()) return true;
+  auto it = listed_.find(dir);
+  if (it == listed_.end() || it->second.type != "dir" || !it->second.seen)
+    return refuse("extract " + path + ": its directory " + dir + " comes later or not at all");
+  return true;
+}
+
+// With `parent` < 0, the data is checked and not written (verify_archive).
 bool Extractor::write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path,
                            Listed& l) {
   if (!la().archive_entry_size_is_set(e) || la().archive_entry_size(e) < 0 ||
       static_cast<uint64_t>(la().archive_entry_size(e)) != l.size)
     return refuse("the archive's " + path + " is " + std::to_string(la().archive_entry_size(e)) +
                   " bytes, its manifest says " + std::to_string(l.size));
-  os::UniqueFd out(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!out) return refuse("create " + path + ": " + std::strerror(errno));
+  os::UniqueFd out;
+  if (parent >= 0) {
+    out = os::UniqueFd(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out) return refuse("create " + path + ": " + std::strerror(errno));
+  }
   Sha256 sha;
   uint64_t size = 0;
   for (;;) {
@@ -838,11 +876,13 @@ bool Extractor::write_file(struct archive_entry* e, int parent, const std::strin
     size += static_cast<uint64_t>(n);
     if (size > l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
     sha.update(buf_.data(), static_cast<size_t>(n));
+    if (!out) continue;
     if (auto w = os::write_all(out.get(), {buf_.data(), static_cast<size_t>(n)}); !w)
       return refuse("write " + path + ": " + w.error().message());
   }
   if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
   if (sha.hex() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
+  if (!out) return true;
   return keep_owner(out.get(), path, l, l.mode ? *l.mode : la().archive_entry_perm(e));
 }
 
@@ -858,6 +898,13 @@ bool Extractor::keep_owner(int fd, const std::string& path, const Listed& l, mod
 bool Extractor::finish() {
   for (auto& [path, l] : listed_)
     if (!l.seen) return refuse("the archive is missing " + path + " (listed in its manifest)");
+  if (mode_ != Mode::extract) {
+    for (auto& [path, target] : symlinks_) {
+      auto slash = path.rfind('/');
+      if (!parent_seen(path, slash == std::string::npos ? "" : path.substr(0, slash))) return false;
+    }
+    return true;
+  }
   // Symlinks last: nothing is extracted through one.
   for (auto& [path, target] : symlinks_) {
     auto slash = path.rfind('/');
@@ -900,6 +947,37 @@ base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList l
   return std::move(*r);
 }
 
+base::Result<Extracted> read_manifest(const std::string& src) {
+  if (const auto& lib = libarchive(); !lib) return lib.error();
+  std::string err;
+  ImportPolicy policy;
+  Extractor x(policy, err, Extractor::Mode::head);
+  auto r = x.run(src, nullptr, "", nullptr);
+  if (!r) return base::fail(err, "bad_snapshot");
+  return std::move(*r);
+}
+
+base::Result<Extracted> verify_archive(const std::string& src, const ImportPolicy& policy) {
+  if (const auto& lib = libarchive(); !lib) return lib.error();
+  std::string err;
+  bool untrusted = false;
+  Extractor x(policy, err, Extractor::Mode::verify);
+  auto r = x.run(src, nullptr, "", &untrusted);
+  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
+  return std::move(*r);
+}
+
+base::Result<std::string> archive_id(const std::string& src) {
+  ImportPolicy any;
+  any.allow_unsigned = true;
+  auto x = verify_archive(src, any);
+  if (!x) return x.error();
+  if (x->format_version >= 3) return snapshot_id_of(x->manifest_sha256);
+  auto sha = sha256_file(src);
+  if (!sha) return sha.error();
+  return snapshot_id_of(*sha);
+}
+
 base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
                                           int level) {
   std::string expect_sha256 = list.archive_sha256;
@@ -939,7 +1017,10 @@ base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkLis
 }
 
 base::Result<ChunkList> chunk_archive(const std::string& src, const std::string& store_dir) {
-  auto sha = sha256_file(src);
+  auto head = read_manifest(src);
+  if (!head) return head.error();
+  // A format-2 archive is named by its file's hash, which an export from the chunks must match.
+  auto sha = head->format_version >= 3 ? base::Result<std::string>(std::string()) : sha256_file(src);
   if (!sha) return sha.error();
   os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return base::sys_fail("open " + src, errno);
@@ -956,6 +1037,7 @@ base::Result<ChunkList> chunk_archive(const std::string& src, const std::string&
   auto list = (*w)->finish();
   if (!list) return list.error();
   list->archive_sha256 = *sha;
+  if (head->format_version >= 3) list->manifest_sha256 = head->manifest_sha256;
   return list;
 }
 

@@ -3,7 +3,9 @@
 // whose first entry is manifest.json (every other entry with its type, and a file's size and
 // sha256), whose second is signature.json (an Ed25519 signature of the manifest's bytes), and
 // then the criu images (criu/) and the branch's writable layer (fs/). The snapshot id is derived
-// from the sha256 of the whole archive file, so an archive names its own content; the signature
+// from the sha256 of manifest.json's bytes (format 3), which list every entry with its type and a
+// file's size and sha256, so an archive names its own content whatever bytes its compression
+// made; format 2, still read, took the sha256 of the whole archive file instead. The signature
 // says which box made it. A reader verifies the signature before it writes a single byte of the
 // payload, then checks each entry against the signed manifest as it streams.
 #include <boost/json.hpp>
@@ -19,7 +21,9 @@
 
 namespace sbx::archive {
 
-inline constexpr int kFormatVersion = 2;
+inline constexpr int kFormatVersion = 3;
+/// The oldest format still read: 2, whose snapshot id is the sha256 of the archive file.
+inline constexpr int kOldestFormatVersion = 2;
 inline constexpr const char* kFormatName = "sandboxer.checkpoint";
 /// The box-wide bound on what one archive may expand to (--max-archive-bytes).
 inline constexpr uint64_t kDefaultMaxArchiveBytes = 64ull << 30;
@@ -37,11 +41,17 @@ struct Extracted {
   bool trusted = false;       // a trusted key verified its signature
   std::string signer;         // that key's fingerprint
   std::string why_untrusted;  // else why not (accepted only under allow_unsigned)
+  int format_version = 0;
+  std::string manifest_sha256;  // of manifest.json's bytes: the snapshot's id from format 3 on
 };
 
+/// The id of a snapshot whose manifest (format 3 on) or archive file (format 2) hashes to `sha256`.
+inline std::string snapshot_id_of(std::string_view sha256) { return "s-" + std::string(sha256.substr(0, 16)); }
+
 struct ArchiveInfo {
-  std::string sha256;      // of the archive (the snapshot's id), written to a file or not
-  uint64_t raw_bytes = 0;  // sum of the entries' sizes
+  std::string manifest_sha256;  // of manifest.json's bytes: the snapshot's id
+  std::string sha256;           // of the archive file, when one was written
+  uint64_t raw_bytes = 0;       // sum of the entries' sizes
   uint64_t compressed_bytes = 0;
   std::optional<ChunkList> chunks;  // where the stream went to the chunk store
 };
@@ -65,13 +75,15 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
 
 /// Writes the tar stream `list` of the chunk store at `store_dir` as an archive file `dst` (which
 /// must not exist): an export of a snapshot kept as chunks. Every chunk is checked on the way, and
-/// the archive against list.archive_sha256 when the list has it (zstd writes the same bytes for
-/// the same stream and parameters; another libzstd may not, and that is an error saying so).
+/// the stream against the list's hash. A format-2 snapshot's archive is checked against
+/// list.archive_sha256, its id (zstd writes the same bytes for the same stream and parameters;
+/// another libzstd may not, and that is an error saying so); a later format needs no such check.
 base::Result<ArchiveInfo> rebuild_archive(const std::string& store_dir, ChunkList list, const std::string& dst,
                                           int level);
 
 /// Cuts the tar stream of the archive file `src` into the chunk store at `store_dir`: the list of
-/// a snapshot kept as an archive, for a delta against it (list.archive_sha256 is the file's).
+/// a snapshot kept as an archive, for a delta against it (with its manifest's hash, or for a
+/// format-2 archive the file's).
 base::Result<ChunkList> chunk_archive(const std::string& src, const std::string& store_dir);
 
 /// The sha256 of a file, as lowercase hex, or why it cannot be read.
@@ -90,6 +102,18 @@ base::Result<Extracted> extract_archive(const std::string& src, const std::strin
 /// corrupted chunk is an error naming it (code bad_snapshot).
 base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
                                        const ImportPolicy& policy);
+
+/// The head of the archive file `src`: its manifest, checked as extract_archive checks it (but
+/// not its signature), with its format and hash; no payload is read. Code bad_snapshot.
+base::Result<Extracted> read_manifest(const std::string& src);
+
+/// extract_archive without writing anything: every entry checked against the manifest, and the
+/// signature against `policy` (an untrusted one is an error unless policy.allow_unsigned).
+base::Result<Extracted> verify_archive(const std::string& src, const ImportPolicy& policy);
+
+/// The snapshot id the archive file `src` names (its manifest's hash; a format-2 archive's own),
+/// every entry checked against its manifest, the signature not (an importer checks it).
+base::Result<std::string> archive_id(const std::string& src);
 
 /// Where an image says who it is (images/write-image-json): {"id": "sha256:...", "version", ...}.
 inline constexpr const char* kImageJson = "/etc/sandboxer/image.json";

@@ -242,6 +242,7 @@ json::object to_json(const ChunkList& l) {
                  {"sha256", l.sha256},
                  {"bytes", l.bytes},
                  {"stored_bytes", l.stored_bytes}};
+  if (!l.manifest_sha256.empty()) o["manifest_sha256"] = l.manifest_sha256;
   if (!l.archive_sha256.empty()) o["archive_sha256"] = l.archive_sha256;
   o["chunks"] = std::move(chunks);
   return o;
@@ -263,9 +264,11 @@ base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
   l.bytes = bytes->to_number<uint64_t>(ec);
   if (ec) return bad("bytes");
   l.sha256 = std::string(sha->as_string());
-  if (auto* a = o->if_contains("archive_sha256")) {
-    if (!a->is_string() || !hex64(a->as_string())) return bad("archive_sha256");
-    l.archive_sha256 = std::string(a->as_string());
+  for (auto [key, field] : {std::pair{"manifest_sha256", &l.manifest_sha256}, {"archive_sha256", &l.archive_sha256}}) {
+    auto* a = o->if_contains(key);
+    if (!a) continue;
+    if (!a->is_string() || !hex64(a->as_string())) return bad(key);
+    *field = std::string(a->as_string());
   }
   if (auto* s = o->if_contains("stored_bytes"); s && s->is_number()) l.stored_bytes = s->to_number<uint64_t>(ec);
   uint64_t total = 0;
@@ -411,7 +414,7 @@ base::Result<DeltaHeader> read_delta_header(const std::string& path) {
   if (!list || !inc || !inc->is_array()) return bad("its header has no list or included");
   auto l = chunk_list_from_json(*list);
   if (!l) return bad(l.error().message);
-  if (l->archive_sha256.empty()) return bad("its list has no archive_sha256");
+  if (l->id_sha256().empty()) return bad("its list has no manifest_sha256 (nor a format-2 archive_sha256)");
   h.list = std::move(*l);
   std::unordered_set<std::string> listed;
   for (auto& c : h.list.chunks) listed.insert(c.sha256);

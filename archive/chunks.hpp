@@ -33,9 +33,12 @@ struct ChunkRef {
 
 struct ChunkList {
   std::vector<ChunkRef> chunks;
-  std::string sha256;          // of the whole stream
-  uint64_t bytes = 0;          // the stream's size
-  std::string archive_sha256;  // of the stream as an archive (compressed), when it is a snapshot's
+  std::string sha256;           // of the whole stream
+  uint64_t bytes = 0;           // the stream's size
+  std::string manifest_sha256;  // of the snapshot's manifest.json, its id (format 3 on)
+  std::string archive_sha256;   // or of the stream as an archive (compressed), a format-2 snapshot's id
+  /// The hash that names the snapshot the stream is, or "" for a stream of no snapshot.
+  const std::string& id_sha256() const { return manifest_sha256.empty() ? archive_sha256 : manifest_sha256; }
   // What storing it did: the compressed bytes of every chunk it references (its size alone, were
   // it the only stream), of the chunks it added to the store, and how many it added.
   uint64_t stored_bytes = 0;

@@ -637,18 +637,19 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
           writer_done();
           return checkpoint_failed(op, "io", "write the archive: " + op->error);
         }
-        op->id = "s-" + op->info->sha256.substr(0, 16);
+        op->id = archive::snapshot_id_of(op->info->manifest_sha256);
         std::string base = snap_dir_ + "/" + op->id;
         json::object index = op->manifest;
         index["id"] = op->id;
         if (op->chunked) {
           const archive::ChunkList& l = *op->info->chunks;
-          index["archive"] = {{"stored", "chunks"},           {"sha256", op->info->sha256},
+          index["archive"] = {{"stored", "chunks"},           {"manifest_sha256", op->info->manifest_sha256},
                               {"tar_sha256", l.sha256},       {"bytes", l.stored_bytes},
                               {"added_bytes", l.added_bytes}, {"chunks", l.chunks.size()},
                               {"new_chunks", l.new_chunks},   {"raw_bytes", op->info->raw_bytes}};
         } else {
           index["archive"] = {{"path", base + ".tar.zst"},
+                              {"manifest_sha256", op->info->manifest_sha256},
                               {"sha256", op->info->sha256},
                               {"bytes", op->info->compressed_bytes},
                               {"raw_bytes", op->info->raw_bytes}};

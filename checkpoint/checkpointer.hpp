@@ -11,9 +11,10 @@
 // export).
 //
 // Layout under the state dir:
-//   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of its sha256)
+//   snapshots/<id>.tar.zst  the archive (the id is "s-" + the first 16 hex of the sha256 of its
+//                           manifest.json; of the archive file itself for format 2)
 //   snapshots/<id>.chunks   or, for a snapshot kept in the chunk store, its chunk list (the id is
-//                           the same: that of the archive an export writes again from the chunks)
+//                           the same: its manifest's hash, which the list carries)
 //   snapshots/chunks/       the chunk store (archive/chunks.hpp)
 //   snapshots/<id>.json     its index entry: the manifest plus the archive's size and hash
 //   snapshots/<id>.d/       the archive extracted and verified (criu/, fs/, and manifest.json with

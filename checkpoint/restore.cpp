@@ -123,27 +123,43 @@ json::object with_verified(archive::Extracted& x) {
 // (place_extraction): the manifest, with "verified". Errors have the code bad_snapshot, or
 // untrusted.
 // `chunks`: the snapshot is kept in the chunk store `store` (each chunk checked against its hash
-// as it is read, the whole stream against the list's, which names the id).
+// as it is read, the whole stream against the list's).
 base::Result<json::object> extract_snapshot(const std::string& base, const std::string& id,
                                             const archive::ImportPolicy& policy,
                                             const std::optional<archive::ChunkList>& chunks, const std::string& store) {
   auto bad = [](std::string msg) { return base::fail(std::move(msg), "bad_snapshot"); };
-  // The id is the archive's content hash: taken on a thread of its own while the archive is
-  // extracted (one after the other, ~0.7 s per GiB of the restore was this pass), and nothing
-  // extracted is used, or moved to base.d, unless it matches.
+  // The id names the content, and nothing extracted is used, or moved to base.d, unless it
+  // matches: from format 3 on it is the hash of the manifest the extraction checks every entry
+  // against; a format-2 archive is named by its file's hash, taken on a thread of its own while
+  // the archive is extracted.
   std::future<base::Result<std::string>> sha;
-  if (!chunks) sha = std::async(std::launch::async, [f = base + ".tar.zst"] { return archive::sha256_file(f); });
+  if (!chunks) {
+    auto head = archive::read_manifest(base + ".tar.zst");
+    if (!head) return head.error();
+    if (head->format_version < 3)
+      sha = std::async(std::launch::async, [f = base + ".tar.zst"] { return archive::sha256_file(f); });
+  }
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
   auto x = chunks ? archive::extract_chunks(store, *chunks, tmp, policy)
                   : archive::extract_archive(base + ".tar.zst", tmp, policy);
-  if (!chunks) {
+  std::string named;  // the hash that must name `id`
+  if (sha.valid()) {
     auto got = sha.get();
-    if (!got || got->substr(0, 16) != id.substr(2)) {
+    if (!got) {
       if (x) os::remove_tree(tmp);
-      return bad(got ? "the archive of " + id + " is corrupted: its sha256 is " + *got : got.error().message);
+      return bad(got.error().message);
     }
+    named = *got;
   }
   if (!x) return x.error();
+  bool by_manifest = x->format_version >= 3;
+  if (by_manifest) named = x->manifest_sha256;
+  // A format-2 stream of the chunk store is named by its list's archive_sha256 (read_chunk_list).
+  if ((by_manifest || !chunks) && archive::snapshot_id_of(named) != id) {
+    os::remove_tree(tmp);
+    return bad(std::string("the ") + (by_manifest ? "manifest" : "archive") + " of " + id +
+               " is corrupted: its sha256 is " + named);
+  }
   return place_extraction(tmp, with_verified(*x), base + ".d");
 }
 
@@ -160,15 +176,20 @@ bool same_file(const struct stat& a, const struct stat& b) {
 
 base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, const std::string& dir,
                                                      const archive::ImportPolicy& policy, const std::string& from) {
-  // The id is the archive's hash, taken beside the extraction (not in a pass of its own before it).
-  // With `from` (the operator's file for --restore), the extraction reads that file while the
-  // second thread copies it into `tmp` and hashes the copy; the file must not change meanwhile.
+  // The id is the manifest's hash (format 3 on), which the extraction checks every entry against;
+  // a format-2 archive's is the file's, taken beside the extraction (not in a pass of its own
+  // before it). With `from` (the operator's file for --restore), the extraction reads that file
+  // while a second thread copies it into `tmp` (and hashes the copy, for format 2); the file must
+  // not change meanwhile.
   struct stat before {};
   if (!from.empty() && ::stat(from.c_str(), &before) != 0) return base::sys_fail("read " + from, errno, "bad_snapshot");
-  auto sha = std::async(std::launch::async, [tmp, from]() -> base::Result<std::string> {
+  auto head = archive::read_manifest(from.empty() ? tmp : from);
+  if (!head) return head.error();
+  bool by_file = head->format_version < 3;
+  auto sha = std::async(std::launch::async, [tmp, from, by_file]() -> base::Result<std::string> {
     if (!from.empty())
       if (auto c = os::copy_tree(from, tmp); !c) return base::fail("copy " + from + ": " + c.error().message);
-    return archive::sha256_file(tmp);
+    return by_file ? archive::sha256_file(tmp) : std::string();
   });
   std::string xdir = dir + "/.import-" + os::random_hex(6) + ".d";
   auto x = archive::extract_archive(from.empty() ? tmp : from, xdir, policy);
@@ -182,7 +203,7 @@ base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, con
   }
   if (!x) return x.error();
   Filed f;
-  f.id = "s-" + got->substr(0, 16);
+  f.id = archive::snapshot_id_of(by_file ? *got : x->manifest_sha256);
   std::string base = dir + "/" + f.id;
   // Filed under its id without replacing anything: a second import of the same archive (even one
   // at the same moment) finds it there and says so.

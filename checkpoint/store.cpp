@@ -165,8 +165,8 @@ json::object Checkpointer::remove(const std::string& id) {
 // ---- the chunk store ----
 
 namespace {
-// The chunk list DIR/<id>.chunks, checked against the id (its archive's hash); nullopt when the
-// snapshot has none.
+// The chunk list DIR/<id>.chunks, checked against the id (its manifest's hash; a format-2
+// snapshot's archive's); nullopt when the snapshot has none.
 std::optional<base::Result<archive::ChunkList>> read_chunk_list(const std::string& dir, const std::string& id) {
   auto text = os::read_file(dir + "/" + id + ".chunks");
   if (!text) return std::nullopt;
@@ -175,9 +175,9 @@ std::optional<base::Result<archive::ChunkList>> read_chunk_list(const std::strin
   if (ec)
     return base::Result<archive::ChunkList>(base::fail("the chunk list of " + id + " is not JSON", "bad_snapshot"));
   auto l = archive::chunk_list_from_json(v);
-  if (l && l->archive_sha256.substr(0, 16) != id.substr(2))
+  if (l && archive::snapshot_id_of(l->id_sha256()) != id)
     return base::Result<archive::ChunkList>(
-        base::fail("the chunk list of " + id + " is of another snapshot (" + l->archive_sha256 + ")", "bad_snapshot"));
+        base::fail("the chunk list of " + id + " is of another snapshot (" + l->id_sha256() + ")", "bad_snapshot"));
   return l;
 }
 }  // namespace
@@ -405,13 +405,20 @@ void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announc
         auto added = archive::store_delta_chunks(tmp, *h, store);
         if (!added) return void(st->err = added.error());
         st->added = *added;
-        // The id: the archive these chunks make, hashed as an export writes it.
-        auto a = archive::rebuild_archive(store, h->list, "", 3);
-        if (!a) return void(st->err = a.error());
-        if ("s-" + a->sha256.substr(0, 16) != h->snapshot)
-          return void(st->err = base::fail("the delta is refused: its chunks make snapshot s-" +
-                                               a->sha256.substr(0, 16) + ", not " + h->snapshot,
+        // The id: the hash of the manifest these chunks begin with, checked as they are extracted
+        // (below); a format-2 snapshot's, the archive they make, hashed as an export writes it.
+        if (archive::snapshot_id_of(h->list.id_sha256()) != h->snapshot)
+          return void(st->err = base::fail("the delta is refused: its list names snapshot " +
+                                               archive::snapshot_id_of(h->list.id_sha256()) + ", not " + h->snapshot,
                                            "bad_snapshot"));
+        if (h->list.manifest_sha256.empty()) {
+          auto a = archive::rebuild_archive(store, h->list, "", 3);
+          if (!a) return void(st->err = a.error());
+          if (archive::snapshot_id_of(a->sha256) != h->snapshot)
+            return void(st->err = base::fail("the delta is refused: its chunks make snapshot " +
+                                                 archive::snapshot_id_of(a->sha256) + ", not " + h->snapshot,
+                                             "bad_snapshot"));
+        }
         st->id = h->snapshot;
         st->list = std::move(h->list);
         st->existing = ::stat((dir + "/" + st->id + ".json").c_str(), &bs) == 0;
@@ -437,7 +444,7 @@ void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announc
           if (!m) return refuse(base::fail("the delta is refused: " + m.error().message, m.error().code));
           json::object index = *m;
           index["archive"] = {{"stored", "chunks"},
-                              {"sha256", st->list.archive_sha256},
+                              {st->list.manifest_sha256.empty() ? "sha256" : "manifest_sha256", st->list.id_sha256()},
                               {"tar_sha256", st->list.sha256},
                               {"bytes", st->list.stored_bytes},
                               {"chunks", st->list.chunks.size()}};

@@ -1,6 +1,6 @@
 // sandboxer export URL SNAPSHOT FILE: a snapshot's archive out of the box (snapshot.export),
-// into FILE.part, checked against its id (the start of its sha256) and renamed to FILE when
-// whole: a failed export leaves no FILE behind.
+// into FILE.part, checked against its id (every entry against the manifest that hashes to it)
+// and renamed to FILE when whole: a failed export leaves no FILE behind.
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,13 +29,17 @@ int cmd_export(const std::vector<std::string>& args) {
     ::unlink(part.c_str());
     return s.fail(r.error());
   }
-  // The id is the start of the archive's sha256: what arrived is checked against it. A delta
-  // (--base) is checked by the box that imports it, against the chunks it rebuilds.
-  auto sha = base ? base::Result<std::string>("s-") : archive::sha256_file(part);
-  if (!base && (!sha || "s-" + sha->substr(0, 16) != snap)) {
-    ::unlink(part.c_str());
-    s.report(sha ? "the archive received does not hash to " + snap : sha.error().message);
-    return kExitFailed;
+  // The id names the content (the hash of its manifest, which lists every entry's sha256; a
+  // format-2 archive's own hash): what arrived is checked whole against it. A delta (--base) is
+  // checked by the box that imports it, as it extracts the chunks.
+  if (!base) {
+    auto id = archive::archive_id(part);
+    if (!id || *id != snap) {
+      ::unlink(part.c_str());
+      s.report(id ? "the archive received names snapshot " + *id + ", not " + snap
+                  : "the archive received is refused: " + id.error().message);
+      return kExitFailed;
+    }
   }
   if (::rename(part.c_str(), file.c_str()) != 0) {
     s.report(file + ": " + os::last_error().message());

@@ -97,10 +97,18 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     if (received != size)
       return fail_source("the export ended at byte " + std::to_string(received) + " of " + std::to_string(size),
                          "bad_frame");
-    // The id is the start of the archive's sha256: nothing is imported that does not hash to it.
-    // (A delta is no archive: each target hashes the archive its chunks make.)
-    if (base.empty() && "s-" + sha.hex().substr(0, 16) != snapshot)
-      return fail_source("the archive received does not hash to " + snapshot, "bad_snapshot");
+    // Nothing is imported that does not name its id: the hash of its manifest, which each target
+    // checks every entry against as it imports (a format-2 archive's own hash). A delta is no
+    // archive: each target checks the manifest its chunks begin with.
+    if (base.empty()) {
+      auto head = archive::read_manifest(spool_path);
+      if (!head) return fail_source("the archive received is refused: " + head.error().message, "bad_snapshot");
+      std::string named = head->format_version >= 3 ? head->manifest_sha256 : sha.hex();
+      if (archive::snapshot_id_of(named) != snapshot)
+        return fail_source(
+            "the archive received names snapshot " + archive::snapshot_id_of(named) + ", not " + snapshot,
+            "bad_snapshot");
+    }
     complete = true;
     source_finished = true;
     source_result = export_reply;

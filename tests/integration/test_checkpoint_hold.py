@@ -152,9 +152,10 @@ def test_the_timeout_and_idle_clocks_stand_still_while_the_agent_is_held(tmp_pat
 
 
 def test_an_archive_that_is_not_its_snapshots_is_refused_and_nothing_of_it_is_kept(tmp_path):
-    """The id is the archive's hash, taken while it is extracted: a snapshot's archive replaced by
-    another valid, signed one of the same box (it extracts cleanly) is refused at restore, and its
-    extraction is not kept. The control: the same restore of the untouched snapshot runs."""
+    """The id is the manifest's hash, checked as the archive is extracted: a snapshot's archive
+    replaced by another valid, signed one of the same box (it extracts cleanly) is refused at
+    restore, and its extraction is not kept. The control: the same restore of the untouched
+    snapshot runs."""
     with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
         time.sleep(0.3)
         a = request(box, "checkpoint")["snapshot"]
@@ -167,7 +168,7 @@ def test_an_archive_that_is_not_its_snapshots_is_refused_and_nothing_of_it_is_ke
         shutil.copyfile(snaps / f"{b}.tar.zst", snaps / f"{a}.tar.zst")
         r = request(box, "restore", snapshot=a)
         assert not r["ok"] and r["error"]["code"] == "bad_snapshot", r
-        assert f"the archive of {a} is corrupted: its sha256 is {b[2:]}" in r["error"]["message"], r
+        assert f"the manifest of {a} is corrupted: its sha256 is {b[2:]}" in r["error"]["message"], r
         assert not list(snaps.glob(f"{a}.d*")), list(snaps.iterdir())
         ok = request(box, "restore", snapshot=b)
         assert ok["ok"] and ok["copies"][0]["mode"] == "live", ok

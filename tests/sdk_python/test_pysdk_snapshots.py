@@ -1,5 +1,9 @@
 """sdk/python's checkpoint and snapshot methods against the real supervisor."""
 import hashlib
+import io
+import json
+import subprocess
+import tarfile
 
 import pytest
 
@@ -54,7 +58,13 @@ def test_export_then_import_gives_back_the_same_snapshot(server):
                 await box.import_snapshot(archive[: len(archive) // 2])
             return sid, archive, gone, back, listed, bad.value
     sid, archive, gone, back, listed, bad = run(go(), 90)
-    assert "s-" + hashlib.sha256(archive).hexdigest()[:16] == sid
+    # The id is the hash of the archive's first entry, manifest.json (format 3).
+    tar = subprocess.run(["zstd", "-d", "-q", "-c"], input=archive, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        first = t.next()
+        manifest = t.extractfile(first).read()
+    assert first.name == "manifest.json" and json.loads(manifest)["format_version"] == 3
+    assert "s-" + hashlib.sha256(manifest).hexdigest()[:16] == sid
     assert gone and back["snapshot"] == sid and back["existing"] is False and sid in listed
     assert bad.code == "bad_snapshot" and "refused" in bad.message
 

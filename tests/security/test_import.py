@@ -450,6 +450,31 @@ def test_control_allow_unsigned_accepts_it_but_restores_cold_only(tmp_path, real
 
 # ---- (d) the flows that must keep working ----
 
+def test_an_archive_is_named_by_its_manifests_hash_and_a_format_2_one_by_its_files(tmp_path):
+    """Format 3 names a snapshot by the sha256 of manifest.json's bytes, so the same content
+    compressed otherwise is the same snapshot; a format-2 archive (made before) is still read,
+    named by the sha256 of its file as it was."""
+    entries = [("fs", "dir", None), ("fs/workspace", "dir", None), ("fs/workspace/a.txt", "file", b"hello\n")]
+    m3 = manifest_of(entries, format_version=3)
+    text = json.dumps(m3).encode() + b"\n"
+    v3 = archive(tmp_path, entries, manifest=m3, name="v3.tar.zst")
+    v3_other = tmp_path / "v3-19.tar.zst"
+    v3_other.write_bytes(subprocess.run(["zstd", "-q", "-c", "-19"], input=tar_bytes(
+        [("manifest.json", "file", text)] + entries), check=True, capture_output=True).stdout)
+    assert v3_other.read_bytes() != v3.read_bytes()
+    v2 = archive(tmp_path, entries, name="v2.tar.zst")  # manifest_of's format_version is 2
+    with start(tmp_path, "box", "--allow-unsigned") as box:
+        got = []
+        for path in (v3, v3_other, v2):
+            r = sbx_import(box, path)
+            assert r.returncode == 0, r.stderr
+            got.append(json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1]))
+        assert got[0]["snapshot"] == "s-" + sha256(text)[:16], got
+        assert got[1]["snapshot"] == got[0]["snapshot"] and got[1]["existing"] is True, got
+        assert got[2]["snapshot"] == "s-" + sha256(v2.read_bytes())[:16], got
+        assert leftovers(box) == []
+
+
 def test_control_an_archive_from_a_box_with_the_same_key_is_accepted_and_restored_live(tmp_path, real_archive):
     with start(tmp_path, "box", env=env_with_keys(real_archive["tmp"])) as box:
         r = sbx_import(box, real_archive["path"])

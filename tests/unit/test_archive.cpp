@@ -13,6 +13,7 @@
 #include <string>
 
 #include "archive/archive.hpp"
+#include "archive/hash.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
@@ -197,6 +198,87 @@ TEST_CASE("archive: a manifest of another format or version is refused") {
   auto x = extract(t.path / "a.tar.zst", t.path / "out");
   CHECK_FALSE(x.has_value());
   CHECK(why(x).find("format_version") != std::string::npos);
+}
+
+namespace {
+// The tar stream of an archive file, and an archive file of a tar stream.
+std::string untar_zstd(const std::string& z) {
+  std::string out(8u << 20, '\0');
+  size_t n = ZSTD_decompress(out.data(), out.size(), z.data(), z.size());
+  REQUIRE_FALSE(ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+std::string zstd_of(const std::string& tar, int level) {
+  std::string z(ZSTD_compressBound(tar.size()), '\0');
+  size_t n = ZSTD_compress(z.data(), z.size(), tar.data(), tar.size(), level);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  z.resize(n);
+  return z;
+}
+// The first entry's bytes (manifest.json) of a tar stream.
+std::string first_entry(const std::string& tar) {
+  size_t size = std::stoul(std::string(tar.data() + 124, 11), nullptr, 8);
+  return tar.substr(512, size);
+}
+}  // namespace
+
+TEST_CASE("archive: the snapshot id is the manifest's hash, whatever bytes the compression made") {
+  TempDir t;
+  put(t.path / "src/criu/pages-1.img", std::string(200000, 'p'));
+  put(t.path / "src/fs/workspace/a.txt", "hello");
+  auto info = write(t.path / "src", manifest(), t.path / "a.tar.zst");
+  REQUIRE_MESSAGE(info.has_value(), why(info));
+  std::string tar = untar_zstd(get(t.path / "a.tar.zst"));
+  Sha256 h;
+  std::string text = first_entry(tar);
+  h.update(text.data(), text.size());
+  CHECK(info->manifest_sha256 == h.hex());
+  auto head = read_manifest((t.path / "a.tar.zst").string());
+  REQUIRE_MESSAGE(head.has_value(), why(head));
+  CHECK(head->format_version == kFormatVersion);
+  CHECK(head->manifest_sha256 == info->manifest_sha256);
+  CHECK(head->manifest.at("box") == "b-1");
+  auto id = archive_id((t.path / "a.tar.zst").string());
+  REQUIRE_MESSAGE(id.has_value(), why(id));
+  CHECK(*id == snapshot_id_of(info->manifest_sha256));
+  // The same stream compressed otherwise: other bytes, the same id.
+  put(t.path / "b.tar.zst", zstd_of(tar, 19));
+  CHECK(sha256_file((t.path / "b.tar.zst").string()).value() != info->sha256);
+  CHECK(archive_id((t.path / "b.tar.zst").string()).value() == *id);
+  // The control: a format-2 archive is still named by its file's hash.
+  auto old = manifest();
+  old["format_version"] = 2;
+  auto v2 = write(t.path / "src", old, t.path / "c.tar.zst");
+  REQUIRE_MESSAGE(v2.has_value(), why(v2));
+  CHECK(archive_id((t.path / "c.tar.zst").string()).value() == snapshot_id_of(v2->sha256));
+  CHECK(extract(t.path / "c.tar.zst", t.path / "out").has_value());
+}
+
+TEST_CASE("archive: verify_archive checks every entry and writes nothing") {
+  TempDir t;
+  put(t.path / "src/criu/pages-1.img", std::string(200000, 'p'));
+  put(t.path / "src/fs/workspace/a.txt", "hello");
+  fs::create_symlink("a.txt", t.path / "src/fs/workspace/link");
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst").has_value());
+  auto ok = verify_archive((t.path / "a.tar.zst").string(), trusting());
+  REQUIRE_MESSAGE(ok.has_value(), why(ok));
+  CHECK(ok->trusted);
+  // A payload byte changed, the stream recompressed as a valid frame: only the entry's hash tells.
+  std::string tar = untar_zstd(get(t.path / "a.tar.zst"));
+  auto at = tar.find("hello");
+  REQUIRE(at != std::string::npos);
+  tar[at] = 'j';
+  put(t.path / "bad.tar.zst", zstd_of(tar, 3));
+  auto before = std::distance(fs::directory_iterator(t.path), fs::directory_iterator());
+  auto bad = verify_archive((t.path / "bad.tar.zst").string(), trusting());
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(why(bad) == "sha256 mismatch for fs/workspace/a.txt: the archive is corrupted");
+  CHECK(std::distance(fs::directory_iterator(t.path), fs::directory_iterator()) == before);
+  auto id = archive_id((t.path / "bad.tar.zst").string());
+  CHECK_FALSE(id.has_value());
+  // Extraction says the same (the control: the check is the extraction's own).
+  CHECK(why(extract(t.path / "bad.tar.zst", t.path / "out")) == why(bad));
 }
 
 TEST_CASE("checkpoint: snapshot ids are s- and 16 hex digits") {

@@ -166,10 +166,11 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   auto info = write_snapshot((t.path / "src").string(), m, {"", w->get()}, 3, &*key);
   REQUIRE_MESSAGE(info.has_value(), info.error().message);
   REQUIRE(info->chunks.has_value());
-  CHECK_FALSE(fs::exists(t.path / "a.tar.zst"));  // no archive file, but its hash (the id)
-  CHECK(info->sha256.size() == 64);
-  CHECK(info->chunks->sha256 != info->sha256);  // the tar stream's hash, not the archive's
-  CHECK(info->chunks->archive_sha256 == info->sha256);
+  CHECK_FALSE(fs::exists(t.path / "a.tar.zst"));  // no archive file, and no archive compressed
+  CHECK(info->sha256.empty());
+  CHECK(info->manifest_sha256.size() == 64);
+  CHECK(info->chunks->manifest_sha256 == info->manifest_sha256);  // the id
+  CHECK(info->chunks->archive_sha256.empty());
 
   auto x = extract_chunks((t.path / "store").string(), *info->chunks, (t.path / "out").string(), trust);
   REQUIRE_MESSAGE(x.has_value(), x.error().message);
@@ -179,9 +180,9 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
 
   auto rebuilt = rebuild_archive((t.path / "store").string(), *info->chunks, (t.path / "a.tar.zst").string(), 3);
   REQUIRE_MESSAGE(rebuilt.has_value(), rebuilt.error().message);
-  // The same bytes as the archive that was never written: the id names the export.
-  CHECK(rebuilt->sha256 == info->sha256);
-  CHECK(sha256_file((t.path / "a.tar.zst").string()).value() == info->sha256);
+  // The export names the snapshot: its manifest is the one the id is the hash of.
+  CHECK(rebuilt->sha256 == sha256_file((t.path / "a.tar.zst").string()).value());
+  CHECK(archive_id((t.path / "a.tar.zst").string()).value() == snapshot_id_of(info->manifest_sha256));
   {
     // The list's hash is the tar stream's: the archive's bytes decompressed.
     std::ifstream zf(t.path / "a.tar.zst", std::ios::binary);
@@ -207,12 +208,13 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
     CHECK(again.error().message.find("hashes to " + info->chunks->sha256 + ", not 000") != std::string::npos);
     CHECK_FALSE(fs::exists(t.path / "c.tar.zst"));
   }
-  SUBCASE("an archive that does not come out as the snapshot's is refused, and removed") {
+  SUBCASE("a format-2 list's archive that does not come out as its id is refused, and removed") {
     auto l = *info->chunks;
+    l.manifest_sha256.clear();
     l.archive_sha256 = std::string(64, '0');
     auto wrong = rebuild_archive((t.path / "store").string(), l, (t.path / "b.tar.zst").string(), 3);
     REQUIRE_FALSE(wrong.has_value());
-    CHECK(wrong.error().message.find("hashes to " + info->sha256 + ", not 000") != std::string::npos);
+    CHECK(wrong.error().message.find("hashes to " + rebuilt->sha256 + ", not 000") != std::string::npos);
     CHECK_FALSE(fs::exists(t.path / "b.tar.zst"));
   }
   // The file exists already: refused, not overwritten.
@@ -228,8 +230,8 @@ TEST_CASE("chunks: a delta carries only what its base lacks, and a crafted one i
   b.replace(1 << 20, changed.size(), changed);
   auto la = store(t.path / "src", a);
   auto lb = store(t.path / "src", b);
-  la.archive_sha256 = std::string(64, 'a');
-  lb.archive_sha256 = std::string(64, 'b');
+  la.manifest_sha256 = std::string(64, 'a');
+  lb.manifest_sha256 = std::string(64, 'b');
   auto size = write_delta((t.path / "src").string(), "s-bbbbbbbbbbbbbbbb", lb, "s-aaaaaaaaaaaaaaaa", la,
                           (t.path / "d").string());
   REQUIRE_MESSAGE(size.has_value(), size.error().message);
