@@ -1024,7 +1024,7 @@ base::Result<ChunkList> chunk_archive(const std::string& src, const std::string&
   if (!sha) return sha.error();
   os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return base::sys_fail("open " + src, errno);
-  auto w = ChunkWriter::open(store_dir, 3);
+  auto w = ChunkWriter::open(store_dir, 3, head->format_version < 3);
   if (!w) return w.error();
   Source source;
   source.fd = in.get();

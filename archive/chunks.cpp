@@ -98,7 +98,7 @@ size_t chunk_boundary(const unsigned char* data, size_t n, bool at_end) {
 
 // ---- writing ----
 
-base::Result<std::unique_ptr<ChunkWriter>> ChunkWriter::open(const std::string& dir, int level) {
+base::Result<std::unique_ptr<ChunkWriter>> ChunkWriter::open(const std::string& dir, int level, bool hash_stream) {
   auto fd = open_store(dir, true);
   if (!fd) return fd.error();
   auto w = std::make_unique<ChunkWriter>();
@@ -109,7 +109,7 @@ base::Result<std::unique_ptr<ChunkWriter>> ChunkWriter::open(const std::string& 
   ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level);
   ZSTD_CCtx_setParameter(c, ZSTD_c_checksumFlag, 1);
   w->cctx_ = c;
-  w->sha_ = new Sha256();
+  if (hash_stream) w->sha_ = new Sha256();
   w->zbuf_.resize(ZSTD_compressBound(kChunkMax));
   w->cur_.reserve(2 * kChunkMax);
   return w;
@@ -122,7 +122,7 @@ ChunkWriter::~ChunkWriter() {
 
 base::Result<void> ChunkWriter::write(const void* p, size_t n) {
   auto* b = static_cast<const unsigned char*>(p);
-  sha(sha_)->update(b, n);
+  if (sha_) sha(sha_)->update(b, n);
   list_.bytes += n;
   cur_.insert(cur_.end(), b, b + n);
   size_t off = 0;
@@ -167,7 +167,7 @@ base::Result<ChunkList> ChunkWriter::finish() {
     off += cut;
   }
   cur_.clear();
-  list_.sha256 = sha(sha_)->hex();
+  if (sha_) list_.sha256 = sha(sha_)->hex();
   // Durable before the list that names them is written.
   os::UniqueFd any(::openat(dir_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!any || ::syncfs(any.get()) != 0) return base::sys_fail("sync the chunk store", errno);
@@ -184,7 +184,7 @@ base::Result<std::unique_ptr<ChunkReader>> ChunkReader::open(const std::string& 
   r->list_ = std::move(list);
   r->dctx_ = ZSTD_createDCtx();
   if (!r->dctx_) return base::fail("read the chunk store: no memory for a zstd context");
-  r->sha_ = new Sha256();
+  if (!r->list_.sha256.empty()) r->sha_ = new Sha256();
   r->in_.resize(ZSTD_compressBound(kChunkMax));
   r->out_.resize(kChunkMax);
   return r;
@@ -200,6 +200,7 @@ base::Result<std::string_view> ChunkReader::next() {
   if (at_ == list_.chunks.size()) {
     if (at_ == SIZE_MAX) return std::string_view();
     at_ = SIZE_MAX;
+    if (!sha_) return std::string_view();
     std::string got = sha(sha_)->hex();
     if (got != list_.sha256)
       return bad("the stream read from the chunk store hashes to " + got + ", not " + list_.sha256);
@@ -227,7 +228,7 @@ base::Result<std::string_view> ChunkReader::next() {
   h.update(out_.data(), n);
   if (std::string hex = h.hex(); hex != c.sha256)
     return bad("chunk " + c.sha256 + " is corrupted: it hashes to " + hex);
-  sha(sha_)->update(out_.data(), n);
+  if (sha_) sha(sha_)->update(out_.data(), n);
   return std::string_view(out_.data(), n);
 }
 
@@ -237,11 +238,8 @@ json::object to_json(const ChunkList& l) {
   json::array chunks;
   chunks.reserve(l.chunks.size());
   for (auto& c : l.chunks) chunks.push_back(json::array{json::string(c.sha256), c.size});
-  json::object o{{"format", "sandboxer.chunks"},
-                 {"version", 1},
-                 {"sha256", l.sha256},
-                 {"bytes", l.bytes},
-                 {"stored_bytes", l.stored_bytes}};
+  json::object o{{"format", "sandboxer.chunks"}, {"version", 1}, {"bytes", l.bytes}, {"stored_bytes", l.stored_bytes}};
+  if (!l.sha256.empty()) o["sha256"] = l.sha256;
   if (!l.manifest_sha256.empty()) o["manifest_sha256"] = l.manifest_sha256;
   if (!l.archive_sha256.empty()) o["archive_sha256"] = l.archive_sha256;
   o["chunks"] = std::move(chunks);
@@ -255,21 +253,22 @@ base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
   auto* f = o->if_contains("format");
   if (!f || !f->is_string() || f->as_string() != "sandboxer.chunks") return bad("no format sandboxer.chunks");
   ChunkList l;
-  auto* sha = o->if_contains("sha256");
   auto* bytes = o->if_contains("bytes");
   auto* chunks = o->if_contains("chunks");
-  if (!sha || !sha->is_string() || !hex64(sha->as_string())) return bad("sha256");
   boost::system::error_code ec;
   if (!bytes || !chunks || !chunks->is_array()) return bad("bytes or chunks");
   l.bytes = bytes->to_number<uint64_t>(ec);
   if (ec) return bad("bytes");
-  l.sha256 = std::string(sha->as_string());
-  for (auto [key, field] : {std::pair{"manifest_sha256", &l.manifest_sha256}, {"archive_sha256", &l.archive_sha256}}) {
+  for (auto [key, field] : {std::pair{"sha256", &l.sha256},
+                            {"manifest_sha256", &l.manifest_sha256},
+                            {"archive_sha256", &l.archive_sha256}}) {
     auto* a = o->if_contains(key);
     if (!a) continue;
     if (!a->is_string() || !hex64(a->as_string())) return bad(key);
     *field = std::string(a->as_string());
   }
+  // A stream's hash may be left out only where the manifest's names the snapshot (format 3).
+  if (l.sha256.empty() && l.manifest_sha256.empty()) return bad("sha256");
   if (auto* s = o->if_contains("stored_bytes"); s && s->is_number()) l.stored_bytes = s->to_number<uint64_t>(ec);
   uint64_t total = 0;
   for (auto& c : chunks->as_array()) {

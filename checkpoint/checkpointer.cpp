@@ -600,7 +600,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   auto write = [op, tmp, key = op->key, store = chunk_dir()] {
     std::unique_ptr<archive::ChunkWriter> chunks;
     if (op->chunked) {
-      auto w = archive::ChunkWriter::open(store, 3);
+      auto w = archive::ChunkWriter::open(store, 3, false);  // the manifest's hash names it
       if (!w) {
         op->error = w.error().message;
         return;
@@ -643,10 +643,13 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         index["id"] = op->id;
         if (op->chunked) {
           const archive::ChunkList& l = *op->info->chunks;
-          index["archive"] = {{"stored", "chunks"},           {"manifest_sha256", op->info->manifest_sha256},
-                              {"tar_sha256", l.sha256},       {"bytes", l.stored_bytes},
-                              {"added_bytes", l.added_bytes}, {"chunks", l.chunks.size()},
-                              {"new_chunks", l.new_chunks},   {"raw_bytes", op->info->raw_bytes}};
+          index["archive"] = {{"stored", "chunks"},
+                              {"manifest_sha256", op->info->manifest_sha256},
+                              {"bytes", l.stored_bytes},
+                              {"added_bytes", l.added_bytes},
+                              {"chunks", l.chunks.size()},
+                              {"new_chunks", l.new_chunks},
+                              {"raw_bytes", op->info->raw_bytes}};
         } else {
           index["archive"] = {{"path", base + ".tar.zst"},
                               {"manifest_sha256", op->info->manifest_sha256},

@@ -445,9 +445,9 @@ void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announc
           json::object index = *m;
           index["archive"] = {{"stored", "chunks"},
                               {st->list.manifest_sha256.empty() ? "sha256" : "manifest_sha256", st->list.id_sha256()},
-                              {"tar_sha256", st->list.sha256},
                               {"bytes", st->list.stored_bytes},
                               {"chunks", st->list.chunks.size()}};
+          if (!st->list.sha256.empty()) index["archive"].as_object()["tar_sha256"] = st->list.sha256;
           imported(st->id, std::move(index),
                    {{"bytes", st->bytes}, {"existing", st->existing}, {"base", st->base}, {"added_bytes", st->added}},
                    announce, done);

@@ -160,7 +160,7 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   REQUIRE(key.has_value());
   ImportPolicy trust;
   trust.trusted.push_back(key->public_key());
-  auto w = ChunkWriter::open((t.path / "store").string(), 3);
+  auto w = ChunkWriter::open((t.path / "store").string(), 3, true);  // with the stream's hash
   REQUIRE(w.has_value());
   boost::json::object m{{"format", kFormatName}, {"format_version", kFormatVersion}};
   auto info = write_snapshot((t.path / "src").string(), m, {"", w->get()}, 3, &*key);
@@ -220,6 +220,47 @@ TEST_CASE("chunks: a snapshot written to the store extracts, and its archive reb
   // The file exists already: refused, not overwritten.
   CHECK_FALSE(
       rebuild_archive((t.path / "store").string(), *info->chunks, (t.path / "a.tar.zst").string(), 3).has_value());
+}
+
+TEST_CASE("chunks: a format-3 snapshot's list needs no stream hash: its manifest's names it") {
+  TempDir t;
+  fs::create_directories(t.path / "src/criu");
+  std::ofstream(t.path / "src/criu/pages-1.img", std::ios::binary) << random_bytes(1 << 20, 5);
+  auto key = SigningKey::generate();
+  REQUIRE(key.has_value());
+  ImportPolicy trust;
+  trust.trusted.push_back(key->public_key());
+  auto w = ChunkWriter::open((t.path / "store").string(), 3, false);
+  REQUIRE(w.has_value());
+  boost::json::object m{{"format", kFormatName}, {"format_version", kFormatVersion}};
+  auto info = write_snapshot((t.path / "src").string(), m, {"", w->get()}, 3, &*key);
+  REQUIRE_MESSAGE(info.has_value(), info.error().message);
+  CHECK(info->chunks->sha256.empty());
+  auto json = to_json(*info->chunks);
+  CHECK_FALSE(json.contains("sha256"));
+  auto back = chunk_list_from_json(json);
+  REQUIRE_MESSAGE(back.has_value(), back.error().message);
+  CHECK(back->manifest_sha256 == info->manifest_sha256);
+  auto x = extract_chunks((t.path / "store").string(), *back, (t.path / "out").string(), trust);
+  REQUIRE_MESSAGE(x.has_value(), x.error().message);
+  CHECK(x->manifest_sha256 == info->manifest_sha256);
+  // Without either hash a list names nothing: refused.
+  json.erase("manifest_sha256");
+  auto bad = chunk_list_from_json(json);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message == "the chunk list is damaged: sha256");
+  // A chunk changed in the store is still found, by its own hash.
+  auto first = info->chunks->chunks.front().sha256;
+  auto path = t.path / "store" / first.substr(0, 2) / first;
+  std::string other = random_bytes(info->chunks->chunks.front().size, 6);
+  std::string z(ZSTD_compressBound(other.size()), '\0');
+  z.resize(ZSTD_compress(z.data(), z.size(), other.data(), other.size(), 3));
+  fs::permissions(path, fs::perms::owner_write, fs::perm_options::add);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << z;
+  auto damaged = extract_chunks((t.path / "store").string(), *back, (t.path / "out2").string(), trust);
+  REQUIRE_FALSE(damaged.has_value());
+  CHECK(damaged.error().message.find("chunk " + first + " is corrupted: it hashes to ") != std::string::npos);
+  CHECK_FALSE(fs::exists(t.path / "out2"));
 }
 
 TEST_CASE("chunks: a delta carries only what its base lacks, and a crafted one is refused with the reason") {
