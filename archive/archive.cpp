@@ -688,6 +688,7 @@ class Extractor {
   std::vector<std::pair<std::string, std::string>> symlinks_;  // made last: path, target
   Extracted out_;
   std::vector<char> buf_ = std::vector<char>(1 << 20);
+  std::unique_ptr<ParallelSha256> sha_;  // made at the first file: a thread
 };
 
 bool Extractor::check_listed(const std::string& path, const json::value& v) {
@@ -867,21 +868,27 @@ bool Extractor::write_file(struct archive_entry* e, int parent, const std::strin
     out = os::UniqueFd(::openat(parent, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return refuse("create " + path + ": " + std::strerror(errno));
   }
-  Sha256 sha;
+  // The bytes are hashed on a thread of their own while this one reads, decompresses and writes
+  // the next (~0.55 s per GiB of SHA-256 off the extraction's own thread).
+  if (!sha_) sha_ = std::make_unique<ParallelSha256>(buf_.size());
   uint64_t size = 0;
   for (;;) {
-    la_ssize_t n = la().archive_read_data(a_.get(), buf_.data(), buf_.size());
+    std::vector<char>& b = sha_->take();
+    la_ssize_t n = la().archive_read_data(a_.get(), b.data(), b.size());
     if (n < 0) return refuse("the archive is corrupted or truncated: " + why());
-    if (n == 0) break;
+    if (n == 0) {
+      sha_->push(b, 0);
+      break;
+    }
     size += static_cast<uint64_t>(n);
     if (size > l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
-    sha.update(buf_.data(), static_cast<size_t>(n));
+    sha_->push(b, static_cast<size_t>(n));  // read, not changed, while it is written below
     if (!out) continue;
-    if (auto w = os::write_all(out.get(), {buf_.data(), static_cast<size_t>(n)}); !w)
+    if (auto w = os::write_all(out.get(), {b.data(), static_cast<size_t>(n)}); !w)
       return refuse("write " + path + ": " + w.error().message());
   }
   if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
-  if (sha.hex() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
+  if (sha_->digest() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
   if (!out) return true;
   return keep_owner(out.get(), path, l, l.mode ? *l.mode : la().archive_entry_perm(e));
 }

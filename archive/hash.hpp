@@ -2,7 +2,14 @@
 // SHA-256 over a stream (OpenSSL's EVP), for the archive's and the chunk store's content hashes.
 #include <openssl/evp.h>
 
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "archive/signing.hpp"
 
@@ -25,6 +32,40 @@ class Sha256 {
 
  private:
   EVP_MD_CTX* ctx_;
+};
+
+/// SHA-256 on a thread of its own, for bytes the caller reads into its buffers and goes on using
+/// (an extraction writes them to their file while they are hashed): one core reads, decompresses
+/// and writes while another hashes, instead of one doing all of it in turn. Buffers come from a
+/// small pool; one is handed out again only once hashed. One caller thread.
+class ParallelSha256 {
+ public:
+  explicit ParallelSha256(size_t buffer_bytes, size_t buffers = 4);
+  ~ParallelSha256();
+  ParallelSha256(const ParallelSha256&) = delete;
+  ParallelSha256& operator=(const ParallelSha256&) = delete;
+  /// A buffer to fill (waits while every one is still being hashed).
+  std::vector<char>& take();
+  /// Hashes the first `n` bytes of `b` (from take()) after what was pushed before; n == 0 only
+  /// returns it.
+  void push(std::vector<char>& b, size_t n);
+  /// The digest (lowercase hex) of everything pushed since the last digest; a new hash begins.
+  std::string digest();
+
+ private:
+  void run();
+  struct Item {
+    std::vector<char>* buf;  // null: a digest is asked for
+    size_t n;
+  };
+  std::vector<std::unique_ptr<std::vector<char>>> bufs_;
+  std::vector<std::vector<char>*> free_;
+  std::deque<Item> queue_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<std::string> digest_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is ready
 };
 
 }  // namespace sbx::archive

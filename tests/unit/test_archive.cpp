@@ -549,3 +549,24 @@ TEST_CASE("archive: owners and modes are signed in the manifest and come back ou
   REQUIRE(::lstat((t.path / "out/fs/workspace/link").c_str(), &st) == 0);
   CHECK((S_ISLNK(st.st_mode) && st.st_uid == 65534));
 }
+
+TEST_CASE("hash: ParallelSha256 hashes what it is given, in order, one digest per file") {
+  ParallelSha256 p(4096, 2);
+  std::string all;
+  for (int file = 0; file < 3; ++file) {
+    std::string data;
+    for (int i = 0; i < 10 + file; ++i) {
+      auto& b = p.take();
+      size_t n = 1 + static_cast<size_t>((i * 977 + file * 31) % b.size());
+      for (size_t k = 0; k < n; ++k) b[k] = static_cast<char>('a' + (k + static_cast<size_t>(i)) % 26);
+      data.append(b.data(), n);
+      p.push(b, n);
+    }
+    p.push(p.take(), 0);  // a buffer given back unused hashes nothing
+    Sha256 want;
+    want.update(data.data(), data.size());
+    CHECK(p.digest() == want.hex());
+  }
+  Sha256 empty;
+  CHECK(p.digest() == empty.hex());
+}
