@@ -257,6 +257,32 @@ std::string Checkpointer::next_branch_name() {
 }
 
 namespace {
+// Why a live copy of a snapshot with this manifest cannot be restored here: a path the original's
+// masks covered (its token file, state dir, keys) that is not here as the same kind of file. criu
+// mounts the mask over it again and needs the mount point; without it the restore fails, and
+// criu's log ends in an unrelated error (its kerndat's /dev/net/tun check, under the copy's
+// device rules). Those under /tmp are made in the copy's own /tmp (copy_layer).
+std::optional<std::string> missing_mask(const json::object& manifest) {
+  auto* masks = manifest.if_contains("masks");
+  if (!masks || !masks->is_array()) return std::nullopt;
+  for (auto& v : masks->as_array()) {
+    auto* o = v.if_object();
+    auto* path = o ? o->if_contains("path") : nullptr;
+    auto* dir = o ? o->if_contains("dir") : nullptr;
+    if (!path || !path->is_string() || !dir || !dir->is_bool()) continue;
+    std::string p(path->as_string());
+    if (p.starts_with("/tmp/")) continue;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0)
+      return "the snapshot's masked path " + p + " is not here (" + std::strerror(errno) +
+             "): a live copy mounts its mask over it again";
+    if (S_ISDIR(st.st_mode) != dir->as_bool())
+      return "the snapshot's masked path " + p + " is " + (dir->as_bool() ? "not a directory" : "a directory") +
+             " here: a live copy mounts its mask over it again";
+  }
+  return std::nullopt;
+}
+
 // The bytes of a snapshot's files (its manifest's sizes.fs), what each copy's branch dir gets.
 uint64_t layer_bytes(const json::object& manifest) {
   auto* sizes = manifest.if_contains("sizes");
@@ -329,6 +355,7 @@ void Checkpointer::begin_restore(std::shared_ptr<RestoreOp> op) {
     refuse = r.error().message;
   if (!refuse && mode == "live")
     if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
+  if (!refuse && mode == "live") refuse = missing_mask(op->manifest);
   // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
   // without it. A cold copy gets it again.
   if (!refuse && mode == "live" && settings_.landlock)

@@ -9,6 +9,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -69,6 +70,38 @@ def one(events, type_):
     found = [e for e in events if e["type"] == type_]
     assert len(found) == 1, (type_, found)
     return found[0]
+
+
+@needs_criu
+def test_a_live_restore_where_a_masked_path_of_the_original_is_gone_says_which(tmp_path):
+    """The original's key directory ($XDG_STATE_HOME/sandboxer) is masked from its agent; a live
+    copy mounts that mask again and needs the path. Where it is gone, the restore is refused
+    naming it (criu's own log ended in an unrelated /dev/net/tun error). The control: the same
+    archive restores live once it is back. (Masks under /tmp are made in the copy's own /tmp.)"""
+    xa = pathlib.Path(tempfile.mkdtemp(prefix="sbx-test-xdg-", dir="/var/tmp"))
+    try:
+        rc, ev1, err = agent_box(tmp_path / "a", "restore", 20, environ=env(XDG_STATE_HOME=str(xa)))
+        assert rc == 137, err
+        created = one(ev1, "checkpoint.created")
+        key = tmp_path / "key.pem"
+        shutil.copy(xa / "sandboxer" / "keys" / "signing.pem", key)
+        archive = tmp_path / "moved.tar.zst"
+        shutil.copy(created["archive"], archive)
+        gone = xa.with_name(xa.name + "-gone")
+        xa.rename(gone)
+        other = env(XDG_STATE_HOME=str(tmp_path / "xb"))
+        rc, ev2, err = box(tmp_path / "b", ["--trust-key", str(key), "--restore", str(archive)], environ=other)
+        assert rc != 0
+        failed = one(ev2, "restore.failed")
+        assert f"the snapshot's masked path {xa}/sandboxer" in failed["error"], failed
+        assert "is not here (No such file or directory)" in failed["error"] and "tun" not in failed["error"], failed
+        gone.rename(xa)
+        rc, ev3, err = box(tmp_path / "c", ["--trust-key", str(key), "--restore", str(archive)], environ=other)
+        assert rc == 0, err
+        assert one(ev3, "restore.done")["mode"] == "live"
+    finally:
+        shutil.rmtree(xa, ignore_errors=True)
+        shutil.rmtree(xa.with_name(xa.name + "-gone"), ignore_errors=True)
 
 
 @needs_criu
