@@ -33,6 +33,7 @@
 
 #include "archive/archive.hpp"
 #include "base/result.hpp"
+#include "checkpoint/criu.hpp"
 #include "checkpoint/host.hpp"
 #include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
@@ -227,6 +228,7 @@ class Checkpointer {
   Settings settings_;
   std::string snap_dir_;
   std::optional<std::string> criu_;
+  KdatCache kdat_;                       // criu's kerndat cache for restores (criu.hpp)
   std::optional<std::string> image_id_;  // /etc/sandboxer/image.json's id, in an image
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.

@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 #include <string_view>
+#include <utility>
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
@@ -52,7 +53,29 @@ bool loopback_up() noexcept {
 // The steps of criu's child before exec, as it reports them (os::child_fail).
 enum : int { kStepUnshare = 1, kStepLoopback = 2, kStepExec = 3, kStepHostname = 4, kStepJoinCgroup = 5 };
 
+// In the child, in a mount namespace of its own: a clone of the detached tmpfs `run_tmpfs` on
+// /run (KdatCache). Best effort: without it criu probes the kernel as it always did.
+void mount_run_tmpfs(int run_tmpfs) noexcept {
+  int clone = ::open_tree(run_tmpfs, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  if (clone < 0) return;
+  (void)::move_mount(clone, "", AT_FDCWD, "/run", MOVE_MOUNT_F_EMPTY_PATH);
+  ::close(clone);
+}
+
 }  // namespace
+
+int KdatCache::fd() {
+  if (std::exchange(tried_, true)) return fd_ ? fd_.get() : -1;
+  os::UniqueFd fs(::fsopen("tmpfs", FSOPEN_CLOEXEC));
+  if (!fs) return -1;
+  // criu's cache is one small file (under 1 KiB); root's only.
+  if (::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", "256k", 0) != 0 ||
+      ::fsconfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0700", 0) != 0 ||
+      ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) != 0)
+    return -1;
+  fd_ = os::UniqueFd(::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
+  return fd_ ? fd_.get() : -1;
+}
 
 os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   std::vector<std::string> args = {criu};
@@ -93,9 +116,11 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // namespace's hostname through /proc/sys/kernel/hostname. In a mount namespace of criu's own,
     // that bind is taken away (the proc mount below it is writable); where /proc/sys is no
     // separate mount, as on a plain host, umount fails and nothing changes.
-    if (run.writable_proc_sys && ::unshare(CLONE_NEWNS) == 0 &&
-        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0)
-      (void)::umount2("/proc/sys", MNT_DETACH);
+    if ((run.writable_proc_sys || run.run_tmpfs >= 0) && ::unshare(CLONE_NEWNS) == 0 &&
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
+      if (run.writable_proc_sys) (void)::umount2("/proc/sys", MNT_DETACH);
+      if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
+    }
     int high[64];
     for (int i = 0; i < n && i < 64; ++i) high[i] = ::fcntl(src[static_cast<size_t>(i)], F_DUPFD_CLOEXEC, 200);
     int efd = ::fcntl(ep->write.get(), F_DUPFD_CLOEXEC, 200);

@@ -10,6 +10,7 @@
 
 #include "base/result.hpp"
 #include "os/sys.hpp"
+#include "os/unique-fd.hpp"
 
 namespace sbx::checkpoint {
 
@@ -28,6 +29,27 @@ struct CriuRun {
   std::string output;              // criu's stdout and stderr go to this file
   std::vector<int> cgroup_procs;   // criu joins these cgroups (cgroup.procs fds) first, so the
                                    // tree it restores is counted in the copy's own group
+  int run_tmpfs = -1;              // a detached tmpfs (KdatCache::fd): a clone of it is mounted on
+                                   // /run in a mount namespace of criu's own, so criu keeps its
+                                   // kerndat cache there from one run to the next
+};
+
+/// criu probes the kernel at every start (kerndat: namespaces, iptables, /dev/net/tun...) and
+/// keeps what it found in /run/criu.kdat only where /run is a tmpfs, which it is not on every
+/// host; then each criu pays ~30 ms of it again (8 copies of a fork: 8 restores and 8 lazy-pages
+/// daemons). The box holds a small tmpfs that is mounted nowhere (fsopen/fsmount: it goes when
+/// the box's last fd of it closes, and nothing of it stays behind on the host), and criu runs that
+/// restore see a clone of it as their /run. Its tun probe, under a copy's device rules, failed:
+/// with the cache it runs once, outside them. No tmpfs (an old kernel, a seccomp filter that
+/// refuses the new mount calls): criu probes as before.
+class KdatCache {
+ public:
+  /// The tmpfs's mount fd, made at the first call; -1 where it cannot be made.
+  int fd();
+
+ private:
+  bool tried_ = false;
+  os::UniqueFd fd_;
 };
 
 /// The criu binary on PATH, or nullopt.

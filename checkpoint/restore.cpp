@@ -572,6 +572,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
               "lazy-pages.log", "--status-fd",       std::to_string(kCriuFirstFd)};
   run.fds = {status->write.get()};
   run.output = job->dir + "/.criu/lazy-pages.out";
+  run.run_tmpfs = kdat_.fd();
   auto pid = spawn_criu(*criu_, run);
   status->write.reset();
   if (!pid) return eager("start its lazy-pages daemon: " + pid.error().message());
@@ -661,6 +662,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   if (job->lazy) run.args.push_back("--lazy-pages");
   run.new_netns = true;
   run.writable_proc_sys = true;
+  run.run_tmpfs = kdat_.fd();
   run.hostname = job->spec.name + "." + settings_.box_id;
   sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
   run.output = dir + "/.criu/restore.out";
