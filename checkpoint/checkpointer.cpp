@@ -446,6 +446,8 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
               // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
   run.output = op->work + "/logs/dump.out";
+  // criu's kerndat cache (criu.hpp): its ~30 ms of probes would be part of the agent's pause.
+  run.run_tmpfs = kdat_.fd();
   auto pid = spawn_criu(*criu_, run);
   if (!pid) {
     continue_op(*op);
