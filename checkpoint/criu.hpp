@@ -38,10 +38,9 @@ struct CriuRun {
 /// keeps what it found in /run/criu.kdat only where /run is a tmpfs, which it is not on every
 /// host; then each criu pays ~30 ms of it again (8 copies of a fork: 8 restores and 8 lazy-pages
 /// daemons). The box holds a small tmpfs that is mounted nowhere (fsopen/fsmount: it goes when
-/// the box's last fd of it closes, and nothing of it stays behind on the host), and criu runs that
-/// restore see a clone of it as their /run. Its tun probe, under a copy's device rules, failed:
-/// with the cache it runs once, outside them. No tmpfs (an old kernel, a seccomp filter that
-/// refuses the new mount calls): criu probes as before.
+/// the box's last fd of it closes, and nothing of it stays behind on the host), and every criu it
+/// runs (dump, restore, lazy-pages) sees a clone of it as its /run. No tmpfs (an old kernel, a
+/// seccomp filter that refuses the new mount calls): criu probes as before.
 class KdatCache {
  public:
   /// The tmpfs's mount fd, made at the first call; -1 where it cannot be made.
