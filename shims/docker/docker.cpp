@@ -385,9 +385,12 @@ void wait_until_serving(const BoxRecord& box, const std::string& host, int port,
                                  trim(logs.out + logs.err));
       }
       if (std::chrono::steady_clock::now() > deadline) {
+        // Running, and still not serving: what the box said is the only clue left once it is gone.
+        auto logs = run_docker({"logs", "--tail", "20", box.name});
         run_docker({"rm", "--force", box.name});
         cleanup();
-        throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s");
+        throw std::runtime_error("box " + box.name + ": the API on " + box.url + " did not answer in 30 s; its log:\n" +
+                                 trim(logs.out + logs.err));
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
