@@ -930,15 +930,23 @@ bool Extractor::finish() {
 
 }  // namespace
 
-base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
-                                        const ImportPolicy& policy) {
+namespace {
+// One Extractor run, its failure coded "untrusted" when no trusted key signed the archive.
+base::Result<Extracted> run_extractor(Extractor::Mode mode, const std::string& src, ChunkReader* chunks,
+                                      const std::string& dst_dir, const ImportPolicy& policy) {
   if (const auto& lib = libarchive(); !lib) return lib.error();
   std::string err;
   bool untrusted = false;
-  Extractor x(policy, err);
-  auto r = x.run(src, nullptr, dst_dir, &untrusted);
+  Extractor x(policy, err, mode);
+  auto r = x.run(src, chunks, dst_dir, &untrusted);
   if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
   return std::move(*r);
+}
+}  // namespace
+
+base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir,
+                                        const ImportPolicy& policy) {
+  return run_extractor(Extractor::Mode::extract, src, nullptr, dst_dir, policy);
 }
 
 base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
@@ -946,32 +954,15 @@ base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList l
   if (const auto& lib = libarchive(); !lib) return lib.error();
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return base::fail(reader.error().message, "bad_snapshot");
-  std::string err;
-  bool untrusted = false;
-  Extractor x(policy, err);
-  auto r = x.run("", reader->get(), dst_dir, &untrusted);
-  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
-  return std::move(*r);
+  return run_extractor(Extractor::Mode::extract, "", reader->get(), dst_dir, policy);
 }
 
 base::Result<Extracted> read_manifest(const std::string& src) {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
-  std::string err;
-  ImportPolicy policy;
-  Extractor x(policy, err, Extractor::Mode::head);
-  auto r = x.run(src, nullptr, "", nullptr);
-  if (!r) return base::fail(err, "bad_snapshot");
-  return std::move(*r);
+  return run_extractor(Extractor::Mode::head, src, nullptr, "", ImportPolicy{});
 }
 
 base::Result<Extracted> verify_archive(const std::string& src, const ImportPolicy& policy) {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
-  std::string err;
-  bool untrusted = false;
-  Extractor x(policy, err, Extractor::Mode::verify);
-  auto r = x.run(src, nullptr, "", &untrusted);
-  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
-  return std::move(*r);
+  return run_extractor(Extractor::Mode::verify, src, nullptr, "", policy);
 }
 
 base::Result<std::string> archive_id(const std::string& src) {
@@ -979,7 +970,7 @@ base::Result<std::string> archive_id(const std::string& src) {
   any.allow_unsigned = true;
   auto x = verify_archive(src, any);
   if (!x) return x.error();
-  if (x->format_version >= 3) return snapshot_id_of(x->manifest_sha256);
+  if (named_by_manifest(x->format_version)) return snapshot_id_of(x->manifest_sha256);
   auto sha = sha256_file(src);
   if (!sha) return sha.error();
   return snapshot_id_of(*sha);
@@ -1027,11 +1018,11 @@ base::Result<ChunkList> chunk_archive(const std::string& src, const std::string&
   auto head = read_manifest(src);
   if (!head) return head.error();
   // A format-2 archive is named by its file's hash, which an export from the chunks must match.
-  auto sha = head->format_version >= 3 ? base::Result<std::string>(std::string()) : sha256_file(src);
+  auto sha = named_by_manifest(head->format_version) ? base::Result<std::string>(std::string()) : sha256_file(src);
   if (!sha) return sha.error();
   os::UniqueFd in(::open(src.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return base::sys_fail("open " + src, errno);
-  auto w = ChunkWriter::open(store_dir, 3, head->format_version < 3);
+  auto w = ChunkWriter::open(store_dir, 3, !named_by_manifest(head->format_version));
   if (!w) return w.error();
   Source source;
   source.fd = in.get();
@@ -1044,7 +1035,7 @@ base::Result<ChunkList> chunk_archive(const std::string& src, const std::string&
   auto list = (*w)->finish();
   if (!list) return list.error();
   list->archive_sha256 = *sha;
-  if (head->format_version >= 3) list->manifest_sha256 = head->manifest_sha256;
+  if (named_by_manifest(head->format_version)) list->manifest_sha256 = head->manifest_sha256;
   return list;
 }
 

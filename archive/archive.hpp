@@ -45,6 +45,9 @@ struct Extracted {
   std::string manifest_sha256;  // of manifest.json's bytes: the snapshot's id from format 3 on
 };
 
+/// Whether an archive of this format is named by its manifest's hash (3 on), not its file's (2).
+inline bool named_by_manifest(int format_version) { return format_version >= 3; }
+
 /// The id of a snapshot whose manifest (format 3 on) or archive file (format 2) hashes to `sha256`.
 inline std::string snapshot_id_of(std::string_view sha256) { return "s-" + std::string(sha256.substr(0, 16)); }
 

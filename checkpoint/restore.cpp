@@ -136,7 +136,7 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
   if (!chunks) {
     auto head = archive::read_manifest(base + ".tar.zst");
     if (!head) return head.error();
-    if (head->format_version < 3)
+    if (!archive::named_by_manifest(head->format_version))
       sha = std::async(std::launch::async, [f = base + ".tar.zst"] { return archive::sha256_file(f); });
   }
   std::string tmp = base + ".d.tmp-" + os::random_hex(6);  // created by mkdir: one per extraction
@@ -152,7 +152,7 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
     named = *got;
   }
   if (!x) return x.error();
-  bool by_manifest = x->format_version >= 3;
+  bool by_manifest = archive::named_by_manifest(x->format_version);
   if (by_manifest) named = x->manifest_sha256;
   // A format-2 stream of the chunk store is named by its list's archive_sha256 (read_chunk_list).
   if ((by_manifest || !chunks) && archive::snapshot_id_of(named) != id) {
@@ -185,7 +185,7 @@ base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, con
   if (!from.empty() && ::stat(from.c_str(), &before) != 0) return base::sys_fail("read " + from, errno, "bad_snapshot");
   auto head = archive::read_manifest(from.empty() ? tmp : from);
   if (!head) return head.error();
-  bool by_file = head->format_version < 3;
+  bool by_file = !archive::named_by_manifest(head->format_version);
   auto sha = std::async(std::launch::async, [tmp, from, by_file]() -> base::Result<std::string> {
     if (!from.empty())
       if (auto c = os::copy_tree(from, tmp); !c) return base::fail("copy " + from + ": " + c.error().message);

@@ -103,7 +103,7 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     if (base.empty()) {
       auto head = archive::read_manifest(spool_path);
       if (!head) return fail_source("the archive received is refused: " + head.error().message, "bad_snapshot");
-      std::string named = head->format_version >= 3 ? head->manifest_sha256 : sha.hex();
+      std::string named = archive::named_by_manifest(head->format_version) ? head->manifest_sha256 : sha.hex();
       if (archive::snapshot_id_of(named) != snapshot)
         return fail_source(
             "the archive received names snapshot " + archive::snapshot_id_of(named) + ", not " + snapshot,
