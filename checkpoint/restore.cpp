@@ -123,7 +123,7 @@ json::object with_verified(archive::Extracted& x) {
 // (place_extraction): the manifest, with "verified". Errors have the code bad_snapshot, or
 // untrusted.
 // `chunks`: the snapshot is kept in the chunk store `store` (each chunk checked against its hash
-// as it is read, the whole stream against the list's).
+// as it is read, the whole stream against the list's where it has one: format 2).
 base::Result<json::object> extract_snapshot(const std::string& base, const std::string& id,
                                             const archive::ImportPolicy& policy,
                                             const std::optional<archive::ChunkList>& chunks, const std::string& store) {
@@ -259,9 +259,9 @@ std::string Checkpointer::next_branch_name() {
 namespace {
 // Why a live copy of a snapshot with this manifest cannot be restored here: a path the original's
 // masks covered (its token file, state dir, keys) that is not here as the same kind of file. criu
-// mounts the mask over it again and needs the mount point; without it the restore fails, and
-// criu's log ends in an unrelated error (its kerndat's /dev/net/tun check, under the copy's
-// device rules). Those under /tmp are made in the copy's own /tmp (copy_layer).
+// mounts the mask over it again and needs the mount point; without it the restore fails, and the
+// first error of criu's log, the one reported, was an unrelated one (its kerndat's /dev/net/tun
+// probe, under the copy's device rules). Those under /tmp are made in the copy's own /tmp (copy_layer).
 std::optional<std::string> missing_mask(const json::object& manifest) {
   auto* masks = manifest.if_contains("masks");
   if (!masks || !masks->is_array()) return std::nullopt;

@@ -8,7 +8,6 @@
 #include <optional>
 
 #include "archive/archive.hpp"
-#include "archive/hash.hpp"
 #include "cli/session.hpp"
 #include "cli/tokens.hpp"
 #include "os/sys.hpp"
@@ -42,7 +41,6 @@ struct Relay::Impl {
   std::string snapshot, base, spool_path;
   os::UniqueFd spool;
   std::unique_ptr<Client> source;
-  archive::Sha256 sha;
   uint64_t size = 0, received = 0;
   bool have_reply = false, complete = false, source_finished = false, sealed = false, notified = false;
   json::object export_reply;
@@ -91,7 +89,6 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
         "bad_frame");
   if (auto w = os::write_all(spool.get(), data); !w)  // in order: offset == received
     return fail_source("write " + spool_path + ": " + w.error().message(), "local");
-  sha.update(data.data(), data.size());
   received += data.size();
   if (last) {
     if (received != size)
@@ -103,10 +100,13 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     if (base.empty()) {
       auto head = archive::read_manifest(spool_path);
       if (!head) return fail_source("the archive received is refused: " + head.error().message, "bad_snapshot");
-      std::string named = archive::named_by_manifest(head->format_version) ? head->manifest_sha256 : sha.hex();
-      if (archive::snapshot_id_of(named) != snapshot)
+      // Only a format-2 archive is hashed whole, once it is here: a format-3 one needs no pass.
+      auto named = archive::named_by_manifest(head->format_version) ? base::Result<std::string>(head->manifest_sha256)
+                                                                    : archive::sha256_file(spool_path);
+      if (!named) return fail_source("read " + spool_path + ": " + named.error().message, "local");
+      if (archive::snapshot_id_of(*named) != snapshot)
         return fail_source(
-            "the archive received names snapshot " + archive::snapshot_id_of(named) + ", not " + snapshot,
+            "the archive received names snapshot " + archive::snapshot_id_of(*named) + ", not " + snapshot,
             "bad_snapshot");
     }
     complete = true;
