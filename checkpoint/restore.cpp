@@ -496,11 +496,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
       [this, job, err] {
         job->t_copied = now_ms();
         if (!err->empty()) return copy_failed(job, "copy the snapshot's files: " + *err);
+        if (job->op->live) return start_live_copy(job);
         write_branch_json(settings_.box_id, job->spec.name, job->spec.lineage, job->dir);
-        if (job->op->live)
-          start_live_copy(job);
-        else
-          start_cold_copy(job);
+        start_cold_copy(job);
       });
 }
 
@@ -700,6 +698,10 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
     return copy_failed(job, r.error().message);
   }
   const CopySpec& s = job->spec;
+  // The copy's identity replaces the snapshot's branch.json only now, restored and still stopped:
+  // a descriptor the agent held on it at the dump was checked by criu against the file it saw
+  // (its size), and keeps that file (unlinked now), as a fork(2)'s child keeps its parent's.
+  write_branch_json(settings_.box_id, s.name, s.lineage, dir);
   host_.adopt_copy(std::move(job->copy), true);
   // The tree was dumped stopped, so criu restored it stopped: it runs from here.
   auto added = host_.find_branch(s.name);

@@ -255,6 +255,38 @@ HOG_IN_COPIES = ("import json, os, time\n"
                  "    time.sleep(0.1)\n")
 
 
+# Holds /run/sandboxer/branch.json open (read to its end) across the checkpoint, and prints
+# which branch the held descriptor and a new open each name.
+HOLDS_BRANCH_JSON = ("import json, time\n"
+                     "held = open('/run/sandboxer/branch.json')\n"
+                     "held.read()\n"
+                     "while True:\n"
+                     "    held.seek(0)\n"
+                     "    now = json.load(open('/run/sandboxer/branch.json'))['branch']\n"
+                     "    print(json.load(held)['branch'], now, flush=True)\n"
+                     "    time.sleep(0.1)\n")
+
+
+def test_a_live_copy_of_an_agent_holding_its_branch_json_open_keeps_the_file_it_held(tmp_path):
+    # criu checks a file a restored descriptor names against its size at the dump; the copy's own
+    # branch.json (another name, another size) is written only once its tree is restored. So the
+    # restore succeeds, the held descriptor reads the parent's identity (as fork(2)'s child would),
+    # and a new open reads the copy's.
+    with WsBox(tmp_path, ["python3", "-c", HOLDS_BRANCH_JSON], extra=["--set", "resources.grace=1s"]) as box:
+        time.sleep(0.8)
+        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
+        assert f.returncode == 0, f.stderr
+        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        assert len(branches) == 2, f.stdout
+        for b in branches:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and f"main {b}\n" not in text_of(box, b):
+                time.sleep(0.1)
+            assert f"main {b}\n" in text_of(box, b), (b, text_of(box, b)[-300:])
+        assert "main main\n" in text_of(box, "main")
+
+
 def exits(box):
     return {e["branch"]: e for e in box.read_events() if e["type"] == "proc.exited"}
 
