@@ -48,8 +48,9 @@ struct Filed {
   boost::json::object manifest;  // with "verified"
   bool existing = false;         // the store had this archive already
 };
-/// With `from`, the archive is that file (--restore): copied into `tmp` beside its extraction.
+/// With `operator_file`, the archive is that file (--restore): linked into `tmp` where it is on
+/// the store's mount and only the supervisor's user can write it, else copied beside its extraction.
 base::Result<Filed> extract_and_file(const std::string& tmp, const std::string& dir,
-                                     const archive::ImportPolicy& policy, const std::string& from = {});
+                                     const archive::ImportPolicy& policy, const std::string& operator_file = {});
 
 }  // namespace sbx::checkpoint::detail

@@ -172,18 +172,39 @@ bool same_file(const struct stat& a, const struct stat& b) {
          a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
          a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
 }
+
+// Links the operator's archive `from` (--restore) into the store as `tmp`, as `git clone` of a
+// local repository links its objects, instead of copying it: only a regular file on the store's
+// filesystem and mount that no one but the supervisor's own user can write, so the store's copy
+// changes only as the store itself could; the very inode checked is linked (through its fd). The
+// content is checked as ever: at this extraction, and again at any later one and at export.
+// False: copy it (another filesystem, another owner, a mode others can write).
+bool link_operator_file(const std::string& from, const std::string& tmp) {
+  os::UniqueFd fd(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return false;
+  if (::linkat(fd.get(), "", AT_FDCWD, tmp.c_str(), AT_EMPTY_PATH) == 0) return true;
+  // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the fd's /proc link does the same without it.
+  std::string self = "/proc/self/fd/" + std::to_string(fd.get());
+  return ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+}
 }  // namespace
 
 base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, const std::string& dir,
-                                                     const archive::ImportPolicy& policy, const std::string& from) {
+                                                     const archive::ImportPolicy& policy,
+                                                     const std::string& operator_file) {
   // The id is the manifest's hash (format 3 on), which the extraction checks every entry against;
   // a format-2 archive's is the file's, taken beside the extraction (not in a pass of its own
-  // before it). With `from` (the operator's file for --restore), the extraction reads that file
-  // while a second thread copies it into `tmp` (and hashes the copy, for format 2); the file must
-  // not change meanwhile.
+  // before it). With `operator_file` (--restore), the file is linked into `tmp` where it may be
+  // (link_operator_file), or else the extraction reads it while a second thread copies it into
+  // `tmp` (and hashes the copy, for format 2); the file must not change meanwhile.
+  const std::string from = operator_file.empty() || link_operator_file(operator_file, tmp) ? "" : operator_file;
+  const std::string& read = from.empty() ? tmp : from;
   struct stat before {};
-  if (!from.empty() && ::stat(from.c_str(), &before) != 0) return base::sys_fail("read " + from, errno, "bad_snapshot");
-  auto head = archive::read_manifest(from.empty() ? tmp : from);
+  if (::stat(read.c_str(), &before) != 0) return base::sys_fail("read " + read, errno, "bad_snapshot");
+  auto head = archive::read_manifest(read);
   if (!head) return head.error();
   bool by_file = !archive::named_by_manifest(head->format_version);
   auto sha = std::async(std::launch::async, [tmp, from, by_file]() -> base::Result<std::string> {
@@ -192,11 +213,11 @@ base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, con
     return by_file ? archive::sha256_file(tmp) : std::string();
   });
   std::string xdir = dir + "/.import-" + os::random_hex(6) + ".d";
-  auto x = archive::extract_archive(from.empty() ? tmp : from, xdir, policy);
+  auto x = archive::extract_archive(read, xdir, policy);
   auto got = sha.get();
   struct stat after {};
-  if (got && !from.empty() && (::stat(from.c_str(), &after) != 0 || !same_file(before, after)))
-    got = base::fail(from + " changed while it was read: restore from a file nothing writes to");
+  if (got && !operator_file.empty() && (::stat(read.c_str(), &after) != 0 || !same_file(before, after)))
+    got = base::fail(operator_file + " changed while it was read: restore from a file nothing writes to");
   if (!got) {
     if (x) os::remove_tree(xdir);
     return base::fail(got.error().message, "bad_snapshot");

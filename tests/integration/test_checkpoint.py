@@ -213,9 +213,9 @@ def test_a_corrupted_or_truncated_archive_is_refused(tmp_path):
 
 
 def test_a_restore_from_a_file_that_changes_while_it_is_read_is_refused(tmp_path):
-    # --restore extracts the operator's file while it copies it into the store and hashes the copy
-    # (the id): a file that changes meanwhile (here its times, every half millisecond) could give
-    # an extraction and a stored archive that differ, so the restore is refused and keeps nothing.
+    # --restore extracts the operator's file while it links or copies it into the store: a file
+    # that changes meanwhile (here its times, every half millisecond) could give an extraction and
+    # a stored archive that differ, so the restore is refused and keeps nothing.
     rc, ev, err = agent_box(tmp_path / "a", "keep", 4)
     assert rc == 0, err
     src = tmp_path / "moving.tar.zst"
@@ -241,6 +241,30 @@ def test_a_restore_from_a_file_that_changes_while_it_is_read_is_refused(tmp_path
     rc, ev3, err = box(tmp_path / "still", ["--restore", str(src)])
     assert rc == 0, err
     assert one(ev3, "restore.done")["mode"] == "live"
+
+
+@needs_criu
+@pytest.mark.parametrize("owner,mode,linked", [(0, 0o644, True), (0, 0o664, False), (65534, 0o644, False)],
+                         ids=["ours-linked", "group-writable-copied", "another-owner-copied"])
+def test_a_restore_links_the_operators_file_into_the_store_only_when_no_one_else_can_write_it(
+        tmp_path, owner, mode, linked):
+    # On the store's filesystem, an archive only the supervisor's user can write is linked into
+    # the store (no copy of its bytes); one another user could change is copied.
+    rc, ev, err = agent_box(tmp_path / "a", "keep", 4)
+    assert rc == 0, err
+    src = tmp_path / "given.tar.zst"
+    shutil.copy(one(ev, "checkpoint.created")["archive"], src)
+    os.chown(src, owner, owner)
+    os.chmod(src, mode)
+    rc, ev2, err = box(tmp_path / "b", ["--restore", str(src)])
+    assert rc == 0, err
+    done = one(ev2, "restore.done")
+    assert done["mode"] == "live"
+    stored = tmp_path / "b" / "snapshots" / f"{done['snapshot']}.tar.zst"
+    assert stored.read_bytes() == src.read_bytes()
+    assert (os.stat(stored).st_ino == os.stat(src).st_ino) == linked
+    assert os.stat(src).st_nlink == (2 if linked else 1)
+    assert not list((tmp_path / "b" / "snapshots").glob(".import-*")), "no temporary is left"
 
 
 @pytest.mark.parametrize("why", ["no namespaces", "no criu"])
