@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "archive/hash.hpp"
+#include "archive/signing.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::archive {
@@ -320,12 +321,77 @@ base::Result<std::string> read_all(int dir, const std::string& rel, size_t limit
 
 }  // namespace
 
+namespace {
+base::Result<uint64_t> write_delta_without(const std::string& dir, const std::string& id, const ChunkList& list,
+                                           const std::string& base, std::unordered_set<std::string> have,
+                                           const std::string& dst);
+}  // namespace
+
 base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id, const ChunkList& list,
                                    const std::string& base, const ChunkList& base_list, const std::string& dst) {
-  auto store = open_store(dir, false);
-  if (!store) return store.error();
   std::unordered_set<std::string> have;
   for (auto& c : base_list.chunks) have.insert(c.sha256);
+  return write_delta_without(dir, id, list, base, std::move(have), dst);
+}
+
+base::Result<uint64_t> write_delta_for(const std::string& dir, const std::string& id, const ChunkList& list,
+                                       std::string_view lacks, const std::string& dst) {
+  if (lacks.size() != (list.chunks.size() + 7) / 8)
+    return base::fail("lacks has " + std::to_string(lacks.size()) + " bytes; snapshot " + id + "'s " +
+                          std::to_string(list.chunks.size()) + " chunks need " +
+                          std::to_string((list.chunks.size() + 7) / 8),
+                      "bad_request");
+  // A chunk the receiver has under one index and lacks under another (a repeated chunk, a crafted
+  // bitmap) is sent: it costs bytes, never a missing chunk.
+  std::unordered_set<std::string> have, lacked;
+  for (size_t i = 0; i < list.chunks.size(); ++i)
+    ((static_cast<unsigned char>(lacks[i / 8]) >> (i % 8)) & 1 ? lacked : have).insert(list.chunks[i].sha256);
+  for (auto& h : lacked) have.erase(h);
+  return write_delta_without(dir, id, list, "", std::move(have), dst);
+}
+
+base::Result<Lacking> lacking(const std::string& dir, std::string_view hashes) {
+  if (hashes.size() % kRawHash != 0)
+    return base::fail(std::to_string(hashes.size()) + " bytes of hashes are not a whole number of " +
+                          std::to_string(kRawHash) + "-byte hashes",
+                      "bad_request");
+  size_t n = hashes.size() / kRawHash;
+  Lacking out;
+  out.bits.assign((n + 7) / 8, '\0');
+  auto store = open_store(dir, false);
+  for (size_t i = 0; i < n; ++i) {
+    struct stat st {};
+    bool have =
+        store &&
+        ::fstatat(store->get(),
+                  chunk_path(hex_encode(reinterpret_cast<const unsigned char*>(hashes.data() + i * kRawHash), kRawHash))
+                      .c_str(),
+                  &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode);
+    if (have) continue;
+    out.bits[i / 8] = static_cast<char>(out.bits[i / 8] | (1 << (i % 8)));
+    ++out.count;
+  }
+  return out;
+}
+
+std::string raw_hashes(const ChunkList& list, size_t from, size_t count) {
+  auto nibble = [](char c) { return static_cast<unsigned>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10) & 0xf; };
+  std::string out;
+  size_t end = std::min(list.chunks.size(), from + count);
+  for (size_t i = from; i < end; ++i) {
+    const std::string& h = list.chunks[i].sha256;  // 64 hex digits (chunk_list_from_json)
+    for (size_t k = 0; k + 1 < h.size(); k += 2) out.push_back(static_cast<char>(nibble(h[k]) << 4 | nibble(h[k + 1])));
+  }
+  return out;
+}
+
+namespace {
+base::Result<uint64_t> write_delta_without(const std::string& dir, const std::string& id, const ChunkList& list,
+                                           const std::string& base, std::unordered_set<std::string> have,
+                                           const std::string& dst) {
+  auto store = open_store(dir, false);
+  if (!store) return store.error();
   // The header first, with each included chunk's size; then the chunks, read one at a time (a
   // delta may be as large as the whole snapshot: it is never held in memory).
   std::vector<std::pair<std::string, uint64_t>> bodies;
@@ -373,6 +439,7 @@ base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id
   }
   return total;
 }
+}  // namespace
 
 bool is_delta(const std::string& path) {
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -465,6 +532,11 @@ base::Result<uint64_t> store_delta_chunks(const std::string& path, const DeltaHe
     struct stat st {};
     if (::fstatat(store->get(), chunk_path(c.sha256).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) ++missing;
   }
+  if (missing && h.base.empty())
+    return base::fail("this box lacks " + std::to_string(missing) + " chunks of snapshot " + h.snapshot +
+                          " that the delta left out as chunks it had: they were removed since it said so;"
+                          " send it again",
+                      "missing_chunks");
   if (missing)
     return base::fail("this box lacks " + std::to_string(missing) + " chunks of snapshot " + h.snapshot +
                           " that the delta leaves to its base " + h.base + ": import " + h.base + " first",

@@ -115,6 +115,25 @@ inline constexpr std::string_view kDeltaMagic = "SBXDELTA";
 /// the store at `dir` to `dst` (which must not exist); its size.
 base::Result<uint64_t> write_delta(const std::string& dir, const std::string& id, const ChunkList& list,
                                    const std::string& base, const ChunkList& base_list, const std::string& dst);
+/// The same for a receiver that said which chunks it has (snapshot.lacks): `lacks` has one bit
+/// per chunk of `list`, in order, least significant bit first; a clear bit leaves that chunk out.
+/// The delta's base is "". Errors: bad_request when `lacks` is not ceil(chunks / 8) bytes.
+base::Result<uint64_t> write_delta_for(const std::string& dir, const std::string& id, const ChunkList& list,
+                                       std::string_view lacks, const std::string& dst);
+
+/// The length in bytes of a chunk hash as the chunk negotiation carries it (raw SHA-256).
+inline constexpr size_t kRawHash = 32;
+/// Which of `hashes` (kRawHash bytes each) the store at `dir` lacks: one bit per hash, in order,
+/// least significant bit first, set when the store has no such chunk. A store that does not exist
+/// lacks them all. Errors: bad_request when `hashes` is not a whole number of hashes.
+struct Lacking {
+  std::string bits;
+  uint64_t count = 0;  // how many bits are set
+};
+base::Result<Lacking> lacking(const std::string& dir, std::string_view hashes);
+/// The raw hashes (kRawHash bytes each) of chunks [from, from + count) of `list` (clamped to its
+/// end), as snapshot.chunks sends them.
+std::string raw_hashes(const ChunkList& list, size_t from, size_t count);
 
 struct DeltaHeader {
   std::string snapshot, base;
@@ -129,7 +148,9 @@ bool is_delta(const std::string& path);
 base::Result<DeltaHeader> read_delta_header(const std::string& path);
 /// Stores the delta's included chunks in the store at `dir`, each checked (zstd, size, hash)
 /// before it is kept, then checks the store has every chunk of its list: else an error naming how
-/// many are missing and the base to import first (code missing_base). The chunks it added.
+/// many are missing and the base to import first (code missing_base), or, for a delta of no base
+/// (write_delta_for), that chunks this store said it had are gone (code missing_chunks). The
+/// chunks it added.
 base::Result<uint64_t> store_delta_chunks(const std::string& path, const DeltaHeader& h, const std::string& dir);
 
 struct StoreUsage {

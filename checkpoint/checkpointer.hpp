@@ -113,8 +113,21 @@ class Checkpointer {
   /// or (`temporary` true: the caller removes it) one written from the chunk store.
   /// With `base`: a delta (archive/chunks.hpp) holding only the chunks of `id` that `base` lacks,
   /// for a box that has `base`; snapshot.import takes either.
+  /// With `lacks` (one bit per chunk of `id`, as snapshot.lacks answered a receiver): a delta of
+  /// the chunks whose bit is set, for that receiver.
   using ArchiveReady = std::function<void(base::Result<std::string> path, bool temporary)>;
-  void export_archive(const std::string& id, ArchiveReady ready, const std::string& base = "");
+  void export_archive(const std::string& id, ArchiveReady ready, const std::string& base = "",
+                      const std::string& lacks = "");
+  /// snapshot.chunks: page `from` of snapshot `id`'s chunk hashes (kChunkPage at most; a snapshot
+  /// kept as an archive is cut into chunks first). Replies {"ok", "snapshot", "chunks" (all of
+  /// them), "from", "count", "hashes" (base64 of count raw 32-byte hashes), "next" (the next
+  /// page's from, or null)}.
+  static constexpr size_t kChunkPage = 16384;
+  void chunk_page(const std::string& id, uint64_t from, Reply done);
+  /// snapshot.lacks: which of `hashes` (raw, 32 bytes each) this box lacks, every snapshot it
+  /// keeps as an archive counted (cut into chunks first). Replies {"ok", "count", "lacking",
+  /// "lacks" (base64 of one bit per hash, least significant bit first, set where it lacks it)}.
+  void lacks(std::string hashes, Reply done);
   /// What the chunk store holds (chunks and their bytes).
   archive::StoreUsage chunk_usage() const;
   /// A new temporary file name in the snapshot store (same filesystem), for an incoming archive.
@@ -196,7 +209,7 @@ class Checkpointer {
   /// Deletes the chunks no snapshot's list names; deferred while a writer is adding chunks.
   void collect_chunks();
   void chunk_writer_done();
-  void export_delta(const std::string& id, const std::string& base, ArchiveReady ready);
+  void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   void import_delta(const std::string& tmp, Reply done, bool announce);
   /// An import checked and filed: its index written (unless `existing`), snapshot.imported, and
   /// the reply, with `what` (bytes, existing, ...) in both.

@@ -228,10 +228,11 @@ void Checkpointer::chunk_writer_done() {
 
 archive::StoreUsage Checkpointer::chunk_usage() const { return archive::store_usage(chunk_dir()); }
 
-void Checkpointer::export_archive(const std::string& id, ArchiveReady ready, const std::string& base) {
+void Checkpointer::export_archive(const std::string& id, ArchiveReady ready, const std::string& base,
+                                  const std::string& lacks) {
   if (!archive::valid_snapshot_id(id))
     return ready(base::fail("\"" + id + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request"), false);
-  if (!base.empty()) return export_delta(id, base, std::move(ready));
+  if (!base.empty() || !lacks.empty()) return export_delta(id, base, lacks, std::move(ready));
   std::string path = snap_dir_ + "/" + id + ".tar.zst";
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return ready(path, false);
@@ -350,16 +351,23 @@ base::Result<archive::ChunkList> chunks_of(const std::string& dir, const std::st
 
 }  // namespace
 
-void Checkpointer::export_delta(const std::string& id, const std::string& base, ArchiveReady ready) {
-  if (!archive::valid_snapshot_id(base))
+void Checkpointer::export_delta(const std::string& id, const std::string& base, const std::string& lacks,
+                                ArchiveReady ready) {
+  if (!base.empty() && !lacks.empty())
+    return ready(base::fail("base and lacks exclude each other", "bad_request"), false);
+  if (lacks.empty() && !archive::valid_snapshot_id(base))
     return ready(base::fail("base \"" + base + "\" is not a snapshot id (s- and 16 hex digits)", "bad_request"), false);
   ++ops_;
   ++chunk_writers_;
   auto out = std::make_shared<base::Result<uint64_t>>(base::fail(""));
   std::string tmp = snap_dir_ + "/.export-" + os::random_hex(6);
   offload(
-      [out, tmp, id, base, dir = snap_dir_, store = chunk_dir()] {
+      [out, tmp, id, base, lacks, dir = snap_dir_, store = chunk_dir()] {
         auto mine = chunks_of(dir, id);
+        if (mine && !lacks.empty()) {
+          *out = archive::write_delta_for(store, id, *mine, lacks, tmp);
+          return;
+        }
         auto theirs = mine ? chunks_of(dir, base) : mine;
         if (!mine || !theirs) {
           base::Error e = !mine ? mine.error() : theirs.error();
@@ -375,6 +383,65 @@ void Checkpointer::export_delta(const std::string& id, const std::string& base, 
         else
           ready(base::fail("export: " + out->error().message, out->error().code), false);
         op_done();
+      });
+}
+
+void Checkpointer::chunk_page(const std::string& id, uint64_t from, Reply done) {
+  if (!archive::valid_snapshot_id(id))
+    return done(error_reply("bad_request", "\"" + id + "\" is not a snapshot id (s- and 16 hex digits)"));
+  ++ops_;
+  ++chunk_writers_;
+  auto out = std::make_shared<base::Result<archive::ChunkList>>(base::fail(""));
+  offload([out, id, dir = snap_dir_] { *out = chunks_of(dir, id); },
+          [this, out, id, from, done = std::move(done)] {
+            chunk_writer_done();
+            op_done();
+            if (!*out) return done(error_reply(out->error().code, out->error().message));
+            uint64_t n = (*out)->chunks.size();
+            if (from > n)
+              return done(error_reply("bad_request", "from " + std::to_string(from) + " is past snapshot " + id +
+                                                         "'s " + std::to_string(n) + " chunks"));
+            uint64_t count = std::min<uint64_t>(kChunkPage, n - from);
+            json::value next = from + count < n ? json::value(from + count) : json::value(nullptr);
+            done({{"ok", true},
+                  {"snapshot", id},
+                  {"chunks", n},
+                  {"from", from},
+                  {"count", count},
+                  {"hashes", base::base64_encode(archive::raw_hashes(**out, from, count))},
+                  {"next", next}});
+          });
+}
+
+void Checkpointer::lacks(std::string hashes, Reply done) {
+  ++ops_;
+  ++chunk_writers_;
+  auto out = std::make_shared<base::Result<archive::Lacking>>(base::fail(""));
+  offload(
+      [out, hashes = std::move(hashes), dir = snap_dir_, store = chunk_dir()] {
+        // A snapshot kept here as an archive has chunks too: cut into the store once (a delta
+        // against it would do the same), they count as had.
+        std::vector<std::string> ids;
+        if (DIR* d = ::opendir(dir.c_str())) {
+          while (auto* e = ::readdir(d)) {
+            std::string_view n = e->d_name;
+            if (n.ends_with(".tar.zst") && archive::valid_snapshot_id(n.substr(0, n.size() - 8)))
+              ids.emplace_back(n.substr(0, n.size() - 8));
+          }
+          ::closedir(d);
+        }
+        for (auto& id : ids)
+          if (auto l = chunks_of(dir, id); !l) log()->warn("snapshot.lacks: {} not counted: {}", id, l.error().message);
+        *out = archive::lacking(store, hashes);
+      },
+      [this, out, done = std::move(done)] {
+        chunk_writer_done();
+        op_done();
+        if (!*out) return done(error_reply(out->error().code, out->error().message));
+        done({{"ok", true},
+              {"count", (*out)->bits.size() * 8},
+              {"lacking", (*out)->count},
+              {"lacks", base::base64_encode((*out)->bits)}});
       });
 }
 
@@ -395,12 +462,13 @@ void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announc
         if (::stat(tmp.c_str(), &sb) == 0) st->bytes = static_cast<uint64_t>(sb.st_size);
         auto h = archive::read_delta_header(tmp);
         if (!h) return void(st->err = h.error());
-        if (!archive::valid_snapshot_id(h->snapshot) || !archive::valid_snapshot_id(h->base))
+        // A delta of no base leaves out the chunks this box said it had (snapshot.lacks).
+        if (!archive::valid_snapshot_id(h->snapshot) || (!h->base.empty() && !archive::valid_snapshot_id(h->base)))
           return void(st->err = base::fail("the delta is refused: its snapshot or base is not an id", "bad_snapshot"));
         st->base = h->base;
         // A base kept here as an archive is cut into chunks first: the delta names its chunks.
         struct stat bs {};
-        if (::stat((dir + "/" + h->base + ".json").c_str(), &bs) == 0)
+        if (!h->base.empty() && ::stat((dir + "/" + h->base + ".json").c_str(), &bs) == 0)
           if (auto b = chunks_of(dir, h->base); !b) return void(st->err = b.error());
         auto added = archive::store_delta_chunks(tmp, *h, store);
         if (!added) return void(st->err = added.error());
@@ -449,7 +517,10 @@ void Checkpointer::import_delta(const std::string& tmp, Reply done, bool announc
                               {"chunks", st->list.chunks.size()}};
           if (!st->list.sha256.empty()) index["archive"].as_object()["tar_sha256"] = st->list.sha256;
           imported(st->id, std::move(index),
-                   {{"bytes", st->bytes}, {"existing", st->existing}, {"base", st->base}, {"added_bytes", st->added}},
+                   {{"bytes", st->bytes},
+                    {"existing", st->existing},
+                    {"base", st->base.empty() ? json::value(nullptr) : json::value(st->base)},
+                    {"added_bytes", st->added}},
                    announce, done);
         });
       });

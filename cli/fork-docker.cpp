@@ -273,8 +273,8 @@ std::vector<Copy> copy_onto_docker(Session& s, const dk::BoxSpec& from, const st
 std::vector<Copy> copy_into_boxes(Session& s, const std::vector<sdk::Endpoint>& boxes, const std::string& snap,
                                   std::vector<std::string>& failures) {
   auto t0 = std::chrono::steady_clock::now();
-  std::string base = common_base(s, boxes, snap);
-  Relay relay(s.loop(), s.endpoint(), snap, base);
+  DeltaPlan plan = plan_delta(s, boxes, snap);
+  Relay relay(s.loop(), s.endpoint(), snap, plan);
   if (auto r = relay.start(); !r) {
     failures.push_back(r.error().message);
     return {};
@@ -287,7 +287,7 @@ std::vector<Copy> copy_into_boxes(Session& s, const std::vector<sdk::Endpoint>& 
   }
   relay.seal();
   std::cerr << "sending " << snap << " from " << s.url() << " into " << boxes.size() << " box(es)"
-            << (base.empty() ? std::string() : " as a delta against " + base + ", which they all have") << "\n";
+            << (plan.delta() ? " as" + plan.describe().substr(1) : std::string()) << "\n";
   relay.on_done([&] { s.stop(); });
   s.on_interrupt([&] { relay.abort("interrupted"); });
   if (!relay.done()) s.run();

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "archive/archive.hpp"
+#include "base/encoding.hpp"
 #include "cli/session.hpp"
 #include "cli/tokens.hpp"
 #include "os/sys.hpp"
@@ -38,7 +39,8 @@ struct Relay::Impl {
   Relay* self;
   uv_loop_t* loop;
   sdk::Endpoint source_ep;
-  std::string snapshot, base, spool_path;
+  std::string snapshot, spool_path;
+  DeltaPlan plan;
   os::UniqueFd spool;
   std::unique_ptr<Client> source;
   uint64_t size = 0, received = 0;
@@ -97,7 +99,7 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     // Nothing is imported that does not name its id: the hash of its manifest, which each target
     // checks every entry against as it imports (a format-2 archive's own hash). A delta is no
     // archive: each target checks the manifest its chunks begin with.
-    if (base.empty()) {
+    if (!plan.delta()) {
       auto head = archive::read_manifest(spool_path);
       if (!head) return fail_source("the archive received is refused: " + head.error().message, "bad_snapshot");
       // Only a format-2 archive is hashed whole, once it is here: a format-3 one needs no pass.
@@ -169,14 +171,14 @@ void Relay::Impl::check_done() {
   if (self->on_done_) self->on_done_();
 }
 
-Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string base)
+Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, DeltaPlan plan)
     : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
   m.self = this;
   m.loop = loop;
   m.source_ep = std::move(source);
   m.snapshot = std::move(snapshot);
-  m.base = std::move(base);
+  m.plan = std::move(plan);
 }
 
 Relay::~Relay() = default;
@@ -190,7 +192,7 @@ base::Result<void> Relay::start() {
     return base::fail(e.what(), "local");
   }
   if (auto r = os::make_dirs(home, 0700); !r) return base::fail("create " + home + ": " + r.error().message(), "local");
-  m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + (m.base.empty() ? ".tar.zst" : ".delta");
+  m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + (m.plan.delta() ? ".delta" : ".tar.zst");
   m.spool.reset(::open(m.spool_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!m.spool) return base::fail(m.spool_path + ": " + os::last_error().message(), "local");
   m.source = std::make_unique<Client>(m.loop, m.source_ep);
@@ -205,7 +207,8 @@ base::Result<void> Relay::start() {
   m.source->connect([&m](const std::string& err) {
     if (!err.empty()) return m.fail_source("connect to " + m.source_ep.url + ": " + err, "connect");
     json::object req{{"op", "snapshot.export"}, {"snapshot", m.snapshot}};
-    if (!m.base.empty()) req["base"] = m.base;
+    if (!m.plan.base.empty()) req["base"] = m.plan.base;
+    if (!m.plan.lacks.empty()) req["lacks"] = base::base64_encode(m.plan.lacks);
     m.source->request(std::move(req), [&m](const json::object& rep) {
       if (!reply_ok(rep)) {
         auto e = reply_error(rep);
@@ -293,6 +296,7 @@ std::optional<std::map<std::string, std::string>> snapshots_of(Session& s, const
 }
 }  // namespace
 
+namespace {
 std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
   if (targets.empty()) return {};
   auto mine = snapshots_of(s, s.endpoint());
@@ -306,6 +310,76 @@ std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, c
   // The newest shares the most with `snap`, as a rule: a box's snapshots follow one agent.
   auto best = std::max_element(mine->begin(), mine->end(), [](auto& a, auto& b) { return a.second < b.second; });
   return best == mine->end() ? std::string() : best->first;
+}
+
+// One page of snapshot.chunks (from the source) and each target's snapshot.lacks for it, ORed into
+// `bits` (sized from the first page's "chunks"). The next page's from, 0 at the end, or why not.
+base::Result<uint64_t> negotiate_page(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap,
+                                      uint64_t from, std::string& bits, uint64_t& total) {
+  auto page = s.call({{"op", "snapshot.chunks"}, {"snapshot", snap}, {"from", from}});
+  if (!page) return page.error();
+  auto num = [](const json::object& o, const char* k) -> std::optional<uint64_t> {
+    auto* v = o.if_contains(k);
+    boost::system::error_code ec;
+    uint64_t n = v ? v->to_number<uint64_t>(ec) : 0;
+    return v && !ec ? std::optional<uint64_t>(n) : std::nullopt;
+  };
+  auto n = num(*page, "chunks"), count = num(*page, "count"), at = num(*page, "from");
+  auto* hashes = page->if_contains("hashes");
+  if (!n || !count || at != from || !hashes || !hashes->is_string() || from + *count > *n || (*count == 0 && *n > from))
+    return base::fail("snapshot.chunks answered " + json::serialize(*page), "bad_reply");
+  if (bits.empty()) {
+    total = *n;
+    bits.assign((total + 7) / 8, '\0');
+  } else if (*n != total) {
+    return base::fail("snapshot.chunks changed its count", "bad_reply");
+  }
+  for (auto& t : targets) {
+    auto r = s.call_to(t, {{"op", "snapshot.lacks"}, {"hashes", hashes->as_string()}});
+    if (!r) return r.error();
+    std::string got;
+    auto* l = r->if_contains("lacks");
+    if (!l || !l->is_string() || !base::base64_decode(l->as_string(), got) || got.size() != (*count + 7) / 8)
+      return base::fail(t.url + ": snapshot.lacks answered " + json::serialize(*r), "bad_reply");
+    for (uint64_t i = 0; i < *count; ++i)
+      if ((static_cast<unsigned char>(got[i / 8]) >> (i % 8)) & 1)
+        bits[(from + i) / 8] = static_cast<char>(bits[(from + i) / 8] | (1 << ((from + i) % 8)));
+  }
+  auto* next = page->if_contains("next");
+  auto nx = next && !next->is_null() ? num(*page, "next") : std::optional<uint64_t>(0);
+  if (!nx || (*nx != 0 && *nx != from + *count)) return base::fail("snapshot.chunks answered a bad next", "bad_reply");
+  return *nx;
+}
+}  // namespace
+
+std::string DeltaPlan::describe() const {
+  if (!base.empty()) return ", a delta against " + base;
+  if (!lacks.empty())
+    return ", a delta of the " + std::to_string(lacking) + " of " + std::to_string(chunks) + " chunks the targets lack";
+  return {};
+}
+
+DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
+  if (targets.empty()) return {};
+  // A box with no snapshot has no chunk: nothing to ask it.
+  for (auto& t : targets)
+    if (auto l = snapshots_of(s, t); !l || l->empty()) return {};
+  std::string bits;
+  uint64_t total = 0;
+  for (uint64_t from = 0;;) {
+    auto next = negotiate_page(s, targets, snap, from, bits, total);
+    if (!next) {
+      // A box from before snapshot.lacks: a delta against a snapshot they all have, if any. (Any
+      // other failure shows where it matters: the export, or that target's import.)
+      return {.base = common_base(s, targets, snap)};
+    }
+    if (*next == 0) break;
+    from = *next;
+  }
+  uint64_t lacking = 0;
+  for (char c : bits) lacking += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned char>(c)));
+  if (lacking == total) return {};  // they have none of it: the archive itself
+  return {.lacks = std::move(bits), .chunks = total, .lacking = lacking};
 }
 
 }  // namespace sbx::cli

@@ -13,9 +13,10 @@
 //   partial archive is never imported.
 // - Each outcome is reported: the source's (the export's reply, or why it failed) and each
 //   target's (its snapshot.import reply, or why it failed). One target's failure is its own.
-// - With a base (common_base: a snapshot every target already has), the export is a delta, only
-//   the chunks the base lacks (checkpoint/README.md, "Deltas"); each target checks that the archive
-//   those chunks make hashes to the snapshot's id, as the relay does for a whole archive.
+// - With a DeltaPlan (plan_delta), the export is a delta: only the chunks the targets said they
+//   lack (snapshot.lacks), or, from a box without that op, the chunks a snapshot every target has
+//   lacks (checkpoint/README.md, "Deltas"); each target checks the manifest its chunks begin with
+//   against the snapshot's id, and every entry against it, as it does for a whole archive.
 #include <uv.h>
 
 #include <boost/json.hpp>
@@ -29,11 +30,22 @@
 
 namespace sbx::cli {
 
+/// What an export leaves out. Neither field: the whole archive.
+struct DeltaPlan {
+  std::string base;     // a snapshot every target has (boxes without snapshot.lacks)
+  std::string lacks;    // one bit per chunk of the snapshot, set where some target lacks it
+  uint64_t chunks = 0;  // with lacks: the snapshot's chunks, and how many bits are set
+  uint64_t lacking = 0;
+  bool delta() const { return !base.empty() || !lacks.empty(); }
+  /// ", a delta ..." for the CLI's summary lines, or "".
+  std::string describe() const;
+};
+
 class Relay {
  public:
   /// On `loop` (run by the caller). The archive is spooled in a file of its own in the CLI's
   /// state dir (tokens.hpp), removed with the Relay.
-  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, std::string base = {});
+  Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, DeltaPlan plan = {});
   ~Relay();
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
@@ -66,8 +78,11 @@ class Relay {
 
 class Session;
 
-/// The newest snapshot of the source other than `snap` that every target has, "" when there is
-/// none (or a list fails: the whole archive then goes, and the failure shows where it matters).
-std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap);
+/// What to send of `snap` to `targets`: when every target has some snapshot, the source lists
+/// the snapshot's chunks (snapshot.chunks, page by page) and each target says which it lacks
+/// (snapshot.lacks); only those go. Where a box has no such op, the newest snapshot of the source
+/// every target has is the base. The whole archive when they lack every chunk, when a target has
+/// no snapshot, or when a list fails (the failure then shows where it matters).
+DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap);
 
 }  // namespace sbx::cli

@@ -5,9 +5,8 @@
 // and hashed to its id. One line per target that has it, on stdout: <URL> <SNAPSHOT>.
 // Tokens: --token-file for the source; --to-token-file once for every target, or once per --to in
 // the same order; without it each target's is SANDBOXER_TOKEN or the one stored for its URL.
-// The targets are asked which snapshots they have first: when all of them have one of the
-// source's, only the chunks that snapshot lacks go (a delta; stderr names its base), unless
-// --whole.
+// The targets are asked which of the snapshot's chunks they lack first (plan_delta): only those
+// go (a delta; stderr says how many), unless --whole.
 #include <iostream>
 
 #include "archive/archive.hpp"
@@ -35,8 +34,8 @@ int cmd_send(const std::vector<std::string>& args) {
   if (to.empty()) a.fail("no target (--to URL)");
   Session s("send", a.positionals()[0], a);
   std::vector<sdk::Endpoint> targets = target_endpoints(a, s.endpoint().insecure);
-  std::string base = a.has("--whole") ? "" : common_base(s, targets, snap);
-  Relay relay(s.loop(), s.endpoint(), snap, base);
+  DeltaPlan plan = a.has("--whole") ? DeltaPlan{} : plan_delta(s, targets, snap);
+  Relay relay(s.loop(), s.endpoint(), snap, plan);
   if (auto r = relay.start(); !r) return s.fail(r.error());
   for (auto& t : targets) relay.add_target(t);
   relay.seal();
@@ -66,8 +65,8 @@ int cmd_send(const std::vector<std::string>& args) {
     std::cout << to[i] << " " << snap << "\n";
   }
   if (status == kExitOk)
-    std::cerr << "sent " << snap << " (" << relay.size() << " bytes"
-              << (base.empty() ? std::string() : ", a delta against " + base) << ") to " << to.size() << " box(es)\n";
+    std::cerr << "sent " << snap << " (" << relay.size() << " bytes" << plan.describe() << ") to " << to.size()
+              << " box(es)\n";
   return status;
 }
 

@@ -721,10 +721,16 @@ boost::json::array Box::snapshot_list() { return checkpointer_->list(); }
 
 boost::json::object Box::snapshot_delete(const std::string& id) { return checkpointer_->remove(id); }
 
-void Box::snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready,
-                           const std::string& base) {
-  checkpointer_->export_archive(id, std::move(ready), base);
+void Box::snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready, const std::string& base,
+                           const std::string& lacks) {
+  checkpointer_->export_archive(id, std::move(ready), base, lacks);
 }
+
+void Box::snapshot_chunks(const std::string& id, uint64_t from, Reply done) {
+  checkpointer_->chunk_page(id, from, std::move(done));
+}
+
+void Box::snapshot_lacks(std::string hashes, Reply done) { checkpointer_->lacks(std::move(hashes), std::move(done)); }
 
 std::string Box::snapshot_incoming_path() const { return checkpointer_->incoming_path(); }
 

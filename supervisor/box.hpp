@@ -214,7 +214,10 @@ class Box : public checkpoint::Host {
   boost::json::object snapshot_delete(const std::string& id);
   /// snapshot.export and snapshot.import: see checkpoint::Checkpointer.
   void snapshot_archive(const std::string& id, checkpoint::Checkpointer::ArchiveReady ready,
-                        const std::string& base = "");
+                        const std::string& base = "", const std::string& lacks = "");
+  /// snapshot.chunks and snapshot.lacks: see checkpoint::Checkpointer::chunk_page and lacks.
+  void snapshot_chunks(const std::string& id, uint64_t from, Reply done);
+  void snapshot_lacks(std::string hashes, Reply done);
   std::string snapshot_incoming_path() const;
   /// The bytes of the state dir's filesystem kept for the journal before any snapshot is stored.
   uint64_t journal_room_for_snapshots() const { return journal_room(); }

@@ -1,14 +1,16 @@
 // The ops on checkpoints and snapshots: checkpoint, restore, fork, snapshot.list, snapshot.export,
-// snapshot.import, snapshot.delete (server-ops.hpp). The Box (and checkpoint/ behind it) does the
-// work and answers with {"ok": ..., ...} when done: those replies go through OpContext::later().
+// snapshot.import, snapshot.chunks, snapshot.lacks, snapshot.delete (server-ops.hpp). The Box (and checkpoint/ behind
+// it) does the work and answers with {"ok": ..., ...} when done: those replies go through OpContext::later().
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 
+#include "base/encoding.hpp"
 #include "protocol/protocol.hpp"
 #include "supervisor/server-ops.hpp"
 
@@ -79,11 +81,30 @@ void op_snapshot_list(OpContext& ctx) {
   ctx.reply(ok);
 }
 
+namespace {
+
+// A base64 field of raw bytes (snapshot.lacks' hashes, snapshot.export's lacks): decoded, or a
+// bad_request naming it.
+std::optional<std::string> opt_base64(const boost::json::object& f, const char* name) {
+  auto text = protocol::opt_string(f, name);
+  if (!text) return std::nullopt;
+  std::string raw;
+  if (!base::base64_decode(*text, raw))
+    throw RequestError("bad_request", std::string("field ") + name + ": not base64");
+  if (raw.empty()) throw RequestError("bad_request", std::string("field ") + name + ": empty");
+  return raw;
+}
+
+}  // namespace
+
 void op_snapshot_export(OpContext& ctx) {
   uint32_t bid = ctx.binary_id("snapshot.export");
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
-  // `base`: only the chunks a box that has that snapshot lacks (a delta, checkpoint/README.md).
+  // `base`: only the chunks a box that has that snapshot lacks (a delta, checkpoint/README.md);
+  // `lacks`: only the chunks a box said it lacks (snapshot.lacks' answer to snapshot.chunks').
   auto base = protocol::opt_string(ctx.fields(), "base").value_or("");
+  auto lacks = opt_base64(ctx.fields(), "lacks").value_or("");
+  if (!base.empty() && !lacks.empty()) throw RequestError("bad_request", "base and lacks exclude each other");
   // A snapshot kept in the chunk store has its archive written first, on the thread pool.
   ctx.box.snapshot_archive(
       snap,
@@ -104,7 +125,19 @@ void op_snapshot_export(OpContext& ctx) {
         if (!base.empty()) ok["base"] = base;
         start(std::move(ok), std::move(fd), size);
       },
-      base);
+      base, lacks);
+}
+
+void op_snapshot_chunks(OpContext& ctx) {
+  auto snap = protocol::need_string(ctx.fields(), "snapshot");
+  auto from = protocol::opt_int(ctx.fields(), "from", 0, int64_t{1} << 40).value_or(0);
+  ctx.box.snapshot_chunks(snap, static_cast<uint64_t>(from), ctx.later());
+}
+
+void op_snapshot_lacks(OpContext& ctx) {
+  auto hashes = opt_base64(ctx.fields(), "hashes");
+  if (!hashes) throw RequestError("bad_request", "snapshot.lacks needs hashes: base64 of raw 32-byte chunk hashes");
+  ctx.box.snapshot_lacks(std::move(*hashes), ctx.later());
 }
 
 void op_snapshot_import(OpContext& ctx) {

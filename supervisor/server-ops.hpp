@@ -83,6 +83,8 @@ void op_fork(OpContext& ctx);
 void op_snapshot_list(OpContext& ctx);
 void op_snapshot_export(OpContext& ctx);
 void op_snapshot_import(OpContext& ctx);
+void op_snapshot_chunks(OpContext& ctx);
+void op_snapshot_lacks(OpContext& ctx);
 void op_snapshot_delete(OpContext& ctx);
 
 }  // namespace sbx::supervisor

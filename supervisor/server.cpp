@@ -71,6 +71,8 @@ constexpr std::array kOps{
     Op{"snapshot.list", op_snapshot_list},
     Op{"snapshot.export", op_snapshot_export},
     Op{"snapshot.import", op_snapshot_import},
+    Op{"snapshot.chunks", op_snapshot_chunks},
+    Op{"snapshot.lacks", op_snapshot_lacks},
     Op{"snapshot.delete", op_snapshot_delete},
 };
 

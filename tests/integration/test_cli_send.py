@@ -6,6 +6,7 @@ altered on the way leaves every target as it was, and the source untouched.
 boxes some host started idle (what the Modal, Daytona and Kubernetes shims start) become copies
 of the source's agent, each named where it came from in its restore.done."""
 import asyncio
+import base64
 import contextlib
 import os
 import socket
@@ -305,23 +306,75 @@ def test_send_and_fork_to_boxes_that_share_a_snapshot_move_only_what_it_lacks(tm
         whole = sent_bytes(first.stderr)
         assert whole > 8 << 20  # random bytes do not compress
         s2 = checkpoint(a)
-        # Both targets have s1: only the chunks s1 lacks go, and each has s2 after.
+        # Both targets have s1: asked, they lack only the chunks of s2 that s1 has not.
         r = send(a, s2, [t])
-        assert r.returncode == 0 and f"a delta against {s1}" in r.stderr, r.stderr
+        assert r.returncode == 0 and "a delta of the " in r.stderr and "chunks the targets lack" in r.stderr, r.stderr
         assert r.stdout.split() == [t.url, s2]
         assert sent_bytes(r.stderr) < whole // 4, (sent_bytes(r.stderr), whole)
         imported = [e for e in t.read_events() if e["type"] == "snapshot.imported"]
-        assert imported[-1]["snapshot"] == s2 and imported[-1]["base"] == s1, imported[-1]
+        assert imported[-1]["snapshot"] == s2 and imported[-1]["base"] is None, imported[-1]
         # --whole: the archive itself, as before.
         w = sandboxer("send", a.url, s2, "--token-file", str(a.token_file), "--to", u.url, "--to-token-file",
                       str(u.token_file), "--whole")
         assert w.returncode == 0 and "delta" not in w.stderr and sent_bytes(w.stderr) > 8 << 20, w.stderr
-        # A fork into a box that has s1 (and s2): a delta of s3 against s2, the newest they share, restored live.
+        # A fork into a box that has s1 (and s2): a delta of the chunks of s3 it lacks, restored live.
         at = max(numbers(a))
         s3 = checkpoint(a)
         f = sandboxer("fork", a.url, "--snapshot", s3, "--token-file", str(a.token_file), *to_args([t]))
-        assert f.returncode == 0 and f"as a delta against {s2}" in f.stderr, f.stderr
+        assert f.returncode == 0 and "as a delta of the " in f.stderr, f.stderr
         seen = wait_numbers(t)
         assert seen and seen[0] > at, (seen[:3], at)
         done = next(e for e in t.read_events() if e["type"] == "restore.done")
         assert (done["mode"], done["snapshot"]) == ("live", s3), done
+
+
+def test_a_box_that_shares_chunks_but_no_snapshot_with_the_source_is_sent_only_what_it_lacks(tmp_path):
+    # The target has s1; the source has since deleted it, so no snapshot is common to both (a
+    # base-delta cannot be had) and only the chunk negotiation keeps the unchanged 8 MiB at home.
+    holder = "import os\nkeep = os.urandom(8 << 20)\n" + COUNTER
+    with source_and_idle_boxes(tmp_path, 1, agent=holder) as (a, (t,)):
+        s1 = checkpoint(a)
+        first = send(a, s1, [t])
+        assert first.returncode == 0, first.stderr
+        whole = sent_bytes(first.stderr)
+        assert request_of(a, {"op": "snapshot.delete", "snapshot": s1})["ok"]
+        s2 = checkpoint(a)
+        # Control: the archive itself is as large as before.
+        w = sandboxer("send", a.url, s2, "--token-file", str(a.token_file), "--whole", *to_args([t]))
+        assert w.returncode == 0 and sent_bytes(w.stderr) > whole // 2, w.stderr
+        assert request_of(t, {"op": "snapshot.delete", "snapshot": s2})["ok"]
+        r = send(a, s2, [t])
+        assert r.returncode == 0 and "chunks the targets lack" in r.stderr, r.stderr
+        assert sent_bytes(r.stderr) < whole // 4, (sent_bytes(r.stderr), whole)
+        imported = [e for e in t.read_events() if e["type"] == "snapshot.imported"][-1]
+        assert imported["snapshot"] == s2 and imported["base"] is None and imported["added_bytes"] < whole // 4
+        # What it received restores: the target becomes a live copy of s2.
+        assert request_of(t, {"op": "restore", "snapshot": s2, "index": 0})["ok"]
+        done = next(e for e in t.read_events() if e["type"] == "restore.done")
+        assert (done["mode"], done["snapshot"]) == ("live", s2), done
+
+
+def test_the_chunk_negotiation_refuses_bad_requests_with_the_reason(tmp_path):
+    with source_and_idle_boxes(tmp_path, 0) as (a, _):
+        s1 = checkpoint(a)
+        page = request_of(a, {"op": "snapshot.chunks", "snapshot": s1})
+        assert page["ok"] and page["from"] == 0 and page["count"] == page["chunks"] > 0 and page["next"] is None, page
+        raw = base64.b64decode(page["hashes"])
+        assert len(raw) == 32 * page["count"]
+        # The box has every chunk of its own snapshot, and none of a made-up one.
+        mine = request_of(a, {"op": "snapshot.lacks", "hashes": page["hashes"]})
+        assert mine["ok"] and mine["lacking"] == 0 and mine["count"] >= page["count"], mine
+        other = request_of(a, {"op": "snapshot.lacks", "hashes": base64.b64encode(b"\x01" * 64).decode()})
+        assert other["ok"] and other["lacking"] == 2 and base64.b64decode(other["lacks"]) == b"\x03", other
+        for req, code, words in [
+                ({"op": "snapshot.lacks", "hashes": "***"}, "bad_request", "not base64"),
+                ({"op": "snapshot.lacks", "hashes": base64.b64encode(b"x" * 33).decode()}, "bad_request",
+                 "not a whole number"),
+                ({"op": "snapshot.lacks"}, "bad_request", "needs hashes"),
+                ({"op": "snapshot.chunks", "snapshot": s1, "from": page["chunks"] + 1}, "bad_request", "past"),
+                ({"op": "snapshot.chunks", "snapshot": "s-0000000000000000"}, "not_found", "no snapshot"),
+                ({"op": "snapshot.export", "snapshot": s1, "lacks": "AA=="}, "bad_request", "need"),
+                ({"op": "snapshot.export", "snapshot": s1, "lacks": "AA==", "base": s1}, "bad_request", "exclude")]:
+            r = request_of(a, dict(req))
+            assert not r["ok"] and r["error"]["code"] == code and words in r["error"]["message"], (req, r)
+        assert a.alive() and numbers(a)

@@ -325,3 +325,60 @@ TEST_CASE("chunks: a delta carries only what its base lacks, and a crafted one i
     REQUIRE_FALSE(ZSTD_isError(n));
   }
 }
+
+TEST_CASE("chunks: a receiver says which chunks it lacks, and a delta for it carries exactly those") {
+  TempDir t;
+  std::string a = random_bytes(4 << 20, 9);
+  std::string b = a;
+  std::string changed = random_bytes(256 << 10, 10);
+  b.replace(2 << 20, changed.size(), changed);
+  auto la = store(t.path / "dst", a);  // the receiver has a's chunks, under no snapshot of the sender
+  auto lb = store(t.path / "src", b);
+  lb.manifest_sha256 = std::string(64, 'b');
+  auto asked = lacking((t.path / "dst").string(), raw_hashes(lb, 0, lb.chunks.size()));
+  REQUIRE_MESSAGE(asked.has_value(), asked.error().message);
+  CHECK(asked->bits.size() == (lb.chunks.size() + 7) / 8);
+  std::set<std::string> have;
+  for (auto& c : la.chunks) have.insert(c.sha256);
+  uint64_t expect = 0;
+  for (size_t i = 0; i < lb.chunks.size(); ++i) {
+    bool lacks = (static_cast<unsigned char>(asked->bits[i / 8]) >> (i % 8)) & 1;
+    CHECK(lacks == !have.contains(lb.chunks[i].sha256));
+    expect += lacks;
+  }
+  CHECK(asked->count == expect);
+  CHECK(expect > 0);
+  CHECK(expect < lb.chunks.size() / 2);
+  // A store that does not exist lacks everything; hashes that are not whole are refused.
+  auto none = lacking((t.path / "nowhere").string(), raw_hashes(lb, 0, 3));
+  REQUIRE(none.has_value());
+  CHECK(none->count == 3);
+  CHECK(none->bits == std::string(1, '\x07'));
+  CHECK(lacking((t.path / "dst").string(), std::string(33, 'x')).error().code == "bad_request");
+  // raw_hashes clamps to the list's end.
+  CHECK(raw_hashes(lb, lb.chunks.size() - 1, 10).size() == kRawHash);
+
+  auto size =
+      write_delta_for((t.path / "src").string(), "s-bbbbbbbbbbbbbbbb", lb, asked->bits, (t.path / "d").string());
+  REQUIRE_MESSAGE(size.has_value(), size.error().message);
+  auto h = read_delta_header((t.path / "d").string());
+  REQUIRE_MESSAGE(h.has_value(), h.error().message);
+  CHECK(h->base.empty());
+  std::set<std::string> included;
+  for (auto& [sha, n] : h->included) included.insert(sha);
+  for (size_t i = 0; i < lb.chunks.size(); ++i)
+    CHECK(included.contains(lb.chunks[i].sha256) == !have.contains(lb.chunks[i].sha256));
+  auto added = store_delta_chunks((t.path / "d").string(), *h, (t.path / "dst").string());
+  REQUIRE_MESSAGE(added.has_value(), added.error().message);
+  CHECK(read_back(t.path / "dst", lb).value() == b);
+
+  // A receiver whose chunks went since it answered: refused, saying so (no base to name).
+  auto empty = store_delta_chunks((t.path / "d").string(), *h, (t.path / "elsewhere").string());
+  REQUIRE_FALSE(empty.has_value());
+  CHECK(empty.error().code == "missing_chunks");
+  CHECK(empty.error().message.find("send it again") != std::string::npos);
+  // A bitmap of the wrong length is refused.
+  auto wrong = write_delta_for((t.path / "src").string(), "s-bbbbbbbbbbbbbbbb", lb, "\x01", (t.path / "d2").string());
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.error().code == "bad_request");
+}
