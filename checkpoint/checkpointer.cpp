@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -186,7 +188,38 @@ base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
   return p;
 }
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  if (warming_ > 0) ::kill(warming_, SIGKILL);
+}
+
+void Checkpointer::warm_up(uint64_t delay_ms) {
+  if (!criu_ || !live_possible()) return;
+  // SANDBOXER_KDAT_WARM_MS: another delay, or "off" (the control of the test that checks it).
+  if (const char* env = std::getenv("SANDBOXER_KDAT_WARM_MS")) {
+    if (std::string_view(env) == "off") return;
+    delay_ms = std::strtoull(env, nullptr, 10);
+  }
+  warm_timer_ = loop::make_timer(loop_);
+  warm_timer_->data = this;
+  uv_timer_start(
+      warm_timer_.get(),
+      [](uv_timer_t* t) {
+        auto* self = static_cast<Checkpointer*>(t->data);
+        if (self->criu_ran_ || self->host_.shutting_down() || self->kdat_.fd() < 0) return;
+        CriuRun run;
+        run.args = {"check", "--feature", "mnt_id", "-v0", "--log-file", "/dev/null"};
+        run.output = "/dev/null";
+        run.run_tmpfs = self->kdat_.fd();
+        auto pid = spawn_criu(*self->criu_, run);
+        if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
+        self->criu_ran_ = true;
+        self->warming_ = *pid;
+        self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
+      },
+      delay_ms, 0);
+  // A box that ends before the delay does not wait for it.
+  uv_unref(reinterpret_cast<uv_handle_t*>(warm_timer_.get()));
+}
 
 base::Result<void> Checkpointer::live_possible() const {
   auto version = host_.criu_version();
@@ -272,6 +305,7 @@ void Checkpointer::on_shutdown() {
   while (!held_.empty()) (void)release(held_.begin()->first, false, "the box is shutting down");
   // A copy whose memory is still arriving ends with the box: its daemon goes too.
   for (pid_t d : lazy_daemons_) ::kill(d, SIGKILL);
+  if (warming_ > 0) ::kill(warming_, SIGKILL);
 }
 
 // ---- checkpoint ----
@@ -449,6 +483,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   // criu's kerndat cache (criu.hpp): its ~30 ms of probes would be part of the agent's pause.
   run.run_tmpfs = kdat_.fd();
   auto pid = spawn_criu(*criu_, run);
+  criu_ran_ = true;
   if (!pid) {
     continue_op(*op);
     host_.set_busy(branch, false);

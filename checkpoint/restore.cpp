@@ -593,6 +593,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
   run.output = job->dir + "/.criu/lazy-pages.out";
   run.run_tmpfs = kdat_.fd();
   auto pid = spawn_criu(*criu_, run);
+  criu_ran_ = true;
   status->write.reset();
   if (!pid) return eager("start its lazy-pages daemon: " + pid.error().message());
   job->daemon = *pid;
@@ -689,6 +690,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   auto cg = host_.copy_cgroup(*job->copy);
   for (auto& fd : cg) run.cgroup_procs.push_back(fd.get());
   auto pid = spawn_criu(*criu_, run);
+  criu_ran_ = true;
   cg.clear();
   if (!pid) return copy_failed(job, "start criu: " + pid.error().message());
   host_.watch_child(*pid, [this, job](pid_t, int st) { live_copy_restored(job, st); });

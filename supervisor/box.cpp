@@ -32,6 +32,10 @@ auto log() {
   static auto l = spdlog::default_logger()->clone("box");
   return l;
 }
+
+// criu's kerndat cache is filled this long after the box starts (Checkpointer::warm_up): after
+// the agent's own start, before a first checkpoint as a rule; a box that ends sooner never runs it.
+constexpr uint64_t kWarmUpMs = 300;
 }  // namespace
 
 int exit_status_of(int st) {
@@ -328,6 +332,7 @@ void Box::start() {
     auto possible = checkpointer_->live_possible();
     live = possible.has_value();
     if (!live) why_not = possible.error().message;
+    checkpointer_->warm_up(kWarmUpMs);
   };
   bool resuming = resumes_at_start();  // the newest snapshot of its main branch, not the command
   if (opts_.idle || !opts_.restore_file.empty() || resuming) {

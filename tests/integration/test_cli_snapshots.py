@@ -378,3 +378,29 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
                 assert "notes True" in seen, (b, seen[-200:])
         modes = [e["mode"] for e in box.read_events() if e["type"] == "restore.done"]
         assert modes == ["live" if live else "cold"]
+
+
+def kdat_caches(pid):
+    """criu's kerndat cache files in the tmpfs the supervisor holds detached (KdatCache): reached
+    through its fd's /proc link, as no path names it."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.path.isfile(f"/proc/{pid}/fd/{fd}/criu.kdat"):
+                found.append(fd)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("criu") is None, reason="needs criu")
+@pytest.mark.parametrize("warm", ["200", "off"], ids=["warmed-ahead", "control-off"])
+def test_criu_kerndat_cache_is_filled_before_the_first_checkpoint(tmp_path, warm):
+    # The box fills criu's kerndat cache shortly after it starts, so its first dump (inside the
+    # agent's pause) loads it instead of probing the kernel. Control: with the warm-up off, no
+    # cache until a criu has run; after the checkpoint's dump, the cache is there either way.
+    with WsBox(tmp_path, ["sleep", "60"], env=dict(os.environ, SANDBOXER_KDAT_WARM_MS=warm)) as box:
+        deadline = time.monotonic() + (10 if warm != "off" else 2)
+        while time.monotonic() < deadline and not kdat_caches(box.proc.pid):
+            time.sleep(0.1)
+        assert bool(kdat_caches(box.proc.pid)) == (warm != "off")
+        assert cli(box, "checkpoint", box.url).returncode == 0
+        assert kdat_caches(box.proc.pid)
