@@ -689,7 +689,10 @@ void Box::emit_started() {
 
 void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                      const std::string& by) {
-  checkpointer_->checkpoint(branch, name, leave_running, std::move(done), by);
+  // In a box that keeps snapshots of its own (the profile's `checkpoint` section), one asked for
+  // (the API's, the agent channel's) joins them in the chunk store and adds what changed, as theirs
+  // do; it is exported as an archive written from the store.
+  checkpointer_->checkpoint(branch, name, leave_running, std::move(done), by, opts_.profile.checkpoint.enabled());
 }
 
 void Box::fork_branch(const std::string& branch, const std::string& name, int n, Reply done) {

@@ -295,3 +295,45 @@ def test_a_fork_leaves_the_journal_its_room(tmp_path):
             assert a.alive()
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+HOLDER = ("import os, time\n"
+          "keep = os.urandom(8 << 20)\n"
+          "n = 0\n"
+          "while True:\n"
+          "    n += 1\n"
+          "    print(n, flush=True)\n"
+          "    time.sleep(0.1)\n")
+
+
+@pytest.mark.parametrize("section", [True, False], ids=["persisting-box-chunks", "control-no-section-archives"])
+def test_a_checkpoint_asked_for_in_a_persisting_box_joins_the_chunk_store(tmp_path, section):
+    # In a box whose profile keeps snapshots of its own, the operator's (and the channel's)
+    # checkpoints go to the chunk store too: the second adds what changed, not the 8 MiB again.
+    # Control: without the section, each is a whole archive.
+    extra = ["--set", "checkpoint.on_stop=true"] if section else []
+    with WsBox(tmp_path, ["python3", "-c", HOLDER], extra=[*extra, "--set", "resources.grace=1s"]) as box:
+        time.sleep(1.0)
+        snaps = []
+        for _ in range(2):
+            r = cli("checkpoint", box.url, "--name", "mine", token=box.token_file)
+            assert r.returncode == 0, r.stderr
+            snaps.append(r.stdout.split()[-1])
+        created = {e["snapshot"]: e for e in of_type(box.read_events(), "checkpoint.created")}
+        first, second = created[snaps[0]], created[snaps[1]]
+        store = box.state / "snapshots"
+        if section:
+            assert "archive" not in first and not list(store.glob("*.tar.zst")), first
+            assert first["sizes"]["added"] >= 8 * MiB
+            assert second["sizes"]["added"] < 2 * MiB, second["sizes"]
+        else:
+            assert "added" not in second["sizes"] and second["sizes"]["compressed"] >= 8 * MiB, second["sizes"]
+            assert (store / f"{snaps[1]}.tar.zst").exists()
+        # Either way it exports as an archive named by its id, and a fork of it runs live.
+        out = tmp_path / "out.tar.zst"
+        e = cli("export", box.url, snaps[1], str(out), token=box.token_file)
+        assert e.returncode == 0 and out.stat().st_size >= 8 * MiB, e.stderr
+        f = cli("fork", box.url, "--snapshot", snaps[1], "-n", "1", token=box.token_file)
+        assert f.returncode == 0, f.stderr
+        done = [x for x in of_type(box.read_events(), "restore.done") if x["snapshot"] == snaps[1]]
+        assert done and done[0]["mode"] == "live", done
