@@ -77,9 +77,9 @@ class Checkpointer {
   /// that ends their `snapshot` is null (restore.done, whoami); `fork.created` and the reply name
   /// it, with the copies and `timings_ms.running` (all copies running). A files-only checkpoint
   /// (no criu, no namespaces, no signing key) forks once it is stored, as restore() does.
-  /// `by`: as for checkpoint().
+  /// `by` and `chunked`: as for checkpoint().
   void fork_branch(const std::string& branch, const std::string& name, int n, bool leave_running, Reply done,
-                   const std::string& by = "");
+                   const std::string& by = "", bool chunked = false);
   /// Restores `snapshot` n times, each copy a new branch (fork: `fork.created` too).
   /// `name` (n = 1 only) names the copy instead of the next "fN"; `first_index` is the first
   /// copy's index (a copy in a box of its own, fork onto other boxes, says which it is).

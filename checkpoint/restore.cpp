@@ -838,7 +838,7 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
 // ---- fork of a live branch ----
 
 void Checkpointer::fork_branch(const std::string& branch, const std::string& name, int n, bool leave_running,
-                               Reply done, const std::string& by) {
+                               Reply done, const std::string& by, bool chunked) {
   if (n < 1 || n > 64) return done(error_reply("bad_request", "n must be 1..64"));
   if (host_.shutting_down()) return done(error_reply("shutting_down", "the box is shutting down"));
   // Refused before the checkpoint is taken: a fork past resources.copies makes no snapshot. Its
@@ -850,7 +850,7 @@ void Checkpointer::fork_branch(const std::string& branch, const std::string& nam
   fs->t0 = now_ms();
   copies_starting_ += n;
   start_checkpoint(
-      branch, name, leave_running, [this, fs](json::object r) { fork_sealed(fs, std::move(r)); }, by, false, 0, fs);
+      branch, name, leave_running, [this, fs](json::object r) { fork_sealed(fs, std::move(r)); }, by, chunked, 0, fs);
 }
 
 void Checkpointer::fork_copies(std::shared_ptr<ForkSeal> fs, const std::string& dir, json::object manifest) {

@@ -650,7 +650,9 @@ void Box::on_channel(Branch& b, std::string_view line) {
           later(r);
         };
         // A fork's copies start from the dump's images, before its archive is sealed.
-        if (n > 0) return checkpointer_->fork_branch(bname, req.name, n, req.leave_running, answered, bname);
+        if (n > 0)
+          return checkpointer_->fork_branch(bname, req.name, n, req.leave_running, answered, bname,
+                                            opts_.profile.checkpoint.enabled());
         checkpoint(bname, req.name, req.leave_running, answered, bname);
         return;
       }
@@ -690,13 +692,13 @@ void Box::emit_started() {
 void Box::checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                      const std::string& by) {
   // In a box that keeps snapshots of its own (the profile's `checkpoint` section), one asked for
-  // (the API's, the agent channel's) joins them in the chunk store and adds what changed, as theirs
-  // do; it is exported as an archive written from the store.
+  // (the API's, the agent channel's, a fork's) joins them in the chunk store and adds what
+  // changed, as theirs do; it is exported as an archive written from the store.
   checkpointer_->checkpoint(branch, name, leave_running, std::move(done), by, opts_.profile.checkpoint.enabled());
 }
 
 void Box::fork_branch(const std::string& branch, const std::string& name, int n, Reply done) {
-  checkpointer_->fork_branch(branch, name, n, true, std::move(done));
+  checkpointer_->fork_branch(branch, name, n, true, std::move(done), "", opts_.profile.checkpoint.enabled());
 }
 
 void Box::restore(const std::string& snapshot, int n, bool fork, Reply done) {

@@ -337,3 +337,11 @@ def test_a_checkpoint_asked_for_in_a_persisting_box_joins_the_chunk_store(tmp_pa
         assert f.returncode == 0, f.stderr
         done = [x for x in of_type(box.read_events(), "restore.done") if x["snapshot"] == snaps[1]]
         assert done and done[0]["mode"] == "live", done
+        # A fork of the live branch: its copies run before the seal, and its snapshot is stored
+        # the same way.
+        g = cli("fork", box.url, "--branch", "main", "-n", "2", token=box.token_file)
+        assert g.returncode == 0, g.stderr
+        forked = of_type(box.read_events(), "fork.created")[-1]
+        assert len(forked["copies"]) == 2 and all(c["mode"] == "live" for c in forked["copies"]), forked
+        assert (store / f"{forked['snapshot']}.tar.zst").exists() != section, forked
+        assert (store / f"{forked['snapshot']}.chunks").exists() == section, forked
