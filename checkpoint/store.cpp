@@ -386,9 +386,21 @@ void Checkpointer::export_delta(const std::string& id, const std::string& base, 
       });
 }
 
+namespace {
+// The size of snapshot `id`'s archive in `dir` when it has no chunk list yet (cutting it into the
+// store takes about as much again), else 0.
+uint64_t uncut_bytes(const std::string& dir, const std::string& id) {
+  struct stat st {};
+  if (::stat((dir + "/" + id + ".chunks").c_str(), &st) == 0) return 0;
+  return ::stat((dir + "/" + id + ".tar.zst").c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+}  // namespace
+
 void Checkpointer::chunk_page(const std::string& id, uint64_t from, Reply done) {
   if (!archive::valid_snapshot_id(id))
     return done(error_reply("bad_request", "\"" + id + "\" is not a snapshot id (s- and 16 hex digits)"));
+  if (auto why = room_refusal(uncut_bytes(snap_dir_, id), "cutting " + id + " into chunks"))
+    return done(error_reply("no_space", "snapshot.chunks refused: " + *why));
   ++ops_;
   ++chunk_writers_;
   auto out = std::make_shared<base::Result<archive::ChunkList>>(base::fail(""));
@@ -414,22 +426,32 @@ void Checkpointer::chunk_page(const std::string& id, uint64_t from, Reply done) 
 }
 
 void Checkpointer::lacks(std::string hashes, Reply done) {
+  // A snapshot kept here as an archive has chunks too: cut into the store once (a delta against it
+  // would do the same), they count as had; unless that would take the journal's room, when the
+  // answer is the store's as it is (the sender then sends more).
+  std::vector<std::string> ids;
+  uint64_t needed = 0;
+  if (DIR* d = ::opendir(snap_dir_.c_str())) {
+    while (auto* e = ::readdir(d)) {
+      std::string_view n = e->d_name;
+      if (!n.ends_with(".tar.zst") || !archive::valid_snapshot_id(n.substr(0, n.size() - 8))) continue;
+      std::string id(n.substr(0, n.size() - 8));
+      if (uint64_t b = uncut_bytes(snap_dir_, id)) {
+        needed += b;
+        ids.push_back(std::move(id));
+      }
+    }
+    ::closedir(d);
+  }
+  if (auto why = ids.empty() ? std::nullopt : room_refusal(needed, "cutting archived snapshots into chunks")) {
+    log()->info("snapshot.lacks: {} archived snapshots not counted: {}", ids.size(), *why);
+    ids.clear();
+  }
   ++ops_;
   ++chunk_writers_;
   auto out = std::make_shared<base::Result<archive::Lacking>>(base::fail(""));
   offload(
-      [out, hashes = std::move(hashes), dir = snap_dir_, store = chunk_dir()] {
-        // A snapshot kept here as an archive has chunks too: cut into the store once (a delta
-        // against it would do the same), they count as had.
-        std::vector<std::string> ids;
-        if (DIR* d = ::opendir(dir.c_str())) {
-          while (auto* e = ::readdir(d)) {
-            std::string_view n = e->d_name;
-            if (n.ends_with(".tar.zst") && archive::valid_snapshot_id(n.substr(0, n.size() - 8)))
-              ids.emplace_back(n.substr(0, n.size() - 8));
-          }
-          ::closedir(d);
-        }
+      [out, hashes = std::move(hashes), ids = std::move(ids), dir = snap_dir_, store = chunk_dir()] {
         for (auto& id : ids)
           if (auto l = chunks_of(dir, id); !l) log()->warn("snapshot.lacks: {} not counted: {}", id, l.error().message);
         *out = archive::lacking(store, hashes);

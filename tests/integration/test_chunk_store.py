@@ -345,3 +345,47 @@ def test_a_checkpoint_asked_for_in_a_persisting_box_joins_the_chunk_store(tmp_pa
         assert len(forked["copies"]) == 2 and all(c["mode"] == "live" for c in forked["copies"]), forked
         assert (store / f"{forked['snapshot']}.tar.zst").exists() != section, forked
         assert (store / f"{forked['snapshot']}.chunks").exists() == section, forked
+
+
+@pytest.mark.parametrize("size, counted", [("24m", False), ("64m", True)], ids=["no-room-to-cut", "control-room"])
+def test_lacks_does_not_cut_archives_into_chunks_past_the_journals_room(tmp_path, size, counted):
+    """An idle box on a small tmpfs holds an imported ~6 MiB archive (and its extraction). Asked
+    which of that snapshot's chunks it lacks, it would cut the archive into its chunk store first:
+    on 24 MiB with 1 MiB kept for the journal there is no room, so it answers from its store as it
+    is (it lacks them all) and snapshot.chunks of that snapshot is refused with no_space; on 64 MiB
+    (the control) it has them all. The box serves on either way."""
+    agent = SMALL_AGENT.replace("24 << 20", "6 << 20")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "t").mkdir()
+    state = tmp_path / "t" / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(state)], check=True)
+    try:
+        with WsBox(tmp_path / "a", ["python3", "-c", agent]) as a, \
+                WsBox(tmp_path / "t", [], extra=["--idle", "--set", "journal.disk_cap=1M"]) as t:
+            a.wait_event(lambda e: e["type"] == "proc.message")
+            snap = cli("checkpoint", a.url, token=a.token_file).stdout.split()[-1]
+            archive = tmp_path / "s.tar.zst"
+            assert cli("export", a.url, snap, str(archive), token=a.token_file).returncode == 0
+            r = cli("import", t.url, str(archive), token=t.token_file)
+            assert r.returncode == 0, r.stderr
+
+            async def ask():
+                async with ws_connect(a) as ws:
+                    page = await Session(ws).request("snapshot.chunks", snapshot=snap)
+                async with ws_connect(t) as ws:
+                    s = Session(ws)
+                    return page, await s.request("snapshot.lacks", hashes=page["hashes"]), \
+                        await s.request("snapshot.chunks", snapshot=snap)
+
+            page, lacks, theirs = run(ask(), timeout=120)
+            assert page["ok"], page
+            assert lacks["ok"] and lacks["lacking"] == (0 if counted else page["count"]), lacks
+            if counted:
+                assert theirs["ok"] and theirs["hashes"] == page["hashes"], theirs
+            else:
+                assert theirs["error"]["code"] == "no_space" and "kept for the journal first" in \
+                    theirs["error"]["message"], theirs
+            assert t.alive()
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
