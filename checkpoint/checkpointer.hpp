@@ -215,6 +215,10 @@ class Checkpointer {
   void collect_chunks();
   void chunk_writer_done();
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
+  /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a
+  /// copy of its own, unless the file changed since `filed` (then the store drops it: the snapshot
+  /// stays restorable from its extraction, and an export of it is refused). On the thread pool.
+  void unshare_archive(const std::string& path, const struct stat& filed);
   void import_delta(const std::string& tmp, Reply done, bool announce);
   /// An import checked and filed: its index written (unless `existing`), snapshot.imported, and
   /// the reply, with `what` (bytes, existing, ...) in both.

@@ -2,6 +2,7 @@
 // Helpers shared by the checkpointer's files (checkpointer.cpp, restore.cpp, store.cpp); not for
 // use outside checkpoint/.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -47,6 +48,8 @@ struct Filed {
   std::string id;
   boost::json::object manifest;  // with "verified"
   bool existing = false;         // the store had this archive already
+  bool linked = false;           // <id>.tar.zst is the operator's file, linked (Checkpointer::unshare_archive)
+  struct stat linked_stat {};    // its stat once filed
 };
 /// With `operator_file`, the archive is that file (--restore): linked into `tmp` where it is on
 /// the store's mount and only the supervisor's user can write it, else copied beside its extraction.

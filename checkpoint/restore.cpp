@@ -173,12 +173,12 @@ bool same_file(const struct stat& a, const struct stat& b) {
          a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
 }
 
-// Links the operator's archive `from` (--restore) into the store as `tmp`, as `git clone` of a
-// local repository links its objects, instead of copying it: only a regular file on the store's
-// filesystem and mount that no one but the supervisor's own user can write, so the store's copy
-// changes only as the store itself could; the very inode checked is linked (through its fd). The
-// content is checked as ever: at this extraction, and again at any later one and at export.
-// False: copy it (another filesystem, another owner, a mode others can write).
+// Links the operator's archive `from` (--restore) into the store as `tmp` instead of copying it
+// beside the extraction: only a regular file on the store's filesystem and mount that no one but
+// the supervisor's own user can write; the very inode checked is linked (through its fd). The
+// store takes a copy of its own once the restore is done (Checkpointer::unshare_archive), off the
+// agent's path, so a later write into the operator's file (cp, curl -o) never reaches it.
+// False: copy it now (another filesystem, another owner, a mode others can write).
 bool link_operator_file(const std::string& from, const std::string& tmp) {
   os::UniqueFd fd(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   struct stat st {};
@@ -200,7 +200,10 @@ base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, con
   // before it). With `operator_file` (--restore), the file is linked into `tmp` where it may be
   // (link_operator_file), or else the extraction reads it while a second thread copies it into
   // `tmp` (and hashes the copy, for format 2); the file must not change meanwhile.
-  const std::string from = operator_file.empty() || link_operator_file(operator_file, tmp) ? "" : operator_file;
+  const bool linked = !operator_file.empty() && link_operator_file(operator_file, tmp);
+  if (linked)
+    log()->info("{}: linked into the snapshot store, not copied (its own copy follows the restore)", operator_file);
+  const std::string from = linked ? "" : operator_file;
   const std::string& read = from.empty() ? tmp : from;
   struct stat before {};
   if (::stat(read.c_str(), &before) != 0) return base::sys_fail("read " + read, errno, "bad_snapshot");
@@ -243,6 +246,7 @@ base::Result<detail::Filed> detail::extract_and_file(const std::string& tmp, con
     return m.error();
   }
   f.manifest = std::move(*m);
+  f.linked = linked && !f.existing && ::stat((base + ".tar.zst").c_str(), &f.linked_stat) == 0;
   return f;
 }
 

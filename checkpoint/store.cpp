@@ -298,9 +298,33 @@ void Checkpointer::import_archive(const std::string& tmp, Reply done, bool annou
         }
         Filed& f = *st->filed;
         std::string base = snap_dir_ + "/" + f.id;
+        if (f.linked) unshare_archive(base + ".tar.zst", f.linked_stat);
         json::object index = std::move(f.manifest);
         index["archive"] = {{"path", base + ".tar.zst"}, {"bytes", st->bytes}};
         imported(f.id, std::move(index), {{"bytes", st->bytes}, {"existing", f.existing}}, announce, done);
+      });
+}
+
+void Checkpointer::unshare_archive(const std::string& path, const struct stat& filed) {
+  ++ops_;
+  auto why = std::make_shared<std::string>();
+  offload(
+      [path, filed, why, tmp = snap_dir_ + "/.work-own-" + os::random_hex(6)] {
+        auto unchanged = [&] {
+          struct stat now {};
+          return ::stat(path.c_str(), &now) == 0 && now.st_ino == filed.st_ino && now.st_size == filed.st_size &&
+                 now.st_mtim.tv_sec == filed.st_mtim.tv_sec && now.st_mtim.tv_nsec == filed.st_mtim.tv_nsec &&
+                 now.st_ctim.tv_sec == filed.st_ctim.tv_sec && now.st_ctim.tv_nsec == filed.st_ctim.tv_nsec;
+        };
+        auto c = os::copy_tree(path, tmp);
+        if (c && unchanged() && ::rename(tmp.c_str(), path.c_str()) == 0) return;
+        *why = c ? "the operator's file changed after it was restored" : c.error().message;
+        ::unlink(tmp.c_str());
+        if (!unchanged()) ::unlink(path.c_str());  // not what was checked: no archive rather than a wrong one
+      },
+      [this, path, why] {
+        if (!why->empty()) log()->warn("{}: the store's own copy was not made: {}", path, *why);
+        op_done();
       });
 }
 
