@@ -359,11 +359,32 @@ std::string DeltaPlan::describe() const {
   return {};
 }
 
+namespace {
+// Whether the source keeps `snap` in its chunk store (snapshot.list's archive.stored): its archive
+// would be compressed anew from the chunks, while a delta of them all is their files as they are.
+bool kept_as_chunks(Session& s, const std::string& snap) {
+  auto r = s.call({{"op", "snapshot.list"}});
+  auto* list = r ? r->if_contains("snapshots") : nullptr;
+  if (!list || !list->is_array()) return false;
+  for (auto& v : list->as_array()) {
+    auto* m = v.if_object();
+    if (!m || !m->contains("id") || m->at("id") != json::value(snap)) continue;
+    auto* a = m->if_contains("archive");
+    auto* stored = a && a->is_object() ? a->as_object().if_contains("stored") : nullptr;
+    return stored && *stored == json::value("chunks");
+  }
+  return false;
+}
+}  // namespace
+
 DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
   if (targets.empty()) return {};
-  // A box with no snapshot has no chunk: nothing to ask it.
-  for (auto& t : targets)
-    if (auto l = snapshots_of(s, t); !l || l->empty()) return {};
+  // A box with no snapshot has no chunk: nothing to ask it, unless the snapshot is kept as chunks
+  // (then even a delta of every chunk costs the source less than an archive).
+  bool chunked = kept_as_chunks(s, snap);
+  if (!chunked)
+    for (auto& t : targets)
+      if (auto l = snapshots_of(s, t); !l || l->empty()) return {};
   std::string bits;
   uint64_t total = 0;
   for (uint64_t from = 0;;) {
@@ -378,7 +399,7 @@ DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, cons
   }
   uint64_t lacking = 0;
   for (char c : bits) lacking += static_cast<uint64_t>(__builtin_popcount(static_cast<unsigned char>(c)));
-  if (lacking == total) return {};  // they have none of it: the archive itself
+  if (lacking == total && !chunked) return {};  // they have none of it: the archive itself
   return {.lacks = std::move(bits), .chunks = total, .lacking = lacking};
 }
 

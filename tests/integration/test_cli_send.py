@@ -378,3 +378,29 @@ def test_the_chunk_negotiation_refuses_bad_requests_with_the_reason(tmp_path):
             r = request_of(a, dict(req))
             assert not r["ok"] and r["error"]["code"] == code and words in r["error"]["message"], (req, r)
         assert a.alive() and numbers(a)
+
+
+def test_a_snapshot_kept_as_chunks_goes_to_a_new_box_as_a_delta_of_every_chunk(tmp_path):
+    # A box that keeps snapshots of its own stores them as chunks: to a box that has nothing, they
+    # go as a delta of every chunk (the chunk files as they are) rather than an archive compressed
+    # anew; the new box restores it live. Control: --whole still sends an archive.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "t").mkdir()
+    (tmp_path / "u").mkdir()
+    with WsBox(tmp_path / "a", ["python3", "-c", COUNTER],
+               extra=["--set", "checkpoint.on_stop=true", "--set", "resources.grace=1s"]) as a, \
+            WsBox(tmp_path / "t", [], extra=["--idle"]) as t, WsBox(tmp_path / "u", [], extra=["--idle"]) as u:
+        snap = checkpoint(a)
+        assert (a.state / "snapshots" / f"{snap}.chunks").exists()
+        r = send(a, snap, [t])
+        assert r.returncode == 0, r.stderr
+        line = next(l for l in r.stderr.splitlines() if l.startswith("sent "))
+        n = line.split("a delta of the ", 1)[1].split(" ", 1)[0]
+        assert f"a delta of the {n} of {n} chunks the targets lack" in line, line
+        imported = [e for e in t.read_events() if e["type"] == "snapshot.imported"][-1]
+        assert imported["snapshot"] == snap and imported["base"] is None, imported
+        assert request_of(t, {"op": "restore", "snapshot": snap, "index": 0})["ok"]
+        done = next(e for e in t.read_events() if e["type"] == "restore.done")
+        assert (done["mode"], done["snapshot"]) == ("live", snap), done
+        w = sandboxer("send", a.url, snap, "--token-file", str(a.token_file), "--whole", *to_args([u]))
+        assert w.returncode == 0 and "delta" not in w.stderr, w.stderr
