@@ -51,7 +51,10 @@ def under_up(docker_env, image):
     def get(profile):
         if profile not in cache:
             env = dict(docker_env, **{MARKER: "operator-only"})
-            argv = ["python3", f"{IN}/attacks.py", "all", "--env-marker", MARKER]
+            # The attacks take about a second: begun at once, they could end the box before `up`,
+            # slowed by a loaded machine, had its API answer (CI saw "ended before its API
+            # answered"). The shell waits, then is replaced by the attacker (same pid and parent).
+            argv = ["sh", "-c", f"sleep 3; exec python3 {IN}/attacks.py all --env-marker {MARKER}"]
             with Up(env, image, argv, "--profile", profile, "-v", f"{AGENTS}:{IN}:ro") as box:
                 assert docker(env, "wait", box.name, timeout=120).stdout.strip() == "0", box.journal()[-5:]
                 events = box.journal()
