@@ -39,6 +39,18 @@ def outputs(box, branch):
     return [int(x) for x in text[:text.rfind("\n") + 1].split()]
 
 
+def checkpoint_and_fork(box, n):
+    """A checkpoint of the box's agent after it has run a moment, then n copies of it: the
+    branches of the copies."""
+    time.sleep(0.8)
+    snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
+    f = cli(box, "fork", box.url, "--snapshot", snap, "-n", str(n))
+    assert f.returncode == 0, f.stderr
+    branches = [line.split()[0] for line in f.stdout.splitlines()]
+    assert len(branches) == n, f.stdout
+    return branches
+
+
 def test_checkpoint_then_fork_two_live_copies(tmp_path):
     with WsBox(tmp_path, ["python3", "-c", COUNTER], extra=["--set", "resources.grace=1s"]) as box:
         time.sleep(1.0)
@@ -195,11 +207,7 @@ def identities(box, branch):
 def test_each_copy_is_another_system_with_its_own_machine_id_and_hostname(tmp_path):
     host_id = pathlib.Path("/etc/machine-id").read_text().strip()
     with WsBox(tmp_path, ["python3", "-c", IDENTITY], extra=["--set", "resources.grace=1s"]) as box:
-        time.sleep(0.8)
-        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
-        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
-        assert f.returncode == 0, f.stderr
-        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        branches = checkpoint_and_fork(box, 2)
         time.sleep(1.0)
         main_id, main_host = list(identities(box, "main"))[-1]
         # The box's own agent already has an id of its own, not the host's.
@@ -273,12 +281,7 @@ def test_a_live_copy_of_an_agent_holding_its_branch_json_open_keeps_the_file_it_
     # restore succeeds, the held descriptor reads the parent's identity (as fork(2)'s child would),
     # and a new open reads the copy's.
     with WsBox(tmp_path, ["python3", "-c", HOLDS_BRANCH_JSON], extra=["--set", "resources.grace=1s"]) as box:
-        time.sleep(0.8)
-        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
-        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
-        assert f.returncode == 0, f.stderr
-        branches = [line.split()[0] for line in f.stdout.splitlines()]
-        assert len(branches) == 2, f.stdout
+        branches = checkpoint_and_fork(box, 2)
         for b in branches:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and f"main {b}\n" not in text_of(box, b):
@@ -297,11 +300,7 @@ def test_each_copy_has_its_own_cgroup_with_the_original_ceilings(tmp_path, ceili
     with WsBox(tmp_path, ["python3", "-c", HOG_IN_COPIES],
                extra=["--set", "resources.grace=1s", "--set", f"resources.memory={ceiling}",
                       "--set", f"isolation.namespaces={namespaces}"]) as box:
-        time.sleep(0.8)
-        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
-        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
-        assert f.returncode == 0, f.stderr
-        branches = [line.split()[0] for line in f.stdout.splitlines()]
+        branches = checkpoint_and_fork(box, 2)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not all(b in exits(box) for b in branches):
             time.sleep(0.1)
@@ -360,11 +359,7 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
     (tmp_path / "b").mkdir()
     with WsBox(tmp_path / "b", ["python3", "-c", SNOOP], extra=["--set", "resources.grace=1s", "--env", "SNOOP_HOME"],
                env=environ) as box:
-        time.sleep(0.8)
-        snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
-        f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "1")
-        assert f.returncode == 0, f.stderr
-        branch = f.stdout.split()[0]
+        (branch,) = checkpoint_and_fork(box, 1)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and "\n" not in text_of(box, branch):
             time.sleep(0.2)
