@@ -163,14 +163,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!strcmp(cmd, "badutf8")) {
-    /* Invalid bytes, then a valid 4-byte character split across two writes. */
+    /* Invalid bytes, then a valid 4-byte character split across two writes. The pauses let
+     * the supervisor read each write apart even on a loaded machine under ASan (50 ms did not:
+     * two writes read as one chunk travel as one event, base64 if any byte of it is invalid). */
     const char a[] = "ok \xff\xfe mid \xc3\x28 end\n";
     (void)!write(1, a, sizeof a - 1);
-    msleep(50);
+    msleep(250);
     (void)!write(1, "split \xf0\x9f", 8);
-    msleep(50);
+    msleep(250);
     (void)!write(1, "\x98\x80 done\n", 8);
-    msleep(50);
+    msleep(250);
     (void)!write(1, "\xe2\x82", 2); /* truncated at EOF */
     return 0;
   }
