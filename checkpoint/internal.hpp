@@ -21,6 +21,13 @@ inline std::shared_ptr<spdlog::logger> log() {
   return l;
 }
 
+/// What tells a file changed: its identity, size and change times.
+inline bool same_file(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
 inline double now_ms() {
   struct timespec ts {};
   ::clock_gettime(CLOCK_MONOTONIC, &ts);

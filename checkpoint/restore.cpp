@@ -166,13 +166,6 @@ base::Result<json::object> extract_snapshot(const std::string& base, const std::
 }  // namespace
 
 namespace {
-// What tells a file changed: its identity, size and change times.
-bool same_file(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
-         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
-         a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
-}
-
 // Links the operator's archive `from` (--restore) into the store as `tmp` instead of copying it
 // beside the extraction: only a regular file on the store's filesystem and mount that no one but
 // the supervisor's own user can write; the very inode checked is linked (through its fd). The

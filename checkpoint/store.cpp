@@ -24,19 +24,27 @@ namespace sbx::checkpoint {
 namespace json = boost::json;
 using namespace detail;
 
-// ---- bounds and the agent channel's reach ----
-
-size_t Checkpointer::stored_snapshots() const {
-  size_t n = 0;
-  DIR* d = ::opendir(snap_dir_.c_str());
-  if (!d) return 0;
+namespace {
+// The ids of the snapshots that have a file <id><suffix> in `dir`, sorted.
+std::vector<std::string> ids_with(const std::string& dir, std::string_view suffix) {
+  std::vector<std::string> ids;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return ids;
   while (auto* e = ::readdir(d)) {
-    std::string_view name = e->d_name;
-    if (name.size() > 5 && name.ends_with(".json") && archive::valid_snapshot_id(name.substr(0, name.size() - 5))) ++n;
+    std::string_view n = e->d_name;
+    if (n.size() > suffix.size() && n.ends_with(suffix) &&
+        archive::valid_snapshot_id(n.substr(0, n.size() - suffix.size())))
+      ids.emplace_back(n.substr(0, n.size() - suffix.size()));
   }
   ::closedir(d);
-  return n;
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
+}  // namespace
+
+// ---- bounds and the agent channel's reach ----
+
+size_t Checkpointer::stored_snapshots() const { return ids_with(snap_dir_, ".json").size(); }
 
 json::object Checkpointer::limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
                                          const std::string& msg) {
@@ -123,18 +131,8 @@ json::array Checkpointer::list_for(const std::string& branch, const Lineage& lin
 
 json::array Checkpointer::list() const {
   json::array out;
-  DIR* d = ::opendir(snap_dir_.c_str());
-  if (!d) return out;
-  std::vector<std::string> names;
-  while (auto* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n.size() > 5 && n.ends_with(".json") && archive::valid_snapshot_id(n.substr(0, n.size() - 5)))
-      names.push_back(n);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  for (auto& n : names) {
-    auto text = os::read_file(snap_dir_ + "/" + n);
+  for (auto& id : ids_with(snap_dir_, ".json")) {
+    auto text = os::read_file(snap_dir_ + "/" + id + ".json");
     boost::system::error_code ec;
     if (!text) continue;
     auto v = json::parse(*text, ec);
@@ -312,9 +310,7 @@ void Checkpointer::unshare_archive(const std::string& path, const struct stat& f
       [path, filed, why, tmp = snap_dir_ + "/.work-own-" + os::random_hex(6)] {
         auto unchanged = [&] {
           struct stat now {};
-          return ::stat(path.c_str(), &now) == 0 && now.st_ino == filed.st_ino && now.st_size == filed.st_size &&
-                 now.st_mtim.tv_sec == filed.st_mtim.tv_sec && now.st_mtim.tv_nsec == filed.st_mtim.tv_nsec &&
-                 now.st_ctim.tv_sec == filed.st_ctim.tv_sec && now.st_ctim.tv_nsec == filed.st_ctim.tv_nsec;
+          return ::stat(path.c_str(), &now) == 0 && same_file(now, filed);
         };
         auto c = os::copy_tree(path, tmp);
         if (c && unchanged() && ::rename(tmp.c_str(), path.c_str()) == 0) return;
@@ -455,18 +451,11 @@ void Checkpointer::lacks(std::string hashes, Reply done) {
   // answer is the store's as it is (the sender then sends more).
   std::vector<std::string> ids;
   uint64_t needed = 0;
-  if (DIR* d = ::opendir(snap_dir_.c_str())) {
-    while (auto* e = ::readdir(d)) {
-      std::string_view n = e->d_name;
-      if (!n.ends_with(".tar.zst") || !archive::valid_snapshot_id(n.substr(0, n.size() - 8))) continue;
-      std::string id(n.substr(0, n.size() - 8));
-      if (uint64_t b = uncut_bytes(snap_dir_, id)) {
-        needed += b;
-        ids.push_back(std::move(id));
-      }
+  for (auto& id : ids_with(snap_dir_, ".tar.zst"))
+    if (uint64_t b = uncut_bytes(snap_dir_, id)) {
+      needed += b;
+      ids.push_back(id);
     }
-    ::closedir(d);
-  }
   if (auto why = ids.empty() ? std::nullopt : room_refusal(needed, "cutting archived snapshots into chunks")) {
     log()->info("snapshot.lacks: {} archived snapshots not counted: {}", ids.size(), *why);
     ids.clear();
