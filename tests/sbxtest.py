@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import pathlib
+import random
 import secrets
 import shutil
 import signal
@@ -32,6 +33,29 @@ SUBPROTOCOL = "sandboxer.v1"
 
 
 # -- the journal and its events ---------------------------------------------------------------
+
+def free_port_pair():
+    """An even port p with p and p + 1 free on 127.0.0.1 now, below the kernel's ephemeral range,
+    where the connections of the tests running beside this one take theirs (a random pick in
+    20000-40000 once met one of them: "Address already in use")."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for _ in range(200):
+        p = random.randrange(10000, max(10002, min(low, 30000) - 2), 2)
+        held = []
+        try:
+            for q in (p, p + 1):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no two free ports found on 127.0.0.1")
+
 
 def read_journal(state_dir, since=0):
     """Every event of a box's journal, through `sandboxer log --json` (the reader users have)."""

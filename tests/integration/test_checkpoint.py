@@ -5,7 +5,6 @@ point; restores into a new box go through `sandboxer-init --restore FILE`."""
 import json
 import os
 import pathlib
-import random
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, free_port_pair, read_journal
 
 AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -31,7 +30,7 @@ def env(**extra):
 
 
 def port():
-    return random.randrange(20000, 40000, 2)
+    return free_port_pair()
 
 
 def box(state_dir, args, *, timeout=120, environ=None):

@@ -8,14 +8,13 @@ test_checkpoint.py.
 """
 import os
 import pathlib
-import random
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from sbxtest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, free_port_pair, read_journal
 
 AGENT = pathlib.Path(__file__).resolve().parent / "identity_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -28,7 +27,7 @@ pytestmark = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 
 def forked(tmp_path_factory):
     state = tmp_path_factory.mktemp("fork") / "s"
     env = dict(os.environ, SBX_AGENT_SDK=str(SDK))
-    port = random.randrange(20000, 40000, 2)
+    port = free_port_pair()
     r = subprocess.run([str(INIT), "--state-dir", str(state), "--env", "SBX_AGENT_SDK", "--metrics-interval", "300ms",
                         "--", sys.executable,
                         str(AGENT), str(port)], capture_output=True, timeout=120, env=env, text=True)

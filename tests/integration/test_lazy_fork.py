@@ -5,14 +5,13 @@ The agent (live_agent.py, mode fork) holds HEAP_MB of random heap and a counter,
 through its agent channel, and each copy reports its counter and its heap's checksum."""
 import os
 import pathlib
-import random
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from sbxtest import INIT, ROOT, read_journal
+from sbxtest import INIT, ROOT, free_port_pair, read_journal
 
 AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -24,7 +23,7 @@ needs_criu = pytest.mark.skipif(shutil.which("criu") is None or os.geteuid() != 
 
 def fork_box(state_dir, **env):
     e = dict(os.environ, SBX_AGENT_SDK=str(SDK), **env)
-    p = random.randrange(20000, 40000, 2)
+    p = free_port_pair()
     r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--env", "SBX_AGENT_SDK", "--", sys.executable,
                         str(AGENT), "fork", str(p), str(HEAP_MB), "1.5"],
                        capture_output=True, timeout=120, env=e, text=True)
@@ -132,7 +131,7 @@ def most_pages_sharing(state_dir, *extra):
     base = int((KSM / "pages_sharing").read_text())
     e = dict(os.environ, SBX_AGENT_SDK=str(SDK))
     p = subprocess.Popen([str(INIT), "--state-dir", str(state_dir), *extra, "--env", "SBX_AGENT_SDK", "--",
-                          sys.executable, str(AGENT), "fork", str(random.randrange(20000, 40000, 2)), str(HEAP_MB),
+                          sys.executable, str(AGENT), "fork", str(free_port_pair()), str(HEAP_MB),
                           "6"], env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     most = 0
     while p.poll() is None:
