@@ -18,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "archive/archive.hpp"
 #include "base/encoding.hpp"
@@ -209,16 +210,20 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
         CriuRun run;
         run.args = {"check", "--feature", "mnt_id", "-v0", "--log-file", "/dev/null"};
         run.output = "/dev/null";
-        run.run_tmpfs = self->kdat_.fd();
-        auto pid = spawn_criu(*self->criu_, run);
+        auto pid = self->start_criu(std::move(run));
         if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
-        self->criu_ran_ = true;
         self->warming_ = *pid;
         self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
       },
       delay_ms, 0);
   // A box that ends before the delay does not wait for it.
   uv_unref(reinterpret_cast<uv_handle_t*>(warm_timer_.get()));
+}
+
+os::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
+  run.run_tmpfs = kdat_.fd();
+  criu_ran_ = true;
+  return spawn_criu(*criu_, run);
 }
 
 base::Result<void> Checkpointer::live_possible() const {
@@ -480,10 +485,8 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
               // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
   run.output = op->work + "/logs/dump.out";
-  // criu's kerndat cache (criu.hpp): its ~30 ms of probes would be part of the agent's pause.
-  run.run_tmpfs = kdat_.fd();
-  auto pid = spawn_criu(*criu_, run);
-  criu_ran_ = true;
+  // With criu's kerndat cache (criu.hpp): its ~30 ms of probes would be part of the agent's pause.
+  auto pid = start_criu(std::move(run));
   if (!pid) {
     continue_op(*op);
     host_.set_busy(branch, false);

@@ -214,6 +214,9 @@ class Checkpointer {
   /// Deletes the chunks no snapshot's list names; deferred while a writer is adding chunks.
   void collect_chunks();
   void chunk_writer_done();
+  /// Starts criu for `run` with the box's kerndat cache on its /run (KdatCache), noting that a
+  /// criu has run (warm_up then has nothing to do). Every criu of the box starts here.
+  os::Result<pid_t> start_criu(CriuRun run);
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a
   /// copy of its own, unless the file changed since `filed` (then the store drops it: the snapshot

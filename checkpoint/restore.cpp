@@ -588,9 +588,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
               "lazy-pages.log", "--status-fd",       std::to_string(kCriuFirstFd)};
   run.fds = {status->write.get()};
   run.output = job->dir + "/.criu/lazy-pages.out";
-  run.run_tmpfs = kdat_.fd();
-  auto pid = spawn_criu(*criu_, run);
-  criu_ran_ = true;
+  auto pid = start_criu(std::move(run));
   status->write.reset();
   if (!pid) return eager("start its lazy-pages daemon: " + pid.error().message());
   job->daemon = *pid;
@@ -679,15 +677,13 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   if (job->lazy) run.args.push_back("--lazy-pages");
   run.new_netns = true;
   run.writable_proc_sys = true;
-  run.run_tmpfs = kdat_.fd();
   run.hostname = job->spec.name + "." + settings_.box_id;
   sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
   run.output = dir + "/.criu/restore.out";
   // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
   auto cg = host_.copy_cgroup(*job->copy);
   for (auto& fd : cg) run.cgroup_procs.push_back(fd.get());
-  auto pid = spawn_criu(*criu_, run);
-  criu_ran_ = true;
+  auto pid = start_criu(std::move(run));
   cg.clear();
   if (!pid) return copy_failed(job, "start criu: " + pid.error().message());
   host_.watch_child(*pid, [this, job](pid_t, int st) { live_copy_restored(job, st); });
