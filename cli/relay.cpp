@@ -278,38 +278,41 @@ std::vector<base::Result<json::object>> Relay::targets() const {
 uint64_t Relay::size() const { return impl_->size; }
 
 namespace {
-// Snapshot id -> its `created` time, from a box's snapshot.list; nullopt when the list fails.
-std::optional<std::map<std::string, std::string>> snapshots_of(Session& s, const sdk::Endpoint& box) {
+// Snapshot id -> its entry in a box's snapshot.list; nullopt when the list fails.
+using Listing = std::map<std::string, json::object>;
+std::optional<Listing> snapshots_of(Session& s, const sdk::Endpoint& box) {
   auto r = s.call_to(box, {{"op", "snapshot.list"}});
   if (!r) return std::nullopt;
-  std::map<std::string, std::string> out;
+  Listing out;
   auto* list = r->if_contains("snapshots");
   if (!list || !list->is_array()) return std::nullopt;
   for (auto& v : list->as_array()) {
     auto* m = v.if_object();
     auto* id = m ? m->if_contains("id") : nullptr;
-    auto* created = m ? m->if_contains("created") : nullptr;
-    if (id && id->is_string())
-      out[std::string(id->as_string())] = created && created->is_string() ? std::string(created->as_string()) : "";
+    if (id && id->is_string()) out[std::string(id->as_string())] = *m;
   }
   return out;
 }
-}  // namespace
 
-namespace {
-std::string common_base(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
-  if (targets.empty()) return {};
-  auto mine = snapshots_of(s, s.endpoint());
-  if (!mine) return {};
-  mine->erase(snap);
+std::string str_of(const json::object& o, const char* key) {
+  auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+// The newest snapshot of the source (`mine`, its listing) other than `snap` that every target
+// has, "" when there is none or a list fails.
+std::string common_base(Session& s, Listing mine, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
+  mine.erase(snap);
   for (auto& t : targets) {
     auto theirs = snapshots_of(s, t);
     if (!theirs) return {};
-    std::erase_if(*mine, [&](auto& kv) { return !theirs->contains(kv.first); });
+    std::erase_if(mine, [&](auto& kv) { return !theirs->contains(kv.first); });
   }
   // The newest shares the most with `snap`, as a rule: a box's snapshots follow one agent.
-  auto best = std::max_element(mine->begin(), mine->end(), [](auto& a, auto& b) { return a.second < b.second; });
-  return best == mine->end() ? std::string() : best->first;
+  auto best = std::max_element(mine.begin(), mine.end(), [](auto& a, auto& b) {
+    return str_of(a.second, "created") < str_of(b.second, "created");
+  });
+  return best == mine.end() ? std::string() : best->first;
 }
 
 // One page of snapshot.chunks (from the source) and each target's snapshot.lacks for it, ORed into
@@ -359,29 +362,17 @@ std::string DeltaPlan::describe() const {
   return {};
 }
 
-namespace {
-// Whether the source keeps `snap` in its chunk store (snapshot.list's archive.stored): its archive
-// would be compressed anew from the chunks, while a delta of them all is their files as they are.
-bool kept_as_chunks(Session& s, const std::string& snap) {
-  auto r = s.call({{"op", "snapshot.list"}});
-  auto* list = r ? r->if_contains("snapshots") : nullptr;
-  if (!list || !list->is_array()) return false;
-  for (auto& v : list->as_array()) {
-    auto* m = v.if_object();
-    if (!m || !m->contains("id") || m->at("id") != json::value(snap)) continue;
-    auto* a = m->if_contains("archive");
-    auto* stored = a && a->is_object() ? a->as_object().if_contains("stored") : nullptr;
-    return stored && *stored == json::value("chunks");
-  }
-  return false;
-}
-}  // namespace
-
 DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, const std::string& snap) {
   if (targets.empty()) return {};
-  // A box with no snapshot has no chunk: nothing to ask it, unless the snapshot is kept as chunks
-  // (then even a delta of every chunk costs the source less than an archive).
-  bool chunked = kept_as_chunks(s, snap);
+  auto mine = snapshots_of(s, s.endpoint());
+  if (!mine) return {};
+  // Kept in the source's chunk store (its listing's archive.stored), the snapshot's archive would
+  // be compressed anew from the chunks, while a delta of them all is their files as they are.
+  bool chunked = false;
+  if (auto it = mine->find(snap); it != mine->end())
+    if (auto* a = it->second.if_contains("archive"); a && a->is_object())
+      chunked = str_of(a->as_object(), "stored") == "chunks";
+  // A box with no snapshot has no chunk: nothing to ask it, unless the snapshot is kept as chunks.
   if (!chunked)
     for (auto& t : targets)
       if (auto l = snapshots_of(s, t); !l || l->empty()) return {};
@@ -392,7 +383,7 @@ DeltaPlan plan_delta(Session& s, const std::vector<sdk::Endpoint>& targets, cons
     if (!next) {
       // A box from before snapshot.lacks: a delta against a snapshot they all have, if any. (Any
       // other failure shows where it matters: the export, or that target's import.)
-      return {.base = common_base(s, targets, snap)};
+      return {.base = common_base(s, std::move(*mine), targets, snap)};
     }
     if (*next == 0) break;
     from = *next;
