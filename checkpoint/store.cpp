@@ -463,20 +463,19 @@ void Checkpointer::lacks(std::string hashes, Reply done) {
   ++ops_;
   ++chunk_writers_;
   auto out = std::make_shared<base::Result<archive::Lacking>>(base::fail(""));
+  uint64_t count = hashes.size() / archive::kRawHash;
   offload(
       [out, hashes = std::move(hashes), ids = std::move(ids), dir = snap_dir_, store = chunk_dir()] {
         for (auto& id : ids)
           if (auto l = chunks_of(dir, id); !l) log()->warn("snapshot.lacks: {} not counted: {}", id, l.error().message);
         *out = archive::lacking(store, hashes);
       },
-      [this, out, done = std::move(done)] {
+      [this, out, count, done = std::move(done)] {
         chunk_writer_done();
         op_done();
         if (!*out) return done(error_reply(out->error().code, out->error().message));
-        done({{"ok", true},
-              {"count", (*out)->bits.size() * 8},
-              {"lacking", (*out)->count},
-              {"lacks", base::base64_encode((*out)->bits)}});
+        done(
+            {{"ok", true}, {"count", count}, {"lacking", (*out)->count}, {"lacks", base::base64_encode((*out)->bits)}});
       });
 }
 
