@@ -92,7 +92,7 @@ OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decod
     done_ = true;
     return;
   }
-  buf_.resize(kReadBytes);
+  buf_ = std::make_unique_for_overwrite<char[]>(kReadBytes);
   uv_read_start(pipe_.stream(), on_alloc, on_read);
 }
 
@@ -115,7 +115,7 @@ void OutputReader::pause(bool on) {
 
 void OutputReader::on_alloc(uv_handle_t* h, size_t, uv_buf_t* b) noexcept {
   auto* self = static_cast<OutputReader*>(h->data);
-  *b = uv_buf_init(self->buf_.data(), static_cast<unsigned>(self->buf_.size()));
+  *b = uv_buf_init(self->buf_.get(), static_cast<unsigned>(kReadBytes));
 }
 
 void OutputReader::on_read(uv_stream_t* s, ssize_t n, const uv_buf_t* b) noexcept {

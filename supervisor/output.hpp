@@ -7,6 +7,7 @@
 
 #include <boost/json.hpp>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "loop/uv-handle.hpp"
@@ -52,7 +53,9 @@ class OutputReader {
   loop::UvHandle<uv_pipe_t> pipe_;
   OutputDecoder decoder_;
   std::function<void()> on_eof_;
-  std::string buf_;
+  // Not zeroed: malloc takes a buffer this large from fresh pages, and the kernel backs each only
+  // when a read first fills it (an agent that writes little costs a page, not 128 KiB).
+  std::unique_ptr<char[]> buf_;
   bool done_ = false;
   bool paused_ = false;
 };
