@@ -8,7 +8,9 @@
 //
 // Prints "ready" once every client is connected (and subscribed), then one line per client:
 // "<bytes> <seconds>" (the bytes of lines it read, END's included, and CLOCK_MONOTONIC when END
-// arrived, as Python's time.monotonic()). Exits 1 naming what failed. Not a test: no assertion.
+// arrived, as Python's time.monotonic()), followed, where the lines were the producer's stamped
+// ones ("T <ns>", its `rate` mode), by "latency <ms> <ms> ...": for each line, the wall clock when
+// its message was read here less its stamp. Exits 1 naming what failed. Not a test: no assertion.
 #include <time.h>
 
 #include <boost/asio/connect.hpp>
@@ -34,6 +36,12 @@ struct Args {
   std::string host, port, token;
   int clients = 1;
 };
+
+double realtime_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
 
 double monotonic() {
   struct timespec ts {};
@@ -66,12 +74,27 @@ std::pair<size_t, size_t> json_string_bytes(std::string_view m, size_t i) {
   }
 }
 
+// The stamps of the producer's "T <ns>" lines in `lines` (lines ended by `nl`), each appended to
+// `lat` as milliseconds before `now_ns`.
+void stamps(std::string_view lines, std::string_view nl, double now_ns, std::vector<double>& lat) {
+  for (size_t at = 0; at < lines.size();) {
+    size_t end = lines.find(nl, at);
+    std::string_view line = lines.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at);
+    if (line.starts_with("T ")) lat.push_back((now_ns - std::stod(std::string(line.substr(2)))) / 1e6);
+    if (end == std::string_view::npos) break;
+    at = end + nl.size();
+  }
+}
+
 // The producer's lines in one message: websocketd's is one line; sandboxer's is an event, whose
 // data (main's stdout) is any number of lines. Returns the bytes and whether END was among them.
 // The event's data is measured without building it (a JSON parse of every event made the reader,
 // not the server, the limit with 50 clients).
-std::pair<size_t, bool> lines_in(const Args& a, std::string_view msg) {
-  if (!a.sandboxer) return {msg.size() + 1, msg == "END"};
+std::pair<size_t, bool> lines_in(const Args& a, std::string_view msg, double now_ns, std::vector<double>& lat) {
+  if (!a.sandboxer) {
+    stamps(msg, "\n", now_ns, lat);
+    return {msg.size() + 1, msg == "END"};
+  }
   if (msg.substr(0, 200).find("\"proc.output\"") == std::string_view::npos) return {0, false};
   // Quotes inside a string are escaped: these keys are found only as keys.
   if (msg.find("\"proc\":\"main\"") == std::string_view::npos) return {0, false};
@@ -79,6 +102,7 @@ std::pair<size_t, bool> lines_in(const Args& a, std::string_view msg) {
   if (at == std::string_view::npos) return {0, false};
   auto [n, end] = json_string_bytes(msg, at + 8);
   std::string_view raw = msg.substr(at + 8, end - at - 8);
+  if (raw.starts_with("T ")) stamps(raw, "\\n", now_ns, lat);
   return {n, raw == "END\\n" || raw.ends_with("\\nEND\\n")};
 }
 
@@ -100,6 +124,7 @@ class Barrier {
 struct Result {
   size_t bytes = 0;
   double at = 0;
+  std::vector<double> latency_ms;
   std::string error;
 };
 
@@ -121,7 +146,7 @@ void one_client(const Args& a, Barrier& ready, Result& r) {
     beast::flat_buffer buf;
     for (;;) {
       ws.read(buf);
-      auto [n, end] = lines_in(a, beast::buffers_to_string(buf.data()));
+      auto [n, end] = lines_in(a, beast::buffers_to_string(buf.data()), realtime_ns(), r.latency_ms);
       buf.consume(buf.size());
       r.bytes += n;
       if (end) break;
@@ -159,6 +184,10 @@ int main(int argc, char** argv) {
       continue;
     }
     std::printf("%zu %.6f\n", r.bytes, r.at);
+    if (r.latency_ms.empty()) continue;
+    std::printf("latency");
+    for (double ms : r.latency_ms) std::printf(" %.4f", ms);
+    std::printf("\n");
   }
   return status;
 }

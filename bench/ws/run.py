@@ -32,6 +32,35 @@ PRODUCER = [sys.executable, str(pathlib.Path(__file__).with_name("producer.py"))
 free_port = _common.free_port
 
 
+class Gate:
+    """The producers' start line (producer.py --gate): every transport's clock starts when its
+    producers, already running, are let go, so that none of them counts Python's start-up (~25 ms
+    of a 64 MiB run) and the server's time is what is compared."""
+
+    def __init__(self, path, inside=None):
+        self.path = pathlib.Path(path)
+        self.inside = inside or str(self.path)  # the path as the producer sees it
+
+    def args(self):
+        return ["--gate", self.inside]
+
+    def open(self, producers=1, timeout=60):
+        """Waits until `producers` producers wait at the gate, lets them go; returns that time."""
+        deadline = time.monotonic() + timeout
+        while len(list(self.path.parent.glob(self.path.name + ".ready.*"))) < producers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{producers} producer(s) did not reach {self.path} in {timeout} s")
+            time.sleep(0.001)
+        self.path.touch()
+        return time.monotonic()
+
+
+@contextlib.contextmanager
+def gate_dir():
+    with tempfile.TemporaryDirectory(prefix="sbx-bench-gate-") as d:
+        yield Gate(pathlib.Path(d) / "go")
+
+
 class Measure:
     def __init__(self):
         self.bytes = 0
@@ -60,14 +89,16 @@ class Measure:
 
 def pipe_run(args):
     m = Measure()
-    p = subprocess.Popen(PRODUCER + args, stdout=subprocess.PIPE)
-    fd = p.stdout.fileno()
-    while True:
-        d = os.read(fd, 1 << 16)
-        if not d or m.feed(d):
-            break
-    p.kill()
-    p.wait()
+    with gate_dir() as gate:
+        p = subprocess.Popen(PRODUCER + gate.args() + args, stdout=subprocess.PIPE)
+        m.t0 = gate.open()
+        fd = p.stdout.fileno()
+        while True:
+            d = os.read(fd, 1 << 16)
+            if not d or m.feed(d):
+                break
+        p.kill()
+        p.wait()
     return m
 
 
@@ -84,10 +115,12 @@ async def ws_read(url, m, *, subscribe=None, headers=None, decode=None):
 
 
 @contextlib.contextmanager
-def websocketd_server(args):
-    """websocketd running the producer (one per connection), accepting; yields its port."""
+def websocketd_server(args, gate):
+    """websocketd running the producer (one per connection, each waiting at `gate`), accepting;
+    yields its port."""
     port = free_port()
-    p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER + args,
+    p = subprocess.Popen(["websocketd", f"--port={port}", "--address=127.0.0.1", "--loglevel=error"] + PRODUCER +
+                         gate.args() + args,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
@@ -103,13 +136,18 @@ def websocketd_server(args):
 
 
 def websocketd_run(args, clients=1):
-    with websocketd_server(args) as port:
+    with gate_dir() as gate, websocketd_server(args, gate) as port:
         ms = [Measure() for _ in range(clients)]
+
+        async def start():
+            t0 = await asyncio.to_thread(gate.open, clients)
+            for m in ms:
+                m.t0 = t0
 
         async def go():
             # websocketd sends one message per line, without its newline (and runs one producer per client).
-            await asyncio.gather(*(ws_read(f"ws://127.0.0.1:{port}/", m, decode=lambda s: s.encode() + b"\n")
-                                   for m in ms))
+            await asyncio.gather(start(), *(ws_read(f"ws://127.0.0.1:{port}/", m,
+                                                    decode=lambda s: s.encode() + b"\n") for m in ms))
         asyncio.run(go())
         return ms[0] if clients == 1 else ms
 
@@ -139,8 +177,8 @@ def sandboxer_box(args):
     tf.write_text(token)
     # The client connects before the agent starts writing: the producer waits for a file.
     # (/workspace inside the box is state/branches/main/workspace here.)
-    gate = pathlib.Path(d) / "s" / "branches" / "main" / "workspace" / "go"
-    agent = ["sh", "-c", 'while [ ! -e /workspace/go ]; do sleep 0.01; done; exec "$@"', "sh"] + PRODUCER + args
+    gate = Gate(pathlib.Path(d) / "s" / "branches" / "main" / "workspace" / "go", "/workspace/go")
+    agent = PRODUCER + gate.args() + args
     # The port comes from the journal's server.listening event (no --events copy to slow it down).
     ev = pathlib.Path(d) / "s" / "journal" / ("%020d.jsonl" % 1)
     p = subprocess.Popen([str(INIT), "--state-dir", f"{d}/s", "--listen", "127.0.0.1:0",
@@ -186,9 +224,9 @@ def sandboxer_run(args, clients=1):
                                                    headers={"Authorization": f"Bearer {token}"}, decode=decode))
                 if first:
                     await asyncio.sleep(0.3 + 0.01 * clients)
-                    gate.touch()
+                    t0 = await asyncio.to_thread(gate.open)
                     for x in ms:
-                        x.t0 = time.monotonic()
+                        x.t0 = t0
                     first = False
                 try:
                     await task
@@ -208,7 +246,8 @@ def sandboxer_run(args, clients=1):
 
 def reader_run(server, args, clients):
     """MiB/s summed over `clients` C++ readers (bench/ws/reader.cpp, one thread each) from the
-    moment the producer may start to the last END: the servers measured, not the client."""
+    moment the producer may start to the last END, and the latencies (ms) of the producer's
+    stamped lines where it wrote those: the servers measured, not the client."""
     def read(port, token, go):
         r = subprocess.Popen([str(READER), server, "127.0.0.1", str(port), token, str(clients)],
                              stdout=subprocess.PIPE, text=True)
@@ -216,19 +255,23 @@ def reader_run(server, args, clients):
         out, _ = r.communicate(timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"sbx-ws-reader against {server} failed")
-        rows = [l.split() for l in out.splitlines() if l and l != "ready"]
-        return sum(int(b) for b, _ in rows) / (1 << 20) / (max(float(t) for _, t in rows) - t0)
+        lines = [l.split() for l in out.splitlines() if l and l != "ready"]
+        rows = [l for l in lines if l[0] != "latency"]
+        lat = [float(v) for l in lines if l[0] == "latency" for v in l[1:]]
+        return sum(int(b) for b, _ in rows) / (1 << 20) / (max(float(t) for _, t in rows) - t0), lat
 
     if server == "sandboxer":
         with sandboxer_box(args) as (port, token, gate, _):
             def go(r):
                 assert r.stdout.readline().strip() == "ready"
-                gate.touch()
-                return time.monotonic()
+                return gate.open()
             return read(port, token, go)
-    with websocketd_server(args) as port:
-        # websocketd starts a producer per connection: its clock starts as the readers connect.
-        return read(port, "-", lambda r: time.monotonic())
+    with gate_dir() as gate, websocketd_server(args, gate) as port:
+        # websocketd starts a producer per connection, once the readers have connected.
+        def go(r):
+            assert r.stdout.readline().strip() == "ready"
+            return gate.open(clients)
+        return read(port, "-", go)
 
 
 def pct(xs, q):
@@ -277,7 +320,8 @@ def main():
     if READER.exists():
         for name in ("websocketd", "sandboxer"):
             print(f"... {name}: C++ readers", file=sys.stderr, flush=True)
-            cpp[name] = (reader_run(name, bulk, 1), reader_run(name, many, a.clients))
+            cpp[name] = (reader_run(name, bulk, 1)[0], reader_run(name, many, a.clients)[0],
+                         reader_run(name, rate, 1)[1])
     jl = s[5]
     print(f"{a.lines} lines of 100 B: sandboxer {took['sandboxer-init']:.3f} s, websocketd {took['websocketd']:.3f} s "
           f"(time ratio {took['sandboxer-init'] / took['websocketd']:.2f})")
@@ -307,6 +351,12 @@ def main():
         _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate, C++ readers",
                    "MiB/s", cpp["sandboxer"][1], "websocketd (one producer per client)", cpp["websocketd"][1],
                    better="higher")
+        ours, theirs = cpp["sandboxer"][2], cpp["websocketd"][2]
+        print(f"C++ reader latency: p50 {pct(ours, 0.5):.3f} ms, p99 {pct(ours, 0.99):.3f} ms ({len(ours)} lines) "
+              f"against websocketd's {pct(theirs, 0.5):.3f} and {pct(theirs, 0.99):.3f} ({len(theirs)})")
+        for q in (0.5, 0.99):
+            _rows.emit("ws", f"{lat}, p{round(q * 100)}, C++ reader", "ms", pct(ours, q), "websocketd",
+                       pct(theirs, q))
 
 
 if __name__ == "__main__":
