@@ -7,8 +7,8 @@
 # symbol lookup, relocated pages); from an archive the linker takes only the objects the binary
 # calls (docs/architecture.md, "Start-up"). Shared stay: libwebsockets (Debian's dlopens its libuv
 # event plugin, which links the shared libwebsockets and libuv by soname: a static copy in the
-# binary would run beside a second one) and what it needs (libuv, OpenSSL, libcap, zlib), libidn2
-# (no archive of libunistring), glibc: all C. A fix to an archived library needs a rebuild of
+# binary would run beside a second one; sandboxer-init loads it at --listen only) and what it
+# needs (libuv, OpenSSL, libcap, zlib), libidn2 (no archive of libunistring), glibc: all C. A fix to an archived library needs a rebuild of
 # sandboxer, as of an image.
 option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd and libstdc++ from their static archives" ON)
 if(SBX_SANITIZE)

@@ -1,7 +1,6 @@
 #include "supervisor/server.hpp"
 
 #include <fcntl.h>
-#include <libwebsockets.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
@@ -19,6 +18,7 @@
 #include "os/sys.hpp"
 #include "protocol/protocol.hpp"
 #include "supervisor/box.hpp"
+#include "supervisor/libwebsockets.hpp"
 #include "supervisor/server-client.hpp"
 #include "supervisor/server-ops.hpp"
 
@@ -136,10 +136,10 @@ struct Server::Impl {
   }
 
   static std::string header(lws* wsi, lws_token_indexes h) {
-    int n = lws_hdr_total_length(wsi, h);
+    int n = ws_lib().lws_hdr_total_length(wsi, h);
     if (n <= 0 || n > 8192) return {};
     std::string s(static_cast<size_t>(n) + 1, '\0');
-    if (lws_hdr_copy(wsi, s.data(), n + 1, h) < 0) return {};
+    if (ws_lib().lws_hdr_copy(wsi, s.data(), n + 1, h) < 0) return {};
     s.resize(static_cast<size_t>(n));
     return s;
   }
@@ -172,7 +172,7 @@ struct Server::Impl {
     f.seq = seq;
     c.q_bytes += f.size();
     c.q.push_back(std::move(f));
-    lws_callback_on_writable(c.wsi);
+    ws_lib().lws_callback_on_writable(c.wsi);
   }
   void send(Client& c, const json::object& o) { enqueue(c, json::serialize(o), false); }
 
@@ -180,7 +180,7 @@ struct Server::Impl {
     if (c.close_code) return;
     c.close_code = code;
     c.close_reason = std::move(reason);
-    lws_callback_on_writable(c.wsi);
+    ws_lib().lws_callback_on_writable(c.wsi);
   }
 
   void stalled(Client& c) {
@@ -193,7 +193,7 @@ struct Server::Impl {
     c.subscribed = false;
     close_with(c, protocol::kCloseTooSlow, "resume_after=" + std::to_string(c.last_written_seq));
     // A client that never reads again cannot even take the close frame: give up on it later.
-    lws_set_timeout(c.wsi, PENDING_TIMEOUT_USER_OK, 60);
+    ws_lib().lws_set_timeout(c.wsi, PENDING_TIMEOUT_USER_OK, 60);
   }
 
   static std::optional<std::string_view> branch_of(const json::object& ev) {
@@ -275,7 +275,7 @@ struct Server::Impl {
     for (auto& [id, c] : clients) {
       bool owed = !c->q.empty() || !c->downloads.empty() || (c->subscribed && !c->live);
       if (!owed || c->close_code || c->peer_closed) continue;
-      lws_callback_on_writable(c->wsi);  // in case a read left it waiting (writeable)
+      ws_lib().lws_callback_on_writable(c->wsi);  // in case a read left it waiting (writeable)
       if (now - c->progress_ms >= static_cast<uint64_t>(opts.stall_s) * 1000) stalled(*c);
     }
   }
@@ -359,25 +359,25 @@ struct Server::Impl {
   // served) before more is written, so a Close never meets a half-written frame.
   static bool input_waiting(lws* wsi) {
     char b;
-    return ::recv(lws_get_socket_fd(wsi), &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+    return ::recv(ws_lib().lws_get_socket_fd(wsi), &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
   }
 
   int writeable(Client& c) {
     if (c.rx_held) {
       // The partly written frame is out (lws calls here only then): read again, and first.
       c.rx_held = false;
-      lws_rx_flow_control(c.wsi, 1);
+      ws_lib().lws_rx_flow_control(c.wsi, 1);
       // Not asking to write again here: lws serves writing before reading in a turn, so only
       // the read may run next. What it reads asks to write when it must (a reply, a Close), and
       // new events and the stall timer ask too.
       if (input_waiting(c.wsi)) return 0;
     }
     pump(c);
-    while (!c.q.empty() && !lws_send_pipe_choked(c.wsi)) {
+    while (!c.q.empty() && !ws_lib().lws_send_pipe_choked(c.wsi)) {
       auto& f = c.q.front();
       size_t n = f.size();
-      int w = lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf->data()) + LWS_PRE, n,
-                        f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
+      int w = ws_lib().lws_write(c.wsi, reinterpret_cast<unsigned char*>(f.buf->data()) + LWS_PRE, n,
+                                 f.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT);
       if (w < 0) return -1;
       if (f.seq) c.last_written_seq = f.seq;
       c.progress_ms = uv_now(loop);
@@ -385,32 +385,32 @@ struct Server::Impl {
       c.q.pop_front();
       if (c.q_bytes < kLowWater) pump(c);
     }
-    if (lws_partial_buffered(c.wsi) && !c.close_code) {
+    if (ws_lib().lws_partial_buffered(c.wsi) && !c.close_code) {
       c.rx_held = true;
-      lws_rx_flow_control(c.wsi, 0);
+      ws_lib().lws_rx_flow_control(c.wsi, 0);
     }
     // Not while lws still holds the tail of a frame (lws_partial_buffered): a close written then
     // goes out first and the hang-up drops that tail, so the client would lose the last events.
     if (c.close_code && c.q.empty() && c.downloads.empty() && !(c.subscribed && !c.live) &&
-        !lws_partial_buffered(c.wsi)) {
+        !ws_lib().lws_partial_buffered(c.wsi)) {
       // The close frame is written here, so it goes out even when lws would hang up first.
       std::string frame(LWS_PRE, '\0');
       frame.push_back(static_cast<char>((c.close_code >> 8) & 0xff));
       frame.push_back(static_cast<char>(c.close_code & 0xff));
       frame.append(c.close_reason.substr(0, 123));
-      lws_write(c.wsi, reinterpret_cast<unsigned char*>(frame.data()) + LWS_PRE, frame.size() - LWS_PRE,
-                static_cast<lws_write_protocol>(4) /* LWS_WRITE_CLOSE, internal in 4.1 */);
+      ws_lib().lws_write(c.wsi, reinterpret_cast<unsigned char*>(frame.data()) + LWS_PRE, frame.size() - LWS_PRE,
+                         static_cast<lws_write_protocol>(4) /* LWS_WRITE_CLOSE, internal in 4.1 */);
       return -1;
     }
     if (!c.q.empty() || !c.downloads.empty() || (c.subscribed && !c.live) || c.close_code)
-      lws_callback_on_writable(c.wsi);
+      ws_lib().lws_callback_on_writable(c.wsi);
     return 0;
   }
 
   int on_receive(Client& c, const char* data, size_t len) {
     if (c.rx_new) {
       c.rx.clear();
-      c.rx_binary = lws_frame_is_binary(c.wsi);
+      c.rx_binary = ws_lib().lws_frame_is_binary(c.wsi);
       c.rx_oversize = false;
       c.rx_total = 0;
       c.rx_new = false;
@@ -436,7 +436,7 @@ struct Server::Impl {
     } else {
       c.rx.append(data, len);
     }
-    if (!lws_is_final_fragment(c.wsi)) return 0;
+    if (!ws_lib().lws_is_final_fragment(c.wsi)) return 0;
     c.rx_new = true;
     if (c.rx_oversize) {
       std::string what = c.rx_binary ? "binary" : "text";
@@ -467,7 +467,7 @@ struct Server::Impl {
         if (!token || !token_ok(*token)) throw RequestError("unauthorized", "wrong token");
         c.authed = true;
         --unauthenticated;
-        lws_set_timeout(c.wsi, NO_PENDING_TIMEOUT, 0);
+        ws_lib().lws_set_timeout(c.wsi, NO_PENDING_TIMEOUT, 0);
         send(c, protocol::ok_reply(req.id));
         return 0;
       } catch (const RequestError& e) {
@@ -589,7 +589,8 @@ struct Server::Impl {
                        "\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
                        "\r\nConnection: close\r\n" + (code == 401 ? "WWW-Authenticate: Bearer\r\n" : "") + "\r\n" +
                        body;
-    lws_write(wsi, reinterpret_cast<unsigned char*>(resp.data()) + LWS_PRE, resp.size() - LWS_PRE, LWS_WRITE_HTTP);
+    ws_lib().lws_write(wsi, reinterpret_cast<unsigned char*>(resp.data()) + LWS_PRE, resp.size() - LWS_PRE,
+                       LWS_WRITE_HTTP);
     return 1;
   }
 };
@@ -627,11 +628,11 @@ std::function<void(json::object, os::UniqueFd, uint64_t)> OpContext::later_downl
     Client& c = *it->second;
     server.send(c, protocol::reply_with_id(id, ok));
     c.downloads.push_back({id, bid, std::move(fd), 0, size});
-    lws_callback_on_writable(c.wsi);
+    ws_lib().lws_callback_on_writable(c.wsi);
   };
 }
 
-void OpContext::wake() { lws_callback_on_writable(client.wsi); }
+void OpContext::wake() { ws_lib().lws_callback_on_writable(client.wsi); }
 
 bool OpContext::token_ok(std::string_view token) const { return server.token_ok(token); }
 
@@ -650,9 +651,9 @@ uint32_t OpContext::binary_id(const char* op) const {
   throw RequestError("bad_request", std::string(op) + " needs an integer id in [0, 2^32): binary frames carry it");
 }
 int Server::Impl::callback(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
-  auto* ctx = lws_get_context(wsi);
-  auto* self = ctx ? static_cast<Impl*>(lws_context_user(ctx)) : nullptr;
-  if (!self) return lws_callback_http_dummy(wsi, reason, user, in, len);
+  auto* ctx = ws_lib().lws_get_context(wsi);
+  auto* self = ctx ? static_cast<Impl*>(ws_lib().lws_context_user(ctx)) : nullptr;
+  if (!self) return ws_lib().lws_callback_http_dummy(wsi, reason, user, in, len);
   try {
     return self->on_callback(wsi, reason, user, in, len);
   } catch (const std::exception& e) {
@@ -693,15 +694,16 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
     }
     case LWS_CALLBACK_HTTP:
       // Plain HTTP: nothing is served but the WebSocket.
-      if (lws_return_http_status(wsi, 426, "this server speaks WebSocket (subprotocol sandboxer.v1) only")) return -1;
-      return lws_http_transaction_completed(wsi) ? -1 : 0;
+      if (ws_lib().lws_return_http_status(wsi, 426, "this server speaks WebSocket (subprotocol sandboxer.v1) only"))
+        return -1;
+      return ws_lib().lws_http_transaction_completed(wsi) ? -1 : 0;
     case LWS_CALLBACK_ESTABLISHED: {
       auto owned = std::make_unique<Client>();
       Client* c = owned.get();
       c->id = next_client++;
       c->wsi = wsi;
       char ip[64] = "";
-      lws_get_peer_simple(wsi, ip, sizeof ip);
+      ws_lib().lws_get_peer_simple(wsi, ip, sizeof ip);
       c->peer = ip;
       auto b = bearer(wsi);
       c->authed = b && token_ok(*b);
@@ -709,7 +711,7 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       clients[c->id] = std::move(owned);
       if (!c->authed) {
         ++unauthenticated;
-        lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
+        ws_lib().lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, opts.auth_timeout_s);
       }
       if (draining) close_with(*c, 1001, "box ended");
       log()->debug("client {} connected from {}", c->id, c->peer);
@@ -719,7 +721,7 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       if (!slot || !*slot) return -1;
       if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
       // Writing may have waited for this read (writeable): go on with it.
-      lws_callback_on_writable(wsi);
+      ws_lib().lws_callback_on_writable(wsi);
       return on_receive(**slot, static_cast<const char*>(in), len);
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
       // The client is leaving: stop feeding it, so lws can answer its close at once.
@@ -750,7 +752,7 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
       return 0;
     }
     default:
-      return lws_callback_http_dummy(wsi, reason, user, in, len);
+      return ws_lib().lws_callback_http_dummy(wsi, reason, user, in, len);
   }
 }
 
@@ -811,9 +813,10 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   auto& o = impl_->opts;
   if (o.token.empty()) throw std::runtime_error("the server needs a token (--token-file or SANDBOXER_TOKEN)");
   if (o.tls_cert.empty() != o.tls_key.empty()) throw std::runtime_error("--tls-cert and --tls-key go together");
+  if (const auto& lib = libwebsockets(); !lib) throw std::runtime_error(lib.error().message + " (for --listen)");
   int lws_level = LLL_ERR | LLL_WARN;
   if (auto* l = std::getenv("SANDBOXER_LWS_LOG")) lws_level = std::atoi(l);
-  lws_set_log_level(lws_level, lws_log_to_spdlog);
+  ws_lib().lws_set_log_level(lws_level, lws_log_to_spdlog);
 
   impl_->protocols[0] = {"http", Impl::callback, sizeof(Client*), 0, 0, nullptr, 0};
   impl_->protocols[1] = {protocol::kSubprotocol, Impl::callback, sizeof(Client*), 64 * 1024, 0, nullptr, 0};
@@ -843,12 +846,12 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
     info.ssl_cert_filepath = o.tls_cert.c_str();
     info.ssl_private_key_filepath = o.tls_key.c_str();
   }
-  impl_->ctx = lws_create_context(&info);
+  impl_->ctx = ws_lib().lws_create_context(&info);
   if (!impl_->ctx)
     throw std::runtime_error("listen on " + o.addr + ":" + std::to_string(port) +
                              ": libwebsockets refused (port in use, or bad TLS files)");
-  auto* vh = lws_get_vhost_by_name(impl_->ctx, "default");
-  int bound = vh ? lws_get_vhost_listen_port(vh) : port;
+  auto* vh = ws_lib().lws_get_vhost_by_name(impl_->ctx, "default");
+  int bound = vh ? ws_lib().lws_get_vhost_listen_port(vh) : port;
   impl_->port = bound > 0 ? bound : port;
   impl_->stall_timer = loop::make_timer(loop);
   impl_->stall_timer->data = impl_.get();
@@ -867,7 +870,7 @@ Server::~Server() {
   impl_->drain_timer.reset();
   impl_->stall_timer.reset();
   if (impl_->ctx) {
-    lws_context_destroy(impl_->ctx);
+    ws_lib().lws_context_destroy(impl_->ctx);
     // The libuv glue closes its handles asynchronously: let the loop finish them.
     for (int i = 0; i < 50; ++i) uv_run(impl_->loop, UV_RUN_NOWAIT);
   }
