@@ -65,3 +65,15 @@ if(SBX_STATIC_DEPS)
 else()
   target_link_libraries(dep_spdlog INTERFACE spdlog::spdlog)
 endif()
+
+# sbx_soname(OUT LIB): the soname of the shared library file LIB (objdump -p), for code that loads
+# it with dlopen by that name (archive/libarchive.hpp, supervisor/libwebsockets.hpp). Fatal when
+# it has none.
+function(sbx_soname out lib)
+  execute_process(COMMAND ${CMAKE_OBJDUMP} -p ${lib} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  string(REGEX MATCH "SONAME +([^\n ]+)" match "${dyn}")
+  if(NOT rc EQUAL 0 OR NOT CMAKE_MATCH_1)
+    message(FATAL_ERROR "no SONAME in ${lib} (objdump -p): cannot load it by its soname")
+  endif()
+  set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+endfunction()
