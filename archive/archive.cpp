@@ -28,6 +28,7 @@
 #include "archive/libarchive.hpp"
 #include "base/encoding.hpp"
 #include "os/files.hpp"
+#include "os/openssl.hpp"
 #include "os/sys.hpp"
 #include "os/unique-fd.hpp"
 
@@ -38,8 +39,16 @@ namespace json = boost::json;
 
 namespace {
 
-// The loaded library: only after the public function that got here checked libarchive().
+// The loaded library: only after the public function that got here checked libraries().
 const LibArchive& la() { return **libarchive(); }
+
+// What writing and reading archives loads at its first use: libarchive, and libcrypto for the
+// hashes and signatures (os/openssl.hpp). Else why not, naming the soname.
+base::Result<void> libraries() {
+  if (const auto& lib = libarchive(); !lib) return lib.error();
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();
+  return {};
+}
 
 // The archive's bytes, hashed (the snapshot's id) and written to its file (fd >= 0) on a thread of
 // its own, beside the thread that reads the files and feeds the compressor (inline, the hash was
@@ -303,6 +312,7 @@ void walk(const fs::path& root, const fs::path& rel, std::vector<fs::path>& out)
 }  // namespace
 
 base::Result<std::string> sha256_file(const std::string& path) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return base::fail("open " + path + ": " + std::strerror(errno));
   Sha256 sha;
@@ -431,7 +441,7 @@ base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json:
 
 base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json::object manifest,
                                          const SnapshotOut& to, int level, const SigningKey* key) {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
+  if (auto lib = libraries(); !lib) return lib.error();
   const std::string& dst = to.archive;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
@@ -934,7 +944,7 @@ namespace {
 // One Extractor run, its failure coded "untrusted" when no trusted key signed the archive.
 base::Result<Extracted> run_extractor(Extractor::Mode mode, const std::string& src, ChunkReader* chunks,
                                       const std::string& dst_dir, const ImportPolicy& policy) {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
+  if (auto lib = libraries(); !lib) return lib.error();
   std::string err;
   bool untrusted = false;
   Extractor x(policy, err, mode);
@@ -951,7 +961,7 @@ base::Result<Extracted> extract_archive(const std::string& src, const std::strin
 
 base::Result<Extracted> extract_chunks(const std::string& store_dir, ChunkList list, const std::string& dst_dir,
                                        const ImportPolicy& policy) {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
+  if (auto lib = libraries(); !lib) return lib.error();
   auto reader = ChunkReader::open(store_dir, std::move(list));
   if (!reader) return base::fail(reader.error().message, "bad_snapshot");
   return run_extractor(Extractor::Mode::extract, "", reader->get(), dst_dir, policy);
@@ -1071,10 +1081,7 @@ base::Result<void> incompatibility(const boost::json::object& manifest, const st
   return {};
 }
 
-base::Result<void> library_loadable() {
-  if (const auto& lib = libarchive(); !lib) return lib.error();
-  return {};
-}
+base::Result<void> library_loadable() { return libraries(); }
 
 bool valid_snapshot_id(std::string_view id) {
   if (id.size() != 18 || !id.starts_with("s-")) return false;

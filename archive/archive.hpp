@@ -135,8 +135,9 @@ base::Result<void> incompatibility(const boost::json::object& manifest, const st
 /// Whether `id` has the shape of a snapshot id ("s-" and 16 lowercase hex digits).
 bool valid_snapshot_id(std::string_view id);
 
-/// Whether libarchive loads here (it is loaded at its first use, libarchive.hpp): else why not,
-/// naming its soname (code no_libarchive). Writing and extracting archives fail the same way.
+/// Whether libarchive and libcrypto load here (both are loaded at their first use: libarchive.hpp,
+/// os/openssl.hpp): else why not, naming the soname (code no_libarchive or no_openssl). Writing
+/// and extracting archives fail the same way.
 base::Result<void> library_loadable();
 
 }  // namespace sbx::archive

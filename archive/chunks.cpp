@@ -13,6 +13,7 @@
 
 #include "archive/hash.hpp"
 #include "archive/signing.hpp"
+#include "os/openssl.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::archive {
@@ -100,6 +101,7 @@ size_t chunk_boundary(const unsigned char* data, size_t n, bool at_end) {
 // ---- writing ----
 
 base::Result<std::unique_ptr<ChunkWriter>> ChunkWriter::open(const std::string& dir, int level, bool hash_stream) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();  // SHA-256
   auto fd = open_store(dir, true);
   if (!fd) return fd.error();
   auto w = std::make_unique<ChunkWriter>();
@@ -178,6 +180,7 @@ base::Result<ChunkList> ChunkWriter::finish() {
 // ---- reading ----
 
 base::Result<std::unique_ptr<ChunkReader>> ChunkReader::open(const std::string& dir, ChunkList list) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();  // SHA-256
   auto fd = open_store(dir, false);
   if (!fd) return fd.error();
   auto r = std::make_unique<ChunkReader>();
@@ -293,6 +296,7 @@ namespace {
 
 // A chunk's compressed file, checked: it decompresses to `c.size` bytes hashing to `c.sha256`.
 base::Result<void> check_compressed(const ChunkRef& c, std::string_view z, std::vector<char>& out) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();  // SHA-256
   auto bad = [&](std::string why) { return base::fail("chunk " + c.sha256 + " is corrupted: " + why, "bad_snapshot"); };
   out.resize(kChunkMax);
   size_t n = ZSTD_decompress(out.data(), out.size(), z.data(), z.size());

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "os/openssl.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::archive {
@@ -96,6 +97,7 @@ SigningKey& SigningKey::operator=(SigningKey&& o) noexcept {
 }
 
 base::Result<SigningKey> SigningKey::load(const std::string& path) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();
   auto text = os::read_file(path);
   if (!text) return base::fail("read " + path + ": " + text.error().message());
   Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
@@ -109,8 +111,13 @@ base::Result<SigningKey> SigningKey::load(const std::string& path) {
 }
 
 base::Result<SigningKey> SigningKey::generate() {
-  EVP_PKEY* k = EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519");
-  if (!k) return base::fail("generate an Ed25519 key: " + ssl_error());
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();
+  // EVP_PKEY_Q_keygen is variadic, which os/openssl.cpp cannot forward: its steps, one by one.
+  std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)> ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr),
+                                                                  &EVP_PKEY_CTX_free);
+  EVP_PKEY* k = nullptr;
+  if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &k) != 1 || !k)
+    return base::fail("generate an Ed25519 key: " + ssl_error());
   return SigningKey(k);
 }
 
@@ -140,6 +147,7 @@ std::string SigningKey::public_pem() const {
 }
 
 base::Result<PublicKey> load_trust_key(const std::string& path) {
+  if (const auto& lib = os::libcrypto(); !lib) return lib.error();
   auto text = os::read_file(path);
   if (!text) return base::fail("read " + path + ": " + text.error().message());
   Bio bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));

@@ -15,6 +15,7 @@
 #include "base/encoding.hpp"
 #include "egress/broker-request.hpp"
 #include "egress/egress-policy.hpp"
+#include "os/openssl.hpp"
 #include "os/socket-owner.hpp"
 
 namespace sbx::broker {
@@ -796,6 +797,10 @@ struct Broker::Impl {
 Broker::Broker(BrokerConfig cfg, os::UniqueFd tcp_fd, os::UniqueFd udp_fd, Sink sink, os::UniqueFd dns_tcp_fd)
     : impl_(std::make_unique<Impl>(std::move(cfg), std::move(sink))) {
   auto& im = *impl_;
+  // TLS only for credentials (tunnels and plain HTTP need none): OpenSSL is loaded here, first.
+  if (!im.cfg.credentials.empty())
+    if (auto& lib = os::libssl(); !lib)
+      throw std::runtime_error(lib.error().message + " (for the credentials of network \"proxy\")");
   for (auto& c : im.cfg.credentials) {
     auto ctx = std::make_unique<ssl::context>(ssl::context::tls_client);
     boost::system::error_code ec;

@@ -399,8 +399,8 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
     log()->warn("checkpoint branch {}: {}", branch, *why);
     return done(error_reply("no_space", "checkpoint refused: " + *why));
   }
-  // libarchive is loaded at the first checkpoint, not at start: a host where it cannot be is told
-  // so here, before the agent is stopped.
+  // libarchive and libcrypto are loaded at the first checkpoint, not at start: a host where they
+  // cannot be is told so here, before the agent is stopped.
   if (auto lib = archive::library_loadable(); !lib) {
     log()->error("checkpoint branch {}: {}", branch, lib.error().message);
     return done(error_reply(lib.error().code, "checkpoint refused: " + lib.error().message));

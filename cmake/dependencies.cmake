@@ -8,8 +8,9 @@
 # calls (docs/architecture.md, "Start-up"). Shared stay: libwebsockets (Debian's dlopens its libuv
 # event plugin, which links the shared libwebsockets and libuv by soname: a static copy in the
 # binary would run beside a second one; sandboxer-init loads it at --listen only) and what it
-# needs (libuv, OpenSSL, libcap, zlib), libidn2 (no archive of libunistring), glibc: all C. A fix to an archived library needs a rebuild of
-# sandboxer, as of an image.
+# needs (libuv, OpenSSL, libcap, zlib), libidn2 (no archive of libunistring), glibc: all C. A fix
+# to an archived library needs a rebuild of sandboxer, as of an image. OpenSSL's headers are used at
+# build time; sandboxer-init loads libssl and libcrypto by soname at their first use (os/openssl.hpp).
 option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd and libstdc++ from their static archives" ON)
 if(SBX_SANITIZE)
   set(SBX_STATIC_DEPS OFF)
