@@ -3,7 +3,8 @@
 //
 // Layout under DIR: one file per segment, named by the first seq it holds (20 digits). The active
 // segment is plain JSON lines (`N.jsonl`), appended with write(2) per event; a sealed segment is
-// compressed on the loop's thread pool to `N.jsonl.zst` and the plain file removed. A reader
+// compressed on the loop's thread pool to `N.jsonl.zst` once the journal is quiet (see
+// JournalOptions::compress_quiet_ms) and the plain file removed. A reader
 // prefers the .zst of a segment when both exist (the rename happened, the unlink did not).
 #include <uv.h>
 
@@ -49,6 +50,10 @@ struct JournalOptions {
   uint64_t reserve_bytes = 64u << 10;
   // How often a degraded journal tries the disk again.
   uint64_t retry_ms = 200;
+  // Sealed segments are compressed once a turn of this many ms passes with no line written (or
+  // at once past kDeferredSegments of them): not on the cores a burst of output is using. 0: at
+  // once.
+  uint64_t compress_quiet_ms = 100;
   // Bytes kept free before each event's line in its buffer (Event::buf): a listener that frames
   // the line (the WebSocket server: LWS_PRE) sends it from there, with no copy.
   size_t headroom = 0;
@@ -140,6 +145,9 @@ class Journal {
   void persist_high_water(uint64_t seq);
   void open_segment(uint64_t first_seq);
   void seal_active();
+  void compress(std::string plain);  // on the loop's thread pool
+  void compress_deferred();
+  void on_quiet_tick();
   void enforce_cap();
 
   uv_loop_t* loop_;
@@ -149,6 +157,10 @@ class Journal {
   uint64_t active_first_ = 0;
   uint64_t active_bytes_ = 0;
   int pending_compressions_ = 0;
+  std::vector<std::string> deferred_;  // sealed segments waiting for a quiet turn
+  uint64_t written_ = 0;               // bytes written, ever; at the quiet timer's last turn:
+  uint64_t written_at_tick_ = 0;
+  loop::UvHandle<uv_timer_t> quiet_timer_;
   std::map<int, Listener> listeners_;
   int next_listener_ = 1;
   boost::json::object recovered_;  // non-empty: report it with the first append

@@ -230,3 +230,79 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a listener gets the line in place after
     CHECK(boost::json::parse(seen[0]).at("data") == "a\nb\t\"c\"\n");
   }
 }
+
+namespace {
+// The sealed segments of `dir`, plain and compressed.
+std::pair<int, int> sealed_counts(const fs::path& dir) {
+  int plain = 0, zst = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    auto n = e.path().filename().string();
+    zst += n.ends_with(".jsonl.zst");
+    plain += n.ends_with(".jsonl");
+  }
+  return {plain - 1, zst};  // less the active segment
+}
+
+std::string counts(const fs::path& dir) {
+  auto [plain, zst] = sealed_counts(dir);
+  return std::to_string(plain) + " plain, " + std::to_string(zst) + " zst";
+}
+
+// Appends events of ~100 bytes until `segments` more segments (of 4096 bytes) were sealed, and one
+// after them.
+void seal(journal::Journal& j, const fs::path& dir, int segments) {
+  auto [p0, z0] = sealed_counts(dir);
+  while (sealed_counts(dir).first + sealed_counts(dir).second < p0 + z0 + segments)
+    j.append({{"type", "t"}, {"pad", sbx::os::random_hex(40)}});
+  j.append({{"type", "t"}});  // a new active segment (one is opened at the first line after a seal)
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: sealed segments wait for a quiet turn of the loop to be compressed") {
+  auto j =
+      journal::Journal::open(&loop, {.dir = dir.string(), .box = "b", .segment_bytes = 4096, .compress_quiet_ms = 50});
+  REQUIRE(j);
+  (*j)->append({{"type", "first"}});  // the active segment, which sealed_counts leaves out
+  seal(**j, dir, 2);
+  // Lines keep coming: every turn of the quiet timer sees new ones, and nothing is compressed.
+  for (int i = 0; i < 20; ++i) {
+    (*j)->append({{"type", "t"}, {"i", i}});
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ::usleep(10000);
+  }
+  CHECK(counts(dir) == "2 plain, 0 zst");
+  // Quiet: compressed on the thread pool after a turn with no line written.
+  for (int i = 0; i < 500 && sealed_counts(dir).second < 2; ++i) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ::usleep(10000);
+  }
+  CHECK(counts(dir) == "0 plain, 2 zst");
+  (*j)->flush();
+  j->reset();
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: past four sealed segments waiting, they are compressed without a quiet turn") {
+  // A quiet turn would take a minute: whatever is compressed here was not waiting for one.
+  auto j = journal::Journal::open(&loop,
+                                  {.dir = dir.string(), .box = "b", .segment_bytes = 4096, .compress_quiet_ms = 60000});
+  REQUIRE(j);
+  (*j)->append({{"type", "first"}});
+  seal(**j, dir, 4);
+  for (int i = 0; i < 20; ++i) {  // control: four wait
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ::usleep(5000);
+  }
+  CHECK(counts(dir) == "4 plain, 0 zst");
+  seal(**j, dir, 1);
+  for (int i = 0; i < 500 && sealed_counts(dir).second < 5; ++i) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ::usleep(10000);
+  }
+  CHECK(counts(dir) == "0 plain, 5 zst");
+  // The end compresses what still waits.
+  seal(**j, dir, 1);
+  CHECK(counts(dir) == "1 plain, 5 zst");
+  (*j)->flush();
+  CHECK(counts(dir) == "0 plain, 6 zst");
+  j->reset();
+}
