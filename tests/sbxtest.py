@@ -130,6 +130,25 @@ def run_init(args, state_dir, *, as_pid1=True, timeout=60, **kw):
     return subprocess.run(cmd, timeout=timeout, capture_output=True, **kw)
 
 
+def refused_without_library(tmp_path, soname, args, expect, env=None):
+    """On a host whose loader finds `soname` first where it is no library (LD_LIBRARY_PATH), a box
+    started with `args` (an agent that would sleep 120 s) ends at once, its error holding every
+    string of `expect`; the same host runs a box that needs no such library (the control)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / soname).write_text("not a shared object\n")
+    env = dict(env or os.environ, LD_LIBRARY_PATH=str(lib))
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "refused"), *args, "--", "sleep", "120"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode != 0, r.stderr
+    for e in expect:
+        assert e in r.stderr, r.stderr
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "plain"), "--", "sh", "-c", "echo ran"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert any(e["type"] == "proc.output" and e["data"] == "ran\n" for e in read_journal(tmp_path / "plain"))
+
+
 def box(state_dir, argv, *sets, profile=None, timeout=60, env=None):
     """Runs one box to its end (sandboxer-init as PID 1 of a fresh pid namespace) with profile
     overrides; returns the completed process and the journal's events."""
