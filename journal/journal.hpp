@@ -50,7 +50,7 @@ struct JournalOptions {
   uint64_t reserve_bytes = 64u << 10;
   // How often a degraded journal tries the disk again.
   uint64_t retry_ms = 200;
-  // Sealed segments are compressed once a turn of this many ms passes with no line written (or
+  // Sealed segments are compressed once a turn of this many ms passes with no event appended (or
   // at once past kDeferredSegments of them): not on the cores a burst of output is using. 0: at
   // once.
   uint64_t compress_quiet_ms = 100;
@@ -158,8 +158,7 @@ class Journal {
   uint64_t active_bytes_ = 0;
   int pending_compressions_ = 0;
   std::vector<std::string> deferred_;  // sealed segments waiting for a quiet turn
-  uint64_t written_ = 0;               // bytes written, ever; at the quiet timer's last turn:
-  uint64_t written_at_tick_ = 0;
+  uint64_t seq_at_tick_ = 0;           // last_seq_ at the quiet timer's last turn
   loop::UvHandle<uv_timer_t> quiet_timer_;
   std::map<int, Listener> listeners_;
   int next_listener_ = 1;
