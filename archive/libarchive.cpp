@@ -1,24 +1,17 @@
 #include "archive/libarchive.hpp"
 
-#include <dlfcn.h>
-
-#include <string>
+#include "os/library.hpp"
 
 namespace sbx::archive {
 
 namespace {
 
 base::Result<const LibArchive*> load() {
-  void* h = ::dlopen(SBX_LIBARCHIVE_SONAME, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* why = ::dlerror();
-    return base::fail(std::string("load libarchive (" SBX_LIBARCHIVE_SONAME "): ") + (why ? why : "dlopen failed"),
-                      "no_libarchive");
-  }
+  auto l = os::Library::open("libarchive", SBX_LIBARCHIVE_SONAME, "no_libarchive");
+  if (!l) return l.error();
   static LibArchive lib;
-#define SBX_LIBARCHIVE_LOAD(name)                                    \
-  lib.name = reinterpret_cast<decltype(&::name)>(::dlsym(h, #name)); \
-  if (!lib.name) return base::fail("load libarchive (" SBX_LIBARCHIVE_SONAME "): it has no " #name, "no_libarchive");
+#define SBX_LIBARCHIVE_LOAD(name) \
+  if (auto r = l->get(lib.name, #name); !r) return r.error();
   SBX_LIBARCHIVE_FUNCTIONS(SBX_LIBARCHIVE_LOAD)
 #undef SBX_LIBARCHIVE_LOAD
   return &lib;

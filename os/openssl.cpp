@@ -1,8 +1,8 @@
 #include "os/openssl.hpp"
 
-#include <dlfcn.h>
-
 #include <stdexcept>
+
+#include "os/library.hpp"
 
 namespace sbx::os {
 
@@ -19,25 +19,13 @@ struct CryptoTable {
 SslTable ssl_table;
 CryptoTable crypto_table;
 
-void* open_lib(const char* soname, std::string& why) {
-  void* h = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = ::dlerror();
-    why = std::string("load OpenSSL (") + soname + "): " + (e ? e : "dlopen failed");
-  }
-  return h;
-}
-
-#define SBX_OPENSSL_LOAD(table, soname, ret, name, params, args)       \
-  table.name = reinterpret_cast<decltype(&::name)>(::dlsym(h, #name)); \
-  if (!table.name) return base::fail("load OpenSSL (" soname "): it has no " #name, "no_openssl");
+#define SBX_OPENSSL_LOAD(table, ret, name, params, args) \
+  if (auto r = l->get(table.name, #name); !r) return r.error();
 
 base::Result<void> load_crypto() {
-  std::string why;
-  void* h = open_lib(SBX_LIBCRYPTO_SONAME, why);
-  if (!h) return base::fail(why, "no_openssl");
-#define SBX_CRYPTO_LOAD(ret, name, params, args) \
-  SBX_OPENSSL_LOAD(crypto_table, SBX_LIBCRYPTO_SONAME, ret, name, params, args)
+  auto l = Library::open("OpenSSL", SBX_LIBCRYPTO_SONAME, "no_openssl");
+  if (!l) return l.error();
+#define SBX_CRYPTO_LOAD(ret, name, params, args) SBX_OPENSSL_LOAD(crypto_table, ret, name, params, args)
   SBX_LIBCRYPTO_FUNCTIONS(SBX_CRYPTO_LOAD)
 #undef SBX_CRYPTO_LOAD
   return {};
@@ -45,10 +33,9 @@ base::Result<void> load_crypto() {
 
 base::Result<void> load_ssl() {
   if (auto& c = libcrypto(); !c) return c;
-  std::string why;
-  void* h = open_lib(SBX_LIBSSL_SONAME, why);
-  if (!h) return base::fail(why, "no_openssl");
-#define SBX_SSL_LOAD(ret, name, params, args) SBX_OPENSSL_LOAD(ssl_table, SBX_LIBSSL_SONAME, ret, name, params, args)
+  auto l = Library::open("OpenSSL", SBX_LIBSSL_SONAME, "no_openssl");
+  if (!l) return l.error();
+#define SBX_SSL_LOAD(ret, name, params, args) SBX_OPENSSL_LOAD(ssl_table, ret, name, params, args)
   SBX_LIBSSL_FUNCTIONS(SBX_SSL_LOAD)
 #undef SBX_SSL_LOAD
   return {};

@@ -1,8 +1,6 @@
 #include "supervisor/libwebsockets.hpp"
 
-#include <dlfcn.h>
-
-#include <string>
+#include "os/library.hpp"
 
 namespace sbx::supervisor {
 
@@ -11,16 +9,11 @@ namespace {
 base::Result<const LibWebsockets*> load() {
   // The libuv plugin libwebsockets then loads names it by soname: the loader gives the plugin this
   // copy (and libuv, the supervisor's own), local or not.
-  void* h = ::dlopen(SBX_LWS_SONAME, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* why = ::dlerror();
-    return base::fail(std::string("load libwebsockets (" SBX_LWS_SONAME "): ") + (why ? why : "dlopen failed"),
-                      "no_libwebsockets");
-  }
+  auto l = os::Library::open("libwebsockets", SBX_LWS_SONAME, "no_libwebsockets");
+  if (!l) return l.error();
   static LibWebsockets lib;
-#define SBX_LWS_LOAD(name)                                           \
-  lib.name = reinterpret_cast<decltype(&::name)>(::dlsym(h, #name)); \
-  if (!lib.name) return base::fail("load libwebsockets (" SBX_LWS_SONAME "): it has no " #name, "no_libwebsockets");
+#define SBX_LWS_LOAD(name) \
+  if (auto r = l->get(lib.name, #name); !r) return r.error();
   SBX_LWS_FUNCTIONS(SBX_LWS_LOAD)
 #undef SBX_LWS_LOAD
   return &lib;
