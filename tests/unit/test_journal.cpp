@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "journal/journal.hpp"
 #include "os/sys.hpp"
@@ -232,15 +233,17 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a listener gets the line in place after
 }
 
 namespace {
-// The sealed segments of `dir`, plain and compressed.
+// The sealed segments of `dir`, plain and compressed, by name: a segment whose .zst exists counts
+// as compressed even while its plain file is still there (renamed, not yet unlinked).
 std::pair<int, int> sealed_counts(const fs::path& dir) {
-  int plain = 0, zst = 0;
+  std::set<std::string> plain, zst;
   for (auto& e : fs::directory_iterator(dir)) {
     auto n = e.path().filename().string();
-    zst += n.ends_with(".jsonl.zst");
-    plain += n.ends_with(".jsonl");
+    if (n.ends_with(".jsonl.zst")) zst.insert(n.substr(0, n.size() - 10));
+    if (n.ends_with(".jsonl")) plain.insert(n.substr(0, n.size() - 6));
   }
-  return {plain - 1, zst};  // less the active segment
+  for (auto& z : zst) plain.erase(z);
+  return {static_cast<int>(plain.size()) - 1, static_cast<int>(zst.size())};  // less the active segment
 }
 
 std::string counts(const fs::path& dir) {
