@@ -9,8 +9,10 @@
 # event plugin, which links the shared libwebsockets and libuv by soname: a static copy in the
 # binary would run beside a second one; sandboxer-init loads it at --listen only) and what it
 # needs (libuv, OpenSSL, libcap, zlib), libidn2 (no archive of libunistring), glibc: all C. A fix
-# to an archived library needs a rebuild of sandboxer, as of an image. OpenSSL's headers are used at
-# build time; sandboxer-init loads libssl and libcrypto by soname at their first use (os/openssl.hpp).
+# to an archived library needs a rebuild of sandboxer, as of an image. OpenSSL's and libidn2's
+# headers are used at build time; the binaries load libssl and libcrypto (os/openssl.hpp) and
+# libidn2 (egress/egress-policy.cpp) by soname at their first use. libm is not linked at all
+# (-Wl,--as-needed in CMakeLists.txt).
 option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd and libstdc++ from their static archives" ON)
 if(SBX_SANITIZE)
   set(SBX_STATIC_DEPS OFF)

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "os/library.hpp"
+
 namespace sbx::egress {
 
 namespace {
@@ -20,6 +22,30 @@ bool all_of(std::string_view s, bool (*pred)(char)) {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_hex_label_char(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || c == 'x'; }
+
+// libidn2, loaded by its soname the first time a name is not ASCII: most boxes name none, and a
+// linked libidn2 (with its libunistring) was two more libraries for the loader at every start
+// of the supervisor and the CLI.
+struct LibIdn2 {
+  decltype(&::idn2_to_ascii_8z) to_ascii_8z = nullptr;
+  decltype(&::idn2_strerror) strerror = nullptr;
+  decltype(&::idn2_free) free = nullptr;
+};
+
+base::Result<const LibIdn2*> load_idn2() {
+  auto l = os::Library::open("libidn2", SBX_LIBIDN2_SONAME, "no_libidn2");
+  if (!l) return l.error();
+  static LibIdn2 lib;
+  if (auto r = l->get(lib.to_ascii_8z, "idn2_to_ascii_8z"); !r) return r.error();
+  if (auto r = l->get(lib.strerror, "idn2_strerror"); !r) return r.error();
+  if (auto r = l->get(lib.free, "idn2_free"); !r) return r.error();
+  return &lib;
+}
+
+const base::Result<const LibIdn2*>& libidn2() {
+  static const base::Result<const LibIdn2*> lib = load_idn2();  // once, under the static's guard
+  return lib;
+}
 
 }  // namespace
 
@@ -48,11 +74,13 @@ base::Result<CanonicalHost> canonical_host(std::string_view raw) {
   if (!ascii) {
     // Unicode names become their A-labels (IDNA2008 with TR46 mapping), so a lookalike in
     // another script compares as the different name it is.
+    const auto& idn = libidn2();
+    if (!idn) return base::fail("no A-label for a name that is not ASCII: " + idn.error().message, idn.error().code);
     char* out = nullptr;
-    int rc = idn2_to_ascii_8z(name.c_str(), &out, IDN2_NONTRANSITIONAL | IDN2_NFC_INPUT);
-    if (rc != IDN2_OK) return fail(std::string("not a valid internationalized name: ") + idn2_strerror(rc));
+    int rc = (*idn)->to_ascii_8z(name.c_str(), &out, IDN2_NONTRANSITIONAL | IDN2_NFC_INPUT);
+    if (rc != IDN2_OK) return fail(std::string("not a valid internationalized name: ") + (*idn)->strerror(rc));
     name = out;
-    idn2_free(out);
+    (*idn)->free(out);
   }
   for (auto& c : name)
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');

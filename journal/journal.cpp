@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -559,7 +558,7 @@ void Journal::retry(bool insist) {
   degraded_ = false;
   retry_timer_.reset();
   auto now = std::chrono::steady_clock::now();
-  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  auto ms = [](auto d) { return std::chrono::round<std::chrono::milliseconds>(d).count(); };
   if (spell_.stopped) {
     spell_.stopped_ms = ms(now - spell_.stopped_at);
     if (pressure_) pressure_(false);
@@ -572,9 +571,9 @@ void Journal::retry(bool insist) {
           {"reason", spell_.reason},
           {"events", spell_.events},
           {"bytes", spell_.bytes},
-          {"degraded_ms", std::llround(ms(now - spell_.since))},
+          {"degraded_ms", ms(now - spell_.since)},
           {"agent_stopped", spell_.stopped},
-          {"stopped_ms", std::llround(spell_.stopped_ms)}});
+          {"stopped_ms", spell_.stopped_ms}});
 }
 
 void Journal::make_reserve() {

@@ -126,7 +126,7 @@ class Journal {
     std::string reason;
     uint64_t events = 0, bytes = 0;
     bool stopped = false;
-    double stopped_ms = 0;
+    int64_t stopped_ms = 0;
   };
 
   Journal(uv_loop_t* loop, JournalOptions opts);

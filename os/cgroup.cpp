@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -288,7 +287,9 @@ Result<void> CgroupDir::set_memory(int64_t bytes) {
 Result<void> CgroupDir::set_cpus(double cpus) {
   if (!has("cpu")) return errc(ENOTSUP);
   const int64_t period = 100000;
-  auto quota = static_cast<int64_t>(std::llround(cpus * period));
+  // Rounded to the nearest microsecond (cpus is never negative: the profile checks it) without libm's
+  // llround: its one use would make the loader map libm at every start.
+  auto quota = static_cast<int64_t>(cpus * period + 0.5);
   if (v2_) return write_str(dir_of("cpu") + "/cpu.max", std::to_string(quota) + " " + std::to_string(period));
   if (auto r = write_str(dir_of("cpu") + "/cpu.cfs_period_us", std::to_string(period)); !r) return r;
   return write_str(dir_of("cpu") + "/cpu.cfs_quota_us", std::to_string(quota));

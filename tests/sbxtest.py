@@ -130,6 +130,22 @@ def run_init(args, state_dir, *, as_pid1=True, timeout=60, **kw):
     return subprocess.run(cmd, timeout=timeout, capture_output=True, **kw)
 
 
+def maps_while_sleeping(tmp_path, name, extra_args, env=None):
+    """The supervisor's /proc/PID/maps once its agent (sleep) has started: which libraries a box
+    started with `extra_args` has loaded."""
+    events = tmp_path / f"{name}.jsonl"
+    p = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / name), "--events", str(events), *extra_args,
+                          "--", "sleep", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        wait_event(events, lambda e: e["type"] == "proc.started", timeout=20)
+        maps = open(f"/proc/{p.pid}/maps").read()
+        assert "sandboxer-init" in maps  # the right process's maps
+        return maps
+    finally:
+        p.kill()
+        p.wait()
+
+
 def refused_without_library(tmp_path, soname, args, expect, env=None):
     """On a host whose loader finds `soname` first where it is no library (LD_LIBRARY_PATH), a box
     started with `args` (an agent that would sleep 120 s) ends at once, its error holding every

@@ -5,9 +5,8 @@ cannot be loaded still runs boxes that need none; a box whose broker needs TLS t
 naming the library and the loader's reason."""
 import json
 import os
-import subprocess
 
-from sbxtest import INIT, refused_without_library, wait_event
+from sbxtest import maps_while_sleeping, refused_without_library
 
 SSL = "libssl.so.3"
 
@@ -21,21 +20,6 @@ def proxy_profile(path):
                          "bind": {"scheme": "https", "host": "api.example.test", "port": 443},
                          "inject": {"header": "x-api-key", "format": "{}"}}]}))
     return path
-
-
-def maps_while_sleeping(tmp_path, name, extra_args, env=None):
-    """The supervisor's /proc/PID/maps while its agent sleeps."""
-    events = tmp_path / f"{name}.jsonl"
-    p = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / name), "--events", str(events), *extra_args,
-                          "--", "sleep", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        wait_event(events, lambda e: e["type"] == "proc.started", timeout=20)
-        maps = open(f"/proc/{p.pid}/maps").read()
-        assert "sandboxer-init" in maps  # the right process's maps
-        return maps
-    finally:
-        p.kill()
-        p.wait()
 
 
 def test_a_box_without_tls_never_maps_openssl(tmp_path):

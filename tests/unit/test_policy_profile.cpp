@@ -38,6 +38,21 @@ TEST_CASE("profile: sizes and durations") {
   CHECK_THROWS_AS(profile::parse_duration_ms("-1s", "f"), ProfileError);
 }
 
+TEST_CASE("profile: a size's or a duration's number is read as std::from_chars reads it") {
+  // The parser reads the number with strtod (libstdc++'s from_chars for a double needs libm);
+  // what strtod takes and from_chars does not is refused as before.
+  CHECK(profile::parse_duration_ms(".5s", "f") == 500);
+  CHECK(profile::parse_duration_ms("1e3ms", "f") == 1000);
+  CHECK(profile::parse_duration_ms("2E-3s", "f") == 2);
+  CHECK(profile::parse_size("1.5e1K", "f") == 15 << 10);
+  CHECK(profile::parse_size("7.", "f") == 7);
+  for (const char* bad : {"+5s", " 5s", "inf", "nan", "1e999s", "1e-999s", ".s", "-s", "", "s"})
+    CHECK_THROWS_WITH_AS(profile::parse_duration_ms(bad, "f"), doctest::Contains("is not a duration"), ProfileError);
+  // Hexadecimal is not read (0, then the unit "x10s"), nor an exponent without digits (5, then "es").
+  for (const char* bad : {"0x10s", "5es"})
+    CHECK_THROWS_WITH_AS(profile::parse_duration_ms(bad, "f"), doctest::Contains("unknown unit"), ProfileError);
+}
+
 TEST_CASE("profile: every field, by the names of the issue") {
   auto p = profile::parse_profile(R"({"name":"t","version":1,
     "resources":{"memory":"64M","cpus":0.5,"pids":32,"open_files":256,"disk":"16M","timeout":"2h","idle":"5m",
