@@ -27,7 +27,7 @@ struct NetworkPolicy {
   int64_t timeout_ms = 30000;  // to read a request's header, to connect, for a whole response
 };
 // Inline: sandbox/policy.cpp names the mode, and sandboxer-ns-init, which links that file, would
-// otherwise take in profile.cpp whole, with the egress parser and libidn2 (sandbox/CMakeLists.txt).
+// otherwise take in profile.cpp whole, with the egress parser (sandbox/CMakeLists.txt).
 inline const char* network_mode_name(NetworkPolicy::Mode m) {
   return m == NetworkPolicy::Mode::Proxy ? "proxy" : m == NetworkPolicy::Mode::None ? "none" : "host";
 }
