@@ -2,8 +2,8 @@
 #
 # Linked from the static archives Debian ships where that is sound (SBX_STATIC_DEPS, on unless
 # under the sanitizers): Boost, libseccomp, libzstd, libstdc++ and libgcc; spdlog and fmt (which
-# Debian ships as shared libraries only) in their header-only forms, so that no shared object
-# left needs libstdc++. A process start pays the dynamic loader for every shared object (mapping,
+# Debian ships as shared libraries only) compiled once from their headers (cmake/spdlog.cpp), so
+# that no shared object left needs libstdc++. A process start pays the dynamic loader for every shared object (mapping,
 # symbol lookup, relocated pages); from an archive the linker takes only the objects the binary
 # calls (docs/architecture.md, "Start-up"). Shared stay: libwebsockets (Debian's dlopens its libuv
 # event plugin, which links the shared libwebsockets and libuv by soname: a static copy in the
@@ -55,17 +55,20 @@ if(SBX_STATIC_DEPS)
   sbx_link_static(PkgConfig::ZSTD)
 endif()
 
-# dep_spdlog: what the layers link for logging. With SBX_STATIC_DEPS, spdlog and fmt header-only
-# (their own targets' definitions: SPDLOG_FMT_EXTERNAL, FMT_HEADER_ONLY), and libstdc++ from its
-# archive in every program; otherwise Debian's shared libspdlog and libfmt.
-add_library(dep_spdlog INTERFACE)
+# dep_spdlog: what the layers link for logging. With SBX_STATIC_DEPS, spdlog and fmt compiled once
+# from their headers into this static library (cmake/spdlog.cpp: Debian ships no archive of
+# either), and libstdc++ from its archive in every program; otherwise Debian's shared libspdlog
+# and libfmt.
 if(SBX_STATIC_DEPS)
-  target_compile_definitions(dep_spdlog INTERFACE SPDLOG_FMT_EXTERNAL)
-  target_include_directories(dep_spdlog
-                             INTERFACE $<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_INCLUDE_DIRECTORIES>)
-  target_link_libraries(dep_spdlog INTERFACE fmt::fmt-header-only Threads::Threads)
+  add_library(dep_spdlog STATIC ${CMAKE_CURRENT_LIST_DIR}/spdlog.cpp)
+  target_compile_definitions(dep_spdlog PUBLIC SPDLOG_COMPILED_LIB SPDLOG_FMT_EXTERNAL)
+  target_include_directories(dep_spdlog SYSTEM
+                             PUBLIC $<TARGET_PROPERTY:spdlog::spdlog_header_only,INTERFACE_INCLUDE_DIRECTORIES>
+                                    $<TARGET_PROPERTY:fmt::fmt,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_link_libraries(dep_spdlog PUBLIC Threads::Threads)
   add_link_options(-static-libstdc++ -static-libgcc)
 else()
+  add_library(dep_spdlog INTERFACE)
   target_link_libraries(dep_spdlog INTERFACE spdlog::spdlog)
 endif()
 
