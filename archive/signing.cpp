@@ -165,8 +165,8 @@ base::Result<PublicKey> load_trust_key(const std::string& path) {
   return pub;
 }
 
-ArchiveKeys::ArchiveKeys(std::string signing, std::vector<std::string> trust)
-    : signing_path_(std::move(signing)), trust_paths_(std::move(trust)) {}
+ArchiveKeys::ArchiveKeys(std::string signing, std::vector<std::string> trust, std::string user_dir)
+    : signing_path_(std::move(signing)), trust_paths_(std::move(trust)), user_dir_(std::move(user_dir)) {}
 
 base::Result<void> ArchiveKeys::check_files() const {
   auto regular = [](const std::string& opt, const std::string& path) -> base::Result<void> {
@@ -175,7 +175,9 @@ base::Result<void> ArchiveKeys::check_files() const {
     if (!S_ISREG(st.st_mode)) return base::fail(opt + " " + path + ": not a regular file");
     return {};
   };
-  if (!signing_path_.empty())
+  // The user's key is made at its first use: not there yet is not an error.
+  bool made_later = !user_dir_.empty() && ::access(signing_path_.c_str(), F_OK) != 0 && errno == ENOENT;
+  if (!signing_path_.empty() && !made_later)
     if (auto r = regular("--signing-key", signing_path_); !r) return r;
   for (auto& f : trust_paths_)
     if (auto r = regular("--trust-key", f); !r) return r;
@@ -184,6 +186,9 @@ base::Result<void> ArchiveKeys::check_files() const {
 
 base::Result<std::shared_ptr<const SigningKey>> ArchiveKeys::signing() const {
   if (!signing_) {
+    if (!user_dir_.empty())
+      if (auto made = ensure_user_key(user_dir_, UserKey::Make); !made)
+        return *(signing_ = base::fail("the user's archive key: " + made.error().message));
     auto key = signing_path_.empty() ? SigningKey::generate() : SigningKey::load(signing_path_);
     if (key)
       signing_ = std::make_shared<const SigningKey>(std::move(*key));
@@ -216,7 +221,7 @@ std::string user_key_dir() {
   return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
 }
 
-base::Result<std::string> ensure_user_key(const std::string& dir, bool parse) {
+base::Result<std::string> ensure_user_key(const std::string& dir, UserKey use) {
   std::string priv = dir + "/signing.pem", pub = dir + "/signing.pub";
   // Whoever can write the key store chooses which archives criu restores: it is this user's
   // alone, and so is the key in it.
@@ -225,6 +230,7 @@ base::Result<std::string> ensure_user_key(const std::string& dir, bool parse) {
   if (std::string why; !os::own_private_dir(parent, why) || !os::own_private_dir(dir, why)) return base::fail(why);
   struct stat st {};
   if (::lstat(priv.c_str(), &st) != 0) {
+    if (use == UserKey::Check) return priv;
     // First use: a whole key in a temporary file, then linked into place (link fails when a
     // concurrent first use got there first: then its key is the one).
     auto key = SigningKey::generate();
@@ -244,7 +250,7 @@ base::Result<std::string> ensure_user_key(const std::string& dir, bool parse) {
     ::unlink(tmp.c_str());
   } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     return base::fail(priv + ": not a regular file of this user's alone (mode 0600)");
-  } else if (!parse) {
+  } else if (use != UserKey::Load) {
     return priv;
   }
   auto key = SigningKey::load(priv);

@@ -61,8 +61,9 @@ base::Result<PublicKey> load_trust_key(const std::string& path);
 class ArchiveKeys {
  public:
   /// `signing`: the signing key's file, empty for a fresh key of this box alone (made on first
-  /// use); `trust`: the --trust-key files.
-  ArchiveKeys(std::string signing, std::vector<std::string> trust);
+  /// use); `trust`: the --trust-key files; `user_dir`: set when `signing` is the user's pair in
+  /// that directory, made at the first use when it is not there yet (ensure_user_key, Make).
+  ArchiveKeys(std::string signing, std::vector<std::string> trust, std::string user_dir = {});
   /// Whether every file exists and is a regular file: the cheap check done at start. The error
   /// names the option and the file.
   base::Result<void> check_files() const;
@@ -74,6 +75,7 @@ class ArchiveKeys {
  private:
   std::string signing_path_;
   std::vector<std::string> trust_paths_;
+  std::string user_dir_;
   mutable std::optional<base::Result<std::shared_ptr<const SigningKey>>> signing_;
   mutable std::optional<base::Result<std::vector<PublicKey>>> trusted_;
 };
@@ -82,11 +84,19 @@ class ArchiveKeys {
 /// ~/.local/state/sandboxer/keys), the directory 0700, holding signing.pem (0600) and signing.pub.
 std::string user_key_dir();
 
-/// The per-user key pair in `dir`: loaded, or made on first use (the private key created with
-/// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path.
-/// With `parse` false, an existing key that passes the file checks is not parsed (nor its public
-/// half rewritten): a box reads it later through ArchiveKeys.
-base::Result<std::string> ensure_user_key(const std::string& dir, bool parse = true);
+/// What ensure_user_key does with the pair. Every use first makes the directory (0700) and checks
+/// it is this user's alone, and checks an existing private key's file (regular, this user's,
+/// 0600).
+enum class UserKey {
+  Load,   ///< made when missing, then parsed, its public half written beside it (the CLI)
+  Make,   ///< made when missing; an existing one is not parsed (a box's first checkpoint)
+  Check,  ///< nothing made or parsed (a box at start: it makes the key at its first use)
+};
+
+/// The per-user key pair in `dir`, as `use` says (a key made has its private half created with
+/// O_EXCL and 0600, so two first uses at once end with one key). Returns the private key's path,
+/// which with Check may not exist yet.
+base::Result<std::string> ensure_user_key(const std::string& dir, UserKey use = UserKey::Load);
 
 /// Lowercase hex of `n` bytes.
 std::string hex_encode(const unsigned char* p, size_t n);

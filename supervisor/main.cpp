@@ -29,16 +29,19 @@ std::string default_state_root() {
   return "/var/lib/sandboxer/boxes";
 }
 
-// The archive keys (archive/signing.hpp): the signing key (given, else the user's pair, made on
-// first use), masked from the agent with the user's key dir; the trusted keys; the size bound.
-// Only the files are checked here: the keys are parsed at the first checkpoint, import or restore
-// (archive::ArchiveKeys), so a box that makes none never loads OpenSSL's key decoders.
+// The archive keys (archive/signing.hpp): the signing key (given, else the user's pair, made at
+// the box's first checkpoint when this user has none yet), masked from the agent with the user's
+// key dir; the trusted keys; the size bound. Only the files are checked here: the keys are parsed,
+// or made, at the first checkpoint, import or restore (archive::ArchiveKeys), so a box that makes
+// none never loads OpenSSL, even the first box of a user.
 bool load_keys(const InitOptions& o, BoxOptions& bo) {
   std::string signing = o.signing_key;
   std::string user_dir = sbx::archive::user_key_dir();
+  bool users_key = false;
   if (signing.empty()) {
-    if (auto p = sbx::archive::ensure_user_key(user_dir, false)) {
+    if (auto p = sbx::archive::ensure_user_key(user_dir, sbx::archive::UserKey::Check)) {
       signing = *p;
+      users_key = true;
     } else {
       // No key store (a read-only home, say): a key of this box alone, so its own checkpoints
       // still restore; another box trusts them only when given its key, which nobody has.
@@ -48,7 +51,8 @@ bool load_keys(const InitOptions& o, BoxOptions& bo) {
           p.error().message);
     }
   }
-  bo.keys = std::make_shared<const sbx::archive::ArchiveKeys>(signing, o.trust_keys);
+  bo.keys =
+      std::make_shared<const sbx::archive::ArchiveKeys>(signing, o.trust_keys, users_key ? user_dir : std::string());
   if (auto r = bo.keys->check_files(); !r) {
     spdlog::critical("{}", r.error().message);
     return false;
