@@ -175,9 +175,9 @@ base::Result<void> ArchiveKeys::check_files() const {
     if (!S_ISREG(st.st_mode)) return base::fail(opt + " " + path + ": not a regular file");
     return {};
   };
-  // The user's key is made at its first use: not there yet is not an error.
-  bool made_later = !user_dir_.empty() && ::access(signing_path_.c_str(), F_OK) != 0 && errno == ENOENT;
-  if (!signing_path_.empty() && !made_later)
+  // The user's key has had its own checks (ensure_user_key, UserKey::Check), and is made at its
+  // first use when it is not there yet.
+  if (!signing_path_.empty() && user_dir_.empty())
     if (auto r = regular("--signing-key", signing_path_); !r) return r;
   for (auto& f : trust_paths_)
     if (auto r = regular("--trust-key", f); !r) return r;
