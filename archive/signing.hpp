@@ -89,7 +89,7 @@ std::string user_key_dir();
 /// 0600).
 enum class UserKey {
   Load,   ///< made when missing, then parsed, its public half written beside it (the CLI)
-  Make,   ///< made when missing; an existing one is not parsed (a box's first checkpoint)
+  Make,   ///< made when missing; an existing one is not parsed (a box's first checkpoint, import or restore)
   Check,  ///< nothing made or parsed (a box at start: it makes the key at its first use)
 };
 
