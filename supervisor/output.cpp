@@ -80,7 +80,7 @@ void OutputDecoder::scan_lines(std::string_view bytes) {
 }
 
 OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decoder, std::function<void()> on_eof)
-    : pipe_(std::move(loop::UvHandle<uv_pipe_t>::make(loop, uv_pipe_init, 0).value())),
+    : pipe_(loop::UvHandle<uv_pipe_t>::make(loop, uv_pipe_init, 0).value()),
       decoder_(std::move(decoder)),
       on_eof_(std::move(on_eof)) {
   pipe_->data = this;

@@ -98,7 +98,7 @@ TEST_CASE("egress: special-purpose address ranges") {
   };
   auto range = [&](std::string_view t) { return egress::special_range(ip(t)).value_or("public"); };
   // Every range of the issue, IPv4 and IPv6, each named by its narrowest entry.
-  for (auto [addr, want] : std::initializer_list<std::pair<const char*, const char*>>{
+  for (auto [entry_addr, want] : std::initializer_list<std::pair<const char*, const char*>>{
            {"0.0.0.0", "0.0.0.0/8"},
            {"10.1.2.3", "10.0.0.0/8"},
            {"100.100.100.200", "100.64.0.0/10"},
@@ -126,6 +126,7 @@ TEST_CASE("egress: special-purpose address ranges") {
            {"ff02::1", "ff00::/8"},
            {"2001:db8::1", "2001:db8::/32"},
            {"2002:a9fe:a9fe::1", "2002::/16 (6to4) for 169.254.169.254"}}) {
+    const char* addr = entry_addr;  // CAPTURE's lambda takes no structured binding before clang 16
     CAPTURE(addr);
     CHECK(range(addr).find(want) != std::string::npos);
   }
