@@ -13,7 +13,8 @@ ORDER = ROOT / "supervisor" / "text-order.ld"
 
 
 def sanitized():
-    return "libasan" in subprocess.run(["readelf", "-d", str(INIT)], capture_output=True, text=True).stdout
+    cache = BUILD / "CMakeCache.txt"
+    return cache.exists() and "SBX_SANITIZE:BOOL=ON" in cache.read_text()
 
 
 def ordered_names(path):
