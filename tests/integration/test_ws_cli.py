@@ -7,9 +7,11 @@ import pty
 import re
 import select
 import signal
+import socket
 import struct
 import subprocess
 import termios
+import threading
 import time
 
 import pytest
@@ -114,6 +116,36 @@ def test_a_wrong_token_is_a_clear_error(box, tmp_path):
     bad.write_text("wrong\n")
     r = subprocess.run([str(CLI), "stats", box.url, "--token-file", str(bad)], capture_output=True, timeout=30)
     assert r.returncode != 0 and r.stderr
+
+
+@pytest.mark.parametrize("how", ["close", "reset", "reset-after-request"])
+def test_a_server_that_drops_the_connection_before_the_handshake_is_a_clear_error(tmp_path, how):
+    # lws 4.1 reports no connection error for these: the CLI waited for ever (seen through
+    # docker-proxy while a fork bomb held the container at its pids ceiling).
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+
+    def drop_one():
+        conn, _ = srv.accept()
+        if how == "reset-after-request":
+            conn.recv(4096)
+        if how != "close":
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    t = threading.Thread(target=drop_one, daemon=True)
+    t.start()
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    try:
+        r = subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{port}", "--token-file", str(token)],
+                           capture_output=True, timeout=30)
+    finally:
+        srv.close()
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(f"sandboxer stats: connect to ws://127.0.0.1:{port}: ".encode()), r.stderr
+    assert b"\0" not in r.stderr and r.stderr.endswith(b"\n"), r.stderr
 
 
 def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):

@@ -2,6 +2,8 @@
 
 #include <libwebsockets.h>
 
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <stdexcept>
@@ -71,6 +73,7 @@ struct Client::Impl {
   std::string rx;
   bool rx_new = true, rx_binary = false;
   bool opened = false, closing = false, closed = false;
+  bool destroying = false;  // ~Client: what lws reports then is not news to the owner
   int close_code = 1006;
   std::string close_reason;
 
@@ -157,9 +160,18 @@ struct Client::Impl {
         if (!q.empty()) lws_callback_on_writable(w);
         return 0;
       case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+        // lws counts the terminating NUL in some reasons' len: the reason ends at the first NUL.
         close_reason =
-            in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in)))
+            in ? std::string(static_cast<const char*>(in), strnlen(static_cast<const char*>(in), len ? len : SIZE_MAX))
                : "connection failed";
+        finish_close();
+        return 0;
+      case LWS_CALLBACK_CLOSED_CLIENT_HTTP:
+        // Closed or reset by the server before its reply to the upgrade: lws 4.1 reports no
+        // connection error then, and the client waited for ever.
+        if (destroying) return 0;
+        if (!opened && close_reason.empty())
+          close_reason = "the server closed the connection before the WebSocket handshake";
         finish_close();
         return 0;
       case LWS_CALLBACK_CLIENT_RECEIVE: {
@@ -206,6 +218,9 @@ struct Client::Impl {
       case LWS_CALLBACK_CLIENT_CLOSED:
         finish_close();
         return 0;
+      case LWS_CALLBACK_WSI_DESTROY:  // the last word on a connection, whatever came before it
+        if (!destroying) finish_close();
+        return 0;
       default:
         return 0;
     }
@@ -229,6 +244,7 @@ Client::Client(uv_loop_t* loop, Endpoint ep) : impl_(std::make_unique<Impl>()) {
 }
 
 Client::~Client() {
+  impl_->destroying = true;
   if (impl_->ctx) {
     lws_context_destroy(impl_->ctx);
     for (int i = 0; i < 20; ++i) uv_run(impl_->loop, UV_RUN_NOWAIT);
