@@ -101,7 +101,7 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // No allocation from here on: errors go to the pipe as (step, errno) (os/child-error.hpp).
     os::reset_signals_for_child();
     // Into the copy's cgroup before anything is restored: its memory is charged there.
-    for (int fd : run.cgroup_procs)
+    for (int fd : run.cgroup_join)
       if (::write(fd, "0", 1) != 1) os::child_fail(ep->write.get(), kStepJoinCgroup, errno);
     // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
     // criu itself starts in fresh ones, and the copy gets them.

@@ -27,8 +27,9 @@ struct CriuRun {
                                    // /proc/sys over /proc (a container's): restoring a tree that
                                    // has a UTS namespace of its own writes kernel/hostname there
   std::string output;              // criu's stdout and stderr go to this file
-  std::vector<int> cgroup_procs;   // criu joins these cgroups (cgroup.procs fds) first, so the
-                                   // tree it restores is counted in the copy's own group
+  std::vector<int> cgroup_join;    // criu joins these cgroups first, writing "0" to each fd
+                                   // (CgroupDir::open_join_fds), so the tree it restores is
+                                   // counted in the copy's own group
   int run_tmpfs = -1;              // a detached tmpfs (KdatCache::fd): a clone of it is mounted on
                                    // /run in a mount namespace of criu's own, so criu keeps its
                                    // kerndat cache there from one run to the next

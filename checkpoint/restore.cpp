@@ -527,7 +527,7 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
   // The cold copy's agent gets the profile's process policy (caps, rlimits, seccomp, Landlock) as
   // the original's did, and a cgroup of its own with the original's ceilings.
   auto cg = host_.copy_cgroup(*job->copy);
-  for (auto& fd : cg) spec->cgroup_procs.push_back(fd.get());
+  for (auto& fd : cg) spec->cgroup_join.push_back(fd.get());
   auto lb = sandbox::launch_branch(*spec);
   cg.clear();
   if (!lb) return copy_failed(job, "start the copy: " + lb.error().message());
@@ -682,7 +682,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   run.output = dir + "/.criu/restore.out";
   // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
   auto cg = host_.copy_cgroup(*job->copy);
-  for (auto& fd : cg) run.cgroup_procs.push_back(fd.get());
+  for (auto& fd : cg) run.cgroup_join.push_back(fd.get());
   auto pid = start_criu(std::move(run));
   cg.clear();
   if (!pid) return copy_failed(job, "start criu: " + pid.error().message());

@@ -73,28 +73,30 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return out;
 }
 
-// How long moving a process into `g` takes, in ms (a child waiting on a pipe is moved; it leaves
-// the group by exiting). On v1 the first move after a quiet while waits for an RCU grace period
-// (the kernel's threadgroup lock switching to its writer mode), and every agent start pays one.
-std::optional<double> move_ms(os::CgroupDir& g) {
+// How long a process takes to join `g` as a branch's ns-init does, in ms: a child writes "0"
+// through each of the group's join fds (v1 `tasks`) and reports the time it took; it leaves the
+// group by exiting. A kernel that takes its global threadgroup lock for that move waits for an RCU
+// grace period there, milliseconds on every agent start (README, Hosts).
+std::optional<double> join_ms(os::CgroupDir& g) {
+  auto fds = g.open_join_fds();
   auto p = os::make_pipe();
-  if (!p) return std::nullopt;
+  if (!fds || !p) return std::nullopt;
   pid_t c = ::fork();
   if (c == 0) {
-    char b;
-    p->write.reset();
-    (void)::read(p->read.get(), &b, 1);
-    ::_exit(0);
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& fd : *fds)
+      if (::write(fd.get(), "0", 1) != 1) ::_exit(1);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ::_exit(::write(p->write.get(), &ms, sizeof ms) == sizeof ms ? 0 : 1);
   }
   if (c < 0) return std::nullopt;
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = g.add(c);
-  auto t1 = std::chrono::steady_clock::now();
   p->write.reset();
-  int st;
+  double ms = -1;
+  bool got = ::read(p->read.get(), &ms, sizeof ms) == sizeof ms;
+  int st = 0;
   ::waitpid(c, &st, 0);
-  if (!r) return std::nullopt;
-  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (!got || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
+  return ms;
 }
 
 Line check_cgroup() {
@@ -130,12 +132,11 @@ Line check_cgroup() {
   for (auto& c : {"memory", "cpu", "pids"})
     if (!g->has(c)) missing.emplace_back(c);
   if (h.version == "v1")
-    if (auto ms = move_ms(*g)) {
+    if (auto ms = join_ms(*g)) {
       char buf[160];
-      std::snprintf(buf, sizeof buf, "; moving a process into its groups took %.2f ms", *ms);
+      std::snprintf(buf, sizeof buf, "; a process joining its groups took %.3f ms", *ms);
       detail += buf;
-      // README, "Hosts": a hierarchy mounted with favordynmods keeps the lock in its slow mode.
-      if (*ms >= 1) detail += " (an RCU grace period, paid by every agent start; see favordynmods in README, Hosts)";
+      if (*ms >= 1) detail += " (an RCU grace period, paid by every agent start; see README, Hosts)";
     }
   g->remove();
   if (!missing.empty())

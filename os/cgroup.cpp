@@ -300,10 +300,10 @@ Result<void> CgroupDir::set_pids(int64_t max) {
   return write_str(dir_of("pids") + "/pids.max", std::to_string(max));
 }
 
-Result<std::vector<UniqueFd>> CgroupDir::open_procs_fds() const {
+Result<std::vector<UniqueFd>> CgroupDir::open_join_fds() const {
   std::vector<UniqueFd> out;
   for (auto& d : dirs_) {
-    int fd = ::open((d + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+    int fd = ::open((d + (v2_ ? "/cgroup.procs" : "/tasks")).c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return last_error();
     out.emplace_back(fd);
   }

@@ -89,9 +89,12 @@ class CgroupDir {
   /// ENOTSUP where v1 has no devices hierarchy.
   Result<void> set_devices(const std::vector<DeviceRule>& allow);
 
-  /// One O_WRONLY fd on cgroup.procs per directory: a child writes "0" to each to join itself,
-  /// with no allocation, before it runs anything of its own.
-  Result<std::vector<UniqueFd>> open_procs_fds() const;
+  /// One O_WRONLY fd per directory through which a single-threaded child joins itself by writing
+  /// "0", with no allocation, before it runs anything of its own: v1's `tasks` (the kernel moves
+  /// the one thread without its global threadgroup lock, whose write side waits for an RCU grace
+  /// period, 6-15 ms here; see Linux's cgroup_procs_write_start), v2's cgroup.procs (where the
+  /// lock is taken either way). A v2 fd also takes another process's pid.
+  Result<std::vector<UniqueFd>> open_join_fds() const;
   /// v2 only: an O_PATH fd on the group's directory, for clone3's CLONE_INTO_CGROUP (the child
   /// starts in the group: no move through cgroup.procs). ENOTSUP on v1.
   Result<UniqueFd> open_v2_dir() const;

@@ -472,9 +472,10 @@ struct ChildArgs {
   const char* exe;
   char* const* argv;
   char* const* envp;
-  int fds[7];    // sources for 3..9
-  int err_pipe;  // write end, reported to on failure
-  int pid_fd;    // source for kNsAgentPid, or -1
+  int fds[7];                         // sources for 3..9
+  int err_pipe;                       // write end, reported to on failure
+  int pid_fd;                         // source for kNsAgentPid, or -1
+  const std::vector<int>* self_join;  // v1 `tasks` fds the child writes "0" to first, or null
 };
 
 // Moves `fds` onto 3..9 even when sources and targets overlap, then closes everything else.
@@ -492,7 +493,11 @@ void place_fds(ChildArgs& a) noexcept {
 
 [[noreturn]] void child_main(ChildArgs& a) noexcept {
   os::reset_signals_for_child();
-  // The parent moves us into the branch's cgroups meanwhile (join_cgroups).
+  // Into the branch's cgroups first, as the one thread this process has (v1); or the parent moves
+  // us meanwhile (join_cgroups, v2).
+  if (a.self_join)
+    for (int fd : *a.self_join)
+      if (::write(fd, "0", 1) != 1) os::child_fail(a.err_pipe, kStepJoinCgroup, errno);
   if (a.new_net && a.plan)
     if (int e = bring_up_loopback(); e != 0) os::child_fail(a.err_pipe, kStepLoopback, e);
   if (a.plan) {
@@ -651,10 +656,11 @@ base::Result<void> can_make_namespaces() {
 }
 
 namespace {
-// Moves `pid` into each cgroup (its cgroup.procs fds); 0, or the errno of the first that refused.
-// The parent does it while the child walks its mount plan and execs ns-init: on cgroup v1 each
-// move waits for an RCU grace period (milliseconds), which the child's own write paid in full on
-// the agent's path. Nothing of the agent runs before both are done: ns-init forks the agent only
+// Moves `pid` into each v2 cgroup (its cgroup.procs fds); 0, or the errno of the first that
+// refused. The parent does it while the child walks its mount plan and execs ns-init: a move
+// through cgroup.procs waits for an RCU grace period (milliseconds), which the child's own write
+// would pay in full on the agent's path (v1 joins through `tasks` in the child instead, which
+// waits for none). Nothing of the agent runs before both are done: ns-init forks the agent only
 // once it reads the branch's config, which the caller sends after launch_branch returns. A child
 // that already failed (ESRCH) is reported by its error pipe instead.
 int join_cgroups(const std::vector<int>& procs, pid_t pid) {
@@ -719,9 +725,15 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (ns) plan = make_plan(spec, bin.path);
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
-    ChildArgs ca{
-        ns ? &plan : nullptr, spec.new_net,          ns ? kNsInitPath : bin.path.c_str(), argv.data(), envp, {},
-        ep->write.get(),      pipes->pid_write.get()};
+    ChildArgs ca{ns ? &plan : nullptr,
+                 spec.new_net,
+                 ns ? kNsInitPath : bin.path.c_str(),
+                 argv.data(),
+                 envp,
+                 {},
+                 ep->write.get(),
+                 pipes->pid_write.get(),
+                 spec.cgroup_self_join ? &spec.cgroup_join : nullptr};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
@@ -736,7 +748,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       return os::last_error();
     }
     ep->write.reset();
-    int join_err = in_cgroup ? 0 : join_cgroups(spec.cgroup_procs, pid);
+    int join_err = in_cgroup || spec.cgroup_self_join ? 0 : join_cgroups(spec.cgroup_join, pid);
     if (in_cgroup) log()->debug("branch {}: ns-init cloned into its cgroup (CLONE_INTO_CGROUP)", spec.name);
     if (auto ce = os::read_child_error(ep->read.get())) {
       // The child failed before exec; collect it here (it is ours alone, not yet the reaper's).

@@ -69,10 +69,13 @@ struct BranchSpec {
   std::string self_exe;  // sandboxer-init, by its path on the host (ns-init's is found beside it)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
-  std::vector<int> cgroup_procs;   // borrowed: cgroup.procs of the branch's group, one per hierarchy;
-                                   // launch_branch moves the child into each before the agent exists
+  std::vector<int> cgroup_join;    // borrowed: the branch's group, one fd per hierarchy
+                                   // (CgroupDir::open_join_fds); the child is in each before the
+                                   // agent exists
+  bool cgroup_self_join = false;   // v1's `tasks`: the child writes "0" to each itself (no global
+                                   // lock); else (v2 cgroup.procs) the parent writes the child's pid
   int cgroup_dir = -1;             // borrowed, v2: the group's directory; the child is cloned into it
-                                   // (clone3 CLONE_INTO_CGROUP), cgroup_procs only where clone3 fails
+                                   // (clone3 CLONE_INTO_CGROUP), cgroup_join only where clone3 fails
   bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
   std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
 };

@@ -133,6 +133,7 @@ std::vector<os::UniqueFd> Box::copy_cgroup(checkpoint::Copy& copy) { return prep
 
 base::Result<sandbox::BranchSpec> Box::cold_copy_spec(checkpoint::Copy& copy) {
   sandbox::BranchSpec spec = branch_spec(branch_of(copy).name);
+  spec.cgroup_self_join = cgroup_host().version == "v1";  // as copy_cgroup's group will be
   if (auto e = prepare_copy_network(spec); !e) return e.error();
   return spec;
 }

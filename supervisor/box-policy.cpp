@@ -145,8 +145,8 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
     cg_state["pids"] = std::string(cg_state["pids"].as_string()) + pids_note;
   effective_memory_ = memory;
   effective_pids_ = pids;
-  auto fds = b.cgroup->open_procs_fds();
-  if (!fds) throw std::runtime_error("open cgroup.procs of branch " + b.name + ": " + fds.error().message());
+  auto fds = b.cgroup->open_join_fds();
+  if (!fds) throw std::runtime_error("open the cgroup of branch " + b.name + " to join: " + fds.error().message());
   return std::move(*fds);
 }
 
@@ -181,8 +181,9 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
   bool want_cg =
       prof.resources.memory > 0 || prof.resources.cpus > 0 || prof.resources.pids > 0 || prof.resources.idle_ms > 0;
   if (host.version != "none") {
-    cgroup_procs_ = make_branch_cgroup(host, b, &cg_state);
-    for (auto& fd : cgroup_procs_) spec.cgroup_procs.push_back(fd.get());
+    cgroup_join_ = make_branch_cgroup(host, b, &cg_state);
+    for (auto& fd : cgroup_join_) spec.cgroup_join.push_back(fd.get());
+    spec.cgroup_self_join = b.cgroup && !b.cgroup->v2();
     if (b.cgroup && b.cgroup->v2())
       if (auto d = b.cgroup->open_v2_dir()) {
         cgroup_dir_ = std::move(*d);
@@ -301,7 +302,7 @@ void Box::teardown_policy() {
       log()->warn("unmount {}: {}", b->workspace_mount, std::strerror(errno));
     b->workspace_mount.clear();
   }
-  cgroup_procs_.clear();
+  cgroup_join_.clear();
   cgroup_dir_.reset();
 }
 

@@ -370,7 +370,7 @@ void Box::start() {
   // criu does not restore Landlock: such a tree is refused at checkpoint (docs/architecture.md, "Hosts").
   b->landlocked = opts_.profile.isolation.landlock.has_value();
   auto lb = sandbox::launch_branch(spec);
-  cgroup_procs_.clear();
+  cgroup_join_.clear();
   cgroup_dir_.reset();
   if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
   b->launched = std::move(*lb);

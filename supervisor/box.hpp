@@ -278,7 +278,7 @@ class Box : public checkpoint::Host {
   static void pause_readers(Proc& p, bool on);  // its stdout and stderr readers
   bool stopped_for_journal_ = false;
   void teardown_policy();
-  std::vector<os::UniqueFd> cgroup_procs_;             // held until the branch's clone has joined
+  std::vector<os::UniqueFd> cgroup_join_;              // held until the branch's clone has joined
   os::UniqueFd cgroup_dir_;                            // v2: the group's directory, for the same clone
   boost::json::object enforcement_;                    // what is enforced, for box.started
   int64_t effective_memory_ = 0, effective_pids_ = 0;  // ceilings set (after capping below the box's)

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <string>
 #include <thread>
@@ -112,7 +113,7 @@ TEST_CASE("cgroup v2: procs, freeze, events and kill on the core files of a cgro
     CHECK_FALSE(g->populated());
   }
   SUBCASE("a child joins through an fd opened by the parent, writing 0") {
-    auto fds = g->open_procs_fds();
+    auto fds = g->open_join_fds();
     REQUIRE(fds.has_value());
     pid_t c = ::fork();
     if (c == 0) {
@@ -179,6 +180,36 @@ TEST_CASE("cgroup v1: a group per hierarchy under our own, with ceilings, remove
     std::thread reap([&] { ::waitpid(p, nullptr, 0); });
     CHECK(g->kill_all(3000));  // thaws first: a frozen group would hold its KILLs
     reap.join();
+
+    // A child joins by writing "0" to v1's `tasks` (the one thread moves; the launcher's path):
+    // it is then in the group of every hierarchy, and so is what it forks afterwards.
+    auto fds = g->open_join_fds();
+    REQUIRE(fds.has_value());
+    REQUIRE(fds->size() == dirs.size());
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_t c = ::fork();
+    if (c == 0) {
+      for (auto& fd : *fds)
+        if (::write(fd.get(), "0", 1) != 1) ::_exit(1);
+      if (::fork() == 0)
+        for (;;) ::pause();
+      (void)!::write(ready[1], "j", 1);
+      for (;;) ::pause();
+    }
+    ::close(ready[1]);
+    char byte = 0;
+    CHECK(::read(ready[0], &byte, 1) == 1);
+    ::close(ready[0]);
+    for (auto& d : dirs) {
+      auto procs = read_file(d + "/cgroup.procs");
+      REQUIRE(procs.has_value());
+      CAPTURE(d);
+      CHECK(procs->find(std::to_string(c) + "\n") != std::string::npos);
+      CHECK(std::count(procs->begin(), procs->end(), '\n') == 2);  // the child and its own child
+    }
+    CHECK(g->kill_all(3000));
+    ::waitpid(c, nullptr, 0);
   }
   for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
 }
