@@ -549,6 +549,13 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
           }
           op->fs_bytes += *r;
         }
+        // A live snapshot restores onto its root/: the mount points of the branch's root, which
+        // is a tmpfs (launcher.cpp) or, in a restored copy, root/ itself. The tree is stopped.
+        if (op->live)
+          if (auto r = sandbox::copy_root_top(op->ns_init_pid, op->work + "/payload/fs/root"); !r) {
+            op->error = "the mount points of the branch's root: " + r.error().message();
+            return;
+          }
         op->image_bytes = os::tree_bytes(op->work + "/payload/criu");
       },
       [this, op] {

@@ -81,8 +81,16 @@ struct BranchSpec {
 };
 
 /// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each
-/// restored copy gets a copy of. `root` holds the mount points and symlinks of the agent's /.
+/// restored copy gets a copy of. `root` holds the mount points and symlinks of the agent's / in a
+/// snapshot and in a copy criu restored (its --root); a branch launch_branch starts has a tmpfs
+/// there instead, in its own mount namespace, and its root/ on disk stays empty.
 inline constexpr const char* kLayerDirs[] = {"root", "workspace", "tmp", "run"};
+
+/// The top of the root of the running branch whose ns-init is `ns_init` (its directories, the
+/// mount points, and its symlinks), made again in the directory `dest` (a snapshot's root/):
+/// criu restores a copy's mount tree onto them. The live root is a tmpfs no copy of the branch's
+/// dir contains. `dest` is made if missing; entries already there stay.
+os::Result<void> copy_root_top(pid_t ns_init, const std::string& dest);
 
 struct LaunchedBranch {
   pid_t pid = -1;                         // ns-init, in the supervisor's pid namespace
