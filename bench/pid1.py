@@ -44,7 +44,7 @@ def _present(cmd):
 
 def time_runs(cmds, state_root):
     """Medians of RUNS interleaved runs. Each run of ours gets a state dir of its own, as a new
-    container or `sandboxer run` does (creating its ~45 files and directories is part of the
+    container or `sandboxer run` does (creating its ~24 files and directories is part of the
     start), except "(state dir reused)", which starts where its run before left."""
     times = {k: [] for k in cmds}
     for i in range(RUNS):
