@@ -200,7 +200,7 @@ int cmd_exec(const std::vector<std::string>& args) {
   });
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
-      s.report("connect to " + s.url() + ": " + err);
+      s.report("connect to " + s.url() + ": " + connect_error(s.url(), err));
       return s.stop();
     }
     c.request(exec_request(o), [&](const json::object& r) {

@@ -205,7 +205,8 @@ base::Result<void> Relay::start() {
   m.source->on_binary(
       [&m](uint32_t, uint64_t off, bool last, std::string_view data) { m.on_source_frame(off, last, data); });
   m.source->connect([&m](const std::string& err) {
-    if (!err.empty()) return m.fail_source("connect to " + m.source_ep.url + ": " + err, "connect");
+    if (!err.empty())
+      return m.fail_source("connect to " + m.source_ep.url + ": " + connect_error(m.source_ep.url, err), "connect");
     json::object req{{"op", "snapshot.export"}, {"snapshot", m.snapshot}};
     if (!m.plan.base.empty()) req["base"] = m.plan.base;
     if (!m.plan.lacks.empty()) req["lacks"] = base::base64_encode(m.plan.lacks);
@@ -244,7 +245,8 @@ size_t Relay::add_target(sdk::Endpoint ep) {
   });
   tr.client->on_drained([&m, &tr] { m.pump(tr); });
   tr.client->connect([&m, &tr](const std::string& err) {
-    if (!err.empty()) return m.finish(tr, base::fail("connect to " + tr.ep.url + ": " + err, "connect"));
+    if (!err.empty())
+      return m.finish(tr, base::fail("connect to " + tr.ep.url + ": " + connect_error(tr.ep.url, err), "connect"));
     tr.connected = true;
     m.begin(tr);
   });

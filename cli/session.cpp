@@ -1,6 +1,9 @@
 #include "cli/session.hpp"
 
 #include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +21,42 @@ namespace sbx::cli {
 
 namespace json = boost::json;
 using sdk::Client;
+
+std::string connect_error(const std::string& url, const std::string& err) {
+  if (err.find("closed before established") == std::string::npos) return err;
+  sdk::ParsedUrl u;
+  try {
+    u = sdk::parse_url(url);
+  } catch (const std::exception&) {
+    return err;
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(u.host.c_str(), std::to_string(u.port).c_str(), &hints, &res) != 0 || !res) return err;
+  int e = 0;
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    e = errno;
+  } else if (::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    e = errno;
+    if (e == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int n = ::poll(&p, 1, 2000);
+      socklen_t len = sizeof e;
+      if (n == 0)
+        e = ETIMEDOUT;
+      else if (n < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+        e = errno;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  std::string where = u.host + ":" + std::to_string(u.port);
+  if (e == ECONNREFUSED) return std::string(std::strerror(e)) + " (nothing listens on " + where + ")";
+  if (e != 0) return std::string(std::strerror(e)) + " (" + where + ")";
+  return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
+}
 
 namespace {
 
@@ -128,7 +167,7 @@ base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::o
   c.on_close([&](int, const std::string&) { stop(); });
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
-      result = base::fail("connect to " + box.url + ": " + err, "connect");
+      result = base::fail("connect to " + box.url + ": " + connect_error(box.url, err), "connect");
       return stop();
     }
     c.request(std::move(req), [&](const json::object& r) {
@@ -217,7 +256,7 @@ base::Result<json::object> Session::transfer(json::object req, const std::string
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
       finished = true;
-      result = base::fail("connect to " + url() + ": " + err, "connect");
+      result = base::fail("connect to " + url() + ": " + connect_error(url(), err), "connect");
       return stop();
     }
     if (!upload) {

@@ -38,6 +38,12 @@ std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure);
 /// The files of --trust-key, each checked readable here (UsageError naming the one that is not).
 std::vector<std::string> readable_keys(const Args& a);
 
+/// What a failed connect to `url` says, from the client's `err`: libwebsockets reports a refused
+/// or unanswered TCP connect as "closed before established", as it does a server that accepted
+/// and closed, so a plain connect (2 s at most) says which it was ("Connection refused (nothing
+/// listens on HOST:PORT)"). Any other `err` is returned as it is.
+std::string connect_error(const std::string& url, const std::string& err);
+
 class Session {
  public:
   /// Resolves the endpoint of `url` with --token-file from `args`; throws (exit 2) when there

@@ -148,6 +148,24 @@ def test_a_server_that_drops_the_connection_before_the_handshake_is_a_clear_erro
     assert b"\0" not in r.stderr and r.stderr.endswith(b"\n"), r.stderr
 
 
+def test_a_port_nothing_listens_on_says_connection_refused(tmp_path):
+    # lws reports a refused connect as "closed before established", the words it has for a server
+    # that accepted and closed: the CLI tells the two apart (before, both printed lws's words).
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]  # bound, never listening: a connect to it is refused
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    try:
+        r = subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{port}", "--token-file", str(token)],
+                           capture_output=True, timeout=30)
+    finally:
+        srv.close()
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.decode().startswith(f"sandboxer stats: connect to ws://127.0.0.1:{port}: Connection refused "
+                                        f"(nothing listens on 127.0.0.1:{port})"), r.stderr
+
+
 def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
     # A tiny queue and an attach whose stdout nobody reads for a while: the server closes it with
     # 4008, attach resumes from its last seq, and in the end every seq is there once.
