@@ -314,13 +314,25 @@ def raw(bindir, tmp, mb):
                         "mnt[/run]:run", "--manage-cgroups=ignore", "--tcp-established", "--network-lock", "skip",
                         "--file-locks", "--leave-running"], check=True, timeout=900)
         dump_s = time.monotonic() - t0
+        # criu restores onto the mount points of the tree's root, which the supervisor's own
+        # checkpoint writes into a snapshot (sandbox::copy_root_top): the branch's root is a tmpfs in
+        # its mount namespace, so its root/ on disk is empty. Read the same from the live root.
+        top = tmp / f"raw-root-{mb}"
+        top.mkdir()
+        with os.scandir(f"/proc/{ns_init}/root") as entries:
+            for e in entries:
+                if e.is_symlink():
+                    os.symlink(os.readlink(e.path), top / e.name)
+                elif e.is_dir(follow_symlinks=False):
+                    (top / e.name).mkdir()
 
         def restore_many(n):
             procs, keep = [], []
             t = time.monotonic()
             for i in range(n):
                 d = tmp / f"raw-copy-{mb}-{n}-{i}"
-                for sub in ("root", "workspace", "tmp", "run"):
+                shutil.copytree(top, d / "root", symlinks=True)
+                for sub in ("workspace", "tmp", "run"):
                     shutil.copytree(state / "branches" / "main" / sub, d / sub, symlinks=True)
                 # The state dir is masked in the branch's view: under /tmp, its mount point must
                 # exist in the copy's own /tmp (as the supervisor does it).
