@@ -118,6 +118,17 @@ def test_a_wrong_token_is_a_clear_error(box, tmp_path):
     assert r.returncode != 0 and r.stderr
 
 
+def stats_of_port(tmp_path, srv):
+    """`sandboxer stats` against the port of the socket `srv` (with some token), which it closes."""
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    try:
+        return subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{srv.getsockname()[1]}", "--token-file",
+                               str(token)], capture_output=True, timeout=30)
+    finally:
+        srv.close()
+
+
 @pytest.mark.parametrize("how", ["close", "reset", "reset-after-request"])
 def test_a_server_that_drops_the_connection_before_the_handshake_is_a_clear_error(tmp_path, how):
     # lws 4.1 reports no connection error for these: the CLI waited for ever (seen through
@@ -136,13 +147,7 @@ def test_a_server_that_drops_the_connection_before_the_handshake_is_a_clear_erro
         conn.close()
     t = threading.Thread(target=drop_one, daemon=True)
     t.start()
-    token = tmp_path / "token"
-    token.write_text("x" * 32)
-    try:
-        r = subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{port}", "--token-file", str(token)],
-                           capture_output=True, timeout=30)
-    finally:
-        srv.close()
+    r = stats_of_port(tmp_path, srv)
     assert r.returncode == 1, r.stderr
     assert r.stderr.startswith(f"sandboxer stats: connect to ws://127.0.0.1:{port}: ".encode()), r.stderr
     assert b"\0" not in r.stderr and r.stderr.endswith(b"\n"), r.stderr
@@ -154,13 +159,7 @@ def test_a_port_nothing_listens_on_says_connection_refused(tmp_path):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     port = srv.getsockname()[1]  # bound, never listening: a connect to it is refused
-    token = tmp_path / "token"
-    token.write_text("x" * 32)
-    try:
-        r = subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{port}", "--token-file", str(token)],
-                           capture_output=True, timeout=30)
-    finally:
-        srv.close()
+    r = stats_of_port(tmp_path, srv)
     assert r.returncode == 1, r.stderr
     assert r.stderr.decode().startswith(f"sandboxer stats: connect to ws://127.0.0.1:{port}: Connection refused "
                                         f"(nothing listens on 127.0.0.1:{port})"), r.stderr
