@@ -143,7 +143,7 @@ def test_the_root_is_a_read_only_tmpfs_and_makes_nothing_on_the_hosts_disk(tmp_p
     # ~20 fewer inodes on the host's disk. A live checkpoint writes them into its snapshot's root/
     # (criu restores onto them: tests/integration/test_checkpoint.py restores such snapshots).
     r, out = sh(tmp_path, "awk '$5 == \"/\" {print $6, $9}' /proc/self/mountinfo; touch /sbx-probe 2>&1;"
-                          " readlink /bin; test -d /usr/bin && echo usr")
+                          " test -d /usr/bin && echo usr")
     assert r.returncode == 0, r.stderr
     root_line, *rest = out.splitlines()
     opts, fstype = root_line.split()
