@@ -3,6 +3,7 @@
 #include "checkpoint/checkpointer.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -206,14 +207,14 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
       warm_timer_.get(),
       [](uv_timer_t* t) {
         auto* self = static_cast<Checkpointer*>(t->data);
-        if (self->criu_ran_ || self->host_.shutting_down() || self->kdat_.fd() < 0) return;
-        CriuRun run;
-        run.args = {"check", "--feature", "mnt_id", "-v0", "--log-file", "/dev/null"};
-        run.output = "/dev/null";
-        auto pid = self->start_criu(std::move(run));
+        if (self->kdat_filled_ || self->host_.shutting_down() || self->kdat_.fd() < 0) return;
+        auto pid = spawn_criu(*self->criu_, self->kdat_fill());
         if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
         self->warming_ = *pid;
-        self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
+        self->host_.watch_child(*pid, [self](pid_t, int st) {
+          self->warming_ = -1;
+          if (WIFEXITED(st)) self->kdat_filled_ = true;
+        });
       },
       delay_ms, 0);
   // A box that ends before the delay does not wait for it.
@@ -222,8 +223,48 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
 
 os::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   run.run_tmpfs = kdat_.fd();
-  criu_ran_ = true;
+  if (!kdat_filled_ && run.run_tmpfs >= 0) {
+    fill_kdat_now();
+  } else if (!kdat_filled_) {
+    kdat_filled_ = true;  // said once
+    log()->warn("criu's kerndat cache: no tmpfs for it here; each criu probes the kernel itself");
+  }
   return spawn_criu(*criu_, run);
+}
+
+CriuRun Checkpointer::kdat_fill() {
+  return {.args = {"check", "--feature", "mnt_id", "-v0", "--log-file", "/dev/null"},
+          .output = "/dev/null",
+          .run_tmpfs = kdat_.fd(),
+          .own_pid_ns = true};
+}
+
+void Checkpointer::fill_kdat_now() {
+  // The warm-up's criu is the reaper's to collect: its end is only watched here (waitid with
+  // WNOWAIT leaves it to the reaper). A criu started here is ours alone and collected here.
+  bool ours = warming_ <= 0;
+  pid_t pid = warming_;
+  if (ours) {
+    auto started = spawn_criu(*criu_, kdat_fill());
+    if (!started) {
+      kdat_filled_ = true;  // not again for every criu: they probe for themselves
+      return log()->warn("criu's kerndat cache: {}; each criu probes the kernel itself", started.error().message());
+    }
+    pid = *started;
+  }
+  auto fd = os::pidfd_open(pid);
+  struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
+  siginfo_t si{};
+  if (fd && ::poll(&pfd, 1, 10000) == 1 &&
+      ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) == 0) {
+    kdat_filled_ = si.si_code == CLD_EXITED;
+    return;
+  }
+  log()->warn("criu's kerndat fill (pid {}) did not end within 10 s; the next criu probes the kernel itself", pid);
+  if (ours) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, __WALL);
+  }
 }
 
 base::Result<void> Checkpointer::live_possible() const {

@@ -111,7 +111,8 @@ class Checkpointer {
   /// Fills criu's kerndat cache (KdatCache) `delay_ms` from now, off the agent's path, with a
   /// `criu check` of one cheap feature: the box's first dump (inside the agent's pause) and first
   /// restore then load the cache instead of probing the kernel (~50 ms of the first checkpoint's
-  /// pause here). Nothing where live checkpoints are impossible, or once a criu has run.
+  /// pause here). That criu is PID 1 of a pid namespace of its own (KdatCache says why). Nothing
+  /// where live checkpoints are impossible, or once the cache is filled.
   void warm_up(uint64_t delay_ms);
   boost::json::object remove(const std::string& id);
   /// The archive file of snapshot `id`, for snapshot.export, or why there is none: its own file,
@@ -214,9 +215,15 @@ class Checkpointer {
   /// Deletes the chunks no snapshot's list names; deferred while a writer is adding chunks.
   void collect_chunks();
   void chunk_writer_done();
-  /// Starts criu for `run` with the box's kerndat cache on its /run (KdatCache), noting that a
-  /// criu has run (warm_up then has nothing to do). Every criu of the box starts here.
+  /// Starts criu for `run` with the box's kerndat cache on its /run (KdatCache). Every criu of the
+  /// box that touches a tree starts here, after the cache is filled (fill_kdat_now).
   os::Result<pid_t> start_criu(CriuRun run);
+  /// The criu that fills the kerndat cache: `criu check` of one cheap feature, in a pid namespace
+  /// of its own.
+  CriuRun kdat_fill();
+  /// Before the first criu that touches a tree, where warm_up has not filled the cache yet: waits
+  /// for its criu, or runs one and waits (at most 10 s; the loop waits with it, once per box).
+  void fill_kdat_now();
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a
   /// copy of its own, unless the file changed since `filed` (then the store drops it: the snapshot
@@ -256,7 +263,7 @@ class Checkpointer {
   KdatCache kdat_;                         // criu's kerndat cache for restores (criu.hpp)
   loop::UvHandle<uv_timer_t> warm_timer_;  // warm_up's delay
   pid_t warming_ = -1;                     // its criu, until reaped
-  bool criu_ran_ = false;                  // a criu was started: the cache is filled or being
+  bool kdat_filled_ = false;               // a kerndat fill ended (or cannot run): criu do not wait
   std::optional<std::string> image_id_;    // /etc/sandboxer/image.json's id, in an image
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.

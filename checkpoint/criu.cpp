@@ -51,7 +51,14 @@ bool loopback_up() noexcept {
 }
 
 // The steps of criu's child before exec, as it reports them (os::child_fail).
-enum : int { kStepUnshare = 1, kStepLoopback = 2, kStepExec = 3, kStepHostname = 4, kStepJoinCgroup = 5 };
+enum : int {
+  kStepUnshare = 1,
+  kStepLoopback = 2,
+  kStepExec = 3,
+  kStepHostname = 4,
+  kStepJoinCgroup = 5,
+  kStepMountProc = 6
+};
 
 // In the child, in a mount namespace of its own: a clone of the detached tmpfs `run_tmpfs` on
 // /run (KdatCache). Best effort: without it criu probes the kernel as it always did.
@@ -95,7 +102,10 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   std::vector<int> src = run.fds;
   int n = static_cast<int>(src.size());
 
-  pid_t pid = ::fork();
+  // A pid namespace of its own comes with a mount namespace of its own, for its /proc.
+  pid_t pid = run.own_pid_ns
+                  ? static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | CLONE_NEWNS | SIGCHLD, 0, 0, 0, 0))
+                  : ::fork();
   if (pid < 0) return os::last_error();
   if (pid == 0) {
     // No allocation from here on: errors go to the pipe as (step, errno) (os/child-error.hpp).
@@ -116,8 +126,15 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // namespace's hostname through /proc/sys/kernel/hostname. In a mount namespace of criu's own,
     // that bind is taken away (the proc mount below it is writable); where /proc/sys is no
     // separate mount, as on a plain host, umount fails and nothing changes.
-    if ((run.writable_proc_sys || run.run_tmpfs >= 0) && ::unshare(CLONE_NEWNS) == 0 &&
-        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
+    if (run.own_pid_ns) {
+      // The /proc of the new namespace: criu reads /proc/<pid> of the children it forks by the
+      // pids its fork returned.
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+        os::child_fail(ep->write.get(), kStepMountProc, errno);
+      if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
+    } else if ((run.writable_proc_sys || run.run_tmpfs >= 0) && ::unshare(CLONE_NEWNS) == 0 &&
+               ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
       if (run.writable_proc_sys) (void)::umount2("/proc/sys", MNT_DETACH);
       if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
     }

@@ -33,6 +33,9 @@ struct CriuRun {
   int run_tmpfs = -1;              // a detached tmpfs (KdatCache::fd): a clone of it is mounted on
                                    // /run in a mount namespace of criu's own, so criu keeps its
                                    // kerndat cache there from one run to the next
+  bool own_pid_ns = false;         // criu is PID 1 of a pid namespace of its own, with /proc
+                                   // mounted anew: what it signals is its own children only. For
+                                   // a criu that touches no tree (the kerndat fill, KdatCache)
 };
 
 /// criu probes the kernel at every start (kerndat: namespaces, iptables, /dev/net/tun...) and
@@ -42,6 +45,13 @@ struct CriuRun {
 /// the box's last fd of it closes, and nothing of it stays behind on the host), and every criu it
 /// runs (dump, restore, lazy-pages) sees a clone of it as its /run. No tmpfs (an old kernel, a
 /// seccomp filter that refuses the new mount calls): criu probes as before.
+///
+/// The probe is also where criu can kill the agent. criu 4.2's compat-vDSO probe
+/// (vdso_mmap_compat in criu/vdso.c) does not check its fork: when that fork fails, as at a pids
+/// ceiling the agent has reached (a container's, which the supervisor shares), it calls
+/// kill(-1, SIGKILL), which ends every process of criu's pid namespace but its init. So the box
+/// fills the cache with a criu of its own pid namespace (CriuRun::own_pid_ns) before any criu
+/// that touches a tree runs, and those load the cache and never probe.
 class KdatCache {
  public:
   /// The tmpfs's mount fd, made at the first call; -1 where it cannot be made.

@@ -399,3 +399,65 @@ def test_criu_kerndat_cache_is_filled_before_the_first_checkpoint(tmp_path, warm
         assert bool(kdat_caches(box.proc.pid)) == (warm != "off")
         assert cli(box, "checkpoint", box.url).returncode == 0
         assert kdat_caches(box.proc.pid)
+
+
+# criu 4.2's kernel probe forks without checking the fork (vdso_mmap_compat in criu/vdso.c); when
+# that fork fails, as at a pids ceiling the agent has reached in a container, it calls
+# kill(-1, SIGKILL). This criu stands for that failure: without a kerndat cache on its /run it
+# signals all it can, then goes on as the real criu. It never does so in the test's own pid
+# namespace (HOST_NS), whatever happens.
+KILLING_CRIU = """#!/bin/sh
+if [ "$1" != "--version" ] && [ ! -s /run/criu.kdat ] && [ "$(readlink /proc/self/ns/pid)" != "{host_ns}" ]; then
+  echo "$$" >> {ran}
+  kill -KILL -1
+fi
+exec {criu} "$@"
+"""
+
+
+def supervisor_of(box):
+    """The supervisor's pid in our namespace: unshare's one child (WsBox with as_pid1)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        kids = pathlib.Path(f"/proc/{box.proc.pid}/task/{box.proc.pid}/children").read_text().split()
+        if kids:
+            return int(kids[0])
+        time.sleep(0.02)
+    raise TimeoutError("unshare has no child")
+
+
+@pytest.mark.skipif(shutil.which("criu") is None or shutil.which("nsenter") is None, reason="needs criu, nsenter")
+@pytest.mark.parametrize("first", ["warm-up", "checkpoint", "control-in-the-box-pid-ns"])
+def test_a_criu_probe_that_kills_all_it_can_signal_reaches_no_process_of_the_box(tmp_path, first):
+    # The box probes with a criu that is PID 1 of a pid namespace of its own: ahead (the warm-up),
+    # or just before the first criu that touches a tree (a checkpoint with the warm-up off). That
+    # criu kills nothing of the box, and every later criu loads the cache. The supervisor is PID
+    # 1 of a pid namespace, as in a container. Control: the same criu run in the box's pid
+    # namespace, where the box ran its criu before, kills the agent.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ran = tmp_path / "ran"
+    (bindir / "criu").write_text(KILLING_CRIU.format(host_ns=os.readlink("/proc/self/ns/pid"), ran=ran,
+                                                     criu=shutil.which("criu")))
+    (bindir / "criu").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}",
+               SANDBOXER_KDAT_WARM_MS="50" if first == "warm-up" else "off")
+    with WsBox(tmp_path, ["sleep", "60"], env=env, as_pid1=True) as box:
+        box.wait_event(lambda e: e["type"] == "proc.started")
+        if first == "control-in-the-box-pid-ns":
+            subprocess.run(["nsenter", "--target", str(supervisor_of(box)), "--pid", "--", str(bindir / "criu"),
+                            "check", "--feature", "mnt_id"], env=env, capture_output=True, timeout=60)
+            ex = box.wait_event(lambda e: e["type"] == "proc.exited", timeout=10)
+            assert ex.get("signal") == "KILL", ex
+            return
+        if first == "warm-up":
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not kdat_caches(supervisor_of(box)):
+                time.sleep(0.05)
+            assert kdat_caches(supervisor_of(box)), "the warm-up filled no cache"
+        r = cli(box, "checkpoint", box.url)
+        assert r.returncode == 0, r.stderr
+        # One probe, by a criu that was PID 1 of its namespace; the dump loaded the cache.
+        assert ran.read_text().split() == ["1"]
+        time.sleep(0.3)
+        assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"], box.read_events()
