@@ -207,14 +207,11 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
       warm_timer_.get(),
       [](uv_timer_t* t) {
         auto* self = static_cast<Checkpointer*>(t->data);
-        if (self->kdat_filled_ || self->host_.shutting_down() || self->kdat_.fd() < 0) return;
+        if (self->host_.shutting_down() || self->kdat_.fd() < 0 || self->kdat_cached()) return;
         auto pid = spawn_criu(*self->criu_, self->kdat_fill());
         if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
         self->warming_ = *pid;
-        self->host_.watch_child(*pid, [self](pid_t, int st) {
-          self->warming_ = -1;
-          if (WIFEXITED(st)) self->kdat_filled_ = true;
-        });
+        self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
       },
       delay_ms, 0);
   // A box that ends before the delay does not wait for it.
@@ -223,11 +220,10 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
 
 os::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   run.run_tmpfs = kdat_.fd();
-  if (!kdat_filled_ && run.run_tmpfs >= 0) {
-    fill_kdat_now();
-  } else if (!kdat_filled_) {
-    kdat_filled_ = true;  // said once
-    log()->warn("criu's kerndat cache: no tmpfs for it here; each criu probes the kernel itself");
+  if (run.run_tmpfs < 0) {
+    kdat_unprotected("no tmpfs for criu's kerndat cache here");
+  } else if (!kdat_warned_ && !kdat_cached()) {
+    if (auto r = fill_kdat_now(); !r) return r.error();
   }
   return spawn_criu(*criu_, run);
 }
@@ -239,32 +235,58 @@ CriuRun Checkpointer::kdat_fill() {
           .own_pid_ns = true};
 }
 
-void Checkpointer::fill_kdat_now() {
+bool Checkpointer::kdat_cached() {
+  struct stat st {};
+  return kdat_.fd() >= 0 && ::fstatat(kdat_.fd(), "criu.kdat", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+         st.st_size > 0;
+}
+
+void Checkpointer::kdat_unprotected(const std::string& why) {
+  if (!std::exchange(kdat_warned_, true))
+    log()->warn(
+        "{}: each criu probes the kernel in the box's pid namespace (a failed fork of its probe "
+        "kills every process there but PID 1)",
+        why);
+}
+
+os::Result<void> Checkpointer::fill_kdat_now() {
   // The warm-up's criu is the reaper's to collect: its end is only watched here (waitid with
   // WNOWAIT leaves it to the reaper). A criu started here is ours alone and collected here.
-  bool ours = warming_ <= 0;
-  pid_t pid = warming_;
-  if (ours) {
-    auto started = spawn_criu(*criu_, kdat_fill());
-    if (!started) {
-      kdat_filled_ = true;  // not again for every criu: they probe for themselves
-      return log()->warn("criu's kerndat cache: {}; each criu probes the kernel itself", started.error().message());
+  for (int attempt = 0; attempt < 2 && !kdat_cached(); ++attempt) {
+    bool ours = warming_ <= 0 || attempt > 0;
+    pid_t pid = warming_;
+    if (ours) {
+      auto started = spawn_criu(*criu_, kdat_fill());
+      int e = started ? 0 : started.error().value();
+      // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
+      if (e == EAGAIN || e == ENOMEM) {
+        log()->warn("criu's kernel probe: {}; criu is not started", started.error().message());
+        return started.error();
+      }
+      if (!started) {
+        kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
+        return {};
+      }
+      pid = *started;
     }
-    pid = *started;
+    auto fd = os::pidfd_open(pid);
+    struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
+    siginfo_t si{};
+    if (!fd || ::poll(&pfd, 1, 10000) != 1 ||
+        ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) != 0) {
+      log()->warn("criu's kernel probe (pid {}) did not end within 10 s; criu is not started", pid);
+      if (ours) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, __WALL);
+      }
+      return boost::system::error_code(ETIMEDOUT, boost::system::system_category());
+    }
+    if (ours && !kdat_cached()) {
+      kdat_unprotected("criu's kernel probe wrote no kerndat cache");
+      return {};
+    }
   }
-  auto fd = os::pidfd_open(pid);
-  struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
-  siginfo_t si{};
-  if (fd && ::poll(&pfd, 1, 10000) == 1 &&
-      ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) == 0) {
-    kdat_filled_ = si.si_code == CLD_EXITED;
-    return;
-  }
-  log()->warn("criu's kerndat fill (pid {}) did not end within 10 s; the next criu probes the kernel itself", pid);
-  if (ours) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, __WALL);
-  }
+  return {};
 }
 
 base::Result<void> Checkpointer::live_possible() const {

@@ -221,9 +221,15 @@ class Checkpointer {
   /// The criu that fills the kerndat cache: `criu check` of one cheap feature, in a pid namespace
   /// of its own.
   CriuRun kdat_fill();
-  /// Before the first criu that touches a tree, where warm_up has not filled the cache yet: waits
-  /// for its criu, or runs one and waits (at most 10 s; the loop waits with it, once per box).
-  void fill_kdat_now();
+  /// The box's kerndat cache holds criu.kdat.
+  bool kdat_cached();
+  /// Before a criu that touches a tree, where the cache is empty: waits for the warm-up's criu, or
+  /// runs one and waits (at most 10 s; the loop waits with it, once per box as a rule). An error
+  /// (a pids ceiling, a probe that does not end) means no criu may start now. Where the probe
+  /// cannot run in a pid namespace of its own, or writes no cache, criu starts unprotected, as
+  /// before (logged once).
+  os::Result<void> fill_kdat_now();
+  void kdat_unprotected(const std::string& why);
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a
   /// copy of its own, unless the file changed since `filed` (then the store drops it: the snapshot
@@ -263,7 +269,7 @@ class Checkpointer {
   KdatCache kdat_;                         // criu's kerndat cache for restores (criu.hpp)
   loop::UvHandle<uv_timer_t> warm_timer_;  // warm_up's delay
   pid_t warming_ = -1;                     // its criu, until reaped
-  bool kdat_filled_ = false;               // a kerndat fill ended (or cannot run): criu do not wait
+  bool kdat_warned_ = false;               // kdat_unprotected has logged
   std::optional<std::string> image_id_;    // /etc/sandboxer/image.json's id, in an image
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.
