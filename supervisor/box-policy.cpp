@@ -162,6 +162,22 @@ std::vector<os::UniqueFd> Box::prepare_copy_cgroup(Branch& b) {
   }
 }
 
+void Box::start_thread_pool_if_pids_shared() {
+  // A container's cgroup filesystem is read-only: the agent, the supervisor and its threads share
+  // the container's one pids limit. libuv starts its pool at the first uv_queue_work (a journal
+  // segment's compression, a checkpoint's copy) and calls abort() when a thread cannot be made
+  // (init_threads, src/threadpool.c); as PID 1 the supervisor then dies of the hlt after it. An
+  // agent that holds the last pid and then writes 16 MiB did that. With the pool made before the
+  // agent runs, a later work item finds its threads there.
+  const auto* pids = enforcement_.if_contains("pids");
+  if (pids && pids->is_string() && pids->as_string().starts_with("cgroup")) return;
+  static uv_work_t nothing;
+  if (int rc = uv_queue_work(
+          loop_, &nothing, [](uv_work_t*) {}, [](uv_work_t*, int) {});
+      rc != 0)
+    log()->warn("start the thread pool: {}", uv_strerror(rc));
+}
+
 void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
   const profile::Profile& prof = opts_.profile;
   sandbox::check_profile_for_host(prof);
@@ -204,6 +220,7 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
     cg_state["disk"] = *how;
   spec.new_net = prof.network.mode != profile::NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
+  start_thread_pool_if_pids_shared();
 }
 
 base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir) {

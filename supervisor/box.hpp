@@ -251,6 +251,10 @@ class Box : public checkpoint::Host {
 
   // box-policy.cpp: cgroup, workspace, masks and the agent's policy for a branch.
   void setup_branch_policy(Branch& b, sandbox::BranchSpec& spec);
+  /// Starts libuv's thread pool now where no group of the agent's own holds its pids (the main
+  /// branch's enforcement_, at the end of setup_branch_policy): there the agent can take the
+  /// box's last pid, and libuv aborts when it cannot start the pool at the first work queued.
+  void start_thread_pool_if_pids_shared();
   /// The workspace DIR/workspace (existing) of a branch, the original or a copy: a sized tmpfs or
   /// ext4 image for the profile's disk ceiling, owned by the agent's user. Returns what enforces
   /// the ceiling ("" when none is asked for), or why the mount failed (the ceiling is then not

@@ -1,6 +1,8 @@
 """Resource ceilings: each adversarial agent ends with the reason named, the supervisor survives,
 and a control run without the ceiling shows the same action succeeds there."""
+import contextlib
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -8,7 +10,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, PROBE, box, exited, of_type, output, probe, read_journal, started
+from sbxtest import INIT, PROBE, box, exited, of_type, output, probe, read_events, read_journal, started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -282,3 +284,63 @@ def test_persistent_workspace_disk_is_an_ext4_image_that_outlives_the_box(state_
                 "resources.disk=16M")
     second = ev[max(i for i, e in enumerate(ev) if e["type"] == "box.started"):]  # the journal continues
     assert output(second).strip() == m.group(1), output(second)
+
+
+HOLD_THE_LAST_PID = r'''
+import os, time
+made = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.execv("/bin/sleep", ["sleep", "600"])
+    made += 1
+print("held", made, flush=True)
+line = b"x" * 4095 + b"\n"
+for _ in range(20 * 256):  # 20 MiB: the journal seals a 16 MiB segment and compresses it on a thread
+    os.write(1, line)
+print("written", flush=True)
+time.sleep(600)
+'''
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/pids/cgroup.procs", os.W_OK), reason="no cgroup v1 pids hierarchy")
+def test_an_agent_holding_the_last_pid_of_a_container_does_not_end_the_supervisor(tmp_path):
+    # As in a container: no group of the agent's own (SANDBOXER_CGROUP=none), one pids limit for
+    # the supervisor and the agent, which forks until it holds the last pid and then makes the
+    # journal compress a segment, the supervisor's first work on its thread pool. libuv aborts
+    # when it cannot start that pool; the supervisor starts it before the agent where the agent's
+    # pids are not its own. Before that, the supervisor died here with SIGABRT.
+    cg = pathlib.Path("/sys/fs/cgroup/pids") / f"sbx-test-{os.getpid()}-{time.monotonic_ns()}"
+    cg.mkdir()
+    try:
+        (cg / "pids.max").write_text("40")
+        events, state = tmp_path / "events.jsonl", tmp_path / "state"
+        cmd = (f"echo $$ > {cg}/cgroup.procs && exec unshare --pid --fork --mount-proc --kill-child {INIT} "
+               f"--state-dir {state} --events {events} -- python3 -c \"$AGENT\"")
+        env = dict(os.environ, SANDBOXER_CGROUP="none", AGENT=HOLD_THE_LAST_PID)
+        p = subprocess.Popen(["sh", "-c", cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and not list(state.glob("journal/*.jsonl.zst")):
+                assert p.poll() is None, p.stderr.read().decode(errors="replace")[-3000:]
+                time.sleep(0.1)
+            said = "".join(e.get("data", "") for e in read_events(events) if e["type"] == "proc.output")
+            assert "held" in said and "written" in said, said[:200]
+            assert list(state.glob("journal/*.jsonl.zst")), "no segment compressed"
+            assert p.poll() is None and not [e for e in read_events(events) if e["type"] == "proc.exited"]
+        finally:
+            p.kill()
+            p.wait()
+    finally:
+        for _ in range(100):
+            pids = (cg / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+            time.sleep(0.05)
+        cg.rmdir()
