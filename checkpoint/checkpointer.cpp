@@ -218,14 +218,16 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
   uv_unref(reinterpret_cast<uv_handle_t*>(warm_timer_.get()));
 }
 
-os::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
+base::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   run.run_tmpfs = kdat_.fd();
   if (run.run_tmpfs < 0) {
     kdat_unprotected("no tmpfs for criu's kerndat cache here");
   } else if (!kdat_warned_ && !kdat_cached()) {
     if (auto r = fill_kdat_now(); !r) return r.error();
   }
-  return spawn_criu(*criu_, run);
+  auto pid = spawn_criu(*criu_, run);
+  if (!pid) return base::sys_fail("start criu", pid.error());
+  return *pid;
 }
 
 CriuRun Checkpointer::kdat_fill() {
@@ -249,9 +251,12 @@ void Checkpointer::kdat_unprotected(const std::string& why) {
         why);
 }
 
-os::Result<void> Checkpointer::fill_kdat_now() {
+base::Result<void> Checkpointer::fill_kdat_now() {
   // The warm-up's criu is the reaper's to collect: its end is only watched here (waitid with
   // WNOWAIT leaves it to the reaper). A criu started here is ours alone and collected here.
+  const std::string refused =
+      "criu is not started beside the agent while its kerndat cache is empty (see "
+      "checkpoint/README.md): ";
   for (int attempt = 0; attempt < 2 && !kdat_cached(); ++attempt) {
     bool ours = warming_ <= 0 || attempt > 0;
     pid_t pid = warming_;
@@ -259,10 +264,8 @@ os::Result<void> Checkpointer::fill_kdat_now() {
       auto started = spawn_criu(*criu_, kdat_fill());
       int e = started ? 0 : started.error().value();
       // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
-      if (e == EAGAIN || e == ENOMEM) {
-        log()->warn("criu's kernel probe: {}; criu is not started", started.error().message());
-        return started.error();
-      }
+      if (e == EAGAIN || e == ENOMEM)
+        return base::fail(refused + "its kernel probe could not start: " + started.error().message(), "criu");
       if (!started) {
         kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
         return {};
@@ -274,17 +277,20 @@ os::Result<void> Checkpointer::fill_kdat_now() {
     siginfo_t si{};
     if (!fd || ::poll(&pfd, 1, 10000) != 1 ||
         ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) != 0) {
-      log()->warn("criu's kernel probe (pid {}) did not end within 10 s; criu is not started", pid);
       if (ours) {
         ::kill(pid, SIGKILL);
         ::waitpid(pid, nullptr, __WALL);
       }
-      return boost::system::error_code(ETIMEDOUT, boost::system::system_category());
+      return base::fail(refused + "its kernel probe (pid " + std::to_string(pid) + ") did not end within 10 s", "criu");
     }
-    if (ours && !kdat_cached()) {
-      kdat_unprotected("criu's kernel probe wrote no kerndat cache");
-      return {};
-    }
+    // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the
+    // criu that would probe next, beside the agent, would meet the same ceiling.
+    if (ours && !kdat_cached())
+      return base::fail(refused + "its kernel probe " +
+                            (si.si_code == CLD_EXITED ? "exited " + std::to_string(si.si_status)
+                                                      : "was killed by signal " + std::to_string(si.si_status)) +
+                            " and wrote no cache",
+                        "criu");
   }
   return {};
 }
@@ -553,7 +559,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   if (!pid) {
     continue_op(*op);
     host_.set_busy(branch, false);
-    checkpoint_failed(op, "criu", "start criu: " + pid.error().message());
+    checkpoint_failed(op, "criu", pid.error().message);
     return;
   }
   log()->info("dump branch {} (ns-init {}): criu {}", branch, op->ns_init_pid, *pid);

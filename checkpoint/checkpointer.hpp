@@ -217,7 +217,7 @@ class Checkpointer {
   void chunk_writer_done();
   /// Starts criu for `run` with the box's kerndat cache on its /run (KdatCache). Every criu of the
   /// box that touches a tree starts here, after the cache is filled (fill_kdat_now).
-  os::Result<pid_t> start_criu(CriuRun run);
+  base::Result<pid_t> start_criu(CriuRun run);
   /// The criu that fills the kerndat cache: `criu check` of one cheap feature, in a pid namespace
   /// of its own.
   CriuRun kdat_fill();
@@ -225,10 +225,10 @@ class Checkpointer {
   bool kdat_cached();
   /// Before a criu that touches a tree, where the cache is empty: waits for the warm-up's criu, or
   /// runs one and waits (at most 10 s; the loop waits with it, once per box as a rule). An error
-  /// (a pids ceiling, a probe that does not end) means no criu may start now. Where the probe
-  /// cannot run in a pid namespace of its own, or writes no cache, criu starts unprotected, as
-  /// before (logged once).
-  os::Result<void> fill_kdat_now();
+  /// (a probe that cannot start at a pids ceiling, does not end, or writes no cache) means no
+  /// criu may start now; the next one tries again. Where the probe cannot run in a pid namespace
+  /// of its own at all, criu starts unprotected, as before (logged once).
+  base::Result<void> fill_kdat_now();
   void kdat_unprotected(const std::string& why);
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a

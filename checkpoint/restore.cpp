@@ -590,7 +590,7 @@ void Checkpointer::start_lazy_daemon(std::shared_ptr<CopyJob> job) {
   run.output = job->dir + "/.criu/lazy-pages.out";
   auto pid = start_criu(std::move(run));
   status->write.reset();
-  if (!pid) return eager("start its lazy-pages daemon: " + pid.error().message());
+  if (!pid) return eager("its lazy-pages daemon: " + pid.error().message);
   job->daemon = *pid;
   lazy_daemons_.push_back(*pid);
   host_.watch_child(*pid, [this, job](pid_t p, int st) {
@@ -685,7 +685,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   for (auto& fd : cg) run.cgroup_join.push_back(fd.get());
   auto pid = start_criu(std::move(run));
   cg.clear();
-  if (!pid) return copy_failed(job, "start criu: " + pid.error().message());
+  if (!pid) return copy_failed(job, pid.error().message);
   host_.watch_child(*pid, [this, job](pid_t, int st) { live_copy_restored(job, st); });
 }
 

@@ -164,11 +164,13 @@ def test_exec_by_the_agents_own_id_names_the_agent_never_a_new_process(tmp_path)
     assert {(e["branch"], e["proc"]) for e in ev if e["type"] == "proc.started"} == {("main", "main"), ("f1", "main@f1")}
 
 
-# A criu that claims 4.2.1 and, asked to dump, records its pid and arguments, then sleeps (the
-# test kills it, or the supervisor) or fails at once.
+# A criu that claims 4.2.1, fills the kerndat cache on its /run when asked to probe (the box
+# starts no criu on a tree before that cache is there), and, asked to dump, records its pid and
+# arguments, then sleeps (the test kills it, or the supervisor) or fails at once.
 FAKE_CRIU = '''#!/bin/sh
 case "$1" in
   --version) echo "Version: 4.2.1"; exit 0;;
+  check) echo probed > /run/criu.kdat; exit 0;;
   dump) echo $$ > {dir}/criu.pid; echo "$@" > {dir}/criu.args; {then};;
 esac
 exit 1
