@@ -208,7 +208,7 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
       [](uv_timer_t* t) {
         auto* self = static_cast<Checkpointer*>(t->data);
         if (self->host_.shutting_down() || self->kdat_.fd() < 0 || self->kdat_cached()) return;
-        auto pid = spawn_criu(*self->criu_, self->kdat_fill(true));
+        auto pid = spawn_criu(*self->criu_, self->kdat_fill());
         if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
         self->warming_ = *pid;
         self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
@@ -230,12 +230,11 @@ base::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   return *pid;
 }
 
-CriuRun Checkpointer::kdat_fill(bool idle) {
+CriuRun Checkpointer::kdat_fill() {
   return {.args = {"check", "--feature", "mnt_id", "-v0", "--log-file", "/dev/null"},
           .output = "/dev/null",
           .run_tmpfs = kdat_.fd(),
-          .own_pid_ns = true,
-          .idle = idle};
+          .own_pid_ns = true};
 }
 
 bool Checkpointer::kdat_cached() {
@@ -253,38 +252,46 @@ void Checkpointer::kdat_unprotected(const std::string& why) {
 }
 
 base::Result<void> Checkpointer::fill_kdat_now() {
+  // The warm-up's criu is the reaper's to collect: its end is only watched here (waitid with
+  // WNOWAIT leaves it to the reaper). A criu started here is ours alone and collected here.
   const std::string refused =
       "criu is not started beside the agent while its kerndat cache is empty (see "
       "checkpoint/README.md): ";
-  // The warm-up's criu runs at idle priority and may wait long for a CPU: it is ended (its watch
-  // collects it; its pid namespace ends with it) and a probe at normal priority takes its place.
-  if (warming_ > 0) ::kill(warming_, SIGKILL);
-  auto started = spawn_criu(*criu_, kdat_fill(false));
-  int e = started ? 0 : started.error().value();
-  // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
-  if (e == EAGAIN || e == ENOMEM)
-    return base::fail(refused + "its kernel probe could not start: " + started.error().message(), "criu");
-  if (!started) {
-    kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
-    return {};
+  for (int attempt = 0; attempt < 2 && !kdat_cached(); ++attempt) {
+    bool ours = warming_ <= 0 || attempt > 0;
+    pid_t pid = warming_;
+    if (ours) {
+      auto started = spawn_criu(*criu_, kdat_fill());
+      int e = started ? 0 : started.error().value();
+      // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
+      if (e == EAGAIN || e == ENOMEM)
+        return base::fail(refused + "its kernel probe could not start: " + started.error().message(), "criu");
+      if (!started) {
+        kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
+        return {};
+      }
+      pid = *started;
+    }
+    auto fd = os::pidfd_open(pid);
+    struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
+    siginfo_t si{};
+    if (!fd || ::poll(&pfd, 1, 10000) != 1 ||
+        ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) != 0) {
+      if (ours) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, __WALL);
+      }
+      return base::fail(refused + "its kernel probe (pid " + std::to_string(pid) + ") did not end within 10 s", "criu");
+    }
+    // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the
+    // criu that would probe next, beside the agent, would meet the same ceiling.
+    if (ours && !kdat_cached())
+      return base::fail(refused + "its kernel probe " +
+                            (si.si_code == CLD_EXITED ? "exited " + std::to_string(si.si_status)
+                                                      : "was killed by signal " + std::to_string(si.si_status)) +
+                            " and wrote no cache",
+                        "criu");
   }
-  pid_t pid = *started;  // ours alone (no watch): collected here
-  auto fd = os::pidfd_open(pid);
-  struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
-  siginfo_t si{};
-  if (!fd || ::poll(&pfd, 1, 10000) != 1 || ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED) != 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, __WALL);
-    return base::fail(refused + "its kernel probe (pid " + std::to_string(pid) + ") did not end within 10 s", "criu");
-  }
-  // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the criu
-  // that would probe next, beside the agent, would meet the same ceiling.
-  if (!kdat_cached())
-    return base::fail(refused + "its kernel probe " +
-                          (si.si_code == CLD_EXITED ? "exited " + std::to_string(si.si_status)
-                                                    : "was killed by signal " + std::to_string(si.si_status)) +
-                          " and wrote no cache",
-                      "criu");
   return {};
 }
 

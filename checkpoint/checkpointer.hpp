@@ -219,13 +219,12 @@ class Checkpointer {
   /// box that touches a tree starts here, after the cache is filled (fill_kdat_now).
   base::Result<pid_t> start_criu(CriuRun run);
   /// The criu that fills the kerndat cache: `criu check` of one cheap feature, in a pid namespace
-  /// of its own; `idle`: at SCHED_IDLE (the warm-up, which has no one waiting for it).
-  CriuRun kdat_fill(bool idle);
+  /// of its own.
+  CriuRun kdat_fill();
   /// The box's kerndat cache holds criu.kdat.
   bool kdat_cached();
-  /// Before a criu that touches a tree, where the cache is empty: ends the warm-up's criu if it
-  /// runs, runs a probe at normal priority and waits (at most 10 s; the loop waits with it, once
-  /// per box as a rule). An error
+  /// Before a criu that touches a tree, where the cache is empty: waits for the warm-up's criu, or
+  /// runs one and waits (at most 10 s; the loop waits with it, once per box as a rule). An error
   /// (a probe that cannot start at a pids ceiling, does not end, or writes no cache) means no
   /// criu may start now; the next one tries again. Where the probe cannot run in a pid namespace
   /// of its own at all, criu starts unprotected, as before (logged once).

@@ -110,10 +110,6 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   if (pid == 0) {
     // No allocation from here on: errors go to the pipe as (step, errno) (os/child-error.hpp).
     os::reset_signals_for_child();
-    if (run.idle) {
-      struct sched_param idle {};
-      (void)::sched_setscheduler(0, SCHED_IDLE, &idle);  // best effort: it only yields the CPU
-    }
     // Into the copy's cgroup before anything is restored: its memory is charged there.
     for (int fd : run.cgroup_join)
       if (::write(fd, "0", 1) != 1) os::child_fail(ep->write.get(), kStepJoinCgroup, errno);

@@ -36,8 +36,6 @@ struct CriuRun {
   bool own_pid_ns = false;         // criu is PID 1 of a pid namespace of its own, with /proc
                                    // mounted anew: what it signals is its own children only. For
                                    // a criu that touches no tree (the kerndat fill, KdatCache)
-  bool idle = false;               // criu and its helpers run at SCHED_IDLE: only on a CPU that
-                                   // nothing else of the machine wants (the kerndat warm-up)
 };
 
 /// criu probes the kernel at every start (kerndat: namespaces, iptables, /dev/net/tun...) and
