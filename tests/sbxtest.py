@@ -266,6 +266,44 @@ class WsBox:
         self.stop()
 
 
+PIDS_V1 = pathlib.Path("/sys/fs/cgroup/pids")
+
+# An agent's first lines (Python): it forks sleepers until the kernel refuses, and keeps their pids
+# in `kids`; what it does at its ceiling follows.
+FORK_UNTIL_REFUSED = r'''
+import os, time
+kids = []
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.execv("/bin/sleep", ["sleep", "600"])
+    kids.append(pid)
+'''
+
+
+@contextlib.contextmanager
+def pids_group():
+    """A cgroup v1 pids group of the test's own (as a container's one pids limit for the box):
+    yields its directory; at the end, every process still in it is killed and the group removed."""
+    cg = PIDS_V1 / f"sbx-test-{os.getpid()}-{time.monotonic_ns()}"
+    cg.mkdir()
+    try:
+        yield cg
+    finally:
+        for _ in range(100):
+            pids = (cg / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.05)
+        cg.rmdir()
+
+
 # -- WebSocket clients ------------------------------------------------------------------------
 
 def auth_headers(token):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, Session, WsBox, output_of, run, ws_connect
+from sbxtest import CLI, FORK_UNTIL_REFUSED, PIDS_V1, Session, WsBox, output_of, pids_group, run, ws_connect
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -463,19 +463,12 @@ def test_a_criu_probe_that_kills_all_it_can_signal_reaches_no_process_of_the_box
         assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"], box.read_events()
 
 
-HOLD_ALL_BUT_ONE_PID = r'''
+# Waits for the test's go, then holds all pids but one.
+HOLD_ALL_BUT_ONE_PID = """
 import os, time
 while not os.path.exists("/workspace/go"):
     time.sleep(0.05)
-kids = []
-while True:
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        os.execv("/bin/sleep", ["sleep", "600"])
-    kids.append(pid)
+""" + FORK_UNTIL_REFUSED + r'''
 os.kill(kids.pop(), 9)
 print("holding all pids but one", flush=True)
 time.sleep(600)
@@ -494,7 +487,7 @@ def tree_of(pid):
     return out
 
 
-@pytest.mark.skipif(shutil.which("criu") is None or not os.access("/sys/fs/cgroup/pids/cgroup.procs", os.W_OK),
+@pytest.mark.skipif(shutil.which("criu") is None or not os.access(PIDS_V1 / "cgroup.procs", os.W_OK),
                     reason="needs criu and a cgroup v1 pids hierarchy")
 def test_no_criu_probes_beside_an_agent_that_holds_all_pids_but_one(tmp_path):
     # As in a container: no cgroup of the box's own, one pids limit for the box, and an agent that
@@ -502,31 +495,18 @@ def test_no_criu_probes_beside_an_agent_that_holds_all_pids_but_one(tmp_path):
     # probe, in its own pid namespace, gets that pid and its forks are refused: it writes no
     # cache, and the checkpoint is refused saying why, rather than a criu probing beside the
     # agent at the same ceiling. The agent runs on; once the pids are free, a checkpoint works.
-    cg = pathlib.Path("/sys/fs/cgroup/pids") / f"sbx-test-{os.getpid()}-{time.monotonic_ns()}"
-    cg.mkdir()
     env = dict(os.environ, SANDBOXER_CGROUP="none", SANDBOXER_KDAT_WARM_MS="off")
-    try:
-        with WsBox(tmp_path, ["python3", "-c", HOLD_ALL_BUT_ONE_PID], env=env, as_pid1=True) as box:
-            box.wait_event(lambda e: e["type"] == "proc.started")
-            for pid in tree_of(box.proc.pid):
-                (cg / "cgroup.procs").write_text(str(pid))
-            (cg / "pids.max").write_text(str(int((cg / "pids.current").read_text()) + 30))
-            (box.workspace / "go").write_text("")
-            box.wait_event(lambda e: e["type"] == "proc.output" and "holding" in e["data"], timeout=30)
-            r = cli(box, "checkpoint", box.url)
-            assert r.returncode != 0 and "not started beside the agent" in r.stderr, r.stderr
-            assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"]
-            (cg / "pids.max").write_text("max")
-            r = cli(box, "checkpoint", box.url)
-            assert r.returncode == 0, r.stderr
-            assert not [e for e in box.read_events() if e["type"] == "proc.exited"]
-    finally:
-        for _ in range(100):
-            pids = (cg / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            time.sleep(0.05)
-        cg.rmdir()
+    with pids_group() as cg, WsBox(tmp_path, ["python3", "-c", HOLD_ALL_BUT_ONE_PID], env=env, as_pid1=True) as box:
+        box.wait_event(lambda e: e["type"] == "proc.started")
+        for pid in tree_of(box.proc.pid):
+            (cg / "cgroup.procs").write_text(str(pid))
+        (cg / "pids.max").write_text(str(int((cg / "pids.current").read_text()) + 30))
+        (box.workspace / "go").write_text("")
+        box.wait_event(lambda e: e["type"] == "proc.output" and "holding" in e["data"], timeout=30)
+        r = cli(box, "checkpoint", box.url)
+        assert r.returncode != 0 and "not started beside the agent" in r.stderr, r.stderr
+        assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"]
+        (cg / "pids.max").write_text("max")
+        r = cli(box, "checkpoint", box.url)
+        assert r.returncode == 0, r.stderr
+        assert not [e for e in box.read_events() if e["type"] == "proc.exited"]

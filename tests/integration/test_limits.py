@@ -1,8 +1,6 @@
 """Resource ceilings: each adversarial agent ends with the reason named, the supervisor survives,
 and a control run without the ceiling shows the same action succeeds there."""
-import contextlib
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -10,7 +8,8 @@ import time
 
 import pytest
 
-from sbxtest import INIT, PROBE, box, exited, of_type, output, probe, read_events, read_journal, started
+from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, of_type, output, pids_group, probe, read_events, read_journal,
+                     started)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -286,18 +285,8 @@ def test_persistent_workspace_disk_is_an_ext4_image_that_outlives_the_box(state_
     assert output(second).strip() == m.group(1), output(second)
 
 
-HOLD_THE_LAST_PID = r'''
-import os, time
-made = 0
-while True:
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        os.execv("/bin/sleep", ["sleep", "600"])
-    made += 1
-print("held", made, flush=True)
+HOLD_THE_LAST_PID = FORK_UNTIL_REFUSED + r'''
+print("held", len(kids), flush=True)
 line = b"x" * 4095 + b"\n"
 for _ in range(20 * 256):  # 20 MiB: the journal seals a 16 MiB segment and compresses it on a thread
     os.write(1, line)
@@ -306,16 +295,14 @@ time.sleep(600)
 '''
 
 
-@pytest.mark.skipif(not os.access("/sys/fs/cgroup/pids/cgroup.procs", os.W_OK), reason="no cgroup v1 pids hierarchy")
+@pytest.mark.skipif(not os.access(PIDS_V1 / "cgroup.procs", os.W_OK), reason="no cgroup v1 pids hierarchy")
 def test_an_agent_holding_the_last_pid_of_a_container_does_not_end_the_supervisor(tmp_path):
     # As in a container: no group of the agent's own (SANDBOXER_CGROUP=none), one pids limit for
     # the supervisor and the agent, which forks until it holds the last pid and then makes the
     # journal compress a segment, the supervisor's first work on its thread pool. libuv aborts
     # when it cannot start that pool; the supervisor starts it before the agent where the agent's
     # pids are not its own. Before that, the supervisor died here with SIGABRT.
-    cg = pathlib.Path("/sys/fs/cgroup/pids") / f"sbx-test-{os.getpid()}-{time.monotonic_ns()}"
-    cg.mkdir()
-    try:
+    with pids_group() as cg:
         (cg / "pids.max").write_text("40")
         events, state = tmp_path / "events.jsonl", tmp_path / "state"
         cmd = (f"echo $$ > {cg}/cgroup.procs && exec unshare --pid --fork --mount-proc --kill-child {INIT} "
@@ -334,13 +321,3 @@ def test_an_agent_holding_the_last_pid_of_a_container_does_not_end_the_superviso
         finally:
             p.kill()
             p.wait()
-    finally:
-        for _ in range(100):
-            pids = (cg / "cgroup.procs").read_text().split()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            time.sleep(0.05)
-        cg.rmdir()
