@@ -463,14 +463,16 @@ def test_a_criu_probe_that_kills_all_it_can_signal_reaches_no_process_of_the_box
         assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"], box.read_events()
 
 
-# Waits for the test's go, then holds all pids but one.
-HOLD_ALL_BUT_ONE_PID = """
-import os, time
+# Waits for the test's go, then holds all pids, or (with the argument "one") all but one.
+HOLD_PIDS = """
+import os, sys, time
 while not os.path.exists("/workspace/go"):
     time.sleep(0.05)
 """ + FORK_UNTIL_REFUSED + r'''
-os.kill(kids.pop(), 9)
-print("holding all pids but one", flush=True)
+if sys.argv[1:] == ["one"]:
+    os.kill(kids[-1], 9)
+    os.waitpid(kids.pop(), 0)  # a zombie still holds its pid
+print("holding", flush=True)
 time.sleep(600)
 '''
 
@@ -489,14 +491,17 @@ def tree_of(pid):
 
 @pytest.mark.skipif(shutil.which("criu") is None or not os.access(PIDS_V1 / "cgroup.procs", os.W_OK),
                     reason="needs criu and a cgroup v1 pids hierarchy")
-def test_no_criu_probes_beside_an_agent_that_holds_all_pids_but_one(tmp_path):
+@pytest.mark.parametrize("free,why", [("one", "wrote no cache"), ("none", "could not start")],
+                         ids=["all-pids-but-one", "all-pids"])
+def test_no_criu_probes_beside_an_agent_that_holds_the_pids(tmp_path, free, why):
     # As in a container: no cgroup of the box's own, one pids limit for the box, and an agent that
-    # holds all pids of it but one while the kerndat cache is empty (the warm-up off). The
-    # probe, in its own pid namespace, gets that pid and its forks are refused: it writes no
-    # cache, and the checkpoint is refused saying why, rather than a criu probing beside the
-    # agent at the same ceiling. The agent runs on; once the pids are free, a checkpoint works.
+    # holds all pids of it, or all but one, while the kerndat cache is empty (the warm-up off).
+    # With one free, the probe, in its own pid namespace, gets it and its forks are refused: it
+    # writes no cache. With none, the probe cannot start. Either way the checkpoint is refused
+    # saying why, rather than a criu probing beside the agent at the same ceiling. The agent runs
+    # on; once the pids are free, a checkpoint works.
     env = dict(os.environ, SANDBOXER_CGROUP="none", SANDBOXER_KDAT_WARM_MS="off")
-    with pids_group() as cg, WsBox(tmp_path, ["python3", "-c", HOLD_ALL_BUT_ONE_PID], env=env, as_pid1=True) as box:
+    with pids_group() as cg, WsBox(tmp_path, ["python3", "-c", HOLD_PIDS, free], env=env, as_pid1=True) as box:
         box.wait_event(lambda e: e["type"] == "proc.started")
         for pid in tree_of(box.proc.pid):
             (cg / "cgroup.procs").write_text(str(pid))
@@ -504,7 +509,7 @@ def test_no_criu_probes_beside_an_agent_that_holds_all_pids_but_one(tmp_path):
         (box.workspace / "go").write_text("")
         box.wait_event(lambda e: e["type"] == "proc.output" and "holding" in e["data"], timeout=30)
         r = cli(box, "checkpoint", box.url)
-        assert r.returncode != 0 and "not started beside the agent" in r.stderr, r.stderr
+        assert r.returncode != 0 and "not started beside the agent" in r.stderr and why in r.stderr, r.stderr
         assert box.alive() and not [e for e in box.read_events() if e["type"] == "proc.exited"]
         (cg / "pids.max").write_text("max")
         r = cli(box, "checkpoint", box.url)
