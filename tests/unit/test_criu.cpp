@@ -48,3 +48,36 @@ TEST_CASE("criu: the kerndat cache kept in the box's tmpfs is loaded by the next
   if (run.f_type != TMPFS_MAGIC)
     CHECK(check_log(*criu, dir, "3.log", -1).find("Loaded kdat cache") == std::string::npos);
 }
+
+TEST_CASE("criu: own_pid_ns runs it as PID 1 of a pid namespace of its own, with its own /proc") {
+  if (::geteuid() != 0) return;  // CLONE_NEWPID needs CAP_SYS_ADMIN
+  sbx::test::TempDir t("criu-pidns");
+  std::string out = t.path.string() + "/out";
+  // Any program stands in for criu here: a shell that says who it is, by its own pid and by the
+  // /proc it sees (the host's /proc would name its pid there instead).
+  CriuRun run;
+  run.args = {"-c", "echo $$; cd -P /proc/self && pwd; readlink /proc/$$/ns/pid"};
+  run.output = out;
+  run.own_pid_ns = true;
+  auto pid = spawn_criu("/bin/sh", run);
+  REQUIRE(pid.has_value());
+  int st = 0;
+  REQUIRE(::waitpid(*pid, &st, 0) == *pid);
+  CHECK(WIFEXITED(st));
+  auto text = sbx::os::read_file(out);
+  REQUIRE(text.has_value());
+  char ours[64] = {};
+  REQUIRE(::readlink("/proc/self/ns/pid", ours, sizeof ours - 1) > 0);
+  CHECK_MESSAGE(text->starts_with("1\n/proc/1\npid:["), *text);
+  CHECK(text->find(ours) == std::string::npos);  // not our pid namespace
+  // The control: without it, the same shell is an ordinary child in ours.
+  run.own_pid_ns = false;
+  pid = spawn_criu("/bin/sh", run);
+  REQUIRE(pid.has_value());
+  REQUIRE(::waitpid(*pid, &st, 0) == *pid);
+  text = sbx::os::read_file(out);
+  REQUIRE(text.has_value());
+  std::string p = std::to_string(*pid);
+  CHECK_MESSAGE(text->starts_with(p + "\n/proc/" + p + "\n"), *text);
+  CHECK(text->find(ours) != std::string::npos);
+}
