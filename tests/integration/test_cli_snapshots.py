@@ -405,7 +405,7 @@ def test_criu_kerndat_cache_is_filled_before_the_first_checkpoint(tmp_path, warm
 # that fork fails, as at a pids ceiling the agent has reached in a container, it calls
 # kill(-1, SIGKILL). This criu stands for that failure: without a kerndat cache on its /run it
 # signals all it can, then goes on as the real criu. It never does so in the test's own pid
-# namespace (HOST_NS), whatever happens.
+# namespace (host_ns), whatever happens.
 KILLING_CRIU = """#!/bin/sh
 if [ "$1" != "--version" ] && [ ! -s /run/criu.kdat ] && [ "$(readlink /proc/self/ns/pid)" != "{host_ns}" ]; then
   echo "$$" >> {ran}
