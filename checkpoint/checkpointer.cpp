@@ -277,10 +277,10 @@ base::Result<void> Checkpointer::fill_kdat_now() {
     siginfo_t si{};
     if (!fd || ::poll(&pfd, 1, 10000) != 1 ||
         ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) != 0) {
-      if (ours) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, __WALL);
-      }
+      // A probe that hangs is killed, the warm-up's too (the reaper collects that one): the next
+      // criu probes again rather than wait on it.
+      ::kill(pid, SIGKILL);
+      if (ours) ::waitpid(pid, nullptr, __WALL);
       return base::fail(refused + "its kernel probe (pid " + std::to_string(pid) + ") did not end within 10 s", "criu");
     }
     // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the

@@ -168,7 +168,9 @@ void Box::start_thread_pool_if_pids_shared() {
   // segment's compression, a checkpoint's copy) and calls abort() when a thread cannot be made
   // (init_threads, src/threadpool.c); as PID 1 the supervisor then dies of the hlt after it. An
   // agent that holds the last pid and then writes 16 MiB did that. With the pool made before the
-  // agent runs, a later work item finds its threads there.
+  // agent runs, a later work item finds its threads there. Restored agents (a resume, an archive,
+  // the copies of an idle box) need no call here: the copy of the snapshot's files before each
+  // runs on the pool (Checkpointer::restore_copy), which makes it.
   const auto* pids = enforcement_.if_contains("pids");
   if (pids && pids->is_string() && pids->as_string().starts_with("cgroup")) return;
   static uv_work_t nothing;

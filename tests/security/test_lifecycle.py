@@ -170,17 +170,17 @@ def test_exec_by_the_agents_own_id_names_the_agent_never_a_new_process(tmp_path)
 FAKE_CRIU = '''#!/bin/sh
 case "$1" in
   --version) echo "Version: 4.2.1"; exit 0;;
-  check) echo probed > /run/criu.kdat; exit 0;;
+  check) {check};;
   dump) echo $$ > {dir}/criu.pid; echo "$@" > {dir}/criu.args; {then};;
 esac
 exit 1
 '''
 
 
-def fake_criu(tmp_path, then):
+def fake_criu(tmp_path, then, check="echo probed > /run/criu.kdat; exit 0"):
     d = tmp_path / "fakebin"
     d.mkdir()
-    (d / "criu").write_text(FAKE_CRIU.format(dir=tmp_path, then=then))
+    (d / "criu").write_text(FAKE_CRIU.format(dir=tmp_path, then=then, check=check))
     (d / "criu").chmod(0o755)
     return d
 
@@ -234,6 +234,56 @@ def test_a_failed_dump_leaves_the_agent_running(tmp_path, how):
     assert answer["ok"] is False and answer["code"] == "criu"
     assert ("killed by SIGKILL" in answer["message"]) == (how == "criu is killed")
     assert any(m.get("still_running") for m in msgs)
+
+
+def sleepers(seconds):
+    """Pids of the host's `sleep SECONDS` processes (a value no other test uses)."""
+    want = f"sleep\0{seconds}\0".encode()
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want and state_of(d.name) != "Z":
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("warm", ["warm-up", "checkpoint's own probe"])
+def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(tmp_path, warm):
+    # criu's kernel probe (`criu check`) that hangs: the checkpoint waits for it at most 10 s, then
+    # is refused saying so, and the probe is killed, whether the box's warm-up started it or the
+    # checkpoint did. The agent runs on.
+    hang = f"{600 + os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    fake = fake_criu(tmp_path, "exit 1", check=f"exec sleep {hang}")
+    s = tmp_path / "s"
+    env = no_criu_env(fake, SANDBOXER_KDAT_WARM_MS="0" if warm == "warm-up" else "off")
+    # The box outlives the answer: the probe must be gone while it runs, not only at its end.
+    wait = "sleep 1; " if warm == "warm-up" else ""
+    agent = ["/bin/sh", "-c", f"{wait}{' '.join(attack('dump'))}; exec sleep 60"]
+    p = subprocess.Popen([str(INIT), "--state-dir", str(s), "--", *agent], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not sleepers(hang):
+            time.sleep(0.05)
+        assert sleepers(hang), "the probe did not start"  # control: it hangs
+        deadline, msgs = time.monotonic() + 30, []
+        while time.monotonic() < deadline and not any(m.get("still_running") for m in msgs):
+            assert p.poll() is None, p.stderr.read()[-3000:]
+            time.sleep(0.1)
+            msgs = [e["message"] for e in read_journal(s) if e["type"] == "proc.message"]
+        assert not sleepers(hang), "the probe outlived the refusal"
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    answer = next(m["checkpoint"] for m in msgs if "checkpoint" in m)
+    assert answer["ok"] is False and answer["code"] == "criu", answer
+    assert "kerndat cache is empty" in answer["message"] and "did not end within 10 s" in answer["message"], answer
+    assert not (tmp_path / "criu.args").exists(), "criu dumped without a cache"
 
 
 def test_a_supervisor_that_dies_mid_dump_does_not_leave_the_tree_stopped(tmp_path):
