@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 namespace sbx::os {
 
@@ -175,7 +176,10 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
     auto& parent = it->second;
     if (!made.contains(parent)) {
       std::string d = parent + "/" + name;
-      if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return last_error();
+      if (::mkdir(d.c_str(), 0755) != 0) {
+        if (errno != EEXIST) return last_error();
+        g.fresh_ = false;
+      }
       made[parent] = d;
       g.dirs_.push_back(d);
     }
@@ -186,10 +190,14 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
   // read-only mount), the group goes on without it and set_devices says ENOTSUP.
   if (auto it = host.v1_dirs.find("devices"); it != host.v1_dirs.end()) {
     std::string d = made.contains(it->second) ? made[it->second] : it->second + "/" + name;
-    if (made.contains(it->second) || ::mkdir(d.c_str(), 0755) == 0 || errno == EEXIST) {
-      if (!made.contains(it->second)) g.dirs_.push_back(d);
-      g.by_controller_["devices"] = d;
+    bool have = made.contains(it->second);
+    if (!have) {
+      bool made_now = ::mkdir(d.c_str(), 0755) == 0;
+      have = made_now || errno == EEXIST;
+      g.fresh_ = g.fresh_ && made_now;
+      if (have) g.dirs_.push_back(d);
     }
+    if (have) g.by_controller_["devices"] = d;
   }
   // No swap for the group: the memory ceiling is the ceiling.
   if (g.has("memory")) (void)write_str(g.dir_of("memory") + "/memory.swappiness", "0");
@@ -208,7 +216,10 @@ Result<CgroupDir> CgroupDir::create_v2(const std::string& parent, const std::str
       if (c == "memory" || c == "cpu" || c == "pids") (void)write_str(parent + "/cgroup.subtree_control", "+" + c);
   }
   std::string d = parent + "/" + name;
-  if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return last_error();
+  if (::mkdir(d.c_str(), 0755) != 0) {
+    if (errno != EEXIST) return last_error();
+    g.fresh_ = false;
+  }
   g.dirs_.push_back(d);
   g.by_controller_[""] = d;
   if (auto have = read_file(d + "/cgroup.controllers")) {
@@ -226,7 +237,7 @@ Result<CgroupDir> CgroupDir::create(const CgroupHost& host, const std::string& n
 }
 
 CgroupDir::CgroupDir(CgroupDir&& o) noexcept
-    : v2_(o.v2_), by_controller_(std::move(o.by_controller_)), dirs_(std::move(o.dirs_)) {
+    : v2_(o.v2_), fresh_(o.fresh_), by_controller_(std::move(o.by_controller_)), dirs_(std::move(o.dirs_)) {
   o.dirs_.clear();
   o.by_controller_.clear();
 }
@@ -235,6 +246,7 @@ CgroupDir& CgroupDir::operator=(CgroupDir&& o) noexcept {
   if (this != &o) {
     remove();
     v2_ = o.v2_;
+    fresh_ = o.fresh_;
     by_controller_ = std::move(o.by_controller_);
     dirs_ = std::move(o.dirs_);
     o.dirs_.clear();
@@ -247,11 +259,19 @@ CgroupDir::~CgroupDir() { remove(); }
 
 void CgroupDir::remove() {
   if (dirs_.empty()) return;
-  kill_all();
-  // A process that was just killed leaves the group a moment later.
+  // As a rule the group's tree has ended: each rmdir succeeds at once, with nothing read or
+  // written first. EBUSY names a process still in the group (on v1 in every hierarchy alike):
+  // then the KILLs, and a process just killed leaves the group a moment later.
+  bool killed = false;
   for (auto& d : dirs_) {
     int64_t until = now_ms() + 1000;
-    while (::rmdir(d.c_str()) != 0 && errno == EBUSY && now_ms() < until) ::usleep(5000);
+    while (::rmdir(d.c_str()) != 0 && errno == EBUSY && now_ms() < until) {
+      if (!std::exchange(killed, true)) {
+        (void)kill_all();
+        continue;
+      }
+      ::usleep(5000);
+    }
   }
   dirs_.clear();
   by_controller_.clear();

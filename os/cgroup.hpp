@@ -74,6 +74,8 @@ class CgroupDir {
 
   bool v2() const { return v2_; }
   bool empty() const { return dirs_.empty(); }
+  /// Whether create() made every directory (none was there before): nothing can be in it yet.
+  bool fresh() const { return fresh_; }
   /// The directory that carries `controller` ("" if none); on v2 the group's one directory.
   std::string dir_of(const std::string& controller) const;
   bool has(const std::string& controller) const;
@@ -129,11 +131,13 @@ class CgroupDir {
   /// member, so the group's CgroupDir may go while it runs.
   static Result<UniqueFd> memory_threshold_eventfd(const std::string& memory_dir, int64_t bytes);
 
-  /// Removes the directories now (after kill_all); the destructor does the same.
+  /// Removes the directories now, after kill_all where a process is still in one (an rmdir
+  /// refused with EBUSY); the destructor does the same.
   void remove();
 
  private:
   bool v2_ = false;
+  bool fresh_ = true;
   std::map<std::string, std::string> by_controller_;  // controller -> dir
   std::vector<std::string> dirs_;                     // unique, creation order
 };

@@ -99,11 +99,13 @@ std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Br
   // The group of a run of this box that was killed (same state dir, same name) may still be
   // frozen (the journal stopped its agent for a full disk) and hold that agent: a new agent must
   // not join a frozen group, and the old tree is no one's now.
-  if (b.cgroup->populated()) {
-    log()->warn("branch {}: its cgroup still holds processes of an earlier run of this box: killing them", b.name);
-    (void)b.cgroup->kill_all(2000);
+  if (!b.cgroup->fresh()) {
+    if (b.cgroup->populated()) {
+      log()->warn("branch {}: its cgroup still holds processes of an earlier run of this box: killing them", b.name);
+      (void)b.cgroup->kill_all(2000);
+    }
+    (void)b.cgroup->freeze(false);
   }
-  (void)b.cgroup->freeze(false);
   std::string how = std::string("cgroup ") + (b.cgroup->v2() ? "v2" : "v1");
   auto set = [&](const char* field, bool wanted, auto&& fn) {
     if (!wanted) return;

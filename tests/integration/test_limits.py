@@ -1,6 +1,7 @@
 """Resource ceilings: each adversarial agent ends with the reason named, the supervisor survives,
 and a control run without the ceiling shows the same action succeeds there."""
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -321,3 +322,61 @@ def test_an_agent_holding_the_last_pid_of_a_container_does_not_end_the_superviso
         finally:
             p.kill()
             p.wait()
+
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/freezer"), reason="no cgroup v1 freezer hierarchy")
+def test_a_new_run_kills_what_a_killed_run_left_frozen_in_its_group(tmp_path):
+    # A supervisor killed with KILL while its agent's group was frozen (as the journal freezes it
+    # at a full disk) removes nothing, and the frozen agent outlives it: its parent-death signal
+    # waits for a thaw. A new run on the same state dir (the same box id, so the same group) kills
+    # what it finds there before its own agent joins, and says so; a run whose group it made
+    # itself reads and thaws nothing.
+    state = tmp_path / "state"
+    marker = f"{700 + os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
+    first = subprocess.Popen([str(INIT), "--state-dir", str(state), "--", "sleep", marker],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    left, group = [], None
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not left:
+            left = _pids_of(f"sleep\0{marker}\0")
+            time.sleep(0.05)
+        assert left, "the agent did not start"
+        freezer = next(line.split(":", 2)[2] for line in open(f"/proc/{left[0]}/cgroup").read().splitlines()
+                       if line.split(":")[1] == "freezer")
+        group = pathlib.Path("/sys/fs/cgroup/freezer" + freezer)
+        assert group.name.startswith("sbx-") and group.name.endswith("-main"), group
+        (group / "freezer.state").write_text("FROZEN")
+        first.kill()
+        first.wait()
+        time.sleep(0.2)
+        assert _pids_of(f"sleep\0{marker}\0") == left and group.is_dir(), "control: the frozen agent outlives its run"
+        r = subprocess.run([str(INIT), "--state-dir", str(state), "--", "/bin/true"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert not _pids_of(f"sleep\0{marker}\0"), "the earlier run's agent still runs"
+        assert "still holds processes of an earlier run" in r.stderr, r.stderr[-2000:]
+        assert not group.exists()
+        r = subprocess.run([str(INIT), "--state-dir", str(state), "--", "/bin/true"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
+        assert r.returncode == 0 and "earlier run" not in r.stderr, r.stderr[-2000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        for pid in _pids_of(f"sleep\0{marker}\0"):
+            os.kill(int(pid), 9)
+        if group and group.is_dir():
+            (group / "freezer.state").write_text("THAWED")
+
+
+def _pids_of(cmdline):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/cmdline").read() == cmdline:
+                found.append(pid)
+        except OSError:
+            pass
+    return found

@@ -213,3 +213,39 @@ TEST_CASE("cgroup v1: a group per hierarchy under our own, with ceilings, remove
   }
   for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
 }
+
+TEST_CASE("cgroup v1: fresh only when made anew; remove() kills what is still in it, frozen or not" *
+          doctest::skip(!host_v1())) {
+  auto host = detect_cgroups();
+  std::string name = "sbx-unit-fresh-" + std::to_string(::getpid());
+  auto g = CgroupDir::create_v1(host, name);
+  REQUIRE(g.has_value());
+  CHECK(g->fresh());
+  {
+    auto again = CgroupDir::create_v1(host, name);  // as a run after a killed one finds its group
+    REQUIRE(again.has_value());
+    CHECK_FALSE(again->fresh());
+    again->remove();
+    auto dirs = g->dirs();
+    for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
+  }
+  g->remove();  // before the next create: assigning over g would remove the new group's dirs
+  g = CgroupDir::create_v1(host, name);
+  REQUIRE(g.has_value());
+  CHECK(g->fresh());
+  auto dirs = g->dirs();
+  pid_t p = sleeper();
+  REQUIRE(g->add(p).has_value());
+  if (g->has("freezer")) {
+    REQUIRE(g->freeze(true).has_value());
+    CHECK(wait_until([&] { return g->frozen(); }));
+  }
+  // Control: a group that holds a process cannot be removed as it is.
+  CHECK(::rmdir(dirs.front().c_str()) != 0);
+  CHECK(errno == EBUSY);
+  std::thread reap([&] { ::waitpid(p, nullptr, 0); });
+  g->remove();
+  reap.join();
+  CHECK(::kill(p, 0) != 0);
+  for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
+}
