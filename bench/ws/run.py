@@ -12,6 +12,7 @@ import os
 import pathlib
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -293,6 +294,8 @@ def main():
     ap.add_argument("--lines", type=int, default=20000 if _rows.QUICK else 200000)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--clients-mb", type=int, default=1 if _rows.QUICK else 4)
+    ap.add_argument("--rounds", type=int, default=1 if _rows.QUICK else 5,
+                    help="rounds of the C++ reader's measures, the servers alternating (medians)")
     a = ap.parse_args()
     bulk = ["bulk", str(a.mb << 20), "4096"]
     rate = ["rate", str(a.events), "10000"]
@@ -322,13 +325,23 @@ def main():
         print(f"... {name}: {a.clients} clients", file=sys.stderr, flush=True)
         ms = fn(many, clients=a.clients)
         agg[name] = sum(m.bytes for m in ms) / (1 << 20) / (max(m.t1 for m in ms) - min(m.t0 for m in ms))
-    # The same two measures with the C++ reader for both servers (when it is built).
-    cpp = {}
+    # The same measures with the C++ reader for both servers (when it is built), in --rounds
+    # rounds that alternate the servers: each figure is the median of the rounds' figures (a
+    # percentile of each round's latencies, then their median), so that one slow moment of this
+    # noisy machine moves it less. The spread (lowest-highest) is printed beside it.
+    cpp, spread = {}, {}
     if READER.exists():
-        for name in ("websocketd", "sandboxer"):
-            print(f"... {name}: C++ readers", file=sys.stderr, flush=True)
-            cpp[name] = (reader_run(name, bulk, 1)[0], reader_run(name, many, a.clients)[0],
-                         reader_run(name, rate, 1)[1])
+        per = {name: ([], [], [], []) for name in ("websocketd", "sandboxer")}
+        for rnd in range(a.rounds):
+            for name in per:
+                print(f"... {name}: C++ readers, round {rnd + 1} of {a.rounds}", file=sys.stderr, flush=True)
+                lat = reader_run(name, rate, 1)[1]
+                for into, v in zip(per[name], (reader_run(name, bulk, 1)[0], reader_run(name, many, a.clients)[0],
+                                               pct(lat, 0.5), pct(lat, 0.99))):
+                    into.append(v)
+        for name, figs in per.items():
+            cpp[name] = tuple(statistics.median(f) for f in figs)
+            spread[name] = tuple((min(f), max(f)) for f in figs)
     jl = s[5]
     print(f"{a.lines} lines of 100 B: sandboxer {took['sandboxer-init']:.3f} s, websocketd {took['websocketd']:.3f} s "
           f"(time ratio {took['sandboxer-init'] / took['websocketd']:.2f})")
@@ -351,19 +364,25 @@ def main():
                agg["sandboxer-init"], "websocketd (one producer per client)", agg["websocketd"], better="higher")
     _rows.emit("ws", lat + ", agent line to journal p50", "ms", pct(jl, 0.5))
     if cpp:
-        print(f"C++ readers: one client {cpp['sandboxer'][0]:.1f} MiB/s against websocketd's {cpp['websocketd'][0]:.1f}; "
-              f"{a.clients} clients {cpp['sandboxer'][1]:.1f} MiB/s against {cpp['websocketd'][1]:.1f}")
-        _rows.emit("ws", thr + ", C++ reader", "MiB/s", cpp["sandboxer"][0], "websocketd", cpp["websocketd"][0],
-                   better="higher")
-        _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate, C++ readers",
+        lo_hi = lambda name, i, f="{:.0f}": "-".join(f.format(v) for v in spread[name][i])
+        print(f"C++ readers, medians of {a.rounds} rounds (lowest-highest): one client {cpp['sandboxer'][0]:.1f} MiB/s "
+              f"({lo_hi('sandboxer', 0)}) against websocketd's {cpp['websocketd'][0]:.1f} ({lo_hi('websocketd', 0)}); "
+              f"{a.clients} clients {cpp['sandboxer'][1]:.1f} MiB/s ({lo_hi('sandboxer', 1)}) against "
+              f"{cpp['websocketd'][1]:.1f} ({lo_hi('websocketd', 1)})")
+        _rows.emit("ws", thr + f", C++ reader, median of {a.rounds} rounds", "MiB/s", cpp["sandboxer"][0],
+                   "websocketd", cpp["websocketd"][0], better="higher")
+        _rows.emit("ws", f"{a.clients} clients each reading {a.clients_mb} MiB in 4 KiB lines, aggregate, C++ readers, "
+                   f"median of {a.rounds} rounds",
                    "MiB/s", cpp["sandboxer"][1], "websocketd (one producer per client)", cpp["websocketd"][1],
                    better="higher")
-        ours, theirs = cpp["sandboxer"][2], cpp["websocketd"][2]
-        print(f"C++ reader latency: p50 {pct(ours, 0.5):.3f} ms, p99 {pct(ours, 0.99):.3f} ms ({len(ours)} lines) "
-              f"against websocketd's {pct(theirs, 0.5):.3f} and {pct(theirs, 0.99):.3f} ({len(theirs)})")
-        for q in (0.5, 0.99):
-            _rows.emit("ws", f"{lat}, p{round(q * 100)}, C++ reader", "ms", pct(ours, q), "websocketd",
-                       pct(theirs, q))
+        ours, theirs = cpp["sandboxer"], cpp["websocketd"]
+        f3 = "{:.3f}"
+        print(f"C++ reader latency, medians of {a.rounds} rounds: p50 {ours[2]:.3f} ms, p99 {ours[3]:.3f} ms "
+              f"({lo_hi('sandboxer', 3, f3)}) against websocketd's {theirs[2]:.3f} and {theirs[3]:.3f} "
+              f"({lo_hi('websocketd', 3, f3)})")
+        for q, i in ((50, 2), (99, 3)):
+            _rows.emit("ws", f"{lat}, p{q}, C++ reader, median of {a.rounds} rounds", "ms", ours[i], "websocketd",
+                       theirs[i])
 
 
 if __name__ == "__main__":
