@@ -46,6 +46,10 @@ void continue_tree(pid_t root, int root_fd) {
 
 namespace {
 
+// The refusal of a criu beside the agent while the kerndat cache is empty (when_kdat_ready).
+const std::string kKdatRefused =
+    "criu is not started beside the agent while its kerndat cache is empty (see checkpoint/README.md): ";
+
 // The one-letter state of a process from /proc/PID/stat ('T' stopped), or 0 when it is gone.
 char proc_state(pid_t pid) {
   auto text = os::read_file("/proc/" + std::to_string(pid) + "/stat");
@@ -192,6 +196,7 @@ base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
 
 Checkpointer::~Checkpointer() {
   if (warming_ > 0) ::kill(warming_, SIGKILL);
+  if (kdat_own_ && kdat_waiting_on_ > 0) ::kill(kdat_waiting_on_, SIGKILL);
 }
 
 void Checkpointer::warm_up(uint64_t delay_ms) {
@@ -211,7 +216,10 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
         auto pid = spawn_criu(*self->criu_, self->kdat_fill());
         if (!pid) return log()->info("criu's kerndat cache not filled ahead: {}", pid.error().message());
         self->warming_ = *pid;
-        self->host_.watch_child(*pid, [self](pid_t, int) { self->warming_ = -1; });
+        self->host_.watch_child(*pid, [self](pid_t p, int st) {
+          self->warming_ = -1;
+          self->kdat_probe_ended(p, st);
+        });
       },
       delay_ms, 0);
   // A box that ends before the delay does not wait for it.
@@ -220,11 +228,9 @@ void Checkpointer::warm_up(uint64_t delay_ms) {
 
 base::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   run.run_tmpfs = kdat_.fd();
-  if (run.run_tmpfs < 0) {
-    kdat_unprotected("no tmpfs for criu's kerndat cache here");
-  } else if (!kdat_warned_ && !kdat_cached()) {
-    if (auto r = fill_kdat_now(); !r) return r.error();
-  }
+  // Every caller is a `then` of when_kdat_ready.
+  if (run.run_tmpfs >= 0 && !kdat_warned_ && !kdat_cached())
+    return base::fail(kKdatRefused + "no kernel probe ran before it", "criu");
   auto pid = spawn_criu(*criu_, run);
   if (!pid) return base::sys_fail("start criu", pid.error());
   return *pid;
@@ -251,48 +257,68 @@ void Checkpointer::kdat_unprotected(const std::string& why) {
         why);
 }
 
-base::Result<void> Checkpointer::fill_kdat_now() {
-  // The warm-up's criu is the reaper's to collect: its end is only watched here (waitid with
-  // WNOWAIT leaves it to the reaper). A criu started here is ours alone and collected here.
-  const std::string refused =
-      "criu is not started beside the agent while its kerndat cache is empty (see "
-      "checkpoint/README.md): ";
-  for (int attempt = 0; attempt < 2 && !kdat_cached(); ++attempt) {
-    bool ours = warming_ <= 0 || attempt > 0;
-    pid_t pid = warming_;
-    if (ours) {
-      auto started = spawn_criu(*criu_, kdat_fill());
-      int e = started ? 0 : started.error().value();
-      // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
-      if (e == EAGAIN || e == ENOMEM)
-        return base::fail(refused + "its kernel probe could not start: " + started.error().message(), "criu");
-      if (!started) {
-        kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
-        return {};
-      }
-      pid = *started;
+void Checkpointer::when_kdat_ready(std::function<void(base::Result<void>)> then) {
+  if (kdat_.fd() < 0) kdat_unprotected("no tmpfs for criu's kerndat cache here");
+  if (kdat_warned_ || kdat_cached()) return then({});
+  if (host_.shutting_down()) return then(base::fail("the box is shutting down", "shutting_down"));
+  kdat_waiters_.push_back(std::move(then));
+  if (kdat_waiting_on_ > 0) return;  // a probe is under way: its end settles every waiter
+  kdat_probe(warming_ <= 0);
+}
+
+void Checkpointer::kdat_probe(bool own) {
+  pid_t pid = warming_;  // the warm-up's criu, reaped by the reaper, which tells kdat_probe_ended
+  if (own) {
+    auto started = spawn_criu(*criu_, kdat_fill());
+    int e = started ? 0 : started.error().value();
+    // At a pids or memory ceiling: no criu now, rather than one that probes beside the agent.
+    if (e == EAGAIN || e == ENOMEM)
+      return kdat_settled(
+          base::fail(kKdatRefused + "its kernel probe could not start: " + started.error().message(), "criu"));
+    if (!started) {
+      kdat_unprotected("criu's kernel probe in a pid namespace of its own: " + started.error().message());
+      return kdat_settled({});
     }
-    auto fd = os::pidfd_open(pid);
-    struct pollfd pfd = {fd ? fd->get() : -1, POLLIN, 0};
-    siginfo_t si{};
-    if (!fd || ::poll(&pfd, 1, 10000) != 1 ||
-        ::waitid(P_PIDFD, static_cast<id_t>(fd->get()), &si, WEXITED | (ours ? 0 : WNOWAIT)) != 0) {
-      // A probe that hangs is killed, the warm-up's too (the reaper collects that one): the next
-      // criu probes again rather than wait on it.
-      ::kill(pid, SIGKILL);
-      if (ours) ::waitpid(pid, nullptr, __WALL);
-      return base::fail(refused + "its kernel probe (pid " + std::to_string(pid) + ") did not end within 10 s", "criu");
-    }
-    // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the
-    // criu that would probe next, beside the agent, would meet the same ceiling.
-    if (ours && !kdat_cached())
-      return base::fail(refused + "its kernel probe " +
-                            (si.si_code == CLD_EXITED ? "exited " + std::to_string(si.si_status)
-                                                      : "was killed by signal " + std::to_string(si.si_status)) +
-                            " and wrote no cache",
-                        "criu");
+    pid = *started;
+    host_.watch_child(pid, [this](pid_t p, int st) { kdat_probe_ended(p, st); });
   }
-  return {};
+  kdat_waiting_on_ = pid;
+  kdat_own_ = own;
+  if (!kdat_timer_) {
+    kdat_timer_ = loop::make_timer(loop_);
+    kdat_timer_->data = this;
+  }
+  uv_timer_start(
+      kdat_timer_.get(),
+      [](uv_timer_t* t) {
+        // A probe that hangs is killed, the warm-up's too: the next criu probes again rather
+        // than wait on it. Its end, when the reaper collects it, is no one's.
+        auto* self = static_cast<Checkpointer*>(t->data);
+        pid_t hung = std::exchange(self->kdat_waiting_on_, -1);
+        ::kill(hung, SIGKILL);
+        self->kdat_settled(base::fail(
+            kKdatRefused + "its kernel probe (pid " + std::to_string(hung) + ") did not end within 10 s", "criu"));
+      },
+      10000, 0);
+}
+
+void Checkpointer::kdat_probe_ended(pid_t pid, int status) {
+  if (pid <= 0 || pid != kdat_waiting_on_) return;  // no one waits on it (or its wait timed out)
+  kdat_waiting_on_ = -1;
+  uv_timer_stop(kdat_timer_.get());
+  if (kdat_cached()) return kdat_settled({});
+  if (!kdat_own_) return kdat_probe(true);  // the warm-up wrote none: a probe of their own
+  // A probe that ran and wrote nothing (its own forks refused at a ceiling, as a rule): the criu
+  // that would probe next, beside the agent, would meet the same ceiling.
+  kdat_settled(base::fail(kKdatRefused + "its kernel probe " +
+                              (WIFEXITED(status) ? "exited " + std::to_string(WEXITSTATUS(status))
+                                                 : "was killed by signal " + std::to_string(WTERMSIG(status))) +
+                              " and wrote no cache",
+                          "criu"));
+}
+
+void Checkpointer::kdat_settled(const base::Result<void>& r) {
+  for (auto& then : std::exchange(kdat_waiters_, {})) then(r);
 }
 
 base::Result<void> Checkpointer::live_possible() const {
@@ -380,6 +406,11 @@ void Checkpointer::on_shutdown() {
   // A copy whose memory is still arriving ends with the box: its daemon goes too.
   for (pid_t d : lazy_daemons_) ::kill(d, SIGKILL);
   if (warming_ > 0) ::kill(warming_, SIGKILL);
+  // A checkpoint or copy that waits for criu's kernel probe starts no criu now.
+  if (kdat_own_ && kdat_waiting_on_ > 0) ::kill(kdat_waiting_on_, SIGKILL);
+  kdat_waiting_on_ = -1;
+  if (kdat_timer_) uv_timer_stop(kdat_timer_.get());
+  kdat_settled(base::fail("the box is shutting down", "shutting_down"));
 }
 
 // ---- checkpoint ----
@@ -525,18 +556,29 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
 
   op->manifest = manifest_of(b, *op);
 
-  op->stopped = true;  // from here until continue_op(), on every path
   if (!op->live) {
     // Files only, but still at one instant: the tree is stopped while its layer is copied.
+    op->stopped = true;  // from here until continue_op(), on every path
     (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
     op->t_stopped = op->t_dumped = now_ms();
     snapshot_layer(op);
     return;
   }
+  // criu's kernel probe, where the box has not run it yet, ends before the tree is stopped: it is
+  // no part of the agent's pause, and the loop serves on while it runs.
+  when_kdat_ready([this, op](base::Result<void> ready) {
+    if (!ready) return checkpoint_failed(op, ready.error().code, ready.error().message);
+    dump_live(op);
+  });
+}
+
+void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
+  const std::string& branch = op->branch;
   // Memory and files at one instant: the tree is stopped first and stays stopped through the
   // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
   // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
   // original would lose its live connections.
+  op->stopped = true;  // from here until continue_op(), on every path
   if (!stop_tree(op->ns_init_pid, op->tree_fd.get())) {
     continue_op(*op);
     host_.set_busy(branch, false);

@@ -216,19 +216,27 @@ class Checkpointer {
   void collect_chunks();
   void chunk_writer_done();
   /// Starts criu for `run` with the box's kerndat cache on its /run (KdatCache). Every criu of the
-  /// box that touches a tree starts here, after the cache is filled (fill_kdat_now).
+  /// box that touches a tree starts here, from a `then` of when_kdat_ready.
   base::Result<pid_t> start_criu(CriuRun run);
   /// The criu that fills the kerndat cache: `criu check` of one cheap feature, in a pid namespace
   /// of its own.
   CriuRun kdat_fill();
   /// The box's kerndat cache holds criu.kdat.
   bool kdat_cached();
-  /// Before a criu that touches a tree, where the cache is empty: waits for the warm-up's criu, or
-  /// runs one and waits (at most 10 s; the loop waits with it, once per box as a rule). An error
-  /// (a probe that cannot start at a pids ceiling, does not end, or writes no cache) means no
-  /// criu may start now; the next one tries again. Where the probe cannot run in a pid namespace
-  /// of its own at all, criu starts unprotected, as before (logged once).
-  base::Result<void> fill_kdat_now();
+  /// Runs `then` once criu may start beside the agent: at once where the kerndat cache is filled
+  /// (or where criu runs unprotected, see kdat_unprotected); else once the warm-up's criu, or a
+  /// probe of its own, has filled it. The loop serves on meanwhile; waiters share one probe. An
+  /// error (a probe that cannot start at a pids or memory ceiling, does not end within 10 s, or
+  /// writes no cache; the box shutting down) means no criu may start now; the next one tries
+  /// again. Where the probe cannot run in a pid namespace of its own at all, criu starts
+  /// unprotected, as before (logged once).
+  void when_kdat_ready(std::function<void(base::Result<void>)> then);
+  /// Waits on the warm-up's criu, or (`own`) on a probe started here, for at most 10 s.
+  void kdat_probe(bool own);
+  void kdat_probe_ended(pid_t pid, int status);
+  void kdat_settled(const base::Result<void>& r);
+  /// The live part of a checkpoint, once criu may start: the tree stopped, criu dump.
+  void dump_live(std::shared_ptr<CheckpointOp> op);
   void kdat_unprotected(const std::string& why);
   void export_delta(const std::string& id, const std::string& base, const std::string& lacks, ArchiveReady ready);
   /// The store's archive `path` is still the operator's file (linked by --restore): replaced by a
@@ -270,6 +278,11 @@ class Checkpointer {
   loop::UvHandle<uv_timer_t> warm_timer_;  // warm_up's delay
   pid_t warming_ = -1;                     // its criu, until reaped
   bool kdat_warned_ = false;               // kdat_unprotected has logged
+  /// when_kdat_ready's, until the probe they wait for ends or times out.
+  std::vector<std::function<void(base::Result<void>)>> kdat_waiters_;
+  pid_t kdat_waiting_on_ = -1;             // that probe
+  bool kdat_own_ = false;                  // started by them (not the warm-up's)
+  loop::UvHandle<uv_timer_t> kdat_timer_;  // its 10 s
   std::optional<std::string> image_id_;    // /etc/sandboxer/image.json's id, in an image
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.

@@ -552,11 +552,14 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
 }
 
 void Checkpointer::start_live_copy(std::shared_ptr<CopyJob> job) {
-  (void)os::make_dirs(job->dir + "/.criu", 0700);
-  job->lazy = job->op->lazy;
-  job->lazy_why = job->op->lazy_why;
-  if (job->lazy) return start_lazy_daemon(job);
-  spawn_live_restore(job);
+  when_kdat_ready([this, job](base::Result<void> ready) {
+    if (!ready) return copy_failed(job, ready.error().message);
+    (void)os::make_dirs(job->dir + "/.criu", 0700);
+    job->lazy = job->op->lazy;
+    job->lazy_why = job->op->lazy_why;
+    if (job->lazy) return start_lazy_daemon(job);
+    spawn_live_restore(job);
+  });
 }
 
 namespace {

@@ -258,9 +258,11 @@ def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(t
     fake = fake_criu(tmp_path, "exit 1", check=f"exec sleep {hang}")
     s = tmp_path / "s"
     env = no_criu_env(fake, SANDBOXER_KDAT_WARM_MS="0" if warm == "warm-up" else "off")
-    # The box outlives the answer: the probe must be gone while it runs, not only at its end.
+    # The box outlives the answer: the probe must be gone while it runs, not only at its end. A
+    # ticker beside the agent shows the loop serving on while the checkpoint waits.
     wait = "sleep 1; " if warm == "warm-up" else ""
-    agent = ["/bin/sh", "-c", f"{wait}{' '.join(attack('dump'))}; exec sleep 60"]
+    ticker = "(while :; do echo tick; sleep 0.2; done) & "
+    agent = ["/bin/sh", "-c", f"{ticker}{wait}{' '.join(attack('dump'))}; exec sleep 60"]
     p = subprocess.Popen([str(INIT), "--state-dir", str(s), "--", *agent], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10
@@ -284,6 +286,12 @@ def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(t
     assert answer["ok"] is False and answer["code"] == "criu", answer
     assert "kerndat cache is empty" in answer["message"] and "did not end within 10 s" in answer["message"], answer
     assert not (tmp_path / "criu.args").exists(), "criu dumped without a cache"
+    # The ticks written while it waited were journaled while it waited, not after its refusal.
+    ev = read_journal(s)
+    asked = next(e["seq"] for e in ev if e["type"] == "proc.message" and e["message"].get("asking"))
+    failed = next(e["seq"] for e in ev if e["type"] == "checkpoint.failed")
+    ticks = sum(e["data"].count("tick") for e in ev if e["type"] == "proc.output" and asked < e["seq"] < failed)
+    assert ticks >= 5, (asked, failed, ticks)
 
 
 def test_a_supervisor_that_dies_mid_dump_does_not_leave_the_tree_stopped(tmp_path):
