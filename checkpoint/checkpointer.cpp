@@ -152,7 +152,8 @@ struct Checkpointer::CheckpointOp {
   bool stopped = false;    // the tree is stopped by us and not continued yet
   int64_t hold_ms = 0;     // checkpoint_held: the tree stays stopped after the dump, this long at most
   bool held = false;       // ... and it is (held_[branch])
-  double t0 = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
+  // t_stop: when the tree is told to stop (a live one once criu may start: when_kdat_ready).
+  double t0 = 0, t_stop = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   std::string error;
@@ -559,6 +560,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   if (!op->live) {
     // Files only, but still at one instant: the tree is stopped while its layer is copied.
     op->stopped = true;  // from here until continue_op(), on every path
+    op->t_stop = now_ms();
     (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
     op->t_stopped = op->t_dumped = now_ms();
     snapshot_layer(op);
@@ -579,6 +581,7 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
   // criu's own --leave-stopped is not used: it leaves TCP sockets in repair mode, so a resumed
   // original would lose its live connections.
   op->stopped = true;  // from here until continue_op(), on every path
+  op->t_stop = now_ms();
   if (!stop_tree(op->ns_init_pid, op->tree_fd.get())) {
     continue_op(*op);
     host_.set_busy(branch, false);
@@ -743,8 +746,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
   json::object timings{{"dump", round_ms(op->t_dumped - op->t_stopped)},
                        {"snapshot", round_ms(op->t_snapped - op->t_dumped)},
-                       {"stop", round_ms(op->t_stopped - op->t0)},
-                       {"freeze", round_ms(op->t_resumed - op->t0)}};
+                       {"stop", round_ms(op->t_stopped - op->t_stop)},
+                       {"freeze", round_ms(op->t_resumed - op->t_stop)}};
+  // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
+  if (op->t_stop - op->t0 >= 1) timings["probe_wait"] = round_ms(op->t_stop - op->t0);
   // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
   if (op->live) timings["criu"] = criu_stats(op->work + "/logs/stats-dump");
   op->manifest["timings_ms"] = timings;

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from sbxtest import CLI, FORK_UNTIL_REFUSED, PIDS_V1, Session, WsBox, output_of, pids_group, run, ws_connect
+from sbxtest import (CLI, FORK_UNTIL_REFUSED, PIDS_V1, Session, WsBox, output_of, pids_group, read_journal, run,
+                     ws_connect)
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -392,6 +393,8 @@ def test_criu_kerndat_cache_is_filled_before_the_first_checkpoint(tmp_path, warm
     # The box fills criu's kerndat cache shortly after it starts, so its first dump (inside the
     # agent's pause) loads it instead of probing the kernel. Control: with the warm-up off, no
     # cache until a criu has run; after the checkpoint's dump, the cache is there either way.
+    # Where the checkpoint had to run the probe itself, it did so before it stopped the agent,
+    # and says how long it waited (timings_ms.probe_wait, no part of pause_ms); the next does not.
     with WsBox(tmp_path, ["sleep", "60"], env=dict(os.environ, SANDBOXER_KDAT_WARM_MS=warm)) as box:
         deadline = time.monotonic() + (10 if warm != "off" else 2)
         while time.monotonic() < deadline and not kdat_caches(box.proc.pid):
@@ -399,6 +402,14 @@ def test_criu_kerndat_cache_is_filled_before_the_first_checkpoint(tmp_path, warm
         assert bool(kdat_caches(box.proc.pid)) == (warm != "off")
         assert cli(box, "checkpoint", box.url).returncode == 0
         assert kdat_caches(box.proc.pid)
+        assert cli(box, "checkpoint", box.url).returncode == 0
+        deadline, created = time.monotonic() + 20, []
+        while time.monotonic() < deadline and len(created) < 2:
+            created = [e["timings_ms"] for e in read_journal(box.state) if e["type"] == "checkpoint.created"]
+            time.sleep(0.1)
+        first, second = created[:2]
+        assert ("probe_wait" in first) == (warm == "off"), first
+        assert "probe_wait" not in second, second
 
 
 # criu 4.2's kernel probe forks without checking the fork (vdso_mmap_compat in criu/vdso.c); when
