@@ -16,6 +16,7 @@ container checkpoint --leave-running --export` (zstd), then `podman container re
 into a new container, then 8 such restores at once; wall times of the podman commands.
 """
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -262,8 +263,13 @@ def store(bindir, tmp, mb):
             changed = [e for e in ev if e["type"] == "proc.message" and "changed" in e["message"]]
             ready = [e for e in ev if e["type"] == "proc.message" and "ready" in e["message"]]
             created = [e for e in ev if e["type"] == "checkpoint.created"]
-            seq = {e["snapshot"]: json.loads((state / "snapshots" / f"{e['snapshot']}.json").read_text())["last_seq"]
-                   for e in created}
+            # checkpoint.keep prunes the oldest periodic snapshots while this waits: those are
+            # left out (they are before the change, and the newest before it is kept).
+            seq = {}
+            for e in created:
+                with contextlib.suppress(FileNotFoundError):
+                    seq[e["snapshot"]] = json.loads((state / "snapshots" / f"{e['snapshot']}.json").read_text())["last_seq"]
+            created = [e for e in created if e["snapshot"] in seq]
             if changed and ready:
                 before = [e for e in created if ready[0]["seq"] <= seq[e["snapshot"]] < changed[0]["seq"]]
                 after = [e for e in created if seq[e["snapshot"]] >= changed[0]["seq"]]
