@@ -284,6 +284,22 @@ while True:
 '''
 
 
+def pids_running(*argv):
+    """Pids of the host's processes whose command line is exactly `argv` (zombies left out):
+    for a process a test made unique by its arguments (`sleep 612.345`)."""
+    want = "".join(f"{a}\0" for a in argv).encode()
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
+                stat = (d / "stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
+                    found.append(int(d.name))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 @contextlib.contextmanager
 def pids_group():
     """A cgroup v1 pids group of the test's own (as a container's one pids limit for the box):

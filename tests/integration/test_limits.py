@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, of_type, output, pids_group, probe, read_events, read_journal,
-                     started)
+from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, of_type, output, pids_group, pids_running, probe,
+                     read_events, read_journal, started)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -340,7 +340,7 @@ def test_a_new_run_kills_what_a_killed_run_left_frozen_in_its_group(tmp_path):
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not left:
-            left = _pids_of(f"sleep\0{marker}\0")
+            left = pids_running("sleep", marker)
             time.sleep(0.05)
         assert left, "the agent did not start"
         freezer = next(line.split(":", 2)[2] for line in open(f"/proc/{left[0]}/cgroup").read().splitlines()
@@ -351,11 +351,11 @@ def test_a_new_run_kills_what_a_killed_run_left_frozen_in_its_group(tmp_path):
         first.kill()
         first.wait()
         time.sleep(0.2)
-        assert _pids_of(f"sleep\0{marker}\0") == left and group.is_dir(), "control: the frozen agent outlives its run"
+        assert pids_running("sleep", marker) == left and group.is_dir(), "control: the frozen agent outlives its run"
         r = subprocess.run([str(INIT), "--state-dir", str(state), "--", "/bin/true"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
         assert r.returncode == 0, r.stderr[-2000:]
-        assert not _pids_of(f"sleep\0{marker}\0"), "the earlier run's agent still runs"
+        assert not pids_running("sleep", marker), "the earlier run's agent still runs"
         assert "still holds processes of an earlier run" in r.stderr, r.stderr[-2000:]
         assert not group.exists()
         r = subprocess.run([str(INIT), "--state-dir", str(state), "--", "/bin/true"],
@@ -365,18 +365,7 @@ def test_a_new_run_kills_what_a_killed_run_left_frozen_in_its_group(tmp_path):
         if first.poll() is None:
             first.kill()
             first.wait()
-        for pid in _pids_of(f"sleep\0{marker}\0"):
+        for pid in pids_running("sleep", marker):
             os.kill(int(pid), 9)
         if group and group.is_dir():
             (group / "freezer.state").write_text("THAWED")
-
-
-def _pids_of(cmdline):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if open(f"/proc/{pid}/cmdline").read() == cmdline:
-                found.append(pid)
-        except OSError:
-            pass
-    return found

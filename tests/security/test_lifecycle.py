@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, ROOT, Session, WsBox, read_journal, run, ws_connect
+from sbxtest import INIT, ROOT, Session, WsBox, pids_running, read_journal, run, ws_connect
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -236,19 +236,6 @@ def test_a_failed_dump_leaves_the_agent_running(tmp_path, how):
     assert any(m.get("still_running") for m in msgs)
 
 
-def sleepers(seconds):
-    """Pids of the host's `sleep SECONDS` processes (a value no other test uses)."""
-    want = f"sleep\0{seconds}\0".encode()
-    found = []
-    for d in pathlib.Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and (d / "cmdline").read_bytes() == want and state_of(d.name) != "Z":
-                found.append(int(d.name))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.parametrize("warm", ["warm-up", "checkpoint's own probe"])
 def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(tmp_path, warm):
     # criu's kernel probe (`criu check`) that hangs: the checkpoint waits for it at most 10 s, then
@@ -266,15 +253,15 @@ def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(t
     p = subprocess.Popen([str(INIT), "--state-dir", str(s), "--", *agent], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not sleepers(hang):
+        while time.monotonic() < deadline and not pids_running("sleep", hang):
             time.sleep(0.05)
-        assert sleepers(hang), "the probe did not start"  # control: it hangs
+        assert pids_running("sleep", hang), "the probe did not start"  # control: it hangs
         deadline, msgs = time.monotonic() + 30, []
         while time.monotonic() < deadline and not any(m.get("still_running") for m in msgs):
             assert p.poll() is None, p.stderr.read()[-3000:]
             time.sleep(0.1)
             msgs = [e["message"] for e in read_journal(s) if e["type"] == "proc.message"]
-        assert not sleepers(hang), "the probe outlived the refusal"
+        assert not pids_running("sleep", hang), "the probe outlived the refusal"
         assert p.poll() is None
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
