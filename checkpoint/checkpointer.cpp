@@ -154,6 +154,7 @@ struct Checkpointer::CheckpointOp {
   bool held = false;       // ... and it is (held_[branch])
   // t_stop: when the tree is told to stop (a live one once criu may start: when_kdat_ready).
   double t0 = 0, t_stop = 0, t_stopped = 0, t_dumped = 0, t_snapped = 0, t_resumed = 0, t_compressed = 0;
+  double probe_wait = 0;  // ms the checkpoint waited for criu's kernel probe (0: it did not wait)
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   std::string error;
@@ -568,10 +569,15 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   }
   // criu's kernel probe, where the box has not run it yet, ends before the tree is stopped: it is
   // no part of the agent's pause, and the loop serves on while it runs.
-  when_kdat_ready([this, op](base::Result<void> ready) {
+  // A continuation that runs before when_kdat_ready returns did not wait.
+  auto waiting = std::make_shared<bool>(false);
+  double asked = now_ms();
+  when_kdat_ready([this, op, waiting, asked](base::Result<void> ready) {
+    if (*waiting) op->probe_wait = now_ms() - asked;
     if (!ready) return checkpoint_failed(op, ready.error().code, ready.error().message);
     dump_live(op);
   });
+  *waiting = true;
 }
 
 void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
@@ -749,7 +755,7 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
                        {"stop", round_ms(op->t_stopped - op->t_stop)},
                        {"freeze", round_ms(op->t_resumed - op->t_stop)}};
   // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
-  if (op->t_stop - op->t0 >= 1) timings["probe_wait"] = round_ms(op->t_stop - op->t0);
+  if (op->probe_wait > 0) timings["probe_wait"] = round_ms(op->probe_wait);
   // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
   if (op->live) timings["criu"] = criu_stats(op->work + "/logs/stats-dump");
   op->manifest["timings_ms"] = timings;
