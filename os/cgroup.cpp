@@ -167,6 +167,18 @@ const std::vector<std::string>& CgroupDir::v1_controllers() {
   return c;
 }
 
+namespace {
+
+// mkdir `d`, or find it there already (then `fresh` goes false); false with errno otherwise.
+bool make_or_find(const std::string& d, bool& fresh) {
+  if (::mkdir(d.c_str(), 0755) == 0) return true;
+  if (errno != EEXIST) return false;
+  fresh = false;
+  return true;
+}
+
+}  // namespace
+
 Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string& name) {
   CgroupDir g;
   std::map<std::string, std::string> made;  // parent dir -> new dir (co-mounted hierarchies)
@@ -176,10 +188,7 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
     auto& parent = it->second;
     if (!made.contains(parent)) {
       std::string d = parent + "/" + name;
-      if (::mkdir(d.c_str(), 0755) != 0) {
-        if (errno != EEXIST) return last_error();
-        g.fresh_ = false;
-      }
+      if (!make_or_find(d, g.fresh_)) return last_error();
       made[parent] = d;
       g.dirs_.push_back(d);
     }
@@ -191,11 +200,9 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
   if (auto it = host.v1_dirs.find("devices"); it != host.v1_dirs.end()) {
     std::string d = made.contains(it->second) ? made[it->second] : it->second + "/" + name;
     bool have = made.contains(it->second);
-    if (!have) {
-      bool made_now = ::mkdir(d.c_str(), 0755) == 0;
-      have = made_now || errno == EEXIST;
-      g.fresh_ = g.fresh_ && made_now;
-      if (have) g.dirs_.push_back(d);
+    if (!have && make_or_find(d, g.fresh_)) {
+      have = true;
+      g.dirs_.push_back(d);
     }
     if (have) g.by_controller_["devices"] = d;
   }
@@ -216,10 +223,7 @@ Result<CgroupDir> CgroupDir::create_v2(const std::string& parent, const std::str
       if (c == "memory" || c == "cpu" || c == "pids") (void)write_str(parent + "/cgroup.subtree_control", "+" + c);
   }
   std::string d = parent + "/" + name;
-  if (::mkdir(d.c_str(), 0755) != 0) {
-    if (errno != EEXIST) return last_error();
-    g.fresh_ = false;
-  }
+  if (!make_or_find(d, g.fresh_)) return last_error();
   g.dirs_.push_back(d);
   g.by_controller_[""] = d;
   if (auto have = read_file(d + "/cgroup.controllers")) {
