@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <set>
@@ -248,6 +249,9 @@ CgroupDir::CgroupDir(CgroupDir&& o) noexcept
 
 CgroupDir& CgroupDir::operator=(CgroupDir&& o) noexcept {
   if (this != &o) {
+    // A directory both name (the same group made again, found there) passes to `o`'s owner: it
+    // is not removed under it.
+    std::erase_if(dirs_, [&](const std::string& d) { return std::ranges::find(o.dirs_, d) != o.dirs_.end(); });
     remove();
     v2_ = o.v2_;
     fresh_ = o.fresh_;

@@ -67,6 +67,8 @@ class CgroupDir {
 
   CgroupDir() = default;
   CgroupDir(CgroupDir&& o) noexcept;
+  /// Removes this group's directories first, except those `o` names as well (the same group
+  /// made again): those pass to this object.
   CgroupDir& operator=(CgroupDir&& o) noexcept;
   CgroupDir(const CgroupDir&) = delete;
   CgroupDir& operator=(const CgroupDir&) = delete;

@@ -229,11 +229,22 @@ TEST_CASE("cgroup v1: fresh only when made anew; remove() kills what is still in
     auto dirs = g->dirs();
     for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) != 0);
   }
-  g->remove();  // before the next create: assigning over g would remove the new group's dirs
+  g->remove();
   g = CgroupDir::create_v1(host, name);
   REQUIRE(g.has_value());
   CHECK(g->fresh());
   auto dirs = g->dirs();
+  {
+    // The same group made again and assigned over the one that holds it: its directories stay,
+    // now owned by the assigned-to object (before, its old self removed them under the new one).
+    auto again = CgroupDir::create_v1(host, name);
+    REQUIRE(again.has_value());
+    CHECK_FALSE(again->fresh());
+    *g = std::move(*again);
+    CHECK(g->dirs() == dirs);
+    for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) == 0);
+  }
+  for (auto& d : dirs) CHECK(::access(d.c_str(), F_OK) == 0);
   pid_t p = sleeper();
   REQUIRE(g->add(p).has_value());
   if (g->has("freezer")) {
