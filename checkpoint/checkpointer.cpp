@@ -298,10 +298,13 @@ void Checkpointer::kdat_probe(bool own) {
         auto* self = static_cast<Checkpointer*>(t->data);
         pid_t hung = std::exchange(self->kdat_waiting_on_, -1);
         ::kill(hung, SIGKILL);
-        self->kdat_settled(base::fail(
-            kKdatRefused + "its kernel probe (pid " + std::to_string(hung) + ") did not end within 10 s", "criu"));
+        int64_t ms = self->settings_.probe_timeout_ms;
+        std::string limit = ms % 1000 ? std::to_string(ms) + " ms" : std::to_string(ms / 1000) + " s";
+        self->kdat_settled(base::fail(kKdatRefused + "its kernel probe (pid " + std::to_string(hung) +
+                                          ") did not end within " + limit + " (checkpoint.probe_timeout)",
+                                      "criu"));
       },
-      10000, 0);
+      static_cast<uint64_t>(settings_.probe_timeout_ms), 0);
 }
 
 void Checkpointer::kdat_probe_ended(pid_t pid, int status) {

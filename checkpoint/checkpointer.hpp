@@ -226,12 +226,14 @@ class Checkpointer {
   /// Runs `then` once criu may start beside the agent: at once where the kerndat cache is filled
   /// (or where criu runs unprotected, see kdat_unprotected); else once the warm-up's criu, or a
   /// probe of its own, has filled it. The loop serves on meanwhile; waiters share one probe. An
-  /// error (a probe that cannot start at a pids or memory ceiling, does not end within 10 s, or
+  /// error (a probe that cannot start at a pids or memory ceiling, does not end within
+  /// checkpoint.probe_timeout (10 s by default), or
   /// writes no cache; the box shutting down) means no criu may start now; the next one tries
   /// again. Where the probe cannot run in a pid namespace of its own at all, criu starts
   /// unprotected, as before (logged once).
   void when_kdat_ready(std::function<void(base::Result<void>)> then);
-  /// Waits on the warm-up's criu, or (`own`) on a probe started here, for at most 10 s.
+  /// Waits on the warm-up's criu, or (`own`) on a probe started here, for at most
+  /// checkpoint.probe_timeout.
   void kdat_probe(bool own);
   void kdat_probe_ended(pid_t pid, int status);
   void kdat_settled(const base::Result<void>& r);
@@ -282,7 +284,7 @@ class Checkpointer {
   std::vector<std::function<void(base::Result<void>)>> kdat_waiters_;
   pid_t kdat_waiting_on_ = -1;             // that probe
   bool kdat_own_ = false;                  // started by them (not the warm-up's)
-  loop::UvHandle<uv_timer_t> kdat_timer_;  // its 10 s
+  loop::UvHandle<uv_timer_t> kdat_timer_;  // its checkpoint.probe_timeout
   std::optional<std::string> image_id_;    // /etc/sandboxer/image.json's id, in an image
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.

@@ -39,14 +39,15 @@ void write_branch_json(const std::string& box, const std::string& branch, const 
 /// The box's settings the checkpointer reads, fixed once the box has started.
 struct Settings {
   std::string box_id;
-  std::string state_dir;      // snapshots/ and branches/ below it
-  std::string profile_name;   // for the manifest
-  std::string profile_doc;    // the profile's JSON, overrides merged (the manifest's `profile_doc`)
-  int64_t max_snapshots = 0;  // resources.snapshots: snapshots kept (checkpoints under way count)
-  int64_t max_copies = 0;     // resources.copies: copies running at once
-  bool landlock = false;      // the profile asks for Landlock, which criu does not restore
-  int restore_index = 0;      // --restore-index: which copy a box started from an archive is
-  bool ksm = true;            // resources.ksm: live copies' anonymous memory is marked mergeable
+  std::string state_dir;             // snapshots/ and branches/ below it
+  std::string profile_name;          // for the manifest
+  std::string profile_doc;           // the profile's JSON, overrides merged (the manifest's `profile_doc`)
+  int64_t max_snapshots = 0;         // resources.snapshots: snapshots kept (checkpoints under way count)
+  int64_t max_copies = 0;            // resources.copies: copies running at once
+  bool landlock = false;             // the profile asks for Landlock, which criu does not restore
+  int restore_index = 0;             // --restore-index: which copy a box started from an archive is
+  bool ksm = true;                   // resources.ksm: live copies' anonymous memory is marked mergeable
+  int64_t probe_timeout_ms = 10000;  // checkpoint.probe_timeout: criu's kernel probe, at most
   // Signed archives: what this box signs with and what it trusts (its own key's public half among
   // them), read at the first checkpoint, import or restore (null: it signs nothing, trusts none);
   // --allow-unsigned; the bound on one archive's expansion.

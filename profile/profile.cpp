@@ -419,6 +419,11 @@ void parse_checkpoint(Profile& p, const json::value& v) {
     if (c.every_ms != 0 && c.every_ms < 1000) throw ProfileError("checkpoint.every: at least 1s (or 0 for none)");
   }
   if (auto* x = f.get("keep")) c.keep = as_count(*x, "checkpoint.keep", 1, 4095);
+  if (auto* x = f.get("probe_timeout")) {
+    c.probe_timeout_ms = as_duration(*x, "checkpoint.probe_timeout");
+    if (c.probe_timeout_ms < 1000 || c.probe_timeout_ms > 600000)
+      throw ProfileError("checkpoint.probe_timeout: between 1s and 10m (criu's kernel probe takes ~0.1-2 s)");
+  }
   for (auto [key, flag] : {std::pair{"on_stop", &c.on_stop}, std::pair{"on_idle", &c.on_idle}})
     if (auto* x = f.get(key)) {
       if (!x->is_bool()) throw ProfileError(std::string("checkpoint.") + key + ": expected true or false");

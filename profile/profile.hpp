@@ -96,10 +96,11 @@ struct Profile {
   // Agents that outlive their host (docs/architecture.md, "Checkpoints"): snapshots the box takes
   // of its main branch by itself, and the resume from the newest at the next start.
   struct Checkpoint {
-    int64_t every_ms = 0;  // a live checkpoint of the main branch on this period; 0: none
-    int64_t keep = 3;      // the box's own snapshots kept (periodic, on_stop, on_idle); named ones stay
-    bool on_stop = false;  // checkpoint before the agent is ended by SIGTERM, within the grace period
-    bool on_idle = false;  // checkpoint at the idle limit, then end the agent (hibernation)
+    int64_t every_ms = 0;              // a live checkpoint of the main branch on this period; 0: none
+    int64_t keep = 3;                  // the box's own snapshots kept (periodic, on_stop, on_idle); named ones stay
+    bool on_stop = false;              // checkpoint before the agent is ended by SIGTERM, within the grace period
+    bool on_idle = false;              // checkpoint at the idle limit, then end the agent (hibernation)
+    int64_t probe_timeout_ms = 10000;  // criu's kernel probe: a checkpoint is refused past this
     /// Whether the box persists its agent: it takes snapshots of its own and resumes from them.
     bool enabled() const { return every_ms > 0 || on_stop || on_idle; }
   } checkpoint;

@@ -55,6 +55,7 @@ checkpoint::Settings Box::checkpoint_settings() const {
   s.landlock = opts_.profile.isolation.landlock.has_value();
   s.restore_index = opts_.restore_index;
   s.ksm = opts_.profile.resources.ksm;
+  s.probe_timeout_ms = opts_.profile.checkpoint.probe_timeout_ms;
   s.keys = opts_.keys;
   s.allow_unsigned = opts_.allow_unsigned;
   s.max_archive_bytes = opts_.max_archive_bytes;

@@ -46,6 +46,7 @@ BAD = [
     {"isolation": {"seccomp": "strictest"}},
     {"network": "wifi"},
     {"persistence": "forever"},
+    {"checkpoint": {"probe_timeout": "soon"}},
     {"colour": "red"},
 ]
 
@@ -62,3 +63,12 @@ def test_schema_and_supervisor_both_refuse(tmp_path, patch):
     assert r.returncode == 125, r.stderr
     field = next(iter(patch))
     assert field in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", ["0s", "500ms", "11m"])
+def test_a_probe_timeout_out_of_its_range_is_refused_naming_it(tmp_path, value):
+    # Durations the schema's pattern takes, outside what the parser allows (1s to 10m).
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--set", f"checkpoint.probe_timeout={value}",
+                        "--", str(PROBE), "exit", "0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 125, r.stderr
+    assert "checkpoint.probe_timeout: between 1s and 10m" in r.stderr, r.stderr

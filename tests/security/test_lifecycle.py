@@ -236,11 +236,11 @@ def test_a_failed_dump_leaves_the_agent_running(tmp_path, how):
     assert any(m.get("still_running") for m in msgs)
 
 
-@pytest.mark.parametrize("warm", ["warm-up", "checkpoint's own probe"])
-def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(tmp_path, warm):
-    # criu's kernel probe (`criu check`) that hangs: the checkpoint waits for it at most 10 s, then
-    # is refused saying so, and the probe is killed, whether the box's warm-up started it or the
-    # checkpoint did. The agent runs on.
+@pytest.mark.parametrize("warm,timeout", [("warm-up", None), ("checkpoint's own probe", "2s")])
+def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(tmp_path, warm, timeout):
+    # criu's kernel probe (`criu check`) that hangs: the checkpoint waits for it at most
+    # checkpoint.probe_timeout (10 s unless set), then is refused saying so, and the probe is killed,
+    # whether the box's warm-up started it or the checkpoint did. The agent runs on.
     hang = f"{600 + os.getpid() % 1000}.{time.monotonic_ns() % 10**6}"
     fake = fake_criu(tmp_path, "exit 1", check=f"exec sleep {hang}")
     s = tmp_path / "s"
@@ -250,7 +250,9 @@ def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(t
     wait = "sleep 1; " if warm == "warm-up" else ""
     ticker = "(while :; do echo tick; sleep 0.2; done) & "
     agent = ["/bin/sh", "-c", f"{ticker}{wait}{' '.join(attack('dump'))}; exec sleep 60"]
-    p = subprocess.Popen([str(INIT), "--state-dir", str(s), "--", *agent], env=env, stderr=subprocess.PIPE, text=True)
+    sets = ["--set", f"checkpoint.probe_timeout={timeout}"] if timeout else []
+    p = subprocess.Popen([str(INIT), "--state-dir", str(s), *sets, "--", *agent], env=env, stderr=subprocess.PIPE,
+                         text=True)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not pids_running("sleep", hang):
@@ -271,7 +273,8 @@ def test_a_kernel_probe_that_does_not_end_is_killed_and_the_checkpoint_refused(t
             p.wait()
     answer = next(m["checkpoint"] for m in msgs if "checkpoint" in m)
     assert answer["ok"] is False and answer["code"] == "criu", answer
-    assert "kerndat cache is empty" in answer["message"] and "did not end within 10 s" in answer["message"], answer
+    limit = f"did not end within {timeout[:-1] if timeout else 10} s (checkpoint.probe_timeout)"
+    assert "kerndat cache is empty" in answer["message"] and limit in answer["message"], answer
     assert not (tmp_path / "criu.args").exists(), "criu dumped without a cache"
     # The ticks written while it waited were journaled while it waited, not after its refusal.
     ev = read_journal(s)
