@@ -422,7 +422,7 @@ void parse_checkpoint(Profile& p, const json::value& v) {
   if (auto* x = f.get("probe_timeout")) {
     c.probe_timeout_ms = as_duration(*x, "checkpoint.probe_timeout");
     if (c.probe_timeout_ms < 1000 || c.probe_timeout_ms > 600000)
-      throw ProfileError("checkpoint.probe_timeout: between 1s and 10m (criu's kernel probe takes ~0.1-2 s)");
+      throw ProfileError("checkpoint.probe_timeout: between 1s and 10m");
   }
   for (auto [key, flag] : {std::pair{"on_stop", &c.on_stop}, std::pair{"on_idle", &c.on_idle}})
     if (auto* x = f.get(key)) {
