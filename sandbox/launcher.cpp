@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -681,12 +682,64 @@ int join_cgroups(const std::vector<int>& procs, pid_t pid) {
   return 0;
 }
 
-// clone3 into the v2 group `cgroup_dir` where there is one (CLONE_INTO_CGROUP, Linux 5.7): the
-// child starts inside it, where a move through cgroup.procs waits for an RCU grace period. Where
-// clone3 is refused (ENOSYS from an older kernel or a seccomp filter such as Docker's default, or
-// the group), clone and the move. `flags` as clone's, exit signal included.
-pid_t clone_branch(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
+pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup);
+
+int child_entry(void* args) { child_main(*static_cast<ChildArgs*>(args)); }
+
+// The child's own stack for a clone that shares our memory, with a guard page below it.
+class ChildStack {
+ public:
+  static constexpr size_t kSize = 1 << 20;  // the plan's syscalls need little; ASan's frames more
+  ChildStack() {
+    void* p =
+        ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return;
+    if (::mprotect(p, static_cast<size_t>(::getpagesize()), PROT_NONE) != 0) {
+      ::munmap(p, kSize);
+      return;
+    }
+    base_ = static_cast<char*>(p);
+  }
+  ~ChildStack() {
+    if (base_) ::munmap(base_, kSize);
+  }
+  ChildStack(const ChildStack&) = delete;
+  ChildStack& operator=(const ChildStack&) = delete;
+  void* top() const { return base_ ? base_ + kSize : nullptr; }
+
+ private:
+  char* base_ = nullptr;
+};
+
+// Starts the branch's child, which runs child_main(ca). Three ways:
+// - into the v2 group `cgroup_dir` where there is one, by clone3 (CLONE_INTO_CGROUP, Linux 5.7):
+//   the child starts inside it, where a move through cgroup.procs waits for an RCU grace period;
+// - where the parent moves the child into its groups by pid (v2 where clone3 is refused: ENOSYS
+//   from an older kernel or a seccomp filter such as Docker's default), a clone that copies our
+//   memory, so that we move it while it walks its mount plan;
+// - otherwise (v1, whose child joins its groups itself, or no groups) as posix_spawn does: the
+//   child shares our memory (CLONE_VM) on a stack of its own until its exec, and we wait for that
+//   exec (CLONE_VFORK), as launch_branch did anyway for the child's error pipe. No copy of our page
+//   tables at the clone, no copy-on-write faults after it, no copy to tear down at the exec. The
+//   child only walks the plan with plain syscalls (run_plan), which write nothing of ours but the
+//   plan's slots, errno and its own stack; its signal handlers are its own (no CLONE_SIGHAND), and
+//   our handled signals are blocked (signal-mask.hpp) until it resets them. Nothing of our memory
+//   survives its exec, as with a copy.
+// `flags` as clone's, exit signal included. Returns the child's pid (never 0), or -1 with errno.
+pid_t clone_branch(unsigned long flags, int cgroup_dir, bool parent_moves, ChildArgs& ca, bool& in_cgroup) {
   in_cgroup = false;
+  if (cgroup_dir < 0 && !parent_moves) {
+    ChildStack stack;
+    if (stack.top()) return ::clone(child_entry, stack.top(), static_cast<int>(flags | CLONE_VM | CLONE_VFORK), &ca);
+    log()->debug("a stack for the branch's child: {}; clone a copy instead", std::strerror(errno));
+  }
+  pid_t pid = clone_copy(flags, cgroup_dir, in_cgroup);
+  if (pid == 0) child_main(ca);
+  return pid;
+}
+
+// clone3 into the v2 group `cgroup_dir` where there is one, else clone: a copy of our memory.
+pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
   if (cgroup_dir >= 0) {
     struct clone_args args {};
     args.flags = (flags & ~static_cast<unsigned long>(CSIGNAL)) | CLONE_INTO_CGROUP;
@@ -787,8 +840,8 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
     unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
     bool in_cgroup = false;
-    pid_t pid = clone_branch(flags, spec.cgroup_dir, in_cgroup);
-    if (pid == 0) child_main(ca);
+    bool parent_moves = !spec.cgroup_self_join && !spec.cgroup_join.empty();
+    pid_t pid = clone_branch(flags, spec.cgroup_dir, parent_moves, ca, in_cgroup);
     if (pid < 0) {
       if (ns) {
         why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
