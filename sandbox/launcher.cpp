@@ -682,7 +682,22 @@ int join_cgroups(const std::vector<int>& procs, pid_t pid) {
   return 0;
 }
 
-pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup);
+// clone3 into the v2 group `cgroup_dir` where there is one, else clone: a copy of our memory.
+pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
+  if (cgroup_dir >= 0) {
+    struct clone_args args {};
+    args.flags = (flags & ~static_cast<unsigned long>(CSIGNAL)) | CLONE_INTO_CGROUP;
+    args.exit_signal = flags & CSIGNAL;
+    args.cgroup = static_cast<uint64_t>(cgroup_dir);
+    long pid = ::syscall(SYS_clone3, &args, sizeof args);
+    if (pid >= 0) {
+      in_cgroup = true;
+      return static_cast<pid_t>(pid);
+    }
+    log()->debug("clone3 into the branch's cgroup: {}; clone, then move it", std::strerror(errno));
+  }
+  return static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
+}
 
 int child_entry(void* args) { child_main(*static_cast<ChildArgs*>(args)); }
 
@@ -738,22 +753,6 @@ pid_t clone_branch(unsigned long flags, int cgroup_dir, bool parent_moves, Child
   return pid;
 }
 
-// clone3 into the v2 group `cgroup_dir` where there is one, else clone: a copy of our memory.
-pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
-  if (cgroup_dir >= 0) {
-    struct clone_args args {};
-    args.flags = (flags & ~static_cast<unsigned long>(CSIGNAL)) | CLONE_INTO_CGROUP;
-    args.exit_signal = flags & CSIGNAL;
-    args.cgroup = static_cast<uint64_t>(cgroup_dir);
-    long pid = ::syscall(SYS_clone3, &args, sizeof args);
-    if (pid >= 0) {
-      in_cgroup = true;
-      return static_cast<pid_t>(pid);
-    }
-    log()->debug("clone3 into the branch's cgroup: {}; clone, then move it", std::strerror(errno));
-  }
-  return static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
-}
 }  // namespace
 
 os::Result<void> copy_root_top(pid_t ns_init, const std::string& dest) {
