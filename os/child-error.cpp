@@ -6,7 +6,7 @@
 
 namespace sbx::os {
 
-void child_fail(int fd, int step, int err, int detail) noexcept {
+SBX_OWN_STACK void child_fail(int fd, int step, int err, int detail) noexcept {
   ChildError e{step, err, detail};
   (void)!::write(fd, &e, sizeof e);
   ::_exit(127);

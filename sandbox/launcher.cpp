@@ -503,7 +503,7 @@ void place_fds(ChildArgs& a) noexcept {
   ::close_range(kNsAgentPid + (pf >= 0 ? 1 : 0), ~0U, 0);
 }
 
-[[noreturn]] void child_main(ChildArgs& a) noexcept {
+[[noreturn]] SBX_OWN_STACK void child_main(ChildArgs& a) noexcept {
   os::reset_signals_for_child();
   // Into the branch's cgroups first, as the one thread this process has (v1); or the parent moves
   // us meanwhile (join_cgroups, v2).
@@ -699,7 +699,7 @@ pid_t clone_copy(unsigned long flags, int cgroup_dir, bool& in_cgroup) {
   return static_cast<pid_t>(::syscall(SYS_clone, flags, 0, 0, 0, 0));
 }
 
-int child_entry(void* args) { child_main(*static_cast<ChildArgs*>(args)); }
+SBX_OWN_STACK int child_entry(void* args) { child_main(*static_cast<ChildArgs*>(args)); }
 
 // The child's own stack for a clone that shares our memory, with a guard page below it.
 class ChildStack {

@@ -135,6 +135,15 @@ def test_not_pid1_becomes_a_subreaper_and_reaps(tmp_path):
     assert "zombies=0" in out
 
 
+def test_a_box_says_nothing_on_stderr_but_its_info_lines(tmp_path):
+    # Against build-asan too (scripts/sanitize runs this file there): the branch's child runs on a
+    # stack of its own (sandbox/launcher.cpp, clone_branch), where AddressSanitizer warned at its
+    # first noreturn call that it ignored it and that false reports might follow.
+    r = run_init(["--", "/bin/true"], tmp_path / "s", as_pid1=False)
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stderr.decode().splitlines() if ": info [" not in line] == [], r.stderr
+
+
 def test_a_missing_binary_is_a_clear_error(tmp_path):
     r = run_init(["--", "/nonexistent/agent"], tmp_path / "s")
     assert r.returncode == 127
