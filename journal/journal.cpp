@@ -609,15 +609,20 @@ void Journal::remove_listener(int id) { listeners_.erase(id); }
 void Journal::flush() {
   if (degraded_) {
     retry(true);
-    if (degraded_ && !waiting_.empty())
+    if (degraded_ && !waiting_.empty()) {
       log()->error("journal: {} events (seq {} to {}) never reached the disk, which stayed full; no one was shown them",
                    waiting_.size(), waiting_.front().seq, waiting_.back().seq);
+      // Said once: they end with this process (the high-water mark keeps their seqs from reuse).
+      waiting_.clear();
+      waiting_bytes_ = 0;
+    }
   }
   compress_deferred();  // at the end, nothing is left plain but the active segment
   // Closed here, while the loop still turns: the supervisor's last turn (~Box) comes before the
-  // journal's destructor, and a handle closed after it is never freed. A seal after this makes a
-  // new one.
+  // journal's destructor, and a handle closed after it is never freed (uv_loop_close then finds it
+  // open). A seal after this makes a new quiet timer; no retry comes after the end.
   quiet_timer_.reset();
+  retry_timer_.reset();
   while (pending_compressions_ > 0) uv_run(loop_, UV_RUN_ONCE);
 }
 
