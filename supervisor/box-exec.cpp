@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "os/sys.hpp"
 #include "supervisor/box.hpp"
@@ -19,15 +20,29 @@ namespace sbx::supervisor {
 
 namespace {
 
-// Takes a copy of fd `target` of process `pid` (the same open file, as dup would give).
-os::UniqueFd take_fd(pid_t pid, int target) {
+auto log() {
+  static auto l = spdlog::default_logger()->clone("exec");
+  return l;
+}
+
+// Takes a copy of fd `target` of process `pid` (the same open file, as dup would give): by
+// pidfd_getfd, else (a host whose policy refuses it to us: an LSM, Yama's ptrace_scope 3) by
+// opening /proc/PID/fd/N again. That gives the same pipe, but for a pty's master the ptmx device
+// itself: a new terminal, unrelated to the process's, so that is refused. Empty, with `why`
+// saying what failed, when neither gives it.
+os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
   os::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (pidfd) {
     os::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
     if (fd) return fd;
   }
-  // Without pidfd_getfd (no ptrace rights): a pipe opened again through /proc is the same pipe.
+  std::string getfd = std::string(pidfd ? "pidfd_getfd: " : "pidfd_open: ") + std::strerror(errno);
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(target);
+  std::error_code ec;
+  if (std::filesystem::read_symlink(path, ec).filename() == "ptmx") {
+    why = getfd + "; a pty's master opened again through /proc would be another terminal";
+    return {};
+  }
   int flags = O_CLOEXEC | O_NONBLOCK;
   int fl = 0;
   std::string fdinfo = "/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(target);
@@ -36,7 +51,11 @@ os::UniqueFd take_fd(pid_t pid, int target) {
     if (pos != std::string::npos) fl = static_cast<int>(std::strtol(t->c_str() + pos + 6, nullptr, 8));
   }
   flags |= (fl & O_ACCMODE) == O_WRONLY ? O_WRONLY : (fl & O_ACCMODE) == O_RDWR ? O_RDWR : O_RDONLY;
-  return os::UniqueFd(::open(path.c_str(), flags));
+  os::UniqueFd fd(::open(path.c_str(), flags));
+  if (!fd) why = getfd + "; open " + path + ": " + std::strerror(errno);
+  log()->warn("take fd {} of ns-init ({}): {}; {}", target, pid, getfd,
+              fd ? "opened again through /proc" : "nor through /proc");
+  return fd;
 }
 
 }  // namespace
@@ -163,11 +182,18 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
     };
     auto on_eof = [this, &p] { maybe_proc_exited(p); };
     const auto* fds = r.if_contains("fds");
+    std::string why;  // what kept an fd of ns-init's from us
     auto fd_of = [&](const char* k) -> os::UniqueFd {
       if (!fds || !fds->is_object() || !fds->as_object().contains(k)) return {};
-      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()));
+      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()), why);
     };
-    if (ev == "started") {
+    os::UniqueFd master = p.tty ? fd_of("pty") : os::UniqueFd();
+    if (ev == "started" && p.tty && !master) {
+      // Its terminal out of our reach, nothing it prints or reads would reach anyone: a failed
+      // start, whose process ends.
+      p.error = "take the terminal of " + p.id + " from ns-init: " + (why.empty() ? "none was reported" : why);
+      send_request(b, {{"op", "signal"}, {"proc", p.id}, {"sig", SIGKILL}});
+    } else if (ev == "started") {
       p.started = true;
       boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
       if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
@@ -177,15 +203,12 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
       if (p.tty) e["tty"] = true;
       p.started_seq = emit(p.branch, std::move(e));
     }
-    if (p.tty) {
-      os::UniqueFd master = fd_of("pty");
-      if (master) {
-        os::UniqueFd rd(::fcntl(master.get(), F_DUPFD_CLOEXEC, 3));
-        p.io->pty = master.get();
-        p.io->input = std::make_unique<InputWriter>(loop_, std::move(master));
-        p.out = std::make_unique<OutputReader>(loop_, std::move(rd), OutputDecoder("pty", false, emit_to), on_eof);
-      }
-    } else {
+    if (master) {
+      os::UniqueFd rd(::fcntl(master.get(), F_DUPFD_CLOEXEC, 3));
+      p.io->pty = master.get();
+      p.io->input = std::make_unique<InputWriter>(loop_, std::move(master));
+      p.out = std::make_unique<OutputReader>(loop_, std::move(rd), OutputDecoder("pty", false, emit_to), on_eof);
+    } else if (!p.tty) {
       if (auto in = fd_of("in")) p.io->input = std::make_unique<InputWriter>(loop_, std::move(in));
       if (auto out = fd_of("out"))
         p.out = std::make_unique<OutputReader>(loop_, std::move(out), OutputDecoder("stdout", true, emit_to), on_eof);

@@ -4,12 +4,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -78,15 +82,35 @@ static int count_zombies(void) {
   return z;
 }
 
+/* deny NR ERRNO PROGRAM ARGS...: runs PROGRAM with syscall NR refused with ERRNO (a seccomp
+ * filter, no_new_privs), as a host whose policy refuses it would. x86_64 only. */
+static int deny_and_exec(int nr, int err, char** argv) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)err & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+    perror("sbx-testprobe deny: seccomp");
+    return 2;
+  }
+  execv(argv[0], argv);
+  perror("sbx-testprobe deny: exec");
+  return 127;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr,
             "usage: sbx-testprobe exit N | catch FILE | wait | ignore-term | orphans N MS | "
-            "spew BYTES | badutf8 | leave-tree N | zombies\n");
+            "spew BYTES | badutf8 | leave-tree N | zombies | deny NR ERRNO PROGRAM ARGS...\n");
     return 2;
   }
   const char* cmd = argv[1];
   if (!strcmp(cmd, "exit")) return atoi(argv[2]);
+  if (!strcmp(cmd, "deny") && argc > 4) return deny_and_exec(atoi(argv[2]), atoi(argv[3]), argv + 4);
   if (!strcmp(cmd, "catch")) {
     /* Records every forwardable signal it receives in FILE; exits 0 after TERM. */
     record_fd = open(argv[2], O_WRONLY | O_CREAT | O_APPEND, 0644);

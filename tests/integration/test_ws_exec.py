@@ -1,7 +1,10 @@
 """exec, stdin, signal and resize over the WebSocket: processes forked by the branch's ns-init."""
+import errno
+import platform
+
 import pytest
 
-from sbxtest import Session, WsBox, output_of, run, ws_connect
+from sbxtest import PROBE, Session, WsBox, output_of, run, ws_connect
 
 
 @pytest.fixture
@@ -102,6 +105,32 @@ def test_exec_with_a_pty_gets_a_terminal_of_the_asked_size_and_resize(box):
             assert e["code"] == 7
             assert all(x["stream"] == "pty" for x in s.events if x["type"] == "proc.output" and x["proc"] == "sh")
     run(go(), 60)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the syscall number below is x86_64's")
+def test_where_pidfd_getfd_is_refused_pipes_still_work_and_a_pty_is_a_clear_error(tmp_path):
+    # A host that refuses the supervisor pidfd_getfd (438 on x86_64; an LSM, Yama's ptrace_scope
+    # 3): it takes an exec's pipes by opening them again through /proc, which gives the same pipe.
+    # A pty's master opened so is /dev/ptmx: a new terminal, unrelated to the process's, whose
+    # own master then closed with ns-init's copy (the process got SIGHUP, and the client saw only
+    # the echo of its own input). So a pty is refused there, saying why.
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"],
+               wrap=[str(PROBE), "deny", "438", str(errno.EPERM)]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = await session(ws)
+                r = await s.request("exec", proc="p", argv=["sh", "-c", "read x; echo got $x"], stdin=True)
+                assert r["ok"], r
+                await s.request("stdin", proc="p", data="hello\n", eof=True)
+                e = await s.wait_event(exited("p"))
+                assert e["code"] == 0 and output_of(s.events, "p") == b"got hello\n"
+                r = await s.request("exec", proc="t", argv=["sh", "-c", "read x; stty size"], tty=True)
+                assert r["ok"] is False and r["error"]["code"] == "spawn_failed", r
+                assert "pty" in r["error"]["message"] and "pidfd_getfd" in r["error"]["message"], r
+                e = await s.wait_event(exited("t"))
+                assert e.get("signal") == "KILL" and "take the terminal" in e.get("error", ""), e
+        run(go(), 60)
+        assert "pidfd_getfd" in box.stderr()
 
 
 def test_exec_of_a_missing_program_is_an_error_reply(box):
