@@ -36,7 +36,8 @@ os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
     os::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
     if (fd) return fd;
   }
-  std::string getfd = std::string(pidfd ? "pidfd_getfd: " : "pidfd_open: ") + std::strerror(errno);
+  int e = errno;
+  std::string getfd = std::string(pidfd ? "pidfd_getfd: " : "pidfd_open: ") + std::strerror(e);
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(target);
   std::error_code ec;
   if (std::filesystem::read_symlink(path, ec).filename() == "ptmx") {
@@ -53,8 +54,7 @@ os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
   flags |= (fl & O_ACCMODE) == O_WRONLY ? O_WRONLY : (fl & O_ACCMODE) == O_RDWR ? O_RDWR : O_RDONLY;
   os::UniqueFd fd(::open(path.c_str(), flags));
   if (!fd) why = getfd + "; open " + path + ": " + std::strerror(errno);
-  log()->warn("take fd {} of ns-init ({}): {}; {}", target, pid, getfd,
-              fd ? "opened again through /proc" : "nor through /proc");
+  log()->warn("take fd {} of ns-init ({}): {}", target, pid, fd ? getfd + "; opened again through /proc" : why);
   return fd;
 }
 
