@@ -19,6 +19,7 @@
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
+#include "os/sys.hpp"
 
 namespace sbx::checkpoint {
 
@@ -155,8 +156,7 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   }
   ep->write.reset();
   // The child failed before exec and exits at once; the reaper collects it like any child.
-  if (auto e = os::read_child_error(ep->read.get()))
-    return boost::system::error_code(e->err, boost::system::system_category());
+  if (auto e = os::read_child_error(ep->read.get())) return os::sys_error(e->err);
   return pid;
 }
 

@@ -129,8 +129,7 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
     while (ib.pos < ib.size) {
       ZSTD_outBuffer ob{out.data(), out.size(), 0};
       size_t r = ZSTD_decompressStream(dctx.get(), &ob, &ib);
-      if (ZSTD_isError(r))
-        return {boost::system::in_place_error, boost::system::error_code(EBADMSG, boost::system::system_category())};
+      if (ZSTD_isError(r)) return {boost::system::in_place_error, os::sys_error(EBADMSG)};
       if (!feed({out.data(), ob.pos})) return false;
       if (r == 0 && pending.empty()) at = in_at + ib.pos;  // a frame ended, at a line end
     }
@@ -161,7 +160,7 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
     for (;;) {
       ZSTD_outBuffer ob{obuf.data(), obuf.size(), 0};
       size_t rem = ZSTD_compressStream2(cctx.get(), &ob, &ib, mode);
-      if (ZSTD_isError(rem)) return boost::system::error_code(EIO, boost::system::system_category());
+      if (ZSTD_isError(rem)) return os::sys_error(EIO);
       if (auto r = os::write_all(out.get(), {obuf.data(), ob.pos}); !r) return r.error();
       if (mode == ZSTD_e_end ? rem == 0 : ib.pos == ib.size) return {};
     }

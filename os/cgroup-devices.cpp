@@ -10,12 +10,11 @@
 #include <cstring>
 
 #include "os/cgroup.hpp"
+#include "os/sys.hpp"
 
 namespace sbx::os {
 
 namespace {
-
-boost::system::error_code errc(int e) { return {e, boost::system::system_category()}; }
 
 Result<void> write_rule(const std::string& path, const std::string& v) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
@@ -143,9 +142,9 @@ std::string describe_device_rules(const std::vector<DeviceRule>& rules) {
 }
 
 Result<void> CgroupDir::set_devices(const std::vector<DeviceRule>& allow) {
-  if (dirs_.empty()) return errc(ENOENT);
+  if (dirs_.empty()) return sys_error(ENOENT);
   if (v2_) return set_devices_v2(dirs_.front(), allow);
-  if (!has("devices")) return errc(ENOTSUP);
+  if (!has("devices")) return sys_error(ENOTSUP);
   return set_devices_v1(dir_of("devices"), allow);
 }
 

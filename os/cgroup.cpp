@@ -14,11 +14,11 @@
 #include <sstream>
 #include <utility>
 
+#include "os/sys.hpp"
+
 namespace sbx::os {
 
 namespace {
-
-boost::system::error_code errc(int e) { return {e, boost::system::system_category()}; }
 
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;
@@ -38,7 +38,7 @@ Result<void> write_str(const std::string& path, std::string_view v) {
   ssize_t n = ::write(fd, v.data(), v.size());
   int e = errno;
   ::close(fd);
-  if (n < 0) return errc(e);
+  if (n < 0) return sys_error(e);
   return {};
 }
 
@@ -195,7 +195,7 @@ Result<CgroupDir> CgroupDir::create_v1(const CgroupHost& host, const std::string
     }
     g.by_controller_[c] = made[parent];
   }
-  if (g.dirs_.empty()) return errc(ENOENT);
+  if (g.dirs_.empty()) return sys_error(ENOENT);
   // The devices hierarchy is a hardening, not a ceiling: where a group cannot be made there (a
   // read-only mount), the group goes on without it and set_devices says ENOTSUP.
   if (auto it = host.v1_dirs.find("devices"); it != host.v1_dirs.end()) {
@@ -238,7 +238,7 @@ Result<CgroupDir> CgroupDir::create_v2(const std::string& parent, const std::str
 Result<CgroupDir> CgroupDir::create(const CgroupHost& host, const std::string& name) {
   if (host.version == "v1") return create_v1(host, name);
   if (host.version == "v2") return create_v2(host.v2_dir, name);
-  return errc(ENOTSUP);
+  return sys_error(ENOTSUP);
 }
 
 CgroupDir::CgroupDir(CgroupDir&& o) noexcept
@@ -295,7 +295,7 @@ bool CgroupDir::has(const std::string& c) const { return by_controller_.contains
 std::vector<std::string> CgroupDir::dirs() const { return dirs_; }
 
 Result<void> CgroupDir::set_memory(int64_t bytes) {
-  if (!has("memory")) return errc(ENOTSUP);
+  if (!has("memory")) return sys_error(ENOTSUP);
   std::string d = dir_of("memory"), v = std::to_string(bytes);
   if (v2_) {
     if (auto r = write_str(d + "/memory.max", v); !r) return r;
@@ -313,7 +313,7 @@ Result<void> CgroupDir::set_memory(int64_t bytes) {
 }
 
 Result<void> CgroupDir::set_cpus(double cpus) {
-  if (!has("cpu")) return errc(ENOTSUP);
+  if (!has("cpu")) return sys_error(ENOTSUP);
   const int64_t period = 100000;
   // Rounded to the nearest microsecond (cpus is never negative: the profile checks it) without libm's
   // llround: its one use would make the loader map libm at every start.
@@ -324,7 +324,7 @@ Result<void> CgroupDir::set_cpus(double cpus) {
 }
 
 Result<void> CgroupDir::set_pids(int64_t max) {
-  if (!has("pids")) return errc(ENOTSUP);
+  if (!has("pids")) return sys_error(ENOTSUP);
   return write_str(dir_of("pids") + "/pids.max", std::to_string(max));
 }
 
@@ -339,7 +339,7 @@ Result<std::vector<UniqueFd>> CgroupDir::open_join_fds() const {
 }
 
 Result<UniqueFd> CgroupDir::open_v2_dir() const {
-  if (!v2_ || dirs_.empty()) return errc(ENOTSUP);
+  if (!v2_ || dirs_.empty()) return sys_error(ENOTSUP);
   int fd = ::open(dirs_.front().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return last_error();
   return UniqueFd(fd);
@@ -402,7 +402,7 @@ bool CgroupDir::kill_all(int timeout_ms) {
 
 Result<void> CgroupDir::freeze(bool on) {
   if (v2_) return write_str(dirs_.front() + "/cgroup.freeze", on ? "1" : "0");
-  if (!has("freezer")) return errc(ENOTSUP);
+  if (!has("freezer")) return sys_error(ENOTSUP);
   return write_str(dir_of("freezer") + "/freezer.state", on ? "FROZEN" : "THAWED");
 }
 
@@ -477,7 +477,7 @@ Result<UniqueFd> v1_event(const std::string& dir, const char* file, const std::s
 }  // namespace
 
 Result<UniqueFd> CgroupDir::oom_eventfd() const {
-  if (v2_ || !has("memory")) return errc(ENOTSUP);
+  if (v2_ || !has("memory")) return sys_error(ENOTSUP);
   return v1_event(dir_of("memory"), "memory.oom_control", "");
 }
 

@@ -20,7 +20,9 @@
 
 namespace sbx::os {
 
-boost::system::error_code last_error() noexcept { return {errno, boost::system::system_category()}; }
+boost::system::error_code sys_error(int e) noexcept { return {e, boost::system::system_category()}; }
+
+boost::system::error_code last_error() noexcept { return sys_error(errno); }
 
 Result<Pipe> make_pipe(int flags) noexcept {
   int fds[2];
@@ -96,13 +98,11 @@ Result<void> make_dirs(const std::string& path, mode_t mode) {
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return last_error();
-  if (!S_ISDIR(st.st_mode)) return boost::system::error_code(ENOTDIR, boost::system::system_category());
+  if (!S_ISDIR(st.st_mode)) return sys_error(ENOTDIR);
   return {};
 }
 
 namespace {
-boost::system::error_code errc(int e) { return {e, boost::system::system_category()}; }
-
 // One component of a relative path: no "", ".", ".." and no '/'.
 bool plain_name(std::string_view n) { return !n.empty() && n != "." && n != ".." && n.find('/') == n.npos; }
 }  // namespace
@@ -137,7 +137,7 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode) {
     std::string name = rel.substr(pos, end - pos);
     pos = end + 1;
     if (name.empty() || name == ".") continue;
-    if (name == "..") return errc(EXDEV);
+    if (name == "..") return sys_error(EXDEV);
     bool made = ::mkdirat(cur.get(), name.c_str(), mode) == 0;
     if (!made && errno != EEXIST) return last_error();
     // A symlink is ELOOP, a file ENOTDIR: neither is used.
@@ -150,7 +150,7 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode) {
 }
 
 Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode) {
-  if (!plain_name(name)) return errc(EINVAL);
+  if (!plain_name(name)) return sys_error(EINVAL);
   // Built by appending: GCC 12 at -O3 reports a false -Wrestrict on "." + std::string&&.
   std::string tmp = ".";
   tmp.append(name, 0, 64).append(".tmp-").append(random_hex(8));

@@ -19,6 +19,9 @@ using Result = boost::system::result<T>;
 /// An error_code from errno as it is now.
 boost::system::error_code last_error() noexcept;
 
+/// An error_code for the errno value `e` (ENOENT, ENOTSUP, ...), as last_error gives errno's.
+boost::system::error_code sys_error(int e) noexcept;
+
 /// A pipe with both ends close-on-exec; `flags` adds O_NONBLOCK etc.
 Result<Pipe> make_pipe(int flags = 0) noexcept;
 

@@ -18,6 +18,7 @@
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
+#include "os/sys.hpp"
 #include "sandbox/policy.hpp"
 
 #ifndef MOUNT_ATTR_RDONLY
@@ -646,7 +647,7 @@ os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
   if (!exe) return exe.error();
   struct stat st {};
   if (::fstat(exe->get(), &st) != 0) return os::last_error();
-  if (!S_ISREG(st.st_mode)) return boost::system::error_code(EEXIST, boost::system::system_category());
+  if (!S_ISREG(st.st_mode)) return os::sys_error(EEXIST);
   return {};
 }
 }  // namespace
@@ -766,7 +767,7 @@ os::Result<void> copy_root_top(pid_t ns_init, const std::string& dest) {
   if (!d) {
     int e = errno;
     ::close(src);
-    return boost::system::error_code(e, boost::system::system_category());
+    return os::sys_error(e);
   }
   os::Result<void> result;
   while (auto* e = ::readdir(d)) {
@@ -865,20 +866,20 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
         why_not = msg;
         continue;
       }
-      return boost::system::error_code(ce->err, boost::system::system_category());
+      return os::sys_error(ce->err);
     }
     if (join_err != 0) {
       ::kill(pid, SIGKILL);
       int st;
       ::waitpid(pid, &st, __WALL);
       log()->error("branch {}: join the branch's cgroup: {}", spec.name, std::strerror(join_err));
-      return boost::system::error_code(join_err, boost::system::system_category());
+      return os::sys_error(join_err);
     }
     lb.pid = pid;
     lb.namespaced = ns;
     break;
   }
-  if (lb.pid < 0) return boost::system::error_code(ECHILD, boost::system::system_category());
+  if (lb.pid < 0) return os::sys_error(ECHILD);
   lb.why_not = lb.namespaced ? "" : why_not;
   lb.take(*pipes);
   return lb;

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <memory>
 
+#include "os/sys.hpp"
+
 namespace sbx::supervisor {
 
 namespace {
@@ -70,7 +72,7 @@ struct LimitsWatcher::ThresholdJob {
   uv_work_t req{};
   std::string dir;
   int64_t bytes = 0;
-  os::Result<os::UniqueFd> fd = boost::system::error_code(ECANCELED, boost::system::system_category());
+  os::Result<os::UniqueFd> fd = os::sys_error(ECANCELED);
   LimitsWatcher* owner = nullptr;
 };
 
