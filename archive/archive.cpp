@@ -558,11 +558,6 @@ bool payload_path(std::string_view p) {
   }
 }
 
-bool hex64(std::string_view s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
 // Opens the directory `rel` ("" for the root itself) beneath `root`, following no symlink and
 // leaving neither the tree nor its filesystem.
 os::UniqueFd open_beneath(int root, const std::string& rel) {
@@ -714,7 +709,7 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
     auto* size = o.if_contains("size");
     auto* sha = o.if_contains("sha256");
     if (!size || !size->is_int64() || size->as_int64() < 0) return bad("has no size");
-    if (!sha || !sha->is_string() || !hex64(sha->as_string())) return bad("has no sha256");
+    if (!sha || !sha->is_string() || !is_sha256_hex(sha->as_string())) return bad("has no sha256");
     l.size = static_cast<uint64_t>(size->as_int64());
     l.sha = std::string(sha->as_string());
     if (l.size > policy_.max_bytes || total_ + l.size > policy_.max_bytes)

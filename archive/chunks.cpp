@@ -46,10 +46,6 @@ Sha256* sha(void* p) { return static_cast<Sha256*>(p); }
 
 std::string chunk_path(const std::string& hex) { return hex.substr(0, 2) + "/" + hex; }
 
-bool hex64(std::string_view s) {
-  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
-}
-
 base::Result<os::UniqueFd> open_store(const std::string& dir, bool create) {
   if (create)
     if (auto r = os::make_dirs(dir, 0700); !r) return base::sys_fail("create the chunk store " + dir, r.error());
@@ -268,7 +264,7 @@ base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
                             {"archive_sha256", &l.archive_sha256}}) {
     auto* a = o->if_contains(key);
     if (!a) continue;
-    if (!a->is_string() || !hex64(a->as_string())) return bad(key);
+    if (!a->is_string() || !is_sha256_hex(a->as_string())) return bad(key);
     *field = std::string(a->as_string());
   }
   // A stream's hash may be left out only where the manifest's names the snapshot (format 3).
@@ -279,7 +275,7 @@ base::Result<ChunkList> chunk_list_from_json(const json::value& v) {
     auto* a = c.if_array();
     boost::system::error_code ec;
     int64_t size = a && a->size() == 2 ? (*a)[1].to_number<int64_t>(ec) : 0;
-    if (!a || a->size() != 2 || !(*a)[0].is_string() || !hex64((*a)[0].as_string()) || ec)
+    if (!a || a->size() != 2 || !(*a)[0].is_string() || !is_sha256_hex((*a)[0].as_string()) || ec)
       return bad("a chunk entry is not [sha256, size]");
     if (size <= 0 || size > static_cast<int64_t>(kChunkMax)) return bad("a chunk's size is out of range");
     l.chunks.push_back({std::string((*a)[0].as_string()), static_cast<uint32_t>(size)});
@@ -584,12 +580,12 @@ base::Result<std::pair<StoreUsage, StoreUsage>> collect_garbage(const std::strin
   if (!fd) return fd.error();
   StoreUsage removed, kept;
   each_file(fd->get(), [&](int sub, std::string_view name, const struct stat& st) {
-    if (hex64(name) && S_ISREG(st.st_mode) && live.contains(std::string(name))) {
+    if (is_sha256_hex(name) && S_ISREG(st.st_mode) && live.contains(std::string(name))) {
       ++kept.chunks;
       kept.bytes += static_cast<uint64_t>(st.st_size);
       return;
     }
-    if (::unlinkat(sub, std::string(name).c_str(), 0) == 0 && hex64(name)) {
+    if (::unlinkat(sub, std::string(name).c_str(), 0) == 0 && is_sha256_hex(name)) {
       ++removed.chunks;
       removed.bytes += static_cast<uint64_t>(st.st_size);
     }
@@ -602,7 +598,7 @@ StoreUsage store_usage(const std::string& dir) {
   auto fd = open_store(dir, false);
   if (!fd) return u;
   each_file(fd->get(), [&](int, std::string_view name, const struct stat& st) {
-    if (!hex64(name) || !S_ISREG(st.st_mode)) return;
+    if (!is_sha256_hex(name) || !S_ISREG(st.st_mode)) return;
     ++u.chunks;
     u.bytes += static_cast<uint64_t>(st.st_size);
   });

@@ -68,4 +68,8 @@ void ParallelSha256::run() {
   }
 }
 
+bool is_sha256_hex(std::string_view s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
 }  // namespace sbx::archive

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -67,5 +68,9 @@ class ParallelSha256 {
   bool stop_ = false;
   std::thread thread_;  // last: started once the rest is ready
 };
+
+/// Whether `s` is a SHA-256 as Sha256::hex writes it: 64 lowercase hex digits (a chunk's name, an
+/// archive's content hash).
+bool is_sha256_hex(std::string_view s);
 
 }  // namespace sbx::archive
