@@ -28,9 +28,8 @@ auto log() {
 // Takes a copy of fd `target` of process `pid` (the same open file, as dup would give): by
 // pidfd_getfd, else (a host whose policy refuses it to us: an LSM, Yama's ptrace_scope 3) by
 // opening /proc/PID/fd/N again. That gives the same pipe, but for a pty's master the ptmx device
-// itself: a new terminal, unrelated to the process's, so that is refused. Empty, with `why`
-// saying what failed, when neither gives it.
-os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
+// itself: a new terminal, unrelated to the process's, so that is refused.
+base::Result<os::UniqueFd> take_fd(pid_t pid, int target) {
   os::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (pidfd) {
     os::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
@@ -40,10 +39,8 @@ os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
   std::string getfd = std::string(pidfd ? "pidfd_getfd: " : "pidfd_open: ") + std::strerror(e);
   std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(target);
   std::error_code ec;
-  if (std::filesystem::read_symlink(path, ec).filename() == "ptmx") {
-    why = getfd + "; a pty's master opened again through /proc would be another terminal";
-    return {};
-  }
+  if (std::filesystem::read_symlink(path, ec).filename() == "ptmx")
+    return base::fail(getfd + "; a pty's master opened again through /proc would be another terminal");
   int flags = O_CLOEXEC | O_NONBLOCK;
   int fl = 0;
   std::string fdinfo = "/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(target);
@@ -53,8 +50,12 @@ os::UniqueFd take_fd(pid_t pid, int target, std::string& why) {
   }
   flags |= (fl & O_ACCMODE) == O_WRONLY ? O_WRONLY : (fl & O_ACCMODE) == O_RDWR ? O_RDWR : O_RDONLY;
   os::UniqueFd fd(::open(path.c_str(), flags));
-  if (!fd) why = getfd + "; open " + path + ": " + std::strerror(errno);
-  log()->warn("take fd {} of ns-init ({}): {}", target, pid, fd ? getfd + "; opened again through /proc" : why);
+  if (!fd) {
+    auto err = base::fail(getfd + "; open " + path + ": " + std::strerror(errno));
+    log()->warn("take fd {} of ns-init ({}): {}", target, pid, err.message);
+    return err;
+  }
+  log()->warn("take fd {} of ns-init ({}): {}; opened again through /proc", target, pid, getfd);
   return fd;
 }
 
@@ -182,16 +183,16 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
     };
     auto on_eof = [this, &p] { maybe_proc_exited(p); };
     const auto* fds = r.if_contains("fds");
-    std::string why;  // what kept an fd of ns-init's from us
-    auto fd_of = [&](const char* k) -> os::UniqueFd {
-      if (!fds || !fds->is_object() || !fds->as_object().contains(k)) return {};
-      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()), why);
+    auto fd_of = [&](const char* k) -> base::Result<os::UniqueFd> {
+      if (!fds || !fds->is_object() || !fds->as_object().contains(k)) return base::fail("none was reported");
+      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()));
     };
-    os::UniqueFd master = p.tty ? fd_of("pty") : os::UniqueFd();
+    auto pty = p.tty ? fd_of("pty") : base::Result<os::UniqueFd>(os::UniqueFd());
+    os::UniqueFd master = pty ? std::move(*pty) : os::UniqueFd();
     if (ev == "started" && p.tty && !master) {
       // Its terminal out of our reach, nothing it prints or reads would reach anyone: a failed
       // start, whose process ends.
-      p.error = "take the terminal of " + p.id + " from ns-init: " + (why.empty() ? "none was reported" : why);
+      p.error = "take the terminal of " + p.id + " from ns-init: " + pty.error().message;
       send_request(b, {{"op", "signal"}, {"proc", p.id}, {"sig", SIGKILL}});
     } else if (ev == "started") {
       p.started = true;
@@ -209,11 +210,11 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
       p.io->input = std::make_unique<InputWriter>(loop_, std::move(master));
       p.out = std::make_unique<OutputReader>(loop_, std::move(rd), OutputDecoder("pty", false, emit_to), on_eof);
     } else if (!p.tty) {
-      if (auto in = fd_of("in")) p.io->input = std::make_unique<InputWriter>(loop_, std::move(in));
+      if (auto in = fd_of("in")) p.io->input = std::make_unique<InputWriter>(loop_, std::move(*in));
       if (auto out = fd_of("out"))
-        p.out = std::make_unique<OutputReader>(loop_, std::move(out), OutputDecoder("stdout", true, emit_to), on_eof);
+        p.out = std::make_unique<OutputReader>(loop_, std::move(*out), OutputDecoder("stdout", true, emit_to), on_eof);
       if (auto err = fd_of("err"))
-        p.err = std::make_unique<OutputReader>(loop_, std::move(err), OutputDecoder("stderr", false, emit_to), on_eof);
+        p.err = std::make_unique<OutputReader>(loop_, std::move(*err), OutputDecoder("stderr", false, emit_to), on_eof);
     }
     if (b.output_paused) pause_readers(p, true);  // the journal waits and the branch was not frozen
     if (fds) send_request(b, {{"op", "release"}, {"proc", p.id}});
