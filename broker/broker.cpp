@@ -144,7 +144,7 @@ struct Broker::Impl {
     }
     if (peer.port && cfg.netns_pid > 0) {
       auto local = peer.local ? peer.local : peer.tcp ? static_cast<uint16_t>(cfg.network.proxy_port) : uint16_t{53};
-      if (auto pid = os::socket_owner(cfg.netns_pid, peer.tcp, peer.port, local)) extra["pid"] = *pid;
+      if (auto pid = os::socket_owner(cfg.netns_pid, cfg.netns, peer.tcp, peer.port, local)) extra["pid"] = *pid;
     }
     boost::json::object e{{"type", "policy.denied"}, {"what", std::move(what)}, {"host", std::move(host)}};
     if (port > 0) e["port"] = port;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "os/socket-owner.hpp"
 #include "os/unique-fd.hpp"
 #include "profile/profile.hpp"
 
@@ -32,6 +33,8 @@ struct BrokerConfig {
   std::vector<std::string> secrets;  // the real values, by index of `credentials`
   std::string proc = "main";         // whom refusals are reported for
   pid_t netns_pid = -1;              // a process in the agent's network namespace (ns-init)
+  os::NsId netns;                    // that namespace (ns-init is not dumpable: its /proc/PID/ns
+                                     // is closed to a supervisor without CAP_SYS_PTRACE)
 };
 
 class Broker {

@@ -470,6 +470,10 @@ json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& 
       {"kernel", kernel_release()},
       {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
       {"pipes", pipes},
+      // Those of them that are unix sockets (criu names them socket:[INO], not pipe:[INO]).
+      {"sockets", json::array{kSocketRoles[0]}},
+      // Its own network namespace, dumped as external (criu's key kNetnsKey), or null: the host's.
+      {"netns_inode", b.netns_inode ? json::value(b.netns_inode) : json::value(nullptr)},
       {"masks", mask_list(host_.branch_masks())},
       {"network", host_.network_manifest()},
       {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
@@ -607,6 +611,14 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
               // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
+  // ns-init's reports socket, whose peer is ours: dumped as external, given back at restore
+  // (--inherit-fd socket:[INO], restore.cpp).
+  if (auto* ino = op->manifest.at("pipes").as_object().if_contains("reports"); ino && ino->is_number())
+    run.args.insert(run.args.end(), {"--external", "unix[" + std::to_string(ino->to_number<uint64_t>()) + "]"});
+  // Its network namespace, ours: not dumped, but named, for the copy to be restored into its own.
+  if (auto* ino = op->manifest.if_contains("netns_inode"); ino && ino->is_number())
+    run.args.insert(run.args.end(),
+                    {"--external", "net[" + std::to_string(ino->to_number<uint64_t>()) + "]:" + kNetnsKey});
   run.output = op->work + "/logs/dump.out";
   // With criu's kerndat cache (criu.hpp): its ~30 ms of probes would be part of the agent's pause.
   auto pid = start_criu(std::move(run));

@@ -38,23 +38,10 @@ std::optional<std::string> find_criu() {
 
 namespace {
 
-// In the child: the loopback of a fresh network namespace starts down.
-bool loopback_up() noexcept {
-  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return false;
-  struct ifreq ifr {};
-  std::memcpy(ifr.ifr_name, "lo", 3);
-  bool ok = ::ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
-  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
-  ok = ok && ::ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
-  ::close(s);
-  return ok;
-}
-
 // The steps of criu's child before exec, as it reports them (os::child_fail).
 enum : int {
   kStepUnshare = 1,
-  kStepLoopback = 2,
+  kStepSetns = 2,
   kStepExec = 3,
   kStepHostname = 4,
   kStepJoinCgroup = 5,
@@ -115,12 +102,12 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     for (int fd : run.cgroup_join)
       if (::write(fd, "0", 1) != 1) os::child_fail(ep->write.get(), kStepJoinCgroup, errno);
     // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
-    // criu itself starts in fresh ones, and the copy gets them.
-    if (run.new_netns) {
-      if (::unshare(CLONE_NEWNET | (run.hostname.empty() ? 0 : CLONE_NEWUTS)) != 0)
-        os::child_fail(ep->write.get(), kStepUnshare, errno);
-      if (!loopback_up()) os::child_fail(ep->write.get(), kStepLoopback, errno);
-      if (!run.hostname.empty() && ::sethostname(run.hostname.data(), run.hostname.size()) != 0)
+    // criu itself starts in fresh ones (the network's made beforehand, with the copy's reports
+    // socket in it: sandbox::make_branch_pipes), and the copy gets them.
+    if (run.netns >= 0 && ::setns(run.netns, CLONE_NEWNET) != 0) os::child_fail(ep->write.get(), kStepSetns, errno);
+    if (!run.hostname.empty()) {
+      if (::unshare(CLONE_NEWUTS) != 0) os::child_fail(ep->write.get(), kStepUnshare, errno);
+      if (::sethostname(run.hostname.data(), run.hostname.size()) != 0)
         os::child_fail(ep->write.get(), kStepHostname, errno);
     }
     // Docker (and most runtimes) bind /proc/sys read-only over /proc; criu sets a restored UTS

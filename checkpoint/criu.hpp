@@ -20,9 +20,9 @@ inline constexpr int kCriuFirstFd = 10;
 struct CriuRun {
   std::vector<std::string> args;   // after the binary's name
   std::vector<int> fds;            // placed at kCriuFirstFd + i in criu
-  bool new_netns = false;          // run criu (and so the tree it restores) in a fresh network
-                                   // namespace with its loopback up
-  std::string hostname;            // if set: also a fresh UTS namespace with this hostname
+  int netns = -1;                  // run criu (and so the tree it restores) in this network
+                                   // namespace (sandbox::BranchPipes::netns), or in ours
+  std::string hostname;            // if set: a fresh UTS namespace with this hostname
   bool writable_proc_sys = false;  // run criu in a mount namespace of its own without a read-only
                                    // /proc/sys over /proc (a container's): restoring a tree that
                                    // has a UTS namespace of its own writes kernel/hostname there

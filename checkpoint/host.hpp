@@ -71,6 +71,7 @@ struct BranchView {
   pid_t ns_init_pid = -1;                 // the root of its tree, in the supervisor's pid namespace
   int pidfd = -1;                         // borrowed: ns-init's pidfd, -1 if none
   std::array<uint64_t, 7> pipe_inodes{};  // sandbox::BranchPipes::inodes
+  uint64_t netns_inode = 0;               // its own network namespace (BranchPipes::netns), or 0
   std::vector<std::string> argv;          // the agent's command
   std::string cwd;
   int64_t channel_request = -1;  // the id of an agent channel request being served, else -1

@@ -44,6 +44,11 @@ inline boost::json::object error_reply(const std::string& code, const std::strin
 /// fds 3..9 (sandbox/launcher.hpp): how a live snapshot's manifest names their inodes.
 inline constexpr const char* kPipeRoles[] = {"requests", "reports",          "stdin",          "stdout",
                                              "stderr",   "channel_requests", "channel_replies"};
+/// Those of them that are unix sockets: the reports (a snapshot before that has no "sockets").
+inline constexpr const char* kSocketRoles[] = {"reports"};
+/// criu's key for a branch's own network namespace, dumped as external (the supervisor makes
+/// one for each branch and copy: sandbox::make_branch_pipes) and given back at restore.
+inline constexpr const char* kNetnsKey = "branch-net";
 
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -637,8 +638,8 @@ void Checkpointer::lazy_daemon_ended(std::shared_ptr<CopyJob> job) {
 
 void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   const std::string& dir = job->dir;
-  auto pipes = sandbox::make_branch_pipes();
-  if (!pipes) return copy_failed(job, "make pipes: " + pipes.error().message());
+  auto pipes = sandbox::make_branch_pipes(true);
+  if (!pipes) return copy_failed(job, "make its pipes and network namespace: " + pipes.error().message());
   job->pipes = std::make_unique<sandbox::BranchPipes>(std::move(*pipes));
   CriuRun run;
   run.args = {"restore",
@@ -669,16 +670,27 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
               dir + "/.criu/pid"};
   auto ends = job->pipes->child_ends();
   auto& old = job->op->manifest.at("pipes").as_object();
+  const json::array no_sockets;
+  auto* sk = job->op->manifest.if_contains("sockets");
+  const json::array& sockets = sk && sk->is_array() ? sk->as_array() : no_sockets;
   for (size_t i = 0; i < 7; ++i) {
     run.fds.push_back(ends[i]);
     auto* ino = old.if_contains(kPipeRoles[i]);
     if (!ino || !ino->is_number()) continue;
+    bool socket = std::find(sockets.begin(), sockets.end(), json::value(kPipeRoles[i])) != sockets.end();
     run.args.push_back("--inherit-fd");
-    run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(i)) + "]:pipe:[" +
-                       std::to_string(ino->to_number<uint64_t>()) + "]");
+    run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(i)) +
+                       "]:" + (socket ? "socket:[" : "pipe:[") + std::to_string(ino->to_number<uint64_t>()) + "]");
+  }
+  // A tree that had a network namespace of its own goes into the copy's (criu runs in it too,
+  // for a tree that had the host's).
+  if (auto* ino = job->op->manifest.if_contains("netns_inode"); ino && ino->is_number()) {
+    run.fds.push_back(job->pipes->netns.get());
+    run.args.push_back("--inherit-fd");
+    run.args.push_back("fd[" + std::to_string(kCriuFirstFd + static_cast<int>(run.fds.size()) - 1) + "]:" + kNetnsKey);
   }
   if (job->lazy) run.args.push_back("--lazy-pages");
-  run.new_netns = true;
+  run.netns = job->pipes->netns.get();
   run.writable_proc_sys = true;
   run.hostname = job->spec.name + "." + settings_.box_id;
   sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
@@ -710,6 +722,14 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
   launched.namespaced = true;
   launched.take(*job->pipes);
   job->pipes.reset();  // closes the copy's ends: the restored tree holds them now
+  // A snapshot from before the network namespace was dumped as external has criu make the
+  // copy's own: that one is the copy's, for its broker.
+  struct stat mine {
+  }, theirs{};
+  std::string path = "/proc/" + std::to_string(root) + "/ns/net";
+  if (::stat(path.c_str(), &theirs) == 0 &&
+      (!launched.netns || ::fstat(launched.netns.get(), &mine) != 0 || mine.st_ino != theirs.st_ino))
+    launched.netns.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   launched.in.reset();
   // Its network before it runs: the copy's own broker where the agent expects it.
   if (auto r = host_.attach_live_network(*job->copy); !r) {

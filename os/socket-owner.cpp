@@ -41,11 +41,9 @@ std::optional<unsigned long> find_inode(pid_t ns_pid, bool tcp, uint16_t lport, 
 
 }  // namespace
 
-std::optional<pid_t> socket_owner(pid_t ns_pid, bool tcp, uint16_t local_port, uint16_t remote_port) {
+std::optional<pid_t> socket_owner(pid_t ns_pid, NsId netns, bool tcp, uint16_t local_port, uint16_t remote_port) {
   auto inode = find_inode(ns_pid, tcp, local_port, remote_port);
   if (!inode) return std::nullopt;
-  struct stat ns {};
-  if (::stat(("/proc/" + std::to_string(ns_pid) + "/ns/net").c_str(), &ns) != 0) return std::nullopt;
   std::string want = "socket:[" + std::to_string(*inode) + "]";
   DIR* proc = ::opendir("/proc");
   if (!proc) return std::nullopt;
@@ -58,7 +56,7 @@ std::optional<pid_t> socket_owner(pid_t ns_pid, bool tcp, uint16_t local_port, u
     if (*end || pid <= 0) continue;
     std::string base = std::string("/proc/") + e->d_name;
     struct stat theirs {};
-    if (::stat((base + "/ns/net").c_str(), &theirs) != 0 || theirs.st_ino != ns.st_ino || theirs.st_dev != ns.st_dev)
+    if (::stat((base + "/ns/net").c_str(), &theirs) != 0 || theirs.st_ino != netns.ino || theirs.st_dev != netns.dev)
       continue;
     DIR* fds = ::opendir((base + "/fd").c_str());
     if (!fds) continue;

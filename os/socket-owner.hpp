@@ -8,9 +8,16 @@
 
 namespace sbx::os {
 
-/// The pid (in our pid namespace) of a process that shares the network namespace of `ns_pid`
-/// and holds the TCP (or UDP) socket whose local port is `local_port` and, for TCP, whose remote
-/// port is `remote_port`. Best effort: nullopt once the socket is gone or when nothing matches.
-std::optional<pid_t> socket_owner(pid_t ns_pid, bool tcp, uint16_t local_port, uint16_t remote_port);
+/// A namespace, as the kernel names it: the device and inode of its nsfs file.
+struct NsId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+/// The pid (in our pid namespace) of a process in the network namespace `netns` (of which
+/// `ns_pid` is a process, whose /proc/PID/net is read) that holds the TCP (or UDP) socket whose
+/// local port is `local_port` and, for TCP, whose remote port is `remote_port`. Best effort:
+/// nullopt once the socket is gone or when nothing matches.
+std::optional<pid_t> socket_owner(pid_t ns_pid, NsId netns, bool tcp, uint16_t local_port, uint16_t remote_port);
 
 }  // namespace sbx::os

@@ -15,6 +15,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "os/child-error.hpp"
 #include "os/signal-mask.hpp"
@@ -370,7 +372,7 @@ Plan make_plan(const BranchSpec& spec, const std::string& exe) {
 
 // What the child reports as its step (os::child_fail): an operation of the mount plan (its
 // index, from 0), or one of these.
-enum : int { kStepExec = -2, kStepJoinCgroup = -3, kStepLoopback = -4 };
+enum : int { kStepExec = -2, kStepJoinCgroup = -3, kStepNetns = -4 };
 
 // Runs in the cloned child: async-signal-safe syscalls only. Returns the failing op or -1.
 int run_plan(Plan& p, int* err) noexcept {
@@ -481,7 +483,7 @@ int run_plan(Plan& p, int* err) noexcept {
 
 struct ChildArgs {
   Plan* plan;  // null: flat mode
-  bool new_net;
+  int netns;   // the branch's network namespace to enter (BranchPipes::netns), or -1
   const char* exe;
   char* const* argv;
   char* const* envp;
@@ -511,8 +513,8 @@ void place_fds(ChildArgs& a) noexcept {
   if (a.self_join)
     for (int fd : *a.self_join)
       if (::write(fd, "0", 1) != 1) os::child_fail(a.err_pipe, kStepJoinCgroup, errno);
-  if (a.new_net && a.plan)
-    if (int e = bring_up_loopback(); e != 0) os::child_fail(a.err_pipe, kStepLoopback, e);
+  // Before the plan: /sys is mounted for the namespace of its mounter.
+  if (a.netns >= 0 && a.plan && ::setns(a.netns, CLONE_NEWNET) != 0) os::child_fail(a.err_pipe, kStepNetns, errno);
   if (a.plan) {
     int err = 0;
     if (int op = run_plan(*a.plan, &err); op >= 0) os::child_fail(a.err_pipe, op, err);
@@ -540,13 +542,71 @@ std::array<uint64_t, 7> BranchPipes::inodes() const {
   return out;
 }
 
-os::Result<BranchPipes> make_branch_pipes() {
+namespace {
+
+// The reports: a socket, so that ns-init can hand over an exec'd process's fds (SCM_RIGHTS).
+os::Result<void> make_reports(os::Pipe& rep) {
+  int rp[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, rp) != 0) return os::last_error();
+  rep.read = os::UniqueFd(rp[0]);
+  rep.write = os::UniqueFd(rp[1]);
+  return {};
+}
+
+// A network namespace of a branch's own, made by a thread of ours that enters it alone (the
+// supervisor stays where it is): its loopback up, and the reports socket made inside it. The
+// thread starts at construction, so that a branch's start does its other work meanwhile.
+class NetnsMaker {
+ public:
+  NetnsMaker() : thread_([this] { make(); }) {}
+  ~NetnsMaker() {
+    if (thread_.joinable()) thread_.join();
+  }
+  NetnsMaker(const NetnsMaker&) = delete;
+  NetnsMaker& operator=(const NetnsMaker&) = delete;
+
+  /// Waits for the thread; gives `p` the namespace and the reports socket made in it.
+  os::Result<void> take(BranchPipes& p) {
+    thread_.join();
+    if (!out_) return out_;
+    p.netns = std::move(netns_);
+    p.rep = std::move(rep_);
+    return {};
+  }
+
+ private:
+  void make() {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      out_ = os::last_error();
+      return;
+    }
+    netns_.reset(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!netns_) {
+      out_ = os::last_error();
+      return;
+    }
+    if (int e = bring_up_loopback(); e != 0) {
+      out_ = os::sys_error(e);
+      return;
+    }
+    out_ = make_reports(rep_);
+  }
+
+  os::Result<void> out_;
+  os::UniqueFd netns_;
+  os::Pipe rep_;
+  std::thread thread_;  // last: it starts once the members it writes are made
+};
+
+// The pipes, the reports socket made in `netns` when given (else here).
+os::Result<BranchPipes> make_pipes(NetnsMaker* netns) {
   BranchPipes p;
-  for (os::Pipe* x : {&p.req, &p.rep, &p.in, &p.out, &p.err, &p.chan_req, &p.chan_rep}) {
+  for (os::Pipe* x : {&p.req, &p.in, &p.out, &p.err, &p.chan_req, &p.chan_rep}) {
     auto r = os::make_pipe();
     if (!r) return r.error();
     *x = std::move(*r);
   }
+  if (auto r = netns ? netns->take(p) : make_reports(p.rep); !r) return r.error();
   // SO_PASSCRED before anything is written: the kernel then attaches the writer's credentials.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0) return os::last_error();
@@ -555,6 +615,14 @@ os::Result<BranchPipes> make_branch_pipes() {
   int one = 1;
   if (::setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) return os::last_error();
   return p;
+}
+
+}  // namespace
+
+os::Result<BranchPipes> make_branch_pipes(bool own_netns) {
+  if (!own_netns) return make_pipes(nullptr);
+  NetnsMaker netns;
+  return make_pipes(&netns);
 }
 
 pid_t LaunchedBranch::take_agent_pid() {
@@ -589,6 +657,7 @@ void LaunchedBranch::take(BranchPipes& p) {
   chan_req = std::move(p.chan_req.read);
   chan_rep = std::move(p.chan_rep.write);
   agent_pid = std::move(p.pid_read);
+  netns = std::move(p.netns);
   p.pid_write.reset();
   (void)os::set_nonblocking(reports.get());
   (void)os::set_nonblocking(out.get());
@@ -795,6 +864,11 @@ os::Result<void> copy_root_top(pid_t ns_init, const std::string& dest) {
 }
 
 os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
+  // Its network namespace is made before the clone, so that the reports socket is made in it; on
+  // a thread, beside the rest of the work before the clone.
+  bool own_net = spec.want_namespaces && spec.new_net;
+  std::optional<NetnsMaker> netns;
+  if (own_net) netns.emplace();
   std::string lib_dir = spec.self_exe.substr(0, spec.self_exe.rfind('/') + 1) + "../lib";
   struct stat lst {};
   if (auto r = prepare_layer(spec, ::stat(lib_dir.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)); !r) {
@@ -803,7 +877,12 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   }
   ensure_machine_id(spec.dir);
 
-  auto pipes = make_branch_pipes();
+  auto pipes = make_pipes(netns ? &*netns : nullptr);
+  std::string netns_why;
+  if (!pipes && own_net) {
+    netns_why = "a network namespace of its own: " + pipes.error().message();
+    pipes = make_pipes(nullptr);
+  }
   if (!pipes) return pipes.error();
 
   NsInitBinary bin = ns_init_binary(spec.self_exe);
@@ -812,8 +891,9 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
 
   LaunchedBranch lb;
   std::string why_not;
-  bool try_ns = spec.want_namespaces;
-  if (!try_ns) why_not = "namespaces are off in the profile";
+  bool try_ns = spec.want_namespaces && netns_why.empty();
+  if (!spec.want_namespaces) why_not = "namespaces are off in the profile";
+  if (!netns_why.empty()) why_not = netns_why;
 
   for (int attempt = 0; attempt < 2; ++attempt) {
     bool ns = try_ns && attempt == 0;
@@ -828,7 +908,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     auto ep = os::make_pipe();
     if (!ep) return ep.error();
     ChildArgs ca{ns ? &plan : nullptr,
-                 spec.new_net,
+                 pipes->netns ? pipes->netns.get() : -1,
                  ns ? kNsInitPath : bin.path.c_str(),
                  argv.data(),
                  envp,
@@ -838,7 +918,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
                  spec.cgroup_self_join ? &spec.cgroup_join : nullptr};
     auto ends = pipes->child_ends();
     for (size_t i = 0; i < ends.size(); ++i) ca.fds[i] = ends[i];
-    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0) | (ns && spec.new_net ? CLONE_NEWNET : 0);
+    unsigned long flags = SIGCHLD | (ns ? (CLONE_NEWPID | CLONE_NEWNS) : 0);
     bool in_cgroup = false;
     bool parent_moves = !spec.cgroup_self_join && !spec.cgroup_join.empty();
     pid_t pid = clone_branch(flags, spec.cgroup_dir, parent_moves, ca, in_cgroup);
@@ -858,7 +938,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
       ::waitpid(pid, &st, __WALL);
       std::string step = ce->step >= 0                 ? plan.ops[static_cast<size_t>(ce->step)].what
                          : ce->step == kStepJoinCgroup ? std::string("join the branch's cgroup")
-                         : ce->step == kStepLoopback   ? std::string("set the loopback interface up")
+                         : ce->step == kStepNetns      ? std::string("enter the branch's network namespace")
                                                        : "exec " + bin.path;
       std::string msg = step + ": " + std::strerror(ce->err);
       if (ns && ce->step >= 0) {
@@ -881,6 +961,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   }
   if (lb.pid < 0) return os::sys_error(ECHILD);
   lb.why_not = lb.namespaced ? "" : why_not;
+  if (!lb.namespaced) pipes->netns.reset();  // made, but ns-init runs in ours
   lb.take(*pipes);
   return lb;
 }

@@ -4,7 +4,9 @@
 //
 // ns-init's fds, by number (the contract with ns-init.cpp):
 //   3 requests from the supervisor (JSON lines; the first line is the branch's config)
-//   4 reports to the supervisor (JSON lines)
+//   4 reports to the supervisor: a SOCK_SEQPACKET socket, one JSON line per message; a report
+//     about an exec'd process carries that process's pipe or pty ends (SCM_RIGHTS), so that the
+//     supervisor never reaches into ns-init for them and ns-init can be non-dumpable
 //   5, 6, 7 the agent's stdin, stdout, stderr
 //   8, 9 the agent channel: requests (agent writes), replies (agent reads); the agent gets them
 //        as its fds 3 and 4 (SANDBOXER_CHANNEL_FD=3,4)
@@ -51,17 +53,22 @@ inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
 inline constexpr int kNsAgentPid = 11;
 inline constexpr int kAgentChanReq = 3, kAgentChanRep = 4;
 
-/// The seven pipes between the supervisor and a branch (see the fd list above). Their inodes are
-/// what criu names them by when they cross the boundary of a dumped tree.
+/// The seven pipes between the supervisor and a branch (see the fd list above; `rep` is a socket
+/// pair). Their inodes are what criu names them by when they cross the boundary of a dumped tree.
 struct BranchPipes {
   os::Pipe req, rep, in, out, err, chan_req, chan_rep;
   os::UniqueFd pid_read, pid_write;  // kNsAgentPid's socket pair; not a pipe criu names
+  /// The branch's own network namespace, when one was asked for: made here, with its loopback up,
+  /// and the reports socket made inside it, since criu dumps a unix socket only from the network
+  /// namespaces of the tree it dumps. The branch's child (or criu restoring a copy) enters it.
+  os::UniqueFd netns;
   /// The branch's ends, in the order of ns-init's fds 3..9.
   std::array<int, 7> child_ends() const;
   /// The pipes' inodes in the same order (equal for both ends of a pipe).
   std::array<uint64_t, 7> inodes() const;
 };
-os::Result<BranchPipes> make_branch_pipes();
+/// The pipes, and with `own_netns` the network namespace (an error when it cannot be made).
+os::Result<BranchPipes> make_branch_pipes(bool own_netns);
 
 struct BranchSpec {
   std::string name = "main";
@@ -104,6 +111,7 @@ struct LaunchedBranch {
   os::UniqueFd chan_rep;                  // agent channel replies, write end
   std::array<uint64_t, 7> pipe_inodes{};  // see BranchPipes::inodes
   os::UniqueFd agent_pid;                 // see kNsAgentPid (non-blocking); closed once read
+  os::UniqueFd netns;                     // its own network namespace (BranchPipes::netns), or none
 
   /// The agent's pid in the supervisor's pid namespace, as the kernel recorded it when the agent's
   /// child wrote on kNsAgentPid (-1: nothing there, as for a restored branch). Reads it once.

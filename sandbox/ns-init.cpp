@@ -6,6 +6,7 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -15,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,9 +39,28 @@ int64_t now_ms() {
   return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void report(const boost::json::object& o) {
-  // Reports are small; a failed write means the supervisor is gone, and then nobody is listening.
-  (void)os::write_all(kNsCtlOut, boost::json::serialize(o) + "\n");
+// One report, one message on the reports socket (launcher.hpp), with `fds` attached to it
+// (SCM_RIGHTS): the supervisor gets its own copies of them, as a dup would give. A failed send
+// means the supervisor is gone, and then nobody is listening.
+void report(const boost::json::object& o, std::span<const int> fds = {}) {
+  std::string line = boost::json::serialize(o) + "\n";
+  iovec iov{line.data(), line.size()};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  constexpr size_t kMaxFds = 3;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  if (!fds.empty() && fds.size() <= kMaxFds) {
+    m.msg_control = ctl;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  while (::sendmsg(kNsCtlOut, &m, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+  }
 }
 
 // Reads the first line from the blocking requests fd (the config, before the loop starts);
@@ -77,10 +98,9 @@ class NsInit {
   void handle_pending();
 
   bool flat_;
-  os::UniqueFd self_;                                      // our own pidfd: the root of tree_pidfds in flat mode
-  std::vector<std::string> base_env_;                      // the agent's environment, for exec
-  std::map<pid_t, std::string> execs_;                     // exec'd procs by pid -> proc id
-  std::map<std::string, std::vector<os::UniqueFd>> held_;  // fds the supervisor has yet to take
+  os::UniqueFd self_;                   // our own pidfd: the root of tree_pidfds in flat mode
+  std::vector<std::string> base_env_;   // the agent's environment, for exec
+  std::map<pid_t, std::string> execs_;  // exec'd procs by pid -> proc id
   // The agent's policy (policy.hpp), prepared before the first fork; every process ns-init
   // starts in the branch gets it with apply_policy() in its child.
   PreparedPolicy policy_;
@@ -241,8 +261,8 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
 }
 
 // An exec request: stdio pipes (or a pty) made here, inside the branch's root, and the process
-// forked here, so it belongs to the branch's tree. The supervisor takes our ends of the pipes
-// with pidfd_getfd and then tells us to drop ours ("release").
+// forked here, so it belongs to the branch's tree. Our ends of the pipes (or the pty's master) go
+// to the supervisor with the report, named in its "passed" in their order, and we close ours.
 void NsInit::exec_proc(const boost::json::object& req) {
   std::string id(req.at("proc").as_string());
   std::vector<std::string> argv, env = base_env_;
@@ -260,7 +280,7 @@ void NsInit::exec_proc(const boost::json::object& req) {
   auto fail = [&](const std::string& e) { report({{"ev", "spawn_failed"}, {"proc", id}, {"error", e}}); };
 
   std::vector<os::UniqueFd> keep;  // our ends, for the supervisor
-  boost::json::object fds;
+  boost::json::array passed;       // their names, in the same order
   os::UniqueFd child_in, child_out, child_err;
   if (tty) {
     os::UniqueFd master(::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
@@ -276,7 +296,7 @@ void NsInit::exec_proc(const boost::json::object& req) {
     child_in.reset(::fcntl(slave.get(), F_DUPFD_CLOEXEC, 3));
     child_out.reset(::fcntl(slave.get(), F_DUPFD_CLOEXEC, 3));
     child_err = std::move(slave);
-    fds["pty"] = master.get();
+    passed.emplace_back("pty");
     keep.push_back(std::move(master));
   } else {
     auto o = os::make_pipe(), e = os::make_pipe();
@@ -285,28 +305,29 @@ void NsInit::exec_proc(const boost::json::object& req) {
       auto i = os::make_pipe();
       if (!i) return fail(std::string("pipe: ") + std::strerror(errno));
       child_in = std::move(i->read);
-      fds["in"] = i->write.get();
+      passed.emplace_back("in");
       keep.push_back(std::move(i->write));
     } else {
       child_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     }
     child_out = std::move(o->write);
     child_err = std::move(e->write);
-    fds["out"] = o->read.get();
-    fds["err"] = e->read.get();
+    passed.emplace_back("out");
+    passed.emplace_back("err");
     keep.push_back(std::move(o->read));
     keep.push_back(std::move(e->read));
   }
   auto spawned = spawn(argv, env, cwd, child_in.get(), child_out.get(), child_err.get(), tty, false, policy_);
   if (!spawned) return fail(spawned.error().message);
   execs_[spawned->pid] = id;
-  held_[id] = std::move(keep);
-  boost::json::object r{{"ev", "started"}, {"proc", id}, {"pid", spawned->pid}, {"fds", fds}};
+  boost::json::object r{{"ev", "started"}, {"proc", id}, {"pid", spawned->pid}, {"passed", passed}};
   if (!spawned->failed.empty()) {
     r["ev"] = "spawn_failed";
     r["error"] = spawned->failed;
   }
-  report(r);
+  std::vector<int> raw;
+  for (auto& f : keep) raw.push_back(f.get());
+  report(r, raw);
 }
 
 bool NsInit::reap() {
@@ -319,8 +340,6 @@ bool NsInit::reap() {
     if (p < 0) return errno == ECHILD;
     if (p == 0) return false;
     if (auto it = execs_.find(p); it != execs_.end()) {
-      // Our ends of its pipes stay open until the supervisor says it took them ("release"):
-      // closing them now would lose output still in the pipes.
       report({{"ev", "exited"}, {"proc", it->second}, {"status", st}});
       execs_.erase(it);
       continue;
@@ -368,8 +387,6 @@ void NsInit::on_request(const boost::json::object& req) {
           {{"ev", "signal_failed"}, {"proc", id}, {"sig", sig}, {"error", "no such running process in this branch"}});
   } else if (*op == "exec") {
     exec_proc(req);
-  } else if (*op == "release") {
-    held_.erase(std::string(req.at("proc").as_string()));
   } else if (*op == "shutdown") {
     int64_t g = req.contains("grace_ms") ? req.at("grace_ms").to_number<int64_t>() : grace_ms_;
     begin_shutdown(g);
@@ -419,6 +436,12 @@ int NsInit::run() {
     report({{"ev", "spawn_failed"}, {"error", "ns-init: bad config from the supervisor"}});
     return 127;
   }
+  // Not dumpable from here on: an agent holding every capability we hold (flat mode, under a
+  // supervisor with few) cannot ptrace us, nor open our /proc/PID/mem, fd/ or environ, to act
+  // outside its own policy. The supervisor has what it opens of ours (the network namespace)
+  // before it sends the config; exec'd processes' fds come with the reports. The processes we
+  // fork are dumpable again at their exec, as any program is.
+  (void)::prctl(PR_SET_DUMPABLE, 0);
   try {
     spawn_agent(cfg.as_object());
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 // The box as the checkpointer's host (checkpoint/host.hpp): what checkpoint, restore and fork
 // read of the box and ask of it. The checkpointer reaches the box only through these.
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include "sandbox/ns-init.hpp"
 #include "supervisor/box.hpp"
@@ -36,6 +37,8 @@ checkpoint::BranchView view_of(const Branch& b, const std::map<std::string, std:
   v.ns_init_pid = b.launched.pid;
   v.pidfd = b.pidfd ? b.pidfd.get() : -1;
   v.pipe_inodes = b.launched.pipe_inodes;
+  struct stat ns {};
+  if (b.launched.netns && ::fstat(b.launched.netns.get(), &ns) == 0) v.netns_inode = ns.st_ino;
   v.argv = b.argv;
   v.cwd = b.cwd;
   v.channel_request = b.chan_inflight;

@@ -1,65 +1,20 @@
 // The protocol's operations on processes: exec (forked by the branch's ns-init), stdin, signal,
 // resize, and the reports ns-init sends about exec'd processes.
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
+#include <map>
 
 #include "os/sys.hpp"
 #include "supervisor/box.hpp"
 #include "supervisor/proc-io.hpp"
 
 namespace sbx::supervisor {
-
-namespace {
-
-auto log() {
-  static auto l = spdlog::default_logger()->clone("exec");
-  return l;
-}
-
-// Takes a copy of fd `target` of process `pid` (the same open file, as dup would give): by
-// pidfd_getfd, else (a host whose policy refuses it to us: an LSM, Yama's ptrace_scope 3) by
-// opening /proc/PID/fd/N again. That gives the same pipe, but for a pty's master the ptmx device
-// itself: a new terminal, unrelated to the process's, so that is refused.
-base::Result<os::UniqueFd> take_fd(pid_t pid, int target) {
-  os::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-  if (pidfd) {
-    os::UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
-    if (fd) return fd;
-  }
-  int e = errno;
-  std::string getfd = std::string(pidfd ? "pidfd_getfd: " : "pidfd_open: ") + std::strerror(e);
-  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(target);
-  std::error_code ec;
-  if (std::filesystem::read_symlink(path, ec).filename() == "ptmx")
-    return base::fail(getfd + "; a pty's master opened again through /proc would be another terminal");
-  int flags = O_CLOEXEC | O_NONBLOCK;
-  int fl = 0;
-  std::string fdinfo = "/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(target);
-  if (auto t = os::read_file(fdinfo); t) {
-    auto pos = t->find("flags:");
-    if (pos != std::string::npos) fl = static_cast<int>(std::strtol(t->c_str() + pos + 6, nullptr, 8));
-  }
-  flags |= (fl & O_ACCMODE) == O_WRONLY ? O_WRONLY : (fl & O_ACCMODE) == O_RDWR ? O_RDWR : O_RDONLY;
-  os::UniqueFd fd(::open(path.c_str(), flags));
-  if (!fd) {
-    auto err = base::fail(getfd + "; open " + path + ": " + std::strerror(errno));
-    log()->warn("take fd {} of ns-init ({}): {}", target, pid, err.message);
-    return err;
-  }
-  log()->warn("take fd {} of ns-init ({}): {}; opened again through /proc", target, pid, getfd);
-  return fd;
-}
-
-}  // namespace
 
 Proc::~Proc() = default;
 
@@ -153,7 +108,7 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
   send_request(b, req);
 }
 
-void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
+void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r, std::vector<os::UniqueFd> passed) {
   auto ev = r.at("ev").as_string();
   if (ev == "started" || ev == "spawn_failed") {
     if (ev == "spawn_failed")
@@ -182,17 +137,25 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
       emit(p.branch, std::move(e));
     };
     auto on_eof = [this, &p] { maybe_proc_exited(p); };
-    const auto* fds = r.if_contains("fds");
-    auto fd_of = [&](const char* k) -> base::Result<os::UniqueFd> {
-      if (!fds || !fds->is_object() || !fds->as_object().contains(k)) return base::fail("none was reported");
-      return take_fd(b.launched.pid, static_cast<int>(fds->as_object().at(k).to_number<int64_t>()));
-    };
-    auto pty = p.tty ? fd_of("pty") : base::Result<os::UniqueFd>(os::UniqueFd());
-    os::UniqueFd master = pty ? std::move(*pty) : os::UniqueFd();
-    if (ev == "started" && p.tty && !master) {
-      // Its terminal out of our reach, nothing it prints or reads would reach anyone: a failed
-      // start, whose process ends.
-      p.error = "take the terminal of " + p.id + " from ns-init: " + pty.error().message;
+    // The process's pipe ends (or its pty's master) came with the report, named in "passed" in
+    // their order (ns-init.cpp, exec_proc).
+    std::map<std::string, os::UniqueFd, std::less<>> got;
+    if (const auto* names = r.if_contains("passed"); names && names->is_array())
+      for (size_t i = 0; i < names->as_array().size() && i < passed.size(); ++i)
+        if (names->as_array()[i].is_string()) got[std::string(names->as_array()[i].as_string())] = std::move(passed[i]);
+    // An ns-init that names its fds by number ("fds") and passes none is one from before the
+    // reports socket, restored from an older snapshot: it holds them until told "release".
+    bool legacy = r.contains("fds") && !r.contains("passed");
+    std::string missing;
+    for (const char* k : p.tty ? std::vector<const char*>{"pty"} : std::vector<const char*>{"out", "err"})
+      if (!got.contains(k)) missing += std::string(missing.empty() ? "" : ", ") + k;
+    if (ev == "started" && (legacy || !missing.empty())) {
+      // Its output and input out of our reach, nothing it prints or reads would reach anyone: a
+      // failed start, whose process ends.
+      p.error = legacy ? "the ns-init of branch " + b.name +
+                             " was restored from a snapshot of an older sandboxer and does not pass a process's "
+                             "pipes; exec in a branch started by this version"
+                       : "ns-init's report of " + p.id + " came without its " + missing + " (the log says why)";
       send_request(b, {{"op", "signal"}, {"proc", p.id}, {"sig", SIGKILL}});
     } else if (ev == "started") {
       p.started = true;
@@ -204,20 +167,20 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r) {
       if (p.tty) e["tty"] = true;
       p.started_seq = emit(p.branch, std::move(e));
     }
-    if (master) {
+    if (auto& master = got["pty"]; p.tty && master) {
       os::UniqueFd rd(::fcntl(master.get(), F_DUPFD_CLOEXEC, 3));
       p.io->pty = master.get();
       p.io->input = std::make_unique<InputWriter>(loop_, std::move(master));
       p.out = std::make_unique<OutputReader>(loop_, std::move(rd), OutputDecoder("pty", false, emit_to), on_eof);
     } else if (!p.tty) {
-      if (auto in = fd_of("in")) p.io->input = std::make_unique<InputWriter>(loop_, std::move(*in));
-      if (auto out = fd_of("out"))
-        p.out = std::make_unique<OutputReader>(loop_, std::move(*out), OutputDecoder("stdout", true, emit_to), on_eof);
-      if (auto err = fd_of("err"))
-        p.err = std::make_unique<OutputReader>(loop_, std::move(*err), OutputDecoder("stderr", false, emit_to), on_eof);
+      if (auto& in = got["in"]) p.io->input = std::make_unique<InputWriter>(loop_, std::move(in));
+      if (auto& out = got["out"])
+        p.out = std::make_unique<OutputReader>(loop_, std::move(out), OutputDecoder("stdout", true, emit_to), on_eof);
+      if (auto& err = got["err"])
+        p.err = std::make_unique<OutputReader>(loop_, std::move(err), OutputDecoder("stderr", false, emit_to), on_eof);
     }
     if (b.output_paused) pause_readers(p, true);  // the journal waits and the branch was not frozen
-    if (fds) send_request(b, {{"op", "release"}, {"proc", p.id}});
+    if (legacy) send_request(b, {{"op", "release"}, {"proc", p.id}});
     if (p.io->input) {
       if (!p.io->early_input.empty()) (void)p.io->input->write(std::exchange(p.io->early_input, {}));
       if (p.io->early_eof) {

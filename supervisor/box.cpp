@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,7 +130,7 @@ void Box::on_signal(const struct signalfd_siginfo& si) {
   }
 }
 
-void Box::on_report(Branch& b, const boost::json::object& r) {
+void Box::on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed) {
   auto ev = r.if_contains("ev");
   if (!ev || !ev->is_string()) return;
   auto* pid_field = r.if_contains("proc");
@@ -144,7 +145,7 @@ void Box::on_report(Branch& b, const boost::json::object& r) {
   auto it = procs_.find(proc_key(b.name, proc_id));
   if (it == procs_.end()) return;
   Proc& p = *it->second;
-  if (proc_id != b.main_proc) return on_exec_report(b, p, r);
+  if (proc_id != b.main_proc) return on_exec_report(b, p, r, std::move(passed));
   if (*ev == "started" || *ev == "spawn_failed") b.starting = false;
   if (*ev == "started") {
     p.ns_pid = static_cast<pid_t>(r.at("pid").to_number<int64_t>());
@@ -475,15 +476,63 @@ bool read_available(int fd, std::string& pending) {
   }
 }
 
-// Calls fn for each complete JSON-object line in `pending`.
+// Calls fn for each complete JSON-object line in `pending`; `passed`, the fds that came with
+// the message that completed the last of them, go with that line.
 template <class Fn>
-void for_each_line(std::string& pending, Fn&& fn) {
+void for_each_line(std::string& pending, Fn&& fn, std::vector<os::UniqueFd> passed = {}) {
   size_t nl;
   while ((nl = pending.find('\n')) != std::string::npos) {
     boost::system::error_code ec;
     auto v = boost::json::parse(std::string_view(pending).substr(0, nl), ec);
     pending.erase(0, nl + 1);
-    fn(ec || !v.is_object() ? nullptr : &v.as_object());
+    bool last = pending.find('\n') == std::string::npos;
+    fn(ec || !v.is_object() ? nullptr : &v.as_object(), last ? std::move(passed) : std::vector<os::UniqueFd>{});
+  }
+}
+
+// Reads and hands to fn (as for_each_line) every report waiting on ns-init's reports socket
+// (sandbox/launcher.hpp): one message per report, an exec'd process's fds attached to its own.
+// False once ns-init's end is closed, or on a report no supervisor could take.
+template <class Fn>
+bool read_reports(int fd, std::string& pending, const std::string& branch, Fn&& fn) {
+  constexpr size_t kMaxReport = 64 * 1024, kMaxFds = 8;
+  std::vector<char> buf(kMaxReport);
+  for (;;) {
+    iovec iov{buf.data(), buf.size()};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * kMaxFds)];
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    ssize_t n = ::recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno == EAGAIN;
+    if (n == 0) return false;
+    std::vector<os::UniqueFd> passed;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int one;
+        std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof one);
+        passed.emplace_back(one);
+      }
+    }
+    if (m.msg_flags & MSG_TRUNC) {
+      // Not from the ns-init we started: its reports are small.
+      log()->error("a report from branch {} over 64 KiB: dropped", branch);
+      continue;
+    }
+    // Out of fds (RLIMIT_NOFILE), or more than ns-init sends: the report goes on without what did
+    // not come, and its process fails to start, naming them.
+    if (m.msg_flags & MSG_CTRUNC)
+      log()->error(
+          "a report from branch {} came without (some of) its fds: we are at RLIMIT_NOFILE, or it sent over {}", branch,
+          kMaxFds);
+    pending.append(buf.data(), static_cast<size_t>(n));
+    if (pending.size() > (1u << 20)) return false;  // no line is that long: a broken peer
+    for_each_line(pending, fn, std::move(passed));
   }
 }
 
@@ -528,15 +577,16 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
     uv_poll_start(bp->reports.get(), UV_READABLE, [](uv_poll_t* h, int, int) noexcept {
       auto* br = static_cast<Branch*>(h->data);
       auto* box = static_cast<Box*>(h->loop->data);
-      if (!read_available(br->launched.reports.get(), br->pending)) uv_poll_stop(h);
-      for_each_line(br->pending, [&](const boost::json::object* o) {
-        if (!o) return;
-        try {
-          box->on_report(*br, *o);
-        } catch (const std::exception& e) {
-          log()->error("report from branch {}: {}", br->name, e.what());
-        }
-      });
+      bool open = read_reports(br->launched.reports.get(), br->pending, br->name,
+                               [&](const boost::json::object* o, std::vector<os::UniqueFd> passed) {
+                                 if (!o) return;
+                                 try {
+                                   box->on_report(*br, *o, std::move(passed));
+                                 } catch (const std::exception& e) {
+                                   log()->error("report from branch {}: {}", br->name, e.what());
+                                 }
+                               });
+      if (!open) uv_poll_stop(h);
     });
   }
   if (bp->channel) watch_channel(*bp, true);
@@ -571,10 +621,10 @@ void Box::on_branch_exit(Branch& b, int st) {
   copy_networks_.erase(b.name);  // a copy's broker ends with its namespace
   if (b.limits) b.limits->stop();
   // Read what ns-init reported before it exited: its exit status alone loses the signal.
-  read_available(b.launched.reports.get(), b.pending);
-  for_each_line(b.pending, [&](const boost::json::object* o) {
-    if (o) on_report(b, *o);
-  });
+  (void)read_reports(b.launched.reports.get(), b.pending, b.name,
+                     [&](const boost::json::object* o, std::vector<os::UniqueFd> passed) {
+                       if (o) on_report(b, *o, std::move(passed));
+                     });
   auto& p = *procs_.at(proc_key(b.name, b.main_proc));
   if (!p.status_known) {
     p.status = st;

@@ -226,12 +226,12 @@ class Box : public checkpoint::Host {
  private:
   void start();
   void on_signal(const struct signalfd_siginfo& si);
-  void on_report(Branch& b, const boost::json::object& r);
+  void on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed = {});
   void maybe_proc_exited(Proc& p);
   void finish(int status);
   void send_request(Branch& b, const boost::json::object& req);
   void kill_leftovers();
-  void on_exec_report(Branch& b, Proc& p, const boost::json::object& r);
+  void on_exec_report(Branch& b, Proc& p, const boost::json::object& r, std::vector<os::UniqueFd> passed);
   void end_execs_of(Branch& b);
   void start_server();
   /// The process `proc` of `branch` (see proc_stdin), or why there is none.

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,15 +46,9 @@ base::Result<os::UniqueFd> bound_socket(int type, int port) {
   return s;
 }
 
-// Loopback up and, for `proxy`, the broker's sockets, in the network namespace the calling
-// thread has entered.
+// For `proxy`, the broker's sockets, in the network namespace the calling thread has entered
+// (its loopback is up: sandbox::make_branch_pipes).
 base::Result<NsSockets> sockets_in_netns(bool proxy, int port) {
-  os::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-  if (!s || ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return base::sys_fail("read the flags of lo", errno);
-  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return base::sys_fail("bring up lo", errno);
   NsSockets out;
   if (!proxy) return out;
   auto tcp = bound_socket(SOCK_STREAM, port);
@@ -69,14 +64,11 @@ base::Result<NsSockets> sockets_in_netns(bool proxy, int port) {
 }
 
 // Runs on a thread of its own, which alone enters the branch's network namespace and ends.
-base::Result<NsSockets> setup_in_netns(pid_t pid, bool proxy, int port) {
+base::Result<NsSockets> setup_in_netns(int netns, bool proxy, int port) {
   std::optional<base::Result<NsSockets>> out;
   std::thread t([&] {
-    std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
-    os::UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) {
-      int e = errno;
-      out = base::sys_fail("enter the network namespace of " + path, e);
+    if (::setns(netns, CLONE_NEWNET) != 0) {
+      out = base::sys_fail("enter the branch's network namespace", errno);
       return;
     }
     out = sockets_in_netns(proxy, port);
@@ -151,10 +143,15 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
     cfg.network = net;
     cfg.credentials = profile.credentials;
     cfg.netns_pid = branch.pid;
+    struct stat ns {};
+    if (::fstat(branch.netns.get(), &ns) == 0) cfg.netns = {ns.st_dev, ns.st_ino};
     cfg.proc = proc;
     for (auto& c : profile.credentials) cfg.secrets.push_back(load_secret(c));
   }
-  auto socks = setup_in_netns(branch.pid, proxy, net.proxy_port);
+  if (!branch.netns)
+    throw std::runtime_error("network mode \"" + std::string(profile::network_mode_name(net.mode)) +
+                             "\": the branch has no network namespace of its own");
+  auto socks = setup_in_netns(branch.netns.get(), proxy, net.proxy_port);
   if (!socks) throw std::runtime_error("network of the branch: " + socks.error().message);
   if (!proxy) return;
 

@@ -240,3 +240,37 @@ def test_a_copy_of_a_channel_fork_hears_its_snapshot_when_its_fork_returns(tmp_p
         assert m["snapshot"] == cc["snapshot"] and m["copy"] is (branch != "main"), (branch, m)
         if branch != "main":
             assert m["who"] == m["file"] == cc["snapshot"], (branch, m)
+
+
+@needs_criu
+@pytest.mark.parametrize("mode", ["none", "host"])
+def test_a_copy_of_a_copy_execs_with_pipes_and_a_pty_in_its_own_network_namespace(tmp_path, mode):
+    # ns-init's reports (a socket: exec'd processes' fds come with them) cross every restore: the
+    # copy's ns-init gets a new one (criu --inherit-fd socket:[INO]), made in the copy's network
+    # namespace, so that the copy is checkpointed again (criu dumps a unix socket only from the
+    # tree's network namespaces; a branch's own is dumped as external). `none`: the original
+    # has a network namespace of its own too; `host`: it has the host's, its copies their own.
+    with WsBox(tmp_path, ["python3", "-c", AGENT], extra=["--set", f"network.mode={mode}"]) as box:
+        wait_ready(box)
+
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                assert (await s.request("subscribe", since=1))["ok"]
+                branch = "main"
+                for level in (1, 2):
+                    r = await s.request("fork", branch=branch, n=1, timeout=120)
+                    assert r["ok"] and r["copies"][0]["mode"] == "live", r
+                    branch = r["copies"][0]["branch"]
+                    dev = await exec_out(s, branch, ["cat", "/proc/net/dev"], f"net-{level}")
+                    assert [x.split(":")[0].strip() for x in dev.splitlines()[2:]] == ["lo"], dev
+                    t = await s.request("exec", proc=f"tty-{level}", branch=branch, tty=True, cols=70, rows=21,
+                                        argv=["sh", "-c", "read x; echo got $x; stty size"])
+                    assert t["ok"] and t["tty"], t
+                    await s.request("stdin", proc=f"tty-{level}", branch=branch, data="it\n")
+                    e = await s.wait_event(lambda e: e["type"] == "proc.exited" and e.get("proc") == f"tty-{level}",
+                                           timeout=30)
+                    out = "".join(x["data"] for x in s.events if x["type"] == "proc.output"
+                                  and x.get("proc") == f"tty-{level}")
+                    assert e["code"] == 0 and "got it" in out and "21 70" in out, (e, out)
+        run(go(), 240)

@@ -1,10 +1,13 @@
 """exec, stdin, signal and resize over the WebSocket: processes forked by the branch's ns-init."""
 import errno
+import json
+import os
 import platform
+import resource
 
 import pytest
 
-from sbxtest import PROBE, Session, WsBox, output_of, run, ws_connect
+from sbxtest import PROBE, ROOT, Session, WsBox, output_of, run, ws_connect
 
 
 @pytest.fixture
@@ -107,30 +110,75 @@ def test_exec_with_a_pty_gets_a_terminal_of_the_asked_size_and_resize(box):
     run(go(), 60)
 
 
+# Docker's default capabilities (profiles/default.json): no CAP_SYS_PTRACE, no CAP_SYS_ADMIN.
+DOCKER_CAPS = json.loads((ROOT / "profiles" / "default.json").read_text())["isolation"]["capabilities"]
+NO_PTRACE = ["setpriv", "--bounding-set", "-all," + ",".join("+" + c.lower().removeprefix("cap_") for c in DOCKER_CAPS),
+             "--inh-caps", "-all"]
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the syscall number below is x86_64's")
-def test_where_pidfd_getfd_is_refused_pipes_still_work_and_a_pty_is_a_clear_error(tmp_path):
-    # A host that refuses the supervisor pidfd_getfd (438 on x86_64; an LSM, Yama's ptrace_scope
-    # 3): it takes an exec's pipes by opening them again through /proc, which gives the same pipe.
-    # A pty's master opened so is /dev/ptmx: a new terminal, unrelated to the process's, whose
-    # own master then closed with ns-init's copy (the process got SIGHUP, and the client saw only
-    # the echo of its own input). So a pty is refused there, saying why.
-    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"],
-               wrap=[str(PROBE), "deny", "438", str(errno.EPERM)]) as box:
+@pytest.mark.parametrize("wrap", [[str(PROBE), "deny", "438", str(errno.EPERM)], NO_PTRACE],
+                         ids=["pidfd_getfd refused", "no CAP_SYS_PTRACE"])
+def test_an_exec_gets_its_pipes_and_its_pty_where_the_supervisor_may_not_reach_into_ns_init(tmp_path, wrap):
+    # ns-init hands an exec'd process's pipe ends and pty master to the supervisor with its report
+    # (SCM_RIGHTS): the supervisor never takes them out of ns-init, with pidfd_getfd (438 on
+    # x86_64) or through /proc/PID/fd, which the kernel refuses it for a non-dumpable ns-init
+    # without CAP_SYS_PTRACE (a container with Docker's defaults), and a host's LSM may refuse
+    # anyway. Both kinds of exec work there. Before, a pty was refused where pidfd_getfd was (its
+    # master opened again through /proc is a new terminal).
+    extra = ["--set", "resources.grace=1s"] + (["--set", "isolation.namespaces=false"] if wrap is NO_PTRACE else [])
+    with WsBox(tmp_path, ["sleep", "120"], extra=extra, wrap=wrap) as box:
         async def go():
             async with ws_connect(box) as ws:
                 s = await session(ws)
-                r = await s.request("exec", proc="p", argv=["sh", "-c", "read x; echo got $x"], stdin=True)
+                r = await s.request("exec", proc="p", argv=["sh", "-c", "read x; echo got $x; echo err >&2"],
+                                    stdin=True)
                 assert r["ok"], r
                 await s.request("stdin", proc="p", data="hello\n", eof=True)
                 e = await s.wait_event(exited("p"))
-                assert e["code"] == 0 and output_of(s.events, "p") == b"got hello\n"
-                r = await s.request("exec", proc="t", argv=["sh", "-c", "read x; stty size"], tty=True)
-                assert r["ok"] is False and r["error"]["code"] == "spawn_failed", r
-                assert "pty" in r["error"]["message"] and "pidfd_getfd" in r["error"]["message"], r
+                streams = {x["stream"]: x["data"] for x in s.events if x["type"] == "proc.output" and x["proc"] == "p"}
+                assert e["code"] == 0 and streams == {"stdout": "got hello\n", "stderr": "err\n"}, (e, streams)
+                r = await s.request("exec", proc="t", argv=["sh", "-c", "read x; echo got $x; stty size"], tty=True,
+                                    cols=90, rows=33)
+                assert r["ok"] and r["tty"] is True, r
+                await s.request("stdin", proc="t", data="there\n")
                 e = await s.wait_event(exited("t"))
-                assert e.get("signal") == "KILL" and "take the terminal" in e.get("error", ""), e
+                out = output_of(s.events, "t").decode()
+                assert e["code"] == 0 and "got there" in out and "33 90" in out, (e, out)
         run(go(), 60)
-        assert "pidfd_getfd" in box.stderr()
+        assert "take fd" not in box.stderr() and "error" not in box.stderr(), box.stderr()
+
+
+def test_an_exec_whose_fds_the_supervisor_cannot_take_fails_to_start_and_the_next_one_works(tmp_path):
+    # The supervisor at its RLIMIT_NOFILE: ns-init's report of the exec arrives without the
+    # process's fds (MSG_CTRUNC). The exec is a failed start naming what is missing, its process
+    # is killed, and the supervisor goes on: with room again, the next exec works.
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as box:
+        pid = box.proc.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+        async def go():
+            async with ws_connect(box) as ws:
+                s = await session(ws)
+                assert (await s.request("exec", proc="warm", argv=["true"]))["ok"]
+                await s.wait_event(exited("warm"))
+                # The limit is on fd numbers: at the lowest free one, no fd can be made.
+                used = {int(x) for x in os.listdir(f"/proc/{pid}/fd")}
+                resource.prlimit(pid, resource.RLIMIT_NOFILE, (min(set(range(len(used) + 1)) - used), hard))
+                try:
+                    r = await s.request("exec", proc="p", argv=["sleep", "60"])
+                finally:
+                    resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+                assert r["ok"] is False and r["error"]["code"] == "spawn_failed", r
+                assert "came without its out, err" in r["error"]["message"], r
+                e = await s.wait_event(exited("p"))
+                assert e.get("signal") == "KILL", e
+                r = await s.request("exec", proc="q", argv=["echo", "again"])
+                assert r["ok"], r
+                await s.wait_event(exited("q"))
+                assert output_of(s.events, "q") == b"again\n"
+        run(go(), 60)
+        assert "came without (some of) its fds" in box.stderr()
 
 
 def test_exec_of_a_missing_program_is_an_error_reply(box):
