@@ -197,6 +197,7 @@ base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
 }
 
 Checkpointer::~Checkpointer() {
+  *alive_ = false;
   if (warming_ > 0) ::kill(warming_, SIGKILL);
   if (kdat_own_ && kdat_waiting_on_ > 0) ::kill(kdat_waiting_on_, SIGKILL);
 }
@@ -340,8 +341,9 @@ void Checkpointer::offload(std::function<void()> work, std::function<void()> aft
   struct Work {
     uv_work_t req;
     std::function<void()> work, after;
+    std::shared_ptr<const bool> alive;
   };
-  auto* w = new Work{{}, std::move(work), std::move(after)};
+  auto* w = new Work{{}, std::move(work), std::move(after), alive_};
   w->req.data = w;
   uv_queue_work(
       loop_, &w->req,
@@ -355,7 +357,7 @@ void Checkpointer::offload(std::function<void()> work, std::function<void()> aft
       [](uv_work_t* r, int) {
         auto* w = static_cast<Work*>(r->data);
         try {
-          w->after();
+          if (*w->alive) w->after();
         } catch (const std::exception& e) {
           log()->error("after a background step: {}", e.what());
         }

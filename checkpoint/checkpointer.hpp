@@ -171,6 +171,8 @@ class Checkpointer {
   void fork_sealed(std::shared_ptr<ForkSeal> fs, boost::json::object checkpoint_reply);
   void fork_finish(std::shared_ptr<ForkSeal> fs);
   void begin_restore(std::shared_ptr<RestoreOp> op);
+  /// Runs `work` on the loop's thread pool, then `after` on the loop, unless this checkpointer is
+  /// gone by then (the box ended while the work ran): `after` is then dropped unrun.
   void offload(std::function<void()> work, std::function<void()> after);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   void start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
@@ -272,6 +274,7 @@ class Checkpointer {
   void op_done();
 
   uv_loop_t* loop_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed (offload)
   Host& host_;
   Settings settings_;
   std::string snap_dir_;

@@ -3,7 +3,7 @@
 // heap because libuv may still touch it after its owner is gone. The owner's destructor stops the
 // handle and calls uv_close; the close callback, run by the loop on its next turn, frees it. So
 // whoever runs the loop last (the supervisor's main, a test's fixture) must let it turn once
-// more after the owners go, or uv_loop_close reports the handles still open.
+// more after the owners go, or uv_loop_close reports the handles still open (finish.hpp).
 #include <uv.h>
 
 #include <string>

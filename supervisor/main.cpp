@@ -11,6 +11,7 @@
 
 #include "archive/archive.hpp"
 #include "archive/signing.hpp"
+#include "loop/finish.hpp"
 #include "os/signal-mask.hpp"
 #include "os/sys.hpp"
 #include "sandbox/ns-init.hpp"
@@ -190,6 +191,6 @@ int main(int argc, char** argv) {
     Box box(&loop, std::move(bo));
     status = box.run();
   }
-  uv_loop_close(&loop);
+  if (auto r = sbx::loop::finish(&loop); !r) spdlog::warn("{}", r.error().message);
   return status;
 }

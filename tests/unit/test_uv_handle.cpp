@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include "loop/finish.hpp"
 #include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
 
@@ -75,4 +76,31 @@ TEST_CASE_FIXTURE(LoopFixture, "uv handle: an init that fails leaves nothing ope
   CHECK_FALSE(p.has_value());
   CHECK(p.error().message.starts_with("set up a libuv handle: "));
   CHECK(open_handles() == 0);
+}
+
+TEST_CASE("uv loop: finish frees what the owners closed, and closes and names what they did not") {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  SUBCASE("closed by its owner: the loop closes") {
+    { auto t = sbx::loop::make_timer(&loop); }
+    CHECK(sbx::loop::finish(&loop).has_value());
+  }
+  SUBCASE("work on the thread pool comes back first") {
+    static bool after_ran;
+    after_ran = false;
+    uv_work_t req;
+    uv_queue_work(
+        &loop, &req, [](uv_work_t*) { ::usleep(50000); }, [](uv_work_t*, int) { after_ran = true; });
+    CHECK(sbx::loop::finish(&loop).has_value());
+    CHECK(after_ran);
+  }
+  SUBCASE("an active timer left open by its owner: closed without firing, named") {
+    static uv_timer_t raw;  // what a forgotten owner leaves behind
+    uv_timer_init(&loop, &raw);
+    uv_timer_start(
+        &raw, [](uv_timer_t*) { FAIL("a timer left open fired after the end"); }, 0, 0);
+    auto r = sbx::loop::finish(&loop);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().message == "libuv handles left open at the end, closed now: timer");
+  }
 }
