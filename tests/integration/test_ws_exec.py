@@ -112,13 +112,22 @@ def test_exec_with_a_pty_gets_a_terminal_of_the_asked_size_and_resize(box):
 
 # Docker's default capabilities (profiles/default.json): no CAP_SYS_PTRACE, no CAP_SYS_ADMIN.
 DOCKER_CAPS = json.loads((ROOT / "profiles" / "default.json").read_text())["isolation"]["capabilities"]
-NO_PTRACE = ["setpriv", "--bounding-set", "-all," + ",".join("+" + c.lower().removeprefix("cap_") for c in DOCKER_CAPS),
-             "--inh-caps", "-all"]
+
+
+def setpriv(caps):
+    return ["setpriv", "--bounding-set", "-all," + ",".join("+" + c.lower().removeprefix("cap_") for c in caps),
+            "--inh-caps", "-all"]
+
+
+NO_PTRACE = setpriv(DOCKER_CAPS)
+# What `up` gives a box whose profile asks for namespaces and no checkpoint (shims/docker): its
+# own namespaces, still no CAP_SYS_PTRACE.
+NS_NO_PTRACE = setpriv(DOCKER_CAPS + ["CAP_SYS_ADMIN", "CAP_NET_ADMIN"])
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the syscall number below is x86_64's")
-@pytest.mark.parametrize("wrap", [[str(PROBE), "deny", "438", str(errno.EPERM)], NO_PTRACE],
-                         ids=["pidfd_getfd refused", "no CAP_SYS_PTRACE"])
+@pytest.mark.parametrize("wrap", [[str(PROBE), "deny", "438", str(errno.EPERM)], NO_PTRACE, NS_NO_PTRACE],
+                         ids=["pidfd_getfd refused", "no CAP_SYS_PTRACE", "namespaced, network none, no CAP_SYS_PTRACE"])
 def test_an_exec_gets_its_pipes_and_its_pty_where_the_supervisor_may_not_reach_into_ns_init(tmp_path, wrap):
     # ns-init hands an exec'd process's pipe ends and pty master to the supervisor with its report
     # (SCM_RIGHTS): the supervisor never takes them out of ns-init, with pidfd_getfd (438 on
@@ -126,7 +135,8 @@ def test_an_exec_gets_its_pipes_and_its_pty_where_the_supervisor_may_not_reach_i
     # without CAP_SYS_PTRACE (a container with Docker's defaults), and a host's LSM may refuse
     # anyway. Both kinds of exec work there. Before, a pty was refused where pidfd_getfd was (its
     # master opened again through /proc is a new terminal).
-    extra = ["--set", "resources.grace=1s"] + (["--set", "isolation.namespaces=false"] if wrap is NO_PTRACE else [])
+    extra = ["--set", "resources.grace=1s"] + (["--set", "isolation.namespaces=false"] if wrap is NO_PTRACE else []) + \
+        (["--set", "network.mode=none"] if wrap is NS_NO_PTRACE else [])
     with WsBox(tmp_path, ["sleep", "120"], extra=extra, wrap=wrap) as box:
         async def go():
             async with ws_connect(box) as ws:
@@ -145,8 +155,11 @@ def test_an_exec_gets_its_pipes_and_its_pty_where_the_supervisor_may_not_reach_i
                 e = await s.wait_event(exited("t"))
                 out = output_of(s.events, "t").decode()
                 assert e["code"] == 0 and "got there" in out and "33 90" in out, (e, out)
+                assert (await s.request("stats"))["ok"]
         run(go(), 60)
         assert "take fd" not in box.stderr() and "error" not in box.stderr(), box.stderr()
+        started = next(e for e in box.read_events() if e["type"] == "box.started")
+        assert started["capabilities"]["namespaces"] is (wrap is not NO_PTRACE), started["capabilities"]
 
 
 def test_an_exec_whose_fds_the_supervisor_cannot_take_fails_to_start_and_the_next_one_works(tmp_path):
