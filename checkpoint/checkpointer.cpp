@@ -476,6 +476,8 @@ json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& 
       {"sockets", json::array{kSocketRoles[0]}},
       // Its own network namespace, dumped as external (criu's key kNetnsKey), or null: the host's.
       {"netns_inode", b.netns_inode ? json::value(b.netns_inode) : json::value(nullptr)},
+      // The names under its /sys/fs/cgroup, each its own group (dumped as external mounts).
+      {"cgroup_view", json::value_from(b.cgroup_view)},
       {"masks", mask_list(host_.branch_masks())},
       {"network", host_.network_manifest()},
       {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
@@ -617,6 +619,13 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
   // (--inherit-fd socket:[INO], restore.cpp).
   if (auto* ino = op->manifest.at("pipes").as_object().if_contains("reports"); ino && ino->is_number())
     run.args.insert(run.args.end(), {"--external", "unix[" + std::to_string(ino->to_number<uint64_t>()) + "]"});
+  // Its groups in its /sys/fs/cgroup: the copy gets its own (restore.cpp, cgroup_mounts).
+  if (auto* names = op->manifest.if_contains("cgroup_view"); names && names->is_array())
+    for (size_t i = 0; i < names->as_array().size(); ++i) {
+      std::string name(names->as_array()[i].as_string());
+      run.args.insert(run.args.end(), {"--external", "mnt[/sys/fs/cgroup" + (name.empty() ? "" : "/" + name) +
+                                                         "]:" + kCgroupKey + std::to_string(i)});
+    }
   // Its network namespace, ours: not dumped, but named, for the copy to be restored into its own.
   if (auto* ino = op->manifest.if_contains("netns_inode"); ino && ino->is_number())
     run.args.insert(run.args.end(),

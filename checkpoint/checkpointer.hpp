@@ -174,6 +174,7 @@ class Checkpointer {
   /// Runs `work` on the loop's thread pool, then `after` on the loop, unless this checkpointer is
   /// gone by then (the box ended while the work ran): `after` is then dropped unrun.
   void offload(std::function<void()> work, std::function<void()> after);
+  void cgroup_mounts(std::shared_ptr<CopyJob> job, CriuRun& run);
   void checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std::string& code, const std::string& msg);
   void start_checkpoint(const std::string& branch, const std::string& name, bool leave_running, Reply done,
                         const std::string& by, bool chunked, int64_t hold_ms, std::shared_ptr<ForkSeal> fork = nullptr,

@@ -72,6 +72,7 @@ struct BranchView {
   int pidfd = -1;                         // borrowed: ns-init's pidfd, -1 if none
   std::array<uint64_t, 7> pipe_inodes{};  // sandbox::BranchPipes::inodes
   uint64_t netns_inode = 0;               // its own network namespace (BranchPipes::netns), or 0
+  std::vector<std::string> cgroup_view;   // the names under its /sys/fs/cgroup (BranchSpec::cgroup_view)
   std::vector<std::string> argv;          // the agent's command
   std::string cwd;
   int64_t channel_request = -1;  // the id of an agent channel request being served, else -1
@@ -152,6 +153,9 @@ class Host {
   /// The copy's own cgroup with the original's ceilings: its cgroup.procs fds, which its first
   /// process joins. Empty where there is none (the copy then runs without).
   virtual std::vector<os::UniqueFd> copy_cgroup(Copy& copy) = 0;
+  /// The copy's groups (made by copy_cgroup) as its /sys/fs/cgroup shows them
+  /// (sandbox::BranchSpec::cgroup_view); empty without.
+  virtual std::vector<std::pair<std::string, std::string>> copy_cgroup_view(Copy& copy) = 0;
   /// The spec a cold copy is launched from: its dir and masks, and a network namespace as the
   /// original's.
   virtual base::Result<sandbox::BranchSpec> cold_copy_spec(Copy& copy) = 0;

@@ -49,6 +49,9 @@ inline constexpr const char* kSocketRoles[] = {"reports"};
 /// criu's key for a branch's own network namespace, dumped as external (the supervisor makes
 /// one for each branch and copy: sandbox::make_branch_pipes) and given back at restore.
 inline constexpr const char* kNetnsKey = "branch-net";
+/// criu's keys (with the index in the manifest's cgroup_view) for the branch's own groups, bound
+/// in its /sys/fs/cgroup: dumped as external, each copy given its own.
+inline const std::string kCgroupKey = "cg-";
 
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);

@@ -529,6 +529,7 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
   // the original's did, and a cgroup of its own with the original's ceilings.
   auto cg = host_.copy_cgroup(*job->copy);
   for (auto& fd : cg) spec->cgroup_join.push_back(fd.get());
+  spec->cgroup_view = host_.copy_cgroup_view(*job->copy);
   auto lb = sandbox::launch_branch(*spec);
   cg.clear();
   if (!lb) return copy_failed(job, "start the copy: " + lb.error().message());
@@ -636,6 +637,25 @@ void Checkpointer::lazy_daemon_ended(std::shared_ptr<CopyJob> job) {
   host_.emit(job->spec.name, ev);
 }
 
+// The copy's /sys/fs/cgroup shows its own groups where the original's were (the manifest's
+// cgroup_view, dumped as the external mounts cg-N, checkpointer.cpp); a name the copy has no
+// group for (a box without cgroups) gets an empty directory.
+void Checkpointer::cgroup_mounts(std::shared_ptr<CopyJob> job, CriuRun& run) {
+  auto* names = job->op->manifest.if_contains("cgroup_view");
+  if (!names || !names->is_array()) return;
+  auto view = host_.copy_cgroup_view(*job->copy);
+  for (size_t i = 0; i < names->as_array().size(); ++i) {
+    std::string dir;
+    for (auto& [name, d] : view)
+      if (names->as_array()[i].is_string() && names->as_array()[i].as_string() == name) dir = d;
+    if (dir.empty()) {
+      dir = job->dir + "/.criu/no-cgroup";
+      (void)os::make_dirs(dir, 0555);
+    }
+    run.args.insert(run.args.end(), {"--external", "mnt[" + kCgroupKey + std::to_string(i) + "]:" + dir});
+  }
+}
+
 void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   const std::string& dir = job->dir;
   auto pipes = sandbox::make_branch_pipes(true);
@@ -698,6 +718,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
   auto cg = host_.copy_cgroup(*job->copy);
   for (auto& fd : cg) run.cgroup_join.push_back(fd.get());
+  cgroup_mounts(job, run);
   auto pid = start_criu(std::move(run));
   cg.clear();
   if (!pid) return copy_failed(job, pid.error().message);

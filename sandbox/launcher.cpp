@@ -153,8 +153,10 @@ struct TopEntry {
 
 // Where each cloned tree waits (its slot) until it is attached in the new root; -1: none.
 struct Clones {
-  std::vector<std::pair<std::string, int>> trees;  // target inside the root, slot
-  std::vector<std::pair<std::string, int>> devs;   // /dev entry, slot
+  std::vector<std::pair<std::string, int>> trees;    // target inside the root, slot
+  std::vector<std::pair<std::string, int>> devs;     // /dev entry, slot
+  std::vector<std::pair<std::string, int>> cgroups;  // name under /sys/fs/cgroup, slot
+  int cgroup_tree = -1;                              // the host's /sys/fs/cgroup, where no group is the branch's
   int tmp = -1, exe = -1, resolv = -1, lib = -1, mid = -1;
   int count = 0;
 };
@@ -206,13 +208,31 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
          .what = "make /" + e.name + " read-only"});
     trees.emplace_back("/" + e.name, slot++);
   }
-  add({.kind = MountOp::CloneTree, .a = "/sys", .slot = slot, .recursive = true, .what = "clone /sys"});
-  add({.kind = MountOp::SetAttr,
-       .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC,
-       .slot = slot,
-       .recursive = true,
-       .what = "make /sys read-only"});
-  trees.emplace_back("/sys", slot++);
+  // Of the host's /sys only the branch's own cgroups (attach_sys).
+  for (auto& [name, dir] : spec.cgroup_view) {
+    add({.kind = MountOp::CloneTree, .a = dir, .slot = slot, .what = "clone the branch's cgroup " + dir});
+    add({.kind = MountOp::SetAttr,
+         .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC,
+         .slot = slot,
+         .what = "make the branch's cgroup " + dir + " read-only"});
+    c.cgroups.emplace_back(name, slot++);
+  }
+  // A branch without groups of its own (a container whose cgroup filesystem is read-only, or
+  // SANDBOXER_CGROUP=none) sees the host's view, as before: in a container, the container's own.
+  if (spec.cgroup_view.empty()) {
+    c.cgroup_tree = slot++;
+    add({.kind = MountOp::CloneTree,
+         .a = "/sys/fs/cgroup",
+         .slot = c.cgroup_tree,
+         .recursive = true,
+         .optional = true,
+         .what = "clone /sys/fs/cgroup"});
+    add({.kind = MountOp::SetAttr,
+         .flags = kReadOnlyAttrs | MOUNT_ATTR_NOEXEC,
+         .slot = c.cgroup_tree,
+         .recursive = true,
+         .what = "make /sys/fs/cgroup read-only"});
+  }
   static const char* kDevs[] = {"null", "zero", "full", "random", "urandom", "tty"};
   auto& devs = c.devs;
   for (auto* d : kDevs) {
@@ -269,6 +289,44 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
   return c;
 }
 
+// /sys: a sysfs of the branch's own (its network namespace's interfaces), read-only, and in its
+// /sys/fs/cgroup the branch's own groups alone, each where its hierarchy would be (as a
+// container's: a runtime reads its limits there), not the host's whole tree.
+void attach_sys(Plan& p, const Clones& c) {
+  auto add = [&](MountOp op) { p.ops.push_back(std::move(op)); };
+  const std::string& r = p.new_root;
+  add({.kind = MountOp::MkDir, .a = r + "/sys", .flags = 0755, .what = "mkdir /sys"});
+  add({.kind = MountOp::Mount,
+       .a = "sysfs",
+       .b = r + "/sys",
+       .fstype = "sysfs",
+       .flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /sys"});
+  std::string cg = r + "/sys/fs/cgroup";
+  if (c.cgroup_tree >= 0)
+    add({.kind = MountOp::Move, .a = cg, .slot = c.cgroup_tree, .optional = true, .what = "attach /sys/fs/cgroup"});
+  if (c.cgroups.empty()) return;
+  if (c.cgroups.size() == 1 && c.cgroups[0].first.empty()) {  // v2: the group is the whole of it
+    add({.kind = MountOp::Move, .a = cg, .slot = c.cgroups[0].second, .what = "attach the branch's cgroup"});
+    return;
+  }
+  add({.kind = MountOp::Mount,
+       .a = "tmpfs",
+       .b = cg,
+       .fstype = "tmpfs",
+       .data = "mode=0755,size=4k",
+       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "mount /sys/fs/cgroup's tmpfs"});
+  for (auto& [name, s] : c.cgroups) {
+    add({.kind = MountOp::MkDir, .a = cg + "/" + name, .flags = 0755, .what = "mkdir /sys/fs/cgroup/" + name});
+    add({.kind = MountOp::Move, .a = cg + "/" + name, .slot = s, .what = "attach /sys/fs/cgroup/" + name});
+  }
+  add({.kind = MountOp::Mount,
+       .b = cg,
+       .flags = MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+       .what = "make /sys/fs/cgroup read-only"});
+}
+
 // The second half: the root is made, the cloned trees attached in it, /tmp, /proc, /dev, /run and
 // the masks set up, and the root pivoted into.
 void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries, const Clones& c) {
@@ -295,6 +353,7 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
     add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
+  attach_sys(p, c);
   if (resolv_slot >= 0)
     add({.kind = MountOp::Move,
          .a = r + "/etc/resolv.conf",

@@ -16,6 +16,7 @@
 
 #include <boost/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/result.hpp"
@@ -84,7 +85,12 @@ struct BranchSpec {
   int cgroup_dir = -1;             // borrowed, v2: the group's directory; the child is cloned into it
                                    // (clone3 CLONE_INTO_CGROUP), cgroup_join only where clone3 fails
   bool new_net = false;            // a network namespace of its own (network: none, proxy): loopback only
-  std::string resolv_conf;         // network: a file bound over the agent's /etc/resolv.conf
+  /// The branch's own cgroups, as its /sys/fs/cgroup shows them (nothing else of the host's): a
+  /// name under it (a v1 controller, or "" for the whole of it on v2) and the group's directory
+  /// on the host, bound read-only there. Empty: the host's /sys/fs/cgroup, read-only (in a
+  /// container, the container's own view).
+  std::vector<std::pair<std::string, std::string>> cgroup_view;
+  std::string resolv_conf;  // network: a file bound over the agent's /etc/resolv.conf
 };
 
 /// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each

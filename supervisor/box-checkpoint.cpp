@@ -37,6 +37,7 @@ checkpoint::BranchView view_of(const Branch& b, const std::map<std::string, std:
   v.ns_init_pid = b.launched.pid;
   v.pidfd = b.pidfd ? b.pidfd.get() : -1;
   v.pipe_inodes = b.launched.pipe_inodes;
+  for (auto& [name, dir] : Box::cgroup_view(b)) v.cgroup_view.push_back(name);
   struct stat ns {};
   if (b.launched.netns && ::fstat(b.launched.netns.get(), &ns) == 0) v.netns_inode = ns.st_ino;
   v.argv = b.argv;
@@ -134,6 +135,10 @@ base::Result<void> Box::mount_copy_workspace(checkpoint::Copy& copy, const std::
 }
 
 std::vector<os::UniqueFd> Box::copy_cgroup(checkpoint::Copy& copy) { return prepare_copy_cgroup(branch_of(copy)); }
+
+std::vector<std::pair<std::string, std::string>> Box::copy_cgroup_view(checkpoint::Copy& copy) {
+  return cgroup_view(branch_of(copy));
+}
 
 base::Result<sandbox::BranchSpec> Box::cold_copy_spec(checkpoint::Copy& copy) {
   sandbox::BranchSpec spec = branch_spec(branch_of(copy).name);

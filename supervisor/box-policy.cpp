@@ -86,6 +86,20 @@ os::CgroupHost Box::cgroup_host() const {
   return host;
 }
 
+std::vector<std::pair<std::string, std::string>> Box::cgroup_view(const Branch& b) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!b.cgroup) return out;
+  if (b.cgroup->v2()) {
+    if (auto dirs = b.cgroup->dirs(); !dirs.empty()) out.emplace_back("", dirs.front());
+    return out;
+  }
+  auto controllers = os::CgroupDir::v1_controllers();
+  controllers.push_back("devices");
+  for (auto& c : controllers)
+    if (b.cgroup->has(c)) out.emplace_back(c, b.cgroup->dir_of(c));
+  return out;
+}
+
 std::vector<os::UniqueFd> Box::make_branch_cgroup(const os::CgroupHost& host, Branch& b, boost::json::object* state) {
   const profile::Profile& prof = opts_.profile;
   boost::json::object scratch;
@@ -204,6 +218,7 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
     cgroup_join_ = make_branch_cgroup(host, b, &cg_state);
     for (auto& fd : cgroup_join_) spec.cgroup_join.push_back(fd.get());
     spec.cgroup_self_join = b.cgroup && !b.cgroup->v2();
+    spec.cgroup_view = cgroup_view(b);
     if (b.cgroup && b.cgroup->v2())
       if (auto d = b.cgroup->open_v2_dir()) {
         cgroup_dir_ = std::move(*d);

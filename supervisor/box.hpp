@@ -222,6 +222,8 @@ class Box : public checkpoint::Host {
   /// The bytes of the state dir's filesystem kept for the journal before any snapshot is stored.
   uint64_t journal_room_for_snapshots() const { return journal_room(); }
   void snapshot_import(const std::string& tmp, Reply done);
+  /// The branch's groups as its /sys/fs/cgroup shows them (sandbox::BranchSpec::cgroup_view).
+  static std::vector<std::pair<std::string, std::string>> cgroup_view(const Branch& b);
 
  private:
   void start();
@@ -378,6 +380,7 @@ class Box : public checkpoint::Host {
   std::unique_ptr<checkpoint::Copy> new_copy(const checkpoint::CopySpec& spec) override;
   base::Result<void> mount_copy_workspace(checkpoint::Copy& copy, const std::string& dir) override;
   std::vector<os::UniqueFd> copy_cgroup(checkpoint::Copy& copy) override;
+  std::vector<std::pair<std::string, std::string>> copy_cgroup_view(checkpoint::Copy& copy) override;
   base::Result<sandbox::BranchSpec> cold_copy_spec(checkpoint::Copy& copy) override;
   base::Result<void> start_cold_agent(checkpoint::Copy& copy, const std::vector<std::string>& extra_env) override;
   base::Result<void> attach_live_network(checkpoint::Copy& copy) override;

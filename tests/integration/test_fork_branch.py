@@ -264,6 +264,11 @@ def test_a_copy_of_a_copy_execs_with_pipes_and_a_pty_in_its_own_network_namespac
                     branch = r["copies"][0]["branch"]
                     dev = await exec_out(s, branch, ["cat", "/proc/net/dev"], f"net-{level}")
                     assert [x.split(":")[0].strip() for x in dev.splitlines()[2:]] == ["lo"], dev
+                    # Its /sys/fs/cgroup is its own group (criu given the copy's at restore): the
+                    # group holds its processes; the original's would list none of this pid namespace.
+                    procs = await exec_out(s, branch, ["sh", "-c", "cat /sys/fs/cgroup/pids/cgroup.procs 2>/dev/null ||"
+                                                       " cat /sys/fs/cgroup/cgroup.procs"], f"cg-{level}")
+                    assert "1" in procs.split(), procs
                     t = await s.request("exec", proc=f"tty-{level}", branch=branch, tty=True, cols=70, rows=21,
                                         argv=["sh", "-c", "read x; echo got $x; stty size"])
                     assert t["ok"] and t["tty"], t

@@ -165,6 +165,54 @@ def test_sys_control_on_the_host_is_writable():
     assert res2[("mkdir", evil)] == ("ok", None), res2
 
 
+# --- /sys: the branch's own cgroups and interfaces, not the host's -------------------------------
+
+SYS_VIEW = ("for d in /sys/fs/cgroup/*/; do echo \"group $d $(find \"$d\" -mindepth 1 -maxdepth 1 -type d | wc -l)\"; done; "
+            "echo \"limit $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || "
+            "cat /sys/fs/cgroup/memory.max)\"; echo \"net $(ls /sys/class/net | tr '\\n' ,)\"")
+
+
+def sys_view(text):
+    out = {"groups": {}}
+    for line in text.splitlines():
+        p = line.split()
+        if p[0] == "group":
+            out["groups"][p[1]] = int(p[2])
+        else:
+            out[p[0]] = p[1] if len(p) > 1 else ""
+    return out
+
+
+@pytest.fixture
+def other_group():
+    """A group of the host's beside the box's (another tenant's), which the agent must not see."""
+    d = pathlib.Path(host_cgroup_parent()) / f"sbx-other-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    yield d
+    d.rmdir()
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_sys_fs_cgroup_shows_the_branch_its_own_groups_alone(state_dir, profile, other_group):
+    # The host's /sys/fs/cgroup lists every group on it (other boxes', other containers') with
+    # their usage; the agent's shows its own groups, each where its hierarchy is (a runtime reads
+    # its limits there, as in a container), and none below them.
+    r, ev = box(state_dir, ["/bin/sh", "-c", SYS_VIEW], "network.mode=none", "resources.memory=300m",
+                profile=profile)
+    v = sys_view(output(ev))
+    assert v["groups"] and all(n == 0 for n in v["groups"].values()), (v, r.stderr)
+    assert "/sys/fs/cgroup/memory/" in v["groups"] and v["limit"] == str(300 << 20), v
+    assert v["net"] == "lo,", v
+    assert started(ev)["capabilities"]["namespaces"] is True
+
+
+def test_sys_fs_cgroup_control_on_the_host_shows_other_groups(other_group):
+    out = subprocess.run(["/bin/sh", "-c", SYS_VIEW], capture_output=True, text=True, timeout=20).stdout
+    v = sys_view(out)
+    parent = other_group.parent.name
+    assert v["groups"][f"/sys/fs/cgroup/{parent}/"] >= 1, v
+
+
 # --- devices (item 8) ----------------------------------------------------------------------------
 
 DEFAULT_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_NET_RAW", "CAP_SETGID",
