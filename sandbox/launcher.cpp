@@ -289,6 +289,17 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
   return c;
 }
 
+// A small tmpfs at `at` (mode 0755, nosuid, nodev, noexec) that holds mount points.
+MountOp tmpfs_at(const std::string& at, const std::string& size, const std::string& what) {
+  return {.kind = MountOp::Mount,
+          .a = "tmpfs",
+          .b = at,
+          .fstype = "tmpfs",
+          .data = "mode=0755,size=" + size,
+          .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          .what = what};
+}
+
 // /sys: a sysfs of the branch's own (its network namespace's interfaces), read-only, and in its
 // /sys/fs/cgroup the branch's own groups alone, each where its hierarchy would be (as a
 // container's: a runtime reads its limits there), not the host's whole tree.
@@ -310,13 +321,7 @@ void attach_sys(Plan& p, const Clones& c) {
     add({.kind = MountOp::Move, .a = cg, .slot = c.cgroups[0].second, .what = "attach the branch's cgroup"});
     return;
   }
-  add({.kind = MountOp::Mount,
-       .a = "tmpfs",
-       .b = cg,
-       .fstype = "tmpfs",
-       .data = "mode=0755,size=4k",
-       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
-       .what = "mount /sys/fs/cgroup's tmpfs"});
+  add(tmpfs_at(cg, "4k", "mount /sys/fs/cgroup's tmpfs"));
   for (auto& [name, s] : c.cgroups) {
     add({.kind = MountOp::MkDir, .a = cg + "/" + name, .flags = 0755, .what = "mkdir /sys/fs/cgroup/" + name});
     add({.kind = MountOp::Move, .a = cg + "/" + name, .slot = s, .what = "attach /sys/fs/cgroup/" + name});
@@ -340,13 +345,7 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
   // journal-less ext4 that has just deleted files). criu does not dump the contents of a mount
   // namespace's root, so a checkpoint writes them into the snapshot's root/ (copy_root_top), and a
   // restored copy gets that directory as its --root.
-  add({.kind = MountOp::Mount,
-       .a = "tmpfs",
-       .b = r,
-       .fstype = "tmpfs",
-       .data = "mode=0755,size=64k",
-       .flags = MS_NOSUID | MS_NODEV | MS_NOEXEC,
-       .what = "mount the root's tmpfs"});
+  add(tmpfs_at(r, "64k", "mount the root's tmpfs"));
   for (auto& e : entries)
     if (!e.dir) add({.kind = MountOp::Symlink, .a = e.link, .b = r + "/" + e.name, .what = "symlink /" + e.name});
   for (auto& [target, s] : trees) {
