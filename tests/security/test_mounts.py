@@ -303,6 +303,18 @@ def test_v2_device_program_refuses_a_host_block_device(state_dir, v2_parent):
     assert started(ev)["enforcement"]["devices"].startswith("cgroup v2 device program: only ")
 
 
+def test_sys_fs_cgroup_on_v2_is_the_branch_group_itself(state_dir, v2_parent):
+    # On cgroup v2 the branch's group is the agent's whole /sys/fs/cgroup: its own processes in
+    # it, and neither a group beside it (made here, as another tenant's) nor any above it.
+    (pathlib.Path(v2_parent) / "sbx-other").mkdir()
+    cmd = ("echo dirs $(find /sys/fs/cgroup -mindepth 1 -type d | wc -l); "
+           "echo procs $(tr '\\n' , < /sys/fs/cgroup/cgroup.procs)")
+    r, ev = box(state_dir, ["/bin/sh", "-c", cmd], env={**os.environ, "SANDBOXER_CGROUP": "v2:" + v2_parent})
+    lines = dict(line.split(" ", 1) for line in output(ev).splitlines())
+    assert lines.get("dirs") == "0" and "1" in lines.get("procs", "").split(","), (lines, r.stderr)
+    assert started(ev)["capabilities"]["namespaces"] is True
+
+
 # --- setuid and nodev on writable mounts --------------------------------------------------------
 
 SHELL_CHECK = ["-p", "-c", "echo ruid=$(id -ru) euid=$(id -u)"]
