@@ -2,16 +2,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -46,11 +43,9 @@ base::Result<os::UniqueFd> bound_socket(int type, int port) {
   return s;
 }
 
-// For `proxy`, the broker's sockets, in the network namespace the calling thread has entered
-// (its loopback is up: sandbox::make_branch_pipes).
-base::Result<NsSockets> sockets_in_netns(bool proxy, int port) {
+// The broker's sockets, in the network namespace the calling thread has entered.
+base::Result<NsSockets> sockets_in_netns(int port) {
   NsSockets out;
-  if (!proxy) return out;
   auto tcp = bound_socket(SOCK_STREAM, port);
   if (!tcp) return tcp.error();
   auto udp = bound_socket(SOCK_DGRAM, 53);
@@ -64,14 +59,14 @@ base::Result<NsSockets> sockets_in_netns(bool proxy, int port) {
 }
 
 // Runs on a thread of its own, which alone enters the branch's network namespace and ends.
-base::Result<NsSockets> setup_in_netns(int netns, bool proxy, int port) {
+base::Result<NsSockets> setup_in_netns(int netns, int port) {
   std::optional<base::Result<NsSockets>> out;
   std::thread t([&] {
     if (::setns(netns, CLONE_NEWNET) != 0) {
       out = base::sys_fail("enter the branch's network namespace", errno);
       return;
     }
-    out = sockets_in_netns(proxy, port);
+    out = sockets_in_netns(port);
   });
   t.join();
   return std::move(*out);
@@ -151,9 +146,10 @@ BranchNetwork::BranchNetwork(uv_loop_t* loop, const profile::Profile& profile, c
   if (!branch.netns)
     throw std::runtime_error("network mode \"" + std::string(profile::network_mode_name(net.mode)) +
                              "\": the branch has no network namespace of its own");
-  auto socks = setup_in_netns(branch.netns.get(), proxy, net.proxy_port);
-  if (!socks) throw std::runtime_error("network of the branch: " + socks.error().message);
+  // `none`: the namespace and its loopback are all (sandbox::make_branch_pipes made both).
   if (!proxy) return;
+  auto socks = setup_in_netns(branch.netns.get(), net.proxy_port);
+  if (!socks) throw std::runtime_error("network of the branch: " + socks.error().message);
 
   auto async = loop::UvHandle<uv_async_t>::make(loop, uv_async_init, [](uv_async_t* a) noexcept {
     if (auto* self = static_cast<BranchNetwork*>(a->data)) self->drain();
