@@ -479,7 +479,7 @@ bool read_available(int fd, std::string& pending) {
 // Calls fn for each complete JSON-object line in `pending`; `passed`, the fds that came with
 // the message that completed the last of them, go with that line.
 template <class Fn>
-void for_each_line(std::string& pending, Fn&& fn, std::vector<os::UniqueFd> passed = {}) {
+void for_each_line(std::string& pending, Fn&& fn, std::vector<os::UniqueFd> passed) {
   size_t nl;
   while ((nl = pending.find('\n')) != std::string::npos) {
     boost::system::error_code ec;
