@@ -101,6 +101,11 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // Into the copy's cgroup before anything is restored: its memory is charged there.
     for (int fd : run.cgroup_join)
       if (::write(fd, "0", 1) != 1) os::child_fail(ep->write.get(), kStepJoinCgroup, errno);
+    if (run.cgroup_ns && ::unshare(CLONE_NEWCGROUP) != 0) {
+      static constexpr char kNoCgns[] =
+          "sandboxer: unshare(CLONE_NEWCGROUP) failed: the copy has no cgroup namespace\n";
+      (void)!::write(out.get(), kNoCgns, sizeof kNoCgns - 1);
+    }
     // A tree dumped in the host's network and UTS namespaces is restored into criu's own: so
     // criu itself starts in fresh ones (the network's made beforehand, with the copy's reports
     // socket in it: sandbox::make_branch_pipes), and the copy gets them.

@@ -30,6 +30,10 @@ struct CriuRun {
   std::vector<int> cgroup_join;    // criu joins these cgroups first, writing "0" to each fd
                                    // (CgroupDir::open_join_fds), so the tree it restores is
                                    // counted in the copy's own group
+  bool cgroup_ns = false;          // a cgroup namespace of its own once in cgroup_join's groups (or
+                                   // ours), which the tree it restores gets: criu restores none
+                                   // with --manage-cgroups=ignore. Where unshare fails, criu's
+                                   // output says so and the copy sees the host's paths
   int run_tmpfs = -1;              // a detached tmpfs (KdatCache::fd): a clone of it is mounted on
                                    // /run in a mount namespace of criu's own, so criu keeps its
                                    // kerndat cache there from one run to the next

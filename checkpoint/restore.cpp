@@ -718,6 +718,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   // Its own cgroup, with the original's ceilings: criu joins it, and so does all it restores.
   auto cg = host_.copy_cgroup(*job->copy);
   for (auto& fd : cg) run.cgroup_join.push_back(fd.get());
+  run.cgroup_ns = true;  // as ns-init makes one for a branch it starts (sandbox/ns-init.cpp)
   cgroup_mounts(job, run);
   auto pid = start_criu(std::move(run));
   cg.clear();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -98,6 +99,7 @@ class NsInit {
   void handle_pending();
 
   bool flat_;
+  std::string cgroup_ns_error_;         // why the branch has no cgroup namespace of its own ("": it has)
   os::UniqueFd self_;                   // our own pidfd: the root of tree_pidfds in flat mode
   std::vector<std::string> base_env_;   // the agent's environment, for exec
   std::map<pid_t, std::string> execs_;  // exec'd procs by pid -> proc id
@@ -257,7 +259,9 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
     report({{"ev", "spawn_failed"}, {"proc", "main"}, {"error", spawned->failed}});
     return;  // its exit (127) is collected by reap() like any other
   }
-  report({{"ev", "started"}, {"proc", "main"}, {"pid", spawned->pid}});
+  boost::json::object started{{"ev", "started"}, {"proc", "main"}, {"pid", spawned->pid}};
+  if (!cgroup_ns_error_.empty()) started["cgroup_ns_error"] = cgroup_ns_error_;
+  report(started);
 }
 
 // An exec request: stdio pipes (or a pty) made here, inside the branch's root, and the process
@@ -436,6 +440,12 @@ int NsInit::run() {
     report({{"ev", "spawn_failed"}, {"error", "ns-init: bad config from the supervisor"}});
     return 127;
   }
+  // A cgroup namespace of the branch's own, rooted at the groups we are in by now (the supervisor
+  // sends the config once we have joined them): the agent's /proc/self/cgroup names them "/", as
+  // its /sys/fs/cgroup shows them, and no path of the host's (its container's id, other groups).
+  // Where it cannot be had the agent sees those paths, as before; the started report says why.
+  if (!flat_ && ::unshare(CLONE_NEWCGROUP) != 0)
+    cgroup_ns_error_ = std::string("unshare(CLONE_NEWCGROUP): ") + std::strerror(errno);
   // Not dumpable from here on: an agent holding every capability we hold (flat mode, under a
   // supervisor with few) cannot ptrace us, nor open our /proc/PID/mem, fd/ or environ, to act
   // outside its own policy. The supervisor has what it opens of ours (the network namespace)

@@ -159,6 +159,9 @@ void Box::on_report(Branch& b, const boost::json::object& r, std::vector<os::Uni
         p.pid = kids.empty() ? -1 : kids.front();
       }
     }
+    if (auto* cg = r.if_contains("cgroup_ns_error"); cg && cg->is_string())
+      log()->warn("branch {}: no cgroup namespace of its own ({}): its /proc/self/cgroup names the host's groups",
+                  b.name, cg->as_string().c_str());
     boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
     if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
     boost::json::array argv;

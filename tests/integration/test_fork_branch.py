@@ -269,6 +269,9 @@ def test_a_copy_of_a_copy_execs_with_pipes_and_a_pty_in_its_own_network_namespac
                     procs = await exec_out(s, branch, ["sh", "-c", "cat /sys/fs/cgroup/pids/cgroup.procs 2>/dev/null ||"
                                                        " cat /sys/fs/cgroup/cgroup.procs"], f"cg-{level}")
                     assert "1" in procs.split(), procs
+                    # A cgroup namespace rooted at those groups (criu started in it): no host path.
+                    cg = await exec_out(s, branch, ["cat", "/proc/self/cgroup"], f"cgns-{level}")
+                    assert cg and all(line.endswith(":/") for line in cg.splitlines()), cg
                     t = await s.request("exec", proc=f"tty-{level}", branch=branch, tty=True, cols=70, rows=21,
                                         argv=["sh", "-c", "read x; echo got $x; stty size"])
                     assert t["ok"] and t["tty"], t

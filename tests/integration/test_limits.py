@@ -92,7 +92,7 @@ def cores(ev):
 
 def test_cpu_hog_under_half_a_cpu(state_dir):
     # Then the agent reads its own group's quota and cpu.stat: its /sys/fs/cgroup/cpu, as in a
-    # container (/proc/self/cgroup still names the group's path on the host: no cgroup namespace).
+    # container.
     cg = "/sys/fs/cgroup/cpu"
     cmd = f"{probe()[0]} cpuhog 5 2; cat {cg}/cpu.cfs_quota_us {cg}/cpu.cfs_period_us {cg}/cpu.stat"
     r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.cpus=0.5")
@@ -165,12 +165,18 @@ def test_idle_control_an_agent_that_computes_is_not_idle(state_dir):
     assert exited(ev)["reason"] == "exited"
 
 
+# The agent's first act: is its pid in its group (its /sys/fs/cgroup/<controller> is the branch's
+# group), and where is it by /proc/self/cgroup (its cgroup namespace's root, that group).
+IN_GROUP = "grep -lx $$ {}; cat /proc/self/cgroup"
+
+
 def test_agent_is_in_its_cgroup_from_its_first_instruction(state_dir):
-    # The agent's first act reads its own cgroup: it is already in the branch's group.
-    r, ev = box(state_dir, ["/bin/cat", "/proc/self/cgroup"], "resources.memory=256M")
-    box_id = started(ev)["box"]
-    lines = [l for l in output(ev).splitlines() if ":memory:" in l or ":pids:" in l]
-    assert lines and all(l.endswith(f"/sbx-{box_id}-main") for l in lines), output(ev)
+    cmd = IN_GROUP.format("/sys/fs/cgroup/memory/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs")
+    r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.memory=256M")
+    out = output(ev).splitlines()
+    assert "/sys/fs/cgroup/memory/cgroup.procs" in out and "/sys/fs/cgroup/pids/cgroup.procs" in out, out
+    lines = [l for l in out if ":memory:" in l or ":pids:" in l]
+    assert len(lines) == 2 and all(l.endswith(":/") for l in lines), out
     assert started(ev)["enforcement"]["memory"].startswith("cgroup v")
 
 
@@ -183,10 +189,11 @@ def test_cgroup_v2_core_files_place_and_clean_up_the_branch(state_dir):
     # first instruction, ceilings are reported as not enforced, and a daemon the agent left
     # behind is killed with the group (cgroup.kill) and the group removed.
     env = dict(os.environ, SANDBOXER_CGROUP=f"v2:{V2}")
-    cmd = f"cat /proc/self/cgroup; {probe()[0]} leave-tree 2 v2-marker"
+    cmd = IN_GROUP.format("/sys/fs/cgroup/cgroup.procs") + f"; {probe()[0]} leave-tree 2 v2-marker"
     r, ev = box(state_dir, ["/bin/sh", "-c", cmd], "resources.memory=64M", "resources.grace=1s", env=env)
     box_id = started(ev)["box"]
-    assert f"0::/sbx-{box_id}-main" in output(ev), output(ev)
+    out = output(ev).splitlines()
+    assert out[0] == "/sys/fs/cgroup/cgroup.procs" and "0::/" in out, out
     assert started(ev)["enforcement"]["memory"].startswith("not enforced"), started(ev)["enforcement"]
     assert not os.path.exists(f"{V2}/sbx-{box_id}-main")
     assert not no_process_left("v2-marker")
@@ -216,12 +223,16 @@ def test_cgroup_v2_ns_init_is_cloned_into_its_group_or_moved_where_clone3_is_ref
     # v2: CLONE_INTO_CGROUP starts ns-init in the branch's group (no move through cgroup.procs,
     # which waits for an RCU grace period); under a filter refusing clone3 the move does it.
     env = dict(os.environ, SANDBOXER_CGROUP=f"v2:{V2}")
-    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--log-level", "debug", "--", "cat",
-                        "/proc/self/cgroup"], capture_output=True, timeout=60, env=env,
+    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--log-level", "debug", "--", "sh", "-c",
+                        IN_GROUP.format("/sys/fs/cgroup/cgroup.procs")], capture_output=True, timeout=60, env=env,
                        preexec_fn=None if clone3 else refuse_clone3)
     ev = read_journal(state_dir)
     assert r.returncode == 0, r.stderr
-    assert f"0::/sbx-{started(ev)['box']}-main" in output(ev), output(ev)
+    # ns-init was in its group before it made its cgroup namespace: had it been moved after, the
+    # namespace's root would be the supervisor's group, and /proc/self/cgroup would name the
+    # branch's below it instead of "/".
+    out = output(ev).splitlines()
+    assert out[0] == "/sys/fs/cgroup/cgroup.procs" and "0::/" in out, out
     cloned = b"ns-init cloned into its cgroup (CLONE_INTO_CGROUP)" in r.stderr
     assert cloned == clone3, r.stderr.decode()[-2000:]
     if not clone3:

@@ -169,7 +169,8 @@ def test_sys_control_on_the_host_is_writable():
 
 SYS_VIEW = ("for d in /sys/fs/cgroup/*/; do echo \"group $d $(find \"$d\" -mindepth 1 -maxdepth 1 -type d | wc -l)\"; done; "
             "echo \"limit $(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || "
-            "cat /sys/fs/cgroup/memory.max)\"; echo \"net $(ls /sys/class/net | tr '\\n' ,)\"")
+            "cat /sys/fs/cgroup/memory.max)\"; echo \"net $(ls /sys/class/net | tr '\\n' ,)\"; "
+            "echo \"cg $(cut -d: -f3 /proc/self/cgroup | sort -u | tr '\\n' ,)\"")
 
 
 def sys_view(text):
@@ -203,14 +204,20 @@ def test_sys_fs_cgroup_shows_the_branch_its_own_groups_alone(state_dir, profile,
     assert v["groups"] and all(n == 0 for n in v["groups"].values()), (v, r.stderr)
     assert "/sys/fs/cgroup/memory/" in v["groups"] and v["limit"] == str(300 << 20), v
     assert v["net"] == "lo,", v
+    # A cgroup namespace rooted at those groups: /proc/self/cgroup names each "/", where the
+    # groups are mounted (so a runtime that joins the two finds them), and no path of the host's.
+    assert v["cg"] == "/,", v
     assert started(ev)["capabilities"]["namespaces"] is True
 
 
 def test_sys_fs_cgroup_control_on_the_host_shows_other_groups(other_group):
-    out = subprocess.run(["/bin/sh", "-c", SYS_VIEW], capture_output=True, text=True, timeout=20).stdout
+    # The same probe in a group of the host's: the groups beside it, and its path in /proc/self/cgroup.
+    probe = f"echo $$ > {other_group}/cgroup.procs && {SYS_VIEW}"
+    out = subprocess.run(["/bin/sh", "-c", probe], capture_output=True, text=True, timeout=20).stdout
     v = sys_view(out)
     parent = other_group.parent.name
     assert v["groups"][f"/sys/fs/cgroup/{parent}/"] >= 1, v
+    assert other_group.name in v["cg"], v
 
 
 # --- devices (item 8) ----------------------------------------------------------------------------
@@ -308,10 +315,11 @@ def test_sys_fs_cgroup_on_v2_is_the_branch_group_itself(state_dir, v2_parent):
     # it, and neither a group beside it (made here, as another tenant's) nor any above it.
     (pathlib.Path(v2_parent) / "sbx-other").mkdir()
     cmd = ("echo dirs $(find /sys/fs/cgroup -mindepth 1 -type d | wc -l); "
-           "echo procs $(tr '\\n' , < /sys/fs/cgroup/cgroup.procs)")
+           "echo procs $(tr '\\n' , < /sys/fs/cgroup/cgroup.procs); echo cg $(grep '^0::' /proc/self/cgroup)")
     r, ev = box(state_dir, ["/bin/sh", "-c", cmd], env={**os.environ, "SANDBOXER_CGROUP": "v2:" + v2_parent})
     lines = dict(line.split(" ", 1) for line in output(ev).splitlines())
     assert lines.get("dirs") == "0" and "1" in lines.get("procs", "").split(","), (lines, r.stderr)
+    assert lines.get("cg") == "0::/", lines  # its cgroup namespace's root is that group
     assert started(ev)["capabilities"]["namespaces"] is True
 
 
