@@ -246,13 +246,7 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
   add({.kind = MountOp::SetAttr, .flags = kWritableAttrs, .slot = slot, .what = "make the workspace nosuid,nodev"});
   trees.emplace_back("/workspace", slot++);
-  int tmp_slot = slot++;
-  c.tmp = tmp_slot;
-  add({.kind = MountOp::CloneTree, .a = spec.dir + "/tmp", .slot = tmp_slot, .what = "clone the branch's /tmp"});
-  add({.kind = MountOp::SetAttr,
-       .flags = kWritableAttrs,
-       .slot = tmp_slot,
-       .what = "make the branch's /tmp nosuid,nodev"});
+  c.tmp = slot++;  // cloned only where the /tmp overlay cannot be had (attach_trees)
   // ns-init's binary, bound at a fixed path: it may live where the branch cannot see
   // (under the host's /tmp, say), and ns-init runs from inside the new root.
   int exe_slot = slot++;
@@ -381,7 +375,19 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
          .flags = MS_NOSUID | MS_NODEV,
          .or_else = !vol,
          .what = "mount the /tmp overlay"});
-  add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .or_else = true, .what = "attach /tmp"});
+  // Else the branch's own directory. Cloned here and not with the other trees: a detached tree
+  // left unused is unmounted when its fd closes, which waits for an RCU grace period (0.1 ms,
+  // in the child's close_range before its exec). Its SetAttr and Move do nothing unless it was.
+  add({.kind = MountOp::CloneTree,
+       .a = spec.dir + "/tmp",
+       .slot = tmp_slot,
+       .or_else = true,
+       .what = "clone the branch's /tmp"});
+  add({.kind = MountOp::SetAttr,
+       .flags = kWritableAttrs,
+       .slot = tmp_slot,
+       .what = "make the branch's /tmp nosuid,nodev"});
+  add({.kind = MountOp::Move, .a = r + "/tmp", .slot = tmp_slot, .optional = true, .what = "attach /tmp"});
   add_proc_and_dev(p, devs);
   // /run is the branch's own directory, not a tmpfs: it is part of the writable layer, so
   // /run/sandboxer/branch.json can be written into each restored copy before its restore.

@@ -47,6 +47,37 @@ def test_tmp_is_a_volatile_overlay_and_stays_one_when_the_box_starts_again(tmp_p
         assert ("kept" in out.splitlines()[1:]) == (run == 1), out
 
 
+def test_tmp_is_the_branch_directory_where_no_overlay_can_be_had(tmp_path):
+    # A state dir on an overlay filesystem (as in a container) cannot hold the upper directory of
+    # another: /tmp is then the branch's own directory, bound nosuid,nodev, and the host's is not
+    # seen. Control: the overlay mount itself refused, as the branch's start met it.
+    for d in ("lower", "upper", "work", "mnt"):
+        (tmp_path / d).mkdir()
+    mnt = tmp_path / "mnt"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,"
+                    f"workdir={tmp_path}/work", str(mnt)], check=True)
+    try:
+        up, wk, low = (mnt / x for x in ("u", "w", "l"))
+        for d in (up, wk, low):
+            d.mkdir()
+        refused = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={low},upperdir={up},"
+                                  f"workdir={wk}", str(low)], capture_output=True, text=True)
+        assert refused.returncode != 0, "an overlay's upper directory on an overlay was accepted"
+        marker = tmp_path / "host-file"
+        marker.write_text("host")
+        state = mnt / "s"
+        r = run_init(["--", "/bin/sh", "-c", f"grep ' /tmp ' /proc/self/mountinfo; echo mine > /tmp/f; "
+                      f"cat {marker} 2>&1; exit 0"], state)
+        assert r.returncode == 0, r.stderr
+        out = "".join(e.get("data", "") for e in read_journal(state) if e["type"] == "proc.output").splitlines()
+        fields = out[0].split(" - ")[0].split()
+        assert fields[3] == "/s/branches/main/tmp" and {"nosuid", "nodev"} <= set(fields[5].split(",")), out
+        assert "No such file" in out[1], out
+        assert (state / "branches/main/tmp/f").read_text() == "mine\n"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
 def test_state_dir_is_masked(tmp_path):
     r, out = sh(tmp_path, f"ls -A {tmp_path / 's'} | wc -l; cat {tmp_path / 's/box.json'} 2>&1")
     assert out.splitlines()[0].strip() == "0"
