@@ -1,19 +1,20 @@
 # The libraries the layers link, found once for the main build and for the fuzz build (tests/fuzz).
 #
 # Linked from the static archives Debian ships where that is sound (SBX_STATIC_DEPS, on unless under
-# the sanitizers): Boost, libseccomp, libzstd, libstdc++ and libgcc; spdlog and fmt (which Debian
-# ships as shared libraries only) compiled once from their headers (cmake/spdlog.cpp), so that no
-# shared object left needs libstdc++. A process start pays the dynamic loader for every shared
-# object (mapping, symbol lookup, relocated pages); from an archive the linker takes only the
-# objects the binary calls (docs/architecture.md, "Start-up"). Shared stay: libwebsockets (Debian's
-# dlopens its libuv event plugin, which links the shared libwebsockets and libuv by soname: a static
-# copy in the binary would run beside a second one; sandboxer-init loads it at --listen only) and
-# what it needs (libuv, OpenSSL, libcap, zlib), libidn2 (no archive of libunistring), glibc: all C.
-# A fix to an archived library needs a rebuild of sandboxer, as of an image. OpenSSL's and libidn2's
-# headers are used at build time; the binaries load libssl and libcrypto (os/openssl.hpp) and
-# libidn2 (egress/egress-policy.cpp) by soname at their first use. libm is not linked at all
+# the sanitizers): Boost, libseccomp, libzstd, libcap (sandbox/CMakeLists.txt), libstdc++ and
+# libgcc; spdlog and fmt (which Debian ships as shared libraries only) compiled once from their
+# headers (cmake/spdlog.cpp), so that no shared object left needs libstdc++. A process start pays
+# the dynamic loader for every shared object (mapping, symbol lookup, relocated pages); from an
+# archive the linker takes only the objects the binary calls (docs/architecture.md, "Start-up").
+# Shared stay: libwebsockets (Debian's dlopens its libuv event plugin, which links the shared
+# libwebsockets and libuv by soname: a static copy in the binary would run beside a second one;
+# sandboxer-init loads it at --listen only) and what it needs (libuv, OpenSSL, zlib; it brings its
+# own shared libcap), libidn2 (no archive of libunistring), glibc: all C. A fix to an archived
+# library needs a rebuild of sandboxer, as of an image. OpenSSL's and libidn2's headers are used at
+# build time; the binaries load libssl and libcrypto (os/openssl.hpp) and libidn2
+# (egress/egress-policy.cpp) by soname at their first use. libm is not linked at all
 # (-Wl,--as-needed in CMakeLists.txt).
-option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd and libstdc++ from their static archives" ON)
+option(SBX_STATIC_DEPS "Link Boost, libseccomp, libzstd, libcap and libstdc++ from their static archives" ON)
 if(SBX_SANITIZE)
   set(SBX_STATIC_DEPS OFF)
 endif()
