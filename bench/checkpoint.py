@@ -22,6 +22,7 @@ import os
 import pathlib
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -307,18 +308,22 @@ def raw(bindir, tmp, mb):
             raise RuntimeError("the holding box ended before its agent was ready")
         ns_init = int(open(f"/proc/{box.pid}/task/{box.pid}/children").read().split()[0])
         agent_pid = int(open(f"/proc/{ns_init}/task/{ns_init}/children").read().split()[0])
-        # The pipes crossing the tree's boundary, with the end the tree holds (launcher.hpp).
+        # The pipes crossing the tree's boundary, with the end the tree holds (launcher.hpp); ns-init's
+        # reports (fd 4) are a socket whose peer is the supervisor's: external to criu, as the
+        # supervisor's own dump names it (checkpointer.cpp).
         pipes = {}
         for pid, fd, end in ((ns_init, 3, "r"), (ns_init, 4, "w"), (agent_pid, 0, "r"), (agent_pid, 1, "w"),
                              (agent_pid, 2, "w"), (agent_pid, 3, "w"), (agent_pid, 4, "r")):
             pipes[os.readlink(f"/proc/{pid}/fd/{fd}")] = end
+        sockets = [link[len("socket:["):-1] for link in pipes if link.startswith("socket:[")]
         img = tmp / f"raw-img-{mb}"
         img.mkdir()
         t0 = time.monotonic()
         subprocess.run(["criu", "dump", "-t", str(ns_init), "-D", str(img), "-o", "dump.log", "--external", "mnt[]",
                         "--external", "mnt[/workspace]:workspace", "--external", "mnt[/tmp]:tmp", "--external",
                         "mnt[/run]:run", "--manage-cgroups=ignore", "--tcp-established", "--network-lock", "skip",
-                        "--file-locks", "--leave-running"], check=True, timeout=900)
+                        "--file-locks", "--leave-running", *[a for ino in sockets for a in ("--external", f"unix[{ino}]")]],
+                       check=True, timeout=900)
         dump_s = time.monotonic() - t0
         # criu restores onto the mount points of the tree's root, which the supervisor's own
         # checkpoint writes into a snapshot (sandbox::copy_root_top): the branch's root is a tmpfs in
@@ -346,7 +351,11 @@ def raw(bindir, tmp, mb):
                     (d / "tmp" / str(state)[5:]).mkdir(parents=True, exist_ok=True)
                 args, fds = [], []
                 for k, (link, _) in enumerate(pipes.items()):
-                    r, w = os.pipe()
+                    if link.startswith("socket:["):
+                        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                        r, w = a.detach(), b.detach()
+                    else:
+                        r, w = os.pipe()
                     keep += [r, w]
                     # The tree's end: read ends of requests/stdin, write ends of the rest.
                     mine = r if _ == "r" else w
