@@ -239,6 +239,42 @@ def test_cgroup_v2_ns_init_is_cloned_into_its_group_or_moved_where_clone3_is_ref
         assert b"clone3 into the branch's cgroup: Function not implemented; clone, then move it" in r.stderr
 
 
+def refuse_cgroupns():
+    """preexec_fn: a seccomp filter that answers unshare(CLONE_NEWCGROUP) with EPERM (inherited by
+    the supervisor's children, ns-init among them)."""
+    import ctypes
+    import errno
+
+    class ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                    ("datum_b", ctypes.c_uint64)]
+    lib = ctypes.CDLL("libseccomp.so.2")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(ArgCmp)]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
+    nr = lib.seccomp_syscall_resolve_name(b"unshare")
+    newcgroup = 0x02000000
+    cmp = ArgCmp(0, 7, newcgroup, newcgroup)  # SCMP_CMP_MASKED_EQ on arg 0
+    assert ctx and nr >= 0
+    assert lib.seccomp_rule_add_array(ctx, 0x00050000 | errno.EPERM, nr, 1, ctypes.byref(cmp)) == 0
+    assert lib.seccomp_load(ctx) == 0
+
+
+def test_where_no_cgroup_namespace_can_be_made_the_agent_runs_and_the_log_says_why(state_dir):
+    # Control for the cgroup namespace too: without it /proc/self/cgroup names the host's path.
+    r = subprocess.run([str(INIT), "--state-dir", str(state_dir), "--", "cat", "/proc/self/cgroup"],
+                       capture_output=True, timeout=60, preexec_fn=refuse_cgroupns)
+    ev = read_journal(state_dir)
+    assert r.returncode == 0, r.stderr
+    assert b"no cgroup namespace of its own (unshare(CLONE_NEWCGROUP): Operation not permitted)" in r.stderr, r.stderr
+    lines = [l for l in output(ev).splitlines() if ":memory:" in l]
+    assert lines and lines[0].endswith(f"/sbx-{started(ev)['box']}-main"), output(ev)
+
+
 def test_no_cgroup_runs_the_agent_and_says_ceilings_are_not_enforced(state_dir):
     env = dict(os.environ, SANDBOXER_CGROUP="none")
     r, ev = box(state_dir, probe("exit", 0), "resources.memory=64M", "resources.pids=16", env=env)
