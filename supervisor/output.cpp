@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "base/encoding.hpp"
 #include "protocol/protocol.hpp"
@@ -87,6 +90,7 @@ OutputReader::OutputReader(uv_loop_t* loop, os::UniqueFd fd, OutputDecoder decod
   // A larger pipe lets a burst of output be taken in a few large reads (one event each) instead
   // of many 64 KiB ones; where the kernel refuses (a pty, a lower pipe-max-size) it stays as is.
   ::fcntl(fd.get(), F_SETPIPE_SZ, kPipeBytes);
+  tty_ = ::isatty(fd.get()) == 1;
   if (int rc = uv_pipe_open(pipe_.get(), fd.release()); rc != 0) {
     spdlog::error("watch output pipe: {}", uv_strerror(rc));
     done_ = true;
@@ -113,6 +117,24 @@ void OutputReader::pause(bool on) {
     uv_read_start(pipe_.stream(), on_alloc, on_read);
 }
 
+// libuv ends a stream at POLLHUP after a read shorter than its buffer, without reading again
+// (uv__stream_io): right for a pipe, whose one buffer that read emptied. A pty's master gives at
+// most the line discipline's buffer (4 KiB) per read while the rest of what the terminal's side
+// wrote waits in the tty's flip buffers, so what a process wrote just before it closed its
+// terminal was lost (an exec's last lines). Read here until the kernel has nothing left: EIO
+// once the other side is closed (after it has flushed those buffers), EAGAIN while it is open.
+void OutputReader::drain_tty() {
+  uv_os_fd_t fd;
+  if (done_ || uv_fileno(pipe_.handle(), &fd) != 0) return;
+  for (int reads = 0; reads < 4096;) {  // a pty holds ~70 KiB at most: a few dozen reads
+    ssize_t n = ::read(fd, buf_.get(), kReadBytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    decoder_.feed({buf_.get(), static_cast<size_t>(n)});
+    ++reads;
+  }
+}
+
 void OutputReader::on_alloc(uv_handle_t* h, size_t, uv_buf_t* b) noexcept {
   auto* self = static_cast<OutputReader*>(h->data);
   *b = uv_buf_init(self->buf_.get(), static_cast<unsigned>(kReadBytes));
@@ -125,6 +147,7 @@ void OutputReader::on_read(uv_stream_t* s, ssize_t n, const uv_buf_t* b) noexcep
     if (n > 0) {
       self->decoder_.feed({b->base, static_cast<size_t>(n)});
     } else if (n < 0) {
+      if (self->tty_) self->drain_tty();
       self->close();
     }
   } catch (const std::exception& e) {

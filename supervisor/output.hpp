@@ -50,6 +50,7 @@ class OutputReader {
  private:
   static void on_alloc(uv_handle_t*, size_t, uv_buf_t*) noexcept;
   static void on_read(uv_stream_t*, ssize_t, const uv_buf_t*) noexcept;
+  void drain_tty();
   loop::UvHandle<uv_pipe_t> pipe_;
   OutputDecoder decoder_;
   std::function<void()> on_eof_;
@@ -58,6 +59,7 @@ class OutputReader {
   std::unique_ptr<char[]> buf_;
   bool done_ = false;
   bool paused_ = false;
+  bool tty_ = false;  // a pty's master: read to the end at libuv's EOF (drain_tty)
 };
 
 }  // namespace sbx::supervisor
