@@ -1,5 +1,6 @@
 """Resource ceilings: each adversarial agent ends with the reason named, the supervisor survives,
 and a control run without the ceiling shows the same action succeeds there."""
+import errno
 import os
 import pathlib
 import re
@@ -199,22 +200,35 @@ def test_cgroup_v2_core_files_place_and_clean_up_the_branch(state_dir):
     assert not no_process_left("v2-marker")
 
 
-def refuse_clone3():
-    """preexec_fn: a seccomp filter that answers clone3 with ENOSYS, as Docker's default profile
-    does (libseccomp through ctypes; the filter is inherited by the supervisor and its children)."""
-    import ctypes
-    import errno
-    lib = ctypes.CDLL("libseccomp.so.2")
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
-    nr = lib.seccomp_syscall_resolve_name(b"clone3")
-    assert ctx and nr >= 0
-    assert lib.seccomp_rule_add(ctx, 0x00050000 | errno.ENOSYS, nr, 0) == 0  # SCMP_ACT_ERRNO(ENOSYS)
-    assert lib.seccomp_load(ctx) == 0
+def refusing(name, err, flag=None):
+    """A preexec_fn: a seccomp filter (libseccomp through ctypes) that answers the syscall `name`
+    with `err`, or, given `flag`, only a call whose first argument has that bit set; inherited by
+    the supervisor and everything it starts."""
+    def install():
+        import ctypes
+
+        class ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
+            _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
+                        ("datum_b", ctypes.c_uint64)]
+        lib = ctypes.CDLL("libseccomp.so.2")
+        lib.seccomp_init.restype = ctypes.c_void_p
+        lib.seccomp_init.argtypes = [ctypes.c_uint32]
+        lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                               ctypes.POINTER(ArgCmp)]
+        lib.seccomp_load.argtypes = [ctypes.c_void_p]
+        lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+        ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        assert ctx and nr >= 0
+        cmp = ArgCmp(0, 7, flag, flag) if flag else None  # SCMP_CMP_MASKED_EQ on arg 0
+        assert lib.seccomp_rule_add_array(ctx, 0x00050000 | err, nr, 1 if cmp else 0,  # SCMP_ACT_ERRNO(err)
+                                          ctypes.byref(cmp) if cmp else None) == 0
+        assert lib.seccomp_load(ctx) == 0
+    return install
+
+
+# clone3 answered with ENOSYS, as Docker's default profile does.
+refuse_clone3 = refusing("clone3", errno.ENOSYS)
 
 
 @pytest.mark.skipif(not os.access(f"{V2}/cgroup.procs", os.W_OK), reason="no writable cgroup2 mount")
@@ -239,29 +253,8 @@ def test_cgroup_v2_ns_init_is_cloned_into_its_group_or_moved_where_clone3_is_ref
         assert b"clone3 into the branch's cgroup: Function not implemented; clone, then move it" in r.stderr
 
 
-def refuse_cgroupns():
-    """preexec_fn: a seccomp filter that answers unshare(CLONE_NEWCGROUP) with EPERM (inherited by
-    the supervisor's children, ns-init among them)."""
-    import ctypes
-    import errno
-
-    class ArgCmp(ctypes.Structure):  # struct scmp_arg_cmp
-        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                    ("datum_b", ctypes.c_uint64)]
-    lib = ctypes.CDLL("libseccomp.so.2")
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.POINTER(ArgCmp)]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    ctx = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
-    nr = lib.seccomp_syscall_resolve_name(b"unshare")
-    newcgroup = 0x02000000
-    cmp = ArgCmp(0, 7, newcgroup, newcgroup)  # SCMP_CMP_MASKED_EQ on arg 0
-    assert ctx and nr >= 0
-    assert lib.seccomp_rule_add_array(ctx, 0x00050000 | errno.EPERM, nr, 1, ctypes.byref(cmp)) == 0
-    assert lib.seccomp_load(ctx) == 0
+# unshare(CLONE_NEWCGROUP) answered with EPERM (every other unshare allowed).
+refuse_cgroupns = refusing("unshare", errno.EPERM, 0x02000000)
 
 
 def test_where_no_cgroup_namespace_can_be_made_the_agent_runs_and_the_log_says_why(state_dir):
