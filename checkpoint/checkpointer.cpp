@@ -169,7 +169,9 @@ Checkpointer::Checkpointer(uv_loop_t* loop, Host& host, Settings settings)
       settings_(std::move(settings)),
       snap_dir_(settings_.state_dir + "/snapshots"),
       criu_(find_criu()),
-      image_id_(archive::read_image_id()) {
+      image_id_(archive::read_image_id()) {}
+
+void Checkpointer::open_store() {
   (void)os::make_dirs(snap_dir_, 0700);
   // What a supervisor killed while it took a snapshot or forked one left: its work dirs, the
   // linked trees of forks (fork_early), and chunks no list names yet.

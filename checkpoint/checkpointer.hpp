@@ -47,6 +47,10 @@ class Checkpointer {
   /// `loop`: the box's, whose thread pool does the copying and compressing.
   Checkpointer(uv_loop_t* loop, Host& host, Settings settings);
   ~Checkpointer();
+  /// Makes the snapshots dir, removes what a supervisor killed mid-checkpoint left there and
+  /// collects unreferenced chunks: before the first request is served, not before the agent's
+  /// start (a box's start calls it once its agent's config is sent).
+  void open_store();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "base/encoding.hpp"
@@ -228,7 +229,7 @@ boost::system::result<void> Journal::recover() {
     }
   }
   if (segs.empty()) {
-    make_reserve();
+    reserve_pending_ = true;
     return {};
   }
   auto& last = segs.back();
@@ -310,6 +311,7 @@ void Journal::open_segment(uint64_t first_seq) {
   if (!active_) log()->error("open segment {}: {}", path, os::last_error().message());
   active_first_ = first_seq;
   active_bytes_ = 0;
+  if (std::exchange(reserve_pending_, false)) make_reserve();
 }
 
 namespace {

@@ -46,7 +46,8 @@ struct JournalOptions {
   // before the journal asks for the agent to be stopped (see Journal::on_pressure).
   uint64_t queue_bytes = 4u << 20;
   // Space held in a file of its own (`reserve`) and given back on the first failed write, so
-  // that `journal.degraded` itself reaches the disk and the clients. 0: none.
+  // that `journal.degraded` itself reaches the disk and the clients. 0: none. A new journal makes
+  // it with its first segment, at the first event: not on a box's start before its agent runs.
   uint64_t reserve_bytes = 64u << 10;
   // How often a degraded journal tries the disk again.
   uint64_t retry_ms = 200;
@@ -164,6 +165,7 @@ class Journal {
   int next_listener_ = 1;
   boost::json::object recovered_;  // non-empty: report it with the first append
   bool in_append_ = false;
+  bool reserve_pending_ = false;  // a new journal: the reserve comes with the first segment
   // Degraded: events wait here, in seq order, until the disk takes them.
   bool degraded_ = false;
   std::deque<Waiting> waiting_;

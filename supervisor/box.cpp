@@ -274,6 +274,25 @@ void Box::finish(int status) {
     uv_stop(loop_);
 }
 
+// --events: every event, as the journal writes it, also to stdout ("-") or a file.
+void Box::open_events_output() {
+  if (opts_.events_path == "-") {
+    events_fd_.reset(::fcntl(1, F_DUPFD_CLOEXEC, 3));
+  } else if (!opts_.events_path.empty()) {
+    events_fd_.reset(::open(opts_.events_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640));
+    if (!events_fd_) throw std::runtime_error("open --events " + opts_.events_path + ": " + std::strerror(errno));
+  }
+  if (events_fd_) {
+    journal_->add_listener([this](const journal::Event& e) {
+      if (!events_fd_) return;
+      if (auto r = os::write_line(events_fd_.get(), e.line); !r) {
+        log()->warn("write events: {} (the journal still has every event)", r.error().message());
+        events_fd_.reset();
+      }
+    });
+  }
+}
+
 void Box::start() {
   // criu runs in other directories than ours (--work-dir, --root): a relative state dir would name
   // other places there, and a live restore would fail on something unrelated.
@@ -300,21 +319,7 @@ void Box::start() {
   journal_ = std::move(*j);
   journal_->on_pressure([this](bool stop) { stop_for_journal(stop); });
 
-  if (opts_.events_path == "-") {
-    events_fd_.reset(::fcntl(1, F_DUPFD_CLOEXEC, 3));
-  } else if (!opts_.events_path.empty()) {
-    events_fd_.reset(::open(opts_.events_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640));
-    if (!events_fd_) throw std::runtime_error("open --events " + opts_.events_path + ": " + std::strerror(errno));
-  }
-  if (events_fd_) {
-    journal_->add_listener([this](const journal::Event& e) {
-      if (!events_fd_) return;
-      if (auto r = os::write_line(events_fd_.get(), e.line); !r) {
-        log()->warn("write events: {} (the journal still has every event)", r.error().message());
-        events_fd_.reset();
-      }
-    });
-  }
+  open_events_output();
 
   signals_ = std::make_unique<SignalSource>(loop_, [this](const struct signalfd_siginfo& si) { on_signal(si); });
   // A box that starts an agent learns whether it may make namespaces from the agent's own clone.
@@ -340,6 +345,7 @@ void Box::start() {
   };
   bool resuming = resumes_at_start();  // the newest snapshot of its main branch, not the command
   if (opts_.idle || !opts_.restore_file.empty() || resuming) {
+    checkpointer_->open_store();
     read_criu();
     caps["live_checkpoint"] = live;
     if (!live) caps["why_not"] = why_not;
@@ -403,6 +409,9 @@ void Box::start() {
   send_request(
       *b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi, b->launched.namespaced));
   b->launched.in.reset();  // the main agent's stdin is empty
+  // Not needed before the agent's start: made while ns-init runs (the snapshots dir is a new
+  // inode of the state dir's disk, and a reused one may hold chunks to collect).
+  checkpointer_->open_store();
 
   Branch& bp = add_branch(std::move(b), false);
   start_limits(bp);

@@ -227,6 +227,7 @@ class Box : public checkpoint::Host {
 
  private:
   void start();
+  void open_events_output();
   void on_signal(const struct signalfd_siginfo& si);
   void on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed = {});
   void maybe_proc_exited(Proc& p);
