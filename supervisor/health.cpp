@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -29,7 +30,20 @@ void write_health_file(const std::string& path, pid_t pid, const std::string& ad
   }
 }
 
-int health_main(const std::string& path) {
+base::Result<std::string> health_file_path() {
+  const char* env = std::getenv(kHealthFileEnv);
+  if (!env || !*env) return std::string(kHealthFile);
+  if (*env != '/') return base::fail(std::string(kHealthFileEnv) + " is \"" + env + "\": not an absolute path");
+  return std::string(env);
+}
+
+int health_main() {
+  auto named = health_file_path();
+  if (!named) {
+    std::cout << "unhealthy: " << named.error().message << "\n";
+    return 1;
+  }
+  const std::string& path = *named;
   auto text = os::read_file(path);
   if (!text) {
     std::cout << "unhealthy: read " << path << ": " << text.error().message()

@@ -9,16 +9,24 @@
 #include <optional>
 #include <string>
 
+#include "base/result.hpp"
+
 namespace sbx::supervisor {
 
 /// Written by a supervisor that is PID 1 (a container's init); read by `--health`.
 inline constexpr const char* kHealthFile = "/run/sandboxer/init.json";
+/// Names another file for both (a container whose /run is read-only): its value, an absolute path.
+inline constexpr const char* kHealthFileEnv = "SANDBOXER_HEALTH_FILE";
+
+/// The health file: $SANDBOXER_HEALTH_FILE when set, else kHealthFile; an error naming the
+/// variable when it is set to something else than an absolute path.
+base::Result<std::string> health_file_path();
 
 /// Records pid, listen address and port (port 0: no server) in `path`, atomically.
 void write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept;
 
 /// The `--health` mode: 0 healthy, 1 unhealthy (Docker's HEALTHCHECK convention), one line on
 /// stdout saying which and why.
-int health_main(const std::string& path = kHealthFile);
+int health_main();
 
 }  // namespace sbx::supervisor

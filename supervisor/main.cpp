@@ -181,7 +181,12 @@ int main(int argc, char** argv) {
   bo.workdir = o.workdir;
   bo.self_exe = sbx::os::exe_path();
   // A container's init says where it serves, for `--health` (the image's HEALTHCHECK).
-  if (::getpid() == 1) bo.health_file = kHealthFile;
+  if (::getpid() == 1) {
+    if (auto path = health_file_path())
+      bo.health_file = *path;
+    else
+      spdlog::warn("no health file: {}", path.error().message);
+  }
   bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
 
   uv_loop_t loop;

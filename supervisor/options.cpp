@@ -38,7 +38,8 @@ const char* const kInitUsage =
     "  --max-archive-bytes N the most one archive may expand to (default 64G)\n"
     "  --version             print the version\n"
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
-    "                        answers, else 1 (the image's HEALTHCHECK)\n";
+    "                        answers, else 1 (the image's HEALTHCHECK); PID 1 writes, and this\n"
+    "                        reads, /run/sandboxer/init.json or $SANDBOXER_HEALTH_FILE\n";
 
 InitOptions parse_init_options(int argc, char** argv) {
   InitOptions o;

@@ -54,6 +54,15 @@ BEFORE = pytest.StashKey[set]()
 REMOVED = pytest.StashKey[int]()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def health_file(tmp_path_factory):
+    """A supervisor that is PID 1 (the tests' `unshare --pid --fork` boxes) writes its health file
+    here (SANDBOXER_HEALTH_FILE), not over the host's /run/sandboxer/init.json."""
+    path = tmp_path_factory.mktemp("health") / "init.json"
+    os.environ["SANDBOXER_HEALTH_FILE"] = str(path)
+    return path
+
+
 @pytest.fixture
 def state_dir(tmp_path):
     d = tmp_path / "state"

@@ -1,4 +1,5 @@
 """sandboxer-init as PID 1: exit codes, signal forwarding, reaping, shutdown with grace."""
+import json
 import os
 import signal
 import subprocess
@@ -157,6 +158,39 @@ def test_a_bad_profile_names_the_field(tmp_path):
     r = run_init(["--profile", str(prof), "--", "true"], tmp_path / "s")
     assert r.returncode == 125
     assert b"resources.grase: unknown field" in r.stderr
+
+
+def test_pid1_writes_its_health_file_where_SANDBOXER_HEALTH_FILE_names_it(tmp_path):
+    """A container whose /run is read-only names another file; `--health` reads the same one. A
+    relative name is refused by both, with the variable named, and the box runs without one."""
+    health = tmp_path / "h" / "init.json"
+    env = dict(os.environ, SANDBOXER_HEALTH_FILE=str(health))
+    check = lambda e: subprocess.run([str(INIT), "--health"], env=e, capture_output=True, text=True, timeout=30)
+    r = check(env)
+    assert r.returncode == 1 and f"read {health}" in r.stdout, r.stdout  # the control: nothing there yet
+    events = tmp_path / "events.jsonl"
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", str(INIT), "--state-dir",
+                          str(tmp_path / "s"), "--events", str(events), "--", "sleep", "30"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_event(events, lambda e: e["type"] == "proc.started")
+        deadline = time.monotonic() + 20
+        while not health.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert json.loads(health.read_text()) == {"pid": 1, "addr": "", "port": 0}
+        r = check(env)
+        assert r.returncode == 0 and "healthy: the supervisor (pid 1) runs" in r.stdout, r.stdout
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+    rel = dict(os.environ, SANDBOXER_HEALTH_FILE="init.json")
+    r = check(rel)
+    assert r.returncode == 1 and 'SANDBOXER_HEALTH_FILE is "init.json": not an absolute path' in r.stdout, r.stdout
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(tmp_path / "s2"),
+                        "--", str(PROBE), "exit", "7"], env=rel, cwd=tmp_path, capture_output=True, timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert b'no health file: SANDBOXER_HEALTH_FILE is "init.json": not an absolute path' in r.stderr, r.stderr
+    assert not (tmp_path / "init.json").exists()
 
 
 def test_as_pid1_of_a_pid_namespace_the_agent_pid_is_real_even_when_it_exits_at_once(tmp_path):
