@@ -402,8 +402,13 @@ class PodmanError(Exception):
     pass
 
 
+# runc where it is installed: crun (podman's first choice) refuses a host whose cgroup v2 mount
+# holds no controllers while v1 holds them all ("cgroups in hybrid mode not supported"), as here.
+PODMAN_RUNTIME = ["--runtime", "runc"] if shutil.which("runc") else []
+
+
 def podman(*args, timeout=900):
-    p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(["podman", *PODMAN_RUNTIME, *args], capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         lines = [l for l in (p.stderr or p.stdout).splitlines() if l.strip()]
         raise PodmanError(f"podman {' '.join(args[:2])}: {lines[-1] if lines else f'exit {p.returncode}'}")
