@@ -17,6 +17,10 @@ inline constexpr size_t kMaxTextFrame = 1u << 20;
 inline constexpr size_t kMaxBinaryData = 1u << 20;
 inline constexpr size_t kBinaryHeader = 13;  // u32 id, u64 offset, u8 flags; little-endian
 inline constexpr uint8_t kFlagLast = 1;
+/// The most either end's libwebsockets hands to one send() (its protocol's tx_packet_size): above
+/// any frame either sends. Left at 0, lws caps a send at the protocol's rx_buffer_size (64 KiB)
+/// and copies the rest of a larger frame into a buffer of its own, sent in later turns.
+inline constexpr size_t kSendBytes = 16u << 20;
 
 // Close codes.
 inline constexpr int kCloseUnauthorized = 4401;

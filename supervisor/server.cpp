@@ -41,10 +41,6 @@ constexpr size_t kLowWater = 256u << 10;
 constexpr size_t kHighWater = 1u << 20;
 constexpr size_t kReplayBatch = 512u << 10;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
-// The most lws hands to one send(): a whole frame (events reach ~128 KiB, fs.read 256 KiB). Left
-// at 0, lws caps each send at the protocol's rx_buffer_size (64 KiB) and copies the rest of a
-// larger frame into a buffer of its own, sent in later turns of the loop (lws_issue_raw).
-constexpr size_t kTxPacket = 16u << 20;
 
 // The ops (server-ops.hpp), in the order the unknown_op reply lists them.
 struct Op {
@@ -823,7 +819,8 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   ws_lib().lws_set_log_level(lws_level, lws_log_to_spdlog);
 
   impl_->protocols[0] = {"http", Impl::callback, sizeof(Client*), 0, 0, nullptr, 0};
-  impl_->protocols[1] = {protocol::kSubprotocol, Impl::callback, sizeof(Client*), 64 * 1024, 0, nullptr, kTxPacket};
+  impl_->protocols[1] = {protocol::kSubprotocol, Impl::callback, sizeof(Client*), 64 * 1024, 0, nullptr,
+                         protocol::kSendBytes};  // one send() per frame (events ~128 KiB, fs.read 256 KiB)
   impl_->protocols[2] = {nullptr, nullptr, 0, 0, 0, nullptr, 0};
   impl_->retry.secs_since_valid_ping = 20;
   impl_->retry.secs_since_valid_hangup = 60;

@@ -255,9 +255,8 @@ void Client::connect(OpenFn on_open) {
   auto& m = *impl_;
   m.on_open = std::move(on_open);
   lws_set_log_level(LLL_ERR, nullptr);
-  // tx_packet_size above any frame (fs.write's binary frames reach 1 MiB): one send() per frame.
-  // At 0 lws caps a send at rx_buffer_size and copies the rest of the frame to send it later.
-  m.protocols[0] = {protocol::kSubprotocol, Impl::cb, 0, 64 * 1024, 0, nullptr, 16u << 20};
+  // One send() per frame (fs.write's binary frames reach 1 MiB): protocol::kSendBytes.
+  m.protocols[0] = {protocol::kSubprotocol, Impl::cb, 0, 64 * 1024, 0, nullptr, protocol::kSendBytes};
   m.protocols[1] = {nullptr, nullptr, 0, 0, 0, nullptr, 0};
   lws_context_creation_info info{};
   void* loops[] = {m.loop};
