@@ -32,12 +32,12 @@ def test_every_exit_code_comes_back_unchanged(tmp_path):
     assert ev["code"] == 255 and ev["reason"] == "exited"
 
 
-def start_box(state_dir, argv, *extra):
+def start_box(state_dir, argv, *extra, env=None):
     """Starts a box as PID 1 of a new pid namespace, streaming events to a file."""
     events = state_dir.parent / "events.jsonl"
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
            str(INIT), "--state-dir", str(state_dir), "--events", str(events), *extra, "--", *argv]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     return p, events
 
 
@@ -168,10 +168,7 @@ def test_pid1_writes_its_health_file_where_SANDBOXER_HEALTH_FILE_names_it(tmp_pa
     check = lambda e: subprocess.run([str(INIT), "--health"], env=e, capture_output=True, text=True, timeout=30)
     r = check(env)
     assert r.returncode == 1 and f"read {health}" in r.stdout, r.stdout  # the control: nothing there yet
-    events = tmp_path / "events.jsonl"
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", str(INIT), "--state-dir",
-                          str(tmp_path / "s"), "--events", str(events), "--", "sleep", "30"],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p, events = start_box(tmp_path / "s", ["sleep", "30"], env=env)
     try:
         wait_event(events, lambda e: e["type"] == "proc.started")
         deadline = time.monotonic() + 20
@@ -186,8 +183,7 @@ def test_pid1_writes_its_health_file_where_SANDBOXER_HEALTH_FILE_names_it(tmp_pa
     rel = dict(os.environ, SANDBOXER_HEALTH_FILE="init.json")
     r = check(rel)
     assert r.returncode == 1 and 'SANDBOXER_HEALTH_FILE is "init.json": not an absolute path' in r.stdout, r.stdout
-    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", str(INIT), "--state-dir", str(tmp_path / "s2"),
-                        "--", str(PROBE), "exit", "7"], env=rel, cwd=tmp_path, capture_output=True, timeout=60)
+    r = run_init(["--", str(PROBE), "exit", "7"], tmp_path / "s2", env=rel, cwd=tmp_path)
     assert r.returncode == 7, r.stderr
     assert b'no health file: SANDBOXER_HEALTH_FILE is "init.json": not an absolute path' in r.stderr, r.stderr
     assert not (tmp_path / "init.json").exists()
