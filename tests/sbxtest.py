@@ -122,6 +122,16 @@ def output_of(events, proc):
 
 # -- a box run to its end ---------------------------------------------------------------------
 
+def clean_env(path="/usr/bin:/bin", **extra):
+    """A clean environment for a supervisor: PATH and `extra`, and conftest.py's
+    SANDBOXER_HEALTH_FILE, so that one running as PID 1 writes its health file there and not
+    over the host's /run/sandboxer/init.json."""
+    env = {"PATH": path, **extra}
+    if "SANDBOXER_HEALTH_FILE" in os.environ:
+        env["SANDBOXER_HEALTH_FILE"] = os.environ["SANDBOXER_HEALTH_FILE"]
+    return env
+
+
 def run_init(args, state_dir, *, as_pid1=True, timeout=60, **kw):
     """Runs sandboxer-init (as PID 1 of a fresh pid namespace unless as_pid1=False)."""
     cmd = [str(INIT), "--state-dir", str(state_dir)] + list(args)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, close_http, make_tls, read_journal, run_init, serve_http
+from sbxtest import CLI, clean_env, close_http, make_tls, read_journal, run_init, serve_http
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "broker" / "agent.py"
@@ -124,7 +124,7 @@ def run_agent_box(tmp, mode):
     cfg = {"mode": mode, "upstream_addr": UPSTREAM_ADDR, "upstream_port": up.port, "other_port": other.port,
            "proxy_port": 3128,
            "tmp": str(tmp), "secret_file": str(secret_file)}
-    env = {"PATH": "/usr/bin:/bin", "SBX_TEST_API_SECRET": secret, "SBX_TEST_MARKER": marker}
+    env = clean_env(SBX_TEST_API_SECRET=secret, SBX_TEST_MARKER=marker)
     try:
         # The marker is named with --env (the agent's environment is otherwise clean); the secret,
         # in the same environment, is the broker's alone.

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, read_journal
+from sbxtest import INIT, clean_env, read_journal
 
 DNS_ADDR = "127.0.0.77"
 ANSWER = "192.0.2.7"  # TEST-NET-1: allowed by the profile below, reached by no one
@@ -113,7 +113,7 @@ def test_a_slow_name_does_not_hold_another_names_answer(tmp_path, slow_dns):
     cmd = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c",
            'mount --bind "$0" /etc/resolv.conf && exec "$@"', str(resolv),
            str(INIT), "--state-dir", str(state), "--profile", str(profile), "--", "python3", "/workspace/agent.py"]
-    r = subprocess.run(cmd, capture_output=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    r = subprocess.run(cmd, capture_output=True, timeout=60, env=clean_env())
     events = read_journal(state)
     lines = [e["message"] for e in events if e["type"] == "proc.message" and "order" in e["message"]]
     assert r.returncode == 0 and lines, (r.stderr.decode()[-2000:],

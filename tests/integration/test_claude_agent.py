@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sbxtest import ROOT, make_tls, read_journal, run_init
+from sbxtest import ROOT, clean_env, make_tls, read_journal, run_init
 
 EXAMPLE = ROOT / "examples" / "claude-agent"
 PYTHON = EXAMPLE / ".venv" / "bin" / "python"
@@ -39,7 +39,7 @@ def run_through_broker(tmp_path, example, argv):
     cred["ca_file"] = str(ca)
     (tmp_path / "profile.json").write_text(json.dumps(profile))
     state = tmp_path / "state"
-    env = {"PATH": "/usr/bin:/bin", "ANTHROPIC_API_KEY": secret}
+    env = clean_env(ANTHROPIC_API_KEY=secret)
     try:
         r = run_init(["--profile", str(tmp_path / "profile.json"), "--", *argv], state, timeout=100, env=env)
     finally:

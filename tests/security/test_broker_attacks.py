@@ -23,7 +23,7 @@ import threading
 
 import pytest
 
-from sbxtest import INIT, close_http, make_tls, read_journal, serve_http
+from sbxtest import INIT, clean_env, close_http, make_tls, read_journal, serve_http
 
 HERE = pathlib.Path(__file__).resolve().parent
 AGENT = HERE / "agents" / "broker.py"
@@ -166,7 +166,7 @@ def run_in_netns(ns, tmp, profile, agent_cfg, env, resolv="nameserver 127.0.0.53
            'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"', "sh",
            str(tmp / "hosts"), str(tmp / "resolv.conf"), str(INIT), "--state-dir", str(state),
            "--profile", str(tmp / "profile.json"), "--", "python3", str(AGENT), json.dumps(agent_cfg)]
-    r = subprocess.run(cmd, capture_output=True, timeout=120, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env})
+    r = subprocess.run(cmd, capture_output=True, timeout=120, env=clean_env("/usr/sbin:/usr/bin:/sbin:/bin", **env))
     events = read_journal(state)
     checks = {}
     for e in events:

@@ -45,7 +45,11 @@ export async function startBox(argv = [PROBE, "wait"], extra = [], env = {}) {
   const cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", INIT, "--state-dir", join(dir, "state"),
     "--events", events, "--listen", "127.0.0.1:0", "--token-file", tokenFile, "--log-level", "warn", ...extra, "--", ...argv];
   let stderr = "";
-  const child = spawn(cmd[0], cmd.slice(1), { detached: true, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
+  // As PID 1 it writes its health file: in the box's temporary dir, not the host's /run.
+  const healthFile = { SANDBOXER_HEALTH_FILE: join(dir, "init.json") };
+  const child = spawn(cmd[0], cmd.slice(1), {
+    detached: true, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...healthFile, ...env },
+  });
   child.stderr.on("data", (d) => (stderr = (stderr + d).slice(-4000)));
   const exited = new Promise((r) => child.on("exit", (code, sig) => r(code ?? sig)));
   let port = 0;
