@@ -116,6 +116,62 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: recovery skips an unreadable line and k
   CHECK(all[4].second.find("\"skipped_lines\":1") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(LoopFixture, "journal: recovery skips a bad line and cuts a torn tail in one pass") {
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    REQUIRE(j);
+    for (int i = 0; i < 4; ++i) (*j)->append({{"type", "t"}, {"i", i}});
+  }
+  fs::path seg = dir / "00000000000000000001.jsonl";
+  auto text = sbx::os::read_file(seg.string());
+  REQUIRE(text);
+  // Line 3 damaged in place (its seq still readable: only a parse finds it), then a torn write.
+  size_t third = text->find('\n', text->find('\n') + 1) + 1;
+  size_t end = text->find('\n', third);
+  (*text)[end - 1] = ',';
+  size_t bad = end - third + 1;
+  *text += "{\"seq\":5,\"ts\":";
+  REQUIRE(sbx::os::write_file_atomic(seg.string(), *text));
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    REQUIRE(j);
+    CHECK((*j)->last_seq() == 4);
+    (*j)->append({{"type", "after"}});
+  }
+  auto all = read_all();
+  std::vector<uint64_t> seqs;
+  for (auto& [s, l] : all) seqs.push_back(s);
+  CHECK(seqs == std::vector<uint64_t>{1, 2, 4, 5, 6});
+  CHECK(all[3].second.find("\"dropped_bytes\":" + std::to_string(bad + 14)) != std::string::npos);
+  CHECK(all[3].second.find("\"skipped_lines\":1") != std::string::npos);
+  // The rewritten segment is whole lines only.
+  auto after = sbx::os::read_file(seg.string());
+  REQUIRE(after);
+  CHECK(after->back() == '\n');
+  CHECK(after->find("\"i\":2") == std::string::npos);
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a restart after a compressed newest segment continues after its last line") {
+  const std::string pad(1000, 'x');
+  uint64_t last = 0;
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 2u << 20});
+    REQUIRE(j);
+    // Up to the append that seals the first segment: the newest is then compressed, in frames of
+    // ~512 KiB, and no second segment is open.
+    do last = (*j)->append({{"type", "t"}, {"pad", pad}});
+    while (fs::file_size(dir / "00000000000000000001.jsonl") < (2u << 20));
+    (*j)->flush();
+  }
+  REQUIRE(fs::exists(dir / "00000000000000000001.jsonl.zst"));
+  REQUIRE(!fs::exists(dir / "00000000000000000001.jsonl"));
+  REQUIRE(last > 1000);  // 2 MiB: four frames
+  auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 2u << 20});
+  REQUIRE(j);
+  CHECK((*j)->last_seq() == last);
+  CHECK((*j)->append({{"type", "t"}}) == last + 1);
+}
+
 TEST_CASE_FIXTURE(LoopFixture, "journal: seq never goes back below the high-water mark") {
   {
     auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
