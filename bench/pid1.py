@@ -127,6 +127,15 @@ def exec_costs():
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def report_against_tini(med, tag, condition):
+    """Prints the medians of ours and tini under one condition, and emits its row."""
+    for name, v in med.items():
+        print(f"{'run /bin/true under ' + name + ', ' + tag:44} {v * 1000:10.2f}ms")
+    if "tini" in med:
+        _rows.emit("pid1", "/bin/true under the init, whole process, " + condition, "ms", med["sandboxer-init"] * 1000,
+                   "tini", med["tini"] * 1000)
+
+
 def main():
     state_root = tempfile.mkdtemp(prefix="sbx-bench-")
     # Our supervisor as PID 1 of a pid namespace writes its health file (for a container's
@@ -157,18 +166,10 @@ def main():
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, med[peer] * 1000)
             else:
                 _rows.emit("pid1", label, "ms", med[ours] * 1000, peer, None, note=f"{peer} not on PATH")
-    dirty = dirty_runs(state_root, 3 if _rows.QUICK else 10)
-    for name, v in dirty.items():
-        print(f"{'run /bin/true under ' + name + ', 200 MB dirty':44} {v * 1000:10.2f}ms")
-    if "tini" in dirty:
-        _rows.emit("pid1", "/bin/true under the init, whole process, while 200 MB another process wrote is not yet "
-                   "on disk", "ms", dirty["sandboxer-init"] * 1000, "tini", dirty["tini"] * 1000)
-    big = big_journal_runs(state_root, 3 if _rows.QUICK else 10)
-    for name, v in big.items():
-        print(f"{'run /bin/true under ' + name + ', 15 MB journal':44} {v * 1000:10.2f}ms")
-    if "tini" in big:
-        _rows.emit("pid1", "/bin/true under the init, whole process, in a state dir whose journal's active segment holds "
-                   "15 MB (a restart after a busy agent)", "ms", big["sandboxer-init"] * 1000, "tini", big["tini"] * 1000)
+    report_against_tini(dirty_runs(state_root, 3 if _rows.QUICK else 10), "200 MB dirty",
+                        "while 200 MB another process wrote is not yet on disk")
+    report_against_tini(big_journal_runs(state_root, 3 if _rows.QUICK else 10), "15 MB journal",
+                        "in a state dir whose journal's active segment holds 15 MB (a restart after a busy agent)")
     ex = exec_costs()
     if "sandboxer-ns-init" in ex and "sandboxer-init --version" in ex:
         for name, v in ex.items():
