@@ -102,11 +102,16 @@ def big_journal_runs(state_root, runs):
     subprocess.run([INIT, "--state-dir", state, "--", sys.executable, "-c", agent], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True)
     cmds = {"sandboxer-init": [INIT, "--state-dir", state, "--", "/bin/true"], "tini": ["tini", "-s", "--", "/bin/true"]}
-    times = {k: [] for k in cmds if _present(cmds[k])}
+    return medians_of({k: v for k, v in cmds.items() if _present(v)}, runs)
+
+
+def medians_of(cmds, runs, check=True):
+    """Each command's median time as a whole process, over `runs` rounds that run each once in turn."""
+    times = {k: [] for k in cmds}
     for _ in range(runs):
-        for name in times:
+        for name, cmd in cmds.items():
             t0 = time.perf_counter()
-            subprocess.run(cmds[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=check)
             times[name].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -118,13 +123,7 @@ def exec_costs():
     small = os.path.join(BIN, "sandboxer-ns-init")
     cmds = {"sandboxer-ns-init": [small, "--bench"], "sandboxer-init --version": [INIT, "--version"],
             "bare /bin/true": ["/bin/true"]}
-    times = {k: [] for k in cmds if os.path.exists(cmds[k][0])}
-    for _ in range(RUNS):
-        for name in times:
-            t0 = time.perf_counter()
-            subprocess.run(cmds[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return medians_of({k: v for k, v in cmds.items() if os.path.exists(v[0])}, RUNS, check=False)
 
 
 def report_against_tini(med, tag, condition):
