@@ -35,6 +35,22 @@ struct LoopFixture {
     REQUIRE(r);
     return out;
   }
+  // Opens the journal again (its recovery), checks where its seq continues, appends one event, and
+  // returns every line then on disk.
+  std::vector<std::pair<uint64_t, std::string>> reopen_and_append(uint64_t last) {
+    {
+      auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+      REQUIRE(j);
+      CHECK((*j)->last_seq() == last);
+      (*j)->append({{"type", "after"}});
+    }
+    return read_all();
+  }
+  static std::vector<uint64_t> seqs_of(const std::vector<std::pair<uint64_t, std::string>>& all) {
+    std::vector<uint64_t> seqs;
+    for (auto& [s, l] : all) seqs.push_back(s);
+    return seqs;
+  }
 };
 }  // namespace
 
@@ -72,13 +88,7 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a torn tail is dropped and reported, se
     REQUIRE(::write(fd, "{\"seq\":4,\"ts\":\"x", 16) == 16);
     ::close(fd);
   }
-  {
-    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
-    REQUIRE(j);
-    CHECK((*j)->last_seq() == 3);
-    (*j)->append({{"type", "after"}});
-  }
-  auto all = read_all();
+  auto all = reopen_and_append(3);
   REQUIRE(all.size() == 5);
   CHECK(all[3].second.find("journal.recovered") != std::string::npos);
   CHECK(all[3].second.find("\"dropped_bytes\":16") != std::string::npos);
@@ -101,18 +111,10 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: recovery skips an unreadable line and k
   size_t end = text->find('\n', second);
   for (size_t i = second + 10; i < end; ++i) (*text)[i] = '#';
   REQUIRE(sbx::os::write_file_atomic(seg.string(), *text));
-  {
-    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
-    REQUIRE(j);
-    CHECK((*j)->last_seq() == 5);
-    (*j)->append({{"type", "after"}});
-  }
-  auto all = read_all();
-  std::vector<uint64_t> seqs;
-  for (auto& [s, l] : all) seqs.push_back(s);
+  auto all = reopen_and_append(5);
   // 2 is gone; 3, 4 and 5 stay (before: recovery cut the segment at the bad line); the report
   // takes 6.
-  CHECK(seqs == std::vector<uint64_t>{1, 3, 4, 5, 6, 7});
+  CHECK(seqs_of(all) == std::vector<uint64_t>{1, 3, 4, 5, 6, 7});
   CHECK(all[4].second.find("\"skipped_lines\":1") != std::string::npos);
 }
 
@@ -132,16 +134,8 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: recovery skips a bad line and cuts a to
   size_t bad = end - third + 1;
   *text += "{\"seq\":5,\"ts\":";
   REQUIRE(sbx::os::write_file_atomic(seg.string(), *text));
-  {
-    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
-    REQUIRE(j);
-    CHECK((*j)->last_seq() == 4);
-    (*j)->append({{"type", "after"}});
-  }
-  auto all = read_all();
-  std::vector<uint64_t> seqs;
-  for (auto& [s, l] : all) seqs.push_back(s);
-  CHECK(seqs == std::vector<uint64_t>{1, 2, 4, 5, 6});
+  auto all = reopen_and_append(4);
+  CHECK(seqs_of(all) == std::vector<uint64_t>{1, 2, 4, 5, 6});
   CHECK(all[3].second.find("\"dropped_bytes\":" + std::to_string(bad + 14)) != std::string::npos);
   CHECK(all[3].second.find("\"skipped_lines\":1") != std::string::npos);
   // The rewritten segment is whole lines only.
