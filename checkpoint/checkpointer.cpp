@@ -112,26 +112,16 @@ json::array mask_list(const std::vector<std::string>& masks) {
   return out;
 }
 
-// Whether the branch's /tmp, as its ns-init sees it, is an overlay (the host's /tmp under the
-// branch's tmp-upper): the last mount at /tmp in /proc/PID/mountinfo.
-bool tmp_is_overlay(pid_t pid) {
-  auto text = os::read_file("/proc/" + std::to_string(pid) + "/mountinfo");
-  if (!text) return false;
-  bool overlay = false;
-  size_t pos = 0;
-  while (pos < text->size()) {
-    size_t end = text->find('\n', pos);
-    if (end == std::string::npos) end = text->size();
-    std::string_view line(text->data() + pos, end - pos);
-    pos = end + 1;
-    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS ... - FSTYPE SOURCE SUPER"
-    size_t f = 0;
-    for (int i = 0; i < 4 && f != std::string_view::npos; ++i) f = line.find(' ', f + 1);
-    if (f == std::string_view::npos || line.substr(f + 1, 5) != "/tmp ") continue;
-    auto dash = line.find(" - ");
-    overlay = dash != std::string_view::npos && line.substr(dash + 3, 8) == "overlay ";
-  }
-  return overlay;
+// Whether the branch's /tmp, as its ns-init sees it, is its /tmp overlay (the host's /tmp under
+// the branch's tmp-upper) rather than the branch's tmp/ itself, a /tmp of its own where overlay
+// could not be had. Told by identity, not by a mount table's strings: a bind of tmp/ on a state
+// dir that is itself on overlayfs (a container's root) shows as "overlay" there too.
+bool tmp_is_overlay(pid_t pid, const std::string& dir) {
+  struct stat seen {
+  }, own{};
+  if (::stat(("/proc/" + std::to_string(pid) + "/root/tmp").c_str(), &seen) != 0) return false;
+  if (::lstat((dir + "/tmp").c_str(), &own) != 0) return true;
+  return seen.st_dev != own.st_dev || seen.st_ino != own.st_ino;
 }
 
 }  // namespace
@@ -680,9 +670,9 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
 void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   std::string src = settings_.state_dir + "/branches/" + op->branch;
   // The agent's /tmp is one of two directories: the upper layer of its /tmp overlay
-  // (launcher.cpp), or, where there is no overlay (a live copy, a host without overlay), tmp/
+  // (launcher.cpp; a live copy's: CriuRun::tmp_overlay), or, where there is no overlay, tmp/
   // itself. Exactly that one is its /tmp in the snapshot: two sources never go into one place.
-  bool overlay = tmp_is_overlay(op->ns_init_pid);
+  bool overlay = tmp_is_overlay(op->ns_init_pid, src);
   offload(
       [op, src, overlay] {
         for (const char* d : sandbox::kLayerDirs) {

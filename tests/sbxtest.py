@@ -332,6 +332,21 @@ def pids_group():
         cg.rmdir()
 
 
+@contextlib.contextmanager
+def overlayfs_dir(tmp_path):
+    """A directory on an overlay filesystem of the test's own (as a container's root is), where
+    another overlay's upper directory is refused: yields it; unmounted at the end."""
+    for d in ("lower", "upper", "work", "mnt"):
+        (tmp_path / d).mkdir()
+    mnt = tmp_path / "mnt"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,"
+                    f"workdir={tmp_path}/work", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
 # -- WebSocket clients ------------------------------------------------------------------------
 
 def auth_headers(token):

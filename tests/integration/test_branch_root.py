@@ -4,7 +4,7 @@ import shutil
 import subprocess
 import time
 
-from sbxtest import INIT, read_journal, run_init
+from sbxtest import INIT, overlayfs_dir, read_journal, run_init
 
 
 def sh(tmp_path, script, **kw):
@@ -51,12 +51,7 @@ def test_tmp_is_the_branch_directory_where_no_overlay_can_be_had(tmp_path):
     # A state dir on an overlay filesystem (as in a container) cannot hold the upper directory of
     # another: /tmp is then the branch's own directory, bound nosuid,nodev, and the host's is not
     # seen. Control: the overlay mount itself refused, as the branch's start met it.
-    for d in ("lower", "upper", "work", "mnt"):
-        (tmp_path / d).mkdir()
-    mnt = tmp_path / "mnt"
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,"
-                    f"workdir={tmp_path}/work", str(mnt)], check=True)
-    try:
+    with overlayfs_dir(tmp_path) as mnt:
         up, wk, low = (mnt / x for x in ("u", "w", "l"))
         for d in (up, wk, low):
             d.mkdir()
@@ -74,8 +69,6 @@ def test_tmp_is_the_branch_directory_where_no_overlay_can_be_had(tmp_path):
         assert fields[3] == "/s/branches/main/tmp" and {"nosuid", "nodev"} <= set(fields[5].split(",")), out
         assert "No such file" in out[1], out
         assert (state / "branches/main/tmp/f").read_text() == "mine\n"
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_state_dir_is_masked(tmp_path):

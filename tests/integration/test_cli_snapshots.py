@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sbxtest import (CLI, FORK_UNTIL_REFUSED, PIDS_V1, Session, WsBox, output_of, pids_group, read_journal, run,
-                     ws_connect)
+from sbxtest import (CLI, FORK_UNTIL_REFUSED, PIDS_V1, Session, WsBox, output_of, overlayfs_dir, pids_group, read_journal,
+                     run, ws_connect)
 
 # A counter that keeps its state in memory only: a copy that continues from the checkpoint
 # prints numbers after the one it was at, which a cold restart cannot do.
@@ -374,6 +374,44 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
                 assert "notes True" in seen, (b, seen[-200:])
         modes = [e["mode"] for e in box.read_events() if e["type"] == "restore.done"]
         assert modes == ["live" if live else "cold"]
+
+
+# Holds open a file it wrote in /tmp, and prints from it each tick.
+HOLDS_OWN_TMP_FILE = ("import os, time\n"
+                      "own = open('/tmp/own.txt', 'w+')\n"
+                      "own.write('OWN\\n'); own.flush()\n"
+                      "while True:\n"
+                      "    print('mine', os.pread(own.fileno(), 64, 0).decode().strip(), flush=True)\n"
+                      "    time.sleep(0.1)\n")
+
+
+@pytest.mark.skipif(shutil.which("criu") is None, reason="needs criu")
+def test_a_live_copy_has_a_tmp_of_its_own_where_no_overlay_can_be_had(tmp_path):
+    # A state dir on overlayfs (a container's root): the branch's /tmp is its own tmp/, bound,
+    # which the mount table also shows as "overlay"; the checkpoint takes that directory (not the
+    # overlay's empty upper layer), and the copy, whose overlay is refused too, gets the files in
+    # a /tmp of its own and reopens the one its agent had open. Then the same for a copy of it.
+    with overlayfs_dir(tmp_path) as mnt:
+        (mnt / "b").mkdir()
+        with WsBox(mnt / "b", ["python3", "-c", HOLDS_OWN_TMP_FILE], extra=["--set", "resources.grace=1s"]) as box:
+            branch = "main"
+            for _ in range(2):
+                (branch,) = checkpoint_and_fork(box, 1) if branch == "main" else fork_of(box, branch)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and "mine OWN\n" not in text_of(box, branch):
+                    time.sleep(0.2)
+                assert "mine OWN\n" in text_of(box, branch), text_of(box, branch)[-200:]
+                assert (box.state / "branches" / branch / "tmp" / "own.txt").read_text() == "OWN\n"
+            assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live", "live"]
+
+
+def fork_of(box, branch):
+    """One copy of a checkpoint of `branch`: its name, in a list."""
+    r = cli(box, "checkpoint", box.url, "--branch", branch)
+    assert r.returncode == 0, r.stderr
+    f = cli(box, "fork", box.url, "--snapshot", r.stdout.strip().splitlines()[-1], "-n", "1")
+    assert f.returncode == 0, f.stderr
+    return [line.split()[0] for line in f.stdout.splitlines()]
 
 
 def kdat_caches(pid):
