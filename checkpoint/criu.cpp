@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -45,8 +46,29 @@ enum : int {
   kStepExec = 3,
   kStepHostname = 4,
   kStepJoinCgroup = 5,
-  kStepMountProc = 6
+  kStepMountProc = 6,
+  kStepTmp = 7
 };
+
+// A live copy's /tmp (CriuRun::tmp_overlay), its strings made before criu's fork.
+struct TmpOverlay {
+  std::string target, upper, data, volatile_data;
+  explicit TmpOverlay(const std::string& dir)
+      : target(dir + "/tmp"),
+        upper(dir + "/tmp-upper"),
+        data("lowerdir=/tmp,upperdir=" + upper + ",workdir=" + dir + "/tmp-work"),
+        volatile_data(data + ",volatile") {}
+};
+
+// In the child: the overlay on the copy's tmp/ where criu has a mount namespace of its own (the
+// mount is private to it, and goes with it once criu has bound it into the tree), else the
+// copy's files exchanged into tmp/. `volatile` as in the launcher's plan (launcher.cpp).
+bool make_tmp(const TmpOverlay& t, bool own_mount_ns) noexcept {
+  if (own_mount_ns)
+    for (const std::string* data : {&t.volatile_data, &t.data})
+      if (::mount("overlay", t.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, data->c_str()) == 0) return true;
+  return ::renameat2(AT_FDCWD, t.upper.c_str(), AT_FDCWD, t.target.c_str(), RENAME_EXCHANGE) == 0;
+}
 
 // In the child, in a mount namespace of its own: a clone of the detached tmpfs `run_tmpfs` on
 // /run (KdatCache). Best effort: without it criu probes the kernel as it always did.
@@ -89,6 +111,8 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   if (!ep) return ep.error();
   std::vector<int> src = run.fds;
   int n = static_cast<int>(src.size());
+  std::optional<TmpOverlay> tmp;
+  if (!run.tmp_overlay.empty()) tmp.emplace(run.tmp_overlay);
 
   // A pid namespace of its own comes with a mount namespace of its own, for its /proc.
   pid_t pid = run.own_pid_ns
@@ -119,6 +143,7 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
     // namespace's hostname through /proc/sys/kernel/hostname. In a mount namespace of criu's own,
     // that bind is taken away (the proc mount below it is writable); where /proc/sys is no
     // separate mount, as on a plain host, umount fails and nothing changes.
+    bool own_mount_ns = run.own_pid_ns;
     if (run.own_pid_ns) {
       // The /proc of the new namespace: criu reads /proc/<pid> of the children it forks by the
       // pids its fork returned.
@@ -126,11 +151,13 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
           ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
         os::child_fail(ep->write.get(), kStepMountProc, errno);
       if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
-    } else if ((run.writable_proc_sys || run.run_tmpfs >= 0) && ::unshare(CLONE_NEWNS) == 0 &&
+    } else if ((run.writable_proc_sys || run.run_tmpfs >= 0 || tmp) && ::unshare(CLONE_NEWNS) == 0 &&
                ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
+      own_mount_ns = true;
       if (run.writable_proc_sys) (void)::umount2("/proc/sys", MNT_DETACH);
       if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
     }
+    if (tmp && !make_tmp(*tmp, own_mount_ns)) os::child_fail(ep->write.get(), kStepTmp, errno);
     int high[64];
     for (int i = 0; i < n && i < 64; ++i) high[i] = ::fcntl(src[static_cast<size_t>(i)], F_DUPFD_CLOEXEC, 200);
     int efd = ::fcntl(ep->write.get(), F_DUPFD_CLOEXEC, 200);

@@ -280,7 +280,7 @@ namespace {
 // masks covered (its token file, state dir, keys) that is not here as the same kind of file. criu
 // mounts the mask over it again and needs the mount point; without it the restore fails, and the
 // first error of criu's log, the one reported, was an unrelated one (its kerndat's /dev/net/tun
-// probe, under the copy's device rules). Those under /tmp are made in the copy's own /tmp (copy_layer).
+// probe, under the copy's device rules). Those under /tmp are made in the copy's /tmp layer (copy_layer).
 std::optional<std::string> missing_mask(const json::object& manifest) {
   auto* masks = manifest.if_contains("masks");
   if (!masks || !masks->is_array()) return std::nullopt;
@@ -446,25 +446,36 @@ namespace {
 // already, mounted with the parent's disk ceiling and owner. Runs on the thread pool.
 base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live) {
   if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
+  // The snapshot's /tmp is the upper layer of the copy's /tmp overlay, a cold copy's (launcher.cpp)
+  // as a live one's (CriuRun::tmp_overlay). A cold copy's launch falls back to tmp/ where overlay
+  // cannot be had, so it gets the files there too; a live copy's tmp/ stays empty, the overlay's
+  // mount point, and is exchanged with tmp-upper/ where no overlay can be mounted.
   for (const char* d : sandbox::kLayerDirs) {
     struct stat st {};
     if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
-    bool into = std::string_view(d) == "workspace";
-    if (auto r = (into ? os::copy_tree_into : os::copy_tree)(src + "/fs/" + d, dir + "/" + d); !r) return r.error();
+    std::string_view name(d);
+    auto copy = name == "workspace" ? os::copy_tree_into : os::copy_tree;
+    if (name == "tmp")
+      if (auto r = copy(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
+    if (name != "tmp" || !live)
+      if (auto r = copy(src + "/fs/" + d, dir + "/" + d); !r) return r.error();
   }
-  // A cold copy gets the /tmp overlay again: its files go to the upper layer.
-  if (!live)
-    if (auto r = os::copy_tree(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
-  // A live copy's /tmp is a directory of its own (not the original's overlay): the mount points
-  // of the masks criu restores below /tmp must exist in it.
+  auto top = os::open_dir(dir);
+  if (!top) return base::fail("open " + dir + ": " + top.error().message());
+  for (const char* sub : {"tmp", "tmp-upper", "tmp-work"}) {
+    auto d = os::make_dirs_at(top->get(), sub, 0755);
+    if (!d) return base::fail("create " + dir + "/" + sub + ": " + d.error().message());
+    if (std::string_view(sub) != "tmp-work" && ::fchmod(d->get(), 01777) != 0)
+      return base::sys_fail("chmod " + dir + "/" + sub, errno);
+  }
+  // The mount points of the masks criu restores below /tmp, in the overlay's upper layer: the
+  // host's /tmp may no longer have them, and a /tmp of the copy's own never does.
   for (auto& v : masks) {
     if (!v.is_object()) continue;
     std::string path(v.at("path").as_string());
     if (!path.starts_with("/tmp/")) continue;
-    // The copy's tmp/ came from the agent's files: nothing in it is followed.
-    std::string rel = "tmp" + path.substr(4);
-    auto top = os::open_dir(dir);
-    if (!top) continue;
+    // The copy's tmp-upper/ came from the agent's files: nothing in it is followed.
+    std::string rel = "tmp-upper" + path.substr(4);
     if (v.at("dir").as_bool()) {
       if (auto r = os::make_dirs_at(top->get(), rel, 0755); !r)
         log()->warn("create the mount point {} in {}: {}", path, dir, r.error().message());
@@ -712,6 +723,7 @@ void Checkpointer::spawn_live_restore(std::shared_ptr<CopyJob> job) {
   if (job->lazy) run.args.push_back("--lazy-pages");
   run.netns = job->pipes->netns.get();
   run.writable_proc_sys = true;
+  run.tmp_overlay = dir;
   run.hostname = job->spec.name + "." + settings_.box_id;
   sandbox::ensure_machine_id(dir);  // a new one: the copy is another running system
   run.output = dir + "/.criu/restore.out";

@@ -339,17 +339,17 @@ SNOOP = ("import os, time\n"
 @pytest.mark.parametrize("live,home_in_tmp", [(True, False), (True, True), (False, True)],
                          ids=["live-copies", "live-copies-home-under-tmp", "cold-copies"])
 def test_copies_keep_the_credential_paths_masked(tmp_path, live, home_in_tmp):
-    # A home under /tmp makes the masks mount points in /tmp, which a live copy's private /tmp
-    # must have for criu to restore them; elsewhere (/var/tmp) the copy sees the control file too.
+    # A home under /tmp makes the masks mount points in the copy's /tmp overlay, which criu must
+    # find to restore them; elsewhere (/var/tmp) they are on the host's own directories.
     home = tmp_path / "home" if home_in_tmp else pathlib.Path(tempfile.mkdtemp(dir="/var/tmp", prefix="sbx-home-"))
     try:
-        _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_copy=not (live and home_in_tmp))
+        _copies_keep_the_credential_paths_masked(tmp_path, live, home)
     finally:
         if not home_in_tmp:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_copy):
+def _copies_keep_the_credential_paths_masked(tmp_path, live, home):
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_test").write_text("MARKER\n")
     (home / "notes.txt").write_text("MARKER\n")
@@ -368,12 +368,48 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home, control_in_co
         for b in ("main", branch):
             seen = text_of(box, b)
             # The credential path is never readable, in the original or the copy; the control file
-            # beside it is (a live copy's /tmp is private: under /tmp it sees neither).
+            # beside it is.
             assert "ssh True" not in seen and "ssh False" in seen, (b, seen[-200:])
-            if b == "main" or control_in_copy:
-                assert "notes True" in seen, (b, seen[-200:])
+            assert "notes True" in seen, (b, seen[-200:])
         modes = [e["mode"] for e in box.read_events() if e["type"] == "restore.done"]
         assert modes == ["live" if live else "cold"]
+
+
+# Holds open a file of the host's /tmp (the lower layer of its /tmp overlay, never written by the
+# agent) and one it wrote itself, and prints from both each tick.
+HOLDS_TMP_FILES = ("import os, sys, time\n"
+                   "host = open(sys.argv[1])\n"
+                   "own = open('/tmp/own.txt', 'w+')\n"
+                   "own.write('OWN\\n'); own.flush()\n"
+                   "while True:\n"
+                   "    print(os.pread(host.fileno(), 64, 0).decode().strip(), os.pread(own.fileno(), 64, 0).decode().strip(),\n"
+                   "          flush=True)\n"
+                   "    time.sleep(0.1)\n")
+
+
+@pytest.mark.skipif(shutil.which("criu") is None, reason="needs criu")
+def test_a_live_copy_keeps_its_open_files_of_the_hosts_tmp(tmp_path):
+    # A live copy's /tmp is an overlay on the host's /tmp, as its original's: a file the agent had
+    # open there is there to reopen. A /tmp of the copy's own (what a live copy had before) made
+    # criu's restore fail with "Can't open file ... on restore".
+    shared = tmp_path / "shared.txt"
+    shared.write_text("HOST\n")
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", ["python3", "-c", HOLDS_TMP_FILES, str(shared)],
+               extra=["--set", "resources.grace=1s"]) as box:
+        (branch,) = checkpoint_and_fork(box, 1)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "HOST OWN\n" not in text_of(box, branch):
+            time.sleep(0.2)
+        assert "HOST OWN\n" in text_of(box, branch), text_of(box, branch)[-200:]
+        assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live"]
+        # A checkpoint of the copy holds what it wrote to /tmp (its overlay's upper layer): a copy
+        # of it reopens that file too.
+        (again,) = fork_of(box, branch)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "HOST OWN\n" not in text_of(box, again):
+            time.sleep(0.2)
+        assert "HOST OWN\n" in text_of(box, again), text_of(box, again)[-200:]
 
 
 # Holds open a file it wrote in /tmp, and prints from it each tick.
