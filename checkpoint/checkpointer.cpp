@@ -112,10 +112,11 @@ json::array mask_list(const std::vector<std::string>& masks) {
   return out;
 }
 
-// Whether the branch's /tmp, as its ns-init sees it, is its /tmp overlay (the host's /tmp under
-// the branch's tmp-upper) rather than the branch's tmp/ itself, a /tmp of its own where overlay
-// could not be had. Told by identity, not by a mount table's strings: a bind of tmp/ on a state
-// dir that is itself on overlayfs (a container's root) shows as "overlay" there too.
+// Whether the branch's /tmp, as its ns-init sees it, keeps its files in tmp-upper/ (its /tmp
+// overlay over the host's /tmp, or a live copy's bind of tmp-upper/ where no overlay could be
+// had) rather than being the branch's tmp/ itself (a launched branch's where no overlay could be
+// had). Told by identity, not by a mount table's strings: a bind of tmp/ on a state dir that is
+// itself on overlayfs (a container's root) shows as "overlay" there too.
 bool tmp_is_overlay(pid_t pid, const std::string& dir) {
   struct stat seen {
   }, own{};
@@ -226,8 +227,9 @@ base::Result<pid_t> Checkpointer::start_criu(CriuRun run) {
   // Every caller is a `then` of when_kdat_ready.
   if (run.run_tmpfs >= 0 && !kdat_warned_ && !kdat_cached())
     return base::fail(kKdatRefused + "no kernel probe ran before it", "criu");
-  auto pid = spawn_criu(*criu_, run);
-  if (!pid) return base::sys_fail("start criu", pid.error());
+  const char* step = nullptr;
+  auto pid = spawn_criu(*criu_, run, &step);
+  if (!pid) return base::sys_fail(step ? std::string("start criu: ") + step : "start criu", pid.error());
   return *pid;
 }
 

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -60,14 +59,37 @@ struct TmpOverlay {
         volatile_data(data + ",volatile") {}
 };
 
-// In the child: the overlay on the copy's tmp/ where criu has a mount namespace of its own (the
-// mount is private to it, and goes with it once criu has bound it into the tree), else the
-// copy's files exchanged into tmp/. `volatile` as in the launcher's plan (launcher.cpp).
-bool make_tmp(const TmpOverlay& t, bool own_mount_ns) noexcept {
-  if (own_mount_ns)
-    for (const std::string* data : {&t.volatile_data, &t.data})
-      if (::mount("overlay", t.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, data->c_str()) == 0) return true;
-  return ::renameat2(AT_FDCWD, t.upper.c_str(), AT_FDCWD, t.target.c_str(), RENAME_EXCHANGE) == 0;
+// In the child, in criu's mount namespace of its own: the copy's tmp/ gets the overlay (the
+// mount is private to that namespace, and goes with it once criu has bound it into the tree),
+// `volatile` as in the launcher's plan; where overlay cannot be had, a bind of tmp-upper/, nosuid
+// and nodev: a /tmp of the copy's own, holding its files (the checkpointer then takes tmp-upper/,
+// as the copy's /tmp is not tmp/ itself).
+bool make_tmp(const TmpOverlay& t) noexcept {
+  for (const std::string* data : {&t.volatile_data, &t.data})
+    if (::mount("overlay", t.target.c_str(), "overlay", MS_NOSUID | MS_NODEV, data->c_str()) == 0) return true;
+  return ::mount(t.upper.c_str(), t.target.c_str(), nullptr, MS_BIND, nullptr) == 0 &&
+         ::mount(nullptr, t.target.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, nullptr) == 0;
+}
+
+const char* step_name(int step) noexcept {
+  switch (step) {
+    case kStepUnshare:
+      return "make its UTS namespace";
+    case kStepSetns:
+      return "enter the copy's network namespace";
+    case kStepExec:
+      return "exec";
+    case kStepHostname:
+      return "set the copy's hostname";
+    case kStepJoinCgroup:
+      return "join the copy's cgroup";
+    case kStepMountProc:
+      return "mount its /proc";
+    case kStepTmp:
+      return "mount the copy's /tmp";
+    default:
+      return "before exec";
+  }
 }
 
 // In the child, in a mount namespace of its own: a clone of the detached tmpfs `run_tmpfs` on
@@ -94,7 +116,7 @@ int KdatCache::fd() {
   return fd_ ? fd_.get() : -1;
 }
 
-os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
+os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run, const char** failed_step) {
   std::vector<std::string> args = {criu};
   args.insert(args.end(), run.args.begin(), run.args.end());
   std::vector<char*> argv;
@@ -157,7 +179,8 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
       if (run.writable_proc_sys) (void)::umount2("/proc/sys", MNT_DETACH);
       if (run.run_tmpfs >= 0) mount_run_tmpfs(run.run_tmpfs);
     }
-    if (tmp && !make_tmp(*tmp, own_mount_ns)) os::child_fail(ep->write.get(), kStepTmp, errno);
+    // A live copy's /tmp needs criu's mount namespace: without one, no copy.
+    if (tmp && (!own_mount_ns || !make_tmp(*tmp))) os::child_fail(ep->write.get(), kStepTmp, errno);
     int high[64];
     for (int i = 0; i < n && i < 64; ++i) high[i] = ::fcntl(src[static_cast<size_t>(i)], F_DUPFD_CLOEXEC, 200);
     int efd = ::fcntl(ep->write.get(), F_DUPFD_CLOEXEC, 200);
@@ -175,7 +198,10 @@ os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run) {
   }
   ep->write.reset();
   // The child failed before exec and exits at once; the reaper collects it like any child.
-  if (auto e = os::read_child_error(ep->read.get())) return os::sys_error(e->err);
+  if (auto e = os::read_child_error(ep->read.get())) {
+    if (failed_step) *failed_step = step_name(e->step);
+    return os::sys_error(e->err);
+  }
   return pid;
 }
 

@@ -75,8 +75,9 @@ class KdatCache {
 /// The criu binary on PATH, or nullopt.
 std::optional<std::string> find_criu();
 
-/// Starts criu; returns its pid. Errors before exec (unshare, exec) come back as the error.
-os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run);
+/// Starts criu; returns its pid. Errors before exec (unshare, exec) come back as the error, with
+/// the step that failed in `*failed_step` where given ("mount the copy's /tmp").
+os::Result<pid_t> spawn_criu(const std::string& criu, const CriuRun& run, const char** failed_step = nullptr);
 
 /// The most useful line of a criu log for an error message: the first "Error" line (the cause),
 /// else the last line.

@@ -448,8 +448,8 @@ base::Result<void> copy_layer(const std::string& src, const std::string& dir, co
   if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
   // The snapshot's /tmp is the upper layer of the copy's /tmp overlay, a cold copy's (launcher.cpp)
   // as a live one's (CriuRun::tmp_overlay). A cold copy's launch falls back to tmp/ where overlay
-  // cannot be had, so it gets the files there too; a live copy's tmp/ stays empty, the overlay's
-  // mount point, and is exchanged with tmp-upper/ where no overlay can be mounted.
+  // cannot be had, so it gets the files there too; a live copy's tmp/ stays empty, the mount point
+  // of its overlay, or of a bind of tmp-upper/ where no overlay can be mounted.
   for (const char* d : sandbox::kLayerDirs) {
     struct stat st {};
     if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;

@@ -426,7 +426,8 @@ def test_a_live_copy_has_a_tmp_of_its_own_where_no_overlay_can_be_had(tmp_path):
     # A state dir on overlayfs (a container's root): the branch's /tmp is its own tmp/, bound,
     # which the mount table also shows as "overlay"; the checkpoint takes that directory (not the
     # overlay's empty upper layer), and the copy, whose overlay is refused too, gets the files in
-    # a /tmp of its own and reopens the one its agent had open. Then the same for a copy of it.
+    # a /tmp of its own (a bind of its tmp-upper/) and reopens the one its agent had open; a
+    # checkpoint of the copy takes that directory. Then the same for a copy of it.
     with overlayfs_dir(tmp_path) as mnt:
         (mnt / "b").mkdir()
         with WsBox(mnt / "b", ["python3", "-c", HOLDS_OWN_TMP_FILE], extra=["--set", "resources.grace=1s"]) as box:
@@ -437,7 +438,9 @@ def test_a_live_copy_has_a_tmp_of_its_own_where_no_overlay_can_be_had(tmp_path):
                 while time.monotonic() < deadline and "mine OWN\n" not in text_of(box, branch):
                     time.sleep(0.2)
                 assert "mine OWN\n" in text_of(box, branch), text_of(box, branch)[-200:]
-                assert (box.state / "branches" / branch / "tmp" / "own.txt").read_text() == "OWN\n"
+                # Its /tmp is a bind of its tmp-upper/ (overlay refused there too), not tmp/ itself.
+                assert (box.state / "branches" / branch / "tmp-upper" / "own.txt").read_text() == "OWN\n"
+                assert not (box.state / "branches" / branch / "tmp" / "own.txt").exists()
             assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live", "live"]
 
 

@@ -81,3 +81,30 @@ TEST_CASE("criu: own_pid_ns runs it as PID 1 of a pid namespace of its own, with
   CHECK_MESSAGE(text->starts_with(p + "\n/proc/" + p + "\n"), *text);
   CHECK(text->find(ours) != std::string::npos);
 }
+
+TEST_CASE("criu: a live copy's /tmp that cannot be mounted is an error naming that step") {
+  if (::geteuid() != 0) return;  // a mount namespace of its own needs CAP_SYS_ADMIN
+  sbx::test::TempDir t("criu-tmp");
+  std::string dir = t.path.string();
+  CriuRun run;
+  run.args = {"-c", "exit 0"};
+  run.output = dir + "/out";
+  run.tmp_overlay = dir + "/gone";  // neither its tmp/ nor its tmp-upper/ is there
+  const char* step = nullptr;
+  auto pid = spawn_criu("/bin/sh", run, &step);
+  REQUIRE_FALSE(pid.has_value());
+  CHECK(pid.error() == std::errc::no_such_file_or_directory);
+  REQUIRE(step != nullptr);
+  CHECK(std::string(step) == "mount the copy's /tmp");
+  // The control: with both directories there, a bind of tmp-upper/ at least, and the shell runs.
+  REQUIRE(sbx::os::make_dirs(dir + "/gone/tmp", 0755).has_value());
+  REQUIRE(sbx::os::make_dirs(dir + "/gone/tmp-upper", 0755).has_value());
+  REQUIRE(sbx::os::make_dirs(dir + "/gone/tmp-work", 0755).has_value());
+  step = nullptr;
+  pid = spawn_criu("/bin/sh", run, &step);
+  REQUIRE(pid.has_value());
+  int st = 0;
+  REQUIRE(::waitpid(*pid, &st, 0) == *pid);
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  CHECK(step == nullptr);
+}
