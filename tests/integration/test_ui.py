@@ -1,11 +1,12 @@
 """`sandboxer ui`: the page in a real browser (Debian's chromium, headless, driven by Playwright)
 against a real box: the timeline, the consoles, the metrics, the fork tree after a checkpoint and a
-fork made from the page, a terminal, the page secret, and a finished box replayed from its state
+fork made from the page, a terminal and its size, the page secret, and a finished box replayed from its state
 dir. Each test saves a screenshot in build/ui-screenshots/, or in docs/ with SBX_UI_SHOTS=docs
 (ui-live.png and ui-fork.png there are the README's), so a test run leaves the tree clean."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import time
 import urllib.error
@@ -321,3 +322,55 @@ def test_a_wss_box_is_relayed_only_when_its_certificate_verifies(tmp_path, page)
             page.click('[data-testid="do-signal"]')
             page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('signal: ok')",
                                    timeout=10_000)
+
+
+def terminal_size(page):
+    """(rows, cols) of the page's terminal as laid out: its row elements, and its screen's width
+    over the width of one character cell (xterm's DOM renderer sizes both from the cell)."""
+    return tuple(page.evaluate("""() => {
+        const pane = document.querySelector('[data-testid^="console-main/ui-term-"]');
+        const rows = pane.querySelectorAll('.xterm-rows > div');
+        const cell = pane.querySelector('.xterm-char-measure-element');
+        const w = cell.getBoundingClientRect().width / cell.textContent.length;
+        return [rows.length, Math.round(pane.querySelector('.xterm-screen').getBoundingClientRect().width / w)];
+    }"""))
+
+
+def stty_sizes(page):
+    """Every `ROWS COLS` line `stty size` printed in the page's terminal so far, as (rows, cols)."""
+    rows = page.evaluate("() => [...document.querySelectorAll('[data-testid^=\\\"console-main/ui-term-\\\"] .xterm-rows > div')]"
+                         ".map(r => r.textContent.trim())")
+    return [tuple(int(x) for x in r.split()) for r in rows if re.fullmatch(r"\d+ \d+", r)]
+
+
+def wait_for_size(page, size):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and size not in stty_sizes(page):
+        time.sleep(0.1)
+    return stty_sizes(page)
+
+
+def test_the_terminal_s_size_reaches_the_box_s_pty_at_start_and_on_resize(tmp_path, page):
+    # The pty has the size of the page's terminal, as fitted to its pane: at the exec, and again
+    # after the window (and so the pane) narrows.
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.click('[data-testid="do-terminal"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('exec: ok')",
+                               timeout=20_000)
+        term = page.locator('[data-testid^="console-main/ui-term-"]')
+        term.wait_for(timeout=5000)
+        term.click()
+        page.keyboard.type("stty size\n")
+        wide = terminal_size(page)
+        assert wide in wait_for_size(page, wide), (wide, stty_sizes(page))
+        page.set_viewport_size({"width": 900, "height": 1000})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and terminal_size(page) == wide:
+            time.sleep(0.1)
+        narrow = terminal_size(page)
+        assert narrow[1] < wide[1], (narrow, wide)
+        page.keyboard.type("stty size\n")
+        assert narrow in wait_for_size(page, narrow), (narrow, stty_sizes(page))
+        shot(page, "ui-terminal-resized.png")
