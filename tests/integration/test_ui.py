@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,8 +37,8 @@ TICKER = ("import time\n"
 class Ui:
     """`sandboxer ui TARGET` running; `address` is the page's, secret included."""
 
-    def __init__(self, target, token_file=None, env=None):
-        cmd = [str(CLI), "ui", str(target)] + (["--token-file", str(token_file)] if token_file else [])
+    def __init__(self, target, token_file=None, env=None, extra=()):
+        cmd = [str(CLI), "ui", str(target), *extra] + (["--token-file", str(token_file)] if token_file else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.address = self.proc.stdout.readline().strip()
         assert self.address.startswith("http://127.0.0.1:"), self.proc.stderr.read()
@@ -374,3 +375,50 @@ def test_the_terminal_s_size_reaches_the_box_s_pty_at_start_and_on_resize(tmp_pa
         page.keyboard.type("stty size\n")
         assert narrow in wait_for_size(page, narrow), (narrow, stty_sizes(page))
         shot(page, "ui-terminal-resized.png")
+
+
+# The user's browser for `ui --open`: Debian's chromium, headless, driven by Playwright, which
+# opens the address xdg-open gives it and writes the page once its timeline has rows.
+OPENED_BY_XDG = """import sys
+from playwright.sync_api import sync_playwright
+with sync_playwright() as p:
+    b = p.chromium.launch(executable_path=sys.argv[1], headless=True, args=["--no-sandbox"])
+    pg = b.new_page()
+    pg.goto(sys.argv[3])
+    pg.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=30_000)
+    open(sys.argv[2] + ".part", "w").write(pg.content())
+    b.close()
+import os
+os.rename(sys.argv[2] + ".part", sys.argv[2])
+"""
+
+
+def test_open_starts_the_users_browser_on_the_page(tmp_path):
+    # --open hands the page's address (its secret included) to xdg-open, which, with no desktop
+    # session, runs $BROWSER with it. Control: without xdg-open on PATH, `ui --open` says so and
+    # serves the page.
+    dom = tmp_path / "dom.html"
+    (tmp_path / "browser.py").write_text(OPENED_BY_XDG)
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\n{sys.executable} {tmp_path / 'browser.py'} {CHROMIUM} {dom} \"$1\"\n")
+    browser.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "XDG_CURRENT_DESKTOP")}
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box:
+        with Ui(box.url, box.token_file, env=dict(env, BROWSER=str(browser)), extra=["--open"]):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not dom.exists():
+                time.sleep(0.2)
+            page = dom.read_text()
+        # The timeline's rows are drawn by the page's script from the events it was served.
+        assert "tl-row" in page and "box.started" in page, page[:2000]
+        bare = dict(env, PATH=str(tmp_path / "empty"))
+        (tmp_path / "empty").mkdir()
+        ui = Ui(box.url, box.token_file, env=bare, extra=["--open"])
+        try:
+            with urllib.request.urlopen(ui.address, timeout=10) as r:
+                assert r.status == 200
+        finally:
+            ui.proc.terminate()
+            _, err = ui.proc.communicate(timeout=10)
+        assert "--open: no xdg-open on PATH; open the address above" in err, err
