@@ -14,7 +14,7 @@ namespace json = boost::json;
 // What the page may ask of the box: the actions the CLI has. Everything else (auth, fs.* with
 // binary frames, snapshot.export/import) stays with the CLI's own subcommands.
 constexpr std::string_view kRelayed[] = {"exec", "stdin",   "signal",        "resize",   "stats", "checkpoint",
-                                         "fork", "restore", "snapshot.list", "shutdown", "ping"};
+                                         "fork", "restore", "snapshot.list", "shutdown", "ping",  "snapshot.delete"};
 
 constexpr size_t kMaxRange = 2000;
 

@@ -422,3 +422,36 @@ def test_open_starts_the_users_browser_on_the_page(tmp_path):
             ui.proc.terminate()
             _, err = ui.proc.communicate(timeout=10)
         assert "--open: no xdg-open on PATH; open the address above" in err, err
+
+
+def test_a_snapshot_deleted_from_the_page_is_struck_through_and_no_longer_offered(tmp_path, page):
+    # The page deletes the snapshot picked in the fork list, once the dialog is accepted; the
+    # tree keeps it, struck through, and the list offers only the others. Dismissed, nothing goes.
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
+        snaps = []
+        for name in ("first", "second"):
+            r = subprocess.run([str(CLI), "checkpoint", box.url, "--name", name, "--token-file", str(box.token_file)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            snaps.append(r.stdout.strip().splitlines()[-1])
+        page.goto(ui.address)
+        for s in snaps:
+            page.locator(f'[data-snapshot="{s}"]').wait_for(timeout=10_000)
+        offered = lambda: page.eval_on_selector_all('[data-testid="fork-snapshot"] option', "os => os.map(o => o.value)")
+        assert offered() == snaps
+        page.select_option('[data-testid="fork-snapshot"]', snaps[1])
+        page.once("dialog", lambda d: d.dismiss())
+        page.click('[data-testid="do-delete-snapshot"]')
+        page.select_option('[data-testid="fork-snapshot"]', snaps[0])
+        page.once("dialog", lambda d: d.accept())
+        page.click('[data-testid="do-delete-snapshot"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('snapshot.delete: ok')",
+                               timeout=20_000)
+        page.locator(f'[data-snapshot="{snaps[0]}"].deleted').wait_for(timeout=10_000)
+        assert offered() == [snaps[1]]
+        deleted = [e["snapshot"] for e in read_journal(box.state) if e["type"] == "snapshot.deleted"]
+        assert deleted == [snaps[0]]
+        listed = subprocess.run([str(CLI), "snapshots", box.url, "--token-file", str(box.token_file)],
+                                capture_output=True, text=True, timeout=30).stdout
+        assert snaps[1] in listed and snaps[0] not in listed, listed
+        shot(page, "ui-snapshot-deleted.png")

@@ -21,7 +21,12 @@ export class Actions {
     root.append(
       liveBox ? "" : el("div", { class: "note", "data-testid": "read-only" }, "read-only: a journal replayed from disk"),
       el("div", { class: "row" }, name, b("checkpoint", "do-checkpoint", () => this.run("checkpoint", () => box.checkpoint(name.value || undefined, { branch: this.branchOf() || undefined })))),
-      el("div", { class: "row" }, this.snapSel, " n ", n, b("fork", "do-fork", () => this.run("fork", () => box.fork(this.snapSel.value, Number(n.value))))),
+      el("div", { class: "row" }, this.snapSel, " n ", n, b("fork", "do-fork", () => this.run("fork", () => box.fork(this.snapSel.value, Number(n.value)))),
+        b("delete…", "do-delete-snapshot", () => {
+          const id = this.snapSel.value;
+          if (id && confirm(`Delete snapshot ${id}? Branches restored from it go on; it can no longer be forked.`))
+            this.run("snapshot.delete", () => box.deleteSnapshot(id));
+        })),
       el("div", { class: "row" }, proc, sig, b("signal", "do-signal", () => this.run("signal", () => box.signal(proc.value, sig.value)))),
       el("div", { class: "row" }, cmd, b("terminal", "do-terminal", () => this.terminal(cmd.value))),
       el("div", { class: "row" }, b("shutdown…", "do-shutdown", () => {
@@ -34,9 +39,10 @@ export class Actions {
   /** Keeps the snapshot list in step with the fork tree. */
   refreshSnapshots() {
     const snaps = this.tree.snapshotIds();
-    if (snaps.length === this.snapSel.options.length) return;
+    const shown = [...this.snapSel.options].map((o) => o.value);
+    if (snaps.length === shown.length && snaps.every((s, i) => s.id === shown[i])) return;
     this.snapSel.replaceChildren(...snaps.map((s) => el("option", { value: s.id }, s.name || s.id.slice(0, 12))));
-    this.snapSel.value = snaps[snaps.length - 1].id;
+    if (snaps.length) this.snapSel.value = snaps[snaps.length - 1].id;
   }
 
   /** Runs one call of the client and shows its reply, or its error as the box gave it. */

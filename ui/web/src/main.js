@@ -72,7 +72,7 @@ async function main() {
     cons.onEvent(e);
     met.onEvent(e);
     ft.onEvent(e);
-    if (e.type === "checkpoint.created" || e.type === "snapshot.imported") act.refreshSnapshots();
+    if (["checkpoint.created", "snapshot.imported", "snapshot.deleted"].includes(e.type)) act.refreshSnapshots();
   };
   const fetchAll = async (filter, fn) => {
     for (let from = 0; ; ) {

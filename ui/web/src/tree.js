@@ -26,6 +26,10 @@ export class ForkTree {
     let changed = true;
     if (e.type === "checkpoint.created") {
       this.snapshots.set(e.snapshot, { id: e.snapshot, name: e.name, mode: e.mode, sizes: e.sizes || {}, ts: e.ts, branch: e.branch });
+    } else if (e.type === "snapshot.deleted") {
+      const s = this.snapshots.get(e.snapshot);
+      if (s) s.deleted = true;
+      else changed = false;
     } else if (e.type === "snapshot.imported") {
       if (!this.snapshots.has(e.snapshot)) this.snapshots.set(e.snapshot, { id: e.snapshot, name: "imported", mode: "", sizes: {}, ts: e.ts, branch: null });
     } else if (e.type === "restore.done") {
@@ -70,9 +74,10 @@ export class ForkTree {
   }
 
   snapNode(s) {
-    const li = el("li", { class: "snapshot", "data-testid": `snapshot-${s.id.slice(0, 12)}`, "data-snapshot": s.id },
+    // A deleted snapshot stays in the tree, struck through, with the branches restored from it.
+    const li = el("li", { class: `snapshot${s.deleted ? " deleted" : ""}`, "data-testid": `snapshot-${s.id.slice(0, 12)}`, "data-snapshot": s.id },
       el("span", { class: "snap" }, `◆ ${s.name || s.id.slice(0, 12)}`),
-      el("span", { class: "meta" }, ` ${s.mode} ${bytes(s.sizes.compressed ?? s.sizes.raw)} ${s.ts?.slice(11, 19) ?? ""}`));
+      el("span", { class: "meta" }, ` ${s.mode} ${bytes(s.sizes.compressed ?? s.sizes.raw)} ${s.ts?.slice(11, 19) ?? ""}${s.deleted ? " deleted" : ""}`));
     const kids = [...this.branches.values()].filter((b) => b.from === s.id);
     if (kids.length) {
       const ul = el("ul", {});
@@ -97,7 +102,8 @@ export class ForkTree {
     this.root.replaceChildren(ul);
   }
 
+  /** The snapshots that can still be forked or deleted, oldest first. */
   snapshotIds() {
-    return [...this.snapshots.values()];
+    return [...this.snapshots.values()].filter((s) => !s.deleted);
   }
 }
