@@ -8,8 +8,13 @@
 
 namespace sbx::ui {
 
-BoxLink::BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close)
-    : io_(io), target_(std::move(target)), on_text_(std::move(on_text)), on_close_(std::move(on_close)), wake_(io) {
+BoxLink::BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close, TextFn on_binary)
+    : io_(io),
+      target_(std::move(target)),
+      on_text_(std::move(on_text)),
+      on_close_(std::move(on_close)),
+      on_binary_(std::move(on_binary)),
+      wake_(io) {
   if (target_.tls) {
     ssl_.set_default_verify_paths();
     ssl_.set_verify_mode(target_.insecure ? asio::ssl::verify_none : asio::ssl::verify_peer);
@@ -37,7 +42,7 @@ void BoxLink::cancel() {
 
 void BoxLink::send(std::string frame) {
   if (closed_) return;
-  out_.push_back(std::move(frame));
+  out_.push_back({std::move(frame)});
   wake_.cancel();
 }
 
@@ -55,6 +60,7 @@ void BoxLink::finish(std::string why) {
   // The callbacks may hold the last reference to this link's owner: call them once, last.
   auto on_close = std::move(on_close_);
   on_text_ = nullptr;
+  on_binary_ = nullptr;
   if (!was_closed && on_close) on_close(std::move(why));
 }
 
@@ -87,7 +93,10 @@ asio::awaitable<void> BoxLink::run(Ws& ws) {
     beast::flat_buffer buf;
     while (!closed_) {
       co_await ws.async_read(buf, asio::use_awaitable);
-      if (ws.got_text() && on_text_) on_text_(beast::buffers_to_string(buf.data()));
+      if (ws.got_text() && on_text_)
+        on_text_(beast::buffers_to_string(buf.data()));
+      else if (ws.got_binary() && on_binary_)
+        on_binary_(beast::buffers_to_string(buf.data()));
       buf.consume(buf.size());
     }
     finish("closed");

@@ -23,11 +23,18 @@ namespace http = beast::http;
 namespace websocket = beast::websocket;
 using tcp = asio::ip::tcp;
 
-/// Writes `out`'s frames to `ws` in order, as text, until `closed`: waits on `wake` while `out` is
-/// empty (whoever queues a frame or closes cancels it), and runs `after` once each frame is out.
-/// A write that fails throws to the caller.
+/// One WebSocket frame to send: text (a JSON frame), or binary (a file's content relayed from the
+/// box as it sent it: its header, then the bytes).
+struct Frame {
+  std::string bytes;
+  bool binary = false;
+};
+
+/// Writes `out`'s frames to `ws` in order until `closed`: waits on `wake` while `out` is empty
+/// (whoever queues a frame or closes cancels it), and runs `after` once each frame is out. A
+/// write that fails throws to the caller.
 template <class Ws, class After>
-asio::awaitable<void> write_frames(Ws& ws, std::deque<std::string>& out, asio::steady_timer& wake, const bool& closed,
+asio::awaitable<void> write_frames(Ws& ws, std::deque<Frame>& out, asio::steady_timer& wake, const bool& closed,
                                    After after) {
   while (!closed) {
     if (out.empty()) {
@@ -36,17 +43,17 @@ asio::awaitable<void> write_frames(Ws& ws, std::deque<std::string>& out, asio::s
       co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    ws.text(true);
-    co_await ws.async_write(asio::buffer(out.front()), asio::use_awaitable);
+    ws.binary(out.front().binary);
+    co_await ws.async_write(asio::buffer(out.front().bytes), asio::use_awaitable);
     out.pop_front();
     after();
   }
 }
 
 /// One WebSocket connection to the box, authenticated with the box's token (never sent anywhere
-/// else). Frames are sent in order once it is open; `on_text` gets each text frame, `on_close`
-/// once, with why. A wss:// box is verified against the system's CAs (SSL_CERT_FILE and
-/// SSL_CERT_DIR are honoured) and its host name, unless `insecure` (SANDBOXER_INSECURE), as the
+/// else). Frames are sent in order once it is open; `on_text` gets each text frame, `on_binary`
+/// (where given) each binary one, `on_close` once, with why. A wss:// box is verified against the system's CAs
+/// (SSL_CERT_FILE and SSL_CERT_DIR are honoured) and its host name, unless `insecure` (SANDBOXER_INSECURE), as the
 /// CLI's other commands do.
 class BoxLink : public std::enable_shared_from_this<BoxLink> {
  public:
@@ -56,7 +63,7 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
     std::string host, port, path, token;
     bool tls = false, insecure = false;
   };
-  BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close);
+  BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close, TextFn on_binary = {});
   void start();
   void send(std::string frame);
   void close();
@@ -74,10 +81,11 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
   Target target_;
   TextFn on_text_;
   CloseFn on_close_;
+  TextFn on_binary_;
   asio::ssl::context ssl_{asio::ssl::context::tls_client};
   std::unique_ptr<websocket::stream<beast::tcp_stream>> plain_;
   std::unique_ptr<websocket::stream<beast::ssl_stream<beast::tcp_stream>>> tls_;
-  std::deque<std::string> out_;
+  std::deque<Frame> out_;
   asio::steady_timer wake_;
   bool open_ = false, closed_ = false;
 };
@@ -121,13 +129,13 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   void events_range(const std::string& id, const boost::json::object& req);
   void events_find(const std::string& id, const boost::json::object& req);
   void stats_from_journal(const std::string& id);
-  void queue(std::string frame);
+  void queue(std::string frame, bool binary = false);
   void reply(const std::string& id, boost::json::object fields);
   void fail(const std::string& id, std::string_view code, const std::string& message);
 
   std::shared_ptr<Hub> hub_;
   websocket::stream<beast::tcp_stream> ws_;
-  std::deque<std::string> out_;
+  std::deque<Frame> out_;
   asio::steady_timer wake_;
   bool closed_ = false;
   bool subscribed_ = false;

@@ -11,10 +11,16 @@ namespace {
 
 namespace json = boost::json;
 
-// What the page may ask of the box: the actions the CLI has. Everything else (auth, fs.* with
-// binary frames, snapshot.export/import) stays with the CLI's own subcommands.
-constexpr std::string_view kRelayed[] = {"exec", "stdin",   "signal",        "resize",   "stats", "checkpoint",
-                                         "fork", "restore", "snapshot.list", "shutdown", "ping",  "snapshot.delete"};
+// What the page may ask of the box: the actions the CLI has, and reading its files (the page's
+// file panel). Everything else (auth, fs writes, snapshot.export/import) stays with the CLI's own
+// subcommands.
+constexpr std::string_view kRelayed[] = {"exec",    "stdin",   "signal",        "resize",   "stats", "checkpoint",
+                                         "fork",    "restore", "snapshot.list", "shutdown", "ping",  "snapshot.delete",
+                                         "fs.list", "fs.stat", "fs.read"};
+
+// An fs.read relayed for the page names its length, at most this: the CLI holds what the box
+// sends until the page has read it.
+constexpr uint64_t kMaxPageRead = 4u << 20;
 
 constexpr size_t kMaxRange = 2000;
 
@@ -85,9 +91,9 @@ asio::awaitable<void> PageSession::write_loop() {
   }
 }
 
-void PageSession::queue(std::string frame) {
+void PageSession::queue(std::string frame, bool binary) {
   if (closed_) return;
-  out_.push_back(std::move(frame));
+  out_.push_back({std::move(frame), binary});
   wake_.cancel();
 }
 
@@ -98,7 +104,7 @@ void PageSession::pump() {
   while (cursor_ < store.size() && out_.size() < kWindow) {
     const auto& e = store.at(cursor_++);
     if (!sub_branch_.empty() && e.branch != sub_branch_) continue;
-    out_.push_back(e.line);
+    out_.push_back({e.line});
     added = true;
   }
   if (added) wake_.cancel();
@@ -224,6 +230,9 @@ void PageSession::relay(const std::string& op, const std::string& id, const json
     return fail(id, "bad_request", op + ": not an operation the page may ask for");
   if (!hub_->live)
     return fail(id, "read_only", op + ": refused: this page replays the journal of " + hub_->source + " read-only");
+  if (op == "fs.read" && num(req, "length", kMaxPageRead + 1) > kMaxPageRead)
+    return fail(id, "bad_request",
+                "fs.read: the page reads at most " + std::to_string(kMaxPageRead) + " bytes at a time (field length)");
   if (!link_ || link_->closed()) {
     std::weak_ptr<PageSession> weak = weak_from_this();
     link_ = std::make_shared<BoxLink>(
@@ -245,6 +254,10 @@ void PageSession::relay(const std::string& op, const std::string& id, const json
           if (!self) return;
           for (const auto& pid : self->pending_) self->fail(pid, "unavailable", why);
           self->pending_.clear();
+        },
+        [weak](std::string bytes) {
+          // fs.read's content, header and all: the page's client matches it to its request.
+          if (auto self = weak.lock()) self->queue(std::move(bytes), true);
         });
     link_->start();
   }

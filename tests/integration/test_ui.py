@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -211,10 +212,10 @@ def test_a_wrong_or_missing_secret_gets_403_and_no_data(tmp_path, page):
             assert json.loads(c.recv(10))["ok"] is True
             assert json.loads(c.recv(10))["type"] == "box.started"
             # The page cannot reach what only the CLI's own commands do.
-            c.send(json.dumps({"id": 2, "op": "fs.read", "path": "/workspace/x"}))
+            c.send(json.dumps({"id": 2, "op": "fs.write", "path": "/workspace/x", "data": "x"}))
             while (m := json.loads(c.recv(10))).get("id") != 2:
                 pass
-            assert m["error"]["code"] == "bad_request" and "fs.read" in m["error"]["message"]
+            assert m["error"]["code"] == "bad_request" and "not an operation the page may ask for" in m["error"]["message"]
         page.goto(ui.origin + f"/{wrong}/")
         assert "forbidden" in page.inner_text("body")
         shot(page, "ui-forbidden.png")
@@ -455,3 +456,76 @@ def test_a_snapshot_deleted_from_the_page_is_struck_through_and_no_longer_offere
                                 capture_output=True, text=True, timeout=30).stdout
         assert snaps[1] in listed and snaps[0] not in listed, listed
         shot(page, "ui-snapshot-deleted.png")
+
+
+# Files for the page's file panel: a directory, a text file, a file larger than the panel shows
+# (3 MiB, more than one 1 MiB frame), and one that is not text.
+FILES_AGENT = ("mkdir -p /workspace/d && echo hello > /workspace/d/a.txt && "
+               "head -c 3145728 /dev/zero | tr '\\0' x > /workspace/big.txt && printf 'a\\0b' > /workspace/bin.dat && "
+               "touch /workspace/ready && exec sleep 600")
+
+
+def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, page):
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
+            time.sleep(0.1)
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.click('[data-testid="files-go"]')
+        page.locator('[data-testid="file-d/"]').wait_for(timeout=10_000)
+        names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
+        assert names == ["..", "d/", "big.txt", "bin.dat", "ready"], names
+        page.click('[data-testid="file-d/"]')
+        page.click('[data-testid="file-a.txt"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'hello\\n'", timeout=10_000)
+        assert page.input_value('[data-testid="files-path"]') == "/workspace/d"
+        page.click('[data-testid="file-.."]')
+        page.click('[data-testid="file-big.txt"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent.includes('the first 256.0 KiB of 3.0 MiB')",
+                               timeout=10_000)
+        view = page.inner_text('[data-testid="file-view"]')
+        assert view.startswith("x" * 1000), view[:100]
+        page.click('[data-testid="file-bin.dat"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent.includes('binary')", timeout=10_000)
+        shot(page, "ui-files.png")
+        # A path the box refuses: its error, and the panel goes on.
+        page.fill('[data-testid="files-path"]', "/workspace/../../etc")
+        page.click('[data-testid="files-go"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
+        assert "fs.list" in page.inner_text('[data-testid="file-view"]')
+
+
+def test_the_page_server_relays_a_file_read_in_binary_frames_and_bounds_its_length(tmp_path):
+    from websockets.sync.client import connect
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
+            time.sleep(0.1)
+        ws = ui.origin.replace("http://", "ws://")
+        with connect(f"{ws}/{ui.secret}/ws", origin=ui.origin, subprotocols=["sandboxer.v1"], open_timeout=10,
+                     max_size=None) as c:
+            # Unbounded or too long: refused, naming the field; nothing is read from the box.
+            for i, extra in ((1, {}), (2, {"length": (4 << 20) + 1})):
+                c.send(json.dumps({"id": i, "op": "fs.read", "path": "/workspace/big.txt", **extra}))
+                m = json.loads(c.recv(10))
+                assert m["id"] == i and m["error"]["code"] == "bad_request" and "length" in m["error"]["message"], m
+            # The whole 3 MiB file: the box's reply, then its frames as the box sent them, in order.
+            c.send(json.dumps({"id": 7, "op": "fs.read", "path": "/workspace/big.txt", "length": 4 << 20}))
+            got, frames, reply = bytearray(), 0, None
+            while True:
+                m = c.recv(10)
+                if isinstance(m, str):
+                    reply = json.loads(m)
+                    assert reply["id"] == 7 and reply["ok"], reply
+                    continue
+                rid, offset, flags = struct.unpack("<IQB", m[:13])
+                assert rid == 7 and offset == len(got), (rid, offset, len(got))
+                got += m[13:]
+                frames += 1
+                if flags & 1:
+                    break
+            assert reply and reply["length"] == 3 << 20
+            assert bytes(got) == b"x" * (3 << 20) and frames >= 3, frames

@@ -7,6 +7,7 @@ import "./style.css";
 import { Actions } from "./actions.js";
 import { Box } from "../../../sdk/ts/src/index.ts";
 import { Consoles } from "./consoles.js";
+import { Files } from "./files.js";
 import { Metrics } from "./metrics.js";
 import { Timeline } from "./timeline.js";
 import { ForkTree } from "./tree.js";
@@ -29,12 +30,13 @@ async function main() {
   };
   const tree = panel("fork tree", "tree");
   const actions = panel("actions", "actions");
+  const files = panel("files", "files");
   const timeline = panel("events", "timeline");
   const detail = el("pre", { class: "detail", "data-testid": "event-detail" });
   timeline.body.append(detail);
   const consoles = panel("consoles", "consoles");
   const metrics = panel("metrics", "metrics");
-  app.append(header, el("main", {}, el("div", { class: "left" }, tree.section, actions.section), timeline.section, consoles.section, metrics.section));
+  app.append(header, el("main", {}, el("div", { class: "left" }, tree.section, actions.section, files.section), timeline.section, consoles.section, metrics.section));
 
   const wsUrl = new URL("ws", location.href);
   wsUrl.protocol = location.protocol === "https:" ? "wss:" : "ws:";
@@ -60,6 +62,7 @@ async function main() {
     if (branch) met.show(branch);
   });
   const act = new Actions(box, actions.body, { tree: ft, consoles: cons, liveBox: info.mode === "live", branchOf: () => picked });
+  new Files(box, files.body, { liveBox: info.mode === "live", branchOf: () => picked });
   ft.render();
 
   setInterval(() => box.request("ui.info").then(showStatus, () => (status.textContent = "disconnected from the page server")), 2000);

@@ -1,0 +1,73 @@
+// The box's files, read-only: a directory of the picked branch (fs.list) and the start of one
+// file (fs.read), through the page server, which relays these and no write.
+import { bytes, el } from "./util.js";
+
+/** How much of a file the panel shows. */
+const VIEW_MAX = 256 << 10;
+
+export class Files {
+  constructor(box, root, { liveBox, branchOf }) {
+    this.box = box;
+    this.branchOf = branchOf;
+    this.path = el("input", { value: "/workspace", "data-testid": "files-path", size: 22 });
+    this.list = el("ul", { class: "files", "data-testid": "files-list" });
+    this.view = el("pre", { class: "file-view", "data-testid": "file-view" });
+    const go = el("button", { "data-testid": "files-go", onclick: () => this.open(this.path.value), ...(liveBox ? {} : { disabled: "" }) }, "list");
+    this.path.addEventListener("keydown", (e) => e.key === "Enter" && liveBox && this.open(this.path.value));
+    root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go), this.list, this.view);
+  }
+
+  branch() {
+    return this.branchOf() || undefined;
+  }
+
+  /** Lists `path`: directories first, each a link into it; files open in the view. */
+  async open(path) {
+    path = path.replace(/\/+$/, "") || "/";
+    this.path.value = path;
+    this.view.textContent = "";
+    this.view.className = "file-view";
+    let entries;
+    try {
+      entries = await this.box.fs.list(path, { branch: this.branch() });
+    } catch (e) {
+      return this.error(e);
+    }
+    entries.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? String(a.name).localeCompare(String(b.name)) : a.type === "dir" ? -1 : 1);
+    const item = (label, cls, fn, meta = "") =>
+      el("li", {}, el("button", { class: `file ${cls}`, "data-testid": `file-${label}`, onclick: fn }, label), el("span", { class: "meta" }, meta));
+    const parent = path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
+    this.list.replaceChildren(
+      ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
+      ...entries.map((e) => {
+        const full = `${path === "/" ? "" : path}/${e.name}`;
+        if (e.type === "dir") return item(`${e.name}/`, "dir", () => this.open(full));
+        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`);
+      }),
+    );
+  }
+
+  /** The first VIEW_MAX bytes of `path` as text, or what it is when it is not text. */
+  async show(path, size) {
+    this.view.className = "file-view";
+    this.view.textContent = `${path}: reading…`;
+    let data;
+    try {
+      data = await this.box.fs.read(path, { length: VIEW_MAX, branch: this.branch() });
+    } catch (e) {
+      return this.error(e);
+    }
+    this.view.dataset.path = path;
+    if (data.includes(0)) {
+      this.view.textContent = `${path}: binary, ${bytes(size ?? data.length)}`;
+      return;
+    }
+    const more = size > data.length ? `\n… the first ${bytes(data.length)} of ${bytes(size)}` : "";
+    this.view.textContent = new TextDecoder().decode(data) + more;
+  }
+
+  error(e) {
+    this.view.className = "file-view error";
+    this.view.textContent = e.message;
+  }
+}
