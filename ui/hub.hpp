@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -126,6 +127,10 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   void handle(std::string_view text);
   bool handle_local(const std::string& op, const std::string& id, const boost::json::object& req);
   void relay(const std::string& op, const std::string& id, const boost::json::object& req);
+  void open_link();
+  void from_box_text(std::string text);
+  void from_box_binary(std::string bytes);
+  void box_closed(const std::string& why);
   void events_range(const std::string& id, const boost::json::object& req);
   void events_find(const std::string& id, const boost::json::object& req);
   void stats_from_journal(const std::string& id);
@@ -143,6 +148,8 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   size_t cursor_ = 0;
   std::shared_ptr<BoxLink> link_;
   std::set<std::string> pending_;  ///< ids (as JSON) of requests relayed and not answered yet
+  /// fs.read requests relayed whose last frame has not come: id -> the offset of the next byte.
+  std::map<uint32_t, uint64_t> reads_;
 };
 
 }  // namespace sbx::ui

@@ -1,7 +1,10 @@
 // The page's WebSocket (ui/hub.hpp): sandboxer.v1 requests answered from the events this process
 // keeps, or relayed to the box on a connection of the page's own.
 #include <algorithm>
+#include <boost/endian/conversion.hpp>
 #include <boost/json.hpp>
+#include <cstdint>
+#include <optional>
 
 #include "ui/hub.hpp"
 
@@ -21,6 +24,15 @@ constexpr std::string_view kRelayed[] = {"exec",    "stdin",   "signal",        
 // An fs.read relayed for the page names its length, at most this: the CLI holds what the box
 // sends until the page has read it.
 constexpr uint64_t kMaxPageRead = 4u << 20;
+
+// A binary frame's header: u32 id, u64 offset, u8 flags (bit 0: the last).
+constexpr size_t kFrameHeader = 13;
+
+// A request id as a binary frame's header carries it: an integer in [0, 2^32), as fs.read's must be.
+std::optional<uint32_t> frame_id(const json::value& id) {
+  if (!id.is_int64() || id.as_int64() < 0 || id.as_int64() > UINT32_MAX) return std::nullopt;
+  return static_cast<uint32_t>(id.as_int64());
+}
 
 constexpr size_t kMaxRange = 2000;
 
@@ -233,36 +245,83 @@ void PageSession::relay(const std::string& op, const std::string& id, const json
   if (op == "fs.read" && num(req, "length", kMaxPageRead + 1) > kMaxPageRead)
     return fail(id, "bad_request",
                 "fs.read: the page reads at most " + std::to_string(kMaxPageRead) + " bytes at a time (field length)");
-  if (!link_ || link_->closed()) {
-    std::weak_ptr<PageSession> weak = weak_from_this();
-    link_ = std::make_shared<BoxLink>(
-        hub_->io, hub_->box,
-        [weak](std::string text) {
-          auto self = weak.lock();
-          if (!self) return;
-          boost::system::error_code ec;
-          auto v = json::parse(text, ec);
-          if (!ec && v.is_object()) {
-            auto it = v.as_object().find("id");
-            if (it != v.as_object().end()) self->pending_.erase(json::serialize(it->value()));
-          }
-          // Replies only: this connection subscribes to nothing, the page's events come from the store.
-          self->queue(self->hub_->scrub(std::move(text)));
-        },
-        [weak](std::string why) {
-          auto self = weak.lock();
-          if (!self) return;
-          for (const auto& pid : self->pending_) self->fail(pid, "unavailable", why);
-          self->pending_.clear();
-        },
-        [weak](std::string bytes) {
-          // fs.read's content, header and all: the page's client matches it to its request.
-          if (auto self = weak.lock()) self->queue(std::move(bytes), true);
-        });
-    link_->start();
-  }
+  if (!link_ || link_->closed()) open_link();
+  // An fs.read whose id is not a frame's (the protocol's rule) is refused by the box: no frames.
+  if (auto* rid = req.if_contains("id"); op == "fs.read" && rid)
+    if (auto n = frame_id(*rid)) reads_[*n] = num(req, "offset", 0);
   pending_.insert(id);
   link_->send(json::serialize(req));
+}
+
+void PageSession::open_link() {
+  std::weak_ptr<PageSession> weak = weak_from_this();
+  link_ = std::make_shared<BoxLink>(
+      hub_->io, hub_->box,
+      [weak](std::string text) {
+        if (auto self = weak.lock()) self->from_box_text(std::move(text));
+      },
+      [weak](std::string why) {
+        if (auto self = weak.lock()) self->box_closed(why);
+      },
+      [weak](std::string bytes) {
+        if (auto self = weak.lock()) self->from_box_binary(std::move(bytes));
+      });
+  link_->start();
+}
+
+void PageSession::from_box_text(std::string text) {
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  if (!ec && v.is_object()) {
+    const auto& o = v.as_object();
+    if (auto it = o.find("id"); it != o.end()) {
+      pending_.erase(json::serialize(it->value()));
+      // A read refused, or of nothing, has no frames to wait for.
+      auto* ok = o.if_contains("ok");
+      bool frames = ok && ok->is_bool() && ok->as_bool() && num(o, "length", 0) > 0;
+      if (auto n = frame_id(it->value()); n && !frames) reads_.erase(*n);
+    }
+  }
+  // Replies only: this connection subscribes to nothing, the page's events come from the store.
+  queue(hub_->scrub(std::move(text)));
+}
+
+// fs.read's content, header and all (u32 id, u64 offset, u8 flags, little-endian): the page's
+// client matches it to its request; kept here is where the read has got to.
+void PageSession::from_box_binary(std::string bytes) {
+  if (bytes.size() >= kFrameHeader) {
+    uint32_t rid = boost::endian::load_little_u32(reinterpret_cast<const unsigned char*>(bytes.data()));
+    uint64_t offset = boost::endian::load_little_u64(reinterpret_cast<const unsigned char*>(bytes.data()) + 4);
+    bool last = (static_cast<unsigned char>(bytes[12]) & 1) != 0;
+    if (auto r = reads_.find(rid); r != reads_.end()) {
+      if (last)
+        reads_.erase(r);
+      else
+        r->second = offset + (bytes.size() - kFrameHeader);
+    }
+  }
+  queue(std::move(bytes), true);
+}
+
+// The connection to the box ended: a request not answered gets the reason; a read whose frames
+// stopped coming gets a last frame, empty, where they stopped, so the page's client ends the
+// transfer and reports it short ("reply says N bytes, frames carried M") instead of waiting.
+void PageSession::box_closed(const std::string& why) {
+  for (const auto& pid : pending_) {
+    fail(pid, "unavailable", why);
+    boost::system::error_code ec;
+    if (auto n = frame_id(json::parse(pid, ec)); n && !ec) reads_.erase(*n);
+  }
+  pending_.clear();
+  for (const auto& [rid, next] : reads_) {
+    std::string header(kFrameHeader, '\0');
+    auto* h = reinterpret_cast<unsigned char*>(header.data());
+    boost::endian::store_little_u32(h, rid);
+    boost::endian::store_little_u64(h + 4, next);
+    h[12] = 1;
+    queue(std::move(header), true);
+  }
+  reads_.clear();
 }
 
 }  // namespace sbx::ui

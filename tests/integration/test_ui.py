@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from sbxtest import CLI, ROOT, WsBox, make_tls, probe, read_journal
+from sbxtest import CLI, ROOT, FrameProxy, WsBox, make_tls, probe, read_journal
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "docs" if os.environ.get("SBX_UI_SHOTS") == "docs" else ROOT / "build" / "ui-screenshots"
@@ -529,3 +529,44 @@ def test_the_page_server_relays_a_file_read_in_binary_frames_and_bounds_its_leng
                     break
             assert reply and reply["length"] == 3 << 20
             assert bytes(got) == b"x" * (3 << 20) and frames >= 3, frames
+
+
+def test_a_file_read_cut_off_from_the_box_ends_short_on_the_page_instead_of_waiting(tmp_path):
+    # The connection between the page server and the box ends after the box's reply and one frame
+    # of a 3 MiB read: the page gets a last, empty frame where the content stopped, which its
+    # client reports as a short transfer, and the page server goes on. Control: without that
+    # frame the page waited for the rest for ever (here: the 10 s receive timeout).
+    from websockets.sync.client import connect
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
+            time.sleep(0.1)
+        proxy = FrameProxy(box.port, cut=(3 << 20) // 2)
+        try:
+            with Ui(proxy.url, box.token_file) as ui:
+                ws = ui.origin.replace("http://", "ws://")
+                with connect(f"{ws}/{ui.secret}/ws", origin=ui.origin, subprotocols=["sandboxer.v1"], open_timeout=10,
+                             max_size=None) as c:
+                    c.send(json.dumps({"id": 9, "op": "fs.read", "path": "/workspace/big.txt", "length": 4 << 20}))
+                    got, frames = bytearray(), []
+                    while True:
+                        m = c.recv(10)
+                        if isinstance(m, str):
+                            assert json.loads(m)["ok"], m
+                            continue
+                        rid, offset, flags = struct.unpack("<IQB", m[:13])
+                        assert rid == 9 and offset == len(got), (rid, offset, len(got))
+                        frames.append(len(m) - 13)
+                        got += m[13:]
+                        if flags & 1:
+                            break
+                    assert proxy.acted
+                    assert frames[-1] == 0 and 0 < len(got) < 3 << 20, frames
+                    assert bytes(got) == b"x" * len(got)
+                    # The page server goes on: a listing, over a new connection to the box.
+                    c.send(json.dumps({"id": 10, "op": "fs.list", "path": "/workspace"}))
+                    while (r := c.recv(10)) and (isinstance(r, bytes) or json.loads(r).get("id") != 10):
+                        pass
+                    assert "big.txt" in [e["name"] for e in json.loads(r)["entries"]], r
+        finally:
+            proxy.close()
