@@ -168,16 +168,21 @@ def test_checkpoint_then_fork_from_the_page_adds_two_branches_each_with_its_cons
         assert "signal: no_such_proc" in page.inner_text('[data-testid="action-result"]')
 
 
+def open_terminal(page, ui):
+    """Opens the page, starts a terminal from it (the action's /bin/sh) and focuses it."""
+    page.goto(ui.address)
+    page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+    page.click('[data-testid="do-terminal"]')
+    page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('exec: ok')",
+                           timeout=20_000)
+    term = page.locator('[data-testid^="console-main/ui-term-"]')
+    term.wait_for(timeout=5000)
+    term.click()
+
+
 def test_typing_in_the_terminal_runs_it_in_the_box(tmp_path, page):
     with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
-        page.goto(ui.address)
-        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
-        page.click('[data-testid="do-terminal"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('exec: ok')",
-                               timeout=20_000)
-        term = page.locator('[data-testid^="console-main/ui-term-"]')
-        term.wait_for(timeout=5000)
-        term.click()
+        open_terminal(page, ui)
         page.keyboard.type("echo hi\n")
         # The command echoed by the pty, then its output on a line of its own.
         page.wait_for_function("() => [...document.querySelectorAll('[data-testid^=\"console-main/ui-term-\"] .xterm-rows > div')]"
@@ -356,14 +361,7 @@ def test_the_terminal_s_size_reaches_the_box_s_pty_at_start_and_on_resize(tmp_pa
     # The pty has the size of the page's terminal, as fitted to its pane: at the exec, and again
     # after the window (and so the pane) narrows.
     with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
-        page.goto(ui.address)
-        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
-        page.click('[data-testid="do-terminal"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('exec: ok')",
-                               timeout=20_000)
-        term = page.locator('[data-testid^="console-main/ui-term-"]')
-        term.wait_for(timeout=5000)
-        term.click()
+        open_terminal(page, ui)
         page.keyboard.type("stty size\n")
         wide = terminal_size(page)
         assert wide in wait_for_size(page, wide), (wide, stty_sizes(page))
