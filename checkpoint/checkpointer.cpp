@@ -117,9 +117,9 @@ json::array mask_list(const std::vector<std::string>& masks) {
 // had) rather than being the branch's tmp/ itself (a launched branch's where no overlay could be
 // had). Told by identity, not by a mount table's strings: a bind of tmp/ on a state dir that is
 // itself on overlayfs (a container's root) shows as "overlay" there too.
-bool tmp_is_overlay(pid_t pid, const std::string& dir) {
-  struct stat seen {
-  }, own{};
+bool tmp_in_upper(pid_t pid, const std::string& dir) {
+  struct stat seen {};
+  struct stat own {};
   if (::stat(("/proc/" + std::to_string(pid) + "/root/tmp").c_str(), &seen) != 0) return false;
   if (::lstat((dir + "/tmp").c_str(), &own) != 0) return true;
   return seen.st_dev != own.st_dev || seen.st_ino != own.st_ino;
@@ -671,14 +671,15 @@ void Checkpointer::checkpoint_failed(std::shared_ptr<CheckpointOp> op, const std
 
 void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   std::string src = settings_.state_dir + "/branches/" + op->branch;
-  // The agent's /tmp is one of two directories: the upper layer of its /tmp overlay
-  // (launcher.cpp; a live copy's: CriuRun::tmp_overlay), or, where there is no overlay, tmp/
-  // itself. Exactly that one is its /tmp in the snapshot: two sources never go into one place.
-  bool overlay = tmp_is_overlay(op->ns_init_pid, src);
+  // The agent's /tmp is one of two directories: tmp-upper/ (its /tmp overlay's upper layer,
+  // launcher.cpp and CriuRun::tmp_overlay, or what a live copy's bind shows), or tmp/ itself
+  // (a launched branch's where no overlay could be had). Exactly that one is its /tmp in the
+  // snapshot: two sources never go into one place.
+  bool in_upper = tmp_in_upper(op->ns_init_pid, src);
   offload(
-      [op, src, overlay] {
+      [op, src, in_upper] {
         for (const char* d : sandbox::kLayerDirs) {
-          std::string from = std::string(d) == "tmp" && overlay ? "tmp-upper" : d;
+          std::string from = std::string(d) == "tmp" && in_upper ? "tmp-upper" : d;
           struct stat st {};
           if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
           // Overlay whiteouts (devices) are left out of the copy.

@@ -40,9 +40,9 @@ struct CriuRun {
   std::string tmp_overlay;         // a live copy's dir D: in criu's own mount namespace, D/tmp gets
                                    // the copy's /tmp overlay (the host's /tmp under D/tmp-upper, as
                                    // a launched branch's), which criu binds into the tree (mnt[tmp]).
-                                   // Where overlay cannot be had (no mount namespace, an upper
-                                   // directory on overlayfs), D/tmp and D/tmp-upper are exchanged:
-                                   // a /tmp of the copy's own, holding its files
+                                   // Where overlay cannot be had (an upper directory on
+                                   // overlayfs), a bind of D/tmp-upper: a /tmp of the copy's own.
+                                   // Without a mount namespace of criu's own, no copy
   bool own_pid_ns = false;         // criu is PID 1 of a pid namespace of its own, with /proc
                                    // mounted anew: what it signals is its own children only. For
                                    // a criu that touches no tree (the kerndat fill, KdatCache)
