@@ -290,9 +290,10 @@ void PageSession::from_box_text(std::string text) {
 // client matches it to its request; kept here is where the read has got to.
 void PageSession::from_box_binary(std::string bytes) {
   if (bytes.size() >= kFrameHeader) {
-    uint32_t rid = boost::endian::load_little_u32(reinterpret_cast<const unsigned char*>(bytes.data()));
-    uint64_t offset = boost::endian::load_little_u64(reinterpret_cast<const unsigned char*>(bytes.data()) + 4);
-    bool last = (static_cast<unsigned char>(bytes[12]) & 1) != 0;
+    const auto* h = reinterpret_cast<const unsigned char*>(bytes.data());
+    uint32_t rid = boost::endian::load_little_u32(h);
+    uint64_t offset = boost::endian::load_little_u64(h + 4);
+    bool last = (h[12] & 1) != 0;
     if (auto r = reads_.find(rid); r != reads_.end()) {
       if (last)
         reads_.erase(r);

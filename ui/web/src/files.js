@@ -57,7 +57,6 @@ export class Files {
     } catch (e) {
       return this.error(e);
     }
-    this.view.dataset.path = path;
     if (data.includes(0)) {
       this.view.textContent = `${path}: binary, ${bytes(size ?? data.length)}`;
       return;
