@@ -71,7 +71,12 @@ export class Actions {
     // The exec request itself, not box.exec(): the pty's output reaches the console through the
     // page's one event stream, and a process handle would follow it on a second one.
     const argv = command.split(/\s+/).filter(Boolean);
-    const r = await this.run("exec", () => this.box.request("exec", { proc, argv, tty: true, stdin: true, cols: c.term.cols, rows: c.term.rows, branch }));
-    if (r) c.term.focus();
+    const sent = { cols: c.term.cols, rows: c.term.rows };
+    const r = await this.run("exec", () => this.box.request("exec", { proc, argv, tty: true, stdin: true, ...sent, branch }));
+    if (!r) return;
+    // The terminal fitted to its pane after the request went: its resize reached the box before the
+    // process existed, and was refused. Once more, ahead of anything typed.
+    if (c.term.cols !== sent.cols || c.term.rows !== sent.rows) this.box.resize(proc, c.term.cols, c.term.rows).catch(() => {});
+    c.term.focus();
   }
 }
