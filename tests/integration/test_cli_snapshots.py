@@ -40,16 +40,25 @@ def outputs(box, branch):
     return [int(x) for x in text[:text.rfind("\n") + 1].split()]
 
 
-def checkpoint_and_fork(box, n):
-    """A checkpoint of the box's agent after it has run a moment, then n copies of it: the
-    branches of the copies."""
+def checkpoint_and_fork(box, n, branch=None):
+    """A checkpoint of the box's agent (or of `branch`'s) after it has run a moment, then n copies
+    of it: the branches of the copies."""
     time.sleep(0.8)
-    snap = cli(box, "checkpoint", box.url).stdout.strip().splitlines()[-1]
-    f = cli(box, "fork", box.url, "--snapshot", snap, "-n", str(n))
+    r = cli(box, "checkpoint", box.url, *(["--branch", branch] if branch else []))
+    assert r.returncode == 0, r.stderr
+    f = cli(box, "fork", box.url, "--snapshot", r.stdout.strip().splitlines()[-1], "-n", str(n))
     assert f.returncode == 0, f.stderr
     branches = [line.split()[0] for line in f.stdout.splitlines()]
     assert len(branches) == n, f.stdout
     return branches
+
+
+def wait_for_output(box, branch, text, timeout=15):
+    """Waits until the branch's agent has written `text`; fails showing what it wrote."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and text not in text_of(box, branch):
+        time.sleep(0.2)
+    assert text in text_of(box, branch), (branch, text_of(box, branch)[-300:])
 
 
 def test_checkpoint_then_fork_two_live_copies(tmp_path):
@@ -284,10 +293,7 @@ def test_a_live_copy_of_an_agent_holding_its_branch_json_open_keeps_the_file_it_
     with WsBox(tmp_path, ["python3", "-c", HOLDS_BRANCH_JSON], extra=["--set", "resources.grace=1s"]) as box:
         branches = checkpoint_and_fork(box, 2)
         for b in branches:
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and f"main {b}\n" not in text_of(box, b):
-                time.sleep(0.1)
-            assert f"main {b}\n" in text_of(box, b), (b, text_of(box, b)[-300:])
+            wait_for_output(box, b, f"main {b}\n")
         assert "main main\n" in text_of(box, "main")
 
 
@@ -361,10 +367,7 @@ def _copies_keep_the_credential_paths_masked(tmp_path, live, home):
     with WsBox(tmp_path / "b", ["python3", "-c", SNOOP], extra=["--set", "resources.grace=1s", "--env", "SNOOP_HOME"],
                env=environ) as box:
         (branch,) = checkpoint_and_fork(box, 1)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and "\n" not in text_of(box, branch):
-            time.sleep(0.2)
-        assert "\n" in text_of(box, branch), "the copy printed nothing"
+        wait_for_output(box, branch, "\n")
         for b in ("main", branch):
             seen = text_of(box, b)
             # The credential path is never readable, in the original or the copy; the control file
@@ -398,18 +401,12 @@ def test_a_live_copy_keeps_its_open_files_of_the_hosts_tmp(tmp_path):
     with WsBox(tmp_path / "b", ["python3", "-c", HOLDS_TMP_FILES, str(shared)],
                extra=["--set", "resources.grace=1s"]) as box:
         (branch,) = checkpoint_and_fork(box, 1)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and "HOST OWN\n" not in text_of(box, branch):
-            time.sleep(0.2)
-        assert "HOST OWN\n" in text_of(box, branch), text_of(box, branch)[-200:]
+        wait_for_output(box, branch, "HOST OWN\n")
         assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live"]
         # A checkpoint of the copy holds what it wrote to /tmp (its overlay's upper layer): a copy
         # of it reopens that file too.
-        (again,) = fork_of(box, branch)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and "HOST OWN\n" not in text_of(box, again):
-            time.sleep(0.2)
-        assert "HOST OWN\n" in text_of(box, again), text_of(box, again)[-200:]
+        (again,) = checkpoint_and_fork(box, 1, branch)
+        wait_for_output(box, again, "HOST OWN\n")
 
 
 # Holds open a file it wrote in /tmp, and prints from it each tick.
@@ -433,24 +430,13 @@ def test_a_live_copy_has_a_tmp_of_its_own_where_no_overlay_can_be_had(tmp_path):
         with WsBox(mnt / "b", ["python3", "-c", HOLDS_OWN_TMP_FILE], extra=["--set", "resources.grace=1s"]) as box:
             branch = "main"
             for _ in range(2):
-                (branch,) = checkpoint_and_fork(box, 1) if branch == "main" else fork_of(box, branch)
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and "mine OWN\n" not in text_of(box, branch):
-                    time.sleep(0.2)
-                assert "mine OWN\n" in text_of(box, branch), text_of(box, branch)[-200:]
+                (branch,) = checkpoint_and_fork(box, 1, None if branch == "main" else branch)
+                wait_for_output(box, branch, "mine OWN\n")
                 # Its /tmp is a bind of its tmp-upper/ (overlay refused there too), not tmp/ itself.
                 assert (box.state / "branches" / branch / "tmp-upper" / "own.txt").read_text() == "OWN\n"
                 assert not (box.state / "branches" / branch / "tmp" / "own.txt").exists()
             assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live", "live"]
 
-
-def fork_of(box, branch):
-    """One copy of a checkpoint of `branch`: its name, in a list."""
-    r = cli(box, "checkpoint", box.url, "--branch", branch)
-    assert r.returncode == 0, r.stderr
-    f = cli(box, "fork", box.url, "--snapshot", r.stdout.strip().splitlines()[-1], "-n", "1")
-    assert f.returncode == 0, f.stderr
-    return [line.split()[0] for line in f.stdout.splitlines()]
 
 
 def kdat_caches(pid):

@@ -463,12 +463,17 @@ FILES_AGENT = ("mkdir -p /workspace/d && echo hello > /workspace/d/a.txt && "
                "touch /workspace/ready && exec sleep 600")
 
 
+def wait_ready(box):
+    """Waits for FILES_AGENT to have written its files."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
+        time.sleep(0.1)
+
+
 def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, page):
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
-            time.sleep(0.1)
+        wait_ready(box)
         page.goto(ui.address)
         page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
         page.click('[data-testid="files-go"]')
@@ -499,9 +504,7 @@ def test_the_page_server_relays_a_file_read_in_binary_frames_and_bounds_its_leng
     from websockets.sync.client import connect
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
-            time.sleep(0.1)
+        wait_ready(box)
         ws = ui.origin.replace("http://", "ws://")
         with connect(f"{ws}/{ui.secret}/ws", origin=ui.origin, subprotocols=["sandboxer.v1"], open_timeout=10,
                      max_size=None) as c:
@@ -536,9 +539,7 @@ def test_a_file_read_cut_off_from_the_box_ends_short_on_the_page_instead_of_wait
     # frame the page waited for the rest for ever (here: the 10 s receive timeout).
     from websockets.sync.client import connect
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (box.state / "branches/main/workspace/ready").exists():
-            time.sleep(0.1)
+        wait_ready(box)
         proxy = FrameProxy(box.port, cut=(3 << 20) // 2)
         try:
             with Ui(proxy.url, box.token_file) as ui:
