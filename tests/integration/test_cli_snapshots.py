@@ -438,6 +438,38 @@ def test_a_live_copy_has_a_tmp_of_its_own_where_no_overlay_can_be_had(tmp_path):
             assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["live", "live"]
 
 
+# Keeps a file in /tmp across restarts: the first run writes it, a run that finds it says so.
+KEEPS_TMP_FILE = ("import os, time\n"
+                  "p = '/tmp/own.txt'\n"
+                  "if os.path.exists(p):\n"
+                  "    print('found', open(p).read().strip(), flush=True)\n"
+                  "else:\n"
+                  "    open(p, 'w').write('OWN\\n')\n"
+                  "    print('made', flush=True)\n"
+                  "while True:\n"
+                  "    time.sleep(0.1)\n")
+
+
+def test_a_cold_copy_keeps_its_tmp_where_no_overlay_can_be_had(tmp_path):
+    # The cold half of the test above: no criu, so a files-only checkpoint and copies that start
+    # their agent again. On a state dir on overlayfs the branch's /tmp is its tmp/, bound; the
+    # checkpoint takes that directory, and the copy's /tmp (a bind again, as overlay is refused)
+    # holds the file its agent wrote before the checkpoint. Then the same for a copy of the copy.
+    environ = dict(os.environ)
+    environ["PATH"] = ":".join(d for d in environ["PATH"].split(":") if not os.path.exists(os.path.join(d, "criu")))
+    with overlayfs_dir(tmp_path) as mnt:
+        (mnt / "b").mkdir()
+        with WsBox(mnt / "b", ["python3", "-c", KEEPS_TMP_FILE], extra=["--set", "resources.grace=1s"],
+                   env=environ) as box:
+            wait_for_output(box, "main", "made\n")
+            branch = "main"
+            for _ in range(2):
+                (branch,) = checkpoint_and_fork(box, 1, None if branch == "main" else branch)
+                wait_for_output(box, branch, "found OWN\n")
+                assert "made" not in text_of(box, branch)
+            assert [e["mode"] for e in box.read_events() if e["type"] == "restore.done"] == ["cold", "cold"]
+
+
 
 def kdat_caches(pid):
     """criu's kerndat cache files in the tmpfs the supervisor holds detached (KdatCache): reached
