@@ -1,5 +1,6 @@
 // The protocol's operations on processes: exec (forked by the branch's ns-init), stdin, signal,
 // resize, and the reports ns-init sends about exec'd processes.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
@@ -26,6 +27,25 @@ std::string Box::branch_dir(const std::string& branch) const {
 pid_t Box::ns_init_pid(const std::string& branch) const {
   auto it = branches_.find(branch);
   return it == branches_.end() || it->second->ns_init_reaped ? -1 : it->second->launched.pid;
+}
+
+std::string Box::branch_tmp(const std::string& branch) const {
+  auto it = branches_.find(branch);
+  if (it == branches_.end()) return {};
+  const Branch& b = *it->second;
+  if (b.launched.namespaced && !b.ns_init_reaped && b.launched.pid > 0)
+    return "/proc/" + std::to_string(b.launched.pid) + "/root/tmp";
+  std::string dir = branch_dir(branch);
+  bool upper_holds = false;
+  if (DIR* d = ::opendir((dir + "/tmp-upper").c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        upper_holds = true;
+        break;
+      }
+    ::closedir(d);
+  }
+  return dir + (upper_holds ? "/tmp-upper" : "/tmp");
 }
 
 boost::json::object Box::proc_state(const Proc& p) const {

@@ -177,6 +177,15 @@ class Box : public checkpoint::Host {
   bool has_branch(const std::string& branch) const override { return branches_.contains(branch); }
   /// Host pid of a branch's ns-init, or -1.
   pid_t ns_init_pid(const std::string& branch) const;
+  /// The directory the file ops take as a branch's /tmp (fs-ops.hpp); "" if no such branch.
+  /// While the branch runs in namespaces of its own, its /tmp is a mount of its mount namespace
+  /// (the overlay on the host's /tmp with tmp-upper/ as upper layer; or a bind of tmp/ or
+  /// tmp-upper/ where no overlay could be had): reached through its ns-init's root, it is the
+  /// agent's very /tmp, and a write goes through that mount as the agent's own do (a file made in
+  /// an overlay's upper layer beside the mount is not reliably seen through it). Otherwise
+  /// (ended, or no namespaces, where the agent's /tmp is the host's): tmp-upper/ where it holds
+  /// anything (the files an ended overlay left), else tmp/.
+  std::string branch_tmp(const std::string& branch) const;
   /// The branches running now (main and its copies), by name.
   std::vector<std::string> branch_names() const {
     std::vector<std::string> out;

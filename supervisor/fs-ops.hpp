@@ -1,8 +1,9 @@
 #pragma once
 // File operations of the protocol, confined to a branch's roots: a path names `/workspace/...`
 // (or a path relative to it) or `/tmp/...`; each is opened with openat2(RESOLVE_BENEATH |
-// RESOLVE_NO_MAGICLINKS) under the root's directory on the host, so `..` and symlinks cannot
-// leave it.
+// RESOLVE_NO_MAGICLINKS) under the root's directory (on the host, or the running agent's own
+// /tmp reached through its ns-init's root: Box::branch_tmp), so `..` and symlinks cannot leave
+// it.
 #include <sys/types.h>
 
 #include <boost/json.hpp>
@@ -16,7 +17,7 @@ namespace sbx::supervisor {
 
 struct FsRoots {
   std::string workspace;  // host directory seen as /workspace
-  std::string tmp;        // host directory seen as /tmp
+  std::string tmp;        // directory seen as /tmp (Box::branch_tmp)
 };
 
 /// Opens `path` with `flags` (O_CLOEXEC is added). Throws protocol::RequestError naming the path

@@ -639,8 +639,7 @@ bool OpContext::token_ok(std::string_view token) const { return server.token_ok(
 FsRoots OpContext::roots() const {
   std::string branch = protocol::opt_string(req.fields, "branch").value_or("main");
   if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
-  auto dir = box.branch_dir(branch);
-  return {dir + "/workspace", dir + "/tmp"};
+  return {box.branch_dir(branch) + "/workspace", box.branch_tmp(branch)};
 }
 
 uint32_t OpContext::binary_id(const char* op) const {

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from sbxtest import Session, WsBox, run, ws_connect
+from sbxtest import Session, WsBox, overlayfs_dir, run, ws_connect
 
 CHUNK = 1 << 20
 
@@ -140,3 +140,47 @@ def test_control_a_symlink_inside_the_workspace_is_followed(box):
             r, got = await read_file(s, 3, "/workspace/link.txt")
             assert got == b"inside"
     run(go(), 30)
+
+
+@pytest.mark.parametrize("mode", ["overlay", "state-dir-on-overlayfs"])
+def test_the_file_ops_see_the_agents_own_tmp(tmp_path, mode):
+    # The agent's /tmp is a mount of its own mount namespace: an overlay on the host's /tmp (its
+    # files in tmp-upper/), or, on a state dir on overlayfs, a bind of tmp/. fs.read, fs.list and
+    # fs.stat see what the agent wrote there, and what fs.write writes, the agent reads. The file
+    # ops once took tmp/ itself, which the overlay leaves unused: not found, and unseen.
+    async def go(box):
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            await s.request("subscribe", since=0)
+            await s.request("exec", proc="mk", argv=["sh", "-c", "echo from-agent > /tmp/agent.txt; echo done"])
+            await s.wait_event(lambda e: e.get("proc") == "mk" and e["type"] == "proc.exited")
+            r, got = await read_file(s, 7, "/tmp/agent.txt")
+            assert r["ok"] and got == b"from-agent\n", r
+            names = [e["name"] for e in (await s.request("fs.list", path="/tmp"))["entries"]]
+            assert "agent.txt" in names, names
+            assert (await s.request("fs.stat", path="/tmp/agent.txt"))["size"] == len(got)
+            assert (await s.request("fs.write", path="/tmp/op.txt", data="from-outside\n"))["ok"]
+            await s.request("exec", proc="cat", argv=["cat", "/tmp/op.txt"])
+            e = await s.wait_event(lambda e: e.get("proc") == "cat" and e["type"] in ("proc.output", "proc.exited"))
+            assert e.get("data") == "from-outside\n", e
+            # The agent's links out of its /tmp lead nowhere: not to its root, not to the host's.
+            await s.request("exec", proc="ln", argv=["sh", "-c", "ln -s / /tmp/out; ln -s /etc/passwd /tmp/abs"])
+            await s.wait_event(lambda e: e.get("proc") == "ln" and e["type"] == "proc.exited")
+            for path in ("/tmp/out/etc/passwd", "/tmp/abs", "/tmp/../etc/passwd"):
+                r = await s.request("fs.read", path=path)
+                assert r["ok"] is False and r["error"]["code"] == "path_escape", (path, r)
+                w = await s.request("fs.write", path=path, data="x")
+                assert w["ok"] is False and w["error"]["code"] in ("path_escape", "not_found"), (path, w)
+
+    def with_box(state_parent):
+        (state_parent / "b").mkdir()
+        with WsBox(state_parent / "b", ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as box:
+            run(go(box), 30)
+            return box
+    if mode == "overlay":
+        box = with_box(tmp_path)
+        # The overlay's upper layer holds both; tmp/ holds neither.
+        assert sorted(os.listdir(box.state / "branches" / "main" / "tmp")) == []
+    else:
+        with overlayfs_dir(tmp_path) as mnt:
+            with_box(mnt)
