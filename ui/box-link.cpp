@@ -1,9 +1,5 @@
 // The page server's connections to the box: Boost.Beast's WebSocket client on the server's own
 // io_context, so the relay and the page share one thread and need no locks.
-#include <openssl/ssl.h>
-
-#include <chrono>
-
 #include "ui/hub.hpp"
 
 namespace sbx::ui {
@@ -16,9 +12,7 @@ BoxLink::BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on
       on_binary_(std::move(on_binary)),
       wake_(io) {
   if (target_.tls) {
-    ssl_.set_default_verify_paths();
-    ssl_.set_verify_mode(target_.insecure ? asio::ssl::verify_none : asio::ssl::verify_peer);
-    if (!target_.insecure) ssl_.set_verify_callback(asio::ssl::host_name_verification(target_.host));
+    sdk::configure_tls(ssl_, target_);
     tls_ = std::make_unique<websocket::stream<beast::ssl_stream<beast::tcp_stream>>>(io, ssl_);
   } else {
     plain_ = std::make_unique<websocket::stream<beast::tcp_stream>>(io);
@@ -68,25 +62,7 @@ template <class Ws>
 asio::awaitable<void> BoxLink::run(Ws& ws) {
   auto self = shared_from_this();
   try {
-    tcp::resolver resolver(io_);
-    auto results = co_await resolver.async_resolve(target_.host, target_.port, asio::use_awaitable);
-    beast::get_lowest_layer(ws).expires_after(std::chrono::seconds(10));
-    co_await beast::get_lowest_layer(ws).async_connect(results, asio::use_awaitable);
-    if constexpr (!std::is_same_v<Ws, websocket::stream<beast::tcp_stream>>) {
-      // SNI, for a box behind a proxy that routes by name.
-      SSL_set_tlsext_host_name(ws.next_layer().native_handle(), target_.host.c_str());
-      co_await ws.next_layer().async_handshake(asio::ssl::stream_base::client, asio::use_awaitable);
-    }
-    beast::get_lowest_layer(ws).expires_never();
-    ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
-    std::string auth = "Bearer " + target_.token;
-    ws.set_option(websocket::stream_base::decorator([auth](websocket::request_type& req) {
-      req.set(http::field::authorization, auth);
-      req.set(http::field::sec_websocket_protocol, "sandboxer.v1");
-    }));
-    ws.read_message_max(4u << 20);
-    std::string host = target_.host + ":" + target_.port;
-    co_await ws.async_handshake(host, target_.path, asio::use_awaitable);
+    co_await sdk::open_websocket(ws, target_, 4u << 20);
     open_ = true;
     asio::co_spawn(
         io_, [self, &ws]() { return self->write_loop(ws); }, asio::detached);

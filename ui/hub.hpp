@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "sandboxer/beast.hpp"
 #include "ui/store.hpp"
 
 namespace sbx::ui {
@@ -60,10 +61,7 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
  public:
   using TextFn = std::function<void(std::string)>;
   using CloseFn = std::function<void(std::string)>;
-  struct Target {
-    std::string host, port, path, token;
-    bool tls = false, insecure = false;
-  };
+  using Target = sdk::WsTarget;
   BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close, TextFn on_binary = {});
   void start();
   void send(std::string frame);

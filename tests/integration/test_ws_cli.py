@@ -1,4 +1,6 @@
 """The CLI over the WebSocket (sdk/cpp): attach, exec, cp, stats, and run --listen."""
+import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, PROBE, WsBox
+from sbxtest import CLI, PROBE, FrameProxy, WsBox, make_tls
 
 
 @pytest.fixture
@@ -233,3 +235,91 @@ def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.wait(30)
     assert not os.path.exists(tfile)
+
+
+# -- cp, export and import over sdk/cpp's transfer_file (Boost.Beast) ----------------------------
+
+def test_cp_over_wss_only_to_a_box_whose_certificate_verifies(tmp_path):
+    tls = make_tls(tmp_path, names=("127.0.0.1",))
+    data = os.urandom(3 << 20)
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]) as box:
+        (box.workspace / "f.bin").write_bytes(data)
+        url = f"wss://127.0.0.1:{box.port}"
+        got = tmp_path / "got.bin"
+        # The control: a CA the client does not trust.
+        bad = cli(box, "cp", f"{url}:/workspace/f.bin", str(got), env=dict(os.environ, SSL_CERT_FILE=str(tmp_path / "none.pem")))
+        assert bad.returncode == 1 and b"certificate verify failed" in bad.stderr, bad.stderr
+        assert not got.exists()
+        trusted = dict(os.environ, SSL_CERT_FILE=str(tls.ca))
+        down = cli(box, "cp", f"{url}:/workspace/f.bin", str(got), env=trusted)
+        assert down.returncode == 0, down.stderr
+        assert got.read_bytes() == data
+        up = cli(box, "cp", str(got), f"{url}:/workspace/back.bin", env=trusted)
+        assert up.returncode == 0, up.stderr
+        assert (box.workspace / "back.bin").read_bytes() == data
+
+
+def test_cp_says_what_failed_and_leaves_the_local_file_as_it_was(box, tmp_path):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("KEEP\n")
+    missing = cli(box, "cp", f"{box.url}:/workspace/missing", str(keep))
+    assert missing.returncode == 1 and b"not_found" in missing.stderr, missing.stderr
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("w" * 32 + "\n")
+    refused = subprocess.run([str(CLI), "cp", "--token-file", str(wrong), f"{box.url}:/workspace/x", str(keep)],
+                             capture_output=True, timeout=30)
+    assert refused.returncode == 1 and b"HTTP 401" in refused.stderr, refused.stderr
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    nobody = cli(box, "cp", f"ws://127.0.0.1:{port}:/workspace/x", str(keep))
+    srv.close()
+    assert nobody.returncode == 1, nobody.stderr
+    assert nobody.stderr.decode().startswith(f"sandboxer cp: download ws://127.0.0.1:{port}:/workspace/x: connect to "
+                                             f"ws://127.0.0.1:{port}: Connection refused (nothing listens on "
+                                             f"127.0.0.1:{port})"), nobody.stderr
+    assert keep.read_text() == "KEEP\n"
+
+
+def test_cp_cut_off_mid_download_says_the_connection_closed(box, tmp_path):
+    (box.workspace / "f.bin").write_bytes(os.urandom(5 << 20))
+    proxy = FrameProxy(box.port, cut=1 << 20)
+    r = cli(box, "cp", f"{proxy.url}:/workspace/f.bin", str(tmp_path / "got.bin"))
+    assert proxy.acted
+    assert r.returncode == 1 and b"the connection closed first" in r.stderr and b"(closed)" in r.stderr, r.stderr
+
+
+def silent_websocket_server():
+    """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
+    returns its listening socket."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", head, re.I).group(1)
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_transfer_waiting_on_a_silent_box_ends_at_an_interrupt(tmp_path, sig):
+    srv = silent_websocket_server()
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    p = subprocess.Popen([str(CLI), "cp", "--token-file", str(token), f"ws://127.0.0.1:{srv.getsockname()[1]}:/workspace/x",
+                          str(tmp_path / "x")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.5)
+    assert p.poll() is None  # waiting for the reply
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=10)
+    srv.close()
+    assert p.returncode == 1 and err.endswith(b": interrupted (interrupted)\n"), err

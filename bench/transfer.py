@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""A file into and out of a box: `sandboxer cp` as a whole command (sdk/cpp's transfer_file, over
+Boost.Beast) against sdk/python's `box.fs.read`/`box.fs.write` (the websockets package, another
+client of the same server) and, as the floor no transfer can beat, `cp` on the host of the same
+file between the same directories. Medians of interleaved runs, in one run.
+
+Prints one table: what, our figure, each peer's figure, ratio; and rows for bench/run
+(bench/_rows.py). Not a test: nothing asserts."""
+import asyncio
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import _rows
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BIN = pathlib.Path(os.environ.get("SANDBOXER_BIN", ROOT / "build" / "bin"))
+sys.path.insert(0, str(ROOT / "sdk" / "python"))
+MIB = 64 if _rows.QUICK else 256
+RUNS = 3 if _rows.QUICK else 7
+
+
+def start_box(d):
+    """sandboxer-init on a loopback port with a token: (process, URL, token file, workspace)."""
+    tf = d / "token"
+    tf.write_text(secrets.token_hex(16))
+    tf.chmod(0o600)
+    p = subprocess.Popen([str(BIN / "sandboxer-init"), "--state-dir", str(d / "s"), "--listen", "127.0.0.1:0",
+                          "--token-file", str(tf), "--metrics-interval", "0", "--set", "resources.grace=1s", "--",
+                          "sleep", "3600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for seg in sorted((d / "s" / "journal").glob("*.jsonl")) if (d / "s" / "journal").exists() else []:
+            for line in seg.read_text().splitlines():
+                e = json.loads(line)
+                if e["type"] == "server.listening":
+                    return p, f"ws://127.0.0.1:{e['port']}", tf, d / "s" / "branches" / "main" / "workspace"
+        time.sleep(0.02)
+    p.kill()
+    raise RuntimeError("the box did not listen within 20 s")
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def sdk_python(url, tf, op, path, data=None):
+    from sandboxer import Box
+
+    async def go():
+        async with await Box.connect(url, token_file=str(tf)) as box:
+            if op == "read":
+                got = await box.fs.read(path)
+                assert len(got) == MIB << 20
+            else:
+                await box.fs.write(path, data)
+    asyncio.run(go())
+
+
+def main():
+    d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-bench-transfer-"))
+    p, url, tf, ws = start_box(d)
+    try:
+        src = d / "src.bin"
+        with open(src, "wb") as f:
+            for _ in range(MIB):
+                f.write(os.urandom(1 << 20))
+        shutil.copyfile(src, ws / "f.bin")
+        data = src.read_bytes()
+        cli = [str(BIN / "sandboxer"), "cp", "--token-file", str(tf)]
+        run = lambda *a: subprocess.run(cli + list(a), check=True, capture_output=True)  # noqa: E731
+        times = {k: [] for k in ("out cp", "out py", "out host", "in cp", "in py", "in host")}
+        for _ in range(RUNS):
+            times["out cp"].append(timed(lambda: run(f"{url}:/workspace/f.bin", str(d / "out.bin"))))
+            times["out py"].append(timed(lambda: sdk_python(url, tf, "read", "/workspace/f.bin")))
+            times["out host"].append(timed(lambda: subprocess.run(["cp", str(ws / "f.bin"), str(d / "out.bin")],
+                                                                  check=True)))
+            times["in cp"].append(timed(lambda: run(str(src), f"{url}:/workspace/in.bin")))
+            times["in py"].append(timed(lambda: sdk_python(url, tf, "write", "/workspace/in.bin", data)))
+            times["in host"].append(timed(lambda: subprocess.run(["cp", str(src), str(ws / "in.bin")], check=True)))
+        med = {k: statistics.median(v) for k, v in times.items()}
+    finally:
+        p.terminate()
+        p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+    print(f"# transfer: a {MIB} MiB file, median of {RUNS} interleaved runs each; {os.uname().nodename}, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    print(f"{'what':52} {'time':>9} {'MiB/s':>8} {'ratio (ours / peer)':>20}")
+    names = {"cp": "sandboxer cp", "py": "sdk/python box.fs", "host": "cp on the host (the floor)"}
+    for way, label in (("out", "out of a box"), ("in", "into a box")):
+        ours = med[f"{way} cp"]
+        for who in ("cp", "py", "host"):
+            v = med[f"{way} {who}"]
+            ratio = "" if who == "cp" else f"{ours / v:.2f}"
+            print(f"{label + ', ' + names[who]:52} {v * 1000:7.0f}ms {MIB / v:8.0f} {ratio:>20}")
+        what = f"a {MIB} MiB file {label}, `sandboxer cp` whole command, median of {RUNS}"
+        for who in ("py", "host"):
+            _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+#pragma once
+/// sdk/cpp over Boost.Beast: a WebSocket connection to a box on an asio io_context, for the page
+/// server of `sandboxer ui` (ui/) and for file transfers (transfer.hpp). libwebsockets' client
+/// (client.hpp, on the CLI's libuv loop) parses what it receives a byte at a time and masks what it
+/// sends a byte at a time; Beast reads a frame's payload in bulk and masks a word at a time.
+#include <openssl/ssl.h>
+
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast.hpp>
+#include <boost/beast/ssl.hpp>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "protocol/protocol.hpp"
+#include "sandboxer/client.hpp"
+
+namespace sbx::sdk {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace websocket = beast::websocket;
+
+/// Where a box is, as a Beast client connects to it.
+struct WsTarget {
+  std::string host, port, path, token;
+  bool tls = false, insecure = false;
+};
+
+/// The target of an endpoint's ws[s]:// URL (parse_url: throws std::invalid_argument).
+WsTarget ws_target(const Endpoint& ep);
+
+/// A client TLS context for `t`: the system's CAs (SSL_CERT_FILE and SSL_CERT_DIR are honoured),
+/// the peer's certificate and host name verified unless `t.insecure` (SANDBOXER_INSECURE).
+void configure_tls(asio::ssl::context& ctx, const WsTarget& t);
+
+using PlainWs = websocket::stream<beast::tcp_stream>;
+using TlsWs = websocket::stream<beast::ssl_stream<beast::tcp_stream>>;
+
+/// Resolves `t`, connects (10 s at most), does TLS with SNI on a TlsWs, then the WebSocket
+/// handshake with the box's token (Authorization: Bearer) and the subprotocol; `read_max` bounds
+/// a message read. Throws boost::system::system_error, or std::runtime_error naming the HTTP status
+/// of a refused upgrade (a wrong token: 401).
+template <class Ws>
+asio::awaitable<void> open_websocket(Ws& ws, const WsTarget& t, size_t read_max) {
+  auto executor = co_await asio::this_coro::executor;
+  asio::ip::tcp::resolver resolver(executor);
+  auto results = co_await resolver.async_resolve(t.host, t.port, asio::use_awaitable);
+  beast::get_lowest_layer(ws).expires_after(std::chrono::seconds(10));
+  co_await beast::get_lowest_layer(ws).async_connect(results, asio::use_awaitable);
+  if constexpr (std::is_same_v<Ws, TlsWs>) {
+    // SNI, for a box behind a proxy that routes by name.
+    SSL_set_tlsext_host_name(ws.next_layer().native_handle(), t.host.c_str());
+    co_await ws.next_layer().async_handshake(asio::ssl::stream_base::client, asio::use_awaitable);
+  }
+  beast::get_lowest_layer(ws).expires_never();
+  ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+  std::string auth = "Bearer " + t.token;
+  ws.set_option(websocket::stream_base::decorator([auth](websocket::request_type& req) {
+    req.set(beast::http::field::authorization, auth);
+    req.set(beast::http::field::sec_websocket_protocol, protocol::kSubprotocol);
+  }));
+  ws.read_message_max(read_max);
+  websocket::response_type res;
+  boost::system::error_code ec;
+  co_await ws.async_handshake(res, t.host + ":" + t.port, t.path, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec == websocket::error::upgrade_declined)
+    throw std::runtime_error("the box refused the WebSocket upgrade: HTTP " + std::to_string(res.result_int()) + " " +
+                             std::string(res.reason()));
+  if (ec) throw boost::system::system_error(ec);
+}
+
+}  // namespace sbx::sdk

@@ -1,0 +1,273 @@
+#include "sandboxer/transfer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "sandboxer/beast.hpp"
+
+namespace sbx::sdk {
+
+namespace {
+
+namespace json = boost::json;
+
+constexpr size_t kChunk = 1 << 20;  // an upload's frames, as the CLI's client sent them
+constexpr size_t kHeader = 13;      // u32 id, u64 offset, u8 flags (1: last), little-endian
+
+std::string frame_header(uint32_t id, uint64_t off, bool last) {
+  std::string h;
+  for (int i = 0; i < 4; ++i) h.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
+  for (int i = 0; i < 8; ++i) h.push_back(static_cast<char>((off >> (8 * i)) & 0xff));
+  h.push_back(last ? 1 : 0);
+  return h;
+}
+
+uint32_t request_id(json::object& req) {
+  if (auto* v = req.if_contains("id"); v && v->is_int64() && v->as_int64() >= 0 && v->as_int64() <= 0xffffffffLL)
+    return static_cast<uint32_t>(v->as_int64());
+  req["id"] = 1;
+  return 1;
+}
+
+// What a failed connect or handshake says: the socket's error, with where (a refused connect
+// names what it means), or the refused upgrade's HTTP status.
+std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected) {
+  std::string where = t.host + ":" + t.port;
+  if (ec == asio::error::connection_refused) return ec.message() + " (nothing listens on " + where + ")";
+  if (connected && (ec == asio::error::eof || ec == beast::http::error::end_of_stream))
+    return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
+  return ec.message() + " (" + where + ")";
+}
+
+class Run {
+ public:
+  Run(asio::io_context& io, FileTransfer t) : io_(io), t_(std::move(t)), id_(request_id(t_.request)), tick_(io) {}
+
+  base::Result<json::object>& result() { return result_; }
+
+  template <class Ws>
+  asio::awaitable<void> run(Ws& ws, const WsTarget& target) {
+    cancel_ = [&ws] { beast::get_lowest_layer(ws).cancel(); };
+    if (co_await open(ws, target)) {
+      try {
+        ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
+        ws.text(true);
+        co_await ws.async_write(asio::buffer(json::serialize(t_.request)), asio::use_awaitable);
+        if (t_.upload) {
+          writing_ = true;
+          asio::co_spawn(io_, send_file(ws), [this](std::exception_ptr) { writer_done(); });
+        }
+        co_await receive(ws);
+      } catch (const boost::system::system_error& e) {
+        finish(base::fail("the connection closed first: " + close_reason(ws, e.code()), "closed"));
+      }
+      if (writing_) co_await wait_for_writer();
+      if (!writing_) co_await close(ws);
+    }
+    // The end, whatever is still pending: Beast's handshake timer outlives a refused upgrade
+    // (30 s), and the watcher waits for its tick.
+    io_.stop();
+  }
+
+  /// Every 100 ms: ends the transfer when the caller says it is interrupted.
+  asio::awaitable<void> watch() {
+    while (!done_) {
+      tick_.expires_after(std::chrono::milliseconds(100));
+      boost::system::error_code ec;
+      co_await tick_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (!done_ && t_.interrupted && t_.interrupted()) {
+        finish(base::fail("interrupted", "interrupted"));
+        if (cancel_) cancel_();
+      }
+    }
+  }
+
+ private:
+  void finish(base::Result<json::object> r) {
+    if (done_) return;
+    done_ = true;
+    result_ = std::move(r);
+  }
+
+  void writer_done() {
+    writing_ = false;
+    writer_end_.cancel();
+  }
+
+  // An upload's frame being written when the reply came (an early error, or the last frame's
+  // completion not yet run): it ends by itself, as the writer stops after it; where it has not
+  // within 2 s (a box no longer reading), the socket is cancelled, and it ends then.
+  asio::awaitable<void> wait_for_writer() {
+    for (int round = 0; round < 2 && writing_; ++round) {
+      if (round == 1 && cancel_) cancel_();
+      writer_end_.expires_after(std::chrono::seconds(2));
+      boost::system::error_code ec;
+      co_await writer_end_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+
+  template <class Ws>
+  asio::awaitable<bool> open(Ws& ws, const WsTarget& target) {
+    try {
+      co_await open_websocket(ws, target, 4 * kChunk);
+      co_return true;
+    } catch (const boost::system::system_error& e) {
+      finish(base::fail(connect_reason(e.code(), target, beast::get_lowest_layer(ws).socket().is_open()), "connect"));
+    } catch (const std::exception& e) {
+      finish(base::fail(e.what(), "connect"));
+    }
+    co_return false;
+  }
+
+  template <class Ws>
+  std::string close_reason(Ws& ws, const boost::system::error_code& ec) {
+    if (ec == websocket::error::closed)
+      return std::string(ws.reason().reason.c_str()) + " (" + std::to_string(ws.reason().code) + ")";
+    return ec.message() + " (1006)";
+  }
+
+  // Reads until the transfer's end: a download's frames written at their offsets, then (or an
+  // upload's, at once) the reply.
+  template <class Ws>
+  asio::awaitable<void> receive(Ws& ws) {
+    beast::flat_buffer buf;
+    json::object reply;
+    bool replied = false;
+    while (!done_) {
+      buf.clear();
+      co_await ws.async_read(buf, asio::use_awaitable);
+      auto data = static_cast<const char*>(buf.data().data());
+      std::string_view m(data, buf.size());
+      if (ws.got_text()) {
+        boost::system::error_code ec;
+        auto v = json::parse(m, ec);
+        if (ec || !v.is_object()) continue;
+        auto& o = v.as_object();
+        auto* id = o.if_contains("id");
+        if (!id || !(id->is_null() || (id->is_int64() && id->as_int64() == id_))) continue;  // an event
+        if (t_.upload || !o.contains("ok") || !o.at("ok").is_bool() || !o.at("ok").as_bool()) {
+          finish(o);
+        } else if (t_.fd = t_.open_sink ? t_.open_sink() : -1; t_.fd < 0) {
+          finish(base::fail(std::string("open: ") + std::strerror(errno), "local"));
+        } else {
+          reply = o;  // the file's frames follow
+          replied = true;
+        }
+        continue;
+      }
+      if (t_.upload || m.size() < kHeader) continue;
+      auto byte = [&](size_t i) { return static_cast<uint64_t>(static_cast<unsigned char>(m[i])); };
+      uint32_t fid = 0;
+      uint64_t off = 0;
+      for (size_t i = 0; i < 4; ++i) fid |= static_cast<uint32_t>(byte(i) << (8 * i));
+      for (size_t i = 0; i < 8; ++i) off |= byte(4 + i) << (8 * i);
+      if (fid != id_) continue;
+      if (!replied) {
+        finish(base::fail("a file frame came before the reply to the request", "protocol"));
+        break;
+      }
+      auto body = m.substr(kHeader);
+      if (::pwrite(t_.fd, body.data(), body.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(body.size())) {
+        finish(base::fail(std::string("write: ") + std::strerror(errno), "local"));
+        break;
+      }
+      if (byte(12) & 1) finish(reply);
+    }
+  }
+
+  // An upload's content: frames of at most kChunk after the request, the last one flagged (an
+  // empty file: one empty last frame). Stops once the transfer has ended (an early reply).
+  template <class Ws>
+  asio::awaitable<void> send_file(Ws& ws) {
+    std::string frame;
+    uint64_t sent = 0;
+    do {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, t_.size - sent));
+      frame = frame_header(id_, sent, sent + n >= t_.size);
+      frame.resize(kHeader + n);
+      ssize_t got = n ? ::pread(t_.fd, frame.data() + kHeader, n, static_cast<off_t>(sent)) : 0;
+      if (got != static_cast<ssize_t>(n)) {
+        finish(base::fail(got < 0 ? std::string("read: ") + std::strerror(errno) : "read: the file shrank", "local"));
+        if (cancel_) cancel_();
+        co_return;
+      }
+      ws.binary(true);
+      co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
+      sent += n;
+    } while (sent < t_.size && !done_);
+  }
+
+  // A clean close once the transfer has ended, 2 s at most.
+  template <class Ws>
+  asio::awaitable<void> close(Ws& ws) {
+    asio::steady_timer limit(io_, std::chrono::seconds(2));
+    limit.async_wait([this](boost::system::error_code ec) {
+      if (!ec && cancel_) cancel_();
+    });
+    boost::system::error_code ec;
+    co_await ws.async_close(websocket::close_code::normal, asio::redirect_error(asio::use_awaitable, ec));
+    limit.cancel();
+  }
+
+  asio::io_context& io_;
+  FileTransfer t_;
+  uint32_t id_;
+  asio::steady_timer tick_;
+  asio::steady_timer writer_end_{io_};
+  std::function<void()> cancel_;
+  base::Result<json::object> result_ = base::fail("the connection closed before the transfer ended", "closed");
+  bool done_ = false;
+  bool writing_ = false;
+};
+
+}  // namespace
+
+base::Result<json::object> transfer_file(FileTransfer t) {
+  WsTarget target;
+  try {
+    target = ws_target(t.box);
+  } catch (const std::exception& e) {
+    return base::fail(e.what(), "connect");
+  }
+  asio::io_context io;
+  Run run(io, std::move(t));
+  // The TLS context only for wss: it loads the system's CAs.
+  std::optional<asio::ssl::context> ssl;
+  std::unique_ptr<PlainWs> plain;
+  std::unique_ptr<TlsWs> tls;
+  if (target.tls) {
+    ssl.emplace(asio::ssl::context::tls_client);
+    configure_tls(*ssl, target);
+    tls = std::make_unique<TlsWs>(io, *ssl);
+    asio::co_spawn(io, run.run(*tls, target), asio::detached);
+  } else {
+    plain = std::make_unique<PlainWs>(io);
+    asio::co_spawn(io, run.run(*plain, target), asio::detached);
+  }
+  asio::co_spawn(io, run.watch(), asio::detached);
+  io.run();
+  return std::move(run.result());
+}
+
+WsTarget ws_target(const Endpoint& ep) {
+  auto u = parse_url(ep.url);
+  return {.host = u.host,
+          .port = std::to_string(u.port),
+          .path = u.path,
+          .token = ep.token,
+          .tls = u.tls,
+          .insecure = ep.insecure};
+}
+
+void configure_tls(asio::ssl::context& ctx, const WsTarget& t) {
+  ctx.set_default_verify_paths();
+  ctx.set_verify_mode(t.insecure ? asio::ssl::verify_none : asio::ssl::verify_peer);
+  if (!t.insecure) ctx.set_verify_callback(asio::ssl::host_name_verification(t.host));
+}
+
+}  // namespace sbx::sdk
