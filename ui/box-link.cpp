@@ -34,9 +34,9 @@ void BoxLink::cancel() {
   if (plain_) beast::get_lowest_layer(*plain_).cancel();
 }
 
-void BoxLink::send(std::string frame) {
+void BoxLink::send(std::string frame, bool binary) {
   if (closed_) return;
-  out_.push_back({std::move(frame)});
+  out_.push_back({std::move(frame), binary});
   wake_.cancel();
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -64,7 +65,7 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
   using Target = sdk::WsTarget;
   BoxLink(asio::io_context& io, Target target, TextFn on_text, CloseFn on_close, TextFn on_binary = {});
   void start();
-  void send(std::string frame);
+  void send(std::string frame, bool binary = false);
   void close();
   bool closed() const { return closed_; }
 
@@ -128,6 +129,7 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   void open_link();
   void from_box_text(std::string text);
   void from_box_binary(std::string bytes);
+  void from_page_binary(std::string bytes);
   void box_closed(const std::string& why);
   void events_range(const std::string& id, const boost::json::object& req);
   void events_find(const std::string& id, const boost::json::object& req);
@@ -148,6 +150,9 @@ class PageSession : public std::enable_shared_from_this<PageSession> {
   std::set<std::string> pending_;  ///< ids (as JSON) of requests relayed and not answered yet
   /// fs.read requests relayed whose last frame has not come: id -> the offset of the next byte.
   std::map<uint32_t, uint64_t> reads_;
+  /// The fs.write relayed whose content the page is sending in binary frames: its id, and the
+  /// offset of the next byte.
+  std::optional<std::pair<uint32_t, uint64_t>> write_;
 };
 
 }  // namespace sbx::ui

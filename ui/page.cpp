@@ -14,16 +14,20 @@ namespace {
 
 namespace json = boost::json;
 
-// What the page may ask of the box: the actions the CLI has, and reading its files (the page's
-// file panel). Everything else (auth, fs writes, snapshot.export/import) stays with the CLI's own
-// subcommands.
+// What the page may ask of the box: the actions the CLI has, and its files (the page's file
+// panel: listing, reading, uploading). Everything else (auth, fs.remove, fs.mkdir,
+// snapshot.export/import) stays with the CLI's own subcommands.
 constexpr std::string_view kRelayed[] = {"exec",    "stdin",   "signal",        "resize",   "stats", "checkpoint",
                                          "fork",    "restore", "snapshot.list", "shutdown", "ping",  "snapshot.delete",
-                                         "fs.list", "fs.stat", "fs.read"};
+                                         "fs.list", "fs.stat", "fs.read",       "fs.write"};
 
 // An fs.read relayed for the page names its length, at most this: the CLI holds what the box
 // sends until the page has read it.
 constexpr uint64_t kMaxPageRead = 4u << 20;
+
+// An fs.write whose content the page sends in binary frames carries at most this, one at a time:
+// the CLI holds what the page sends until the box has taken it.
+constexpr uint64_t kMaxPageWrite = 16u << 20;
 
 // A binary frame's header: u32 id, u64 offset, u8 flags (bit 0: the last).
 constexpr size_t kFrameHeader = 13;
@@ -82,7 +86,10 @@ asio::awaitable<void> PageSession::run(http::request<http::string_body> req) {
     beast::flat_buffer buf;
     for (;;) {
       co_await ws_.async_read(buf, asio::use_awaitable);
-      if (ws_.got_text()) handle(beast::buffers_to_string(buf.data()));
+      if (ws_.got_text())
+        handle(beast::buffers_to_string(buf.data()));
+      else
+        from_page_binary(beast::buffers_to_string(buf.data()));
       buf.consume(buf.size());
     }
   } catch (const std::exception&) {
@@ -245,10 +252,19 @@ void PageSession::relay(const std::string& op, const std::string& id, const json
   if (op == "fs.read" && num(req, "length", kMaxPageRead + 1) > kMaxPageRead)
     return fail(id, "bad_request",
                 "fs.read: the page reads at most " + std::to_string(kMaxPageRead) + " bytes at a time (field length)");
+  // An fs.write with its content in frames: one at a time (an id the box would refuse gets its
+  // refusal, and no frame is relayed for it).
+  bool framed_write = op == "fs.write" && !req.contains("data") && !req.contains("data_b64");
+  if (framed_write && write_)
+    return fail(id, "busy",
+                "fs.write: the page sends one file at a time (the write with id " + std::to_string(write_->first) +
+                    " is under way)");
   if (!link_ || link_->closed()) open_link();
   // An fs.read whose id is not a frame's (the protocol's rule) is refused by the box: no frames.
   if (auto* rid = req.if_contains("id"); op == "fs.read" && rid)
     if (auto n = frame_id(*rid)) reads_[*n] = num(req, "offset", 0);
+  if (auto* rid = req.if_contains("id"); framed_write && rid)
+    if (auto n = frame_id(*rid)) write_.emplace(*n, 0);
   pending_.insert(id);
   link_->send(json::serialize(req));
 }
@@ -280,6 +296,8 @@ void PageSession::from_box_text(std::string text) {
       auto* ok = o.if_contains("ok");
       bool frames = ok && ok->is_bool() && ok->as_bool() && num(o, "length", 0) > 0;
       if (auto n = frame_id(it->value()); n && !frames) reads_.erase(*n);
+      // The write's reply: after its last frame, or a refusal before it.
+      if (auto n = frame_id(it->value()); n && write_ && write_->first == *n) write_.reset();
     }
   }
   // Replies only: this connection subscribes to nothing, the page's events come from the store.
@@ -304,6 +322,38 @@ void PageSession::from_box_binary(std::string bytes) {
   queue(std::move(bytes), true);
 }
 
+// The content of the fs.write under way, relayed to the box in order and within kMaxPageWrite.
+// A frame for no write under way is dropped (its write was refused). One out of order or past the
+// bound fails the write; the connection to the box is then closed, which ends the upload the box
+// has begun (the file keeps what it received), and every request waiting on it gets the reason.
+void PageSession::from_page_binary(std::string bytes) {
+  if (!write_ || bytes.size() < kFrameHeader) return;
+  const auto* h = reinterpret_cast<const unsigned char*>(bytes.data());
+  uint32_t rid = boost::endian::load_little_u32(h);
+  uint64_t offset = boost::endian::load_little_u64(h + 4);
+  uint64_t len = bytes.size() - kFrameHeader;
+  auto [wid, next] = *write_;
+  std::string why;
+  if (rid != wid)
+    why = "a binary frame with id " + std::to_string(rid) + " while the write with id " + std::to_string(wid) +
+          " is under way";
+  else if (offset != next)
+    why = "a frame at byte " + std::to_string(offset) + " where byte " + std::to_string(next) + " was due";
+  else if (next + len > kMaxPageWrite)
+    why = "the page writes at most " + std::to_string(kMaxPageWrite) + " bytes to a file (use sandboxer cp)";
+  if (why.empty()) {
+    write_->second = next + len;
+    link_->send(std::move(bytes), true);
+    return;
+  }
+  std::string id = std::to_string(wid);
+  pending_.erase(id);
+  write_.reset();
+  fail(id, "bad_request", "fs.write: " + why);
+  link_->close();
+  box_closed("the connection to the box was closed: the page's fs.write with id " + id + " was refused");
+}
+
 // The connection to the box ended: a request not answered gets the reason; a read whose frames
 // stopped coming gets a last frame, empty, where they stopped, so the page's client ends the
 // transfer and reports it short ("reply says N bytes, frames carried M") instead of waiting.
@@ -323,6 +373,7 @@ void PageSession::box_closed(const std::string& why) {
     queue(std::move(header), true);
   }
   reads_.clear();
+  write_.reset();
 }
 
 }  // namespace sbx::ui

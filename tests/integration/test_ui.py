@@ -217,7 +217,7 @@ def test_a_wrong_or_missing_secret_gets_403_and_no_data(tmp_path, page):
             assert json.loads(c.recv(10))["ok"] is True
             assert json.loads(c.recv(10))["type"] == "box.started"
             # The page cannot reach what only the CLI's own commands do.
-            c.send(json.dumps({"id": 2, "op": "fs.write", "path": "/workspace/x", "data": "x"}))
+            c.send(json.dumps({"id": 2, "op": "snapshot.export", "snapshot": "s-0000000000000000"}))
             while (m := json.loads(c.recv(10))).get("id") != 2:
                 pass
             assert m["error"]["code"] == "bad_request" and "not an operation the page may ask for" in m["error"]["message"]
@@ -569,3 +569,85 @@ def test_a_file_read_cut_off_from_the_box_ends_short_on_the_page_instead_of_wait
                     assert "big.txt" in [e["name"] for e in json.loads(r)["entries"]], r
         finally:
             proxy.close()
+
+
+def test_files_uploaded_from_the_page_land_in_the_directory_listed(tmp_path, page):
+    small = tmp_path / "notes.txt"
+    small.write_text("from the page\n")
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(3 << 20))
+    huge = tmp_path / "huge.bin"
+    huge.write_bytes(b"\0" * ((16 << 20) + 1))
+    (tmp_path / "box").mkdir()
+    with WsBox(tmp_path / "box", ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        wait_ready(box)
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.click('[data-testid="files-go"]')
+        page.click('[data-testid="file-d/"]')
+        page.locator('[data-testid="file-a.txt"]').wait_for(timeout=10_000)
+        # One small file (inside the request) and one in binary frames, relayed by the page server.
+        page.set_input_files('[data-testid="files-upload"]', [str(small), str(big)])
+        page.locator('[data-testid="file-big.bin"]').wait_for(timeout=20_000)
+        assert page.inner_text('[data-testid="file-view"]').startswith("uploaded /workspace/d/notes.txt")
+        assert (box.workspace / "d" / "notes.txt").read_bytes() == small.read_bytes()
+        assert (box.workspace / "d" / "big.bin").read_bytes() == big.read_bytes()
+        # Past the page's bound: refused on the page, nothing sent.
+        page.set_input_files('[data-testid="files-upload"]', str(huge))
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent.includes('more than the page uploads')",
+                               timeout=10_000)
+        assert not (box.workspace / "d" / "huge.bin").exists()
+        # Where the box refuses (a directory that is not there): its error, shown.
+        page.fill('[data-testid="files-path"]', "/workspace/none")
+        page.set_input_files('[data-testid="files-upload"]', str(small))
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
+        assert "not_found" in page.inner_text('[data-testid="file-view"]') or "No such file" in page.inner_text('[data-testid="file-view"]')
+
+
+def upload_frames(c, rid, data, chunk=512 << 10, start=0):
+    """Sends `data` as fs.write's binary frames for request `rid` (header: u32 id, u64 offset, u8 last)."""
+    for off in range(0, len(data), chunk):
+        part = data[off:off + chunk]
+        c.send(struct.pack("<IQB", rid, start + off, 1 if off + len(part) >= len(data) else 0) + part)
+
+
+def reply_to(c, rid):
+    while True:
+        m = c.recv(20)
+        if isinstance(m, str) and json.loads(m).get("id") == rid:
+            return json.loads(m)
+
+
+def test_the_page_server_relays_a_file_write_in_order_and_within_its_bound(tmp_path):
+    from websockets.sync.client import connect
+    with WsBox(tmp_path, ["sleep", "600"], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        ws = ui.origin.replace("http://", "ws://")
+        with connect(f"{ws}/{ui.secret}/ws", origin=ui.origin, subprotocols=["sandboxer.v1"], open_timeout=10,
+                     max_size=None) as c:
+            # 3 MiB in 512 KiB frames: the box's reply after the last, the file whole.
+            data = os.urandom(3 << 20)
+            c.send(json.dumps({"id": 5, "op": "fs.write", "path": "/workspace/up.bin"}))
+            upload_frames(c, 5, data)
+            r = reply_to(c, 5)
+            assert r["ok"] and r["size"] == len(data), r
+            assert (box.workspace / "up.bin").read_bytes() == data
+            # A second write while one is under way: refused, naming the first.
+            c.send(json.dumps({"id": 6, "op": "fs.write", "path": "/workspace/a.bin"}))
+            c.send(json.dumps({"id": 7, "op": "fs.write", "path": "/workspace/b.bin"}))
+            r = reply_to(c, 7)
+            assert r["error"]["code"] == "busy" and "id 6" in r["error"]["message"], r
+            # A frame out of order fails the write under way and ends the box's upload; the
+            # page server goes on (a listing, over a new connection).
+            upload_frames(c, 6, b"y" * 1000, start=4096)
+            r = reply_to(c, 6)
+            assert r["error"]["code"] == "bad_request" and "where byte 0 was due" in r["error"]["message"], r
+            c.send(json.dumps({"id": 8, "op": "fs.list", "path": "/workspace"}))
+            assert "up.bin" in [e["name"] for e in reply_to(c, 8)["entries"]]
+            # Past 16 MiB: the write fails at the frame that crosses it.
+            c.send(json.dumps({"id": 9, "op": "fs.write", "path": "/workspace/huge.bin"}))
+            upload_frames(c, 9, b"z" * ((16 << 20) + 1), chunk=1 << 19)
+            r = reply_to(c, 9)
+            assert r["error"]["code"] == "bad_request" and "at most 16777216 bytes" in r["error"]["message"], r
+            assert (box.workspace / "huge.bin").stat().st_size <= 16 << 20

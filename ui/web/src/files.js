@@ -1,9 +1,13 @@
-// The box's files, read-only: a directory of the picked branch (fs.list) and the start of one
-// file (fs.read), through the page server, which relays these and no write.
+// The box's files: a directory of the picked branch (fs.list), the start of one file (fs.read),
+// and files uploaded into the directory listed (fs.write), through the page server.
 import { bytes, el } from "./util.js";
 
 /** How much of a file the panel shows. */
 const VIEW_MAX = 256 << 10;
+/** The largest file the page server relays to the box (ui/page.cpp, kMaxPageWrite). */
+const UPLOAD_MAX = 16 << 20;
+/** An upload's frames: the page server reads at most 1 MiB a frame. */
+const UPLOAD_CHUNK = 256 << 10;
 
 export class Files {
   constructor(box, root, { liveBox, branchOf }) {
@@ -14,7 +18,31 @@ export class Files {
     this.view = el("pre", { class: "file-view", "data-testid": "file-view" });
     const go = el("button", { "data-testid": "files-go", onclick: () => this.open(this.path.value), ...(liveBox ? {} : { disabled: "" }) }, "list");
     this.path.addEventListener("keydown", (e) => e.key === "Enter" && liveBox && this.open(this.path.value));
-    root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go), this.list, this.view);
+    this.upload = el("input", { type: "file", multiple: "", "data-testid": "files-upload", title: "upload into the directory listed", ...(liveBox ? {} : { disabled: "" }) });
+    this.upload.addEventListener("change", () => this.send([...this.upload.files]));
+    root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go, this.upload), this.list, this.view);
+  }
+
+  /** Uploads `files` into the directory listed (the one in the path field), then lists it again. */
+  async send(files) {
+    const dir = this.path.value.replace(/\/+$/, "") || "/";
+    const done = [];
+    this.upload.value = "";
+    for (const f of files) {
+      const path = `${dir === "/" ? "" : dir}/${f.name}`;
+      if (f.size > UPLOAD_MAX)
+        return this.error(new Error(`${path}: ${bytes(f.size)}, more than the page uploads (${bytes(UPLOAD_MAX)}): use sandboxer cp`));
+      this.view.className = "file-view";
+      this.view.textContent = `${path}: uploading ${bytes(f.size)}…`;
+      try {
+        await this.box.fs.write(path, new Uint8Array(await f.arrayBuffer()), { branch: this.branch(), chunkSize: UPLOAD_CHUNK });
+      } catch (e) {
+        return this.error(e);
+      }
+      done.push(`${path} (${bytes(f.size)})`);
+    }
+    await this.open(dir);
+    this.view.textContent = `uploaded ${done.join(", ")}`;
   }
 
   branch() {
