@@ -258,7 +258,68 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
 
 Journal::Journal(uv_loop_t* loop, JournalOptions opts) : loop_(loop), opts_(std::move(opts)) {}
 
-Journal::~Journal() { flush(); }
+Journal::~Journal() {
+  flush();
+  write_clean_mark();
+}
+
+// A journal that ends cleanly leaves a note of what its active segment then was (`clean`: its
+// first seq, size, inode, mtime and last seq), so that the next open need not check that segment
+// line by line: a restart in a state dir whose segment held 15 MB spent 33-54 ms there
+// (bench/pid1.py). The note is removed as the next open reads it, before anything is appended,
+// so any other end of a run (a kill, a crash, a full disk) leaves none and the next open checks
+// every line, as before. It is trusted only for a segment still exactly as it was left (same
+// inode, size and mtime) whose last line is whole and carries that last seq. Nothing is synced
+// for it: after a power loss that kept the note and not the segment's data, the size or the last
+// line differs, or (zeros where data was) readers skip what does not parse.
+void Journal::write_clean_mark() {
+  if (!active_ || degraded_ || !waiting_.empty()) return;
+  struct stat st {};
+  if (::fstat(active_.get(), &st) != 0) return;
+  char buf[128];
+  int n = std::snprintf(buf, sizeof buf, "%llu %llu %llu %lld %llu\n", static_cast<unsigned long long>(active_first_),
+                        static_cast<unsigned long long>(st.st_size), static_cast<unsigned long long>(st.st_ino),
+                        static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+                        static_cast<unsigned long long>(last_seq_));
+  if (auto w = os::write_file_atomic(opts_.dir + "/clean", std::string_view(buf, static_cast<size_t>(n)), 0640); !w)
+    log()->warn("journal: note its clean end in {}: {}", opts_.dir, w.error().message());
+}
+
+// The previous run's note of its clean end (write_clean_mark), removed as it is read: true, with
+// the journal positioned at the segment's end, when the segment at `path` is as the note says.
+bool Journal::resume_clean(const std::string& path, uint64_t first) {
+  std::string note_path = opts_.dir + "/clean";
+  auto note = os::read_file(note_path);
+  if (!note) return false;
+  ::unlink(note_path.c_str());
+  unsigned long long f = 0, size = 0, ino = 0, last = 0;
+  long long mtime = 0;
+  if (std::sscanf(note->c_str(), "%llu %llu %llu %lld %llu", &f, &size, &ino, &mtime, &last) != 5) return false;
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return false;
+  long long now_mtime = static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  if (f != first || size != static_cast<unsigned long long>(st.st_size) || ino != st.st_ino || mtime != now_mtime ||
+      size == 0 || last < first)
+    return false;
+  // The last line: whole (the file ends with a newline), JSON, and the seq the note names.
+  std::string tail(static_cast<size_t>(std::min<unsigned long long>(size, 1 << 16)), '\0');
+  off_t at = static_cast<off_t>(size - tail.size());
+  if (::pread(fd.get(), tail.data(), tail.size(), at) != static_cast<ssize_t>(tail.size()) || tail.back() != '\n')
+    return false;
+  tail.pop_back();
+  size_t start = tail.rfind('\n');
+  if (start == std::string::npos && tail.size() + 1 < size) return false;  // a line longer than the window
+  std::string_view line = std::string_view(tail).substr(start == std::string::npos ? 0 : start + 1);
+  JsonCheck json;
+  if (line_seq(line) != last || !json.whole(line)) return false;
+  active_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
+  if (!active_) return false;
+  last_seq_ = last;
+  active_first_ = first;
+  active_bytes_ = size;
+  return true;
+}
 
 boost::system::result<std::unique_ptr<Journal>> Journal::open(uv_loop_t* loop, JournalOptions opts) {
   if (auto r = os::make_dirs(opts.dir, 0750); !r) return r.error();
@@ -324,6 +385,7 @@ boost::system::result<void> Journal::recover() {
 // not (a bad block, a hand edit) is skipped, not the end of the journal; a torn tail (no newline:
 // the writer died mid-write) is cut off. Rewritten only when something was skipped.
 boost::system::result<void> Journal::recover_active(const std::string& path, uint64_t first) {
+  if (resume_clean(path, first)) return {};
   // Read in chunks (for_each_line), not whole: a 16 MiB segment read into one string cost the
   // restart as much in page faults as its check.
   JsonCheck json;

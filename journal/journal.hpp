@@ -133,6 +133,8 @@ class Journal {
   Journal(uv_loop_t* loop, JournalOptions opts);
   boost::system::result<void> recover();
   boost::system::result<void> recover_active(const std::string& path, uint64_t first);
+  bool resume_clean(const std::string& path, uint64_t first);
+  void write_clean_mark();
   boost::json::object stamp(uint64_t seq, boost::json::object fields) const;
   LineBuf serialize(const boost::json::object& ev) const;
   size_t line_size(const LineBuf& b) const noexcept { return b->size() - opts_.headroom; }

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -358,4 +359,78 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: past four sealed segments waiting, they
   (*j)->flush();
   CHECK(counts(dir) == "0 plain, 6 zst");
   j->reset();
+}
+
+namespace {
+// The active segment's path, and its bytes after `n` events of a journal closed cleanly.
+fs::path write_and_close(uv_loop_t* loop, const fs::path& dir, int n) {
+  auto j = journal::Journal::open(loop, {.dir = dir.string(), .box = "b-test"});
+  REQUIRE(j);
+  for (int i = 0; i < n; ++i) (*j)->append({{"type", "t"}, {"i", i}});
+  return dir / "00000000000000000001.jsonl";
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(LoopFixture,
+                  "journal: a clean end leaves a note the next open trusts instead of checking each line") {
+  fs::path seg = write_and_close(&loop, dir, 4);
+  REQUIRE(fs::exists(dir / "clean"));
+  // Line 2 damaged in place (same inode, same length, its mtime put back): only a line-by-line
+  // check would find it. With the note, the open does not look: seq goes on after 4, no report.
+  struct stat before {};
+  REQUIRE(::stat(seg.c_str(), &before) == 0);
+  auto damage = [&] {
+    auto text = sbx::os::read_file(seg.string());
+    REQUIRE(text);
+    size_t second = text->find('\n') + 1;
+    int fd = ::open(seg.c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pwrite(fd, "#####", 5, static_cast<off_t>(second + 12)) == 5);
+    ::close(fd);
+    timespec times[2] = {before.st_atim, before.st_mtim};
+    REQUIRE(::utimensat(AT_FDCWD, seg.c_str(), times, 0) == 0);
+  };
+  damage();
+  auto all = reopen_and_append(4);
+  CHECK(seqs_of(all) == std::vector<uint64_t>{1, 2, 3, 4, 5});
+  // The note was removed as it was read; this run's clean end left a new one.
+  REQUIRE(fs::exists(dir / "clean"));
+  // The control: the same damage without a note (a run that was killed) is found and skipped.
+  fs::remove(dir / "clean");
+  REQUIRE(::stat(seg.c_str(), &before) == 0);
+  damage();
+  all = reopen_and_append(5);
+  CHECK(seqs_of(all) == std::vector<uint64_t>{1, 3, 4, 5, 6, 7});
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a note that does not match its segment is not trusted") {
+  SUBCASE("the segment grew after the note (a later run that was killed mid-write)") {
+    fs::path seg = write_and_close(&loop, dir, 3);
+    int fd = ::open(seg.c_str(), O_WRONLY | O_APPEND);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "{\"seq\":4,\"ts\":\"x", 16) == 16);
+    ::close(fd);
+    auto all = reopen_and_append(3);
+    CHECK(seqs_of(all) == std::vector<uint64_t>{1, 2, 3, 4, 5});
+    CHECK(all[3].second.find("\"dropped_bytes\":16") != std::string::npos);
+  }
+  SUBCASE("the note names another last seq") {
+    write_and_close(&loop, dir, 3);
+    auto note = sbx::os::read_file((dir / "clean").string());
+    REQUIRE(note);
+    std::string edited = note->substr(0, note->rfind(' ')) + " 2\n";
+    REQUIRE(sbx::os::write_file_atomic((dir / "clean").string(), edited));
+    CHECK(seqs_of(reopen_and_append(3)) == std::vector<uint64_t>{1, 2, 3, 4});
+  }
+  SUBCASE("the segment was replaced (another inode)") {
+    fs::path seg = write_and_close(&loop, dir, 3);
+    auto text = sbx::os::read_file(seg.string());
+    REQUIRE(text);
+    text->resize(text->size() - 5);  // torn, in a new file
+    REQUIRE(sbx::os::write_file_atomic(seg.string(), *text));
+    auto all = reopen_and_append(2);
+    CHECK(seqs_of(all) == std::vector<uint64_t>{1, 2, 3, 4});
+    CHECK(all[2].second.find("journal.recovered") != std::string::npos);
+  }
+  CHECK(fs::exists(dir / "clean"));
 }
