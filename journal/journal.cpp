@@ -263,17 +263,18 @@ Journal::~Journal() {
   write_clean_mark();
 }
 
-// A journal that ends cleanly leaves a note of what its active segment then was (`clean`: its
-// first seq, size, inode, mtime and last seq), so that the next open need not check that segment
-// line by line: a restart in a state dir whose segment held 15 MB spent 33-54 ms there
-// (bench/pid1.py). The note is removed as the next open reads it, before anything is appended,
-// so any other end of a run (a kill, a crash, a full disk) leaves none and the next open checks
-// every line, as before. It is trusted only for a segment still exactly as it was left (same
-// inode, size and mtime) whose last line is whole and carries that last seq. Nothing is synced
-// for it: after a power loss that kept the note and not the segment's data, the size or the last
-// line differs, or (zeros where data was) readers skip what does not parse.
+// A journal that ends cleanly leaves a note of what its active segment then was (its first seq,
+// size, inode, mtime and last seq, as a second line of seq.hwm: one pwrite to a file open already,
+// no inode made), so that the next open need not check that segment line by line: a restart in a
+// state dir whose segment held 15 MB spent 31-54 ms there (bench/pid1.py). The note is cut off as
+// the next open reads it, before anything is appended, so any other end of a run (a kill, a crash,
+// a full disk) leaves none and the next open checks every line, as before. It is trusted only for
+// a segment still exactly as it was left (same inode, size and mtime) whose last line is whole and
+// carries that last seq. Nothing is synced for it: after a power loss that kept the note and not
+// the segment's data, the size or the last line differs, or (zeros where data was) readers skip
+// what does not parse.
 void Journal::write_clean_mark() {
-  if (!active_ || degraded_ || !waiting_.empty()) return;
+  if (!active_ || !hwm_fd_ || degraded_ || !waiting_.empty()) return;
   struct stat st {};
   if (::fstat(active_.get(), &st) != 0) return;
   char buf[128];
@@ -281,20 +282,18 @@ void Journal::write_clean_mark() {
                         static_cast<unsigned long long>(st.st_size), static_cast<unsigned long long>(st.st_ino),
                         static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
                         static_cast<unsigned long long>(last_seq_));
-  if (auto w = os::write_file_atomic(opts_.dir + "/clean", std::string_view(buf, static_cast<size_t>(n)), 0640); !w)
-    log()->warn("journal: note its clean end in {}: {}", opts_.dir, w.error().message());
+  if (::pwrite(hwm_fd_.get(), buf, static_cast<size_t>(n), kHwmLine) != n)
+    log()->warn("journal: note its clean end in {}/seq.hwm: {}", opts_.dir, os::last_error().message());
 }
 
-// The previous run's note of its clean end (write_clean_mark), removed as it is read: true, with
-// the journal positioned at the segment's end, when the segment at `path` is as the note says.
+// The previous run's note of its clean end (write_clean_mark, read by recover): true, with the
+// journal positioned at the segment's end, when the segment at `path` is as the note says.
 bool Journal::resume_clean(const std::string& path, uint64_t first) {
-  std::string note_path = opts_.dir + "/clean";
-  auto note = os::read_file(note_path);
-  if (!note) return false;
-  ::unlink(note_path.c_str());
   unsigned long long f = 0, size = 0, ino = 0, last = 0;
   long long mtime = 0;
-  if (std::sscanf(note->c_str(), "%llu %llu %llu %lld %llu", &f, &size, &ino, &mtime, &last) != 5) return false;
+  if (clean_note_.empty() ||
+      std::sscanf(clean_note_.c_str(), "%llu %llu %llu %lld %llu", &f, &size, &ino, &mtime, &last) != 5)
+    return false;
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
@@ -329,14 +328,19 @@ boost::system::result<std::unique_ptr<Journal>> Journal::open(uv_loop_t* loop, J
 }
 
 boost::system::result<void> Journal::recover() {
-  // The high-water mark: 20 digits and a newline, created once and rewritten in place.
+  // The high-water mark: 20 digits and a newline, created once and rewritten in place; after a
+  // clean end, a second line: the note write_clean_mark leaves, cut off here as it is read.
   std::string hwm_path = opts_.dir + "/seq.hwm";
   hwm_fd_.reset(::open(hwm_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640));
   if (!hwm_fd_) return os::last_error();
-  char buf[32] = {};
+  char buf[256] = {};
   ssize_t n = ::pread(hwm_fd_.get(), buf, sizeof buf - 1, 0);
   if (n > 0) std::from_chars(buf, buf + n, hwm_);
   if (n <= 0) persist_high_water(0);  // allocate its block now, while there is room
+  if (n > kHwmLine) {
+    clean_note_.assign(buf + kHwmLine, static_cast<size_t>(n) - kHwmLine);
+    if (::ftruncate(hwm_fd_.get(), kHwmLine) != 0) return os::last_error();
+  }
   auto segs = list_segments(opts_.dir);
   for (size_t i = 0; i < segs.size(); ++i) {
     auto& s = segs[i];

@@ -179,6 +179,8 @@ class Journal {
   // memory), rewritten in place so that it needs no new block on a full disk.
   os::UniqueFd hwm_fd_;
   uint64_t hwm_ = 0;
+  static constexpr int kHwmLine = 21;  // seq.hwm's first line: 20 digits and a newline
+  std::string clean_note_;             // the last run's note of its clean end (write_clean_mark), or ""
 };
 
 /// Compresses `src` to `dst` (zstd, streaming); used by the journal and by tests.
