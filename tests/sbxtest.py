@@ -516,10 +516,11 @@ class FrameProxy:
     """A TCP proxy on 127.0.0.1 in front of a box. The server's bytes after the HTTP upgrade are
     read as WebSocket frames (unmasked, server to client), so the proxy can act on the archive:
     `cut` closes both sides once that many payload bytes of binary frames have passed; `flip`
-    inverts one payload byte of the second binary frame and forwards the rest as it came."""
+    inverts one payload byte of the second binary frame and forwards the rest as it came; `drop`
+    leaves out the binary frame of that number (1: the first)."""
 
-    def __init__(self, port, *, cut=None, flip=False):
-        self.port, self.cut, self.flip = port, cut, flip
+    def __init__(self, port, *, cut=None, flip=False, drop=None):
+        self.port, self.cut, self.flip, self.drop = port, cut, flip, drop
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
         self.binary_bytes = 0
@@ -585,6 +586,9 @@ class FrameProxy:
                         self.acted = True
                         raise EOFError
                     self.binary_bytes += length
+                    if self.drop == binary_frames:
+                        self.acted = True
+                        continue
                 client.sendall(bytes(frame))
         except (EOFError, OSError):
             pass

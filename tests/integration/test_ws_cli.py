@@ -289,6 +289,16 @@ def test_cp_cut_off_mid_download_says_the_connection_closed(box, tmp_path):
     assert r.returncode == 1 and b"the connection closed first" in r.stderr and b"(closed)" in r.stderr, r.stderr
 
 
+def test_cp_refuses_a_download_whose_frames_skip_bytes(box, tmp_path):
+    # A frame lost between the box and the client (here: a proxy drops the second): the next one
+    # does not start where the last ended. Before, the copy "succeeded" with a hole of zeros.
+    (box.workspace / "f.bin").write_bytes(os.urandom(5 << 20))
+    proxy = FrameProxy(box.port, drop=2)
+    r = cli(box, "cp", f"{proxy.url}:/workspace/f.bin", str(tmp_path / "got.bin"))
+    assert proxy.acted
+    assert r.returncode == 1 and b"where byte 262144 was due (protocol)" in r.stderr, r.stderr
+
+
 def silent_websocket_server():
     """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
     returns its listening socket."""

@@ -34,6 +34,13 @@ uint32_t request_id(json::object& req) {
   return 1;
 }
 
+std::optional<uint64_t> uint_field(const json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  if (v && v->is_int64() && v->as_int64() >= 0) return static_cast<uint64_t>(v->as_int64());
+  if (v && v->is_uint64()) return v->as_uint64();
+  return std::nullopt;
+}
+
 // What a failed connect or handshake says: the socket's error, with where (a refused connect
 // names what it means), or the refused upgrade's HTTP status.
 std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected) {
@@ -131,13 +138,16 @@ class Run {
     return ec.message() + " (1006)";
   }
 
-  // Reads until the transfer's end: a download's frames written at their offsets, then (or an
-  // upload's, at once) the reply.
+  // Reads until the transfer's end: a download's reply, then its frames written at their offsets,
+  // in order from the request's offset and as many bytes as the reply says (`length`, else
+  // `size`); an upload's reply.
   template <class Ws>
   asio::awaitable<void> receive(Ws& ws) {
     beast::flat_buffer buf;
     json::object reply;
     bool replied = false;
+    uint64_t next = uint_field(t_.request, "offset").value_or(0);
+    std::optional<uint64_t> end;  // just past the last byte the reply says will come
     while (!done_) {
       buf.clear();
       co_await ws.async_read(buf, asio::use_awaitable);
@@ -157,6 +167,7 @@ class Run {
         } else {
           reply = o;  // the file's frames follow
           replied = true;
+          if (auto n = uint_field(o, "length") ? uint_field(o, "length") : uint_field(o, "size")) end = next + *n;
         }
         continue;
       }
@@ -172,11 +183,23 @@ class Run {
         break;
       }
       auto body = m.substr(kHeader);
+      bool last = byte(12) & 1;
+      std::string bad;
+      if (off != next)
+        bad = "a frame at byte " + std::to_string(off) + " where byte " + std::to_string(next) + " was due";
+      else if (end && (off + body.size() > *end || (last && off + body.size() != *end)))
+        bad = "the frames " + std::string(last ? "end" : "reach") + " at byte " + std::to_string(off + body.size()) +
+              " of " + std::to_string(*end) + " the reply named";
+      if (!bad.empty()) {
+        finish(base::fail(bad, "protocol"));
+        break;
+      }
+      next = off + body.size();
       if (::pwrite(t_.fd, body.data(), body.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(body.size())) {
         finish(base::fail(std::string("write: ") + std::strerror(errno), "local"));
         break;
       }
-      if (byte(12) & 1) finish(reply);
+      if (last) finish(reply);
     }
   }
 
