@@ -207,20 +207,13 @@ base::Result<std::unique_ptr<Server>> Server::start(ServerOptions opts) {
   auto impl = std::make_unique<Impl>();
   impl->secret = opts.secret.empty() ? os::random_hex(24) : opts.secret;
   if (!opts.box_url.empty()) {
-    sdk::ParsedUrl u;
     try {
-      u = sdk::parse_url(opts.box_url);
+      impl->hub.box = sdk::ws_target({opts.box_url, opts.box_token, opts.insecure});
     } catch (const std::exception& e) {
       return base::fail(std::string("box URL: ") + e.what(), "bad_request");
     }
     impl->hub.live = true;
     impl->hub.source = opts.box_url;
-    impl->hub.box = {.host = u.host,
-                     .port = std::to_string(u.port),
-                     .path = u.path,
-                     .token = opts.box_token,
-                     .tls = u.tls,
-                     .insecure = opts.insecure};
   } else {
     impl->hub.source = opts.journal_dir;
     impl->journal_dir = opts.journal_dir;
