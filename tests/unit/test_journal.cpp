@@ -369,7 +369,7 @@ std::string clean_note(const fs::path& dir) {
   return text->size() > 21 ? text->substr(21) : std::string();
 }
 
-// The active segment's path, and its bytes after `n` events of a journal closed cleanly.
+// `n` events in a journal closed cleanly: the path of its active segment.
 fs::path write_and_close(uv_loop_t* loop, const fs::path& dir, int n) {
   auto j = journal::Journal::open(loop, {.dir = dir.string(), .box = "b-test"});
   REQUIRE(j);
