@@ -102,13 +102,9 @@ struct Client::Impl {
 
   void on_message(std::string_view m, bool binary) {
     if (binary) {
-      if (m.size() < 13 || !on_binary) return;
-      auto b = [&](size_t i) { return static_cast<uint64_t>(static_cast<unsigned char>(m[i])); };
-      uint32_t id = 0;
-      uint64_t off = 0;
-      for (int i = 0; i < 4; ++i) id |= static_cast<uint32_t>(b(static_cast<size_t>(i)) << (8 * i));
-      for (int i = 0; i < 8; ++i) off |= b(static_cast<size_t>(4 + i)) << (8 * i);
-      on_binary(id, off, b(12) & 1, m.substr(13));
+      auto head = protocol::get_header(m);
+      if (!head || !on_binary) return;
+      on_binary(head->id, head->offset, head->last(), m.substr(protocol::kBinaryHeader));
       return;
     }
     boost::system::error_code ec;
@@ -306,10 +302,8 @@ int64_t Client::request(json::object req, ReplyFn on_reply) {
 
 void Client::send_binary(uint32_t id, uint64_t offset, bool last, std::string_view data) {
   std::string f;
-  f.reserve(13 + data.size());
-  for (int i = 0; i < 4; ++i) f.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
-  for (int i = 0; i < 8; ++i) f.push_back(static_cast<char>((offset >> (8 * i)) & 0xff));
-  f.push_back(last ? 1 : 0);
+  f.reserve(protocol::kBinaryHeader + data.size());
+  protocol::put_header(f, {.id = id, .offset = offset, .flags = last ? protocol::kFlagLast : uint8_t{0}});
   f.append(data);
   impl_->enqueue(std::move(f), true);
 }

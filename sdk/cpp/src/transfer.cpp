@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "protocol/protocol.hpp"
 #include "sandboxer/beast.hpp"
 
 namespace sbx::sdk {
@@ -16,16 +17,8 @@ namespace {
 
 namespace json = boost::json;
 
-constexpr size_t kChunk = 1 << 20;  // an upload's frames, as the CLI's client sent them
-constexpr size_t kHeader = 13;      // u32 id, u64 offset, u8 flags (1: last), little-endian
-
-std::string frame_header(uint32_t id, uint64_t off, bool last) {
-  std::string h;
-  for (int i = 0; i < 4; ++i) h.push_back(static_cast<char>((id >> (8 * i)) & 0xff));
-  for (int i = 0; i < 8; ++i) h.push_back(static_cast<char>((off >> (8 * i)) & 0xff));
-  h.push_back(last ? 1 : 0);
-  return h;
-}
+constexpr size_t kChunk = 1 << 20;                   // an upload's frames, as the CLI's client sent them
+constexpr size_t kHeader = protocol::kBinaryHeader;  // u32 id, u64 offset, u8 flags (1: last)
 
 uint32_t request_id(json::object& req) {
   if (auto* v = req.if_contains("id"); v && v->is_int64() && v->as_int64() >= 0 && v->as_int64() <= 0xffffffffLL)
@@ -171,19 +164,15 @@ class Run {
         }
         continue;
       }
-      if (t_.upload || m.size() < kHeader) continue;
-      auto byte = [&](size_t i) { return static_cast<uint64_t>(static_cast<unsigned char>(m[i])); };
-      uint32_t fid = 0;
-      uint64_t off = 0;
-      for (size_t i = 0; i < 4; ++i) fid |= static_cast<uint32_t>(byte(i) << (8 * i));
-      for (size_t i = 0; i < 8; ++i) off |= byte(4 + i) << (8 * i);
-      if (fid != id_) continue;
+      auto head = protocol::get_header(m);
+      if (t_.upload || !head || head->id != id_) continue;
+      uint64_t off = head->offset;
       if (!replied) {
         finish(base::fail("a file frame came before the reply to the request", "protocol"));
         break;
       }
       auto body = m.substr(kHeader);
-      bool last = byte(12) & 1;
+      bool last = head->last();
       std::string bad;
       if (off != next)
         bad = "a frame at byte " + std::to_string(off) + " where byte " + std::to_string(next) + " was due";
@@ -211,7 +200,9 @@ class Run {
     uint64_t sent = 0;
     do {
       size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, t_.size - sent));
-      frame = frame_header(id_, sent, sent + n >= t_.size);
+      frame.clear();
+      protocol::put_header(
+          frame, {.id = id_, .offset = sent, .flags = sent + n >= t_.size ? protocol::kFlagLast : uint8_t{0}});
       frame.resize(kHeader + n);
       ssize_t got = n ? ::pread(t_.fd, frame.data() + kHeader, n, static_cast<off_t>(sent)) : 0;
       if (got != static_cast<ssize_t>(n)) {
