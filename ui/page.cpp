@@ -1,11 +1,11 @@
 // The page's WebSocket (ui/hub.hpp): sandboxer.v1 requests answered from the events this process
 // keeps, or relayed to the box on a connection of the page's own.
 #include <algorithm>
-#include <boost/endian/conversion.hpp>
 #include <boost/json.hpp>
 #include <cstdint>
 #include <optional>
 
+#include "protocol/protocol.hpp"
 #include "ui/hub.hpp"
 
 namespace sbx::ui {
@@ -28,9 +28,6 @@ constexpr uint64_t kMaxPageRead = 4u << 20;
 // An fs.write whose content the page sends in binary frames carries at most this, one at a time:
 // the CLI holds what the page sends until the box has taken it.
 constexpr uint64_t kMaxPageWrite = 16u << 20;
-
-// A binary frame's header: u32 id, u64 offset, u8 flags (bit 0: the last).
-constexpr size_t kFrameHeader = 13;
 
 // A request id as a binary frame's header carries it: an integer in [0, 2^32), as fs.read's must be.
 std::optional<uint32_t> frame_id(const json::value& id) {
@@ -295,9 +292,11 @@ void PageSession::from_box_text(std::string text) {
       // A read refused, or of nothing, has no frames to wait for.
       auto* ok = o.if_contains("ok");
       bool frames = ok && ok->is_bool() && ok->as_bool() && num(o, "length", 0) > 0;
-      if (auto n = frame_id(it->value()); n && !frames) reads_.erase(*n);
-      // The write's reply: after its last frame, or a refusal before it.
-      if (auto n = frame_id(it->value()); n && write_ && write_->first == *n) write_.reset();
+      if (auto n = frame_id(it->value())) {
+        if (!frames) reads_.erase(*n);
+        // The write's reply: after its last frame, or a refusal before it.
+        if (write_ && write_->first == *n) write_.reset();
+      }
     }
   }
   // Replies only: this connection subscribes to nothing, the page's events come from the store.
@@ -307,16 +306,12 @@ void PageSession::from_box_text(std::string text) {
 // fs.read's content, header and all (u32 id, u64 offset, u8 flags, little-endian): the page's
 // client matches it to its request; kept here is where the read has got to.
 void PageSession::from_box_binary(std::string bytes) {
-  if (bytes.size() >= kFrameHeader) {
-    const auto* h = reinterpret_cast<const unsigned char*>(bytes.data());
-    uint32_t rid = boost::endian::load_little_u32(h);
-    uint64_t offset = boost::endian::load_little_u64(h + 4);
-    bool last = (h[12] & 1) != 0;
-    if (auto r = reads_.find(rid); r != reads_.end()) {
-      if (last)
+  if (auto head = protocol::get_header(bytes)) {
+    if (auto r = reads_.find(head->id); r != reads_.end()) {
+      if (head->last())
         reads_.erase(r);
       else
-        r->second = offset + (bytes.size() - kFrameHeader);
+        r->second = head->offset + (bytes.size() - protocol::kBinaryHeader);
     }
   }
   queue(std::move(bytes), true);
@@ -327,11 +322,11 @@ void PageSession::from_box_binary(std::string bytes) {
 // bound fails the write; the connection to the box is then closed, which ends the upload the box
 // has begun (the file keeps what it received), and every request waiting on it gets the reason.
 void PageSession::from_page_binary(std::string bytes) {
-  if (!write_ || bytes.size() < kFrameHeader) return;
-  const auto* h = reinterpret_cast<const unsigned char*>(bytes.data());
-  uint32_t rid = boost::endian::load_little_u32(h);
-  uint64_t offset = boost::endian::load_little_u64(h + 4);
-  uint64_t len = bytes.size() - kFrameHeader;
+  auto head = protocol::get_header(bytes);
+  if (!write_ || !head) return;
+  uint32_t rid = head->id;
+  uint64_t offset = head->offset;
+  uint64_t len = bytes.size() - protocol::kBinaryHeader;
   auto [wid, next] = *write_;
   std::string why;
   if (rid != wid)
@@ -365,11 +360,8 @@ void PageSession::box_closed(const std::string& why) {
   }
   pending_.clear();
   for (const auto& [rid, next] : reads_) {
-    std::string header(kFrameHeader, '\0');
-    auto* h = reinterpret_cast<unsigned char*>(header.data());
-    boost::endian::store_little_u32(h, rid);
-    boost::endian::store_little_u64(h + 4, next);
-    h[12] = 1;
+    std::string header;
+    protocol::put_header(header, {.id = rid, .offset = next, .flags = protocol::kFlagLast});
     queue(std::move(header), true);
   }
   reads_.clear();
