@@ -34,16 +34,6 @@ std::optional<uint64_t> uint_field(const json::object& o, std::string_view key) 
   return std::nullopt;
 }
 
-// What a failed connect or handshake says: the socket's error, with where (a refused connect
-// names what it means), or the refused upgrade's HTTP status.
-std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected) {
-  std::string where = t.host + ":" + t.port;
-  if (ec == asio::error::connection_refused) return ec.message() + " (nothing listens on " + where + ")";
-  if (connected && (ec == asio::error::eof || ec == beast::http::error::end_of_stream))
-    return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
-  return ec.message() + " (" + where + ")";
-}
-
 class Run {
  public:
   Run(asio::io_context& io, FileTransfer t) : io_(io), t_(std::move(t)), id_(request_id(t_.request)), tick_(io) {}
@@ -67,7 +57,7 @@ class Run {
         finish(base::fail("the connection closed first: " + close_reason(ws, e.code()), "closed"));
       }
       if (writing_) co_await wait_for_writer();
-      if (!writing_) co_await close(ws);
+      if (!writing_) co_await close_websocket(ws, std::chrono::seconds(2));
     }
     // The end, whatever is still pending: Beast's handshake timer outlives a refused upgrade
     // (30 s), and the watcher waits for its tick.
@@ -113,22 +103,9 @@ class Run {
 
   template <class Ws>
   asio::awaitable<bool> open(Ws& ws, const WsTarget& target) {
-    try {
-      co_await open_websocket(ws, target, 4 * kChunk);
-      co_return true;
-    } catch (const boost::system::system_error& e) {
-      finish(base::fail(connect_reason(e.code(), target, beast::get_lowest_layer(ws).socket().is_open()), "connect"));
-    } catch (const std::exception& e) {
-      finish(base::fail(e.what(), "connect"));
-    }
-    co_return false;
-  }
-
-  template <class Ws>
-  std::string close_reason(Ws& ws, const boost::system::error_code& ec) {
-    if (ec == websocket::error::closed)
-      return std::string(ws.reason().reason.c_str()) + " (" + std::to_string(ws.reason().code) + ")";
-    return ec.message() + " (1006)";
+    auto why = co_await open_websocket_or_reason(ws, target, 4 * kChunk);
+    if (!why.empty()) finish(base::fail(why, "connect"));
+    co_return why.empty();
   }
 
   // Reads until the transfer's end: a download's reply, then its frames written at their offsets,
@@ -216,18 +193,6 @@ class Run {
     } while (sent < t_.size && !done_);
   }
 
-  // A clean close once the transfer has ended, 2 s at most.
-  template <class Ws>
-  asio::awaitable<void> close(Ws& ws) {
-    asio::steady_timer limit(io_, std::chrono::seconds(2));
-    limit.async_wait([this](boost::system::error_code ec) {
-      if (!ec && cancel_) cancel_();
-    });
-    boost::system::error_code ec;
-    co_await ws.async_close(websocket::close_code::normal, asio::redirect_error(asio::use_awaitable, ec));
-    limit.cancel();
-  }
-
   asio::io_context& io_;
   FileTransfer t_;
   uint32_t id_;
@@ -240,6 +205,14 @@ class Run {
 };
 
 }  // namespace
+
+std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected) {
+  std::string where = t.host + ":" + t.port;
+  if (ec == asio::error::connection_refused) return ec.message() + " (nothing listens on " + where + ")";
+  if (connected && (ec == asio::error::eof || ec == beast::http::error::end_of_stream))
+    return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
+  return ec.message() + " (" + where + ")";
+}
 
 base::Result<json::object> transfer_file(FileTransfer t) {
   WsTarget target;

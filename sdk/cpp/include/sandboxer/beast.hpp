@@ -39,6 +39,11 @@ void configure_tls(asio::ssl::context& ctx, const WsTarget& t);
 using PlainWs = websocket::stream<beast::tcp_stream>;
 using TlsWs = websocket::stream<beast::ssl_stream<beast::tcp_stream>>;
 
+/// What a failed connect or handshake says: the socket's error with where (a refused connect says
+/// what it means), or that the server closed before the handshake; `connected`: the TCP connection
+/// was made.
+std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected);
+
 /// Resolves `t`, connects (10 s at most), does TLS with SNI on a TlsWs, then the WebSocket
 /// handshake with the box's token (Authorization: Bearer) and the subprotocol; `read_max` bounds
 /// a message read. Throws boost::system::system_error, or std::runtime_error naming the HTTP status
@@ -70,6 +75,41 @@ asio::awaitable<void> open_websocket(Ws& ws, const WsTarget& t, size_t read_max)
     throw std::runtime_error("the box refused the WebSocket upgrade: HTTP " + std::to_string(res.result_int()) + " " +
                              std::string(res.reason()));
   if (ec) throw boost::system::system_error(ec);
+}
+
+/// open_websocket, with what went wrong as a string (connect_reason, or the refused upgrade's
+/// status) instead of an exception: "" once open.
+template <class Ws>
+asio::awaitable<std::string> open_websocket_or_reason(Ws& ws, const WsTarget& t, size_t read_max) {
+  try {
+    co_await open_websocket(ws, t, read_max);
+    co_return std::string();
+  } catch (const boost::system::system_error& e) {
+    co_return connect_reason(e.code(), t, beast::get_lowest_layer(ws).socket().is_open());
+  } catch (const std::exception& e) {
+    co_return std::string(e.what());
+  }
+}
+
+/// Why an open connection ended, from the error its read or write failed with: the box's Close
+/// frame ("REASON (CODE)"), else the error and 1006.
+template <class Ws>
+std::string close_reason(Ws& ws, const boost::system::error_code& ec) {
+  if (ec == websocket::error::closed)
+    return std::string(ws.reason().reason.c_str()) + " (" + std::to_string(ws.reason().code) + ")";
+  return ec.message() + " (1006)";
+}
+
+/// A clean close (1000), waiting `limit` at most for the box's Close: the socket is cancelled then.
+template <class Ws>
+asio::awaitable<void> close_websocket(Ws& ws, std::chrono::steady_clock::duration limit) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, limit);
+  timer.async_wait([&ws](boost::system::error_code ec) {
+    if (!ec) beast::get_lowest_layer(ws).cancel();
+  });
+  boost::system::error_code ec;
+  co_await ws.async_close(websocket::close_code::normal, asio::redirect_error(asio::use_awaitable, ec));
+  timer.cancel();
 }
 
 }  // namespace sbx::sdk
