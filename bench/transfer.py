@@ -27,14 +27,17 @@ MIB = 64 if _rows.QUICK else 256
 RUNS = 3 if _rows.QUICK else 7
 
 
-def start_box(d):
-    """sandboxer-init on a loopback port with a token: (process, URL, token file, workspace)."""
+def start_box(d, agent=("sleep", "3600")):
+    """sandboxer-init on a loopback port with a token, running `agent` (idle without one): (process,
+    URL, token file, workspace)."""
+    d.mkdir(exist_ok=True)
     tf = d / "token"
     tf.write_text(secrets.token_hex(16))
     tf.chmod(0o600)
+    tail = ["--", *agent] if agent else ["--idle"]
     p = subprocess.Popen([str(BIN / "sandboxer-init"), "--state-dir", str(d / "s"), "--listen", "127.0.0.1:0",
-                          "--token-file", str(tf), "--metrics-interval", "0", "--set", "resources.grace=1s", "--",
-                          "sleep", "3600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--token-file", str(tf), "--metrics-interval", "0", "--set", "resources.grace=1s", *tail],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         for seg in sorted((d / "s" / "journal").glob("*.jsonl")) if (d / "s" / "journal").exists() else []:
@@ -105,6 +108,66 @@ def main():
         what = f"a {MIB} MiB file {label}, `sandboxer cp` whole command, median of {RUNS}"
         for who in ("py", "host"):
             _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-bench-send-"))
+    try:
+        send_rows(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def stop(p):
+    p.terminate()
+    p.wait()
+
+
+def send_rows(d):
+    """A live agent's snapshot (MIB MiB of random bytes in its memory) from one box into a new idle
+    one: `sandboxer send --whole` (the relay: read from the source once, fed to the target as it
+    comes) against `sandboxer export` to a host file then `sandboxer import` of it, each into a
+    box of its own. Medians of interleaved runs."""
+    agent = (sys.executable, "-c", f"import os, time\nb = os.urandom({MIB} << 20)\nprint('ready', flush=True)\n"
+             "time.sleep(3600)")
+    p, url, tf, _ = start_box(d / "src", agent)
+    procs = [p]
+    try:
+        time.sleep(3 if _rows.QUICK else 6)  # the agent's bytes are in memory
+        cli = str(BIN / "sandboxer")
+        r = subprocess.run([cli, "checkpoint", url, "--token-file", str(tf)], check=True, capture_output=True,
+                           text=True)
+        snap = r.stdout.strip().splitlines()[-1]
+        times = {"send": [], "export+import": []}
+        size = 0
+        for i in range(RUNS):
+            for way in times:
+                tp, turl, ttf, _ = start_box(d / f"t-{way[0]}{i}", None)
+                procs.append(tp)
+                if way == "send":
+                    cmd = [cli, "send", url, snap, "--token-file", str(tf), "--to", turl, "--to-token-file", str(ttf),
+                           "--whole"]
+                    times[way].append(timed(lambda: subprocess.run(cmd, check=True, capture_output=True)))
+                else:
+                    f = d / "snap.tar.zst"
+                    ex = [cli, "export", url, snap, str(f), "--token-file", str(tf)]
+                    im = [cli, "import", turl, str(f), "--token-file", str(ttf)]
+                    times[way].append(timed(lambda: (subprocess.run(ex, check=True, capture_output=True),
+                                                     subprocess.run(im, check=True, capture_output=True))))
+                    size = f.stat().st_size
+                    f.unlink()
+                stop(procs.pop())
+                shutil.rmtree(d / f"t-{way[0]}{i}", ignore_errors=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+    finally:
+        for q in procs:
+            stop(q)
+    mb = size / (1 << 20)
+    print(f"# send: a snapshot of {mb:.0f} MiB (an agent holding {MIB} MiB of random bytes) into a new idle box, "
+          f"median of {RUNS} interleaved runs each")
+    print(f"{'what':52} {'time':>9} {'MiB/s':>8} {'ratio (ours / peer)':>20}")
+    for who, label in (("send", "sandboxer send --whole"), ("export+import", "export to a host file, then import")):
+        ratio = "" if who == "send" else f"{med['send'] / med[who]:.2f}"
+        print(f"{label:52} {med[who] * 1000:7.0f}ms {mb / med[who]:8.0f} {ratio:>20}")
+    _rows.emit("transfer", f"a {mb:.0f} MiB snapshot from a box into another, `sandboxer send --whole`, median of {RUNS}",
+               "ms", med["send"] * 1000, "export to a host file, then import", med["export+import"] * 1000)
 
 
 if __name__ == "__main__":

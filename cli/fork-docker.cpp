@@ -219,13 +219,15 @@ dk::BoxSpec source_spec(const std::string& url, const std::string& token_file, c
 void import_and_restore(Session& s, Relay& relay, std::vector<Copy>& copies, const std::string& from,
                         const std::string& snap, std::vector<std::string>& failures,
                         std::chrono::steady_clock::time_point t0) {
-  if (!relay.source()) failures.push_back("export from " + from + ": " + relay.source().error().message);
+  // Where every target failed first, each says why below.
+  if (!relay.source() && relay.source().error().code != kNoTarget)
+    failures.push_back("export from " + from + ": " + relay.source().error().message);
   auto imported = relay.targets();
   for (auto& c : copies) {
     std::cerr << c.log;
     if (!c.api)
       failures.push_back(c.error);
-    else if (relay.source() && !imported[*c.target])
+    else if (!imported[*c.target] && imported[*c.target].error().code != kSourceFailed)
       failures.push_back("box " + c.name + ": import: " + imported[*c.target].error().message);
   }
   if (!failures.empty()) return;

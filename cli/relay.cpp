@@ -5,85 +5,230 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <sandboxer/beast.hpp>
+#include <thread>
 
 #include "archive/archive.hpp"
 #include "base/encoding.hpp"
 #include "cli/session.hpp"
 #include "cli/tokens.hpp"
+#include "loop/uv-handle.hpp"
 #include "os/sys.hpp"
+#include "protocol/protocol.hpp"
 
 namespace sbx::cli {
 
 namespace json = boost::json;
-using sdk::Client;
+namespace asio = sdk::asio;
+namespace beast = sdk::beast;
 
 namespace {
 
-constexpr size_t kChunk = 1 << 20;      // bytes per binary frame to a target
-constexpr size_t kInFlight = 8u << 20;  // bytes waiting to be sent, per target
+constexpr size_t kChunk = 1 << 20;  // bytes per binary frame to a target
+constexpr size_t kReadMax = 4 * kChunk + protocol::kBinaryHeader;
+constexpr uint32_t kRequestId = 1;  // one request per connection: the export's, or an import's
+constexpr auto kCloseLimit = std::chrono::seconds(2);
 constexpr const char* kPending = "pending";
 
+// One WebSocket connection to a box over Beast, plain or TLS; `cancel` ends what is pending on it.
+struct Conn {
+  sdk::WsTarget where;
+  std::optional<asio::ssl::context> ssl;
+  std::unique_ptr<sdk::PlainWs> plain;
+  std::unique_ptr<sdk::TlsWs> tls;
+  void cancel() {
+    if (plain) beast::get_lowest_layer(*plain).cancel();
+    if (tls) beast::get_lowest_layer(*tls).cancel();
+  }
+  /// The socket, at its coroutine's end: the box learns at once that the connection is over.
+  void close() {
+    if (plain) beast::get_lowest_layer(*plain).close();
+    if (tls) beast::get_lowest_layer(*tls).close();
+  }
+};
+
 struct Target {
+  explicit Target(asio::io_context& io) : wake(io), writer_end(io) {}
   sdk::Endpoint ep;
-  std::unique_ptr<Client> client;
-  bool connected = false, import_sent = false, last_sent = false, finished = false;
-  uint32_t upload_id = 0;
+  Conn conn;
+  asio::steady_timer wake;        // cancelled when there is more to send, or the target is finished
+  asio::steady_timer writer_end;  // cancelled when its writer ends
+  bool writing = false, finished = false;
   uint64_t sent = 0;
   base::Result<json::object> result = base::fail("not started", kPending);
 };
 
+// The reply to this connection's request (its id, or null: a request the box could not read),
+// or nullopt for anything else (an event).
+std::optional<json::object> reply_in(std::string_view text) {
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  auto* id = v.as_object().if_contains("id");
+  if (!id || !(id->is_null() || (id->is_int64() && id->as_int64() == kRequestId))) return std::nullopt;
+  return std::move(v.as_object());
+}
+
+bool is_ok(const json::object& reply) {
+  auto* ok = reply.if_contains("ok");
+  return ok && ok->is_bool() && ok->as_bool();
+}
+
+// Sleeps until `timer` is cancelled (or a minute has passed: the caller looks again either way).
+asio::awaitable<void> wait_on(asio::steady_timer& timer) {
+  timer.expires_after(std::chrono::minutes(1));
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
 }  // namespace
 
+// Everything below but the constructor, start(), add_target(), seal() and abort() (which post to
+// it) and the wake-up callback runs on the relay's own thread, which runs `io`: Beast reads a
+// frame's payload in bulk, where libwebsockets' client (sdk/cpp's Client, on the CLI's libuv loop)
+// parsed a byte at a time (beast.hpp). The outcome reaches the CLI's loop through `wake`.
 struct Relay::Impl {
-  Relay* self;
-  uv_loop_t* loop;
+  asio::io_context io;  // first: destroyed after every connection
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::thread thread;
+  Relay* self = nullptr;
+  loop::UvHandle<uv_async_t> wake;
   sdk::Endpoint source_ep;
   std::string snapshot, spool_path;
   DeltaPlan plan;
   os::UniqueFd spool;
-  std::unique_ptr<Client> source;
+  Conn source;
   uint64_t size = 0, received = 0;
+  int live = 0;  // connections whose coroutine has not ended
   bool have_reply = false, complete = false, source_finished = false, sealed = false, notified = false;
   json::object export_reply;
   base::Result<json::object> source_result = base::fail("not started", kPending);
   std::vector<std::unique_ptr<Target>> targets;
+  size_t added = 0;  // targets added, counted on the CLI's side
+
+  // The outcome, copied under the lock when it is complete; read on the CLI's side after done.
+  std::mutex mu;
+  bool done = false;
+  base::Result<json::object> final_source = base::fail("not started", kPending);
+  std::vector<base::Result<json::object>> final_targets;
+  uint64_t final_size = 0;
 
   ~Impl() {
-    // The clients go first (their sockets), then the spool. A callback a client runs as it goes
-    // finds everything finished and does nothing.
-    source_finished = notified = true;
-    for (auto& t : targets) t->finished = true;
-    targets.clear();
-    source.reset();
+    work.reset();
+    io.stop();
+    if (thread.joinable()) thread.join();
     if (spool) ::unlink(spool_path.c_str());
   }
 
+  template <class Body>
+  void spawn(Conn& c, Body body);
+  template <class Ws>
+  asio::awaitable<void> run_source(Ws& ws);
+  void on_source_text(std::string_view text);
+  void on_source_frame(std::string_view frame);
   void fail_source(const std::string& why, const std::string& code);
-  void on_source_frame(uint64_t offset, bool last, std::string_view data);
-  void begin(Target& t);
-  void pump(Target& t);
-  void finish(Target& t, base::Result<json::object> r);
+  void add(sdk::Endpoint ep);
+  template <class Ws>
+  asio::awaitable<void> run_target(Target& t, Ws& ws);
+  template <class Ws>
+  asio::awaitable<void> read_reply(Target& t, Ws& ws);
+  template <class Ws>
+  asio::awaitable<void> write_archive(Target& t, Ws& ws);
+  void wake_targets();
+  void finish(Target& t, base::Result<json::object> r, bool cut);
   void check_done();
 };
+
+// Opens `c` (TLS for wss) and runs `body(ws)` on it; its end is counted in `live`.
+template <class Body>
+void Relay::Impl::spawn(Conn& c, Body body) {
+  auto ended = [this, &c](std::exception_ptr) {
+    c.close();
+    --live;
+    check_done();
+  };
+  if (c.where.tls) {
+    c.ssl.emplace(asio::ssl::context::tls_client);
+    sdk::configure_tls(*c.ssl, c.where);  // throws where the system's CAs cannot be read
+    c.tls = std::make_unique<sdk::TlsWs>(io, *c.ssl);
+    ++live;
+    asio::co_spawn(io, body(*c.tls), ended);
+  } else {
+    c.plain = std::make_unique<sdk::PlainWs>(io);
+    ++live;
+    asio::co_spawn(io, body(*c.plain), ended);
+  }
+}
+
+template <class Ws>
+asio::awaitable<void> Relay::Impl::run_source(Ws& ws) {
+  if (auto why = co_await sdk::open_websocket_or_reason(ws, source.where, kReadMax); !why.empty()) {
+    fail_source("connect to " + source_ep.url + ": " + why, "connect");
+    co_return;
+  }
+  try {
+    json::object req{{"op", "snapshot.export"}, {"snapshot", snapshot}, {"id", kRequestId}};
+    if (!plan.base.empty()) req["base"] = plan.base;
+    if (!plan.lacks.empty()) req["lacks"] = base::base64_encode(plan.lacks);
+    ws.text(true);
+    co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+    beast::flat_buffer buf;
+    while (!source_finished) {
+      buf.clear();
+      co_await ws.async_read(buf, asio::use_awaitable);
+      std::string_view m(static_cast<const char*>(buf.data().data()), buf.size());
+      if (ws.got_text())
+        on_source_text(m);
+      else
+        on_source_frame(m);
+    }
+  } catch (const boost::system::system_error& e) {
+    fail_source("the connection to " + source_ep.url + " closed after " + std::to_string(received) + " of " +
+                    (have_reply ? std::to_string(size) : std::string("?")) +
+                    " bytes: " + sdk::close_reason(ws, e.code()),
+                "closed");
+  }
+  co_await sdk::close_websocket(ws, kCloseLimit);
+}
+
+void Relay::Impl::on_source_text(std::string_view text) {
+  auto rep = reply_in(text);
+  if (!rep || have_reply || source_finished) return;
+  if (!is_ok(*rep)) {
+    auto e = reply_error(*rep);
+    return fail_source(e.message, e.code);
+  }
+  auto* n = rep->if_contains("size");
+  if (!n || !n->is_number() || n->to_number<int64_t>() <= 0)
+    return fail_source("snapshot.export's reply names no size", "bad_reply");
+  size = n->to_number<uint64_t>();
+  export_reply = std::move(*rep);
+  have_reply = true;
+  wake_targets();
+}
 
 void Relay::Impl::fail_source(const std::string& why, const std::string& code) {
   if (source_finished) return;
   source_finished = true;
   source_result = base::fail(why, code);
-  if (source) source->close();
+  source.cancel();
   // No target gets the frame that would end its upload: each box drops what it received.
   for (auto& t : targets)
-    if (!t->finished) finish(*t, base::fail("the archive did not arrive whole: " + why, "source"));
+    if (!t->finished) finish(*t, base::fail("the archive did not arrive whole: " + why, kSourceFailed), true);
   check_done();
 }
 
-void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view data) {
-  if (source_finished) return;
+void Relay::Impl::on_source_frame(std::string_view frame) {
+  auto head = protocol::get_header(frame);
+  if (source_finished || (head && head->id != kRequestId)) return;
+  if (!head) return fail_source("a binary frame of " + std::to_string(frame.size()) + " bytes", "bad_frame");
   if (!have_reply) return fail_source("archive bytes before snapshot.export's reply", "bad_reply");
-  if (offset != received)
+  auto data = frame.substr(protocol::kBinaryHeader);
+  if (head->offset != received)
     return fail_source(
-        "a frame at byte " + std::to_string(offset) + " where byte " + std::to_string(received) + " was due",
+        "a frame at byte " + std::to_string(head->offset) + " where byte " + std::to_string(received) + " was due",
         "bad_frame");
   if (received + data.size() > size)
     return fail_source(
@@ -92,7 +237,7 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
   if (auto w = os::write_all(spool.get(), data); !w)  // in order: offset == received
     return fail_source("write " + spool_path + ": " + w.error().message(), "local");
   received += data.size();
-  if (last) {
+  if (head->last()) {
     if (received != size)
       return fail_source("the export ended at byte " + std::to_string(received) + " of " + std::to_string(size),
                          "bad_frame");
@@ -100,11 +245,12 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     // checks every entry against as it imports (a format-2 archive's own hash). A delta is no
     // archive: each target checks the manifest its chunks begin with.
     if (!plan.delta()) {
-      auto head = archive::read_manifest(spool_path);
-      if (!head) return fail_source("the archive received is refused: " + head.error().message, "bad_snapshot");
+      auto manifest = archive::read_manifest(spool_path);
+      if (!manifest) return fail_source("the archive received is refused: " + manifest.error().message, "bad_snapshot");
       // Only a format-2 archive is hashed whole, once it is here: a format-3 one needs no pass.
-      auto named = archive::named_by_manifest(head->format_version) ? base::Result<std::string>(head->manifest_sha256)
-                                                                    : archive::sha256_file(spool_path);
+      auto named = archive::named_by_manifest(manifest->format_version)
+                       ? base::Result<std::string>(manifest->manifest_sha256)
+                       : archive::sha256_file(spool_path);
       if (!named) return fail_source("read " + spool_path + ": " + named.error().message, "local");
       if (archive::snapshot_id_of(*named) != snapshot)
         return fail_source(
@@ -114,50 +260,122 @@ void Relay::Impl::on_source_frame(uint64_t offset, bool last, std::string_view d
     complete = true;
     source_finished = true;
     source_result = export_reply;
-    source->close();
   }
-  for (auto& t : targets) pump(*t);
+  wake_targets();
   check_done();
 }
 
-void Relay::Impl::begin(Target& t) {
-  if (!t.connected || !have_reply || t.import_sent || t.finished) return;
-  t.import_sent = true;
-  t.upload_id = static_cast<uint32_t>(
-      t.client->request({{"op", "snapshot.import"}, {"size", size}}, [this, &t](const json::object& rep) {
-        if (reply_ok(rep))
-          finish(t, rep);
-        else
-          finish(t, reply_error(rep));
-      }));
-  pump(t);
-}
-
-void Relay::Impl::pump(Target& t) {
-  if (!t.import_sent || t.finished) return;
-  std::string chunk;
-  while (t.sent < received && t.client->pending_bytes() < kInFlight) {
-    chunk.resize(static_cast<size_t>(std::min<uint64_t>(kChunk, received - t.sent)));
-    ssize_t n = ::pread(spool.get(), chunk.data(), chunk.size(), static_cast<off_t>(t.sent));
-    if (n <= 0)
-      return finish(
-          t, base::fail("read " + spool_path + ": " + (n < 0 ? os::last_error().message() : "file shrank"), "local"));
-    chunk.resize(static_cast<size_t>(n));
-    t.client->send_binary(t.upload_id, t.sent, false, chunk);
-    t.sent += chunk.size();
-  }
-  // The end of the upload, only for an archive that arrived whole and hashed to its id.
-  if (complete && t.sent == size && !t.last_sent) {
-    t.client->send_binary(t.upload_id, size, true, {});
-    t.last_sent = true;
+void Relay::Impl::add(sdk::Endpoint ep) {
+  auto owned = std::make_unique<Target>(io);
+  Target& t = *owned;
+  targets.push_back(std::move(owned));
+  t.ep = std::move(ep);
+  if (source_finished && !complete)
+    return finish(t, base::fail("the archive did not arrive whole: " + source_result.error().message, kSourceFailed),
+                  false);
+  try {
+    t.conn.where = sdk::ws_target(t.ep);
+    spawn(t.conn, [this, &t](auto& ws) { return run_target(t, ws); });
+  } catch (const std::exception& e) {
+    finish(t, base::fail("connect to " + t.ep.url + ": " + e.what(), "connect"), false);
   }
 }
 
-void Relay::Impl::finish(Target& t, base::Result<json::object> r) {
+// A target: its connection, snapshot.import once the export's reply names the size, the archive
+// as it arrives (write_archive), and the import's reply (read_reply).
+template <class Ws>
+asio::awaitable<void> Relay::Impl::run_target(Target& t, Ws& ws) {
+  if (auto why = co_await sdk::open_websocket_or_reason(ws, t.conn.where, kReadMax); !why.empty()) {
+    finish(t, base::fail("connect to " + t.ep.url + ": " + why, "connect"), false);
+    co_return;
+  }
+  while (!have_reply && !t.finished) co_await wait_on(t.wake);
+  if (!t.finished) {
+    try {
+      ws.text(true);
+      json::object req{{"op", "snapshot.import"}, {"size", size}, {"id", kRequestId}};
+      co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+      t.writing = true;
+      asio::co_spawn(io, write_archive(t, ws), [&t](std::exception_ptr) {
+        t.writing = false;
+        t.writer_end.cancel();
+      });
+      co_await read_reply(t, ws);
+    } catch (const boost::system::system_error& e) {
+      finish(
+          t,
+          base::fail("the connection to " + t.ep.url + " closed first: " + sdk::close_reason(ws, e.code()), "closed"),
+          false);
+    }
+  }
+  // A frame being written when the reply came ends by itself (the writer stops after it); where it
+  // has not within the limit (a box no longer reading), the socket is cancelled.
+  for (int round = 0; round < 2 && t.writing; ++round) {
+    if (round == 1) t.conn.cancel();
+    t.writer_end.expires_after(kCloseLimit);
+    boost::system::error_code ec;
+    co_await t.writer_end.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  if (!t.writing) co_await sdk::close_websocket(ws, kCloseLimit);
+}
+
+template <class Ws>
+asio::awaitable<void> Relay::Impl::read_reply(Target& t, Ws& ws) {
+  beast::flat_buffer buf;
+  while (!t.finished) {
+    buf.clear();
+    co_await ws.async_read(buf, asio::use_awaitable);
+    if (!ws.got_text()) continue;
+    auto rep = reply_in(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()));
+    if (!rep) continue;
+    if (is_ok(*rep))
+      finish(t, std::move(*rep), false);
+    else
+      finish(t, reply_error(*rep), false);
+  }
+}
+
+// What has arrived of the archive, in frames of at most kChunk from the spool, as fast as the
+// target takes them; the frame that ends the upload only once the archive is whole and hashes to
+// its id. Stops once the target is finished.
+template <class Ws>
+asio::awaitable<void> Relay::Impl::write_archive(Target& t, Ws& ws) {
+  std::string frame;
+  ws.binary(true);
+  ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
+  while (!t.finished) {
+    if (t.sent == received && !(complete && t.sent == size)) {
+      co_await wait_on(t.wake);
+      continue;
+    }
+    auto n = static_cast<size_t>(std::min<uint64_t>(kChunk, received - t.sent));
+    bool last = complete && t.sent + n == size;
+    frame.clear();
+    protocol::put_header(frame, {.id = kRequestId, .offset = t.sent, .flags = last ? protocol::kFlagLast : uint8_t{0}});
+    frame.resize(protocol::kBinaryHeader + n);
+    ssize_t got = n ? ::pread(spool.get(), frame.data() + protocol::kBinaryHeader, n, static_cast<off_t>(t.sent)) : 0;
+    if (got != static_cast<ssize_t>(n)) {
+      auto why = got < 0 ? os::last_error().message() : std::string("the file shrank");
+      co_return finish(t, base::fail("read " + spool_path + ": " + why, "local"), true);
+    }
+    co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
+    t.sent += n;
+    if (last) co_return;
+  }
+}
+
+void Relay::Impl::wake_targets() {
+  for (auto& t : targets) t->wake.cancel();
+}
+
+// `cut`: end its connection now (the reader and writer waiting on it end); a reply read, or a
+// connection that failed, ends it by itself.
+void Relay::Impl::finish(Target& t, base::Result<json::object> r, bool cut) {
   if (t.finished) return;
   t.finished = true;
   t.result = std::move(r);
-  t.client->close();
+  t.wake.cancel();
+  if (cut) t.conn.cancel();
   check_done();
 }
 
@@ -166,19 +384,37 @@ void Relay::Impl::check_done() {
   bool targets_done = std::all_of(targets.begin(), targets.end(), [](auto& t) { return t->finished; });
   if (!targets_done) return;
   // Every target has failed: the rest of the archive has nowhere to go.
-  if (!source_finished) return fail_source("no target left to send it to", "no_target");
+  if (!source_finished) return fail_source("no target left to send it to", kNoTarget);
+  if (live > 0) return;  // each connection closes first, 2 s at most
   notified = true;
-  if (self->on_done_) self->on_done_();
+  {
+    std::lock_guard lock(mu);
+    final_source = source_result;
+    for (auto& t : targets) final_targets.push_back(t->result);
+    final_size = size;
+  }
+  uv_async_send(wake.get());
 }
 
 Relay::Relay(uv_loop_t* loop, sdk::Endpoint source, std::string snapshot, DeltaPlan plan)
     : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
   m.self = this;
-  m.loop = loop;
   m.source_ep = std::move(source);
   m.snapshot = std::move(snapshot);
   m.plan = std::move(plan);
+  auto wake = loop::UvHandle<uv_async_t>::make(loop, uv_async_init, [](uv_async_t* h) {
+    auto& m = *static_cast<Impl*>(h->data);
+    {
+      std::lock_guard lock(m.mu);
+      m.done = true;
+    }
+    uv_unref(reinterpret_cast<uv_handle_t*>(h));
+    if (m.self->on_done_) m.self->on_done_();
+  });
+  if (!wake) throw std::runtime_error(wake.error().message);
+  m.wake = std::move(*wake);
+  m.wake->data = &m;
 }
 
 Relay::~Relay() = default;
@@ -188,6 +424,7 @@ base::Result<void> Relay::start() {
   std::string home;
   try {
     home = state_home();
+    m.source.where = sdk::ws_target(m.source_ep);
   } catch (const std::exception& e) {
     return base::fail(e.what(), "local");
   }
@@ -195,89 +432,54 @@ base::Result<void> Relay::start() {
   m.spool_path = home + "/.spool-" + os::random_hex(4) + "-" + m.snapshot + (m.plan.delta() ? ".delta" : ".tar.zst");
   m.spool.reset(::open(m.spool_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!m.spool) return base::fail(m.spool_path + ": " + os::last_error().message(), "local");
-  m.source = std::make_unique<Client>(m.loop, m.source_ep);
-  m.source->on_close([&m](int code, const std::string& reason) {
-    m.fail_source("the connection to " + m.source_ep.url + " closed after " + std::to_string(m.received) + " of " +
-                      (m.have_reply ? std::to_string(m.size) : std::string("?")) + " bytes: " + reason + " (" +
-                      std::to_string(code) + ")",
-                  "closed");
+  m.work.emplace(m.io.get_executor());
+  asio::post(m.io, [&m] {
+    try {
+      m.spawn(m.source, [&m](auto& ws) { return m.run_source(ws); });
+    } catch (const std::exception& e) {
+      m.fail_source("connect to " + m.source_ep.url + ": " + e.what(), "connect");
+    }
   });
-  m.source->on_binary(
-      [&m](uint32_t, uint64_t off, bool last, std::string_view data) { m.on_source_frame(off, last, data); });
-  m.source->connect([&m](const std::string& err) {
-    if (!err.empty())
-      return m.fail_source("connect to " + m.source_ep.url + ": " + connect_error(m.source_ep.url, err), "connect");
-    json::object req{{"op", "snapshot.export"}, {"snapshot", m.snapshot}};
-    if (!m.plan.base.empty()) req["base"] = m.plan.base;
-    if (!m.plan.lacks.empty()) req["lacks"] = base::base64_encode(m.plan.lacks);
-    m.source->request(std::move(req), [&m](const json::object& rep) {
-      if (!reply_ok(rep)) {
-        auto e = reply_error(rep);
-        return m.fail_source(e.message, e.code);
-      }
-      auto* size = rep.if_contains("size");
-      if (!size || !size->is_number() || size->to_number<int64_t>() <= 0)
-        return m.fail_source("snapshot.export's reply names no size", "bad_reply");
-      m.size = size->to_number<uint64_t>();
-      m.export_reply = rep;
-      m.have_reply = true;
-      for (auto& t : m.targets) m.begin(*t);
-    });
-  });
+  m.thread = std::thread([&m] { m.io.run(); });
   return {};
 }
 
 size_t Relay::add_target(sdk::Endpoint ep) {
   auto& m = *impl_;
-  auto t = std::make_unique<Target>();
-  t->ep = std::move(ep);
-  Target& tr = *t;
-  m.targets.push_back(std::move(t));
-  tr.client = std::make_unique<Client>(m.loop, tr.ep);
-  if (m.source_finished && !m.complete) {
-    m.finish(tr, base::fail("the archive did not arrive whole: " + m.source_result.error().message, "source"));
-    return m.targets.size() - 1;
-  }
-  tr.client->on_close([&m, &tr](int code, const std::string& reason) {
-    m.finish(tr, base::fail(
-                     "the connection to " + tr.ep.url + " closed first: " + reason + " (" + std::to_string(code) + ")",
-                     "closed"));
-  });
-  tr.client->on_drained([&m, &tr] { m.pump(tr); });
-  tr.client->connect([&m, &tr](const std::string& err) {
-    if (!err.empty())
-      return m.finish(tr, base::fail("connect to " + tr.ep.url + ": " + connect_error(tr.ep.url, err), "connect"));
-    tr.connected = true;
-    m.begin(tr);
-  });
-  return m.targets.size() - 1;
+  asio::post(m.io, [&m, ep = std::move(ep)]() mutable { m.add(std::move(ep)); });
+  return m.added++;
 }
 
 void Relay::seal() {
-  impl_->sealed = true;
-  impl_->check_done();
+  auto& m = *impl_;
+  asio::post(m.io, [&m] {
+    m.sealed = true;
+    m.check_done();
+  });
 }
 
 void Relay::abort(const std::string& why) {
   auto& m = *impl_;
-  for (auto& t : m.targets)
-    if (!t->finished) m.finish(*t, base::fail(why, "interrupted"));
-  m.fail_source(why, "interrupted");
-  m.sealed = true;
-  m.check_done();
+  asio::post(m.io, [&m, why] {
+    // The source first: its failure is the one told (targets that had all of it say so too).
+    m.fail_source(why, "interrupted");
+    for (auto& t : m.targets)
+      if (!t->finished) m.finish(*t, base::fail(why, "interrupted"), true);
+    m.sealed = true;
+    m.check_done();
+  });
 }
 
-bool Relay::done() const { return impl_->notified; }
-
-const base::Result<json::object>& Relay::source() const { return impl_->source_result; }
-
-std::vector<base::Result<json::object>> Relay::targets() const {
-  std::vector<base::Result<json::object>> out;
-  for (auto& t : impl_->targets) out.push_back(t->result);
-  return out;
+bool Relay::done() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->done;
 }
 
-uint64_t Relay::size() const { return impl_->size; }
+const base::Result<json::object>& Relay::source() const { return impl_->final_source; }
+
+std::vector<base::Result<json::object>> Relay::targets() const { return impl_->final_targets; }
+
+uint64_t Relay::size() const { return impl_->final_size; }
 
 namespace {
 // Snapshot id -> its entry in a box's snapshot.list; nullopt when the list fails.

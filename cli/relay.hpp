@@ -4,8 +4,11 @@
 //
 // - The source's snapshot.export arrives in binary frames, each written to a spool file here and
 //   hashed as it comes; every target's snapshot.import is fed from the spool at that target's own
-//   pace (at most 8 MiB waiting per connection), so a slow target holds back neither the source
-//   nor the others and memory stays flat whatever the archive's size.
+//   pace (one 1 MiB frame at a time, written as its socket takes it), so a slow target holds back
+//   neither the source nor the others and memory stays flat whatever the archive's size.
+// - The connections are Boost.Beast's, on an io_context the relay runs on a thread of its own
+//   (sdk/cpp's beast.hpp says why not libwebsockets' client); the caller's libuv loop learns the
+//   outcome through a uv_async handle (on_done).
 // - Targets may join while the archive is still arriving (boxes that are still starting).
 // - A target gets the frame that ends its upload only once the whole archive has arrived and
 //   hashes to the snapshot's id. A source that fails or is cut off leaves every target with an
@@ -29,6 +32,11 @@
 #include "base/result.hpp"
 
 namespace sbx::cli {
+
+/// A target's error code where the archive did not arrive whole from the source.
+inline constexpr const char* kSourceFailed = "source";
+/// The source's error code where every target failed first (each says why).
+inline constexpr const char* kNoTarget = "no_target";
 
 /// What an export leaves out. Neither field: the whole archive.
 struct DeltaPlan {
@@ -64,7 +72,8 @@ class Relay {
   bool done() const;
   /// The export's reply ({"ok": true, "snapshot", "size"}), or why the archive did not arrive whole.
   const base::Result<boost::json::object>& source() const;
-  /// Per target: its snapshot.import reply ({"ok": true, "snapshot", ...}), or why it failed.
+  /// Per target: its snapshot.import reply ({"ok": true, "snapshot", ...}), or why it failed; the
+  /// code kSourceFailed where it failed because the source did (source() says why).
   std::vector<base::Result<boost::json::object>> targets() const;
   /// Bytes sent: the archive's, or the delta's with a base.
   uint64_t size() const;

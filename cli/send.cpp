@@ -44,14 +44,15 @@ int cmd_send(const std::vector<std::string>& args) {
   if (!relay.done()) s.run();
   int status = kExitOk;
   if (!relay.source()) {
-    s.fail(relay.source().error(), "export " + snap + " from " + s.url());
+    // Where every target failed first, each says why below.
+    if (relay.source().error().code != kNoTarget) s.fail(relay.source().error(), "export " + snap + " from " + s.url());
     status = kExitFailed;
   }
   auto results = relay.targets();
   for (size_t i = 0; i < results.size(); ++i) {
     if (!results[i]) {
       // Told once: a target that failed only because the source did is covered above.
-      if (relay.source()) s.fail(results[i].error(), "import into " + to[i]);
+      if (results[i].error().code != kSourceFailed) s.fail(results[i].error(), "import into " + to[i]);
       status = kExitFailed;
       continue;
     }

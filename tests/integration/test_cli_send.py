@@ -8,14 +8,18 @@ of the source's agent, each named where it came from in its restore.done."""
 import asyncio
 import base64
 import contextlib
+import hashlib
 import os
+import re
+import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
 
-from sbxtest import CLI, FrameProxy, Session, WsBox, output_of, ws_connect
+from sbxtest import CLI, FrameProxy, Session, WsBox, make_tls, output_of, ws_connect
 
 COUNTER = ("import time\n"
            "n = 0\n"
@@ -112,17 +116,19 @@ def test_send_moves_a_live_snapshot_into_two_idle_boxes_which_continue_the_agent
         assert a.alive() and max(numbers(a)) > n
 
 
-@pytest.mark.parametrize("how", ["cut", "flip"])
+@pytest.mark.parametrize("how", ["cut", "flip", "drop"])
 def test_a_stream_cut_or_altered_on_the_way_is_imported_by_no_target_and_leaves_the_source(tmp_path, how):
     """A cut stream is stopped at the relay (its size); an altered one names the right snapshot
-    (the manifest is intact) and every target refuses it as it checks each entry, keeping nothing."""
+    (the manifest is intact) and every target refuses it as it checks each entry, keeping nothing;
+    a frame left out is seen at the relay (the next one does not start where the last ended)."""
     with source_and_idle_boxes(tmp_path, 2) as (a, targets):
         snap = checkpoint(a)
         before = [snapshots_of(t) for t in targets]
         whole = tmp_path / "whole.tar.zst"
         assert sandboxer("export", a.url, snap, str(whole), "--token-file", str(a.token_file)).returncode == 0
         size = whole.stat().st_size
-        proxy = FrameProxy(a.port, cut=size // 2 if how == "cut" else None, flip=how == "flip")
+        proxy = FrameProxy(a.port, cut=size // 2 if how == "cut" else None, flip=how == "flip",
+                           drop=2 if how == "drop" else None)
         try:
             r = send(a, snap, targets, source_url=proxy.url)
         finally:
@@ -131,6 +137,8 @@ def test_a_stream_cut_or_altered_on_the_way_is_imported_by_no_target_and_leaves_
         assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
         if how == "cut":
             assert f"of {size} bytes" in r.stderr and "closed after" in r.stderr, r.stderr
+        elif how == "drop":
+            assert "was due (bad_frame)" in r.stderr, r.stderr
         else:
             # Where the flip lands decides which check sees it first: an entry's sha256, or zstd.
             for t in targets:
@@ -178,6 +186,78 @@ def test_send_says_what_was_wrong_and_one_bad_target_costs_only_itself(tmp_path)
         assert r.stdout == f"{good.url} {snap}\n", r.stdout
         assert any(e["type"] == "snapshot.imported" and e["snapshot"] == snap for e in good.read_events())
         assert a.alive() and good.alive()
+
+
+def test_send_over_wss_only_into_a_box_whose_certificate_verifies(tmp_path):
+    """The relay's connections are TLS for wss:// URLs, each verified against the system's CAs
+    (SSL_CERT_FILE here): a target whose CA is not trusted gets nothing, and the source is not
+    held back by it; trusted, the same send arrives."""
+    cas = []
+    for name in ("a", "t"):
+        (tmp_path / f"tls-{name}").mkdir()
+        cas.append(make_tls(tmp_path / f"tls-{name}", names=("127.0.0.1",)))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "t").mkdir()
+    certs = lambda tls: ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--set", "resources.grace=1s"]  # noqa: E731
+    with WsBox(tmp_path / "a", ["python3", "-c", COUNTER], extra=certs(cas[0])) as a, \
+            WsBox(tmp_path / "t", [], extra=["--idle", *certs(cas[1])]) as t:
+        src, dst = f"wss://127.0.0.1:{a.port}", f"wss://127.0.0.1:{t.port}"
+        only_a = dict(os.environ, SSL_CERT_FILE=str(cas[0].ca))
+        both = tmp_path / "both.pem"
+        both.write_bytes(cas[0].ca.read_bytes() + cas[1].ca.read_bytes())
+        time.sleep(0.8)
+        c = sandboxer("checkpoint", src, "--token-file", str(a.token_file), env=only_a)
+        assert c.returncode == 0, c.stderr
+        snap = c.stdout.strip().splitlines()[-1]
+        args = ["send", src, snap, "--token-file", str(a.token_file), "--to", dst, "--to-token-file", str(t.token_file)]
+        # The control: the target's CA is not trusted.
+        r = sandboxer(*args, env=only_a)
+        assert r.returncode == 1 and f"import into {dst}" in r.stderr, r.stderr
+        assert "certificate verify failed" in r.stderr and "export" not in r.stderr, r.stderr
+        assert not any(e["type"] == "snapshot.imported" for e in t.read_events())
+        ok = sandboxer(*args, env=dict(os.environ, SSL_CERT_FILE=str(both)))
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout == f"{dst} {snap}\n", ok.stdout
+        assert any(e["type"] == "snapshot.imported" and e["snapshot"] == snap for e in t.read_events())
+        assert a.alive() and t.alive()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_send_waiting_on_a_silent_source_ends_at_an_interrupt_and_leaves_the_target(tmp_path, sig):
+    """A source that never answers snapshot.export (a server that completes the handshake and
+    then reads forever): SIGINT or SIGTERM ends the send, naming the interrupt, and the target
+    has nothing."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", head, re.I).group(1)
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    (tmp_path / "t").mkdir()
+    with WsBox(tmp_path / "t", [], extra=["--idle", "--set", "resources.grace=1s"]) as t:
+        token = tmp_path / "token"
+        token.write_text("x" * 32)
+        p = subprocess.Popen([str(CLI), "send", f"ws://127.0.0.1:{srv.getsockname()[1]}", "s-0123456789abcdef",
+                              "--token-file", str(token), "--to", t.url, "--to-token-file", str(t.token_file),
+                              "--whole"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(0.8)
+        assert p.poll() is None  # waiting for the export's reply
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=10)
+        srv.close()
+        assert p.returncode == 1 and out == b"", (out, err)
+        assert b": interrupted (interrupted)" in err, err
+        assert not any(e["type"] == "snapshot.imported" for e in t.read_events())
+        assert t.alive()
 
 
 def test_fork_into_idle_boxes_makes_each_a_live_copy_that_names_its_source(tmp_path):
