@@ -33,6 +33,8 @@ std::string Box::branch_tmp(const std::string& branch) const {
   auto it = branches_.find(branch);
   if (it == branches_.end()) return {};
   const Branch& b = *it->second;
+  // Without namespaces the agent's /tmp is this process's own, ended or not ("not contained").
+  if (b.launched.pid > 0 && !b.launched.namespaced) return "/tmp";
   if (b.launched.namespaced && !b.ns_init_reaped && b.launched.pid > 0)
     return "/proc/" + std::to_string(b.launched.pid) + "/root/tmp";
   std::string dir = branch_dir(branch);

@@ -182,9 +182,10 @@ class Box : public checkpoint::Host {
   /// (the overlay on the host's /tmp with tmp-upper/ as upper layer; or a bind of tmp/ or
   /// tmp-upper/ where no overlay could be had): reached through its ns-init's root, it is the
   /// agent's very /tmp, and a write goes through that mount as the agent's own do (a file made in
-  /// an overlay's upper layer beside the mount is not reliably seen through it). Otherwise
-  /// (ended, or no namespaces, where the agent's /tmp is the host's): tmp-upper/ where it holds
-  /// anything (the files an ended overlay left), else tmp/.
+  /// an overlay's upper layer beside the mount is not reliably seen through it). A branch launched
+  /// without namespaces shares the host's /tmp with its agent: "/tmp", running or ended. Otherwise
+  /// (ended, or not launched): tmp-upper/ where it holds anything (the files an ended overlay
+  /// left), else tmp/.
   std::string branch_tmp(const std::string& branch) const;
   /// The branches running now (main and its copies), by name.
   std::vector<std::string> branch_names() const {

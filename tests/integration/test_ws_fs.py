@@ -2,7 +2,9 @@
 import hashlib
 import json
 import os
+import shutil
 import struct
+import tempfile
 
 import pytest
 
@@ -142,45 +144,58 @@ def test_control_a_symlink_inside_the_workspace_is_followed(box):
     run(go(), 30)
 
 
-@pytest.mark.parametrize("mode", ["overlay", "state-dir-on-overlayfs"])
+@pytest.mark.parametrize("mode", ["overlay", "state-dir-on-overlayfs", "flat"])
 def test_the_file_ops_see_the_agents_own_tmp(tmp_path, mode):
     # The agent's /tmp is a mount of its own mount namespace: an overlay on the host's /tmp (its
     # files in tmp-upper/), or, on a state dir on overlayfs, a bind of tmp/. fs.read, fs.list and
     # fs.stat see what the agent wrote there, and what fs.write writes, the agent reads. The file
-    # ops once took tmp/ itself, which the overlay leaves unused: not found, and unseen.
+    # ops once took tmp/ itself, which the overlay leaves unused: not found, and unseen. Without
+    # namespaces the agent's /tmp is the host's, and so is the ops': here a directory of the test's
+    # own in it (`base`), which the ops once missed in the same way.
+    base = "/tmp"
+
     async def go(box):
         async with ws_connect(box) as ws:
             s = Session(ws)
             await s.request("subscribe", since=0)
-            await s.request("exec", proc="mk", argv=["sh", "-c", "echo from-agent > /tmp/agent.txt; echo done"])
+            await s.request("exec", proc="mk", argv=["sh", "-c", f"echo from-agent > {base}/agent.txt; echo done"])
             await s.wait_event(lambda e: e.get("proc") == "mk" and e["type"] == "proc.exited")
-            r, got = await read_file(s, 7, "/tmp/agent.txt")
+            r, got = await read_file(s, 7, f"{base}/agent.txt")
             assert r["ok"] and got == b"from-agent\n", r
-            names = [e["name"] for e in (await s.request("fs.list", path="/tmp"))["entries"]]
+            names = [e["name"] for e in (await s.request("fs.list", path=base))["entries"]]
             assert "agent.txt" in names, names
-            assert (await s.request("fs.stat", path="/tmp/agent.txt"))["size"] == len(got)
-            assert (await s.request("fs.write", path="/tmp/op.txt", data="from-outside\n"))["ok"]
-            await s.request("exec", proc="cat", argv=["cat", "/tmp/op.txt"])
+            assert (await s.request("fs.stat", path=f"{base}/agent.txt"))["size"] == len(got)
+            assert (await s.request("fs.write", path=f"{base}/op.txt", data="from-outside\n"))["ok"]
+            await s.request("exec", proc="cat", argv=["cat", f"{base}/op.txt"])
             e = await s.wait_event(lambda e: e.get("proc") == "cat" and e["type"] in ("proc.output", "proc.exited"))
             assert e.get("data") == "from-outside\n", e
             # The agent's links out of its /tmp lead nowhere: not to its root, not to the host's.
-            await s.request("exec", proc="ln", argv=["sh", "-c", "ln -s / /tmp/out; ln -s /etc/passwd /tmp/abs"])
+            await s.request("exec", proc="ln", argv=["sh", "-c", f"ln -s / {base}/out; ln -s /etc/passwd {base}/abs"])
             await s.wait_event(lambda e: e.get("proc") == "ln" and e["type"] == "proc.exited")
-            for path in ("/tmp/out/etc/passwd", "/tmp/abs", "/tmp/../etc/passwd"):
+            for path in (f"{base}/out/etc/passwd", f"{base}/abs", "/tmp/../etc/passwd"):
                 r = await s.request("fs.read", path=path)
                 assert r["ok"] is False and r["error"]["code"] == "path_escape", (path, r)
                 w = await s.request("fs.write", path=path, data="x")
                 assert w["ok"] is False and w["error"]["code"] in ("path_escape", "not_found"), (path, w)
 
-    def with_box(state_parent):
+    def with_box(state_parent, extra=()):
         (state_parent / "b").mkdir()
-        with WsBox(state_parent / "b", ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as box:
+        with WsBox(state_parent / "b", ["sleep", "120"], extra=["--set", "resources.grace=1s", *extra]) as box:
             run(go(box), 30)
             return box
     if mode == "overlay":
         box = with_box(tmp_path)
         # The overlay's upper layer holds both; tmp/ holds neither.
         assert sorted(os.listdir(box.state / "branches" / "main" / "tmp")) == []
+    elif mode == "flat":
+        own = tempfile.mkdtemp(prefix="sbx-flat-tmp-", dir="/tmp")
+        base = own
+        try:
+            box = with_box(tmp_path, ["--set", "isolation.namespaces=false"])
+            assert os.path.exists(f"{own}/agent.txt") and os.path.islink(f"{own}/out")
+            assert sorted(os.listdir(box.state / "branches" / "main" / "tmp")) == []
+        finally:
+            shutil.rmtree(own)
     else:
         with overlayfs_dir(tmp_path) as mnt:
             with_box(mnt)
