@@ -15,11 +15,11 @@ namespace {
 namespace json = boost::json;
 
 // What the page may ask of the box: the actions the CLI has, and its files (the page's file
-// panel: listing, reading, uploading). Everything else (auth, fs.remove, fs.mkdir,
+// panel: listing, reading, uploading, a new directory, deleting). Everything else (auth,
 // snapshot.export/import) stays with the CLI's own subcommands.
-constexpr std::string_view kRelayed[] = {"exec",    "stdin",   "signal",        "resize",   "stats", "checkpoint",
-                                         "fork",    "restore", "snapshot.list", "shutdown", "ping",  "snapshot.delete",
-                                         "fs.list", "fs.stat", "fs.read",       "fs.write"};
+constexpr std::string_view kRelayed[] = {
+    "exec",     "stdin", "signal",          "resize",  "stats",   "checkpoint", "fork",     "restore",  "snapshot.list",
+    "shutdown", "ping",  "snapshot.delete", "fs.list", "fs.stat", "fs.read",    "fs.write", "fs.mkdir", "fs.remove"};
 
 // An fs.read relayed for the page names its length, at most this: the CLI holds what the box
 // sends until the page has read it.

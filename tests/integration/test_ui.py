@@ -605,6 +605,55 @@ def test_files_uploaded_from_the_page_land_in_the_directory_listed(tmp_path, pag
         assert "not_found" in page.inner_text('[data-testid="file-view"]') or "No such file" in page.inner_text('[data-testid="file-view"]')
 
 
+def test_folders_made_and_entries_deleted_from_the_page(tmp_path, page):
+    # "new folder" makes a directory in the one listed (fs.mkdir); each entry's delete button
+    # deletes it once the dialog is accepted (fs.remove; a directory with what it holds), and
+    # nothing when it is dismissed. A name with "/" is refused on the page; the box's own refusal
+    # (a file in the way) is shown.
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        wait_ready(box)
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.click('[data-testid="files-go"]')
+        page.locator('[data-testid="file-d/"]').wait_for(timeout=10_000)
+        view = lambda: page.inner_text('[data-testid="file-view"]')  # noqa: E731
+        page.once("dialog", lambda d: d.accept("made-here"))
+        page.click('[data-testid="files-mkdir"]')
+        page.locator('[data-testid="file-made-here/"]').wait_for(timeout=10_000)
+        assert (box.workspace / "made-here").is_dir() and view() == "made /workspace/made-here/"
+        page.once("dialog", lambda d: d.accept("a/b"))
+        page.click('[data-testid="files-mkdir"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent.includes('without \"/\"')",
+                               timeout=10_000)
+        assert not (box.workspace / "a").exists()
+        page.once("dialog", lambda d: d.accept("big.txt"))
+        page.click('[data-testid="files-mkdir"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
+        assert "exists and is not a directory" in view(), view()
+        # Dismissed: nothing goes.
+        page.once("dialog", lambda d: d.dismiss())
+        page.click('[data-testid="delete-bin.dat"]')
+        time.sleep(0.5)
+        assert (box.workspace / "bin.dat").exists()
+        page.once("dialog", lambda d: d.accept())
+        page.click('[data-testid="delete-bin.dat"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'deleted /workspace/bin.dat'",
+                               timeout=10_000)
+        assert not (box.workspace / "bin.dat").exists()
+        assert page.locator('[data-testid="file-bin.dat"]').count() == 0
+        # A directory and what it holds; the workspace and the rest stay.
+        page.once("dialog", lambda d: d.accept())
+        page.click('[data-testid="delete-d/"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'deleted /workspace/d/'",
+                               timeout=10_000)
+        assert not (box.workspace / "d").exists() and (box.workspace / "big.txt").exists()
+        names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
+        assert names == ["..", "made-here/", "big.txt", "ready"], names
+        assert page.locator('[data-testid="delete-.."]').count() == 0
+        shot(page, "ui-files-delete.png")
+
+
 def upload_frames(c, rid, data, chunk=512 << 10, start=0):
     """Sends `data` as fs.write's binary frames for request `rid` (header: u32 id, u64 offset, u8 last)."""
     for off in range(0, len(data), chunk):

@@ -1,5 +1,7 @@
 // The box's files: a directory of the picked branch (fs.list), the start of one file (fs.read),
-// and files uploaded into the directory listed (fs.write), through the page server.
+// files uploaded into the directory listed (fs.write), a new directory in it (fs.mkdir) and an
+// entry deleted once the user confirms (fs.remove; a directory with what it holds), through the
+// page server.
 import { bytes, el } from "./util.js";
 
 /** How much of a file the panel shows. */
@@ -20,12 +22,49 @@ export class Files {
     this.path.addEventListener("keydown", (e) => e.key === "Enter" && liveBox && this.open(this.path.value));
     this.upload = el("input", { type: "file", multiple: "", "data-testid": "files-upload", title: "upload into the directory listed", ...(liveBox ? {} : { disabled: "" }) });
     this.upload.addEventListener("change", () => this.send([...this.upload.files]));
-    root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go, this.upload), this.list, this.view);
+    this.liveBox = liveBox;
+    const mkdir = el("button", { "data-testid": "files-mkdir", onclick: () => this.mkdir(), ...(liveBox ? {} : { disabled: "" }) }, "new folder");
+    root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go, mkdir, this.upload), this.list, this.view);
+  }
+
+  /** The directory listed, without a trailing slash ("/" for the root). */
+  dir() {
+    return this.path.value.replace(/\/+$/, "") || "/";
+  }
+
+  /** A directory named by the user (a prompt) in the directory listed, then lists it again. */
+  async mkdir() {
+    const dir = this.dir();
+    const name = window.prompt(`new folder in ${dir}:`);
+    if (name === null || name === "") return;
+    if (name.includes("/") || name === "." || name === "..")
+      return this.error(new Error(`${JSON.stringify(name)}: a folder's name, without "/" (not . or ..)`));
+    const path = `${dir === "/" ? "" : dir}/${name}`;
+    try {
+      await this.box.fs.mkdir(path, { branch: this.branch() });
+    } catch (e) {
+      return this.error(e);
+    }
+    await this.open(dir);
+    this.view.textContent = `made ${path}/`;
+  }
+
+  /** Deletes `path` (a directory with everything in it) once the user confirms, then lists again. */
+  async remove(path, isDir) {
+    if (!window.confirm(`delete ${path}${isDir ? "/ and everything in it" : ""}?`)) return;
+    const dir = this.dir();
+    try {
+      await this.box.fs.remove(path, { recursive: isDir, branch: this.branch() });
+    } catch (e) {
+      return this.error(e);
+    }
+    await this.open(dir);
+    this.view.textContent = `deleted ${path}${isDir ? "/" : ""}`;
   }
 
   /** Uploads `files` into the directory listed (the one in the path field), then lists it again. */
   async send(files) {
-    const dir = this.path.value.replace(/\/+$/, "") || "/";
+    const dir = this.dir();
     const done = [];
     this.upload.value = "";
     for (const f of files) {
@@ -62,15 +101,19 @@ export class Files {
       return this.error(e);
     }
     entries.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? String(a.name).localeCompare(String(b.name)) : a.type === "dir" ? -1 : 1);
-    const item = (label, cls, fn, meta = "") =>
-      el("li", {}, el("button", { class: `file ${cls}`, "data-testid": `file-${label}`, onclick: fn }, label), el("span", { class: "meta" }, meta));
+    // Each entry but ".." has a delete button after it.
+    const item = (label, cls, fn, meta = "", del = null) =>
+      el("li", {}, el("button", { class: `file ${cls}`, "data-testid": `file-${label}`, onclick: fn }, label), el("span", { class: "meta" }, meta),
+        ...(del ? [el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: del }, "✕")] : []));
     const parent = path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
     this.list.replaceChildren(
       ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
       ...entries.map((e) => {
         const full = `${path === "/" ? "" : path}/${e.name}`;
-        if (e.type === "dir") return item(`${e.name}/`, "dir", () => this.open(full));
-        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`);
+        const isDir = e.type === "dir";
+        const del = () => this.remove(full, isDir);
+        if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", del);
+        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`, del);
       }),
     );
   }
