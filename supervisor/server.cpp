@@ -368,9 +368,12 @@ struct Server::Impl {
       c.rx_held = false;
       ws_lib().lws_rx_flow_control(c.wsi, 1);
       // Not asking to write again here: lws serves writing before reading in a turn, so only
-      // the read may run next. What it reads asks to write when it must (a reply, a Close), and
-      // new events and the stall timer ask too.
-      if (input_waiting(c.wsi)) return 0;
+      // the read may run next, which asks to write again (LWS_CALLBACK_RECEIVE). What it reads
+      // asks to write when it must (a reply, a Close), and new events and the stall timer ask too.
+      if (input_waiting(c.wsi)) {
+        c.write_after_read = true;
+        return 0;
+      }
     }
     pump(c);
     while (!c.q.empty() && !ws_lib().lws_send_pipe_choked(c.wsi)) {
@@ -719,8 +722,9 @@ int Server::Impl::on_callback(lws* wsi, lws_callback_reasons reason, void* user,
     case LWS_CALLBACK_RECEIVE:
       if (!slot || !*slot) return -1;
       if ((*slot)->close_code) return 0;  // closing: ignore what it still sends
-      // Writing may have waited for this read (writeable): go on with it.
-      ws_lib().lws_callback_on_writable(wsi);
+      // Writing may have waited for this read (writeable): go on with it. Only then: asking on
+      // every read costs two epoll_ctl calls and a loop turn a frame (an upload's many frames).
+      if (std::exchange((*slot)->write_after_read, false)) ws_lib().lws_callback_on_writable(wsi);
       return on_receive(**slot, static_cast<const char*>(in), len);
     case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
       // The client is leaving: stop feeding it, so lws can answer its close at once.
