@@ -241,6 +241,8 @@ def test_a_finished_box_replays_the_same_timeline_read_only(tmp_path, page):
         page.wait_for_function("(n) => document.querySelector('[data-testid=timeline-count]')?.textContent === `${n} events`",
                                arg=len(events), timeout=10_000)
         rows = page.locator(".tl-row")
+        # The count is shown before the rows in view, whose page (events.range) comes after it.
+        rows.first.wait_for(timeout=10_000)
         got = [(int(rows.nth(i).get_attribute("data-seq")), rows.nth(i).locator(".ty").inner_text())
                for i in range(min(rows.count(), len(events)))]
         assert got == [(e["seq"], e["type"]) for e in events][:len(got)] and got
