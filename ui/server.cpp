@@ -9,6 +9,7 @@
 #include "journal/journal.hpp"
 #include "os/sys.hpp"
 #include "ui/assets.hpp"
+#include "ui/download.hpp"
 #include "ui/hub.hpp"
 
 namespace sbx::ui {
@@ -19,6 +20,15 @@ namespace {
 constexpr const char* kCsp =
     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
     "img-src 'self' data:; font-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+// Every answer's own headers, but a refusal's (a bare 403).
+void set_headers(http::response_header<>& h) {
+  h.set(http::field::server, "sandboxer-ui");
+  h.set(http::field::cache_control, "no-store");
+  h.set("Referrer-Policy", "no-referrer");
+  h.set("X-Content-Type-Options", "nosniff");
+  h.set("Content-Security-Policy", kCsp);
+}
 
 bool same_secret(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -84,11 +94,7 @@ std::optional<std::string> Server::Impl::authorize(const http::request<http::str
 http::response<http::string_body> Server::Impl::answer(const http::request<http::string_body>& req,
                                                        std::string_view rest) {
   http::response<http::string_body> res{http::status::ok, req.version()};
-  res.set(http::field::server, "sandboxer-ui");
-  res.set(http::field::cache_control, "no-store");
-  res.set("Referrer-Policy", "no-referrer");
-  res.set("X-Content-Type-Options", "nosniff");
-  res.set("Content-Security-Policy", kCsp);
+  set_headers(res.base());
   auto asset = find_asset(rest.empty() ? "index.html" : rest);
   if (req.method() != http::verb::get && req.method() != http::verb::head) {
     res.result(http::status::method_not_allowed);
@@ -122,6 +128,11 @@ asio::awaitable<void> Server::Impl::http_session(tcp::socket sock) {
         auto page = std::make_shared<PageSession>(hub_ptr, std::move(stream));
         co_await page->run(std::move(req));
         co_return;
+      }
+      if (auto id = rest ? snapshot_download(*rest) : std::nullopt; id && req.method() == http::verb::get) {
+        stream.expires_never();  // each write of the download has its own limit
+        co_await serve_snapshot(hub_ptr, stream, req.version(), std::move(*id), set_headers);
+        break;
       }
       http::response<http::string_body> res;
       if (!rest || *rest == "ws") {

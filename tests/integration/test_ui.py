@@ -458,6 +458,51 @@ def test_a_snapshot_deleted_from_the_page_is_struck_through_and_no_longer_offere
         shot(page, "ui-snapshot-deleted.png")
 
 
+def test_a_snapshot_downloaded_from_the_page_is_the_archive_the_cli_exports(tmp_path, page):
+    # The page's download link: the page server streams the box's snapshot.export into the HTTP
+    # response (GET SECRET/snapshot/<id>.tar.zst); the browser saves the same bytes `sandboxer
+    # export` writes, and they import into another box. What it refuses says why, as text.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "t").mkdir()
+    agent = "import os, time\nb = os.urandom(3 << 20)\nwhile True:\n    time.sleep(1)\n"
+    with WsBox(tmp_path / "a", [sys.executable, "-c", agent], extra=["--set", "resources.grace=1s"]) as box, \
+            WsBox(tmp_path / "t", [], extra=["--idle", "--set", "resources.grace=1s"]) as other, \
+            Ui(box.url, box.token_file) as ui:
+        time.sleep(0.8)
+        r = subprocess.run([str(CLI), "checkpoint", box.url, "--token-file", str(box.token_file)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.strip().splitlines()[-1]
+        exported = tmp_path / "cli.tar.zst"
+        r = subprocess.run([str(CLI), "export", box.url, snap, str(exported), "--token-file", str(box.token_file)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        page.goto(ui.address)
+        page.locator(f'[data-snapshot="{snap}"]').wait_for(timeout=10_000)
+        page.select_option('[data-testid="fork-snapshot"]', snap)
+        with page.expect_download(timeout=30_000) as info:
+            page.click('[data-testid="do-download-snapshot"]')
+        got = tmp_path / "page.tar.zst"
+        info.value.save_as(str(got))
+        assert info.value.suggested_filename == f"{snap}.tar.zst"
+        assert got.stat().st_size > 3 << 20 and got.read_bytes() == exported.read_bytes()
+        r = subprocess.run([str(CLI), "import", other.url, str(got), "--token-file", str(other.token_file)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and snap in r.stdout, (r.stdout, r.stderr)
+        # Refusals, each with its status and why; a wrong secret gets the bare 403 as anywhere.
+        for path, status, why in ((f"{ui.secret}/snapshot/s-0000000000000000.tar.zst", 404, "not_found"),
+                                  (f"{ui.secret}/snapshot/nope.tar.zst", 400, "not a snapshot id"),
+                                  (f"{'0' * len(ui.secret)}/snapshot/{snap}.tar.zst", 403, "forbidden")):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(f"{ui.origin}/{path}", timeout=30)
+            assert e.value.code == status and why in e.value.read().decode(), (path, e.value.code)
+    # A journal's page has no snapshot to give.
+    with Ui(tmp_path / "a" / "state") as replay:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{replay.address}snapshot/{snap}.tar.zst", timeout=30)
+        assert e.value.code == 404 and "read-only" in e.value.read().decode()
+
+
 # Files for the page's file panel: a directory, a text file, a file larger than the panel shows
 # (3 MiB, more than one 1 MiB frame), and one that is not text.
 FILES_AGENT = ("mkdir -p /workspace/d && echo hello > /workspace/d/a.txt && "
