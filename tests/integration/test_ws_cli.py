@@ -259,6 +259,21 @@ def test_cp_over_wss_only_to_a_box_whose_certificate_verifies(tmp_path):
         assert (box.workspace / "back.bin").read_bytes() == data
 
 
+def test_a_request_over_wss_to_an_untrusted_box_says_its_certificate_did_not_verify(tmp_path):
+    # The commands on sdk/cpp's Client (libwebsockets): the reason is the one libwebsockets logs
+    # ("unable to get local issuer certificate"), in the command's one line, not its log line
+    # and a bare "connect SSL err 1: error:00000001:lib(0)::reason(1)".
+    tls = make_tls(tmp_path, names=("127.0.0.1",))
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]) as box:
+        url = f"wss://127.0.0.1:{box.port}"
+        bad = cli(box, "snapshots", url, env=dict(os.environ, SSL_CERT_FILE=str(tmp_path / "none.pem")))
+        assert bad.returncode == 1, bad.stderr
+        assert bad.stderr.decode() == (f"sandboxer snapshots: connect to {url}: TLS: the box's certificate did not "
+                                       "verify: unable to get local issuer certificate (connect)\n"), bad.stderr
+        ok = cli(box, "snapshots", url, env=dict(os.environ, SSL_CERT_FILE=str(tls.ca)))
+        assert ok.returncode == 0 and ok.stderr == b"", ok.stderr
+
+
 def test_cp_says_what_failed_and_leaves_the_local_file_as_it_was(box, tmp_path):
     keep = tmp_path / "keep.txt"
     keep.write_text("KEEP\n")

@@ -14,6 +14,32 @@ namespace sbx::sdk {
 
 namespace json = boost::json;
 
+namespace {
+
+// libwebsockets' last error line (its log at LLL_ERR, not printed): a failed TLS handshake's
+// reason is only there ("SSL error: unable to get local issuer certificate ..."), while the
+// connection error it reports says "connect SSL err 1: error:00000001:lib(0)::reason(1)".
+thread_local std::string last_lws_error;
+
+void keep_lws_error(int, const char* line) {
+  std::string_view l(line);
+  while (!l.empty() && (l.back() == '\n' || l.back() == ' ')) l.remove_suffix(1);
+  last_lws_error = l;
+}
+
+// A TLS failure's reason, from the log line lws wrote for it, else the reason lws gave.
+std::string tls_reason(std::string reason) {
+  constexpr std::string_view kSsl = "SSL error: ";
+  if (reason.find("SSL") == std::string::npos) return reason;
+  auto at = last_lws_error.find(kSsl);
+  if (at == std::string::npos) return reason;
+  std::string why = last_lws_error.substr(at + kSsl.size());
+  if (auto paren = why.find(" (preverify_ok"); paren != std::string::npos) why.resize(paren);
+  return "TLS: the box's certificate did not verify: " + why;
+}
+
+}  // namespace
+
 ParsedUrl parse_url(const std::string& url) {
   ParsedUrl u;
   std::string rest;
@@ -157,9 +183,9 @@ struct Client::Impl {
         return 0;
       case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
         // lws counts the terminating NUL in some reasons' len: the reason ends at the first NUL.
-        close_reason =
+        close_reason = tls_reason(
             in ? std::string(static_cast<const char*>(in), strnlen(static_cast<const char*>(in), len ? len : SIZE_MAX))
-               : "connection failed";
+               : "connection failed");
         finish_close();
         return 0;
       case LWS_CALLBACK_CLOSED_CLIENT_HTTP:
@@ -250,7 +276,8 @@ Client::~Client() {
 void Client::connect(OpenFn on_open) {
   auto& m = *impl_;
   m.on_open = std::move(on_open);
-  lws_set_log_level(LLL_ERR, nullptr);
+  last_lws_error.clear();
+  lws_set_log_level(LLL_ERR, keep_lws_error);
   // One send() per frame (fs.write's binary frames reach 1 MiB): protocol::kSendBytes.
   m.protocols[0] = {protocol::kSubprotocol, Impl::cb, 0, 64 * 1024, 0, nullptr, protocol::kSendBytes};
   m.protocols[1] = {nullptr, nullptr, 0, 0, 0, nullptr, 0};
