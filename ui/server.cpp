@@ -9,8 +9,8 @@
 #include "journal/journal.hpp"
 #include "os/sys.hpp"
 #include "ui/assets.hpp"
-#include "ui/download.hpp"
 #include "ui/hub.hpp"
+#include "ui/snapshot-http.hpp"
 
 namespace sbx::ui {
 
@@ -28,6 +28,19 @@ void set_headers(http::response_header<>& h) {
   h.set("Referrer-Policy", "no-referrer");
   h.set("X-Content-Type-Options", "nosniff");
   h.set("Content-Security-Policy", kCsp);
+}
+
+// The most a request's body may hold but an import's.
+constexpr uint64_t kMaxBody = 64 * 1024;
+
+// A bare refusal: its status and one word, the connection closed after it.
+http::response<http::string_body> refusal(unsigned version, http::status status) {
+  http::response<http::string_body> res{status, version};
+  res.set(http::field::content_type, "text/plain");
+  res.body() = status == http::status::forbidden ? "forbidden\n" : "request body too large\n";
+  res.keep_alive(false);
+  res.prepare_payload();
+  return res;
 }
 
 bool same_secret(std::string_view a, std::string_view b) {
@@ -69,12 +82,12 @@ struct Server::Impl {
   asio::awaitable<void> http_session(tcp::socket sock);
   http::response<http::string_body> answer(const http::request<http::string_body>& req, std::string_view rest);
   /// Where a request may go: "" when refused (403), else the path after the secret.
-  std::optional<std::string> authorize(const http::request<http::string_body>& req) const;
+  std::optional<std::string> authorize(const http::request_header<>& req) const;
   void connect_feed();
   void follow_journal();
 };
 
-std::optional<std::string> Server::Impl::authorize(const http::request<http::string_body>& req) const {
+std::optional<std::string> Server::Impl::authorize(const http::request_header<>& req) const {
   // The Host a browser sends is ours only when the page was opened by its address: a page of
   // another site reaching 127.0.0.1 through a DNS name (rebinding) is refused here too.
   auto host = req[http::field::host];
@@ -116,13 +129,35 @@ asio::awaitable<void> Server::Impl::http_session(tcp::socket sock) {
   beast::flat_buffer buf;
   try {
     for (;;) {
-      http::request_parser<http::string_body> parser;
-      parser.body_limit(64 * 1024);
+      // No limit on the header's Content-Length here (Beast checks it as the header ends): an
+      // import's is the archive's; every other request's body is bounded below.
+      http::request_parser<http::empty_body> head;
+      head.body_limit(boost::none);
       stream.expires_after(std::chrono::seconds(30));
+      co_await http::async_read_header(stream, buf, head, asio::use_awaitable);
+      auto rest = authorize(head.get().base());
+      std::string origin = "http://" + std::string(head.get()[http::field::host]);
+      // An import's body is the archive: read as it goes to the box, by serve_import. A POST
+      // from another origin (a form of another site) is refused below.
+      if (rest && *rest == kImportPath && head.get().method() == http::verb::post &&
+          head.get()[http::field::origin] == origin) {
+        stream.expires_never();  // each read of the upload has its own limit
+        co_await serve_import(hub_ptr, stream, buf, head, set_headers);
+        break;
+      }
+      // A wrong or missing secret, another Host, a WebSocket or an import from another origin:
+      // nothing but the refusal, whatever was asked.
+      bool forbidden = !rest || *rest == "ws" || *rest == kImportPath;
+      if (head.content_length().value_or(0) > kMaxBody || head.chunked()) {
+        // No page sends such a body but an import's: refused unread.
+        auto res = refusal(head.get().version(), forbidden ? http::status::forbidden : http::status::payload_too_large);
+        co_await http::async_write(stream, res, asio::use_awaitable);
+        break;
+      }
+      http::request_parser<http::string_body> parser{std::move(head)};
+      parser.body_limit(kMaxBody);
       co_await http::async_read(stream, buf, parser, asio::use_awaitable);
       auto req = parser.release();
-      auto rest = authorize(req);
-      std::string origin = "http://" + std::string(req[http::field::host]);
       if (rest && *rest == "ws" && websocket::is_upgrade(req) && req[http::field::origin] == origin) {
         stream.expires_never();
         auto page = std::make_shared<PageSession>(hub_ptr, std::move(stream));
@@ -134,18 +169,7 @@ asio::awaitable<void> Server::Impl::http_session(tcp::socket sock) {
         co_await serve_snapshot(hub_ptr, stream, req.version(), std::move(*id), set_headers);
         break;
       }
-      http::response<http::string_body> res;
-      if (!rest || *rest == "ws") {
-        // A wrong or missing secret, another Host, or a WebSocket from another origin: nothing
-        // but the refusal, whatever was asked.
-        res = http::response<http::string_body>{http::status::forbidden, req.version()};
-        res.set(http::field::content_type, "text/plain");
-        res.body() = "forbidden\n";
-        res.keep_alive(false);
-        res.prepare_payload();
-      } else {
-        res = answer(req, *rest);
-      }
+      auto res = forbidden ? refusal(req.version(), http::status::forbidden) : answer(req, *rest);
       co_await http::async_write(stream, res, asio::use_awaitable);
       if (!res.keep_alive()) break;
     }

@@ -3,6 +3,7 @@ against a real box: the timeline, the consoles, the metrics, the fork tree after
 fork made from the page, a terminal and its size, the page secret, and a finished box replayed from its state
 dir. Each test saves a screenshot in build/ui-screenshots/, or in docs/ with SBX_UI_SHOTS=docs
 (ui-live.png and ui-fork.png there are the README's), so a test run leaves the tree clean."""
+import http.client
 import json
 import os
 import pathlib
@@ -458,10 +459,12 @@ def test_a_snapshot_deleted_from_the_page_is_struck_through_and_no_longer_offere
         shot(page, "ui-snapshot-deleted.png")
 
 
-def test_a_snapshot_downloaded_from_the_page_is_the_archive_the_cli_exports(tmp_path, page):
-    # The page's download link: the page server streams the box's snapshot.export into the HTTP
+def test_a_snapshot_downloaded_from_one_page_imports_into_another_box_from_its_page(tmp_path, page):
+    # The page's download button: the page server streams the box's snapshot.export into the HTTP
     # response (GET SECRET/snapshot/<id>.tar.zst); the browser saves the same bytes `sandboxer
-    # export` writes, and they import into another box. What it refuses says why, as text.
+    # export` writes. Another box's page imports them (POST SECRET/snapshot/import, fed to its
+    # snapshot.import as the browser sends it); an archive the box refuses shows why. What the
+    # server refuses says why, as text.
     (tmp_path / "a").mkdir()
     (tmp_path / "t").mkdir()
     agent = "import os, time\nb = os.urandom(3 << 20)\nwhile True:\n    time.sleep(1)\n"
@@ -486,9 +489,39 @@ def test_a_snapshot_downloaded_from_the_page_is_the_archive_the_cli_exports(tmp_
         info.value.save_as(str(got))
         assert info.value.suggested_filename == f"{snap}.tar.zst"
         assert got.stat().st_size > 3 << 20 and got.read_bytes() == exported.read_bytes()
-        r = subprocess.run([str(CLI), "import", other.url, str(got), "--token-file", str(other.token_file)],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0 and snap in r.stdout, (r.stdout, r.stderr)
+        # Into the idle box through its own page: POST snapshot/import, the file input.
+        with Ui(other.url, other.token_file) as ui2:
+            page.goto(ui2.address)
+            page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+            bad = tmp_path / "bad.tar.zst"
+            bad.write_bytes(os.urandom(5000))
+            page.set_input_files('[data-testid="import-snapshot"]', str(bad))
+            page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.classList.contains('error')",
+                                   timeout=20_000)
+            refused = page.inner_text('[data-testid="action-result"]')
+            assert refused.startswith("snapshot.import: the archive is refused: "), refused
+            assert not [e for e in read_journal(other.state) if e["type"] == "snapshot.imported"]
+            page.set_input_files('[data-testid="import-snapshot"]', str(got))
+            try:
+                page.wait_for_function("() => document.querySelector('[data-testid=action-result]')?.textContent.startsWith('snapshot.import: ok')",
+                                       timeout=30_000)
+            except Exception:
+                raise AssertionError(page.inner_text('[data-testid="action-result"]'))
+            assert snap in page.inner_text('[data-testid="action-result"]')
+            page.locator(f'[data-snapshot="{snap}"]').wait_for(timeout=10_000)
+            imported = [e["snapshot"] for e in read_journal(other.state) if e["type"] == "snapshot.imported"]
+            assert imported == [snap], imported
+            # A POST from another origin (another site's form) is refused, as is one without a length.
+            # The header alone is sent: each is answered before any body is read.
+            for origin, length, status in (("http://evil.example", "1000000", 403), (ui2.origin, None, 411)):
+                c = http.client.HTTPConnection("127.0.0.1", int(ui2.origin.rsplit(":", 1)[1]), timeout=30)
+                c.putrequest("POST", f"/{ui2.secret}/snapshot/import")
+                c.putheader("Origin", origin)
+                c.putheader(*(("Content-Length", length) if length else ("Transfer-Encoding", "chunked")))
+                c.endheaders()
+                r = c.getresponse()
+                assert r.status == status, (origin, r.status, r.read())
+                c.close()
         # Refusals, each with its status and why; a wrong secret gets the bare 403 as anywhere.
         for path, status, why in ((f"{ui.secret}/snapshot/s-0000000000000000.tar.zst", 404, "not_found"),
                                   (f"{ui.secret}/snapshot/nope.tar.zst", 400, "not a snapshot id"),

@@ -1,6 +1,6 @@
 // Actions on a live box, each one request of the same API the CLI uses, its reply or error shown
 // as the box gave it. A replayed journal shows them disabled, and the server refuses them too.
-import { el } from "./util.js";
+import { bytes, el } from "./util.js";
 
 let terminals = 0;
 
@@ -17,6 +17,8 @@ export class Actions {
     const proc = el("input", { placeholder: "proc", "data-testid": "signal-proc", size: 8 });
     const sig = el("select", { "data-testid": "signal-name" }, ...["TERM", "INT", "HUP", "KILL", "USR1"].map((s) => el("option", { value: s }, s)));
     const cmd = el("input", { value: "/bin/sh", "data-testid": "terminal-cmd", size: 10 });
+    const importer = el("input", { type: "file", accept: ".zst", "data-testid": "import-snapshot", title: "a snapshot's archive (sandboxer export, or a download)", ...(liveBox ? {} : { disabled: "" }) });
+    importer.addEventListener("change", () => this.importFile(importer));
     const b = (label, id, fn) => el("button", { "data-testid": id, onclick: fn, ...(liveBox ? {} : { disabled: "" }) }, label);
     root.append(
       liveBox ? "" : el("div", { class: "note", "data-testid": "read-only" }, "read-only: a journal replayed from disk"),
@@ -28,6 +30,7 @@ export class Actions {
             this.run("snapshot.delete", () => box.deleteSnapshot(id));
         }),
         b("download", "do-download-snapshot", () => this.download(this.snapSel.value))),
+      el("div", { class: "row" }, "import a snapshot ", importer),
       el("div", { class: "row" }, proc, sig, b("signal", "do-signal", () => this.run("signal", () => box.signal(proc.value, sig.value)))),
       el("div", { class: "row" }, cmd, b("terminal", "do-terminal", () => this.terminal(cmd.value))),
       el("div", { class: "row" }, b("shutdown…", "do-shutdown", () => {
@@ -47,7 +50,7 @@ export class Actions {
   }
 
   /** Saves snapshot `id`'s archive through the browser: the page server streams it from the box
-   * (GET snapshot/<id>.tar.zst, ui/download.cpp); where it cannot, the browser's download fails. */
+   * (GET snapshot/<id>.tar.zst, ui/snapshot-http.cpp); where it cannot, the browser's download fails. */
   download(id) {
     if (!id) return;
     const a = el("a", { href: `snapshot/${id}.tar.zst`, download: `${id}.tar.zst`, style: "display:none" });
@@ -56,6 +59,21 @@ export class Actions {
     a.remove();
     this.result.className = "result";
     this.result.textContent = `download of ${id}.tar.zst started: the browser saves it`;
+  }
+
+  /** Sends the archive picked in `input` into the box (POST snapshot/import: the page server feeds
+   * it to snapshot.import as the browser reads it from disk) and shows the box's reply. */
+  async importFile(input) {
+    const f = input.files[0];
+    input.value = "";
+    if (!f) return;
+    this.run("snapshot.import", async () => {
+      this.result.textContent = `snapshot.import: sending ${f.name} (${bytes(f.size)})…`;
+      const r = await fetch("snapshot/import", { method: "POST", body: f, headers: { "Content-Type": "application/zstd" } });
+      const text = (await r.text()).trim();
+      if (!r.ok) throw Object.assign(new Error(text), { code: String(r.status) });
+      return JSON.parse(text);
+    });
   }
 
   /** Runs one call of the client and shows its reply, or its error as the box gave it. */

@@ -1,6 +1,7 @@
 #pragma once
-/// A snapshot's archive out of the box as an HTTP download (download.cpp): the page's "download"
-/// link, GET SECRET/snapshot/<id>.tar.zst, after the server has checked the secret.
+/// Snapshot archives out of and into the box over HTTP (snapshot-http.cpp), after the server has
+/// checked the secret: the page's download (GET SECRET/snapshot/<id>.tar.zst) and import (POST
+/// SECRET/snapshot/import).
 #include <functional>
 #include <memory>
 #include <optional>
@@ -22,5 +23,17 @@ std::optional<std::string> snapshot_download(std::string_view rest);
 /// connection is not kept alive.
 asio::awaitable<void> serve_snapshot(std::shared_ptr<Hub> hub, beast::tcp_stream& out, unsigned version, std::string id,
                                      std::function<void(http::response_header<>&)> headers);
+
+/// The path of an import, after the secret.
+inline constexpr std::string_view kImportPath = "snapshot/import";
+
+/// Answers an import whose header `head` has read: its body (Content-Length bytes, else 411) fed
+/// to the box's snapshot.import as it arrives, and the box's reply as the response (200 with its
+/// JSON; 404 a journal's page; 400 a body that ended short; 502 the box unreachable, its refusal
+/// or its connection's end, with its message). Reads the body from `buf`, then `in`. The
+/// connection is not kept alive.
+asio::awaitable<void> serve_import(std::shared_ptr<Hub> hub, beast::tcp_stream& in, beast::flat_buffer& buf,
+                                   http::request_parser<http::empty_body>& head,
+                                   std::function<void(http::response_header<>&)> headers);
 
 }  // namespace sbx::ui
