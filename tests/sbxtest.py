@@ -8,10 +8,12 @@ directory can import it: tests/conftest.py puts tests/ on sys.path."""
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import pathlib
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -510,6 +512,40 @@ def stop_dockerd(d, env=None):
     # `stop` also unmounts what dockerd left mounted under d (its default netns file).
     subprocess.run([str(ROOT / "scripts" / "dockerd"), "stop", str(d)], capture_output=True, timeout=120)
     shutil.rmtree(d, ignore_errors=True)
+
+
+def checkpoint_and_export(box, out, timeout=120):
+    """`sandboxer checkpoint` of `box` (a WsBox, or anything with url and token_file), then
+    `sandboxer export` of that snapshot to `out`: returns the snapshot's id."""
+    r = subprocess.run([str(CLI), "checkpoint", box.url, "--token-file", str(box.token_file)],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    snap = r.stdout.strip().splitlines()[-1]
+    e = subprocess.run([str(CLI), "export", box.url, snap, str(out), "--token-file", str(box.token_file)],
+                       capture_output=True, text=True, timeout=timeout)
+    assert e.returncode == 0, e.stderr
+    return snap
+
+
+def silent_websocket_server():
+    """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
+    returns its listening socket."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", head, re.I).group(1)
+        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
 
 
 class FrameProxy:

@@ -8,18 +8,15 @@ of the source's agent, each named where it came from in its restore.done."""
 import asyncio
 import base64
 import contextlib
-import hashlib
 import os
-import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 
-from sbxtest import CLI, FrameProxy, Session, WsBox, make_tls, output_of, ws_connect
+from sbxtest import CLI, FrameProxy, Session, WsBox, make_tls, output_of, silent_websocket_server, ws_connect
 
 COUNTER = ("import time\n"
            "n = 0\n"
@@ -227,21 +224,7 @@ def test_a_send_waiting_on_a_silent_source_ends_at_an_interrupt_and_leaves_the_t
     """A source that never answers snapshot.export (a server that completes the handshake and
     then reads forever): SIGINT or SIGTERM ends the send, naming the interrupt, and the target
     has nothing."""
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def serve():
-        conn, _ = srv.accept()
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += conn.recv(4096)
-        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", head, re.I).group(1)
-        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
-        with contextlib.suppress(OSError):
-            while conn.recv(65536):
-                pass
-    threading.Thread(target=serve, daemon=True).start()
+    srv = silent_websocket_server()
     (tmp_path / "t").mkdir()
     with WsBox(tmp_path / "t", [], extra=["--idle", "--set", "resources.grace=1s"]) as t:
         token = tmp_path / "token"

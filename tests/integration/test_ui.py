@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from sbxtest import CLI, ROOT, FrameProxy, WsBox, make_tls, probe, read_journal
+from sbxtest import CLI, ROOT, FrameProxy, WsBox, checkpoint_and_export, make_tls, probe, read_journal
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "docs" if os.environ.get("SBX_UI_SHOTS") == "docs" else ROOT / "build" / "ui-screenshots"
@@ -472,14 +472,8 @@ def test_a_snapshot_downloaded_from_one_page_imports_into_another_box_from_its_p
             WsBox(tmp_path / "t", [], extra=["--idle", "--set", "resources.grace=1s"]) as other, \
             Ui(box.url, box.token_file) as ui:
         time.sleep(0.8)
-        r = subprocess.run([str(CLI), "checkpoint", box.url, "--token-file", str(box.token_file)],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        snap = r.stdout.strip().splitlines()[-1]
         exported = tmp_path / "cli.tar.zst"
-        r = subprocess.run([str(CLI), "export", box.url, snap, str(exported), "--token-file", str(box.token_file)],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
+        snap = checkpoint_and_export(box, exported)
         page.goto(ui.address)
         page.locator(f'[data-snapshot="{snap}"]').wait_for(timeout=10_000)
         page.select_option('[data-testid="fork-snapshot"]', snap)
@@ -550,14 +544,19 @@ def wait_ready(box):
         time.sleep(0.1)
 
 
+def open_files(page, ui):
+    """Opens the page and lists /workspace in its files panel (FILES_AGENT's files)."""
+    page.goto(ui.address)
+    page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+    page.click('[data-testid="files-go"]')
+    page.locator('[data-testid="file-d/"]').wait_for(timeout=10_000)
+
+
 def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, page):
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
         wait_ready(box)
-        page.goto(ui.address)
-        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
-        page.click('[data-testid="files-go"]')
-        page.locator('[data-testid="file-d/"]').wait_for(timeout=10_000)
+        open_files(page, ui)
         names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
         assert names == ["..", "d/", "big.txt", "bin.dat", "ready"], names
         page.click('[data-testid="file-d/"]')
@@ -662,9 +661,7 @@ def test_files_uploaded_from_the_page_land_in_the_directory_listed(tmp_path, pag
     with WsBox(tmp_path / "box", ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
         wait_ready(box)
-        page.goto(ui.address)
-        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
-        page.click('[data-testid="files-go"]')
+        open_files(page, ui)
         page.click('[data-testid="file-d/"]')
         page.locator('[data-testid="file-a.txt"]').wait_for(timeout=10_000)
         # One small file (inside the request) and one in binary frames, relayed by the page server.
@@ -693,10 +690,7 @@ def test_folders_made_and_entries_deleted_from_the_page(tmp_path, page):
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
         wait_ready(box)
-        page.goto(ui.address)
-        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
-        page.click('[data-testid="files-go"]')
-        page.locator('[data-testid="file-d/"]').wait_for(timeout=10_000)
+        open_files(page, ui)
         view = lambda: page.inner_text('[data-testid="file-view"]')  # noqa: E731
         page.once("dialog", lambda d: d.accept("made-here"))
         page.click('[data-testid="files-mkdir"]')

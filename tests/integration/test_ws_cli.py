@@ -1,6 +1,4 @@
 """The CLI over the WebSocket (sdk/cpp): attach, exec, cp, stats, and run --listen."""
-import base64
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -18,7 +16,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, PROBE, FrameProxy, WsBox, make_tls
+from sbxtest import CLI, PROBE, FrameProxy, WsBox, make_tls, silent_websocket_server
 
 
 @pytest.fixture
@@ -312,27 +310,6 @@ def test_cp_refuses_a_download_whose_frames_skip_bytes(box, tmp_path):
     r = cli(box, "cp", f"{proxy.url}:/workspace/f.bin", str(tmp_path / "got.bin"))
     assert proxy.acted
     assert r.returncode == 1 and b"where byte 262144 was due (protocol)" in r.stderr, r.stderr
-
-
-def silent_websocket_server():
-    """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
-    returns its listening socket."""
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def serve():
-        conn, _ = srv.accept()
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += conn.recv(4096)
-        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", head, re.I).group(1)
-        accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
-        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
-        with contextlib.suppress(OSError):
-            while conn.recv(65536):
-                pass
-    threading.Thread(target=serve, daemon=True).start()
-    return srv
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

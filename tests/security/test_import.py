@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, INIT, WsBox, of_type
+from sbxtest import CLI, INIT, WsBox, checkpoint_and_export, of_type
 
 # An agent whose memory a live copy keeps: it prints a nonce made at its start, then counts.
 COUNTER = ("import os, time\n"
@@ -349,14 +349,8 @@ def real_archive(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real")
     with start(tmp, "maker", argv=("python3", "-c", COUNTER)) as box:
         time.sleep(1.0)
-        r = subprocess.run([str(CLI), "checkpoint", box.url, "--token-file", str(box.token_file)],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        snap = r.stdout.strip().splitlines()[-1]
         out = tmp / "real.tar.zst"
-        e = subprocess.run([str(CLI), "export", box.url, snap, str(out), "--token-file", str(box.token_file)],
-                           capture_output=True, text=True, timeout=120)
-        assert e.returncode == 0, e.stderr
+        snap = checkpoint_and_export(box, out)
         created = events(box, "checkpoint.created")[-1]
     return {"path": out, "snap": snap, "mode": created["mode"], "tmp": tmp}
 
