@@ -703,8 +703,10 @@ def test_folders_made_and_entries_deleted_from_the_page(tmp_path, page):
         assert not (box.workspace / "a").exists()
         page.once("dialog", lambda d: d.accept("big.txt"))
         page.click('[data-testid="files-mkdir"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
-        assert "exists and is not a directory" in view(), view()
+        # The view holds the last error until this one arrives: wait for its words.
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent.includes('exists and is not a directory')",
+                               timeout=10_000)
+        assert page.locator('[data-testid="file-view"].error').count() == 1
         # Dismissed: nothing goes.
         page.once("dialog", lambda d: d.dismiss())
         page.click('[data-testid="delete-bin.dat"]')
@@ -773,4 +775,7 @@ def test_the_page_server_relays_a_file_write_in_order_and_within_its_bound(tmp_p
             upload_frames(c, 9, b"z" * ((16 << 20) + 1), chunk=1 << 19)
             r = reply_to(c, 9)
             assert r["error"]["code"] == "bad_request" and "at most 16777216 bytes" in r["error"]["message"], r
-            assert (box.workspace / "huge.bin").stat().st_size <= 16 << 20
+            # The page server closes its link to the box at once, maybe before the box got the
+            # request (the link was new, after the last failure): no file, or at most 16 MiB.
+            huge = box.workspace / "huge.bin"
+            assert not huge.exists() or huge.stat().st_size <= 16 << 20
