@@ -60,22 +60,6 @@ struct Target {
   base::Result<json::object> result = base::fail("not started", kPending);
 };
 
-// The reply to this connection's request (its id, or null: a request the box could not read),
-// or nullopt for anything else (an event).
-std::optional<json::object> reply_in(std::string_view text) {
-  boost::system::error_code ec;
-  auto v = json::parse(text, ec);
-  if (ec || !v.is_object()) return std::nullopt;
-  auto* id = v.as_object().if_contains("id");
-  if (!id || !(id->is_null() || (id->is_int64() && id->as_int64() == kRequestId))) return std::nullopt;
-  return std::move(v.as_object());
-}
-
-bool is_ok(const json::object& reply) {
-  auto* ok = reply.if_contains("ok");
-  return ok && ok->is_bool() && ok->as_bool();
-}
-
 // Sleeps until `timer` is cancelled (or a minute has passed: the caller looks again either way).
 asio::awaitable<void> wait_on(asio::steady_timer& timer) {
   timer.expires_after(std::chrono::minutes(1));
@@ -194,9 +178,9 @@ asio::awaitable<void> Relay::Impl::run_source(Ws& ws) {
 }
 
 void Relay::Impl::on_source_text(std::string_view text) {
-  auto rep = reply_in(text);
+  auto rep = sdk::reply_for(text, kRequestId);
   if (!rep || have_reply || source_finished) return;
-  if (!is_ok(*rep)) {
+  if (!sdk::reply_says_ok(*rep)) {
     auto e = reply_error(*rep);
     return fail_source(e.message, e.code);
   }
@@ -326,9 +310,9 @@ asio::awaitable<void> Relay::Impl::read_reply(Target& t, Ws& ws) {
     buf.clear();
     co_await ws.async_read(buf, asio::use_awaitable);
     if (!ws.got_text()) continue;
-    auto rep = reply_in(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()));
+    auto rep = sdk::reply_for(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()), kRequestId);
     if (!rep) continue;
-    if (is_ok(*rep))
+    if (sdk::reply_says_ok(*rep))
       finish(t, std::move(*rep), false);
     else
       finish(t, reply_error(*rep), false);

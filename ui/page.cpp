@@ -290,8 +290,7 @@ void PageSession::from_box_text(std::string text) {
     if (auto it = o.find("id"); it != o.end()) {
       pending_.erase(json::serialize(it->value()));
       // A read refused, or of nothing, has no frames to wait for.
-      auto* ok = o.if_contains("ok");
-      bool frames = ok && ok->is_bool() && ok->as_bool() && num(o, "length", 0) > 0;
+      bool frames = sdk::reply_says_ok(o) && num(o, "length", 0) > 0;
       if (auto n = frame_id(it->value())) {
         if (!frames) reads_.erase(*n);
         // The write's reply: after its last frame, or a refusal before it.

@@ -45,11 +45,8 @@ asio::awaitable<json::object> read_reply(Ws& ws) {
     buf.clear();
     co_await ws.async_read(buf, asio::use_awaitable);
     if (!ws.got_text()) continue;
-    boost::system::error_code ec;
-    auto v = json::parse(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()), ec);
-    if (ec || !v.is_object()) continue;
-    auto* rid = v.as_object().if_contains("id");
-    if (rid && (rid->is_null() || (rid->is_int64() && rid->as_int64() == kExportId))) co_return v.as_object();
+    auto rep = sdk::reply_for(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()), kExportId);
+    if (rep) co_return std::move(*rep);
   }
 }
 
@@ -65,13 +62,8 @@ Refusal refusal_from(const json::object& reply, const char* op) {
                  std::string(op) + ": " + message + (code.empty() ? "" : " (" + code + ")")};
 }
 
-bool is_ok(const json::object& reply) {
-  auto* ok = reply.if_contains("ok");
-  return ok && ok->is_bool() && ok->as_bool();
-}
-
 std::optional<Refusal> refusal_of(const json::object& reply, uint64_t& size, const char* op) {
-  if (!is_ok(reply)) return refusal_from(reply, op);
+  if (!sdk::reply_says_ok(reply)) return refusal_from(reply, op);
   auto* n = reply.if_contains("size");
   if (!n || !n->is_int64() || n->as_int64() <= 0)
     return Refusal{http::status::bad_gateway, "snapshot.export's reply names no size"};
@@ -168,8 +160,10 @@ asio::awaitable<size_t> read_body(beast::tcp_stream& in, beast::flat_buffer& buf
   co_return n;
 }
 
-// The request's body in the import's frames as it arrives, until its end or the box's reply (an
-// early refusal); the rest of the body is then read and dropped, so the browser gets the reply.
+// The request's body in the import's frames as it arrives, until its end, the box's reply (an
+// early refusal) or the end of the box's connection (its reader says why); the rest of the body
+// is then read and dropped, so the browser gets the answer. Throws where the browser's upload
+// fails.
 template <class Ws>
 asio::awaitable<void> send_body(Ws& ws, beast::tcp_stream& in, beast::flat_buffer& buf,
                                 http::request_parser<http::buffer_body>& p, const ImportRun& run) {
@@ -184,7 +178,9 @@ asio::awaitable<void> send_body(Ws& ws, beast::tcp_stream& in, beast::flat_buffe
     protocol::put_header(frame, {.id = kExportId, .offset = off, .flags = last ? protocol::kFlagLast : uint8_t{0}});
     frame.append(chunk.data(), n);
     ws.binary(true);
-    co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
+    boost::system::error_code ec;
+    co_await ws.async_write(asio::buffer(frame), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) break;
     off += n;
     if (last) co_return;
   }
@@ -207,8 +203,8 @@ asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, bea
   try {
     co_await send_body(ws, in, buf, p, run);
   } catch (const boost::system::system_error& e) {
-    // The browser's upload ended first, or the box's connection did (said below): the box drops
-    // what it received of an upload whose connection closes.
+    // The browser's upload ended first: the box drops what it received of an upload whose
+    // connection closes.
     failed = Refusal{http::status::bad_request, "the upload ended before its length: " + e.code().message()};
     beast::get_lowest_layer(ws).cancel();
   }
@@ -219,7 +215,7 @@ asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, bea
     co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   if (run.replied) {
-    if (!is_ok(run.reply)) co_return refusal_from(run.reply, "snapshot.import");
+    if (!sdk::reply_says_ok(run.reply)) co_return refusal_from(run.reply, "snapshot.import");
     if (failed) co_return failed;
     run.reply.erase("id");
     out = std::move(run.reply);

@@ -124,13 +124,10 @@ class Run {
       auto data = static_cast<const char*>(buf.data().data());
       std::string_view m(data, buf.size());
       if (ws.got_text()) {
-        boost::system::error_code ec;
-        auto v = json::parse(m, ec);
-        if (ec || !v.is_object()) continue;
-        auto& o = v.as_object();
-        auto* id = o.if_contains("id");
-        if (!id || !(id->is_null() || (id->is_int64() && id->as_int64() == id_))) continue;  // an event
-        if (t_.upload || !o.contains("ok") || !o.at("ok").is_bool() || !o.at("ok").as_bool()) {
+        auto rep = reply_for(m, id_);
+        if (!rep) continue;  // an event
+        auto& o = *rep;
+        if (t_.upload || !reply_says_ok(o)) {
           finish(o);
         } else if (t_.fd = t_.open_sink ? t_.open_sink() : -1; t_.fd < 0) {
           finish(base::fail(std::string("open: ") + std::strerror(errno), "local"));
@@ -212,6 +209,20 @@ std::string connect_reason(const boost::system::error_code& ec, const WsTarget& 
   if (connected && (ec == asio::error::eof || ec == beast::http::error::end_of_stream))
     return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
   return ec.message() + " (" + where + ")";
+}
+
+std::optional<json::object> reply_for(std::string_view text, uint32_t id) {
+  boost::system::error_code ec;
+  auto v = json::parse(text, ec);
+  if (ec || !v.is_object()) return std::nullopt;
+  auto* got = v.as_object().if_contains("id");
+  if (!got || !(got->is_null() || (got->is_int64() && got->as_int64() == id))) return std::nullopt;
+  return std::move(v.as_object());
+}
+
+bool reply_says_ok(const json::object& reply) {
+  auto* ok = reply.if_contains("ok");
+  return ok && ok->is_bool() && ok->as_bool();
 }
 
 base::Result<json::object> transfer_file(FileTransfer t) {

@@ -9,7 +9,9 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast.hpp>
 #include <boost/beast/ssl.hpp>
+#include <boost/json.hpp>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -43,6 +45,13 @@ using TlsWs = websocket::stream<beast::ssl_stream<beast::tcp_stream>>;
 /// what it means), or that the server closed before the handshake; `connected`: the TCP connection
 /// was made.
 std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected);
+
+/// The reply to request `id` in a text frame (the frame's id is `id`, or null: a request the box
+/// could not read), or nullopt for anything else (an event, or no JSON object).
+std::optional<boost::json::object> reply_for(std::string_view text, uint32_t id);
+
+/// Whether a reply says {"ok": true}.
+bool reply_says_ok(const boost::json::object& reply);
 
 /// Resolves `t`, connects (10 s at most), does TLS with SNI on a TlsWs, then the WebSocket
 /// handshake with the box's token (Authorization: Bearer) and the subprotocol; `read_max` bounds
