@@ -33,7 +33,7 @@ void set_headers(http::response_header<>& h) {
 // The most a request's body may hold but an import's.
 constexpr uint64_t kMaxBody = 64 * 1024;
 
-// A bare refusal: its status and one word, the connection closed after it.
+// A bare refusal: its status and one line saying it, the connection closed after it.
 http::response<http::string_body> refusal(unsigned version, http::status status) {
   http::response<http::string_body> res{status, version};
   res.set(http::field::content_type, "text/plain");
