@@ -27,14 +27,17 @@ void keep_lws_error(int, const char* line) {
   last_lws_error = l;
 }
 
-// A TLS failure's reason, from the log line lws wrote for it, else the reason lws gave.
+// A TLS failure's reason, from the log line lws wrote for it (a certificate that did not verify
+// is named so), else the reason lws gave.
 std::string tls_reason(std::string reason) {
   constexpr std::string_view kSsl = "SSL error: ";
   if (reason.find("SSL") == std::string::npos) return reason;
   auto at = last_lws_error.find(kSsl);
   if (at == std::string::npos) return reason;
   std::string why = last_lws_error.substr(at + kSsl.size());
-  if (auto paren = why.find(" (preverify_ok"); paren != std::string::npos) why.resize(paren);
+  auto paren = why.find(" (preverify_ok=0");  // the peer's certificate failed verification
+  if (paren == std::string::npos) return "TLS: " + why;
+  why.resize(paren);
   return "TLS: the box's certificate did not verify: " + why;
 }
 
