@@ -553,10 +553,11 @@ class FrameProxy:
     read as WebSocket frames (unmasked, server to client), so the proxy can act on the archive:
     `cut` closes both sides once that many payload bytes of binary frames have passed; `flip`
     inverts one payload byte of the second binary frame and forwards the rest as it came; `drop`
-    leaves out the binary frame of that number (1: the first)."""
+    leaves out the binary frame of that number (1: the first). `cut_up` closes both sides of a
+    connection once the client has sent that many bytes on it (an upload cut off)."""
 
-    def __init__(self, port, *, cut=None, flip=False, drop=None):
-        self.port, self.cut, self.flip, self.drop = port, cut, flip, drop
+    def __init__(self, port, *, cut=None, flip=False, drop=None, cut_up=None):
+        self.port, self.cut, self.flip, self.drop, self.cut_up = port, cut, flip, drop, cut_up
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
         self.binary_bytes = 0
@@ -573,11 +574,18 @@ class FrameProxy:
             threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
             threading.Thread(target=self._frames, args=(server, client), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src, dst):
+    def _pipe(self, src, dst):
+        sent = 0
         try:
             while data := src.recv(65536):
+                if self.cut_up is not None and sent + len(data) >= self.cut_up:
+                    self.acted = True
+                    for s in (src, dst):
+                        with contextlib.suppress(OSError):
+                            s.shutdown(socket.SHUT_RDWR)
+                    return
                 dst.sendall(data)
+                sent += len(data)
         except OSError:
             pass
         with contextlib.suppress(OSError):

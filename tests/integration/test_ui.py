@@ -530,6 +530,26 @@ def test_a_snapshot_downloaded_from_one_page_imports_into_another_box_from_its_p
         assert e.value.code == 404 and "read-only" in e.value.read().decode()
 
 
+def test_an_import_whose_box_connection_is_cut_says_so_and_the_box_keeps_nothing(tmp_path):
+    # The page server's connection to the box ends mid-upload (a proxy between them cuts it after
+    # 1 MiB the page server sent): the browser gets 502 naming the close, not a complaint about
+    # its own upload, and the box, which drops an upload whose connection closed, imports nothing.
+    with WsBox(tmp_path, [], extra=["--idle", "--set", "resources.grace=1s"]) as box:
+        proxy = FrameProxy(box.port, cut_up=1 << 20)
+        with Ui(proxy.url, box.token_file) as ui:
+            body = os.urandom(4 << 20)
+            c = http.client.HTTPConnection("127.0.0.1", int(ui.origin.rsplit(":", 1)[1]), timeout=60)
+            c.request("POST", f"/{ui.secret}/snapshot/import", body=body,
+                      headers={"Origin": ui.origin, "Content-Type": "application/zstd"})
+            r = c.getresponse()
+            text = r.read().decode()
+            assert proxy.acted
+            assert r.status == 502 and "the box's connection closed before its reply" in text, (r.status, text)
+            c.close()
+        assert not [e for e in read_journal(box.state) if e["type"] == "snapshot.imported"]
+        assert box.alive()
+
+
 # Files for the page's file panel: a directory, a text file, a file larger than the panel shows
 # (3 MiB, more than one 1 MiB frame), and one that is not text.
 FILES_AGENT = ("mkdir -p /workspace/d && echo hello > /workspace/d/a.txt && "
