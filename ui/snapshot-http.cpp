@@ -10,6 +10,7 @@
 #include <boost/json.hpp>
 #include <optional>
 
+#include "archive/archive.hpp"
 #include "protocol/protocol.hpp"
 #include "sandboxer/beast.hpp"
 
@@ -23,11 +24,6 @@ constexpr uint32_t kExportId = 1;          // each connection's one request, an 
 constexpr size_t kImportChunk = 1u << 20;  // an import's frames, as the CLI sends them
 constexpr size_t kReadMax = (4u << 20) + protocol::kBinaryHeader;  // the box's frames are smaller
 constexpr auto kWriteLimit = std::chrono::seconds(30);             // a browser that takes nothing for this long
-
-bool valid_snapshot_id(std::string_view id) {
-  if (id.size() != 18 || !id.starts_with("s-")) return false;
-  return id.substr(2).find_first_not_of("0123456789abcdef") == std::string_view::npos;
-}
 
 using HeaderFn = std::function<void(http::response_header<>&)>;
 
@@ -268,7 +264,7 @@ std::optional<std::string> snapshot_download(std::string_view rest) {
 asio::awaitable<void> serve_snapshot(std::shared_ptr<Hub> hub, beast::tcp_stream& out, unsigned version, std::string id,
                                      HeaderFn headers) {
   std::optional<Refusal> refused = refuse_replay(*hub);
-  if (!refused && !valid_snapshot_id(id))
+  if (!refused && !archive::valid_snapshot_id(id))
     refused = Refusal{http::status::bad_request, id + ": not a snapshot id (s- and 16 hex digits)"};
   if (!refused) {
     http::response<http::buffer_body> res{http::status::ok, version};
