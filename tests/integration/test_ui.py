@@ -506,15 +506,21 @@ def test_a_snapshot_downloaded_from_one_page_imports_into_another_box_from_its_p
             imported = [e["snapshot"] for e in read_journal(other.state) if e["type"] == "snapshot.imported"]
             assert imported == [snap], imported
             # A POST from another origin (another site's form) is refused, as is one without a length.
-            # The header alone is sent: each is answered before any body is read.
-            for origin, length, status in (("http://evil.example", "1000000", 403), (ui2.origin, None, 411)):
+            # The header alone is sent: each is answered before any body is read. Past the import,
+            # no request may carry more than 64 KiB (413; 403 without the secret), and the
+            # control: 64 KiB is read and answered as any request is (405 for a POST of the page).
+            for path, origin, length, status in (
+                    ("snapshot/import", "http://evil.example", "1000000", 403),
+                    ("snapshot/import", ui2.origin, None, 411),
+                    ("index.html", ui2.origin, str((64 << 10) + 1), 413),
+                    ("index.html", ui2.origin, str(64 << 10), 405)):
                 c = http.client.HTTPConnection("127.0.0.1", int(ui2.origin.rsplit(":", 1)[1]), timeout=30)
-                c.putrequest("POST", f"/{ui2.secret}/snapshot/import")
+                c.putrequest("POST", f"/{ui2.secret}/{path}")
                 c.putheader("Origin", origin)
                 c.putheader(*(("Content-Length", length) if length else ("Transfer-Encoding", "chunked")))
-                c.endheaders()
+                c.endheaders(b"x" * int(length) if status == 405 else None)
                 r = c.getresponse()
-                assert r.status == status, (origin, r.status, r.read())
+                assert r.status == status, (path, origin, r.status, r.read())
                 c.close()
         # Refusals, each with its status and why; a wrong secret gets the bare 403 as anywhere.
         for path, status, why in ((f"{ui.secret}/snapshot/s-0000000000000000.tar.zst", 404, "not_found"),
