@@ -401,7 +401,8 @@ void Box::start() {
   std::string workdir = b->launched.namespaced ? opts_.workdir : spec.dir + "/workspace";
   if (!b->launched.namespaced && opts_.workdir != "/workspace") workdir = opts_.workdir;
   b->cwd = workdir;
-  checkpoint::write_branch_json(id_, b->name, b->lineage, spec.dir);
+  // Where the agent has a root of its own, it reads who it is at /run/sandboxer/branch.json.
+  if (b->launched.namespaced) checkpoint::write_branch_json(id_, b->name, b->lineage, spec.dir);
   boost::json::array env = agent_env(*b, spec.dir);
   network_->edit_env(env);
   agent_env_ = env;

@@ -155,6 +155,12 @@ def test_without_namespaces_the_box_says_why(tmp_path):
     caps = started["capabilities"]
     assert caps["namespaces"] is False and "off in the profile" in caps["namespaces_why_not"]
     assert caps["live_checkpoint"] is False and caps["why_not"]
+    # Its agent sees the workspace alone of its branch's dir (its /tmp is the host's): the rest of
+    # a layer (root, run, the /tmp overlay's dirs, ns-init's file, the machine id) is not made.
+    # The control, with namespaces: the box above has them all.
+    layer = {"machine-id", "root", "run", "tmp", "tmp-upper", "tmp-work", "workspace"}
+    assert {p.name for p in (tmp_path / "s/branches/main").iterdir()} == layer
+    assert {p.name for p in (tmp_path / "flat/branches/main").iterdir()} == {"workspace"}
 
 
 def test_the_agent_inherits_only_stdio_and_its_channel(tmp_path):
