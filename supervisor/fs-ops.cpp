@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "os/sys.hpp"
@@ -105,7 +106,7 @@ os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, m
     std::string parent = slash == std::string::npos ? "." : rel.substr(0, slash);
     *last_out = slash == std::string::npos ? rel : rel.substr(slash + 1);
     if (*last_out == "." || *last_out == ".." || last_out->empty())
-      throw RequestError("bad_request", path + ": names no entry that can be removed");
+      throw RequestError("bad_request", path + ": names no entry of its own (a root, . or ..)");
     rel = parent;
     flags = O_RDONLY | O_DIRECTORY;
   }
@@ -194,6 +195,43 @@ void fs_mkdir(const FsRoots& roots, const std::string& path) {
   if (err == EEXIST && ::fstatat(dir.get(), last.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode))
     throw RequestError("exists", path + ": exists and is not a directory: it is " + os::file_type_name(st.st_mode));
   if (err != EEXIST) fail(path, err);
+}
+
+void fs_rename(const FsRoots& roots, const std::string& from, const std::string& to, bool replace) {
+  if (split(roots, from).first != split(roots, to).first)
+    throw RequestError("cross_root", from + " -> " + to +
+                                         ": the two are in different roots (/workspace, /tmp); copy it with fs.read "
+                                         "and fs.write");
+  std::string from_name, to_name;
+  auto from_dir = fs_open(roots, from, O_RDONLY, 0, &from_name);
+  auto to_dir = fs_open(roots, to, O_RDONLY, 0, &to_name);
+  // Each end is a name in a directory held open: what a symlink at either end names is never
+  // reached (the link itself moves, or is replaced).
+  if (::renameat2(from_dir.get(), from_name.c_str(), to_dir.get(), to_name.c_str(), replace ? 0 : RENAME_NOREPLACE) ==
+      0)
+    return;
+  int err = errno;
+  if (err == ENOENT) {
+    struct stat st {};
+    if (::fstatat(from_dir.get(), from_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) fail(from, ENOENT);
+    fail(to, ENOENT);
+  }
+  if (err == EXDEV)
+    throw RequestError("cross_device",
+                       from + " -> " + to + ": on different mounts (copy it with fs.read and fs.write)");
+  if (err == EINVAL)
+    throw RequestError("bad_request", from + " -> " + to +
+                                          ": cannot be renamed there (a directory into itself, or a filesystem "
+                                          "that cannot rename without replacing)");
+  if (err == EEXIST || err == ENOTEMPTY || err == EISDIR || err == ENOTDIR) {
+    struct stat st {};
+    std::string there = ::fstatat(to_dir.get(), to_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0
+                            ? std::string(os::file_type_name(st.st_mode))
+                            : std::string("an entry");
+    if (err == EEXIST) throw RequestError("exists", to + ": exists (" + there + "); set replace to replace it");
+    fail(to, err);
+  }
+  fail(from, err);
 }
 
 }  // namespace sbx::supervisor

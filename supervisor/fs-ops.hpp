@@ -36,5 +36,10 @@ boost::json::object fs_stat(const FsRoots& roots, const std::string& path);
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
 void fs_mkdir(const FsRoots& roots, const std::string& path);
+/// Renames the entry at `from` (a file, a directory, a symlink: the entry itself, never what a
+/// symlink names) to `to`, in the same root. An entry at `to` is kept (`exists`) unless `replace`;
+/// a rename across the roots is refused (`cross_root`), as is one onto another mount of the same
+/// root (`cross_device`, a mount the agent made) and a directory into itself (`bad_request`).
+void fs_rename(const FsRoots& roots, const std::string& from, const std::string& to, bool replace);
 
 }  // namespace sbx::supervisor

@@ -1,4 +1,4 @@
-// The ops on a branch's files: fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir
+// The ops on a branch's files: fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, fs.rename
 // (server-ops.hpp). Paths are resolved inside the branch's /workspace and /tmp by fs-ops.cpp.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -95,6 +95,13 @@ void op_fs_remove(OpContext& ctx) {
 
 void op_fs_mkdir(OpContext& ctx) {
   fs_mkdir(ctx.roots(), protocol::need_string(ctx.fields(), "path"));
+  ctx.reply(ctx.ok());
+}
+
+void op_fs_rename(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  fs_rename(ctx.roots(), protocol::need_string(f, "from"), protocol::need_string(f, "to"),
+            protocol::opt_bool(f, "replace").value_or(false));
   ctx.reply(ctx.ok());
 }
 

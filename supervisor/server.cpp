@@ -61,6 +61,7 @@ constexpr std::array kOps{
     Op{"fs.stat", op_fs_stat},
     Op{"fs.remove", op_fs_remove},
     Op{"fs.mkdir", op_fs_mkdir},
+    Op{"fs.rename", op_fs_rename},
     Op{"stats", op_stats},
     Op{"shutdown", op_shutdown},
     Op{"ping", op_ping},

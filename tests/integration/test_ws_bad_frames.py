@@ -181,6 +181,7 @@ VALID = {
     "fs.stat": (A_TXT, {"id": 14, "ok": True, "path": "/workspace/a.txt", "type": "file", "size": 5,
                         "mode": 0o644, "mtime": float}),
     "fs.remove": (A_TXT, {"id": 15, "ok": True}),
+    "fs.rename": (A_TXT, {"id": 46, "ok": True}),
     "stats": ([], {"id": 16, "ok": True, "box": dict, "branches": dict, "procs": dict, "last_seq": int}),
     "string id": ([], {"id": "req-17", "ok": True, "pong": True}),
 }

@@ -94,6 +94,62 @@ def test_list_stat_mkdir_remove(box):
     run(go(), 30)
 
 
+def test_rename_moves_the_entry_within_its_root(box):
+    (box.workspace / "sub").mkdir()
+    (box.workspace / "in-link").symlink_to("sub")  # a symlinked directory that stays inside
+    (box.workspace / "link-out").symlink_to("/etc")
+    (box.workspace / "abs-link").symlink_to("/etc/passwd")
+    passwd = open("/etc/passwd").read()
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+
+            async def rename(frm, to, **kw):
+                return await s.request("fs.rename", **{"from": frm, "to": to}, **kw)
+
+            def refused(r, code, *names):
+                assert r["ok"] is False and r["error"]["code"] == code, r
+                for n in names:
+                    assert n in r["error"]["message"], r
+            await s.request("fs.write", path="/workspace/a.txt", data="A")
+            await s.request("fs.write", path="/workspace/b.txt", data="B")
+            assert (await rename("/workspace/a.txt", "c.txt"))["ok"]
+            refused(await s.request("fs.stat", path="/workspace/a.txt"), "not_found")
+            # An entry at the target stays unless asked to be replaced.
+            refused(await rename("c.txt", "/workspace/b.txt"), "exists", "/workspace/b.txt", "replace")
+            assert (await read_file(s, 7, "/workspace/b.txt"))[1] == b"B"
+            assert (await rename("c.txt", "/workspace/b.txt", replace=True))["ok"]
+            assert (await read_file(s, 8, "/workspace/b.txt"))[1] == b"A"
+            # Directories move with what they hold, also through a symlink that stays inside.
+            await s.request("fs.mkdir", path="/workspace/d")
+            await s.request("fs.write", path="/workspace/d/f", data="F")
+            assert (await rename("/workspace/d", "/workspace/in-link/d2"))["ok"]
+            assert (await read_file(s, 9, "/workspace/sub/d2/f"))[1] == b"F"
+            refused(await rename("/workspace/sub", "/workspace/sub/d2/inner"), "bad_request", "into itself")
+            # Nothing leaves its root, or reaches out of it.
+            refused(await rename("/workspace/b.txt", "/tmp/b.txt"), "cross_root", "/tmp/b.txt")
+            refused(await rename("/workspace/link-out/passwd", "/workspace/p"), "path_escape")
+            refused(await rename("/workspace/b.txt", "/workspace/link-out/b.txt"), "path_escape")
+            refused(await rename("/workspace/../../etc/passwd", "/workspace/p"), "path_escape")
+            refused(await rename("/workspace", "/workspace/w"), "bad_request", "names no entry")
+            refused(await rename("/workspace/b.txt", "/workspace/.."), "bad_request", "names no entry")
+            refused(await rename("/workspace/nothing", "/workspace/x"), "not_found", "/workspace/nothing")
+            refused(await rename("/workspace/b.txt", "/workspace/no-dir/x"), "not_found", "/workspace/no-dir/x")
+            refused(await s.request("fs.rename", to="/workspace/x"), "bad_request", "from")
+            # A symlink moves as itself; what it names is not touched.
+            assert (await rename("/workspace/abs-link", "/workspace/moved-link"))["ok"]
+            # The agent sees the moves.
+            await s.request("subscribe", since=0)
+            await s.request("exec", proc="cat", argv=["cat", "/workspace/sub/d2/f", "/workspace/b.txt"])
+            e = await s.wait_event(lambda e: e.get("proc") == "cat" and e["type"] == "proc.output")
+            assert e["data"] == "FA"
+    run(go(), 30)
+    assert os.readlink(box.workspace / "moved-link") == "/etc/passwd"
+    assert not os.path.lexists(box.workspace / "abs-link")
+    assert open("/etc/passwd").read() == passwd
+
+
 def test_the_agent_sees_files_written_over_the_socket(box):
     async def go():
         async with ws_connect(box) as ws:

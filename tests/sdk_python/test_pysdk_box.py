@@ -341,6 +341,23 @@ def test_removed_file_is_gone(server):
     assert err.code and err.message and err.op == "fs.stat"
 
 
+def test_rename_moves_a_file_and_keeps_what_is_at_the_target(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/from", b"new")
+            await box.fs.write("/workspace/to", b"old")
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.rename("/workspace/from", "/workspace/to")
+            kept = await box.fs.read("/workspace/to")
+            await box.fs.rename("/workspace/from", "/workspace/to", replace=True)
+            names = [x["name"] for x in await box.fs.list("/workspace")]
+            return e.value, kept, await box.fs.read("/workspace/to"), names
+    err, kept, now, names = run(go(), 30)
+    assert err.code == "exists" and err.op == "fs.rename" and "/workspace/to" in err.message
+    assert kept == b"old" and now == b"new"
+    assert "from" not in names and "to" in names
+
+
 def test_path_escape_is_refused_with_a_typed_error(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:

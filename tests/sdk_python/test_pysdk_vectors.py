@@ -211,6 +211,7 @@ CALLS = {
     "fs.list": lambda b: b.fs.list("/workspace"),
     "fs.stat": lambda b: b.fs.stat("/workspace/a.txt"),
     "fs.remove": lambda b: b.fs.remove("/workspace/a.txt"),
+    "fs.rename": lambda b: b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
     "stats": lambda b: b.stats(),
     "string id": lambda b: b.request("ping"),
     "shutdown": lambda b: b.shutdown("2s"),

@@ -257,3 +257,78 @@ def test_archive_key_store_without_home_refuses_another_users_key(tmp_path):
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
     st = os.lstat(home / "keys" / "signing.pem")
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+# ---- fs.rename through a directory the agent keeps swapping for a symlink ----
+
+FLIPPER = """
+import os, sys, time
+victim = sys.argv[1]
+os.makedirs("/workspace/p", exist_ok=True)
+open("/workspace/p/keep", "w").write("agent file\\n")
+open("/workspace/ready", "w").close()
+while True:  # /workspace/p: the agent's directory, then a symlink to the host's victim dir, ...
+    try:
+        os.rename("/workspace/p", "/workspace/p.d")
+        os.symlink(victim, "/workspace/p")
+        time.sleep(0.0005)
+        os.unlink("/workspace/p")
+        os.rename("/workspace/p.d", "/workspace/p")
+        time.sleep(0.0005)
+    except OSError:
+        pass
+"""
+
+
+def test_fs_rename_through_a_directory_swapped_for_a_symlink_never_moves_a_host_file(tmp_path):
+    # The agent flips /workspace/p between its own directory and a symlink to a host directory,
+    # while a client renames /workspace/p/keep out and back. The box resolves each end's parent
+    # beneath the workspace and renames by the directory fd it opened: the host's file stays. The
+    # control: the same renames by path, on the host, during the same flipping, move the host's
+    # file at least once.
+    victim = victim_dir(tmp_path)
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", [sys.executable, "-c", FLIPPER, str(victim)],
+               extra=["--set", "resources.grace=1s"]) as box:
+        ws = box.workspace
+        deadline = time.monotonic() + 15
+        while not (ws / "ready").exists():
+            assert time.monotonic() < deadline, "the agent did not start flipping"
+            time.sleep(0.05)
+
+        async def go():
+            codes = {}
+            async with ws_connect(box) as wsc:
+                s = Session(wsc)
+                tries, out = 0, False  # out: the agent's file is at /workspace/got
+                while tries < 4000 and (codes.get("ok", 0) < 10 or len(codes) < 2):
+                    tries += 1
+                    ends = ("/workspace/got", "/workspace/p/keep") if out else ("/workspace/p/keep", "/workspace/got")
+                    r = await s.request("fs.rename", **{"from": ends[0], "to": ends[1]})
+                    code = "ok" if r["ok"] else r["error"]["code"]
+                    codes[code] = codes.get(code, 0) + 1
+                    out ^= r["ok"]
+                    assert (victim / "keep").read_text() == "host file\n", (tries, r)
+            return codes
+        codes = run(go(), 120)
+        # Both sides of the race were met: renames in the agent's directory, and refusals through
+        # the symlink (or the name missing while it was away).
+        assert codes.get("ok", 0) > 0 and codes.get("path_escape", 0) + codes.get("not_found", 0) > 0, codes
+        assert box.alive()
+        # The control: by path, following whatever /workspace/p is at that instant.
+        reached = 0
+        for _ in range(4000):
+            try:
+                os.rename(ws / "p" / "keep", ws / "naive")
+            except OSError:
+                continue
+            if not (victim / "keep").exists():
+                reached += 1
+            try:
+                os.rename(ws / "naive", victim / "keep" if not (victim / "keep").exists() else ws / "p.d" / "keep")
+            except OSError:
+                pass
+            if reached:
+                break
+        assert reached, "the path-based rename never went through the symlink: the race was not met"
+    assert (victim / "keep").read_text() == "host file\n"

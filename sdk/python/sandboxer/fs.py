@@ -1,5 +1,5 @@
-"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.remove`, content in binary
-frames (see frames.py) of at most 1 MiB each."""
+"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.mkdir / fs.rename / fs.remove`,
+content in binary frames (see frames.py) of at most 1 MiB each."""
 from __future__ import annotations
 
 import asyncio
@@ -124,6 +124,12 @@ class FileSystem:
     async def mkdir(self, path: str, *, branch: str | None = None) -> None:
         """Creates the directory `path`."""
         await self._box._conn.request("fs.mkdir", {"path": path, "branch": branch})
+
+    async def rename(self, src: str, dst: str, *, replace: bool = False, branch: str | None = None) -> None:
+        """Moves the entry at `src` (itself: a symlink moves as a link) to `dst`, in the same root
+        (/workspace or /tmp). An entry at `dst` stays (error `exists`) unless `replace`."""
+        await self._box._conn.request("fs.rename", {"from": src, "to": dst, "replace": replace or None,
+                                                    "branch": branch})
 
     async def remove(self, path: str, *, recursive: bool = False, branch: str | None = None) -> None:
         """Removes a file, or a directory (`recursive` for one that is not empty)."""

@@ -1,5 +1,5 @@
-/** Files of the box: fs.read / write / list / stat / mkdir / remove, content in binary frames of
- * at most 1 MiB each (tests/protocol/README.md). Browser-safe. */
+/** Files of the box: fs.read / write / list / stat / mkdir / rename / remove, content in binary
+ * frames of at most 1 MiB each (tests/protocol/README.md). Browser-safe. */
 import { ProtocolError, type JsonObject } from "./errors.js";
 import type { Connection } from "./connection.js";
 import { body, replyArray } from "./connection.js";
@@ -116,6 +116,12 @@ export class FileSystem {
   /** Creates the directory `path`. */
   async mkdir(path: string, opts: { branch?: string } = {}): Promise<void> {
     await this.conn().request("fs.mkdir", { path, branch: opts.branch });
+  }
+
+  /** Moves the entry at `from` (itself: a symlink moves as a link) to `to`, in the same root
+   * (/workspace or /tmp). An entry at `to` stays (error `exists`) unless `replace`. */
+  async rename(from: string, to: string, opts: { replace?: boolean; branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.rename", { from, to, replace: opts.replace || undefined, branch: opts.branch });
   }
 
   /** Removes a file, or a directory (`recursive` for one that is not empty). */

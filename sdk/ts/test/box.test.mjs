@@ -171,12 +171,19 @@ describe("one box", () => {
     assert.equal(sha(range), sha(data.subarray(1_048_570, 1_048_590)));
   });
 
-  test("empty and small binary files, mkdir and remove", async () => {
+  test("empty and small binary files, mkdir, rename and remove", async () => {
     await box.fs.mkdir("/workspace/d");
     await box.fs.write("/workspace/d/empty", new Uint8Array(0), { inline: false });
     assert.equal((await box.fs.read("/workspace/d/empty")).length, 0);
     await box.fs.write("/workspace/d/bin", new Uint8Array([0xff, 0, 0xfe]));
     assert.deepEqual([...(await box.fs.read("/workspace/d/bin"))], [0xff, 0, 0xfe]);
+    await box.fs.write("/workspace/d/other", "old");
+    const kept = await rejects(box.fs.rename("/workspace/d/bin", "/workspace/d/other"));
+    assert.ok(kept instanceof SandboxerError && kept.code === "exists", String(kept));
+    assert.equal(new TextDecoder().decode(await box.fs.read("/workspace/d/other")), "old");
+    await box.fs.rename("/workspace/d/bin", "/workspace/d/other", { replace: true });
+    assert.deepEqual([...(await box.fs.read("/workspace/d/other"))], [0xff, 0, 0xfe]);
+    assert.deepEqual((await box.fs.list("/workspace/d")).map((x) => x.name).sort(), ["empty", "other"]);
     const e = await rejects(box.fs.remove("/workspace/d"));
     assert.ok(e instanceof SandboxerError && e.message.includes("/workspace/d"), String(e));
     await box.fs.remove("/workspace/d", { recursive: true });

@@ -154,6 +154,7 @@ const CALLS = {
   "fs.list": (b) => b.fs.list("/workspace"),
   "fs.stat": (b) => b.fs.stat("/workspace/a.txt"),
   "fs.remove": (b) => b.fs.remove("/workspace/a.txt"),
+  "fs.rename": (b) => b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
   "stats": (b) => b.stats(),
   "string id": (b) => b.request("ping"),
   "shutdown": (b) => b.shutdown("2s"),
