@@ -15,11 +15,12 @@ namespace {
 namespace json = boost::json;
 
 // What the page may ask of the box: the actions the CLI has, and its files (the page's file
-// panel: listing, reading, uploading, a new directory, deleting). Everything else (auth,
+// panel: listing, reading, uploading, a new directory, renaming, deleting). Everything else (auth,
 // snapshot.export/import) stays with the CLI's own subcommands.
 constexpr std::string_view kRelayed[] = {
-    "exec",     "stdin", "signal",          "resize",  "stats",   "checkpoint", "fork",     "restore",  "snapshot.list",
-    "shutdown", "ping",  "snapshot.delete", "fs.list", "fs.stat", "fs.read",    "fs.write", "fs.mkdir", "fs.remove"};
+    "exec",    "stdin",         "signal",   "resize",    "stats",           "checkpoint", "fork",
+    "restore", "snapshot.list", "shutdown", "ping",      "snapshot.delete", "fs.list",    "fs.stat",
+    "fs.read", "fs.write",      "fs.mkdir", "fs.remove", "fs.rename"};
 
 // An fs.read relayed for the page names its length, at most this: the CLI holds what the box
 // sends until the page has read it.

@@ -756,6 +756,48 @@ def test_folders_made_and_entries_deleted_from_the_page(tmp_path, page):
         shot(page, "ui-files-delete.png")
 
 
+def test_entries_renamed_and_moved_from_the_page(tmp_path, page):
+    # Each entry's rename button asks for a name in the directory listed, or a path from "/" (a
+    # move within its root): fs.rename. What is at the target is replaced only once the second
+    # dialog is accepted. A relative name with "/" is refused on the page; the box's refusals
+    # (another root) are shown.
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        wait_ready(box)
+        open_files(page, ui)
+        ws = box.workspace
+        answers = []
+
+        def answer(d):
+            a = answers.pop(0)
+            d.dismiss() if a is None else d.accept(*([] if a is True else [a]))
+        page.on("dialog", answer)
+
+        def rename(label, *replies, view_has):
+            answers.extend(replies)
+            page.click(f'[data-testid="rename-{label}"]')
+            page.wait_for_function("t => document.querySelector('[data-testid=file-view]')?.textContent.includes(t)",
+                                   arg=view_has, timeout=10_000)
+            assert answers == []
+        rename("bin.dat", "renamed.dat", view_has="to /workspace/renamed.dat")
+        assert (ws / "renamed.dat").read_bytes() == b"a\0b" and not (ws / "bin.dat").exists()
+        page.locator('[data-testid="file-renamed.dat"]').wait_for(timeout=10_000)
+        rename("renamed.dat", "x/y", view_has='without "/"')
+        assert (ws / "renamed.dat").exists()
+        rename("renamed.dat", "/workspace/d/moved.dat", view_has="to /workspace/d/moved.dat")
+        assert (ws / "d" / "moved.dat").read_bytes() == b"a\0b" and not (ws / "renamed.dat").exists()
+        # An entry in the way: kept when the second dialog is dismissed, replaced when accepted.
+        rename("ready", "big.txt", None, view_has="exists")
+        assert (ws / "big.txt").stat().st_size == 3 << 20 and (ws / "ready").exists()
+        rename("ready", "big.txt", True, view_has="to /workspace/big.txt")
+        assert (ws / "big.txt").stat().st_size == 0 and not (ws / "ready").exists()
+        rename("d/", "/tmp/d", view_has="different roots")
+        assert (ws / "d" / "a.txt").exists()
+        names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
+        assert names == ["..", "d/", "big.txt"], names
+        assert page.locator('[data-testid="rename-.."]').count() == 0
+
+
 def upload_frames(c, rid, data, chunk=512 << 10, start=0):
     """Sends `data` as fs.write's binary frames for request `rid` (header: u32 id, u64 offset, u8 last)."""
     for off in range(0, len(data), chunk):

@@ -1,7 +1,8 @@
 // The box's files: a directory of the picked branch (fs.list), the start of one file (fs.read),
-// files uploaded into the directory listed (fs.write), a new directory in it (fs.mkdir) and an
-// entry deleted once the user confirms (fs.remove; a directory with what it holds), through the
-// page server.
+// files uploaded into the directory listed (fs.write), a new directory in it (fs.mkdir), an entry
+// renamed or moved (fs.rename; replacing what is there only once the user confirms) and an entry
+// deleted once the user confirms (fs.remove; a directory with what it holds), through the page
+// server.
 import { bytes, el } from "./util.js";
 
 /** How much of a file the panel shows. */
@@ -62,6 +63,32 @@ export class Files {
     this.view.textContent = `deleted ${path}${isDir ? "/" : ""}`;
   }
 
+  /** Renames `path` to a name in the directory listed, or moves it to a path from "/" (within its
+   * root, /workspace or /tmp), then lists again. What is already there is replaced only once the
+   * user confirms. */
+  async rename(path) {
+    const dir = this.dir();
+    const old = path.slice(path.lastIndexOf("/") + 1);
+    const answer = window.prompt(`rename ${path} to (a name, or a path from /):`, old);
+    if (answer === null || answer === "" || answer === old) return;
+    if (!answer.startsWith("/") && (answer.includes("/") || answer === "." || answer === ".."))
+      return this.error(new Error(`${JSON.stringify(answer)}: a name without "/" (not . or ..), or a path from /`));
+    const to = answer.startsWith("/") ? answer : `${dir === "/" ? "" : dir}/${answer}`;
+    const opts = { branch: this.branch() };
+    try {
+      await this.box.fs.rename(path, to, opts);
+    } catch (e) {
+      if (e.code !== "exists" || !window.confirm(`${to} exists: replace it with ${path}?`)) return this.error(e);
+      try {
+        await this.box.fs.rename(path, to, { ...opts, replace: true });
+      } catch (e2) {
+        return this.error(e2);
+      }
+    }
+    await this.open(dir);
+    this.view.textContent = `renamed ${path} to ${to}`;
+  }
+
   /** Uploads `files` into the directory listed (the one in the path field), then lists it again. */
   async send(files) {
     const dir = this.dir();
@@ -101,19 +128,21 @@ export class Files {
       return this.error(e);
     }
     entries.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? String(a.name).localeCompare(String(b.name)) : a.type === "dir" ? -1 : 1);
-    // Each entry but ".." has a delete button after it.
-    const item = (label, cls, fn, meta = "", del = null) =>
+    // Each entry but ".." has a rename and a delete button after it.
+    const item = (label, cls, fn, meta = "", full = null, isDir = false) =>
       el("li", {}, el("button", { class: `file ${cls}`, "data-testid": `file-${label}`, onclick: fn }, label), el("span", { class: "meta" }, meta),
-        ...(del ? [el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: del }, "✕")] : []));
+        ...(full ? [
+          el("button", { class: "file-rename", title: "rename or move", "data-testid": `rename-${label}`, onclick: () => this.rename(full) }, "✎"),
+          el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: () => this.remove(full, isDir) }, "✕"),
+        ] : []));
     const parent = path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
     this.list.replaceChildren(
       ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
       ...entries.map((e) => {
         const full = `${path === "/" ? "" : path}/${e.name}`;
         const isDir = e.type === "dir";
-        const del = () => this.remove(full, isDir);
-        if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", del);
-        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`, del);
+        if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", full, true);
+        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`, full);
       }),
     );
   }
