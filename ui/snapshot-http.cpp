@@ -223,19 +223,6 @@ asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, bea
                     "the box's connection closed before its reply: " + hub.scrub(run.closed)};
 }
 
-// Runs `body(ws)` on a new connection to the box (TLS for wss, verified as the CLI does).
-template <class Body>
-asio::awaitable<std::optional<Refusal>> with_box(Hub& hub, Body body) {
-  if (hub.box.tls) {
-    asio::ssl::context ssl(asio::ssl::context::tls_client);
-    sdk::configure_tls(ssl, hub.box);
-    sdk::TlsWs ws(hub.io, ssl);
-    co_return co_await body(ws);
-  }
-  sdk::PlainWs ws(hub.io);
-  co_return co_await body(ws);
-}
-
 asio::awaitable<void> send_text(beast::tcp_stream& out, unsigned version, const HeaderFn& headers, http::status status,
                                 const std::string& text, const char* type = "text/plain; charset=utf-8") {
   http::response<http::string_body> res{status, version};
@@ -273,7 +260,8 @@ asio::awaitable<void> serve_snapshot(std::shared_ptr<Hub> hub, beast::tcp_stream
     res.set(http::field::content_disposition, "attachment; filename=\"" + id + ".tar.zst\"");
     res.keep_alive(false);
     try {
-      refused = co_await with_box(*hub, [&](auto& ws) { return relay_export(ws, *hub, out, res, id); });
+      refused = co_await sdk::with_websocket(hub->io, hub->box,
+                                             [&](auto& ws) { return relay_export(ws, *hub, out, res, id); });
       if (!refused) co_return;
     } catch (const std::exception& e) {
       // Before the header: said to the browser; after it, only the connection's end can say it.
@@ -300,7 +288,8 @@ asio::awaitable<void> serve_import(std::shared_ptr<Hub> hub, beast::tcp_stream& 
     http::request_parser<http::buffer_body> p{std::move(head)};
     p.body_limit(boost::none);  // the archive's length, which the box bounds (its disk)
     try {
-      refused = co_await with_box(*hub, [&](auto& ws) { return relay_import(ws, *hub, in, buf, p, reply); });
+      refused = co_await sdk::with_websocket(hub->io, hub->box,
+                                             [&](auto& ws) { return relay_import(ws, *hub, in, buf, p, reply); });
     } catch (const std::exception& e) {
       refused = Refusal{http::status::bad_gateway, "the box: " + hub->scrub(e.what())};
     }

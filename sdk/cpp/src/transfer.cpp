@@ -234,21 +234,12 @@ base::Result<json::object> transfer_file(FileTransfer t) {
   }
   asio::io_context io;
   Run run(io, std::move(t));
-  // The TLS context only for wss: it loads the system's CAs.
-  std::optional<asio::ssl::context> ssl;
-  std::unique_ptr<PlainWs> plain;
-  std::unique_ptr<TlsWs> tls;
-  if (target.tls) {
-    ssl.emplace(asio::ssl::context::tls_client);
-    configure_tls(*ssl, target);
-    tls = std::make_unique<TlsWs>(io, *ssl);
-    asio::co_spawn(io, run.run(*tls, target), asio::detached);
-  } else {
-    plain = std::make_unique<PlainWs>(io);
-    asio::co_spawn(io, run.run(*plain, target), asio::detached);
-  }
+  std::exception_ptr failed;  // configure_tls's, thrown to our caller as before the io ran
+  asio::co_spawn(io, with_websocket(io, target, [&run, &target](auto& ws) { return run.run(ws, target); }),
+                 [&failed](std::exception_ptr e) { failed = e; });
   asio::co_spawn(io, run.watch(), asio::detached);
   io.run();
+  if (failed) std::rethrow_exception(failed);
   return std::move(run.result());
 }
 

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "protocol/protocol.hpp"
 #include "sandboxer/client.hpp"
@@ -98,6 +99,23 @@ asio::awaitable<std::string> open_websocket_or_reason(Ws& ws, const WsTarget& t,
   } catch (const std::exception& e) {
     co_return std::string(e.what());
   }
+}
+
+/// Runs `body(ws)` on a new stream to `t`, a TlsWs for wss (its context configure_tls's) or a
+/// PlainWs; the stream lives in this coroutine until the body's ends, and the body opens it
+/// (open_websocket). For a stream that something else must reach meanwhile (to cancel it), hold
+/// it in an object instead (cli/relay.cpp's Conn, ui/box-link.cpp). configure_tls's exception
+/// (the system's CAs unreadable) comes out of this coroutine.
+template <class Body>
+auto with_websocket(asio::io_context& io, WsTarget t, Body body) -> decltype(body(std::declval<PlainWs&>())) {
+  if (t.tls) {
+    asio::ssl::context ssl(asio::ssl::context::tls_client);
+    configure_tls(ssl, t);
+    TlsWs ws(io, ssl);
+    co_return co_await body(ws);
+  }
+  PlainWs ws(io);
+  co_return co_await body(ws);
 }
 
 /// Why an open connection ended, from the error its read or write failed with: the box's Close
