@@ -223,14 +223,15 @@ void fs_rename(const FsRoots& roots, const std::string& from, const std::string&
     throw RequestError("bad_request", from + " -> " + to +
                                           ": cannot be renamed there (a directory into itself, or a filesystem "
                                           "that cannot rename without replacing)");
-  if (err == EEXIST || err == ENOTEMPTY || err == EISDIR || err == ENOTDIR) {
+  if (err == EEXIST) {
     struct stat st {};
     std::string there = ::fstatat(to_dir.get(), to_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0
                             ? std::string(os::file_type_name(st.st_mode))
                             : std::string("an entry");
-    if (err == EEXIST) throw RequestError("exists", to + ": exists (" + there + "); set replace to replace it");
-    fail(to, err);
+    throw RequestError("exists", to + ": exists (" + there + "); set replace to replace it");
   }
+  // What is at `to` does not fit what moves there: a directory not empty, or of the other type.
+  if (err == ENOTEMPTY || err == EISDIR || err == ENOTDIR) fail(to, err);
   fail(from, err);
 }
 

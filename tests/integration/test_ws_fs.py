@@ -127,6 +127,12 @@ def test_rename_moves_the_entry_within_its_root(box):
             assert (await rename("/workspace/d", "/workspace/in-link/d2"))["ok"]
             assert (await read_file(s, 9, "/workspace/sub/d2/f"))[1] == b"F"
             refused(await rename("/workspace/sub", "/workspace/sub/d2/inner"), "bad_request", "into itself")
+            # Even with replace, what is there must fit: no file over a directory, no directory
+            # over one that holds anything.
+            await s.request("fs.mkdir", path="/workspace/e")
+            refused(await rename("/workspace/b.txt", "/workspace/e", replace=True), "is_a_directory", "/workspace/e")
+            refused(await rename("/workspace/e", "/workspace/sub", replace=True), "not_empty", "/workspace/sub")
+            assert (await s.request("fs.remove", path="/workspace/e"))["ok"]
             # Nothing leaves its root, or reaches out of it.
             refused(await rename("/workspace/b.txt", "/tmp/b.txt"), "cross_root", "/tmp/b.txt")
             refused(await rename("/workspace/link-out/passwd", "/workspace/p"), "path_escape")
