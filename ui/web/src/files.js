@@ -12,6 +12,9 @@ const UPLOAD_MAX = 16 << 20;
 /** An upload's frames: the page server reads at most 1 MiB a frame. */
 const UPLOAD_CHUNK = 256 << 10;
 
+/** Whether `name` names an entry in a directory: no "/", not . or .. */
+const entryName = (name) => !name.includes("/") && name !== "." && name !== "..";
+
 export class Files {
   constructor(box, root, { liveBox, branchOf }) {
     this.box = box;
@@ -38,7 +41,7 @@ export class Files {
     const dir = this.dir();
     const name = window.prompt(`new folder in ${dir}:`);
     if (name === null || name === "") return;
-    if (name.includes("/") || name === "." || name === "..")
+    if (!entryName(name))
       return this.error(new Error(`${JSON.stringify(name)}: a folder's name, without "/" (not . or ..)`));
     const path = `${dir === "/" ? "" : dir}/${name}`;
     try {
@@ -71,7 +74,7 @@ export class Files {
     const old = path.slice(path.lastIndexOf("/") + 1);
     const answer = window.prompt(`rename ${path} to (a name, or a path from /):`, old);
     if (answer === null || answer === "" || answer === old) return;
-    if (!answer.startsWith("/") && (answer.includes("/") || answer === "." || answer === ".."))
+    if (!answer.startsWith("/") && !entryName(answer))
       return this.error(new Error(`${JSON.stringify(answer)}: a name without "/" (not . or ..), or a path from /`));
     const to = answer.startsWith("/") ? answer : `${dir === "/" ? "" : dir}/${answer}`;
     const opts = { branch: this.branch() };
