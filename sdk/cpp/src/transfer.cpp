@@ -234,9 +234,16 @@ base::Result<json::object> transfer_file(FileTransfer t) {
   }
   asio::io_context io;
   Run run(io, std::move(t));
-  std::exception_ptr failed;  // configure_tls's, thrown to our caller as before the io ran
+  // configure_tls's exception (the system's CAs unreadable) ends the run at once, before the
+  // watcher's next tick (which waits for a result that would never come), and is thrown to our
+  // caller as it was before with_websocket.
+  std::exception_ptr failed;
   asio::co_spawn(io, with_websocket(io, target, [&run, &target](auto& ws) { return run.run(ws, target); }),
-                 [&failed](std::exception_ptr e) { failed = e; });
+                 [&failed, &io](std::exception_ptr e) {
+                   if (!e) return;
+                   failed = e;
+                   io.stop();
+                 });
   asio::co_spawn(io, run.watch(), asio::detached);
   io.run();
   if (failed) std::rethrow_exception(failed);
