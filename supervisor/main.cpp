@@ -12,6 +12,7 @@
 #include "archive/archive.hpp"
 #include "archive/signing.hpp"
 #include "loop/finish.hpp"
+#include "os/proc-view.hpp"
 #include "os/signal-mask.hpp"
 #include "os/sys.hpp"
 #include "sandbox/ns-init.hpp"
@@ -122,6 +123,18 @@ int main(int argc, char** argv) {
     spdlog::critical("become a child subreaper (not PID 1): {}; orphans of the agent could not be reaped",
                      std::strerror(errno));
     return 125;
+  }
+
+  // PID 1 of a pid namespace under the host's /proc (`unshare --pid --fork` without --mount-proc):
+  // /proc/PID by our pids named host processes, so the branch's /tmp was a host process's root.
+  if (auto proc = sbx::os::own_proc(); !proc) {
+    spdlog::critical("{} (give the box a proc of its pid namespace: unshare --mount-proc, or a container)",
+                     proc.error().message);
+    return 125;
+  } else if (!proc->empty()) {
+    spdlog::info(
+        "/proc was another pid namespace's ({}): the supervisor mounted its own, in a mount namespace of its own",
+        *proc);
   }
 
   BoxOptions bo;

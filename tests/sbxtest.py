@@ -200,10 +200,10 @@ class WsBox:
     """The real sandboxer-init with `--listen 127.0.0.1:0` and a token file, running `argv` as its
     agent; its port comes from the `server.listening` event of its `--events` file. With
     `as_pid1` it is PID 1 of a fresh pid namespace (as in a container), and `stop` ends the whole
-    process group. `metrics=None` keeps the profile's cadence of metrics events. `wrap` is a
-    command that runs it (its argv comes after)."""
+    process group; `mount_proc=False` leaves it the host's /proc there. `metrics=None` keeps the
+    profile's cadence of metrics events. `wrap` is a command that runs it (its argv comes after)."""
 
-    def __init__(self, tmp_path, argv, *, extra=(), env=None, metrics="0", as_pid1=False, wrap=()):
+    def __init__(self, tmp_path, argv, *, extra=(), env=None, metrics="0", as_pid1=False, mount_proc=True, wrap=()):
         self.dir = pathlib.Path(tmp_path)
         self.state = self.dir / "state"
         self.events = self.dir / "events.jsonl"
@@ -218,7 +218,7 @@ class WsBox:
                *(["--metrics-interval", metrics] if metrics is not None else []), *extra, "--", *argv]
         cmd = [*wrap, *cmd]  # a command that runs sandboxer-init (sbx-testprobe deny ...)
         if as_pid1:
-            cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *cmd]
+            cmd = ["unshare", "--pid", "--fork", *(["--mount-proc"] if mount_proc else []), "--kill-child", *cmd]
         self.stderr_path = self.dir / "init.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._stderr,

@@ -1,13 +1,15 @@
 """sandboxer-init as PID 1: exit codes, signal forwarding, reaping, shutdown with grace."""
 import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
-from sbxtest import INIT, PROBE, read_journal, run_init, wait_event
+from sbxtest import CLI, INIT, PROBE, WsBox, read_journal, run_init, wait_event
 
 
 def exited(events):
@@ -266,3 +268,37 @@ def test_where_namespaces_cannot_be_made_the_box_says_so_from_the_agents_own_clo
         assert caps["namespaces_why_not"].startswith("clone(CLONE_NEWPID|CLONE_NEWNS)"), caps
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_as_pid1_under_the_hosts_proc_the_box_mounts_a_proc_of_its_own(tmp_path):
+    # `unshare --pid --fork` without --mount-proc, as a new user would try it: /proc is the host's.
+    # The control: a process there is named by NSpid in both namespaces, so /proc/N by a pid of
+    # the new namespace is a host process (/proc/2 is kthreadd, whose root is the host's /). The
+    # box once took its branch's /tmp from /proc/<ns-init>/root, which wrote a client's file into
+    # the host's /tmp, summed the host's processes in its stats, and could not checkpoint.
+    r = subprocess.run(["unshare", "--pid", "--fork", "grep", "^NSpid:", "/proc/self/status"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and len(r.stdout.split()) == 3 and r.stdout.split()[-1] == "1", r.stdout
+    name = f"sbx-proc-{secrets.token_hex(6)}"
+    src = tmp_path / "src.txt"
+    src.write_text("for the box's /tmp\n")
+    with WsBox(tmp_path, ["sleep", "120"], as_pid1=True, mount_proc=False) as box:
+        assert "/proc was another pid namespace's (NSpid " in box.stderr(), box.stderr()
+        cli = lambda *a: subprocess.run([str(CLI), a[0], "--token-file", str(box.token_file), *a[1:]],
+                                        capture_output=True, text=True, timeout=120)
+        r = cli("cp", str(src), f"{box.url}:/tmp/{name}")
+        assert r.returncode == 0, r.stderr
+        try:
+            assert not os.path.exists(f"/tmp/{name}")
+        finally:
+            if os.path.exists(f"/tmp/{name}"):
+                os.unlink(f"/tmp/{name}")
+        r = cli("exec", box.url, "--", "cat", f"/tmp/{name}")
+        assert r.returncode == 0 and r.stdout == "for the box's /tmp\n", (r.stdout, r.stderr)
+        r = cli("stats", box.url, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["box"]["pids"] == 2  # ns-init and sleep
+        if shutil.which("criu"):
+            r = cli("checkpoint", box.url)
+            assert r.returncode == 0, r.stderr
+            assert 'mode "live"' in r.stderr, r.stderr

@@ -1,0 +1,74 @@
+#include <doctest/doctest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "os/proc-view.hpp"
+#include "os/sys.hpp"
+
+namespace {
+
+// What `body` writes, run as PID 1 of a new pid namespace under this process's /proc (the child
+// of a child that unshared CLONE_NEWPID, as `unshare --pid --fork` runs its command).
+template <class Body>
+std::string as_pid1_of_a_new_namespace(Body body) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t outer = ::fork();
+  REQUIRE(outer >= 0);
+  if (outer == 0) {
+    ::close(fds[0]);
+    if (::unshare(CLONE_NEWPID) != 0) {
+      (void)!::write(fds[1], "unshare refused", 15);
+      ::_exit(1);
+    }
+    pid_t inner = ::fork();
+    if (inner == 0) {
+      std::string out = body();
+      (void)!::write(fds[1], out.data(), out.size());
+      ::_exit(0);
+    }
+    int st = 0;
+    ::waitpid(inner, &st, 0);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  sbx::os::UniqueFd r(fds[0]);
+  auto text = sbx::os::read_all(r.get());
+  int st = 0;
+  ::waitpid(outer, &st, 0);
+  return text ? *text : std::string("read failed");
+}
+
+}  // namespace
+
+TEST_CASE("proc view: this process's own /proc names it once, and own_proc leaves it alone") {
+  auto seen = sbx::os::proc_nspid();
+  REQUIRE(seen.has_value());
+  CHECK(*seen == std::to_string(::getpid()));
+  auto r = sbx::os::own_proc();
+  REQUIRE(r.has_value());
+  CHECK(r->empty());
+}
+
+TEST_CASE("proc view: PID 1 under the host's /proc gets a proc of its own namespace") {
+  if (::geteuid() != 0) return;  // a pid namespace of one's own needs CAP_SYS_ADMIN
+  std::string out = as_pid1_of_a_new_namespace([] {
+    // The control: before, /proc names this process by the host's pid and by 1, and /proc/1 is
+    // the host's init, not this process.
+    std::string before = sbx::os::proc_nspid().value_or("none");
+    auto r = sbx::os::own_proc();
+    std::string after = sbx::os::proc_nspid().value_or("none");
+    return before + "|" + (r ? *r : "error: " + r.error().message) + "|" + after;
+  });
+  auto bar = out.find('|'), bar2 = out.rfind('|');
+  REQUIRE(bar != std::string::npos);
+  REQUIRE(bar2 != bar);
+  std::string before = out.substr(0, bar), done = out.substr(bar + 1, bar2 - bar - 1), after = out.substr(bar2 + 1);
+  CHECK(before.ends_with(" 1"));
+  CHECK(before.find(' ') != std::string::npos);
+  CHECK(done == "NSpid " + before);
+  CHECK(after == "1");
+}
