@@ -266,8 +266,14 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
   from_cg("devices", true);
   e["timeout"] = p.resources.timeout_ms > 0 ? "supervisor timer" : "none";
   e["idle"] = p.resources.idle_ms > 0 ? "supervisor timer (output and cgroup cpu time)" : "none";
-  e["user"] = p.isolation.uid ? std::to_string(*p.isolation.uid) + ":" + std::to_string(p.isolation.gid.value_or(0))
-                              : std::string("the supervisor's");
+  std::string user = p.isolation.uid
+                         ? std::to_string(*p.isolation.uid) + ":" + std::to_string(p.isolation.gid.value_or(0))
+                         : std::string("the supervisor's");
+  if (auto sg = os::read_file("/proc/self/setgroups"); p.isolation.uid && sg && sg->starts_with("deny"))
+    user +=
+        "; supplementary groups the supervisor's (setgroups is denied in its user namespace, as in one an "
+        "unprivileged user made)";
+  e["user"] = user;
   std::string caps = p.isolation.capabilities ? "bounding set cleared to the profile's" : "the supervisor's";
   if (shares_host_network(p, namespaced))
     caps +=
@@ -309,6 +315,8 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
     p.have_ids = true;
     p.uid = static_cast<uid_t>(u->to_number<int64_t>());
     p.gid = static_cast<gid_t>(o.at("gid").to_number<int64_t>());
+    auto sg = os::read_file("/proc/self/setgroups");
+    p.setgroups_denied = sg && sg->starts_with("deny");
   }
   p.cap_last = cap_last();
   auto* c = o.if_contains("caps");
@@ -366,7 +374,7 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
   }
   bool keep_across_setuid = p.caps && p.keep_mask != 0 && p.have_ids && p.uid != 0;
   if (p.have_ids) {
-    if (::setgroups(0, nullptr) != 0) return fail(2);
+    if (!p.setgroups_denied && ::setgroups(0, nullptr) != 0) return fail(2);
     if (::setresgid(p.gid, p.gid, p.gid) != 0) return fail(3);
     if (keep_across_setuid && ::prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) return fail(4);
     if (::setresuid(p.uid, p.uid, p.uid) != 0) return fail(5);

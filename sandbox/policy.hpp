@@ -49,6 +49,10 @@ struct PreparedPolicy {
   bool have_ids = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  // In a user namespace whose /proc/PID/setgroups says "deny" (the rule for one whose gid_map an
+  // unprivileged user wrote: `unshare --map-root-user`, rootless), setgroups(2) fails for every
+  // process in it: the supplementary groups cannot be dropped, and are left as they are.
+  bool setgroups_denied = false;
   bool caps = false;       // false: capabilities untouched
   uint64_t keep_mask = 0;  // capabilities kept (bit per capability); never one of "drop"
   int cap_last = 0;        // highest capability number of this kernel

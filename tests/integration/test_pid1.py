@@ -302,3 +302,40 @@ def test_as_pid1_under_the_hosts_proc_the_box_mounts_a_proc_of_its_own(tmp_path)
             r = cli("checkpoint", box.url)
             assert r.returncode == 0, r.stderr
             assert 'mode "live"' in r.stderr, r.stderr
+
+
+ROOTLESS = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+@pytest.mark.parametrize("net", [True, False], ids=["own-network", "host-network"])
+def test_rootless_in_a_user_namespace_an_unprivileged_user_made_the_agent_runs(net):
+    # `unshare --user --map-root-user`, as nobody: the agent's root is nobody outside. There the
+    # kernel denies setgroups(2) to every process (the control, below); the box's policy called it
+    # and every agent ended with 127 ("apply policy: setgroups: Operation not permitted").
+    import tempfile
+    userns = ["unshare", "--user", "--map-root-user", *(["--net"] if net else []), "--pid", "--fork", "--mount-proc"]
+    r = subprocess.run([*ROOTLESS, *userns, "python3", "-c",
+                        "import os\nprint(open('/proc/self/setgroups').read().strip())\n"
+                        "try:\n    os.setgroups([])\nexcept PermissionError as e:\n    print('refused', e.errno)"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.split("\n")[:2] == ["deny", "refused 1"], (r.stdout, r.stderr)
+    d = tempfile.mkdtemp(prefix="sbx-rootless-")
+    try:
+        os.chmod(d, 0o777)
+        r = subprocess.run([*ROOTLESS, "env", f"HOME={d}", *userns, str(INIT), "--state-dir", f"{d}/s", "--",
+                            "/bin/sh", "-c", "id -u; id -g"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        ev = read_journal(f"{d}/s")
+        assert "".join(e["data"] for e in ev if e["type"] == "proc.output") == "0\n0\n", ev
+        started = ev[0]
+        assert "supplementary groups the supervisor's" in started["enforcement"]["user"], started["enforcement"]
+        # With a network namespace of its own, the user namespace's root may mount the branch's
+        # sysfs: the branch gets its pid and mount namespaces. Without one it may not, and the box
+        # runs without them, saying why.
+        caps = started["capabilities"]
+        assert caps["namespaces"] is net, caps
+        if not net:
+            assert "mount /sys" in caps["namespaces_why_not"], caps
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
