@@ -190,6 +190,44 @@ std::vector<std::string> credential_paths() {
   return out;
 }
 
+// What applying the profile's user and capabilities to the agent takes of this process: a
+// supervisor that is not root (nor the root of a user namespace of its own) holds none of it, and
+// every agent would end with 127 at its first step.
+void check_supervisor_privileges(const profile::Profile& p) {
+  struct __user_cap_header_struct hdr {
+    _LINUX_CAPABILITY_VERSION_3, 0
+  };
+  struct __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return;  // cannot tell: the agent's start says
+  uint64_t eff = data[0].effective | (static_cast<uint64_t>(data[1].effective) << 32);
+  std::vector<std::string> missing;
+  auto need = [&](int cap, const char* name) {
+    if (!(eff & (1ULL << cap))) missing.push_back(name);
+  };
+  std::string wants;
+  if (p.isolation.uid) {
+    uid_t uid = *p.isolation.uid;
+    gid_t gid = p.isolation.gid.value_or(uid);
+    wants = "runs its agent as " + std::to_string(uid) + ":" + std::to_string(gid);
+    need(CAP_SETGID, "CAP_SETGID");
+    if (uid != ::geteuid()) need(CAP_SETUID, "CAP_SETUID");
+  }
+  if (p.isolation.capabilities) {
+    wants += std::string(wants.empty() ? "" : " and ") + "narrows its capabilities";
+    need(CAP_SETPCAP, "CAP_SETPCAP");
+  }
+  if (missing.empty()) return;
+  std::string names;
+  for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  throw profile::ProfileError(
+      "isolation: the profile " + wants + ", which takes " + names + "; this supervisor (uid " +
+      std::to_string(::geteuid()) +
+      ") holds none of them. Run it as root, or rootless in a user namespace of its own (unshare --user "
+      "--map-root-user --net --pid --fork --mount-proc sandboxer-init ...), or give the profile "
+      "isolation.user null and isolation.capabilities null (the agent then runs as this user, with its "
+      "capabilities)");
+}
+
 void check_profile_for_host(const profile::Profile& p) {
   if (p.resources.open_files > 0) {
     struct rlimit rl {};
@@ -209,6 +247,7 @@ void check_profile_for_host(const profile::Profile& p) {
     }
   }
   (void)seccomp_description(p.isolation.seccomp);  // throws naming the field
+  check_supervisor_privileges(p);
 }
 
 bool shares_host_network(const profile::Profile& p, bool namespaced) {
@@ -282,7 +321,10 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
   e["capabilities"] = caps;
   e["no_new_privs"] = true;
   e["core_dumps"] = "RLIMIT_CORE=0";
-  e["oom_score_adj"] = 1000;
+  if (::geteuid() == 0)
+    e["oom_score_adj"] = 1000;
+  else
+    e["oom_score_adj"] = "not raised: a supervisor that is not root may not write it before the agent's exec";
   if (!p.isolation.landlock)
     e["landlock"] = "not in the profile";
   else if (p.persistence == "checkpoint")
@@ -343,6 +385,10 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
     p.keep_mask = c ? mask_of(c->as_array()) : p.have_ids && p.uid != 0 ? 0 : ~0ULL;
     if (drop) p.keep_mask &= ~mask_of(drop->as_array());
     p.keep_mask &= have;
+    // A process that holds no capability (a supervisor that is not root) has nothing to narrow,
+    // and may not touch its bounding set (CAP_SETPCAP): the agent starts with none, and
+    // no_new_privs keeps it from gaining any at an exec.
+    if (have == 0) p.caps = false;
   }
   if (auto* n = o.if_contains("nofile")) {
     p.set_nofile = true;
@@ -361,7 +407,10 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
   // 0: the agent, not the supervisor, is the OOM killer's choice (raising needs no privilege).
   if (p.set_oom_score) {
     int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::write(fd, "1000", 4) != 4) {
+    // Until the exec this process is ns-init's copy, not dumpable, so its /proc/self files are
+    // root's: a supervisor that is not root leaves the agent's score as its own.
+    if (fd < 0 && errno == EACCES && ::geteuid() != 0) {
+    } else if (fd < 0 || ::write(fd, "1000", 4) != 4) {
       if (fd >= 0) ::close(fd);
       return fail(0);
     }

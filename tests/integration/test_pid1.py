@@ -258,10 +258,15 @@ def test_where_namespaces_cannot_be_made_the_box_says_so_from_the_agents_own_clo
     d = tempfile.mkdtemp(prefix="sbx-nobody-")
     try:
         os.chmod(d, 0o777)
-        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-                        "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--", "/bin/true"],
-                       capture_output=True, timeout=60)
-        started = read_journal(f"{d}/s")[0]
+        # The profile's user and capabilities need privileges nobody lacks (the test below).
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                            "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--set", "isolation.user=null",
+                            "--set", "isolation.capabilities=null", "--", "/bin/sh", "-c", "id -u"],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        ev = read_journal(f"{d}/s")
+        assert [e["data"] for e in ev if e["type"] == "proc.output"] == ["65534\n"], ev
+        started = ev[0]
         assert started["type"] == "box.started"
         caps = started["capabilities"]
         assert caps["namespaces"] is False, caps
@@ -337,5 +342,24 @@ def test_rootless_in_a_user_namespace_an_unprivileged_user_made_the_agent_runs(n
         assert caps["namespaces"] is net, caps
         if not net:
             assert "mount /sys" in caps["namespaces_why_not"], caps
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_a_supervisor_without_privileges_refuses_a_profile_it_cannot_apply(tmp_path):
+    # As nobody, the default profile's user (0:0) and capabilities cannot be applied: every agent
+    # once ended with 127 at its first step ("apply policy: oom_score_adj: Permission denied"),
+    # after box.started. Now the box does not start, and says what it lacks and what to do.
+    import tempfile
+    d = tempfile.mkdtemp(prefix="sbx-nobody-")
+    try:
+        os.chmod(d, 0o777)
+        r = subprocess.run([*ROOTLESS, "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--", "/bin/true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 125, r.stderr
+        assert ("isolation: the profile runs its agent as 0:0 and narrows its capabilities, which takes "
+                "CAP_SETGID, CAP_SETUID, CAP_SETPCAP; this supervisor (uid 65534) holds none of them") in r.stderr
+        assert "unshare --user --map-root-user --net --pid --fork --mount-proc" in r.stderr
     finally:
         shutil.rmtree(d, ignore_errors=True)
