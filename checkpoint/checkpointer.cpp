@@ -27,6 +27,7 @@
 #include "checkpoint/internal.hpp"
 #include "os/files.hpp"
 #include "os/pidfd.hpp"
+#include "os/proc-view.hpp"
 #include "os/sys.hpp"
 #include "sandbox/launcher.hpp"
 
@@ -328,6 +329,11 @@ base::Result<void> Checkpointer::live_possible() const {
   std::sscanf(version->c_str(), "%d.%d", &major, &minor);
   if (major < 4 || (major == 4 && minor < 2))
     return base::fail("criu " + *version + " is too old: sockets need criu >= 4.2", "unavailable");
+  if (!os::in_initial_user_namespace())
+    return base::fail(
+        "the supervisor runs in a user namespace of its own (rootless), where criu cannot dump the agent: "
+        "suspending its seccomp filter (PTRACE_O_SUSPEND_SECCOMP) takes CAP_SYS_ADMIN in the host's user namespace",
+        "unavailable");
   return {};
 }
 

@@ -4,6 +4,7 @@
 #include <sys/mount.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "os/sys.hpp"
 
@@ -42,6 +43,17 @@ base::Result<std::string> own_proc() {
   if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
     return base::sys_fail("/proc is another pid namespace's (" + what + "): mount a proc of this one on /proc", errno);
   return what;
+}
+
+bool in_initial_user_namespace() {
+  static const bool initial = [] {
+    auto map = read_file("/proc/self/uid_map");
+    if (!map) return true;  // no /proc to tell: as before
+    unsigned long inside = 1, outside = 1, count = 0;
+    return std::sscanf(map->c_str(), "%lu %lu %lu", &inside, &outside, &count) == 3 && inside == 0 && outside == 0 &&
+           count == 4294967295UL && map->find('\n') == map->size() - 1;
+  }();
+  return initial;
 }
 
 }  // namespace sbx::os

@@ -23,4 +23,10 @@ std::optional<std::string> proc_nspid();
 /// step that failed. Where the kernel gives no NSpid, /proc is taken to be this namespace's.
 base::Result<std::string> own_proc();
 
+/// Whether this process is in the host's (the initial) user namespace, whose uid_map maps all of
+/// 0..4294967294 onto itself; false in one a user made (`unshare --user`, rootless), where the
+/// kernel's checks against the initial namespace (capable(): PTRACE_O_SUSPEND_SECCOMP, which criu
+/// needs to dump a process under seccomp) fail whatever it holds there. Read once.
+bool in_initial_user_namespace();
+
 }  // namespace sbx::os

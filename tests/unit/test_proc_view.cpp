@@ -53,6 +53,11 @@ TEST_CASE("proc view: this process's own /proc names it once, and own_proc leave
   CHECK(r->empty());
 }
 
+TEST_CASE("proc view: the tests run in the host's user namespace") {
+  // The suite runs as the host's root; a rootless run of the box is test_pid1's.
+  if (::geteuid() == 0) CHECK(sbx::os::in_initial_user_namespace());
+}
+
 TEST_CASE("proc view: PID 1 under the host's /proc gets a proc of its own namespace") {
   if (::geteuid() != 0) return;  // a pid namespace of one's own needs CAP_SYS_ADMIN
   std::string out = as_pid1_of_a_new_namespace([] {
