@@ -18,7 +18,7 @@ void Box::start_server() {
   if (opts_.metrics_ms > 0)
     metrics_ = std::make_unique<MetricsTimer>(*this, loop_, static_cast<uint64_t>(opts_.metrics_ms));
   if (opts_.listen.empty()) {
-    if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), "", 0);
+    if (!opts_.health_file.empty()) health_id_ = write_health_file(opts_.health_file, ::getpid(), "", 0);
     return;
   }
   ServerOptions so = parse_listen(opts_.listen);
@@ -29,7 +29,8 @@ void Box::start_server() {
   if (auto* r = std::getenv("SANDBOXER_WS_RECENT_BYTES")) so.recent_bytes = std::strtoull(r, nullptr, 10);
   if (auto* t = std::getenv("SANDBOXER_WS_STALL_SECONDS")) so.stall_s = std::max(1, std::atoi(t));
   server_ = std::make_unique<Server>(*this, loop_, so);
-  if (!opts_.health_file.empty()) write_health_file(opts_.health_file, ::getpid(), so.addr, server_->port());
+  if (!opts_.health_file.empty())
+    health_id_ = write_health_file(opts_.health_file, ::getpid(), so.addr, server_->port());
 }
 
 }  // namespace sbx::supervisor

@@ -49,6 +49,7 @@ Box::Box(uv_loop_t* loop, BoxOptions opts) : loop_(loop), opts_(std::move(opts))
 
 Box::~Box() {
   server_.reset();
+  if (!opts_.health_file.empty()) remove_health_file(opts_.health_file, health_id_);
   metrics_.reset();
   network_.reset();  // joins the broker's thread while the journal and the loop still exist
   copy_networks_.clear();

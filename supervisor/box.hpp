@@ -20,6 +20,7 @@
 #include "profile/profile.hpp"
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
+#include "supervisor/health.hpp"
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
 #include "supervisor/output.hpp"
@@ -317,6 +318,7 @@ class Box : public checkpoint::Host {
   boost::json::array agent_env_;
   std::string agent_cwd_;
   std::unique_ptr<Server> server_;
+  HealthFileId health_id_;  // the health file this box wrote (health.hpp), removed at its end
   std::unique_ptr<MetricsTimer> metrics_;
   std::unique_ptr<BranchNetwork> network_;  // the main branch's network and credential broker
 

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/json.hpp>
@@ -19,15 +20,25 @@
 
 namespace sbx::supervisor {
 
-void write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept {
+HealthFileId write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept {
   try {
     boost::json::object o{{"pid", pid}, {"addr", addr}, {"port", port}};
     auto slash = path.rfind('/');
     if (slash != std::string::npos) (void)os::make_dirs(path.substr(0, slash), 0755);
-    (void)os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644);
+    if (!os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644)) return {};
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return {};
+    return {st.st_dev, st.st_ino};
   } catch (...) {
     // Health reporting is best effort: the box runs without it.
+    return {};
   }
+}
+
+void remove_health_file(const std::string& path, HealthFileId id) noexcept {
+  struct stat st {};
+  if (id.ino == 0 || ::lstat(path.c_str(), &st) != 0 || st.st_dev != id.dev || st.st_ino != id.ino) return;
+  (void)::unlink(path.c_str());
 }
 
 base::Result<std::string> health_file_path() {

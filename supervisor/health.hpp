@@ -22,8 +22,20 @@ inline constexpr const char* kHealthFileEnv = "SANDBOXER_HEALTH_FILE";
 /// variable when it is set to something else than an absolute path.
 base::Result<std::string> health_file_path();
 
-/// Records pid, listen address and port (port 0: no server) in `path`, atomically.
-void write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept;
+/// The file a supervisor wrote (its device and inode), so that it removes its own and no other.
+struct HealthFileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+/// Records pid, listen address and port (port 0: no server) in `path`, atomically; returns the
+/// file written (ino 0 where it could not be written: best effort, the box runs without it).
+HealthFileId write_health_file(const std::string& path, pid_t pid, const std::string& addr, int port) noexcept;
+
+/// Removes `path` at the supervisor's end if it is still the file `id` names: under
+/// `unshare --pid --fork` on a host, every such box is PID 1 and shares the host's /run, and
+/// none leaves its file behind there, nor removes another's.
+void remove_health_file(const std::string& path, HealthFileId id) noexcept;
 
 /// The `--health` mode: 0 healthy, 1 unhealthy (Docker's HEALTHCHECK convention), one line on
 /// stdout saying which and why.

@@ -367,3 +367,35 @@ def test_a_supervisor_without_privileges_refuses_a_profile_it_cannot_apply(tmp_p
         assert "unshare --user --map-root-user --net --pid --fork --mount-proc" in r.stderr
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_pid1_removes_its_own_health_file_at_its_end_and_no_other(tmp_path):
+    # Under `unshare --pid --fork` on a host, every box is PID 1 and shares the host's /run: each
+    # once left /run/sandboxer/init.json behind, naming pid 1. Two boxes on one file: the first to
+    # end leaves the second's; the second removes its own.
+    health = tmp_path / "h" / "init.json"
+    env = dict(os.environ, SANDBOXER_HEALTH_FILE=str(health))
+
+    def started_box(name, other=None):
+        p, events = start_box(tmp_path / name, ["sleep", "60"], env=env)
+        wait_event(events, lambda e: e["type"] == "proc.started")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                st = health.stat()
+                if (st.st_dev, st.st_ino) != other:  # its own, once written (a rename over the other's)
+                    return p, (st.st_dev, st.st_ino)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError("no health file of its own")
+
+    a, a_file = started_box("a")
+    b, b_file = started_box("b", other=a_file)
+    os.kill(supervisor_pid(a), signal.SIGTERM)
+    a.wait(timeout=30)
+    st = health.stat()
+    assert (st.st_dev, st.st_ino) == b_file  # a's end left b's file
+    os.kill(supervisor_pid(b), signal.SIGTERM)
+    b.wait(timeout=30)
+    assert not health.exists()
