@@ -28,9 +28,12 @@
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "os/cgroup.hpp"
+#include "os/proc-view.hpp"
 #include "os/sys.hpp"
+#include "profile/profile.hpp"
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
+#include "sandbox/policy.hpp"
 
 namespace bp = boost::process;
 
@@ -281,11 +284,26 @@ Line check_privileges() {
   ::getrlimit(RLIMIT_NOFILE, &rl);
   d += std::string(", CAP_SYS_RESOURCE: ") + (sysres ? "yes" : "no") + ", open files hard limit " +
        (rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max));
+  std::string meaning;
+  auto mean = [&](const std::string& m) { meaning += (meaning.empty() ? "" : "; ") + m; };
   if (!sysres)
-    return {"privileges", true, d,
-            "the agent is made the preferred OOM victim (oom_score_adj 1000) instead of shielding the supervisor; "
-            "resources.open_files above the hard limit is refused"};
-  return {"privileges", true, d, ""};
+    mean(
+        "the agent is made the preferred OOM victim (oom_score_adj 1000) instead of shielding the supervisor; "
+        "resources.open_files above the hard limit is refused");
+  if (!os::in_initial_user_namespace()) {
+    d += ", in a user namespace of its own (rootless)";
+    mean(
+        "no live checkpoint: criu cannot suspend an agent's seccomp filter from a user namespace, so a checkpoint "
+        "is files-only");
+  }
+  // The default profile's user and capabilities, which a supervisor of this user applies.
+  try {
+    sandbox::check_supervisor_privileges(profile::load_profile("default"));
+  } catch (const std::exception& e) {
+    mean(e.what());
+    return {"privileges", false, d, meaning};
+  }
+  return {"privileges", true, d, meaning};
 }
 
 }  // namespace
@@ -316,7 +334,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
   }
   // Non-zero when the default profile cannot be enforced as written.
   for (auto& l : lines)
-    if (!l.ok && (l.what == "cgroup" || l.what == "namespaces" || l.what == "seccomp")) return 1;
+    if (!l.ok && (l.what == "cgroup" || l.what == "namespaces" || l.what == "seccomp" || l.what == "privileges"))
+      return 1;
   return 0;
 }
 

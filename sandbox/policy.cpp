@@ -190,9 +190,7 @@ std::vector<std::string> credential_paths() {
   return out;
 }
 
-// What applying the profile's user and capabilities to the agent takes of this process: a
-// supervisor that is not root (nor the root of a user namespace of its own) holds none of it, and
-// every agent would end with 127 at its first step.
+// Without this check every agent of such a supervisor ended with 127 at its first step.
 void check_supervisor_privileges(const profile::Profile& p) {
   struct __user_cap_header_struct hdr {
     _LINUX_CAPABILITY_VERSION_3, 0

@@ -27,6 +27,12 @@ struct HostCapabilities;
 /// cannot enforce. Throws ProfileError naming the field.
 void check_profile_for_host(const profile::Profile& p);
 
+/// Whether this process can apply `p`'s user (CAP_SETGID, and CAP_SETUID for another uid) and
+/// capabilities (CAP_SETPCAP narrows the bounding set) to an agent: a supervisor that is not root,
+/// outside a user namespace of its own, holds none of them. Throws ProfileError naming what is
+/// missing and how to run such a box (check_profile_for_host calls it; `sandboxer doctor` too).
+void check_supervisor_privileges(const profile::Profile& p);
+
 /// Whether a branch's agent shares the supervisor's network namespace: `network: host`, or no
 /// namespaces at all. There it could read the API's loopback traffic (the bearer token crosses
 /// it in clear) with a raw socket, so it never keeps CAP_NET_RAW, whatever the profile says.

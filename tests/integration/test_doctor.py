@@ -57,3 +57,28 @@ def test_doctor_json_matches_this_host():
 def test_doctor_refuses_an_unknown_option():
     r = subprocess.run([str(CLI), "doctor", "--fast"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--fast" in r.stderr
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "env", "HOME=/nonexistent"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_doctor_as_a_user_without_privileges_says_the_default_profile_is_refused():
+    # What `sandboxer run` as that user does (test_pid1 has the box's refusal): the doctor says so
+    # first, and fails. As root (the control) the same line is ok.
+    d = json.loads(subprocess.run([str(CLI), "doctor", "--json"], capture_output=True, text=True, timeout=30).stdout)
+    assert d["privileges"]["ok"], d["privileges"]
+    r = subprocess.run([*NOBODY, str(CLI), "doctor", "--json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    p = json.loads(r.stdout)["privileges"]
+    assert not p["ok"] and p["detail"].startswith("uid 65534"), p
+    assert "which takes CAP_SETGID, CAP_SETUID, CAP_SETPCAP" in p["meaning"], p
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")
+def test_doctor_rootless_says_there_is_no_live_checkpoint():
+    r = subprocess.run([*NOBODY, "unshare", "--user", "--map-root-user", str(CLI), "doctor", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    p = json.loads(r.stdout)["privileges"]
+    assert p["ok"] and "in a user namespace of its own (rootless)" in p["detail"], p
+    assert "no live checkpoint: criu cannot suspend an agent's seccomp filter" in p["meaning"], p
