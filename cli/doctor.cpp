@@ -286,7 +286,11 @@ Line check_privileges() {
        (rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max));
   std::string meaning;
   auto mean = [&](const std::string& m) { meaning += (meaning.empty() ? "" : "; ") + m; };
-  if (!sysres)
+  if (::geteuid() != 0)
+    mean(
+        "the agent's oom_score_adj is not raised (a supervisor that is not root may not write it before the "
+        "agent's exec); resources.open_files above the hard limit is refused");
+  else if (!sysres)
     mean(
         "the agent is made the preferred OOM victim (oom_score_adj 1000) instead of shielding the supervisor; "
         "resources.open_files above the hard limit is refused");

@@ -216,13 +216,14 @@ void check_supervisor_privileges(const profile::Profile& p) {
   }
   if (missing.empty()) return;
   std::string names;
-  for (auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  for (size_t i = 0; i < missing.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + missing[i];
   throw profile::ProfileError(
-      "isolation: the profile " + wants + ", which takes " + names + "; this supervisor (uid " +
+      "isolation: the profile " + wants + ", which takes " + names + ", and this supervisor (uid " +
       std::to_string(::geteuid()) +
-      ") holds none of them. Run it as root, or rootless in a user namespace of its own (unshare --user "
+      ") does not hold them. Run it as root, or rootless in a user namespace of its own (unshare --user "
       "--map-root-user --net --pid --fork --mount-proc sandboxer-init ...), or give the profile "
-      "isolation.user null and isolation.capabilities null (the agent then runs as this user, with its "
+      "isolation.user null and isolation.capabilities null (the agent then runs as this user, with no "
       "capabilities)");
 }
 
@@ -407,12 +408,12 @@ int apply_policy(const PreparedPolicy& p, int* step) noexcept {
     int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     // Until the exec this process is ns-init's copy, not dumpable, so its /proc/self files are
     // root's: a supervisor that is not root leaves the agent's score as its own.
-    if (fd < 0 && errno == EACCES && ::geteuid() != 0) {
-    } else if (fd < 0 || ::write(fd, "1000", 4) != 4) {
+    bool not_ours = fd < 0 && errno == EACCES && ::geteuid() != 0;
+    if (!not_ours && (fd < 0 || ::write(fd, "1000", 4) != 4)) {
       if (fd >= 0) ::close(fd);
       return fail(0);
     }
-    ::close(fd);
+    if (fd >= 0) ::close(fd);
   }
   // 1: the bounding set, while we still have CAP_SETPCAP.
   if (p.caps) {

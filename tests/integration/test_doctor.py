@@ -72,7 +72,7 @@ def test_doctor_as_a_user_without_privileges_says_the_default_profile_is_refused
     assert r.returncode == 1, r.stderr
     p = json.loads(r.stdout)["privileges"]
     assert not p["ok"] and p["detail"].startswith("uid 65534"), p
-    assert "which takes CAP_SETGID, CAP_SETUID, CAP_SETPCAP" in p["meaning"], p
+    assert "which takes CAP_SETGID, CAP_SETUID and CAP_SETPCAP, and this supervisor (uid 65534)" in p["meaning"], p
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become an unprivileged user")

@@ -363,7 +363,7 @@ def test_a_supervisor_without_privileges_refuses_a_profile_it_cannot_apply(tmp_p
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 125, r.stderr
         assert ("isolation: the profile runs its agent as 0:0 and narrows its capabilities, which takes "
-                "CAP_SETGID, CAP_SETUID, CAP_SETPCAP; this supervisor (uid 65534) holds none of them") in r.stderr
+                "CAP_SETGID, CAP_SETUID and CAP_SETPCAP, and this supervisor (uid 65534) does not hold them") in r.stderr
         assert "unshare --user --map-root-user --net --pid --fork --mount-proc" in r.stderr
     finally:
         shutil.rmtree(d, ignore_errors=True)
