@@ -56,4 +56,9 @@ bool in_initial_user_namespace() {
   return initial;
 }
 
+bool setgroups_denied() {
+  auto text = read_file("/proc/self/setgroups");
+  return text && text->starts_with("deny");
+}
+
 }  // namespace sbx::os

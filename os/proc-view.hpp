@@ -29,4 +29,9 @@ base::Result<std::string> own_proc();
 /// needs to dump a process under seccomp) fail whatever it holds there. Read once.
 bool in_initial_user_namespace();
 
+/// Whether setgroups(2) is denied to every process of this user namespace (its
+/// /proc/self/setgroups says "deny": the rule where an unprivileged user wrote the gid_map, as
+/// `unshare --map-root-user` does), so supplementary groups cannot be dropped.
+bool setgroups_denied();
+
 }  // namespace sbx::os

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "os/proc-view.hpp"
 #include "os/sys.hpp"
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
@@ -116,6 +117,21 @@ os::UniqueFd build_landlock(const boost::json::object& l) {
   return ruleset;
 }
 
+// This process's effective and permitted capability sets (a bit per capability), or nullopt
+// where capget fails.
+struct CapSets {
+  uint64_t effective = 0, permitted = 0;
+};
+std::optional<CapSets> own_capabilities() {
+  struct __user_cap_header_struct hdr {
+    _LINUX_CAPABILITY_VERSION_3, 0
+  };
+  struct __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return std::nullopt;
+  return CapSets{data[0].effective | (static_cast<uint64_t>(data[1].effective) << 32),
+                 data[0].permitted | (static_cast<uint64_t>(data[1].permitted) << 32)};
+}
+
 int cap_last() {
   if (auto t = os::read_file("/proc/sys/kernel/cap_last_cap")) {
     try {
@@ -192,12 +208,9 @@ std::vector<std::string> credential_paths() {
 
 // Without this check every agent of such a supervisor ended with 127 at its first step.
 void check_supervisor_privileges(const profile::Profile& p) {
-  struct __user_cap_header_struct hdr {
-    _LINUX_CAPABILITY_VERSION_3, 0
-  };
-  struct __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &hdr, data) != 0) return;  // cannot tell: the agent's start says
-  uint64_t eff = data[0].effective | (static_cast<uint64_t>(data[1].effective) << 32);
+  auto own = own_capabilities();
+  if (!own) return;  // cannot tell: the agent's start says
+  uint64_t eff = own->effective;
   std::vector<std::string> missing;
   auto need = [&](int cap, const char* name) {
     if (!(eff & (1ULL << cap))) missing.push_back(name);
@@ -307,7 +320,7 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
   std::string user = p.isolation.uid
                          ? std::to_string(*p.isolation.uid) + ":" + std::to_string(p.isolation.gid.value_or(0))
                          : std::string("the supervisor's");
-  if (auto sg = os::read_file("/proc/self/setgroups"); p.isolation.uid && sg && sg->starts_with("deny"))
+  if (p.isolation.uid && os::setgroups_denied())
     user +=
         "; supplementary groups the supervisor's (setgroups is denied in its user namespace, as in one an "
         "unprivileged user made)";
@@ -356,8 +369,7 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
     p.have_ids = true;
     p.uid = static_cast<uid_t>(u->to_number<int64_t>());
     p.gid = static_cast<gid_t>(o.at("gid").to_number<int64_t>());
-    auto sg = os::read_file("/proc/self/setgroups");
-    p.setgroups_denied = sg && sg->starts_with("deny");
+    p.setgroups_denied = os::setgroups_denied();
   }
   p.cap_last = cap_last();
   auto* c = o.if_contains("caps");
@@ -365,12 +377,8 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
   if (c || drop) {
     p.caps = true;
     // Only what this process has can be kept.
-    struct __user_cap_header_struct hdr {
-      _LINUX_CAPABILITY_VERSION_3, 0
-    };
-    struct __user_cap_data_struct data[2]{};
-    uint64_t have = ~0ULL;
-    if (::syscall(SYS_capget, &hdr, data) == 0) have = data[0].permitted | (uint64_t(data[1].permitted) << 32);
+    auto own = own_capabilities();
+    uint64_t have = own ? own->permitted : ~0ULL;
     auto mask_of = [&](const boost::json::array& list) {
       uint64_t m = 0;
       for (auto& v : list) {
