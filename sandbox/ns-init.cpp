@@ -227,6 +227,14 @@ base::Result<Spawned> spawn(const std::vector<std::string>& argv_in, const std::
                        : ce->step == kStepPolicy ? std::string("apply policy: ") + policy_step_name(ce->detail)
                                                  : "exec " + argv[0];
     s.failed = what + ": " + std::strerror(ce->err);
+    // Where a program name was looked for: the agent starts in its working directory (/workspace
+    // by default), not the caller's, and with its own PATH.
+    if (ce->step == kStepExec && ce->err == ENOENT) {
+      if (argv[0].find('/') == std::string::npos)
+        s.failed += " (looked for on the agent's PATH, " + path + ")";
+      else if (argv[0][0] != '/')
+        s.failed += " (relative to the agent's working directory " + cwd + ", not the caller's)";
+    }
   }
   return s;
 }

@@ -152,6 +152,23 @@ def test_a_missing_binary_is_a_clear_error(tmp_path):
     assert r.returncode == 127
     ev = exited(read_journal(tmp_path / "s"))
     assert "exec /nonexistent/agent" in ev["error"] and "No such file" in ev["error"]
+    assert ev["error"] == "exec /nonexistent/agent: No such file or directory", ev  # nothing to add
+
+
+def test_a_missing_relative_or_path_program_says_where_it_was_looked_for(tmp_path):
+    # `sandboxer run -- ./agent.sh` from the caller's directory: the agent starts in /workspace.
+    (tmp_path / "agent.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "agent.sh").chmod(0o755)
+    r = run_init(["--", "./agent.sh"], tmp_path / "s", cwd=tmp_path)
+    assert r.returncode == 127
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["error"] == ("exec ./agent.sh: No such file or directory (relative to the agent's working "
+                           "directory /workspace, not the caller's)"), ev
+    r = run_init(["--", "no-such-program-here"], tmp_path / "s2")
+    assert r.returncode == 127
+    ev = exited(read_journal(tmp_path / "s2"))
+    assert ev["error"].startswith("exec no-such-program-here: No such file or directory (looked for on the "
+                                  "agent's PATH, /"), ev
 
 
 def test_a_bad_profile_names_the_field(tmp_path):
