@@ -148,7 +148,7 @@ Session::~Session() {
 int Session::stream_closed(int code, const std::string& reason) {
   stop();
   if (code == 1000 || code == 1001) return kExitOk;
-  report(url() + ": " + reason + " (" + std::to_string(code) + ")");
+  report(url() + ": " + connect_error(url(), reason) + " (" + std::to_string(code) + ")");
   return kExitFailed;
 }
 

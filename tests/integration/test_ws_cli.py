@@ -325,3 +325,30 @@ def test_a_transfer_waiting_on_a_silent_box_ends_at_an_interrupt(tmp_path, sig):
     _, err = p.communicate(timeout=10)
     srv.close()
     assert p.returncode == 1 and err.endswith(b": interrupted (interrupted)\n"), err
+
+
+@pytest.mark.parametrize("cmd", [["attach"], ["log", "--follow"]], ids=["attach", "log-follow"])
+def test_following_a_box_never_reached_ends_at_once_saying_why(box, tmp_path, cmd):
+    # A wrong port: attach and `log --follow` once retried 20 times (42 s) and then said "closed
+    # before established (4401)", the code of a refused token. Now they end at the first failure
+    # with what the connect found.
+    from sbxtest import free_port_pair
+    port = free_port_pair()
+    r = subprocess.run([str(CLI), cmd[0], f"ws://127.0.0.1:{port}", *cmd[1:], "--token-file", str(box.token_file)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"Connection refused (nothing listens on 127.0.0.1:{port}) (1006)" in r.stderr, r.stderr
+    # The control: the same command against the box, which does listen, follows it.
+    p = subprocess.Popen([str(CLI), cmd[0], box.url, *cmd[1:], "--token-file", str(box.token_file)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "box" in p.stdout.readline()  # its first event, box.started
+    finally:
+        p.kill()
+        p.wait()
+    # A refused token ends at once too (it was retried for 42 s as well), with its own code.
+    bad = tmp_path / "bad"
+    bad.write_text("wrong-token\n")
+    r = subprocess.run([str(CLI), cmd[0], box.url, *cmd[1:], "--token-file", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "the box refused the token: " in r.stderr and "(4401)" in r.stderr, r.stderr

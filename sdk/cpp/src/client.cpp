@@ -411,10 +411,15 @@ void Subscription::start() {
   });
   client_->connect([this, again](const std::string& err) {
     if (!err.empty()) {
-      if (++failures_ > 20 || err.find("401") != std::string::npos || err.find("not 101") != std::string::npos)
-        return on_end_(protocol::kCloseUnauthorized, err);
+      if (err.find("401") != std::string::npos || err.find("unauthorized") != std::string::npos)
+        return on_end_(protocol::kCloseUnauthorized, "the box refused the token: " + err);
+      if (err.find("not 101") != std::string::npos) return on_end_(protocol::kCloseUnauthorized, err);
+      // A box never reached is not waited for (a wrong URL, a box not up yet): it ends at once,
+      // as a dropped connection that does not come back does after its retries.
+      if (!connected_ || ++failures_ > 20) return on_end_(1006, err);
       return again(200u * static_cast<unsigned>(failures_));
     }
+    connected_ = true;
     json::object req{{"op", "subscribe"}, {"since", last_}};
     if (branch_) req["branch"] = *branch_;
     client_->request(req, [this](const json::object& r) {

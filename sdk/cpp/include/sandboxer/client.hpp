@@ -70,6 +70,8 @@ class Client {
 
 /// subscribe{since} that reconnects by itself: after a 4008 (too slow) or a dropped connection
 /// it subscribes again from the last seq it delivered, so `on_event` sees every seq once, in order.
+/// A first connection that fails ends it at once: `on_end` gets 1006 and the connect error (4401
+/// for a refused token).
 class Subscription {
  public:
   using EventFn = Client::EventFn;
@@ -91,6 +93,7 @@ class Subscription {
   std::unique_ptr<Client> client_;
   loop::UvHandle<uv_timer_t> retry_;
   int failures_ = 0;
+  bool connected_ = false;  // connected once: only then are failures to reconnect retried
   bool stopped_ = false;
 };
 
