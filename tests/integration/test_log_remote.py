@@ -92,3 +92,18 @@ def test_log_of_a_url_with_a_wrong_token_fails_with_the_reason(box, tmp_path):
 def test_log_follow_of_a_state_dir_is_a_usage_error(box):
     r = log(str(box.state), "--follow")
     assert r.returncode == 2 and b"--follow needs a URL" in r.stderr
+
+
+def test_log_of_a_directory_that_holds_no_journal_says_so(box, tmp_path):
+    # A mistyped state dir (here one holding a stray .jsonl, as /tmp does) printed nothing and
+    # exited 0. The control: the state dir and its journal dir print the same lines.
+    stray = tmp_path / "not-a-box"
+    stray.mkdir()
+    (stray / "rows.jsonl").write_text('{"seq": 1}\n')
+    r = log(str(stray))
+    assert r.returncode != 0 and r.stdout == b"", r
+    assert b"not a box's state dir nor its journal" in r.stderr, r.stderr
+    whole, journal = log(str(box.state), "--json"), log(str(box.state / "journal"), "--json")
+    assert whole.returncode == 0 and journal.returncode == 0, (whole.stderr, journal.stderr)
+    n = len(journal.stdout.splitlines())
+    assert n >= 3 and whole.stdout.splitlines()[:n] == journal.stdout.splitlines()
