@@ -1,5 +1,8 @@
-// sandboxer snapshots URL [--json]: the box's snapshots, one JSON object a line.
+// sandboxer snapshots URL [--json]: the box's snapshots, one line each (id, when, branch, mode,
+// size, name); with --json, each one's whole manifest, one JSON object a line.
+#include <cstdio>
 #include <iostream>
+#include <string>
 
 #include "cli/commands.hpp"
 #include "cli/session.hpp"
@@ -8,13 +11,55 @@ namespace sbx::cli {
 
 namespace json = boost::json;
 
+namespace {
+
+std::string text_of(const json::object& o, const char* key, const char* none = "-") {
+  auto* v = o.if_contains(key);
+  return v && v->is_string() && !v->as_string().empty() ? std::string(v->as_string()) : std::string(none);
+}
+
+// The archive's bytes; a snapshot in the chunk store has none of its own: what it holds (images
+// and files) then.
+std::string size_of(const json::object& m) {
+  double bytes = 0;
+  if (auto* a = m.if_contains("archive"); a && a->is_object() && a->as_object().contains("bytes"))
+    bytes = a->as_object().at("bytes").to_number<double>();
+  else if (auto* s = m.if_contains("sizes"); s && s->is_object())
+    for (auto& [k, v] : s->as_object())
+      if (v.is_number()) bytes += v.to_number<double>();
+  char buf[32];
+  if (bytes >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  else if (bytes >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  return buf;
+}
+
+}  // namespace
+
 int cmd_snapshots(const std::vector<std::string>& args) {
   auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer snapshots URL [--json]", .flags = {"--json"}}));
   a.expect_positionals(1);
   Session s("snapshots", a.positionals()[0], a);
   auto r = s.call({{"op", "snapshot.list"}});
   if (!r) return s.fail(r.error());
-  for (auto& snap : r->at("snapshots").as_array()) std::cout << json::serialize(snap) << "\n";
+  const auto& list = r->at("snapshots").as_array();
+  if (a.has("--json")) {
+    for (auto& snap : list) std::cout << json::serialize(snap) << "\n";
+    return kExitOk;
+  }
+  std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", "SNAPSHOT", "CREATED (UTC)", "BRANCH", "MODE", "SIZE", "NAME");
+  for (auto& v : list) {
+    if (!v.is_object()) continue;
+    const auto& m = v.as_object();
+    std::string created = text_of(m, "created");
+    if (created.size() >= 19) created = created.substr(0, 10) + " " + created.substr(11, 8);
+    std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", text_of(m, "id").c_str(), created.c_str(),
+                text_of(m, "branch").c_str(), text_of(m, "mode").c_str(), size_of(m).c_str(),
+                text_of(m, "name").c_str());
+  }
   return kExitOk;
 }
 

@@ -527,7 +527,7 @@ def test_an_archive_from_another_image_is_refused_with_the_reason(docker_env, im
         docker(docker_env, "rm", "--force", cid, check=False)
     with counter_box(docker_env, image) as a:
         snap = live_checkpoint(docker_env, a)
-        manifest = [s for s in (json.loads(x) for x in cli(docker_env, "snapshots", a.url).stdout.splitlines())
+        manifest = [s for s in (json.loads(x) for x in cli(docker_env, "snapshots", a.url, "--json").stdout.splitlines())
                     if s["id"] == snap][0]
         assert manifest["image"] == info["id"]  # the manifest names the image it was made in
         archive = tmp_path / "a.tar.zst"

@@ -70,6 +70,14 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         assert snap.startswith("s-"), r.stdout
         listed = cli(box, "snapshots", box.url)
         assert listed.returncode == 0 and snap in listed.stdout
+        # One line each for a person: the id, when, the branch, the mode, the size, the name (the
+        # whole manifest, a screenful of JSON each, was all it printed); --json gives the manifests.
+        head, row = listed.stdout.splitlines()
+        assert head.split() == ["SNAPSHOT", "CREATED", "(UTC)", "BRANCH", "MODE", "SIZE", "NAME"], head
+        cols = row.split()
+        assert cols[0] == snap and cols[3:5] == ["main", "live"] and cols[6] in ("KiB", "MiB") and cols[7] == "cli", row
+        as_json = [json.loads(line) for line in cli(box, "snapshots", box.url, "--json").stdout.splitlines()]
+        assert [m["id"] for m in as_json] == [snap] and as_json[0]["name"] == "cli"
         at_checkpoint = max(outputs(box, "main"))
         f = cli(box, "fork", box.url, "--snapshot", snap, "-n", "2")
         assert f.returncode == 0, f.stderr
