@@ -2,12 +2,10 @@
 // A box's journal from seq N: read from its state directory, or replayed over the API from a
 // ws[s]:// URL (subscribe from N, up to the last seq the box had written when asked, or on
 // with --follow), printed the same way, so a remote box reads like a local one.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <iostream>
 #include <stdexcept>
-#include <string_view>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
@@ -22,26 +20,6 @@ namespace {
 constexpr const char* kUsage = "usage: sandboxer log STATE_DIR|URL [--since N] [--json] [--follow] [--token-file F]";
 
 bool is_url(const std::string& s) { return s.rfind("ws://", 0) == 0 || s.rfind("wss://", 0) == 0; }
-
-// A journal directory holds seq.hwm or its segments (NNN.jsonl, NNN.jsonl.zst: digits); any other
-// directory, read as one, would print nothing and succeed.
-bool looks_like_journal(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return false;
-  bool found = false;
-  while (auto* e = ::readdir(d)) {
-    std::string_view n = e->d_name;
-    auto digits = n.substr(0, n.find('.'));
-    bool segment = !digits.empty() && digits.find_first_not_of("0123456789") == std::string_view::npos &&
-                   (n.ends_with(".jsonl") || n.ends_with(".jsonl.zst"));
-    if (n == "seq.hwm" || segment) {
-      found = true;
-      break;
-    }
-  }
-  ::closedir(d);
-  return found;
-}
 
 int log_remote(const Args& a, uint64_t since, bool json) {
   Session s("log", a.positionals()[0], a);
@@ -87,7 +65,7 @@ int cmd_log(const std::vector<std::string>& args) {
   if (::access(jdir.c_str(), F_OK) != 0) {
     if (::access(dir.c_str(), F_OK) != 0) throw std::runtime_error(dir + ": no such directory");
     jdir = dir;  // given the journal directory itself
-    if (!looks_like_journal(jdir))
+    if (!journal::Journal::holds_journal(jdir))
       throw std::runtime_error(dir + ": not a box's state dir nor its journal (no journal/, no seq.hwm or segments)");
   }
   EventPrinter printer(json);

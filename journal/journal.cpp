@@ -768,6 +768,10 @@ void Journal::flush() {
   while (pending_compressions_ > 0) uv_run(loop_, UV_RUN_ONCE);
 }
 
+bool Journal::holds_journal(const std::string& dir) {
+  return ::access((dir + "/seq.hwm").c_str(), F_OK) == 0 || !list_segments(dir).empty();
+}
+
 boost::system::result<void> Journal::read(const std::string& dir, uint64_t since,
                                           const std::function<bool(uint64_t, std::string_view)>& fn, ReadPos* pos) {
   auto segs = list_segments(dir);

@@ -106,6 +106,10 @@ class Journal {
     bool zst = false;
   };
 
+  /// Whether `dir` holds a journal: its seq.hwm or a segment. Any other directory, read, gives
+  /// nothing and no error.
+  static bool holds_journal(const std::string& dir);
+
   /// Calls `fn(seq, line)` for every event with seq > since, in order, from the files under
   /// `dir`. Stops early when fn returns false. Works on a journal another process is writing.
   /// With `pos`, starts where the last read with it stopped (when `since` is where it stopped:
