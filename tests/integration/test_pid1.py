@@ -319,7 +319,12 @@ def test_as_pid1_under_the_hosts_proc_the_box_mounts_a_proc_of_its_own(tmp_path)
         assert r.returncode == 0 and r.stdout == "for the box's /tmp\n", (r.stdout, r.stderr)
         r = cli("stats", box.url, "--json")
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["box"]["pids"] == 2  # ns-init and sleep
+        st = json.loads(r.stdout)
+        # The branch's tree from its ns-init: ns-init and sleep (the host's pid 2 is kthreadd, with
+        # every kernel thread below it). The box adds only the supervisor's own children: at most
+        # the criu warm-up probe, when the stats come after its delay (a slow sanitizer build).
+        assert st["branches"]["main"]["pids"] == 2, st
+        assert 2 <= st["box"]["pids"] <= 3, st
         if shutil.which("criu"):
             r = cli("checkpoint", box.url)
             assert r.returncode == 0, r.stderr
