@@ -77,13 +77,13 @@ Result<std::string> read_file(const std::string& path) {
   return read_all(fd.get());
 }
 
-Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode) {
+Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode, struct stat* written) {
   auto slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   // The directory by its path, as the caller trusts it (a symlinked state dir is fine).
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return last_error();
-  return write_file_atomic_at(fd.get(), path.substr(slash == std::string::npos ? 0 : slash + 1), data, mode);
+  return write_file_atomic_at(fd.get(), path.substr(slash == std::string::npos ? 0 : slash + 1), data, mode, written);
 }
 
 Result<void> make_dirs(const std::string& path, mode_t mode) {
@@ -149,7 +149,8 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode) {
   return cur;
 }
 
-Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode) {
+Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode,
+                                  struct stat* written) {
   if (!plain_name(name)) return sys_error(EINVAL);
   // Built by appending: GCC 12 at -O3 reports a false -Wrestrict on "." + std::string&&.
   std::string tmp = ".";
@@ -162,6 +163,7 @@ Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::strin
   };
   if (::fchmod(fd.get(), mode) != 0) return fail(last_error());
   if (auto r = write_all(fd.get(), data); !r) return fail(r.error());
+  if (written && ::fstat(fd.get(), written) != 0) return fail(last_error());
   fd.reset();
   if (::renameat(dirfd, tmp.c_str(), dirfd, name.c_str()) != 0) return fail(last_error());
   return {};

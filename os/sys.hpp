@@ -1,5 +1,6 @@
 #pragma once
 // Thin, non-throwing helpers over syscalls. Errors come back as boost::system::result.
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <boost/system/result.hpp>
@@ -41,7 +42,10 @@ Result<std::string> read_file(const std::string& path);
 /// Writes a whole file atomically: a temporary beside it, then rename. The directory is reached
 /// by path (it must be one only the supervisor writes); the file itself goes through
 /// write_file_atomic_at, so a symlink at its place or at any temporary name is never followed.
-Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode = 0644);
+/// `written`, where given, receives the fstat of the file written (its device and inode name it
+/// even after another writer's rename has replaced it at `path`).
+Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode = 0644,
+                               struct stat* written = nullptr);
 
 /// mkdir -p, by path: for directories only the supervisor writes (use make_dirs_at below where an
 /// agent writes).
@@ -72,7 +76,8 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode = 0
 /// Writes `name` (one component) in `dirfd` atomically: a temporary with a random name, created
 /// O_EXCL | O_NOFOLLOW and given `mode` with fchmod, then renamed over `name` (rename replaces a
 /// symlink there and never follows it).
-Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644);
+Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644,
+                                  struct stat* written = nullptr);
 
 /// Opens the inode an O_PATH fd holds, again, with `flags` (through /proc/self/fd): what was
 /// checked with fstat is exactly what gets opened.

@@ -25,9 +25,8 @@ HealthFileId write_health_file(const std::string& path, pid_t pid, const std::st
     boost::json::object o{{"pid", pid}, {"addr", addr}, {"port", port}};
     auto slash = path.rfind('/');
     if (slash != std::string::npos) (void)os::make_dirs(path.substr(0, slash), 0755);
-    if (!os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644)) return {};
     struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) return {};
+    if (!os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644, &st)) return {};
     return {st.st_dev, st.st_ino};
   } catch (...) {
     // Health reporting is best effort: the box runs without it.

@@ -521,6 +521,25 @@ TEST_CASE("os: write_file_atomic_at replaces a symlink at its place and never fo
   CHECK(get(t.path / "victim") == "host file");
 }
 
+TEST_CASE("os: write_file_atomic reports the file it wrote, not whatever the path names later") {
+  TempDir t;
+  const auto path = (t.path / "init.json").string();
+  struct stat mine {
+  }, now{};
+  REQUIRE(sbx::os::write_file_atomic(path, "a\n", 0644, &mine).has_value());
+  REQUIRE(::lstat(path.c_str(), &now) == 0);
+  CHECK(mine.st_ino == now.st_ino);
+  CHECK(mine.st_dev == now.st_dev);
+  CHECK(mine.st_size == 2);
+  // Another writer's rename replaces it at the path: the first's stat still names its own inode,
+  // which a later lstat of the path would not.
+  struct stat theirs {};
+  REQUIRE(sbx::os::write_file_atomic(path, "bb\n", 0644, &theirs).has_value());
+  REQUIRE(::lstat(path.c_str(), &now) == 0);
+  CHECK(theirs.st_ino == now.st_ino);
+  CHECK(mine.st_ino != now.st_ino);
+}
+
 TEST_CASE("archive: owners and modes are signed in the manifest and come back out, set-id bits never") {
   TempDir t;
   put(t.path / "src/fs/workspace/mine.txt", "agent's");
