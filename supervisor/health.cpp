@@ -24,10 +24,16 @@ HealthFileId write_health_file(const std::string& path, pid_t pid, const std::st
   try {
     boost::json::object o{{"pid", pid}, {"addr", addr}, {"port", port}};
     auto slash = path.rfind('/');
-    if (slash != std::string::npos) (void)os::make_dirs(path.substr(0, slash), 0755);
-    struct stat st {};
-    if (!os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644, &st)) return {};
-    return {st.st_dev, st.st_ino};
+    // Twice: another box's end may remove the directory (remove_health_file) between its mkdir
+    // and the write.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (slash != std::string::npos) (void)os::make_dirs(path.substr(0, slash), 0755);
+      struct stat st {};
+      auto r = os::write_file_atomic(path, boost::json::serialize(o) + "\n", 0644, &st);
+      if (r) return {st.st_dev, st.st_ino};
+      if (r.error() != std::errc::no_such_file_or_directory) break;
+    }
+    return {};
   } catch (...) {
     // Health reporting is best effort: the box runs without it.
     return {};
@@ -38,6 +44,9 @@ void remove_health_file(const std::string& path, HealthFileId id) noexcept {
   struct stat st {};
   if (id.ino == 0 || ::lstat(path.c_str(), &st) != 0 || st.st_dev != id.dev || st.st_ino != id.ino) return;
   (void)::unlink(path.c_str());
+  // sandboxer's own directory under /run goes with the last box's file (another box's file, or
+  // anything else in it, keeps it); a directory $SANDBOXER_HEALTH_FILE names is the caller's.
+  if (path == kHealthFile) (void)::rmdir(kHealthDir);
 }
 
 base::Result<std::string> health_file_path() {

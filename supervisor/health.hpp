@@ -15,6 +15,8 @@ namespace sbx::supervisor {
 
 /// Written by a supervisor that is PID 1 (a container's init); read by `--health`.
 inline constexpr const char* kHealthFile = "/run/sandboxer/init.json";
+/// kHealthFile's directory, sandboxer's own.
+inline constexpr const char* kHealthDir = "/run/sandboxer";
 /// Names another file for both (a container whose /run is read-only): its value, an absolute path.
 inline constexpr const char* kHealthFileEnv = "SANDBOXER_HEALTH_FILE";
 
@@ -34,7 +36,8 @@ HealthFileId write_health_file(const std::string& path, pid_t pid, const std::st
 
 /// Removes `path` at the supervisor's end if it is still the file `id` names: under
 /// `unshare --pid --fork` on a host, every such box is PID 1 and shares the host's /run, and
-/// none leaves its file behind there, nor removes another's.
+/// none leaves its file behind there, nor removes another's. The default file's directory
+/// (/run/sandboxer) is removed with it when nothing else is left in it.
 void remove_health_file(const std::string& path, HealthFileId id) noexcept;
 
 /// The `--health` mode: 0 healthy, 1 unhealthy (Docker's HEALTHCHECK convention), one line on

@@ -421,3 +421,33 @@ def test_a_pid1_removes_its_own_health_file_at_its_end_and_no_other(tmp_path):
     os.kill(supervisor_pid(b), signal.SIGTERM)
     b.wait(timeout=30)
     assert not health.exists()
+
+
+def test_a_pid1_on_a_hosts_run_leaves_no_sandboxer_dir_there_and_keeps_what_is_not_its_own(tmp_path):
+    # The default health file is /run/sandboxer/init.json. Under `unshare --pid --fork` on a host,
+    # that is the host's /run: the box made /run/sandboxer there and left it, empty, at its end.
+    # Here /run is a tmpfs of the test's own mount namespace; the host's is never touched.
+    def run_on_a_run(before):
+        shutil.rmtree(tmp_path / "s", ignore_errors=True)
+        script = f"""
+            mount -t tmpfs none /run || exit 9
+            {before}
+            unshare --pid --fork --mount-proc {INIT} --state-dir {tmp_path / 's'} -- sleep 60 &
+            u=$!
+            i=0; while [ ! -s /run/sandboxer/init.json ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+            echo seen=$(ls /run/sandboxer | tr '\\n' ,)
+            kill -TERM $(pgrep -P $u)
+            wait $u
+            find /run -mindepth 1 | sort
+        """
+        env = {k: v for k, v in os.environ.items() if k != "SANDBOXER_HEALTH_FILE"}  # the default file
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=60, env=env)
+        return r.stdout.split()
+
+    # The box wrote its file there while it ran (the control), and nothing is left.
+    out = run_on_a_run("")
+    assert out == ["seen=init.json,"], out
+    # Something else in that directory keeps it; the box's file still goes.
+    out = run_on_a_run("mkdir /run/sandboxer && touch /run/sandboxer/other")
+    assert out == ["seen=init.json,other,", "/run/sandboxer", "/run/sandboxer/other"], out
