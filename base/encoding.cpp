@@ -55,6 +55,18 @@ int utf8_seq(std::string_view s, size_t i) noexcept {
 }
 }  // namespace
 
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  while (!s.empty()) {
+    size_t ok = utf8_valid_prefix(s);
+    out.append(s.substr(0, ok));
+    if (ok == s.size()) break;
+    out.append("\xEF\xBF\xBD");  // U+FFFD for the one byte that stopped it
+    s.remove_prefix(ok + 1);
+  }
+  return out;
+}
+
 size_t utf8_valid_prefix(std::string_view s) noexcept {
   size_t i = 0;
   while (i < s.size()) {

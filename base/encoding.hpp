@@ -14,6 +14,10 @@ std::string rfc3339_now();
 /// surrogates, nothing above U+10FFFF).
 size_t utf8_valid_prefix(std::string_view s) noexcept;
 
+/// `s` with each byte that does not begin or continue valid UTF-8 replaced by U+FFFD: text a
+/// peer may show, from bytes the agent chose (a file's name in an error message).
+std::string utf8_lossy(std::string_view s);
+
 /// How many bytes at the end of `s` are the start of a multi-byte sequence that could still be
 /// completed by more input (0..3). Only meaningful when everything before them is valid.
 size_t utf8_incomplete_tail(std::string_view s) noexcept;

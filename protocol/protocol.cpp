@@ -141,7 +141,8 @@ std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string
 boost::json::object ok_reply(const boost::json::value& id) { return {{"id", id}, {"ok", true}}; }
 
 boost::json::object error_reply(const boost::json::value& id, std::string_view code, std::string_view message) {
-  return {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
+  // A message may name a path the agent chose (fs.remove's "d/<name>: ..."): JSON text is UTF-8.
+  return {{"id", id}, {"ok", false}, {"error", {{"code", code}, {"message", base::utf8_lossy(message)}}}};
 }
 
 boost::json::object reply_with_id(const boost::json::value& id, const boost::json::object& body) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/encoding.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -166,7 +167,12 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
   while (auto* e = ::readdir(d)) {
     if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
     struct stat st {};
-    boost::json::object o{{"name", e->d_name}};
+    // JSON text is UTF-8 and a name is any bytes but '/' and NUL: one that is not UTF-8 is shown
+    // with U+FFFD for each bad byte, and its bytes are in name_b64.
+    std::string_view name = e->d_name;
+    bool utf8 = base::utf8_valid_prefix(name) == name.size();
+    boost::json::object o{{"name", utf8 ? std::string(name) : base::utf8_lossy(name)}};
+    if (!utf8) o["name_b64"] = base::base64_encode(name);
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);

@@ -40,6 +40,20 @@ TEST_CASE("utf8: an incomplete tail is recognised, an invalid one is not") {
   CHECK(base::utf8_incomplete_tail("ab\xf0\x28") == 0);
 }
 
+TEST_CASE("utf8: lossy text replaces each bad byte with U+FFFD and keeps the rest") {
+  CHECK(base::utf8_lossy("plain") == "plain");
+  CHECK(base::utf8_lossy("h\xc3\xa9") == "h\xc3\xa9");
+  CHECK(base::utf8_lossy("bad\xffname") == "bad\xef\xbf\xbdname");
+  CHECK(base::utf8_lossy("\xff\xfe") == "\xef\xbf\xbd\xef\xbf\xbd");
+  CHECK(base::utf8_lossy("ab\xe2\x82") == "ab\xef\xbf\xbd\xef\xbf\xbd");  // a sequence cut short
+  CHECK(base::utf8_lossy("") == "");
+  // Whatever the bytes, the result is UTF-8.
+  std::string all;
+  for (int c = 1; c < 256; ++c) all += static_cast<char>(c);
+  auto text = base::utf8_lossy(all);
+  CHECK(base::utf8_valid_prefix(text) == text.size());
+}
+
 TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhere in a string") {
   auto same = [](const boost::json::value& v) {
     std::string out = "prefix";

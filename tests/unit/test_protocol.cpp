@@ -178,3 +178,13 @@ TEST_CASE("sdk: URLs") {
   CHECK_THROWS(sbx::sdk::parse_url("http://x:1"));
   CHECK_THROWS(sbx::sdk::parse_url("ws://x:99999"));
 }
+
+TEST_CASE("replies: an error message naming a file the agent named is UTF-8 text") {
+  // fs.remove -r names the entry it stopped at; the agent chose its bytes.
+  auto reply = protocol::error_reply(7, "permission_denied", "/workspace/d/bad\xffname: Operation not permitted");
+  auto text = boost::json::serialize(reply);
+  boost::system::error_code ec;
+  auto back = boost::json::parse(text, ec);  // boost's parser refuses text that is not UTF-8
+  REQUIRE_FALSE(ec);
+  CHECK(back.at("error").at("message").as_string() == "/workspace/d/bad\xef\xbf\xbdname: Operation not permitted");
+}
