@@ -21,6 +21,14 @@ const char* kUsage =
     "  exec URL [-i] [-t] [--proc ID] [--env K=V] [--cwd D] -- CMD...        run CMD in the box; exits with its "
     "status\n"
     "  cp SRC DST                                                            copy a file; one side is URL:PATH\n"
+    "  ls URL[:PATH] [--json]                                                a directory of the box (/workspace, "
+    "/tmp)\n"
+    "  rm URL:PATH [-r]                                                      remove a file, or a directory (-r: with "
+    "what it holds)\n"
+    "  mkdir URL:PATH [-p]                                                   make a directory (-p: and those on the "
+    "way)\n"
+    "  mv URL:FROM TO [--replace]                                            rename within the box (TO: a path, or "
+    "URL:TO)\n"
     "  stats URL [--json]                                                    cpu, memory, pids, disk of the box\n"
     "  (remote commands take --token-file F, else SANDBOXER_TOKEN, else the token `run --listen` or `up` stored)\n"
     "  checkpoint URL [--name N] [--branch B] [--stop]                      checkpoint a live agent; prints the "
@@ -70,6 +78,10 @@ int main(int argc, char** argv) {
     if (cmd == "attach") return sbx::cli::cmd_attach(args);
     if (cmd == "exec") return sbx::cli::cmd_exec(args);
     if (cmd == "cp") return sbx::cli::cmd_cp(args);
+    if (cmd == "ls") return sbx::cli::cmd_ls(args);
+    if (cmd == "rm") return sbx::cli::cmd_rm(args);
+    if (cmd == "mkdir") return sbx::cli::cmd_mkdir(args);
+    if (cmd == "mv") return sbx::cli::cmd_mv(args);
     if (cmd == "stats") return sbx::cli::cmd_stats(args);
     if (cmd == "doctor") return sbx::cli::cmd_doctor(args);
     if (cmd == "up") return sbx::cli::cmd_up(args);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "base/encoding.hpp"
 
 namespace sbx::cli {
@@ -18,6 +20,53 @@ std::string clock_of(const boost::json::object& ev) {
   return ts.size() >= 23 ? ts.substr(11, 12) : ts;
 }
 }  // namespace
+
+std::string human_bytes(double bytes) {
+  char buf[32];
+  if (bytes >= 1024.0 * 1024 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  else if (bytes >= 1024.0 * 1024)
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
+  else if (bytes >= 1024.0)
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  return buf;
+}
+
+std::string printable(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  auto escape = [&](unsigned char c) {
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", c);
+    out += esc;
+  };
+  while (!name.empty()) {
+    auto c = static_cast<unsigned char>(name[0]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f || c == '\\')
+        escape(c);
+      else
+        out += static_cast<char>(c);
+      name.remove_prefix(1);
+      continue;
+    }
+    // One UTF-8 sequence whole, unless it is not one or it is a C1 control (U+0080..U+009F, which
+    // some terminals take as ESC [ and the like): each of its bytes escaped.
+    size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+    bool whole = len <= name.size() && base::utf8_valid_prefix(name.substr(0, len)) == len &&
+                 !(c == 0xc2 && static_cast<unsigned char>(name[1]) < 0xa0);
+    if (!whole) {
+      escape(c);
+      name.remove_prefix(1);
+      continue;
+    }
+    out.append(name.substr(0, len));
+    name.remove_prefix(len);
+  }
+  return out;
+}
 
 void EventPrinter::output(const boost::json::object& ev) {
   std::string proc = str(ev, "proc"), stream = str(ev, "stream");

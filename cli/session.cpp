@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +74,23 @@ sdk::Endpoint resolve(const std::string& url, const std::string& token_file) {
 ArgSpec remote_spec(ArgSpec spec) {
   spec.options.push_back("--token-file");
   return spec;
+}
+
+std::optional<RemotePath> split_remote(const std::string& s, bool path_optional) {
+  if (!s.starts_with("ws://") && !s.starts_with("wss://")) return std::nullopt;
+  const std::string bad = s + ": expected URL:PATH, e.g. ws://127.0.0.1:7000:/workspace/file";
+  size_t after = s.find("://") + 3;
+  size_t colon = s.find(':', after);
+  if (colon == std::string::npos) throw UsageError(bad);
+  size_t end = colon + 1;
+  while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
+  if (end == colon + 1) throw UsageError(bad);
+  if (end == s.size() || (end == s.size() - 1 && s[end] == ':')) {
+    if (!path_optional) throw UsageError(bad);
+    return RemotePath{s.substr(0, end), ""};
+  }
+  if (s[end] != ':') throw UsageError(bad);
+  return RemotePath{s.substr(0, end), s.substr(end + 1)};
 }
 
 std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure) {
@@ -154,24 +172,47 @@ int Session::stream_closed(int code, const std::string& reason) {
 
 void Session::report(std::string_view what) const { std::cerr << "sandboxer " << cmd_ << ": " << what << "\n"; }
 
+std::string in_cli_words(std::string message) {
+  // The fs ops' hints name fields and ops; here they name the commands that do the same.
+  static const std::pair<std::string_view, std::string_view> kHints[] = {
+      {"(use fs.list)", "(cp copies one file; `sandboxer ls` lists a directory)"},
+      {"copy it with fs.read and fs.write", "copy it out with `sandboxer cp` and back in"},
+      {"set replace to replace it", "--replace replaces it"},
+  };
+  for (const auto& [api, cli] : kHints)
+    if (auto at = message.find(api); at != std::string::npos) message.replace(at, api.size(), cli);
+  return message;
+}
+
 int Session::fail(const base::Error& e, std::string_view what) const {
   std::string text = what.empty() ? "" : std::string(what) + ": ";
-  text += e.message;
+  text += in_cli_words(e.message);
   if (!e.code.empty()) text += " (" + e.code + ")";
   report(text);
   return kExitFailed;
 }
 
 base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::object req) {
-  Client c(&loop_, box);
+  // Both outlive the client, whose destructor may still call on_close.
   base::Result<json::object> result = base::fail("the connection closed first", "closed");
-  c.on_close([&](int, const std::string&) { stop(); });
+  bool settled = false;  // result is the reply, or the connect's error
+  Client c(&loop_, box);
+  c.on_close([&](int code, const std::string& reason) {
+    // A close with a reason before the reply says why (the client's own 1007 for a message that
+    // is not JSON, the box's 4401 or 1001).
+    if (!settled && !reason.empty())
+      result = base::fail("the connection closed first: " + reason + " (" + std::to_string(code) + ")", "closed");
+    settled = true;
+    stop();
+  });
   c.connect([&](const std::string& err) {
     if (!err.empty()) {
+      settled = true;
       result = base::fail("connect to " + box.url + ": " + connect_error(box.url, err), "connect");
       return stop();
     }
     c.request(std::move(req), [&](const json::object& r) {
+      settled = true;
       result = r;
       c.close();
       stop();

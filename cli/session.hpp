@@ -9,6 +9,7 @@
 
 #include <boost/json.hpp>
 #include <functional>
+#include <optional>
 #include <sandboxer/client.hpp>
 #include <string>
 #include <string_view>
@@ -21,6 +22,14 @@ namespace sbx::cli {
 
 /// A remote subcommand's spec with the options every remote subcommand takes (--token-file F).
 ArgSpec remote_spec(ArgSpec spec);
+
+/// A path in a box: "ws://HOST:PORT:PATH" (or wss://...), as cp, ls, rm, mkdir and mv take it.
+struct RemotePath {
+  std::string url, path;  ///< path "" where it was given as the URL alone and may be
+};
+/// `s` as URL:PATH; nullopt for what is not a ws:// or wss:// URL (a local path). A URL without
+/// the ":PATH" is an error (UsageError, with an example) unless `path_optional`.
+std::optional<RemotePath> split_remote(const std::string& s, bool path_optional = false);
 
 /// A reply's error as an Error: its message and code, or (no error object) the whole reply.
 base::Error reply_error(const boost::json::object& reply);
@@ -43,6 +52,10 @@ std::vector<std::string> readable_keys(const Args& a);
 /// and closed, so a plain connect (2 s at most) says which it was ("Connection refused (nothing
 /// listens on HOST:PORT)"). Any other `err` is returned as it is.
 std::string connect_error(const std::string& url, const std::string& err);
+
+/// A box's error message in the CLI's words: the hints of the fs ops that name an op or a field
+/// ("(use fs.list)", "set replace to replace it") name the command or flag instead.
+std::string in_cli_words(std::string message);
 
 class Session {
  public:
@@ -82,7 +95,8 @@ class Session {
   /// An event stream's end: 1000 and 1001 (the box ended, or is going away) are a clean end, any
   /// other close is reported as a failure. Stops the loop; returns the exit status.
   int stream_closed(int code, const std::string& reason);
-  /// "sandboxer CMD: [<what>: ]<message> (<code>)" on stderr; returns kExitFailed.
+  /// "sandboxer CMD: [<what>: ]<message> (<code>)" on stderr, the message in_cli_words; returns
+  /// kExitFailed.
   int fail(const base::Error& e, std::string_view what = {}) const;
   int fail(const boost::json::object& reply) const { return fail(reply_error(reply)); }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
@@ -27,14 +28,7 @@ std::string size_of(const json::object& m) {
   else if (auto* s = m.if_contains("sizes"); s && s->is_object())
     for (auto& [k, v] : s->as_object())
       if (v.is_number()) bytes += v.to_number<double>();
-  char buf[32];
-  if (bytes >= 1024.0 * 1024 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
-  else if (bytes >= 1024.0 * 1024)
-    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024));
-  else
-    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
-  return buf;
+  return human_bytes(bytes);
 }
 
 }  // namespace

@@ -30,8 +30,12 @@ int cmd_stats(const std::vector<std::string>& args) {
   Session s("stats", a.positionals()[0], a);
   auto r = s.request({{"op", "stats"}});
   if (!r) {
-    // A connection that failed says why; one that closed before the reply ends quietly.
-    if (r.error().code == "connect") s.report(r.error().message);
+    // A connection that failed says why, as does a close with a reason (the client's 1007 for a
+    // reply it cannot read); one that closed before the reply without a word ends quietly.
+    if (r.error().code == "connect")
+      s.report(r.error().message);
+    else if (r.error().message != "the connection closed first")
+      return s.fail(r.error());
     return kExitFailed;
   }
   if (!reply_ok(*r)) return s.fail(*r);

@@ -527,9 +527,10 @@ def checkpoint_and_export(box, out, timeout=120):
     return snap
 
 
-def silent_websocket_server():
+def silent_websocket_server(answer=None):
     """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
-    returns its listening socket."""
+    returns its listening socket. With `answer` (bytes, under 126), it sends that as the payload
+    of one text frame once the client has sent something, then answers nothing more."""
     srv = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -542,6 +543,8 @@ def silent_websocket_server():
         conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: sandboxer.v1\r\n\r\n")
         with contextlib.suppress(OSError):
+            if answer is not None and conn.recv(65536):
+                conn.sendall(b"\x81" + bytes([len(answer)]) + answer)
             while conn.recv(65536):
                 pass
     threading.Thread(target=serve, daemon=True).start()

@@ -1,4 +1,5 @@
 """The CLI over the WebSocket (sdk/cpp): attach, exec, cp, stats, and run --listen."""
+import base64
 import fcntl
 import hashlib
 import json
@@ -352,3 +353,84 @@ def test_following_a_box_never_reached_ends_at_once_saying_why(box, tmp_path, cm
     r = subprocess.run([str(CLI), cmd[0], box.url, *cmd[1:], "--token-file", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "the box refused the token: " in r.stderr and "(4401)" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("answer", [b"bad\xffbytes", b"not json"])
+def test_a_reply_that_is_not_json_ends_the_request_with_1007_and_says_so(tmp_path, answer):
+    # A text frame the client cannot read (not UTF-8, or not JSON) once left the request waiting
+    # for a reply forever (the control: this run has a timeout).
+    srv = silent_websocket_server(answer=answer)
+    token = tmp_path / "token"
+    token.write_text("x" * 32)
+    try:
+        r = subprocess.run([str(CLI), "stats", f"ws://127.0.0.1:{srv.getsockname()[1]}", "--token-file", str(token)],
+                           capture_output=True, timeout=30)
+    finally:
+        srv.close()
+    assert r.returncode == 1, r.stderr
+    assert b"the box sent a text frame that is not a JSON object" in r.stderr and b"(1007)" in r.stderr, r.stderr
+
+
+def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(box):
+    ws = box.workspace
+    (ws / "b.txt").write_bytes(b"abc")
+    (ws / "a dir").mkdir()
+    (ws / "title\x1b]0;pwned\x07").write_bytes(b"")
+    with open(os.fsencode(ws) + b"/bad\xffname", "wb") as f:
+        f.write(b"12345")
+    (ws / "link").symlink_to("/etc/passwd")
+    r = cli(box, "ls", box.url)  # no path: /workspace
+    assert r.returncode == 0, r.stderr
+    lines = [l.split(None, 2) for l in r.stdout.decode().splitlines()]
+    assert lines == [["dir", "-", "a dir/"], ["file", "3", "B  b.txt"], ["file", "5", "B  bad\\xffname"],
+                     ["symlink", "-", "link"], ["file", "0", "B  title\\x1b]0;pwned\\x07"]], r.stdout
+    assert b"\x1b" not in r.stdout and b"\xff" not in r.stdout
+    # --json: each entry as the box gave it; a name that is not UTF-8 has its bytes in name_b64.
+    r = cli(box, "ls", f"{box.url}:/workspace", "--json")
+    entries = {e["name"]: e for e in json.loads(r.stdout)}
+    bad = entries["bad\ufffdname"]
+    assert base64.b64decode(bad["name_b64"]) == b"bad\xffname" and bad["size"] == 5
+    assert "name_b64" not in entries["b.txt"]
+    # A file is listed as itself; what is not there, or outside the roots, is an error.
+    r = cli(box, "ls", f"{box.url}:/workspace/b.txt")
+    assert r.returncode == 0 and r.stdout.split() == [b"file", b"3", b"B", b"/workspace/b.txt"], r.stdout
+    r = cli(box, "ls", f"{box.url}:/workspace/nope")
+    assert r.returncode == 1 and b"/workspace/nope: No such file or directory (not_found)" in r.stderr
+    r = cli(box, "ls", f"{box.url}:/etc")
+    assert r.returncode == 1 and b"(path_escape)" in r.stderr
+    r = cli(box, "ls", "/tmp")
+    assert r.returncode == 2 and b"expected URL:PATH" in r.stderr
+
+
+def test_rm_mkdir_and_mv_change_the_boxs_files_and_say_what_a_refusal_needs(box):
+    ws = box.workspace
+    r = cli(box, "mkdir", f"{box.url}:/workspace/x/y/z")
+    assert r.returncode == 1 and b"(-p makes the directories on the way) (not_found)" in r.stderr, r.stderr
+    assert not (ws / "x").exists()
+    r = cli(box, "mkdir", f"{box.url}:/workspace/x/y/z", "-p")
+    assert r.returncode == 0 and (ws / "x/y/z").is_dir(), r.stderr
+    assert cli(box, "mkdir", f"{box.url}:/workspace/x").returncode == 0  # there already: fine
+    (ws / "x/y/f").write_text("f")
+    r = cli(box, "rm", f"{box.url}:/workspace/x")
+    assert r.returncode == 1 and b"(-r removes it with what it holds) (not_empty)" in r.stderr, r.stderr
+    (ws / "g").write_text("g")
+    r = cli(box, "mv", f"{box.url}:/workspace/g", "/workspace/x/y/f")
+    assert r.returncode == 1 and b"exists (a regular file); --replace replaces it (exists)" in r.stderr, r.stderr
+    r = cli(box, "mv", f"{box.url}:/workspace/g", f"{box.url}:/workspace/x/y/f", "--replace")
+    assert r.returncode == 0 and (ws / "x/y/f").read_text() == "g" and not (ws / "g").exists(), r.stderr
+    r = cli(box, "mv", f"{box.url}:/workspace/x", "/tmp/x")
+    assert r.returncode == 1 and b"copy it out with `sandboxer cp` and back in (cross_root)" in r.stderr, r.stderr
+    r = cli(box, "mv", f"{box.url}:/workspace/x", "ws://127.0.0.1:1:/workspace/w")
+    assert r.returncode == 2 and b"mv moves within one box" in r.stderr, r.stderr
+    r = cli(box, "rm", f"{box.url}:/workspace/x", "-r")
+    assert r.returncode == 0 and not (ws / "x").exists(), r.stderr
+    r = cli(box, "rm", f"{box.url}:/workspace/x")
+    assert r.returncode == 1 and b"(not_found)" in r.stderr
+
+
+def test_cp_of_a_directory_names_the_command_that_lists_it(box, tmp_path):
+    (box.workspace / "d").mkdir()
+    r = cli(box, "cp", f"{box.url}:/workspace/d", str(tmp_path / "d"))
+    assert r.returncode == 1, r.stderr
+    assert b"is a directory (cp copies one file; `sandboxer ls` lists a directory) (is_a_directory)" in r.stderr
+    assert b"fs.list" not in r.stderr

@@ -129,20 +129,25 @@ struct Client::Impl {
     if (on_close) on_close(close_code, close_reason);
   }
 
-  void on_message(std::string_view m, bool binary) {
+  // False for a text frame that is not a JSON object (RFC 8259 text is UTF-8: a frame that is
+  // not, or that does not parse, is the box's bug or a hostile peer): the caller ends the
+  // connection with 1007 rather than leave a request waiting for a reply it can never read.
+  bool on_message(std::string_view m, bool binary) {
     if (binary) {
       auto head = protocol::get_header(m);
-      if (!head || !on_binary) return;
-      on_binary(head->id, head->offset, head->last(), m.substr(protocol::kBinaryHeader));
-      return;
+      if (head && on_binary) on_binary(head->id, head->offset, head->last(), m.substr(protocol::kBinaryHeader));
+      return true;
     }
     boost::system::error_code ec;
     auto v = json::parse(m, ec);
-    if (ec || !v.is_object()) return;
+    if (ec || !v.is_object()) {
+      close_reason = "the box sent a text frame that is not a JSON object" + (ec ? " (" + ec.message() + ")" : "");
+      return false;
+    }
     auto& o = v.as_object();
     if (o.contains("seq") && !o.contains("id")) {
       if (on_event) on_event(o, m);
-      return;
+      return true;
     }
     auto* id = o.if_contains("id");
     if (id && id->is_int64()) {
@@ -151,7 +156,7 @@ struct Client::Impl {
         auto fn = std::move(it->second);
         waiting.erase(it);
         if (fn) fn(o);
-        return;
+        return true;
       }
     }
     // An error without a request we know of (e.g. id null): give it to whoever waits longest.
@@ -161,6 +166,7 @@ struct Client::Impl {
       waiting.erase(it);
       if (fn) fn(o);
     }
+    return true;
   }
 
   int callback(lws* w, lws_callback_reasons reason, void* in, size_t len) {
@@ -210,8 +216,10 @@ struct Client::Impl {
         rx_new = true;
         std::string m = std::move(rx);
         rx.clear();
-        on_message(m, rx_binary);
-        return 0;
+        if (on_message(m, rx_binary)) return 0;
+        close_code = LWS_CLOSE_STATUS_INVALID_PAYLOAD;
+        lws_close_reason(w, LWS_CLOSE_STATUS_INVALID_PAYLOAD, nullptr, 0);
+        return -1;
       }
       case LWS_CALLBACK_CLIENT_WRITEABLE:
         while (!q.empty() && !lws_send_pipe_choked(w)) {
