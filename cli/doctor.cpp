@@ -277,7 +277,18 @@ Line check_disk() {
           loopfd >= 0 && mkfs ? "" : "persistence: persistent with resources.disk runs without a disk ceiling"};
 }
 
-Line check_privileges() {
+// The profile a box takes without --profile: where it comes from, and that it loads.
+Line check_profile(std::optional<profile::Profile>& out) {
+  try {
+    auto src = profile::find_profile("default");
+    out = profile::load_profile(src.where.starts_with("built-in ") ? "default" : src.where);
+    return {"profile", true, "default, from " + src.where, ""};
+  } catch (const std::exception& e) {
+    return {"profile", false, e.what(), "a box started here without --profile refuses to start"};
+  }
+}
+
+Line check_privileges(const std::optional<profile::Profile>& dflt) {
   std::string d = "uid " + std::to_string(::getuid());
   bool sysres = ::prctl(PR_CAPBSET_READ, CAP_SYS_RESOURCE) == 1;
   struct rlimit rl {};
@@ -301,8 +312,12 @@ Line check_privileges() {
         "is files-only");
   }
   // The default profile's user and capabilities, which a supervisor of this user applies.
+  if (!dflt) {
+    mean("the default profile's user and capabilities are not checked: it did not load (the profile line)");
+    return {"privileges", true, d, meaning};
+  }
   try {
-    sandbox::check_supervisor_privileges(profile::load_profile("default"));
+    sandbox::check_supervisor_privileges(*dflt);
   } catch (const std::exception& e) {
     mean(e.what());
     return {"privileges", false, d, meaning};
@@ -315,8 +330,11 @@ Line check_privileges() {
 int cmd_doctor(const std::vector<std::string>& args) {
   auto a = parse_args(args, {.usage = "usage: sandboxer doctor [--json]", .flags = {"--json"}, .max_positionals = 0});
   bool json = a.has("--json");
-  std::vector<Line> lines = {check_cgroup(), check_seccomp(), check_landlock(), check_namespaces(), check_overlay(),
-                             check_criu(),   check_ksm(),     check_disk(),     check_privileges()};
+  std::optional<profile::Profile> dflt;
+  Line profile_line = check_profile(dflt);
+  std::vector<Line> lines = {check_cgroup(),  check_seccomp(),       check_landlock(), check_namespaces(),
+                             check_overlay(), check_criu(),          check_ksm(),      check_disk(),
+                             profile_line,    check_privileges(dflt)};
   sandbox::CommandProbe criu({"criu", "--version"});
   auto caps = sandbox::detect_capabilities(&criu);
   if (json) {
@@ -338,7 +356,8 @@ int cmd_doctor(const std::vector<std::string>& args) {
   }
   // Non-zero when the default profile cannot be enforced as written.
   for (auto& l : lines)
-    if (!l.ok && (l.what == "cgroup" || l.what == "namespaces" || l.what == "seccomp" || l.what == "privileges"))
+    if (!l.ok && (l.what == "cgroup" || l.what == "namespaces" || l.what == "seccomp" || l.what == "profile" ||
+                  l.what == "privileges"))
       return 1;
   return 0;
 }

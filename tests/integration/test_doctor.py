@@ -10,7 +10,7 @@ from sbxtest import CLI
 
 pytestmark = pytest.mark.timeout(60)
 
-CAPS = ["cgroup", "seccomp", "landlock", "namespaces", "overlayfs", "criu", "ksm", "disk", "privileges"]
+CAPS = ["cgroup", "seccomp", "landlock", "namespaces", "overlayfs", "criu", "ksm", "disk", "profile", "privileges"]
 
 
 def landlock_abi():
@@ -82,3 +82,22 @@ def test_doctor_rootless_says_there_is_no_live_checkpoint():
     p = json.loads(r.stdout)["privileges"]
     assert p["ok"] and "in a user namespace of its own (rootless)" in p["detail"], p
     assert "no live checkpoint: criu cannot suspend an agent's seccomp filter" in p["meaning"], p
+
+
+def test_doctor_names_a_default_profile_that_does_not_load_and_fails(tmp_path):
+    # It once showed as a privileges failure, from the check that loads the profile to read its
+    # user. The control: the shipped one loads.
+    d = json.loads(subprocess.run([str(CLI), "doctor", "--json"], capture_output=True, text=True, timeout=30).stdout)
+    assert d["profile"]["ok"] and d["profile"]["detail"].startswith("default, from "), d["profile"]
+    (tmp_path / "default.json").write_text('{"name": "default", "version": 1, "resources": {"grase": "1s"}}')
+    env = dict(os.environ, SANDBOXER_PROFILE_DIR=str(tmp_path))
+    r = subprocess.run([str(CLI), "doctor", "--json"], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode == 1, r.stdout
+    d = json.loads(r.stdout)
+    assert not d["profile"]["ok"], d["profile"]
+    assert d["profile"]["detail"] == f"{tmp_path}/default.json: resources.grase: unknown field", d["profile"]
+    assert d["profile"]["meaning"] == "a box started here without --profile refuses to start"
+    assert d["privileges"]["ok"] and "it did not load (the profile line)" in d["privileges"]["meaning"]
+    # What the line foretells.
+    r = subprocess.run([str(CLI), "run", "--", "true"], capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode != 0 and "resources.grase: unknown field" in r.stderr, r.stderr
