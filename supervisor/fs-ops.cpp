@@ -176,6 +176,7 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);
+      o["mode"] = static_cast<uint64_t>(st.st_mode & 07777);
     }
     out.push_back(std::move(o));
   }

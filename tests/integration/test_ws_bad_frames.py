@@ -177,7 +177,7 @@ VALID = {
     "fs.read": (A_TXT, {"id": 10, "ok": True, "size": 5, "length": 5}),
     "fs.write with binary frames": ([], {"id": 11, "ok": True, "size": 5, "path": "/workspace/a.txt"}),
     "fs.write inline": ([], {"id": 12, "ok": True, "size": 5, "path": "b.txt"}),
-    "fs.list": (A_TXT, {"id": 13, "ok": True, "entries": [{"name": "a.txt", "type": "file", "size": 5}]}),
+    "fs.list": (A_TXT, {"id": 13, "ok": True, "entries": [{"name": "a.txt", "type": "file", "size": 5, "mode": int, "name_b64": Optional(str)}]}),
     "fs.stat": (A_TXT, {"id": 14, "ok": True, "path": "/workspace/a.txt", "type": "file", "size": 5,
                         "mode": 0o644, "mtime": float}),
     "fs.remove": (A_TXT, {"id": 15, "ok": True}),

@@ -86,6 +86,7 @@ def test_list_stat_mkdir_remove(box):
             ls = await s.request("fs.list", path="/workspace/d")
             assert ls["ok"], ls
             assert [e["name"] for e in ls["entries"]] == ["a.txt"]
+            assert ls["entries"][0]["mode"] == st["mode"] and "name_b64" not in ls["entries"][0]
             bad = await s.request("fs.remove", path="/workspace/d")
             assert bad["ok"] is False and bad["error"]["code"] == "not_empty"
             assert (await s.request("fs.remove", path="/workspace/d", recursive=True))["ok"]
