@@ -1,19 +1,192 @@
-// sandboxer cp SRC DST: one file into or out of a box; one side is URL:PATH
-// (ws://127.0.0.1:7000:/workspace/file), the other a local path. fs.read and fs.write move it in
-// binary frames (session.hpp).
+// sandboxer cp [-r] SRC DST: a file, or with -r a directory, into or out of a box; one side is
+// URL:PATH (ws://127.0.0.1:7000:/workspace/file), the other a local path. fs.read and fs.write
+// move each file in binary frames (session.hpp); -r walks the tree with fs.list on the box's side
+// and the local directory on the other. As cp -r: a DST that is a directory receives SRC by its
+// name, else DST becomes the copy. Files keep their permission bits (no set-id bits), as do
+// directories copied out; those made in the box are 0755 (fs.mkdir). A symlink, a FIFO or a
+// device is not copied: each is named on stderr, and the exit status is 1 once the rest is.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "base/encoding.hpp"
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
 
+namespace json = boost::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kMaxDepth = 256;
+
+class TreeCopy {
+ public:
+  explicit TreeCopy(Session& s) : s_(s) {}
+
+  // The box's `dir` into the new local directory `to`.
+  bool out(const std::string& dir, const std::string& to, unsigned mode, int depth);
+  // The local directory `from` into the box's `to` (made if it is not there).
+  bool in(const fs::path& from, const std::string& to, int depth);
+  bool skipped() const { return skipped_; }
+
+ private:
+  void skip(const std::string& what, const std::string& why) {
+    s_.report("skipped " + printable(what) + ": " + why);
+    skipped_ = true;
+  }
+  bool failed(const base::Error& e, const std::string& what) {
+    s_.fail(e, what);
+    return false;
+  }
+
+  Session& s_;
+  bool skipped_ = false;
+};
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.ends_with('/') ? dir + name : dir + "/" + name;
+}
+
+std::string text_of(const json::object& o, const char* key) {
+  auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+unsigned mode_of(const json::object& o, unsigned fallback) {
+  auto* v = o.if_contains("mode");
+  return v && v->is_number() ? static_cast<unsigned>(v->to_number<uint64_t>() & 0777) : fallback;
+}
+
+bool TreeCopy::out(const std::string& dir, const std::string& to, unsigned mode, int depth) {
+  if (depth > kMaxDepth) return failed({dir + ": directory tree too deep", "too_deep"}, "download");
+  // Made anew (never into what is there) and private while it fills.
+  if (::mkdir(to.c_str(), 0700) != 0) return failed({to + ": " + std::strerror(errno), "local"}, "download");
+  auto r = s_.call({{"op", "fs.list"}, {"path", dir}});
+  if (!r) return failed(r.error(), "list " + dir);
+  auto entries = r->at("entries").as_array();
+  std::sort(entries.begin(), entries.end(), [](const json::value& x, const json::value& y) {
+    auto key = [](const json::value& v) { return v.is_object() ? text_of(v.as_object(), "name") : std::string(); };
+    return key(x) < key(y);
+  });
+  for (auto& v : entries) {
+    if (!v.is_object()) continue;
+    const auto& e = v.as_object();
+    std::string name = text_of(e, "name"), type = text_of(e, "type");
+    std::string path = join(dir, name);
+    // A name is one entry of `to`: the box's word is not taken for it.
+    if (e.contains("name_b64")) {
+      std::string raw;
+      base::base64_decode(text_of(e, "name_b64"), raw);
+      skip(join(dir, raw), "its name is not UTF-8, which a request cannot name");
+      continue;
+    }
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      skip(path, "not a name of one entry");
+      continue;
+    }
+    std::string local = join(to, name);
+    if (type == "dir") {
+      if (!out(path, local, mode_of(e, 0755), depth + 1)) return false;
+    } else if (type == "file") {
+      auto d = s_.download({{"op", "fs.read"}, {"path", path}}, local);
+      if (!d) return failed(d.error(), "download " + path);
+      ::chmod(local.c_str(), mode_of(e, 0644));
+    } else {
+      skip(path, type == "symlink" ? "a symlink (cp copies files and directories)"
+                                   : "not a file, a directory or a symlink (a FIFO, a socket or a device)");
+    }
+  }
+  ::chmod(to.c_str(), mode);
+  return true;
+}
+
+bool TreeCopy::in(const fs::path& from, const std::string& to, int depth) {
+  if (depth > kMaxDepth) return failed({from.string() + ": directory tree too deep", "too_deep"}, "upload");
+  std::error_code ec;
+  auto r = s_.call({{"op", "fs.mkdir"}, {"path", to}});
+  if (!r) return failed(r.error(), "mkdir " + to);
+  std::vector<fs::directory_entry> entries;
+  for (fs::directory_iterator it(from, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(*it);
+  if (ec) return failed({from.string() + ": " + ec.message(), "local"}, "upload");
+  std::sort(entries.begin(), entries.end());
+  for (auto& e : entries) {
+    auto est = e.symlink_status(ec);
+    std::string path = join(to, e.path().filename().string());
+    if (est.type() == fs::file_type::directory) {
+      if (!in(e.path(), path, depth + 1)) return false;
+    } else if (est.type() == fs::file_type::regular) {
+      auto u = s_.upload(
+          {{"op", "fs.write"}, {"path", path}, {"mode", static_cast<unsigned>(est.permissions()) & 0777}}, e.path());
+      if (!u) return failed(u.error(), "upload to " + path);
+    } else {
+      skip(e.path().string(), est.type() == fs::file_type::symlink ? "a symlink (cp copies files and directories)"
+                                                                   : "not a file or a directory");
+    }
+  }
+  return true;
+}
+
+// Where a copy of `src_name` goes when the destination is `dst`: inside it when it is a directory.
+std::string inside_if_dir(const std::string& dst, bool is_dir, const std::string& src_name) {
+  return is_dir ? join(dst, src_name) : dst;
+}
+
+std::string base_name(std::string p) {
+  while (p.size() > 1 && p.ends_with('/')) p.pop_back();
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optional<RemotePath>& dst,
+              const std::string& from, const std::string& to) {
+  TreeCopy t(s);
+  bool ok;
+  if (src) {
+    auto st = s.call({{"op", "fs.stat"}, {"path", src->path}});
+    if (!st) return s.fail(st.error(), "download " + from);
+    if (text_of(*st, "type") != "dir") {
+      auto d = s.download({{"op", "fs.read"}, {"path", src->path}}, to);
+      return d ? kExitOk : s.fail(d.error(), "download " + from);
+    }
+    std::error_code ec;
+    std::string target = inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path));
+    ok = t.out(src->path, target, mode_of(*st, 0755), 0);
+  } else {
+    std::error_code ec;
+    if (!fs::is_directory(fs::symlink_status(from, ec))) {
+      auto u = s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);
+      return u ? kExitOk : s.fail(u.error(), "upload to " + to);
+    }
+    auto st = s.request({{"op", "fs.stat"}, {"path", dst->path}});
+    if (!st) return s.fail(st.error(), "upload to " + to);
+    bool there = reply_ok(*st);
+    if (there && text_of(*st, "type") != "dir")
+      return s.fail({dst->path + ": exists and is not a directory", "exists"}, "upload to " + to);
+    ok = t.in(from, inside_if_dir(dst->path, there, base_name(fs::absolute(from).lexically_normal().string())), 0);
+  }
+  return ok && !t.skipped() ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
 int cmd_cp(const std::vector<std::string>& args) {
-  auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer cp SRC DST (one side URL:PATH)"}));
+  auto a =
+      parse_args(args, remote_spec({.usage = "usage: sandboxer cp [-r] SRC DST (one side URL:PATH)", .flags = {"-r"}}));
   a.expect_positionals(2);
   const auto& from = a.positionals()[0];
   const auto& to = a.positionals()[1];
   auto src = split_remote(from), dst = split_remote(to);
   if (src.has_value() == dst.has_value()) throw UsageError("one of SRC and DST is URL:PATH, the other a local path");
   Session s("cp", src ? src->url : dst->url, a);
+  if (a.has("-r")) return copy_tree(s, src, dst, from, to);
   auto r = src ? s.download({{"op", "fs.read"}, {"path", src->path}}, to)
                : s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);
   if (r) return kExitOk;

@@ -34,7 +34,7 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-std::string printable(std::string_view name) {
+std::string printable(std::string_view name, bool escape_backslash) {
   std::string out;
   out.reserve(name.size());
   auto escape = [&](unsigned char c) {
@@ -45,7 +45,7 @@ std::string printable(std::string_view name) {
   while (!name.empty()) {
     auto c = static_cast<unsigned char>(name[0]);
     if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f || c == '\\')
+      if (c < 0x20 || c == 0x7f || (c == '\\' && escape_backslash))
         escape(c);
       else
         out += static_cast<char>(c);

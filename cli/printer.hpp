@@ -14,8 +14,8 @@ std::string human_bytes(double bytes);
 /// `name` as a terminal may show it: a control byte (below 0x20, 0x7f), a backslash, a byte that
 /// is not part of valid UTF-8 and a C1 control (U+0080..U+009F) as \xNN, so that a name the agent
 /// chose (a file's) can neither move the cursor nor retitle the user's terminal, and shows which
-/// bytes it has.
-std::string printable(std::string_view name);
+/// bytes it has. Without `escape_backslash`, for a message (Session::report): a backslash stays.
+std::string printable(std::string_view name, bool escape_backslash = true);
 
 class EventPrinter {
  public:

@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/tokens.hpp"
 #include "os/sys.hpp"
 #include "sandboxer/transfer.hpp"
@@ -170,7 +171,10 @@ int Session::stream_closed(int code, const std::string& reason) {
   return kExitFailed;
 }
 
-void Session::report(std::string_view what) const { std::cerr << "sandboxer " << cmd_ << ": " << what << "\n"; }
+void Session::report(std::string_view what) const {
+  // A message may name what the agent named (a file): nothing in it acts on the terminal.
+  std::cerr << "sandboxer " << cmd_ << ": " << printable(what, false) << "\n";
+}
 
 std::string in_cli_words(std::string message) {
   // The fs ops' hints name fields and ops; here they name the commands that do the same.

@@ -434,3 +434,47 @@ def test_cp_of_a_directory_names_the_command_that_lists_it(box, tmp_path):
     assert r.returncode == 1, r.stderr
     assert b"is a directory (cp copies one file; `sandboxer ls` lists a directory) (is_a_directory)" in r.stderr
     assert b"fs.list" not in r.stderr
+
+
+def test_cp_r_copies_a_tree_out_and_in_with_file_modes_and_names_what_it_skips(box, tmp_path):
+    ws = box.workspace
+    (ws / "t/sub/deep").mkdir(parents=True)
+    (ws / "t/a").write_bytes(b"a" * 70000)
+    (ws / "t/sub/run.sh").write_text("#!/bin/sh\necho hi\n")
+    (ws / "t/sub/run.sh").chmod(0o750)
+    (ws / "t/link").symlink_to("/etc/passwd")
+    os.mkfifo(ws / "t/fifo")
+    with open(os.fsencode(ws) + b"/t/bad\xff", "wb"):
+        pass
+    out = tmp_path / "out"
+    r = cli(box, "cp", "-r", f"{box.url}:/workspace/t", str(out))
+    # Everything else is copied; each skipped entry is named, and the status says one was.
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        "sandboxer cp: skipped /workspace/t/bad\\xff: its name is not UTF-8, which a request cannot name",
+        "sandboxer cp: skipped /workspace/t/fifo: not a file, a directory or a symlink (a FIFO, a socket or a device)",
+        "sandboxer cp: skipped /workspace/t/link: a symlink (cp copies files and directories)"], r.stderr
+    found = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert found == ["a", "sub", "sub/deep", "sub/run.sh"], found
+    assert (out / "a").read_bytes() == b"a" * 70000
+    assert (out / "sub/run.sh").stat().st_mode & 0o777 == 0o750
+    assert not (tmp_path / "passwd").exists() and not (out / "link").exists()
+    # Into a directory that is there, by its name (cp -r); onto a file, refused.
+    (tmp_path / "into").mkdir()
+    assert cli(box, "cp", "-r", f"{box.url}:/workspace/t/sub", str(tmp_path / "into")).returncode == 0
+    assert (tmp_path / "into/sub/run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    r = cli(box, "cp", "-r", f"{box.url}:/workspace/t", str(out / "a"))
+    assert r.returncode == 1 and b"/a: File exists (local)" in r.stderr, r.stderr
+    # In: the local tree, without what the box would have to follow.
+    (out / "link").symlink_to("/etc/shadow")
+    r = cli(box, "cp", "-r", str(out), f"{box.url}:/workspace/up")
+    assert r.returncode == 1 and b"skipped " + str(out / "link").encode() + b": a symlink" in r.stderr, r.stderr
+    assert (ws / "up/a").read_bytes() == b"a" * 70000
+    assert (ws / "up/sub/run.sh").stat().st_mode & 0o777 == 0o750
+    assert (ws / "up/sub/deep").is_dir() and not (ws / "up/link").exists()
+    (out / "link").unlink()
+    assert cli(box, "cp", "-r", str(out), f"{box.url}:/workspace/up").returncode == 0
+    assert (ws / "up/out/a").is_file()  # a directory that is there receives it by its name
+    # -r of a file copies the file.
+    assert cli(box, "cp", "-r", f"{box.url}:/workspace/t/a", str(tmp_path / "one")).returncode == 0
+    assert (tmp_path / "one").read_bytes() == b"a" * 70000
