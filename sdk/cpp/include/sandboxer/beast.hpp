@@ -65,6 +65,9 @@ asio::awaitable<void> open_websocket(Ws& ws, const WsTarget& t, size_t read_max)
   auto results = co_await resolver.async_resolve(t.host, t.port, asio::use_awaitable);
   beast::get_lowest_layer(ws).expires_after(std::chrono::seconds(10));
   co_await beast::get_lowest_layer(ws).async_connect(results, asio::use_awaitable);
+  // A request and the small frames after it go out at once: with Nagle's algorithm the second
+  // small write waited for the box's delayed ACK of the first, ~40 ms (a small file's upload).
+  beast::get_lowest_layer(ws).socket().set_option(asio::ip::tcp::no_delay(true));
   if constexpr (std::is_same_v<Ws, TlsWs>) {
     // SNI, for a box behind a proxy that routes by name.
     SSL_set_tlsext_host_name(ws.next_layer().native_handle(), t.host.c_str());
