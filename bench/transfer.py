@@ -108,11 +108,86 @@ def main():
         what = f"a {MIB} MiB file {label}, `sandboxer cp` whole command, median of {RUNS}"
         for who in ("py", "host"):
             _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-bench-tree-"))
+    try:
+        tree_rows(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-bench-send-"))
     try:
         send_rows(d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+TREE_DIRS, TREE_FILES = 10, 50  # 500 files of 1 KiB
+
+
+def sdk_python_tree(url, tf, way, box_dir, local_dir):
+    """The peer of `cp -r`: one connection of sdk/python, the tree walked with fs.list and each
+    file read or written with fs.read or fs.write in turn."""
+    from sandboxer import Box
+
+    async def out(box, remote, local):
+        local.mkdir()
+        for e in await box.fs.list(remote):
+            if e["type"] == "dir":
+                await out(box, f"{remote}/{e['name']}", local / e["name"])
+            else:
+                (local / e["name"]).write_bytes(await box.fs.read(f"{remote}/{e['name']}"))
+
+    async def into(box, local, remote):
+        await box.fs.mkdir(remote)
+        for p in sorted(local.iterdir()):
+            if p.is_dir():
+                await into(box, p, f"{remote}/{p.name}")
+            else:
+                await box.fs.write(f"{remote}/{p.name}", p.read_bytes())
+
+    async def go():
+        async with await Box.connect(url, token_file=str(tf)) as box:
+            await (out(box, box_dir, local_dir) if way == "out" else into(box, local_dir, box_dir))
+    asyncio.run(go())
+
+
+def tree_rows(d):
+    """A tree of many small files into and out of a box: `sandboxer cp -r` (one connection per
+    file) against sdk/python on one connection and the host's `cp -r` of the same tree."""
+    p, url, tf, ws = start_box(d)
+    try:
+        src = d / "tree"
+        for i in range(TREE_DIRS):
+            (src / f"d{i}").mkdir(parents=True)
+            for j in range(TREE_FILES):
+                (src / f"d{i}" / f"f{j}").write_bytes(os.urandom(1024))
+        shutil.copytree(src, ws / "tree")
+        cli = [str(BIN / "sandboxer"), "cp", "-r", "--token-file", str(tf)]
+        run = lambda *a: subprocess.run(cli + list(a), check=True, capture_output=True)  # noqa: E731
+        host = lambda a, b: subprocess.run(["cp", "-r", str(a), str(b)], check=True)  # noqa: E731
+        times = {k: [] for k in ("out cp", "out py", "out host", "in cp", "in py", "in host")}
+        for i in range(RUNS):
+            times["out cp"].append(timed(lambda: run(f"{url}:/workspace/tree", str(d / f"o-cp{i}"))))
+            times["out py"].append(timed(lambda: sdk_python_tree(url, tf, "out", "/workspace/tree", d / f"o-py{i}")))
+            times["out host"].append(timed(lambda: host(ws / "tree", d / f"o-host{i}")))
+            times["in cp"].append(timed(lambda: run(str(src), f"{url}:/workspace/i-cp{i}")))
+            times["in py"].append(timed(lambda: sdk_python_tree(url, tf, "in", f"/workspace/i-py{i}", src)))
+            times["in host"].append(timed(lambda: host(src, ws / f"i-host{i}")))
+        med = {k: statistics.median(v) for k, v in times.items()}
+    finally:
+        stop(p)
+    n = TREE_DIRS * TREE_FILES
+    print(f"# transfer: a tree of {n} files of 1 KiB in {TREE_DIRS} directories, median of {RUNS} interleaved runs")
+    print(f"{'what':52} {'time':>9} {'files/s':>8} {'ratio (ours / peer)':>20}")
+    names = {"cp": "sandboxer cp -r", "py": "sdk/python box.fs, one connection", "host": "cp -r on the host"}
+    for way, label in (("out", "out of a box"), ("in", "into a box")):
+        ours = med[f"{way} cp"]
+        for who in ("cp", "py", "host"):
+            v = med[f"{way} {who}"]
+            ratio = "" if who == "cp" else f"{ours / v:.2f}"
+            print(f"{label + ', ' + names[who]:52} {v * 1000:7.0f}ms {n / v:8.0f} {ratio:>20}")
+        what = f"a tree of {n} files of 1 KiB {label}, `sandboxer cp -r` whole command, median of {RUNS}"
+        for who in ("py", "host"):
+            _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
 
 
 def stop(p):

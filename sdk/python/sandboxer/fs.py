@@ -108,8 +108,8 @@ class FileSystem:
         return await conn.request("fs.write", fields, after_send=upload)
 
     async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
-        """The entries of the directory at `path` (name, type, size, mode, mtime as the server
-        reports them)."""
+        """The entries of the directory at `path`: name, type, size and mode as the server reports
+        them, and name_b64 (its bytes, base64) where the name is not UTF-8."""
         reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
         entries = reply.get("entries")
         if not isinstance(entries, list):
