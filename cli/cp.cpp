@@ -1,8 +1,8 @@
 // sandboxer cp [-r] SRC DST: a file, or with -r a directory, into or out of a box; one side is
 // URL:PATH (ws://127.0.0.1:7000:/workspace/file), the other a local path. fs.read and fs.write
 // move each file in binary frames (session.hpp); -r walks the tree with fs.list on the box's side
-// and the local directory on the other. As cp -r: a DST that is a directory receives SRC by its
-// name, else DST becomes the copy. Files keep their permission bits (no set-id bits), as do
+// and the local directory on the other, then moves its files 64 to a connection. As cp -r: a DST that is a directory
+// receives SRC by its name, else DST becomes the copy. Files keep their permission bits (no set-id bits), as do
 // directories copied out; those made in the box are 0755 (fs.mkdir). A symlink, a FIFO or a
 // device is not copied: each is named on stderr, and the exit status is 1 once the rest is.
 #include <sys/stat.h>
@@ -26,15 +26,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kMaxDepth = 256;
+constexpr size_t kBatch = 64;  // files a connection moves (each upload's file is open meanwhile)
 
+// A tree's copy: walk() makes its directories and lists its files, copy() moves the files in
+// batches on one connection each, then sets the modes a walk out of the box found.
 class TreeCopy {
  public:
   explicit TreeCopy(Session& s) : s_(s) {}
 
   // The box's `dir` into the new local directory `to`.
-  bool out(const std::string& dir, const std::string& to, unsigned mode, int depth);
+  bool walk_out(const std::string& dir, const std::string& to, unsigned mode, int depth);
   // The local directory `from` into the box's `to` (made if it is not there).
-  bool in(const fs::path& from, const std::string& to, int depth);
+  bool walk_in(const fs::path& from, const std::string& to, int depth);
+  bool copy();
   bool skipped() const { return skipped_; }
 
  private:
@@ -47,7 +51,14 @@ class TreeCopy {
     return false;
   }
 
+  struct File {
+    std::string remote, local;
+    unsigned mode;
+  };
   Session& s_;
+  bool upload_ = false;
+  std::vector<File> files_;
+  std::vector<std::pair<std::string, unsigned>> dirs_;  // local directories made, and their modes
   bool skipped_ = false;
 };
 
@@ -65,10 +76,11 @@ unsigned mode_of(const json::object& o, unsigned fallback) {
   return v && v->is_number() ? static_cast<unsigned>(v->to_number<uint64_t>() & 0777) : fallback;
 }
 
-bool TreeCopy::out(const std::string& dir, const std::string& to, unsigned mode, int depth) {
+bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned mode, int depth) {
   if (depth > kMaxDepth) return failed({dir + ": directory tree too deep", "too_deep"}, "download");
   // Made anew (never into what is there) and private while it fills.
   if (::mkdir(to.c_str(), 0700) != 0) return failed({to + ": " + std::strerror(errno), "local"}, "download");
+  dirs_.emplace_back(to, mode);
   auto r = s_.call({{"op", "fs.list"}, {"path", dir}});
   if (!r) return failed(r.error(), "list " + dir);
   auto entries = r->at("entries").as_array();
@@ -92,23 +104,20 @@ bool TreeCopy::out(const std::string& dir, const std::string& to, unsigned mode,
       skip(path, "not a name of one entry");
       continue;
     }
-    std::string local = join(to, name);
     if (type == "dir") {
-      if (!out(path, local, mode_of(e, 0755), depth + 1)) return false;
+      if (!walk_out(path, join(to, name), mode_of(e, 0755), depth + 1)) return false;
     } else if (type == "file") {
-      auto d = s_.download({{"op", "fs.read"}, {"path", path}}, local);
-      if (!d) return failed(d.error(), "download " + path);
-      ::chmod(local.c_str(), mode_of(e, 0644));
+      files_.push_back({path, join(to, name), mode_of(e, 0644)});
     } else {
       skip(path, type == "symlink" ? "a symlink (cp copies files and directories)"
                                    : "not a file, a directory or a symlink (a FIFO, a socket or a device)");
     }
   }
-  ::chmod(to.c_str(), mode);
   return true;
 }
 
-bool TreeCopy::in(const fs::path& from, const std::string& to, int depth) {
+bool TreeCopy::walk_in(const fs::path& from, const std::string& to, int depth) {
+  upload_ = true;
   if (depth > kMaxDepth) return failed({from.string() + ": directory tree too deep", "too_deep"}, "upload");
   std::error_code ec;
   auto r = s_.call({{"op", "fs.mkdir"}, {"path", to}});
@@ -121,16 +130,35 @@ bool TreeCopy::in(const fs::path& from, const std::string& to, int depth) {
     auto est = e.symlink_status(ec);
     std::string path = join(to, e.path().filename().string());
     if (est.type() == fs::file_type::directory) {
-      if (!in(e.path(), path, depth + 1)) return false;
+      if (!walk_in(e.path(), path, depth + 1)) return false;
     } else if (est.type() == fs::file_type::regular) {
-      auto u = s_.upload(
-          {{"op", "fs.write"}, {"path", path}, {"mode", static_cast<unsigned>(est.permissions()) & 0777}}, e.path());
-      if (!u) return failed(u.error(), "upload to " + path);
+      files_.push_back({path, e.path().string(), static_cast<unsigned>(est.permissions()) & 0777});
     } else {
       skip(e.path().string(), est.type() == fs::file_type::symlink ? "a symlink (cp copies files and directories)"
-                                                                   : "not a file or a directory");
+                                                                   : "not a file, a directory or a symlink");
     }
   }
+  return true;
+}
+
+bool TreeCopy::copy() {
+  for (size_t at = 0; at < files_.size(); at += kBatch) {
+    std::vector<Session::LocalTransfer> batch;
+    for (size_t i = at; i < std::min(files_.size(), at + kBatch); ++i) {
+      const auto& f = files_[i];
+      json::object req{{"op", upload_ ? "fs.write" : "fs.read"}, {"path", f.remote}};
+      if (upload_) req["mode"] = f.mode;
+      batch.push_back({std::move(req), f.local, upload_});
+    }
+    auto results = s_.transfer_batch(std::move(batch));
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& f = files_[at + i];
+      if (!results[i]) return failed(results[i].error(), (upload_ ? "upload to " : "download ") + f.remote);
+      if (!upload_) ::chmod(f.local.c_str(), f.mode);
+    }
+  }
+  // Deepest first: a directory without write permission is set once nothing more goes into it.
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) ::chmod(it->first.c_str(), it->second);
   return true;
 }
 
@@ -158,7 +186,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     }
     std::error_code ec;
     std::string target = inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path));
-    ok = t.out(src->path, target, mode_of(*st, 0755), 0);
+    ok = t.walk_out(src->path, target, mode_of(*st, 0755), 0) && t.copy();
   } else {
     std::error_code ec;
     if (!fs::is_directory(fs::symlink_status(from, ec))) {
@@ -170,7 +198,9 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     bool there = reply_ok(*st);
     if (there && text_of(*st, "type") != "dir")
       return s.fail({dst->path + ": exists and is not a directory", "exists"}, "upload to " + to);
-    ok = t.in(from, inside_if_dir(dst->path, there, base_name(fs::absolute(from).lexically_normal().string())), 0);
+    ok = t.walk_in(from, inside_if_dir(dst->path, there, base_name(fs::absolute(from).lexically_normal().string())),
+                   0) &&
+         t.copy();
   }
   return ok && !t.skipped() ? kExitOk : kExitFailed;
 }

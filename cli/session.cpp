@@ -248,35 +248,64 @@ base::Result<json::object> Session::upload(json::object req, const std::string& 
 // libwebsockets' client took a download at ~130 MiB/s here. SIGINT and SIGTERM still arrive on
 // the loop, run between the transfer's steps.
 base::Result<json::object> Session::transfer(json::object req, const std::string& local_path, bool upload) {
+  std::vector<LocalTransfer> one;
+  one.push_back({std::move(req), local_path, upload});
+  auto r = transfer_batch(std::move(one));
+  return std::move(r.front());
+}
+
+std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<LocalTransfer> batch) {
   auto local_error = [](const std::string& msg) { return base::fail(msg, "local"); };
-  os::UniqueFd local;
-  uint64_t size = 0;
-  if (upload) {
-    local.reset(::open(local_path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!local) return local_error(local_path + ": " + os::last_error().message());
-    struct stat st {};
-    ::fstat(local.get(), &st);
-    if (!S_ISREG(st.st_mode)) return local_error(local_path + ": not a regular file");
-    size = static_cast<uint64_t>(st.st_size);
-    if (req.contains("size")) req["size"] = size;
-  }
+  std::vector<os::UniqueFd> fds(batch.size());
+  std::vector<sdk::FileTransfer> ts;
+  std::optional<base::Error> unopened;  // an upload's file that could not be opened: the batch ends before it
   bool interrupted = false;
-  auto interrupt = std::exchange(on_interrupt_, [&] { interrupted = true; });
-  // Referenced while the transfer runs: a loop with nothing alive returns from a UV_RUN_NOWAIT
-  // without polling, and the signals would wait in its pipe.
-  for (auto* h : {&sigint_, &sigterm_}) uv_ref(reinterpret_cast<uv_handle_t*>(h));
-  sdk::FileTransfer t{.box = endpoint_, .request = std::move(req), .upload = upload, .fd = local.get(), .size = size};
-  t.interrupted = [&] {
-    uv_run(&loop_, UV_RUN_NOWAIT);
-    return interrupted;
-  };
-  t.open_sink = [&] {
-    local.reset(::open(local_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    return local.get();
-  };
-  auto r = sdk::transfer_file(std::move(t));
-  for (auto* h : {&sigint_, &sigterm_}) uv_unref(reinterpret_cast<uv_handle_t*>(h));
-  on_interrupt_ = std::move(interrupt);
+  for (size_t i = 0; i < batch.size() && !unopened; ++i) {
+    auto& b = batch[i];
+    sdk::FileTransfer t{.box = endpoint_, .request = std::move(b.req), .upload = b.upload};
+    if (b.upload) {
+      // O_NONBLOCK: a FIFO at the path does not hold the open; it is refused below.
+      fds[i].reset(::open(b.local_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+      struct stat st {};
+      if (!fds[i] || ::fstat(fds[i].get(), &st) != 0) {
+        unopened = local_error(b.local_path + ": " + os::last_error().message());
+        break;
+      }
+      if (!S_ISREG(st.st_mode)) {
+        unopened = local_error(b.local_path + ": not a regular file");
+        break;
+      }
+      t.fd = fds[i].get();
+      t.size = static_cast<uint64_t>(st.st_size);
+      if (t.request.contains("size")) t.request["size"] = t.size;
+    } else {
+      t.open_sink = [&fds, i, path = b.local_path] {
+        fds[i].reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+        return fds[i].get();
+      };
+    }
+    t.interrupted = [&] {
+      uv_run(&loop_, UV_RUN_NOWAIT);
+      return interrupted;
+    };
+    ts.push_back(std::move(t));
+  }
+  std::vector<base::Result<json::object>> out;
+  if (!ts.empty()) {
+    auto interrupt = std::exchange(on_interrupt_, [&] { interrupted = true; });
+    // Referenced while the transfer runs: a loop with nothing alive returns from a UV_RUN_NOWAIT
+    // without polling, and the signals would wait in its pipe.
+    for (auto* h : {&sigint_, &sigterm_}) uv_ref(reinterpret_cast<uv_handle_t*>(h));
+    out = sdk::transfer_files(std::move(ts));
+    for (auto* h : {&sigint_, &sigterm_}) uv_unref(reinterpret_cast<uv_handle_t*>(h));
+    on_interrupt_ = std::move(interrupt);
+  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = transfer_result(std::move(out[i]), batch[i].local_path);
+  if (unopened && out.size() == ts.size() && (out.empty() || out.back())) out.push_back(*unopened);
+  return out;
+}
+
+base::Result<json::object> Session::transfer_result(base::Result<json::object> r, const std::string& local_path) {
   if (!r) {
     auto e = r.error();
     if (e.code == "connect") e.message = "connect to " + url() + ": " + e.message;

@@ -90,6 +90,17 @@ class Session {
   /// One file into the box: `local_path` in binary frames after `req`, and the reply after the last.
   base::Result<boost::json::object> upload(boost::json::object req, const std::string& local_path);
 
+  /// A file to move: `req` (fs.read or fs.write, ...) and the local file it reads or writes.
+  struct LocalTransfer {
+    boost::json::object req;
+    std::string local_path;
+    bool upload = false;
+  };
+  /// Each of `batch` in turn on one connection, as download() and upload() do one: the results
+  /// in order, up to and including the first that failed (an upload whose local file cannot be
+  /// opened is refused before its request, and ends the batch there).
+  std::vector<base::Result<boost::json::object>> transfer_batch(std::vector<LocalTransfer> batch);
+
   /// "sandboxer CMD: <what>" on stderr.
   void report(std::string_view what) const;
   /// An event stream's end: 1000 and 1001 (the box ended, or is going away) are a clean end, any
@@ -102,6 +113,8 @@ class Session {
 
  private:
   base::Result<boost::json::object> transfer(boost::json::object req, const std::string& local_path, bool upload);
+  // A transfer's result with the local path in a local error and the box's refusal as an error.
+  base::Result<boost::json::object> transfer_result(base::Result<boost::json::object> r, const std::string& local_path);
 
   std::string cmd_;
   sdk::Endpoint endpoint_;

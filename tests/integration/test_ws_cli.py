@@ -478,3 +478,28 @@ def test_cp_r_copies_a_tree_out_and_in_with_file_modes_and_names_what_it_skips(b
     # -r of a file copies the file.
     assert cli(box, "cp", "-r", f"{box.url}:/workspace/t/a", str(tmp_path / "one")).returncode == 0
     assert (tmp_path / "one").read_bytes() == b"a" * 70000
+
+
+def test_cp_r_moves_many_files_in_batches_and_stops_at_the_first_refusal(box, tmp_path):
+    # 64 files to a connection: 150 files take three, and every byte arrives.
+    src = tmp_path / "many"
+    src.mkdir()
+    for i in range(150):
+        (src / f"f{i:03}").write_bytes(f"{i}\n".encode() * 100)
+    r = cli(box, "cp", "-r", str(src), f"{box.url}:/workspace/many")
+    assert r.returncode == 0, r.stderr
+    got = sorted(p.name for p in (box.workspace / "many").iterdir())
+    assert got == [f"f{i:03}" for i in range(150)]
+    assert all((box.workspace / "many" / f"f{i:03}").read_bytes() == f"{i}\n".encode() * 100 for i in range(150))
+    back = tmp_path / "back"
+    assert cli(box, "cp", "-r", f"{box.url}:/workspace/many", str(back)).returncode == 0
+    assert all((back / f"f{i:03}").read_bytes() == f"{i}\n".encode() * 100 for i in range(150))
+    # A refusal in the middle of a batch (a directory where f080 goes) is named, and what follows
+    # it is not sent: the batch's connection ends there.
+    # (`again` is there: the tree goes into it by its name, as cp -r does.)
+    (box.workspace / "again/many/f080").mkdir(parents=True)
+    r = cli(box, "cp", "-r", str(src), f"{box.url}:/workspace/again")
+    assert r.returncode == 1, r.stderr
+    assert (b"upload to /workspace/again/many/f080: /workspace/again/many/f080: is a directory (is_a_directory)"
+            in r.stderr), r.stderr
+    assert (box.workspace / "again/many/f079").is_file() and not (box.workspace / "again/many/f081").exists()

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "protocol/protocol.hpp"
 #include "sandboxer/beast.hpp"
@@ -34,31 +35,45 @@ std::optional<uint64_t> uint_field(const json::object& o, std::string_view key) 
   return std::nullopt;
 }
 
+// Transfers in turn on one connection: each one's request, its frames and its reply before the
+// next one's request. The first that does not end with an ok reply ends the run.
 class Run {
  public:
-  Run(asio::io_context& io, FileTransfer t) : io_(io), t_(std::move(t)), id_(request_id(t_.request)), tick_(io) {}
+  Run(asio::io_context& io, std::vector<FileTransfer> ts) : io_(io), ts_(std::move(ts)), tick_(io) {}
 
-  base::Result<json::object>& result() { return result_; }
+  std::vector<base::Result<json::object>>& results() { return results_; }
 
   template <class Ws>
   asio::awaitable<void> run(Ws& ws, const WsTarget& target) {
     cancel_ = [&ws] { beast::get_lowest_layer(ws).cancel(); };
+    begin(0);
     if (co_await open(ws, target)) {
-      try {
-        ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
-        ws.text(true);
-        co_await ws.async_write(asio::buffer(json::serialize(t_.request)), asio::use_awaitable);
-        if (t_.upload) {
-          writing_ = true;
-          asio::co_spawn(io_, send_file(ws), [this](std::exception_ptr) { writer_done(); });
+      ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
+      bool usable = true;
+      for (size_t i = 0; i < ts_.size() && usable; ++i) {
+        begin(i);
+        try {
+          ws.text(true);
+          co_await ws.async_write(asio::buffer(json::serialize(t_->request)), asio::use_awaitable);
+          if (t_->upload) {
+            writing_ = true;
+            asio::co_spawn(io_, send_file(ws), [this](std::exception_ptr) { writer_done(); });
+          }
+          co_await receive(ws);
+        } catch (const boost::system::system_error& e) {
+          finish(base::fail("the connection closed first: " + close_reason(ws, e.code()), "closed"));
+          usable = false;
         }
-        co_await receive(ws);
-      } catch (const boost::system::system_error& e) {
-        finish(base::fail("the connection closed first: " + close_reason(ws, e.code()), "closed"));
+        if (writing_) co_await wait_for_writer();
+        usable = usable && !writing_ && result_ && reply_says_ok(*result_);
+        results_.push_back(std::move(result_));
       }
-      if (writing_) co_await wait_for_writer();
+      all_done_ = true;
       if (!writing_) co_await close_websocket(ws, std::chrono::seconds(2));
+    } else {
+      results_.push_back(std::move(result_));
     }
+    all_done_ = true;
     // The end, whatever is still pending: Beast's handshake timer outlives a refused upgrade
     // (30 s), and the watcher waits for its tick.
     io_.stop();
@@ -66,11 +81,11 @@ class Run {
 
   /// Every 100 ms: ends the transfer when the caller says it is interrupted.
   asio::awaitable<void> watch() {
-    while (!done_) {
+    while (!all_done_) {
       tick_.expires_after(std::chrono::milliseconds(100));
       boost::system::error_code ec;
       co_await tick_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      if (!done_ && t_.interrupted && t_.interrupted()) {
+      if (!done_ && t_->interrupted && t_->interrupted()) {
         finish(base::fail("interrupted", "interrupted"));
         if (cancel_) cancel_();
       }
@@ -78,6 +93,16 @@ class Run {
   }
 
  private:
+  // Transfer i is the current one: its id (i + 1 unless its request has one) and a result that
+  // says the connection closed until something else does.
+  void begin(size_t i) {
+    t_ = &ts_[i];
+    if (!t_->request.contains("id")) t_->request["id"] = static_cast<int64_t>(i + 1);
+    id_ = request_id(t_->request);
+    done_ = false;
+    result_ = base::fail("the connection closed before the transfer ended", "closed");
+  }
+
   void finish(base::Result<json::object> r) {
     if (done_) return;
     done_ = true;
@@ -116,7 +141,7 @@ class Run {
     beast::flat_buffer buf;
     json::object reply;
     bool replied = false;
-    uint64_t next = uint_field(t_.request, "offset").value_or(0);
+    uint64_t next = uint_field(t_->request, "offset").value_or(0);
     std::optional<uint64_t> end;  // just past the last byte the reply says will come
     while (!done_) {
       buf.clear();
@@ -127,9 +152,9 @@ class Run {
         auto rep = reply_for(m, id_);
         if (!rep) continue;  // an event
         auto& o = *rep;
-        if (t_.upload || !reply_says_ok(o)) {
+        if (t_->upload || !reply_says_ok(o)) {
           finish(o);
-        } else if (t_.fd = t_.open_sink ? t_.open_sink() : -1; t_.fd < 0) {
+        } else if (t_->fd = t_->open_sink ? t_->open_sink() : -1; t_->fd < 0) {
           finish(base::fail(std::string("open: ") + std::strerror(errno), "local"));
         } else {
           reply = o;  // the file's frames follow
@@ -139,7 +164,7 @@ class Run {
         continue;
       }
       auto head = protocol::get_header(m);
-      if (t_.upload || !head || head->id != id_) continue;
+      if (t_->upload || !head || head->id != id_) continue;
       uint64_t off = head->offset;
       if (!replied) {
         finish(base::fail("a file frame came before the reply to the request", "protocol"));
@@ -158,7 +183,7 @@ class Run {
         break;
       }
       next = off + body.size();
-      if (::pwrite(t_.fd, body.data(), body.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(body.size())) {
+      if (::pwrite(t_->fd, body.data(), body.size(), static_cast<off_t>(off)) != static_cast<ssize_t>(body.size())) {
         finish(base::fail(std::string("write: ") + std::strerror(errno), "local"));
         break;
       }
@@ -173,12 +198,12 @@ class Run {
     std::string frame;
     uint64_t sent = 0;
     do {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, t_.size - sent));
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, t_->size - sent));
       frame.clear();
       protocol::put_header(
-          frame, {.id = id_, .offset = sent, .flags = sent + n >= t_.size ? protocol::kFlagLast : uint8_t{0}});
+          frame, {.id = id_, .offset = sent, .flags = sent + n >= t_->size ? protocol::kFlagLast : uint8_t{0}});
       frame.resize(kHeader + n);
-      ssize_t got = n ? ::pread(t_.fd, frame.data() + kHeader, n, static_cast<off_t>(sent)) : 0;
+      ssize_t got = n ? ::pread(t_->fd, frame.data() + kHeader, n, static_cast<off_t>(sent)) : 0;
       if (got != static_cast<ssize_t>(n)) {
         finish(base::fail(got < 0 ? std::string("read: ") + std::strerror(errno) : "read: the file shrank", "local"));
         if (cancel_) cancel_();
@@ -187,17 +212,20 @@ class Run {
       ws.binary(true);
       co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
       sent += n;
-    } while (sent < t_.size && !done_);
+    } while (sent < t_->size && !done_);
   }
 
   asio::io_context& io_;
-  FileTransfer t_;
-  uint32_t id_;
+  std::vector<FileTransfer> ts_;
+  FileTransfer* t_ = nullptr;
+  uint32_t id_ = 0;
   asio::steady_timer tick_;
   asio::steady_timer writer_end_{io_};
   std::function<void()> cancel_;
   base::Result<json::object> result_ = base::fail("the connection closed before the transfer ended", "closed");
+  std::vector<base::Result<json::object>> results_;
   bool done_ = false;
+  bool all_done_ = false;
   bool writing_ = false;
 };
 
@@ -225,15 +253,16 @@ bool reply_says_ok(const json::object& reply) {
   return ok && ok->is_bool() && ok->as_bool();
 }
 
-base::Result<json::object> transfer_file(FileTransfer t) {
+std::vector<base::Result<json::object>> transfer_files(std::vector<FileTransfer> ts) {
+  if (ts.empty()) return {};
   WsTarget target;
   try {
-    target = ws_target(t.box);
+    target = ws_target(ts.front().box);
   } catch (const std::exception& e) {
-    return base::fail(e.what(), "connect");
+    return {base::fail(e.what(), "connect")};
   }
   asio::io_context io;
-  Run run(io, std::move(t));
+  Run run(io, std::move(ts));
   // configure_tls's exception (the system's CAs unreadable) ends the run at once, before the
   // watcher's next tick (which waits for a result that would never come), and is thrown to our
   // caller as it was before with_websocket.
@@ -247,7 +276,14 @@ base::Result<json::object> transfer_file(FileTransfer t) {
   asio::co_spawn(io, run.watch(), asio::detached);
   io.run();
   if (failed) std::rethrow_exception(failed);
-  return std::move(run.result());
+  return std::move(run.results());
+}
+
+base::Result<json::object> transfer_file(FileTransfer t) {
+  std::vector<FileTransfer> one;
+  one.push_back(std::move(t));
+  auto r = transfer_files(std::move(one));
+  return r.empty() ? base::fail("the connection closed before the transfer ended", "closed") : std::move(r.front());
 }
 
 WsTarget ws_target(const Endpoint& ep) {

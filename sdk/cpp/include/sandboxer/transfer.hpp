@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "base/result.hpp"
 #include "sandboxer/client.hpp"
@@ -34,5 +35,11 @@ struct FileTransfer {
 /// "closed" (it closed before the end: the close code and reason), "local" ("open: ", "read: " or
 /// "write: " and the system's reason), "protocol" (a frame out of order), "interrupted".
 base::Result<boost::json::object> transfer_file(FileTransfer t);
+
+/// Runs each of `ts` in turn on one connection (to the first one's box), as transfer_file runs
+/// one: a request without an id gets its place in `ts` plus one. The first that does not end
+/// with an ok reply ends the run: the results, in order, up to and including that one (all of
+/// them when every one succeeded; one "connect" error when the connection failed).
+std::vector<base::Result<boost::json::object>> transfer_files(std::vector<FileTransfer> ts);
 
 }  // namespace sbx::sdk
