@@ -128,7 +128,12 @@ bool TreeCopy::walk_in(const fs::path& from, const std::string& to, int depth) {
   std::sort(entries.begin(), entries.end());
   for (auto& e : entries) {
     auto est = e.symlink_status(ec);
-    std::string path = join(to, e.path().filename().string());
+    std::string name = e.path().filename().string();
+    std::string path = join(to, name);
+    if (base::utf8_valid_prefix(name) != name.size()) {
+      skip(e.path().string(), "its name is not UTF-8, which a request cannot name");
+      continue;
+    }
     if (est.type() == fs::file_type::directory) {
       if (!walk_in(e.path(), path, depth + 1)) return false;
     } else if (est.type() == fs::file_type::regular) {

@@ -166,6 +166,10 @@ int cmd_exec(const std::vector<std::string>& args) {
   auto a = parse_args(args, exec_spec());
   ExecOptions o = exec_options(a);
   Session s("exec", a.positionals()[0], a);
+  if (auto e = not_text(exec_request(o))) {
+    s.fail(*e);
+    return 126;  // as any exec the box refuses
+  }
   Client c(s.loop(), s.endpoint());
   StdinForwarder input(s.loop(), c, o.proc);
   int rc = 255;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "base/encoding.hpp"
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
@@ -176,6 +177,29 @@ void Session::report(std::string_view what) const {
   std::cerr << "sandboxer " << cmd_ << ": " << printable(what, false) << "\n";
 }
 
+namespace {
+std::optional<base::Error> not_text_in(const json::value& v, const std::string& where) {
+  if (v.is_string()) {
+    std::string_view text = v.as_string();
+    if (base::utf8_valid_prefix(text) == text.size()) return std::nullopt;
+    return base::fail(where + " \"" + printable(text) + "\" is not UTF-8, and the API's JSON carries UTF-8 text only",
+                      "not_utf8");
+  }
+  if (v.is_array()) {
+    const auto& a = v.as_array();
+    for (size_t i = 0; i < a.size(); ++i)
+      if (auto e = not_text_in(a[i], where + "[" + std::to_string(i) + "]")) return e;
+  }
+  if (v.is_object())
+    for (const auto& kv : v.as_object())
+      if (auto e = not_text_in(kv.value(), where.empty() ? std::string(kv.key()) : where + "." + std::string(kv.key())))
+        return e;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<base::Error> not_text(const json::object& req) { return not_text_in(req, ""); }
+
 std::string in_cli_words(std::string message) {
   // The fs ops' hints name fields and ops; here they name the commands that do the same.
   static const std::pair<std::string_view, std::string_view> kHints[] = {
@@ -197,6 +221,7 @@ int Session::fail(const base::Error& e, std::string_view what) const {
 }
 
 base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::object req) {
+  if (auto e = not_text(req)) return *e;
   // Both outlive the client, whose destructor may still call on_close.
   base::Result<json::object> result = base::fail("the connection closed first", "closed");
   bool settled = false;  // result is the reply, or the connect's error
@@ -262,6 +287,10 @@ std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<Loca
   bool interrupted = false;
   for (size_t i = 0; i < batch.size() && !unopened; ++i) {
     auto& b = batch[i];
+    if (auto e = not_text(b.req)) {
+      unopened = *e;
+      break;
+    }
     sdk::FileTransfer t{.box = endpoint_, .request = std::move(b.req), .upload = b.upload};
     if (b.upload) {
       // O_NONBLOCK: a FIFO at the path does not hold the open; it is refused below.

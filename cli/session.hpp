@@ -53,6 +53,11 @@ std::vector<std::string> readable_keys(const Args& a);
 /// listens on HOST:PORT)"). Any other `err` is returned as it is.
 std::string connect_error(const std::string& url, const std::string& err);
 
+/// The request's first string that is not UTF-8, as an error naming its field ("argv[1]",
+/// "path") and its bytes (\xNN): the API's JSON carries text only, and the box would refuse the
+/// whole frame as "not valid JSON". None where every string is UTF-8.
+std::optional<base::Error> not_text(const boost::json::object& req);
+
 /// A box's error message in the CLI's words: the hints of the fs ops that name an op or a field
 /// ("(use fs.list)", "set replace to replace it") name the command or flag instead.
 std::string in_cli_words(std::string message);

@@ -503,3 +503,26 @@ def test_cp_r_moves_many_files_in_batches_and_stops_at_the_first_refusal(box, tm
     assert (b"upload to /workspace/again/many/f080: /workspace/again/many/f080: is a directory (is_a_directory)"
             in r.stderr), r.stderr
     assert (box.workspace / "again/many/f079").is_file() and not (box.workspace / "again/many/f081").exists()
+
+
+def test_an_argument_or_path_that_is_not_utf8_is_named_before_anything_is_sent(box, tmp_path):
+    # The box refused such a frame whole: "the frame is not valid JSON: syntax error".
+    r = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--", "echo", b"a\xffb"],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 126, r.stderr
+    assert (b'sandboxer exec: argv[1] "a\\xffb" is not UTF-8, and the API\'s JSON carries UTF-8 text only (not_utf8)'
+            in r.stderr), r.stderr
+    r = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--env", b"K=\xfe", "--",
+                        "true"], capture_output=True, timeout=30)
+    assert r.returncode == 126 and b'env.K "\\xfe" is not UTF-8' in r.stderr, r.stderr
+    r = subprocess.run([str(CLI), "ls", "--token-file", str(box.token_file), f"{box.url}:/workspace/".encode() + b"\xff"],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 1 and b'path "/workspace/\\xff" is not UTF-8' in r.stderr, r.stderr
+    # cp -r leaves such a local name out, names it, and copies the rest.
+    src = tmp_path / "t"
+    src.mkdir()
+    (src / "ok").write_text("ok")
+    open(os.fsencode(src) + b"/n\xff", "wb").close()
+    r = cli(box, "cp", "-r", str(src), f"{box.url}:/workspace/t")
+    assert r.returncode == 1 and b"skipped " + os.fsencode(src) + b"/n\\xff: its name is not UTF-8" in r.stderr
+    assert (box.workspace / "t/ok").read_text() == "ok" and sorted(os.listdir(box.workspace / "t")) == ["ok"]
