@@ -97,17 +97,8 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
     print(f"# transfer: a {MIB} MiB file, median of {RUNS} interleaved runs each; {os.uname().nodename}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
-    print(f"{'what':52} {'time':>9} {'MiB/s':>8} {'ratio (ours / peer)':>20}")
-    names = {"cp": "sandboxer cp", "py": "sdk/python box.fs", "host": "cp on the host (the floor)"}
-    for way, label in (("out", "out of a box"), ("in", "into a box")):
-        ours = med[f"{way} cp"]
-        for who in ("cp", "py", "host"):
-            v = med[f"{way} {who}"]
-            ratio = "" if who == "cp" else f"{ours / v:.2f}"
-            print(f"{label + ', ' + names[who]:52} {v * 1000:7.0f}ms {MIB / v:8.0f} {ratio:>20}")
-        what = f"a {MIB} MiB file {label}, `sandboxer cp` whole command, median of {RUNS}"
-        for who in ("py", "host"):
-            _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
+    print_ways(med, {"cp": "sandboxer cp", "py": "sdk/python box.fs", "host": "cp on the host (the floor)"},
+               "MiB/s", MIB, lambda label: f"a {MIB} MiB file {label}, `sandboxer cp` whole command, median of {RUNS}")
     d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-bench-tree-"))
     try:
         tree_rows(d)
@@ -177,17 +168,23 @@ def tree_rows(d):
         stop(p)
     n = TREE_DIRS * TREE_FILES
     print(f"# transfer: a tree of {n} files of 1 KiB in {TREE_DIRS} directories, median of {RUNS} interleaved runs")
-    print(f"{'what':52} {'time':>9} {'files/s':>8} {'ratio (ours / peer)':>20}")
-    names = {"cp": "sandboxer cp -r", "py": "sdk/python box.fs, one connection", "host": "cp -r on the host"}
+    print_ways(med, {"cp": "sandboxer cp -r", "py": "sdk/python box.fs, one connection", "host": "cp -r on the host"},
+               "files/s", n,
+               lambda label: f"a tree of {n} files of 1 KiB {label}, `sandboxer cp -r` whole command, median of {RUNS}")
+
+
+def print_ways(med, names, rate, amount, what_of):
+    """The table of both ways (med: "out cp", "in py", ... -> seconds): each client's time, `amount`
+    per second, and the ratio of ours ("cp") to each peer; the rows for bench/run."""
+    print(f"{'what':52} {'time':>9} {rate:>8} {'ratio (ours / peer)':>20}")
     for way, label in (("out", "out of a box"), ("in", "into a box")):
         ours = med[f"{way} cp"]
         for who in ("cp", "py", "host"):
             v = med[f"{way} {who}"]
             ratio = "" if who == "cp" else f"{ours / v:.2f}"
-            print(f"{label + ', ' + names[who]:52} {v * 1000:7.0f}ms {n / v:8.0f} {ratio:>20}")
-        what = f"a tree of {n} files of 1 KiB {label}, `sandboxer cp -r` whole command, median of {RUNS}"
+            print(f"{label + ', ' + names[who]:52} {v * 1000:7.0f}ms {amount / v:8.0f} {ratio:>20}")
         for who in ("py", "host"):
-            _rows.emit("transfer", what, "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
+            _rows.emit("transfer", what_of(label), "ms", ours * 1000, names[who], med[f"{way} {who}"] * 1000)
 
 
 def stop(p):
