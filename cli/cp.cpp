@@ -66,11 +66,6 @@ std::string join(const std::string& dir, const std::string& name) {
   return dir.ends_with('/') ? dir + name : dir + "/" + name;
 }
 
-std::string text_of(const json::object& o, const char* key) {
-  auto* v = o.if_contains(key);
-  return v && v->is_string() ? std::string(v->as_string()) : std::string();
-}
-
 unsigned mode_of(const json::object& o, unsigned fallback) {
   auto* v = o.if_contains("mode");
   return v && v->is_number() ? static_cast<unsigned>(v->to_number<uint64_t>() & 0777) : fallback;
@@ -83,21 +78,14 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
   dirs_.emplace_back(to, mode);
   auto r = s_.call({{"op", "fs.list"}, {"path", dir}});
   if (!r) return failed(r.error(), "list " + dir);
-  auto entries = r->at("entries").as_array();
-  std::sort(entries.begin(), entries.end(), [](const json::value& x, const json::value& y) {
-    auto key = [](const json::value& v) { return v.is_object() ? text_of(v.as_object(), "name") : std::string(); };
-    return key(x) < key(y);
-  });
-  for (auto& v : entries) {
+  for (auto& v : sorted_entries(r->at("entries").as_array())) {
     if (!v.is_object()) continue;
     const auto& e = v.as_object();
-    std::string name = text_of(e, "name"), type = text_of(e, "type");
+    std::string name = text_field(e, "name"), type = text_field(e, "type");
     std::string path = join(dir, name);
     // A name is one entry of `to`: the box's word is not taken for it.
     if (e.contains("name_b64")) {
-      std::string raw;
-      base::base64_decode(text_of(e, "name_b64"), raw);
-      skip(join(dir, raw), "its name is not UTF-8, which a request cannot name");
+      skip(join(dir, entry_name(e)), "its name is not UTF-8, which a request cannot name");
       continue;
     }
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
@@ -185,7 +173,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
   if (src) {
     auto st = s.call({{"op", "fs.stat"}, {"path", src->path}});
     if (!st) return s.fail(st.error(), "download " + from);
-    if (text_of(*st, "type") != "dir") {
+    if (text_field(*st, "type") != "dir") {
       auto d = s.download({{"op", "fs.read"}, {"path", src->path}}, to);
       return d ? kExitOk : s.fail(d.error(), "download " + from);
     }
@@ -201,7 +189,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     auto st = s.request({{"op", "fs.stat"}, {"path", dst->path}});
     if (!st) return s.fail(st.error(), "upload to " + to);
     bool there = reply_ok(*st);
-    if (there && text_of(*st, "type") != "dir")
+    if (there && text_field(*st, "type") != "dir")
       return s.fail({dst->path + ": exists and is not a directory", "exists"}, "upload to " + to);
     ok = t.walk_in(from, inside_if_dir(dst->path, there, base_name(fs::absolute(from).lexically_normal().string())),
                    0) &&

@@ -2,11 +2,9 @@
 // fs.remove, fs.mkdir, fs.rename), which reach the branch's /workspace and /tmp only, as cp does.
 // Names are the agent's to choose: ls shows each through printable() (printer.hpp), so that none
 // writes a terminal's escape sequences.
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
-#include "base/encoding.hpp"
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/session.hpp"
@@ -17,21 +15,9 @@ namespace json = boost::json;
 
 namespace {
 
-std::string text_of(const json::object& o, const char* key) {
-  auto* v = o.if_contains(key);
-  return v && v->is_string() ? std::string(v->as_string()) : std::string();
-}
-
-// An entry's name as it is on disk: name_b64 where the box gave one (a name that is not UTF-8).
-std::string name_of(const json::object& e) {
-  std::string raw;
-  if (auto b64 = text_of(e, "name_b64"); !b64.empty() && base::base64_decode(b64, raw)) return raw;
-  return text_of(e, "name");
-}
-
 // One line of ls: type, size (files only) and name; a directory's name ends in '/'.
 void print_entry(const json::object& e, const std::string& name) {
-  std::string type = text_of(e, "type");
+  std::string type = text_field(e, "type");
   std::string size = "-";
   if (auto* n = e.if_contains("size"); n && n->is_number() && type == "file")
     size = human_bytes(n->to_number<double>());
@@ -78,14 +64,12 @@ int cmd_ls(const std::vector<std::string>& args) {
     if (e.code == "not_a_directory") return list_one(s, path, a.has("--json"));
     return s.fail(e);
   }
-  json::array entries = r->at("entries").as_array();
-  std::sort(entries.begin(), entries.end(),
-            [](const json::value& x, const json::value& y) { return name_of(x.as_object()) < name_of(y.as_object()); });
+  json::array entries = sorted_entries(r->at("entries").as_array());
   if (a.has("--json")) {
     std::cout << json::serialize(entries) << "\n";
     return kExitOk;
   }
-  for (auto& v : entries) print_entry(v.as_object(), name_of(v.as_object()));
+  for (auto& v : entries) print_entry(v.as_object(), entry_name(v.as_object()));
   return kExitOk;
 }
 

@@ -78,6 +78,24 @@ ArgSpec remote_spec(ArgSpec spec) {
   return spec;
 }
 
+std::string text_field(const json::object& o, std::string_view key) {
+  auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+std::string entry_name(const json::object& entry) {
+  std::string raw;
+  if (auto b64 = text_field(entry, "name_b64"); !b64.empty() && base::base64_decode(b64, raw)) return raw;
+  return text_field(entry, "name");
+}
+
+json::array sorted_entries(json::array entries) {
+  auto key = [](const json::value& v) { return v.is_object() ? entry_name(v.as_object()) : std::string(); };
+  std::sort(entries.begin(), entries.end(),
+            [&](const json::value& x, const json::value& y) { return key(x) < key(y); });
+  return entries;
+}
+
 std::optional<RemotePath> split_remote(const std::string& s, bool path_optional) {
   if (!s.starts_with("ws://") && !s.starts_with("wss://")) return std::nullopt;
   const std::string bad = s + ": expected URL:PATH, e.g. ws://127.0.0.1:7000:/workspace/file";

@@ -31,6 +31,14 @@ struct RemotePath {
 /// the ":PATH" is an error (UsageError, with an example) unless `path_optional`.
 std::optional<RemotePath> split_remote(const std::string& s, bool path_optional = false);
 
+/// The string at `key` of a reply, or "" where there is none (or it is not a string).
+std::string text_field(const boost::json::object& o, std::string_view key);
+/// An fs.list entry's name as it is on disk: the bytes of name_b64 where the box gave them (a
+/// name that is not UTF-8), else name.
+std::string entry_name(const boost::json::object& entry);
+/// fs.list's entries sorted by entry_name (what is not an object first).
+boost::json::array sorted_entries(boost::json::array entries);
+
 /// A reply's error as an Error: its message and code, or (no error object) the whole reply.
 base::Error reply_error(const boost::json::object& reply);
 /// An Error as the server would have replied it: {"ok": false, "error": {"code", "message"}}.

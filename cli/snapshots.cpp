@@ -14,9 +14,10 @@ namespace json = boost::json;
 
 namespace {
 
-std::string text_of(const json::object& o, const char* key, const char* none = "-") {
-  auto* v = o.if_contains(key);
-  return v && v->is_string() && !v->as_string().empty() ? std::string(v->as_string()) : std::string(none);
+// A field for the table: "-" where there is none.
+std::string text_of(const json::object& o, const char* key) {
+  auto text = text_field(o, key);
+  return text.empty() ? "-" : text;
 }
 
 // The archive's bytes; a snapshot in the chunk store has none of its own: what it holds (images
