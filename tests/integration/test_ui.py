@@ -605,6 +605,26 @@ def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, 
         assert "fs.list" in page.inner_text('[data-testid="file-view"]')
 
 
+def test_the_files_panel_shows_a_name_that_is_not_utf8_without_actions_and_says_why(tmp_path, page):
+    # The box once sent such a name as it was, in a text frame no client could read; the page's
+    # actions on it would name a file that is not there.
+    with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
+            Ui(box.url, box.token_file) as ui:
+        wait_ready(box)
+        open(os.fsencode(box.workspace) + b"/bad\xffname", "wb").close()
+        open_files(page, ui)
+        names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
+        assert "bad\ufffdname" in names, names
+        row = page.locator('[data-testid="file-bad\ufffdname"]').locator("xpath=..")
+        assert "name not UTF-8" in row.inner_text()
+        assert row.locator(".file-rename, .file-delete").count() == 0
+        # The control: a file beside it has both.
+        assert page.locator('[data-testid="rename-ready"]').count() == 1
+        page.click('[data-testid="file-bad\ufffdname"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
+        assert "its name is not UTF-8, which the API cannot name" in page.inner_text('[data-testid="file-view"]')
+
+
 def test_the_page_server_relays_a_file_read_in_binary_frames_and_bounds_its_length(tmp_path):
     from websockets.sync.client import connect
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \

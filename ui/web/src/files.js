@@ -142,6 +142,11 @@ export class Files {
     this.list.replaceChildren(
       ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
       ...entries.map((e) => {
+        // A name that is not UTF-8 (its bytes in name_b64) is shown with U+FFFD in place of each
+        // bad byte; no request can name it, so it has no actions.
+        if (e.name_b64)
+          return item(e.name, "unnamed", () => this.error(new Error(`${e.name}: its name is not UTF-8, which the API cannot name (sandboxer exec can: ls -b)`)),
+            " name not UTF-8");
         const full = `${path === "/" ? "" : path}/${e.name}`;
         const isDir = e.type === "dir";
         if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", full, true);
