@@ -43,27 +43,24 @@ std::string printable(std::string_view name, bool escape_backslash) {
     out += esc;
   };
   while (!name.empty()) {
-    auto c = static_cast<unsigned char>(name[0]);
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f || (c == '\\' && escape_backslash))
+    // What is valid UTF-8 is copied but for the controls in it: C0, DEL, a backslash, and C1
+    // (U+0080..U+009F, 0xC2 0x80..0x9F, which some terminals take as ESC [ and the like); the byte
+    // that stops it is escaped.
+    size_t ok = base::utf8_valid_prefix(name);
+    for (size_t i = 0; i < ok; ++i) {
+      auto c = static_cast<unsigned char>(name[i]);
+      bool c1 = c == 0xc2 && static_cast<unsigned char>(name[i + 1]) < 0xa0;
+      if (c < 0x20 || c == 0x7f || (c == '\\' && escape_backslash)) {
         escape(c);
-      else
+      } else if (c1) {
+        escape(c);
+        escape(static_cast<unsigned char>(name[++i]));
+      } else {
         out += static_cast<char>(c);
-      name.remove_prefix(1);
-      continue;
+      }
     }
-    // One UTF-8 sequence whole, unless it is not one or it is a C1 control (U+0080..U+009F, which
-    // some terminals take as ESC [ and the like): each of its bytes escaped.
-    size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
-    bool whole = len <= name.size() && base::utf8_valid_prefix(name.substr(0, len)) == len &&
-                 !(c == 0xc2 && static_cast<unsigned char>(name[1]) < 0xa0);
-    if (!whole) {
-      escape(c);
-      name.remove_prefix(1);
-      continue;
-    }
-    out.append(name.substr(0, len));
-    name.remove_prefix(len);
+    if (ok < name.size()) escape(static_cast<unsigned char>(name[ok++]));
+    name.remove_prefix(ok);
   }
   return out;
 }
