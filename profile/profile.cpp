@@ -74,7 +74,10 @@ int64_t parse_duration_ms(std::string_view s, const std::string& field) {
     mult = 86400000;
   else
     throw ProfileError(field + ": unknown unit \"" + std::string(unit) + "\" (use ms, s, m, h, d)");
-  return static_cast<int64_t>(v * mult);
+  // As parse_size: a double past int64's range does not convert (undefined behaviour).
+  double ms = v * mult;
+  if (ms > 9.0e18) throw ProfileError(field + ": " + std::string(s) + " is too long");
+  return static_cast<int64_t>(ms);
 }
 
 int64_t parse_size(std::string_view s, const std::string& field) {

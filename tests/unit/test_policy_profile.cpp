@@ -36,6 +36,11 @@ TEST_CASE("profile: sizes and durations") {
   CHECK_THROWS_WITH_AS(profile::parse_duration_ms("10x", "resources.grace"), doctest::Contains("resources.grace"),
                        ProfileError);
   CHECK_THROWS_AS(profile::parse_duration_ms("-1s", "f"), ProfileError);
+  // Past int64 milliseconds (the fuzzer's shutdown grace): refused, not converted (UB under UBSan).
+  CHECK_THROWS_WITH_AS(profile::parse_duration_ms("62555555555555555555555555555", "grace"),
+                       doctest::Contains("grace: 62555555555555555555555555555 is too long"), ProfileError);
+  CHECK_THROWS_AS(profile::parse_duration_ms("1e17d", "f"), ProfileError);
+  CHECK(profile::parse_duration_ms("100000d", "f") == 8640000000000LL);
 }
 
 TEST_CASE("profile: a size's or a duration's number is read as std::from_chars reads it") {
