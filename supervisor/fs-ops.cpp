@@ -20,6 +20,8 @@ using protocol::RequestError;
 
 namespace {
 
+constexpr size_t kMaxTarget = 4095;  // a symlink's text: PATH_MAX less its NUL
+
 [[noreturn]] void fail(const std::string& path, int err) {
   std::string code = err == EXDEV || err == ELOOP    ? "path_escape"
                      : err == ENOENT                 ? "not_found"
@@ -93,6 +95,18 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path, in
   for (auto& n : names) remove_tree(::dirfd(d), n, path + "/" + n, depth + 1);
   ::closedir(d);
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
+}
+
+// A symlink's text, read from its directory (never followed): `target`, and where it is not UTF-8
+// U+FFFD for each bad byte there and its bytes in `target_b64`, as a name's.
+void add_target(boost::json::object& o, int dirfd, const char* name) {
+  char buf[kMaxTarget + 1];
+  ssize_t n = ::readlinkat(dirfd, name, buf, sizeof buf);
+  if (n < 0 || static_cast<size_t>(n) > kMaxTarget) return;
+  std::string_view t(buf, static_cast<size_t>(n));
+  bool utf8 = base::utf8_valid_prefix(t) == t.size();
+  o["target"] = utf8 ? std::string(t) : base::utf8_lossy(t);
+  if (!utf8) o["target_b64"] = base::base64_encode(t);
 }
 
 const char* type_of(mode_t m) { return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other"; }
@@ -177,6 +191,7 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);
       o["mode"] = static_cast<uint64_t>(st.st_mode & 07777);
+      if (S_ISLNK(st.st_mode)) add_target(o, ::dirfd(d), e->d_name);
     }
     out.push_back(std::move(o));
   }
@@ -193,15 +208,43 @@ void fs_remove(const FsRoots& roots, const std::string& path, bool recursive) {
   fail(path, errno);
 }
 
-void fs_mkdir(const FsRoots& roots, const std::string& path) {
+void fs_mkdir(const FsRoots& roots, const std::string& path, mode_t mode) {
   std::string last;
   auto dir = fs_open(roots, path, O_RDONLY, 0, &last);
-  if (::mkdirat(dir.get(), last.c_str(), 0755) == 0) return;
+  if (::mkdirat(dir.get(), last.c_str(), 0700) == 0) {
+    // Its mode set on what was made, whatever the umask: the new directory, taken without
+    // following what may have replaced it since.
+    int fd = open_beneath(dir.get(), last, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+    if (fd < 0) fail(path, errno);
+    os::UniqueFd made(fd);
+    if (::fchmod(made.get(), mode) != 0) fail(path, errno);
+    return;
+  }
   int err = errno;
   struct stat st {};
   if (err == EEXIST && ::fstatat(dir.get(), last.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode))
     throw RequestError("exists", path + ": exists and is not a directory: it is " + os::file_type_name(st.st_mode));
   if (err != EEXIST) fail(path, err);
+}
+
+void fs_symlink(const FsRoots& roots, const std::string& path, const std::string& target) {
+  if (target.empty()) throw RequestError("bad_request", "field target: empty");
+  if (target.find('\0') != std::string::npos) throw RequestError("bad_request", "field target: contains a NUL byte");
+  if (target.size() > kMaxTarget)
+    throw RequestError("bad_request",
+                       "field target: " + std::to_string(target.size()) + " bytes, past " + std::to_string(kMaxTarget));
+  std::string last;
+  auto dir = fs_open(roots, path, O_RDONLY, 0, &last);
+  if (::symlinkat(target.c_str(), dir.get(), last.c_str()) != 0) fail(path, errno);
+}
+
+void fs_chmod(const FsRoots& roots, const std::string& path, mode_t mode) {
+  // The entry itself, or what a symlink names inside the same root (as fs.read and fs.write
+  // reach it); O_PATH opens no FIFO or device, and the mode is set through the fd's magic link
+  // (fchmod refuses an O_PATH fd), which names that inode and no other.
+  auto fd = fs_open(roots, path, O_PATH);
+  std::string self = "/proc/self/fd/" + std::to_string(fd.get());
+  if (::chmod(self.c_str(), mode) != 0) fail(path, errno);
 }
 
 void fs_rename(const FsRoots& roots, const std::string& from, const std::string& to, bool replace) {

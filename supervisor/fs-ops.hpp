@@ -35,7 +35,14 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path);
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
-void fs_mkdir(const FsRoots& roots, const std::string& path);
+/// Makes the directory `path` with `mode` (not narrowed by the umask). A directory there already
+/// is fine, as it is; anything else there is `exists`.
+void fs_mkdir(const FsRoots& roots, const std::string& path, mode_t mode = 0755);
+/// Makes a symlink at `path` whose text is `target` (any text up to 4095 bytes, kept as it is:
+/// the fs ops resolve it later beneath the root, as any other). An entry there is `exists`.
+void fs_symlink(const FsRoots& roots, const std::string& path, const std::string& target);
+/// Sets the permission bits of `path` (a symlink there: of what it names, within the root).
+void fs_chmod(const FsRoots& roots, const std::string& path, mode_t mode);
 /// Renames the entry at `from` (a file, a directory, a symlink: the entry itself, never what a
 /// symlink names) to `to`, in the same root. An entry at `to` is kept (`exists`) unless `replace`;
 /// a rename across the roots is refused (`cross_root`), as is one onto another mount of the same

@@ -1,4 +1,5 @@
-// The ops on a branch's files: fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, fs.rename
+// The ops on a branch's files: fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, fs.rename,
+// fs.symlink, fs.chmod
 // (server-ops.hpp). Paths are resolved inside the branch's /workspace and /tmp by fs-ops.cpp.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -94,7 +95,23 @@ void op_fs_remove(OpContext& ctx) {
 }
 
 void op_fs_mkdir(OpContext& ctx) {
-  fs_mkdir(ctx.roots(), protocol::need_string(ctx.fields(), "path"));
+  const auto& f = ctx.fields();
+  auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0755));
+  fs_mkdir(ctx.roots(), protocol::need_string(f, "path"), mode);
+  ctx.reply(ctx.ok());
+}
+
+void op_fs_symlink(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  fs_symlink(ctx.roots(), protocol::need_string(f, "path"), protocol::need_string(f, "target"));
+  ctx.reply(ctx.ok());
+}
+
+void op_fs_chmod(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  auto mode = protocol::opt_int(f, "mode", 0, 07777);
+  if (!mode) throw RequestError("bad_request", "field mode: missing (the permission bits, 0 to 0o7777)");
+  fs_chmod(ctx.roots(), protocol::need_string(f, "path"), static_cast<mode_t>(*mode));
   ctx.reply(ctx.ok());
 }
 

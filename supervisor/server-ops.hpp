@@ -4,7 +4,8 @@
 //
 //   ops-box.cpp       auth, ping, subscribe, unsubscribe, stats, shutdown
 //   ops-proc.cpp      exec, stdin, signal, resize
-//   ops-fs.cpp        fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, fs.rename
+//   ops-fs.cpp        fs.read, fs.write, fs.list, fs.stat, fs.remove, fs.mkdir, fs.rename,
+//                     fs.symlink, fs.chmod
 //   ops-snapshot.cpp  checkpoint, restore, fork, snapshot.list/export/import/delete
 //
 // server.cpp holds the table (op name -> function) and the one boundary that runs an op: an op
@@ -76,6 +77,8 @@ void op_fs_stat(OpContext& ctx);
 void op_fs_remove(OpContext& ctx);
 void op_fs_mkdir(OpContext& ctx);
 void op_fs_rename(OpContext& ctx);
+void op_fs_symlink(OpContext& ctx);
+void op_fs_chmod(OpContext& ctx);
 // ops-snapshot.cpp
 void op_checkpoint(OpContext& ctx);
 void op_checkpoint_release(OpContext& ctx);

@@ -62,6 +62,8 @@ constexpr std::array kOps{
     Op{"fs.remove", op_fs_remove},
     Op{"fs.mkdir", op_fs_mkdir},
     Op{"fs.rename", op_fs_rename},
+    Op{"fs.symlink", op_fs_symlink},
+    Op{"fs.chmod", op_fs_chmod},
     Op{"stats", op_stats},
     Op{"shutdown", op_shutdown},
     Op{"ping", op_ping},

@@ -182,6 +182,9 @@ VALID = {
                         "mode": 0o644, "mtime": float}),
     "fs.remove": (A_TXT, {"id": 15, "ok": True}),
     "fs.rename": (A_TXT, {"id": 46, "ok": True}),
+    "fs.mkdir with a mode": ([], {"id": 47, "ok": True}),
+    "fs.symlink": ([], {"id": 48, "ok": True}),
+    "fs.chmod": (A_TXT, {"id": 49, "ok": True}),
     "stats": ([], {"id": 16, "ok": True, "box": dict, "branches": dict, "procs": dict, "last_seq": int}),
     "string id": ([], {"id": "req-17", "ok": True, "pong": True}),
 }

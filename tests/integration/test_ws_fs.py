@@ -1,8 +1,10 @@
 """Files over the WebSocket: content in binary frames, paths confined to the branch's roots."""
+import base64
 import hashlib
 import json
 import os
 import shutil
+import stat
 import struct
 import tempfile
 
@@ -194,6 +196,66 @@ def test_path_escapes_are_refused(box, path):
             assert w["ok"] is False and w["error"]["code"] in ("path_escape", "not_found"), w
     run(go(), 30)
     assert "x" != open("/etc/passwd").read()[:1]
+
+
+@pytest.mark.parametrize("path", ["/workspace/link-out/passwd", "/workspace/abs-link", "/workspace/../../etc/passwd"])
+def test_chmod_and_symlink_outside_the_roots_are_refused(box, path):
+    (box.workspace / "link-out").symlink_to("/etc")
+    (box.workspace / "abs-link").symlink_to("/etc/passwd")
+    before = os.stat("/etc/passwd").st_mode
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            r = await s.request("fs.chmod", path=path, mode=0o777)
+            assert r["ok"] is False and r["error"]["code"] == "path_escape", r
+            # A new link in a directory reached through a link out, or by `..`.
+            r = await s.request("fs.symlink", path=path.replace("abs-link", "link-out/passwd") + "-new", target="x")
+            assert r["ok"] is False and r["error"]["code"] == "path_escape", r
+    run(go(), 30)
+    assert os.stat("/etc/passwd").st_mode == before
+    assert not os.path.lexists("/etc/passwd-new")
+
+
+def test_symlink_chmod_and_mkdir_mode_as_the_host_sees_them(box):
+    os.symlink(b"caf\xe9", os.fsencode(box.workspace / "latin1-link"))
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            for mode in (0o700, 0o555, 0o2750):
+                assert (await s.request("fs.mkdir", path=f"/workspace/m{mode:o}", mode=mode))["ok"]
+            assert (await s.request("fs.mkdir", path="/workspace/m700", mode=0o777))["ok"]  # there: kept
+            assert (await s.request("fs.write", path="/workspace/f", data="hello"))["ok"]
+            assert (await s.request("fs.chmod", path="/workspace/f", mode=0o751))["ok"]
+            for target in ("f", "/etc/passwd", "../../nowhere", "dangling"):
+                name = "l-" + target.replace("/", "_")
+                assert (await s.request("fs.symlink", path=f"/workspace/{name}", target=target))["ok"]
+            again = await s.request("fs.symlink", path="/workspace/f", target="x")
+            assert again["error"]["code"] == "exists" and "/workspace/f" in again["error"]["message"], again
+            long = await s.request("fs.symlink", path="/workspace/long", target="a" * 4096)
+            assert long["error"]["code"] == "bad_request" and "4096 bytes" in long["error"]["message"], long
+            nul = await s.request("fs.symlink", path="/workspace/nul", target="a\u0000b")
+            assert nul["error"]["code"] == "bad_request" and "NUL" in nul["error"]["message"], nul
+            # Through an inside link: what it names, within the root.
+            assert (await s.request("fs.chmod", path="/workspace/l-f", mode=0o640))["ok"]
+            # A link the API made to a host path is stored, never followed out of the root.
+            out = await s.request("fs.read", path="/workspace/l-_etc_passwd")
+            assert out["error"]["code"] == "path_escape", out
+            return {e["name"]: e for e in (await s.request("fs.list", path="/workspace"))["entries"]}
+    entries = run(go(), 30)
+    w = box.workspace
+    for mode in (0o700, 0o555, 0o2750):
+        assert stat.S_IMODE(os.lstat(w / f"m{mode:o}").st_mode) == mode
+        assert entries[f"m{mode:o}"]["mode"] == mode
+    assert stat.S_IMODE(os.lstat(w / "f").st_mode) == 0o640 and entries["f"]["mode"] == 0o640
+    assert os.readlink(w / "l-_etc_passwd") == "/etc/passwd" and os.readlink(w / "l-dangling") == "dangling"
+    assert entries["l-.._.._nowhere"] == {"name": "l-.._.._nowhere", "type": "symlink", "size": 13,
+                                           "mode": 0o777, "target": "../../nowhere"}
+    assert "target" not in entries["f"] and "target_b64" not in entries["l-f"]
+    latin = entries["latin1-link"]
+    assert latin["target"] == "caf\ufffd" and base64.b64decode(latin["target_b64"]) == b"caf\xe9"
+    assert not os.path.lexists(w / "long") and not os.path.lexists(w / "nul")
 
 
 def test_control_a_symlink_inside_the_workspace_is_followed(box):

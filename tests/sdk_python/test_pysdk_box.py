@@ -358,6 +358,26 @@ def test_rename_moves_a_file_and_keeps_what_is_at_the_target(server):
     assert "from" not in names and "to" in names
 
 
+def test_symlink_chmod_and_mkdir_mode(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/sc", b"x")
+            await box.fs.symlink("/workspace/sc-link", "sc")
+            await box.fs.mkdir("/workspace/sc-dir", mode=0o750)
+            await box.fs.chmod("/workspace/sc", 0o600)
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.symlink("/workspace/sc-link", "elsewhere")
+            entries = {x["name"]: x for x in await box.fs.list("/workspace")}
+            through = await box.fs.read("/workspace/sc-link")
+            return e.value, entries, through
+    err, entries, through = run(go(), 30)
+    assert err.code == "exists" and err.op == "fs.symlink" and "/workspace/sc-link" in err.message
+    assert entries["sc-link"]["type"] == "symlink" and entries["sc-link"]["target"] == "sc"
+    assert entries["sc-dir"]["type"] == "dir" and entries["sc-dir"]["mode"] == 0o750
+    assert entries["sc"]["mode"] == 0o600 and "target" not in entries["sc"]
+    assert through == b"x"
+
+
 def test_path_escape_is_refused_with_a_typed_error(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:

@@ -330,3 +330,57 @@ def test_fs_rename_through_a_directory_swapped_for_a_symlink_never_moves_a_host_
                 break
         assert reached, "the path-based rename never went through the symlink: the race was not met"
     assert (victim / "keep").read_text() == "host file\n"
+
+
+# ---- fs.chmod and fs.symlink through a directory the agent keeps swapping for a symlink ----
+
+
+def test_fs_chmod_and_symlink_through_a_swapped_directory_never_reach_the_host(tmp_path):
+    # As above, with the two ops that change an entry in place: the client sets the mode of
+    # /workspace/p/keep and makes symlinks in /workspace/p while the agent flips p. Each resolves
+    # beneath the workspace (fs.chmod sets the mode through the fd it resolved): the host's file
+    # keeps its mode and no link appears beside it. The control: chmod by path on the host, during
+    # the same flipping, changes the host file's mode at least once.
+    victim = victim_dir(tmp_path)
+    (victim / "keep").chmod(0o644)
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", [sys.executable, "-c", FLIPPER, str(victim)],
+               extra=["--set", "resources.grace=1s"]) as box:
+        ws = box.workspace
+        deadline = time.monotonic() + 15
+        while not (ws / "ready").exists():
+            assert time.monotonic() < deadline, "the agent did not start flipping"
+            time.sleep(0.05)
+
+        async def go():
+            codes = {}
+            async with ws_connect(box) as wsc:
+                s = Session(wsc)
+                tries = 0
+                while tries < 4000 and (codes.get("ok", 0) < 20 or len(codes) < 2):
+                    tries += 1
+                    if tries % 2:
+                        r = await s.request("fs.chmod", path="/workspace/p/keep", mode=0o600 if tries % 4 == 1 else 0o640)
+                    else:
+                        r = await s.request("fs.symlink", path=f"/workspace/p/l{tries}", target="/etc/passwd")
+                    code = "ok" if r["ok"] else r["error"]["code"]
+                    codes[code] = codes.get(code, 0) + 1
+                    assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644, (tries, r)
+                    assert sorted(p.name for p in victim.iterdir()) == ["keep"], (tries, r)
+            return codes
+        codes = run(go(), 120)
+        assert codes.get("ok", 0) > 0 and codes.get("path_escape", 0) + codes.get("not_found", 0) > 0, codes
+        assert box.alive()
+        # The control: by path, following whatever /workspace/p is at that instant.
+        reached = False
+        for _ in range(4000):
+            try:
+                os.chmod(ws / "p" / "keep", 0o600)
+            except OSError:
+                continue
+            reached = stat.S_IMODE((victim / "keep").stat().st_mode) == 0o600
+            if reached:
+                (victim / "keep").chmod(0o644)
+                break
+        assert reached, "the path-based chmod never went through the symlink: the race was not met"
+    assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644

@@ -1,4 +1,5 @@
-"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.mkdir / fs.rename / fs.remove`,
+"""Files of the box: `fs.read / fs.write / fs.list / fs.stat / fs.mkdir / fs.symlink / fs.chmod /
+fs.rename / fs.remove`,
 content in binary frames (see frames.py) of at most 1 MiB each."""
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ class FileSystem:
 
     async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
         """The entries of the directory at `path`: name, type, size and mode as the server reports
-        them, and name_b64 (its bytes, base64) where the name is not UTF-8."""
+        them, a symlink's text in target, and name_b64 (target_b64) for the bytes of a name (a
+        symlink's text) that is not UTF-8."""
         reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
         entries = reply.get("entries")
         if not isinstance(entries, list):
@@ -121,9 +123,20 @@ class FileSystem:
         reply = await self._box._conn.request("fs.stat", {"path": path, "branch": branch})
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
-    async def mkdir(self, path: str, *, branch: str | None = None) -> None:
-        """Creates the directory `path`."""
-        await self._box._conn.request("fs.mkdir", {"path": path, "branch": branch})
+    async def mkdir(self, path: str, *, mode: int | None = None, branch: str | None = None) -> None:
+        """Creates the directory `path`, with the permission bits `mode` (0o755 if None). A
+        directory there already is kept as it is."""
+        await self._box._conn.request("fs.mkdir", {"path": path, "mode": mode, "branch": branch})
+
+    async def symlink(self, path: str, target: str, *, branch: str | None = None) -> None:
+        """Creates a symlink at `path` whose text is `target` (kept as given; the fs operations
+        resolve it beneath its root, as any other)."""
+        await self._box._conn.request("fs.symlink", {"path": path, "target": target, "branch": branch})
+
+    async def chmod(self, path: str, mode: int, *, branch: str | None = None) -> None:
+        """Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names,
+        inside the same root)."""
+        await self._box._conn.request("fs.chmod", {"path": path, "mode": mode, "branch": branch})
 
     async def rename(self, src: str, dst: str, *, replace: bool = False, branch: str | None = None) -> None:
         """Moves the entry at `src` (itself: a symlink moves as a link) to `dst`, in the same root

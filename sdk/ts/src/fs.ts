@@ -102,7 +102,8 @@ export class FileSystem {
     });
   }
 
-  /** The entries of the directory at `path` (name, type, size, ...). */
+  /** The entries of the directory at `path` (name, type, size, mode; a symlink's text in
+   * `target`; `name_b64` / `target_b64` for bytes that are not UTF-8). */
   async list(path = "/workspace", opts: { branch?: string } = {}): Promise<JsonObject[]> {
     const reply = await this.conn().request("fs.list", { path, branch: opts.branch });
     return replyArray(reply, "entries", "fs.list") as JsonObject[];
@@ -113,9 +114,22 @@ export class FileSystem {
     return body(await this.conn().request("fs.stat", { path, branch: opts.branch }));
   }
 
-  /** Creates the directory `path`. */
-  async mkdir(path: string, opts: { branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.mkdir", { path, branch: opts.branch });
+  /** Creates the directory `path`, with the permission bits `mode` (0o755 if none). A directory
+   * there already is kept as it is. */
+  async mkdir(path: string, opts: { mode?: number; branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.mkdir", { path, mode: opts.mode, branch: opts.branch });
+  }
+
+  /** Creates a symlink at `path` whose text is `target` (kept as given; the fs operations resolve
+   * it beneath its root, as any other). */
+  async symlink(path: string, target: string, opts: { branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.symlink", { path, target, branch: opts.branch });
+  }
+
+  /** Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names, inside
+   * the same root). */
+  async chmod(path: string, mode: number, opts: { branch?: string } = {}): Promise<void> {
+    await this.conn().request("fs.chmod", { path, mode, branch: opts.branch });
   }
 
   /** Moves the entry at `from` (itself: a symlink moves as a link) to `to`, in the same root

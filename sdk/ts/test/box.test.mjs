@@ -191,6 +191,21 @@ describe("one box", () => {
     assert.ok(gone instanceof SandboxerError && gone.code !== "protocol", String(gone));
   });
 
+  test("symlink, chmod and a directory's mode", async () => {
+    await box.fs.write("/workspace/sc", "x");
+    await box.fs.symlink("/workspace/sc-link", "sc");
+    await box.fs.mkdir("/workspace/sc-dir", { mode: 0o750 });
+    await box.fs.chmod("/workspace/sc", 0o600);
+    const e = await rejects(box.fs.symlink("/workspace/sc-link", "elsewhere"));
+    assert.ok(e instanceof SandboxerError && e.code === "exists" && e.message.includes("/workspace/sc-link"), String(e));
+    const entries = Object.fromEntries((await box.fs.list("/workspace")).map((x) => [x.name, x]));
+    assert.equal(entries["sc-link"].type, "symlink");
+    assert.equal(entries["sc-link"].target, "sc");
+    assert.equal(entries["sc-dir"].mode, 0o750);
+    assert.equal(entries["sc"].mode, 0o600);
+    assert.equal(new TextDecoder().decode(await box.fs.read("/workspace/sc-link")), "x");
+  });
+
   test("a path that escapes the box is refused with a typed error", async () => {
     const e = await rejects(box.fs.read("/etc/shadow"));
     assert.ok(e instanceof SandboxerError && e.code && e.message.includes("/etc/shadow"), String(e));
