@@ -1,17 +1,21 @@
 // sandboxer cp [-r] SRC DST: a file, or with -r a directory, into or out of a box; one side is
 // URL:PATH (ws://127.0.0.1:7000:/workspace/file), the other a local path. fs.read and fs.write
 // move each file in binary frames (session.hpp); -r walks the tree with fs.list on the box's side
-// and the local directory on the other, then moves its files 64 to a connection. As cp -r: a DST that is a directory
-// receives SRC by its name, else DST becomes the copy. Files keep their permission bits (no set-id bits), as do
-// directories copied out; those made in the box are 0755 (fs.mkdir). A symlink, a FIFO or a
-// device is not copied: each is named on stderr, and the exit status is 1 once the rest is.
+// and the local directory on the other, then moves its files 64 to a connection. As cp -r: a DST
+// that is a directory receives SRC by its name, else DST becomes the copy. Files keep their
+// permission bits (no set-id bits), directories theirs; a symlink is copied as a symlink with the
+// same text (fs.symlink), never followed. A FIFO, a socket or a device is not copied: each is named
+// on stderr, and the exit status is 1 once the rest is.
 #include <sys/stat.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "base/encoding.hpp"
 #include "cli/commands.hpp"
@@ -36,8 +40,8 @@ class TreeCopy {
 
   // The box's `dir` into the new local directory `to`.
   bool walk_out(const std::string& dir, const std::string& to, unsigned mode, int depth);
-  // The local directory `from` into the box's `to` (made if it is not there).
-  bool walk_in(const fs::path& from, const std::string& to, int depth);
+  // The local directory `from` into the box's `to` (made with `mode` if it is not there).
+  bool walk_in(const fs::path& from, const std::string& to, unsigned mode, int depth);
   bool copy();
   bool skipped() const { return skipped_; }
 
@@ -51,6 +55,9 @@ class TreeCopy {
     return false;
   }
 
+  bool symlink_out(const json::object& e, const std::string& path, const std::string& local);
+  bool symlink_in(const fs::path& from, const std::string& path);
+
   struct File {
     std::string remote, local;
     unsigned mode;
@@ -58,7 +65,9 @@ class TreeCopy {
   Session& s_;
   bool upload_ = false;
   std::vector<File> files_;
-  std::vector<std::pair<std::string, unsigned>> dirs_;  // local directories made, and their modes
+  // Directories made, and the modes they get once filled: every local one; a box's one where its
+  // mode lacks a bit of 0700, which it was made with meanwhile.
+  std::vector<std::pair<std::string, unsigned>> dirs_;
   bool skipped_ = false;
 };
 
@@ -78,11 +87,17 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
   dirs_.emplace_back(to, mode);
   auto r = s_.call({{"op", "fs.list"}, {"path", dir}});
   if (!r) return failed(r.error(), "list " + dir);
+  std::set<std::string> seen;
   for (auto& v : sorted_entries(r->at("entries").as_array())) {
     if (!v.is_object()) continue;
     const auto& e = v.as_object();
     std::string name = text_field(e, "name"), type = text_field(e, "type");
     std::string path = join(dir, name);
+    // A listing read while the agent renames may name an entry twice: the first one is copied.
+    if (!seen.insert(name).second) {
+      skip(path, "listed twice (it changed while it was listed)");
+      continue;
+    }
     // A name is one entry of `to`: the box's word is not taken for it.
     if (e.contains("name_b64")) {
       skip(join(dir, entry_name(e)), "its name is not UTF-8, which a request cannot name");
@@ -96,20 +111,55 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
       if (!walk_out(path, join(to, name), mode_of(e, 0755), depth + 1)) return false;
     } else if (type == "file") {
       files_.push_back({path, join(to, name), mode_of(e, 0644)});
+    } else if (type == "symlink") {
+      if (!symlink_out(e, path, join(to, name))) return false;
     } else {
-      skip(path, type == "symlink" ? "a symlink (cp copies files and directories)"
-                                   : "not a file, a directory or a symlink (a FIFO, a socket or a device)");
+      skip(path, "not a file, a directory or a symlink (a FIFO, a socket or a device)");
     }
   }
   return true;
 }
 
-bool TreeCopy::walk_in(const fs::path& from, const std::string& to, int depth) {
+// A symlink of the box made here with the same text (its bytes from target_b64 where they are
+// not UTF-8), in a directory this copy made.
+bool TreeCopy::symlink_out(const json::object& e, const std::string& path, const std::string& local) {
+  std::string target = text_field(e, "target");
+  if (auto* b = e.if_contains("target_b64"); b && b->is_string()) {
+    std::string raw;
+    if (base::base64_decode(std::string(b->as_string()), raw)) target = raw;
+  }
+  if (target.empty() || target.find('\0') != std::string::npos) {
+    skip(path, "a symlink whose text the box did not give");
+    return true;
+  }
+  if (::symlink(target.c_str(), local.c_str()) != 0)
+    return failed({local + ": " + std::strerror(errno), "local"}, "download");
+  return true;
+}
+
+// A local symlink made in the box with the same text; one whose text is not UTF-8 cannot be
+// named in a request.
+bool TreeCopy::symlink_in(const fs::path& from, const std::string& path) {
+  std::error_code ec;
+  auto target = fs::read_symlink(from, ec);
+  if (ec) return failed({from.string() + ": " + ec.message(), "local"}, "upload");
+  std::string text = target.string();
+  if (base::utf8_valid_prefix(text) != text.size()) {
+    skip(from.string(), "a symlink whose text is not UTF-8, which a request cannot name");
+    return true;
+  }
+  auto r = s_.call({{"op", "fs.symlink"}, {"path", path}, {"target", text}});
+  return r ? true : failed(r.error(), "symlink " + path);
+}
+
+bool TreeCopy::walk_in(const fs::path& from, const std::string& to, unsigned mode, int depth) {
   upload_ = true;
   if (depth > kMaxDepth) return failed({from.string() + ": directory tree too deep", "too_deep"}, "upload");
   std::error_code ec;
-  auto r = s_.call({{"op", "fs.mkdir"}, {"path", to}});
+  // Made with its own mode where the copy can fill it so; else with 0700 added until it is filled.
+  auto r = s_.call({{"op", "fs.mkdir"}, {"path", to}, {"mode", mode | 0700}});
   if (!r) return failed(r.error(), "mkdir " + to);
+  if ((mode & 0700) != 0700) dirs_.emplace_back(to, mode);
   std::vector<fs::directory_entry> entries;
   for (fs::directory_iterator it(from, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(*it);
   if (ec) return failed({from.string() + ": " + ec.message(), "local"}, "upload");
@@ -122,13 +172,15 @@ bool TreeCopy::walk_in(const fs::path& from, const std::string& to, int depth) {
       skip(e.path().string(), "its name is not UTF-8, which a request cannot name");
       continue;
     }
+    unsigned perms = static_cast<unsigned>(est.permissions()) & 0777;
     if (est.type() == fs::file_type::directory) {
-      if (!walk_in(e.path(), path, depth + 1)) return false;
+      if (!walk_in(e.path(), path, perms, depth + 1)) return false;
     } else if (est.type() == fs::file_type::regular) {
-      files_.push_back({path, e.path().string(), static_cast<unsigned>(est.permissions()) & 0777});
+      files_.push_back({path, e.path().string(), perms});
+    } else if (est.type() == fs::file_type::symlink) {
+      if (!symlink_in(e.path(), path)) return false;
     } else {
-      skip(e.path().string(), est.type() == fs::file_type::symlink ? "a symlink (cp copies files and directories)"
-                                                                   : "not a file, a directory or a symlink");
+      skip(e.path().string(), "not a file, a directory or a symlink");
     }
   }
   return true;
@@ -141,7 +193,7 @@ bool TreeCopy::copy() {
       const auto& f = files_[i];
       json::object req{{"op", upload_ ? "fs.write" : "fs.read"}, {"path", f.remote}};
       if (upload_) req["mode"] = f.mode;
-      batch.push_back({std::move(req), f.local, upload_});
+      batch.push_back({std::move(req), f.local, upload_, !upload_});
     }
     auto results = s_.transfer_batch(std::move(batch));
     for (size_t i = 0; i < results.size(); ++i) {
@@ -151,7 +203,14 @@ bool TreeCopy::copy() {
     }
   }
   // Deepest first: a directory without write permission is set once nothing more goes into it.
-  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) ::chmod(it->first.c_str(), it->second);
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    if (!upload_) {
+      ::chmod(it->first.c_str(), it->second);
+      continue;
+    }
+    auto r = s_.call({{"op", "fs.chmod"}, {"path", it->first}, {"mode", it->second}});
+    if (!r) return failed(r.error(), "chmod " + it->first);
+  }
   return true;
 }
 
@@ -191,8 +250,9 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     bool there = reply_ok(*st);
     if (there && text_field(*st, "type") != "dir")
       return s.fail({dst->path + ": exists and is not a directory", "exists"}, "upload to " + to);
+    unsigned mode = static_cast<unsigned>(fs::status(from, ec).permissions()) & 0777;
     ok = t.walk_in(from, inside_if_dir(dst->path, there, base_name(fs::absolute(from).lexically_normal().string())),
-                   0) &&
+                   mode, 0) &&
          t.copy();
   }
   return ok && !t.skipped() ? kExitOk : kExitFailed;

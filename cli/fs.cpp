@@ -21,8 +21,10 @@ void print_entry(const json::object& e, const std::string& name) {
   std::string size = "-";
   if (auto* n = e.if_contains("size"); n && n->is_number() && type == "file")
     size = human_bytes(n->to_number<double>());
-  std::printf("%-7s %10s  %s%s\n", type.empty() ? "?" : type.c_str(), size.c_str(), printable(name).c_str(),
-              type == "dir" ? "/" : "");
+  std::string link;
+  if (type == "symlink" && e.contains("target")) link = " -> " + printable(text_field(e, "target"));
+  std::printf("%-7s %10s  %s%s%s\n", type.empty() ? "?" : type.c_str(), size.c_str(), printable(name).c_str(),
+              type == "dir" ? "/" : "", link.c_str());
 }
 
 // URL:PATH of a command that works on one path of a box; UsageError for a local path.

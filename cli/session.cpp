@@ -326,8 +326,9 @@ std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<Loca
       t.size = static_cast<uint64_t>(st.st_size);
       if (t.request.contains("size")) t.request["size"] = t.size;
     } else {
-      t.open_sink = [&fds, i, path = b.local_path] {
-        fds[i].reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (b.fresh ? O_EXCL | O_NOFOLLOW : O_TRUNC);
+      t.open_sink = [&fds, i, flags, path = b.local_path] {
+        fds[i].reset(::open(path.c_str(), flags, 0644));
         return fds[i].get();
       };
     }

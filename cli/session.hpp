@@ -108,6 +108,7 @@ class Session {
     boost::json::object req;
     std::string local_path;
     bool upload = false;
+    bool fresh = false;  // a download into a new file only: nothing at the path is written through
   };
   /// Each of `batch` in turn on one connection, as download() and upload() do one: the results
   /// in order, up to and including the first that failed (an upload whose local file cannot be

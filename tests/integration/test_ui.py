@@ -605,14 +605,20 @@ def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, 
         assert "fs.list" in page.inner_text('[data-testid="file-view"]')
 
 
-def test_the_files_panel_shows_a_name_that_is_not_utf8_without_actions_and_says_why(tmp_path, page):
+def test_the_files_panel_shows_a_name_that_is_not_utf8_without_actions_and_a_symlink_s_target(tmp_path, page):
     # The box once sent such a name as it was, in a text frame no client could read; the page's
     # actions on it would name a file that is not there.
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
         wait_ready(box)
         open(os.fsencode(box.workspace) + b"/bad\xffname", "wb").close()
+        (box.workspace / "to-a").symlink_to("d/a.txt")
         open_files(page, ui)
+        # A symlink says where it points, and opens what it names.
+        link = page.locator('[data-testid="file-to-a"]').locator("xpath=..")
+        assert "symlink" not in link.inner_text() and "→ d/a.txt" in link.inner_text(), link.inner_text()
+        page.click('[data-testid="file-to-a"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'hello\\n'", timeout=10_000)
         names = page.eval_on_selector_all('[data-testid="files-list"] .file', "bs => bs.map(b => b.textContent)")
         assert "bad\ufffdname" in names, names
         row = page.locator('[data-testid="file-bad\ufffdname"]').locator("xpath=..")

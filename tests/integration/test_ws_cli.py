@@ -379,11 +379,13 @@ def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(b
     with open(os.fsencode(ws) + b"/bad\xffname", "wb") as f:
         f.write(b"12345")
     (ws / "link").symlink_to("/etc/passwd")
+    (ws / "zlink").symlink_to("\x1b[2J\x9b")  # a symlink's text is escaped as a name is
     r = cli(box, "ls", box.url)  # no path: /workspace
     assert r.returncode == 0, r.stderr
     lines = [l.split(None, 2) for l in r.stdout.decode().splitlines()]
     assert lines == [["dir", "-", "a dir/"], ["file", "3", "B  b.txt"], ["file", "5", "B  bad\\xffname"],
-                     ["symlink", "-", "link"], ["file", "0", "B  title\\x1b]0;pwned\\x07"]], r.stdout
+                     ["symlink", "-", "link -> /etc/passwd"], ["file", "0", "B  title\\x1b]0;pwned\\x07"],
+                     ["symlink", "-", "zlink -> \\x1b[2J\\xc2\\x9b"]], r.stdout
     assert b"\x1b" not in r.stdout and b"\xff" not in r.stdout
     # --json: each entry as the box gave it; a name that is not UTF-8 has its bytes in name_b64.
     r = cli(box, "ls", f"{box.url}:/workspace", "--json")
@@ -436,13 +438,19 @@ def test_cp_of_a_directory_names_the_command_that_lists_it(box, tmp_path):
     assert b"fs.list" not in r.stderr
 
 
-def test_cp_r_copies_a_tree_out_and_in_with_file_modes_and_names_what_it_skips(box, tmp_path):
+def test_cp_r_copies_a_tree_out_and_in_with_modes_and_symlinks_and_names_what_it_skips(box, tmp_path):
     ws = box.workspace
     (ws / "t/sub/deep").mkdir(parents=True)
     (ws / "t/a").write_bytes(b"a" * 70000)
     (ws / "t/sub/run.sh").write_text("#!/bin/sh\necho hi\n")
     (ws / "t/sub/run.sh").chmod(0o750)
+    (ws / "t/sub").chmod(0o750)
+    (ws / "t/ro").mkdir()
+    (ws / "t/ro/f").write_text("in a read-only directory")
+    (ws / "t/ro").chmod(0o555)
     (ws / "t/link").symlink_to("/etc/passwd")
+    (ws / "t/sub/rel").symlink_to("../a")
+    os.symlink(b"caf\xe9", os.fsencode(ws / "t/latin"))
     os.mkfifo(ws / "t/fifo")
     with open(os.fsencode(ws) + b"/t/bad\xff", "wb"):
         pass
@@ -453,28 +461,41 @@ def test_cp_r_copies_a_tree_out_and_in_with_file_modes_and_names_what_it_skips(b
     assert r.stderr.decode().splitlines() == [
         "sandboxer cp: skipped /workspace/t/bad\\xff: its name is not UTF-8, which a request cannot name",
         "sandboxer cp: skipped /workspace/t/fifo: not a file, a directory or a symlink (a FIFO, a socket or a device)",
-        "sandboxer cp: skipped /workspace/t/link: a symlink (cp copies files and directories)"], r.stderr
+    ], r.stderr
     found = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert found == ["a", "sub", "sub/deep", "sub/run.sh"], found
+    assert found == ["a", "latin", "link", "ro", "ro/f", "sub", "sub/deep", "sub/rel", "sub/run.sh"], found
     assert (out / "a").read_bytes() == b"a" * 70000
     assert (out / "sub/run.sh").stat().st_mode & 0o777 == 0o750
-    assert not (tmp_path / "passwd").exists() and not (out / "link").exists()
+    assert (out / "sub").stat().st_mode & 0o777 == 0o750 and (out / "ro").stat().st_mode & 0o777 == 0o555
+    assert (out / "ro/f").read_text() == "in a read-only directory"
+    # Symlinks as symlinks, with the box's text (its bytes where they are not UTF-8), not followed.
+    assert os.readlink(out / "link") == "/etc/passwd" and os.readlink(out / "sub/rel") == "../a"
+    assert os.readlink(os.fsencode(out / "latin")) == b"caf\xe9"
+    assert not (tmp_path / "passwd").exists()
     # Into a directory that is there, by its name (cp -r); onto a file, refused.
     (tmp_path / "into").mkdir()
     assert cli(box, "cp", "-r", f"{box.url}:/workspace/t/sub", str(tmp_path / "into")).returncode == 0
     assert (tmp_path / "into/sub/run.sh").read_text() == "#!/bin/sh\necho hi\n"
     r = cli(box, "cp", "-r", f"{box.url}:/workspace/t", str(out / "a"))
     assert r.returncode == 1 and b"/a: File exists (local)" in r.stderr, r.stderr
-    # In: the local tree, without what the box would have to follow.
-    (out / "link").symlink_to("/etc/shadow")
+    # In: the local tree, its symlinks made in the box with the same text; one whose text is not
+    # UTF-8 cannot be named in a request.
     r = cli(box, "cp", "-r", str(out), f"{box.url}:/workspace/up")
-    assert r.returncode == 1 and b"skipped " + str(out / "link").encode() + b": a symlink" in r.stderr, r.stderr
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.decode().splitlines() == [
+        f"sandboxer cp: skipped {out}/latin: a symlink whose text is not UTF-8, which a request cannot name"], r.stderr
     assert (ws / "up/a").read_bytes() == b"a" * 70000
     assert (ws / "up/sub/run.sh").stat().st_mode & 0o777 == 0o750
-    assert (ws / "up/sub/deep").is_dir() and not (ws / "up/link").exists()
-    (out / "link").unlink()
+    assert (ws / "up/sub").stat().st_mode & 0o777 == 0o750 and (ws / "up/ro").stat().st_mode & 0o777 == 0o555
+    assert (ws / "up/ro/f").read_text() == "in a read-only directory"
+    assert os.readlink(ws / "up/link") == "/etc/passwd" and os.readlink(ws / "up/sub/rel") == "../a"
+    assert (ws / "up/sub/deep").is_dir() and not os.path.lexists(ws / "up/latin")
+    (out / "latin").unlink()
     assert cli(box, "cp", "-r", str(out), f"{box.url}:/workspace/up").returncode == 0
     assert (ws / "up/out/a").is_file()  # a directory that is there receives it by its name
+    # ls shows where a symlink points.
+    r = cli(box, "ls", f"{box.url}:/workspace/up/sub")
+    assert r.returncode == 0 and b"symlink" in r.stdout and b"rel -> ../a" in r.stdout, r.stdout
     # -r of a file copies the file.
     assert cli(box, "cp", "-r", f"{box.url}:/workspace/t/a", str(tmp_path / "one")).returncode == 0
     assert (tmp_path / "one").read_bytes() == b"a" * 70000

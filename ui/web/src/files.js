@@ -150,7 +150,9 @@ export class Files {
         const full = `${path === "/" ? "" : path}/${e.name}`;
         const isDir = e.type === "dir";
         if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", full, true);
-        return item(e.name, e.type, () => this.show(full, e.size), ` ${e.type === "file" ? bytes(e.size) : e.type}`, full);
+        // A symlink says where it points; opened, it shows what it names (inside the root).
+        const meta = e.type === "file" ? bytes(e.size) : e.type === "symlink" && e.target !== undefined ? `→ ${e.target}` : e.type;
+        return item(e.name, e.type, () => this.show(full, e.type === "file" ? e.size : undefined), ` ${meta}`, full);
       }),
     );
   }
