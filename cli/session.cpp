@@ -99,12 +99,17 @@ json::array sorted_entries(json::array entries) {
 std::optional<RemotePath> split_remote(const std::string& s, bool path_optional) {
   if (!s.starts_with("ws://") && !s.starts_with("wss://")) return std::nullopt;
   const std::string bad = s + ": expected URL:PATH, e.g. ws://127.0.0.1:7000:/workspace/file";
+  const std::string no_port =
+      s + ": a box's URL names its port (ws://HOST:PORT, then :PATH), e.g. " + "ws://127.0.0.1:7000:/workspace/file";
   size_t after = s.find("://") + 3;
-  size_t colon = s.find(':', after);
-  if (colon == std::string::npos) throw UsageError(bad);
+  // An IPv6 host is in brackets, its colons part of it.
+  size_t host_end = after < s.size() && s[after] == '[' ? s.find(']', after) : after;
+  if (host_end == std::string::npos) throw UsageError(s + ": an IPv6 host without its closing ]");
+  size_t colon = s.find(':', host_end);
+  if (colon == std::string::npos) throw UsageError(no_port);
   size_t end = colon + 1;
   while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
-  if (end == colon + 1) throw UsageError(bad);
+  if (end == colon + 1) throw UsageError(no_port);
   if (end == s.size() || (end == s.size() - 1 && s[end] == ':')) {
     if (!path_optional) throw UsageError(bad);
     return RemotePath{s.substr(0, end), ""};

@@ -402,6 +402,12 @@ def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(b
     assert r.returncode == 1 and b"(path_escape)" in r.stderr
     r = cli(box, "ls", "/tmp")
     assert r.returncode == 2 and b"expected URL:PATH" in r.stderr
+    for url in ("ws://127.0.0.1", "ws://127.0.0.1:/workspace"):
+        r = cli(box, "ls", url)
+        assert r.returncode == 2 and url.encode() + b": a box's URL names its port (ws://HOST:PORT" in r.stderr, r.stderr
+    # An IPv6 host's colons are its own: the port and the path come after its bracket.
+    r = cli(box, "ls", "ws://[::1]:1:/workspace")
+    assert r.returncode == 1 and b"connect to ws://[::1]:1" in r.stderr, r.stderr
 
 
 def test_rm_mkdir_and_mv_change_the_boxs_files_and_say_what_a_refusal_needs(box):
