@@ -67,6 +67,13 @@ int cmd_ui(const std::vector<std::string>& args) {
   a.expect_positionals(1);
   const std::string& target = a.positionals()[0];
   ui::ServerOptions opts{.port = a.number<uint16_t>("--port", 0)};
+  // The events the page sees are spooled in this user's state dir, not held in memory (where there
+  // is none to use, they are).
+  try {
+    opts.spool_dir = state_home();
+  } catch (const std::exception& e) {
+    std::cerr << "sandboxer ui: " << e.what() << "; the events are kept in memory\n";
+  }
   if (target.rfind("ws://", 0) == 0 || target.rfind("wss://", 0) == 0) {
     opts.box_url = target;
     opts.box_token = find_token(target, a.value_or("--token-file", ""));

@@ -119,9 +119,9 @@ void PageSession::pump() {
   const auto& store = hub_->store;
   bool added = false;
   while (cursor_ < store.size() && out_.size() < kWindow) {
-    const auto& e = store.at(cursor_++);
-    if (!sub_branch_.empty() && e.branch != sub_branch_) continue;
-    out_.push_back({e.line});
+    size_t i = cursor_++;
+    if (!sub_branch_.empty() && store.branch(i) != sub_branch_) continue;
+    out_.push_back({store.line(i)});
     added = true;
   }
   if (added) wake_.cancel();
@@ -191,9 +191,8 @@ bool PageSession::handle_local(const std::string& op, const std::string& id, con
     json::array procs;
     const auto& store = hub_->store;
     for (size_t i = 0; i < store.size(); ++i) {
-      const auto& e = store.at(i);
-      if (!e.proc.empty() && seen.emplace(e.branch, e.proc).second)
-        procs.push_back(json::object{{"branch", e.branch}, {"proc", e.proc}});
+      if (!store.proc(i).empty() && seen.emplace(store.branch(i), store.proc(i)).second)
+        procs.push_back(json::object{{"branch", store.branch(i)}, {"proc", store.proc(i)}});
     }
     reply(id, {{"procs", std::move(procs)}});
   } else if (op == "events.find") {
@@ -214,7 +213,7 @@ void PageSession::events_range(const std::string& id, const json::object& req) {
                       ",\"from\":" + std::to_string(from) + ",\"events\":[";
   for (uint64_t i = from; i < to; ++i) {
     if (i > from) frame += ',';
-    frame += hub_->store.at(idx[i]).line;
+    frame += hub_->store.line(idx[i]);
   }
   frame += "]}";
   queue(std::move(frame));
@@ -224,9 +223,11 @@ void PageSession::stats_from_journal(const std::string& id) {
   // What the box said last: its last metrics event, with the seq it came from.
   const auto& store = hub_->store;
   for (size_t i = store.size(); i-- > 0;) {
-    if (store.at(i).type != "metrics") continue;
-    auto v = json::parse(store.at(i).line);
-    json::object out{{"replayed_seq", store.at(i).seq}};
+    if (store.type(i) != "metrics") continue;
+    boost::system::error_code ec;
+    auto v = json::parse(store.line(i), ec);
+    if (ec || !v.is_object()) continue;
+    json::object out{{"replayed_seq", store.seq(i)}};
     for (auto key : {"box", "branches", "procs"})
       if (auto* f = v.as_object().if_contains(key)) out[key] = *f;
     return reply(id, std::move(out));
@@ -237,8 +238,7 @@ void PageSession::stats_from_journal(const std::string& id) {
 void PageSession::events_find(const std::string& id, const json::object& req) {
   auto idx = hub_->store.matching(filter_of(req));
   uint64_t seq = num(req, "seq", 0);
-  auto it =
-      std::lower_bound(idx.begin(), idx.end(), seq, [&](size_t i, uint64_t s) { return hub_->store.at(i).seq < s; });
+  auto it = std::lower_bound(idx.begin(), idx.end(), seq, [&](size_t i, uint64_t s) { return hub_->store.seq(i) < s; });
   reply(id, {{"index", static_cast<uint64_t>(it - idx.begin())}, {"total", idx.size()}});
 }
 

@@ -241,6 +241,7 @@ base::Result<std::unique_ptr<Server>> Server::start(ServerOptions opts) {
     return base::fail("serve the page: this sandboxer was built without it (node and npm were missing)", "no_bundle");
   auto impl = std::make_unique<Impl>();
   impl->secret = opts.secret.empty() ? os::random_hex(24) : opts.secret;
+  impl->hub.store = Store(opts.spool_dir);
   if (!opts.box_url.empty()) {
     try {
       impl->hub.box = sdk::ws_target({opts.box_url, opts.box_token, opts.insecure});

@@ -27,6 +27,7 @@ struct ServerOptions {
   bool insecure = false;    ///< wss: accept a self-signed certificate (SANDBOXER_INSECURE)
   std::string journal_dir;  ///< replay: the journal directory of a state dir
   std::string secret;       ///< the page's secret; empty: a random one
+  std::string spool_dir;    ///< where the events' lines are spooled (ui/store.hpp); empty: in memory
 };
 
 class Server {
