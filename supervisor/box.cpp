@@ -63,6 +63,7 @@ Box::~Box() {
   }
   procs_.clear();
   kill_timer_.reset();
+  heap_trimmer_.reset();
   persist_timer_.reset();
   stop_timer_.reset();
   LimitsWatcher::wait_for_registrations(loop_);
@@ -71,6 +72,7 @@ Box::~Box() {
 
 uint64_t Box::emit(const std::string& branch, boost::json::object ev) {
   ev["branch"] = branch;
+  heap_trimmer_.note();
   return journal_->append(std::move(ev));
 }
 

@@ -21,6 +21,7 @@
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
 #include "supervisor/health.hpp"
+#include "supervisor/heap.hpp"
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
 #include "supervisor/output.hpp"
@@ -306,6 +307,7 @@ class Box : public checkpoint::Host {
   std::string id_;
   sandbox::HostCapabilities caps_;
   std::unique_ptr<journal::Journal> journal_;
+  HeapTrimmer heap_trimmer_{loop_};  // after loop_: it is initialized from it
   Reaper reaper_;
   std::unique_ptr<SignalSource> signals_;
   std::map<std::string, std::unique_ptr<Branch>> branches_;

@@ -18,6 +18,7 @@
 #include "sandbox/ns-init.hpp"
 #include "supervisor/box.hpp"
 #include "supervisor/health.hpp"
+#include "supervisor/heap.hpp"
 #include "supervisor/options.hpp"
 #include "supervisor/signals.hpp"
 
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  tune_heap();
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>("sandboxer-init", sink);
   logger->set_pattern("sandboxer-init: %^%l%$ [%n] %v");
