@@ -21,8 +21,9 @@ TEST_CASE("utf8: valid prefix stops at the first bad byte") {
   CHECK(base::utf8_valid_prefix("\xed\xa0\x80") == 0);      // surrogate
   CHECK(base::utf8_valid_prefix("\xf4\x90\x80\x80") == 0);  // above U+10FFFF
   CHECK(base::utf8_valid_prefix("\xf0\x9f\x98\x80") == 4);
-  // Runs of eight ASCII bytes are taken at once: a bad byte at every place after such runs.
-  std::string run(40, 'a');
+  // ASCII runs are taken 64 and 8 bytes at once: a bad byte at every place of, and after, such
+  // runs, and a truncated sequence at the end.
+  std::string run(200, 'a');
   for (size_t at = 0; at < run.size(); ++at) {
     std::string s = run;
     s[at] = '\xff';
@@ -30,6 +31,7 @@ TEST_CASE("utf8: valid prefix stops at the first bad byte") {
     s[at] = '\xc3';
     s.insert(at + 1, "\xa9");
     CHECK(base::utf8_valid_prefix(s) == s.size());
+    CHECK(base::utf8_valid_prefix(run.substr(0, at) + "\xe2\x82") == at);
   }
 }
 
