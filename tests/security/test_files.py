@@ -5,6 +5,7 @@ files, writes branch.json, or serves fs.read/fs.write; the CLI's token dir witho
 /tmp. Each attack asserts the refusal (or that the host file is untouched) and the reason; each
 has a control that runs the old, path-based logic on the same planted tree, or the same open on
 this host, to show the attack primitive works and the test can fail."""
+import contextlib
 import os
 import pathlib
 import shutil
@@ -280,6 +281,53 @@ while True:  # /workspace/p: the agent's directory, then a symlink to the host's
 """
 
 
+@contextlib.contextmanager
+def flipping_box(tmp_path, victim):
+    """A box whose agent runs FLIPPER against `victim`, once it flips."""
+    (tmp_path / "b").mkdir()
+    with WsBox(tmp_path / "b", [sys.executable, "-c", FLIPPER, str(victim)],
+               extra=["--set", "resources.grace=1s"]) as box:
+        deadline = time.monotonic() + 15
+        while not (box.workspace / "ready").exists():
+            assert time.monotonic() < deadline, "the agent did not start flipping"
+            time.sleep(0.05)
+        yield box
+
+
+def race(box, ask, check, enough):
+    """Sends `ask(session, i)` (one request, i from 1) while the agent flips, until `enough` of
+    them succeeded and another code came too (at most 4000), calling `check(i, reply)` after
+    each. Both sides of the race must have been met: requests that went through in the agent's
+    directory, and refusals through the symlink (or the name missing while it was away)."""
+    async def go():
+        codes = {}
+        async with ws_connect(box) as wsc:
+            s = Session(wsc)
+            for i in range(1, 4001):
+                r = await ask(s, i)
+                code = "ok" if r["ok"] else r["error"]["code"]
+                codes[code] = codes.get(code, 0) + 1
+                check(i, r)
+                if codes.get("ok", 0) >= enough and len(codes) >= 2:
+                    break
+        return codes
+    codes = run(go(), 120)
+    assert codes.get("ok", 0) > 0 and codes.get("path_escape", 0) + codes.get("not_found", 0) > 0, codes
+    assert box.alive()
+
+
+def by_path_reaches(step):
+    """The control: `step()`, done by path on the host while the agent flips (each following
+    whatever /workspace/p is at that instant), until it says it reached the victim; at most 4000."""
+    for _ in range(4000):
+        try:
+            if step():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_fs_rename_through_a_directory_swapped_for_a_symlink_never_moves_a_host_file(tmp_path):
     # The agent flips /workspace/p between its own directory and a symlink to a host directory,
     # while a client renames /workspace/p/keep out and back. The box resolves each end's parent
@@ -287,48 +335,29 @@ def test_fs_rename_through_a_directory_swapped_for_a_symlink_never_moves_a_host_
     # control: the same renames by path, on the host, during the same flipping, move the host's
     # file at least once.
     victim = victim_dir(tmp_path)
-    (tmp_path / "b").mkdir()
-    with WsBox(tmp_path / "b", [sys.executable, "-c", FLIPPER, str(victim)],
-               extra=["--set", "resources.grace=1s"]) as box:
+    with flipping_box(tmp_path, victim) as box:
         ws = box.workspace
-        deadline = time.monotonic() + 15
-        while not (ws / "ready").exists():
-            assert time.monotonic() < deadline, "the agent did not start flipping"
-            time.sleep(0.05)
+        out = [False]  # the agent's file is at /workspace/got
 
-        async def go():
-            codes = {}
-            async with ws_connect(box) as wsc:
-                s = Session(wsc)
-                tries, out = 0, False  # out: the agent's file is at /workspace/got
-                while tries < 4000 and (codes.get("ok", 0) < 10 or len(codes) < 2):
-                    tries += 1
-                    ends = ("/workspace/got", "/workspace/p/keep") if out else ("/workspace/p/keep", "/workspace/got")
-                    r = await s.request("fs.rename", **{"from": ends[0], "to": ends[1]})
-                    code = "ok" if r["ok"] else r["error"]["code"]
-                    codes[code] = codes.get(code, 0) + 1
-                    out ^= r["ok"]
-                    assert (victim / "keep").read_text() == "host file\n", (tries, r)
-            return codes
-        codes = run(go(), 120)
-        # Both sides of the race were met: renames in the agent's directory, and refusals through
-        # the symlink (or the name missing while it was away).
-        assert codes.get("ok", 0) > 0 and codes.get("path_escape", 0) + codes.get("not_found", 0) > 0, codes
-        assert box.alive()
-        # The control: by path, following whatever /workspace/p is at that instant. Once the
-        # agent's own file has gone to naive, the next rename that succeeds went through the
-        # symlink; the host's file is put back.
-        reached = False
-        for _ in range(4000):
-            try:
-                os.rename(ws / "p" / "keep", ws / "naive")
-            except OSError:
-                continue
-            reached = not (victim / "keep").exists()
-            if reached:
-                os.rename(ws / "naive", victim / "keep")
-                break
-        assert reached, "the path-based rename never went through the symlink: the race was not met"
+        async def ask(s, i):
+            ends = ("/workspace/got", "/workspace/p/keep") if out[0] else ("/workspace/p/keep", "/workspace/got")
+            r = await s.request("fs.rename", **{"from": ends[0], "to": ends[1]})
+            out[0] ^= r["ok"]
+            return r
+
+        def check(i, r):
+            assert (victim / "keep").read_text() == "host file\n", (i, r)
+        race(box, ask, check, 10)
+
+        # Once the agent's own file has gone to naive, the next rename that succeeds went through
+        # the symlink; the host's file is put back.
+        def step():
+            os.rename(ws / "p" / "keep", ws / "naive")
+            if (victim / "keep").exists():
+                return False
+            os.rename(ws / "naive", victim / "keep")
+            return True
+        assert by_path_reaches(step), "the path-based rename never went through the symlink: the race was not met"
     assert (victim / "keep").read_text() == "host file\n"
 
 
@@ -343,44 +372,24 @@ def test_fs_chmod_and_symlink_through_a_swapped_directory_never_reach_the_host(t
     # the same flipping, changes the host file's mode at least once.
     victim = victim_dir(tmp_path)
     (victim / "keep").chmod(0o644)
-    (tmp_path / "b").mkdir()
-    with WsBox(tmp_path / "b", [sys.executable, "-c", FLIPPER, str(victim)],
-               extra=["--set", "resources.grace=1s"]) as box:
+    with flipping_box(tmp_path, victim) as box:
         ws = box.workspace
-        deadline = time.monotonic() + 15
-        while not (ws / "ready").exists():
-            assert time.monotonic() < deadline, "the agent did not start flipping"
-            time.sleep(0.05)
 
-        async def go():
-            codes = {}
-            async with ws_connect(box) as wsc:
-                s = Session(wsc)
-                tries = 0
-                while tries < 4000 and (codes.get("ok", 0) < 20 or len(codes) < 2):
-                    tries += 1
-                    if tries % 2:
-                        r = await s.request("fs.chmod", path="/workspace/p/keep", mode=0o600 if tries % 4 == 1 else 0o640)
-                    else:
-                        r = await s.request("fs.symlink", path=f"/workspace/p/l{tries}", target="/etc/passwd")
-                    code = "ok" if r["ok"] else r["error"]["code"]
-                    codes[code] = codes.get(code, 0) + 1
-                    assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644, (tries, r)
-                    assert sorted(p.name for p in victim.iterdir()) == ["keep"], (tries, r)
-            return codes
-        codes = run(go(), 120)
-        assert codes.get("ok", 0) > 0 and codes.get("path_escape", 0) + codes.get("not_found", 0) > 0, codes
-        assert box.alive()
-        # The control: by path, following whatever /workspace/p is at that instant.
-        reached = False
-        for _ in range(4000):
-            try:
-                os.chmod(ws / "p" / "keep", 0o600)
-            except OSError:
-                continue
-            reached = stat.S_IMODE((victim / "keep").stat().st_mode) == 0o600
-            if reached:
-                (victim / "keep").chmod(0o644)
-                break
-        assert reached, "the path-based chmod never went through the symlink: the race was not met"
+        async def ask(s, i):
+            if i % 2:
+                return await s.request("fs.chmod", path="/workspace/p/keep", mode=0o600 if i % 4 == 1 else 0o640)
+            return await s.request("fs.symlink", path=f"/workspace/p/l{i}", target="/etc/passwd")
+
+        def check(i, r):
+            assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644, (i, r)
+            assert sorted(p.name for p in victim.iterdir()) == ["keep"], (i, r)
+        race(box, ask, check, 20)
+
+        def step():
+            os.chmod(ws / "p" / "keep", 0o600)
+            if stat.S_IMODE((victim / "keep").stat().st_mode) != 0o600:
+                return False
+            (victim / "keep").chmod(0o644)
+            return True
+        assert by_path_reaches(step), "the path-based chmod never went through the symlink: the race was not met"
     assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644
