@@ -99,8 +99,9 @@ json::array sorted_entries(json::array entries) {
 std::optional<RemotePath> split_remote(const std::string& s, bool path_optional) {
   if (!s.starts_with("ws://") && !s.starts_with("wss://")) return std::nullopt;
   const std::string bad = s + ": expected URL:PATH, e.g. ws://127.0.0.1:7000:/workspace/file";
-  const std::string no_port =
-      s + ": a box's URL names its port (ws://HOST:PORT, then :PATH), e.g. " + "ws://127.0.0.1:7000:/workspace/file";
+  const std::string no_port = s +
+                              ": a box's URL names its port (ws://HOST:PORT, then :PATH), e.g. "
+                              "ws://127.0.0.1:7000:/workspace/file";
   size_t after = s.find("://") + 3;
   // An IPv6 host is in brackets, its colons part of it.
   size_t host_end = after < s.size() && s[after] == '[' ? s.find(']', after) : after;

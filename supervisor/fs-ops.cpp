@@ -97,16 +97,20 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path, in
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
 }
 
-// A symlink's text, read from its directory (never followed): `target`, and where it is not UTF-8
-// U+FFFD for each bad byte there and its bytes in `target_b64`, as a name's.
+// Bytes from the disk (a name, a symlink's text) as JSON text, which is UTF-8: where they are not,
+// `key` has U+FFFD for each bad byte and `key`_b64 the bytes.
+void put_bytes(boost::json::object& o, const std::string& key, std::string_view bytes) {
+  bool utf8 = base::utf8_valid_prefix(bytes) == bytes.size();
+  o[key] = utf8 ? std::string(bytes) : base::utf8_lossy(bytes);
+  if (!utf8) o[key + "_b64"] = base::base64_encode(bytes);
+}
+
+// A symlink's text, read from its directory (never followed), as `target`.
 void add_target(boost::json::object& o, int dirfd, const char* name) {
   char buf[kMaxTarget + 1];
   ssize_t n = ::readlinkat(dirfd, name, buf, sizeof buf);
   if (n < 0 || static_cast<size_t>(n) > kMaxTarget) return;
-  std::string_view t(buf, static_cast<size_t>(n));
-  bool utf8 = base::utf8_valid_prefix(t) == t.size();
-  o["target"] = utf8 ? std::string(t) : base::utf8_lossy(t);
-  if (!utf8) o["target_b64"] = base::base64_encode(t);
+  put_bytes(o, "target", std::string_view(buf, static_cast<size_t>(n)));
 }
 
 const char* type_of(mode_t m) { return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other"; }
@@ -181,12 +185,9 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
   while (auto* e = ::readdir(d)) {
     if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
     struct stat st {};
-    // JSON text is UTF-8 and a name is any bytes but '/' and NUL: one that is not UTF-8 is shown
-    // with U+FFFD for each bad byte, and its bytes are in name_b64.
-    std::string_view name = e->d_name;
-    bool utf8 = base::utf8_valid_prefix(name) == name.size();
-    boost::json::object o{{"name", utf8 ? std::string(name) : base::utf8_lossy(name)}};
-    if (!utf8) o["name_b64"] = base::base64_encode(name);
+    // A name is any bytes but '/' and NUL: one that is not UTF-8 has its bytes in name_b64.
+    boost::json::object o;
+    put_bytes(o, "name", e->d_name);
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);
