@@ -1,17 +1,14 @@
 #include "ui/store.hpp"
 
 #include <fcntl.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
-
-#include "os/sys.hpp"
 
 namespace sbx::ui {
 
