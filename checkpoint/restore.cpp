@@ -181,8 +181,7 @@ bool link_operator_file(const std::string& from, const std::string& tmp) {
     return false;
   if (::linkat(fd.get(), "", AT_FDCWD, tmp.c_str(), AT_EMPTY_PATH) == 0) return true;
   // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the fd's /proc link does the same without it.
-  std::string self = "/proc/self/fd/" + std::to_string(fd.get());
-  return ::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
+  return ::linkat(AT_FDCWD, os::FdPath(fd.get()).c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;
 }
 }  // namespace
 

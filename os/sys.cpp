@@ -169,10 +169,10 @@ Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::strin
   return {};
 }
 
+FdPath::FdPath(int fd) noexcept { std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd); }
+
 Result<UniqueFd> reopen(int fd, int flags) noexcept {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  UniqueFd out(::open(path, flags | O_CLOEXEC));
+  UniqueFd out(::open(FdPath(fd).c_str(), flags | O_CLOEXEC));
   if (!out) return last_error();
   return out;
 }

@@ -79,7 +79,15 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode = 0
 Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644,
                                   struct stat* written = nullptr);
 
-/// Opens the inode an O_PATH fd holds, again, with `flags` (through /proc/self/fd): what was
+/// "/proc/self/fd/N": the magic link to what fd N holds, which a path-taking call (open, chmod,
+/// linkat) follows to that inode and no other, where the call has no form that takes an O_PATH fd.
+struct FdPath {
+  explicit FdPath(int fd) noexcept;
+  const char* c_str() const noexcept { return path; }
+  char path[32];
+};
+
+/// Opens the inode an O_PATH fd holds, again, with `flags` (through its FdPath): what was
 /// checked with fstat is exactly what gets opened.
 Result<UniqueFd> reopen(int fd, int flags) noexcept;
 

@@ -244,8 +244,7 @@ void fs_chmod(const FsRoots& roots, const std::string& path, mode_t mode) {
   // reach it); O_PATH opens no FIFO or device, and the mode is set through the fd's magic link
   // (fchmod refuses an O_PATH fd), which names that inode and no other.
   auto fd = fs_open(roots, path, O_PATH);
-  std::string self = "/proc/self/fd/" + std::to_string(fd.get());
-  if (::chmod(self.c_str(), mode) != 0) fail(path, errno);
+  if (::chmod(os::FdPath(fd.get()).c_str(), mode) != 0) fail(path, errno);
 }
 
 void fs_rename(const FsRoots& roots, const std::string& from, const std::string& to, bool replace) {
