@@ -393,3 +393,83 @@ def test_fs_chmod_and_symlink_through_a_swapped_directory_never_reach_the_host(t
             return True
         assert by_path_reaches(step), "the path-based chmod never went through the symlink: the race was not met"
     assert stat.S_IMODE((victim / "keep").stat().st_mode) == 0o644
+
+
+# ---- a box whose listing names one entry twice: a symlink to a host file, then a file ----
+
+
+@contextlib.contextmanager
+def lying_box(victim):
+    """A WebSocket server on 127.0.0.1 that answers as a box whose /workspace/t lists `x` twice,
+    as a listing read while the agent renames can: first a symlink to `victim`, then a file of 5
+    bytes, which fs.read of /workspace/t/x gives. Yields its URL."""
+    import asyncio
+    import json
+    import struct
+    import threading
+    from websockets.asyncio.server import serve
+    from websockets.exceptions import ConnectionClosed
+
+    async def handler(ws):
+        with contextlib.suppress(ConnectionClosed):
+            await answer(ws)
+
+    async def answer(ws):
+        async for text in ws:
+            if not isinstance(text, str):
+                continue
+            req = json.loads(text)
+            rid, op = req.get("id"), req.get("op")
+            if op == "fs.stat":
+                await ws.send(json.dumps({"id": rid, "ok": True, "type": "dir", "mode": 0o755}))
+            elif op == "fs.list":
+                await ws.send(json.dumps({"id": rid, "ok": True, "entries": [
+                    {"name": "x", "type": "symlink", "size": 10, "mode": 0o777, "target": str(victim)},
+                    {"name": "x", "type": "file", "size": 5, "mode": 0o644}]}))
+            elif op == "fs.read":
+                await ws.send(json.dumps({"id": rid, "ok": True, "size": 5, "length": 5}))
+                await ws.send(struct.pack("<IQB", rid, 0, 1) + b"owned")
+            else:
+                await ws.send(json.dumps({"id": rid, "ok": False, "error": {"code": "bad_request", "message": op}}))
+
+    ready, port, stop = threading.Event(), [], []
+
+    def run_server():
+        async def main():
+            async with serve(handler, "127.0.0.1", 0, subprotocols=["sandboxer.v1"]) as srv:
+                port.append(srv.sockets[0].getsockname()[1])
+                stop.append((asyncio.get_running_loop(), asyncio.Event()))
+                ready.set()
+                await stop[0][1].wait()
+        asyncio.run(main())
+    t = threading.Thread(target=run_server, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    try:
+        yield f"ws://127.0.0.1:{port[0]}"
+    finally:
+        loop, ev = stop[0]
+        loop.call_soon_threadsafe(ev.set)
+        t.join(10)
+
+
+def test_cp_r_out_of_a_box_that_lists_a_name_twice_writes_no_host_file_through_its_symlink(tmp_path):
+    # cp -r makes a box's symlink here as a symlink; a listing that then names the same entry as a
+    # file must not have the file's bytes written through that link. The entry listed twice is
+    # skipped and named, and each file of a tree is opened new (O_EXCL|O_NOFOLLOW) besides. The
+    # control: a write by path to what cp -r made reaches the host file.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("host file\n")
+    token = tmp_path / "token"
+    token.write_text("t")
+    out = tmp_path / "out"
+    with lying_box(victim) as url:
+        r = subprocess.run([str(CLI), "cp", "-r", f"{url}:/workspace/t", str(out), "--token-file", str(token)],
+                           capture_output=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert b"skipped /workspace/t/x: listed twice (it changed while it was listed)" in r.stderr, r.stderr
+    assert victim.read_text() == "host file\n"
+    assert os.readlink(out / "x") == str(victim)
+    # The control.
+    (out / "x").write_text("owned")
+    assert victim.read_text() == "owned"
