@@ -519,14 +519,15 @@ int NsInit::run() {
 }  // namespace
 
 boost::json::object ns_init_config(const std::vector<std::string>& argv, boost::json::array env, const std::string& cwd,
-                                   const profile::Profile& profile, int landlock_abi, bool namespaced) {
+                                   const profile::Profile& profile, int landlock_abi, bool namespaced,
+                                   const std::vector<struct sock_filter>& seccomp) {
   boost::json::array args;
   for (auto& a : argv) args.emplace_back(a);
   return {{"argv", std::move(args)},
           {"env", std::move(env)},
           {"cwd", cwd},
           {"grace_ms", profile.resources.grace_ms},
-          {"policy", policy_to_json(profile, landlock_abi, shares_host_network(profile, namespaced))}};
+          {"policy", policy_to_json(profile, landlock_abi, shares_host_network(profile, namespaced), seccomp)}};
 }
 
 int ns_init_main(bool flat) {

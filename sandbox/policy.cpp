@@ -18,6 +18,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/encoding.hpp"
 #include "os/proc-view.hpp"
 #include "os/sys.hpp"
 #include "sandbox/capabilities.hpp"
@@ -266,7 +267,8 @@ bool shares_host_network(const profile::Profile& p, bool namespaced) {
   return p.network.mode == profile::NetworkPolicy::Mode::Host || !namespaced;
 }
 
-boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net) {
+boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net,
+                                   const std::vector<struct sock_filter>& seccomp) {
   boost::json::object o;
   // Capabilities removed from every set and the bounding set, even when the profile keeps all.
   if (host_net) o["drop"] = boost::json::array{CAP_NET_RAW};
@@ -294,7 +296,9 @@ boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, 
     for (auto& s : p.isolation.landlock->ro) ro.emplace_back(s);
     o["landlock"] = boost::json::object{{"rw", rw}, {"ro", ro}};
   }
-  o["seccomp"] = seccomp_description(p.isolation.seccomp);
+  if (!seccomp.empty())
+    o["seccomp_bpf"] = base::base64_encode(
+        {reinterpret_cast<const char*>(seccomp.data()), seccomp.size() * sizeof(struct sock_filter)});
   return o;
 }
 
@@ -402,7 +406,16 @@ PreparedPolicy prepare_policy(const boost::json::object& o) {
     p.nofile = static_cast<uint64_t>(n->to_number<int64_t>());
   }
   if (auto* l = o.if_contains("landlock"); l && l->is_object()) p.landlock = build_landlock(l->as_object());
-  if (auto* s = o.if_contains("seccomp"); s && s->is_object()) p.seccomp = build_seccomp(s->as_object());
+  // The program the supervisor built (cached_seccomp): ns-init links no libseccomp. A description
+  // would mean a supervisor that expects ns-init to build it: refused, never run without a filter.
+  if (o.contains("seccomp")) throw std::runtime_error("seccomp: a policy description, not a program, came to ns-init");
+  if (auto* s = o.if_contains("seccomp_bpf")) {
+    std::string bytes;
+    std::optional<std::vector<struct sock_filter>> prog;
+    if (s->is_string() && base::base64_decode(s->as_string(), bytes)) prog = seccomp_program_from(bytes);
+    if (!prog) throw std::runtime_error("seccomp: the program from the supervisor is not a whole BPF program");
+    p.seccomp = std::move(*prog);
+  }
   return p;
 }
 

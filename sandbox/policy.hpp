@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "os/unique-fd.hpp"
@@ -39,8 +40,11 @@ void check_supervisor_privileges(const profile::Profile& p);
 bool shares_host_network(const profile::Profile& p, bool namespaced);
 
 /// The policy part of ns-init's branch config, from the profile. `landlock_abi` is the kernel's;
-/// `host_net` (shares_host_network) adds CAP_NET_RAW to the capabilities always dropped.
-boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net);
+/// `host_net` (shares_host_network) adds CAP_NET_RAW to the capabilities always dropped;
+/// `seccomp` is the profile's program, built by the supervisor (cached_seccomp; empty: none),
+/// which ns-init loads as it is ("seccomp_bpf", base64).
+boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, bool host_net,
+                                   const std::vector<struct sock_filter>& seccomp);
 
 /// What is enforced, for `box.started` (field -> how, or "not enforced: why").
 boost::json::object describe_enforcement(const profile::Profile& p, const boost::json::object& cgroup_state,
@@ -68,7 +72,8 @@ struct PreparedPolicy {
   std::vector<struct sock_filter> seccomp;  // empty: no filter
 };
 
-/// Builds the policy in ns-init before the fork. Throws std::runtime_error naming the problem.
+/// Builds the policy in ns-init before the fork. Throws std::runtime_error naming the problem
+/// (a seccomp program that is not a whole one, a seccomp description instead of a program).
 PreparedPolicy prepare_policy(const boost::json::object& policy);
 
 /// In the forked child: applies `p` in the documented order with plain syscalls (no allocation).
@@ -82,6 +87,25 @@ int bring_up_loopback() noexcept;
 /// The seccomp program of a policy description ({"policy": "default"|"none"} or
 /// {"policy": "file", "deny": [...], "enosys": [...]}), exported by libseccomp. Empty for none.
 std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc);
+/// The most instructions a seccomp program may have (the kernel's BPF_MAXINSNS).
+inline constexpr size_t kMaxSeccompInstructions = 4096;
+/// `bytes` as a program: nullopt unless they are 1 to kMaxSeccompInstructions whole instructions.
+std::optional<std::vector<struct sock_filter>> seccomp_program_from(std::string_view bytes);
+
+/// The program of a policy description, as build_seccomp gives it, kept in `cache_dir` (the
+/// user's state dir) for the next box: a file `seccomp-<hash>.bpf`, 0600, whose first line is
+/// what the program was built from (the description, libseccomp's version and the API level it
+/// found, the architecture, the kernel's release and version) and is compared whole before the
+/// rest is used. A file that is not this user's, others can write, is a symlink, or names other
+/// inputs is not read (and is replaced). Building is ~0.1 ms of libseccomp's work per branch
+/// start (docs/architecture.md, "Start-up"); reading the cache a few syscalls.
+struct SeccompProgram {
+  std::vector<struct sock_filter> program;  // empty: no filter
+  bool from_cache = false;
+  std::string cache_error;  // why the cache was not used or written ("": it was)
+};
+SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string& cache_dir);
+
 /// Reads a seccomp policy file into a description; throws ProfileError naming the field.
 boost::json::object seccomp_description(const std::string& setting);
 

@@ -1,12 +1,18 @@
-// The seccomp policies, built with libseccomp and exported as a BPF program into memory.
+// The seccomp policies, built with libseccomp and exported as a BPF program into memory, and the
+// cache of those programs in the user's state dir.
+#include <fcntl.h>
 #include <linux/sched.h>
 #include <seccomp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 
@@ -144,6 +150,86 @@ std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc) {
   if (::pread(mem.get(), prog.data(), static_cast<size_t>(size), 0) != size)
     throw std::runtime_error(std::string("seccomp: read exported program: ") + std::strerror(errno));
   return prog;
+}
+
+namespace {
+
+// What the exported program depends on besides the policy: libseccomp's version and the API level
+// it found in this kernel (both choose the instructions), the architecture, and the kernel itself.
+std::string seccomp_cache_key(const boost::json::object& desc) {
+  const scmp_version* v = seccomp_version();
+  struct utsname u {};
+  (void)::uname(&u);
+  boost::json::object k{
+      {"format", 1},
+      {"libseccomp", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro)},
+      {"api", seccomp_api_get()},
+      {"arch", seccomp_arch_native()},
+      {"kernel", std::string(u.release) + " " + u.version},
+      {"policy", desc}};
+  return boost::json::serialize(k);
+}
+
+std::string seccomp_cache_name(const std::string& key) {
+  char name[40];
+  std::snprintf(name, sizeof name, "seccomp-%016zx.bpf", std::hash<std::string>{}(key));
+  return name;
+}
+
+// The program cached for `key` in `dir`: a regular file of ours that no one else may write,
+// opened without following a symlink, whose first line is `key` and the rest a whole program.
+std::optional<std::vector<struct sock_filter>> read_seccomp_cache(int dir, const std::string& name,
+                                                                  const std::string& key) {
+  auto fd = os::open_beneath(dir, name, O_RDONLY | O_NONBLOCK);
+  if (!fd) return std::nullopt;
+  struct stat st {};
+  size_t max = key.size() + 1 + kMaxSeccompInstructions * sizeof(struct sock_filter);
+  if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0 ||
+      st.st_size <= static_cast<off_t>(key.size() + 1) || static_cast<size_t>(st.st_size) > max)
+    return std::nullopt;
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  if (::pread(fd->get(), text.data(), text.size(), 0) != st.st_size) return std::nullopt;
+  if (text.compare(0, key.size(), key) != 0 || text[key.size()] != '\n') return std::nullopt;
+  std::string_view prog = std::string_view(text).substr(key.size() + 1);
+  return seccomp_program_from(prog);
+}
+
+}  // namespace
+
+std::optional<std::vector<struct sock_filter>> seccomp_program_from(std::string_view bytes) {
+  if (bytes.empty() || bytes.size() % sizeof(struct sock_filter) != 0 ||
+      bytes.size() / sizeof(struct sock_filter) > kMaxSeccompInstructions)
+    return std::nullopt;
+  std::vector<struct sock_filter> prog(bytes.size() / sizeof(struct sock_filter));
+  std::memcpy(prog.data(), bytes.data(), bytes.size());
+  return prog;
+}
+
+SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string& cache_dir) {
+  SeccompProgram out;
+  if (desc.contains("policy") && desc.at("policy") == "none") return out;
+  std::string key = seccomp_cache_key(desc), name = seccomp_cache_name(key);
+  std::optional<os::UniqueFd> dir;
+  if (cache_dir.empty())
+    out.cache_error = "no state dir to keep it in";
+  else if (auto d = os::open_dir(cache_dir))
+    dir = std::move(*d);
+  else
+    out.cache_error = "open " + cache_dir + ": " + d.error().message();
+  if (dir)
+    if (auto cached = read_seccomp_cache(dir->get(), name, key)) {
+      out.program = std::move(*cached);
+      out.from_cache = true;
+      return out;
+    }
+  out.program = build_seccomp(desc);
+  if (!dir) return out;
+  // A cache that cannot be written (a read-only home, a full disk) costs the next start a build.
+  std::string text = key + "\n";
+  text.append(reinterpret_cast<const char*>(out.program.data()), out.program.size() * sizeof(struct sock_filter));
+  if (auto w = os::write_file_atomic_at(dir->get(), name, text, 0600); !w)
+    out.cache_error = "write " + cache_dir + "/" + name + ": " + w.error().message();
+  return out;
 }
 
 }  // namespace sbx::sandbox

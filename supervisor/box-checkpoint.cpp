@@ -155,7 +155,7 @@ base::Result<void> Box::start_cold_agent(checkpoint::Copy& copy, const std::vect
   for (auto& kv : extra_env) env.emplace_back(kv);
   if (auto e = attach_copy_network(b, &env); !e) return e;
   send_request(b, sandbox::ns_init_config(b.argv, std::move(env), cwd, opts_.profile, caps_.landlock_abi,
-                                          b.launched.namespaced));
+                                          b.launched.namespaced, seccomp_program()));
   b.launched.in.reset();
   return {};
 }

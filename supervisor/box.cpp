@@ -331,7 +331,8 @@ void Box::start() {
   // criu's version (for box.started) of the criu the checkpointer found: from the user's cache,
   // else `criu --version`, which takes several ms and runs while the agent is launched.
   std::string why_no_home;
-  sandbox::CriuVersionProbe criu_probe(checkpointer_->criu(), os::state_home(why_no_home));
+  state_home_ = os::state_home(why_no_home);
+  sandbox::CriuVersionProbe criu_probe(checkpointer_->criu(), state_home_);
 
   boost::json::object caps;
   std::string why_not;
@@ -410,8 +411,8 @@ void Box::start() {
   network_->edit_env(env);
   agent_env_ = env;
   agent_cwd_ = workdir;
-  send_request(
-      *b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi, b->launched.namespaced));
+  send_request(*b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi,
+                                           b->launched.namespaced, seccomp_program()));
   b->launched.in.reset();  // the main agent's stdin is empty
   // Not needed before the agent's start: made while ns-init runs (the snapshots dir is a new
   // inode of the state dir's disk, and a reused one may hold chunks to collect).
@@ -453,6 +454,21 @@ std::vector<std::string> Box::base_masks() const {
   masks.push_back(opts_.state_dir);
   for (auto& c : sandbox::credential_paths()) masks.push_back(c);
   return masks;
+}
+
+const std::vector<struct sock_filter>& Box::seccomp_program() {
+  if (!seccomp_) {
+    // The profile's policy was checked at start (check_profile_for_host): a file that has gone
+    // since, or a libseccomp failure, throws here, and the branch's launch reports it.
+    auto got = sandbox::cached_seccomp(sandbox::seccomp_description(opts_.profile.isolation.seccomp), state_home_);
+    if (got.from_cache)
+      spdlog::debug("seccomp program from the cache in {} ({} instructions)", state_home_, got.program.size());
+    else if (!got.program.empty())
+      spdlog::debug("seccomp program built ({} instructions){}", got.program.size(),
+                    got.cache_error.empty() ? ", cached" : ", not cached: " + got.cache_error);
+    seccomp_ = std::move(got.program);
+  }
+  return *seccomp_;
 }
 
 boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {

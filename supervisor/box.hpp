@@ -1,6 +1,7 @@
 #pragma once
 // The box: one supervisor's state. Owns the journal, the reaper, the signal source and the
 // branches with their processes, and decides when the box ends and with which status.
+#include <linux/filter.h>
 #include <uv.h>
 
 #include <boost/json.hpp>
@@ -260,6 +261,9 @@ class Box : public checkpoint::Host {
   void channel_reply(Branch& b, const boost::json::object& msg);
   void maybe_finish();
   boost::json::array agent_env(const Branch& b, const std::string& dir) const;
+  /// The profile's seccomp program for every branch's ns-init, built once per box or read from the
+  /// user's state dir (sandbox::cached_seccomp).
+  const std::vector<struct sock_filter>& seccomp_program();
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   boost::json::object pending_started_;  // box.started of a box from an archive, until restored
   void emit_started();
@@ -306,6 +310,8 @@ class Box : public checkpoint::Host {
   BoxOptions opts_;
   std::string id_;
   sandbox::HostCapabilities caps_;
+  std::string state_home_;  // the user's state dir ("": none to be had)
+  std::optional<std::vector<struct sock_filter>> seccomp_;
   std::unique_ptr<journal::Journal> journal_;
   HeapTrimmer heap_trimmer_{loop_};  // after loop_: it is initialized from it
   Reaper reaper_;

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from sbxtest import INIT, PROBE, box, exited, output, probe, read_journal, started
+from sbxtest import INIT, PROBE, box, exited, output, probe, read_journal, run_init, started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -262,6 +262,38 @@ def test_seccomp_policy_file(state_dir, tmp_path):
     r, ev = box(state_dir, probe("syscalls"), 'isolation.capabilities=["ALL"]', f"isolation.seccomp={pol}")
     res = syscall_results(ev)
     assert res["unshare"] == EPERM and res["setns"] == ENOSYS and res["mount"] != EPERM, res
+
+
+def test_seccomp_program_is_built_once_and_cached_for_the_next_box(tmp_path):
+    # The supervisor builds the profile's program and ns-init loads it as sent; the next box of
+    # the same user reads it from the state dir (sandbox/policy.hpp, cached_seccomp) and its agent
+    # is filtered all the same.
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    sets = ["--log-level", "debug", "--set", 'isolation.capabilities=["ALL"]', "--set", "network=none"]
+
+    def run(name, *extra):
+        r = run_init(sets + list(extra) + ["--"] + probe("syscalls"), tmp_path / name, env=env, text=True)
+        ev = read_journal(tmp_path / name)
+        assert r.returncode == 0, r.stderr
+        return r.stderr, syscall_results(ev)
+
+    log, res = run("first")
+    assert "seccomp program built" in log and ", cached" in log, log
+    files = sorted((tmp_path / "xdg" / "sandboxer").glob("seccomp-*.bpf"))
+    assert len(files) == 1 and (files[0].stat().st_mode & 0o777) == 0o600, files
+    assert res["mount"] == EPERM and res["clone3"] == ENOSYS, res
+
+    log, res = run("second")
+    assert "seccomp program from the cache" in log, log
+    assert res["mount"] == EPERM and res["clone3"] == ENOSYS, res
+
+    # Another policy is another program: built, and kept beside the first.
+    pol = tmp_path / "pol.json"
+    pol.write_text(json.dumps({"base": "none", "deny": ["unshare"]}))
+    log, res = run("third", "--set", f"isolation.seccomp={pol}")
+    assert "seccomp program built" in log, log
+    assert res["unshare"] == EPERM and res["mount"] != EPERM, res
+    assert len(list((tmp_path / "xdg" / "sandboxer").glob("seccomp-*.bpf"))) == 2
 
 
 def test_state_dir_under_the_hosts_tmp_is_masked(tmp_path):

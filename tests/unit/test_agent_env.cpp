@@ -124,7 +124,7 @@ TEST_CASE("profile: its document keeps the fields given, with overrides merged f
 TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namespace") {
   profile::Profile p = parse_profile(R"({"isolation": {"capabilities": ["CAP_NET_RAW", "CAP_CHOWN"]}})");
   CHECK(sandbox::shares_host_network(p, true));  // network host
-  auto host = sandbox::policy_to_json(p, 0, true);
+  auto host = sandbox::policy_to_json(p, 0, true, {});
   REQUIRE(host.contains("drop"));
   CHECK(host.at("drop").as_array().size() == 1);
   CHECK(host.at("drop").as_array()[0].to_number<int>() == 13);
@@ -136,7 +136,7 @@ TEST_CASE("policy: CAP_NET_RAW is dropped beside the supervisor's network namesp
   profile::apply_override(p, "network=none");
   CHECK_FALSE(sandbox::shares_host_network(p, true));
   CHECK(sandbox::shares_host_network(p, false));  // without namespaces it shares ours whatever the mode
-  CHECK_FALSE(sandbox::policy_to_json(p, 0, false).contains("drop"));
+  CHECK_FALSE(sandbox::policy_to_json(p, 0, false, {}).contains("drop"));
 }
 
 TEST_CASE("policy: a dropped capability with no list keeps the rest for root, none for another user") {
