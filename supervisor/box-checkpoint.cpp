@@ -154,8 +154,14 @@ base::Result<void> Box::start_cold_agent(checkpoint::Copy& copy, const std::vect
   auto env = agent_env(b, dir);
   for (auto& kv : extra_env) env.emplace_back(kv);
   if (auto e = attach_copy_network(b, &env); !e) return e;
+  const std::vector<struct sock_filter>* seccomp = nullptr;
+  try {
+    seccomp = &seccomp_program();  // built here for a box that started idle or from a restore
+  } catch (const std::exception& e) {
+    return base::fail(std::string("build the seccomp program: ") + e.what());
+  }
   send_request(b, sandbox::ns_init_config(b.argv, std::move(env), cwd, opts_.profile, caps_.landlock_abi,
-                                          b.launched.namespaced, seccomp_program()));
+                                          b.launched.namespaced, *seccomp));
   b.launched.in.reset();
   return {};
 }
