@@ -176,9 +176,7 @@ namespace {
 bool link_operator_file(const std::string& from, const std::string& tmp) {
   os::UniqueFd fd(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return false;
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !os::only_ours_to_write(st)) return false;
   if (::linkat(fd.get(), "", AT_FDCWD, tmp.c_str(), AT_EMPTY_PATH) == 0) return true;
   // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the fd's /proc link does the same without it.
   return ::linkat(AT_FDCWD, os::FdPath(fd.get()).c_str(), AT_FDCWD, tmp.c_str(), AT_SYMLINK_FOLLOW) == 0;

@@ -77,6 +77,22 @@ Result<std::string> read_file(const std::string& path) {
   return read_all(fd.get());
 }
 
+bool only_ours_to_write(const struct stat& st) noexcept {
+  return S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
+Result<std::string> read_own_file_at(int dirfd, const std::string& name, size_t max_bytes) {
+  auto fd = open_beneath(dirfd, name, O_RDONLY | O_NONBLOCK);
+  if (!fd) return fd.error();
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) return last_error();
+  if (!only_ours_to_write(st)) return sys_error(EPERM);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return sys_error(EFBIG);
+  auto text = read_all(fd->get());
+  if (text && text->size() > max_bytes) return sys_error(EFBIG);  // grown since the fstat
+  return text;
+}
+
 Result<void> write_file_atomic(const std::string& path, std::string_view data, mode_t mode, struct stat* written) {
   auto slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);

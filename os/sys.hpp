@@ -39,6 +39,15 @@ Result<std::string> read_all(int fd);
 /// Reads a whole file.
 Result<std::string> read_file(const std::string& path);
 
+/// Whether `st` is a regular file of this user's that no one else may write (no write bit for
+/// its group or others): what a file must be before the supervisor trusts what it says.
+bool only_ours_to_write(const struct stat& st) noexcept;
+
+/// The whole of `name`, one component below `dirfd`, opened with open_beneath (below): no symlink
+/// followed, no FIFO waited on. EPERM where it is not only_ours_to_write, EFBIG past `max_bytes`.
+/// For the caches the supervisor keeps in the user's state dir.
+Result<std::string> read_own_file_at(int dirfd, const std::string& name, size_t max_bytes);
+
 /// Writes a whole file atomically: a temporary beside it, then rename. The directory is reached
 /// by path (it must be one only the supervisor writes); the file itself goes through
 /// write_file_atomic_at, so a symlink at its place or at any temporary name is never followed.

@@ -130,17 +130,13 @@ bool is_version(std::string_view v) {
                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.'; });
 }
 
-// The cached version for `key`, read below `dir` without following a symlink; nullopt otherwise.
+// The cached version for `key`, read below `dir` (os::read_own_file_at: ours, no one else may
+// write it, no symlink followed); nullopt otherwise.
 std::optional<std::string> read_criu_cache(int dir, const std::string& key) {
-  auto fd = os::open_beneath(dir, kCriuVersionCache, O_RDONLY | O_NONBLOCK);
-  if (!fd) return std::nullopt;
-  struct stat st {};
-  if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 4096) return std::nullopt;
-  char buf[4096];
-  ssize_t n = ::read(fd->get(), buf, sizeof buf);
-  if (n <= 0) return std::nullopt;
+  auto text = os::read_own_file_at(dir, kCriuVersionCache, 4096);
+  if (!text) return std::nullopt;
   boost::system::error_code ec;
-  auto v = boost::json::parse(std::string_view(buf, static_cast<size_t>(n)), ec);
+  auto v = boost::json::parse(*text, ec);
   if (ec || !v.is_object()) return std::nullopt;
   auto* k = v.as_object().if_contains("criu");
   auto* ver = v.as_object().if_contains("version");

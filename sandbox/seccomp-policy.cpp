@@ -1,11 +1,9 @@
 // The seccomp policies, built with libseccomp and exported as a BPF program into memory, and the
 // cache of those programs in the user's state dir.
-#include <fcntl.h>
 #include <linux/sched.h>
 #include <seccomp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -176,22 +174,14 @@ std::string seccomp_cache_name(const std::string& key) {
   return name;
 }
 
-// The program cached for `key` in `dir`: a regular file of ours that no one else may write,
-// opened without following a symlink, whose first line is `key` and the rest a whole program.
+// The program cached for `key` in `dir` (os::read_own_file_at: ours, no one else may write it, no
+// symlink followed): its first line is `key`, the rest a whole program.
 std::optional<std::vector<struct sock_filter>> read_seccomp_cache(int dir, const std::string& name,
                                                                   const std::string& key) {
-  auto fd = os::open_beneath(dir, name, O_RDONLY | O_NONBLOCK);
-  if (!fd) return std::nullopt;
-  struct stat st {};
-  size_t max = key.size() + 1 + kMaxSeccompInstructions * sizeof(struct sock_filter);
-  if (::fstat(fd->get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 022) != 0 ||
-      st.st_size <= static_cast<off_t>(key.size() + 1) || static_cast<size_t>(st.st_size) > max)
+  auto text = os::read_own_file_at(dir, name, key.size() + 1 + kMaxSeccompInstructions * sizeof(struct sock_filter));
+  if (!text || text->size() <= key.size() || text->compare(0, key.size(), key) != 0 || (*text)[key.size()] != '\n')
     return std::nullopt;
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  if (::pread(fd->get(), text.data(), text.size(), 0) != st.st_size) return std::nullopt;
-  if (text.compare(0, key.size(), key) != 0 || text[key.size()] != '\n') return std::nullopt;
-  std::string_view prog = std::string_view(text).substr(key.size() + 1);
-  return seccomp_program_from(prog);
+  return seccomp_program_from(std::string_view(*text).substr(key.size() + 1));
 }
 
 }  // namespace

@@ -88,6 +88,14 @@ TEST_CASE("criu's version is cached by the binary's identity, and only a cache o
     CHECK(probe(criu, cache) == "4.8");
     CHECK(runs_of(runs) == 3);
   }
+  SUBCASE("a cache others may write is not believed, and is rewritten") {
+    REQUIRE(::chmod(file.c_str(), 0666) == 0);
+    CHECK(probe(criu, cache, &cached) == "4.8");
+    CHECK_FALSE(cached);
+    CHECK(runs_of(runs) == 3);
+    CHECK(probe(criu, cache, &cached) == "4.8");
+    CHECK(cached);  // written again, 0600
+  }
   SUBCASE("a symlink at the cache's name is not followed, and is replaced, never written through") {
     std::string elsewhere = t.path / "elsewhere.json";
     std::string good = *sbx::os::read_file(file);
@@ -111,4 +119,37 @@ TEST_CASE("criu's version is cached by the binary's identity, and only a cache o
     CHECK_FALSE(p.version(1000));
     CHECK(runs_of(runs) == 2);
   }
+}
+
+TEST_CASE("os: read_own_file_at reads a file of ours that no one else may write, and nothing else") {
+  sbx::test::TempDir d("own-file");
+  auto dir = sbx::os::open_dir(d.path.string());
+  REQUIRE(dir.has_value());
+  auto path = [&](const char* n) { return (d.path / n).string(); };
+  auto put = [&](const char* n, const std::string& text, mode_t mode) {
+    std::ofstream(path(n)) << text;
+    REQUIRE(::chmod(path(n).c_str(), mode) == 0);
+  };
+  put("good", "hello", 0600);
+  auto good = sbx::os::read_own_file_at(dir->get(), "good", 5);
+  REQUIRE(good.has_value());  // the control
+  CHECK(*good == "hello");
+  CHECK(sbx::os::read_own_file_at(dir->get(), "good", 4).error() == sbx::os::sys_error(EFBIG));
+
+  put("group", "hello", 0620);
+  CHECK(sbx::os::read_own_file_at(dir->get(), "group", 64).error() == sbx::os::sys_error(EPERM));
+  put("others", "hello", 0602);
+  CHECK(sbx::os::read_own_file_at(dir->get(), "others", 64).error() == sbx::os::sys_error(EPERM));
+  put("readable", "hello", 0644);  // others may read it: that is not what is checked
+  CHECK(sbx::os::read_own_file_at(dir->get(), "readable", 64).has_value());
+  if (::geteuid() == 0) {
+    put("theirs", "hello", 0600);
+    REQUIRE(::chown(path("theirs").c_str(), 65534, 65534) == 0);
+    CHECK(sbx::os::read_own_file_at(dir->get(), "theirs", 64).error() == sbx::os::sys_error(EPERM));
+  }
+  REQUIRE(::mkfifo(path("fifo").c_str(), 0600) == 0);  // not waited on (O_NONBLOCK), not read
+  CHECK(sbx::os::read_own_file_at(dir->get(), "fifo", 64).error() == sbx::os::sys_error(EPERM));
+  REQUIRE(::symlink(path("good").c_str(), path("link").c_str()) == 0);
+  CHECK(sbx::os::read_own_file_at(dir->get(), "link", 64).error() == sbx::os::sys_error(ELOOP));
+  CHECK_FALSE(sbx::os::read_own_file_at(dir->get(), "../good", 64).has_value());
 }
