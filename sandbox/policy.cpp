@@ -296,9 +296,7 @@ boost::json::object policy_to_json(const profile::Profile& p, int landlock_abi, 
     for (auto& s : p.isolation.landlock->ro) ro.emplace_back(s);
     o["landlock"] = boost::json::object{{"rw", rw}, {"ro", ro}};
   }
-  if (!seccomp.empty())
-    o["seccomp_bpf"] = base::base64_encode(
-        {reinterpret_cast<const char*>(seccomp.data()), seccomp.size() * sizeof(struct sock_filter)});
+  if (!seccomp.empty()) o["seccomp_bpf"] = base::base64_encode(seccomp_program_bytes(seccomp));
   return o;
 }
 

@@ -91,6 +91,8 @@ std::vector<struct sock_filter> build_seccomp(const boost::json::object& desc);
 inline constexpr size_t kMaxSeccompInstructions = 4096;
 /// `bytes` as a program: nullopt unless they are 1 to kMaxSeccompInstructions whole instructions.
 std::optional<std::vector<struct sock_filter>> seccomp_program_from(std::string_view bytes);
+/// A program's bytes, as seccomp_program_from takes them back.
+std::string_view seccomp_program_bytes(const std::vector<struct sock_filter>& prog) noexcept;
 
 /// The program of a policy description, as build_seccomp gives it, kept in `cache_dir` (the
 /// user's state dir) for the next box: a file `seccomp-<hash>.bpf`, 0600, whose first line is

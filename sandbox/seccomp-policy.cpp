@@ -195,6 +195,10 @@ std::optional<std::vector<struct sock_filter>> seccomp_program_from(std::string_
   return prog;
 }
 
+std::string_view seccomp_program_bytes(const std::vector<struct sock_filter>& prog) noexcept {
+  return {reinterpret_cast<const char*>(prog.data()), prog.size() * sizeof(struct sock_filter)};
+}
+
 SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string& cache_dir) {
   SeccompProgram out;
   if (desc.contains("policy") && desc.at("policy") == "none") return out;
@@ -216,7 +220,7 @@ SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string
   if (!dir) return out;
   // A cache that cannot be written (a read-only home, a full disk) costs the next start a build.
   std::string text = key + "\n";
-  text.append(reinterpret_cast<const char*>(out.program.data()), out.program.size() * sizeof(struct sock_filter));
+  text.append(seccomp_program_bytes(out.program));
   if (auto w = os::write_file_atomic_at(dir->get(), name, text, 0600); !w)
     out.cache_error = "write " + cache_dir + "/" + name + ": " + w.error().message();
   return out;

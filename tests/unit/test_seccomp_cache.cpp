@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -22,7 +21,7 @@ namespace {
 const boost::json::object kDefault{{"policy", "default"}};
 
 bool same(const std::vector<struct sock_filter>& a, const std::vector<struct sock_filter>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(struct sock_filter)) == 0;
+  return seccomp_program_bytes(a) == seccomp_program_bytes(b);
 }
 
 // The one cache file in `dir` (there is one per description and host).
@@ -139,7 +138,7 @@ TEST_CASE("seccomp cache: a symlink at the file's name is neither followed nor w
 
 TEST_CASE("seccomp: ns-init takes the supervisor's program, whole, and never a description") {
   auto prog = build_seccomp(kDefault);
-  std::string bytes(reinterpret_cast<const char*>(prog.data()), prog.size() * sizeof(struct sock_filter));
+  std::string bytes(seccomp_program_bytes(prog));
   auto p = prepare_policy({{"seccomp_bpf", sbx::base::base64_encode(bytes)}});
   CHECK(same(p.seccomp, prog));
   CHECK(prepare_policy({}).seccomp.empty());
