@@ -345,12 +345,15 @@ void NsInit::exec_proc(const boost::json::object& req) {
 bool NsInit::reap() {
   // The one waitpid of ns-init: every status it collects is looked at here, so an exec'd
   // process's exit is never taken by another caller and lost.
+  bool agent_ended = false, none_left = false;
   for (;;) {
     int st;
     pid_t p = ::waitpid(-1, &st, WNOHANG | __WALL);
     if (p < 0 && errno == EINTR) continue;
-    if (p < 0) return errno == ECHILD;
-    if (p == 0) return false;
+    if (p <= 0) {
+      none_left = p < 0 && errno == ECHILD;
+      break;
+    }
     if (auto it = execs_.find(p); it != execs_.end()) {
       report({{"ev", "exited"}, {"proc", it->second}, {"status", st}});
       execs_.erase(it);
@@ -359,10 +362,15 @@ bool NsInit::reap() {
     if (p == agent_ && !agent_done_) {
       agent_done_ = true;
       agent_status_ = st;
-      // What is left of the tree gets TERM and the grace period, then KILL.
-      begin_shutdown(grace_ms_);
+      agent_ended = true;
     }
   }
+  // What is left of the tree gets TERM and the grace period, then KILL. With no child left there
+  // is no tree: every descendant of ours has an ancestor among our children (orphans reparent to
+  // us, PID 1 of the namespace or the subreaper, before their parent's exit is seen), so nothing
+  // is signalled, and in flat mode /proc is not walked for nothing.
+  if (agent_ended && !none_left) begin_shutdown(grace_ms_);
+  return none_left;
 }
 
 void NsInit::on_signal(int sig) {

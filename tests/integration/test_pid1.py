@@ -107,15 +107,26 @@ def test_control_a_bare_pid1_leaves_zombies(tmp_path):
     assert "zombies=100" in r.stdout, r.stdout
 
 
-def test_nothing_of_the_tree_survives_the_agent(tmp_path):
-    # The agent leaves 5 daemons that ignore TERM; they are KILLed after the grace period.
-    r = run_init(["--set", "resources.grace=1s", "--", str(PROBE), "leave-tree", "5"], tmp_path / "s",
+@pytest.mark.parametrize("mode", [[], ["--set", "isolation.namespaces=false"]], ids=["namespaced", "flat"])
+def test_nothing_of_the_tree_survives_the_agent(tmp_path, mode):
+    # The agent leaves 5 daemons that ignore TERM; they are KILLed after the grace period (flat:
+    # found as the subreaper's descendants through /proc).
+    r = run_init([*mode, "--set", "resources.grace=1s", "--", str(PROBE), "leave-tree", "5"], tmp_path / "s",
                  as_pid1=False)
     assert r.returncode == 0, r.stderr
     left = subprocess.run(["pgrep", "-f", f"{PROBE} leave-tree"], capture_output=True, text=True).stdout
     assert left.strip() == "", left
     ev = exited(read_journal(tmp_path / "s"))
     assert ev["code"] == 0 and ev.get("escalated") is True
+
+
+@pytest.mark.parametrize("mode", [[], ["--set", "isolation.namespaces=false"]], ids=["namespaced", "flat"])
+def test_an_agent_that_leaves_nothing_ends_without_escalation(tmp_path, mode):
+    # The control of the test above: nothing left, nothing to kill.
+    r = run_init([*mode, "--", "/bin/true"], tmp_path / "s", as_pid1=False)
+    assert r.returncode == 0, r.stderr
+    ev = exited(read_journal(tmp_path / "s"))
+    assert ev["code"] == 0 and not ev.get("escalated")
 
 
 def test_an_agent_that_ignores_term_is_killed_after_the_grace_period(tmp_path):
