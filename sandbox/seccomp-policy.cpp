@@ -1,5 +1,7 @@
 // The seccomp policies, built with libseccomp and exported as a BPF program into memory, and the
 // cache of those programs in the user's state dir.
+#include <dirent.h>
+#include <fcntl.h>
 #include <linux/sched.h>
 #include <seccomp.h>
 #include <sys/mman.h>
@@ -13,6 +15,8 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
@@ -184,6 +188,44 @@ std::optional<std::vector<struct sock_filter>> read_seccomp_cache(int dir, const
   return seccomp_program_from(std::string_view(*text).substr(key.size() + 1));
 }
 
+// A key without its policy: which machine and library the program was built for.
+boost::json::object key_host(boost::json::object key) {
+  key.erase("policy");
+  return key;
+}
+
+// Removes the programs `dir` keeps for another host than `key`'s (an older kernel or libseccomp,
+// which this machine runs no more until it boots that kernel again): without it every kernel
+// update left one file per policy behind. Run where a program was built, so a start that finds
+// its program lists nothing. A file of ours (os::read_own_file_at) whose first line is a key is
+// judged; anything else named so is left as it is.
+void prune_seccomp_cache(int dir, const std::string& key, const std::string& keep) {
+  boost::system::error_code ec;
+  auto ours = boost::json::parse(key, ec);
+  if (ec || !ours.is_object()) return;
+  auto host = key_host(ours.as_object());
+  int lfd = ::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+  if (!d) {
+    if (lfd >= 0) ::close(lfd);
+    return;
+  }
+  std::vector<std::string> names;
+  while (auto* e = ::readdir(d)) {
+    std::string_view n(e->d_name);
+    if (n.starts_with("seccomp-") && n.ends_with(".bpf") && n != keep) names.emplace_back(n);
+  }
+  ::closedir(d);
+  for (auto& name : names) {
+    auto text =
+        os::read_own_file_at(dir, name, key.size() + 4096 + kMaxSeccompInstructions * sizeof(struct sock_filter));
+    if (!text) continue;
+    auto line = boost::json::parse(std::string_view(*text).substr(0, text->find('\n')), ec);
+    if (ec || !line.is_object() || !line.as_object().contains("policy")) continue;
+    if (key_host(line.as_object()) != host) (void)::unlinkat(dir, name.c_str(), 0);
+  }
+}
+
 }  // namespace
 
 std::optional<std::vector<struct sock_filter>> seccomp_program_from(std::string_view bytes) {
@@ -223,6 +265,7 @@ SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string
   text.append(seccomp_program_bytes(out.program));
   if (auto w = os::write_file_atomic_at(dir->get(), name, text, 0600); !w)
     out.cache_error = "write " + cache_dir + "/" + name + ": " + w.error().message();
+  prune_seccomp_cache(dir->get(), key, name);
   return out;
 }
 

@@ -136,6 +136,44 @@ TEST_CASE("seccomp cache: a symlink at the file's name is neither followed nor w
   CHECK(slurp(target) == good);       // and nothing written where it pointed
 }
 
+TEST_CASE("seccomp cache: a build removes the programs of another kernel, and nothing else") {
+  sbx::test::TempDir d("seccomp-cache");
+  (void)cached_seccomp(kDefault, d.path);
+  auto file = cache_file(d.path);
+  std::string good = slurp(file);
+  std::string key = good.substr(0, good.find('\n')), prog = good.substr(good.find('\n') + 1);
+  auto host_replaced = [&](const std::string& field, const std::string& value) {
+    auto k = boost::json::parse(key).as_object();
+    k[field] = value;
+    return boost::json::serialize(k);
+  };
+  fs::path old_kernel = d.path / "seccomp-00000000000000a1.bpf", old_lib = d.path / "seccomp-00000000000000a2.bpf";
+  fs::path not_ours = d.path / "seccomp-00000000000000a3.bpf", not_a_key = d.path / "seccomp-00000000000000a4.bpf";
+  fs::path other_name = d.path / "notes-00000000000000a5.bpf";
+  put(old_kernel, host_replaced("kernel", "5.10.0-1 #1 SMP") + "\n" + prog);
+  put(old_lib, host_replaced("libseccomp", "2.4.0") + "\n" + prog);
+  put(not_ours, host_replaced("kernel", "5.10.0-1 #1 SMP") + "\n" + prog, 0620);  // others may write it
+  put(not_a_key, "not a key\n" + prog);
+  put(other_name, host_replaced("kernel", "5.10.0-1 #1 SMP") + "\n" + prog);
+
+  // A start that finds its program looks at nothing else: the control, every file still there.
+  CHECK(cached_seccomp(kDefault, d.path).from_cache);
+  CHECK(fs::exists(old_kernel));
+  CHECK(fs::exists(old_lib));
+
+  // A build (another policy) removes the two of another host that are ours; the rest stays.
+  boost::json::object file_policy{{"policy", "file"}, {"base", "none"}, {"deny", boost::json::array{"chroot"}}};
+  CHECK_FALSE(cached_seccomp(file_policy, d.path).from_cache);
+  CHECK_FALSE(fs::exists(old_kernel));
+  CHECK_FALSE(fs::exists(old_lib));
+  CHECK(fs::exists(not_ours));
+  CHECK(fs::exists(not_a_key));
+  CHECK(fs::exists(other_name));
+  CHECK(slurp(file) == good);  // this host's program of another policy: kept, and still used
+  CHECK(cached_seccomp(kDefault, d.path).from_cache);
+  CHECK(cached_seccomp(file_policy, d.path).from_cache);
+}
+
 TEST_CASE("seccomp: ns-init takes the supervisor's program, whole, and never a description") {
   auto prog = build_seccomp(kDefault);
   std::string bytes(seccomp_program_bytes(prog));
