@@ -166,15 +166,25 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
   throw RequestError("io_error", path + ": it keeps changing while it is opened");
 }
 
-boost::json::object fs_stat(const FsRoots& roots, const std::string& path) {
-  auto fd = fs_open(roots, path, O_PATH);
+boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, errno);
-  return {{"path", path},
-          {"type", type_of(st.st_mode)},
-          {"size", static_cast<uint64_t>(st.st_size)},
-          {"mode", static_cast<uint64_t>(st.st_mode & 07777)},
-          {"mtime", static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec / 1e9}};
+  boost::json::object o{{"path", path}};
+  // Not followed: the entry itself, from its directory (a root, or a path ending in '/', is
+  // followed as lstat(2) would).
+  if (!follow && split(roots, path).second != "." && !path.ends_with('/')) {
+    std::string last;
+    auto dir = fs_open(roots, path, O_PATH, 0, &last);
+    if (::fstatat(dir.get(), last.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) fail(path, errno);
+    if (S_ISLNK(st.st_mode)) add_target(o, dir.get(), last.c_str());
+  } else {
+    auto fd = fs_open(roots, path, O_PATH);
+    if (::fstat(fd.get(), &st) != 0) fail(path, errno);
+  }
+  o["type"] = type_of(st.st_mode);
+  o["size"] = static_cast<uint64_t>(st.st_size);
+  o["mode"] = static_cast<uint64_t>(st.st_mode & 07777);
+  o["mtime"] = static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec / 1e9;
+  return o;
 }
 
 boost::json::array fs_list(const FsRoots& roots, const std::string& path) {

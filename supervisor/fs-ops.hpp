@@ -32,7 +32,9 @@ os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, m
 /// the type ("not a regular file: a FIFO").
 os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644);
 
-boost::json::object fs_stat(const FsRoots& roots, const std::string& path);
+/// The type, size, mode and mtime of what `path` names; with `follow` false, of the entry itself
+/// (a symlink there is not followed, and its text comes in `target`, `target_b64`).
+boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow = true);
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
 /// Makes the directory `path` with `mode` (not narrowed by the umask). A directory there already

@@ -76,7 +76,8 @@ void op_fs_write(OpContext& ctx) {
 }
 
 void op_fs_stat(OpContext& ctx) {
-  auto st = fs_stat(ctx.roots(), protocol::need_string(ctx.fields(), "path"));
+  const auto& f = ctx.fields();
+  auto st = fs_stat(ctx.roots(), protocol::need_string(f, "path"), protocol::opt_bool(f, "follow").value_or(true));
   auto ok = ctx.ok();
   for (auto& kv : st) ok[kv.key()] = kv.value();
   ctx.reply(ok);

@@ -258,6 +258,41 @@ def test_symlink_chmod_and_mkdir_mode_as_the_host_sees_them(box):
     assert not os.path.lexists(w / "long") and not os.path.lexists(w / "nul")
 
 
+def test_stat_without_follow_names_the_link_itself_and_its_text(box):
+    w = box.workspace
+    (w / "d").mkdir()
+    (w / "d/f").write_text("12345")
+    (w / "lf").symlink_to("d/f")
+    (w / "out").symlink_to("/etc/passwd")
+    os.symlink(b"caf\xe9", os.fsencode(w / "latin"))
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            # The control: followed (the default), the file it names.
+            r = await s.request("fs.stat", path="/workspace/lf")
+            assert r["type"] == "file" and r["size"] == 5 and "target" not in r, r
+            r = await s.request("fs.stat", path="/workspace/lf", follow=False)
+            assert r["type"] == "symlink" and r["target"] == "d/f" and r["size"] == 3, r
+            # A link out of the roots is named, never followed (its text is what fs.list gives).
+            r = await s.request("fs.stat", path="/workspace/out")
+            assert r["ok"] is False and r["error"]["code"] == "path_escape", r
+            r = await s.request("fs.stat", path="/workspace/out", follow=False)
+            assert r["type"] == "symlink" and r["target"] == "/etc/passwd", r
+            r = await s.request("fs.stat", path="/workspace/latin", follow=False)
+            assert r["target"] == "caf\ufffd" and base64.b64decode(r["target_b64"]) == b"caf\xe9", r
+            # Anything else as it is; a root, and a path ending in '/', are followed (as lstat).
+            assert (await s.request("fs.stat", path="/workspace/d/f", follow=False))["type"] == "file"
+            assert (await s.request("fs.stat", path="/workspace", follow=False))["type"] == "dir"
+            r = await s.request("fs.stat", path="/workspace/nothing", follow=False)
+            assert r["error"]["code"] == "not_found", r
+            r = await s.request("fs.stat", path="/workspace/d/..", follow=False)
+            assert r["error"]["code"] == "bad_request", r
+            r = await s.request("fs.stat", path="/workspace/out/../../etc", follow=False)
+            assert r["error"]["code"] == "path_escape", r
+    run(go(), 30)
+
+
 def test_control_a_symlink_inside_the_workspace_is_followed(box):
     (box.workspace / "real.txt").write_text("inside")
     (box.workspace / "link.txt").symlink_to("real.txt")

@@ -210,6 +210,7 @@ CALLS = {
     "fs.write inline": lambda b: b.fs.write("b.txt", "small"),
     "fs.list": lambda b: b.fs.list("/workspace"),
     "fs.stat": lambda b: b.fs.stat("/workspace/a.txt"),
+    "fs.stat not followed": lambda b: b.fs.stat("/workspace/link", follow=False),
     "fs.remove": lambda b: b.fs.remove("/workspace/a.txt"),
     "fs.rename": lambda b: b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
     "fs.mkdir with a mode": lambda b: b.fs.mkdir("/workspace/d", mode=0o750),

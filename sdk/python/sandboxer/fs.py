@@ -118,9 +118,12 @@ class FileSystem:
             raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
         return entries
 
-    async def stat(self, path: str, *, branch: str | None = None) -> dict[str, Any]:
-        """Type, size, mode and mtime of `path` (the reply without id and ok)."""
-        reply = await self._box._conn.request("fs.stat", {"path": path, "branch": branch})
+    async def stat(self, path: str, *, follow: bool = True, branch: str | None = None) -> dict[str, Any]:
+        """Type, size, mode and mtime of `path` (the reply without id and ok). With `follow`
+        False, of the entry itself: a symlink there is not followed, and its text is in `target`
+        (its bytes in `target_b64` where they are not UTF-8)."""
+        reply = await self._box._conn.request(
+            "fs.stat", {"path": path, "follow": None if follow else False, "branch": branch})
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
     async def mkdir(self, path: str, *, mode: int | None = None, branch: str | None = None) -> None:

@@ -109,9 +109,12 @@ export class FileSystem {
     return replyArray(reply, "entries", "fs.list") as JsonObject[];
   }
 
-  /** Type, size, mode and mtime of `path`. */
-  async stat(path: string, opts: { branch?: string } = {}): Promise<JsonObject> {
-    return body(await this.conn().request("fs.stat", { path, branch: opts.branch }));
+  /** Type, size, mode and mtime of `path`. With `follow: false`, of the entry itself: a symlink
+   * there is not followed, and its text is in `target` (its bytes in `target_b64` where they are
+   * not UTF-8). */
+  async stat(path: string, opts: { follow?: boolean; branch?: string } = {}): Promise<JsonObject> {
+    const follow = opts.follow === false ? false : undefined;
+    return body(await this.conn().request("fs.stat", { path, follow, branch: opts.branch }));
   }
 
   /** Creates the directory `path`, with the permission bits `mode` (0o755 if none). A directory

@@ -153,6 +153,7 @@ const CALLS = {
   "fs.write inline": (b) => b.fs.write("b.txt", "small"),
   "fs.list": (b) => b.fs.list("/workspace"),
   "fs.stat": (b) => b.fs.stat("/workspace/a.txt"),
+  "fs.stat not followed": (b) => b.fs.stat("/workspace/link", { follow: false }),
   "fs.remove": (b) => b.fs.remove("/workspace/a.txt"),
   "fs.rename": (b) => b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
   "fs.mkdir with a mode": (b) => b.fs.mkdir("/workspace/d", { mode: 0o750 }),
