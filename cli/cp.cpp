@@ -4,8 +4,9 @@
 // and the local directory on the other, then moves its files 64 to a connection. As cp -r: a DST
 // that is a directory receives SRC by its name, else DST becomes the copy. Files keep their
 // permission bits (no set-id bits), directories theirs; a symlink is copied as a symlink with the
-// same text (fs.symlink), never followed. A FIFO, a socket or a device is not copied: each is named
-// on stderr, and the exit status is 1 once the rest is.
+// same text (fs.symlink), never followed, SRC itself included (without -r, as cp, SRC's file is
+// copied through it). A FIFO, a socket or a device is not copied: each is named on stderr, and
+// the exit status is 1 once the rest is.
 #include <sys/stat.h>
 
 #include <unistd.h>
@@ -44,6 +45,11 @@ class TreeCopy {
   bool walk_in(const fs::path& from, const std::string& to, unsigned mode, int depth);
   bool copy();
   bool skipped() const { return skipped_; }
+  // A symlink given as SRC itself, copied as a link (cp -r does not follow it either).
+  bool link_out(const json::object& st, const std::string& path, const std::string& local) {
+    return symlink_out(st, path, local);
+  }
+  bool link_in(const fs::path& from, const std::string& path) { return symlink_in(from, path); }
 
  private:
   void skip(const std::string& what, const std::string& why) {
@@ -230,8 +236,13 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
   TreeCopy t(s);
   bool ok;
   if (src) {
-    auto st = s.call({{"op", "fs.stat"}, {"path", src->path}});
+    auto st = s.call({{"op", "fs.stat"}, {"path", src->path}, {"follow", false}});
     if (!st) return s.fail(st.error(), "download " + from);
+    if (text_field(*st, "type") == "symlink") {
+      std::error_code ec;
+      ok = t.link_out(*st, src->path, inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path)));
+      return ok && !t.skipped() ? kExitOk : kExitFailed;
+    }
     if (text_field(*st, "type") != "dir") {
       auto d = s.download({{"op", "fs.read"}, {"path", src->path}}, to);
       return d ? kExitOk : s.fail(d.error(), "download " + from);
@@ -241,13 +252,19 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     ok = t.walk_out(src->path, target, mode_of(*st, 0755), 0) && t.copy();
   } else {
     std::error_code ec;
-    if (!fs::is_directory(fs::symlink_status(from, ec))) {
+    auto local = fs::symlink_status(from, ec);
+    if (local.type() != fs::file_type::directory && local.type() != fs::file_type::symlink) {
       auto u = s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);
       return u ? kExitOk : s.fail(u.error(), "upload to " + to);
     }
     auto st = s.request({{"op", "fs.stat"}, {"path", dst->path}});
     if (!st) return s.fail(st.error(), "upload to " + to);
     bool there = reply_ok(*st);
+    if (local.type() == fs::file_type::symlink) {
+      std::string name = base_name(fs::absolute(from).lexically_normal().string());
+      ok = t.link_in(from, inside_if_dir(dst->path, there && text_field(*st, "type") == "dir", name));
+      return ok && !t.skipped() ? kExitOk : kExitFailed;
+    }
     if (there && text_field(*st, "type") != "dir")
       return s.fail({dst->path + ": exists and is not a directory", "exists"}, "upload to " + to);
     unsigned mode = static_cast<unsigned>(fs::status(from, ec).permissions()) & 0777;

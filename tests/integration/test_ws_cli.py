@@ -507,6 +507,37 @@ def test_cp_r_copies_a_tree_out_and_in_with_modes_and_symlinks_and_names_what_it
     assert (tmp_path / "one").read_bytes() == b"a" * 70000
 
 
+def test_cp_r_of_a_symlink_copies_the_link_as_cp_r_does_and_plain_cp_follows_it(box, tmp_path):
+    ws = box.workspace
+    (ws / "d").mkdir()
+    (ws / "d/f").write_text("in d")
+    (ws / "ld").symlink_to("d")
+    (ws / "lf").symlink_to("d/f")
+    # Out: the link itself, with its text, by its name into a directory that is there.
+    assert cli(box, "cp", "-r", f"{box.url}:/workspace/ld", str(tmp_path / "ld")).returncode == 0
+    assert os.readlink(tmp_path / "ld") == "d"
+    (tmp_path / "into").mkdir()
+    assert cli(box, "cp", "-r", f"{box.url}:/workspace/lf", str(tmp_path / "into")).returncode == 0
+    assert os.readlink(tmp_path / "into/lf") == "d/f"
+    # The control: without -r, cp copies the file the link names (as cp does).
+    assert cli(box, "cp", f"{box.url}:/workspace/lf", str(tmp_path / "plain")).returncode == 0
+    assert not (tmp_path / "plain").is_symlink() and (tmp_path / "plain").read_text() == "in d"
+    # In: a local link made in the box with the same text, into a directory or as DST itself.
+    (tmp_path / "local").symlink_to("/etc/passwd")
+    assert cli(box, "cp", "-r", str(tmp_path / "local"), f"{box.url}:/workspace/d").returncode == 0
+    assert os.readlink(ws / "d/local") == "/etc/passwd"
+    assert cli(box, "cp", "-r", str(tmp_path / "ld"), f"{box.url}:/workspace/ld2").returncode == 0
+    assert os.readlink(ws / "ld2") == "d"
+    assert cli(box, "cp", str(tmp_path / "into/lf"), f"{box.url}:/workspace/plain").returncode == 1  # dangling here
+    # Onto a directory, or a link to one, it goes inside (as cp -r); what is there otherwise is
+    # not replaced, and the box says so.
+    assert cli(box, "cp", "-r", str(tmp_path / "ld"), f"{box.url}:/workspace/ld2").returncode == 0
+    assert os.readlink(ws / "d/ld") == "d"
+    r = cli(box, "cp", "-r", str(tmp_path / "ld"), f"{box.url}:/workspace/lf")
+    assert r.returncode == 1 and b"exists" in r.stderr, r.stderr
+    assert os.readlink(ws / "lf") == "d/f"
+
+
 def test_cp_r_moves_many_files_in_batches_and_stops_at_the_first_refusal(box, tmp_path):
     # 64 files to a connection: 150 files take three, and every byte arrives.
     src = tmp_path / "many"
