@@ -143,18 +143,19 @@ bool TreeCopy::symlink_out(const json::object& e, const std::string& path, const
   return true;
 }
 
-// A local symlink made in the box with the same text; one whose text is not UTF-8 cannot be
-// named in a request.
+// A local symlink made in the box with the same text (its bytes in target_b64 where they are not
+// UTF-8).
 bool TreeCopy::symlink_in(const fs::path& from, const std::string& path) {
   std::error_code ec;
   auto target = fs::read_symlink(from, ec);
   if (ec) return failed({from.string() + ": " + ec.message(), "local"}, "upload");
   std::string text = target.string();
-  if (base::utf8_valid_prefix(text) != text.size()) {
-    skip(from.string(), "a symlink whose text is not UTF-8, which a request cannot name");
-    return true;
-  }
-  auto r = s_.call({{"op", "fs.symlink"}, {"path", path}, {"target", text}});
+  json::object req{{"op", "fs.symlink"}, {"path", path}};
+  if (base::utf8_valid_prefix(text) == text.size())
+    req["target"] = text;
+  else
+    req["target_b64"] = base::base64_encode(text);
+  auto r = s_.call(std::move(req));
   return r ? true : failed(r.error(), "symlink " + path);
 }
 

@@ -104,7 +104,18 @@ void op_fs_mkdir(OpContext& ctx) {
 
 void op_fs_symlink(OpContext& ctx) {
   const auto& f = ctx.fields();
-  fs_symlink(ctx.roots(), protocol::need_string(f, "path"), protocol::need_string(f, "target"));
+  auto path = protocol::need_string(f, "path");
+  // The text as JSON text (UTF-8), or its bytes in target_b64 (as fs.list and fs.stat give a
+  // text that is not UTF-8): one of the two.
+  auto b64 = protocol::opt_string(f, "target_b64");
+  if (b64 && f.contains("target"))
+    throw RequestError("bad_request", "fields target and target_b64: give one of them, not both");
+  std::string target;
+  if (!b64)
+    target = protocol::need_string(f, "target");
+  else if (!base::base64_decode(*b64, target))
+    throw RequestError("bad_request", "field target_b64: not valid base64");
+  fs_symlink(ctx.roots(), path, target);
   ctx.reply(ctx.ok());
 }
 

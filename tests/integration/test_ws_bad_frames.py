@@ -187,6 +187,7 @@ VALID = {
     "fs.rename": (A_TXT, {"id": 46, "ok": True}),
     "fs.mkdir with a mode": ([], {"id": 47, "ok": True}),
     "fs.symlink": ([], {"id": 48, "ok": True}),
+    "fs.symlink with bytes that are not UTF-8": ([], {"id": 54, "ok": True}),
     "fs.chmod": (A_TXT, {"id": 49, "ok": True}),
     "stats": ([], {"id": 16, "ok": True, "box": dict, "branches": dict, "procs": dict, "last_seq": int}),
     "string id": ([], {"id": "req-17", "ok": True, "pong": True}),

@@ -215,6 +215,7 @@ CALLS = {
     "fs.rename": lambda b: b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
     "fs.mkdir with a mode": lambda b: b.fs.mkdir("/workspace/d", mode=0o750),
     "fs.symlink": lambda b: b.fs.symlink("/workspace/link", "a.txt"),
+    "fs.symlink with bytes that are not UTF-8": lambda b: b.fs.symlink("/workspace/latin", b"caf\xe9"),
     "fs.chmod": lambda b: b.fs.chmod("/workspace/a.txt", 0o600),
     "stats": lambda b: b.stats(),
     "string id": lambda b: b.request("ping"),

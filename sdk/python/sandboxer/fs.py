@@ -131,10 +131,17 @@ class FileSystem:
         directory there already is kept as it is."""
         await self._box._conn.request("fs.mkdir", {"path": path, "mode": mode, "branch": branch})
 
-    async def symlink(self, path: str, target: str, *, branch: str | None = None) -> None:
+    async def symlink(self, path: str, target: str | bytes, *, branch: str | None = None) -> None:
         """Creates a symlink at `path` whose text is `target` (kept as given; the fs operations
-        resolve it beneath its root, as any other)."""
-        await self._box._conn.request("fs.symlink", {"path": path, "target": target, "branch": branch})
+        resolve it beneath its root, as any other). Bytes that are not UTF-8 go as they are."""
+        if isinstance(target, bytes):
+            try:
+                fields: dict[str, Any] = {"target": target.decode("utf-8")}
+            except UnicodeDecodeError:
+                fields = {"target_b64": base64.b64encode(target).decode("ascii")}
+        else:
+            fields = {"target": target}
+        await self._box._conn.request("fs.symlink", {"path": path, **fields, "branch": branch})
 
     async def chmod(self, path: str, mode: int, *, branch: str | None = None) -> None:
         """Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names,

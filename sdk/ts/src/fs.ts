@@ -3,7 +3,7 @@
 import { ProtocolError, type JsonObject } from "./errors.js";
 import type { Connection } from "./connection.js";
 import { body, replyArray } from "./connection.js";
-import { concatBytes, dataFields, iterChunks, MAX_CHUNK, utf8, type Chunk } from "./protocol.js";
+import { concatBytes, dataFields, iterChunks, MAX_CHUNK, toBase64, utf8, utf8Text, type Chunk } from "./protocol.js";
 
 /** fs.write content up to this size goes inside the request. */
 export const INLINE_MAX = 32 << 10;
@@ -124,9 +124,11 @@ export class FileSystem {
   }
 
   /** Creates a symlink at `path` whose text is `target` (kept as given; the fs operations resolve
-   * it beneath its root, as any other). */
-  async symlink(path: string, target: string, opts: { branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.symlink", { path, target, branch: opts.branch });
+   * it beneath its root, as any other). Bytes that are not UTF-8 go as they are. */
+  async symlink(path: string, target: string | Uint8Array, opts: { branch?: string } = {}): Promise<void> {
+    const t = typeof target === "string" ? target : utf8Text(target);
+    const text = t !== null ? { target: t } : { target_b64: toBase64(target as Uint8Array) };
+    await this.conn().request("fs.symlink", { path, ...text, branch: opts.branch });
   }
 
   /** Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names, inside

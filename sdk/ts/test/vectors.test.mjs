@@ -158,6 +158,7 @@ const CALLS = {
   "fs.rename": (b) => b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
   "fs.mkdir with a mode": (b) => b.fs.mkdir("/workspace/d", { mode: 0o750 }),
   "fs.symlink": (b) => b.fs.symlink("/workspace/link", "a.txt"),
+  "fs.symlink with bytes that are not UTF-8": (b) => b.fs.symlink("/workspace/latin", new Uint8Array([0x63, 0x61, 0x66, 0xe9])),
   "fs.chmod": (b) => b.fs.chmod("/workspace/a.txt", 0o600),
   "stats": (b) => b.stats(),
   "string id": (b) => b.request("ping"),
