@@ -527,10 +527,11 @@ def checkpoint_and_export(box, out, timeout=120):
     return snap
 
 
-def silent_websocket_server(answer=None):
+def silent_websocket_server(answer=None, received=None):
     """A server on 127.0.0.1 that completes the WebSocket handshake and then never answers:
     returns its listening socket. With `answer` (bytes, under 126), it sends that as the payload
-    of one text frame once the client has sent something, then answers nothing more."""
+    of one text frame once the client has sent something, then answers nothing more; the bytes
+    the client sends after it are appended to the list `received`, and None once it has closed."""
     srv = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -545,8 +546,11 @@ def silent_websocket_server(answer=None):
         with contextlib.suppress(OSError):
             if answer is not None and conn.recv(65536):
                 conn.sendall(b"\x81" + bytes([len(answer)]) + answer)
-            while conn.recv(65536):
-                pass
+            while data := conn.recv(65536):
+                if received is not None:
+                    received.append(data)
+        if received is not None:
+            received.append(None)
     threading.Thread(target=serve, daemon=True).start()
     return srv
 

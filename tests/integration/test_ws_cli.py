@@ -359,7 +359,8 @@ def test_following_a_box_never_reached_ends_at_once_saying_why(box, tmp_path, cm
 def test_a_reply_that_is_not_json_ends_the_request_with_1007_and_says_so(tmp_path, answer):
     # A text frame the client cannot read (not UTF-8, or not JSON) once left the request waiting
     # for a reply forever (the control: this run has a timeout).
-    srv = silent_websocket_server(answer=answer)
+    received = []
+    srv = silent_websocket_server(answer=answer, received=received)
     token = tmp_path / "token"
     token.write_text("x" * 32)
     try:
@@ -369,6 +370,15 @@ def test_a_reply_that_is_not_json_ends_the_request_with_1007_and_says_so(tmp_pat
         srv.close()
     assert r.returncode == 1, r.stderr
     assert b"the box sent a text frame that is not a JSON object" in r.stderr and b"(1007)" in r.stderr, r.stderr
+    # The server was told why (a Close frame, 1007), and the client ended the connection though
+    # the server never answered its Close (lws waits 5 s for that answer).
+    deadline = time.monotonic() + 10
+    while received[-1:] != [None] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    data = b"".join(d for d in received if d)
+    assert received[-1:] == [None] and data[:2] == b"\x88\x82", data  # masked Close, 2 bytes
+    mask, payload = data[2:6], data[6:8]
+    assert int.from_bytes(bytes(b ^ mask[i] for i, b in enumerate(payload)), "big") == 1007
 
 
 def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(box):
