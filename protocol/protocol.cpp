@@ -71,6 +71,32 @@ std::string need_string(const boost::json::object& o, std::string_view key) {
   return *s;
 }
 
+std::optional<std::string> opt_path(const boost::json::object& o, std::string_view key) {
+  std::string b64key = std::string(key) + "_b64";
+  auto b64 = opt_string(o, b64key);
+  if (!b64) return opt_string(o, key);
+  if (auto* v = o.if_contains(key); v && !v->is_null())
+    throw RequestError("bad_request", "fields " + std::string(key) + " and " + b64key + ": give one of them, not both");
+  std::string raw;
+  if (!base::base64_decode(*b64, raw)) throw RequestError("bad_request", field(b64key) + "not valid base64");
+  return raw;
+}
+
+std::string need_path(const boost::json::object& o, std::string_view key) {
+  auto p = opt_path(o, key);
+  if (!p) throw RequestError("bad_request", field(key) + "missing");
+  return *p;
+}
+
+void put_path(boost::json::object& o, std::string_view key, std::string_view v) {
+  if (base::utf8_valid_prefix(v) == v.size()) {
+    o[key] = v;
+    return;
+  }
+  o[key] = base::utf8_lossy(v);
+  o[std::string(key) + "_b64"] = base::base64_encode(v);
+}
+
 std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max) {
   auto* v = o.if_contains(key);
   if (!v || v->is_null()) return std::nullopt;

@@ -48,6 +48,13 @@ std::string need_string(const boost::json::object& o, std::string_view key);
 std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max);
 std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key);
 std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key);
+/// A path (or any name of bytes on disk): `key` as JSON text, or its bytes in `key`_b64 where
+/// they are not UTF-8 (as fs.list gives a name); one of the two, not both.
+std::optional<std::string> opt_path(const boost::json::object& o, std::string_view key);
+std::string need_path(const boost::json::object& o, std::string_view key);
+/// Puts the bytes `v` into `o` as `key` when they are UTF-8, else as `key` with U+FFFD for each
+/// byte that is not and `key`_b64 with the bytes (the inverse of opt_path).
+void put_path(boost::json::object& o, std::string_view key, std::string_view v);
 /// A duration: a number of seconds, or a string "3s", "500ms".
 std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string_view key);
 

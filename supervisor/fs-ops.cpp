@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "base/encoding.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -97,20 +96,12 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path, in
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
 }
 
-// Bytes from the disk (a name, a symlink's text) as JSON text, which is UTF-8: where they are not,
-// `key` has U+FFFD for each bad byte and `key`_b64 the bytes.
-void put_bytes(boost::json::object& o, const std::string& key, std::string_view bytes) {
-  bool utf8 = base::utf8_valid_prefix(bytes) == bytes.size();
-  o[key] = utf8 ? std::string(bytes) : base::utf8_lossy(bytes);
-  if (!utf8) o[key + "_b64"] = base::base64_encode(bytes);
-}
-
 // A symlink's text, read from its directory (never followed), as `target`.
 void add_target(boost::json::object& o, int dirfd, const char* name) {
   char buf[kMaxTarget + 1];
   ssize_t n = ::readlinkat(dirfd, name, buf, sizeof buf);
   if (n < 0 || static_cast<size_t>(n) > kMaxTarget) return;
-  put_bytes(o, "target", std::string_view(buf, static_cast<size_t>(n)));
+  protocol::put_path(o, "target", std::string_view(buf, static_cast<size_t>(n)));
 }
 
 const char* type_of(mode_t m) { return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other"; }
@@ -168,7 +159,8 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
 
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow) {
   struct stat st {};
-  boost::json::object o{{"path", path}};
+  boost::json::object o;
+  protocol::put_path(o, "path", path);
   // Not followed: the entry itself, from its directory (a root, or a path ending in '/', is
   // followed as lstat(2) would).
   if (!follow && split(roots, path).second != "." && !path.ends_with('/')) {
@@ -197,7 +189,7 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
     struct stat st {};
     // A name is any bytes but '/' and NUL: one that is not UTF-8 has its bytes in name_b64.
     boost::json::object o;
-    put_bytes(o, "name", e->d_name);
+    protocol::put_path(o, "name", e->d_name);
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);

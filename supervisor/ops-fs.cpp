@@ -22,7 +22,7 @@ using protocol::RequestError;
 void op_fs_read(OpContext& ctx) {
   const auto& f = ctx.fields();
   uint32_t bid = ctx.binary_id("fs.read");
-  auto path = protocol::need_string(f, "path");
+  auto path = protocol::need_path(f, "path");
   auto roots = ctx.roots();
   auto fd = fs_open_file(roots, path, O_RDONLY);
   struct stat st {};
@@ -43,7 +43,7 @@ void op_fs_read(OpContext& ctx) {
 void op_fs_write(OpContext& ctx) {
   const auto& f = ctx.fields();
   Client& c = ctx.client;
-  auto path = protocol::need_string(f, "path");
+  auto path = protocol::need_path(f, "path");
   auto roots = ctx.roots();
   auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0644));
   bool append = protocol::opt_bool(f, "append").value_or(false);
@@ -67,7 +67,7 @@ void op_fs_write(OpContext& ctx) {
       throw RequestError("io_error", "write " + path + ": " + w.error().message());
     auto ok = ctx.ok();
     ok["size"] = inline_data->size();
-    ok["path"] = path;
+    protocol::put_path(ok, "path", path);
     return ctx.reply(ok);
   }
   c.failed_uploads.erase(bid);
@@ -77,7 +77,7 @@ void op_fs_write(OpContext& ctx) {
 
 void op_fs_stat(OpContext& ctx) {
   const auto& f = ctx.fields();
-  auto st = fs_stat(ctx.roots(), protocol::need_string(f, "path"), protocol::opt_bool(f, "follow").value_or(true));
+  auto st = fs_stat(ctx.roots(), protocol::need_path(f, "path"), protocol::opt_bool(f, "follow").value_or(true));
   auto ok = ctx.ok();
   for (auto& kv : st) ok[kv.key()] = kv.value();
   ctx.reply(ok);
@@ -85,37 +85,28 @@ void op_fs_stat(OpContext& ctx) {
 
 void op_fs_list(OpContext& ctx) {
   auto ok = ctx.ok();
-  ok["entries"] = fs_list(ctx.roots(), protocol::opt_string(ctx.fields(), "path").value_or("/workspace"));
+  ok["entries"] = fs_list(ctx.roots(), protocol::opt_path(ctx.fields(), "path").value_or("/workspace"));
   ctx.reply(ok);
 }
 
 void op_fs_remove(OpContext& ctx) {
   const auto& f = ctx.fields();
-  fs_remove(ctx.roots(), protocol::need_string(f, "path"), protocol::opt_bool(f, "recursive").value_or(false));
+  fs_remove(ctx.roots(), protocol::need_path(f, "path"), protocol::opt_bool(f, "recursive").value_or(false));
   ctx.reply(ctx.ok());
 }
 
 void op_fs_mkdir(OpContext& ctx) {
   const auto& f = ctx.fields();
   auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0755));
-  fs_mkdir(ctx.roots(), protocol::need_string(f, "path"), mode);
+  fs_mkdir(ctx.roots(), protocol::need_path(f, "path"), mode);
   ctx.reply(ctx.ok());
 }
 
 void op_fs_symlink(OpContext& ctx) {
   const auto& f = ctx.fields();
-  auto path = protocol::need_string(f, "path");
   // The text as JSON text (UTF-8), or its bytes in target_b64 (as fs.list and fs.stat give a
-  // text that is not UTF-8): one of the two.
-  auto b64 = protocol::opt_string(f, "target_b64");
-  if (b64 && f.contains("target"))
-    throw RequestError("bad_request", "fields target and target_b64: give one of them, not both");
-  std::string target;
-  if (!b64)
-    target = protocol::need_string(f, "target");
-  else if (!base::base64_decode(*b64, target))
-    throw RequestError("bad_request", "field target_b64: not valid base64");
-  fs_symlink(ctx.roots(), path, target);
+  // text that is not UTF-8).
+  fs_symlink(ctx.roots(), protocol::need_path(f, "path"), protocol::need_path(f, "target"));
   ctx.reply(ctx.ok());
 }
 
@@ -123,13 +114,13 @@ void op_fs_chmod(OpContext& ctx) {
   const auto& f = ctx.fields();
   auto mode = protocol::opt_int(f, "mode", 0, 07777);
   if (!mode) throw RequestError("bad_request", "field mode: missing (the permission bits, 0 to 0o7777)");
-  fs_chmod(ctx.roots(), protocol::need_string(f, "path"), static_cast<mode_t>(*mode));
+  fs_chmod(ctx.roots(), protocol::need_path(f, "path"), static_cast<mode_t>(*mode));
   ctx.reply(ctx.ok());
 }
 
 void op_fs_rename(OpContext& ctx) {
   const auto& f = ctx.fields();
-  fs_rename(ctx.roots(), protocol::need_string(f, "from"), protocol::need_string(f, "to"),
+  fs_rename(ctx.roots(), protocol::need_path(f, "from"), protocol::need_path(f, "to"),
             protocol::opt_bool(f, "replace").value_or(false));
   ctx.reply(ctx.ok());
 }

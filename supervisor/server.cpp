@@ -548,7 +548,7 @@ struct Server::Impl {
     if (h->last()) {
       auto reply = protocol::ok_reply(u.id);
       reply["size"] = u.end;
-      reply["path"] = u.path;
+      protocol::put_path(reply, "path", u.path);
       c.uploads.erase(it);
       send(c, reply);
     }

@@ -293,6 +293,53 @@ def test_stat_without_follow_names_the_link_itself_and_its_text(box):
     run(go(), 30)
 
 
+def test_a_name_that_is_not_utf8_is_named_by_its_bytes_in_path_b64(box):
+    w = os.fsencode(box.workspace)
+    with open(w + b"/caf\xe9.txt", "wb") as f:
+        f.write(b"latin")
+    b64 = lambda b: base64.b64encode(b).decode()
+    name = b64(b"/workspace/caf\xe9.txt")
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            entries = (await s.request("fs.list", path="/workspace"))["entries"]
+            listed = [e for e in entries if "name_b64" in e]
+            assert [base64.b64decode(e["name_b64"]) for e in listed] == [b"caf\xe9.txt"], entries
+            # The control: the name as text (U+FFFD for the byte) names no such file.
+            r = await s.request("fs.stat", path="/workspace/caf\ufffd.txt")
+            assert r["error"]["code"] == "not_found", r
+            r = await s.request("fs.stat", path_b64=name)
+            assert r["type"] == "file" and r["size"] == 5, r
+            assert r["path"] == "/workspace/caf\ufffd.txt" and base64.b64decode(r["path_b64"]) == b"/workspace/caf\xe9.txt"
+            r = await s.request("fs.read", id=7, path_b64=name)
+            assert r["ok"] and r["size"] == 5, r
+            m = await s.ws.recv()
+            assert m[13:] == b"latin"
+            w_ = await s.request("fs.write", path_b64=b64(b"/workspace/new\xff"), data="made")
+            assert w_["ok"] and base64.b64decode(w_["path_b64"]) == b"/workspace/new\xff", w_
+            assert (await s.request("fs.chmod", path_b64=b64(b"/workspace/new\xff"), mode=0o600))["ok"]
+            assert (await s.request("fs.mkdir", path_b64=b64(b"/workspace/d\xfe"), mode=0o700))["ok"]
+            assert (await s.request("fs.symlink", path_b64=b64(b"/workspace/d\xfe/l\xfd"), target="x"))["ok"]
+            assert (await s.request("fs.rename", from_b64=name, to_b64=b64(b"/workspace/d\xfe/caf\xe9")))["ok"]
+            assert (await s.request("fs.remove", path_b64=b64(b"/workspace/new\xff")))["ok"]
+            # One of the two; base64 that decodes; and the bytes are checked as any path is.
+            r = await s.request("fs.stat", path="/workspace", path_b64=name)
+            assert r["error"]["code"] == "bad_request" and "not both" in r["error"]["message"], r
+            r = await s.request("fs.stat", path_b64="%%%")
+            assert r["error"]["code"] == "bad_request" and "path_b64" in r["error"]["message"], r
+            r = await s.request("fs.read", id=8, path_b64=b64(b"/workspace/../../etc/passwd"))
+            assert r["error"]["code"] == "path_escape", r
+            r = await s.request("fs.stat", path_b64=b64(b"/workspace/a\x00b"))
+            assert r["error"]["code"] == "bad_request" and "NUL" in r["error"]["message"], r
+            r = await s.request("fs.stat", path_b64=b64(b"/workspace/gone\xe9"))
+            assert r["error"]["code"] == "not_found" and "gone\ufffd" in r["error"]["message"], r
+    run(go(), 30)
+    assert open(w + b"/d\xfe/caf\xe9", "rb").read() == b"latin"
+    assert not os.path.lexists(w + b"/new\xff") and not os.path.lexists(w + b"/caf\xe9.txt")
+    assert os.stat(w + b"/d\xfe").st_mode & 0o777 == 0o700 and os.readlink(w + b"/d\xfe/l\xfd") == b"x"
+
+
 def test_control_a_symlink_inside_the_workspace_is_followed(box):
     (box.workspace / "real.txt").write_text("inside")
     (box.workspace / "link.txt").symlink_to("real.txt")

@@ -1,6 +1,7 @@
 """sdk/python against the real supervisor: auth, events with since and resume, exec, stdin,
 signals, files, stats, typed errors, shutdown."""
 import asyncio
+import base64
 import hashlib
 import os
 
@@ -376,6 +377,33 @@ def test_symlink_chmod_and_mkdir_mode(server):
     assert entries["sc-dir"]["type"] == "dir" and entries["sc-dir"]["mode"] == 0o750
     assert entries["sc"]["mode"] == 0o600 and "target" not in entries["sc"]
     assert through == b"x"
+
+
+def test_a_name_that_is_not_utf8_round_trips_as_bytes(server):
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.mkdir(b"/workspace/nu\xe9")
+            await box.fs.write(b"/workspace/nu\xe9/f\xff", b"bytes named")
+            await box.fs.symlink(b"/workspace/nu\xe9/l\xfe", b"f\xff")
+            listed = {base64.b64decode(e["name_b64"]): e for e in await box.fs.list(b"/workspace/nu\xe9")}
+            through = await box.fs.read(b"/workspace/nu\xe9/l\xfe")
+            st = await box.fs.stat(b"/workspace/nu\xe9/l\xfe", follow=False)
+            await box.fs.rename(b"/workspace/nu\xe9/f\xff", b"/workspace/nu\xe9/g\xff")
+            await box.fs.chmod(b"/workspace/nu\xe9/g\xff", 0o600)
+            after = await box.fs.stat(b"/workspace/nu\xe9/g\xff")
+            # The control: the name as text with U+FFFD is another name, which is not there.
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.read("/workspace/nu\ufffd/g\ufffd")
+            await box.fs.remove(b"/workspace/nu\xe9", recursive=True)
+            return listed, through, st, after, e.value, [x["name"] for x in await box.fs.list("/workspace")]
+    listed, through, st, after, err, names = run(go(), 30)
+    assert sorted(listed) == [b"f\xff", b"l\xfe"] and listed[b"l\xfe"]["type"] == "symlink"
+    assert base64.b64decode(listed[b"l\xfe"]["target_b64"]) == b"f\xff"
+    assert through == b"bytes named"
+    assert st["type"] == "symlink" and base64.b64decode(st["path_b64"]) == b"/workspace/nu\xe9/l\xfe"
+    assert after["mode"] == 0o600 and after["size"] == 11
+    assert err.code == "not_found"
+    assert "nu\ufffd" not in names
 
 
 def test_path_escape_is_refused_with_a_typed_error(server):

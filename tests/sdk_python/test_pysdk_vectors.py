@@ -211,6 +211,7 @@ CALLS = {
     "fs.list": lambda b: b.fs.list("/workspace"),
     "fs.stat": lambda b: b.fs.stat("/workspace/a.txt"),
     "fs.stat not followed": lambda b: b.fs.stat("/workspace/link", follow=False),
+    "fs.stat of a name that is not UTF-8": lambda b: b.fs.stat(b"/workspace/caf\xe9"),
     "fs.remove": lambda b: b.fs.remove("/workspace/a.txt"),
     "fs.rename": lambda b: b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
     "fs.mkdir with a mode": lambda b: b.fs.mkdir("/workspace/d", mode=0o750),

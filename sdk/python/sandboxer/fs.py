@@ -61,19 +61,35 @@ class _Receiver:
         return data
 
 
+Path = str | bytes
+
+
+def _named(key: str, value: str | bytes) -> dict[str, str]:
+    """A path field: text, or bytes (the entries' `name_b64`): as `key` when they are UTF-8,
+    else as `key`_b64 (base64 of the bytes), which the box takes in place of `key`."""
+    if isinstance(value, bytes):
+        try:
+            return {key: value.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {key + "_b64": base64.b64encode(value).decode("ascii")}
+    return {key: value}
+
+
 class FileSystem:
-    """`box.fs`: the files of the box, confined by the server to the roots its profile allows."""
+    """`box.fs`: the files of the box, confined by the server to the roots its profile allows.
+    Every path is text or bytes: a name that is not UTF-8 (an entry's `name_b64`, decoded) is
+    given as its bytes."""
 
     def __init__(self, box: "Box") -> None:
         self._box = box
 
-    async def read(self, path: str, *, offset: int = 0, length: int | None = None,
+    async def read(self, path: Path, *, offset: int = 0, length: int | None = None,
                    branch: str | None = None) -> bytes:
         """The content of the file at `path` (`/workspace/...` or `/tmp/...`): all of it, or
         `length` bytes from `offset`."""
         conn = self._box._conn
-        recv = _Receiver(f"fs.read {path}", offset)
-        reply = await conn.request("fs.read", {"path": path, "offset": offset or None, "length": length,
+        recv = _Receiver(f"fs.read {path!r}" if isinstance(path, bytes) else f"fs.read {path}", offset)
+        reply = await conn.request("fs.read", {**_named("path", path), "offset": offset or None, "length": length,
                                                "branch": branch}, sink=recv)
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
@@ -82,7 +98,7 @@ class FileSystem:
             closed.cancel()
             conn.drop_sink(reply["id"])
 
-    async def write(self, path: str, data: bytes | str, *, mode: int | None = None, append: bool = False,
+    async def write(self, path: Path, data: bytes | str, *, mode: int | None = None, append: bool = False,
                     branch: str | None = None, inline: bool | None = None,
                     chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
         """Creates or replaces (or with `append`, extends) the file at `path` with `data`;
@@ -92,7 +108,7 @@ class FileSystem:
         if isinstance(data, str):
             data = data.encode()
         conn = self._box._conn
-        fields: dict[str, Any] = {"path": path, "mode": mode, "append": append or None, "branch": branch}
+        fields: dict[str, Any] = {**_named("path", path), "mode": mode, "append": append or None, "branch": branch}
         if inline if inline is not None else len(data) <= INLINE_MAX:
             try:
                 fields["data"] = data.decode("utf-8")
@@ -108,53 +124,47 @@ class FileSystem:
 
         return await conn.request("fs.write", fields, after_send=upload)
 
-    async def list(self, path: str = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
+    async def list(self, path: Path = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
         """The entries of the directory at `path`: name, type, size and mode as the server reports
         them, a symlink's text in target, and name_b64 (target_b64) for the bytes of a name (a
         symlink's text) that is not UTF-8."""
-        reply = await self._box._conn.request("fs.list", {"path": path, "branch": branch})
+        reply = await self._box._conn.request("fs.list", {**_named("path", path), "branch": branch})
         entries = reply.get("entries")
         if not isinstance(entries, list):
             raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
         return entries
 
-    async def stat(self, path: str, *, follow: bool = True, branch: str | None = None) -> dict[str, Any]:
+    async def stat(self, path: Path, *, follow: bool = True, branch: str | None = None) -> dict[str, Any]:
         """Type, size, mode and mtime of `path` (the reply without id and ok). With `follow`
         False, of the entry itself: a symlink there is not followed, and its text is in `target`
         (its bytes in `target_b64` where they are not UTF-8)."""
         reply = await self._box._conn.request(
-            "fs.stat", {"path": path, "follow": None if follow else False, "branch": branch})
+            "fs.stat", {**_named("path", path), "follow": None if follow else False, "branch": branch})
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
-    async def mkdir(self, path: str, *, mode: int | None = None, branch: str | None = None) -> None:
+    async def mkdir(self, path: Path, *, mode: int | None = None, branch: str | None = None) -> None:
         """Creates the directory `path`, with the permission bits `mode` (0o755 if None). A
         directory there already is kept as it is."""
-        await self._box._conn.request("fs.mkdir", {"path": path, "mode": mode, "branch": branch})
+        await self._box._conn.request("fs.mkdir", {**_named("path", path), "mode": mode, "branch": branch})
 
-    async def symlink(self, path: str, target: str | bytes, *, branch: str | None = None) -> None:
+    async def symlink(self, path: Path, target: str | bytes, *, branch: str | None = None) -> None:
         """Creates a symlink at `path` whose text is `target` (kept as given; the fs operations
         resolve it beneath its root, as any other). Bytes that are not UTF-8 go as they are."""
-        if isinstance(target, bytes):
-            try:
-                fields: dict[str, Any] = {"target": target.decode("utf-8")}
-            except UnicodeDecodeError:
-                fields = {"target_b64": base64.b64encode(target).decode("ascii")}
-        else:
-            fields = {"target": target}
-        await self._box._conn.request("fs.symlink", {"path": path, **fields, "branch": branch})
+        await self._box._conn.request("fs.symlink", {**_named("path", path), **_named("target", target),
+                                                     "branch": branch})
 
-    async def chmod(self, path: str, mode: int, *, branch: str | None = None) -> None:
+    async def chmod(self, path: Path, mode: int, *, branch: str | None = None) -> None:
         """Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names,
         inside the same root)."""
-        await self._box._conn.request("fs.chmod", {"path": path, "mode": mode, "branch": branch})
+        await self._box._conn.request("fs.chmod", {**_named("path", path), "mode": mode, "branch": branch})
 
-    async def rename(self, src: str, dst: str, *, replace: bool = False, branch: str | None = None) -> None:
+    async def rename(self, src: Path, dst: Path, *, replace: bool = False, branch: str | None = None) -> None:
         """Moves the entry at `src` (itself: a symlink moves as a link) to `dst`, in the same root
         (/workspace or /tmp). An entry at `dst` stays (error `exists`) unless `replace`."""
-        await self._box._conn.request("fs.rename", {"from": src, "to": dst, "replace": replace or None,
-                                                    "branch": branch})
+        await self._box._conn.request("fs.rename", {**_named("from", src), **_named("to", dst),
+                                                    "replace": replace or None, "branch": branch})
 
-    async def remove(self, path: str, *, recursive: bool = False, branch: str | None = None) -> None:
+    async def remove(self, path: Path, *, recursive: bool = False, branch: str | None = None) -> None:
         """Removes a file, or a directory (`recursive` for one that is not empty)."""
-        await self._box._conn.request("fs.remove", {"path": path, "recursive": recursive or None,
+        await self._box._conn.request("fs.remove", {**_named("path", path), "recursive": recursive or None,
                                                     "branch": branch})

@@ -154,6 +154,8 @@ const CALLS = {
   "fs.list": (b) => b.fs.list("/workspace"),
   "fs.stat": (b) => b.fs.stat("/workspace/a.txt"),
   "fs.stat not followed": (b) => b.fs.stat("/workspace/link", { follow: false }),
+  "fs.stat of a name that is not UTF-8": (b) =>
+    b.fs.stat(new Uint8Array([...new TextEncoder().encode("/workspace/caf"), 0xe9])),
   "fs.remove": (b) => b.fs.remove("/workspace/a.txt"),
   "fs.rename": (b) => b.fs.rename("/workspace/a.txt", "/workspace/b.txt"),
   "fs.mkdir with a mode": (b) => b.fs.mkdir("/workspace/d", { mode: 0o750 }),
