@@ -97,7 +97,9 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
   for (auto& v : sorted_entries(r->at("entries").as_array())) {
     if (!v.is_object()) continue;
     const auto& e = v.as_object();
-    std::string name = text_field(e, "name"), type = text_field(e, "type");
+    // A name that is not UTF-8 is its bytes (name_b64), and so are the requests that name it
+    // (name_by_bytes).
+    std::string name = entry_name(e), type = text_field(e, "type");
     std::string path = join(dir, name);
     // A listing read while the agent renames may name an entry twice: the first one is copied.
     if (!seen.insert(name).second) {
@@ -105,10 +107,6 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
       continue;
     }
     // A name is one entry of `to`: the box's word is not taken for it.
-    if (e.contains("name_b64")) {
-      skip(join(dir, entry_name(e)), "its name is not UTF-8, which a request cannot name");
-      continue;
-    }
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
       skip(path, "not a name of one entry");
       continue;
@@ -143,19 +141,12 @@ bool TreeCopy::symlink_out(const json::object& e, const std::string& path, const
   return true;
 }
 
-// A local symlink made in the box with the same text (its bytes in target_b64 where they are not
-// UTF-8).
+// A local symlink made in the box with the same text (its bytes, UTF-8 or not: name_by_bytes).
 bool TreeCopy::symlink_in(const fs::path& from, const std::string& path) {
   std::error_code ec;
   auto target = fs::read_symlink(from, ec);
   if (ec) return failed({from.string() + ": " + ec.message(), "local"}, "upload");
-  std::string text = target.string();
-  json::object req{{"op", "fs.symlink"}, {"path", path}};
-  if (base::utf8_valid_prefix(text) == text.size())
-    req["target"] = text;
-  else
-    req["target_b64"] = base::base64_encode(text);
-  auto r = s_.call(std::move(req));
+  auto r = s_.call({{"op", "fs.symlink"}, {"path", path}, {"target", target.string()}});
   return r ? true : failed(r.error(), "symlink " + path);
 }
 
@@ -174,11 +165,7 @@ bool TreeCopy::walk_in(const fs::path& from, const std::string& to, unsigned mod
   for (auto& e : entries) {
     auto est = e.symlink_status(ec);
     std::string name = e.path().filename().string();
-    std::string path = join(to, name);
-    if (base::utf8_valid_prefix(name) != name.size()) {
-      skip(e.path().string(), "its name is not UTF-8, which a request cannot name");
-      continue;
-    }
+    std::string path = join(to, name);  // its bytes, UTF-8 or not (name_by_bytes)
     unsigned perms = static_cast<unsigned>(est.permissions()) & 0777;
     if (est.type() == fs::file_type::directory) {
       if (!walk_in(e.path(), path, perms, depth + 1)) return false;

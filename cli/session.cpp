@@ -224,6 +224,16 @@ std::optional<base::Error> not_text_in(const json::value& v, const std::string& 
 
 std::optional<base::Error> not_text(const json::object& req) { return not_text_in(req, ""); }
 
+void name_by_bytes(json::object& req) {
+  for (std::string_view key : {"path", "from", "to", "target"}) {
+    auto* v = req.if_contains(key);
+    if (!v || !v->is_string() || base::utf8_valid_prefix(v->as_string()) == v->as_string().size()) continue;
+    std::string b64 = base::base64_encode(v->as_string());
+    req.erase(key);
+    req[std::string(key) + "_b64"] = std::move(b64);
+  }
+}
+
 std::string in_cli_words(std::string message) {
   // The fs ops' hints name fields and ops; here they name the commands that do the same.
   static const std::pair<std::string_view, std::string_view> kHints[] = {
@@ -245,6 +255,7 @@ int Session::fail(const base::Error& e, std::string_view what) const {
 }
 
 base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::object req) {
+  name_by_bytes(req);
   if (auto e = not_text(req)) return *e;
   // Both outlive the client, whose destructor may still call on_close.
   base::Result<json::object> result = base::fail("the connection closed first", "closed");
@@ -311,6 +322,7 @@ std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<Loca
   bool interrupted = false;
   for (size_t i = 0; i < batch.size() && !unopened; ++i) {
     auto& b = batch[i];
+    name_by_bytes(b.req);
     if (auto e = not_text(b.req)) {
       unopened = *e;
       break;

@@ -61,6 +61,11 @@ std::vector<std::string> readable_keys(const Args& a);
 /// listens on HOST:PORT)"). Any other `err` is returned as it is.
 std::string connect_error(const std::string& url, const std::string& err);
 
+/// A path field of the request (path, from, to, target) whose bytes are not UTF-8 (a name the box
+/// listed in name_b64, a local file's name, an argument) goes as its bytes in `key`_b64, which
+/// the box takes in place of `key`. Done by every request the Session sends, before not_text.
+void name_by_bytes(boost::json::object& req);
+
 /// The request's first string that is not UTF-8, as an error naming its field ("argv[1]",
 /// "path") and its bytes (\xNN): the API's JSON carries text only, and the box would refuse the
 /// whole frame as "not valid JSON". None where every string is UTF-8.

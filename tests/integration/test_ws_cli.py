@@ -381,6 +381,27 @@ def test_a_reply_that_is_not_json_ends_the_request_with_1007_and_says_so(tmp_pat
     assert int.from_bytes(bytes(b ^ mask[i] for i, b in enumerate(payload)), "big") == 1007
 
 
+def test_fs_commands_name_a_file_whose_name_is_not_utf8_by_its_bytes(box, tmp_path):
+    ws = os.fsencode(box.workspace)
+    with open(ws + b"/x\xff", "wb") as f:
+        f.write(b"latin-1")
+    url = os.fsencode(box.url)
+    run_b = lambda *args: subprocess.run([os.fsencode(CLI), *args, b"--token-file", os.fsencode(box.token_file)],
+                                         capture_output=True, timeout=60)
+    r = run_b(b"ls", url + b":/workspace")
+    assert r.returncode == 0 and b"x\\xff" in r.stdout, r  # shown escaped
+    assert run_b(b"mkdir", url + b":/workspace/d\xfe").returncode == 0
+    r = run_b(b"mv", url + b":/workspace/x\xff", b"/workspace/d\xfe/y\xfd")
+    assert r.returncode == 0, r.stderr
+    r = run_b(b"cp", url + b":/workspace/d\xfe/y\xfd", os.fsencode(tmp_path) + b"/out")
+    assert r.returncode == 0 and open(os.fsencode(tmp_path) + b"/out", "rb").read() == b"latin-1", r.stderr
+    # The control: the name as text (U+FFFD for the byte) is another name, which is not there.
+    r = run_b(b"rm", url + b":" + "/workspace/d\ufffd".encode())
+    assert r.returncode == 1 and b"not_found" in r.stderr, r.stderr
+    assert run_b(b"rm", b"-r", url + b":/workspace/d\xfe").returncode == 0
+    assert not os.path.lexists(ws + b"/d\xfe") and not os.path.lexists(ws + b"/x\xff")
+
+
 def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(box):
     ws = box.workspace
     (ws / "b.txt").write_bytes(b"abc")
@@ -468,18 +489,19 @@ def test_cp_r_copies_a_tree_out_and_in_with_modes_and_symlinks_and_names_what_it
     (ws / "t/sub/rel").symlink_to("../a")
     os.symlink(b"caf\xe9", os.fsencode(ws / "t/latin"))
     os.mkfifo(ws / "t/fifo")
-    with open(os.fsencode(ws) + b"/t/bad\xff", "wb"):
-        pass
+    with open(os.fsencode(ws) + b"/t/bad\xff", "wb") as f:
+        f.write(b"named by its bytes")
     out = tmp_path / "out"
     r = cli(box, "cp", "-r", f"{box.url}:/workspace/t", str(out))
     # Everything else is copied; each skipped entry is named, and the status says one was.
     assert r.returncode == 1, r.stderr
     assert r.stderr.decode().splitlines() == [
-        "sandboxer cp: skipped /workspace/t/bad\\xff: its name is not UTF-8, which a request cannot name",
         "sandboxer cp: skipped /workspace/t/fifo: not a file, a directory or a symlink (a FIFO, a socket or a device)",
     ], r.stderr
-    found = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert found == ["a", "latin", "link", "ro", "ro/f", "sub", "sub/deep", "sub/rel", "sub/run.sh"], found
+    found = sorted(os.fsencode(p.relative_to(out)) for p in out.rglob("*"))
+    assert found == [b"a", b"bad\xff", b"latin", b"link", b"ro", b"ro/f", b"sub", b"sub/deep", b"sub/rel",
+                     b"sub/run.sh"], found
+    assert open(os.fsencode(out) + b"/bad\xff", "rb").read() == b"named by its bytes"  # by its bytes
     assert (out / "a").read_bytes() == b"a" * 70000
     assert (out / "sub/run.sh").stat().st_mode & 0o777 == 0o750
     assert (out / "sub").stat().st_mode & 0o777 == 0o750 and (out / "ro").stat().st_mode & 0o777 == 0o555
@@ -504,6 +526,7 @@ def test_cp_r_copies_a_tree_out_and_in_with_modes_and_symlinks_and_names_what_it
     assert (ws / "up/ro/f").read_text() == "in a read-only directory"
     assert os.readlink(ws / "up/link") == "/etc/passwd" and os.readlink(ws / "up/sub/rel") == "../a"
     assert (ws / "up/sub/deep").is_dir() and os.readlink(os.fsencode(ws / "up/latin")) == b"caf\xe9"
+    assert open(os.fsencode(ws) + b"/up/bad\xff", "rb").read() == b"named by its bytes"
     assert cli(box, "cp", "-r", str(out), f"{box.url}:/workspace/up").returncode == 0
     assert (ws / "up/out/a").is_file()  # a directory that is there receives it by its name
     # ls shows where a symlink points.
@@ -570,7 +593,7 @@ def test_cp_r_moves_many_files_in_batches_and_stops_at_the_first_refusal(box, tm
     assert (box.workspace / "again/many/f079").is_file() and not (box.workspace / "again/many/f081").exists()
 
 
-def test_an_argument_or_path_that_is_not_utf8_is_named_before_anything_is_sent(box, tmp_path):
+def test_an_argument_that_is_not_utf8_is_named_before_anything_is_sent_and_a_path_goes_as_bytes(box, tmp_path):
     # The box refused such a frame whole: "the frame is not valid JSON: syntax error".
     r = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--", "echo", b"a\xffb"],
                        capture_output=True, timeout=30)
@@ -582,12 +605,15 @@ def test_an_argument_or_path_that_is_not_utf8_is_named_before_anything_is_sent(b
     assert r.returncode == 126 and b'env.K "\\xfe" is not UTF-8' in r.stderr, r.stderr
     r = subprocess.run([str(CLI), "ls", "--token-file", str(box.token_file), f"{box.url}:/workspace/".encode() + b"\xff"],
                        capture_output=True, timeout=30)
-    assert r.returncode == 1 and b'path "/workspace/\\xff" is not UTF-8' in r.stderr, r.stderr
-    # cp -r leaves such a local name out, names it, and copies the rest.
+    # A path is a name of bytes on disk: it goes as its bytes (path_b64), and the box looks for it.
+    assert r.returncode == 1 and b"No such file or directory (not_found)" in r.stderr, r.stderr
+    assert b"not UTF-8" not in r.stderr
+    # cp -r copies such a local name by its bytes, with the rest.
     src = tmp_path / "t"
     src.mkdir()
     (src / "ok").write_text("ok")
     open(os.fsencode(src) + b"/n\xff", "wb").close()
     r = cli(box, "cp", "-r", str(src), f"{box.url}:/workspace/t")
-    assert r.returncode == 1 and b"skipped " + os.fsencode(src) + b"/n\\xff: its name is not UTF-8" in r.stderr
-    assert (box.workspace / "t/ok").read_text() == "ok" and sorted(os.listdir(box.workspace / "t")) == ["ok"]
+    assert r.returncode == 0, r.stderr
+    assert (box.workspace / "t/ok").read_text() == "ok"
+    assert sorted(os.listdir(os.fsencode(box.workspace / "t"))) == [b"n\xff", b"ok"]
