@@ -605,13 +605,16 @@ def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, 
         assert "fs.list" in page.inner_text('[data-testid="file-view"]')
 
 
-def test_the_files_panel_shows_a_name_that_is_not_utf8_without_actions_and_a_symlink_s_target(tmp_path, page):
-    # The box once sent such a name as it was, in a text frame no client could read; the page's
-    # actions on it would name a file that is not there.
+def test_the_files_panel_acts_on_a_name_that_is_not_utf8_by_its_bytes_and_shows_a_symlink_s_target(tmp_path, page):
+    # The box once sent such a name as it was, in a text frame no client could read; then the page
+    # listed it without actions (a request could not name it); now it names it by its bytes.
     with WsBox(tmp_path, ["/bin/sh", "-c", FILES_AGENT], extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:
         wait_ready(box)
-        open(os.fsencode(box.workspace) + b"/bad\xffname", "wb").close()
+        ws = os.fsencode(box.workspace)
+        with open(ws + b"/bad\xffname", "wb") as f:
+            f.write(b"latin bytes\n")
+        os.mkdir(ws + b"/dir\xfe")
         (box.workspace / "to-a").symlink_to("d/a.txt")
         open_files(page, ui)
         # A symlink says where it points, and opens what it names.
@@ -623,12 +626,24 @@ def test_the_files_panel_shows_a_name_that_is_not_utf8_without_actions_and_a_sym
         assert "bad\ufffdname" in names, names
         row = page.locator('[data-testid="file-bad\ufffdname"]').locator("xpath=..")
         assert "name not UTF-8" in row.inner_text()
-        assert row.locator(".file-rename, .file-delete").count() == 0
-        # The control: a file beside it has both.
-        assert page.locator('[data-testid="rename-ready"]').count() == 1
+        assert row.locator(".file-rename, .file-delete").count() == 2
+        # Read by its bytes: the file's content, not an error.
         page.click('[data-testid="file-bad\ufffdname"]')
+        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'latin bytes\\n'",
+                               timeout=10_000)
+        # A directory so named opens once renamed; it is renamed by its bytes.
+        page.click('[data-testid="file-dir\ufffd"]')
         page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
-        assert "its name is not UTF-8, which the API cannot name" in page.inner_text('[data-testid="file-view"]')
+        assert "rename it to open it" in page.inner_text('[data-testid="file-view"]')
+        page.once("dialog", lambda d: d.accept("dir-fixed"))
+        page.click('[data-testid="rename-dir\ufffd"]')
+        page.wait_for_selector('[data-testid="file-dir-fixed/"]', timeout=10_000)
+        assert os.path.isdir(ws + b"/dir-fixed") and not os.path.lexists(ws + b"/dir\xfe")
+        # Deleted by its bytes, once confirmed; the file beside it (the control) stays.
+        page.once("dialog", lambda d: d.accept())
+        page.click('[data-testid="delete-bad\ufffdname"]')
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"file-bad\ufffdname\"]')", timeout=10_000)
+        assert not os.path.lexists(ws + b"/bad\xffname") and (box.workspace / "ready").exists()
 
 
 def test_the_page_server_relays_a_file_read_in_binary_frames_and_bounds_its_length(tmp_path):

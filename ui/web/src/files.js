@@ -2,7 +2,7 @@
 // files uploaded into the directory listed (fs.write), a new directory in it (fs.mkdir), an entry
 // renamed or moved (fs.rename; replacing what is there only once the user confirms) and an entry
 // deleted once the user confirms (fs.remove; a directory with what it holds), through the page
-// server.
+// server. A name that is not UTF-8 is named by its bytes (path_b64).
 import { bytes, el } from "./util.js";
 
 /** How much of a file the panel shows. */
@@ -14,6 +14,17 @@ const UPLOAD_CHUNK = 256 << 10;
 
 /** Whether `name` names an entry in a directory: no "/", not . or .. */
 const entryName = (name) => !name.includes("/") && name !== "." && name !== "..";
+
+/** The bytes of the path of the entry in `dir` whose name is not UTF-8 (its bytes in `b64`, the
+ * entry's name_b64): the SDK sends such a path as its bytes (path_b64). */
+function rawPath(dir, b64) {
+  const head = new TextEncoder().encode(`${dir === "/" ? "" : dir}/`);
+  const name = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const out = new Uint8Array(head.length + name.length);
+  out.set(head);
+  out.set(name, head.length);
+  return out;
+}
 
 export class Files {
   constructor(box, root, { liveBox, branchOf }) {
@@ -53,9 +64,10 @@ export class Files {
     this.view.textContent = `made ${path}/`;
   }
 
-  /** Deletes `path` (a directory with everything in it) once the user confirms, then lists again. */
-  async remove(path, isDir) {
-    if (!window.confirm(`delete ${path}${isDir ? "/ and everything in it" : ""}?`)) return;
+  /** Deletes `path` (a directory with everything in it) once the user confirms, then lists again.
+   * `shown`: the path as text, where `path` is bytes (rawPath). */
+  async remove(path, isDir, shown = path) {
+    if (!window.confirm(`delete ${shown}${isDir ? "/ and everything in it" : ""}?`)) return;
     const dir = this.dir();
     try {
       await this.box.fs.remove(path, { recursive: isDir, branch: this.branch() });
@@ -63,16 +75,16 @@ export class Files {
       return this.error(e);
     }
     await this.open(dir);
-    this.view.textContent = `deleted ${path}${isDir ? "/" : ""}`;
+    this.view.textContent = `deleted ${shown}${isDir ? "/" : ""}`;
   }
 
   /** Renames `path` to a name in the directory listed, or moves it to a path from "/" (within its
    * root, /workspace or /tmp), then lists again. What is already there is replaced only once the
-   * user confirms. */
-  async rename(path) {
+   * user confirms. `shown`: the path as text, where `path` is bytes (rawPath). */
+  async rename(path, shown = path) {
     const dir = this.dir();
-    const old = path.slice(path.lastIndexOf("/") + 1);
-    const answer = window.prompt(`rename ${path} to (a name, or a path from /):`, old);
+    const old = shown.slice(shown.lastIndexOf("/") + 1);
+    const answer = window.prompt(`rename ${shown} to (a name, or a path from /):`, old);
     if (answer === null || answer === "" || answer === old) return;
     if (!answer.startsWith("/") && !entryName(answer))
       return this.error(new Error(`${JSON.stringify(answer)}: a name without "/" (not . or ..), or a path from /`));
@@ -81,7 +93,7 @@ export class Files {
     try {
       await this.box.fs.rename(path, to, opts);
     } catch (e) {
-      if (e.code !== "exists" || !window.confirm(`${to} exists: replace it with ${path}?`)) return this.error(e);
+      if (e.code !== "exists" || !window.confirm(`${to} exists: replace it with ${shown}?`)) return this.error(e);
       try {
         await this.box.fs.rename(path, to, { ...opts, replace: true });
       } catch (e2) {
@@ -89,7 +101,7 @@ export class Files {
       }
     }
     await this.open(dir);
-    this.view.textContent = `renamed ${path} to ${to}`;
+    this.view.textContent = `renamed ${shown} to ${to}`;
   }
 
   /** Uploads `files` into the directory listed (the one in the path field), then lists it again. */
@@ -132,21 +144,27 @@ export class Files {
     }
     entries.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? String(a.name).localeCompare(String(b.name)) : a.type === "dir" ? -1 : 1);
     // Each entry but ".." has a rename and a delete button after it.
-    const item = (label, cls, fn, meta = "", full = null, isDir = false) =>
+    const item = (label, cls, fn, meta = "", full = null, isDir = false, shown = full) =>
       el("li", {}, el("button", { class: `file ${cls}`, "data-testid": `file-${label}`, onclick: fn }, label), el("span", { class: "meta" }, meta),
         ...(full ? [
-          el("button", { class: "file-rename", title: "rename or move", "data-testid": `rename-${label}`, onclick: () => this.rename(full) }, "✎"),
-          el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: () => this.remove(full, isDir) }, "✕"),
+          el("button", { class: "file-rename", title: "rename or move", "data-testid": `rename-${label}`, onclick: () => this.rename(full, shown) }, "✎"),
+          el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: () => this.remove(full, isDir, shown) }, "✕"),
         ] : []));
     const parent = path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
     this.list.replaceChildren(
       ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
       ...entries.map((e) => {
         // A name that is not UTF-8 (its bytes in name_b64) is shown with U+FFFD in place of each
-        // bad byte; no request can name it, so it has no actions.
-        if (e.name_b64)
-          return item(e.name, "unnamed", () => this.error(new Error(`${e.name}: its name is not UTF-8, which the API cannot name (sandboxer exec can: ls -b)`)),
-            " name not UTF-8");
+        // bad byte and named by its bytes: read, renamed, deleted; a directory opens once renamed
+        // (the path field holds text).
+        if (e.name_b64) {
+          const raw = rawPath(path, e.name_b64);
+          const shown = `${path === "/" ? "" : path}/${e.name}`;
+          const isDir = e.type === "dir";
+          const fn = isDir ? () => this.error(new Error(`${shown}/: its name is not UTF-8: rename it to open it`))
+            : () => this.show(raw, e.type === "file" ? e.size : undefined, shown);
+          return item(e.name, "unnamed", fn, " name not UTF-8", raw, isDir, shown);
+        }
         const full = `${path === "/" ? "" : path}/${e.name}`;
         const isDir = e.type === "dir";
         if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", full, true);
@@ -157,10 +175,11 @@ export class Files {
     );
   }
 
-  /** The first VIEW_MAX bytes of `path` as text, or what it is when it is not text. */
-  async show(path, size) {
+  /** The first VIEW_MAX bytes of `path` as text, or what it is when it is not text. `shown`: the
+   * path as text, where `path` is bytes (rawPath). */
+  async show(path, size, shown = path) {
     this.view.className = "file-view";
-    this.view.textContent = `${path}: reading…`;
+    this.view.textContent = `${shown}: reading…`;
     let data;
     try {
       data = await this.box.fs.read(path, { length: VIEW_MAX, branch: this.branch() });
@@ -168,7 +187,7 @@ export class Files {
       return this.error(e);
     }
     if (data.includes(0)) {
-      this.view.textContent = `${path}: binary, ${bytes(size ?? data.length)}`;
+      this.view.textContent = `${shown}: binary, ${bytes(size ?? data.length)}`;
       return;
     }
     const more = size > data.length ? `\n… the first ${bytes(data.length)} of ${bytes(size)}` : "";
