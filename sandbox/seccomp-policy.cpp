@@ -220,8 +220,9 @@ void prune_seccomp_cache(int dir, const std::string& key, const std::string& kee
     auto text =
         os::read_own_file_at(dir, name, key.size() + 4096 + kMaxSeccompInstructions * sizeof(struct sock_filter));
     if (!text) continue;
-    auto line = boost::json::parse(std::string_view(*text).substr(0, text->find('\n')), ec);
-    if (ec || !line.is_object() || !line.as_object().contains("policy")) continue;
+    boost::system::error_code line_ec;
+    auto line = boost::json::parse(std::string_view(*text).substr(0, text->find('\n')), line_ec);
+    if (line_ec || !line.is_object() || !line.as_object().contains("policy")) continue;
     if (key_host(line.as_object()) != host) (void)::unlinkat(dir, name.c_str(), 0);
   }
 }
