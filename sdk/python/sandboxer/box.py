@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import os
 import ssl as ssl_module
@@ -12,21 +11,11 @@ from . import frames
 from .connection import Connection, check_url, open_ws
 from .errors import ProtocolError
 from .events import Event, EventStream
-from .fs import FileSystem, _Receiver
+from .fs import FileSystem, _Receiver, _text_or_b64
 from .process import Process
 from .tokens import resolve_token
 
 _proc_counter = itertools.count(1)
-
-
-def _stdin_fields(data: bytes | str) -> dict[str, Any]:
-    """`data` when the bytes are UTF-8 text, `data_b64` otherwise."""
-    if isinstance(data, str):
-        return {"data": data}
-    try:
-        return {"data": data.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"data_b64": base64.b64encode(data).decode("ascii")}
 
 
 class Box:
@@ -149,7 +138,7 @@ class Box:
     async def stdin(self, proc: str, data: bytes | str = b"", *, eof: bool = False,
                     branch: str | None = None) -> None:
         """Writes `data` to the stdin of process `proc`; `eof` closes it after the data."""
-        fields: dict[str, Any] = {"proc": proc, **(_stdin_fields(data) if data else {})}
+        fields: dict[str, Any] = {"proc": proc, **(_text_or_b64("data", data) if data else {})}
         if eof:
             fields["eof"] = True
         if branch is not None:

@@ -64,9 +64,10 @@ class _Receiver:
 Path = str | bytes
 
 
-def _named(key: str, value: str | bytes) -> dict[str, str]:
-    """A path field: text, or bytes (the entries' `name_b64`): as `key` when they are UTF-8,
-    else as `key`_b64 (base64 of the bytes), which the box takes in place of `key`."""
+def _text_or_b64(key: str, value: str | bytes) -> dict[str, str]:
+    """A field of text or bytes (a path, an entry's `name_b64` decoded; stdin's or a file's
+    content): as `key` when the bytes are UTF-8, else as `key`_b64 (base64 of the bytes), which
+    the box takes in place of `key`."""
     if isinstance(value, bytes):
         try:
             return {key: value.decode("utf-8")}
@@ -89,7 +90,7 @@ class FileSystem:
         `length` bytes from `offset`."""
         conn = self._box._conn
         recv = _Receiver(f"fs.read {path!r}" if isinstance(path, bytes) else f"fs.read {path}", offset)
-        reply = await conn.request("fs.read", {**_named("path", path), "offset": offset or None, "length": length,
+        reply = await conn.request("fs.read", {**_text_or_b64("path", path), "offset": offset or None, "length": length,
                                                "branch": branch}, sink=recv)
         closed = asyncio.ensure_future(conn.wait_closed())
         try:
@@ -108,13 +109,9 @@ class FileSystem:
         if isinstance(data, str):
             data = data.encode()
         conn = self._box._conn
-        fields: dict[str, Any] = {**_named("path", path), "mode": mode, "append": append or None, "branch": branch}
+        fields: dict[str, Any] = {**_text_or_b64("path", path), "mode": mode, "append": append or None, "branch": branch}
         if inline if inline is not None else len(data) <= INLINE_MAX:
-            try:
-                fields["data"] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                fields["data_b64"] = base64.b64encode(data).decode("ascii")
-            return await conn.request("fs.write", fields)
+            return await conn.request("fs.write", {**fields, **_text_or_b64("data", data)})
 
         async def upload(rid: int) -> None:
             for frame in frames.iter_chunks(rid, data, chunk_size):
@@ -128,7 +125,7 @@ class FileSystem:
         """The entries of the directory at `path`: name, type, size and mode as the server reports
         them, a symlink's text in target, and name_b64 (target_b64) for the bytes of a name (a
         symlink's text) that is not UTF-8."""
-        reply = await self._box._conn.request("fs.list", {**_named("path", path), "branch": branch})
+        reply = await self._box._conn.request("fs.list", {**_text_or_b64("path", path), "branch": branch})
         entries = reply.get("entries")
         if not isinstance(entries, list):
             raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
@@ -139,32 +136,32 @@ class FileSystem:
         False, of the entry itself: a symlink there is not followed, and its text is in `target`
         (its bytes in `target_b64` where they are not UTF-8)."""
         reply = await self._box._conn.request(
-            "fs.stat", {**_named("path", path), "follow": None if follow else False, "branch": branch})
+            "fs.stat", {**_text_or_b64("path", path), "follow": None if follow else False, "branch": branch})
         return {k: v for k, v in reply.items() if k not in ("id", "ok")}
 
     async def mkdir(self, path: Path, *, mode: int | None = None, branch: str | None = None) -> None:
         """Creates the directory `path`, with the permission bits `mode` (0o755 if None). A
         directory there already is kept as it is."""
-        await self._box._conn.request("fs.mkdir", {**_named("path", path), "mode": mode, "branch": branch})
+        await self._box._conn.request("fs.mkdir", {**_text_or_b64("path", path), "mode": mode, "branch": branch})
 
     async def symlink(self, path: Path, target: str | bytes, *, branch: str | None = None) -> None:
         """Creates a symlink at `path` whose text is `target` (kept as given; the fs operations
         resolve it beneath its root, as any other). Bytes that are not UTF-8 go as they are."""
-        await self._box._conn.request("fs.symlink", {**_named("path", path), **_named("target", target),
+        await self._box._conn.request("fs.symlink", {**_text_or_b64("path", path), **_text_or_b64("target", target),
                                                      "branch": branch})
 
     async def chmod(self, path: Path, mode: int, *, branch: str | None = None) -> None:
         """Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names,
         inside the same root)."""
-        await self._box._conn.request("fs.chmod", {**_named("path", path), "mode": mode, "branch": branch})
+        await self._box._conn.request("fs.chmod", {**_text_or_b64("path", path), "mode": mode, "branch": branch})
 
     async def rename(self, src: Path, dst: Path, *, replace: bool = False, branch: str | None = None) -> None:
         """Moves the entry at `src` (itself: a symlink moves as a link) to `dst`, in the same root
         (/workspace or /tmp). An entry at `dst` stays (error `exists`) unless `replace`."""
-        await self._box._conn.request("fs.rename", {**_named("from", src), **_named("to", dst),
+        await self._box._conn.request("fs.rename", {**_text_or_b64("from", src), **_text_or_b64("to", dst),
                                                     "replace": replace or None, "branch": branch})
 
     async def remove(self, path: Path, *, recursive: bool = False, branch: str | None = None) -> None:
         """Removes a file, or a directory (`recursive` for one that is not empty)."""
-        await self._box._conn.request("fs.remove", {**_named("path", path), "recursive": recursive or None,
+        await self._box._conn.request("fs.remove", {**_text_or_b64("path", path), "recursive": recursive or None,
                                                     "branch": branch})

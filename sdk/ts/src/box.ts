@@ -5,7 +5,7 @@ import { AuthError, type JsonObject } from "./errors.js";
 import { EventStream, type EventsOptions } from "./events.js";
 import { FileSystem, Receiver } from "./fs.js";
 import { Process } from "./process.js";
-import { dataFields, iterChunks, type Event } from "./protocol.js";
+import { iterChunks, textOrB64, type Event } from "./protocol.js";
 import { checkUrl, globalWebSocketFactory, Socket, type WebSocketFactory } from "./socket.js";
 
 export interface ConnectOptions {
@@ -165,7 +165,7 @@ export class Box {
   /** Writes `data` to the stdin of process `proc`; `eof` closes it after the data. */
   async stdin(proc: string, data: Uint8Array | string, opts: { eof?: boolean; branch?: string } = {}): Promise<void> {
     const d = typeof data === "string" ? data.length > 0 : data.length > 0;
-    await this.conn.request("stdin", { proc, ...(d ? dataFields(data) : {}), eof: opts.eof || undefined, branch: opts.branch });
+    await this.conn.request("stdin", { proc, ...(d ? textOrB64("data", data) : {}), eof: opts.eof || undefined, branch: opts.branch });
   }
 
   /** Sends `signal` (a name like "TERM" or a number) to process `proc`. */

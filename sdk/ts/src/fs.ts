@@ -3,7 +3,7 @@
 import { ProtocolError, type JsonObject } from "./errors.js";
 import type { Connection } from "./connection.js";
 import { body, replyArray } from "./connection.js";
-import { concatBytes, dataFields, iterChunks, MAX_CHUNK, toBase64, utf8, utf8Text, type Chunk } from "./protocol.js";
+import { concatBytes, iterChunks, MAX_CHUNK, textOrB64, utf8, type Chunk } from "./protocol.js";
 
 /** fs.write content up to this size goes inside the request. */
 export const INLINE_MAX = 32 << 10;
@@ -65,13 +65,6 @@ export interface WriteOptions {
 /** A path: text, or bytes (an entry's `name_b64`, decoded) for a name that is not UTF-8. */
 export type Path = string | Uint8Array;
 
-/** A path field: as `key` when it is UTF-8 text, else its bytes as `key`_b64, which the box takes
- * in place of `key`. */
-function named(key: string, value: Path): Record<string, string> {
-  const t = typeof value === "string" ? value : utf8Text(value);
-  return t !== null ? { [key]: t } : { [`${key}_b64`]: toBase64(value as Uint8Array) };
-}
-
 /** `box.fs`: the files of the box, confined by the server to the roots its profile allows. Every
  * path is text or bytes (`Path`). */
 export class FileSystem {
@@ -82,7 +75,7 @@ export class FileSystem {
   async read(path: Path, opts: { offset?: number; length?: number; branch?: string } = {}): Promise<Uint8Array> {
     const conn = this.conn();
     const recv = new Receiver(`fs.read ${typeof path === "string" ? path : new TextDecoder().decode(path)}`, opts.offset ?? 0);
-    const reply = await conn.request("fs.read", { ...named("path", path), offset: opts.offset || undefined, length: opts.length, branch: opts.branch }, { sink: recv.sink });
+    const reply = await conn.request("fs.read", { ...textOrB64("path", path), offset: opts.offset || undefined, length: opts.length, branch: opts.branch }, { sink: recv.sink });
     try {
       return await recv.result(conn, reply);
     } finally {
@@ -100,8 +93,8 @@ export class FileSystem {
   async write(path: Path, data: Uint8Array | string, opts: WriteOptions = {}): Promise<JsonObject> {
     const bytes = typeof data === "string" ? utf8(data) : data;
     const conn = this.conn();
-    const fields: Record<string, unknown> = { ...named("path", path), mode: opts.mode, append: opts.append || undefined, branch: opts.branch };
-    if (opts.inline ?? bytes.length <= INLINE_MAX) return conn.request("fs.write", { ...fields, ...dataFields(bytes) });
+    const fields: Record<string, unknown> = { ...textOrB64("path", path), mode: opts.mode, append: opts.append || undefined, branch: opts.branch };
+    if (opts.inline ?? bytes.length <= INLINE_MAX) return conn.request("fs.write", { ...fields, ...textOrB64("data", bytes) });
     const chunkSize = opts.chunkSize ?? MAX_CHUNK;
     return conn.request("fs.write", fields, {
       afterSend: async (id) => {
@@ -116,7 +109,7 @@ export class FileSystem {
   /** The entries of the directory at `path` (name, type, size, mode; a symlink's text in
    * `target`; `name_b64` / `target_b64` for bytes that are not UTF-8). */
   async list(path: Path = "/workspace", opts: { branch?: string } = {}): Promise<JsonObject[]> {
-    const reply = await this.conn().request("fs.list", { ...named("path", path), branch: opts.branch });
+    const reply = await this.conn().request("fs.list", { ...textOrB64("path", path), branch: opts.branch });
     return replyArray(reply, "entries", "fs.list") as JsonObject[];
   }
 
@@ -125,35 +118,35 @@ export class FileSystem {
    * not UTF-8). */
   async stat(path: Path, opts: { follow?: boolean; branch?: string } = {}): Promise<JsonObject> {
     const follow = opts.follow === false ? false : undefined;
-    return body(await this.conn().request("fs.stat", { ...named("path", path), follow, branch: opts.branch }));
+    return body(await this.conn().request("fs.stat", { ...textOrB64("path", path), follow, branch: opts.branch }));
   }
 
   /** Creates the directory `path`, with the permission bits `mode` (0o755 if none). A directory
    * there already is kept as it is. */
   async mkdir(path: Path, opts: { mode?: number; branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.mkdir", { ...named("path", path), mode: opts.mode, branch: opts.branch });
+    await this.conn().request("fs.mkdir", { ...textOrB64("path", path), mode: opts.mode, branch: opts.branch });
   }
 
   /** Creates a symlink at `path` whose text is `target` (kept as given; the fs operations resolve
    * it beneath its root, as any other). Bytes that are not UTF-8 go as they are. */
   async symlink(path: Path, target: string | Uint8Array, opts: { branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.symlink", { ...named("path", path), ...named("target", target), branch: opts.branch });
+    await this.conn().request("fs.symlink", { ...textOrB64("path", path), ...textOrB64("target", target), branch: opts.branch });
   }
 
   /** Sets the permission bits of `path` (0 to 0o7777; a symlink there: of what it names, inside
    * the same root). */
   async chmod(path: Path, mode: number, opts: { branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.chmod", { ...named("path", path), mode, branch: opts.branch });
+    await this.conn().request("fs.chmod", { ...textOrB64("path", path), mode, branch: opts.branch });
   }
 
   /** Moves the entry at `from` (itself: a symlink moves as a link) to `to`, in the same root
    * (/workspace or /tmp). An entry at `to` stays (error `exists`) unless `replace`. */
   async rename(from: Path, to: Path, opts: { replace?: boolean; branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.rename", { ...named("from", from), ...named("to", to), replace: opts.replace || undefined, branch: opts.branch });
+    await this.conn().request("fs.rename", { ...textOrB64("from", from), ...textOrB64("to", to), replace: opts.replace || undefined, branch: opts.branch });
   }
 
   /** Removes a file, or a directory (`recursive` for one that is not empty). */
   async remove(path: Path, opts: { recursive?: boolean; branch?: string } = {}): Promise<void> {
-    await this.conn().request("fs.remove", { ...named("path", path), recursive: opts.recursive || undefined, branch: opts.branch });
+    await this.conn().request("fs.remove", { ...textOrB64("path", path), recursive: opts.recursive || undefined, branch: opts.branch });
   }
 }

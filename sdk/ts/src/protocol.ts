@@ -113,11 +113,12 @@ export function fromBase64(s: string): Uint8Array {
   return out;
 }
 
-/** `{data}` when the bytes are UTF-8 text, `{data_b64}` otherwise. */
-export function dataFields(data: Uint8Array | string): { data: string } | { data_b64: string } {
-  if (typeof data === "string") return { data };
-  const t = utf8Text(data);
-  return t !== null ? { data: t } : { data_b64: toBase64(data) };
+/** A field of text or bytes (a path, an entry's `name_b64` decoded; stdin's or a file's content):
+ * `{key}` when the bytes are UTF-8 text, else `{key_b64}` (base64 of the bytes), which the box
+ * takes in place of `key`. */
+export function textOrB64(key: string, value: Uint8Array | string): Record<string, string> {
+  const t = typeof value === "string" ? value : utf8Text(value);
+  return t !== null ? { [key]: t } : { [`${key}_b64`]: toBase64(value as Uint8Array) };
 }
 
 /** The bytes of a `proc.output` event (`data` is UTF-8 text, `data_b64` raw bytes). */
