@@ -45,11 +45,10 @@ class TreeCopy {
   bool walk_in(const fs::path& from, const std::string& to, unsigned mode, int depth);
   bool copy();
   bool skipped() const { return skipped_; }
-  // A symlink given as SRC itself, copied as a link (cp -r does not follow it either).
-  bool link_out(const json::object& st, const std::string& path, const std::string& local) {
-    return symlink_out(st, path, local);
-  }
-  bool link_in(const fs::path& from, const std::string& path) { return symlink_in(from, path); }
+  // A symlink of the box's (an entry of fs.list, or SRC's fs.stat not followed) made at `local`;
+  // a local one made in the box at `path`. Never followed: cp -r copies a link as a link, SRC too.
+  bool symlink_out(const json::object& e, const std::string& path, const std::string& local);
+  bool symlink_in(const fs::path& from, const std::string& path);
 
  private:
   void skip(const std::string& what, const std::string& why) {
@@ -60,9 +59,6 @@ class TreeCopy {
     s_.fail(e, what);
     return false;
   }
-
-  bool symlink_out(const json::object& e, const std::string& path, const std::string& local);
-  bool symlink_in(const fs::path& from, const std::string& path);
 
   struct File {
     std::string remote, local;
@@ -228,7 +224,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     if (!st) return s.fail(st.error(), "download " + from);
     if (text_field(*st, "type") == "symlink") {
       std::error_code ec;
-      ok = t.link_out(*st, src->path, inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path)));
+      ok = t.symlink_out(*st, src->path, inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path)));
       return ok && !t.skipped() ? kExitOk : kExitFailed;
     }
     if (text_field(*st, "type") != "dir") {
@@ -250,7 +246,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     bool there = reply_ok(*st);
     if (local.type() == fs::file_type::symlink) {
       std::string name = base_name(fs::absolute(from).lexically_normal().string());
-      ok = t.link_in(from, inside_if_dir(dst->path, there && text_field(*st, "type") == "dir", name));
+      ok = t.symlink_in(from, inside_if_dir(dst->path, there && text_field(*st, "type") == "dir", name));
       return ok && !t.skipped() ? kExitOk : kExitFailed;
     }
     if (there && text_field(*st, "type") != "dir")
