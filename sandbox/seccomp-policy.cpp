@@ -158,18 +158,21 @@ namespace {
 
 // What the exported program depends on besides the policy: libseccomp's version and the API level
 // it found in this kernel (both choose the instructions), the architecture, and the kernel itself.
-std::string seccomp_cache_key(const boost::json::object& desc) {
+boost::json::object seccomp_cache_host() {
   const scmp_version* v = seccomp_version();
   struct utsname u {};
   (void)::uname(&u);
-  boost::json::object k{
-      {"format", 1},
-      {"libseccomp", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro)},
-      {"api", seccomp_api_get()},
-      {"arch", seccomp_arch_native()},
-      {"kernel", std::string(u.release) + " " + u.version},
-      {"policy", desc}};
-  return boost::json::serialize(k);
+  return {{"format", 1},
+          {"libseccomp", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->micro)},
+          {"api", seccomp_api_get()},
+          {"arch", seccomp_arch_native()},
+          {"kernel", std::string(u.release) + " " + u.version}};
+}
+
+// The first line of a cache file: its host and the policy.
+std::string seccomp_cache_key(boost::json::object host, const boost::json::object& desc) {
+  host["policy"] = desc;
+  return boost::json::serialize(host);
 }
 
 std::string seccomp_cache_name(const std::string& key) {
@@ -188,22 +191,12 @@ std::optional<std::vector<struct sock_filter>> read_seccomp_cache(int dir, const
   return seccomp_program_from(std::string_view(*text).substr(key.size() + 1));
 }
 
-// A key without its policy: which machine and library the program was built for.
-boost::json::object key_host(boost::json::object key) {
-  key.erase("policy");
-  return key;
-}
-
-// Removes the programs `dir` keeps for another host than `key`'s (an older kernel or libseccomp,
+// Removes the programs `dir` keeps for another host than `host` (an older kernel or libseccomp,
 // which this machine runs no more until it boots that kernel again): without it every kernel
 // update left one file per policy behind. Run where a program was built, so a start that finds
 // its program lists nothing. A file of ours (os::read_own_file_at) whose first line is a key is
 // judged; anything else named so is left as it is.
-void prune_seccomp_cache(int dir, const std::string& key, const std::string& keep) {
-  boost::system::error_code ec;
-  auto ours = boost::json::parse(key, ec);
-  if (ec || !ours.is_object()) return;
-  auto host = key_host(ours.as_object());
+void prune_seccomp_cache(int dir, const boost::json::object& host, const std::string& keep) {
   int lfd = ::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
   if (!d) {
@@ -217,13 +210,13 @@ void prune_seccomp_cache(int dir, const std::string& key, const std::string& kee
   }
   ::closedir(d);
   for (auto& name : names) {
-    auto text =
-        os::read_own_file_at(dir, name, key.size() + 4096 + kMaxSeccompInstructions * sizeof(struct sock_filter));
+    auto text = os::read_own_file_at(dir, name, 65536 + kMaxSeccompInstructions * sizeof(struct sock_filter));
     if (!text) continue;
-    boost::system::error_code line_ec;
-    auto line = boost::json::parse(std::string_view(*text).substr(0, text->find('\n')), line_ec);
-    if (line_ec || !line.is_object() || !line.as_object().contains("policy")) continue;
-    if (key_host(line.as_object()) != host) (void)::unlinkat(dir, name.c_str(), 0);
+    boost::system::error_code ec;
+    auto line = boost::json::parse(std::string_view(*text).substr(0, text->find('\n')), ec);
+    if (ec || !line.is_object() || !line.as_object().contains("policy")) continue;
+    line.as_object().erase("policy");
+    if (line.as_object() != host) (void)::unlinkat(dir, name.c_str(), 0);
   }
 }
 
@@ -245,7 +238,8 @@ std::string_view seccomp_program_bytes(const std::vector<struct sock_filter>& pr
 SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string& cache_dir) {
   SeccompProgram out;
   if (desc.contains("policy") && desc.at("policy") == "none") return out;
-  std::string key = seccomp_cache_key(desc), name = seccomp_cache_name(key);
+  auto host = seccomp_cache_host();
+  std::string key = seccomp_cache_key(host, desc), name = seccomp_cache_name(key);
   std::optional<os::UniqueFd> dir;
   if (cache_dir.empty())
     out.cache_error = "no state dir to keep it in";
@@ -266,7 +260,7 @@ SeccompProgram cached_seccomp(const boost::json::object& desc, const std::string
   text.append(seccomp_program_bytes(out.program));
   if (auto w = os::write_file_atomic_at(dir->get(), name, text, 0600); !w)
     out.cache_error = "write " + cache_dir + "/" + name + ": " + w.error().message();
-  prune_seccomp_cache(dir->get(), key, name);
+  prune_seccomp_cache(dir->get(), host, name);
   return out;
 }
 
