@@ -19,6 +19,7 @@
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
 #include "os/sys.hpp"
+#include "protocol/protocol.hpp"
 #include "sandboxer/transfer.hpp"
 
 namespace sbx::cli {
@@ -228,9 +229,9 @@ void name_by_bytes(json::object& req) {
   for (std::string_view key : {"path", "from", "to", "target"}) {
     auto* v = req.if_contains(key);
     if (!v || !v->is_string() || base::utf8_valid_prefix(v->as_string()) == v->as_string().size()) continue;
-    std::string b64 = base::base64_encode(v->as_string());
+    std::string bytes(v->as_string());
     req.erase(key);
-    req[std::string(key) + "_b64"] = std::move(b64);
+    protocol::put_text_or_b64(req, key, bytes);
   }
 }
 

@@ -196,11 +196,15 @@ std::optional<BinaryHeader> get_header(std::string_view f) {
   return h;
 }
 
-void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8) {
-  if (known_utf8 || base::utf8_valid_prefix(data) == data.size())
-    ev["data"] = data;
+void put_text_or_b64(boost::json::object& o, std::string_view key, std::string_view v, bool known_utf8) {
+  if (known_utf8 || base::utf8_valid_prefix(v) == v.size())
+    o[key] = v;
   else
-    ev["data_b64"] = base::base64_encode(data);
+    o[std::string(key) + "_b64"] = base::base64_encode(v);
+}
+
+void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8) {
+  put_text_or_b64(ev, "data", data, known_utf8);
 }
 
 }  // namespace sbx::protocol

@@ -75,8 +75,10 @@ void put_header(std::string& out, const BinaryHeader& h);
 /// Reads the header of a binary frame; nullopt when shorter than the header.
 std::optional<BinaryHeader> get_header(std::string_view frame);
 
-/// Puts `data` into `ev` as "data" when it is valid UTF-8 (`known_utf8`: the caller checked),
-/// else as "data_b64".
+/// Puts the bytes `v` into `o` as `key` when they are valid UTF-8 (`known_utf8`: the caller
+/// checked), else as `key`_b64 alone: a request's path (opt_path takes it back), an event's data.
+void put_text_or_b64(boost::json::object& o, std::string_view key, std::string_view v, bool known_utf8 = false);
+/// put_text_or_b64 as "data" / "data_b64".
 void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8 = false);
 
 }  // namespace sbx::protocol
