@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -281,6 +282,58 @@ bool base64_decode(std::string_view in, std::string& out) {
   }
   // A single leftover sextet cannot encode a byte.
   return bits < 6;
+}
+
+void put_bytes_field(boost::json::object& o, std::string_view key, std::string_view v) {
+  if (utf8_valid_prefix(v) == v.size()) {
+    o[key] = v;
+    return;
+  }
+  o[key] = utf8_lossy(v);
+  o[std::string(key) + "_b64"] = base64_encode(v);
+}
+
+void put_bytes_list(boost::json::object& o, std::string_view key, const std::vector<std::string>& v) {
+  boost::json::array text, b64;
+  bool all_utf8 = true;
+  for (auto& s : v) all_utf8 = all_utf8 && utf8_valid_prefix(s) == s.size();
+  for (auto& s : v) {
+    text.emplace_back(all_utf8 ? s : utf8_lossy(s));
+    if (!all_utf8) b64.emplace_back(base64_encode(s));
+  }
+  o[key] = std::move(text);
+  if (!all_utf8) o[std::string(key) + "_b64"] = std::move(b64);
+}
+
+namespace {
+
+std::string bytes_of(const boost::json::value& v, const std::string& field, bool b64) {
+  if (!v.is_string()) throw std::invalid_argument(field + ": expected a string");
+  if (!b64) return std::string(v.as_string());
+  std::string raw;
+  if (!base64_decode(v.as_string(), raw)) throw std::invalid_argument(field + ": not valid base64");
+  return raw;
+}
+
+}  // namespace
+
+std::optional<std::string> get_bytes_field(const boost::json::object& o, std::string_view key) {
+  std::string b64key = std::string(key) + "_b64";
+  if (auto* v = o.if_contains(b64key)) return bytes_of(*v, b64key, true);
+  if (auto* v = o.if_contains(key)) return bytes_of(*v, std::string(key), false);
+  return std::nullopt;
+}
+
+std::optional<std::vector<std::string>> get_bytes_list(const boost::json::object& o, std::string_view key) {
+  std::string b64key = std::string(key) + "_b64";
+  bool b64 = o.contains(b64key);
+  const boost::json::value* v = b64 ? o.if_contains(b64key) : o.if_contains(key);
+  if (!v) return std::nullopt;
+  std::string name = b64 ? b64key : std::string(key);
+  if (!v->is_array()) throw std::invalid_argument(name + ": expected an array of strings");
+  std::vector<std::string> out;
+  for (auto& e : v->as_array()) out.push_back(bytes_of(e, name, b64));
+  return out;
 }
 
 }  // namespace sbx::base

@@ -2,8 +2,10 @@
 // Text encodings: UTF-8 validity, base64, hex, and the time stamps events carry.
 #include <boost/json.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sbx::base {
 
@@ -32,5 +34,17 @@ void json_append(std::string& out, const boost::json::object& o);
 std::string base64_encode(std::string_view in);
 /// Decodes standard base64 (padding optional); false on any invalid character.
 bool base64_decode(std::string_view in, std::string& out);
+
+/// Bytes that need not be UTF-8 (a path, a program's argument, an environment entry) in a JSON
+/// object: `key` as text where they are UTF-8; else `key` with U+FFFD for each byte that is not,
+/// for whoever shows it, and `key`_b64 with the bytes. A list is one field: `key`, an array of
+/// each item's text as above, and where any item is not UTF-8, `key`_b64, an array of every
+/// item's base64.
+void put_bytes_field(boost::json::object& o, std::string_view key, std::string_view v);
+void put_bytes_list(boost::json::object& o, std::string_view key, const std::vector<std::string>& v);
+/// The inverse: `key`_b64's bytes where it is there, else `key`'s text; nullopt where neither
+/// is. std::invalid_argument naming the field where one is not of its type or not base64.
+std::optional<std::string> get_bytes_field(const boost::json::object& o, std::string_view key);
+std::optional<std::vector<std::string>> get_bytes_list(const boost::json::object& o, std::string_view key);
 
 }  // namespace sbx::base

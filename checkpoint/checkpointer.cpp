@@ -454,8 +454,11 @@ void Checkpointer::defer(uint64_t ms, std::function<void()> run) {
 json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& op) const {
   json::object pipes;
   for (size_t i = 0; i < 7; ++i) pipes[kPipeRoles[i]] = b.pipe_inodes[i];
-  json::array argv;
-  for (auto& a : b.argv) argv.emplace_back(a);
+  // The agent's command and working directory as put_bytes_* write them: text, and where any is
+  // not UTF-8 its bytes beside it (a reader before that read the text).
+  json::object agent;
+  base::put_bytes_list(agent, "argv", b.argv);
+  base::put_bytes_field(agent, "cwd", b.cwd);
   json::object m = {
       {"format", archive::kFormatName},
       {"format_version", archive::kFormatVersion},
@@ -470,7 +473,7 @@ json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& 
       {"mode", op.live ? "live" : "fs"},
       {"criu", op.live ? json::value(*host_.criu_version()) : json::value(nullptr)},
       {"kernel", kernel_release()},
-      {"agent", {{"argv", argv}, {"cwd", b.cwd}}},
+      {"agent", std::move(agent)},
       {"pipes", pipes},
       // Those of them that are unix sockets (criu names them socket:[INO], not pipe:[INO]).
       {"sockets", json::array{kSocketRoles[0]}},

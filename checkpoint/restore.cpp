@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "archive/archive.hpp"
+#include "base/encoding.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/criu.hpp"
 #include "checkpoint/internal.hpp"
@@ -497,9 +498,9 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   spec.lineage.parent = std::string(op->manifest.at("branch").as_string());
   spec.lineage.snapshot = op->snapshot;  // a fork's copy gets it once sealed (its `tell`)
   spec.lineage.index = op->first_index + index;
-  if (auto* a = op->manifest.at("agent").as_object().if_contains("argv"))
-    for (auto& v : a->as_array()) spec.argv.emplace_back(v.as_string());
-  spec.cwd = std::string(op->manifest.at("agent").at("cwd").as_string());
+  const auto& agent = op->manifest.at("agent").as_object();
+  spec.argv = base::get_bytes_list(agent, "argv").value_or(std::vector<std::string>{});
+  spec.cwd = base::get_bytes_field(agent, "cwd").value_or("");
   job->dir = settings_.state_dir + "/branches/" + spec.name;
   job->result = {{"branch", spec.name}, {"index", spec.lineage.index}};
   // A copy gets exactly its parent's policy (the box's new_copy): Landlock (a cold copy's agent

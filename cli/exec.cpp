@@ -7,6 +7,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "cli/commands.hpp"
 #include "cli/session.hpp"
 #include "os/sys.hpp"
+#include "protocol/protocol.hpp"
 
 namespace sbx::cli {
 
@@ -33,8 +35,8 @@ ArgSpec exec_spec() {
 struct ExecOptions {
   std::string proc, cwd;
   bool interactive = false, tty = false;
-  json::object env;
-  json::array argv;
+  std::vector<std::pair<std::string, std::string>> env;  // in the order given, the last of a name kept
+  std::vector<std::string> argv;
 };
 
 ExecOptions exec_options(const Args& a) {
@@ -46,7 +48,11 @@ ExecOptions exec_options(const Args& a) {
   for (auto& kv : a.values("--env")) {
     auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw UsageError("--env " + kv + ": expected NAME=VALUE");
-    o.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    std::string name = kv.substr(0, eq);
+    if (base::utf8_valid_prefix(name) != name.size())
+      throw UsageError("--env " + base::utf8_lossy(name) + ": the name is not UTF-8 (its value may be any bytes)");
+    std::erase_if(o.env, [&](const auto& e) { return e.first == name; });
+    o.env.emplace_back(name, kv.substr(eq + 1));
   }
   for (auto& word : a.command()) o.argv.emplace_back(word);
   if (a.positionals().empty() || o.argv.empty()) throw UsageError(a.usage());
@@ -65,9 +71,18 @@ bool terminal_size(int& cols, int& rows) {
 }
 
 json::object exec_request(const ExecOptions& o) {
-  json::object req{{"op", "exec"}, {"proc", o.proc}, {"argv", o.argv}, {"tty", o.tty}, {"stdin", o.interactive}};
-  if (!o.env.empty()) req["env"] = o.env;
-  if (!o.cwd.empty()) req["cwd"] = o.cwd;
+  json::object req{{"op", "exec"}, {"proc", o.proc}, {"tty", o.tty}, {"stdin", o.interactive}};
+  // The command, its environment's values and its directory are bytes: each goes as text where it
+  // is UTF-8, else as its bytes in the field's _b64 twin (protocol README).
+  protocol::put_list_text_or_b64(req, "argv", o.argv);
+  if (!o.env.empty()) {
+    bool text = std::all_of(o.env.begin(), o.env.end(),
+                            [](const auto& e) { return base::utf8_valid_prefix(e.second) == e.second.size(); });
+    json::object env;
+    for (auto& [name, value] : o.env) env[name] = text ? value : base::base64_encode(value);
+    req[text ? "env" : "env_b64"] = std::move(env);
+  }
+  if (!o.cwd.empty()) protocol::put_text_or_b64(req, "cwd", o.cwd);
   if (o.tty) {
     int cols = 80, rows = 24;
     terminal_size(cols, rows);

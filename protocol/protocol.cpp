@@ -1,5 +1,6 @@
 #include "protocol/protocol.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -88,13 +89,21 @@ std::string need_path(const boost::json::object& o, std::string_view key) {
   return *p;
 }
 
-void put_path(boost::json::object& o, std::string_view key, std::string_view v) {
-  if (base::utf8_valid_prefix(v) == v.size()) {
-    o[key] = v;
-    return;
+void put_path(boost::json::object& o, std::string_view key, std::string_view v) { base::put_bytes_field(o, key, v); }
+
+std::vector<std::string> need_path_list(const boost::json::object& o, std::string_view key) {
+  std::string b64key = std::string(key) + "_b64";
+  auto* b64 = o.if_contains(b64key);
+  if (!b64 || b64->is_null()) return need_string_array(o, key);
+  if (auto* v = o.if_contains(key); v && !v->is_null())
+    throw RequestError("bad_request", "fields " + std::string(key) + " and " + b64key + ": give one of them, not both");
+  std::vector<std::string> out;
+  for (auto& e : need_string_array(o, b64key)) {
+    std::string raw;
+    if (!base::base64_decode(e, raw)) throw RequestError("bad_request", field(b64key) + "an item is not valid base64");
+    out.push_back(std::move(raw));
   }
-  o[key] = base::utf8_lossy(v);
-  o[std::string(key) + "_b64"] = base::base64_encode(v);
+  return out;
 }
 
 std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max) {
@@ -201,6 +210,14 @@ void put_text_or_b64(boost::json::object& o, std::string_view key, std::string_v
     o[key] = v;
   else
     o[std::string(key) + "_b64"] = base::base64_encode(v);
+}
+
+void put_list_text_or_b64(boost::json::object& o, std::string_view key, const std::vector<std::string>& v) {
+  bool text =
+      std::all_of(v.begin(), v.end(), [](const std::string& s) { return base::utf8_valid_prefix(s) == s.size(); });
+  boost::json::array a;
+  for (auto& s : v) a.emplace_back(text ? s : base::base64_encode(s));
+  o[text ? std::string(key) : std::string(key) + "_b64"] = std::move(a);
 }
 
 void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8) {

@@ -55,6 +55,9 @@ std::string need_path(const boost::json::object& o, std::string_view key);
 /// Puts the bytes `v` into `o` as `key` when they are UTF-8, else as `key` with U+FFFD for each
 /// byte that is not and `key`_b64 with the bytes (the inverse of opt_path).
 void put_path(boost::json::object& o, std::string_view key, std::string_view v);
+/// A list of such names (exec's argv): `key`, an array of text, or `key`_b64, an array of each
+/// item's base64; one of the two.
+std::vector<std::string> need_path_list(const boost::json::object& o, std::string_view key);
 /// A duration: a number of seconds, or a string "3s", "500ms".
 std::optional<int64_t> opt_duration_ms(const boost::json::object& o, std::string_view key);
 
@@ -78,6 +81,9 @@ std::optional<BinaryHeader> get_header(std::string_view frame);
 /// Puts the bytes `v` into `o` as `key` when they are valid UTF-8 (`known_utf8`: the caller
 /// checked), else as `key`_b64 alone: a request's path (opt_path takes it back), an event's data.
 void put_text_or_b64(boost::json::object& o, std::string_view key, std::string_view v, bool known_utf8 = false);
+/// A list so (a request's argv): `key`, an array of text, where every item is UTF-8, else
+/// `key`_b64 alone, an array of every item's base64 (need_path_list takes it back).
+void put_list_text_or_b64(boost::json::object& o, std::string_view key, const std::vector<std::string>& v);
 /// put_text_or_b64 as "data" / "data_b64".
 void put_bytes(boost::json::object& ev, std::string_view data, bool known_utf8 = false);
 

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/encoding.hpp"
 #include "base/result.hpp"
 #include "os/child-error.hpp"
 #include "os/pidfd.hpp"
@@ -235,16 +236,16 @@ base::Result<Spawned> spawn(const std::vector<std::string>& argv_in, const std::
       else if (argv[0][0] != '/')
         s.failed += " (relative to the agent's working directory " + cwd + ", not the caller's)";
     }
+    // A report is JSON text: a name that is not UTF-8 goes with U+FFFD (the supervisor has it whole).
+    s.failed = base::utf8_lossy(s.failed);
   }
   return s;
 }
 
 void NsInit::spawn_agent(const boost::json::object& cfg) {
-  std::vector<std::string> argv;
-  for (auto& v : cfg.at("argv").as_array()) argv.emplace_back(v.as_string());
-  if (auto* e = cfg.if_contains("env"))
-    for (auto& v : e->as_array()) base_env_.emplace_back(v.as_string());
-  std::string cwd = cfg.contains("cwd") ? std::string(cfg.at("cwd").as_string()) : "/";
+  auto argv = base::get_bytes_list(cfg, "argv").value_or(std::vector<std::string>{});
+  base_env_ = base::get_bytes_list(cfg, "env").value_or(std::vector<std::string>{});
+  std::string cwd = base::get_bytes_field(cfg, "cwd").value_or("/");
   if (auto* g = cfg.if_contains("grace_ms")) grace_ms_ = g->to_number<int64_t>();
   // Everything the policy needs is built now, once for the branch: a child only makes syscalls.
   if (auto* pol = cfg.if_contains("policy"); pol && pol->is_object()) policy_ = prepare_policy(pol->as_object());
@@ -277,16 +278,14 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
 // to the supervisor with the report, named in its "passed" in their order, and we close ours.
 void NsInit::exec_proc(const boost::json::object& req) {
   std::string id(req.at("proc").as_string());
-  std::vector<std::string> argv, env = base_env_;
-  for (auto& v : req.at("argv").as_array()) argv.emplace_back(v.as_string());
-  if (auto* e = req.if_contains("env"))
-    for (auto& v : e->as_array()) {
-      std::string kv(v.as_string());
-      std::string key = kv.substr(0, kv.find('='));
-      std::erase_if(env, [&](const std::string& x) { return x.compare(0, key.size() + 1, key + "=") == 0; });
-      env.push_back(kv);
-    }
-  std::string cwd = req.contains("cwd") ? std::string(req.at("cwd").as_string()) : "/";
+  std::vector<std::string> argv = base::get_bytes_list(req, "argv").value_or(std::vector<std::string>{}),
+                           env = base_env_;
+  for (auto& kv : base::get_bytes_list(req, "env").value_or(std::vector<std::string>{})) {
+    std::string key = kv.substr(0, kv.find('='));
+    std::erase_if(env, [&](const std::string& x) { return x.compare(0, key.size() + 1, key + "=") == 0; });
+    env.push_back(kv);
+  }
+  std::string cwd = base::get_bytes_field(req, "cwd").value_or("/");
   bool tty = req.contains("tty") && req.at("tty").as_bool();
   bool want_stdin = req.contains("stdin") && req.at("stdin").as_bool();
   auto fail = [&](const std::string& e) { report({{"ev", "spawn_failed"}, {"proc", id}, {"error", e}}); };
@@ -526,16 +525,16 @@ int NsInit::run() {
 
 }  // namespace
 
-boost::json::object ns_init_config(const std::vector<std::string>& argv, boost::json::array env, const std::string& cwd,
-                                   const profile::Profile& profile, int landlock_abi, bool namespaced,
-                                   const std::vector<struct sock_filter>& seccomp) {
-  boost::json::array args;
-  for (auto& a : argv) args.emplace_back(a);
-  return {{"argv", std::move(args)},
-          {"env", std::move(env)},
-          {"cwd", cwd},
-          {"grace_ms", profile.resources.grace_ms},
-          {"policy", policy_to_json(profile, landlock_abi, shares_host_network(profile, namespaced), seccomp)}};
+boost::json::object ns_init_config(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                                   const std::string& cwd, const profile::Profile& profile, int landlock_abi,
+                                   bool namespaced, const std::vector<struct sock_filter>& seccomp) {
+  boost::json::object cfg{
+      {"grace_ms", profile.resources.grace_ms},
+      {"policy", policy_to_json(profile, landlock_abi, shares_host_network(profile, namespaced), seccomp)}};
+  base::put_bytes_list(cfg, "argv", argv);
+  base::put_bytes_list(cfg, "env", env);
+  base::put_bytes_field(cfg, "cwd", cwd);
+  return cfg;
 }
 
 int ns_init_main(bool flat) {

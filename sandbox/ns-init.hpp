@@ -21,8 +21,8 @@ int ns_init_main(bool flat);
 /// `landlock_abi` is the kernel's, `namespaced` whether the branch has namespaces of its own,
 /// `seccomp` the profile's program: cached_seccomp). The box's main branch and every cold copy
 /// are started with it.
-boost::json::object ns_init_config(const std::vector<std::string>& argv, boost::json::array env, const std::string& cwd,
-                                   const profile::Profile& profile, int landlock_abi, bool namespaced,
-                                   const std::vector<struct sock_filter>& seccomp);
+boost::json::object ns_init_config(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                                   const std::string& cwd, const profile::Profile& profile, int landlock_abi,
+                                   bool namespaced, const std::vector<struct sock_filter>& seccomp);
 
 }  // namespace sbx::sandbox

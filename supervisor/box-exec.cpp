@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 
+#include "base/encoding.hpp"
 #include "os/sys.hpp"
 #include "supervisor/box.hpp"
 #include "supervisor/proc-io.hpp"
@@ -115,18 +116,13 @@ void Box::exec(const ExecSpec& spec, std::function<void(std::optional<OpError>, 
     done(std::nullopt, proc_state(pr));
   });
 
-  boost::json::array argv, env;
-  for (auto& a : spec.argv) argv.emplace_back(a);
-  for (auto& e : spec.env) env.emplace_back(e);
-  boost::json::object req{{"op", "exec"},
-                          {"proc", spec.proc},
-                          {"argv", argv},
-                          {"env", env},
-                          {"cwd", spec.cwd.empty() ? agent_cwd_ : spec.cwd},
-                          {"tty", spec.tty},
-                          {"stdin", spec.stdin_open},
-                          {"cols", spec.cols},
-                          {"rows", spec.rows}};
+  boost::json::object req{{"op", "exec"},      {"proc", spec.proc}, {"tty", spec.tty}, {"stdin", spec.stdin_open},
+                          {"cols", spec.cols}, {"rows", spec.rows}};
+  // Each as its bytes where they are not UTF-8 (an ns-init restored from an older snapshot reads
+  // only the text, and fails to find a program whose name it has with U+FFFD).
+  base::put_bytes_list(req, "argv", spec.argv);
+  base::put_bytes_list(req, "env", spec.env);
+  base::put_bytes_field(req, "cwd", spec.cwd.empty() ? agent_cwd_ : spec.cwd);
   send_request(b, req);
 }
 
@@ -183,9 +179,7 @@ void Box::on_exec_report(Branch& b, Proc& p, const boost::json::object& r, std::
       p.started = true;
       boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
       if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
-      boost::json::array argv;
-      for (auto& a : p.argv) argv.emplace_back(a);
-      e["argv"] = std::move(argv);
+      base::put_bytes_list(e, "argv", p.argv);
       if (p.tty) e["tty"] = true;
       p.started_seq = emit(p.branch, std::move(e));
     }

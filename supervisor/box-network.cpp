@@ -21,7 +21,7 @@ base::Result<void> Box::prepare_copy_network(sandbox::BranchSpec& spec) {
   }
 }
 
-base::Result<void> Box::attach_copy_network(Branch& b, boost::json::array* env) {
+base::Result<void> Box::attach_copy_network(Branch& b, std::vector<std::string>* env) {
   try {
     auto net = std::make_unique<BranchNetwork>(
         loop_, opts_.profile, b.launched, [this, name = b.name](boost::json::object e) { emit(name, std::move(e)); },

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "base/encoding.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/criu.hpp"
 #include "os/pidfd.hpp"
@@ -167,9 +168,7 @@ void Box::on_report(Branch& b, const boost::json::object& r, std::vector<os::Uni
                   b.name, cg->as_string().c_str());
     boost::json::object e{{"type", "proc.started"}, {"proc", p.id}, {"pid", p.pid}};
     if (b.launched.namespaced) e["ns_pid"] = p.ns_pid;
-    boost::json::array argv;
-    for (auto& a : b.argv) argv.emplace_back(a);
-    e["argv"] = std::move(argv);
+    base::put_bytes_list(e, "argv", b.argv);
     emit(p.branch, std::move(e));
     start_readers(b, p);
   } else if (*ev == "spawn_failed") {
@@ -407,9 +406,8 @@ void Box::start() {
   b->cwd = workdir;
   // Where the agent has a root of its own, it reads who it is at /run/sandboxer/branch.json.
   if (b->launched.namespaced) checkpoint::write_branch_json(id_, b->name, b->lineage, spec.dir);
-  boost::json::array env = agent_env(*b, spec.dir);
+  auto env = agent_env(*b, spec.dir);
   network_->edit_env(env);
-  agent_env_ = env;
   agent_cwd_ = workdir;
   send_request(*b, sandbox::ns_init_config(opts_.argv, env, workdir, opts_.profile, caps_.landlock_abi,
                                            b->launched.namespaced, seccomp_program()));
@@ -471,7 +469,7 @@ const std::vector<struct sock_filter>& Box::seccomp_program() {
   return *seccomp_;
 }
 
-boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const {
+std::vector<std::string> Box::agent_env(const Branch& b, const std::string& dir) const {
   // A clean environment (agent-env.hpp), then who it is.
   profile::AgentEnvSpec spec;
   spec.inherit = opts_.env_inherit;
@@ -481,8 +479,7 @@ boost::json::array Box::agent_env(const Branch& b, const std::string& dir) const
                   : "/root";
   spec.profile_env = opts_.profile.env;
   spec.extra = opts_.env;
-  boost::json::array env;
-  for (auto& kv : profile::build_agent_env(spec)) env.emplace_back(kv);
+  std::vector<std::string> env = profile::build_agent_env(spec);
   env.emplace_back("SANDBOXER_BOX=" + id_);
   env.emplace_back("SANDBOXER_BRANCH=" + b.name);
   env.emplace_back("SANDBOXER_WORKSPACE=" + (b.launched.namespaced ? std::string("/workspace") : dir + "/workspace"));

@@ -260,7 +260,7 @@ class Box : public checkpoint::Host {
   void on_channel(Branch& b, std::string_view line);
   void channel_reply(Branch& b, const boost::json::object& msg);
   void maybe_finish();
-  boost::json::array agent_env(const Branch& b, const std::string& dir) const;
+  std::vector<std::string> agent_env(const Branch& b, const std::string& dir) const;
   /// The profile's seccomp program for every branch's ns-init, built once per box or read from the
   /// user's state dir (sandbox::cached_seccomp).
   const std::vector<struct sock_filter>& seccomp_program();
@@ -323,7 +323,6 @@ class Box : public checkpoint::Host {
   bool finished_ = false;
   int exit_status_ = 0;
   os::UniqueFd events_fd_;
-  boost::json::array agent_env_;
   std::string agent_cwd_;
   std::unique_ptr<Server> server_;
   HealthFileId health_id_;  // the health file this box wrote (health.hpp), removed at its end
@@ -336,7 +335,7 @@ class Box : public checkpoint::Host {
   /// Before a copy runs: loopback in its namespace and, for `proxy`, a broker of its own at the
   /// same in-namespace address and port as the original's (a restored agent's memory holds that
   /// URL), with the same allowlist and credentials; `env`, if given, gets the proxy variables.
-  base::Result<void> attach_copy_network(Branch& b, boost::json::array* env = nullptr);
+  base::Result<void> attach_copy_network(Branch& b, std::vector<std::string>* env = nullptr);
   /// What a live snapshot's agent expects of its network (for the manifest: no secret in it).
   boost::json::object network_manifest() const override;
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under

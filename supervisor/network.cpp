@@ -193,16 +193,16 @@ void BranchNetwork::drain() noexcept {
   }
 }
 
-void BranchNetwork::edit_env(boost::json::array& env) const {
+void BranchNetwork::edit_env(std::vector<std::string>& env) const {
   const auto& net = profile_.network;
   std::vector<std::string> drop;
   for (auto& c : profile_.credentials)
     for (auto* k : {&c.source_env, &c.placeholder_env, &c.base_url_env})
       if (!k->empty()) drop.push_back(*k);
   bool isolated = net.mode != profile::NetworkPolicy::Mode::Host;
-  boost::json::array out;
+  std::vector<std::string> out;
   for (auto& v : env) {
-    std::string_view kv = v.as_string();
+    std::string_view kv = v;
     bool skip = false;
     for (auto& k : drop) skip |= env_key_is(kv, k);
     if (isolated)

@@ -45,7 +45,7 @@ class BranchNetwork {
 
   /// The agent's environment: proxy variables, placeholders and base URLs in; the supervisor's
   /// own proxy settings and credential sources out.
-  void edit_env(boost::json::array& env) const;
+  void edit_env(std::vector<std::string>& env) const;
 
   /// For `box.started`.
   boost::json::object describe() const;

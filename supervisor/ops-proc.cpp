@@ -14,6 +14,36 @@ using protocol::RequestError;
 
 namespace {
 
+// exec's `env` (an object of strings) or `env_b64` (the same, each value's bytes in base64), one
+// of the two, as KEY=VALUE entries.
+std::vector<std::string> exec_env(const json::object& f) {
+  const auto* plain = f.if_contains("env");
+  const auto* b64 = f.if_contains("env_b64");
+  if (plain && plain->is_null()) plain = nullptr;
+  if (b64 && b64->is_null()) b64 = nullptr;
+  if (plain && b64) throw RequestError("bad_request", "fields env and env_b64: give one of them, not both");
+  const char* name = b64 ? "env_b64" : "env";
+  const json::value* env = b64 ? b64 : plain;
+  std::vector<std::string> out;
+  if (!env) return out;
+  if (!env->is_object())
+    throw RequestError("bad_request", std::string("field ") + name + ": expected an object of strings");
+  for (auto& kv : env->as_object()) {
+    std::string key(kv.key());
+    if (!kv.value().is_string())
+      throw RequestError("bad_request", std::string("field ") + name + "." + key + ": expected a string");
+    if (key.empty() || key.find('=') != std::string::npos)
+      throw RequestError("bad_request", std::string("field ") + name + ": a name is not empty and has no '='");
+    std::string value(kv.value().as_string());
+    if (b64 && !base::base64_decode(kv.value().as_string(), value))
+      throw RequestError("bad_request", "field env_b64." + key + ": not valid base64");
+    if (value.find('\0') != std::string::npos || key.find('\0') != std::string::npos)
+      throw RequestError("bad_request", std::string("field ") + name + "." + key + ": contains a NUL byte");
+    out.push_back(key + "=" + value);
+  }
+  return out;
+}
+
 // exec's fields as an ExecSpec, each checked with the reason a refusal names.
 ExecSpec exec_spec(const json::object& f) {
   ExecSpec spec;
@@ -21,21 +51,13 @@ ExecSpec exec_spec(const json::object& f) {
   if (spec.proc.empty() || spec.proc.size() > 128) throw RequestError("bad_request", "field proc: 1 to 128 characters");
   for (unsigned char ch : spec.proc)
     if (ch < 0x21 || ch == 0x7f) throw RequestError("bad_request", "field proc: no spaces or control characters");
-  spec.argv = protocol::need_string_array(f, "argv");
+  spec.argv = protocol::need_path_list(f, "argv");
   if (spec.argv.empty()) throw RequestError("bad_request", "field argv: empty");
   for (auto& a : spec.argv)
     if (a.find('\0') != std::string::npos) throw RequestError("bad_request", "field argv: contains a NUL byte");
-  if (auto* env = f.if_contains("env"); env && !env->is_null()) {
-    if (!env->is_object()) throw RequestError("bad_request", "field env: expected an object of strings");
-    for (auto& kv : env->as_object()) {
-      if (!kv.value().is_string())
-        throw RequestError("bad_request", "field env." + std::string(kv.key()) + ": expected a string");
-      if (kv.key().empty() || kv.key().find('=') != json::string_view::npos)
-        throw RequestError("bad_request", "field env: a name is not empty and has no '='");
-      spec.env.push_back(std::string(kv.key()) + "=" + std::string(kv.value().as_string()));
-    }
-  }
-  spec.cwd = protocol::opt_string(f, "cwd").value_or("");
+  spec.env = exec_env(f);
+  spec.cwd = protocol::opt_path(f, "cwd").value_or("");
+  if (spec.cwd.find('\0') != std::string::npos) throw RequestError("bad_request", "field cwd: contains a NUL byte");
   spec.tty = protocol::opt_bool(f, "tty").value_or(false);
   spec.stdin_open = protocol::opt_bool(f, "stdin").value_or(false);
   spec.cols = static_cast<int>(protocol::opt_int(f, "cols", 1, 10000).value_or(80));

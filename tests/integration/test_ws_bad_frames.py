@@ -169,6 +169,10 @@ VALID = {
     "exec with pipes": ([], {"id": 3, "ok": True, "proc": "p1", **STARTED, "state": {"running", "exited"},
                              "pid": Optional(int), "code": Optional({0}), "tty": False}),
     "exec with a pty": ([], {"id": 4, "ok": True, "proc": "shell", **STARTED, "tty": True}),
+    # `ls` of an empty directory, in it: its name, the command's word and the directory are bytes.
+    "exec of names that are not UTF-8": ([{"op": "fs.mkdir", "path_b64": "L3dvcmtzcGFjZS9jYWbp"}],
+                                         {"id": 60, "ok": True, "proc": "p2", **STARTED, "state": {"running", "exited"},
+                                          "pid": Optional(int), "code": Optional({0}), "tty": False}),
     "stdin text": (RUNNING_P1, {"id": 5, "ok": True}),
     "stdin bytes and eof": (RUNNING_P1, {"id": 6, "ok": True}),
     "signal by name": (RUNNING_P1, {"id": 7, "ok": True}),

@@ -593,16 +593,29 @@ def test_cp_r_moves_many_files_in_batches_and_stops_at_the_first_refusal(box, tm
     assert (box.workspace / "again/many/f079").is_file() and not (box.workspace / "again/many/f081").exists()
 
 
-def test_an_argument_that_is_not_utf8_is_named_before_anything_is_sent_and_a_path_goes_as_bytes(box, tmp_path):
-    # The box refused such a frame whole: "the frame is not valid JSON: syntax error".
-    r = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--", "echo", b"a\xffb"],
-                       capture_output=True, timeout=30)
+def exec_bytes(box, *args):
+    return subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, *args],
+                          capture_output=True, timeout=30)
+
+
+def test_an_argument_that_is_not_utf8_goes_as_its_bytes_where_the_api_takes_bytes(box, tmp_path):
+    # exec's words, --env values and --cwd are bytes (argv_b64, env_b64, cwd_b64); before, the CLI
+    # refused them (not_utf8), and before that the box refused the frame whole ("the frame is not
+    # valid JSON: syntax error").
+    r = exec_bytes(box, "--", "echo", b"a\xffb")
+    assert r.returncode == 0 and r.stdout == b"a\xffb\n", r.stderr
+    r = exec_bytes(box, "--env", b"K=\xfe", "--env", "L=x", "--", "sh", "-c", 'printf %s "$K$L"')
+    assert r.returncode == 0 and r.stdout == b"\xfex", r.stderr
+    assert exec_bytes(box, "--", "mkdir", b"/tmp/d\xff").returncode == 0
+    r = exec_bytes(box, "--cwd", b"/tmp/d\xff", "--", "pwd")
+    assert r.returncode == 0 and r.stdout == b"/tmp/d\xff\n", r.stderr
+    # What must be text is named before anything is sent: a process id, an environment name.
+    r = exec_bytes(box, "--proc", b"p\xff", "--", "true")
     assert r.returncode == 126, r.stderr
-    assert (b'sandboxer exec: argv[1] "a\\xffb" is not UTF-8, and the API\'s JSON carries UTF-8 text only (not_utf8)'
+    assert (b'sandboxer exec: proc "p\\xff" is not UTF-8, and the API\'s JSON carries UTF-8 text only (not_utf8)'
             in r.stderr), r.stderr
-    r = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--env", b"K=\xfe", "--",
-                        "true"], capture_output=True, timeout=30)
-    assert r.returncode == 126 and b'env.K "\\xfe" is not UTF-8' in r.stderr, r.stderr
+    r = exec_bytes(box, "--env", b"\xff=1", "--", "true")
+    assert r.returncode == 2 and b"the name is not UTF-8 (its value may be any bytes)" in r.stderr, r.stderr
     r = subprocess.run([str(CLI), "ls", "--token-file", str(box.token_file), f"{box.url}:/workspace/".encode() + b"\xff"],
                        capture_output=True, timeout=30)
     # A path is a name of bytes on disk: it goes as its bytes (path_b64), and the box looks for it.

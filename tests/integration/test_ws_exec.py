@@ -1,4 +1,5 @@
 """exec, stdin, signal and resize over the WebSocket: processes forked by the branch's ns-init."""
+import base64
 import errno
 import json
 import os
@@ -204,6 +205,86 @@ def test_exec_of_a_missing_program_is_an_error_reply(box):
             e = await s.wait_event(exited("nope"))
             assert e["code"] == 127
     run(go(), 60)
+
+
+def b64(raw):
+    return base64.b64encode(raw).decode()
+
+
+def test_exec_argv_env_and_cwd_that_are_not_utf8_go_as_their_bytes(box):
+    """A file name is any bytes: exec's argv, env values and cwd take them in their _b64 twins,
+    and the process gets exactly those bytes; proc.started shows the words as text (U+FFFD) with
+    their bytes beside them. The control: the same request in text (what a client without the
+    bytes could send) names no such directory."""
+    name = b"/workspace/caf\xe9"
+    async def go():
+        async with ws_connect(box) as ws:
+            s = await session(ws)
+            assert (await s.request("fs.mkdir", path_b64=b64(name)))["ok"]
+            r = await s.request("exec", proc="b", argv_b64=[b64(b"sh"), b64(b"-c"), b64(b'printf "%s|%s|" "$1" "$V"; pwd'),
+                                                              b64(b"sh"), b64(name)],
+                                env_b64={"V": b64(b"\xff\xfe")}, cwd_b64=b64(name))
+            assert r["ok"], r
+            e = await s.wait_event(exited("b"))
+            assert e["code"] == 0, output_of(s.events, "b")
+            assert output_of(s.events, "b") == name + b"|\xff\xfe|" + name + b"\n"
+            started = [x for x in s.events if x["type"] == "proc.started" and x["proc"] == "b"][0]
+            assert started["argv"][4] == "/workspace/caf\ufffd" and started["argv"][0] == "sh"
+            assert [base64.b64decode(x) for x in started["argv_b64"]][4] == name
+            # An exec of UTF-8 words has no argv_b64.
+            await s.request("exec", proc="t", argv=["true"])
+            await s.wait_event(exited("t"))
+            assert "argv_b64" not in [x for x in s.events if x["type"] == "proc.started" and x["proc"] == "t"][0]
+            # The control: the name as text (U+FFFD for the byte) is another name, which is not there.
+            r = await s.request("exec", proc="c", argv=["true"], cwd="/workspace/caf\ufffd")
+            assert r["ok"] is False and r["error"]["code"] == "spawn_failed", r
+            assert "chdir /workspace/caf\ufffd: No such file or directory" in r["error"]["message"]
+            # A byte name that is not there is named, with U+FFFD, in the refusal.
+            r = await s.request("exec", proc="m", argv_b64=[b64(b"/no/such/\xff")])
+            assert r["ok"] is False and "exec /no/such/\ufffd: No such file or directory" in r["error"]["message"], r
+            for bad, why in ((dict(argv=["ls"], argv_b64=[b64(b"ls")]), "give one of them"),
+                             (dict(argv_b64=["%%%"]), "not valid base64"),
+                             (dict(argv_b64=[b64(b"ls\0x")]), "NUL"),
+                             (dict(argv=["ls"], env={"A": "1"}, env_b64={"B": b64(b"1")}), "give one of them"),
+                             (dict(argv=["ls"], env_b64={"B": "%%%"}), "env_b64.B: not valid base64"),
+                             (dict(argv=["ls"], cwd_b64=b64(b"/a\0b")), "NUL")):
+                r = await s.request("exec", proc="bad", **bad)
+                assert r["ok"] is False and r["error"]["code"] == "bad_request" and why in r["error"]["message"], (bad, r)
+            assert (await s.request("ping"))["pong"]
+    run(go(), 60)
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaced", "flat"])
+def test_the_agents_command_and_environment_of_any_bytes_run_and_a_cold_copy_runs_them_again(tmp_path, namespaces):
+    """The box's own command line is bytes: its words, an --env value and, with --env-inherit, the
+    host's environment may be anything but NUL. Before, ns-init refused its config ("bad config
+    from the supervisor"). Without namespaces a fork is cold: the copy runs the command again from
+    its snapshot's manifest, which keeps the bytes too. The journal stays UTF-8 (read_events
+    decodes it strictly)."""
+    agent = [b"sh", b"-c", b'printf "%s|%s|%s\\n" "$1" "$V" "$W"; exec sleep 60', b"sh", b"caf\xe9"]
+    env = {**os.environ, "W": "\udcfe"}  # the byte 0xfe, as os.environ holds it
+    extra = ["--env-inherit", "--env", b"V=\xff", *([] if namespaces else ["--set", "isolation.namespaces=false"])]
+    want = b"caf\xe9|\xff|\xfe\n"
+    with WsBox(tmp_path, agent, extra=extra, env=env) as box:
+        started = box.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == "main")
+        assert started["argv"][4] == "caf\ufffd" and base64.b64decode(started["argv_b64"][4]) == b"caf\xe9"
+        box.wait_event(lambda e: e["type"] == "proc.output" and e["proc"] == "main")
+        assert output_of(box.read_events(), "main") == want
+        if namespaces:
+            return
+
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                r = await s.request("fork", branch="main", n=1, timeout=60)
+                assert r["ok"] and r["copies"][0]["mode"] == "cold", r
+                return r["copies"][0]["branch"]
+        branch = run(go(), 90)
+        proc = "main@" + branch
+        copy = box.wait_event(lambda e: e["type"] == "proc.started" and e["proc"] == proc)
+        assert [base64.b64decode(x) for x in copy["argv_b64"]] == agent
+        box.wait_event(lambda e: e["type"] == "proc.output" and e["proc"] == proc)
+        assert output_of(box.read_events(), proc) == want
 
 
 def test_exec_processes_live_in_the_agents_pid_namespace(box):

@@ -406,6 +406,20 @@ def test_a_name_that_is_not_utf8_round_trips_as_bytes(server):
     assert "nu\ufffd" not in names
 
 
+def test_exec_takes_words_env_values_and_cwd_as_bytes(server):
+    """exec's argv, env values and cwd as bytes (or a str holding them as surrogate escapes, as
+    os.fsdecode gives them): the process gets those bytes."""
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.mkdir(b"/workspace/ex\xe9")
+            p = await box.exec(["sh", "-c", b'printf "%s|%s|" "$1" "$V"; pwd', "sh", b"w\xff"],
+                               env={"V": b"\xfe", "U": "text"}, cwd="/workspace/ex\udce9")
+            out = b"".join([chunk async for _, chunk in p.output()])
+            return out, await p.wait(30)
+    out, ended = run(go(), 30)
+    assert ended["code"] == 0 and out == b"w\xff|\xfe|/workspace/ex\xe9\n", out
+
+
 def test_path_escape_is_refused_with_a_typed_error(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:

@@ -200,6 +200,8 @@ CALLS = {
     "exec with pipes": lambda b: b.exec(["sh", "-c", "echo hi"], proc="p1", env={"A": "1"}, cwd="/workspace",
                                         stdin=True),
     "exec with a pty": lambda b: b.exec(["sh"], proc="shell", tty=True, cols=120, rows=40),
+    "exec of names that are not UTF-8": lambda b: b.exec(["ls", b"/workspace/caf\xe9"], proc="p2", env={"A": b"\xff"},
+                                                         cwd="/workspace/caf\udce9"),
     "stdin text": lambda b: b.stdin("p1", "hello\n"),
     "stdin bytes and eof": lambda b: b.stdin("p1", b"\xff", eof=True),
     "signal by name": lambda b: b.signal("p1", "TERM"),

@@ -11,7 +11,7 @@ from . import frames
 from .connection import Connection, check_url, open_ws
 from .errors import ProtocolError
 from .events import Event, EventStream
-from .fs import FileSystem, _Receiver, _text_or_b64
+from .fs import FileSystem, _Receiver, _env_text_or_b64, _list_text_or_b64, _text_or_b64
 from .process import Process
 from .tokens import resolve_token
 
@@ -98,8 +98,9 @@ class Box:
 
     # -- processes ------------------------------------------------------------------------
 
-    async def exec(self, argv: Sequence[str], *, proc: str | None = None, env: dict[str, str] | None = None,
-                   cwd: str | None = None, tty: bool = False, stdin: bool = False,
+    async def exec(self, argv: Sequence[str | bytes], *, proc: str | None = None,
+                   env: dict[str, str | bytes] | None = None,
+                   cwd: str | bytes | None = None, tty: bool = False, stdin: bool = False,
                    cols: int | None = None, rows: int | None = None,
                    branch: str | None = None, since: int | None = None) -> Process:
         """Starts `argv` in the box and returns its handle with output streaming in.
@@ -109,13 +110,15 @@ class Box:
         keeps its stdin open for `handle.write()`; `tty` gives it a pty (of `cols` x `rows`,
         80x24 unless given). The handle follows the
         journal from `since` (default: just before the reply's `started_seq`) and keeps this
-        process's events.
+        process's events. The command's words, `env`'s values and `cwd` are text or bytes: any
+        that is not UTF-8 goes as its bytes.
         """
         if not argv:
             raise ValueError("exec needs a non-empty argv")
         proc = proc or f"py-{os.getpid()}-{next(_proc_counter)}"
         reply = await self._conn.request("exec", {
-            "proc": proc, "argv": list(argv), "env": env, "cwd": cwd,
+            "proc": proc, **_list_text_or_b64("argv", argv), **_env_text_or_b64(env),
+            **(_text_or_b64("cwd", cwd) if cwd is not None else {}),
             "tty": tty, "stdin": stdin, "cols": cols, "rows": rows, "branch": branch,
         })
         start = since

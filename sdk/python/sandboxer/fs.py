@@ -4,6 +4,7 @@ content in binary frames (see frames.py) of at most 1 MiB each."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import base64
@@ -68,12 +69,33 @@ def _text_or_b64(key: str, value: str | bytes) -> dict[str, str]:
     """A field of text or bytes (a path, an entry's `name_b64` decoded; stdin's or a file's
     content): as `key` when the bytes are UTF-8, else as `key`_b64 (base64 of the bytes), which
     the box takes in place of `key`."""
-    if isinstance(value, bytes):
-        try:
-            return {key: value.decode("utf-8")}
-        except UnicodeDecodeError:
-            return {key + "_b64": base64.b64encode(value).decode("ascii")}
-    return {key: value}
+    # A str may carry bytes that are not UTF-8 as surrogate escapes (os.fsdecode, sys.argv).
+    raw = value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+    try:
+        return {key: raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {key + "_b64": base64.b64encode(raw).decode("ascii")}
+
+
+def _list_text_or_b64(key: str, values: Sequence[str | bytes]) -> dict[str, list[str]]:
+    """A list of such fields (exec's argv) as one: `key`, a list of text, where every item is
+    UTF-8, else `key`_b64, every item's base64."""
+    raw = [v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape") for v in values]
+    try:
+        return {key: [r.decode("utf-8") for r in raw]}
+    except UnicodeDecodeError:
+        return {key + "_b64": [base64.b64encode(r).decode("ascii") for r in raw]}
+
+
+def _env_text_or_b64(env: Mapping[str, str | bytes] | None) -> dict[str, dict[str, str]]:
+    """exec's environment: `env` where every value is UTF-8, else `env_b64` with every value's
+    base64 (the names are text either way)."""
+    if not env:
+        return {}
+    fields = _list_text_or_b64("v", list(env.values()))
+    if "v" in fields:
+        return {"env": dict(zip(env.keys(), fields["v"]))}
+    return {"env_b64": dict(zip(env.keys(), fields["v_b64"]))}
 
 
 class FileSystem:

@@ -5,7 +5,7 @@ import { AuthError, type JsonObject } from "./errors.js";
 import { EventStream, type EventsOptions } from "./events.js";
 import { FileSystem, Receiver } from "./fs.js";
 import { Process } from "./process.js";
-import { iterChunks, textOrB64, type Event } from "./protocol.js";
+import { envTextOrB64, iterChunks, listTextOrB64, textOrB64, type Event } from "./protocol.js";
 import { checkUrl, globalWebSocketFactory, Socket, type WebSocketFactory } from "./socket.js";
 
 export interface ConnectOptions {
@@ -45,8 +45,9 @@ export function setPlatform(p: Partial<Platform>): void {
 export interface ExecOptions {
   /** The process id (chosen here when absent); exec is idempotent per id. */
   proc?: string;
-  env?: Record<string, string>;
-  cwd?: string;
+  /** Values, like argv's words and cwd, are text or bytes: any not UTF-8 goes as its bytes. */
+  env?: Record<string, string | Uint8Array>;
+  cwd?: string | Uint8Array;
   /** A pty (of cols x rows, 80x24 unless given). */
   tty?: boolean;
   /** Keep stdin open for `handle.write()`. */
@@ -132,14 +133,14 @@ export class Box {
   }
 
   /** Starts `argv` in the box and resolves with its handle, output streaming in. */
-  async exec(argv: string[], opts: ExecOptions = {}): Promise<Process> {
+  async exec(argv: (string | Uint8Array)[], opts: ExecOptions = {}): Promise<Process> {
     if (argv.length === 0) throw new TypeError("exec needs a non-empty argv");
     const proc = opts.proc ?? `${procPrefix}-${++procCounter}`;
     const reply = await this.conn.request("exec", {
       proc,
-      argv,
-      env: opts.env,
-      cwd: opts.cwd,
+      ...listTextOrB64("argv", argv),
+      ...envTextOrB64(opts.env),
+      ...(opts.cwd !== undefined ? textOrB64("cwd", opts.cwd) : {}),
       tty: opts.tty ?? false,
       stdin: opts.stdin ?? false,
       cols: opts.cols,

@@ -121,6 +121,26 @@ export function textOrB64(key: string, value: Uint8Array | string): Record<strin
   return t !== null ? { [key]: t } : { [`${key}_b64`]: toBase64(value as Uint8Array) };
 }
 
+/** A list of such fields (exec's argv) as one: `key`, an array of text, where every item is
+ * UTF-8, else `key`_b64, every item's base64. */
+export function listTextOrB64(key: string, values: (Uint8Array | string)[]): Record<string, string[]> {
+  const texts = values.map((v) => (typeof v === "string" ? v : utf8Text(v)));
+  if (texts.every((t) => t !== null)) return { [key]: texts as string[] };
+  return { [`${key}_b64`]: values.map((v) => toBase64(typeof v === "string" ? utf8(v) : v)) };
+}
+
+/** exec's environment: `env` where every value is UTF-8, else `env_b64` with every value's
+ * base64 (the names are text either way). */
+export function envTextOrB64(env: Record<string, Uint8Array | string> | undefined): Record<string, Record<string, string>> {
+  if (!env) return {};
+  const names = Object.keys(env);
+  const fields = listTextOrB64("v", names.map((n) => env[n]));
+  const values = fields.v ?? fields.v_b64;
+  const out: Record<string, string> = {};
+  names.forEach((n, i) => (out[n] = values[i]));
+  return { [fields.v ? "env" : "env_b64"]: out };
+}
+
 /** The bytes of a `proc.output` event (`data` is UTF-8 text, `data_b64` raw bytes). */
 export function outputBytes(ev: JsonObject): Uint8Array {
   if (typeof ev.data_b64 === "string") return fromBase64(ev.data_b64);

@@ -135,6 +135,20 @@ describe("one box", () => {
     assert.equal(Buffer.from(p.stdout).toString("latin1"), payload.toString("latin1") + "\neof-seen\n");
   });
 
+  test("exec's words, env values and cwd may be bytes that are not UTF-8", async () => {
+    const bytes = (s) => new Uint8Array(Buffer.from(s, "latin1"));
+    const mk = await box.exec(["mkdir", "-p", bytes("/tmp/ts\xe9")]);
+    assert.equal((await mk.wait(10_000)).code, 0);
+    const p = await box.exec(["sh", "-c", 'printf "%s|%s|" "$1" "$V"; pwd', "sh", bytes("w\xff")], {
+      env: { V: bytes("\xfe"), U: "text" },
+      cwd: bytes("/tmp/ts\xe9"),
+    });
+    assert.equal((await p.wait(10_000)).code, 0);
+    assert.equal(Buffer.from(p.stdout).toString("latin1"), "w\xff|\xfe|/tmp/ts\xe9\n");
+    const rm = await box.exec(["rmdir", bytes("/tmp/ts\xe9")]);
+    assert.equal((await rm.wait(10_000)).code, 0);
+  });
+
   test("a pty: the process sees a terminal of the size asked for, and input typed into it", async () => {
     const p = await box.exec(["sh", "-c", "test -t 0 && test -t 1 && stty size && read line && echo got-$line"], { tty: true, cols: 91, rows: 37 });
     await p.write("typed\n");

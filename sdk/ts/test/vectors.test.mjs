@@ -143,6 +143,12 @@ const CALLS = {
   "subscribe to a branch": (b) => firstEvent(b.events({ since: 41, branch: "main" })),
   "exec with pipes": (b) => b.exec(["sh", "-c", "echo hi"], { proc: "p1", env: { A: "1" }, cwd: "/workspace", stdin: true }),
   "exec with a pty": (b) => b.exec(["sh"], { proc: "shell", tty: true, cols: 120, rows: 40 }),
+  "exec of names that are not UTF-8": (b) =>
+    b.exec(["ls", new Uint8Array([...new TextEncoder().encode("/workspace/caf"), 0xe9])], {
+      proc: "p2",
+      env: { A: new Uint8Array([0xff]) },
+      cwd: new Uint8Array([...new TextEncoder().encode("/workspace/caf"), 0xe9]),
+    }),
   "stdin text": (b) => b.stdin("p1", "hello\n"),
   "stdin bytes and eof": (b) => b.stdin("p1", new Uint8Array([0xff]), { eof: true }),
   "signal by name": (b) => b.signal("p1", "TERM"),
