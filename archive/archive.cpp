@@ -338,36 +338,50 @@ struct Planned {
   std::string sha;     // a regular file's
 };
 
+bool is_utf8(std::string_view s) { return base::utf8_valid_prefix(s) == s.size(); }
+
+// The manifest lists a path as a key of `files`, or, where it is not UTF-8 (a name is any bytes
+// but '/' and NUL, and JSON text is UTF-8), as the base64 of its bytes, a key of `files_b64`; a
+// symlink's text likewise, as `target` or `target_b64`.
 base::Result<void> plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::object& files,
-                                uint64_t& raw) {
+                                json::object& files_b64, uint64_t& raw) {
   std::vector<fs::path> paths;
   walk(src_dir, "", paths);
   for (auto& rel : paths) {
     Planned p{rel};
     std::string full = (fs::path(src_dir) / rel).string();
     if (::lstat(full.c_str(), &p.st) != 0) continue;
+    json::object f;
     if (S_ISDIR(p.st.st_mode)) {
-      files[rel.string()] = {{"type", "dir"}};
+      f = {{"type", "dir"}};
     } else if (S_ISLNK(p.st.st_mode)) {
       char target[4096];
       ssize_t n = ::readlink(full.c_str(), target, sizeof target - 1);
       if (n <= 0) continue;
       p.target.assign(target, static_cast<size_t>(n));
-      files[rel.string()] = {{"type", "symlink"}, {"target", p.target}};
+      f = {{"type", "symlink"}};
+      if (is_utf8(p.target))
+        f["target"] = p.target;
+      else
+        f["target_b64"] = base::base64_encode(p.target);
     } else if (S_ISREG(p.st.st_mode)) {
       auto sha = sha256_file(full);
       if (!sha) return sha.error();
       p.sha = *sha;
       raw += static_cast<uint64_t>(p.st.st_size);
-      files[rel.string()] = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
+      f = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
     } else {
       continue;  // sockets, fifos and devices in a writable layer are not part of a snapshot
     }
     // Owner and mode are signed with the rest: a copy from an archive gets the files its parent had.
-    auto& f = files[rel.string()].as_object();
     f["uid"] = p.st.st_uid;
     f["gid"] = p.st.st_gid;
     if (!S_ISLNK(p.st.st_mode)) f["mode"] = p.st.st_mode & 07777;
+    std::string key = rel.string();
+    if (is_utf8(key))
+      files[key] = std::move(f);
+    else
+      files_b64[base::base64_encode(key)] = std::move(f);
     plan.push_back(std::move(p));
   }
   return {};
@@ -382,6 +396,16 @@ bool write_blob(struct archive* a, const char* name, const std::string& text) {
   la().archive_entry_set_size(e.get(), static_cast<la_int64_t>(text.size()));
   return la().archive_write_header(a, e.get()) == ARCHIVE_OK &&
          la().archive_write_data(a, text.data(), text.size()) == static_cast<la_ssize_t>(text.size());
+}
+
+// A payload entry's header. A name or symlink text that libarchive cannot translate to UTF-8 (the
+// pax default, from the supervisor's "C" locale: any byte past 0x7f) is written as its bytes, with
+// hdrcharset=BINARY in that entry's pax header, and ARCHIVE_WARN says so: every ARCHIVE_WARN of
+// the pax writer's header is such a fallback, the entry written whole. Entries of ASCII names
+// stay as they were, byte for byte.
+bool header_written(struct archive* a, struct archive_entry* e) {
+  int r = la().archive_write_header(a, e);
+  return r == ARCHIVE_OK || r == ARCHIVE_WARN;
 }
 
 // One planned entry. The payload is the supervisor's own staging copy (in its state dir, which no
@@ -399,18 +423,18 @@ std::string write_payload_entry(struct archive* a, const std::string& src_dir, c
   la().archive_entry_set_mtime(e.get(), p.st.st_mtim.tv_sec, p.st.st_mtim.tv_nsec);
   if (S_ISDIR(p.st.st_mode)) {
     la().archive_entry_set_filetype(e.get(), AE_IFDIR);
-    return la().archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+    return header_written(a, e.get()) ? "" : "archive";
   }
   if (S_ISLNK(p.st.st_mode)) {
     la().archive_entry_set_filetype(e.get(), AE_IFLNK);
     la().archive_entry_copy_symlink(e.get(), p.target.c_str());
-    return la().archive_write_header(a, e.get()) == ARCHIVE_OK ? "" : "archive";
+    return header_written(a, e.get()) ? "" : "archive";
   }
   os::UniqueFd in(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!in) return "open " + full + ": " + std::strerror(errno);
   la().archive_entry_set_filetype(e.get(), AE_IFREG);
   la().archive_entry_set_size(e.get(), p.st.st_size);
-  if (la().archive_write_header(a, e.get()) != ARCHIVE_OK) return "archive";
+  if (!header_written(a, e.get())) return "archive";
   uint64_t left = static_cast<uint64_t>(p.st.st_size);
   while (left > 0) {
     ssize_t n = ::read(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
@@ -445,10 +469,11 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
   const std::string& dst = to.archive;
   // First the manifest (and its signature), so a reader can check them before any payload.
   std::vector<Planned> plan;
-  json::object files;
+  json::object files, files_b64;
   uint64_t raw = 0;
-  if (auto planned = plan_payload(src_dir, plan, files, raw); !planned) return planned.error();
+  if (auto planned = plan_payload(src_dir, plan, files, files_b64, raw); !planned) return planned.error();
   manifest["files"] = std::move(files);
+  if (!files_b64.empty()) manifest["files_b64"] = std::move(files_b64);
   manifest["raw_bytes"] = raw;
   std::string text = json::serialize(manifest) + "\n";
   std::string signature;
@@ -718,10 +743,14 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
     total_ += l.size;
   } else if (l.type == "symlink") {
     auto* target = o.if_contains("target");
-    if (!target || !target->is_string() || target->as_string().empty() || target->as_string().size() > 4095)
-      return bad("has no target");
+    auto* b64 = o.if_contains("target_b64");
+    if (target && b64) return bad("has both target and target_b64");
+    std::string text;
+    if (b64 && (!b64->is_string() || !base::base64_decode(b64->as_string(), text))) return bad("has a bad target_b64");
+    if (target && target->is_string()) text = target->as_string();
+    if (text.empty() || text.size() > 4095 || text.find('\0') != std::string::npos) return bad("has no target");
     if (path.starts_with("criu")) return bad("is a symlink among the criu images");
-    l.target = std::string(target->as_string());
+    l.target = std::move(text);
   } else if (l.type != "dir") {
     return bad("has type " + l.type + " (dir, file or symlink)");
   }
@@ -763,6 +792,18 @@ bool Extractor::check_manifest() {
   if (!files || !files->is_object()) return refuse("the archive's manifest lists no files");
   for (auto& [k, f] : files->as_object())
     if (!check_listed(std::string(k), f)) return false;
+  if (auto* more = m.if_contains("files_b64")) {
+    if (!more->is_object()) return refuse("the archive's manifest has a files_b64 that is not an object");
+    for (auto& [k, f] : more->as_object()) {
+      std::string path;
+      if (!base::base64_decode(k, path))
+        return refuse("the archive's manifest lists a path in files_b64 that is not base64");
+      if (base::utf8_valid_prefix(path) == path.size() || listed_.contains(path))
+        return refuse("the archive's manifest lists " + path +
+                      " in files_b64, whose names are not UTF-8 and not in files");
+      if (!check_listed(path, f)) return false;
+    }
+  }
   out_.manifest = std::move(m);
   return true;
 }

@@ -158,11 +158,8 @@ char short_escape(unsigned char c) {
   }
 }
 
-void append_string(std::string& out, std::string_view s) {
+void append_escaped(std::string& out, std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";
-  // Room for the string and a few escapes: a line of output grows once, not at every escape.
-  out.reserve(out.size() + s.size() + s.size() / 16 + 8);
-  out.push_back('"');
   const char *p = s.data(), *end = p + s.size();
   while (p < end) {
     const char* q = find_escape(p, end);
@@ -179,9 +176,28 @@ void append_string(std::string& out, std::string_view s) {
     }
     p = q + 1;
   }
+}
+
+void append_string(std::string& out, std::string_view s) {
+  // Room for the string and a few escapes: a line of output grows once, not at every escape.
+  out.reserve(out.size() + s.size() + s.size() / 16 + 8);
+  out.push_back('"');
+  for (;;) {
+    size_t ok = utf8_valid_prefix(s);
+    append_escaped(out, s.substr(0, ok));
+    if (ok == s.size()) break;
+    out.append("\xEF\xBF\xBD");  // U+FFFD for the one byte that stopped it, as utf8_lossy
+    s.remove_prefix(ok + 1);
+  }
   out.push_back('"');
 }
 }  // namespace
+
+std::string json_text(const boost::json::object& o) {
+  std::string out;
+  json_append(out, o);
+  return out;
+}
 
 void json_append(std::string& out, const boost::json::object& o) {
   out.push_back('{');

@@ -24,12 +24,17 @@ std::string utf8_lossy(std::string_view s);
 /// completed by more input (0..3). Only meaningful when everything before them is valid.
 size_t utf8_incomplete_tail(std::string_view s) noexcept;
 
-/// Appends the JSON text of `v` to `out`: byte for byte what boost::json::serialize writes, in
-/// one pass over strings. Boost 1.81's serializer copies a string byte by byte after its first
-/// escape, and every line of an agent's output has one (its newline): the journal writes every
-/// event through this.
+/// Appends the JSON text of `v` to `out`: byte for byte what boost::json::serialize writes where
+/// every string is UTF-8, in one pass over strings (Boost 1.81's serializer copies a string byte
+/// by byte after its first escape, and every line of an agent's output has one, its newline).
+/// Where a string is not UTF-8, each byte that does not begin or continue a valid sequence is
+/// written as U+FFFD, where boost writes it as it is: the text is always UTF-8, which every
+/// client's parser requires (a name the agent chose, quoted by an error message, would otherwise
+/// make every reader of the journal from there on close with 1007). The journal writes every
+/// event through this; the server its replies, and the agent channel its lines (json_text).
 void json_append(std::string& out, const boost::json::value& v);
 void json_append(std::string& out, const boost::json::object& o);
+std::string json_text(const boost::json::object& o);
 
 std::string base64_encode(std::string_view in);
 /// Decodes standard base64 (padding optional); false on any invalid character.

@@ -139,6 +139,7 @@ json::array Checkpointer::list() const {
     if (ec || !v.is_object()) continue;
     auto& o = v.as_object();
     o.erase("files");
+    o.erase("files_b64");
     out.push_back(std::move(v));
   }
   return out;
@@ -330,6 +331,7 @@ void Checkpointer::imported(const std::string& id, json::object index, json::obj
   bool existing = what.at("existing").as_bool();
   index["id"] = id;
   index.erase("files");
+  index.erase("files_b64");
   index["imported"] = base::rfc3339_now();
   if (!existing) (void)os::write_file_atomic(base + ".json", json::serialize(index) + "\n");
   auto* v = index.if_contains("verified");

@@ -3,6 +3,8 @@
 #include <array>
 #include <utility>
 
+#include "base/encoding.hpp"
+
 namespace sbx::protocol {
 
 namespace json = boost::json;
@@ -82,6 +84,6 @@ std::string_view channel_op_name(ChannelOp op) {
   return "?";
 }
 
-std::string channel_line(const json::object& reply) { return json::serialize(reply) + "\n"; }
+std::string channel_line(const json::object& reply) { return base::json_text(reply) + "\n"; }
 
 }  // namespace sbx::protocol

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string_view>
 
+#include "base/encoding.hpp"
 #include "loop/uv-handle.hpp"
 #include "os/sys.hpp"
 #include "protocol/protocol.hpp"
@@ -177,7 +178,8 @@ struct Server::Impl {
     c.q.push_back(std::move(f));
     ws_lib().lws_callback_on_writable(c.wsi);
   }
-  void send(Client& c, const json::object& o) { enqueue(c, json::serialize(o), false); }
+  // Always UTF-8 text: a message naming what the agent chose gets U+FFFD for a byte that is not.
+  void send(Client& c, const json::object& o) { enqueue(c, base::json_text(o), false); }
 
   void close_with(Client& c, int code, std::string reason) {
     if (c.close_code) return;

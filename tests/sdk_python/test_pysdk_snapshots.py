@@ -1,4 +1,5 @@
 """sdk/python's checkpoint and snapshot methods against the real supervisor."""
+import base64
 import hashlib
 import io
 import json
@@ -130,3 +131,40 @@ def test_fork_of_a_branch_names_its_snapshot_and_a_bad_call_is_refused_before_se
     r, listed = run(go(), 90)
     assert r["ok"] and len(r["copies"]) == 1 and r["snapshot"] in listed
     assert listed[r["snapshot"]]["name"] == "sdk-fork"
+
+
+def test_names_that_are_not_utf8_are_kept_by_a_checkpoint_a_fork_and_an_export(server, make_server):
+    """A name is any bytes but '/' and NUL. Before, a checkpoint of a box holding a name with a byte
+    past 0x7f failed ("Can't translate pathname ... to UTF-8", libarchive in the C locale), which
+    an agent could use to make every checkpoint of its box fail. Now the tar holds the bytes as
+    they are, and the manifest lists such a path by its bytes (files_b64) and a symlink's text
+    likewise (target_b64); a UTF-8 name stays in `files`."""
+    idle = make_server([], ["--idle"])
+    files = {b"/workspace/d\xfe/f\xe9": b"latin-1", "/workspace/café": b"utf-8", b"/tmp/t\xff": b"in tmp"}
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.mkdir(b"/workspace/d\xfe")
+            for path, data in files.items():
+                await box.fs.write(path, data)
+            await box.fs.symlink(b"/workspace/l\xff", b"d\xfe/f\xe9")
+            sid = (await box.checkpoint("names"))["snapshot"]
+            branch = (await box.fork(sid, 1))["copies"][0]["branch"]
+            in_copy = {p: await box.fs.read(p, branch=branch) for p in files}
+            through = await box.fs.read(b"/workspace/l\xff", branch=branch)
+            archive = await box.export_snapshot(sid)
+        async with await Box.connect(idle.url, idle.token) as other:
+            await other.import_snapshot(archive)
+            await other.restore(sid, index=0)
+            elsewhere = {p: await other.fs.read(p) for p in files}
+        return sid, in_copy, through, archive, elsewhere
+    sid, in_copy, through, archive, elsewhere = run(go(), 120)
+    assert in_copy == files and elsewhere == files and through == b"latin-1"
+    tar = subprocess.run(["zstd", "-d", "-q", "-c"], input=archive, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar), encoding="utf-8", errors="surrogateescape") as t:
+        manifest = json.loads(t.extractfile(t.next()).read())
+        names = {m.name.encode("utf-8", "surrogateescape") for m in t.getmembers()}
+    by_bytes = {base64.b64decode(k): v for k, v in manifest["files_b64"].items()}
+    assert b"fs/workspace/d\xfe/f\xe9" in by_bytes and b"fs/workspace/d\xfe/f\xe9" in names
+    assert base64.b64decode(by_bytes[b"fs/workspace/l\xff"]["target_b64"]) == b"d\xfe/f\xe9"
+    assert "fs/workspace/café" in manifest["files"] and not any(b"caf\xc3\xa9" in k for k in by_bytes)

@@ -8,6 +8,7 @@ Controls: the extraction attacks (a symlink written earlier in the archive, a bo
 working against a plain `tarfile.extractall` without filters, the naive extraction the old code
 matched; the signature attacks against a box started with --allow-unsigned (the defence off),
 which accepts the archive but restores it cold only."""
+import base64
 import concurrent.futures
 import hashlib
 import io
@@ -247,6 +248,26 @@ def test_paths_leaving_the_tree_are_refused(tmp_path, name, entries, reason):
         r = sbx_import(box, path)
         assert r.returncode != 0 and reason in r.stderr, r.stderr
         assert not (box.state / "escaped").exists() and not pathlib.Path("/tmp/sbx-escaped").exists()
+
+
+def test_a_refusal_naming_bytes_that_are_not_utf8_reaches_the_client_as_text(tmp_path):
+    """The manifest lists a path by its bytes (files_b64); a refusal quotes it. Before, the reply
+    carried the raw byte and every client's parser refused the frame (sdk/cpp closes with 1007):
+    the error never reached the user. Now it has U+FFFD for the byte (base::json_text), and the
+    journal stays UTF-8 (read_events decodes it strictly)."""
+    attacker = keypair(tmp_path / "attacker.pem")
+    name = b"fs/\xff/../../escaped"
+    m = manifest_of([("fs", "dir", None)])
+    m["files_b64"] = {base64.b64encode(name).decode(): {"type": "file", "size": 1, "sha256": sha256(b"x")}}
+    path = archive(tmp_path, [("fs", "dir", None), (name.decode("utf-8", "surrogateescape"), "file", b"x")],
+                   key=attacker, manifest=m)
+    with start(tmp_path, "box", "--trust-key", str(attacker[0].with_suffix(".pub"))) as box:
+        r = sbx_import(box, path)
+        assert r.returncode != 0, r.stdout
+        assert "the archive's manifest lists an unsafe path: fs/\ufffd/../../escaped" in r.stderr, r.stderr
+        assert sbx_import(box, archive(tmp_path, [("fs", "dir", None)], key=attacker, name="ok.tar.zst")).returncode == 0
+        box.read_events()
+        assert not (box.state / "escaped").exists()
 
 
 def test_a_hard_link_entry_is_refused(tmp_path):

@@ -57,10 +57,13 @@ TEST_CASE("utf8: lossy text replaces each bad byte with U+FFFD and keeps the res
 }
 
 TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhere in a string") {
+  // Of a string that is UTF-8, what boost writes; of one that is not, what boost writes of its
+  // utf8_lossy text (U+FFFD for each byte that stops it).
   auto same = [](const boost::json::value& v) {
     std::string out = "prefix";
     base::json_append(out, v);
-    CHECK(out == "prefix" + boost::json::serialize(v));
+    CHECK(out ==
+          "prefix" + boost::json::serialize(v.is_string() ? boost::json::value(base::utf8_lossy(v.get_string())) : v));
   };
   // Every byte value, alone and at every offset of a run longer than a vector block: the byte
   // after an escape is where boost's serializer and a block scan could disagree.
@@ -82,6 +85,24 @@ TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhe
   std::string out;
   base::json_append(out, ev);
   CHECK(out == boost::json::serialize(ev));
+}
+
+TEST_CASE("json_append's text is UTF-8 whatever bytes its strings hold; boost's is not (the control)") {
+  std::string name = "fs/tmp/caf\xe9/\xff\xfe\n\xe2\x82";  // Latin-1, stray bytes, a cut-short sequence
+  boost::json::object reply{{"ok", false}, {"error", {{"message", "write " + name + ": no"}}}, {"k", "\xc3\xa9"}};
+  std::string ours = base::json_text(reply);
+  CHECK(base::utf8_valid_prefix(ours) == ours.size());
+  boost::system::error_code ec;
+  auto back = boost::json::parse(ours, ec);
+  REQUIRE(!ec);
+  CHECK(back.at("error").at("message").as_string() ==
+        "write fs/tmp/caf\xEF\xBF\xBD/\xEF\xBF\xBD\xEF\xBF\xBD\n"
+        "\xEF\xBF\xBD\xEF\xBF\xBD: no");
+  CHECK(back.at("k").as_string() == "\xc3\xa9");  // valid text kept as it is
+  std::string theirs = boost::json::serialize(reply);
+  CHECK(base::utf8_valid_prefix(theirs) < theirs.size());
+  boost::json::parse(theirs, ec);
+  CHECK(ec);  // a strict parser, as every client's, refuses it
 }
 
 TEST_CASE("base64: round trip of every byte value") {
