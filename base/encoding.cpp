@@ -121,7 +121,8 @@ namespace {
 // 0x7f, not '/', and bytes past 0x7f as they are).
 bool needs_escape(unsigned char c) { return c < 0x20 || c == '"' || c == '\\'; }
 
-// The first byte in [p, end) that needs an escape, or end.
+// The first byte in [p, end) that needs an escape, or with `high` one past 0x7f, or end.
+template <bool high>
 const char* find_escape(const char* p, const char* end) {
 #ifdef __SSE2__
   const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), ctl = _mm_set1_epi8(0x1f);
@@ -129,11 +130,14 @@ const char* find_escape(const char* p, const char* end) {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
                                _mm_cmpeq_epi8(_mm_min_epu8(v, ctl), v));  // v <= 0x1f, unsigned
-    if (int m = _mm_movemask_epi8(hit); m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
+    int m = _mm_movemask_epi8(hit);
+    if constexpr (high) m |= _mm_movemask_epi8(v);  // the bytes' own high bits
+    if (m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
     p += 16;
   }
 #endif
-  while (p < end && !needs_escape(static_cast<unsigned char>(*p))) ++p;
+  while (p < end && !needs_escape(static_cast<unsigned char>(*p)) && (!high || static_cast<unsigned char>(*p) < 0x80))
+    ++p;
   return p;
 }
 
@@ -158,35 +162,49 @@ char short_escape(unsigned char c) {
   }
 }
 
-void append_escaped(std::string& out, std::string_view s) {
+// Appends the escape of c, a byte below 0x20, '"' or '\\'.
+void append_escape(std::string& out, unsigned char c) {
   static constexpr char kHex[] = "0123456789abcdef";
+  char two = short_escape(c);
+  if (two) {
+    out.push_back('\\');
+    out.push_back(two);
+  } else {
+    const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+    out.append(u, 6);
+  }
+}
+
+// Appends `s` escaped, `high`: stopping at the first byte past 0x7f, whose offset it returns
+// (s.size() when there is none).
+template <bool high>
+size_t append_escaped(std::string& out, std::string_view s) {
   const char *p = s.data(), *end = p + s.size();
   while (p < end) {
-    const char* q = find_escape(p, end);
+    const char* q = find_escape<high>(p, end);
     out.append(p, static_cast<size_t>(q - p));
     if (q == end) break;
     auto c = static_cast<unsigned char>(*q);
-    char two = short_escape(c);
-    if (two) {
-      out.push_back('\\');
-      out.push_back(two);
-    } else {
-      const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
-      out.append(u, 6);
-    }
+    if constexpr (high)
+      if (c >= 0x80) return static_cast<size_t>(q - s.data());
+    append_escape(out, c);
     p = q + 1;
   }
+  return s.size();
 }
 
 void append_string(std::string& out, std::string_view s) {
   // Room for the string and a few escapes: a line of output grows once, not at every escape.
   out.reserve(out.size() + s.size() + s.size() / 16 + 8);
   out.push_back('"');
-  for (;;) {
+  // ASCII, the common case, in the one scan the escapes need; from the first byte past 0x7f,
+  // valid runs escaped and each byte that stops one written as U+FFFD, as utf8_lossy.
+  s.remove_prefix(append_escaped<true>(out, s));
+  while (!s.empty()) {
     size_t ok = utf8_valid_prefix(s);
-    append_escaped(out, s.substr(0, ok));
+    append_escaped<false>(out, s.substr(0, ok));
     if (ok == s.size()) break;
-    out.append("\xEF\xBF\xBD");  // U+FFFD for the one byte that stopped it, as utf8_lossy
+    out.append("\xEF\xBF\xBD");
     s.remove_prefix(ok + 1);
   }
   out.push_back('"');
