@@ -631,14 +631,30 @@ def test_the_files_panel_acts_on_a_name_that_is_not_utf8_by_its_bytes_and_shows_
         page.click('[data-testid="file-bad\ufffdname"]')
         page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.textContent === 'latin bytes\\n'",
                                timeout=10_000)
-        # A directory so named opens once renamed; it is renamed by its bytes.
-        page.click('[data-testid="file-dir\ufffd"]')
-        page.wait_for_function("() => document.querySelector('[data-testid=file-view]')?.classList.contains('error')", timeout=10_000)
-        assert "rename it to open it" in page.inner_text('[data-testid="file-view"]')
+        # A directory so named opens by its bytes (its path shown with U+FFFD): a new folder and
+        # a rename in it, by its bytes too; ".." goes back. Before, it opened only once renamed.
+        os.mkdir(ws + b"/dir\xfe/sub")
+        page.click('[data-testid="file-dir\ufffd/"]')
+        page.wait_for_selector('[data-testid="file-sub/"]', timeout=10_000)
+        assert page.input_value('[data-testid="files-path"]') == "/workspace/dir\ufffd"
+        page.once("dialog", lambda d: d.accept("made-here"))
+        page.click('[data-testid="files-mkdir"]')
+        page.wait_for_selector('[data-testid="file-made-here/"]', timeout=10_000)
+        assert os.path.isdir(ws + b"/dir\xfe/made-here")
+        page.once("dialog", lambda d: d.accept("sub2"))
+        page.click('[data-testid="rename-sub/"]')
+        page.wait_for_selector('[data-testid="file-sub2/"]', timeout=10_000)
+        assert os.path.isdir(ws + b"/dir\xfe/sub2")
+        # "list" lists it again (the field still shows it); ".." goes back.
+        page.click('[data-testid="files-go"]')
+        page.wait_for_selector('[data-testid="file-sub2/"]', timeout=10_000)
+        page.click('[data-testid="file-.."]')
+        page.wait_for_selector('[data-testid="file-ready"]', timeout=10_000)
+        assert page.input_value('[data-testid="files-path"]') == "/workspace"
         page.once("dialog", lambda d: d.accept("dir-fixed"))
-        page.click('[data-testid="rename-dir\ufffd"]')
+        page.click('[data-testid="rename-dir\ufffd/"]')
         page.wait_for_selector('[data-testid="file-dir-fixed/"]', timeout=10_000)
-        assert os.path.isdir(ws + b"/dir-fixed") and not os.path.lexists(ws + b"/dir\xfe")
+        assert os.path.isdir(ws + b"/dir-fixed/sub2") and not os.path.lexists(ws + b"/dir\xfe")
         # Deleted by its bytes, once confirmed; the file beside it (the control) stays.
         page.once("dialog", lambda d: d.accept())
         page.click('[data-testid="delete-bad\ufffdname"]')

@@ -2,7 +2,8 @@
 // files uploaded into the directory listed (fs.write), a new directory in it (fs.mkdir), an entry
 // renamed or moved (fs.rename; replacing what is there only once the user confirms) and an entry
 // deleted once the user confirms (fs.remove; a directory with what it holds), through the page
-// server. A name that is not UTF-8 is named by its bytes (path_b64).
+// server. A name that is not UTF-8 is named by its bytes (path_b64): a path here is text, or the
+// bytes of one that is not UTF-8 (a Uint8Array, which the SDK sends as path_b64).
 import { bytes, el } from "./util.js";
 
 /** How much of a file the panel shows. */
@@ -15,15 +16,38 @@ const UPLOAD_CHUNK = 256 << 10;
 /** Whether `name` names an entry in a directory: no "/", not . or .. */
 const entryName = (name) => !name.includes("/") && name !== "." && name !== "..";
 
-/** The bytes of the path of the entry in `dir` whose name is not UTF-8 (its bytes in `b64`, the
- * entry's name_b64): the SDK sends such a path as its bytes (path_b64). */
-function rawPath(dir, b64) {
-  const head = new TextEncoder().encode(`${dir === "/" ? "" : dir}/`);
-  const name = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-  const out = new Uint8Array(head.length + name.length);
+const utf8 = new TextEncoder();
+/** A path's bytes. */
+const bytesOf = (p) => (typeof p === "string" ? utf8.encode(p) : p);
+/** A path as text: bytes that are not UTF-8 with U+FFFD for each bad byte (what the page shows). */
+const textOf = (p) => (typeof p === "string" ? p : new TextDecoder().decode(p));
+/** Bytes as a path: text where they are UTF-8, else the bytes themselves. */
+function pathOf(b) {
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(b);
+  } catch {
+    return b;
+  }
+}
+
+/** The path of `name` (text, or the bytes of an entry's name_b64) in the directory `dir`. */
+function join(dir, name) {
+  if (typeof dir === "string" && typeof name === "string") return `${dir === "/" ? "" : dir}/${name}`;
+  const d = bytesOf(dir);
+  const head = d.length === 1 && d[0] === 0x2f ? new Uint8Array() : d;
+  const tail = bytesOf(name);
+  const out = new Uint8Array(head.length + 1 + tail.length);
   out.set(head);
-  out.set(name, head.length);
+  out[head.length] = 0x2f;
+  out.set(tail, head.length + 1);
   return out;
+}
+
+/** The directory holding `path` (not "/"), or null for "/". */
+function parentOf(path) {
+  if (typeof path === "string") return path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
+  const slash = path.lastIndexOf(0x2f);
+  return slash <= 0 ? "/" : pathOf(path.slice(0, slash));
 }
 
 export class Files {
@@ -33,8 +57,8 @@ export class Files {
     this.path = el("input", { value: "/workspace", "data-testid": "files-path", size: 22 });
     this.list = el("ul", { class: "files", "data-testid": "files-list" });
     this.view = el("pre", { class: "file-view", "data-testid": "file-view" });
-    const go = el("button", { "data-testid": "files-go", onclick: () => this.open(this.path.value), ...(liveBox ? {} : { disabled: "" }) }, "list");
-    this.path.addEventListener("keydown", (e) => e.key === "Enter" && liveBox && this.open(this.path.value));
+    const go = el("button", { "data-testid": "files-go", onclick: () => this.open(this.dir()), ...(liveBox ? {} : { disabled: "" }) }, "list");
+    this.path.addEventListener("keydown", (e) => e.key === "Enter" && liveBox && this.open(this.dir()));
     this.upload = el("input", { type: "file", multiple: "", "data-testid": "files-upload", title: "upload into the directory listed", ...(liveBox ? {} : { disabled: "" }) });
     this.upload.addEventListener("change", () => this.send([...this.upload.files]));
     this.liveBox = liveBox;
@@ -42,31 +66,33 @@ export class Files {
     root.append(liveBox ? "" : el("div", { class: "note" }, "read-only: a journal has no files"), el("div", { class: "row" }, this.path, go, mkdir, this.upload), this.list, this.view);
   }
 
-  /** The directory listed, without a trailing slash ("/" for the root). */
+  /** The directory listed, without a trailing slash ("/" for the root): its bytes where its name
+   * is not UTF-8 and the path field still shows it. */
   dir() {
+    if (this.rawDir && this.path.value === textOf(this.rawDir)) return this.rawDir;
     return this.path.value.replace(/\/+$/, "") || "/";
   }
 
   /** A directory named by the user (a prompt) in the directory listed, then lists it again. */
   async mkdir() {
     const dir = this.dir();
-    const name = window.prompt(`new folder in ${dir}:`);
+    const name = window.prompt(`new folder in ${textOf(dir)}:`);
     if (name === null || name === "") return;
     if (!entryName(name))
       return this.error(new Error(`${JSON.stringify(name)}: a folder's name, without "/" (not . or ..)`));
-    const path = `${dir === "/" ? "" : dir}/${name}`;
+    const path = join(dir, name);
     try {
       await this.box.fs.mkdir(path, { branch: this.branch() });
     } catch (e) {
       return this.error(e);
     }
     await this.open(dir);
-    this.view.textContent = `made ${path}/`;
+    this.view.textContent = `made ${textOf(path)}/`;
   }
 
   /** Deletes `path` (a directory with everything in it) once the user confirms, then lists again.
-   * `shown`: the path as text, where `path` is bytes (rawPath). */
-  async remove(path, isDir, shown = path) {
+   * `shown`: the path as text. */
+  async remove(path, isDir, shown = textOf(path)) {
     if (!window.confirm(`delete ${shown}${isDir ? "/ and everything in it" : ""}?`)) return;
     const dir = this.dir();
     try {
@@ -80,20 +106,20 @@ export class Files {
 
   /** Renames `path` to a name in the directory listed, or moves it to a path from "/" (within its
    * root, /workspace or /tmp), then lists again. What is already there is replaced only once the
-   * user confirms. `shown`: the path as text, where `path` is bytes (rawPath). */
-  async rename(path, shown = path) {
+   * user confirms. `shown`: the path as text. */
+  async rename(path, shown = textOf(path)) {
     const dir = this.dir();
     const old = shown.slice(shown.lastIndexOf("/") + 1);
     const answer = window.prompt(`rename ${shown} to (a name, or a path from /):`, old);
     if (answer === null || answer === "" || answer === old) return;
     if (!answer.startsWith("/") && !entryName(answer))
       return this.error(new Error(`${JSON.stringify(answer)}: a name without "/" (not . or ..), or a path from /`));
-    const to = answer.startsWith("/") ? answer : `${dir === "/" ? "" : dir}/${answer}`;
+    const to = answer.startsWith("/") ? answer : join(dir, answer);
     const opts = { branch: this.branch() };
     try {
       await this.box.fs.rename(path, to, opts);
     } catch (e) {
-      if (e.code !== "exists" || !window.confirm(`${to} exists: replace it with ${shown}?`)) return this.error(e);
+      if (e.code !== "exists" || !window.confirm(`${textOf(to)} exists: replace it with ${shown}?`)) return this.error(e);
       try {
         await this.box.fs.rename(path, to, { ...opts, replace: true });
       } catch (e2) {
@@ -101,7 +127,7 @@ export class Files {
       }
     }
     await this.open(dir);
-    this.view.textContent = `renamed ${shown} to ${to}`;
+    this.view.textContent = `renamed ${shown} to ${textOf(to)}`;
   }
 
   /** Uploads `files` into the directory listed (the one in the path field), then lists it again. */
@@ -110,17 +136,18 @@ export class Files {
     const done = [];
     this.upload.value = "";
     for (const f of files) {
-      const path = `${dir === "/" ? "" : dir}/${f.name}`;
+      const path = join(dir, f.name);
+      const shown = textOf(path);
       if (f.size > UPLOAD_MAX)
-        return this.error(new Error(`${path}: ${bytes(f.size)}, more than the page uploads (${bytes(UPLOAD_MAX)}): use sandboxer cp`));
+        return this.error(new Error(`${shown}: ${bytes(f.size)}, more than the page uploads (${bytes(UPLOAD_MAX)}): use sandboxer cp`));
       this.view.className = "file-view";
-      this.view.textContent = `${path}: uploading ${bytes(f.size)}…`;
+      this.view.textContent = `${shown}: uploading ${bytes(f.size)}…`;
       try {
         await this.box.fs.write(path, new Uint8Array(await f.arrayBuffer()), { branch: this.branch(), chunkSize: UPLOAD_CHUNK });
       } catch (e) {
         return this.error(e);
       }
-      done.push(`${path} (${bytes(f.size)})`);
+      done.push(`${shown} (${bytes(f.size)})`);
     }
     await this.open(dir);
     this.view.textContent = `uploaded ${done.join(", ")}`;
@@ -130,10 +157,12 @@ export class Files {
     return this.branchOf() || undefined;
   }
 
-  /** Lists `path`: directories first, each a link into it; files open in the view. */
+  /** Lists `path` (text, or bytes where it is not UTF-8): directories first, each a link into it;
+   * files open in the view. */
   async open(path) {
-    path = path.replace(/\/+$/, "") || "/";
-    this.path.value = path;
+    if (typeof path === "string") path = path.replace(/\/+$/, "") || "/";
+    this.rawDir = typeof path === "string" ? null : path;
+    this.path.value = textOf(path);
     this.view.textContent = "";
     this.view.className = "file-view";
     let entries;
@@ -150,22 +179,20 @@ export class Files {
           el("button", { class: "file-rename", title: "rename or move", "data-testid": `rename-${label}`, onclick: () => this.rename(full, shown) }, "✎"),
           el("button", { class: "file-delete", title: "delete", "data-testid": `delete-${label}`, onclick: () => this.remove(full, isDir, shown) }, "✕"),
         ] : []));
-    const parent = path === "/" ? null : path.slice(0, path.lastIndexOf("/")) || "/";
+    const parent = parentOf(path);
     this.list.replaceChildren(
       ...(parent ? [item("..", "dir", () => this.open(parent))] : []),
       ...entries.map((e) => {
         // A name that is not UTF-8 (its bytes in name_b64) is shown with U+FFFD in place of each
-        // bad byte and named by its bytes: read, renamed, deleted; a directory opens once renamed
-        // (the path field holds text).
+        // bad byte and named by its bytes: opened, read, renamed, deleted.
         if (e.name_b64) {
-          const raw = rawPath(path, e.name_b64);
-          const shown = `${path === "/" ? "" : path}/${e.name}`;
+          const raw = join(path, Uint8Array.from(atob(e.name_b64), (c) => c.charCodeAt(0)));
+          const shown = textOf(raw);
           const isDir = e.type === "dir";
-          const fn = isDir ? () => this.error(new Error(`${shown}/: its name is not UTF-8: rename it to open it`))
-            : () => this.show(raw, e.type === "file" ? e.size : undefined, shown);
-          return item(e.name, "unnamed", fn, " name not UTF-8", raw, isDir, shown);
+          const fn = isDir ? () => this.open(raw) : () => this.show(raw, e.type === "file" ? e.size : undefined, shown);
+          return item(isDir ? `${e.name}/` : e.name, "unnamed", fn, " name not UTF-8", raw, isDir, shown);
         }
-        const full = `${path === "/" ? "" : path}/${e.name}`;
+        const full = join(path, e.name);
         const isDir = e.type === "dir";
         if (isDir) return item(`${e.name}/`, "dir", () => this.open(full), "", full, true);
         // A symlink says where it points; opened, it shows what it names (inside the root).
@@ -176,8 +203,8 @@ export class Files {
   }
 
   /** The first VIEW_MAX bytes of `path` as text, or what it is when it is not text. `shown`: the
-   * path as text, where `path` is bytes (rawPath). */
-  async show(path, size, shown = path) {
+   * path as text. */
+  async show(path, size, shown = textOf(path)) {
     this.view.className = "file-view";
     this.view.textContent = `${shown}: reading…`;
     let data;
