@@ -183,7 +183,14 @@ class JsonCheck {
     bool on_comment_part(sv, ec&) { return true; }
     bool on_comment(sv, ec&) { return true; }
   };
-  boost::json::basic_parser<Keep_nothing> parser_{boost::json::parse_options()};
+  // A line with a byte that is not UTF-8 is kept (an older sandboxer wrote such bytes into
+  // messages); Journal::read gives it as text.
+  static boost::json::parse_options options() {
+    boost::json::parse_options o;
+    o.allow_invalid_utf8 = true;
+    return o;
+  }
+  boost::json::basic_parser<Keep_nothing> parser_{options()};
 };
 
 // Where the last zstd frame of the .zst segment at `path` starts: frames end at line ends
@@ -789,6 +796,10 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
             auto s = line_seq(l);
             if (!s || *s <= since) return true;
             if (pos) *pos = ReadPos{segs[i].first, end, z};
+            // A line an older sandboxer wrote with a byte that is not UTF-8 (a name a message
+            // quoted; base::json_append writes none): as text, which every client's parser
+            // needs. Its bytes outside strings are JSON's own, all ASCII.
+            if (base::utf8_valid_prefix(l) != l.size()) return fn(*s, base::utf8_lossy(l));
             return fn(*s, l);
           },
           from);

@@ -107,3 +107,26 @@ def test_sigkill_mid_stream_keeps_everything_written(tmp_path):
     assert_seq_complete(after)
     assert after[len(events)]["type"] in ("journal.recovered", "box.started")
     assert all(e["box"] == events[0]["box"] for e in after)
+
+
+def test_a_line_an_older_version_wrote_with_bytes_that_are_not_utf8_is_kept_and_read_as_text(tmp_path):
+    # Before base::json_append wrote U+FFFD for such a byte, a message quoting a name the agent
+    # chose (a checkpoint's failure) went into the journal as it was: the next start's recovery
+    # dropped the line (a gap), and a reader that got it could not parse it.
+    s = tmp_path / "s"
+    assert run_init(["--", "true"], s).returncode == 0
+    events = read_journal(s)
+    last, box = events[-1]["seq"], events[0]["box"]
+    seg = sorted((s / "journal").glob("*.jsonl"))[-1]
+    with open(seg, "ab") as f:
+        f.write(b'{"seq":%d,"ts":"2026-12-01T00:00:00.000000Z","type":"checkpoint.failed","box":"%s",'
+                b'"error":{"code":"io","message":"write fs/tmp/caf\xe9: no"},"branch":"main"}\n'
+                % (last + 1, box.encode()))
+    # The box again in the same state dir: its segment changed since its clean end, so every line
+    # is checked; this one is kept, and the new events follow it.
+    assert run_init(["--", "true"], s).returncode == 0
+    events = read_journal(s)
+    assert_seq_complete(events)
+    old = [e for e in events if e["seq"] == last + 1]
+    assert old and old[0].get("error", {}).get("message") == "write fs/tmp/caf\ufffd: no", old
+    assert events[-1]["seq"] > last + 1 and events[-1]["type"] == "proc.exited"
