@@ -345,9 +345,36 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
   });
 }
 
+namespace {
+
+// What a copy reads of the manifest beside its files (restore_copy), checked before any copy
+// starts: the branch it came from, and the agent's command (a cold copy runs it again) and working
+// directory. An archive has them when a box made it; one a client wrote (accepted unsigned under
+// --allow-unsigned) may not. The reason, or nullopt.
+std::optional<std::string> copy_fields_wrong(const json::object& m) {
+  if (auto* b = m.if_contains("branch"); !b || !b->is_string()) return "its manifest has no branch (a string)";
+  auto* agent = m.if_contains("agent");
+  if (!agent || !agent->is_object()) return "its manifest has no agent (an object: the agent's argv and cwd)";
+  try {
+    (void)base::get_bytes_list(agent->as_object(), "argv");
+    if (!base::get_bytes_field(agent->as_object(), "cwd")) return "its manifest has no agent.cwd";
+  } catch (const std::exception& e) {
+    return std::string("its manifest's agent.") + e.what();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 // A restore whose snapshot is at hand (op->src, op->manifest): checked against this host, then
 // its copies started.
 void Checkpointer::begin_restore(std::shared_ptr<RestoreOp> op) {
+  if (auto why = copy_fields_wrong(op->manifest)) {
+    host_.emit("main", {{"type", "restore.failed"}, {"snapshot", op->snapshot_id()}, {"error", *why}});
+    if (op->counted) copies_starting_ -= op->n;
+    op->done(error_reply("bad_snapshot", "restore refused: " + *why));
+    return op_done();
+  }
   std::string mode(op->manifest.contains("mode") && op->manifest.at("mode").is_string()
                        ? op->manifest.at("mode").as_string()
                        : "fs");

@@ -463,6 +463,34 @@ def test_control_allow_unsigned_accepts_it_but_restores_cold_only(tmp_path, real
         assert not list((box.state / "branches").glob("*/.criu/restore.log"))
 
 
+@pytest.mark.parametrize("agent,reason", [
+    (None, "its manifest has no agent (an object: the agent's argv and cwd)"),
+    ("x", "its manifest has no agent (an object: the agent's argv and cwd)"),
+    ({"argv_b64": 5, "cwd": "/workspace"}, "its manifest's agent.argv_b64: expected an array of strings"),
+    ({"argv": ["true"], "cwd_b64": "%%"}, "its manifest's agent.cwd_b64: not valid base64"),
+    ({"argv": ["true"]}, "its manifest has no agent.cwd"),
+], ids=["none", "not-an-object", "argv_b64", "cwd_b64", "no-cwd"])
+def test_a_restore_of_an_archive_whose_manifest_lacks_the_agent_is_refused_naming_it(tmp_path, agent, reason):
+    # Accepted unsigned (--allow-unsigned: a cold restore runs the manifest's command): before, the
+    # restore failed inside with "out of range (internal)" or "not an object (internal)".
+    m = manifest_of([("fs", "dir", None)])
+    if agent is None:
+        del m["agent"]
+    else:
+        m["agent"] = agent
+    path = archive(tmp_path, [("fs", "dir", None)], manifest=m)
+    with start(tmp_path, "box", "--allow-unsigned") as box:
+        r = sbx_import(box, path)
+        assert r.returncode == 0, r.stderr
+        snap = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])["snapshot"]
+        r = subprocess.run([str(CLI), "restore", box.url, snap, "--token-file", str(box.token_file)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"restore refused: {reason} (bad_snapshot)" in r.stderr, r.stderr
+        failed = wait_for(lambda: events(box, "restore.failed"))
+        assert failed and failed[0]["error"] == reason, failed
+        assert box.alive() and sorted(p.name for p in (box.state / "branches").iterdir()) == ["main"]
+
+
 # ---- (d) the flows that must keep working ----
 
 def test_an_archive_is_named_by_its_manifests_hash_and_a_format_2_one_by_its_files(tmp_path):
