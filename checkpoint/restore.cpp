@@ -348,11 +348,13 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
 namespace {
 
 // What a copy reads of the manifest beside its files (restore_copy), checked before any copy
-// starts: the branch it came from, and the agent's command (a cold copy runs it again) and working
-// directory. An archive has them when a box made it; one a client wrote (accepted unsigned under
+// starts: the box and branch it came from (restore.done names them), and the agent's command (a cold copy runs it
+// again) and working directory. An archive has them when a box made it; one a client wrote (accepted unsigned under
 // --allow-unsigned) may not. The reason, or nullopt.
 std::optional<std::string> copy_fields_wrong(const json::object& m) {
-  if (auto* b = m.if_contains("branch"); !b || !b->is_string()) return "its manifest has no branch (a string)";
+  for (const char* k : {"box", "branch"})
+    if (auto* v = m.if_contains(k); !v || !v->is_string())
+      return std::string("its manifest has no ") + k + " (a string)";
   auto* agent = m.if_contains("agent");
   if (!agent || !agent->is_object()) return "its manifest has no agent (an object: the agent's argv and cwd)";
   try {

@@ -464,17 +464,20 @@ def test_control_allow_unsigned_accepts_it_but_restores_cold_only(tmp_path, real
 
 
 @pytest.mark.parametrize("agent,reason", [
+    ("no box", "its manifest has no box (a string)"),
     (None, "its manifest has no agent (an object: the agent's argv and cwd)"),
     ("x", "its manifest has no agent (an object: the agent's argv and cwd)"),
     ({"argv_b64": 5, "cwd": "/workspace"}, "its manifest's agent.argv_b64: expected an array of strings"),
     ({"argv": ["true"], "cwd_b64": "%%"}, "its manifest's agent.cwd_b64: not valid base64"),
     ({"argv": ["true"]}, "its manifest has no agent.cwd"),
-], ids=["none", "not-an-object", "argv_b64", "cwd_b64", "no-cwd"])
+], ids=["no-box", "none", "not-an-object", "argv_b64", "cwd_b64", "no-cwd"])
 def test_a_restore_of_an_archive_whose_manifest_lacks_the_agent_is_refused_naming_it(tmp_path, agent, reason):
     # Accepted unsigned (--allow-unsigned: a cold restore runs the manifest's command): before, the
     # restore failed inside with "out of range (internal)" or "not an object (internal)".
     m = manifest_of([("fs", "dir", None)])
-    if agent is None:
+    if agent == "no box":
+        del m["box"]
+    elif agent is None:
         del m["agent"]
     else:
         m["agent"] = agent
