@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,15 +13,24 @@
 
 namespace sbx::base {
 
+std::string rfc3339(int64_t sec, long nsec) {
+  // The civil date by arithmetic (<chrono>'s calendar): gmtime_r takes glibc's time zone lock at
+  // every call and reads /etc/localtime at the first (tzset), though UTC needs neither.
+  using namespace std::chrono;
+  sys_days day = floor<days>(sys_seconds{seconds{sec}});
+  year_month_day ymd{day};
+  int64_t in_day = sec - duration_cast<seconds>(day.time_since_epoch()).count();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02u-%02uT%02d:%02d:%02d.%06ldZ", static_cast<int>(ymd.year()),
+                static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), static_cast<int>(in_day / 3600),
+                static_cast<int>(in_day / 60 % 60), static_cast<int>(in_day % 60), nsec / 1000);
+  return buf;
+}
+
 std::string rfc3339_now() {
   struct timespec ts {};
   ::clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm {};
-  ::gmtime_r(&ts.tv_sec, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
-  return buf;
+  return rfc3339(ts.tv_sec, ts.tv_nsec);
 }
 
 namespace {

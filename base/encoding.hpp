@@ -11,6 +11,8 @@ namespace sbx::base {
 
 /// RFC 3339 UTC with microseconds: 2026-11-21T23:58:47.123456Z.
 std::string rfc3339_now();
+/// The same of a time since the epoch (seconds, nanoseconds).
+std::string rfc3339(int64_t sec, long nsec);
 
 /// Length of the longest prefix of `s` that is valid UTF-8 (RFC 3629: no overlongs, no
 /// surrogates, nothing above U+10FFFF).

@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "base/encoding.hpp"
@@ -158,6 +160,30 @@ TEST_CASE("events: timestamps are RFC 3339 with microseconds") {
   CHECK(ts.size() == 27);
   CHECK(ts[10] == 'T');
   CHECK(ts.back() == 'Z');
+}
+
+TEST_CASE("rfc3339: the civil date by arithmetic is gmtime_r's, every day from 1970 to 2200") {
+  auto by_gmtime = [](int64_t sec, long nsec) {
+    time_t t = static_cast<time_t>(sec);
+    struct tm tm {};
+    ::gmtime_r(&t, &tm);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                  tm.tm_hour, tm.tm_min, tm.tm_sec, nsec / 1000);
+    return std::string(buf);
+  };
+  int wrong = 0;
+  // Each day at a time of day that moves through the hours, minutes and seconds; leap days and
+  // century years (2100: not a leap year) among them.
+  for (int64_t day = 0; day < 84000; ++day) {
+    int64_t sec = day * 86400 + (day * 7919) % 86400;
+    long nsec = static_cast<long>((day * 104729) % 1000000000);
+    if (base::rfc3339(sec, nsec) != by_gmtime(sec, nsec)) ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(base::rfc3339(0, 0) == "1970-01-01T00:00:00.000000Z");
+  CHECK(base::rfc3339(951782400 + 86399, 999999999) == "2000-02-29T23:59:59.999999Z");
+  CHECK(base::rfc3339(4107542400, 1000) == "2100-03-01T00:00:00.000001Z");
 }
 
 TEST_CASE("write_line: the line and its newline, whole, into a pipe smaller than the line (--events -)") {
