@@ -605,6 +605,14 @@ def test_the_files_panel_lists_the_box_s_directories_and_shows_a_file(tmp_path, 
         assert "fs.list" in page.inner_text('[data-testid="file-view"]')
 
 
+def answered(page, answer, click, then):
+    """Clicks the button `click` (its data-testid), gives its dialog `answer`, and waits for the
+    entry `then` to be listed."""
+    page.once("dialog", lambda d: d.accept(answer))
+    page.click(f'[data-testid="{click}"]')
+    page.wait_for_selector(f'[data-testid="{then}"]', timeout=10_000)
+
+
 def test_the_files_panel_acts_on_a_name_that_is_not_utf8_by_its_bytes_and_shows_a_symlink_s_target(tmp_path, page):
     # The box once sent such a name as it was, in a text frame no client could read; then the page
     # listed it without actions (a request could not name it); now it names it by its bytes.
@@ -637,13 +645,9 @@ def test_the_files_panel_acts_on_a_name_that_is_not_utf8_by_its_bytes_and_shows_
         page.click('[data-testid="file-dir\ufffd/"]')
         page.wait_for_selector('[data-testid="file-sub/"]', timeout=10_000)
         assert page.input_value('[data-testid="files-path"]') == "/workspace/dir\ufffd"
-        page.once("dialog", lambda d: d.accept("made-here"))
-        page.click('[data-testid="files-mkdir"]')
-        page.wait_for_selector('[data-testid="file-made-here/"]', timeout=10_000)
+        answered(page, "made-here", "files-mkdir", "file-made-here/")
         assert os.path.isdir(ws + b"/dir\xfe/made-here")
-        page.once("dialog", lambda d: d.accept("sub2"))
-        page.click('[data-testid="rename-sub/"]')
-        page.wait_for_selector('[data-testid="file-sub2/"]', timeout=10_000)
+        answered(page, "sub2", "rename-sub/", "file-sub2/")
         assert os.path.isdir(ws + b"/dir\xfe/sub2")
         # "list" lists it again (the field still shows it); ".." goes back.
         page.click('[data-testid="files-go"]')
@@ -651,9 +655,7 @@ def test_the_files_panel_acts_on_a_name_that_is_not_utf8_by_its_bytes_and_shows_
         page.click('[data-testid="file-.."]')
         page.wait_for_selector('[data-testid="file-ready"]', timeout=10_000)
         assert page.input_value('[data-testid="files-path"]') == "/workspace"
-        page.once("dialog", lambda d: d.accept("dir-fixed"))
-        page.click('[data-testid="rename-dir\ufffd/"]')
-        page.wait_for_selector('[data-testid="file-dir-fixed/"]', timeout=10_000)
+        answered(page, "dir-fixed", "rename-dir\ufffd/", "file-dir-fixed/")
         assert os.path.isdir(ws + b"/dir-fixed/sub2") and not os.path.lexists(ws + b"/dir\xfe")
         # Deleted by its bytes, once confirmed; the file beside it (the control) stays.
         page.once("dialog", lambda d: d.accept())
