@@ -348,9 +348,9 @@ void Checkpointer::restore(const std::string& snapshot, int n, bool fork, Reply 
 namespace {
 
 // What a copy reads of the manifest beside its files (restore_copy), checked before any copy
-// starts: the box and branch it came from (restore.done names them), and the agent's command (a cold copy runs it
-// again) and working directory. An archive has them when a box made it; one a client wrote (accepted unsigned under
-// --allow-unsigned) may not. The reason, or nullopt.
+// starts: the box and branch it came from (restore.done names them), and the agent's command (a
+// cold copy runs it again) and working directory. An archive has them when a box made it; one a
+// client wrote (accepted unsigned under --allow-unsigned) may not. The reason, or nullopt.
 std::optional<std::string> copy_fields_wrong(const json::object& m) {
   for (const char* k : {"box", "branch"})
     if (auto* v = m.if_contains(k); !v || !v->is_string())

@@ -278,8 +278,8 @@ void NsInit::spawn_agent(const boost::json::object& cfg) {
 // to the supervisor with the report, named in its "passed" in their order, and we close ours.
 void NsInit::exec_proc(const boost::json::object& req) {
   std::string id(req.at("proc").as_string());
-  std::vector<std::string> argv = base::get_bytes_list(req, "argv").value_or(std::vector<std::string>{}),
-                           env = base_env_;
+  auto argv = base::get_bytes_list(req, "argv").value_or(std::vector<std::string>{});
+  std::vector<std::string> env = base_env_;
   for (auto& kv : base::get_bytes_list(req, "env").value_or(std::vector<std::string>{})) {
     std::string key = kv.substr(0, kv.find('='));
     std::erase_if(env, [&](const std::string& x) { return x.compare(0, key.size() + 1, key + "=") == 0; });
