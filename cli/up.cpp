@@ -7,8 +7,10 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "base/encoding.hpp"
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/tokens.hpp"
 #include "profile/agent-env.hpp"
 #include "shims/docker/docker.hpp"
@@ -63,6 +65,16 @@ int cmd_up(const std::vector<std::string>& args) {
       if (::access(f.c_str(), R_OK) != 0) a.fail(std::string(what) + " " + f + ": " + std::strerror(errno));
   o.argv = a.command();
   check_host(a.value_or("--host", ""));
+  // The container's command and environment go through docker's API, JSON text: a word that is
+  // not UTF-8 would reach the box with U+FFFD for its bytes. `sandboxer run` takes any bytes.
+  auto text_only = [](const std::string& what, const std::string& v) {
+    if (base::utf8_valid_prefix(v) != v.size())
+      throw UsageError(what + " \"" + printable(v) +
+                       "\" is not UTF-8: a box's command and environment reach "
+                       "docker as text (sandboxer run takes any bytes)");
+  };
+  for (size_t i = 0; i < o.argv.size(); ++i) text_only("CMD word " + std::to_string(i), o.argv[i]);
+  for (auto& kv : o.env) text_only("--env", kv);
   if (o.argv.empty()) throw UsageError(std::string("no command given (expected -- CMD...)\n") + kUpUsage);
   o.box_root = state_home() + "/docker";
   auto box = dk::up(o, std::cerr);

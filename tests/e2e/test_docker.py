@@ -301,6 +301,11 @@ def test_up_refuses_bad_input_with_a_clear_error(docker_env, image, tmp_path):
     assert r.returncode != 0 and "--host kubernetes" in r.stderr
     r = cli(docker_env, "up", "--host", "docker", "--image", "sandboxer/missing:1", "--", "true")
     assert r.returncode != 0 and "sandboxer/missing" in r.stderr
+    # A word docker's API would carry with U+FFFD for its bytes: refused before anything is made.
+    r = cli(docker_env, "up", "--host", "docker", "--image", image, "--", "echo", b"a\xffb")
+    assert r.returncode == 2 and 'CMD word 1 "a\\xffb" is not UTF-8' in r.stderr, r.stderr
+    r = cli(docker_env, "up", "--host", "docker", "--image", image, "--env", b"K=\xfe", "--", "true")
+    assert r.returncode == 2 and '--env "K=\\xfe" is not UTF-8' in r.stderr, r.stderr
     r = cli(docker_env, "down", "ws://127.0.0.1:1")
     assert r.returncode != 0 and "no box container" in r.stderr
     # This dockerd is this machine's: its boxes publish on loopback only, whatever is asked.
