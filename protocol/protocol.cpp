@@ -89,8 +89,6 @@ std::string need_path(const boost::json::object& o, std::string_view key) {
   return *p;
 }
 
-void put_path(boost::json::object& o, std::string_view key, std::string_view v) { base::put_bytes_field(o, key, v); }
-
 std::vector<std::string> need_path_list(const boost::json::object& o, std::string_view key) {
   std::string b64key = std::string(key) + "_b64";
   auto* b64 = o.if_contains(b64key);

@@ -49,12 +49,10 @@ std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view ke
 std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key);
 std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key);
 /// A path (or any name of bytes on disk): `key` as JSON text, or its bytes in `key`_b64 where
-/// they are not UTF-8 (as fs.list gives a name); one of the two, not both.
+/// they are not UTF-8 (as fs.list gives a name); one of the two, not both. A reply writes one
+/// with base::put_bytes_field.
 std::optional<std::string> opt_path(const boost::json::object& o, std::string_view key);
 std::string need_path(const boost::json::object& o, std::string_view key);
-/// Puts the bytes `v` into `o` as `key` when they are UTF-8, else as `key` with U+FFFD for each
-/// byte that is not and `key`_b64 with the bytes (the inverse of opt_path).
-void put_path(boost::json::object& o, std::string_view key, std::string_view v);
 /// A list of such names (exec's argv): `key`, an array of text, or `key`_b64, an array of each
 /// item's base64; one of the two.
 std::vector<std::string> need_path_list(const boost::json::object& o, std::string_view key);

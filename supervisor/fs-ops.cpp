@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/encoding.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -101,7 +102,7 @@ void add_target(boost::json::object& o, int dirfd, const char* name) {
   char buf[kMaxTarget + 1];
   ssize_t n = ::readlinkat(dirfd, name, buf, sizeof buf);
   if (n < 0 || static_cast<size_t>(n) > kMaxTarget) return;
-  protocol::put_path(o, "target", std::string_view(buf, static_cast<size_t>(n)));
+  base::put_bytes_field(o, "target", std::string_view(buf, static_cast<size_t>(n)));
 }
 
 const char* type_of(mode_t m) { return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other"; }
@@ -160,7 +161,7 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow) {
   struct stat st {};
   boost::json::object o;
-  protocol::put_path(o, "path", path);
+  base::put_bytes_field(o, "path", path);
   // Not followed: the entry itself, from its directory (a root, or a path ending in '/', is
   // followed as lstat(2) would).
   if (!follow && split(roots, path).second != "." && !path.ends_with('/')) {
@@ -189,7 +190,7 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
     struct stat st {};
     // A name is any bytes but '/' and NUL: one that is not UTF-8 has its bytes in name_b64.
     boost::json::object o;
-    protocol::put_path(o, "name", e->d_name);
+    base::put_bytes_field(o, "name", e->d_name);
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       o["type"] = type_of(st.st_mode);
       o["size"] = static_cast<uint64_t>(st.st_size);

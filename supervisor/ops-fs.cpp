@@ -67,7 +67,7 @@ void op_fs_write(OpContext& ctx) {
       throw RequestError("io_error", "write " + path + ": " + w.error().message());
     auto ok = ctx.ok();
     ok["size"] = inline_data->size();
-    protocol::put_path(ok, "path", path);
+    base::put_bytes_field(ok, "path", path);
     return ctx.reply(ok);
   }
   c.failed_uploads.erase(bid);

@@ -550,7 +550,7 @@ struct Server::Impl {
     if (h->last()) {
       auto reply = protocol::ok_reply(u.id);
       reply["size"] = u.end;
-      protocol::put_path(reply, "path", u.path);
+      base::put_bytes_field(reply, "path", u.path);
       c.uploads.erase(it);
       send(c, reply);
     }
