@@ -72,12 +72,19 @@ std::string need_string(const boost::json::object& o, std::string_view key) {
   return *s;
 }
 
-std::optional<std::string> opt_path(const boost::json::object& o, std::string_view key) {
+const boost::json::value* b64_twin(const boost::json::object& o, std::string_view key) {
   std::string b64key = std::string(key) + "_b64";
-  auto b64 = opt_string(o, b64key);
-  if (!b64) return opt_string(o, key);
+  auto* b64 = o.if_contains(b64key);
+  if (!b64 || b64->is_null()) return nullptr;
   if (auto* v = o.if_contains(key); v && !v->is_null())
     throw RequestError("bad_request", "fields " + std::string(key) + " and " + b64key + ": give one of them, not both");
+  return b64;
+}
+
+std::optional<std::string> opt_path(const boost::json::object& o, std::string_view key) {
+  if (!b64_twin(o, key)) return opt_string(o, key);
+  std::string b64key = std::string(key) + "_b64";
+  auto b64 = opt_string(o, b64key);
   std::string raw;
   if (!base::base64_decode(*b64, raw)) throw RequestError("bad_request", field(b64key) + "not valid base64");
   return raw;
@@ -90,11 +97,8 @@ std::string need_path(const boost::json::object& o, std::string_view key) {
 }
 
 std::vector<std::string> need_path_list(const boost::json::object& o, std::string_view key) {
+  if (!b64_twin(o, key)) return need_string_array(o, key);
   std::string b64key = std::string(key) + "_b64";
-  auto* b64 = o.if_contains(b64key);
-  if (!b64 || b64->is_null()) return need_string_array(o, key);
-  if (auto* v = o.if_contains(key); v && !v->is_null())
-    throw RequestError("bad_request", "fields " + std::string(key) + " and " + b64key + ": give one of them, not both");
   std::vector<std::string> out;
   for (auto& e : need_string_array(o, b64key)) {
     std::string raw;

@@ -48,6 +48,9 @@ std::string need_string(const boost::json::object& o, std::string_view key);
 std::optional<int64_t> opt_int(const boost::json::object& o, std::string_view key, int64_t min, int64_t max);
 std::optional<bool> opt_bool(const boost::json::object& o, std::string_view key);
 std::vector<std::string> need_string_array(const boost::json::object& o, std::string_view key);
+/// `key`_b64 where a request gives it (not null), else nullptr; a request giving both `key` and
+/// `key`_b64 is refused ("give one of them, not both").
+const boost::json::value* b64_twin(const boost::json::object& o, std::string_view key);
 /// A path (or any name of bytes on disk): `key` as JSON text, or its bytes in `key`_b64 where
 /// they are not UTF-8 (as fs.list gives a name); one of the two, not both. A reply writes one
 /// with base::put_bytes_field.

@@ -17,13 +17,10 @@ namespace {
 // exec's `env` (an object of strings) or `env_b64` (the same, each value's bytes in base64), one
 // of the two, as KEY=VALUE entries.
 std::vector<std::string> exec_env(const json::object& f) {
-  const auto* plain = f.if_contains("env");
-  const auto* b64 = f.if_contains("env_b64");
-  if (plain && plain->is_null()) plain = nullptr;
-  if (b64 && b64->is_null()) b64 = nullptr;
-  if (plain && b64) throw RequestError("bad_request", "fields env and env_b64: give one of them, not both");
+  const auto* b64 = protocol::b64_twin(f, "env");
   const char* name = b64 ? "env_b64" : "env";
-  const json::value* env = b64 ? b64 : plain;
+  const json::value* env = b64 ? b64 : f.if_contains("env");
+  if (env && env->is_null()) env = nullptr;
   std::vector<std::string> out;
   if (!env) return out;
   if (!env->is_object())
