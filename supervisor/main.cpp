@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
     std::cerr << "sandboxer-init: " << e.what() << "\n" << kInitUsage;
     return 125;
   }
+  // The agent's command came from there: the agent does not see it, even with --env-inherit.
+  if (!o.command_env.empty()) ::unsetenv(o.command_env.c_str());
   if (o.mode == InitOptions::NsInit) return sbx::sandbox::ns_init_main(o.flat);
   if (o.mode == InitOptions::Version) {
     std::cout << "sandboxer-init " << SBX_VERSION << "\n";

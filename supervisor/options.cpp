@@ -1,5 +1,6 @@
 #include "supervisor/options.hpp"
 
+#include <boost/json.hpp>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -26,6 +27,8 @@ const char* const kInitUsage =
     "  --tls-cert FILE, --tls-key FILE   serve wss:// (for listeners beyond loopback)\n"
     "  --metrics-interval D  cadence of metrics events (default: the profile's metrics.interval, 5s; 0 for none)\n"
     "  --idle                start with no command and wait (for exec, restore, fork)\n"
+    "  --command-env NAME    the command is the JSON array of strings in $NAME (for hosts whose\n"
+    "                        sandboxes share one entrypoint); NAME is removed from the environment\n"
     "  --restore FILE        start from a checkpoint archive instead of a command\n"
     "  --restore-index N     with --restore: which copy this box is (its identity's index; default 0)\n"
     "  --signing-key FILE    the Ed25519 private key (PEM) this box signs its archives with; masked\n"
@@ -40,6 +43,33 @@ const char* const kInitUsage =
     "  --health              exit 0 when this container's supervisor runs and its WebSocket API\n"
     "                        answers, else 1 (the image's HEALTHCHECK); PID 1 writes, and this\n"
     "                        reads, /run/sandboxer/init.json or $SANDBOXER_HEALTH_FILE\n";
+
+namespace {
+
+// The command in the environment variable `name` (--command-env): a JSON array of strings, the
+// program first. Errors name the variable and what is wrong with it.
+std::vector<std::string> command_from_env(const std::string& name) {
+  std::string what = "--command-env " + name + ": ";
+  const char* v = std::getenv(name.c_str());
+  if (!v) throw std::invalid_argument(what + name + " is not set");
+  boost::system::error_code ec;
+  auto j = boost::json::parse(v, ec);
+  if (ec) throw std::invalid_argument(what + name + " is not JSON (" + ec.message() + ")");
+  if (!j.is_array() || j.as_array().empty())
+    throw std::invalid_argument(what + "expected a JSON array of strings (the program and its arguments)");
+  std::vector<std::string> argv;
+  for (auto& w : j.as_array()) {
+    if (!w.is_string()) throw std::invalid_argument(what + "word " + std::to_string(argv.size()) + " is not a string");
+    std::string s(w.as_string());
+    if (s.find('\0') != std::string::npos)
+      throw std::invalid_argument(what + "word " + std::to_string(argv.size()) + " holds a NUL");
+    argv.push_back(std::move(s));
+  }
+  if (argv[0].empty()) throw std::invalid_argument(what + "the program's name is empty");
+  return argv;
+}
+
+}  // namespace
 
 InitOptions parse_init_options(int argc, char** argv) {
   InitOptions o;
@@ -92,6 +122,8 @@ InitOptions parse_init_options(int argc, char** argv) {
       o.metrics_interval = value(a);
     else if (a == "--idle")
       o.idle = true;
+    else if (a == "--command-env")
+      o.command_env = value(a);
     else if (a == "--restore")
       o.restore_file = value(a);
     else if (a == "--signing-key")
@@ -115,6 +147,13 @@ InitOptions parse_init_options(int argc, char** argv) {
       break;  // the command starts here
   }
   for (; i < argc; ++i) o.argv.emplace_back(argv[i]);
+  if (!o.command_env.empty() && o.mode == InitOptions::Run) {
+    if (!o.argv.empty()) throw std::invalid_argument("--command-env and a command after -- exclude each other");
+    if (o.idle || !o.restore_file.empty())
+      throw std::invalid_argument(std::string("--command-env and ") + (o.idle ? "--idle" : "--restore") +
+                                  " exclude each other");
+    o.argv = command_from_env(o.command_env);
+  }
   if (o.restore_index != 0 && o.restore_file.empty()) throw std::invalid_argument("--restore-index needs --restore");
   if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
     if (!o.argv.empty())

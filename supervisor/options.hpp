@@ -15,6 +15,10 @@ struct InitOptions {
   std::string workdir = "/workspace";
   std::string log_level = "info";
   std::vector<std::string> argv;
+  // --command-env NAME: argv came from the JSON array in the environment variable NAME (a host
+  // whose sandboxes share one entrypoint and take variables of their own: Daytona's). main()
+  // removes NAME from our environment before anything starts.
+  std::string command_env;
   // The agent's environment (agent-env.hpp): --env K=V (or K, from ours), --env-inherit.
   std::vector<std::string> env;
   bool env_inherit = false;

@@ -86,6 +86,36 @@ TEST_CASE("agent env: sandboxer-init's --env and --env-inherit") {
                        doctest::Contains("--env SANDBOXER_TOKEN=x"), std::invalid_argument);
 }
 
+TEST_CASE("init options: --command-env takes the command from a JSON array in the environment") {
+  auto parse = [](std::vector<const char*> args) {
+    args.insert(args.begin(), "sandboxer-init");
+    return supervisor::parse_init_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+  };
+  ::setenv("SBX_TEST_ARGV", R"j(["python3", "-c", "print('a b')", "", "caf\u00e9"])j", 1);
+  auto o = parse({"--listen", "127.0.0.1:0", "--command-env", "SBX_TEST_ARGV"});
+  CHECK(o.argv == std::vector<std::string>{"python3", "-c", "print('a b')", "", "caf\xc3\xa9"});
+  CHECK(o.command_env == "SBX_TEST_ARGV");
+  auto refused = [&](const char* value, const std::string& why, std::vector<const char*> more = {}) {
+    if (value)
+      ::setenv("SBX_TEST_ARGV", value, 1);
+    else
+      ::unsetenv("SBX_TEST_ARGV");
+    more.insert(more.begin(), {"--command-env", "SBX_TEST_ARGV"});
+    CHECK_THROWS_WITH_AS(parse(more), doctest::Contains(why.c_str()), std::invalid_argument);
+  };
+  refused(nullptr, "--command-env SBX_TEST_ARGV: SBX_TEST_ARGV is not set");
+  refused("python3 a.py", "SBX_TEST_ARGV is not JSON");
+  refused("[]", "expected a JSON array of strings");
+  refused(R"({"argv": ["a"]})", "expected a JSON array of strings");
+  refused(R"(["ls", 3])", "word 1 is not a string");
+  refused(R"(["ls", "a\u0000b"])", "word 1 holds a NUL");
+  refused(R"(["", "x"])", "the program's name is empty");
+  refused(R"(["\ud800"])", "SBX_TEST_ARGV is not JSON");  // a lone surrogate: no UTF-8 for it
+  refused(R"(["true"])", "exclude each other", {"--", "true"});
+  refused(R"(["true"])", "--command-env and --idle exclude each other", {"--idle"});
+  ::unsetenv("SBX_TEST_ARGV");
+}
+
 TEST_CASE("profile: env is an object of strings, merged by overrides") {
   profile::Profile p = parse_profile(R"({"env": {"A": "1", "B": "2"}})");
   CHECK(p.env.at("A") == "1");
