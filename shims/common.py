@@ -54,11 +54,13 @@ class ShimError(Exception):
 
 def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
               token_file: str | None = None, profile: str | None = None,
-              port: int = PORT, state_dir: str = STATE_DIR, sets: Sequence[str] = ()) -> list[str]:
+              port: int = PORT, state_dir: str = STATE_DIR, sets: Sequence[str] = (),
+              command_env: str | None = None) -> list[str]:
     """The command line of sandboxer-init inside the box: serve the WebSocket on PORT, and run
-    COMMAND, or restore a snapshot from the archive store, or wait idle for an `exec`."""
-    if command and restore:
-        raise ShimError("a box runs either a command or a restored snapshot, not both")
+    COMMAND, or the command each sandbox has in its variable `command_env` (a JSON array), or
+    restore a snapshot from the archive store, or wait idle (for a restore or fork)."""
+    if sum(map(bool, (command, restore, command_env))) > 1:
+        raise ShimError("a box runs a command, a command from its environment or a restored snapshot: one of them")
     argv = ["sandboxer-init", "--listen", f"0.0.0.0:{port}", "--state-dir", state_dir]
     if token_file:
         argv += ["--token-file", token_file]
@@ -69,6 +71,8 @@ def init_argv(*, command: Sequence[str] = (), restore: str | None = None,
     if restore:
         check_name("snapshot", restore)
         argv += ["--restore", f"{ARCHIVE_DIR}/{restore}"]
+    elif command_env:
+        argv += ["--command-env", command_env]
     elif not command:
         argv += ["--idle"]
     if command:
@@ -116,15 +120,33 @@ def box_parser(prog: str, description: str, box_options: Callable[[argparse.Argu
     return BoxParser(p, ops, parsers["up"], parsers["fork"])
 
 
-def check_box_args(opts, *, max_copies: int) -> None:
+def check_box_args(opts, *, max_copies: int, text_host: str | None) -> None:
     """What `up` and `fork` refuse in every shim, with the same words: no command for `up`; a
-    snapshot name outside check_name's subset, or -n outside 1..max_copies, for `fork`."""
+    snapshot name outside check_name's subset, or -n outside 1..max_copies, for `fork`; where the
+    host's API carries the agent's command as text (`text_host` names it), a word that is not
+    UTF-8."""
     if opts.op == "up" and not opts.command:
         raise ShimError("up: give the agent's command after --")
+    if text_host:
+        check_text_command(getattr(opts, "command", None) or [], text_host)
     if opts.op == "fork":
         check_name("snapshot", opts.snapshot)
         if not 1 <= opts.n <= max_copies:
             raise ShimError(f"fork: -n {opts.n}: between 1 and {max_copies}")
+
+
+def check_text_command(words: Sequence[str], host: str) -> None:
+    """A command word that is not UTF-8 (Python has its bytes surrogate-escaped) cannot cross an
+    API that takes text (Modal's, Kubernetes'): it would reach the box with U+FFFD for its bytes,
+    a different argument, or fail inside the host's SDK. Refused, naming the word, as `sandboxer
+    up` refuses one for docker; `sandboxer run` and Daytona's shim (an exec over the box API)
+    take any bytes."""
+    for i, w in enumerate(words):
+        try:
+            w.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ShimError(f"command word {i} {os.fsencode(w)!r} is not UTF-8: a box's command reaches "
+                            f"{host} as text (sandboxer run takes any bytes)") from None
 
 
 def check_name(what: str, name: str) -> str:

@@ -10,8 +10,11 @@ in shims/requirements.txt).
 secret holding the box token (mounted as the variable SANDBOXER_TOKEN, which sandboxer-init reads
 and removes from its environment), a Daytona snapshot of the image whose entrypoint is
 sandboxer-init waiting idle with its WebSocket on PORT, a sandbox from that snapshot, and the
-sandbox's preview URL for PORT. Daytona sandboxes take no per-sandbox command, so the agent's
-command goes to the supervisor as an `exec` over the WebSocket, like every other request.
+sandbox's preview URL for PORT. Daytona sandboxes take no per-sandbox command, but variables of
+their own: the snapshot's entrypoint is `sandboxer-init ... --command-env SANDBOXER_ARGV`, and each
+sandbox's SANDBOXER_ARGV holds its agent's command as a JSON array (sandboxer-init removes it from
+its environment), so one snapshot serves every command. A command word that is not UTF-8 is
+refused: Daytona's API carries text.
 
 Live checkpoint needs CAP_SYS_ADMIN and friends inside the sandbox: a `linux-vm` sandbox (its own
 kernel, root inside) can grant them, a `container` one may not. The shim does not guess: the
@@ -44,6 +47,9 @@ from .. import common
 from ..common import ARCHIVE_DIR, PORT, TOKEN_ENV, ShimError
 
 DEFAULT_API = "https://app.daytona.io/api"
+# The variable each sandbox of `up` holds its agent's command in (a JSON array): the snapshot's
+# entrypoint, one for every command, reads it with `sandboxer-init --command-env`.
+COMMAND_ENV = "SANDBOXER_ARGV"
 
 
 def _known_keys(model_cls) -> dict[str, str]:
@@ -176,7 +182,7 @@ def _snapshot_body(opts, name: str, entrypoint: list[str]) -> dict:
 
 
 def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels: dict,
-                      volume: bool = True) -> list[Request]:
+                      volume: bool = True, command: list[str] | None = None) -> list[Request]:
     n = _names(box)
     secret = Request("SecretApi.create_secret", "CreateSecret",
                      {"name": n["secret"], "value": token,
@@ -188,6 +194,8 @@ def _sandbox_requests(client, opts, box: str, snapshot: str, token: str, labels:
         "public": opts.public,
         "autoStopInterval": 0,
     })
+    if command:
+        sandbox.body["env"] = {COMMAND_ENV: json.dumps(command)}
     if volume:
         sandbox.body["volumes"] = [{"volumeId": opts.volume, "mountPath": ARCHIVE_DIR}]
     preview = Request("SandboxApi.get_port_preview_url", None, None)
@@ -204,12 +212,12 @@ def _snapshot_name(prefix: str, opts, entrypoint: list[str]) -> str:
 
 
 def plan_up(client, opts, box: str, token: str) -> list[Request]:
-    entry = common.init_argv(profile=opts.profile)
+    entry = common.init_argv(profile=opts.profile, command_env=COMMAND_ENV)
     snap = _snapshot_name(f"sandboxer-{opts.snapshot_tag}", opts, entry)
     reqs = [serialize(client, Request("VolumesApi.create_volume", "CreateVolume", {"name": opts.volume})),
             serialize(client, Request("SnapshotsApi.create_snapshot", "CreateSnapshot",
                                       _snapshot_body(opts, snap, entry)))]
-    return reqs + _sandbox_requests(client, opts, box, snap, token, {})
+    return reqs + _sandbox_requests(client, opts, box, snap, token, {}, command=opts.command)
 
 
 def plan_fork(client, opts, boxes: list[str], tokens: list[str]) -> list[Request]:
@@ -260,30 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     return bp.parser
 
 
-def _exec_over_ws(url: str, headers: dict, token: str, command: list[str]) -> None:
-    """Hands the agent's command to the idle supervisor, the one way the host talks to it."""
-    import asyncio
-    import websockets
-
-    async def go():
-        hdrs = {**headers, "Authorization": f"Bearer {token}"}
-        async with websockets.connect(url, subprotocols=["sandboxer.v1"],
-                                      extra_headers=hdrs) as ws:
-            await ws.send(json.dumps({"id": 1, "op": "exec", "proc": "agent", "argv": command}))
-            while True:
-                msg = json.loads(await ws.recv())
-                if msg.get("id") == 1:
-                    if not msg.get("ok"):
-                        raise ShimError(f"exec: {msg.get('error')}")
-                    return
-    asyncio.run(go())
-
-
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     try:
         if opts.op != "down":
-            common.check_box_args(opts, max_copies=64)
+            common.check_box_args(opts, max_copies=64, text_host="Daytona")
         if opts.op == "fork" and opts.source:
             common.check_source_url(opts.source)
             if not opts.public:
@@ -368,8 +357,6 @@ def _live(opts, reqs: list[Request], boxes: list[str], tokens: list[str]) -> int
     for i, p in enumerate(previews):
         url = "wss://" + p.url.split("://", 1)[-1]
         common.save_token(url, tokens[i])
-        if opts.op == "up":
-            _exec_over_ws(url, {"x-daytona-preview-token": p.token}, tokens[i], opts.command)
         print(f"{boxes[i]} {url}" if opts.op == "fork" else url)
     return 0
 

@@ -278,7 +278,7 @@ def _redact(docs: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     try:
-        common.check_box_args(opts, max_copies=256)
+        common.check_box_args(opts, max_copies=256, text_host="Kubernetes")
         docs, boxes = generate(opts)
     except ShimError as e:
         print(f"sandboxer kubernetes: {e}", file=sys.stderr)

@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(opts) -> None:
-    common.check_box_args(opts, max_copies=64)
+    common.check_box_args(opts, max_copies=64, text_host="Modal")
     if opts.op == "fork":
         if opts.via is None:
             opts.via = "api" if opts.source else "volume"

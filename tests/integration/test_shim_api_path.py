@@ -4,6 +4,7 @@ boxes here are real sandboxer-init processes on loopback and the move is the rea
 host that started them (Modal's SDK, which cannot be reached from here) is stood in for, by
 handles that record what the shim asks of it."""
 import os
+import subprocess
 import socket
 import sys
 import time
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sbxtest import CLI, ROOT, WsBox
+from sbxtest import CLI, INIT, ROOT, WsBox, clean_env, output, read_events
 from test_cli_send import COUNTER, checkpoint, numbers, wait_numbers
 
 if str(ROOT) not in sys.path:
@@ -98,3 +99,30 @@ def test_a_failed_move_terminates_every_sandbox_the_shim_started(tmp_path, cli_s
             modal_shim._fork_over_api(host, opts, sandboxes(idle), [t.url for t in idle], tokens)
         assert host.terminated == ["sb-0", "sb-1"]
         assert all(t.alive() and not numbers(t) for t in idle) and a.alive()
+
+
+
+def test_the_daytona_shims_sandbox_runs_its_command_from_the_variable_its_plan_sets(tmp_path):
+    # What `up` asks Daytona for, run here by the real supervisor: the snapshot's entrypoint with
+    # the sandbox's variables. One snapshot serves every command; each sandbox holds its own.
+    from shims.daytona import shim as daytona_shim
+    opts = daytona_shim._parser().parse_args(["up", "--", "/bin/sh", "-c", 'echo "$1"; env', "sh", "a b 'c' café"])
+    reqs = daytona_shim.plan_up(daytona_shim._client(daytona_shim.DEFAULT_API, "k"), opts, "b1", "t")
+    (snap,) = [r.body for r in reqs if r.api == "SnapshotsApi.create_snapshot"]
+    (sandbox,) = [r.body for r in reqs if r.api == "SandboxApi.create_sandbox"]
+    entry = snap["entrypoint"]
+    assert entry[0] == "sandboxer-init" and entry[-2] == "--command-env"
+    i = entry.index("--listen")
+    argv = [str(INIT), *entry[1:i], *entry[i + 2:]]  # no listener: nothing to serve here
+    argv[argv.index("--state-dir") + 1] = str(tmp_path / "state")
+    events = tmp_path / "events.jsonl"
+    env = {**clean_env(), **sandbox["env"]}
+    p = subprocess.run([*argv, "--events", str(events), "--env-inherit"], env=env, capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = output(read_events(events))
+    assert out.startswith("a b 'c' café\n"), out
+    # The variable is the supervisor's: the agent, inheriting the whole environment, has not got it.
+    assert "SANDBOXER_ARGV" not in out and "PATH=" in out
+    # The same snapshot without the variable (a sandbox made by hand) says what is missing.
+    p = subprocess.run([*argv, "--events", str(tmp_path / "e2")], env=clean_env(), capture_output=True, timeout=60)
+    assert p.returncode == 125 and b"--command-env SANDBOXER_ARGV: SANDBOXER_ARGV is not set" in p.stderr

@@ -32,12 +32,16 @@ def test_up_dry_run_prints_bodies_the_client_models_accept(up_plan):
             validate_body(getattr(d, r["model"]), r["body"])  # checked again here
 
 
-def test_snapshot_runs_sandboxer_init_idle_and_the_command_is_not_baked_in(up_plan):
+def test_snapshot_reads_the_command_from_each_sandboxs_variable_and_does_not_bake_it_in(shim_env, up_plan):
     body = request(up_plan, "SnapshotsApi.create_snapshot")["body"]
     assert body["imageName"] == "sandboxer/agent:0.1.0"
     assert body["entrypoint"][:3] == ["sandboxer-init", "--listen", "0.0.0.0:7777"]
-    assert body["entrypoint"][-1] == "--idle"
+    assert body["entrypoint"][-2:] == ["--command-env", "SANDBOXER_ARGV"]
     assert "python3" not in body["entrypoint"]
+    # Another command: the same snapshot (its name follows what it holds), another variable.
+    other = run_plan(["-m", "shims.daytona", "up", "--dry-run", "--", "sh", "-c", "echo 'a b'"], shim_env)
+    assert request(other, "SnapshotsApi.create_snapshot")["body"] == body
+    assert request(other, "SandboxApi.create_sandbox")["body"]["env"] == {"SANDBOXER_ARGV": '["sh", "-c", "echo \'a b\'"]'}
 
 
 def test_sandbox_gets_token_secret_archive_volume_and_preview_url(up_plan):
@@ -48,7 +52,7 @@ def test_sandbox_gets_token_secret_archive_volume_and_preview_url(up_plan):
     assert sandbox["volumes"] == [{"volumeId": "sandboxer-archives",
                                    "mountPath": "/var/lib/sandboxer/archives"}]
     assert sandbox["public"] is False
-    assert "env" not in sandbox
+    assert sandbox["env"] == {"SANDBOXER_ARGV": '["python3", "/workspace/agent.py"]'}
     preview = request(up_plan, "SandboxApi.get_port_preview_url")
     assert preview["url"].endswith(f"/sandbox/{sandbox['name']}/ports/7777/preview-url")
 
@@ -116,6 +120,11 @@ def test_bad_input_is_refused_with_its_reason(shim_env):
                   "--dry-run", "--", "true"], shim_env, check=False)
     assert p.returncode == 2
     assert "/nonexistent/Dockerfile" in p.stderr
+    # Daytona's API carries the command as text: a word that is not UTF-8 (the byte 0xe9) would
+    # become another one there.
+    p = run_shim(["-m", "shims.daytona", "up", "--dry-run", "--", "ls", "caf\udce9"], shim_env, check=False)
+    assert p.returncode == 2 and p.stdout == ""
+    assert "command word 1 b'caf\\xe9' is not UTF-8: a box's command reaches Daytona as text" in p.stderr
 
 
 def test_dockerfile_that_copies_local_files_is_refused(shim_env):
@@ -150,16 +159,18 @@ def test_snapshot_name_follows_what_it_holds(shim_env, up_plan):
     assert body["name"] != name and "--profile" in body["entrypoint"]
 
 
-def test_fork_from_a_box_starts_idle_sandboxes_from_ups_snapshot_without_a_volume(shim_env, up_plan):
+def test_fork_from_a_box_starts_idle_sandboxes_without_a_volume(shim_env, up_plan):
     src = "ws://10.0.0.5:7000"
     plan = run_plan(["-m", "shims.daytona", "fork", "--snapshot", "s-0123456789abcdef", "-n", "2", "--from", src,
                      "--public", "--dry-run"], shim_env)
     snap = request(plan, "SnapshotsApi.create_snapshot")["body"]
-    # The same idle snapshot `up` makes (its name says what it holds), so it is built once.
-    assert snap == request(up_plan, "SnapshotsApi.create_snapshot")["body"]
-    assert snap["entrypoint"][-1] == "--idle"
+    # The image `up` uses, its sandboxer-init waiting idle (a snapshot of its own, made once: its
+    # name says what it holds), not reading a command.
+    up_snap = request(up_plan, "SnapshotsApi.create_snapshot")["body"]
+    assert snap["imageName"] == up_snap["imageName"] and snap["name"] != up_snap["name"]
+    assert snap["entrypoint"] == [*up_snap["entrypoint"][:-2], "--idle"]
     boxes = [r["body"] for r in plan["requests"] if r["call"] == "SandboxApi.create_sandbox"]
-    assert len(boxes) == 2 and all("volumes" not in b and b["public"] for b in boxes)
+    assert len(boxes) == 2 and all("volumes" not in b and "env" not in b and b["public"] for b in boxes)
     assert not [r for r in plan["requests"] if r["call"] == "VolumesApi.create_volume"]
     for b in boxes:
         validate_body(d.CreateSandbox, b)

@@ -150,6 +150,13 @@ def test_bad_input_is_refused_with_its_reason(shim_env):
     assert p.returncode == 2 and "snapshot 'a/b'" in p.stderr and p.stdout == ""
     p = run_shim([*GEN, "up", "--token-file", "/nonexistent", "--", "true"], shim_env, check=False)
     assert p.returncode == 2 and "/nonexistent" in p.stderr
+    # A word that is not UTF-8 (the byte 0xe9): a manifest is text, where it would become another.
+    p = run_shim([*GEN, "up", "--", "ls", "caf\udce9"], shim_env, check=False)
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+    assert "command word 1 b'caf\\xe9' is not UTF-8: a box's command reaches Kubernetes as text" in p.stderr
+    docs = list(yaml.safe_load_all(run_shim([*GEN, "up", "--", "ls", "café"], shim_env).stdout))
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["spec"]["containers"][0]["command"][-2:] == ["ls", "café"]
 
 
 def test_persist_keeps_the_state_dir_on_a_claim_that_outlives_the_pod(shim_env, up_docs):

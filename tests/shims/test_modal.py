@@ -133,11 +133,17 @@ def test_fork_via_modal_snapshot_cold_restarts_the_command(shim_env):
     (["fork", "--snapshot", "s1", "-n", "0", "--dry-run"], "-n 0"),
     (["fork", "--snapshot", "../x", "-n", "1", "--dry-run"], "snapshot '../x'"),
     (["fork", "--snapshot", "s1", "-n", "1", "--via", "modal-snapshot", "--dry-run"], "--sandbox-id"),
+    # Bytes that are not UTF-8 (the \udce9 is the byte 0xe9 on the shim's command line): Modal's
+    # API takes text, where the word would become another (U+FFFD).
+    (["up", "--dry-run", "--", "ls", "/tmp/caf\udce9"], "command word 1 b'/tmp/caf\\xe9' is not UTF-8"),
+    (["fork", "--snapshot", "s1", "-n", "1", "--via", "modal-snapshot", "--sandbox-id", "sb-1", "--dry-run",
+      "--", "a\udcff"], "command word 0 b'a\\xff' is not UTF-8: a box's command reaches Modal as text"),
 ])
 def test_bad_input_is_refused_with_its_reason(shim_env, argv, message):
     p = run_shim(["-m", "shims.modal", *argv], shim_env, check=False)
     assert p.returncode == 2
     assert message in p.stderr
+    assert p.stdout == ""
     assert p.stdout == ""
 
 
