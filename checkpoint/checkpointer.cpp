@@ -102,14 +102,12 @@ std::string kernel_release() {
   return u.release;
 }
 
-// The paths masked in a branch's view (launcher.cpp), each a mount point criu restores.
+// The paths masked in a branch's view (launcher.cpp), each a mount point criu restores: as the
+// launcher masks them, by their real paths.
 json::array mask_list(const std::vector<std::string>& masks) {
   json::array out;
-  for (auto& m : masks) {
-    struct stat st {};
-    if (::stat(m.c_str(), &st) != 0) continue;
-    out.push_back({{"path", m}, {"dir", S_ISDIR(st.st_mode)}});
-  }
+  for (auto& m : masks)
+    if (auto real = os::real_path(m)) out.push_back({{"path", real->first}, {"dir", S_ISDIR(real->second.st_mode)}});
   return out;
 }
 

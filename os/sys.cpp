@@ -102,6 +102,15 @@ Result<void> write_file_atomic(const std::string& path, std::string_view data, m
   return write_file_atomic_at(fd.get(), path.substr(slash == std::string::npos ? 0 : slash + 1), data, mode, written);
 }
 
+std::optional<std::pair<std::string, struct stat>> real_path(const std::string& path) {
+  char* real = ::realpath(path.c_str(), nullptr);
+  if (!real) return std::nullopt;
+  std::pair<std::string, struct stat> out{real, {}};
+  ::free(real);
+  if (::stat(out.first.c_str(), &out.second) != 0) return std::nullopt;
+  return out;
+}
+
 Result<void> make_dirs(const std::string& path, mode_t mode) {
   if (path.empty()) return {};
   std::string cur;

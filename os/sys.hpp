@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "os/unique-fd.hpp"
@@ -59,6 +60,10 @@ Result<void> write_file_atomic(const std::string& path, std::string_view data, m
 /// mkdir -p, by path: for directories only the supervisor writes (use make_dirs_at below where an
 /// agent writes).
 Result<void> make_dirs(const std::string& path, mode_t mode = 0755);
+
+/// `path` with every symlink resolved and no `.` or `..` (realpath(3)), with its stat; nullopt
+/// where it cannot be resolved (it does not exist, or a directory on the way cannot be searched).
+std::optional<std::pair<std::string, struct stat>> real_path(const std::string& path);
 
 // Files the supervisor writes where an agent writes too (a branch's /run, /tmp, workspace) are
 // reached from a directory fd the supervisor trusts, never by a path an agent could bend with a

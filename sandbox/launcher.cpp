@@ -410,9 +410,18 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
   add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
   add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
   for (auto& m : spec.masks) {
-    struct stat st {};
-    if (::stat(m.c_str(), &st) != 0) continue;
-    add({.kind = MountOp::Mask, .a = r + m, .recursive = S_ISDIR(st.st_mode), .optional = true, .what = "mask " + m});
+    // Masked where it is: a path through a symlink (a state dir, a token file's directory or a
+    // HOME that is one) would be resolved, under the new root, from the host's root, and the
+    // mask would land outside the branch's view, leaving the file readable at its real path
+    // (or, for the state dir, over the new root itself).
+    auto real = os::real_path(m);
+    if (!real) continue;
+    const auto& [path, st] = *real;
+    add({.kind = MountOp::Mask,
+         .a = r + path,
+         .recursive = S_ISDIR(st.st_mode),
+         .optional = true,
+         .what = "mask " + path});
   }
   add_kernel_masks(p);
   add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});

@@ -301,6 +301,12 @@ void Box::start() {
   if (!opts_.state_dir.starts_with('/')) opts_.state_dir = std::filesystem::absolute(opts_.state_dir).string();
   if (auto r = os::make_dirs(opts_.state_dir, 0700); !r)
     throw std::runtime_error("create state dir " + opts_.state_dir + ": " + r.error().message());
+  // Named by its real path from here on (a symlink's, or a path through one, resolved once): the
+  // branch's mounts and masks, criu's --root and the journal all name the same directory.
+  std::error_code real_ec;
+  auto real = std::filesystem::canonical(opts_.state_dir, real_ec);
+  if (real_ec) throw std::runtime_error("resolve state dir " + opts_.state_dir + ": " + real_ec.message());
+  opts_.state_dir = real.string();
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {
     boost::system::error_code ec;

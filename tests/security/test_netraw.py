@@ -93,6 +93,29 @@ def test_the_tls_key_and_certificate_are_masked(tmp_path):
         assert rep["files"][str(f)] in ("read 0 bytes", "EACCES", "ENOENT"), rep["files"]
 
 
+@pytest.mark.parametrize("through_link", ["token", "state", "both"])
+def test_masked_files_reached_through_a_symlink_stay_masked_and_the_box_keeps_its_namespaces(tmp_path, through_link):
+    # The token file and the state dir named through a symlinked directory (as a HOME or a
+    # state dir that is one): the masks were mounted where the host's root resolves the link,
+    # outside the branch's view, so the agent read the token at its real path; and the state
+    # dir's mask covered the new root itself (pivot_root: ENOENT), so the box ran without
+    # namespaces. A file beside them is the control: the agent reads that directory.
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    token, beside = real / "token", real / "beside"
+    token.write_text(secrets.token_hex(16) + "\n")
+    beside.write_text("beside\n")
+    state = (link if through_link in ("state", "both") else real) / "s"
+    token_arg = (link if through_link in ("token", "both") else real) / "token"
+    rep, ev = report(state, ["--listen", "127.0.0.1:0", "--token-file", str(token_arg)],
+                     [token, link / "token", real / "s" / "box.json", beside])
+    assert started(ev)["capabilities"]["namespaces"] is True, started(ev)["capabilities"]
+    for f in (token, link / "token", real / "s" / "box.json"):
+        assert rep["files"][str(f)] in ("read 0 bytes", "EACCES", "ENOENT"), rep["files"]
+    assert rep["files"][str(beside)] == "read 7 bytes", rep["files"]
+
+
 def test_control_the_same_files_are_readable_when_not_the_servers(tmp_path):
     cert, key = make_cert(tmp_path)
     rep, _ = report(tmp_path / "s", [], [cert, key])
