@@ -278,21 +278,11 @@ void Box::finish(int status) {
 
 // --events: every event, as the journal writes it, also to stdout ("-") or a file.
 void Box::open_events_output() {
-  if (opts_.events_path == "-") {
-    events_fd_.reset(::fcntl(1, F_DUPFD_CLOEXEC, 3));
-  } else if (!opts_.events_path.empty()) {
-    events_fd_.reset(::open(opts_.events_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640));
-    if (!events_fd_) throw std::runtime_error("open --events " + opts_.events_path + ": " + std::strerror(errno));
-  }
-  if (events_fd_) {
-    journal_->add_listener([this](const journal::Event& e) {
-      if (!events_fd_) return;
-      if (auto r = os::write_line(events_fd_.get(), e.line); !r) {
-        log()->warn("write events: {} (the journal still has every event)", r.error().message());
-        events_fd_.reset();
-      }
-    });
-  }
+  if (opts_.events_path.empty()) return;
+  auto fd = EventsOutput::open(opts_.events_path);
+  if (!fd) throw std::runtime_error(fd.error().message);
+  events_ = std::make_unique<EventsOutput>(loop_, std::move(*fd), journal_->dir());
+  journal_->add_listener([this](const journal::Event& e) { events_->on_event(e.seq, e.line); });
 }
 
 void Box::start() {
@@ -845,6 +835,7 @@ int Box::run() {
   kill_leftovers();
   teardown_policy();
   journal_->flush();
+  if (events_) events_->finish();
   return exit_status_;
 }
 

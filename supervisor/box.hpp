@@ -21,6 +21,7 @@
 #include "profile/profile.hpp"
 #include "sandbox/capabilities.hpp"
 #include "sandbox/launcher.hpp"
+#include "supervisor/events-output.hpp"
 #include "supervisor/health.hpp"
 #include "supervisor/heap.hpp"
 #include "supervisor/limits.hpp"
@@ -322,7 +323,7 @@ class Box : public checkpoint::Host {
   loop::UvHandle<uv_timer_t> kill_timer_;  // backstop when a branch outlives its grace period
   bool finished_ = false;
   int exit_status_ = 0;
-  os::UniqueFd events_fd_;
+  std::unique_ptr<EventsOutput> events_;  // --events
   std::string agent_cwd_;
   std::unique_ptr<Server> server_;
   HealthFileId health_id_;  // the health file this box wrote (health.hpp), removed at its end

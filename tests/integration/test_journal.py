@@ -130,3 +130,76 @@ def test_a_line_an_older_version_wrote_with_bytes_that_are_not_utf8_is_kept_and_
     old = [e for e in events if e["seq"] == last + 1]
     assert old and old[0].get("error", {}).get("message") == "write fs/tmp/caf\ufffd: no", old
     assert events[-1]["seq"] > last + 1 and events[-1]["type"] == "proc.exited"
+
+
+def test_a_reader_of_events_that_stops_holds_nothing_up_and_gets_every_event_once(tmp_path):
+    # `--events -` into a pipe nobody reads for a while (`sandboxer run ... | less`): the pipe
+    # fills at 64 KiB, and a blocking write held the whole loop there: the API, signals, the
+    # agent's output. Now the box goes on, the reader's backlog waits (4 MiB in memory, the rest
+    # read back from the journal once it reads again), and it gets every event once, in order.
+    import asyncio
+    import secrets
+
+    from sbxtest import ws_connect
+
+    state, token = tmp_path / "s", tmp_path / "token"
+    token.write_text(secrets.token_hex(16))
+    agent = ("import os, sys, time\n"
+             "for i in range(160000): sys.stdout.write('%07d ' % i + 'x' * 92 + '\\n')\n"
+             "sys.stdout.flush()\n"
+             "while not os.path.exists('/workspace/done'): time.sleep(0.05)\n")
+    p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--events", "-", "--listen", "127.0.0.1:0",
+                          "--token-file", str(token), "--metrics-interval", "0", "--", "python3", "-c", agent],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = []
+        while not first or first[-1]["type"] != "server.listening":
+            first.append(json.loads(p.stdout.readline()))
+        box = type("Box", (), {"url": f"ws://127.0.0.1:{first[-1]['port']}", "token": token.read_text()})
+        # Reading nothing more, until the agent's 16 MB are in the journal.
+        deadline = time.monotonic() + 60
+        while not any("0159999 " in e.get("data", "") for e in read_journal(state)[-50:]):
+            assert time.monotonic() < deadline and p.poll() is None, "the agent's output did not reach the journal"
+            time.sleep(0.2)
+
+        async def stats():
+            async with ws_connect(box) as ws:
+                await ws.send(json.dumps({"id": 1, "op": "stats"}))
+                while (r := json.loads(await asyncio.wait_for(ws.recv(), 20))).get("id") != 1:
+                    pass
+                return r
+
+        # The API answers meanwhile (before, its handshake waited for the reader).
+        assert asyncio.run(stats())["ok"] is True
+        (state / "branches/main/workspace/done").write_text("")
+        rest = [json.loads(line) for line in p.stdout.read().splitlines()]
+        assert p.wait(60) == 0, p.stderr.read()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    events = first + rest
+    assert_seq_complete(events)
+    assert events == read_journal(state)[: len(events)]
+    lines = output_bytes(events).decode().splitlines()
+    assert lines == ["%07d " % i + "x" * 92 for i in range(160000)]
+
+
+def test_events_to_a_fifo_no_process_reads_is_refused_at_once(tmp_path):
+    # Opening it waited for a reader, with every signal blocked: a TERM (a timeout, Ctrl-C) did
+    # nothing, and only KILL ended it.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run_init(["--events", str(fifo), "--", "/bin/true"], tmp_path / "s", timeout=30)
+    assert r.returncode == 125, r.stderr
+    assert f"open --events {fifo}: a FIFO that no process reads (start its reader first)".encode() in r.stderr
+    # With a reader, the same FIFO takes the events.
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        r = run_init(["--events", str(fifo), "--", "/bin/echo", "through the fifo"], tmp_path / "s2", timeout=30)
+        out = reader.communicate(timeout=30)[0].decode()
+    finally:
+        reader.kill()
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(1, len(out.splitlines()) + 1))
+    assert "through the fifo" in out
