@@ -9,10 +9,13 @@
 namespace sbx::cli {
 
 namespace {
+// A field as the lines for a person show it: a text's control bytes escaped (printable), since
+// names, argv words, hosts and errors come from clients and the agent, and must not act on the
+// terminal (the agent's own output is shown as it wrote it).
 std::string str(const boost::json::object& o, std::string_view k) {
   auto* v = o.if_contains(k);
   if (!v) return {};
-  if (v->is_string()) return std::string(v->as_string());
+  if (v->is_string()) return printable(v->as_string(), false);
   return boost::json::serialize(*v);
 }
 std::string clock_of(const boost::json::object& ev) {
@@ -128,7 +131,7 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
                  extra.c_str());
   } else if (type == "proc.started") {
     std::string argv;
-    for (auto& a : ev.at("argv").as_array()) argv += (argv.empty() ? "" : " ") + std::string(a.as_string());
+    for (auto& a : ev.at("argv").as_array()) argv += (argv.empty() ? "" : " ") + printable(a.as_string(), false);
     std::fprintf(out_, "%s %s%s started, pid %s: %s\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(),
                  str(ev, "pid").c_str(), argv.c_str());
   } else if (type == "proc.exited") {
@@ -154,7 +157,10 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
   } else {
     boost::json::object rest = ev;
     for (auto k : {"seq", "ts", "type", "box", "branch"}) rest.erase(k);
-    std::fprintf(out_, "%s %s%s %s\n", t.c_str(), where.c_str(), type.c_str(), boost::json::serialize(rest).c_str());
+    // JSON escapes C0 controls; C1 ones (U+0080..U+009F, which some terminals take as ESC [)
+    // need printable's escape too.
+    std::fprintf(out_, "%s %s%s %s\n", t.c_str(), where.c_str(), type.c_str(),
+                 printable(boost::json::serialize(rest), false).c_str());
   }
   std::fflush(out_);
 }

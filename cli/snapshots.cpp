@@ -51,9 +51,11 @@ int cmd_snapshots(const std::vector<std::string>& args) {
     const auto& m = v.as_object();
     std::string created = text_of(m, "created");
     if (created.size() >= 19) created = created.substr(0, 10) + " " + created.substr(11, 8);
-    std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", text_of(m, "id").c_str(), created.c_str(),
-                text_of(m, "branch").c_str(), text_of(m, "mode").c_str(), size_of(m).c_str(),
-                text_of(m, "name").c_str());
+    // The name is the agent's or a client's choice (a checkpoint over the agent channel names
+    // one): its control bytes are shown escaped, never sent to the terminal.
+    std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", printable(text_of(m, "id")).c_str(), created.c_str(),
+                printable(text_of(m, "branch")).c_str(), text_of(m, "mode").c_str(), size_of(m).c_str(),
+                printable(text_of(m, "name")).c_str());
   }
   return kExitOk;
 }

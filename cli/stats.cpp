@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
@@ -14,7 +15,8 @@ namespace {
 
 void print_line(const std::string& name, const json::object& s) {
   double mib = static_cast<double>(s.at("memory").to_number<uint64_t>()) / (1 << 20);
-  std::printf("%-16s cpu %8.2fs  memory %9.1f MiB  pids %4llu", name.c_str(), s.at("cpu_s").to_number<double>(), mib,
+  std::printf("%-16s cpu %8.2fs  memory %9.1f MiB  pids %4llu", sbx::cli::printable(name).c_str(),
+              s.at("cpu_s").to_number<double>(), mib,
               static_cast<unsigned long long>(s.at("pids").to_number<uint64_t>()));
   if (auto* d = s.if_contains("disk"))
     std::printf("  disk %9.1f MiB", static_cast<double>(d->to_number<uint64_t>()) / (1 << 20));

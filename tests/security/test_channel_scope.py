@@ -9,10 +9,12 @@ the token, reaches all. A box runs at most `resources.copies` copies and keeps a
 Most run without criu on PATH (checkpoints of the files, cold copies): what is checked is the
 supervisor's decision, which is the same for live copies, and cold copies are the ones that had
 their own policy path."""
+import json
 import os
 import pathlib
+import subprocess
 
-from sbxtest import ROOT, Session, WsBox, box, of_type, run, ws_connect
+from sbxtest import CLI, ROOT, Session, WsBox, box, of_type, run, ws_connect
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -155,3 +157,28 @@ def test_an_import_past_resources_snapshots_is_refused(tmp_path):
         # Control: a box with room for it takes it.
         ok = cli(room, "import", room.url, str(archive))
         assert ok.returncode == 0 and ok.stdout.strip().splitlines()[-1] == snap, ok
+
+
+def test_a_snapshot_name_the_agent_chose_cannot_act_on_the_operators_terminal(tmp_path):
+    # The agent names its checkpoint with a title-setting OSC, a colour, a C1 CSI and a newline,
+    # and sends an event whose type holds them: `sandboxer snapshots` and `sandboxer log` printed
+    # them raw into the operator's terminal.
+    evil = "x\x1b]0;pwned\x07\x1b[31mred\u009b2J\nSNAPSHOT forged"
+    with WsBox(tmp_path, attack("name", evil), env=no_criu_env()) as b:
+        named = wait_message(b, lambda m: "named" in m)["named"]
+        assert named["ok"] is True, named
+        cli = lambda *a: subprocess.run([str(CLI), *a, "--token-file", str(b.token_file)], capture_output=True,
+                                        timeout=60)
+        listed, as_json = cli("snapshots", b.url), cli("snapshots", b.url, "--json")
+        (b.workspace / "done").touch()
+    log = subprocess.run([str(CLI), "log", str(b.state)], capture_output=True, timeout=60)
+    for r in (listed, as_json, log):
+        assert r.returncode == 0, r.stderr
+    # The control: the name the box keeps is the agent's, bytes and all.
+    assert [json.loads(line)["name"] for line in as_json.stdout.splitlines()] == [evil]
+    for r in (listed, log):
+        assert b"\x1b" not in r.stdout and b"\x9b" not in r.stdout and b"\x07" not in r.stdout, r.stdout
+    assert b"x\\x1b]0;pwned\\x07\\x1b[31mred\\xc2\\x9b2J\\x0aSNAPSHOT forged" in listed.stdout, listed.stdout
+    assert len(listed.stdout.splitlines()) == 2  # the header and the one snapshot: no forged line
+    # `log` shows the agent's event type escaped as well (it printed it raw).
+    assert b"agent.tx\\x1b]0;pwned\\x07" in log.stdout, log.stdout

@@ -8,6 +8,8 @@ in its box, hostile) uses its agent channel. One subcommand per attack; each pri
     copy_policy        fork 1; the cold copy reports its workspace and Landlock, as the original does
     sleeper            fork 1 (unless this is a copy); every process then waits, reporting USR1
     dump               ask for a checkpoint; report the answer
+    name NAME          take a checkpoint named NAME (terminal escapes and all), send an event
+                       whose type holds NAME; report, then wait
 """
 import json
 import os
@@ -115,6 +117,14 @@ def dump():
     time.sleep(1)
 
 
+def name(text):
+    say(named=attempt(agent.Channel().checkpoint, text))
+    agent.Channel().event("t" + text, detail=text)  # an event type of its choosing too
+    deadline = time.monotonic() + 60
+    while not os.path.exists("/workspace/done") and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "reach":
@@ -133,6 +143,8 @@ def main():
         sleeper()
     elif cmd == "dump":
         dump()
+    elif cmd == "name":
+        name(args[0])
     else:
         raise SystemExit(f"unknown attack {cmd}")
 
