@@ -72,9 +72,18 @@ Result<std::string> read_all(int fd) {
 }
 
 Result<std::string> read_file(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Opened without waiting: a FIFO's open waits for a writer, forever where none comes (and a
+  // supervisor that has not yet started its loop answers no signal meanwhile). Read as usual
+  // after it: a pipe with a writer (`--token-file <(cmd)`) is read to its end.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd) return last_error();
-  return read_all(fd.get());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return last_error();
+  if (auto r = set_nonblocking(fd.get(), false); !r) return r.error();
+  auto text = read_all(fd.get());
+  // A FIFO no process writes reads as empty: say so, rather than give "".
+  if (text && text->empty() && S_ISFIFO(st.st_mode)) return sys_error(ENODATA);
+  return text;
 }
 
 bool only_ours_to_write(const struct stat& st) noexcept {

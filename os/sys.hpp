@@ -37,7 +37,8 @@ Result<void> write_line(int fd, std::string_view line) noexcept;
 /// Reads until EOF (blocking fd).
 Result<std::string> read_all(int fd);
 
-/// Reads a whole file.
+/// Reads a whole file (or a pipe to its end). A FIFO is opened without waiting for a writer: one
+/// that no process writes gives ENODATA at once.
 Result<std::string> read_file(const std::string& path);
 
 /// Whether `st` is a regular file of this user's that no one else may write (no write bit for

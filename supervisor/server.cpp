@@ -821,6 +821,16 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   auto& o = impl_->opts;
   if (o.token.empty()) throw std::runtime_error("the server needs a token (--token-file or SANDBOXER_TOKEN)");
   if (o.tls_cert.empty() != o.tls_key.empty()) throw std::runtime_error("--tls-cert and --tls-key go together");
+  // libwebsockets reads them by path: a FIFO would hold its open, a directory fail obscurely.
+  for (auto [opt, path] : {std::pair{"--tls-cert", &o.tls_cert}, std::pair{"--tls-key", &o.tls_key}}) {
+    struct stat st {};
+    if (path->empty()) continue;
+    if (::stat(path->c_str(), &st) != 0)
+      throw std::runtime_error(std::string(opt) + " " + *path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      throw std::runtime_error(std::string(opt) + " " + *path + ": not a regular file (" +
+                               os::file_type_name(st.st_mode) + ")");
+  }
   if (const auto& lib = libwebsockets(); !lib) throw std::runtime_error(lib.error().message + " (for --listen)");
   int lws_level = LLL_ERR | LLL_WARN;
   if (auto* l = std::getenv("SANDBOXER_LWS_LOG")) lws_level = std::atoi(l);

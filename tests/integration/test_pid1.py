@@ -462,3 +462,35 @@ def test_a_pid1_on_a_hosts_run_leaves_no_sandboxer_dir_there_and_keeps_what_is_n
     # Something else in that directory keeps it; the box's file still goes.
     out = run_on_a_run("mkdir /run/sandboxer && touch /run/sandboxer/other")
     assert out == ["seen=init.json,other,", "/run/sandboxer", "/run/sandboxer/other"], out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--listen", "127.0.0.1:0", "--token-file", "{fifo}"], "read --token-file {fifo}: No data available"),
+    (["--profile", "{fifo}"], "profile {fifo}: No data available"),
+    (["--listen", "127.0.0.1:0", "--token-file", "{token}", "--tls-cert", "{fifo}", "--tls-key", "{fifo}"],
+     "--tls-cert {fifo}: not a regular file (a FIFO)"),
+])
+def test_a_fifo_nothing_writes_given_as_an_input_file_is_refused_at_once(tmp_path, args, message):
+    # Its open waited for a writer, before the supervisor's loop answers any signal: a TERM did
+    # nothing, and only KILL ended it (the control of this run: its timeout).
+    fifo, token = tmp_path / "fifo", tmp_path / "token"
+    os.mkfifo(fifo)
+    token.write_text(secrets.token_hex(16))
+    fill = lambda s: s.format(fifo=fifo, token=token)
+    r = run_init([*map(fill, args), "--", "/bin/true"], tmp_path / "s", timeout=30)
+    assert r.returncode == 125 and fill(message).encode() in r.stderr, r.stderr
+
+
+def test_a_token_file_that_is_a_pipe_with_a_writer_is_read_to_its_end(tmp_path):
+    # `--token-file <(cmd)`: the token comes from a pipe the shell's child writes.
+    rd, wr = os.pipe()
+    os.write(wr, b"token-from-a-pipe-0123456789abcdef\n")
+    os.close(wr)
+    try:
+        r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                            "--token-file", f"/dev/fd/{rd}", "--", "/bin/true"],
+                           pass_fds=[rd], capture_output=True, timeout=30)
+    finally:
+        os.close(rd)
+    assert r.returncode == 0, r.stderr
+    assert any(e["type"] == "server.listening" for e in read_journal(tmp_path / "s"))
