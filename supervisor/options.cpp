@@ -155,6 +155,9 @@ InitOptions parse_init_options(int argc, char** argv) {
     o.argv = command_from_env(o.command_env);
   }
   if (o.restore_index != 0 && o.restore_file.empty()) throw std::invalid_argument("--restore-index needs --restore");
+  // Relative to what? ns-init's working directory is the branch's root, not the caller's.
+  if (!o.workdir.starts_with('/'))
+    throw std::invalid_argument("--workdir " + o.workdir + ": an absolute path (the agent's, e.g. /workspace/src)");
   if (o.mode == InitOptions::Run && (o.idle || !o.restore_file.empty())) {
     if (!o.argv.empty())
       throw std::invalid_argument(std::string(o.idle ? "--idle" : "--restore") + " takes no command");

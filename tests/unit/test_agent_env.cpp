@@ -113,6 +113,7 @@ TEST_CASE("init options: --command-env takes the command from a JSON array in th
   refused(R"(["\ud800"])", "SBX_TEST_ARGV is not JSON");  // a lone surrogate: no UTF-8 for it
   refused(R"(["true"])", "exclude each other", {"--", "true"});
   refused(R"(["true"])", "--command-env and --idle exclude each other", {"--idle"});
+  refused(R"(["true"])", "--workdir src: an absolute path", {"--workdir", "src"});
   ::unsetenv("SBX_TEST_ARGV");
 }
 
