@@ -4,6 +4,7 @@
 // when the connection ended first. -i forwards stdin, its end too; -t asks for a terminal (when
 // stdin is one), puts this one in raw mode and passes its size on as it changes.
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -110,6 +111,14 @@ class StdinForwarder {
       uv_unref(reinterpret_cast<uv_handle_t*>(&winch_));
       winching_ = true;
     } else {
+      // A regular file or a device (`< file`, `< /dev/null`) cannot be polled: epoll refuses it,
+      // and libuv aborted on the read's start. Read by the loop's thread pool instead.
+      struct stat st {};
+      if (::fstat(0, &st) == 0 && !S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+        file_.data = this;
+        read_file();
+        return;
+      }
       uv_pipe_init(loop_, &pipe_, 0);
       uv_pipe_open(&pipe_, 0);
       in_ = reinterpret_cast<uv_stream_t*>(&pipe_);
@@ -122,17 +131,43 @@ class StdinForwarder {
   void stop() {
     if (raw_) uv_tty_reset_mode();
     if (in_) uv_read_stop(in_);
+    stopped_ = true;
   }
 
-  /// After the loop has run: the handles closed (the loop runs once more for that).
+  /// After the loop has run: the handles closed (the loop runs once more for that; a file read
+  /// under way is waited for).
   void close() {
     if (raw_) uv_tty_reset_mode();
+    stopped_ = true;
     if (in_) uv_close(reinterpret_cast<uv_handle_t*>(in_), nullptr);
     if (winching_) uv_close(reinterpret_cast<uv_handle_t*>(&winch_), nullptr);
     uv_run(loop_, UV_RUN_NOWAIT);
+    while (file_reading_) uv_run(loop_, UV_RUN_ONCE);
   }
 
  private:
+  void read_file() {
+    uv_buf_t b = uv_buf_init(buf_.data(), static_cast<unsigned>(buf_.size()));
+    file_reading_ = uv_fs_read(loop_, &file_, 0, &b, 1, -1, on_file_read) == 0;
+    if (!file_reading_) client_.request({{"op", "stdin"}, {"proc", proc_}, {"eof", true}});
+  }
+
+  static void on_file_read(uv_fs_t* r) {
+    auto* self = static_cast<StdinForwarder*>(r->data);
+    ssize_t n = r->result;
+    uv_fs_req_cleanup(r);
+    self->file_reading_ = false;
+    if (self->stopped_) return;
+    if (n > 0) {
+      self->client_.request({{"op", "stdin"},
+                             {"proc", self->proc_},
+                             {"data_b64", base::base64_encode({self->buf_.data(), static_cast<size_t>(n)})}});
+      self->read_file();
+    } else {
+      self->client_.request({{"op", "stdin"}, {"proc", self->proc_}, {"eof", true}});
+    }
+  }
+
   static void on_alloc(uv_handle_t* h, size_t, uv_buf_t* b) {
     auto* self = static_cast<StdinForwarder*>(h->data);
     *b = uv_buf_init(self->buf_.data(), static_cast<unsigned>(self->buf_.size()));
@@ -165,7 +200,8 @@ class StdinForwarder {
   uv_pipe_t pipe_{};
   uv_signal_t winch_{};
   uv_stream_t* in_ = nullptr;
-  bool raw_ = false, winching_ = false;
+  uv_fs_t file_{};  // stdin that is a file or a device, read by the thread pool
+  bool raw_ = false, winching_ = false, file_reading_ = false, stopped_ = false;
 };
 
 std::string bytes_of(const json::object& ev) {

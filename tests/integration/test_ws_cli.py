@@ -48,6 +48,20 @@ def test_exec_i_passes_stdin_with_its_end(box):
     assert r.returncode == 0 and r.stdout.strip() == b"100000"
 
 
+def test_exec_i_reads_stdin_that_is_a_file_or_a_device(box, tmp_path):
+    # `< file` and `< /dev/null`: stdin that epoll cannot watch. The CLI aborted (libuv's
+    # assertion on the read's start, exit 134); a pipe (above) was fine.
+    data = os.urandom(3 << 20)
+    (tmp_path / "in.bin").write_bytes(data)
+    with open(tmp_path / "in.bin", "rb") as f:
+        r = cli(box, "exec", box.url, "-i", "--", "sha256sum", stdin=f)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+    with open("/dev/null", "rb") as f:
+        r = cli(box, "exec", box.url, "-i", "--", "sh", "-c", "wc -c", stdin=f)
+    assert r.returncode == 0 and r.stdout.strip() == b"0", r
+
+
 def test_exec_of_a_missing_program_exits_127_with_the_reason(box):
     r = cli(box, "exec", box.url, "--", "/no/such/thing")
     assert r.returncode == 127 and b"/no/such/thing" in r.stderr
