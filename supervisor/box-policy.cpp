@@ -248,6 +248,19 @@ base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir
   const profile::Profile& prof = opts_.profile;
   std::string ws = dir + "/workspace";
   base::Result<std::string> how = std::string();
+  std::string tmp_too;
+  if (prof.resources.disk > 0 && prof.persistence != "persistent") {
+    // The branch's /tmp writes go to its overlay's upper and work directories in the branch's
+    // dir, which must share one mount: the whole dir, empty so far but for the workspace's mount
+    // point, goes on a tmpfs of the same size, so /tmp is bounded as /workspace is (each by the
+    // ceiling). Else they were on the state dir's disk, unbounded.
+    std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
+    if (::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0)
+      return base::sys_fail("mount a tmpfs on the branch's dir " + dir + " (for /tmp)", errno);
+    b.layer_mount = dir;
+    if (auto r = os::make_dirs(ws, 0755); !r) return base::fail("create " + ws + ": " + r.error().message());
+    tmp_too = ", /tmp likewise";
+  }
   if (prof.resources.disk > 0 && prof.persistence == "persistent") {
     // Files that must outlive the box cannot sit on a tmpfs.
     std::string image = dir + "/workspace.ext4";
@@ -263,7 +276,7 @@ base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir
       data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
     if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
       b.workspace_mount = ws;
-      how = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)";
+      how = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)" + tmp_too;
     } else {
       how = base::sys_fail("mount a tmpfs on the workspace", errno);
     }
@@ -334,9 +347,11 @@ void Box::teardown_policy() {
   for (auto& [n, b] : branches_) {
     b->limits.reset();
     b->cgroup.reset();  // kills what is left and removes the group
-    if (!b->workspace_mount.empty() && ::umount2(b->workspace_mount.c_str(), MNT_DETACH) != 0)
-      log()->warn("unmount {}: {}", b->workspace_mount, std::strerror(errno));
-    b->workspace_mount.clear();
+    for (auto* m : {&b->workspace_mount, &b->layer_mount}) {
+      if (!m->empty() && ::umount2(m->c_str(), MNT_DETACH) != 0)
+        log()->warn("unmount {}: {}", *m, std::strerror(errno));
+      m->clear();
+    }
   }
   cgroup_join_.clear();
   cgroup_dir_.reset();

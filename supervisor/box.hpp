@@ -134,6 +134,7 @@ struct Branch {
   // could not be frozen (no freezer cgroup, as in a container): their writes block instead.
   bool output_paused = false;
   std::string workspace_mount;  // a sized tmpfs we mounted, unmounted at the end
+  std::string layer_mount;      // the branch's dir on a sized tmpfs (its /tmp's layers), likewise
   os::UniqueFd pidfd;           // of ns-init (the tree's root), opened while it is our unreaped child
 };
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, of_type, output, pids_group, pids_running, probe,
-                     read_events, read_journal, started)
+                     read_events, read_journal, run_init, started)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,6 +139,55 @@ def test_filling_the_workspace_control_without_disk(state_dir):
     r, ev = box(state_dir, probe("fill-disk", "/workspace/fill", 32 << 20), "resources.disk=0")
     assert f"wrote={32 << 20} errno=0" in output(ev)
     assert (state_dir / "branches" / "main" / "workspace" / "fill").stat().st_size == 32 << 20
+
+
+def test_filling_tmp_past_disk_gives_enospc_and_nothing_lands_on_the_hosts_disk(state_dir):
+    # /tmp is an overlay whose upper directory is in the branch's dir: it was on the state dir's
+    # disk, and the ceiling bounded /workspace alone (an untrusted agent wrote 400 MB there).
+    # (A bounded fill: where the ceiling does not hold, the test fails without filling the host.)
+    r, ev = box(state_dir, ["/bin/sh", "-c", f"{probe()[0]} fill-disk /tmp/fill {64 << 20}; "
+                            f"{probe()[0]} write /workspace/after"], "resources.disk=16M")
+    m = re.search(r"wrote=(\d+) errno=(\d+)", output(ev))
+    assert m and int(m.group(2)) == 28, output(ev)  # ENOSPC
+    assert int(m.group(1)) <= 16 << 20
+    assert "write /workspace/after ok" in output(ev)
+    assert "/tmp likewise" in started(ev)["enforcement"]["disk"]
+    # The branch's dir was a tmpfs, gone with the box: nothing of the agent's on the host's disk.
+    assert not (state_dir / "branches" / "main" / "tmp-upper" / "fill").exists()
+
+
+def test_filling_tmp_control_without_disk(state_dir):
+    r, ev = box(state_dir, probe("fill-disk", "/tmp/fill", 32 << 20), "resources.disk=0")
+    assert f"wrote={32 << 20} errno=0" in output(ev)
+    assert (state_dir / "branches" / "main" / "tmp-upper" / "fill").stat().st_size == 32 << 20
+
+
+LIVE_FORK_UNDER_DISK = r'''
+import json, os, sys, time
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+open("/tmp/sbx-disk-marker", "w").write("tmp-before")
+open("/workspace/w", "w").write("ws-before")
+agent.fork(1)
+st = os.statvfs("/tmp")
+print(json.dumps({"who": agent.whoami()["branch"], "tmp": open("/tmp/sbx-disk-marker").read(),
+                  "ws": open("/workspace/w").read(), "tmp_bytes": st.f_blocks * st.f_frsize}), flush=True)
+time.sleep(1)
+'''
+
+
+def test_a_live_copy_of_a_branch_under_a_disk_ceiling_gets_its_tmp_bounded_too(state_dir):
+    # The copy's dir is a sized tmpfs as well (mounted before its files are copied in), and
+    # criu's /tmp overlay for it has its upper and work directories there.
+    sdk = pathlib.Path(__file__).resolve().parents[2] / "sdk" / "python" / "sandboxer"
+    r = run_init(["--set", "resources.disk=64M", "--env", "SBX_AGENT_SDK", "--", "/usr/bin/python3", "-c",
+                  LIVE_FORK_UNDER_DISK], state_dir, env=dict(os.environ, SBX_AGENT_SDK=str(sdk)))
+    ev = read_journal(state_dir)
+    said = {m["who"]: m for m in (e["message"] for e in of_type(ev, "proc.message"))}
+    assert set(said) == {"main", "f1"}, output(ev)
+    assert [e["mode"] for e in of_type(ev, "restore.done")] == ["live"]
+    for m in said.values():
+        assert (m["tmp"], m["ws"], m["tmp_bytes"]) == ("tmp-before", "ws-before", 64 << 20), m
 
 
 def test_timeout_ends_the_agent_with_reason_timeout(state_dir):
