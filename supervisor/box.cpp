@@ -829,6 +829,7 @@ int Box::run() {
     log()->critical("{}", e.what());
     kill_leftovers();
     teardown_policy();
+    if (events_) events_->finish();
     return 125;
   }
   uv_run(loop_, UV_RUN_DEFAULT);
