@@ -79,7 +79,9 @@ Result<std::string> read_file(const std::string& path) {
   if (!fd) return last_error();
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return last_error();
-  if (auto r = set_nonblocking(fd.get(), false); !r) return r.error();
+  // (O_NONBLOCK means nothing to a regular file's reads: only others get it cleared.)
+  if (!S_ISREG(st.st_mode))
+    if (auto r = set_nonblocking(fd.get(), false); !r) return r.error();
   auto text = read_all(fd.get());
   // A FIFO no process writes reads as empty: say so, rather than give "".
   if (text && text->empty() && S_ISFIFO(st.st_mode)) return sys_error(ENODATA);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -68,10 +69,38 @@ void EventsOutput::on_event(uint64_t seq, std::string_view line) {
     log()->debug("--events: the reader is {} bytes behind; the rest comes from the journal", queue_.size() - off_);
     return;
   }
+  last_ = seq;
+  if (queue_.empty() && !polling_) {
+    // The usual case: the line and its newline in one writev, no copy; what the reader could
+    // not take yet is queued.
+    size_t done = write_direct(line);
+    if (done == line.size() + 1 || !fd_) return;
+    if (done < line.size()) queue_.append(line.substr(done));
+    queue_.push_back('\n');
+    pump();
+    return;
+  }
   queue_.append(line);
   queue_.push_back('\n');
-  last_ = seq;
   if (!polling_) pump();
+}
+
+// Writes `line` and a newline as far as the output takes them now; the bytes written (all of
+// them, line.size() + 1, when it took everything). A failure stops the output.
+size_t EventsOutput::write_direct(std::string_view line) {
+  char nl = '\n';
+  iovec iov[2] = {{const_cast<char*>(line.data()), line.size()}, {&nl, 1}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = 2;
+  for (;;) {
+    ssize_t n = socket_ ? ::sendmsg(fd_.get(), &m, MSG_DONTWAIT | MSG_NOSIGNAL) : ::writev(fd_.get(), iov, 2);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    stop(std::strerror(errno));
+    return 0;
+  }
 }
 
 void EventsOutput::pump() {

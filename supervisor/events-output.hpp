@@ -44,6 +44,7 @@ class EventsOutput {
 
  private:
   void pump();
+  size_t write_direct(std::string_view line);
   bool write_queue();
   bool read_behind();
   void stop(const std::string& why);
