@@ -137,10 +137,10 @@ def check_box_args(opts, *, max_copies: int, text_host: str | None) -> None:
 
 def check_text_command(words: Sequence[str], host: str) -> None:
     """A command word that is not UTF-8 (Python has its bytes surrogate-escaped) cannot cross an
-    API that takes text (Modal's, Kubernetes'): it would reach the box with U+FFFD for its bytes,
-    a different argument, or fail inside the host's SDK. Refused, naming the word, as `sandboxer
-    up` refuses one for docker; `sandboxer run` and Daytona's shim (an exec over the box API)
-    take any bytes."""
+    API that takes text (Modal's calls, Kubernetes' manifests, Daytona's variables): it would
+    reach the box with U+FFFD for its bytes, a different argument, or fail inside the host's SDK.
+    Refused, naming the word, as `sandboxer up` refuses one for docker; `sandboxer run` takes any
+    bytes."""
     for i, w in enumerate(words):
         try:
             w.encode("utf-8")
