@@ -146,10 +146,16 @@ class StdinForwarder {
   }
 
  private:
+  // One `stdin` request: bytes, or the input's end.
+  void send_input(std::string_view data) {
+    client_.request({{"op", "stdin"}, {"proc", proc_}, {"data_b64", base::base64_encode(data)}});
+  }
+  void send_eof() { client_.request({{"op", "stdin"}, {"proc", proc_}, {"eof", true}}); }
+
   void read_file() {
     uv_buf_t b = uv_buf_init(buf_.data(), static_cast<unsigned>(buf_.size()));
     file_reading_ = uv_fs_read(loop_, &file_, 0, &b, 1, -1, on_file_read) == 0;
-    if (!file_reading_) client_.request({{"op", "stdin"}, {"proc", proc_}, {"eof", true}});
+    if (!file_reading_) send_eof();
   }
 
   static void on_file_read(uv_fs_t* r) {
@@ -159,12 +165,10 @@ class StdinForwarder {
     self->file_reading_ = false;
     if (self->stopped_) return;
     if (n > 0) {
-      self->client_.request({{"op", "stdin"},
-                             {"proc", self->proc_},
-                             {"data_b64", base::base64_encode({self->buf_.data(), static_cast<size_t>(n)})}});
+      self->send_input({self->buf_.data(), static_cast<size_t>(n)});
       self->read_file();
     } else {
-      self->client_.request({{"op", "stdin"}, {"proc", self->proc_}, {"eof", true}});
+      self->send_eof();
     }
   }
 
@@ -176,12 +180,10 @@ class StdinForwarder {
   static void on_read(uv_stream_t* s, ssize_t n, const uv_buf_t* b) {
     auto* self = static_cast<StdinForwarder*>(s->data);
     if (n > 0) {
-      self->client_.request({{"op", "stdin"},
-                             {"proc", self->proc_},
-                             {"data_b64", base::base64_encode({b->base, static_cast<size_t>(n)})}});
+      self->send_input({b->base, static_cast<size_t>(n)});
     } else if (n < 0) {
       uv_read_stop(s);
-      self->client_.request({{"op", "stdin"}, {"proc", self->proc_}, {"eof", true}});
+      self->send_eof();
     }
   }
 
