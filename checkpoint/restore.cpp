@@ -570,7 +570,7 @@ void Checkpointer::start_cold_copy(std::shared_ptr<CopyJob> job) {
   spec->cgroup_view = host_.copy_cgroup_view(*job->copy);
   auto lb = sandbox::launch_branch(*spec);
   cg.clear();
-  if (!lb) return copy_failed(job, "start the copy: " + lb.error().message());
+  if (!lb) return copy_failed(job, "start the copy: " + lb.error().message);
   pid_t ns_init = lb->pid;
   job->copy->launched() = std::move(*lb);
   if (auto r = host_.start_cold_agent(*job->copy, {"SANDBOXER_RESUMED=1", "SANDBOXER_SNAPSHOT=" + job->op->snapshot});

@@ -171,15 +171,19 @@ Line check_landlock() {
   return {"landlock", true, d, "applied to ephemeral and persistent profiles only: criu does not restore it"};
 }
 
-Line check_namespaces() {
+Line check_namespaces(const sandbox::HostCapabilities& caps, const std::optional<profile::Profile>& dflt) {
   auto ns = sandbox::can_make_namespaces();
   bool pidmnt = ns.has_value();
   int net = in_child([] { return ::unshare(CLONE_NEWNET) == 0 ? 0 : errno; });
   std::string detail = std::string("pid+mount: ") + (pidmnt ? "yes" : "no (" + ns.error().message + ")") +
                        ", network: " + (net == 0 ? "yes" : std::string("no (") + std::strerror(net) + ")");
-  if (!pidmnt)
+  if (!pidmnt) {
+    auto refusal = sandbox::flat_fallback_refusal(dflt ? dflt->isolation.without_namespaces : "auto", caps);
+    if (!refusal.empty())
+      return {"namespaces", false, detail, "boxes of the default profile refuse to start: " + refusal};
     return {"namespaces", false, detail,
             "the agent runs flat under the supervisor: no own root, no masks, no live checkpoint (filesystem-only)"};
+  }
   if (net != 0) return {"namespaces", false, detail, "network: none cannot be enforced"};
   return {"namespaces", true, detail, ""};
 }
@@ -332,11 +336,11 @@ int cmd_doctor(const std::vector<std::string>& args) {
   bool json = a.has("--json");
   std::optional<profile::Profile> dflt;
   Line profile_line = check_profile(dflt);
-  std::vector<Line> lines = {check_cgroup(),  check_seccomp(),       check_landlock(), check_namespaces(),
-                             check_overlay(), check_criu(),          check_ksm(),      check_disk(),
-                             profile_line,    check_privileges(dflt)};
   sandbox::CommandProbe criu({"criu", "--version"});
   auto caps = sandbox::detect_capabilities(&criu);
+  std::vector<Line> lines = {check_cgroup(),  check_seccomp(),       check_landlock(), check_namespaces(caps, dflt),
+                             check_overlay(), check_criu(),          check_ksm(),      check_disk(),
+                             profile_line,    check_privileges(dflt)};
   if (json) {
     boost::json::object o;
     for (auto& l : lines) {

@@ -524,6 +524,8 @@ void parse_into(Profile& p, const json::value& doc) {
         throw ProfileError("isolation.namespaces: expected true, false or a list like [\"pid\", \"mount\"]");
       }
     }
+    if (auto* v = f.get("without_namespaces"))
+      p.isolation.without_namespaces = as_choice(*v, "isolation.without_namespaces", {"auto", "refuse", "run"});
     if (auto* v = f.get("user")) parse_user(p, *v);
     if (auto* v = f.get("capabilities")) {
       if (v->is_null())

@@ -70,9 +70,13 @@ struct Profile {
     bool ksm = true;               // live copies' anonymous memory mergeable by the host's KSM
   } resources;
   struct Isolation {
-    std::string level = "process";     // process, container, gvisor, microvm: the least the host must give
-    bool namespaces = true;            // own pid + mount namespace
-    std::optional<uint32_t> uid, gid;  // unset: the agent runs as the supervisor's user
+    std::string level = "process";  // process, container, gvisor, microvm: the least the host must give
+    bool namespaces = true;         // own pid + mount namespace
+    // Where the host refuses them (or their mount plan fails): "run" the agent without them,
+    // "refuse" to, or "auto" (refuse where the supervisor is root on a host with no container
+    // around it: sandbox::flat_fallback_allowed).
+    std::string without_namespaces = "auto";
+    std::optional<uint32_t> uid, gid;                      // unset: the agent runs as the supervisor's user
     std::optional<std::vector<std::string>> capabilities;  // kept (CAP_ names); unset: all
     struct Landlock {
       std::vector<std::string> rw, ro;

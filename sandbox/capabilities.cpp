@@ -1,6 +1,7 @@
 #include "sandbox/capabilities.hpp"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/landlock.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,8 +20,10 @@
 #include <regex>
 #include <sstream>
 
+#include "os/proc-view.hpp"
 #include "os/sys.hpp"
 #include "sandbox/launcher.hpp"
+#include "sandbox/policy.hpp"
 
 extern char** environ;
 
@@ -222,6 +225,26 @@ HostCapabilities detect_capabilities(CommandProbe* criu, bool probe_namespaces) 
            std::getenv("KUBERNETES_SERVICE_HOST"))
     c.isolation = "container";
   return c;
+}
+
+std::string flat_fallback_refusal(const std::string& mode, const HostCapabilities& caps) {
+  if (mode == "run") return "";
+  if (mode == "refuse") return "the profile's isolation.without_namespaces is \"refuse\"";
+  // Root of the host's user namespace: nothing holds an agent without namespaces in, unless a
+  // container is around it that took CAP_SYS_ADMIN away (Docker's default); one that left it (a
+  // privileged container) holds in nothing either.
+  if (::geteuid() != 0 || !os::in_initial_user_namespace()) return "";
+  auto own = own_capabilities();
+  bool sys_admin = !own || (own->effective & (1ULL << CAP_SYS_ADMIN)) != 0;
+  const char* run = " (isolation.without_namespaces \"run\" runs it anyway)";
+  if (caps.isolation == "process")
+    return std::string("the supervisor is root on this host, with no container around it: its agent would be") + run;
+  if (sys_admin)
+    return std::string(
+               "the supervisor is root holding CAP_SYS_ADMIN (a host, or a privileged container): its agent "
+               "would be root with nothing around it") +
+           run;
+  return "";
 }
 
 }  // namespace sbx::sandbox

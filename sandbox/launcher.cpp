@@ -945,7 +945,18 @@ os::Result<void> copy_root_top(pid_t ns_init, const std::string& dest) {
   return result;
 }
 
-os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
+namespace {
+
+// The launch's error where the namespaces failed and the branch may not run without them.
+base::Error flat_refused(const BranchSpec& spec, const std::string& why) {
+  return base::fail("no pid and mount namespace for the branch (" + why + "), and it may not run without them" +
+                        (spec.flat_refusal.empty() ? "" : ": " + spec.flat_refusal),
+                    "unavailable");
+}
+
+}  // namespace
+
+base::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   // Its network namespace is made before the clone, so that the reports socket is made in it; on
   // a thread, beside the rest of the work before the clone.
   bool own_net = spec.want_namespaces && spec.new_net;
@@ -955,7 +966,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   struct stat lst {};
   if (auto r = prepare_layer(spec, ::stat(lib_dir.c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)); !r) {
     log()->error("branch {}: prepare its writable layer in {}: {}", spec.name, spec.dir, r.error().message());
-    return r.error();
+    return base::sys_fail("prepare the branch's writable layer in " + spec.dir, r.error());
   }
   if (spec.want_namespaces) ensure_machine_id(spec.dir);
 
@@ -965,7 +976,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     netns_why = "a network namespace of its own: " + pipes.error().message();
     pipes = make_pipes(nullptr);
   }
-  if (!pipes) return pipes.error();
+  if (!pipes) return base::sys_fail("make the branch's pipes", pipes.error());
 
   NsInitBinary bin = ns_init_binary(spec.self_exe);
   std::vector<std::string> args = {bin.path};
@@ -973,6 +984,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
 
   LaunchedBranch lb;
   std::string why_not;
+  if (spec.want_namespaces && !netns_why.empty() && !spec.flat_fallback) return flat_refused(spec, netns_why);
   bool try_ns = spec.want_namespaces && netns_why.empty();
   if (!spec.want_namespaces) why_not = "namespaces are off in the profile";
   if (!netns_why.empty()) why_not = netns_why;
@@ -988,7 +1000,7 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     Plan plan;
     if (ns) plan = make_plan(spec, bin.path);
     auto ep = os::make_pipe();
-    if (!ep) return ep.error();
+    if (!ep) return base::sys_fail("make the branch's error pipe", ep.error());
     ChildArgs ca{ns ? &plan : nullptr,
                  pipes->netns ? pipes->netns.get() : -1,
                  ns ? kNsInitPath : bin.path.c_str(),
@@ -1007,9 +1019,10 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
     if (pid < 0) {
       if (ns) {
         why_not = std::string("clone(CLONE_NEWPID|CLONE_NEWNS): ") + std::strerror(errno);
+        if (!spec.flat_fallback) return flat_refused(spec, why_not);
         continue;
       }
-      return os::last_error();
+      return base::sys_fail("start ns-init", errno);
     }
     ep->write.reset();
     int join_err = in_cgroup || spec.cgroup_self_join ? 0 : join_cgroups(spec.cgroup_join, pid);
@@ -1024,24 +1037,25 @@ os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
                                                        : "exec " + bin.path;
       std::string msg = step + ": " + std::strerror(ce->err);
       if (ns && ce->step >= 0) {
+        if (!spec.flat_fallback) return flat_refused(spec, msg);
         log()->warn("branch {}: {}; running without namespaces", spec.name, msg);
         why_not = msg;
         continue;
       }
-      return os::sys_error(ce->err);
+      return base::fail(msg);
     }
     if (join_err != 0) {
       ::kill(pid, SIGKILL);
       int st;
       ::waitpid(pid, &st, __WALL);
       log()->error("branch {}: join the branch's cgroup: {}", spec.name, std::strerror(join_err));
-      return os::sys_error(join_err);
+      return base::sys_fail("join the branch's cgroup", join_err);
     }
     lb.pid = pid;
     lb.namespaced = ns;
     break;
   }
-  if (lb.pid < 0) return os::sys_error(ECHILD);
+  if (lb.pid < 0) return base::sys_fail("start ns-init", ECHILD);
   lb.why_not = lb.namespaced ? "" : why_not;
   if (!lb.namespaced) pipes->netns.reset();  // made, but ns-init runs in ours
   lb.take(*pipes);

@@ -91,6 +91,11 @@ struct BranchSpec {
   /// container, the container's own view).
   std::vector<std::pair<std::string, std::string>> cgroup_view;
   std::string resolv_conf;  // network: a file bound over the agent's /etc/resolv.conf
+  /// Where the namespaces or the mount plan fail: run the branch without them (flat), saying why
+  /// in `why_not`; else the launch fails, naming the step and `flat_refusal`, why it may not
+  /// (isolation.without_namespaces: flat_fallback_refusal).
+  bool flat_fallback = false;
+  std::string flat_refusal;
 };
 
 /// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each
@@ -137,9 +142,10 @@ struct NsInitBinary {
 NsInitBinary ns_init_binary(const std::string& self_exe);
 
 /// Starts ns-init for `spec`. The caller then writes the branch's config (argv, env, cwd,
-/// grace_ms) as the first line of `requests`. Falls back to flat mode when the namespaces or the mount plan
-/// fail, and says why in `why_not`. The caller registers the pid with its reaper at once.
-os::Result<LaunchedBranch> launch_branch(const BranchSpec& spec);
+/// grace_ms) as the first line of `requests`. Where the namespaces or the mount plan fail, falls
+/// back to flat mode and says why in `why_not` if `spec.flat_fallback`, else fails with the step
+/// and no child left. The caller registers the pid with its reaper at once.
+base::Result<LaunchedBranch> launch_branch(const BranchSpec& spec);
 
 /// Whether this process may create pid + mount namespaces (tried in a throwaway child); the
 /// error says why not.

@@ -118,21 +118,6 @@ os::UniqueFd build_landlock(const boost::json::object& l) {
   return ruleset;
 }
 
-// This process's effective and permitted capability sets (a bit per capability), or nullopt
-// where capget fails.
-struct CapSets {
-  uint64_t effective = 0, permitted = 0;
-};
-std::optional<CapSets> own_capabilities() {
-  struct __user_cap_header_struct hdr {
-    _LINUX_CAPABILITY_VERSION_3, 0
-  };
-  struct __user_cap_data_struct data[2]{};
-  if (::syscall(SYS_capget, &hdr, data) != 0) return std::nullopt;
-  return CapSets{data[0].effective | (static_cast<uint64_t>(data[1].effective) << 32),
-                 data[0].permitted | (static_cast<uint64_t>(data[1].permitted) << 32)};
-}
-
 int cap_last() {
   if (auto t = os::read_file("/proc/sys/kernel/cap_last_cap")) {
     try {
@@ -166,6 +151,16 @@ const char* const kSteps[] = {"oom_score_adj",
                               "seccomp filter"};
 
 }  // namespace
+
+std::optional<CapSets> own_capabilities() {
+  struct __user_cap_header_struct hdr {
+    _LINUX_CAPABILITY_VERSION_3, 0
+  };
+  struct __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return std::nullopt;
+  return CapSets{data[0].effective | (static_cast<uint64_t>(data[1].effective) << 32),
+                 data[0].permitted | (static_cast<uint64_t>(data[1].permitted) << 32)};
+}
 
 const char* policy_step_name(int step) noexcept {
   if (step < 0 || step >= static_cast<int>(sizeof kSteps / sizeof kSteps[0])) return "policy";

@@ -54,6 +54,13 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
 /// store, SSH and cloud credentials of the supervisor's user and of root.
 std::vector<std::string> credential_paths();
 
+/// This process's effective and permitted capability sets (a bit per capability), or nullopt
+/// where capget fails.
+struct CapSets {
+  uint64_t effective = 0, permitted = 0;
+};
+std::optional<CapSets> own_capabilities();
+
 struct PreparedPolicy {
   bool set_oom_score = true;
   bool have_ids = false;

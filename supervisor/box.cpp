@@ -381,7 +381,7 @@ void Box::start() {
   auto lb = sandbox::launch_branch(spec);
   cgroup_join_.clear();
   cgroup_dir_.reset();
-  if (!lb) throw std::runtime_error("start branch main: " + lb.error().message());
+  if (!lb) throw std::runtime_error("start branch main: " + lb.error().message);
   b->launched = std::move(*lb);
   b->starting = true;
   if (spec.want_namespaces && !b->launched.namespaced && b->launched.why_not.starts_with("clone(")) {
@@ -439,6 +439,8 @@ sandbox::BranchSpec Box::branch_spec(const std::string& name) const {
   spec.dir = opts_.state_dir + "/branches/" + name;
   spec.self_exe = opts_.self_exe;
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
+  spec.flat_refusal = sandbox::flat_fallback_refusal(opts_.profile.isolation.without_namespaces, caps_);
+  spec.flat_fallback = spec.flat_refusal.empty();
   spec.masks = base_masks();
   return spec;
 }

@@ -75,7 +75,7 @@ TEST_CASE("launch_branch: ns-init runs as PID 1 of its own namespaces, in the br
     spec.cgroup_self_join = true;
   }
   auto lb = sandbox::launch_branch(spec);
-  REQUIRE_MESSAGE(lb.has_value(), lb.error().message());
+  REQUIRE_MESSAGE(lb.has_value(), lb.error().message);
   CHECK(lb->namespaced);
   CHECK(lb->why_not.empty());
   // Exec'd (not a copy of us): its own program, PID 1 of the pid namespace it made.
@@ -93,8 +93,9 @@ TEST_CASE("launch_branch: a step of the mount plan that fails leaves the branch 
   // (EINVAL: a directory over a file).
   spec.resolv_conf = (d.path / "resolv-dir").string();
   REQUIRE(::mkdir(spec.resolv_conf.c_str(), 0755) == 0);
+  spec.flat_fallback = true;
   auto lb = sandbox::launch_branch(spec);
-  REQUIRE_MESSAGE(lb.has_value(), lb.error().message());
+  REQUIRE_MESSAGE(lb.has_value(), lb.error().message);
   CHECK_FALSE(lb->namespaced);
   CHECK(lb->why_not == "attach /etc/resolv.conf: Invalid argument");
   // Flat: in our pid namespace, the host's sandboxer-ns-init.
@@ -103,13 +104,33 @@ TEST_CASE("launch_branch: a step of the mount plan that fails leaves the branch 
   CHECK(end_ns_init(*lb) == 127);
 }
 
+TEST_CASE("launch_branch: where the branch may not run flat, a failed step is the launch's error, with no child" *
+          doctest::skip(!root())) {
+  test::TempDir d("launcher");
+  auto spec = spec_in(d);
+  spec.resolv_conf = (d.path / "resolv-dir").string();
+  REQUIRE(::mkdir(spec.resolv_conf.c_str(), 0755) == 0);
+  REQUIRE_FALSE(spec.flat_fallback);  // the default: refused unless the caller allows it
+  auto lb = sandbox::launch_branch(spec);
+  REQUIRE_FALSE(lb.has_value());
+  CHECK(lb.error().code == "unavailable");
+  CHECK(lb.error().message ==
+        "no pid and mount namespace for the branch (attach /etc/resolv.conf: Invalid argument), and it may not run "
+        "without them");
+  // The namespaced attempt's child was collected, and no flat one was started.
+  CHECK(::waitpid(-1, nullptr, WNOHANG | __WALL) == -1);
+  CHECK(errno == ECHILD);
+}
+
 TEST_CASE("launch_branch: no ns-init to exec is an error of the launch, with no child left" * doctest::skip(!root())) {
   test::TempDir d("launcher");
   auto spec = spec_in(d);
   spec.self_exe = (d.path / "no-such-dir" / "sandboxer-init").string();
+  spec.flat_fallback = true;
   auto lb = sandbox::launch_branch(spec);
   REQUIRE_FALSE(lb.has_value());
-  CHECK(lb.error() == std::errc::no_such_file_or_directory);
+  CHECK(lb.error().message.starts_with("exec " + spec.self_exe.substr(0, spec.self_exe.rfind('/'))));
+  CHECK(lb.error().message.ends_with(": No such file or directory"));
   // Both attempts' children were collected by launch_branch itself.
   CHECK(::waitpid(-1, nullptr, WNOHANG | __WALL) == -1);
   CHECK(errno == ECHILD);
