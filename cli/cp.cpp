@@ -267,6 +267,12 @@ int cmd_cp(const std::vector<std::string>& args) {
   a.expect_positionals(2);
   const auto& from = a.positionals()[0];
   const auto& to = a.positionals()[1];
+  // "-" is standard input or output to docker cp and tar; here it would be a file of that name.
+  for (const auto* p : {&from, &to})
+    if (*p == "-")
+      throw UsageError(
+          "\"-\" (standard input or output) is not supported: name a file (./- for one named -), or stream "
+          "with `sandboxer exec [-i] URL -- cat [> PATH]`");
   auto src = split_remote(from), dst = split_remote(to);
   if (src.has_value() == dst.has_value()) throw UsageError("one of SRC and DST is URL:PATH, the other a local path");
   Session s("cp", src ? src->url : dst->url, a);

@@ -118,6 +118,24 @@ def test_cp_refuses_an_escaping_path(box, tmp_path):
     assert r.returncode != 0 and b"path_escape" in r.stderr
 
 
+@pytest.mark.parametrize("way", ["down", "up"])
+def test_cp_refuses_a_dash_for_standard_input_or_output_and_makes_no_file_of_that_name(box, tmp_path, way):
+    # "-" is stdin/stdout to docker cp and tar; cp once wrote (or read) a local file named "-".
+    (box.workspace / "f.txt").write_text("in the box\n")
+    args = [f"{box.url}:/workspace/f.txt", "-"] if way == "down" else ["-", f"{box.url}:/workspace/g.txt"]
+    r = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), *args], capture_output=True,
+                       input=b"from stdin\n", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert b'"-" (standard input or output) is not supported: name a file (./- for one named -)' in r.stderr
+    assert not (tmp_path / "-").exists() and not (box.workspace / "g.txt").exists()
+    # A file named "-" by a path of its own still goes.
+    if way == "down":
+        args[1] = "./-"
+        r = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), *args], capture_output=True,
+                           cwd=tmp_path, timeout=30)
+        assert r.returncode == 0 and (tmp_path / "-").read_text() == "in the box\n", r.stderr
+
+
 def test_stats_prints_the_box_and_its_procs(box):
     r = subprocess.run([str(CLI), "stats", box.url, "--json", "--token-file", str(box.token_file)],
                        capture_output=True, timeout=30)
