@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, statSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -71,16 +71,20 @@ describe("one box", () => {
       await b.close();
     });
     const state = mkdtempSync(join(tmpdir(), "sbx-ts-state-"));
-    await withEnv({ XDG_STATE_HOME: state, SANDBOXER_TOKEN: "" }, async () => {
-      const missing = await rejects(Box.connect(server.url));
-      assert.ok(missing instanceof AuthError && missing.message.includes(tokenPath(server.url)), missing.message);
-      const p = storeToken(server.url + "/", server.token);
-      assert.equal(statSync(p).mode & 0o777, 0o600);
-      assert.equal(readFileSync(p, "utf8"), server.token + "\n");
-      const b = await Box.connect(server.url);
-      await b.stats();
-      await b.close();
-    });
+    try {
+      await withEnv({ XDG_STATE_HOME: state, SANDBOXER_TOKEN: "" }, async () => {
+        const missing = await rejects(Box.connect(server.url));
+        assert.ok(missing instanceof AuthError && missing.message.includes(tokenPath(server.url)), missing.message);
+        const p = storeToken(server.url + "/", server.token);
+        assert.equal(statSync(p).mode & 0o777, 0o600);
+        assert.equal(readFileSync(p, "utf8"), server.token + "\n");
+        const b = await Box.connect(server.url);
+        await b.stats();
+        await b.close();
+      });
+    } finally {
+      rmSync(state, { recursive: true, force: true });
+    }
     assert.equal(tokenKey("ws://127.0.0.1:7000/"), "ws%3A%2F%2F127.0.0.1%3A7000");
     assert.equal(tokenKey("WS://Host:1/a/#x"), "ws%3A%2F%2Fhost%3A1%2Fa");
   });
