@@ -126,7 +126,7 @@ os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, m
   return os::UniqueFd(fd);
 }
 
-os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode) {
+os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode, bool* created) {
   // Nothing but a regular file is ever opened for its content: the entry is taken as O_PATH
   // (which opens no FIFO, device or socket: no open that blocks, no driver's open), checked, and
   // only then the same inode is opened to read or write. A swap between the two changes nothing.
@@ -139,7 +139,10 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
       // A new file, made here: O_EXCL, so nothing that appeared meanwhile is written through.
       int fd =
           open_beneath(rfd.get(), rel, access | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | (flags & O_APPEND), mode);
-      if (fd >= 0) return os::UniqueFd(fd);
+      if (fd >= 0) {
+        if (created) *created = true;
+        return os::UniqueFd(fd);
+      }
       if (errno == EEXIST) continue;
       fail(path, errno);
     }
@@ -156,6 +159,39 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
     return std::move(*f);
   }
   throw RequestError("io_error", path + ": it keeps changing while it is opened");
+}
+
+MadeFile MadeFile::of(const FsRoots& roots, const std::string& path, int fd) noexcept {
+  MadeFile m;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return m;
+  try {
+    m.dir_ = fs_open(roots, path, O_PATH, 0, &m.name_);
+  } catch (const std::exception&) {
+    return m;
+  }
+  m.dev_ = st.st_dev;
+  m.ino_ = st.st_ino;
+  return m;
+}
+
+MadeFile& MadeFile::operator=(MadeFile&& o) noexcept {
+  if (this != &o) {
+    remove();
+    dir_ = std::move(o.dir_);
+    name_ = std::move(o.name_);
+    dev_ = o.dev_;
+    ino_ = o.ino_;
+  }
+  return *this;
+}
+
+void MadeFile::remove() noexcept {
+  if (!dir_) return;
+  struct stat st {};
+  if (::fstatat(dir_.get(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == dev_ && st.st_ino == ino_)
+    ::unlinkat(dir_.get(), name_.c_str(), 0);
+  dir_.reset();
 }
 
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow) {

@@ -29,8 +29,33 @@ os::UniqueFd fs_open(const FsRoots& roots, const std::string& path, int flags, m
 /// Opens the regular file at `path` to read or write it (`flags`: O_RDONLY or O_WRONLY with
 /// O_CREAT, O_TRUNC, O_APPEND). Anything else there (a FIFO, a device, a socket, a directory) is
 /// refused without being opened: RequestError "not_a_file" / "is_a_directory" naming the path and
-/// the type ("not a regular file: a FIFO").
-os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644);
+/// the type ("not a regular file: a FIFO"). `created`, when given, says whether the file was made
+/// by this open (O_CREAT, nothing there before).
+os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int flags, mode_t mode = 0644,
+                          bool* created = nullptr);
+
+/// A file an fs.write made, removed again when this goes unless kept: a write that fails (a full
+/// disk) or an upload cut off leaves nothing it made behind, and gives its space back. Removed
+/// by its directory and name (opened beneath the root as any fs op), and only while that entry
+/// is still the same file. A file that was there before is not this: it stays as the write left it.
+class MadeFile {
+ public:
+  MadeFile() = default;
+  /// The file `fd`, just made at `path`; an empty MadeFile where its directory cannot be opened.
+  static MadeFile of(const FsRoots& roots, const std::string& path, int fd) noexcept;
+  MadeFile(MadeFile&&) noexcept = default;
+  MadeFile& operator=(MadeFile&& o) noexcept;
+  ~MadeFile() { remove(); }
+  /// The write succeeded: the file stays.
+  void keep() noexcept { dir_.reset(); }
+
+ private:
+  void remove() noexcept;
+  os::UniqueFd dir_;
+  std::string name_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
 
 /// The type, size, mode and mtime of what `path` names; with `follow` false, of the entry itself
 /// (a symlink there is not followed, and its text comes in `target`, `target_b64`).

@@ -61,17 +61,21 @@ void op_fs_write(OpContext& ctx) {
       throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
     c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
   }
-  auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode);
+  bool created = false;
+  auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode, &created);
+  MadeFile made = created ? MadeFile::of(roots, path, fd.get()) : MadeFile{};
   if (inline_data) {
     if (auto w = os::write_all(fd.get(), *inline_data); !w)
       throw RequestError("io_error", "write " + path + ": " + w.error().message());
+    made.keep();
     auto ok = ctx.ok();
     ok["size"] = inline_data->size();
     base::put_bytes_field(ok, "path", path);
     return ctx.reply(ok);
   }
   c.failed_uploads.erase(bid);
-  c.uploads[bid] = Upload{std::move(fd), path, 0, ctx.req.id};
+  Upload& u = c.uploads[bid] = Upload{std::move(fd), path, 0, ctx.req.id};
+  u.made = std::move(made);
   // The reply comes with the last binary frame (Server::Impl::on_binary).
 }
 

@@ -20,6 +20,7 @@
 
 #include "journal/journal.hpp"
 #include "os/unique-fd.hpp"
+#include "supervisor/fs-ops.hpp"
 
 namespace sbx::supervisor {
 
@@ -66,6 +67,8 @@ struct Upload {
   // checked whole and filed under its id.
   TempPath archive;
   uint64_t expected = 0;
+  // fs.write: the file, where this upload made it (removed unless the upload ends well).
+  MadeFile made;
 };
 
 struct Download {

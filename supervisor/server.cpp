@@ -548,6 +548,7 @@ struct Server::Impl {
       return 0;
     }
     if (h->last()) {
+      u.made.keep();
       auto reply = protocol::ok_reply(u.id);
       reply["size"] = u.end;
       base::put_bytes_field(reply, "path", u.path);

@@ -1,4 +1,5 @@
 """Files over the WebSocket: content in binary frames, paths confined to the branch's roots."""
+import asyncio
 import base64
 import hashlib
 import json
@@ -408,3 +409,47 @@ def test_the_file_ops_see_the_agents_own_tmp(tmp_path, mode):
     else:
         with overlayfs_dir(tmp_path) as mnt:
             with_box(mnt)
+
+
+def test_an_upload_that_fills_the_disk_or_is_cut_off_leaves_no_file_it_made(tmp_path):
+    # Under an 8M disk ceiling (the workspace and /tmp tmpfs of that size): a 12 MiB upload fails
+    # with ENOSPC. The file it made, 8 MiB of it, once stayed and kept the disk full; an upload
+    # whose client went away halfway stayed half written. Now both are removed; a file that was
+    # there before is written in place and stays as the failed write left it (the control: the
+    # server does not remove what it did not make).
+    with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.disk=8M", "--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                assert (await write_file(s, 1, "/workspace/old.txt", b"before\n"))["ok"]
+                for rid, path in ((2, "/workspace/big.bin"), (3, "/tmp/big.bin"), (4, "/workspace/old.txt")):
+                    r = await write_file(s, rid, path, os.urandom(12 << 20))
+                    assert not r["ok"] and r["error"]["code"] == "io_error", r
+                    assert r["error"]["message"] == f"write {path}: No space left on device", r
+                assert (await s.request("fs.stat", path="/workspace/big.bin"))["error"]["code"] == "not_found"
+                assert (await s.request("fs.stat", path="/tmp/big.bin"))["error"]["code"] == "not_found"
+                st = await s.request("fs.stat", path="/workspace/old.txt")
+                assert st["ok"] and 0 < st["size"] < 12 << 20, st
+                assert (await s.request("fs.remove", path="/workspace/old.txt"))["ok"]
+                # The space is back: 6 MiB fit.
+                assert (await write_file(s, 5, "/workspace/fits.bin", os.urandom(6 << 20)))["ok"]
+                assert (await s.request("fs.remove", path="/workspace/fits.bin"))["ok"]
+                # Cut off: two of four frames, then the connection closes.
+                await ws.send(json.dumps({"id": 6, "op": "fs.write", "path": "/workspace/half.bin"}))
+                for off in (0, CHUNK):
+                    await ws.send(header(6, off, False) + os.urandom(CHUNK))
+                # The frames were taken (the next request is answered after them).
+                assert (await s.request("ping"))["ok"]
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                for _ in range(100):
+                    st = await s.request("fs.stat", path="/workspace/half.bin")
+                    if not st["ok"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert st["error"]["code"] == "not_found", st
+                # A whole upload of a new file stays.
+                assert (await write_file(s, 7, "/workspace/whole.bin", b"x" * (CHUNK + 1)))["ok"]
+                assert (await s.request("fs.stat", path="/workspace/whole.bin"))["size"] == CHUNK + 1
+        run(go())
+        assert box.alive()
