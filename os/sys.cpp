@@ -5,6 +5,7 @@
 #include <linux/openat2.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -337,6 +338,30 @@ std::optional<int> parse_signal(std::string_view s) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
   if (ec == std::errc() && p == s.data() + s.size() && n > 0 && n < NSIG) return n;
   return std::nullopt;
+}
+
+Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string* holder) {
+  UniqueFd d(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return last_error();
+  UniqueFd f(::openat(d.get(), name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC, 0600));
+  if (!f) return last_error();
+  struct stat st {};
+  if (::fstat(f.get(), &st) != 0) return last_error();
+  if (!S_ISREG(st.st_mode)) return sys_error(EINVAL);
+  if (::flock(f.get(), LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    if (err == EWOULDBLOCK && holder) {
+      char buf[24] = {};
+      ssize_t n = ::pread(f.get(), buf, sizeof buf - 1, 0);
+      std::string pid(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      *holder = pid.find_first_not_of("0123456789") == std::string::npos ? pid : "";
+    }
+    return sys_error(err);
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(f.get(), 0) != 0 || ::pwrite(f.get(), pid.data(), pid.size(), 0) < 0) return last_error();
+  return f;
 }
 
 bool own_private_dir(const std::string& dir, std::string& why) {

@@ -115,6 +115,12 @@ const char* file_type_name(mode_t mode) noexcept;
 /// made it first.
 bool own_private_dir(const std::string& dir, std::string& why);
 
+/// Takes the exclusive lock `name` in the directory `dir` (a regular file of that name, made 0600
+/// where missing, never through a symlink, flock(2)ed) for as long as the fd returned stays open,
+/// and writes this process's pid into it. Held by another process: EWOULDBLOCK, with the pid it
+/// wrote in `holder` ("" where it wrote none).
+Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string* holder = nullptr);
+
 /// This user's state directory: $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else
 /// (no home) /tmp/sandboxer-UID, checked with own_private_dir. Empty, with `why`, when that check
 /// fails.

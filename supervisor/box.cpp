@@ -285,6 +285,23 @@ void Box::open_events_output() {
   journal_->add_listener([this](const journal::Event& e) { events_->on_event(e.seq, e.line); });
 }
 
+// One supervisor a state dir: a second one on it took the first's journal, box id and cgroups,
+// and killed its agent as "an earlier run of this box" still in its cgroup.
+void Box::lock_state_dir() {
+  std::string holder;
+  auto lock = os::lock_dir(opts_.state_dir, "lock", &holder);
+  if (lock) {
+    state_lock_ = std::move(*lock);
+  } else if (lock.error() == std::errc::operation_would_block) {
+    throw std::runtime_error("state dir " + opts_.state_dir + " is in use by another box" +
+                             (holder.empty() ? "" : " (sandboxer-init, pid " + holder + " in its pid namespace)") +
+                             ": stop it first, or give this box a state dir of its own");
+  } else {
+    log()->warn("lock state dir {}: {}; a second box on it would not be refused", opts_.state_dir,
+                lock.error().message());
+  }
+}
+
 void Box::start() {
   // criu runs in other directories than ours (--work-dir, --root): a relative state dir would name
   // other places there, and a live restore would fail on something unrelated.
@@ -297,6 +314,7 @@ void Box::start() {
   auto real = std::filesystem::canonical(opts_.state_dir, real_ec);
   if (real_ec) throw std::runtime_error("resolve state dir " + opts_.state_dir + ": " + real_ec.message());
   opts_.state_dir = real.string();
+  lock_state_dir();
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {
     boost::system::error_code ec;

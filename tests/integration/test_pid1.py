@@ -494,3 +494,37 @@ def test_a_token_file_that_is_a_pipe_with_a_writer_is_read_to_its_end(tmp_path):
         os.close(rd)
     assert r.returncode == 0, r.stderr
     assert any(e["type"] == "server.listening" for e in read_journal(tmp_path / "s"))
+
+
+def test_a_second_box_on_a_state_dir_in_use_is_refused_and_the_first_goes_on(tmp_path):
+    # Run twice by mistake (a script's retry, a second terminal): the second supervisor took the
+    # first's box id, journal and cgroups, killed its agent as "processes of an earlier run of
+    # this box", then failed itself. Now the state dir is locked while a supervisor runs on it.
+    state = tmp_path / "s"
+    events = tmp_path / "first.jsonl"
+    gate = state / "branches" / "main" / "workspace" / "go"  # /workspace/go inside
+    first = subprocess.Popen([str(INIT), "--state-dir", str(state), "--events", str(events), "--", "sh", "-c",
+                              "echo started; while [ ! -e /workspace/go ]; do sleep 0.05; done; echo done"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_event(events, lambda e: e["type"] == "proc.output" and "started" in e.get("data", ""))
+        r = run_init(["--", "sh", "-c", "echo second"], state, as_pid1=False, text=True)
+        assert r.returncode == 125, r.stderr
+        assert (f"state dir {state} is in use by another box (sandboxer-init, pid {first.pid} in its pid namespace): "
+                "stop it first, or give this box a state dir of its own") in r.stderr, r.stderr
+        gate.touch()
+        assert first.wait(timeout=30) == 0, first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    ev = read_journal(state)
+    assert "".join(e["data"] for e in ev if e["type"] == "proc.output") == "started\ndone\n", ev
+    ex = [e for e in ev if e["type"] == "proc.exited"]
+    assert len(ex) == 1 and ex[0]["code"] == 0 and ex[0]["reason"] == "exited", ex
+    # The lock goes with the supervisor: the next box on the state dir starts.
+    r = run_init(["--", "sh", "-c", "echo third"], state, as_pid1=False, text=True)
+    assert r.returncode == 0, r.stderr
+    ev = read_journal(state)
+    assert [e["data"] for e in ev if e["type"] == "proc.output"][-1] == "third\n"
+    assert len([e for e in ev if e["type"] == "box.started"]) == 2

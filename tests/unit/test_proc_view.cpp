@@ -7,6 +7,7 @@
 
 #include "os/proc-view.hpp"
 #include "os/sys.hpp"
+#include "temp-dir.hpp"
 
 namespace {
 
@@ -76,4 +77,29 @@ TEST_CASE("proc view: PID 1 under the host's /proc gets a proc of its own namesp
   CHECK(before.find(' ') != std::string::npos);
   CHECK(done == "NSpid " + before);
   CHECK(after == "1");
+}
+
+TEST_CASE("lock_dir: one holder at a time, named by its pid; never through a symlink") {
+  sbx::test::TempDir d("lock");
+  std::string dir = d.path.string();
+  auto first = sbx::os::lock_dir(dir, "lock");
+  REQUIRE(first.has_value());
+  auto text = sbx::os::read_file(dir + "/lock");
+  REQUIRE(text.has_value());
+  CHECK(*text == std::to_string(::getpid()) + "\n");
+  // flock is per open file description: a second open of the same file, even by this process,
+  // is refused while the first is held.
+  std::string holder;
+  auto second = sbx::os::lock_dir(dir, "lock", &holder);
+  REQUIRE_FALSE(second.has_value());
+  CHECK(second.error() == std::errc::operation_would_block);
+  CHECK(holder == std::to_string(::getpid()));
+  first->reset();
+  CHECK(sbx::os::lock_dir(dir, "lock").has_value());
+  // A symlink where the lock goes (made by someone who may write the dir) is not followed.
+  REQUIRE(::symlink((dir + "/elsewhere").c_str(), (dir + "/link").c_str()) == 0);
+  auto through = sbx::os::lock_dir(dir, "link");
+  REQUIRE_FALSE(through.has_value());
+  CHECK(through.error() == std::errc::too_many_symbolic_link_levels);
+  CHECK(::access((dir + "/elsewhere").c_str(), F_OK) != 0);
 }
