@@ -1,7 +1,8 @@
 // sandboxer log STATE_DIR|URL [--since N] [--json] [--follow]
 // A box's journal from seq N: read from its state directory, or replayed over the API from a
 // ws[s]:// URL (subscribe from N, up to the last seq the box had written when asked, or on
-// with --follow), printed the same way, so a remote box reads like a local one.
+// with --follow; a state dir is followed while a box runs on it), printed the same way, so a
+// remote box reads like a local one.
 #include <unistd.h>
 
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "cli/printer.hpp"
 #include "cli/session.hpp"
 #include "journal/journal.hpp"
+#include "os/sys.hpp"
 
 namespace sbx::cli {
 
@@ -49,6 +51,35 @@ int log_remote(const Args& a, uint64_t since, bool json) {
   return rc;
 }
 
+// --follow of a state dir: what the journal holds, then what is added while a supervisor runs on
+// it (its lock is held), read again every 50 ms to 1 s; after the box's end (the lock free)
+// a last read, and the end.
+int log_local(const std::string& state_dir, const std::string& jdir, uint64_t since, bool json, bool follow) {
+  EventPrinter printer(json);
+  journal::Journal::ReadPos pos;  // each read goes on where the one before stopped
+  int wait_ms = 50;
+  for (;;) {
+    // Asked before the read: what the box wrote up to its end is in the read after it.
+    bool running = follow && os::dir_lock_held(state_dir, "lock");
+    uint64_t before = since;
+    auto r = journal::Journal::read(
+        jdir, since,
+        [&](uint64_t seq, std::string_view line) {
+          boost::system::error_code ec;
+          auto v = boost::json::parse(line, ec);
+          if (!ec && v.is_object()) printer.print(line, v.as_object());
+          since = seq;
+          return true;
+        },
+        &pos);
+    if (!r) throw std::runtime_error("read journal " + jdir + ": " + r.error().message());
+    std::cout.flush();
+    if (!running) return kExitOk;
+    wait_ms = since != before ? 50 : std::min(wait_ms * 2, 1000);
+    ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
+  }
+}
+
 }  // namespace
 
 int cmd_log(const std::vector<std::string>& args) {
@@ -60,23 +91,16 @@ int cmd_log(const std::vector<std::string>& args) {
   auto since = a.number<uint64_t>("--since", 0);
   bool json = a.has("--json");
   if (is_url(dir)) return log_remote(a, since, json);
-  if (a.has("--follow")) a.fail("--follow needs a URL (a running box)");
   std::string jdir = dir + "/journal";
+  std::string state_dir = dir;
   if (::access(jdir.c_str(), F_OK) != 0) {
     if (::access(dir.c_str(), F_OK) != 0) throw std::runtime_error(dir + ": no such directory");
     jdir = dir;  // given the journal directory itself
+    state_dir = dir + "/..";
     if (!journal::Journal::holds_journal(jdir))
       throw std::runtime_error(dir + ": not a box's state dir nor its journal (no journal/, no seq.hwm or segments)");
   }
-  EventPrinter printer(json);
-  auto r = journal::Journal::read(jdir, since, [&](uint64_t, std::string_view line) {
-    boost::system::error_code ec;
-    auto v = boost::json::parse(line, ec);
-    if (!ec && v.is_object()) printer.print(line, v.as_object());
-    return true;
-  });
-  if (!r) throw std::runtime_error("read journal " + jdir + ": " + r.error().message());
-  return 0;
+  return log_local(state_dir, jdir, since, json, a.has("--follow"));
 }
 
 }  // namespace sbx::cli

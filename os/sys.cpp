@@ -364,6 +364,13 @@ Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string*
   return f;
 }
 
+bool dir_lock_held(const std::string& dir, const char* name) {
+  std::string path = dir + "/" + name;
+  UniqueFd f(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!f) return false;
+  return ::flock(f.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+}
+
 bool own_private_dir(const std::string& dir, std::string& why) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     why = "create " + dir + ": " + last_error().message();

@@ -121,6 +121,9 @@ bool own_private_dir(const std::string& dir, std::string& why);
 /// wrote in `holder` ("" where it wrote none).
 Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string* holder = nullptr);
 
+/// Whether a process holds the lock `name` of `dir` (lock_dir) now; nothing is made or changed.
+bool dir_lock_held(const std::string& dir, const char* name);
+
 /// This user's state directory: $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else
 /// (no home) /tmp/sandboxer-UID, checked with own_private_dir. Empty, with `why`, when that check
 /// fails.

@@ -89,9 +89,44 @@ def test_log_of_a_url_with_a_wrong_token_fails_with_the_reason(box, tmp_path):
     assert box.alive()
 
 
-def test_log_follow_of_a_state_dir_is_a_usage_error(box):
-    r = log(str(box.state), "--follow")
-    assert r.returncode == 2 and b"--follow needs a URL" in r.stderr
+@pytest.mark.parametrize("given", ["state dir", "journal dir"])
+def test_log_follow_of_a_state_dir_goes_on_while_its_box_runs_and_ends_with_it(box, given):
+    # Once a usage error ("--follow needs a URL"): a local box without --listen had no way to be
+    # followed. Its journal is read again while the box's supervisor holds the state dir's lock.
+    where = box.state if given == "state dir" else box.state / "journal"
+    p = subprocess.Popen([str(CLI), "log", str(where), "--json", "--follow"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        ex = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--",
+                             "echo", "after-the-replay"], capture_output=True, timeout=60)
+        assert ex.returncode == 0, ex.stderr
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            seen.append(json.loads(line))
+            if "after-the-replay" in seen[-1].get("data", ""):
+                break
+        assert "after-the-replay" in seen[-1].get("data", ""), seen[-3:]
+        assert p.poll() is None  # still following
+        box.stop()
+        # Through the same buffered reader as above (communicate() reads the fd past its buffer).
+        out = p.stdout.read()
+        assert p.wait(timeout=30) == 0, p.stderr.read()
+        seen += [json.loads(l) for l in out.splitlines()]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    # Every event once, in order, to the box's last.
+    assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1)), [(e["seq"], e["type"]) for e in seen]
+    assert seen[-1]["type"] == "proc.exited" and seen[-1]["proc"] == "main", seen[-3:]
+    assert seen[-1]["reason"] == "shutdown", seen[-1]
+    # A box that has ended: what its journal holds, and the end at once.
+    r = log(str(where), "--follow", "--json", timeout=10)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == len(seen), r.stderr
 
 
 def test_log_of_a_directory_that_holds_no_journal_says_so(box, tmp_path):
