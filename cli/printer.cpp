@@ -140,6 +140,9 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
     if (ev.contains("error")) extra += ": " + str(ev, "error");
     std::fprintf(out_, "%s %s%s exited, %s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), how.c_str(),
                  str(ev, "reason").c_str(), extra.c_str());
+  } else if (type == "box.exited") {
+    std::fprintf(out_, "%s box %s exited, code %s (%s)\n", t.c_str(), str(ev, "box").c_str(), str(ev, "code").c_str(),
+                 str(ev, "reason").c_str());
   } else if ((type == "limit.warning" || type == "limit.hit") && ev.contains("limit")) {
     // "memory at 60.5 MiB of 64.0 MiB", "pids at 32 of 32"
     auto num = [&](const char* k) {

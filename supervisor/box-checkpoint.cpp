@@ -82,7 +82,7 @@ void Box::continue_journal_after(uint64_t seq) { journal_->skip_to(seq); }
 
 void Box::end_box(int status) {
   exit_status_ = status;
-  finish(status);
+  finish(status, "failed");
 }
 
 std::optional<checkpoint::BranchView> Box::find_branch(const std::string& name) const {

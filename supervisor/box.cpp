@@ -241,7 +241,8 @@ void Box::maybe_finish() {
   auto it = procs_.find(proc_key("main", "main"));
   if (it != procs_.end()) note_agent_end();
   // A hibernated agent was ended by its checkpoint: the box ends well (a restart resumes it).
-  finish(it != procs_.end() && !hibernated_ ? exit_status_of(it->second->status) : 0);
+  const char* reason = hibernated_ ? "hibernated" : shutting_down_ ? "shutdown" : "agent_exited";
+  finish(it != procs_.end() && !hibernated_ ? exit_status_of(it->second->status) : 0, reason);
 }
 
 void Box::kill_leftovers() {
@@ -265,10 +266,13 @@ void Box::kill_leftovers() {
   }
 }
 
-void Box::finish(int status) {
+void Box::finish(int status, const char* reason) {
   if (finished_) return;
   finished_ = true;
   exit_status_ = status;
+  // Journaled (and sent) before the clients are drained: a reader of the journal or the stream
+  // knows the box has ended, and why, without asking whether its supervisor still runs.
+  emit("main", {{"type", "box.exited"}, {"code", status}, {"reason", reason}});
   // Clients get what is queued for them and a close, briefly, before the loop stops.
   if (server_)
     server_->drain([this] { uv_stop(loop_); });

@@ -247,7 +247,9 @@ class Box : public checkpoint::Host {
   void on_signal(const struct signalfd_siginfo& si);
   void on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed = {});
   void maybe_proc_exited(Proc& p);
-  void finish(int status);
+  /// The box's end: its last event, box.exited {code: `status`, reason}, then the loop stops once
+  /// the clients have what is queued for them.
+  void finish(int status, const char* reason);
   void send_request(Branch& b, const boost::json::object& req);
   void kill_leftovers();
   void on_exec_report(Branch& b, Proc& p, const boost::json::object& r, std::vector<os::UniqueFd> passed);

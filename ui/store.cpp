@@ -52,7 +52,7 @@ bool Store::append(std::string_view line) {
   auto s = static_cast<uint64_t>(seq->value().as_int64());
   if (s <= last_seq()) return false;
   std::string type = string_field(o, "type");
-  if (type == "box.exit") ended_ = true;
+  if (type == "box.exited") ended_ = true;
   index_.push_back({.seq = s,
                     .offset = flushed_ + pending_.size(),
                     .length = static_cast<uint32_t>(line.size()),

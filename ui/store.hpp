@@ -50,7 +50,7 @@ class Store {
   size_t first_after(uint64_t since) const;
   /// The indexes of the events `f` matches, in order.
   std::vector<size_t> matching(const Filter& f) const;
-  /// A `box.exit` was kept: nothing follows.
+  /// A `box.exited` was kept: nothing follows.
   bool ended() const { return ended_; }
   /// The bytes of the lines held in memory (not yet written to the spool, or not writable there).
   size_t memory_bytes() const { return pending_.size(); }

@@ -69,7 +69,8 @@ def test_an_idle_box_waits_without_an_agent_and_stops_on_term(tmp_path):
             p.kill()
             p.wait()
     ev = read_journal(s)
-    assert [e["type"] for e in ev] == ["box.started"]
+    assert [e["type"] for e in ev] == ["box.started", "box.exited"]
+    assert ev[1]["code"] == 0 and ev[1]["reason"] == "shutdown", ev[1]
     assert ev[0]["capabilities"]["live_checkpoint"] in (True, False)
 
 

@@ -436,6 +436,7 @@ def test_restore_from_what_is_not_an_archive_file_says_so_and_never_waits(tmp_pa
         assert rc == 125, err
         failed = one(ev, "restore.failed")
         assert failed["error"].startswith(f"{tmp_path / name}: ") and why in failed["error"], failed
+        assert ev[-1]["type"] == "box.exited" and (ev[-1]["code"], ev[-1]["reason"]) == (125, "failed"), ev[-1]
         assert not list((tmp_path / f"s-{name}" / "snapshots").glob(".import-*"))
 
 

@@ -72,7 +72,10 @@ def test_journal_reads_back_every_event_after_the_supervisor_is_gone(tmp_path):
     assert r.returncode == 0
     events = read_journal(tmp_path / "s")
     assert_seq_complete(events)
-    assert events[0]["type"] == "box.started" and events[-1]["type"] == "proc.exited"
+    assert events[0]["type"] == "box.started" and events[-2]["type"] == "proc.exited"
+    # The box's end is its last event: the agent's status, and why.
+    assert events[-1]["type"] == "box.exited" and events[-1]["code"] == 0, events[-1]
+    assert events[-1]["reason"] == "agent_exited", events[-1]
     assert all(e["box"] == events[0]["box"] and e["branch"] == "main" for e in events)
     text = output_bytes(events).decode()
     assert text == "".join(f"line {i}\n" for i in range(1, 501))
@@ -129,7 +132,7 @@ def test_a_line_an_older_version_wrote_with_bytes_that_are_not_utf8_is_kept_and_
     assert_seq_complete(events)
     old = [e for e in events if e["seq"] == last + 1]
     assert old and old[0].get("error", {}).get("message") == "write fs/tmp/caf\ufffd: no", old
-    assert events[-1]["seq"] > last + 1 and events[-1]["type"] == "proc.exited"
+    assert events[-1]["seq"] > last + 2 and events[-2]["type"] == "proc.exited" and events[-1]["type"] == "box.exited"
 
 
 def test_a_reader_of_events_that_stops_holds_nothing_up_and_gets_every_event_once(tmp_path):

@@ -118,6 +118,7 @@ def test_on_stop_checkpoints_at_sigterm_and_the_next_start_continues_exactly(sta
     made = of_type(before, "checkpoint.created")
     assert [(e["name"], e["mode"], e["leave_running"]) for e in made] == [("on_stop", "live", False)]
     assert of_type(before, "proc.exited")[0]["by"] == "checkpoint"
+    assert [(e["code"], e["reason"]) for e in of_type(before, "box.exited")] == [(0, "hibernated")]
     last = counters(before)[-1]
 
     again = Box(state, sets, [0.1], 2, relative=True)

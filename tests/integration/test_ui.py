@@ -247,7 +247,11 @@ def test_a_finished_box_replays_the_same_timeline_read_only(tmp_path, page):
         got = [(int(rows.nth(i).get_attribute("data-seq")), rows.nth(i).locator(".ty").inner_text())
                for i in range(min(rows.count(), len(events)))]
         assert got == [(e["seq"], e["type"]) for e in events][:len(got)] and got
-        assert "replay" in page.inner_text('[data-testid="status"]')
+        # The journal's box.exited: the page says the box has ended (it once waited for a
+        # "box.exit" the supervisor never wrote, and never said so).
+        assert events[-1]["type"] == "box.exited"
+        status = page.inner_text('[data-testid="status"]')
+        assert "replay" in status and status.endswith("· ended"), status
         assert "one" in console_text(page, "main/main") and "two" in console_text(page, "main/main")
         # Actions are disabled in the page, and refused by the server.
         assert page.locator('[data-testid="do-checkpoint"]').is_disabled()

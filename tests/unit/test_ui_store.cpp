@@ -68,7 +68,7 @@ TEST_CASE("ui store: the lines go to the spool and come back; memory holds the i
   CHECK(s.line(m.front()) == lines[9]);
   CHECK(s.matching(Filter{.proc = "p2"}).size() == 6000);
   CHECK_FALSE(s.ended());
-  CHECK(s.append(event(20001, "box.exit", "main", "")));
+  CHECK(s.append(event(20001, "box.exited", "main", "")));
   CHECK(s.ended());
 }
 

@@ -44,7 +44,7 @@ export class ForkTree {
     } else if (e.type === "proc.exited") {
       const b = this.branch(e.branch);
       if (!b.firstProc || b.firstProc === e.proc) b.state = `${e.reason}${e.code !== undefined ? " " + e.code : ""}`;
-    } else if (e.type === "box.exit") {
+    } else if (e.type === "box.exited") {
       for (const b of this.branches.values()) if (b.state === "running") b.state = "ended";
     } else {
       changed = false;
