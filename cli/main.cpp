@@ -53,7 +53,9 @@ const char* kUsage =
     "  up --host docker [--profile P] [--env K=V] [--image I] [-v SRC:DST] [--publish-address IP] -- CMD...\n"
     "                                                                        start a box; prints its URL last\n"
     "  down URL|NAME                                                         stop and remove a box\n"
-    "  ps [--json]                                                           the boxes this host runs\n"
+    "  ps [--json]                                                           the boxes this host runs: local (run "
+    "without\n"
+    "                                                                        --state-dir) and docker's\n"
     "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
 }

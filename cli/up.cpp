@@ -1,9 +1,11 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
@@ -12,6 +14,7 @@
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
+#include "os/sys.hpp"
 #include "profile/agent-env.hpp"
 #include "shims/docker/docker.hpp"
 
@@ -96,15 +99,50 @@ int cmd_down(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// The local boxes running now: state dirs under the default root (boxes started without
+// --state-dir) whose lock a supervisor holds; the lock's second line is the box's URL when it
+// listens.
+std::vector<dk::BoxRecord> local_boxes() {
+  std::vector<dk::BoxRecord> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(os::default_box_root(), ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::string dir = it->path().string();
+    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, "lock")) continue;
+    dk::BoxRecord b{.name = it->path().filename().string(), .state_dir = dir, .image = "-"};
+    std::string pid;
+    if (auto text = os::read_file(dir + "/lock")) {
+      auto nl = text->find('\n');
+      pid = text->substr(0, nl);
+      if (nl != std::string::npos) b.url = text->substr(nl + 1, text->find('\n', nl + 1) - nl - 1);
+    }
+    b.status = "running" + (pid.empty() ? "" : ", pid " + pid);
+    out.push_back(std::move(b));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+}  // namespace
+
 int cmd_ps(const std::vector<std::string>& args) {
   auto a = parse_args(args, {.usage = "usage: sandboxer ps [--json]", .flags = {"--json"}, .max_positionals = 0});
   bool as_json = a.has("--json");
-  auto boxes = dk::ps();
+  std::vector<std::pair<std::string, dk::BoxRecord>> boxes;
+  for (auto& b : local_boxes()) boxes.emplace_back("local", std::move(b));
+  // Docker's boxes where its daemon answers; where it does not, the local ones still list.
+  try {
+    for (auto& b : dk::ps()) boxes.emplace_back("docker", std::move(b));
+  } catch (const std::exception& e) {
+    std::cerr << "sandboxer ps: " << e.what() << " (docker's boxes are not listed)\n";
+  }
   if (as_json) {
-    for (auto& b : boxes)
+    for (auto& [host, b] : boxes)
       std::cout << boost::json::serialize(boost::json::object{{"name", b.name},
                                                               {"url", b.url},
-                                                              {"host", "docker"},
+                                                              {"host", host},
                                                               {"state_dir", b.state_dir},
                                                               {"image", b.image},
                                                               {"status", b.status}})
@@ -112,7 +150,9 @@ int cmd_ps(const std::vector<std::string>& args) {
     return 0;
   }
   std::cout << "URL\tNAME\tHOST\tSTATUS\tIMAGE\n";
-  for (auto& b : boxes) std::cout << b.url << "\t" << b.name << "\tdocker\t" << b.status << "\t" << b.image << "\n";
+  for (auto& [host, b] : boxes)
+    std::cout << (b.url.empty() ? "-" : b.url) << "\t" << b.name << "\t" << host << "\t" << b.status << "\t" << b.image
+              << "\n";
   return 0;
 }
 

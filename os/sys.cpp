@@ -354,7 +354,7 @@ Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string*
       char buf[24] = {};
       ssize_t n = ::pread(f.get(), buf, sizeof buf - 1, 0);
       std::string pid(buf, n > 0 ? static_cast<size_t>(n) : 0);
-      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      pid = pid.substr(0, pid.find('\n'));  // its first line (a second may follow)
       *holder = pid.find_first_not_of("0123456789") == std::string::npos ? pid : "";
     }
     return sys_error(err);
@@ -396,6 +396,12 @@ bool own_private_dir(const std::string& dir, std::string& why) {
     return false;
   }
   return true;
+}
+
+std::string default_box_root() {
+  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/boxes";
+  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/boxes";
+  return "/var/lib/sandboxer/boxes";
 }
 
 std::string state_home(std::string& why) {

@@ -117,12 +117,17 @@ bool own_private_dir(const std::string& dir, std::string& why);
 
 /// Takes the exclusive lock `name` in the directory `dir` (a regular file of that name, made 0600
 /// where missing, never through a symlink, flock(2)ed) for as long as the fd returned stays open,
-/// and writes this process's pid into it. Held by another process: EWOULDBLOCK, with the pid it
-/// wrote in `holder` ("" where it wrote none).
+/// and writes this process's pid into it (its first line; the holder may add lines). Held by
+/// another process: EWOULDBLOCK, with the pid it wrote in `holder` ("" where it wrote none).
 Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string* holder = nullptr);
 
 /// Whether a process holds the lock `name` of `dir` (lock_dir) now; nothing is made or changed.
 bool dir_lock_held(const std::string& dir, const char* name);
+
+/// Where a box started without --state-dir keeps its state dir (one directory each, named at
+/// random): $XDG_STATE_HOME/sandboxer/boxes, else ~/.local/state/sandboxer/boxes, else
+/// /var/lib/sandboxer/boxes. `sandboxer ps` lists the running ones there.
+std::string default_box_root();
 
 /// This user's state directory: $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else
 /// (no home) /tmp/sandboxer-UID, checked with own_private_dir. Empty, with `why`, when that check

@@ -62,6 +62,7 @@ struct BoxOptions {
 
 class ProcIo;
 class Server;
+struct ServerOptions;
 class MetricsTimer;
 
 /// What `exec` starts: a process forked by the branch's ns-init.
@@ -244,6 +245,7 @@ class Box : public checkpoint::Host {
   void start();
   void open_events_output();
   void lock_state_dir();
+  void note_url_in_lock(const ServerOptions& so);
   void on_signal(const struct signalfd_siginfo& si);
   void on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed = {});
   void maybe_proc_exited(Proc& p);

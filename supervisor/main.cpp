@@ -26,12 +26,6 @@ using namespace sbx::supervisor;
 
 namespace {
 
-std::string default_state_root() {
-  if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer/boxes";
-  if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer/boxes";
-  return "/var/lib/sandboxer/boxes";
-}
-
 // The archive keys (archive/signing.hpp): the signing key (given, else the user's pair, made at
 // the box's first checkpoint when this user has none yet), masked from the agent with the user's
 // key dir; the trusted keys; the size bound. Only the files are checked here: the keys are parsed,
@@ -204,7 +198,7 @@ int main(int argc, char** argv) {
     else
       spdlog::warn("no health file: {}", path.error().message);
   }
-  bo.state_dir = o.state_dir.empty() ? default_state_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
+  bo.state_dir = o.state_dir.empty() ? sbx::os::default_box_root() + "/" + sbx::os::random_hex(6) : o.state_dir;
 
   uv_loop_t loop;
   uv_loop_init(&loop);

@@ -4,8 +4,10 @@ import fcntl
 import hashlib
 import json
 import os
+import pathlib
 import pty
 import re
+import secrets
 import select
 import signal
 import socket
@@ -17,7 +19,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, PROBE, FrameProxy, WsBox, make_tls, silent_websocket_server
+from sbxtest import CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, silent_websocket_server
 
 
 @pytest.fixture
@@ -662,3 +664,45 @@ def test_an_argument_that_is_not_utf8_goes_as_its_bytes_where_the_api_takes_byte
     assert r.returncode == 0, r.stderr
     assert (box.workspace / "t/ok").read_text() == "ok"
     assert sorted(os.listdir(os.fsencode(box.workspace / "t"))) == [b"n\xff", b"ok"]
+
+
+def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_goes_on_without_docker(tmp_path):
+    # `ps` listed docker's boxes only, and failed (2) where docker did not answer: a box run here
+    # could not be found. Now the running boxes under the default state root (their lock held)
+    # come first, with the URL the lock names; docker's failure is a line on stderr.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(16) + "\n")
+    token.chmod(0o600)
+    # A box that has ended: its state dir stays, unlisted (the control for the lock).
+    done = subprocess.run([str(INIT), "--", "true"], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    p = subprocess.Popen([str(INIT), "--listen", "127.0.0.1:0", "--token-file", str(token), "--", "sleep", "60"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        root = tmp_path / "xdg" / "sandboxer" / "boxes"
+        deadline = time.monotonic() + 20
+        while True:
+            r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            boxes = [json.loads(l) for l in r.stdout.splitlines()]
+            if boxes and boxes[0]["url"]:
+                break
+            assert time.monotonic() < deadline, (r.stdout, r.stderr)
+            time.sleep(0.05)
+        assert "docker" in r.stderr and "(docker's boxes are not listed)" in r.stderr, r.stderr
+        assert len(list(root.iterdir())) == 2 and len(boxes) == 1, (list(root.iterdir()), boxes)
+        b = boxes[0]
+        assert b["host"] == "local" and b["status"] == f"running, pid {p.pid}", b
+        assert pathlib.Path(b["state_dir"]).parent == root and b["url"].startswith("ws://127.0.0.1:"), b
+        # The URL is the box's: the CLI reaches it there.
+        st = subprocess.run([str(CLI), "stats", b["url"], "--json", "--token-file", str(token)], capture_output=True,
+                            text=True, timeout=30)
+        assert st.returncode == 0 and "main" in json.loads(st.stdout)["procs"], st.stderr
+        text = subprocess.run([str(CLI), "ps"], env=env, capture_output=True, text=True, timeout=30).stdout
+        assert text.splitlines()[1].split("\t")[:3] == [b["url"], b["name"], "local"], text
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
