@@ -59,6 +59,37 @@ Request parse_request(std::string_view text, boost::json::value* id_out) {
   return r;
 }
 
+boost::json::value leading_id(std::string_view s) {
+  size_t i = 0;
+  auto space = [&] {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  };
+  auto take = [&](std::string_view t) {
+    space();
+    if (s.substr(i, t.size()) != t) return false;
+    i += t.size();
+    return true;
+  };
+  if (!take("{") || !take("\"id\"") || !take(":")) return nullptr;
+  space();
+  size_t start = i;
+  if (i < s.size() && s[i] == '"') {
+    for (++i; i < s.size() && s[i] != '"'; ++i)
+      if (s[i] == '\\') ++i;
+    if (i++ >= s.size()) return nullptr;  // cut off inside the string
+  } else {
+    while (i < s.size() && ((s[i] >= '0' && s[i] <= '9') || s[i] == '-')) ++i;
+  }
+  size_t end = i;
+  space();
+  // Nothing, too long, or not followed by the next field or the end (1.5, cut off).
+  if (end == start || end - start > 256 || i >= s.size() || (s[i] != ',' && s[i] != '}')) return nullptr;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(s.substr(start, end - start), ec);
+  if (ec || !(v.is_string() || v.is_int64() || v.is_uint64())) return nullptr;
+  return v;
+}
+
 std::optional<std::string> opt_string(const boost::json::object& o, std::string_view key) {
   auto* v = o.if_contains(key);
   if (!v || v->is_null()) return std::nullopt;

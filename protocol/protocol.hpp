@@ -42,6 +42,11 @@ struct Request {
 /// Parses a text frame. Throws RequestError (with `id_out` set to the id if one was readable).
 Request parse_request(std::string_view text, boost::json::value* id_out = nullptr);
 
+/// The id of a request too large to parse (frame_too_large), where its text begins with it:
+/// `{"id": 7, ...` or `{"id": "r7", ...`, as the SDKs and most clients write one. An integer or a
+/// string of at most 256 bytes, as parse_request takes; null otherwise (the reply then has none).
+boost::json::value leading_id(std::string_view text);
+
 // Field accessors: each throws RequestError("bad_request", "field F: ...") on a wrong type.
 std::optional<std::string> opt_string(const boost::json::object& o, std::string_view key);
 std::string need_string(const boost::json::object& o, std::string_view key);

@@ -88,6 +88,7 @@ struct Client {
   std::string rx;
   bool rx_new = true, rx_binary = false, rx_oversize = false;
   size_t rx_total = 0;
+  boost::json::value rx_id;  // an oversize text frame's leading id (protocol::leading_id), for its error
   // What goes out.
   std::deque<OutFrame> q;
   size_t q_bytes = 0;

@@ -421,6 +421,7 @@ struct Server::Impl {
       c.rx_binary = ws_lib().lws_frame_is_binary(c.wsi);
       c.rx_oversize = false;
       c.rx_total = 0;
+      c.rx_id = nullptr;
       c.rx_new = false;
     }
     size_t cap = c.rx_binary ? protocol::kMaxBinaryData + protocol::kBinaryHeader : protocol::kMaxTextFrame;
@@ -438,6 +439,10 @@ struct Server::Impl {
       return 0;
     }
     if (c.rx_total > cap) {
+      // What is kept of it (up to the cap) names its id, where it begins with one.
+      if (!c.rx_oversize && !c.rx_binary)
+        c.rx_id = protocol::leading_id(c.rx.empty() ? std::string_view(data, std::min<size_t>(len, 4096))
+                                                    : std::string_view(c.rx).substr(0, 4096));
       c.rx_oversize = true;
       c.rx.clear();
       c.rx.shrink_to_fit();
@@ -454,7 +459,7 @@ struct Server::Impl {
         close_with(c, protocol::kCloseUnauthorized, "authenticate first");
         return 0;
       }
-      send(c, protocol::error_reply(nullptr, "frame_too_large", msg));
+      send(c, protocol::error_reply(c.rx_id, "frame_too_large", msg));
       return 0;
     }
     std::string msg = std::move(c.rx);

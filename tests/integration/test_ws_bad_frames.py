@@ -70,8 +70,13 @@ def test_a_16_mib_text_frame_is_refused_and_the_connection_goes_on(box):
             s = Session(ws)
             await ws.send('{"id": 1, "op": "ping", "pad": "' + "x" * (16 << 20) + '"}')
             r = json.loads(await ws.recv())
-            assert r["ok"] is False and r["error"]["code"] == "frame_too_large"
+            # Its id, which it begins with, is answered (a client waiting for id 1 once waited
+            # forever: the reply had none); one that does not begin with its id gets none.
+            assert r["id"] == 1 and r["ok"] is False and r["error"]["code"] == "frame_too_large", r
             assert "exceeds" in r["error"]["message"]
+            await ws.send('{"op": "ping", "pad": "' + "x" * (2 << 20) + '", "id": 2}')
+            r = json.loads(await ws.recv())
+            assert r["id"] is None and r["error"]["code"] == "frame_too_large", r
             await still_serving(s, box)
     run(go(), 60)
 

@@ -188,3 +188,20 @@ TEST_CASE("replies: an error message naming a file the agent named is UTF-8 text
   REQUIRE_FALSE(ec);
   CHECK(back.at("error").at("message").as_string() == "/workspace/d/bad\xef\xbf\xbdname: Operation not permitted");
 }
+
+TEST_CASE("protocol: the leading id of a frame too large to parse") {
+  using sbx::protocol::leading_id;
+  std::string pad(2000, 'x');
+  CHECK(leading_id(R"({"id": 7, "op": "ping", "pad": ")" + pad) == boost::json::value(7));
+  CHECK(leading_id(" {\n\"id\" :\t\"r-\\\"7\\\"\",\"op\":\"x\"") == boost::json::value("r-\"7\""));
+  CHECK(leading_id(R"({"id":18446744073709551615,)") == boost::json::value(18446744073709551615ull));
+  // Not first, not an id parse_request would take, cut off, or too long: none.
+  CHECK(leading_id(R"({"op": "ping", "id": 7})").is_null());
+  CHECK(leading_id(R"({"id": 1.5, "op": "ping"})").is_null());
+  CHECK(leading_id(R"({"id": [7], "op": "ping"})").is_null());
+  CHECK(leading_id(R"({"id": "unterminated)").is_null());
+  CHECK(leading_id(R"({"id": 12)").is_null());
+  CHECK(leading_id(R"({"id": ")" + std::string(300, 'a') + R"(", "op": "x"})").is_null());
+  CHECK(leading_id("").is_null());
+  CHECK(leading_id("[1, 2]").is_null());
+}
