@@ -60,7 +60,7 @@ int log_local(const std::string& state_dir, const std::string& jdir, uint64_t si
   int wait_ms = 50;
   for (;;) {
     // Asked before the read: what the box wrote up to its end is in the read after it.
-    bool running = follow && os::dir_lock_held(state_dir, "lock");
+    bool running = follow && os::dir_lock_held(state_dir);
     uint64_t before = since;
     auto r = journal::Journal::read(
         jdir, since,

@@ -102,22 +102,18 @@ int cmd_down(const std::vector<std::string>& args) {
 namespace {
 
 // The local boxes running now: state dirs under the default root (boxes started without
-// --state-dir) whose lock a supervisor holds; the lock's second line is the box's URL when it
-// listens.
+// --state-dir) whose lock a supervisor holds (os::dir_lock_held, which names its pid), with the
+// URL in STATE/url when it listens.
 std::vector<dk::BoxRecord> local_boxes() {
   std::vector<dk::BoxRecord> out;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(os::default_box_root(), ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     std::string dir = it->path().string();
-    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, "lock")) continue;
-    dk::BoxRecord b{.name = it->path().filename().string(), .state_dir = dir, .image = "-"};
     std::string pid;
-    if (auto text = os::read_file(dir + "/lock")) {
-      auto nl = text->find('\n');
-      pid = text->substr(0, nl);
-      if (nl != std::string::npos) b.url = text->substr(nl + 1, text->find('\n', nl + 1) - nl - 1);
-    }
+    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, &pid)) continue;
+    dk::BoxRecord b{.name = it->path().filename().string(), .state_dir = dir, .image = "-"};
+    if (auto text = os::read_file(dir + "/url")) b.url = text->substr(0, text->find('\n'));
     b.status = "running" + (pid.empty() ? "" : ", pid " + pid);
     out.push_back(std::move(b));
   }

@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <cstdlib>
@@ -340,35 +341,59 @@ std::optional<int> parse_signal(std::string_view s) {
   return std::nullopt;
 }
 
-Result<UniqueFd> lock_dir(const std::string& dir, const char* name, std::string* holder) {
-  UniqueFd d(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  if (!d) return last_error();
-  UniqueFd f(::openat(d.get(), name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC, 0600));
-  if (!f) return last_error();
+namespace {
+
+// The flock held on the inode of `fd`, as /proc/locks shows it (only the holders this pid
+// namespace sees): its holder's pid, "" where it names none; nullopt where none is held, or
+// /proc/locks cannot be read (`readable` false then).
+std::optional<std::string> flock_holder(int fd, bool* readable = nullptr) {
   struct stat st {};
-  if (::fstat(f.get(), &st) != 0) return last_error();
-  if (!S_ISREG(st.st_mode)) return sys_error(EINVAL);
-  if (::flock(f.get(), LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    if (err == EWOULDBLOCK && holder) {
-      char buf[24] = {};
-      ssize_t n = ::pread(f.get(), buf, sizeof buf - 1, 0);
-      std::string pid(buf, n > 0 ? static_cast<size_t>(n) : 0);
-      pid = pid.substr(0, pid.find('\n'));  // its first line (a second may follow)
-      *holder = pid.find_first_not_of("0123456789") == std::string::npos ? pid : "";
-    }
-    return sys_error(err);
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  auto text = read_file("/proc/locks");
+  if (readable) *readable = text.has_value();
+  if (!text) return std::nullopt;
+  // "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF" (major:minor in hex, the inode in decimal);
+  // a waiter's line has "->" after its number.
+  char key[64];
+  std::snprintf(key, sizeof key, "%02x:%02x:%llu", ::major(st.st_dev), ::minor(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino));
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f(line);
+    std::string num, type, mode, rw, pid, where;
+    if ((f >> num >> type >> mode >> rw >> pid >> where) && type == "FLOCK" && where == key)
+      return pid.find_first_not_of("0123456789") == std::string::npos && pid != "0" ? pid : "";
   }
-  std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(f.get(), 0) != 0 || ::pwrite(f.get(), pid.data(), pid.size(), 0) < 0) return last_error();
-  return f;
+  return std::nullopt;
 }
 
-bool dir_lock_held(const std::string& dir, const char* name) {
-  std::string path = dir + "/" + name;
-  UniqueFd f(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-  if (!f) return false;
-  return ::flock(f.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+}  // namespace
+
+Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder) {
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return last_error();
+  if (::flock(d.get(), LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    if (err == EWOULDBLOCK && holder) *holder = flock_holder(d.get()).value_or("");
+    return sys_error(err);
+  }
+  return d;
+}
+
+bool dir_lock_held(const std::string& dir, std::string* holder) {
+  UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d) return false;
+  // Read from /proc/locks, taking no lock: a shared lock taken to ask would refuse a box that
+  // starts in that instant.
+  bool readable = false;
+  auto pid = flock_holder(d.get(), &readable);
+  if (readable) {
+    if (pid && holder) *holder = *pid;
+    return pid.has_value();
+  }
+  if (::flock(d.get(), LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK) return false;
+  return true;
 }
 
 bool own_private_dir(const std::string& dir, std::string& why) {

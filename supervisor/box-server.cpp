@@ -32,19 +32,19 @@ void Box::start_server() {
   server_ = std::make_unique<Server>(*this, loop_, so);
   if (!opts_.health_file.empty())
     health_id_ = write_health_file(opts_.health_file, ::getpid(), so.addr, server_->port());
-  note_url_in_lock(so);
+  note_url(so);
 }
 
-// The state dir's lock names the box's URL on a second line, beside its pid, for `sandboxer ps`
-// (a client's address for an address of every interface).
-void Box::note_url_in_lock(const ServerOptions& so) {
+// STATE/url: the box's URL (the client's address for 0.0.0.0 and ::), read by `sandboxer ps`
+// while the state dir's lock is held.
+void Box::note_url(const ServerOptions& so) {
   if (!state_lock_) return;
   std::string host = so.addr == "0.0.0.0" ? "127.0.0.1" : so.addr == "::" ? "::1" : so.addr;
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
-  std::string text = std::to_string(::getpid()) + "\n" + (so.tls_cert.empty() ? "ws://" : "wss://") + host + ":" +
-                     std::to_string(server_->port()) + "\n";
-  if (::ftruncate(state_lock_.get(), 0) != 0 || ::pwrite(state_lock_.get(), text.data(), text.size(), 0) < 0)
-    spdlog::warn("note the box's URL in {}/lock: {}", opts_.state_dir, std::strerror(errno));
+  std::string url =
+      std::string(so.tls_cert.empty() ? "ws://" : "wss://") + host + ":" + std::to_string(server_->port()) + "\n";
+  if (auto r = os::write_file_atomic(opts_.state_dir + "/url", url); !r)
+    spdlog::warn("note the box's URL in {}/url: {}", opts_.state_dir, r.error().message());
 }
 
 }  // namespace sbx::supervisor

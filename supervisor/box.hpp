@@ -245,7 +245,7 @@ class Box : public checkpoint::Host {
   void start();
   void open_events_output();
   void lock_state_dir();
-  void note_url_in_lock(const ServerOptions& so);
+  void note_url(const ServerOptions& so);
   void on_signal(const struct signalfd_siginfo& si);
   void on_report(Branch& b, const boost::json::object& r, std::vector<os::UniqueFd> passed = {});
   void maybe_proc_exited(Proc& p);
@@ -308,7 +308,7 @@ class Box : public checkpoint::Host {
   static void pause_readers(Proc& p, bool on);  // its stdout and stderr readers
   bool stopped_for_journal_ = false;
   void teardown_policy();
-  os::UniqueFd state_lock_;                            // the state dir's lock (lock_state_dir), held to the end
+  os::UniqueFd state_lock_;                            // the state dir, flock()ed (lock_state_dir) to the end
   std::vector<os::UniqueFd> cgroup_join_;              // held until the branch's clone has joined
   os::UniqueFd cgroup_dir_;                            // v2: the group's directory, for the same clone
   boost::json::object enforcement_;                    // what is enforced, for box.started

@@ -510,7 +510,7 @@ def test_a_second_box_on_a_state_dir_in_use_is_refused_and_the_first_goes_on(tmp
         wait_event(events, lambda e: e["type"] == "proc.output" and "started" in e.get("data", ""))
         r = run_init(["--", "sh", "-c", "echo second"], state, as_pid1=False, text=True)
         assert r.returncode == 125, r.stderr
-        assert (f"state dir {state} is in use by another box (sandboxer-init, pid {first.pid} in its pid namespace): "
+        assert (f"state dir {state} is in use by another box (sandboxer-init, pid {first.pid}): "
                 "stop it first, or give this box a state dir of its own") in r.stderr, r.stderr
         gate.touch()
         assert first.wait(timeout=30) == 0, first.stderr.read()

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 #include "os/proc-view.hpp"
@@ -79,27 +80,28 @@ TEST_CASE("proc view: PID 1 under the host's /proc gets a proc of its own namesp
   CHECK(after == "1");
 }
 
-TEST_CASE("lock_dir: one holder at a time, named by its pid; never through a symlink") {
+TEST_CASE("lock_dir: one holder at a time, named by its pid; dir_lock_held asks without locking") {
   sbx::test::TempDir d("lock");
   std::string dir = d.path.string();
-  auto first = sbx::os::lock_dir(dir, "lock");
+  CHECK_FALSE(sbx::os::dir_lock_held(dir));
+  auto first = sbx::os::lock_dir(dir);
   REQUIRE(first.has_value());
-  auto text = sbx::os::read_file(dir + "/lock");
-  REQUIRE(text.has_value());
-  CHECK(*text == std::to_string(::getpid()) + "\n");
-  // flock is per open file description: a second open of the same file, even by this process,
-  // is refused while the first is held.
+  // flock is per open file description: a second open of the same directory, even by this
+  // process, is refused while the first is held, and its holder named by /proc/locks.
   std::string holder;
-  auto second = sbx::os::lock_dir(dir, "lock", &holder);
+  auto second = sbx::os::lock_dir(dir, &holder);
   REQUIRE_FALSE(second.has_value());
   CHECK(second.error() == std::errc::operation_would_block);
   CHECK(holder == std::to_string(::getpid()));
+  std::string seen;
+  CHECK(sbx::os::dir_lock_held(dir, &seen));
+  CHECK(seen == std::to_string(::getpid()));
+  // Nothing is made in the directory.
+  CHECK(std::filesystem::is_empty(d.path));
   first->reset();
-  CHECK(sbx::os::lock_dir(dir, "lock").has_value());
-  // A symlink where the lock goes (made by someone who may write the dir) is not followed.
-  REQUIRE(::symlink((dir + "/elsewhere").c_str(), (dir + "/link").c_str()) == 0);
-  auto through = sbx::os::lock_dir(dir, "link");
-  REQUIRE_FALSE(through.has_value());
-  CHECK(through.error() == std::errc::too_many_symbolic_link_levels);
-  CHECK(::access((dir + "/elsewhere").c_str(), F_OK) != 0);
+  CHECK_FALSE(sbx::os::dir_lock_held(dir));
+  CHECK(sbx::os::lock_dir(dir).has_value());
+  // Not a directory: refused.
+  REQUIRE(sbx::os::write_file_atomic(dir + "/f", "x").has_value());
+  CHECK(sbx::os::lock_dir(dir + "/f").error() == std::errc::not_a_directory);
 }
