@@ -46,22 +46,28 @@ def test_log_of_a_url_since_n_starts_after_n(box):
     assert r.returncode == 0 and r.stdout == b""
 
 
+def exec_and_read_up_to_it(box, p):
+    """Runs `echo after-the-replay` in the box; the --json lines `p` prints, up to its output."""
+    ex = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--",
+                         "echo", "after-the-replay"], capture_output=True, timeout=60)
+    assert ex.returncode == 0, ex.stderr
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen.append(json.loads(line))
+        if "after-the-replay" in seen[-1].get("data", ""):
+            break
+    return seen
+
+
 def test_log_follow_of_a_url_goes_on_with_new_events(box):
     p = subprocess.Popen([str(CLI), "log", box.url, "--token-file", str(box.token_file), "--json", "--follow"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        ex = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--",
-                             "echo", "after-the-replay"], capture_output=True, timeout=60)
-        assert ex.returncode == 0, ex.stderr
-        seen = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = p.stdout.readline()
-            if not line:
-                break
-            seen.append(json.loads(line))
-            if "after-the-replay" in seen[-1].get("data", ""):
-                break
+        seen = exec_and_read_up_to_it(box, p)
         assert any("line1" in e.get("data", "") for e in seen)
         assert "after-the-replay" in seen[-1].get("data", ""), seen[-3:]
         assert p.poll() is None  # still following
@@ -97,18 +103,7 @@ def test_log_follow_of_a_state_dir_goes_on_while_its_box_runs_and_ends_with_it(b
     p = subprocess.Popen([str(CLI), "log", str(where), "--json", "--follow"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     try:
-        ex = subprocess.run([str(CLI), "exec", "--token-file", str(box.token_file), box.url, "--",
-                             "echo", "after-the-replay"], capture_output=True, timeout=60)
-        assert ex.returncode == 0, ex.stderr
-        seen = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = p.stdout.readline()
-            if not line:
-                break
-            seen.append(json.loads(line))
-            if "after-the-replay" in seen[-1].get("data", ""):
-                break
+        seen = exec_and_read_up_to_it(box, p)
         assert "after-the-replay" in seen[-1].get("data", ""), seen[-3:]
         assert p.poll() is None  # still following
         box.stop()

@@ -47,6 +47,15 @@ sandbox::BranchSpec spec_in(const test::TempDir& d) {
   return spec;
 }
 
+// A directory where the plan binds a file over /etc/resolv.conf: its move onto the file fails
+// (EINVAL: a directory over a file), a step of the plan after the clone.
+sandbox::BranchSpec spec_with_a_failing_plan(const test::TempDir& d) {
+  auto spec = spec_in(d);
+  spec.resolv_conf = (d.path / "resolv-dir").string();
+  REQUIRE(::mkdir(spec.resolv_conf.c_str(), 0755) == 0);
+  return spec;
+}
+
 // ns-init waits for its config on the requests pipe: closing it ends ns-init (127, "bad config").
 int end_ns_init(sandbox::LaunchedBranch& lb) {
   lb.requests.reset();
@@ -88,11 +97,7 @@ TEST_CASE("launch_branch: ns-init runs as PID 1 of its own namespaces, in the br
 TEST_CASE("launch_branch: a step of the mount plan that fails leaves the branch flat and says which" *
           doctest::skip(!root())) {
   test::TempDir d("launcher");
-  auto spec = spec_in(d);
-  // A directory where the plan binds a file over /etc/resolv.conf: its move onto the file fails
-  // (EINVAL: a directory over a file).
-  spec.resolv_conf = (d.path / "resolv-dir").string();
-  REQUIRE(::mkdir(spec.resolv_conf.c_str(), 0755) == 0);
+  auto spec = spec_with_a_failing_plan(d);
   spec.flat_fallback = true;
   auto lb = sandbox::launch_branch(spec);
   REQUIRE_MESSAGE(lb.has_value(), lb.error().message);
@@ -107,9 +112,7 @@ TEST_CASE("launch_branch: a step of the mount plan that fails leaves the branch 
 TEST_CASE("launch_branch: where the branch may not run flat, a failed step is the launch's error, with no child" *
           doctest::skip(!root())) {
   test::TempDir d("launcher");
-  auto spec = spec_in(d);
-  spec.resolv_conf = (d.path / "resolv-dir").string();
-  REQUIRE(::mkdir(spec.resolv_conf.c_str(), 0755) == 0);
+  auto spec = spec_with_a_failing_plan(d);
   REQUIRE_FALSE(spec.flat_fallback);  // the default: refused unless the caller allows it
   auto lb = sandbox::launch_branch(spec);
   REQUIRE_FALSE(lb.has_value());
