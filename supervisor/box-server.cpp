@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "supervisor/box.hpp"
 #include "supervisor/health.hpp"
@@ -36,14 +35,14 @@ void Box::start_server() {
 }
 
 // STATE/url: the box's URL (the client's address for 0.0.0.0 and ::), read by `sandboxer ps`
-// while the state dir's lock is held.
+// while the state dir's lock is held; written through the state dir's fd the lock holds.
 void Box::note_url(const ServerOptions& so) {
   if (!state_lock_) return;
   std::string host = so.addr == "0.0.0.0" ? "127.0.0.1" : so.addr == "::" ? "::1" : so.addr;
   if (host.find(':') != std::string::npos) host = "[" + host + "]";
   std::string url =
       std::string(so.tls_cert.empty() ? "ws://" : "wss://") + host + ":" + std::to_string(server_->port()) + "\n";
-  if (auto r = os::write_file_atomic(opts_.state_dir + "/url", url); !r)
+  if (auto r = os::write_file_atomic_at(state_lock_.get(), "url", url); !r)
     spdlog::warn("note the box's URL in {}/url: {}", opts_.state_dir, r.error().message());
 }
 
