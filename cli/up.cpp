@@ -1,9 +1,11 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -14,6 +16,7 @@
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
+#include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "profile/agent-env.hpp"
 #include "shims/docker/docker.hpp"
@@ -90,22 +93,17 @@ int cmd_up(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_down(const std::vector<std::string>& args) {
-  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME"});
-  a.expect_positionals(1);
-  auto box = dk::down(a.positionals()[0]);
-  if (!box.url.empty()) forget_token(box.url);
-  std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";
-  return 0;
-}
-
 namespace {
 
 // The local boxes running now: state dirs under the default root (boxes started without
 // --state-dir) whose lock a supervisor holds (os::dir_lock_held, which names its pid), with the
 // URL in STATE/url when it listens.
-std::vector<dk::BoxRecord> local_boxes() {
-  std::vector<dk::BoxRecord> out;
+struct LocalBox {
+  dk::BoxRecord rec;
+  std::string pid;  // the supervisor's, as /proc/locks shows it ("" where it shows none)
+};
+std::vector<LocalBox> local_boxes() {
+  std::vector<LocalBox> out;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(os::default_box_root(), ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
@@ -115,19 +113,54 @@ std::vector<dk::BoxRecord> local_boxes() {
     dk::BoxRecord b{.name = it->path().filename().string(), .state_dir = dir, .image = "-"};
     if (auto text = os::read_file(dir + "/url")) b.url = text->substr(0, text->find('\n'));
     b.status = "running" + (pid.empty() ? "" : ", pid " + pid);
-    out.push_back(std::move(b));
+    out.push_back({std::move(b), pid});
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rec.name < b.rec.name; });
   return out;
 }
 
+// `down` of a local box: TERM to its supervisor (the box's shutdown, with the profile's grace
+// period), then the wait for its end (its state dir's lock free).
+int down_local(const LocalBox& b) {
+  const std::string& dir = b.rec.state_dir;
+  pid_t pid = 0;
+  std::from_chars(b.pid.data(), b.pid.data() + b.pid.size(), pid);
+  if (pid <= 0) throw std::runtime_error("box " + b.rec.name + ": its supervisor's pid is not visible here");
+  auto fd = os::pidfd_open(pid);
+  std::string holder;
+  // The pid named again after the open: the same process, not one that took a freed pid.
+  if (!fd || !os::dir_lock_held(dir, &holder) || holder != b.pid)
+    throw std::runtime_error("box " + b.rec.name + ": its supervisor (pid " + b.pid + ") has gone");
+  if (auto r = os::pidfd_signal(fd->get(), SIGTERM); !r)
+    throw std::runtime_error("box " + b.rec.name + ": signal its supervisor (pid " + b.pid +
+                             "): " + r.error().message());
+  for (int i = 0; os::dir_lock_held(dir); ++i) {
+    if (i == 1200) throw std::runtime_error("box " + b.rec.name + ": still running 120 s after TERM");
+    ::usleep(100 * 1000);
+  }
+  std::cout << "box " << b.rec.name << " stopped; journal in " << dir << "\n";
+  return 0;
+}
+
 }  // namespace
+
+int cmd_down(const std::vector<std::string>& args) {
+  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME"});
+  a.expect_positionals(1);
+  const std::string& which = a.positionals()[0];
+  for (auto& b : local_boxes())
+    if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which)) return down_local(b);
+  auto box = dk::down(which);
+  if (!box.url.empty()) forget_token(box.url);
+  std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";
+  return 0;
+}
 
 int cmd_ps(const std::vector<std::string>& args) {
   auto a = parse_args(args, {.usage = "usage: sandboxer ps [--json]", .flags = {"--json"}, .max_positionals = 0});
   bool as_json = a.has("--json");
   std::vector<std::pair<std::string, dk::BoxRecord>> boxes;
-  for (auto& b : local_boxes()) boxes.emplace_back("local", std::move(b));
+  for (auto& b : local_boxes()) boxes.emplace_back("local", std::move(b.rec));
   // Docker's boxes where its daemon answers; where it does not, the local ones still list.
   try {
     for (auto& b : dk::ps()) boxes.emplace_back("docker", std::move(b));

@@ -234,7 +234,14 @@ DockerResult run_docker(const std::vector<std::string>& args) {
   if (exe.empty()) throw std::runtime_error("docker: not found on PATH (or set SANDBOXER_DOCKER)");
   boost::asio::io_context ios;
   std::future<std::string> out, err;
-  bp::child c(exe, bp::args(args), bp::std_in<bp::null, bp::std_out> out, bp::std_err > err, ios);
+  std::optional<bp::child> started;
+  try {
+    started.emplace(exe, bp::args(args), bp::std_in<bp::null, bp::std_out> out, bp::std_err > err, ios);
+  } catch (const bp::process_error& e) {
+    // Boost.Process says only "execve failed: ...": name the program.
+    throw std::runtime_error("docker: run " + exe + ": " + e.code().message());
+  }
+  bp::child& c = *started;
   ios.run();
   c.wait();
   return {c.exit_code(), out.get(), err.get()};

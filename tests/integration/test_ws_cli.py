@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, silent_websocket_server
+from sbxtest import CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, read_journal, silent_websocket_server
 
 
 @pytest.fixture
@@ -666,7 +666,7 @@ def test_an_argument_that_is_not_utf8_goes_as_its_bytes_where_the_api_takes_byte
     assert sorted(os.listdir(os.fsencode(box.workspace / "t"))) == [b"n\xff", b"ok"]
 
 
-def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_goes_on_without_docker(tmp_path):
+def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one(tmp_path):
     # `ps` listed docker's boxes only, and failed (2) where docker did not answer: a box run here
     # could not be found. Now the running boxes under the default state root (their lock held)
     # come first, with the URL the lock names; docker's failure is a line on stderr.
@@ -690,7 +690,8 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_goes_on_withou
                 break
             assert time.monotonic() < deadline, (r.stdout, r.stderr)
             time.sleep(0.05)
-        assert "docker" in r.stderr and "(docker's boxes are not listed)" in r.stderr, r.stderr
+        assert (f"sandboxer ps: docker: run {tmp_path / 'no-docker'}: No such file or directory (docker's boxes are "
+                "not listed)") in r.stderr, r.stderr
         assert len(list(root.iterdir())) == 2 and len(boxes) == 1, (list(root.iterdir()), boxes)
         b = boxes[0]
         assert b["host"] == "local" and b["status"] == f"running, pid {p.pid}", b
@@ -701,8 +702,18 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_goes_on_withou
         assert st.returncode == 0 and "main" in json.loads(st.stdout)["procs"], st.stderr
         text = subprocess.run([str(CLI), "ps"], env=env, capture_output=True, text=True, timeout=30).stdout
         assert text.splitlines()[1].split("\t")[:3] == [b["url"], b["name"], "local"], text
+        # `down NAME` stops it as `docker stop` does a container's: TERM, the grace period, the end.
+        r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout == f"box {b['name']} stopped; journal in {b['state_dir']}\n", r
+        assert p.wait(timeout=10) == 128 + signal.SIGTERM  # the agent's end: sleep, TERMed
     finally:
-        p.terminate()
-        p.wait(timeout=30)
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    ev = read_journal(b["state_dir"])
+    assert ev[-1]["type"] == "box.exited" and (ev[-1]["code"], ev[-1]["reason"]) == (143, "shutdown"), ev[-2:]
     r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
+    # What is not a running local box goes to docker, as before.
+    r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
