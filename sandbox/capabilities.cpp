@@ -232,7 +232,10 @@ std::string flat_fallback_refusal(const std::string& mode, const HostCapabilitie
   if (mode == "refuse") return "the profile's isolation.without_namespaces is \"refuse\"";
   // Root of the host's user namespace: nothing holds an agent without namespaces in, unless a
   // container is around it that took CAP_SYS_ADMIN away (Docker's default); one that left it (a
-  // privileged container) holds in nothing either.
+  // privileged container) holds in nothing either. A gVisor sandbox or a microVM is a kernel of
+  // its own around the box whatever the capabilities inside (Modal's sandboxes are gVisor's,
+  // which has no new mount API for the plan).
+  if (caps.isolation == "gvisor" || caps.isolation == "microvm") return "";
   if (::geteuid() != 0 || !os::in_initial_user_namespace()) return "";
   auto own = own_capabilities();
   bool sys_admin = !own || (own->effective & (1ULL << CAP_SYS_ADMIN)) != 0;

@@ -77,10 +77,10 @@ HostCapabilities detect_capabilities(CommandProbe* criu = nullptr, bool probe_na
 /// "auto" unless this supervisor is root in the host's own user namespace and either holds
 /// CAP_SYS_ADMIN (a host, or a privileged container: nothing around it holds anything in) or
 /// has no container around it (`isolation` "process"): there such an agent would be root on the
-/// host itself, its files, its processes and the box's token in reach. Elsewhere (a container
-/// without CAP_SYS_ADMIN, as Docker's default, a user namespace a user made, a supervisor
-/// without privileges) something still holds the agent in, and the box runs saying why. Returns
-/// "" where it may, else why not.
+/// host itself, its files, its processes and the box's token in reach. Elsewhere (a gVisor
+/// sandbox or a microVM, a container without CAP_SYS_ADMIN, as Docker's default, a user
+/// namespace a user made, a supervisor without privileges) something still holds the agent in,
+/// and the box runs saying why. Returns "" where it may, else why not.
 std::string flat_fallback_refusal(const std::string& mode, const HostCapabilities& caps);
 
 /// Runs `argv` and returns its stdout; only for use before the loop starts (it waits by pid).

@@ -153,3 +153,22 @@ TEST_CASE("os: read_own_file_at reads a file of ours that no one else may write,
   CHECK(sbx::os::read_own_file_at(dir->get(), "link", 64).error() == sbx::os::sys_error(ELOOP));
   CHECK_FALSE(sbx::os::read_own_file_at(dir->get(), "../good", 64).has_value());
 }
+
+TEST_CASE("flat_fallback_refusal: auto refuses a flat agent only where nothing would hold it in" *
+          doctest::skip(::geteuid() != 0)) {
+  // This test runs as root in the host's user namespace, holding CAP_SYS_ADMIN: the case where a
+  // flat agent would be root with nothing around it, unless a kernel of its own is.
+  sbx::sandbox::HostCapabilities caps;
+  caps.isolation = "process";
+  CHECK(sbx::sandbox::flat_fallback_refusal("auto", caps).starts_with("the supervisor is root on this host"));
+  caps.isolation = "container";  // a privileged container: it holds in nothing
+  CHECK(sbx::sandbox::flat_fallback_refusal("auto", caps).starts_with("the supervisor is root holding CAP_SYS_ADMIN"));
+  for (const char* vm : {"gvisor", "microvm"}) {
+    caps.isolation = vm;
+    CHECK(sbx::sandbox::flat_fallback_refusal("auto", caps).empty());
+    CHECK(sbx::sandbox::flat_fallback_refusal("refuse", caps) ==
+          "the profile's isolation.without_namespaces is \"refuse\"");
+  }
+  caps.isolation = "process";
+  CHECK(sbx::sandbox::flat_fallback_refusal("run", caps).empty());
+}
