@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
@@ -23,7 +24,7 @@ int cmd_checkpoint(const std::vector<std::string>& args) {
   auto r = s.call(std::move(req));
   if (!r) return s.fail(r.error());
   if (a.has("--json"))
-    std::cout << json::serialize(*r) << "\n";
+    std::cout << json_line(*r) << "\n";
   else if (auto* m = r->if_contains("mode"))
     std::cerr << "checkpoint: mode " << json::serialize(*m) << "\n";
   // For scripts: the snapshot id is the last line of stdout.

@@ -42,7 +42,7 @@ int list_one(Session& s, const std::string& path, bool as_json) {
   e.erase("id");
   e.erase("ok");
   if (as_json) {
-    std::cout << json::serialize(json::array{e}) << "\n";
+    std::cout << json_line(json::array{e}) << "\n";
     return kExitOk;
   }
   print_entry(e, path);
@@ -68,7 +68,7 @@ int cmd_ls(const std::vector<std::string>& args) {
   }
   json::array entries = sorted_entries(r->at("entries").as_array());
   if (a.has("--json")) {
-    std::cout << json::serialize(entries) << "\n";
+    std::cout << json_line(entries) << "\n";
     return kExitOk;
   }
   for (auto& v : entries) print_entry(v.as_object(), entry_name(v.as_object()));

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
@@ -17,7 +18,7 @@ int cmd_import(const std::vector<std::string>& args) {
   auto r = s.upload({{"op", "snapshot.import"}, {"size", 0}}, file);
   if (!r) return s.fail(r.error(), file);
   if (a.has("--json"))
-    std::cout << json::serialize(*r) << "\n";
+    std::cout << json_line(*r) << "\n";
   else if (r->at("existing").as_bool())
     std::cerr << "import: the box already had this snapshot\n";
   // For scripts: the snapshot id is the last line of stdout.

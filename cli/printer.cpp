@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "base/encoding.hpp"
 
@@ -98,9 +99,34 @@ void EventPrinter::output(const boost::json::object& ev) {
   std::fwrite(out.data(), 1, out.size(), out_);
 }
 
+std::string json_for_terminal(std::string_view json) {
+  std::string out;
+  size_t from = 0;
+  for (size_t i = 0; i + 1 < json.size(); ++i) {
+    auto c = static_cast<unsigned char>(json[i]), next = static_cast<unsigned char>(json[i + 1]);
+    if (c != 0xC2 || next < 0x80 || next > 0x9F) continue;
+    if (out.empty()) out.reserve(json.size() + 16);
+    out.append(json.substr(from, i - from));
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\u%04x", next);
+    out += esc;
+    from = ++i + 1;
+  }
+  if (from == 0) return std::string(json);
+  out.append(json.substr(from));
+  return out;
+}
+
+std::string json_line(const boost::json::value& v) { return json_for_terminal(boost::json::serialize(v)); }
+
 void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
   if (json_) {
-    std::fwrite(line.data(), 1, line.size(), out_);
+    if (std::memchr(line.data(), 0xC2, line.size())) {
+      std::string safe = json_for_terminal(line);
+      std::fwrite(safe.data(), 1, safe.size(), out_);
+    } else {
+      std::fwrite(line.data(), 1, line.size(), out_);
+    }
     std::fputc('\n', out_);
     std::fflush(out_);
     return;

@@ -17,6 +17,14 @@ std::string human_bytes(double bytes);
 /// bytes it has. Without `escape_backslash`, for a message (Session::report): a backslash stays.
 std::string printable(std::string_view name, bool escape_backslash = true);
 
+/// JSON text with each C1 control (U+0080..U+009F, UTF-8 C2 80..C2 9F, which JSON may carry raw
+/// and some terminals act on as ESC [ and the like) written as its \u escape: the same JSON,
+/// safe in a terminal. Everything the CLI prints as JSON goes through it (the agent chooses names,
+/// types and output).
+std::string json_for_terminal(std::string_view json);
+/// json_for_terminal of `v`'s serialization.
+std::string json_line(const boost::json::value& v);
+
 class EventPrinter {
  public:
   EventPrinter(bool json, std::FILE* out = stdout) : json_(json), out_(out) {}

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "cli/printer.hpp"
 #include "cli/session.hpp"
 
 namespace sbx::cli {
@@ -15,7 +16,7 @@ int restore_in_box(const std::string& cmd, const std::string& url, const std::st
   Session s(cmd, url, token_file);
   auto r = s.request(std::move(req));
   json::object reply = r ? *r : error_reply(r.error());
-  if (as_json) std::cout << json::serialize(reply) << "\n";
+  if (as_json) std::cout << json_line(reply) << "\n";
   if (!reply_ok(reply)) {
     // Each copy that failed says why (criu's own first error line).
     if (auto* copies = reply.if_contains("copies"); copies && copies->is_array())

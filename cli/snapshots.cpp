@@ -42,7 +42,7 @@ int cmd_snapshots(const std::vector<std::string>& args) {
   if (!r) return s.fail(r.error());
   const auto& list = r->at("snapshots").as_array();
   if (a.has("--json")) {
-    for (auto& snap : list) std::cout << json::serialize(snap) << "\n";
+    for (auto& snap : list) std::cout << json_line(snap) << "\n";
     return kExitOk;
   }
   std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", "SNAPSHOT", "CREATED (UTC)", "BRANCH", "MODE", "SIZE", "NAME");

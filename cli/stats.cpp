@@ -45,7 +45,7 @@ int cmd_stats(const std::vector<std::string>& args) {
     json::object o = *r;
     o.erase("id");
     o.erase("ok");
-    std::cout << json::serialize(o) << "\n";
+    std::cout << json_line(o) << "\n";
     return kExitOk;
   }
   print_line("box", r->at("box").as_object());

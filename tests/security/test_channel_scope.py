@@ -172,10 +172,17 @@ def test_a_snapshot_name_the_agent_chose_cannot_act_on_the_operators_terminal(tm
         listed, as_json = cli("snapshots", b.url), cli("snapshots", b.url, "--json")
         (b.workspace / "done").touch()
     log = subprocess.run([str(CLI), "log", str(b.state)], capture_output=True, timeout=60)
-    for r in (listed, as_json, log):
+    log_json = subprocess.run([str(CLI), "log", str(b.state), "--json"], capture_output=True, timeout=60)
+    for r in (listed, as_json, log, log_json):
         assert r.returncode == 0, r.stderr
-    # The control: the name the box keeps is the agent's, bytes and all.
+    # The control: the name the box keeps is the agent's, bytes and all, and the JSON forms say
+    # so; JSON escapes C0 controls, and the CLI's JSON its C1 ones too (\u009b), which JSON may
+    # carry raw (the journal does) and some terminals act on.
     assert [json.loads(line)["name"] for line in as_json.stdout.splitlines()] == [evil]
+    assert "\u009b".encode() in (b.state / "journal" / ("%020d.jsonl" % 1)).read_bytes()
+    for r in (as_json, log_json):
+        assert b"\xc2\x9b" not in r.stdout and b"\\u009b" in r.stdout, r.stdout[-400:]
+    assert any(json.loads(line).get("name") == evil for line in log_json.stdout.splitlines())
     for r in (listed, log):
         assert b"\x1b" not in r.stdout and b"\x9b" not in r.stdout and b"\x07" not in r.stdout, r.stdout
     assert b"x\\x1b]0;pwned\\x07\\x1b[31mred\\xc2\\x9b2J\\x0aSNAPSHOT forged" in listed.stdout, listed.stdout
