@@ -14,7 +14,7 @@ import { ForkTree } from "./tree.js";
 import { el } from "./util.js";
 
 // What the tree, the metrics and the console list are made of.
-const HISTORY_TYPES = ["box.started", "proc.started", "proc.exited", "proc.message", "metrics", "limit.warning", "limit.hit",
+const HISTORY_TYPES = ["box.started", "box.exited", "proc.started", "proc.exited", "proc.message", "metrics", "limit.warning", "limit.hit",
   "checkpoint.created", "checkpoint.failed", "restore.done", "restore.failed", "fork.created", "snapshot.imported", "snapshot.deleted"];
 // The output events a console loads from history (the timeline has every one).
 const CONSOLE_TAIL = 2000;
