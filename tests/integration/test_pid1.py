@@ -110,11 +110,13 @@ def test_control_a_bare_pid1_leaves_zombies(tmp_path):
 @pytest.mark.parametrize("mode", [[], ["--set", "isolation.namespaces=false"]], ids=["namespaced", "flat"])
 def test_nothing_of_the_tree_survives_the_agent(tmp_path, mode):
     # The agent leaves 5 daemons that ignore TERM; they are KILLed after the grace period (flat:
-    # found as the subreaper's descendants through /proc).
-    r = run_init([*mode, "--set", "resources.grace=1s", "--", str(PROBE), "leave-tree", "5"], tmp_path / "s",
-                 as_pid1=False)
+    # found as the subreaper's descendants through /proc). The marker is this run's own: the two
+    # modes run side by side on pytest's workers, and each must see only its own tree.
+    marker = f"tree-marker-{os.getpid()}-{len(mode)}"
+    r = run_init([*mode, "--set", "resources.grace=1s", "--", str(PROBE), "leave-tree", "5", marker],
+                 tmp_path / "s", as_pid1=False)
     assert r.returncode == 0, r.stderr
-    left = subprocess.run(["pgrep", "-f", f"{PROBE} leave-tree"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", f"leave-tree 5 {marker}"], capture_output=True, text=True).stdout
     assert left.strip() == "", left
     ev = exited(read_journal(tmp_path / "s"))
     assert ev["code"] == 0 and ev.get("escalated") is True
