@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cstdlib>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -291,6 +292,51 @@ std::vector<std::string> shipped_dirs(const std::string& sub) {
   dirs.push_back("/etc/sandboxer/" + sub);
   dirs.push_back("/usr/share/sandboxer/" + sub);
   return dirs;
+}
+
+namespace {
+// mountinfo writes a space, tab, newline and backslash in a path as \ooo (octal).
+std::string unescape_mountinfo(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    auto octal = [&](size_t k, char hi) { return s[k] >= '0' && s[k] <= hi; };
+    if (s[i] == '\\' && i + 3 < s.size() && octal(i + 1, '3') && octal(i + 2, '7') && octal(i + 3, '7')) {
+      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<MountPoint> mounts_under(const std::string& dir) {
+  std::vector<MountPoint> out;
+  auto text = read_file("/proc/self/mountinfo");
+  if (!text) return out;
+  std::string_view rest = *text;
+  while (!rest.empty()) {
+    size_t eol = rest.find('\n');
+    std::string_view line = rest.substr(0, eol);
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+    std::vector<std::string_view> f;
+    for (size_t at = 0; at < line.size();) {
+      size_t sp = line.find(' ', at);
+      if (sp == std::string_view::npos) sp = line.size();
+      f.push_back(line.substr(at, sp - at));
+      at = sp + 1;
+    }
+    auto dash = std::find(f.begin(), f.end(), std::string_view("-"));
+    if (f.size() < 5 || dash == f.end() || dash + 1 == f.end()) continue;
+    std::string path = unescape_mountinfo(f[4]);
+    if (path != dir && !(path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/')) continue;
+    out.push_back({std::move(path), std::string(*(dash + 1))});
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
 }
 
 std::string random_hex(size_t bytes) {

@@ -125,6 +125,18 @@ Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder = nullptr)
 /// nothing is made or changed.
 bool dir_lock_held(const std::string& dir, std::string* holder = nullptr);
 
+/// A mount as /proc/self/mountinfo lists it: where (its escapes undone) and its filesystem type.
+struct MountPoint {
+  std::string path;
+  std::string fstype;
+};
+
+/// The mounts at `dir` or below it in this process's mount namespace, the last mounted first (a
+/// mount before the one under it, the top of a stack first): the order to unmount them in. `dir`
+/// is an absolute path without symlinks, as mountinfo names mount points. Empty if /proc is not
+/// there to read.
+std::vector<MountPoint> mounts_under(const std::string& dir);
+
 /// Where a box started without --state-dir keeps its state dir (one directory each, named at
 /// random): $XDG_STATE_HOME/sandboxer/boxes, else ~/.local/state/sandboxer/boxes, else
 /// /var/lib/sandboxer/boxes. `sandboxer ps` lists the running ones there.

@@ -239,8 +239,13 @@ void Box::resume_from(std::vector<json::object> candidates, size_t i, json::arra
   const json::object& snap = candidates[i];
   std::string id = str_of(snap, "id");
   std::string dir = opts_.state_dir + "/branches/main";
-  // The ended agent's layer goes aside: the snapshot's files replace it whole. A workspace mount
-  // the ended supervisor left is detached first.
+  // The ended agent's layer goes aside: the snapshot's files replace it whole. The mounts a killed
+  // supervisor left go first.
+  if (auto r = release_stale_mounts(); !r) {
+    emit("main", {{"type", "box.resume_failed"}, {"skipped", skipped}, {"error", r.error().message}});
+    log()->critical("resume: {}", r.error().message);
+    return end_box(125);
+  }
   (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
   std::string aside = opts_.state_dir + "/branches/.ended-main-" + os::random_hex(4);
   if (::rename(dir.c_str(), aside.c_str()) == 0) os::remove_tree(aside);

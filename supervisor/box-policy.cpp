@@ -1,5 +1,6 @@
 // The Box's side of ceilings and policy: the branch's cgroup and workspace before its clone, the
 // limits watcher after, the reason a limit gives to proc.exited, and the teardown.
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <spdlog/spdlog.h>
@@ -24,6 +25,29 @@ auto log() {
   static auto l = spdlog::default_logger()->clone("policy");
   return l;
 }
+// The loop device an image file is attached to ("" where none is): each configured device
+// (/sys/block/loopN/loop exists) asked for its backing file's device and inode.
+std::string loop_device_of(int image_fd) {
+  struct stat st {};
+  if (::fstat(image_fd, &st) != 0) return {};
+  std::string found;
+  DIR* d = ::opendir("/sys/block");
+  if (!d) return {};
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (!name.starts_with("loop") || ::access(("/sys/block/" + name + "/loop").c_str(), F_OK) != 0) continue;
+    os::UniqueFd loop(::open(("/dev/" + name).c_str(), O_RDONLY | O_CLOEXEC));
+    struct loop_info64 info {};
+    if (loop && ::ioctl(loop.get(), LOOP_GET_STATUS64, &info) == 0 && info.lo_inode == st.st_ino &&
+        info.lo_device == st.st_dev) {
+      found = "/dev/" + name;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
 // A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
 // and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
 base::Result<void> mount_ext4_image(const std::string& image, int64_t size, const std::string& target,
@@ -45,6 +69,11 @@ base::Result<void> mount_ext4_image(const std::string& image, int64_t size, cons
   if (!ctl) return base::sys_fail("open /dev/loop-control", errno);
   os::UniqueFd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
   if (!backing) return base::sys_fail("open " + image, errno);
+  if (auto dev = loop_device_of(backing.get()); !dev.empty())
+    return base::fail("mount " + image + ": it is attached to " + dev +
+                          " already (mounted elsewhere, by another box or by hand): a second mount would "
+                          "write one ext4 through two caches and corrupt it",
+                      "busy");
   for (int attempt = 0; attempt < 5; ++attempt) {
     int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
     if (n < 0) return base::sys_fail("LOOP_CTL_GET_FREE", errno);
@@ -232,14 +261,43 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
       log()->warn("branch {}: {}", b.name, v.as_string().c_str());
 
   std::string ws = spec.dir + "/workspace";
+  if (auto r = release_stale_mounts(); !r) throw std::runtime_error(r.error().message);
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
-  if (auto how = mount_workspace(b, spec.dir); !how)
+  if (auto how = mount_workspace(b, spec.dir); !how && how.error().code == "busy")
+    throw std::runtime_error(how.error().message);  // its files are elsewhere: not an empty workspace instead
+  else if (!how)
     cg_state["disk"] = "not enforced: " + how.error().message;
   else if (!how->empty())
     cg_state["disk"] = *how;
   spec.new_net = prof.network.mode != profile::NetworkPolicy::Mode::Host;
   enforcement_ = std::move(cg_state);  // completed by start_limits once the branch runs
   start_thread_pool_if_pids_shared();
+}
+
+// A supervisor that was killed (SIGKILL, the host's OOM killer) left its mounts in the host's
+// mount namespace: the branches' tmpfs (their memory held for nothing) and a persistent
+// workspace's ext4 image, with what its agent wrote not yet in the image. The next run mounted the
+// image again through another loop device: its agent did not find those files, and two ext4
+// mounts of one image wrote it independently. Called after the main branch's cgroup has killed
+// what an earlier run left in it: a plain unmount writes an ext4's data back and frees its loop
+// device; a tmpfs still busy is detached; an ext4 still busy is refused (mounting its image
+// again would corrupt it).
+base::Result<void> Box::release_stale_mounts() {
+  if (!reused_state_ || stale_mounts_checked_) return {};
+  stale_mounts_checked_ = true;
+  for (auto& m : os::mounts_under(opts_.state_dir + "/branches")) {
+    if (::umount2(m.path.c_str(), UMOUNT_NOFOLLOW) != 0) {
+      int err = errno;
+      if (err == EINVAL) continue;  // no longer a mount point
+      if (m.fstype != "tmpfs" || ::umount2(m.path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0)
+        return base::sys_fail("unmount " + m.path + " (" + m.fstype +
+                                  "), which an earlier run of this box left mounted (mounting it again would "
+                                  "write one filesystem through two mounts)",
+                              err, "busy");
+    }
+    log()->warn("unmounted {} ({}), which an earlier run of this box left mounted", m.path, m.fstype);
+  }
+  return {};
 }
 
 base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir) {
@@ -281,7 +339,7 @@ base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir
       how = base::sys_fail("mount a tmpfs on the workspace", errno);
     }
   }
-  if (!how) log()->warn("branch {}: disk: {}", b.name, how.error().message);
+  if (!how && how.error().code != "busy") log()->warn("branch {}: disk: {}", b.name, how.error().message);
   if (prof.isolation.uid && b.workspace_mount.empty())
     (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
   return how;

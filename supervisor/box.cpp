@@ -325,6 +325,7 @@ void Box::start() {
   lock_state_dir();
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {
+    reused_state_ = true;
     boost::system::error_code ec;
     auto v = boost::json::parse(*text, ec);
     if (!ec && v.is_object() && v.as_object().contains("id")) id_ = v.at("id").as_string();

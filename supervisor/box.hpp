@@ -286,6 +286,12 @@ class Box : public checkpoint::Host {
   /// the ceiling ("" when none is asked for), or why the mount failed (the ceiling is then not
   /// enforced: the original's enforcement says so, a copy is refused).
   base::Result<std::string> mount_workspace(Branch& b, const std::string& dir);
+  /// Once, on a state dir an earlier run used: unmounts what a killed supervisor left mounted
+  /// under branches/ (the branches' tmpfs, a persistent workspace's ext4 image, whose data an
+  /// unmount writes back), before this run mounts them again.
+  base::Result<void> release_stale_mounts();
+  bool reused_state_ = false;  // box.json was there at start: an earlier run used the state dir
+  bool stale_mounts_checked_ = false;
   void start_limits(Branch& b);
   /// The limits watcher of a branch (timeout, idle, OOM, pids, warnings): the original's from
   /// start_limits, a copy's from the checkpointer once it runs.

@@ -376,6 +376,65 @@ def test_persistent_workspace_disk_is_an_ext4_image_that_outlives_the_box(state_
     assert output(second).strip() == m.group(1), output(second)
 
 
+def mounts_below(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p == path or p.startswith(path + "/")]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/loop-control") or not shutil.which("mkfs.ext4"),
+                    reason="no loop devices or mkfs.ext4")
+def test_a_killed_supervisors_persistent_workspace_is_found_by_the_next_run(state_dir):
+    # A supervisor in the host's mount namespace (not PID 1 of a container) is KILLed while its
+    # agent has written a file to its persistent workspace: the image stays mounted, the file not
+    # yet in it. The next run on the state dir unmounts what the earlier one left (writing the file
+    # back) before it mounts the image again; before, it mounted the image a second time through
+    # another loop device, and its agent found no file.
+    sets = ["--set", "persistence=persistent", "--set", "resources.disk=16M"]
+    cmd = [str(INIT), "--state-dir", str(state_dir), *sets, "--", "/bin/sh", "-c",
+           "echo kept > /workspace/a; echo ready; sleep 60"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            if state_dir.exists() and "ready" in output(read_journal(state_dir)):
+                break
+            time.sleep(0.05)
+        assert mounts_below(state_dir), "the box mounted nothing in its state dir"
+        p.kill()
+        p.wait(30)
+        assert mounts_below(state_dir)  # what a killed supervisor leaves
+        r = subprocess.run([str(INIT), "--state-dir", str(state_dir), *sets, "--", "cat", "/workspace/a"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "which an earlier run of this box left mounted" in r.stderr, r.stderr
+        ev = read_journal(state_dir)
+        second = ev[max(i for i, e in enumerate(ev) if e["type"] == "box.started"):]
+        assert output(second) == "kept\n", output(second)
+        assert mounts_below(state_dir) == []
+        image = state_dir / "branches/main/workspace.ext4"
+        assert subprocess.run(["e2fsck", "-fn", str(image)], capture_output=True).returncode == 0
+
+        # Attached elsewhere (by hand here; another mount namespace's box alike): refused, naming
+        # the device, rather than a second mount of the image or an empty workspace instead.
+        dev = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        try:
+            r = subprocess.run([str(INIT), "--state-dir", str(state_dir), *sets, "--", "cat", "/workspace/a"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 125 and f"it is attached to {dev} already" in r.stderr, r.stderr
+        finally:
+            subprocess.run(["losetup", "-d", dev], check=True)
+        r = subprocess.run([str(INIT), "--state-dir", str(state_dir), *sets, "--", "cat", "/workspace/a"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        p.kill()
+        p.wait(30)
+        for m in reversed(mounts_below(state_dir)):
+            subprocess.run(["umount", "-l", m])
+
+
 HOLD_THE_LAST_PID = FORK_UNTIL_REFUSED + r'''
 print("held", len(kids), flush=True)
 line = b"x" * 4095 + b"\n"

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 #include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,4 +106,41 @@ TEST_CASE("lock_dir: one holder at a time, named by its pid; dir_lock_held asks 
   // Not a directory: refused.
   REQUIRE(sbx::os::write_file_atomic(dir + "/f", "x").has_value());
   CHECK(sbx::os::lock_dir(dir + "/f").error() == std::errc::not_a_directory);
+}
+
+TEST_CASE("mounts_under: the mounts at and below a dir, paths unescaped, the last mounted first") {
+  if (::geteuid() != 0) return;  // mounts need CAP_SYS_ADMIN; the suite runs as root
+  sbx::test::TempDir d("mounts");
+  std::string dir = std::filesystem::canonical(d.path).string();
+  std::filesystem::create_directories(dir + "/a b/c");
+  std::filesystem::create_directories(dir + "/a bx");
+  // In a child with a mount namespace of its own: nothing is left mounted on the host.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    auto tmpfs = [](const std::string& at) { return ::mount("tmpfs", at.c_str(), "tmpfs", 0, "size=64k") == 0; };
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        !tmpfs(dir + "/a b") || ::mkdir((dir + "/a b/c").c_str(), 0755) != 0 || !tmpfs(dir + "/a b/c") ||
+        !tmpfs(dir + "/a b/c") || !tmpfs(dir + "/a bx")) {
+      out = "set-up failed";
+    } else {
+      for (auto& m : sbx::os::mounts_under(dir + "/a b")) out += m.path.substr(dir.size()) + "=" + m.fstype + ";";
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  sbx::os::UniqueFd r(fds[0]);
+  auto text = sbx::os::read_all(r.get());
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  REQUIRE(text.has_value());
+  // The stack at c top first, then c's parent; "/a bx", whose path starts as "/a b"'s does, is not
+  // below it.
+  CHECK(*text == "/a b/c=tmpfs;/a b/c=tmpfs;/a b=tmpfs;");
+  CHECK(sbx::os::mounts_under(dir).empty());  // the host's namespace: nothing was mounted here
 }
