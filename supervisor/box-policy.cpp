@@ -49,9 +49,13 @@ std::string loop_device_of(int image_fd) {
 }
 
 // A persistent workspace with a disk ceiling: an ext4 image in the branch's state dir, made once
-// and loop-mounted by every box that runs on this state dir. Returns "" or what failed.
-base::Result<void> mount_ext4_image(const std::string& image, int64_t size, const std::string& target,
-                                    const profile::Profile& prof) {
+// and attached to a loop device by every box that runs on this state dir. The device stays
+// attached while `fd` is open or it is mounted (LO_FLAGS_AUTOCLEAR).
+struct LoopDevice {
+  os::UniqueFd fd;
+  std::string path;
+};
+base::Result<LoopDevice> attach_ext4_image(const std::string& image, int64_t size, const profile::Profile& prof) {
   struct stat st {};
   if (::stat(image.c_str(), &st) != 0) {
     os::UniqueFd f(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
@@ -77,19 +81,17 @@ base::Result<void> mount_ext4_image(const std::string& image, int64_t size, cons
   for (int attempt = 0; attempt < 5; ++attempt) {
     int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
     if (n < 0) return base::sys_fail("LOOP_CTL_GET_FREE", errno);
-    std::string dev = "/dev/loop" + std::to_string(n);
-    os::UniqueFd loop(::open(dev.c_str(), O_RDWR | O_CLOEXEC));
-    if (!loop) return base::sys_fail("open " + dev, errno);
+    LoopDevice loop{os::UniqueFd(), "/dev/loop" + std::to_string(n)};
+    loop.fd.reset(::open(loop.path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop.fd) return base::sys_fail("open " + loop.path, errno);
     struct loop_config cfg {};
     cfg.fd = static_cast<uint32_t>(backing.get());
     cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;  // the device frees itself at the last unmount
-    if (::ioctl(loop.get(), LOOP_CONFIGURE, &cfg) != 0) {
+    if (::ioctl(loop.fd.get(), LOOP_CONFIGURE, &cfg) != 0) {
       if (errno == EBUSY) continue;  // another process took it first
-      return base::sys_fail("LOOP_CONFIGURE " + dev, errno);
+      return base::sys_fail("LOOP_CONFIGURE " + loop.path, errno);
     }
-    if (::mount(dev.c_str(), target.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) != 0)
-      return base::sys_fail("mount " + dev + " on " + target, errno);
-    return {};
+    return loop;
   }
   return base::fail("no free loop device");
 }
@@ -302,47 +304,54 @@ base::Result<void> Box::release_stale_mounts() {
 
 base::Result<std::string> Box::mount_workspace(Branch& b, const std::string& dir) {
   // The workspace: a sized tmpfs when the profile caps the disk (it counts against the memory of
-  // the group that writes it), owned by the agent's user. Every branch gets it, copies included.
+  // the group that writes it), owned by the agent's user, or a persistent profile's ext4 image.
+  // Every branch gets it, copies included.
   const profile::Profile& prof = opts_.profile;
   std::string ws = dir + "/workspace";
-  base::Result<std::string> how = std::string();
-  std::string tmp_too;
-  if (prof.resources.disk > 0 && prof.persistence != "persistent") {
-    // The branch's /tmp writes go to its overlay's upper and work directories in the branch's
-    // dir, which must share one mount: the whole dir, empty so far but for the workspace's mount
-    // point, goes on a tmpfs of the same size, so /tmp is bounded as /workspace is (each by the
-    // ceiling). Else they were on the state dir's disk, unbounded.
-    std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
-    if (::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0)
-      return base::sys_fail("mount a tmpfs on the branch's dir " + dir + " (for /tmp)", errno);
+  const int64_t disk = prof.resources.disk;
+  const bool persistent = prof.persistence == "persistent";
+  auto done = [&](base::Result<std::string> how) {
+    if (!how && how.error().code != "busy") log()->warn("branch {}: disk: {}", b.name, how.error().message);
+    if (prof.isolation.uid && b.workspace_mount.empty())
+      (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
+    return how;
+  };
+  if (disk <= 0) return done(std::string());
+  // Files that must outlive the box cannot sit on a tmpfs: the image is attached here, before the
+  // dir goes on the tmpfs below, which then hides it (the device holds it open).
+  std::string image = dir + "/workspace.ext4";
+  LoopDevice loop;
+  if (persistent) {
+    auto attached = attach_ext4_image(image, disk, prof);
+    if (!attached) return done(attached.error());
+    loop = std::move(*attached);
+  }
+  // The branch's /tmp writes go to its overlay's upper and work directories in the branch's dir,
+  // which must share one mount: the whole dir, empty so far but for the workspace's mount point
+  // (and a persistent profile's image), goes on a tmpfs of the same size, so /tmp is bounded as
+  // /workspace is (each by the ceiling). Else they were on the state dir's disk, unbounded.
+  std::string data = "size=" + std::to_string(disk) + ",mode=0755";
+  std::string tmp = ", /tmp likewise";
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
     b.layer_mount = dir;
-    if (auto r = os::make_dirs(ws, 0755); !r) return base::fail("create " + ws + ": " + r.error().message());
-    tmp_too = ", /tmp likewise";
+  } else {
+    auto failed = base::sys_fail("mount a tmpfs on the branch's dir " + dir + " (for /tmp)", errno);
+    if (!persistent) return done(failed);
+    tmp = ", /tmp not bounded: " + failed.message;  // the workspace's files are there all the same
   }
-  if (prof.resources.disk > 0 && prof.persistence == "persistent") {
-    // Files that must outlive the box cannot sit on a tmpfs.
-    std::string image = dir + "/workspace.ext4";
-    if (auto m = mount_ext4_image(image, prof.resources.disk, ws, prof); m) {
-      b.workspace_mount = ws;
-      how = "loop-mounted ext4 image " + image;
-    } else {
-      how = m.error();
-    }
-  } else if (prof.resources.disk > 0) {
-    std::string data = "size=" + std::to_string(prof.resources.disk) + ",mode=0755";
-    if (prof.isolation.uid)
-      data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
-    if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) == 0) {
-      b.workspace_mount = ws;
-      how = "sized tmpfs (" + std::to_string(prof.resources.disk) + " bytes)" + tmp_too;
-    } else {
-      how = base::sys_fail("mount a tmpfs on the workspace", errno);
-    }
+  if (auto r = os::make_dirs(ws, 0755); !r) return done(base::fail("create " + ws + ": " + r.error().message()));
+  if (persistent) {
+    if (::mount(loop.path.c_str(), ws.c_str(), "ext4", MS_NOSUID | MS_NODEV, nullptr) != 0)
+      return done(base::sys_fail("mount " + loop.path + " (" + image + ") on " + ws, errno));
+    b.workspace_mount = ws;
+    return done("loop-mounted ext4 image " + image + tmp);
   }
-  if (!how && how.error().code != "busy") log()->warn("branch {}: disk: {}", b.name, how.error().message);
-  if (prof.isolation.uid && b.workspace_mount.empty())
-    (void)!::chown(ws.c_str(), *prof.isolation.uid, prof.isolation.gid.value_or(0));
-  return how;
+  if (prof.isolation.uid)
+    data += ",uid=" + std::to_string(*prof.isolation.uid) + ",gid=" + std::to_string(prof.isolation.gid.value_or(0));
+  if (::mount("tmpfs", ws.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, data.c_str()) != 0)
+    return done(base::sys_fail("mount a tmpfs on the workspace", errno));
+  b.workspace_mount = ws;
+  return done("sized tmpfs (" + std::to_string(disk) + " bytes)" + tmp);
 }
 
 void Box::start_limits(Branch& b) {

@@ -141,12 +141,16 @@ def test_filling_the_workspace_control_without_disk(state_dir):
     assert (state_dir / "branches" / "main" / "workspace" / "fill").stat().st_size == 32 << 20
 
 
-def test_filling_tmp_past_disk_gives_enospc_and_nothing_lands_on_the_hosts_disk(state_dir):
+@pytest.mark.parametrize("persistence", ["ephemeral", "persistent"])
+def test_filling_tmp_past_disk_gives_enospc_and_nothing_lands_on_the_hosts_disk(state_dir, persistence):
     # /tmp is an overlay whose upper directory is in the branch's dir: it was on the state dir's
-    # disk, and the ceiling bounded /workspace alone (an untrusted agent wrote 400 MB there).
+    # disk, and the ceiling bounded /workspace alone (an untrusted agent wrote 400 MB there; under
+    # a persistent profile, whose workspace is an ext4 image, until 2026-12-06 evening).
     # (A bounded fill: where the ceiling does not hold, the test fails without filling the host.)
+    if persistence == "persistent" and not (os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4")):
+        pytest.skip("no loop devices or mkfs.ext4")
     r, ev = box(state_dir, ["/bin/sh", "-c", f"{probe()[0]} fill-disk /tmp/fill {64 << 20}; "
-                            f"{probe()[0]} write /workspace/after"], "resources.disk=16M")
+                            f"{probe()[0]} write /workspace/after"], "resources.disk=16M", f"persistence={persistence}")
     m = re.search(r"wrote=(\d+) errno=(\d+)", output(ev))
     assert m and int(m.group(2)) == 28, output(ev)  # ENOSPC
     assert int(m.group(1)) <= 16 << 20
@@ -154,6 +158,9 @@ def test_filling_tmp_past_disk_gives_enospc_and_nothing_lands_on_the_hosts_disk(
     assert "/tmp likewise" in started(ev)["enforcement"]["disk"]
     # The branch's dir was a tmpfs, gone with the box: nothing of the agent's on the host's disk.
     assert not (state_dir / "branches" / "main" / "tmp-upper" / "fill").exists()
+    if persistence == "persistent":  # and the workspace's file is in its image, for the next box
+        r, ev = box(state_dir, ["cat", "/workspace/after"], "resources.disk=16M", "persistence=persistent")
+        assert r.returncode == 0, output(ev, "stderr")
 
 
 def test_filling_tmp_control_without_disk(state_dir):
