@@ -108,6 +108,38 @@ def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(s
     assert not of_type(after[len(before):], "proc.started")  # not started again
 
 
+def mounts_below(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return [p for p in (line.split()[4] for line in f) if p == path or p.startswith(path + "/")]
+
+
+def test_a_killed_supervisor_under_a_disk_ceiling_resumes(state):
+    # Its branch's dir and workspace are tmpfs mounts in the host's mount namespace, left there by
+    # the KILL: the next run unmounts them before it sets the ended layer aside and restores.
+    sets = ["checkpoint.every=1s", "resources.disk=16M"]
+    first = Box(state, sets, [0.1], 1)
+    try:
+        first.wait(lambda e: e["type"] == "checkpoint.created")
+    finally:
+        assert first.end(signal.SIGKILL) == -signal.SIGKILL
+    try:
+        assert len(mounts_below(state)) == 2, mounts_below(state)
+        again = Box(state, sets, [0.1], 2)
+        try:
+            resumed = again.wait(lambda e: e["type"] == "box.resumed")
+            again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+        finally:
+            assert again.end() == 143, again.stderr()
+        assert resumed["mode"] == "live" and resumed["skipped"] == [], resumed
+        # Before, the restore went into the earlier run's tmpfs, which stayed mounted for good.
+        assert mounts_below(state) == []
+        assert "which an earlier run of this box left mounted" in again.stderr()
+    finally:
+        for m in reversed(mounts_below(state)):
+            subprocess.run(["umount", "-l", m])
+
+
 def test_on_stop_checkpoints_at_sigterm_and_the_next_start_continues_exactly(state):
     sets = ["checkpoint.on_stop=true"]
     # A state dir named relative to the working directory, as people type it (criu works elsewhere).
