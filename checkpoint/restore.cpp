@@ -868,10 +868,11 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   if (op->counted) --copies_starting_;
   if (res.contains("error")) {
     // Nothing half-restored stays behind: the copy's directory goes with its failure (its
-    // workspace's mount first, if it got one).
+    // workspace's mount first, if it got one, then the dir's own tmpfs under a disk ceiling).
     if (!host_.has_branch(branch)) {
       std::string dir = settings_.state_dir + "/branches/" + branch;
       (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+      (void)::umount2(dir.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
       os::remove_tree(dir);
     }
     ev["type"] = "restore.failed";

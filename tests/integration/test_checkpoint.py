@@ -211,6 +211,41 @@ def test_a_corrupted_or_truncated_archive_is_refused(tmp_path):
     assert one(ev3, "restore.done")["mode"] == "live"
 
 
+BIG_FILE_THEN_CHECKPOINT = r'''
+import os, sys
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+with open(os.path.join(os.environ["SANDBOXER_WORKSPACE"], "big"), "wb") as f:
+    f.write(b"x" * (3 << 20))
+agent.Channel().checkpoint("big")
+'''
+
+
+def test_a_copy_that_fails_under_a_disk_ceiling_leaves_nothing_mounted(tmp_path):
+    """Under a disk ceiling a copy's dir and workspace are tmpfs mounts made before the snapshot's
+    files are copied in; a copy that then fails (here: a 3 MiB file does not fit under the new
+    box's 1M ceiling) removes its dir with both mounts. Before, the dir's own tmpfs stayed
+    mounted in the host's mount namespace after the box had ended."""
+    rc, ev1, err = box(tmp_path / "a", ["--", sys.executable, "-c", BIG_FILE_THEN_CHECKPOINT])
+    assert rc == 0, err
+    archive = one(ev1, "checkpoint.created")["archive"]
+    state = tmp_path / "b"
+    try:
+        rc, ev2, err = box(state, ["--set", "resources.disk=1M", "--restore", archive])
+        assert rc != 0 and "No space left on device" in one(ev2, "restore.failed")["error"], err
+        with open("/proc/self/mountinfo") as f:
+            left = [line.split()[4] for line in f if str(state) in line.split()[4]]
+        assert left == [], left
+        assert not (state / "branches" / "main").exists()
+        # Control: under a ceiling the file fits in, the same archive restores.
+        rc, ev3, err = box(tmp_path / "c", ["--set", "resources.disk=8M", "--restore", archive])
+        assert rc == 0 and one(ev3, "restore.done"), err
+    finally:
+        with open("/proc/self/mountinfo") as f:
+            for m in reversed([line.split()[4] for line in f if str(tmp_path) in line.split()[4]]):
+                subprocess.run(["umount", "-l", m])
+
+
 def test_a_restore_from_a_file_that_changes_while_it_is_read_is_refused(tmp_path):
     # --restore extracts the operator's file while it links or copies it into the store: a file
     # that changes meanwhile (here its times, every half millisecond) could give an extraction and
