@@ -149,7 +149,7 @@ base::Result<sandbox::BranchSpec> Box::cold_copy_spec(checkpoint::Copy& copy) {
 
 base::Result<void> Box::start_cold_agent(checkpoint::Copy& copy, const std::vector<std::string>& extra_env) {
   Branch& b = branch_of(copy);
-  std::string dir = branch_spec(b.name).dir;
+  std::string dir = opts_.state_dir + "/branches/" + b.name;  // not yet in branches_ (branch_dir)
   std::string cwd = b.launched.namespaced ? b.cwd : dir + "/workspace";
   auto env = agent_env(b, dir);
   for (auto& kv : extra_env) env.emplace_back(kv);
