@@ -52,12 +52,12 @@ const char* kUsage =
     "missing\n"
     "  up --host docker [--profile P] [--env K=V] [--image I] [-v SRC:DST] [--publish-address IP] -- CMD...\n"
     "                                                                        start a box; prints its URL last\n"
-    "  down URL|NAME                                                         stop a box: a local one (TERM, its grace\n"
+    "  down URL|NAME|STATE_DIR                                               stop a box: a local one (TERM, its grace\n"
     "                                                                        period), a docker one stopped and "
     "removed\n"
-    "  ps [--json]                                                           the boxes this host runs: local (run "
-    "without\n"
-    "                                                                        --state-dir) and docker's\n"
+    "  ps [--json]                                                           the boxes this host runs: local (any "
+    "state\n"
+    "                                                                        dir), then docker's\n"
     "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
 }

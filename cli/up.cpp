@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 
 #include "base/encoding.hpp"
@@ -95,25 +96,40 @@ int cmd_up(const std::vector<std::string>& args) {
 
 namespace {
 
-// The local boxes running now: state dirs under the default root (boxes started without
-// --state-dir) whose lock a supervisor holds (os::dir_lock_held, which names its pid), with the
-// URL in STATE/url when it listens.
+// The local boxes running now: the state dirs whose lock a sandboxer-init holds, found through
+// /proc/locks (os::dirs_locked_by: any state dir this process can see), and those under the
+// default root (boxes started without --state-dir) whose holder's fds it cannot read, with the
+// URL in STATE/url when it listens. A box under the default root is named by its dir's name,
+// any other by its state dir's path.
 struct LocalBox {
   dk::BoxRecord rec;
   std::string pid;  // the supervisor's, as /proc/locks shows it ("" where it shows none)
 };
+std::string real_or_same(const std::string& path) {
+  std::error_code ec;
+  auto real = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : real.string();
+}
 std::vector<LocalBox> local_boxes() {
   std::vector<LocalBox> out;
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator(os::default_box_root(), ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    std::string dir = it->path().string();
-    std::string pid;
-    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, &pid)) continue;
-    dk::BoxRecord b{.name = it->path().filename().string(), .state_dir = dir, .image = "-"};
+  std::set<std::string> seen;
+  const std::string root = real_or_same(os::default_box_root());
+  auto add = [&](const std::string& dir, const std::string& pid) {
+    if (!seen.insert(dir).second) return;
+    size_t slash = dir.rfind('/');
+    dk::BoxRecord b{.name = dir.substr(0, slash) == root ? dir.substr(slash + 1) : dir, .state_dir = dir, .image = "-"};
     if (auto text = os::read_file(dir + "/url")) b.url = text->substr(0, text->find('\n'));
     b.status = "running" + (pid.empty() ? "" : ", pid " + pid);
     out.push_back({std::move(b), pid});
+  };
+  for (auto& d : os::dirs_locked_by("sandboxer-init")) add(d.path, std::to_string(d.pid));
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(root, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::string dir = it->path().string();
+    std::string pid;
+    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, &pid)) continue;
+    add(dir, pid);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rec.name < b.rec.name; });
   return out;
@@ -145,11 +161,13 @@ int down_local(const LocalBox& b) {
 }  // namespace
 
 int cmd_down(const std::vector<std::string>& args) {
-  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME"});
+  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME|STATE_DIR"});
   a.expect_positionals(1);
   const std::string& which = a.positionals()[0];
+  const std::string as_dir = which.find("://") == std::string::npos ? real_or_same(which) : "";
   for (auto& b : local_boxes())
-    if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which)) return down_local(b);
+    if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which) || b.rec.state_dir == as_dir)
+      return down_local(b);
   auto box = dk::down(which);
   if (!box.url.empty()) forget_token(box.url);
   std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";
@@ -167,21 +185,23 @@ int cmd_ps(const std::vector<std::string>& args) {
   } catch (const std::exception& e) {
     std::cerr << "sandboxer ps: " << e.what() << " (docker's boxes are not listed)\n";
   }
+  // What a state dir holds (its url file, its path) may come from a box's agent where it runs
+  // without namespaces: shown as a terminal may show it.
   if (as_json) {
     for (auto& [host, b] : boxes)
-      std::cout << boost::json::serialize(boost::json::object{{"name", b.name},
-                                                              {"url", b.url},
-                                                              {"host", host},
-                                                              {"state_dir", b.state_dir},
-                                                              {"image", b.image},
-                                                              {"status", b.status}})
+      std::cout << json_line(boost::json::object{{"name", base::utf8_lossy(b.name)},
+                                                 {"url", base::utf8_lossy(b.url)},
+                                                 {"host", host},
+                                                 {"state_dir", base::utf8_lossy(b.state_dir)},
+                                                 {"image", base::utf8_lossy(b.image)},
+                                                 {"status", b.status}})
                 << "\n";
     return 0;
   }
   std::cout << "URL\tNAME\tHOST\tSTATUS\tIMAGE\n";
   for (auto& [host, b] : boxes)
-    std::cout << (b.url.empty() ? "-" : b.url) << "\t" << b.name << "\t" << host << "\t" << b.status << "\t" << b.image
-              << "\n";
+    std::cout << (b.url.empty() ? "-" : printable(b.url)) << "\t" << printable(b.name) << "\t" << host << "\t"
+              << printable(b.status) << "\t" << printable(b.image) << "\n";
   return 0;
 }
 

@@ -442,6 +442,50 @@ bool dir_lock_held(const std::string& dir, std::string* holder) {
   return true;
 }
 
+std::vector<LockedDir> dirs_locked_by(const std::string& exe_name) {
+  std::vector<LockedDir> out;
+  auto text = read_file("/proc/locks");
+  if (!text) return out;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream f(line);
+    std::string num, type, mode, rw, pid, where;
+    unsigned maj = 0, min = 0;
+    unsigned long long ino = 0;
+    if (!(f >> num >> type >> mode >> rw >> pid >> where) || type != "FLOCK" || rw != "WRITE" ||
+        std::sscanf(where.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3 ||
+        pid.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::string proc = "/proc/" + pid;
+    char exe[4096];
+    ssize_t n = ::readlink((proc + "/exe").c_str(), exe, sizeof exe - 1);
+    if (n <= 0) continue;
+    std::string_view name(exe, static_cast<size_t>(n));
+    name = name.substr(0, name.find(" (deleted)"));
+    if (name.substr(name.rfind('/') + 1) != exe_name) continue;
+    // Which of its fds is the locked directory: its path, then the same inode there from here.
+    DIR* fds = ::opendir((proc + "/fd").c_str());
+    if (!fds) continue;
+    while (dirent* e = ::readdir(fds)) {
+      std::string fd = proc + "/fd/" + e->d_name;
+      struct stat st {};
+      if (e->d_name[0] == '.' || ::stat(fd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_ino != ino ||
+          ::major(st.st_dev) != maj || ::minor(st.st_dev) != min)
+        continue;
+      n = ::readlink(fd.c_str(), exe, sizeof exe - 1);
+      std::string path(exe, n > 0 ? static_cast<size_t>(n) : 0);
+      struct stat here {};
+      if (path.starts_with('/') && ::stat(path.c_str(), &here) == 0 && here.st_ino == st.st_ino &&
+          here.st_dev == st.st_dev)
+        out.push_back({static_cast<pid_t>(std::stol(pid)), std::move(path)});
+      break;
+    }
+    ::closedir(fds);
+  }
+  return out;
+}
+
 bool own_private_dir(const std::string& dir, std::string& why) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     why = "create " + dir + ": " + last_error().message();

@@ -137,6 +137,18 @@ struct MountPoint {
 /// there to read.
 std::vector<MountPoint> mounts_under(const std::string& dir);
 
+/// A directory a process holds lock_dir's lock on.
+struct LockedDir {
+  pid_t pid = 0;
+  std::string path;  // as this process sees it (the same directory: checked by its inode)
+};
+
+/// The directories that processes running the program named `exe_name` (the last part of
+/// /proc/PID/exe) hold lock_dir's lock on, from /proc/locks and the holders' open fds; those
+/// whose fds this process may not read, or whose path names another directory here (another
+/// mount namespace's), are left out.
+std::vector<LockedDir> dirs_locked_by(const std::string& exe_name);
+
 /// Where a box started without --state-dir keeps its state dir (one directory each, named at
 /// random): $XDG_STATE_HOME/sandboxer/boxes, else ~/.local/state/sandboxer/boxes, else
 /// /var/lib/sandboxer/boxes. `sandboxer ps` lists the running ones there.

@@ -554,7 +554,9 @@ def test_an_archive_from_another_image_is_refused_with_the_reason(docker_env, im
 # ---- fork into new containers (issue 6) ----
 
 def boxes_by_url(env):
-    return {b["url"]: b for b in (json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines())}
+    """docker's boxes by URL (`ps` lists the local boxes of the tests beside this one too)."""
+    return {b["url"]: b for b in (json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines())
+            if b["host"] == "docker"}
 
 
 def events_of(state_dir):

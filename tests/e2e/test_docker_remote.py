@@ -86,9 +86,14 @@ def ticks(env, url, until, timeout=30):
         time.sleep(0.3)
 
 
+def docker_boxes(env):
+    """What `ps` lists of the dockerd `env` points at (not the local boxes of the tests beside)."""
+    return [b for b in map(json.loads, cli(env, "ps", "--json").stdout.splitlines()) if b["host"] == "docker"]
+
+
 def box_names(env):
     """The box containers of the dockerd `env` points at."""
-    return {json.loads(line)["name"] for line in cli(env, "ps", "--json").stdout.splitlines()}
+    return {b["name"] for b in docker_boxes(env)}
 
 
 def up(env, *argv):
@@ -145,9 +150,9 @@ def test_fork_on_another_machine_moves_the_snapshot_over_the_api(remote):
         cp = cli(env, "checkpoint", url)
         assert cp.returncode == 0, cp.stderr
         snap = cp.stdout.strip().splitlines()[-1]
-        before = {json.loads(line)["name"] for line in cli(env, "ps", "--json").stdout.splitlines()}
+        before = box_names(env)
         f = cli(env, "fork", url, "--snapshot", snap, "-n", "2", "--host", "docker", timeout=240)
-        after = [json.loads(line) for line in cli(env, "ps", "--json").stdout.splitlines()]
+        after = docker_boxes(env)
         new = [b["url"] for b in after if b["name"] not in before]
         assert f.returncode == 0, f.stderr
         urls = [line.split()[1] for line in f.stdout.splitlines()]

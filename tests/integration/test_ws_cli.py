@@ -666,6 +666,38 @@ def test_an_argument_that_is_not_utf8_goes_as_its_bytes_where_the_api_takes_byte
     assert sorted(os.listdir(os.fsencode(box.workspace / "t"))) == [b"n\xff", b"ok"]
 
 
+def test_ps_lists_a_box_with_a_state_dir_of_its_own_and_down_takes_that_dir(tmp_path):
+    # A box given --state-dir anywhere: found by the lock its supervisor holds (/proc/locks and the
+    # holder's fds), named by its state dir's path; `down` takes that path, relative or not. Before,
+    # only boxes under the default root were listed, and `down DIR` went to docker.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    state = tmp_path / "my box"
+    p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--", "sleep", "60"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            mine = [b for b in map(json.loads, r.stdout.splitlines()) if b["state_dir"] == str(state)]
+            if mine:
+                break
+            assert time.monotonic() < deadline, (r.stdout, r.stderr)
+            time.sleep(0.05)
+        assert mine == [{"name": str(state), "url": "", "host": "local", "state_dir": str(state), "image": "-",
+                         "status": f"running, pid {p.pid}"}], mine
+        r = subprocess.run([str(CLI), "down", "my box"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and r.stdout == f"box {state} stopped; journal in {state}\n", r
+        assert p.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
+    assert str(state) not in r.stdout, r.stdout
+
+
 def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one(tmp_path):
     # `ps` listed docker's boxes only, and failed (2) where docker did not answer: a box run here
     # could not be found. Now the running boxes under the default state root (their lock held)
@@ -685,7 +717,8 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
         while True:
             r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
             assert r.returncode == 0, r.stderr
-            boxes = [json.loads(l) for l in r.stdout.splitlines()]
+            # ps lists every box running here: the boxes of the tests beside this one too.
+            boxes = [b for b in map(json.loads, r.stdout.splitlines()) if b["state_dir"].startswith(str(tmp_path))]
             if boxes and boxes[0]["url"]:
                 break
             assert time.monotonic() < deadline, (r.stdout, r.stderr)
@@ -701,7 +734,7 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
                             text=True, timeout=30)
         assert st.returncode == 0 and "main" in json.loads(st.stdout)["procs"], st.stderr
         text = subprocess.run([str(CLI), "ps"], env=env, capture_output=True, text=True, timeout=30).stdout
-        assert text.splitlines()[1].split("\t")[:3] == [b["url"], b["name"], "local"], text
+        assert [b["url"], b["name"], "local"] in [line.split("\t")[:3] for line in text.splitlines()], text
         # `down NAME` stops it as `docker stop` does a container's: TERM, the grace period, the end.
         r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and r.stdout == f"box {b['name']} stopped; journal in {b['state_dir']}\n", r
@@ -713,7 +746,7 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
     ev = read_journal(b["state_dir"])
     assert ev[-1]["type"] == "box.exited" and (ev[-1]["code"], ev[-1]["reason"]) == (143, "shutdown"), ev[-2:]
     r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.returncode == 0 and str(tmp_path) not in r.stdout, (r.stdout, r.stderr)
     # What is not a running local box goes to docker, as before.
     r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
