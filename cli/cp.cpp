@@ -6,13 +6,16 @@
 // permission bits (no set-id bits), directories theirs; a symlink is copied as a symlink with the
 // same text (fs.symlink), never followed, SRC itself included (without -r, as cp, SRC's file is
 // copied through it). A FIFO, a socket or a device is not copied: each is named on stderr, and
-// the exit status is 1 once the rest is.
+// the exit status is 1 once the rest is. "-" is standard input or output (one file, not with -r).
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -22,6 +25,7 @@
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/session.hpp"
+#include "os/unique-fd.hpp"
 
 namespace sbx::cli {
 
@@ -259,6 +263,66 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
   return ok && !t.skipped() ? kExitOk : kExitFailed;
 }
 
+// "-": standard input or output. A download is written at its frames' offsets and an upload
+// names its size first, so each goes through an unnamed file in $TMPDIR (O_TMPFILE: nothing is
+// left there, however the command ends): standard input is read to its end, then uploaded; a
+// download is written to standard output once it is whole, so a failed one writes nothing.
+base::Result<os::UniqueFd> spool_file() {
+  const char* env = std::getenv("TMPDIR");
+  std::string dir = env && *env ? env : "/tmp";
+  os::UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!fd) return base::sys_fail("make an unnamed file in " + dir + " ($TMPDIR) for \"-\"", errno, "local");
+  return fd;
+}
+
+// Copies `in` (from its offset) to `out` until `in` ends; waits where `out` or `in` is
+// non-blocking and not ready.
+base::Result<void> pump(int in, int out, const char* in_name, const char* out_name) {
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    ssize_t n = ::read(in, buf.data(), buf.size());
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{in, POLLIN, 0};
+      ::poll(&p, 1, -1);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return base::sys_fail(std::string("read ") + in_name, errno, "local");
+    if (n == 0) return {};
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = ::write(out, buf.data() + off, static_cast<size_t>(n - off));
+      if (w < 0 && errno == EAGAIN) {
+        pollfd p{out, POLLOUT, 0};
+        ::poll(&p, 1, -1);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return base::sys_fail(std::string("write ") + out_name, errno, "local");
+      off += w;
+    }
+  }
+}
+
+int copy_stdio(Session& s, const std::optional<RemotePath>& src, const std::optional<RemotePath>& dst,
+               const std::string& from, const std::string& to) {
+  std::string what = src ? "download " + from : "upload to " + to;
+  auto spool = spool_file();
+  if (!spool) return s.fail(spool.error(), what);
+  int fd = spool->get();
+  if (dst) {
+    if (auto r = pump(STDIN_FILENO, fd, "standard input", "the spool file"); !r) return s.fail(r.error(), what);
+    auto r = s.transfer_batch(
+        {{.req = {{"op", "fs.write"}, {"path", dst->path}}, .local_path = "standard input", .upload = true, .fd = fd}});
+    return r.front() ? kExitOk : s.fail(r.front().error(), what);
+  }
+  auto r =
+      s.transfer_batch({{.req = {{"op", "fs.read"}, {"path", src->path}}, .local_path = "standard output", .fd = fd}});
+  if (!r.front()) return s.fail(r.front().error(), what);
+  if (::lseek(fd, 0, SEEK_SET) != 0) return s.fail(base::sys_fail("rewind the spool file", errno, "local"), what);
+  if (auto w = pump(fd, STDOUT_FILENO, "the spool file", "standard output"); !w) return s.fail(w.error(), what);
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_cp(const std::vector<std::string>& args) {
@@ -267,15 +331,14 @@ int cmd_cp(const std::vector<std::string>& args) {
   a.expect_positionals(2);
   const auto& from = a.positionals()[0];
   const auto& to = a.positionals()[1];
-  // "-" is standard input or output to docker cp and tar; here it would be a file of that name.
-  for (const auto* p : {&from, &to})
-    if (*p == "-")
-      throw UsageError(
-          "\"-\" (standard input or output) is not supported: name a file (./- for one named -), or stream "
-          "with `sandboxer exec [-i] URL -- cat [> PATH]`");
+  // "-" is standard input or output, as to docker cp and tar (./- names a file called -).
+  bool stdio = from == "-" || to == "-";
+  if (stdio && a.has("-r"))
+    throw UsageError("-r with \"-\": a tree does not go through standard input or output (name a directory)");
   auto src = split_remote(from), dst = split_remote(to);
   if (src.has_value() == dst.has_value()) throw UsageError("one of SRC and DST is URL:PATH, the other a local path");
   Session s("cp", src ? src->url : dst->url, a);
+  if (stdio) return copy_stdio(s, src, dst, from, to);
   if (a.has("-r")) return copy_tree(s, src, dst, from, to);
   auto r = src ? s.download({{"op", "fs.read"}, {"path", src->path}}, to)
                : s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);

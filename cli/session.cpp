@@ -331,7 +331,8 @@ std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<Loca
     sdk::FileTransfer t{.box = endpoint_, .request = std::move(b.req), .upload = b.upload};
     if (b.upload) {
       // O_NONBLOCK: a FIFO at the path does not hold the open; it is refused below.
-      fds[i].reset(::open(b.local_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+      fds[i].reset(b.fd >= 0 ? ::fcntl(b.fd, F_DUPFD_CLOEXEC, 0)
+                             : ::open(b.local_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
       struct stat st {};
       if (!fds[i] || ::fstat(fds[i].get(), &st) != 0) {
         unopened = local_error(b.local_path + ": " + os::last_error().message());
@@ -346,8 +347,11 @@ std::vector<base::Result<json::object>> Session::transfer_batch(std::vector<Loca
       if (t.request.contains("size")) t.request["size"] = t.size;
     } else {
       int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (b.fresh ? O_EXCL | O_NOFOLLOW : O_TRUNC);
-      t.open_sink = [&fds, i, flags, path = b.local_path] {
-        fds[i].reset(::open(path.c_str(), flags, 0644));
+      t.open_sink = [&fds, i, flags, path = b.local_path, fd = b.fd] {
+        if (fd >= 0 && ::ftruncate(fd, 0) == 0)
+          fds[i].reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        else if (fd < 0)
+          fds[i].reset(::open(path.c_str(), flags, 0644));
         return fds[i].get();
       };
     }

@@ -114,6 +114,7 @@ class Session {
     std::string local_path;
     bool upload = false;
     bool fresh = false;  // a download into a new file only: nothing at the path is written through
+    int fd = -1;         // an open file used from its start instead of local_path's (which names it)
   };
   /// Each of `batch` in turn on one connection, as download() and upload() do one: the results
   /// in order, up to and including the first that failed (an upload whose local file cannot be

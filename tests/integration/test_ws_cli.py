@@ -120,22 +120,35 @@ def test_cp_refuses_an_escaping_path(box, tmp_path):
     assert r.returncode != 0 and b"path_escape" in r.stderr
 
 
-@pytest.mark.parametrize("way", ["down", "up"])
-def test_cp_refuses_a_dash_for_standard_input_or_output_and_makes_no_file_of_that_name(box, tmp_path, way):
-    # "-" is stdin/stdout to docker cp and tar; cp once wrote (or read) a local file named "-".
-    (box.workspace / "f.txt").write_text("in the box\n")
-    args = [f"{box.url}:/workspace/f.txt", "-"] if way == "down" else ["-", f"{box.url}:/workspace/g.txt"]
-    r = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), *args], capture_output=True,
-                       input=b"from stdin\n", cwd=tmp_path, timeout=30)
-    assert r.returncode == 2, r.stderr
-    assert b'"-" (standard input or output) is not supported: name a file (./- for one named -)' in r.stderr
-    assert not (tmp_path / "-").exists() and not (box.workspace / "g.txt").exists()
-    # A file named "-" by a path of its own still goes.
-    if way == "down":
-        args[1] = "./-"
-        r = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), *args], capture_output=True,
-                           cwd=tmp_path, timeout=30)
-        assert r.returncode == 0 and (tmp_path / "-").read_text() == "in the box\n", r.stderr
+def test_cp_dash_is_standard_input_or_output_through_a_pipe_and_makes_no_file_of_that_name(box, tmp_path):
+    # "-" is stdin/stdout, as to docker cp and tar: 5 MiB from a pipe into the box and back out
+    # into a pipe (each spooled through an unnamed file: nothing is left in TMPDIR). It once wrote
+    # or read a local file named "-", then was refused.
+    data = os.urandom(5 << 20) + b"tail"
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    env = {**os.environ, "TMPDIR": str(spool)}
+    cp = [str(CLI), "cp", "--token-file", str(box.token_file)]
+    up = subprocess.Popen([*cp, "-", f"{box.url}:/workspace/in.bin"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=tmp_path, env=env)
+    _, err = up.communicate(data, timeout=60)
+    assert up.returncode == 0, err
+    assert (box.workspace / "in.bin").read_bytes() == data
+    down = subprocess.run([*cp, f"{box.url}:/workspace/in.bin", "-"], capture_output=True, cwd=tmp_path, env=env,
+                          timeout=60)
+    assert down.returncode == 0 and down.stdout == data, down.stderr
+    assert not (tmp_path / "-").exists() and list(spool.iterdir()) == []
+    # A download that fails writes nothing to stdout; -r does not take "-"; "./-" names a file.
+    r = subprocess.run([*cp, f"{box.url}:/workspace/none", "-"], capture_output=True, env=env, timeout=30)
+    assert r.returncode == 1 and r.stdout == b"" and b"No such file or directory" in r.stderr, r
+    r = subprocess.run([*cp, "-r", "-", f"{box.url}:/workspace/t"], capture_output=True, env=env, timeout=30)
+    assert r.returncode == 2 and b'-r with "-"' in r.stderr, r
+    r = subprocess.run([*cp, f"{box.url}:/workspace/in.bin", "./-"], capture_output=True, cwd=tmp_path, timeout=30)
+    assert r.returncode == 0 and (tmp_path / "-").read_bytes() == data, r.stderr
+    # A TMPDIR that cannot hold the spool is named.
+    r = subprocess.run([*cp, f"{box.url}:/workspace/in.bin", "-"], capture_output=True,
+                       env={**env, "TMPDIR": str(tmp_path / "missing")}, timeout=30)
+    assert r.returncode == 1 and f"{tmp_path / 'missing'} ($TMPDIR)".encode() in r.stderr and r.stdout == b"", r
 
 
 def test_stats_prints_the_box_and_its_procs(box):
