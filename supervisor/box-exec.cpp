@@ -240,6 +240,32 @@ void Box::end_execs_of(Branch& b) {
   }
 }
 
+void Box::release_ended_exec(const Proc& p) {
+  ended_unreleased_.push_back(proc_key(p.branch, p.id));
+  if (!release_timer_) release_timer_ = loop::make_timer(loop_);
+  release_timer_->data = this;
+  uv_timer_start(
+      release_timer_.get(),
+      [](uv_timer_t* t) noexcept {
+        auto* box = static_cast<Box*>(t->data);
+        for (auto& key : std::exchange(box->ended_unreleased_, {})) {
+          auto it = box->procs_.find(key);
+          if (it == box->procs_.end()) continue;
+          Proc& ended = *it->second;
+          ended.out.reset();
+          ended.err.reset();
+          ended.io.reset();
+          box->ended_execs_.push_back(key);
+        }
+        while (box->ended_execs_.size() > kEndedExecsKept) {
+          auto it = box->procs_.find(box->ended_execs_.front());
+          if (it != box->procs_.end() && it->second->exited_sent) box->procs_.erase(it);
+          box->ended_execs_.pop_front();
+        }
+      },
+      0, 0);
+}
+
 Proc* Box::find_proc(const std::string& proc, const BranchName& branch, std::optional<OpError>& err) {
   if (branch) {
     if (auto it = procs_.find(proc_key(*branch, proc)); it != procs_.end()) return it->second.get();
@@ -268,6 +294,7 @@ std::optional<OpError> Box::proc_stdin(const std::string& proc, const BranchName
   Proc* pp = find_proc(proc, branch, err);
   if (!pp) return err;
   Proc& p = *pp;
+  if (p.exited_sent) return OpError{"not_running", "process " + proc + " has exited"};
   if (p.io && !p.started && !p.status_known) {
     // Not started yet: keep it for when it is.
     if (p.io->early_eof) return OpError{"stdin_closed", "the stdin of " + proc + " is closed"};
@@ -311,6 +338,7 @@ std::optional<OpError> Box::proc_resize(const std::string& proc, const BranchNam
   Proc* pp = find_proc(proc, branch, err);
   if (!pp) return err;
   Proc& p = *pp;
+  if (p.exited_sent) return OpError{"not_running", "process " + proc + " has exited"};
   if (!p.io || p.io->pty < 0) return OpError{"no_tty", "process " + proc + " has no terminal"};
   struct winsize ws {};
   ws.ws_col = static_cast<unsigned short>(cols);

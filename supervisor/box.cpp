@@ -228,6 +228,7 @@ void Box::maybe_proc_exited(Proc& p) {
   if (!p.error.empty()) e["error"] = p.error;
   emit(p.branch, std::move(e));
   for (auto& w : std::exchange(p.on_started, {})) w();
+  if (p.id != b.main_proc) release_ended_exec(p);
   maybe_finish();
 }
 

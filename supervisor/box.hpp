@@ -5,6 +5,7 @@
 #include <uv.h>
 
 #include <boost/json.hpp>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -256,6 +257,15 @@ class Box : public checkpoint::Host {
   void kill_leftovers();
   void on_exec_report(Branch& b, Proc& p, const boost::json::object& r, std::vector<os::UniqueFd> passed);
   void end_execs_of(Branch& b);
+  /// An exec'd process has ended and said so (proc.exited): on the next loop turn its readers,
+  /// input and timer are freed (not from within their own callbacks), and past the last
+  /// kEndedExecsKept ended ones, the oldest is forgotten (its id free again). An agent loop that
+  /// execs a command per step held ~256 KiB for each, for the box's life.
+  void release_ended_exec(const Proc& p);
+  static constexpr size_t kEndedExecsKept = 1000;
+  std::vector<std::string> ended_unreleased_;  // procs_ keys
+  std::deque<std::string> ended_execs_;        // procs_ keys, oldest first
+  loop::UvHandle<uv_timer_t> release_timer_;
   void start_server();
   /// The process `proc` of `branch` (see proc_stdin), or why there is none.
   Proc* find_proc(const std::string& proc, const BranchName& branch, std::optional<OpError>& err);

@@ -106,7 +106,8 @@ class Box:
         """Starts `argv` in the box and returns its handle with output streaming in.
 
         `proc` is the process id (chosen here when None); exec is idempotent per id: the same id
-        again returns a handle on the existing process (`handle.reply["existing"]`). `stdin`
+        again returns a handle on the existing process (`handle.reply["existing"]`; an ended one
+        while it is among the box's last 1,000 ended processes). `stdin`
         keeps its stdin open for `handle.write()`; `tty` gives it a pty (of `cols` x `rows`,
         80x24 unless given). The handle follows the
         journal from `since` (default: just before the reply's `started_seq`) and keeps this
