@@ -242,6 +242,15 @@ void Box::end_execs_of(Branch& b) {
 
 void Box::release_ended_exec(const Proc& p) {
   ended_unreleased_.push_back(proc_key(p.branch, p.id));
+  release_later();
+}
+
+void Box::release_ended_branch(const Branch& b) {
+  ended_branches_.push_back(b.name);
+  release_later();
+}
+
+void Box::release_later() {
   if (!release_timer_) release_timer_ = loop::make_timer(loop_);
   release_timer_->data = this;
   uv_timer_start(
@@ -261,6 +270,27 @@ void Box::release_ended_exec(const Proc& p) {
           auto it = box->procs_.find(box->ended_execs_.front());
           if (it != box->procs_.end() && it->second->exited_sent) box->procs_.erase(it);
           box->ended_execs_.pop_front();
+        }
+        for (auto& name : std::exchange(box->ended_branches_, {})) {
+          auto it = box->branches_.find(name);
+          if (it == box->branches_.end() || !it->second->ns_init_reaped) continue;
+          Branch& b = *it->second;
+          if (auto p = box->procs_.find(proc_key(b.name, b.main_proc)); p != box->procs_.end()) {
+            p->second->out.reset();
+            p->second->err.reset();
+          }
+          // The watchers before the fds they watch.
+          b.reports.reset();
+          b.channel.reset();
+          b.chan_closed = true;
+          b.drain_timer.reset();
+          b.limits.reset();
+          b.cgroup.reset();  // empty now: its rmdirs
+          b.pidfd.reset();
+          sandbox::LaunchedBranch& l = b.launched;
+          for (auto* fd :
+               {&l.requests, &l.reports, &l.in, &l.out, &l.err, &l.chan_req, &l.chan_rep, &l.agent_pid, &l.netns})
+            fd->reset();
         }
       },
       0, 0);

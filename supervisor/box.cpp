@@ -228,7 +228,10 @@ void Box::maybe_proc_exited(Proc& p) {
   if (!p.error.empty()) e["error"] = p.error;
   emit(p.branch, std::move(e));
   for (auto& w : std::exchange(p.on_started, {})) w();
-  if (p.id != b.main_proc) release_ended_exec(p);
+  if (p.id != b.main_proc)
+    release_ended_exec(p);
+  else if (b.name != "main" && b.ns_init_reaped)
+    release_ended_branch(b);
   maybe_finish();
 }
 

@@ -262,8 +262,16 @@ class Box : public checkpoint::Host {
   /// kEndedExecsKept ended ones, the oldest is forgotten (its id free again). An agent loop that
   /// execs a command per step held ~256 KiB for each, for the box's life.
   void release_ended_exec(const Proc& p);
+  /// A copy's agent has ended (ns-init reaped, proc.exited out): on the next loop turn its fds
+  /// (ns-init's requests and reports, the agent channel, stdin, the network namespace), their
+  /// watchers, its output readers, its limits watcher and its cgroup go. Its record, its dir and
+  /// its mounts stay (its files are read after its end). A fork-and-explore box held ~10 fds and
+  /// ~90 KiB for each ended copy: ~2,000 copies from the supervisor's fd limit.
+  void release_ended_branch(const Branch& b);
+  void release_later();
   static constexpr size_t kEndedExecsKept = 1000;
   std::vector<std::string> ended_unreleased_;  // procs_ keys
+  std::vector<std::string> ended_branches_;    // branches_ keys
   std::deque<std::string> ended_execs_;        // procs_ keys, oldest first
   loop::UvHandle<uv_timer_t> release_timer_;
   void start_server();
