@@ -278,25 +278,22 @@ base::Result<os::UniqueFd> spool_file() {
 // Copies `in` (from its offset) to `out` until `in` ends; waits where `out` or `in` is
 // non-blocking and not ready.
 base::Result<void> pump(int in, int out, const char* in_name, const char* out_name) {
+  // A call that would block waits until its fd is ready; one a signal cut short is made again.
+  auto again = [](ssize_t r, int fd, short events) {
+    if (r >= 0 || (errno != EAGAIN && errno != EINTR)) return false;
+    pollfd p{fd, events, 0};
+    if (errno == EAGAIN) ::poll(&p, 1, -1);
+    return true;
+  };
   std::vector<char> buf(1 << 20);
   for (;;) {
     ssize_t n = ::read(in, buf.data(), buf.size());
-    if (n < 0 && errno == EAGAIN) {
-      pollfd p{in, POLLIN, 0};
-      ::poll(&p, 1, -1);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
+    if (again(n, in, POLLIN)) continue;
     if (n < 0) return base::sys_fail(std::string("read ") + in_name, errno, "local");
     if (n == 0) return {};
     for (ssize_t off = 0; off < n;) {
       ssize_t w = ::write(out, buf.data() + off, static_cast<size_t>(n - off));
-      if (w < 0 && errno == EAGAIN) {
-        pollfd p{out, POLLOUT, 0};
-        ::poll(&p, 1, -1);
-        continue;
-      }
-      if (w < 0 && errno == EINTR) continue;
+      if (again(w, out, POLLOUT)) continue;
       if (w < 0) return base::sys_fail(std::string("write ") + out_name, errno, "local");
       off += w;
     }

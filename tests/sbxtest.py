@@ -36,6 +36,21 @@ SUBPROTOCOL = "sandboxer.v1"
 
 # -- the journal and its events ---------------------------------------------------------------
 
+def mounts_below(path):
+    """The mount points at `path` or below it in this process's mount namespace, in mount order
+    (a box's mounts that outlived it show here)."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p == path or p.startswith(path + "/")]
+
+
+def unmount_below(path):
+    """What a failed test left mounted at or below `path`, lazily, the last mounted first."""
+    for m in reversed(mounts_below(path)):
+        subprocess.run(["umount", "-l", m])
+
+
 def free_port_pair():
     """An even port p with p and p + 1 free on 127.0.0.1 now, below the kernel's ephemeral range,
     where the connections of the tests running beside this one take theirs (a random pick in

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, of_type, output, pids_group, pids_running, probe,
-                     read_events, read_journal, run_init, started)
+from sbxtest import (FORK_UNTIL_REFUSED, INIT, PIDS_V1, PROBE, box, exited, mounts_below, of_type, output, pids_group,
+                     pids_running, probe, read_events, read_journal, run_init, started, unmount_below)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -383,13 +383,6 @@ def test_persistent_workspace_disk_is_an_ext4_image_that_outlives_the_box(state_
     assert output(second).strip() == m.group(1), output(second)
 
 
-def mounts_below(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4].replace("\\040", " ") for line in f]
-    return [p for p in points if p == path or p.startswith(path + "/")]
-
-
 @pytest.mark.skipif(not os.path.exists("/dev/loop-control") or not shutil.which("mkfs.ext4"),
                     reason="no loop devices or mkfs.ext4")
 def test_a_killed_supervisors_persistent_workspace_is_found_by_the_next_run(state_dir):
@@ -438,8 +431,7 @@ def test_a_killed_supervisors_persistent_workspace_is_found_by_the_next_run(stat
     finally:
         p.kill()
         p.wait(30)
-        for m in reversed(mounts_below(state_dir)):
-            subprocess.run(["umount", "-l", m])
+        unmount_below(state_dir)
 
 
 HOLD_THE_LAST_PID = FORK_UNTIL_REFUSED + r'''

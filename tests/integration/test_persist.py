@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sbxtest import CLI, INIT, WsBox, of_type, read_events, read_journal, wait_event
+from sbxtest import CLI, INIT, WsBox, mounts_below, of_type, read_events, read_journal, unmount_below, wait_event
 
 AGENT = pathlib.Path(__file__).resolve().parent / "persist_agent.py"
 
@@ -63,6 +63,18 @@ def state(tmp_path):
     return tmp_path / "state"
 
 
+def resume_and_stop(state, sets):
+    """A second run on `state`: waits for its box.resumed and the agent's next message, then
+    TERMs it; returns (box.resumed, the run's stderr)."""
+    again = Box(state, sets, [0.1], 2)
+    try:
+        resumed = again.wait(lambda e: e["type"] == "box.resumed")
+        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
+    finally:
+        assert again.end() == 143, again.stderr()
+    return resumed, again.stderr()
+
+
 def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(state):
     sets = ["checkpoint.every=1s", "checkpoint.keep=2"]
     # The agent also takes a snapshot named "mine" (its agent channel): never pruned.
@@ -87,12 +99,7 @@ def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(s
     frozen = [m for e in before if e["seq"] <= snap_seq for m in counters([e])][-1]
     last = counters(before)[-1]
 
-    again = Box(state, sets, [0.1], 2)
-    try:
-        resumed = again.wait(lambda e: e["type"] == "box.resumed")
-        again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
-    finally:
-        assert again.end() == 143, again.stderr()
+    resumed, _ = resume_and_stop(state, sets)
     after = read_journal(state)
     # Every event written before the kill is still there, numbered as it was; the new run goes on
     # after the last seq.
@@ -108,12 +115,6 @@ def test_periodic_snapshots_are_pruned_to_keep_and_a_killed_supervisor_resumes(s
     assert not of_type(after[len(before):], "proc.started")  # not started again
 
 
-def mounts_below(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return [p for p in (line.split()[4] for line in f) if p == path or p.startswith(path + "/")]
-
-
 def test_a_killed_supervisor_under_a_disk_ceiling_resumes(state):
     # Its branch's dir and workspace are tmpfs mounts in the host's mount namespace, left there by
     # the KILL: the next run unmounts them before it sets the ended layer aside and restores.
@@ -125,19 +126,13 @@ def test_a_killed_supervisor_under_a_disk_ceiling_resumes(state):
         assert first.end(signal.SIGKILL) == -signal.SIGKILL
     try:
         assert len(mounts_below(state)) == 2, mounts_below(state)
-        again = Box(state, sets, [0.1], 2)
-        try:
-            resumed = again.wait(lambda e: e["type"] == "box.resumed")
-            again.wait(lambda e: e["type"] == "proc.message" and e["seq"] > resumed["seq"])
-        finally:
-            assert again.end() == 143, again.stderr()
+        resumed, stderr = resume_and_stop(state, sets)
         assert resumed["mode"] == "live" and resumed["skipped"] == [], resumed
         # Before, the restore went into the earlier run's tmpfs, which stayed mounted for good.
         assert mounts_below(state) == []
-        assert "which an earlier run of this box left mounted" in again.stderr()
+        assert "which an earlier run of this box left mounted" in stderr
     finally:
-        for m in reversed(mounts_below(state)):
-            subprocess.run(["umount", "-l", m])
+        unmount_below(state)
 
 
 def test_on_stop_checkpoints_at_sigterm_and_the_next_start_continues_exactly(state):

@@ -14,36 +14,35 @@
 
 namespace {
 
-// What `body` writes, run as PID 1 of a new pid namespace under this process's /proc (the child
-// of a child that unshared CLONE_NEWPID, as `unshare --pid --fork` runs its command).
+// What `body` returns, run in a child process (its changes to its namespaces stay there).
 template <class Body>
-std::string as_pid1_of_a_new_namespace(Body body) {
+std::string child_output(Body body) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
-  pid_t outer = ::fork();
-  REQUIRE(outer >= 0);
-  if (outer == 0) {
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
     ::close(fds[0]);
-    if (::unshare(CLONE_NEWPID) != 0) {
-      (void)!::write(fds[1], "unshare refused", 15);
-      ::_exit(1);
-    }
-    pid_t inner = ::fork();
-    if (inner == 0) {
-      std::string out = body();
-      (void)!::write(fds[1], out.data(), out.size());
-      ::_exit(0);
-    }
-    int st = 0;
-    ::waitpid(inner, &st, 0);
+    std::string out = body();
+    (void)!::write(fds[1], out.data(), out.size());
     ::_exit(0);
   }
   ::close(fds[1]);
   sbx::os::UniqueFd r(fds[0]);
   auto text = sbx::os::read_all(r.get());
   int st = 0;
-  ::waitpid(outer, &st, 0);
+  ::waitpid(pid, &st, 0);
   return text ? *text : std::string("read failed");
+}
+
+// What `body` returns, run as PID 1 of a new pid namespace under this process's /proc (the child
+// of a child that unshared CLONE_NEWPID, as `unshare --pid --fork` runs its command).
+template <class Body>
+std::string as_pid1_of_a_new_namespace(Body body) {
+  return child_output([&] {
+    if (::unshare(CLONE_NEWPID) != 0) return std::string("unshare refused");
+    return child_output(body);
+  });
 }
 
 }  // namespace
@@ -115,32 +114,18 @@ TEST_CASE("mounts_under: the mounts at and below a dir, paths unescaped, the las
   std::filesystem::create_directories(dir + "/a b/c");
   std::filesystem::create_directories(dir + "/a bx");
   // In a child with a mount namespace of its own: nothing is left mounted on the host.
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string out;
+  std::string text = child_output([&] {
     auto tmpfs = [](const std::string& at) { return ::mount("tmpfs", at.c_str(), "tmpfs", 0, "size=64k") == 0; };
     if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         !tmpfs(dir + "/a b") || ::mkdir((dir + "/a b/c").c_str(), 0755) != 0 || !tmpfs(dir + "/a b/c") ||
-        !tmpfs(dir + "/a b/c") || !tmpfs(dir + "/a bx")) {
-      out = "set-up failed";
-    } else {
-      for (auto& m : sbx::os::mounts_under(dir + "/a b")) out += m.path.substr(dir.size()) + "=" + m.fstype + ";";
-    }
-    (void)!::write(fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  sbx::os::UniqueFd r(fds[0]);
-  auto text = sbx::os::read_all(r.get());
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  REQUIRE(text.has_value());
+        !tmpfs(dir + "/a b/c") || !tmpfs(dir + "/a bx"))
+      return std::string("set-up failed");
+    std::string out;
+    for (auto& m : sbx::os::mounts_under(dir + "/a b")) out += m.path.substr(dir.size()) + "=" + m.fstype + ";";
+    return out;
+  });
   // The stack at c top first, then c's parent; "/a bx", whose path starts as "/a b"'s does, is not
   // below it.
-  CHECK(*text == "/a b/c=tmpfs;/a b/c=tmpfs;/a b=tmpfs;");
+  CHECK(text == "/a b/c=tmpfs;/a b/c=tmpfs;/a b=tmpfs;");
   CHECK(sbx::os::mounts_under(dir).empty());  // the host's namespace: nothing was mounted here
 }
