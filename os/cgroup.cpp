@@ -1,5 +1,6 @@
 #include "os/cgroup.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -239,6 +240,20 @@ Result<CgroupDir> CgroupDir::create(const CgroupHost& host, const std::string& n
   if (host.version == "v1") return create_v1(host, name);
   if (host.version == "v2") return create_v2(host.v2_dir, name);
   return sys_error(ENOTSUP);
+}
+
+std::vector<std::string> CgroupDir::names_below(const CgroupHost& host, std::string_view prefix) {
+  std::set<std::string> parents, names;
+  for (auto& [controller, dir] : host.v1_dirs) parents.insert(dir);
+  if (host.version == "v2") parents.insert(host.v2_dir);
+  for (auto& parent : parents) {
+    DIR* d = ::opendir(parent.c_str());
+    if (!d) continue;
+    while (auto* e = ::readdir(d))
+      if (e->d_type == DT_DIR && std::string_view(e->d_name).starts_with(prefix)) names.insert(e->d_name);
+    ::closedir(d);
+  }
+  return {names.begin(), names.end()};
 }
 
 CgroupDir::CgroupDir(CgroupDir&& o) noexcept

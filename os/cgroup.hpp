@@ -65,6 +65,10 @@ class CgroupDir {
   /// The host's kind.
   static Result<CgroupDir> create(const CgroupHost& host, const std::string& name);
 
+  /// The names of the groups below the host's own directories (any hierarchy) that start with
+  /// `prefix`, each once.
+  static std::vector<std::string> names_below(const CgroupHost& host, std::string_view prefix);
+
   CgroupDir() = default;
   CgroupDir(CgroupDir&& o) noexcept;
   /// Removes this group's directories first, except those `o` names as well (the same group

@@ -239,9 +239,9 @@ void Box::resume_from(std::vector<json::object> candidates, size_t i, json::arra
   const json::object& snap = candidates[i];
   std::string id = str_of(snap, "id");
   std::string dir = opts_.state_dir + "/branches/main";
-  // The ended agent's layer goes aside: the snapshot's files replace it whole. The mounts a killed
-  // supervisor left go first.
-  if (auto r = release_stale_mounts(); !r) {
+  // The ended agent's layer goes aside: the snapshot's files replace it whole. What a killed
+  // supervisor left (its groups' processes, then its mounts) goes first.
+  if (auto r = release_earlier_run(); !r) {
     emit("main", {{"type", "box.resume_failed"}, {"skipped", skipped}, {"error", r.error().message}});
     log()->critical("resume: {}", r.error().message);
     return end_box(125);

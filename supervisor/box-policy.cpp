@@ -241,6 +241,7 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
   if (rank(prof.isolation.level) > rank(caps_.isolation))
     throw profile::ProfileError("isolation.level: the profile needs \"" + prof.isolation.level +
                                 "\", this host gives \"" + caps_.isolation + "\"");
+  if (auto r = release_earlier_run(); !r) throw std::runtime_error(r.error().message);
   boost::json::object cg_state;
   auto host = cgroup_host();
   bool want_cg =
@@ -263,7 +264,6 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
       log()->warn("branch {}: {}", b.name, v.as_string().c_str());
 
   std::string ws = spec.dir + "/workspace";
-  if (auto r = release_stale_mounts(); !r) throw std::runtime_error(r.error().message);
   if (auto r = os::make_dirs(ws, 0755); !r) throw std::runtime_error("create " + ws + ": " + r.error().message());
   if (auto how = mount_workspace(b, spec.dir); !how && how.error().code == "busy")
     throw std::runtime_error(how.error().message);  // its files are elsewhere: not an empty workspace instead
@@ -276,17 +276,45 @@ void Box::setup_branch_policy(Branch& b, sandbox::BranchSpec& spec) {
   start_thread_pool_if_pids_shared();
 }
 
+base::Result<void> Box::release_earlier_run() {
+  if (!reused_state_ || earlier_run_released_) return {};
+  earlier_run_released_ = true;
+  release_stale_cgroups();
+  return release_stale_mounts();
+}
+
+// A killed supervisor removed none of its branches' cgroups: main's was found again by the next
+// run (the same box id), but each copy's (sbx-ID-f1, ...) stayed for good, empty or, where the
+// journal had frozen it at a full disk, holding its agent. Every group of this box is thawed, its
+// processes killed, and removed, before the first branch of this run makes its own.
+void Box::release_stale_cgroups() {
+  auto host = cgroup_host();
+  if (host.version == "none") return;
+  for (auto& name : os::CgroupDir::names_below(host, "sbx-" + id_ + "-")) {
+    auto g = os::CgroupDir::create(host, name);
+    if (!g) {
+      log()->warn("cgroup {}, which an earlier run of this box left: {}", name, g.error().message());
+      continue;
+    }
+    (void)g->freeze(false);
+    if (g->populated()) {
+      log()->warn("cgroup {} still holds processes of an earlier run of this box: killing them", name);
+      (void)g->kill_all(2000);
+    }
+    g->remove();
+    log()->info("removed cgroup {}, which an earlier run of this box left", name);
+  }
+}
+
 // A supervisor that was killed (SIGKILL, the host's OOM killer) left its mounts in the host's
 // mount namespace: the branches' tmpfs (their memory held for nothing) and a persistent
 // workspace's ext4 image, with what its agent wrote not yet in the image. The next run mounted the
 // image again through another loop device: its agent did not find those files, and two ext4
-// mounts of one image wrote it independently. Called after the main branch's cgroup has killed
-// what an earlier run left in it: a plain unmount writes an ext4's data back and frees its loop
+// mounts of one image wrote it independently. Called after release_stale_cgroups has killed what
+// an earlier run left in its groups: a plain unmount writes an ext4's data back and frees its loop
 // device; a tmpfs still busy is detached; an ext4 still busy is refused (mounting its image
 // again would corrupt it).
 base::Result<void> Box::release_stale_mounts() {
-  if (!reused_state_ || stale_mounts_checked_) return {};
-  stale_mounts_checked_ = true;
   for (auto& m : os::mounts_under(opts_.state_dir + "/branches")) {
     if (::umount2(m.path.c_str(), UMOUNT_NOFOLLOW) != 0) {
       int err = errno;

@@ -304,12 +304,15 @@ class Box : public checkpoint::Host {
   /// the ceiling ("" when none is asked for), or why the mount failed (the ceiling is then not
   /// enforced: the original's enforcement says so, a copy is refused).
   base::Result<std::string> mount_workspace(Branch& b, const std::string& dir);
-  /// Once, on a state dir an earlier run used: unmounts what a killed supervisor left mounted
+  /// Once, on a state dir an earlier run used, before its first branch: what a killed supervisor
+  /// left. Its branches' cgroups (their processes killed; release_stale_cgroups), then its mounts
   /// under branches/ (the branches' tmpfs, a persistent workspace's ext4 image, whose data an
-  /// unmount writes back), before this run mounts them again.
+  /// unmount writes back; release_stale_mounts), before this run makes them again.
+  base::Result<void> release_earlier_run();
+  void release_stale_cgroups();
   base::Result<void> release_stale_mounts();
   bool reused_state_ = false;  // box.json was there at start: an earlier run used the state dir
-  bool stale_mounts_checked_ = false;
+  bool earlier_run_released_ = false;
   void start_limits(Branch& b);
   /// The limits watcher of a branch (timeout, idle, OOM, pids, warnings): the original's from
   /// start_limits, a copy's from the checkpointer once it runs.

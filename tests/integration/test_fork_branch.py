@@ -300,6 +300,16 @@ time.sleep(600)
 '''
 
 
+def copy_groups(box_id):
+    """The cgroups of the box's copies (sbx-ID-f1, ...), in any hierarchy."""
+    groups = []
+    for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if root.count("/") > 8:
+            dirs[:] = []
+        groups += [d for d in dirs if d.startswith(f"sbx-{box_id}-f")]
+    return groups
+
+
 @needs_criu
 def test_ended_copies_give_back_their_fds_and_cgroups_and_keep_their_files(tmp_path):
     # Fork-and-explore: the agent forks 30 times, each copy writes a file and exits. Every ended
@@ -317,12 +327,7 @@ def test_ended_copies_give_back_their_fds_and_cgroups_and_keep_their_files(tmp_p
         fds_30 = copies_ended(30)
         assert fds_30 - fds_3 <= 5, (fds_3, fds_30)
         started = box.wait_event(lambda e: e["type"] == "box.started")
-        groups = []
-        for root, dirs, _ in os.walk("/sys/fs/cgroup"):
-            if root.count("/") > 8:
-                dirs[:] = []
-            groups += [d for d in dirs if d.startswith(f"sbx-{started['box']}-f")]
-        assert groups == [], groups
+        assert copy_groups(started["box"]) == []
 
         async def files():
             async with ws_connect(box) as ws:
@@ -330,3 +335,41 @@ def test_ended_copies_give_back_their_fds_and_cgroups_and_keep_their_files(tmp_p
                 return [await s.request("fs.stat", branch=f"f{n}", path="/workspace/mine") for n in (1, 30)]
         for st in run(files(), 60):
             assert st["ok"] and st["size"] in (2, 3), st
+
+
+FORK_AND_STAY = '''
+import json, sys, time
+sys.path.insert(0, __import__("os").environ["SBX_AGENT_SDK"])
+import agent
+ch = agent.Channel()
+for i in range(2):
+    if ch.fork(1).get("copy"):
+        break
+    print(json.dumps({"forked": i + 1}), flush=True)
+time.sleep(600)
+'''
+
+
+@needs_criu
+def test_the_next_run_removes_the_cgroups_of_a_killed_supervisors_copies(tmp_path):
+    # A supervisor KILLed (the host's OOM killer) removes none of its groups. Main's was found by
+    # the next run on the state dir (the same box id), but its copies' stayed for good, a group a
+    # hierarchy each. The next run removes every group of the box before it makes its own.
+    env = dict(os.environ, SBX_AGENT_SDK=str(ROOT / "sdk" / "python" / "sandboxer"))
+    with WsBox(tmp_path, ["python3", "-c", FORK_AND_STAY], extra=["--env", "SBX_AGENT_SDK"], env=env) as box:
+        box.wait_event(lambda e: e["type"] == "proc.output" and '"forked": 2' in e.get("data", ""), timeout=120)
+        box_id = box.wait_event(lambda e: e["type"] == "box.started")["box"]
+        assert {g.rsplit("-", 1)[1] for g in copy_groups(box_id)} == {"f1", "f2"}, copy_groups(box_id)
+        box.proc.kill()
+        box.proc.wait(30)
+        time.sleep(0.2)  # the copies' ns-init end by their parent-death signal
+        left = copy_groups(box_id)
+        assert left, "control: a killed supervisor's copies' groups stay"
+        r = subprocess.run([str(INIT), "--state-dir", str(box.state), "--", "/bin/true"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert copy_groups(box_id) == [], copy_groups(box_id)
+        for name in {*left}:
+            assert f"removed cgroup {name}, which an earlier run of this box left" in r.stderr, r.stderr[-2000:]
+        # Their files stay with their dirs.
+        assert (box.state / "branches" / "f1" / "workspace").is_dir()
