@@ -290,6 +290,13 @@ base::Result<void> Box::release_earlier_run() {
 void Box::release_stale_cgroups() {
   auto host = cgroup_host();
   if (host.version == "none") return;
+  // Main's group stays while the box runs, whatever its copies do: where an earlier run ended
+  // cleanly (it removed every group) there is none, and the hierarchies are not listed.
+  std::string parent = host.version == "v2" ? host.v2_dir : std::string();
+  for (auto& c : os::CgroupDir::v1_controllers())
+    if (auto it = host.v1_dirs.find(c); parent.empty() && it != host.v1_dirs.end()) parent = it->second;
+  struct stat st;
+  if (parent.empty() || ::stat((parent + "/sbx-" + id_ + "-main").c_str(), &st) != 0) return;
   for (auto& name : os::CgroupDir::names_below(host, "sbx-" + id_ + "-")) {
     auto g = os::CgroupDir::create(host, name);
     if (!g) {
