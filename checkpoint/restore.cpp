@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -852,6 +851,7 @@ void Checkpointer::live_copy_restored(std::shared_ptr<CopyJob> job, int st) {
 }
 
 void Checkpointer::copy_failed(std::shared_ptr<CopyJob> job, std::string error) {
+  job->copy.reset();  // the box's branch of it: its mounts and cgroup go before its dir does
   job->result["error"] = std::move(error);
   copy_done(job->op, std::move(job->result));
 }
@@ -868,13 +868,8 @@ void Checkpointer::copy_done(std::shared_ptr<RestoreOp> op, json::object res) {
   if (op->counted) --copies_starting_;
   if (res.contains("error")) {
     // Nothing half-restored stays behind: the copy's directory goes with its failure (its
-    // workspace's mount first, if it got one, then the dir's own tmpfs under a disk ceiling).
-    if (!host_.has_branch(branch)) {
-      std::string dir = settings_.state_dir + "/branches/" + branch;
-      (void)::umount2((dir + "/workspace").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
-      (void)::umount2(dir.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
-      os::remove_tree(dir);
-    }
+    // mounts went with its Copy, copy_failed).
+    if (!host_.has_branch(branch)) os::remove_tree(settings_.state_dir + "/branches/" + branch);
     ev["type"] = "restore.failed";
     ev["error"] = res.at("error");
     log()->error("restore {} as {}: {}", op->snapshot, branch, res.at("error").as_string());

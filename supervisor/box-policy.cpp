@@ -445,15 +445,18 @@ void Box::note_output(const std::string& branch) {
   if (it != branches_.end() && it->second->limits) it->second->limits->on_output();
 }
 
+void Branch::release_mounts() {
+  for (auto* m : {&workspace_mount, &layer_mount}) {
+    if (!m->empty() && ::umount2(m->c_str(), MNT_DETACH) != 0) log()->warn("unmount {}: {}", *m, std::strerror(errno));
+    m->clear();
+  }
+}
+
 void Box::teardown_policy() {
   for (auto& [n, b] : branches_) {
     b->limits.reset();
     b->cgroup.reset();  // kills what is left and removes the group
-    for (auto* m : {&b->workspace_mount, &b->layer_mount}) {
-      if (!m->empty() && ::umount2(m->c_str(), MNT_DETACH) != 0)
-        log()->warn("unmount {}: {}", *m, std::strerror(errno));
-      m->clear();
-    }
+    b->release_mounts();
   }
   cgroup_join_.clear();
   cgroup_dir_.reset();
