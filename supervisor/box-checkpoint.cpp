@@ -14,11 +14,6 @@ namespace {
 class BranchCopy final : public checkpoint::Copy {
  public:
   explicit BranchCopy(std::unique_ptr<Branch> b) : branch(std::move(b)) {}
-  // Not adopted (its restore failed, or the box ended first): nothing of it stays mounted. Its
-  // cgroup goes with the branch.
-  ~BranchCopy() override {
-    if (branch) branch->release_mounts();
-  }
   sandbox::LaunchedBranch& launched() override { return branch->launched; }
   std::unique_ptr<Branch> branch;
 };

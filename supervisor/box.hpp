@@ -139,8 +139,10 @@ struct Branch {
   std::string layer_mount;      // the branch's dir on a sized tmpfs (its /tmp's layers), likewise
   os::UniqueFd pidfd;           // of ns-init (the tree's root), opened while it is our unreaped child
   /// Detaches workspace_mount and layer_mount (the workspace's first), once: at the box's end,
-  /// and for a copy that never ran (its Copy dropped) before its dir is removed.
+  /// and for a branch that never ran (a main whose start failed, a copy whose restore did)
+  /// before its dir is removed. The destructor does the same.
   void release_mounts();
+  ~Branch() { release_mounts(); }
 };
 
 /// The box implements checkpoint::Host (box-checkpoint.cpp): all the checkpointer reaches of it.

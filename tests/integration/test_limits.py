@@ -434,6 +434,23 @@ def test_a_killed_supervisors_persistent_workspace_is_found_by_the_next_run(stat
         unmount_below(state_dir)
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="pivot_root's number is x86_64's")
+def test_a_box_whose_start_fails_leaves_nothing_mounted(tmp_path):
+    # Under a disk ceiling the main branch's dir and workspace are tmpfs mounts the supervisor
+    # makes in the host's mount namespace before ns-init starts. A start that fails after them
+    # (here ns-init's pivot_root refused, in a profile that refuses to run without namespaces)
+    # ended 125 and left both mounted for good.
+    state = tmp_path / "state"
+    try:
+        r = subprocess.run([str(PROBE), "deny", "155", str(errno.EPERM), str(INIT), "--state-dir", str(state),
+                            "--set", "resources.disk=16M", "--set", "isolation.without_namespaces=refuse",
+                            "--", "/bin/true"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 125 and "pivot_root: Operation not permitted" in r.stderr, r.stderr[-2000:]
+        assert mounts_below(state) == []
+    finally:
+        unmount_below(state)
+
+
 HOLD_THE_LAST_PID = FORK_UNTIL_REFUSED + r'''
 print("held", len(kids), flush=True)
 line = b"x" * 4095 + b"\n"
