@@ -497,6 +497,30 @@ TEST_CASE("copy_tree: the attack of issue #13 item 4 (two sources into one place
   CHECK_FALSE(fs::exists(victim / "ld.so.preload"));
 }
 
+TEST_CASE("os: make_dirs makes what is missing, finds what is there, and names what is in the way") {
+  TempDir t;
+  std::string top = t.path.string();
+  REQUIRE(sbx::os::make_dirs(top + "/a/b/c", 0750).has_value());
+  CHECK(fs::is_directory(t.path / "a/b/c"));
+  CHECK((fs::status(t.path / "a").permissions() & fs::perms::all) == fs::perms(0750));
+  REQUIRE(sbx::os::make_dirs(top + "/a/b/c", 0750).has_value());   // there already
+  REQUIRE(sbx::os::make_dirs(top + "/a/b/d/", 0750).has_value());  // a trailing slash
+  CHECK(fs::is_directory(t.path / "a/b/d"));
+  fs::create_directory_symlink(t.path / "a", t.path / "link");
+  REQUIRE(sbx::os::make_dirs(top + "/link/e", 0750).has_value());  // a symlink to a directory is one
+  CHECK(fs::is_directory(t.path / "a/e"));
+  put(t.path / "a/file", "x");
+  auto r = sbx::os::make_dirs(top + "/a/file", 0750);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().value() == ENOTDIR);
+  r = sbx::os::make_dirs(top + "/a/file/f/g", 0750);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().value() == ENOTDIR);
+  r = sbx::os::make_dirs("relative-does-not-exist-" + std::to_string(::getpid()) + "/x", 0750);
+  REQUIRE(r.has_value());  // relative to the working directory
+  fs::remove_all("relative-does-not-exist-" + std::to_string(::getpid()));
+}
+
 TEST_CASE("os: write_file_atomic_at replaces a symlink at its place and never follows one") {
   TempDir t;
   put(t.path / "victim", "host file");
