@@ -862,6 +862,13 @@ int Box::run() {
     log()->critical("{}", e.what());
     kill_leftovers();
     teardown_policy();
+    // The journal of a start that failed once it was open (after box.started where the server
+    // could not listen) ends with why, as a box's last event: `sandboxer log` tells it.
+    if (journal_ && !finished_) {
+      finished_ = true;
+      emit("main", {{"type", "box.exited"}, {"code", 125}, {"reason", "failed"}, {"error", e.what()}});
+      journal_->flush();
+    }
     if (events_) events_->finish();
     return 125;
   }

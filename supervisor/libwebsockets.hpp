@@ -16,11 +16,11 @@ namespace sbx::supervisor {
   X(lws_context_destroy)            \
   X(lws_context_user)               \
   X(lws_create_context)             \
+  X(lws_create_vhost)               \
   X(lws_frame_is_binary)            \
   X(lws_get_context)                \
   X(lws_get_peer_simple)            \
   X(lws_get_socket_fd)              \
-  X(lws_get_vhost_by_name)          \
   X(lws_get_vhost_listen_port)      \
   X(lws_hdr_copy)                   \
   X(lws_hdr_total_length)           \

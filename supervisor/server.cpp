@@ -812,6 +812,33 @@ int pick_port(const std::string& addr) {
   return port;
 }
 
+// The errno of a bind to addr:port now, as libwebsockets binds (SO_REUSEADDR); 0 where it works.
+int bind_errno(const std::string& addr, int port) {
+  struct addrinfo hints {};
+  struct addrinfo* res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  std::string service = std::to_string(port);
+  if (::getaddrinfo(addr == "0.0.0.0" ? nullptr : addr.c_str(), service.c_str(), &hints, &res) != 0 || !res)
+    return EINVAL;
+  os::UniqueFd s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  int one = 1, err = 0;
+  if (!s)
+    err = errno;
+  else if (::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+           ::bind(s.get(), res->ai_addr, res->ai_addrlen) != 0)
+    err = errno;
+  ::freeaddrinfo(res);
+  return err;
+}
+
+// Why libwebsockets could not listen on addr:port: the bind's errno, else its TLS files.
+std::string listen_error(const std::string& addr, int port) {
+  std::string where = "listen on " + addr + ":" + std::to_string(port) + ": ";
+  if (int err = bind_errno(addr, port); err != 0) return where + std::strerror(err);
+  return where + "libwebsockets could not make its server (its log above says why; bad TLS files?)";
+}
+
 void lws_log_to_spdlog(int level, const char* line) {
   std::string l = line;
   while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
@@ -871,12 +898,23 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
     info.ssl_cert_filepath = o.tls_cert.c_str();
     info.ssl_private_key_filepath = o.tls_key.c_str();
   }
+  // The vhost (the listening socket) is made on its own: a port another process holds does not
+  // fail a context with a default vhost (libwebsockets logs "ERROR on binding" and goes on without
+  // it). The box then said it listened, and its clients' tokens went to whoever held the port.
+  info.options |= LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
   impl_->ctx = ws_lib().lws_create_context(&info);
-  if (!impl_->ctx)
-    throw std::runtime_error("listen on " + o.addr + ":" + std::to_string(port) +
-                             ": libwebsockets refused (port in use, or bad TLS files)");
-  auto* vh = ws_lib().lws_get_vhost_by_name(impl_->ctx, "default");
-  int bound = vh ? ws_lib().lws_get_vhost_listen_port(vh) : port;
+  if (!impl_->ctx) throw std::runtime_error(listen_error(o.addr, port));
+  lws_vhost* vh = ws_lib().lws_create_vhost(impl_->ctx, &info);
+  // A port picked for --listen ADDR:0 that another process took before the bind: another pick.
+  for (int again = 0; !vh && o.port == 0 && again < 3 && bind_errno(o.addr, port) == EADDRINUSE; ++again)
+    if ((info.port = port = pick_port(o.addr)) > 0) vh = ws_lib().lws_create_vhost(impl_->ctx, &info);
+  if (!vh) {
+    ws_lib().lws_context_destroy(impl_->ctx);
+    impl_->ctx = nullptr;
+    for (int i = 0; i < 50; ++i) uv_run(loop, UV_RUN_NOWAIT);  // the libuv glue's handles close
+    throw std::runtime_error(listen_error(o.addr, port));
+  }
+  int bound = ws_lib().lws_get_vhost_listen_port(vh);
   impl_->port = bound > 0 ? bound : port;
   impl_->stall_timer = loop::make_timer(loop);
   impl_->stall_timer->data = impl_.get();

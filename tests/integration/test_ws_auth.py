@@ -1,5 +1,6 @@
 """The token: always required, checked before anything is served."""
 import json
+import os
 import subprocess
 
 import pytest
@@ -84,6 +85,45 @@ def test_listen_without_a_token_refuses_to_start(tmp_path):
                        capture_output=True, text=True, timeout=30, env=env)
     assert r.returncode == 125
     assert "token" in r.stderr
+
+
+def test_a_port_another_process_holds_ends_the_box_saying_so(tmp_path):
+    # libwebsockets made its context without the listening socket when the port was taken: the
+    # box ran its agent, said `server.listening` on that port, and its clients gave their token to
+    # whoever held it. Now the start fails, naming the port and why, and the journal ends so.
+    import socket
+    from sbxtest import mounts_below, read_journal, unmount_below
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    state = tmp_path / "s"
+    try:
+        r = subprocess.run([str(INIT), "--state-dir", str(state), "--listen", f"127.0.0.1:{port}",
+                            "--set", "resources.disk=16M", "--", "sleep", "60"],
+                           capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, SANDBOXER_TOKEN="t" * 24))
+        assert r.returncode == 125, r.stderr[-2000:]
+        assert f"listen on 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr[-2000:]
+        ev = read_journal(state)
+        assert not [e for e in ev if e["type"] == "server.listening"], ev
+        assert ev[-1]["type"] == "box.exited" and ev[-1]["reason"] == "failed", ev[-1]
+        assert ev[-1]["error"] == f"listen on 127.0.0.1:{port}: Address already in use"
+        assert mounts_below(state) == []  # the agent's workspace is not left mounted either
+    finally:
+        holder.close()
+        unmount_below(state)
+
+
+def test_a_tls_file_libwebsockets_cannot_read_ends_the_box_saying_so(tmp_path):
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                        "--tls-cert", str(bad), "--tls-key", str(bad), "--", "true"],
+                       capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, SANDBOXER_TOKEN="t" * 24))
+    assert r.returncode == 125, r.stderr[-2000:]
+    assert "libwebsockets could not make its server" in r.stderr and "bad.pem" in r.stderr, r.stderr[-2000:]
 
 
 def test_the_agent_sees_neither_the_token_nor_its_file(tmp_path):
