@@ -878,7 +878,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
 
   int port = o.port;
   if (port == 0) port = pick_port(o.addr);
-  if (port <= 0) throw std::runtime_error("listen on " + o.addr + ": no free port");
+  if (port <= 0) throw std::runtime_error(listen_error(o.addr, 0));  // not an address of this host
 
   lws_context_creation_info info{};
   void* loops[] = {loop};

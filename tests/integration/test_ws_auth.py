@@ -115,6 +115,14 @@ def test_a_port_another_process_holds_ends_the_box_saying_so(tmp_path):
         unmount_below(state)
 
 
+def test_an_address_this_host_does_not_have_is_named(tmp_path):
+    # 192.0.2.1 (TEST-NET-1) is no address of this host: the bind says so (no packet is sent).
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--listen", "192.0.2.1:0", "--", "true"],
+                       capture_output=True, text=True, timeout=30, env=dict(os.environ, SANDBOXER_TOKEN="t" * 24))
+    assert r.returncode == 125, r.stderr[-2000:]
+    assert "listen on 192.0.2.1:0: Cannot assign requested address" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_tls_file_libwebsockets_cannot_read_ends_the_box_saying_so(tmp_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate\n")
