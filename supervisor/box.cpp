@@ -1,13 +1,16 @@
 #include "supervisor/box.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -33,6 +36,46 @@ namespace {
 auto log() {
   static auto l = spdlog::default_logger()->clone("box");
   return l;
+}
+
+// A box on a host (not a container's PID 1) refuses a state dir another user could have put
+// things in: one they own (made first in a shared place such as /tmp) or one group or others may
+// write that holds anything. The supervisor writes through the names in it (branches/, a
+// workspace's image, the journal): a link planted there had it make directories, files and mounts,
+// as its user, where the link pointed. An empty one of this user's (made with umask 002, or 0777)
+// is narrowed first, then found empty. A container's state dir is the one its runtime gave it.
+void refuse_shared_state_dir(const std::string& dir) {
+  os::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) throw std::runtime_error("state dir " + dir + ": " + std::strerror(errno));
+  const char* why = "links put in it would have the supervisor write where they point";
+  if (st.st_uid != ::geteuid())
+    throw std::runtime_error("state dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                             ", not to this user (uid " + std::to_string(::geteuid()) + "): " + why +
+                             "; use a directory of this user's own");
+  const mode_t mode = st.st_mode & 07777;
+  if ((mode & (S_IWGRP | S_IWOTH)) == 0) return;
+  char was[8], now[8];
+  std::snprintf(was, sizeof was, "%04o", mode);
+  std::snprintf(now, sizeof now, "%04o", mode & ~(S_IWGRP | S_IWOTH));
+  // Narrowed first: what is in it once no one else may write there stays what was.
+  if (::fchmod(fd.get(), mode & ~(S_IWGRP | S_IWOTH)) != 0)
+    throw std::runtime_error("state dir " + dir + " is writable by others (mode " + was + "): " + why +
+                             "; narrowing it: " + std::strerror(errno));
+  bool empty = false;  // where it cannot be listed: as if it held something
+  if (DIR* d = ::fdopendir(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0))) {
+    empty = true;
+    while (auto* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+    ::closedir(d);
+  }
+  if (empty) {
+    log()->warn("state dir {} was writable by others (mode {}): narrowed to {}", dir, was, now);
+    return;
+  }
+  (void)::fchmod(fd.get(), mode);
+  throw std::runtime_error("state dir " + dir + " is writable by others (mode " + was + ") and holds files: " + why +
+                           "; chmod go-w it (after checking what is in it), or use another");
 }
 
 // criu's kerndat cache is filled this long after the box starts (Checkpointer::warm_up): after
@@ -326,6 +369,7 @@ void Box::start() {
   auto real = std::filesystem::canonical(opts_.state_dir, real_ec);
   if (real_ec) throw std::runtime_error("resolve state dir " + opts_.state_dir + ": " + real_ec.message());
   opts_.state_dir = real.string();
+  if (::getpid() != 1) refuse_shared_state_dir(opts_.state_dir);
   lock_state_dir();
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {

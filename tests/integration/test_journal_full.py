@@ -41,7 +41,7 @@ def small_state(tmp_path):
         pytest.skip("no v1 freezer hierarchy on this host")
     state = tmp_path / "state"
     state.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS}", "tmpfs", str(state)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS},mode=0755", "tmpfs", str(state)], check=True)
     try:
         (state / "ballast").write_bytes(b"\0" * BALLAST)
         yield state

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from sbxtest import CLI, ROOT, Session, WsBox, box, of_type, run, ws_connect
+from sbxtest import CLI, INIT, ROOT, Session, WsBox, box, of_type, run, ws_connect
 
 
 AGENT = pathlib.Path(__file__).resolve().parent / "agents" / "files.py"
@@ -230,6 +230,44 @@ def test_cli_token_dir_without_home_refuses_another_users_dir_and_makes_its_own_
     for d in (mine, mine / "tokens"):
         st = os.lstat(d)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+
+
+@needs_root
+def test_a_state_dir_another_user_made_or_others_may_write_is_refused(tmp_path):
+    # Another local user makes the state dir first (in a shared place such as /tmp) and plants
+    # `branches` -> a directory of their choosing: root's supervisor made the branch's dirs there
+    # (and, under a disk ceiling, its mounts and a workspace image) as root.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    state = tmp_path / "shared"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    os.chown(state, 4242, 4242)
+    (state / "branches").symlink_to(victim)
+    cmd = [str(INIT), "--state-dir", str(state), "--", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 125, r.stderr
+    assert f"state dir {state} belongs to uid 4242, not to this user (uid 0)" in r.stderr, r.stderr
+    os.chown(state, 0, 0)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 125, r.stderr
+    assert f"state dir {state} is writable by others (mode 0777) and holds files" in r.stderr, r.stderr
+    assert list(victim.iterdir()) == [] and stat.S_IMODE(os.stat(state).st_mode) == 0o777
+    # Control: as a container's PID 1 (its state dir is the one its runtime gave it) nothing is
+    # checked, and the supervisor writes through the planted link.
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *cmd], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (victim / "main").is_dir()
+    # An empty one of this user's (umask 002, or 0777 by hand) is narrowed, and used.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    os.chmod(empty, 0o777)
+    r = subprocess.run([str(INIT), "--state-dir", str(empty), "--", "true"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"state dir {empty} was writable by others (mode 0777): narrowed to 0755" in r.stderr, r.stderr
+    assert stat.S_IMODE(os.stat(empty).st_mode) == 0o755
 
 
 @needs_root
