@@ -55,6 +55,8 @@ const char* kUsage =
     "  down URL|NAME|STATE_DIR                                               stop a box: a local one (TERM, its grace\n"
     "                                                                        period), a docker one stopped and "
     "removed\n"
+    "                                                                        (a stopped local one: what its killed\n"
+    "                                                                        supervisor left mounted is released)\n"
     "  ps [--json]                                                           the boxes this host runs: local (any "
     "state\n"
     "                                                                        dir), then docker's\n"

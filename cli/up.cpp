@@ -1,5 +1,6 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -158,6 +159,20 @@ int down_local(const LocalBox& b) {
   return 0;
 }
 
+// `down` of a local state dir no supervisor holds: its box is not running. One killed outright
+// (the host's OOM killer) left its branches' mounts in the host's mount namespace: they are
+// released here, as the next run on the state dir would; its journal and files stay.
+int down_stopped_local(const std::string& dir, const std::string& name) {
+  auto r = os::release_mounts_under(dir + "/branches");
+  for (auto& m : r.released)
+    std::cout << "unmounted " << printable(m.path) << " (" << m.fstype << "), which its supervisor left mounted\n";
+  if (r.busy)
+    throw std::runtime_error("box " + dir + " is not running, but " + r.busy->path + " (" + r.busy->fstype +
+                             "), which its supervisor left mounted, could not be unmounted: " + std::strerror(r.err));
+  std::cout << "box " << printable(name) << " was not running; journal in " << printable(dir) << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int cmd_down(const std::vector<std::string>& args) {
@@ -168,6 +183,14 @@ int cmd_down(const std::vector<std::string>& args) {
   for (auto& b : local_boxes())
     if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which) || b.rec.state_dir == as_dir)
       return down_local(b);
+  // A state dir no supervisor holds (a path, or a name under the default root): a stopped box.
+  for (const std::string& dir : {as_dir, which.find('/') == std::string::npos && !as_dir.empty()
+                                             ? real_or_same(os::default_box_root()) + "/" + which
+                                             : std::string()}) {
+    struct stat st {};
+    if (!dir.empty() && ::lstat((dir + "/box.json").c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      return down_stopped_local(dir, dir == as_dir ? dir : which);
+  }
   auto box = dk::down(which);
   if (!box.url.empty()) forget_token(box.url);
   std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -341,6 +342,23 @@ std::vector<MountPoint> mounts_under(const std::string& dir) {
     out.push_back({std::move(path), std::string(*(dash + 1))});
   }
   std::reverse(out.begin(), out.end());
+  return out;
+}
+
+MountsReleased release_mounts_under(const std::string& dir) {
+  MountsReleased out;
+  for (auto& m : mounts_under(dir)) {
+    if (::umount2(m.path.c_str(), UMOUNT_NOFOLLOW) != 0) {
+      int err = errno;
+      if (err == EINVAL) continue;  // no longer a mount point
+      if (m.fstype != "tmpfs" || ::umount2(m.path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0) {
+        out.busy = std::move(m);
+        out.err = err;
+        return out;
+      }
+    }
+    out.released.push_back(std::move(m));
+  }
   return out;
 }
 

@@ -137,6 +137,17 @@ struct MountPoint {
 /// there to read.
 std::vector<MountPoint> mounts_under(const std::string& dir);
 
+/// What release_mounts_under did: the mounts it unmounted, and the one it could not (with errno).
+struct MountsReleased {
+  std::vector<MountPoint> released;
+  std::optional<MountPoint> busy;
+  int err = 0;
+};
+/// Unmounts every mount at or below `dir`, in mounts_under's order: a plain unmount (an ext4
+/// writes its data back and frees its loop device); a tmpfs still busy is detached. Stops at the
+/// first it cannot unmount (a busy ext4: mounting its image again would corrupt it).
+MountsReleased release_mounts_under(const std::string& dir);
+
 /// A directory a process holds lock_dir's lock on.
 struct LockedDir {
   pid_t pid = 0;

@@ -322,18 +322,14 @@ void Box::release_stale_cgroups() {
 // device; a tmpfs still busy is detached; an ext4 still busy is refused (mounting its image
 // again would corrupt it).
 base::Result<void> Box::release_stale_mounts() {
-  for (auto& m : os::mounts_under(opts_.state_dir + "/branches")) {
-    if (::umount2(m.path.c_str(), UMOUNT_NOFOLLOW) != 0) {
-      int err = errno;
-      if (err == EINVAL) continue;  // no longer a mount point
-      if (m.fstype != "tmpfs" || ::umount2(m.path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0)
-        return base::sys_fail("unmount " + m.path + " (" + m.fstype +
-                                  "), which an earlier run of this box left mounted (mounting it again would "
-                                  "write one filesystem through two mounts)",
-                              err, "busy");
-    }
+  auto r = os::release_mounts_under(opts_.state_dir + "/branches");
+  for (auto& m : r.released)
     log()->warn("unmounted {} ({}), which an earlier run of this box left mounted", m.path, m.fstype);
-  }
+  if (r.busy)
+    return base::sys_fail("unmount " + r.busy->path + " (" + r.busy->fstype +
+                              "), which an earlier run of this box left mounted (mounting it again would "
+                              "write one filesystem through two mounts)",
+                          r.err, "busy");
   return {};
 }
 

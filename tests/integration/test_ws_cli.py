@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from sbxtest import CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, read_journal, silent_websocket_server
+from sbxtest import (CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, mounts_below, read_journal, silent_websocket_server,
+                     unmount_below)
 
 
 @pytest.fixture
@@ -760,6 +761,38 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
     assert ev[-1]["type"] == "box.exited" and (ev[-1]["code"], ev[-1]["reason"]) == (143, "shutdown"), ev[-2:]
     r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and str(tmp_path) not in r.stdout, (r.stdout, r.stderr)
-    # What is not a running local box goes to docker, as before.
+    # A stopped one, by its name: not running, said so.
     r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == f"box {b['name']} was not running; journal in {b['state_dir']}\n", r
+    # What is no local box goes to docker, as before.
+    r = subprocess.run([str(CLI), "down", "no-such-box"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
+
+
+def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_path):
+    # A supervisor KILLed (the host's OOM killer) holds no lock: `down DIR` went to docker, which
+    # knew nothing of it, and the branch's tmpfs stayed mounted in the host's mount namespace.
+    # Now the box is said not to run, and what it left mounted is unmounted.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    state = tmp_path / "state"
+    p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--set", "resources.disk=16M", "--", "sleep", "60"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not (state / "journal").is_dir() or not [e for e in read_journal(state) if e["type"] == "proc.started"]:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        p.kill()
+        p.wait(timeout=30)
+        assert len(mounts_below(state)) == 2  # the branch's dir and its workspace
+        r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r
+        assert r.stdout == (f"unmounted {state}/branches/main/workspace (tmpfs), which its supervisor left mounted\n"
+                            f"unmounted {state}/branches/main (tmpfs), which its supervisor left mounted\n"
+                            f"box {state} was not running; journal in {state}\n"), r.stdout
+        assert mounts_below(state) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        unmount_below(state)
