@@ -57,9 +57,10 @@ const char* kUsage =
     "removed\n"
     "                                                                        (a stopped local one: what its killed\n"
     "                                                                        supervisor left mounted is released)\n"
-    "  ps [--json]                                                           the boxes this host runs: local (any "
+    "  ps [--all] [--json]                                                   the boxes this host runs: local (any "
     "state\n"
-    "                                                                        dir), then docker's\n"
+    "                                                                        dir), then docker's (--all: the stopped\n"
+    "                                                                        local ones too, and how each ended)\n"
     "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
 }

@@ -18,6 +18,7 @@
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
+#include "journal/journal.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "profile/agent-env.hpp"
@@ -111,7 +112,38 @@ std::string real_or_same(const std::string& path) {
   auto real = std::filesystem::weakly_canonical(path, ec);
   return ec ? path : real.string();
 }
-std::vector<LocalBox> local_boxes() {
+// How a box that does not run ended, from its journal's last event: "exited CODE (REASON)", or
+// "ended without box.exited" (its supervisor was killed, or crashed), or "no journal".
+std::string ended_status(const std::string& state_dir) {
+  std::string jdir = state_dir + "/journal";
+  uint64_t last_segment = 0;
+  bool any = false;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(jdir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    uint64_t first = 0;
+    auto [end, err] = std::from_chars(name.data(), name.data() + name.size(), first);
+    if (err != std::errc() || !std::string_view(end, name.data() + name.size()).starts_with(".jsonl")) continue;
+    last_segment = std::max(last_segment, first);
+    any = true;
+  }
+  if (!any) return "no journal";
+  boost::json::object last;
+  (void)journal::Journal::read(jdir, last_segment > 0 ? last_segment - 1 : 0, [&](uint64_t, std::string_view line) {
+    boost::system::error_code jec;
+    auto v = boost::json::parse(line, jec);
+    last = !jec && v.is_object() ? v.as_object() : boost::json::object();
+    return true;
+  });
+  const auto* type = last.if_contains("type");
+  if (!type || !type->is_string() || type->as_string() != "box.exited") return "ended without box.exited (killed?)";
+  std::string code = last.contains("code") ? boost::json::serialize(last.at("code")) : "?";
+  const auto* reason = last.if_contains("reason");
+  return "exited " + code + (reason && reason->is_string() ? " (" + std::string(reason->as_string()) + ")" : "");
+}
+
+std::vector<LocalBox> local_boxes(bool stopped_too = false) {
   std::vector<LocalBox> out;
   std::set<std::string> seen;
   const std::string root = real_or_same(os::default_box_root());
@@ -129,8 +161,15 @@ std::vector<LocalBox> local_boxes() {
        it.increment(ec)) {
     std::string dir = it->path().string();
     std::string pid;
-    if (it->is_symlink(ec) || !it->is_directory(ec) || !os::dir_lock_held(dir, &pid)) continue;
-    add(dir, pid);
+    if (it->is_symlink(ec) || !it->is_directory(ec)) continue;
+    if (os::dir_lock_held(dir, &pid)) {
+      add(dir, pid);
+    } else if (stopped_too && seen.insert(dir).second) {
+      out.push_back(
+          {dk::BoxRecord{
+               .name = it->path().filename().string(), .state_dir = dir, .image = "-", .status = ended_status(dir)},
+           ""});
+    }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rec.name < b.rec.name; });
   return out;
@@ -198,10 +237,11 @@ int cmd_down(const std::vector<std::string>& args) {
 }
 
 int cmd_ps(const std::vector<std::string>& args) {
-  auto a = parse_args(args, {.usage = "usage: sandboxer ps [--json]", .flags = {"--json"}, .max_positionals = 0});
+  auto a = parse_args(
+      args, {.usage = "usage: sandboxer ps [--all] [--json]", .flags = {"--json", "--all"}, .max_positionals = 0});
   bool as_json = a.has("--json");
   std::vector<std::pair<std::string, dk::BoxRecord>> boxes;
-  for (auto& b : local_boxes()) boxes.emplace_back("local", std::move(b.rec));
+  for (auto& b : local_boxes(a.has("--all"))) boxes.emplace_back("local", std::move(b.rec));
   // Docker's boxes where its daemon answers; where it does not, the local ones still list.
   try {
     for (auto& b : dk::ps()) boxes.emplace_back("docker", std::move(b));

@@ -769,6 +769,45 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
     assert r.returncode != 0 and f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
 
 
+def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
+    # Boxes left running for days: `ps --all` also lists those under the default root that no
+    # longer run, with how each ended (its journal's last event), a KILLed one as such.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    root = tmp_path / "xdg" / "sandboxer" / "boxes"
+    assert subprocess.run([str(INIT), "--", "sh", "-c", "exit 3"], env=env, capture_output=True,
+                          timeout=60).returncode == 3
+    killed = subprocess.Popen([str(INIT), "--", "sleep", "60"], env=env, stderr=subprocess.DEVNULL)
+    running = None
+    try:
+        def started():  # proc.started in the boxes' journals: the ended one's and the one to kill
+            return sum(e["type"] == "proc.started" for d in root.iterdir() if (d / "journal").is_dir()
+                       for e in read_journal(d))
+        deadline = time.monotonic() + 20
+        while started() < 2:
+            assert time.monotonic() < deadline and killed.poll() is None
+            time.sleep(0.05)
+        killed.kill()
+        killed.wait(timeout=30)
+        running = subprocess.Popen([str(INIT), "--", "sleep", "60"], env=env, stderr=subprocess.DEVNULL)
+        while len(list(root.iterdir())) < 3 or not subprocess.run(
+                [str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = subprocess.run([str(CLI), "ps", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        mine = [b for b in map(json.loads, r.stdout.splitlines()) if b["state_dir"].startswith(str(root))]
+        assert sorted(b["status"] for b in mine) == sorted(
+            ["exited 3 (agent_exited)", "ended without box.exited (killed?)", f"running, pid {running.pid}"]), mine
+        r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert [b["status"] for b in map(json.loads, r.stdout.splitlines())
+                if b["state_dir"].startswith(str(root))] == [f"running, pid {running.pid}"], r.stdout
+    finally:
+        for p in (killed, running):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
 def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_path):
     # A supervisor KILLed (the host's OOM killer) holds no lock: `down DIR` went to docker, which
     # knew nothing of it, and the branch's tmpfs stayed mounted in the host's mount namespace.
