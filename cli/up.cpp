@@ -202,12 +202,11 @@ int down_local(const LocalBox& b) {
 // (the host's OOM killer) left its branches' mounts in the host's mount namespace: they are
 // released here, as the next run on the state dir would; its journal and files stay.
 int down_stopped_local(const std::string& dir, const std::string& name) {
-  auto r = os::release_mounts_under(dir + "/branches");
-  for (auto& m : r.released)
+  auto r = os::release_mounts_under(dir + "/branches", [](const os::MountPoint& m) {
     std::cout << "unmounted " << printable(m.path) << " (" << m.fstype << "), which its supervisor left mounted\n";
-  if (r.busy)
-    throw std::runtime_error("box " + dir + " is not running, but " + r.busy->path + " (" + r.busy->fstype +
-                             "), which its supervisor left mounted, could not be unmounted: " + std::strerror(r.err));
+  });
+  if (!r)
+    throw std::runtime_error("box " + dir + " is not running; " + r.error().message + " (its supervisor left it)");
   std::cout << "box " << printable(name) << " was not running; journal in " << printable(dir) << "\n";
   return 0;
 }

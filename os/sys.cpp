@@ -345,21 +345,18 @@ std::vector<MountPoint> mounts_under(const std::string& dir) {
   return out;
 }
 
-MountsReleased release_mounts_under(const std::string& dir) {
-  MountsReleased out;
+base::Result<void> release_mounts_under(const std::string& dir,
+                                        const std::function<void(const MountPoint&)>& released) {
   for (auto& m : mounts_under(dir)) {
     if (::umount2(m.path.c_str(), UMOUNT_NOFOLLOW) != 0) {
       int err = errno;
       if (err == EINVAL) continue;  // no longer a mount point
-      if (m.fstype != "tmpfs" || ::umount2(m.path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0) {
-        out.busy = std::move(m);
-        out.err = err;
-        return out;
-      }
+      if (m.fstype != "tmpfs" || ::umount2(m.path.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0)
+        return base::sys_fail("unmount " + m.path + " (" + m.fstype + ")", err, "busy");
     }
-    out.released.push_back(std::move(m));
+    released(m);
   }
-  return out;
+  return {};
 }
 
 std::string random_hex(size_t bytes) {

@@ -5,12 +5,14 @@
 
 #include <boost/system/result.hpp>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "base/result.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::os {
@@ -137,16 +139,11 @@ struct MountPoint {
 /// there to read.
 std::vector<MountPoint> mounts_under(const std::string& dir);
 
-/// What release_mounts_under did: the mounts it unmounted, and the one it could not (with errno).
-struct MountsReleased {
-  std::vector<MountPoint> released;
-  std::optional<MountPoint> busy;
-  int err = 0;
-};
-/// Unmounts every mount at or below `dir`, in mounts_under's order: a plain unmount (an ext4
-/// writes its data back and frees its loop device); a tmpfs still busy is detached. Stops at the
-/// first it cannot unmount (a busy ext4: mounting its image again would corrupt it).
-MountsReleased release_mounts_under(const std::string& dir);
+/// Unmounts every mount at or below `dir`, in mounts_under's order, calling `released` for each:
+/// a plain unmount (an ext4 writes its data back and frees its loop device); a tmpfs still busy
+/// is detached. Stops at the first it cannot unmount (a busy ext4: mounting its image again would
+/// corrupt it): "unmount PATH (TYPE): REASON", code "busy".
+base::Result<void> release_mounts_under(const std::string& dir, const std::function<void(const MountPoint&)>& released);
 
 /// A directory a process holds lock_dir's lock on.
 struct LockedDir {

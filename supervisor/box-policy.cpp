@@ -322,14 +322,14 @@ void Box::release_stale_cgroups() {
 // device; a tmpfs still busy is detached; an ext4 still busy is refused (mounting its image
 // again would corrupt it).
 base::Result<void> Box::release_stale_mounts() {
-  auto r = os::release_mounts_under(opts_.state_dir + "/branches");
-  for (auto& m : r.released)
+  auto r = os::release_mounts_under(opts_.state_dir + "/branches", [](const os::MountPoint& m) {
     log()->warn("unmounted {} ({}), which an earlier run of this box left mounted", m.path, m.fstype);
-  if (r.busy)
-    return base::sys_fail("unmount " + r.busy->path + " (" + r.busy->fstype +
-                              "), which an earlier run of this box left mounted (mounting it again would "
-                              "write one filesystem through two mounts)",
-                          r.err, "busy");
+  });
+  if (!r)
+    return base::fail(r.error().message +
+                          " (an earlier run of this box left it mounted; mounting it again would write one "
+                          "filesystem through two mounts)",
+                      "busy");
   return {};
 }
 
