@@ -25,12 +25,16 @@ auto log() {
   static auto l = spdlog::default_logger()->clone("policy");
   return l;
 }
-// The loop device an image file is attached to ("" where none is): each configured device
+// The loop device an image file is attached to (path "" where none is): each configured device
 // (/sys/block/loopN/loop exists) asked for its backing file's device and inode.
-std::string loop_device_of(int image_fd) {
+struct AttachedTo {
+  std::string path;
+  bool autoclear = false;  // it frees itself at its last close (as ours are)
+};
+AttachedTo loop_device_of(int image_fd) {
   struct stat st {};
   if (::fstat(image_fd, &st) != 0) return {};
-  std::string found;
+  AttachedTo found;
   DIR* d = ::opendir("/sys/block");
   if (!d) return {};
   while (dirent* e = ::readdir(d)) {
@@ -40,7 +44,7 @@ std::string loop_device_of(int image_fd) {
     struct loop_info64 info {};
     if (loop && ::ioctl(loop.get(), LOOP_GET_STATUS64, &info) == 0 && info.lo_inode == st.st_ino &&
         info.lo_device == st.st_dev) {
-      found = "/dev/" + name;
+      found = {"/dev/" + name, (info.lo_flags & LO_FLAGS_AUTOCLEAR) != 0};
       break;
     }
   }
@@ -73,8 +77,15 @@ base::Result<LoopDevice> attach_ext4_image(const std::string& image, int64_t siz
   if (!ctl) return base::sys_fail("open /dev/loop-control", errno);
   os::UniqueFd backing(::open(image.c_str(), O_RDWR | O_CLOEXEC));
   if (!backing) return base::sys_fail("open " + image, errno);
-  if (auto dev = loop_device_of(backing.get()); !dev.empty())
-    return base::fail("mount " + image + ": it is attached to " + dev +
+  // An autoclear device the last unmount (an earlier run's, release_stale_mounts) has let go of
+  // is detached by the kernel after umount returns (its rundown work): waited for, up to 2 s.
+  auto dev = loop_device_of(backing.get());
+  for (int i = 0; i < 40 && dev.autoclear; ++i) {
+    ::usleep(50 * 1000);
+    dev = loop_device_of(backing.get());
+  }
+  if (!dev.path.empty())
+    return base::fail("mount " + image + ": it is attached to " + dev.path +
                           " already (mounted elsewhere, by another box or by hand): a second mount would "
                           "write one ext4 through two caches and corrupt it",
                       "busy");
