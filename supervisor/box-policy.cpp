@@ -314,8 +314,10 @@ void Box::release_stale_cgroups() {
       log()->warn("cgroup {}, which an earlier run of this box left: {}", name, g.error().message());
       continue;
     }
+    // Asked before the thaw: a thawed tree whose ns-init has lost its parent ends by itself.
+    bool held = g->populated();
     (void)g->freeze(false);
-    if (g->populated()) {
+    if (held) {
       log()->warn("cgroup {} still holds processes of an earlier run of this box: killing them", name);
       (void)g->kill_all(2000);
     }
