@@ -792,35 +792,16 @@ ServerOptions parse_listen(const std::string& listen) {
 }
 
 namespace {
-// A free TCP port on `addr` (lws cannot report the port it bound for 0 reliably across versions).
-int pick_port(const std::string& addr) {
-  struct addrinfo hints {
-  }, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
-  if (::getaddrinfo(addr == "0.0.0.0" ? nullptr : addr.c_str(), "0", &hints, &res) != 0 || !res) return -1;
-  int port = -1;
-  os::UniqueFd s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (s && ::bind(s.get(), res->ai_addr, res->ai_addrlen) == 0) {
-    struct sockaddr_storage ss {};
-    socklen_t sl = sizeof ss;
-    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&ss), &sl);
-    port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  }
-  ::freeaddrinfo(res);
-  return port;
-}
-
-// The errno of a bind to addr:port now, as libwebsockets binds (SO_REUSEADDR); 0 where it works.
-int bind_errno(const std::string& addr, int port) {
+// A TCP socket bound to addr:port as libwebsockets binds one (SO_REUSEADDR), or the bind's errno
+// (EINVAL: not a numeric address).
+os::Result<os::UniqueFd> bound_socket(const std::string& addr, int port) {
   struct addrinfo hints {};
   struct addrinfo* res = nullptr;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
   std::string service = std::to_string(port);
   if (::getaddrinfo(addr == "0.0.0.0" ? nullptr : addr.c_str(), service.c_str(), &hints, &res) != 0 || !res)
-    return EINVAL;
+    return os::sys_error(EINVAL);
   os::UniqueFd s(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   int one = 1, err = 0;
   if (!s)
@@ -829,7 +810,33 @@ int bind_errno(const std::string& addr, int port) {
            ::bind(s.get(), res->ai_addr, res->ai_addrlen) != 0)
     err = errno;
   ::freeaddrinfo(res);
-  return err;
+  if (err != 0) return os::sys_error(err);
+  return s;
+}
+
+// A free TCP port on `addr` (lws cannot report the port it bound for 0 reliably across versions).
+int pick_port(const std::string& addr) {
+  auto s = bound_socket(addr, 0);
+  if (!s) return -1;
+  struct sockaddr_storage ss {};
+  socklen_t sl = sizeof ss;
+  if (::getsockname(s->get(), reinterpret_cast<sockaddr*>(&ss), &sl) != 0) return -1;
+  return ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                  : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+// The errno of a bind to addr:port now; 0 where it works.
+int bind_errno(const std::string& addr, int port) {
+  auto s = bound_socket(addr, port);
+  return s ? 0 : s.error().value();
+}
+
+// Ends a context whose libuv glue closes its handles asynchronously: the loop finishes them.
+void destroy_context(lws_context*& ctx, uv_loop_t* loop) {
+  if (!ctx) return;
+  ws_lib().lws_context_destroy(ctx);
+  ctx = nullptr;
+  for (int i = 0; i < 50; ++i) uv_run(loop, UV_RUN_NOWAIT);
 }
 
 // Why libwebsockets could not listen on addr:port: the bind's errno, else its TLS files.
@@ -909,9 +916,7 @@ Server::Server(Box& box, uv_loop_t* loop, ServerOptions opts)
   for (int again = 0; !vh && o.port == 0 && again < 3 && bind_errno(o.addr, port) == EADDRINUSE; ++again)
     if ((info.port = port = pick_port(o.addr)) > 0) vh = ws_lib().lws_create_vhost(impl_->ctx, &info);
   if (!vh) {
-    ws_lib().lws_context_destroy(impl_->ctx);
-    impl_->ctx = nullptr;
-    for (int i = 0; i < 50; ++i) uv_run(loop, UV_RUN_NOWAIT);  // the libuv glue's handles close
+    destroy_context(impl_->ctx, loop);
     throw std::runtime_error(listen_error(o.addr, port));
   }
   int bound = ws_lib().lws_get_vhost_listen_port(vh);
@@ -932,11 +937,7 @@ Server::~Server() {
   impl_->box.journal().remove_listener(impl_->listener);
   impl_->drain_timer.reset();
   impl_->stall_timer.reset();
-  if (impl_->ctx) {
-    ws_lib().lws_context_destroy(impl_->ctx);
-    // The libuv glue closes its handles asynchronously: let the loop finish them.
-    for (int i = 0; i < 50; ++i) uv_run(impl_->loop, UV_RUN_NOWAIT);
-  }
+  destroy_context(impl_->ctx, impl_->loop);
   // Clients libwebsockets did not close are freed with impl_->clients.
 }
 
