@@ -55,7 +55,10 @@ def test_the_agent_cannot_restore_or_delete_the_operators_snapshot(tmp_path):
 
         snap = run(operator_checkpoint())
         assert snap["ok"] is True, snap
-        (b.workspace / "snap").write_text(snap["snapshot"])
+        # Renamed into place: the agent reads the file once it exists (a write_text in place was
+        # read empty now and then, before its content).
+        (b.workspace / "snap.tmp").write_text(snap["snapshot"])
+        (b.workspace / "snap.tmp").rename(b.workspace / "snap")
         out = wait_message(b, lambda m: "restore" in m)
         assert out["snapshot"] == snap["snapshot"]
         # The operator's snapshot is not even listed for the agent.
