@@ -196,13 +196,17 @@ def test_events_to_a_fifo_no_process_reads_is_refused_at_once(tmp_path):
     r = run_init(["--events", str(fifo), "--", "/bin/true"], tmp_path / "s", timeout=30)
     assert r.returncode == 125, r.stderr
     assert f"open --events {fifo}: a FIFO that no process reads (start its reader first)".encode() in r.stderr
-    # With a reader, the same FIFO takes the events.
-    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    # With a reader, the same FIFO takes the events. The reader's end is opened here first: a `cat`
+    # started beside the box had sometimes not opened it yet, and the box was refused as above.
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
         r = run_init(["--events", str(fifo), "--", "/bin/echo", "through the fifo"], tmp_path / "s2", timeout=30)
-        out = reader.communicate(timeout=30)[0].decode()
+        data = b""
+        while chunk := os.read(rfd, 1 << 16):  # the box has ended: no writer, so b"" at the end
+            data += chunk
+        out = data.decode()
     finally:
-        reader.kill()
+        os.close(rfd)
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(1, len(out.splitlines()) + 1))
     assert "through the fifo" in out
