@@ -397,7 +397,8 @@ def test_a_killed_supervisors_persistent_workspace_is_found_by_the_next_run(stat
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
-            if state_dir.exists() and "ready" in output(read_journal(state_dir)):
+            # A segment, not the state dir: `log` refuses a state dir with no journal yet.
+            if list(state_dir.glob("journal/*.jsonl")) and "ready" in output(read_journal(state_dir)):
                 break
             time.sleep(0.05)
         assert mounts_below(state_dir), "the box mounted nothing in its state dir"
