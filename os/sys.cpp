@@ -20,6 +20,7 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace sbx::os {
@@ -409,26 +410,55 @@ std::optional<int> parse_signal(std::string_view s) {
 
 namespace {
 
+// /proc/locks's lines, each without its leading "N:" (its place in the list); nullopt where it
+// cannot be read. The kernel hands the file out a page (~70 locks) per read(2) and finds its
+// place for the next read by counting locks from the start: one released meanwhile before that
+// place shifts the next one into the page already read, and that read misses it (a box that
+// runs on looked stopped to `ps` while other boxes ended). A list longer than one read is read
+// again until two reads agree (at most 5 times), and what any read saw is kept.
+std::optional<std::vector<std::string>> proc_locks() {
+  std::set<std::string> seen;
+  std::string previous;
+  for (int pass = 0; pass < 5; ++pass) {
+    UniqueFd fd(::open("/proc/locks", O_RDONLY | O_CLOEXEC));
+    if (!fd) return std::nullopt;
+    std::string text;
+    int reads = 0;
+    char buf[65536];
+    for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) != 0;) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return std::nullopt;
+      text.append(buf, static_cast<size_t>(n));
+      ++reads;
+    }
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);)
+      if (size_t colon = line.find(':'); colon != std::string::npos)
+        seen.insert(line.substr(line.find_first_not_of(' ', colon + 1)));
+    if (reads <= 1 || text == previous) break;  // one read is one snapshot
+    previous = std::move(text);
+  }
+  return std::vector<std::string>(seen.begin(), seen.end());
+}
+
 // The flock held on the inode of `fd`, as /proc/locks shows it (only the holders this pid
 // namespace sees): its holder's pid, "" where it names none; nullopt where none is held, or
 // /proc/locks cannot be read (`readable` false then).
 std::optional<std::string> flock_holder(int fd, bool* readable = nullptr) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return std::nullopt;
-  auto text = read_file("/proc/locks");
-  if (readable) *readable = text.has_value();
-  if (!text) return std::nullopt;
-  // "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF" (major:minor in hex, the inode in decimal);
-  // a waiter's line has "->" after its number.
+  auto locks = proc_locks();
+  if (readable) *readable = locks.has_value();
+  if (!locks) return std::nullopt;
+  // "FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF" (major:minor in hex, the inode in decimal);
+  // a waiter's line starts with "->".
   char key[64];
   std::snprintf(key, sizeof key, "%02x:%02x:%llu", ::major(st.st_dev), ::minor(st.st_dev),
                 static_cast<unsigned long long>(st.st_ino));
-  std::istringstream lines(*text);
-  std::string line;
-  while (std::getline(lines, line)) {
+  for (const std::string& line : *locks) {
     std::istringstream f(line);
-    std::string num, type, mode, rw, pid, where;
-    if ((f >> num >> type >> mode >> rw >> pid >> where) && type == "FLOCK" && where == key)
+    std::string type, mode, rw, pid, where;
+    if ((f >> type >> mode >> rw >> pid >> where) && type == "FLOCK" && where == key)
       return pid.find_first_not_of("0123456789") == std::string::npos && pid != "0" ? pid : "";
   }
   return std::nullopt;
@@ -464,16 +494,14 @@ bool dir_lock_held(const std::string& dir, std::string* holder) {
 
 std::vector<LockedDir> dirs_locked_by(const std::string& exe_name) {
   std::vector<LockedDir> out;
-  auto text = read_file("/proc/locks");
-  if (!text) return out;
-  std::istringstream lines(*text);
-  std::string line;
-  while (std::getline(lines, line)) {
+  auto locks = proc_locks();
+  if (!locks) return out;
+  for (const std::string& line : *locks) {
     std::istringstream f(line);
-    std::string num, type, mode, rw, pid, where;
+    std::string type, mode, rw, pid, where;
     unsigned maj = 0, min = 0;
     unsigned long long ino = 0;
-    if (!(f >> num >> type >> mode >> rw >> pid >> where) || type != "FLOCK" || rw != "WRITE" ||
+    if (!(f >> type >> mode >> rw >> pid >> where) || type != "FLOCK" || rw != "WRITE" ||
         std::sscanf(where.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3 ||
         pid.find_first_not_of("0123456789") != std::string::npos)
       continue;

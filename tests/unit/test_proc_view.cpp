@@ -1,12 +1,17 @@
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "os/proc-view.hpp"
 #include "os/sys.hpp"
@@ -105,6 +110,66 @@ TEST_CASE("lock_dir: one holder at a time, named by its pid; dir_lock_held asks 
   // Not a directory: refused.
   REQUIRE(sbx::os::write_file_atomic(dir + "/f", "x").has_value());
   CHECK(sbx::os::lock_dir(dir + "/f").error() == std::errc::not_a_directory);
+}
+
+// The CPUs this process may run on, lowest first.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  REQUIRE(::sched_setaffinity(0, sizeof set, &set) == 0);
+}
+
+TEST_CASE("dir_lock_held: a lock held throughout is seen while other locks come and go") {
+  // /proc/locks is handed out a page (~70 locks) per read, its place in the next read found by
+  // counting: a lock released meanwhile before that place had the reader miss the lock after it
+  // (`ps` then listed a running box as gone). The kernel keeps a list per CPU, the newest first:
+  // here the lock asked about is the oldest of ~200 on one CPU's list while a thread on that CPU
+  // drops and takes again the newest ones, and the asking thread reads on another CPU.
+  auto cpus = allowed_cpus();
+  REQUIRE(!cpus.empty());
+  sbx::test::TempDir d("lockchurn");
+  std::string dir = d.path.string() + "/box";
+  REQUIRE(std::filesystem::create_directory(dir));
+  std::thread churn;
+  std::atomic<bool> stop = false;
+  std::vector<sbx::os::UniqueFd> others;
+  {
+    pin_to(cpus.front());
+    auto held = sbx::os::lock_dir(dir);
+    REQUIRE(held.has_value());
+    for (int i = 0; i < 200; ++i) {
+      others.emplace_back(::open((d.path / std::to_string(i)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+      REQUIRE(others.back());
+      REQUIRE(::flock(others.back().get(), LOCK_EX) == 0);
+    }
+    churn = std::thread([&, cpu = cpus.front()] {
+      pin_to(cpu);
+      for (unsigned i = 0; !stop; ++i)  // the newest 50 dropped one by one, then taken again
+        (void)::flock(others[others.size() - 1 - i % 50].get(), (i / 50) % 2 ? LOCK_EX : LOCK_UN);
+    });
+    pin_to(cpus.back());
+    int missed = 0;
+    for (int i = 0; i < 1000; ++i) missed += !sbx::os::dir_lock_held(dir);
+    stop = true;
+    churn.join();
+    CHECK(missed == 0);
+  }
+  // This process may run anywhere again.
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  for (int c : cpus) CPU_SET(c, &all);
+  CHECK(::sched_setaffinity(0, sizeof all, &all) == 0);
 }
 
 TEST_CASE("mounts_under: the mounts at and below a dir, paths unescaped, the last mounted first") {
