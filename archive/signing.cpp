@@ -215,10 +215,9 @@ base::Result<std::vector<PublicKey>> ArchiveKeys::trusted() const {
 }
 
 std::string user_key_dir() {
-  std::string why;
-  std::string home = os::state_home(why);
+  auto home = os::state_home();
   // No private home to be had: ensure_user_key then says why (its directory is refused).
-  return (home.empty() ? "/tmp/sandboxer-" + std::to_string(::geteuid()) : home) + "/keys";
+  return (home ? *home : "/tmp/sandboxer-" + std::to_string(::geteuid())) + "/keys";
 }
 
 base::Result<std::string> ensure_user_key(const std::string& dir, UserKey use) {
@@ -227,7 +226,8 @@ base::Result<std::string> ensure_user_key(const std::string& dir, UserKey use) {
   // alone, and so is the key in it.
   std::string parent = dir.substr(0, dir.rfind('/'));
   if (auto r = os::make_dirs(parent, 0700); !r) return base::fail("create " + parent + ": " + r.error().message());
-  if (std::string why; !os::own_private_dir(parent, why) || !os::own_private_dir(dir, why)) return base::fail(why);
+  for (const std::string& d : {parent, dir})
+    if (auto r = os::own_private_dir(d); !r) return r.error();
   struct stat st {};
   if (::lstat(priv.c_str(), &st) != 0) {
     if (use == UserKey::Check) return priv;

@@ -39,17 +39,16 @@ std::string trim(std::string t) {
 
 namespace {
 void own_private_dir(const std::string& dir) {
-  std::string why;
-  if (!os::own_private_dir(dir, why))
-    throw std::runtime_error(why + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+  if (auto r = os::own_private_dir(dir); !r)
+    throw std::runtime_error(r.error().message + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
 }
 }  // namespace
 
 std::string state_home() {
-  std::string why;
-  std::string dir = os::state_home(why);
-  if (dir.empty()) throw std::runtime_error(why + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
-  return dir;
+  auto dir = os::state_home();
+  if (!dir)
+    throw std::runtime_error(dir.error().message + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+  return *dir;
 }
 
 std::string token_dir() {

@@ -534,31 +534,23 @@ std::vector<LockedDir> dirs_locked_by(const std::string& exe_name) {
   return out;
 }
 
-bool own_private_dir(const std::string& dir, std::string& why) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    why = "create " + dir + ": " + last_error().message();
-    return false;
-  }
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat st {};
-  if (!fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &st) == 0) {
-    why = dir + " is " + file_type_name(st.st_mode) + ", not a directory";
-    return false;
-  }
-  if (!fd || ::fstat(fd.get(), &st) != 0) {
-    why = "open " + dir + ": " + last_error().message();
-    return false;
-  }
-  if (st.st_uid != ::geteuid()) {
-    why = dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
-          std::to_string(::geteuid()) + ")";
-    return false;
-  }
-  if ((st.st_mode & 077) != 0 && ::fchmod(fd.get(), 0700) != 0) {
-    why = "chmod 0700 " + dir + ": " + last_error().message();
-    return false;
-  }
-  return true;
+base::Result<OwnDir> open_own_dir(const std::string& dir) {
+  OwnDir d{UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC))};
+  if (!d.fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &d.st) == 0)
+    return base::fail(dir + " is " + file_type_name(d.st.st_mode) + ", not a directory");
+  if (!d.fd || ::fstat(d.fd.get(), &d.st) != 0) return base::sys_fail("open " + dir, errno);
+  if (d.st.st_uid != ::geteuid())
+    return base::fail(dir + " belongs to uid " + std::to_string(d.st.st_uid) + ", not to this user (uid " +
+                      std::to_string(::geteuid()) + ")");
+  return d;
+}
+
+base::Result<void> own_private_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return base::sys_fail("create " + dir, errno);
+  auto d = open_own_dir(dir);
+  if (!d) return d.error();
+  if ((d->st.st_mode & 077) != 0 && ::fchmod(d->fd.get(), 0700) != 0) return base::sys_fail("chmod 0700 " + dir, errno);
+  return {};
 }
 
 std::string default_box_root() {
@@ -567,11 +559,12 @@ std::string default_box_root() {
   return "/var/lib/sandboxer/boxes";
 }
 
-std::string state_home(std::string& why) {
+base::Result<std::string> state_home() {
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/sandboxer";
   if (auto* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/sandboxer";
   std::string dir = "/tmp/sandboxer-" + std::to_string(::geteuid());
-  return own_private_dir(dir, why) ? dir : std::string();
+  if (auto r = own_private_dir(dir); !r) return r.error();
+  return dir;
 }
 
 }  // namespace sbx::os

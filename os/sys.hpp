@@ -111,11 +111,20 @@ Result<UniqueFd> reopen(int fd, int flags) noexcept;
 /// What a file type is called in messages: "a FIFO", "a socket", "a character device", ...
 const char* file_type_name(mode_t mode) noexcept;
 
+/// A directory opened without following a symlink at its last component, checked by that fd to
+/// be a directory owned by this user.
+struct OwnDir {
+  UniqueFd fd;
+  struct stat st {};
+};
+/// Fails naming what `dir` is instead ("DIR is a symlink, not a directory", "DIR belongs to uid
+/// N, not to this user (uid M)", "open DIR: ...").
+base::Result<OwnDir> open_own_dir(const std::string& dir);
+
 /// Makes `dir` (0700) if it is missing, then checks, by the fd it opens, that it is a directory
 /// (not a symlink), owned by this user and reachable by nobody else (a wider mode is narrowed).
-/// False, with the reason in `why`, otherwise: in a world-writable place another user may have
-/// made it first.
-bool own_private_dir(const std::string& dir, std::string& why);
+/// In a world-writable place another user may have made it first: then it fails, saying so.
+base::Result<void> own_private_dir(const std::string& dir);
 
 /// Takes an exclusive flock(2) on the directory `dir` itself, for as long as the fd returned
 /// stays open (no file is made: a new inode costs some filesystems ~0.3 ms). Held by another
@@ -163,9 +172,8 @@ std::vector<LockedDir> dirs_locked_by(const std::string& exe_name);
 std::string default_box_root();
 
 /// This user's state directory: $XDG_STATE_HOME/sandboxer, else ~/.local/state/sandboxer, else
-/// (no home) /tmp/sandboxer-UID, checked with own_private_dir. Empty, with `why`, when that check
-/// fails.
-std::string state_home(std::string& why);
+/// (no home) /tmp/sandboxer-UID, checked with own_private_dir (whose failure it returns).
+base::Result<std::string> state_home();
 
 Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 

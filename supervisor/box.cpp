@@ -45,15 +45,12 @@ auto log() {
 // as its user, where the link pointed. An empty one of this user's (made with umask 002, or 0777)
 // is narrowed first, then found empty. A container's state dir is the one its runtime gave it.
 void refuse_shared_state_dir(const std::string& dir) {
-  os::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0) throw std::runtime_error("state dir " + dir + ": " + std::strerror(errno));
   const char* why = "links put in it would have the supervisor write where they point";
-  if (st.st_uid != ::geteuid())
-    throw std::runtime_error("state dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
-                             ", not to this user (uid " + std::to_string(::geteuid()) + "): " + why +
-                             "; use a directory of this user's own");
-  const mode_t mode = st.st_mode & 07777;
+  auto own = os::open_own_dir(dir);
+  if (!own)
+    throw std::runtime_error("state dir " + own.error().message + ": " + why + "; use a directory of this user's own");
+  const os::UniqueFd& fd = own->fd;
+  const mode_t mode = own->st.st_mode & 07777;
   if ((mode & (S_IWGRP | S_IWOTH)) == 0) return;
   char was[8], now[8];
   std::snprintf(was, sizeof was, "%04o", mode);
@@ -400,8 +397,7 @@ void Box::start() {
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(loop_, *this, checkpoint_settings());
   // criu's version (for box.started) of the criu the checkpointer found: from the user's cache,
   // else `criu --version`, which takes several ms and runs while the agent is launched.
-  std::string why_no_home;
-  state_home_ = os::state_home(why_no_home);
+  if (auto home = os::state_home()) state_home_ = *home;
   sandbox::CriuVersionProbe criu_probe(checkpointer_->criu(), state_home_);
 
   boost::json::object caps;
