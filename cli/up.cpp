@@ -113,29 +113,14 @@ std::string real_or_same(const std::string& path) {
   return ec ? path : real.string();
 }
 // How a box that does not run ended, from its journal's last event: "exited CODE (REASON)", or
-// "ended without box.exited" (its supervisor was killed, or crashed), or "no journal".
+// "ended without box.exited" (its supervisor was killed, or crashed), or "no journal" (none, or
+// no event in it).
 std::string ended_status(const std::string& state_dir) {
-  std::string jdir = state_dir + "/journal";
-  uint64_t last_segment = 0;
-  bool any = false;
-  std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator(jdir, ec); !ec && it != std::filesystem::directory_iterator();
-       it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    uint64_t first = 0;
-    auto [end, err] = std::from_chars(name.data(), name.data() + name.size(), first);
-    if (err != std::errc() || !std::string_view(end, name.data() + name.size()).starts_with(".jsonl")) continue;
-    last_segment = std::max(last_segment, first);
-    any = true;
-  }
-  if (!any) return "no journal";
+  auto line = journal::Journal::last_line(state_dir + "/journal");
+  if (!line) return "no journal";
   boost::json::object last;
-  (void)journal::Journal::read(jdir, last_segment > 0 ? last_segment - 1 : 0, [&](uint64_t, std::string_view line) {
-    boost::system::error_code jec;
-    auto v = boost::json::parse(line, jec);
-    last = !jec && v.is_object() ? v.as_object() : boost::json::object();
-    return true;
-  });
+  boost::system::error_code jec;
+  if (auto v = boost::json::parse(*line, jec); !jec && v.is_object()) last = v.as_object();
   const auto* type = last.if_contains("type");
   if (!type || !type->is_string() || type->as_string() != "box.exited") return "ended without box.exited (killed?)";
   std::string code = last.contains("code") ? boost::json::serialize(last.at("code")) : "?";

@@ -812,4 +812,16 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
   return {};
 }
 
+std::optional<std::string> Journal::last_line(const std::string& dir) {
+  auto segs = list_segments(dir);
+  std::optional<std::string> last;
+  // Newest first: a segment just begun may hold no line yet.
+  for (auto s = segs.rbegin(); s != segs.rend() && !last; ++s)
+    (void)read(dir, s->first > 0 ? s->first - 1 : 0, [&](uint64_t, std::string_view line) {
+      last = std::string(line);
+      return true;
+    });
+  return last;
+}
+
 }  // namespace sbx::journal

@@ -118,6 +118,10 @@ class Journal {
                                           const std::function<bool(uint64_t, std::string_view)>& fn,
                                           ReadPos* pos = nullptr);
 
+  /// The last event's line in the journal under `dir` (read from its newest segment that holds
+  /// one); nullopt where it holds none.
+  static std::optional<std::string> last_line(const std::string& dir);
+
  private:
   // An event that could not be written yet: neither on disk nor shown.
   struct Waiting {

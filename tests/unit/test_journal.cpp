@@ -443,3 +443,16 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a note that does not match its segment 
   }
   CHECK(!clean_note(dir).empty());
 }
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: last_line is the newest segment's last line, past an empty newest segment") {
+  fs::create_directories(dir);
+  CHECK_FALSE(Journal::last_line(dir.string()).has_value());
+  REQUIRE(sbx::os::write_file_atomic((dir / "00000000000000000001.jsonl").string(),
+                                     "{\"seq\":1,\"type\":\"a\"}\n{\"seq\":2,\"type\":\"box.exited\"}\n"));
+  CHECK(Journal::last_line(dir.string()) == "{\"seq\":2,\"type\":\"box.exited\"}");
+  // A segment just begun holds no line yet: the one before it has the last.
+  REQUIRE(sbx::os::write_file_atomic((dir / "00000000000000000003.jsonl").string(), ""));
+  CHECK(Journal::last_line(dir.string()) == "{\"seq\":2,\"type\":\"box.exited\"}");
+  REQUIRE(sbx::os::write_file_atomic((dir / "00000000000000000003.jsonl").string(), "{\"seq\":3,\"type\":\"b\"}\n"));
+  CHECK(Journal::last_line(dir.string()) == "{\"seq\":3,\"type\":\"b\"}");
+}
