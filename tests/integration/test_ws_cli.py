@@ -788,10 +788,14 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
             time.sleep(0.05)
         killed.kill()
         killed.wait(timeout=30)
-        running = subprocess.Popen([str(INIT), "--", "sleep", "60"], env=env, stderr=subprocess.DEVNULL)
-        while len(list(root.iterdir())) < 3 or not subprocess.run(
-                [str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30).stdout:
-            assert time.monotonic() < deadline
+        known = set(root.iterdir())
+        err = tmp_path / "running.err"
+        with open(err, "w") as f:
+            running = subprocess.Popen([str(INIT), "--", "sleep", "60"], env=env, stderr=f)
+        # Its own state dir, once its agent runs (the box has started: box.started is before it).
+        while not [d for d in set(root.iterdir()) - known if (d / "journal").is_dir() and any(
+                e["type"] == "proc.started" for e in read_journal(d))]:
+            assert time.monotonic() < deadline and running.poll() is None, (running.poll(), err.read_text())
             time.sleep(0.05)
         r = subprocess.run([str(CLI), "ps", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
@@ -799,8 +803,9 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
         assert sorted(b["status"] for b in mine) == sorted(
             ["exited 3 (agent_exited)", "ended without box.exited (killed?)", f"running, pid {running.pid}"]), mine
         r = subprocess.run([str(CLI), "ps", "--json"], env=env, capture_output=True, text=True, timeout=30)
-        assert [b["status"] for b in map(json.loads, r.stdout.splitlines())
-                if b["state_dir"].startswith(str(root))] == [f"running, pid {running.pid}"], r.stdout
+        assert r.returncode == 0 and [b["status"] for b in map(json.loads, r.stdout.splitlines())
+                                      if b["state_dir"].startswith(str(root))] == [f"running, pid {running.pid}"], (
+            r.stdout, r.stderr, running.poll(), err.read_text())
     finally:
         for p in (killed, running):
             if p and p.poll() is None:
