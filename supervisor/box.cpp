@@ -38,6 +38,44 @@ auto log() {
   return l;
 }
 
+// The state dir's ancestors, as OpenSSH's StrictModes walks them: whoever may rename entries in
+// one may swap the state dir, or a directory above it, for a link while the supervisor runs (it
+// names its files by the state dir's path). Each must be root's or this user's, and writable by
+// no one else unless sticky (/tmp: there only an entry's owner may rename it); writable by
+// group 0, or one of this user's by its own group (umask 002), passes. In a user namespace an
+// owner it does not map shows as the overflow uid: taken for root's (nothing tells them apart).
+void refuse_shared_ancestors(const std::string& dir) {
+  // Outside a user namespace (uid_map the whole range) the overflow uid is a user of its own.
+  static const std::optional<uid_t> overflow = []() -> std::optional<uid_t> {
+    auto map = os::read_file("/proc/self/uid_map");
+    unsigned inside = 1, outside = 1, count = 0;
+    if (!map || (std::sscanf(map->c_str(), "%u %u %u", &inside, &outside, &count) == 3 && inside == 0 && outside == 0 &&
+                 count == 4294967295u))
+      return std::nullopt;
+    auto text = os::read_file("/proc/sys/kernel/overflowuid");
+    return static_cast<uid_t>(text ? std::strtoul(text->c_str(), nullptr, 10) : 65534);
+  }();
+  const char* why = "another user could swap the state dir for a link while the box runs";
+  for (std::string p = dir; p.size() > 1;) {
+    p.resize(std::max<size_t>(p.rfind('/'), 1));
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0)
+      throw std::runtime_error("state dir " + dir + ": its ancestor " + p + ": " + std::strerror(errno));
+    if (st.st_uid != 0 && st.st_uid != ::geteuid() && st.st_uid != overflow)
+      throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " belongs to uid " +
+                               std::to_string(st.st_uid) + ": " + why +
+                               "; use a directory below this user's or root's");
+    bool own_group =
+        (st.st_gid == 0 || (st.st_uid == ::geteuid() && st.st_gid == ::getegid())) && (st.st_mode & S_IWOTH) == 0;
+    if ((st.st_mode & S_ISVTX) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !own_group) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+      throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " is writable by others (mode " + mode +
+                               ") and not sticky: " + why + "; chmod o-w,g-w (or +t) it, or use another directory");
+    }
+  }
+}
+
 // A box on a host (not a container's PID 1) refuses a state dir another user could have put
 // things in: one they own (made first in a shared place such as /tmp) or one group or others may
 // write that holds anything. The supervisor writes through the names in it (branches/, a
@@ -45,6 +83,7 @@ auto log() {
 // as its user, where the link pointed. An empty one of this user's (made with umask 002, or 0777)
 // is narrowed first, then found empty. A container's state dir is the one its runtime gave it.
 void refuse_shared_state_dir(const std::string& dir) {
+  refuse_shared_ancestors(dir);
   const char* why = "links put in it would have the supervisor write where they point";
   auto own = os::open_own_dir(dir);
   if (!own)

@@ -287,7 +287,7 @@ def test_where_namespaces_cannot_be_made_the_box_says_so_from_the_agents_own_clo
     import tempfile
     d = tempfile.mkdtemp(prefix="sbx-nobody-")
     try:
-        os.chmod(d, 0o777)
+        os.chown(d, 65534, 65534)  # its home: a state dir below one others may write is refused
         # The profile's user and capabilities need privileges nobody lacks (the test below).
         r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
                             "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--set", "isolation.user=null",
@@ -395,7 +395,7 @@ def test_a_supervisor_without_privileges_refuses_a_profile_it_cannot_apply(tmp_p
     import tempfile
     d = tempfile.mkdtemp(prefix="sbx-nobody-")
     try:
-        os.chmod(d, 0o777)
+        os.chown(d, 65534, 65534)  # its home: a state dir below one others may write is refused
         r = subprocess.run([*ROOTLESS, "env", f"HOME={d}", str(INIT), "--state-dir", f"{d}/s", "--", "/bin/true"],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 125, r.stderr

@@ -12,11 +12,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from sbxtest import CLI, INIT, ROOT, Session, WsBox, box, of_type, run, ws_connect
+from sbxtest import CLI, INIT, ROOT, Session, WsBox, box, of_type, read_journal, run, ws_connect
 
 
 AGENT = pathlib.Path(__file__).resolve().parent / "agents" / "files.py"
@@ -268,6 +269,67 @@ def test_a_state_dir_another_user_made_or_others_may_write_is_refused(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"state dir {empty} was writable by others (mode 0777): narrowed to 0755" in r.stderr, r.stderr
     assert stat.S_IMODE(os.stat(empty).st_mode) == 0o755
+
+
+@needs_root
+def test_a_state_dir_below_a_directory_others_may_write_is_refused():
+    # The state dir is root's own, but a directory above it is one another user may write (not
+    # sticky): they rename the state dir away while the box runs and put a link in its place, and
+    # the supervisor, which names its files by the state dir's path, writes where the link points.
+    # (In a directory of its own that uid 4242 may pass through: pytest's tmp_path is 0700.)
+    base = pathlib.Path(tempfile.mkdtemp(prefix="state-ancestors-"))
+    try:
+        os.chmod(base, 0o711)
+        ancestors_checked(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def ancestors_checked(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    victim = tmp_path / "victim"
+    (victim / "journal").mkdir(parents=True)
+    state = shared / "state"
+    # The agent waits, then writes more than a journal segment holds: the next one is made by path.
+    agent = ["sh", "-c", "sleep 3; head -c 20000000 /dev/zero | tr '\\0' x | fold -w 4000"]
+    cmd = [str(INIT), "--state-dir", str(state), "--", *agent]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 125, r.stderr
+    assert (f"state dir {state}: its ancestor {shared} is writable by others (mode 0777) and not sticky: another "
+            "user could swap the state dir for a link while the box runs") in r.stderr, r.stderr
+    assert list(state.iterdir()) == []  # made (empty) before its place was checked; nothing in it
+    # Control: as a container's PID 1 nothing is checked; uid 4242 swaps the running box's state
+    # dir for a link, and the supervisor's next journal segment is made where it points.
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *cmd], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (state / "journal").is_dir() or not any(
+                e["type"] == "proc.started" for e in read_journal(state)):
+            assert time.monotonic() < deadline and box.poll() is None
+            time.sleep(0.05)
+        subprocess.run(["setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "sh", "-c",
+                        f"mv {state} {shared}/moved && ln -s {victim} {state}"], check=True, timeout=30)
+        assert box.wait(timeout=60) == 0, box.stderr.read()
+    finally:
+        if box.poll() is None:
+            box.kill()
+            box.wait()
+    assert [p.name for p in (victim / "journal").iterdir() if p.name.endswith(".jsonl")], list(victim.rglob("*"))
+    # A sticky one (as /tmp) passes: there only an entry's owner may rename it.
+    os.chmod(shared, 0o1777)
+    fresh = shared / "fresh"
+    r = subprocess.run([str(INIT), "--state-dir", str(fresh), "--", "true"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    # Another user's, even not writable by others: they may rename what is in it.
+    os.chmod(shared, 0o755)
+    os.chown(shared, 4242, 4242)
+    r = subprocess.run([str(INIT), "--state-dir", str(fresh), "--", "true"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 125 and f"state dir {fresh}: its ancestor {shared} belongs to uid 4242" in r.stderr, r.stderr
 
 
 @needs_root
