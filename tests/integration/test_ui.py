@@ -128,6 +128,26 @@ def test_live_page_shows_events_consoles_and_metrics(tmp_path, page):
         shot(page, "ui-live.png")
 
 
+def test_the_timeline_keeps_its_rows_drawn_while_new_events_come(tmp_path, page):
+    # At each new event the timeline dropped its last page and drew nothing until the box sent
+    # that page again: the rows blinked out at every event (and a page read then had none).
+    agent = ["sh", "-c", "for i in $(seq 1 300); do echo line $i; sleep 0.02; done; sleep 600"]
+    with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"]) as box, Ui(box.url, box.token_file) as ui:
+        page.goto(ui.address)
+        page.locator('[data-testid="timeline"] .tl-row').first.wait_for(timeout=10_000)
+        page.evaluate("""() => {
+            window.blanks = 0;
+            const rows = document.querySelector('[data-testid="timeline"] .tl-rows');
+            new MutationObserver(() => { if (rows.childElementCount === 0) window.blanks++; })
+                .observe(rows, { childList: true });
+        }""")
+        # Drawn again many times over: the count grows with the agent's lines.
+        page.wait_for_function("() => parseInt(document.querySelector('[data-testid=timeline-count]')"
+                               "?.textContent) >= 300", timeout=30_000)
+        assert page.evaluate("window.blanks") == 0
+        assert page.locator('[data-testid="timeline"] .tl-row').count() > 0
+
+
 def test_checkpoint_then_fork_from_the_page_adds_two_branches_each_with_its_console(tmp_path, page):
     with WsBox(tmp_path, ["python3", "-c", TICKER], metrics="1s", extra=["--set", "resources.grace=1s"]) as box, \
             Ui(box.url, box.token_file) as ui:

@@ -13,6 +13,7 @@ export class Timeline {
     this.total = 0;
     this.pages = new Map();
     this.loading = new Set();
+    this.again = new Set();
     this.onSelect = onSelect;
     this.scroller = el("div", { class: "tl-scroll", "data-testid": "timeline" });
     this.spacer = el("div", { class: "tl-spacer" });
@@ -41,6 +42,7 @@ export class Timeline {
     this.generation = (this.generation ?? 0) + 1;
     this.pages.clear();
     this.loading.clear();
+    this.again.clear();
     this.refresh().catch(() => {});
   }
 
@@ -59,8 +61,9 @@ export class Timeline {
     const grew = r.total !== this.total;
     this.total = r.total;
     // The last page may have grown: fetch it again.
-    this.pages.delete(Math.floor(Math.max(0, this.total - 1) / PAGE));
-    this.pages.delete(Math.floor(Math.max(0, this.total - 1) / PAGE) - 1);
+    const last = Math.floor(Math.max(0, this.total - 1) / PAGE);
+    this.refetch(last);
+    this.refetch(last - 1);
     this.spacer.style.height = `${this.total * ROW}px`;
     this.count.textContent = `${this.total} events`;
     if (grew && this.follow.checked) this.scroller.scrollTop = this.total * ROW;
@@ -76,6 +79,15 @@ export class Timeline {
     this.render();
   }
 
+  // A page that may have grown is asked for again; the rows it had stay drawn until the answer
+  // comes (dropped first, the timeline went blank at every new event). One asked for already may
+  // have been answered before the new events: asked again once it is.
+  refetch(p) {
+    if (p < 0 || !this.pages.has(p)) return;
+    if (this.loading.has(p)) this.again.add(p);
+    else this.loadPage(p).catch(() => {});
+  }
+
   async loadPage(p) {
     if (this.loading.has(p)) return;
     this.loading.add(p);
@@ -88,6 +100,7 @@ export class Timeline {
     } finally {
       if (generation === this.generation) this.loading.delete(p);
     }
+    if (this.again.delete(p)) this.loadPage(p).catch(() => {});
     this.render();
   }
 
