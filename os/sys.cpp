@@ -433,8 +433,8 @@ std::optional<std::vector<std::string>> proc_locks() {
     }
     std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);)
-      if (size_t colon = line.find(':'); colon != std::string::npos)
-        seen.insert(line.substr(line.find_first_not_of(' ', colon + 1)));
+      if (size_t start = line.find_first_not_of(' ', line.find(':') + 1); start != std::string::npos)
+        seen.insert(line.substr(start));
     if (reads <= 1 || text == previous) break;  // one read is one snapshot
     previous = std::move(text);
   }
@@ -536,9 +536,13 @@ std::vector<LockedDir> dirs_locked_by(const std::string& exe_name) {
 
 base::Result<OwnDir> open_own_dir(const std::string& dir) {
   OwnDir d{UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC))};
-  if (!d.fd && (errno == ELOOP || errno == ENOTDIR) && ::lstat(dir.c_str(), &d.st) == 0)
-    return base::fail(dir + " is " + file_type_name(d.st.st_mode) + ", not a directory");
-  if (!d.fd || ::fstat(d.fd.get(), &d.st) != 0) return base::sys_fail("open " + dir, errno);
+  if (!d.fd) {
+    int err = errno;
+    if ((err == ELOOP || err == ENOTDIR) && ::lstat(dir.c_str(), &d.st) == 0)
+      return base::fail(dir + " is " + file_type_name(d.st.st_mode) + ", not a directory");
+    return base::sys_fail("open " + dir, err);
+  }
+  if (::fstat(d.fd.get(), &d.st) != 0) return base::sys_fail("stat " + dir, errno);
   if (d.st.st_uid != ::geteuid())
     return base::fail(dir + " belongs to uid " + std::to_string(d.st.st_uid) + ", not to this user (uid " +
                       std::to_string(::geteuid()) + ")");
