@@ -112,6 +112,8 @@ TEST_CASE("lock_dir: one holder at a time, named by its pid; dir_lock_held asks 
   CHECK(sbx::os::lock_dir(dir + "/f").error() == std::errc::not_a_directory);
 }
 
+namespace {
+
 // The CPUs this process may run on, lowest first.
 std::vector<int> allowed_cpus() {
   cpu_set_t set;
@@ -129,6 +131,8 @@ void pin_to(int cpu) {
   CPU_SET(cpu, &set);
   REQUIRE(::sched_setaffinity(0, sizeof set, &set) == 0);
 }
+
+}  // namespace
 
 TEST_CASE("dir_lock_held: a lock held throughout is seen while other locks come and go") {
   // /proc/locks is handed out a page (~70 locks) per read, its place in the next read found by

@@ -83,9 +83,9 @@ export class Timeline {
   // comes (dropped first, the timeline went blank at every new event). One asked for already may
   // have been answered before the new events: asked again once it is.
   refetch(p) {
-    if (p < 0 || !this.pages.has(p)) return;
+    if (p < 0) return;
     if (this.loading.has(p)) this.again.add(p);
-    else this.loadPage(p).catch(() => {});
+    else if (this.pages.has(p)) this.loadPage(p).catch(() => {});
   }
 
   async loadPage(p) {
