@@ -19,6 +19,7 @@
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/criu.hpp"
 #include "os/pidfd.hpp"
+#include "os/proc-view.hpp"
 #include "os/sys.hpp"
 #include "profile/agent-env.hpp"
 #include "protocol/channel.hpp"
@@ -45,23 +46,20 @@ auto log() {
 // group 0, or one of this user's by its own group (umask 002), passes. In a user namespace an
 // owner it does not map shows as the overflow uid: taken for root's (nothing tells them apart).
 void refuse_shared_ancestors(const std::string& dir) {
-  // Outside a user namespace (uid_map the whole range) the overflow uid is a user of its own.
-  static const std::optional<uid_t> overflow = []() -> std::optional<uid_t> {
-    auto map = os::read_file("/proc/self/uid_map");
-    unsigned inside = 1, outside = 1, count = 0;
-    if (!map || (std::sscanf(map->c_str(), "%u %u %u", &inside, &outside, &count) == 3 && inside == 0 && outside == 0 &&
-                 count == 4294967295u))
-      return std::nullopt;
+  // Outside a user namespace the overflow uid is a user of its own (nobody). Read only for an
+  // owner that is neither root nor this user.
+  auto unmapped = [](uid_t uid) {
+    if (os::in_initial_user_namespace()) return false;
     auto text = os::read_file("/proc/sys/kernel/overflowuid");
-    return static_cast<uid_t>(text ? std::strtoul(text->c_str(), nullptr, 10) : 65534);
-  }();
+    return uid == static_cast<uid_t>(text ? std::strtoul(text->c_str(), nullptr, 10) : 65534);
+  };
   const char* why = "another user could swap the state dir for a link while the box runs";
   for (std::string p = dir; p.size() > 1;) {
     p.resize(std::max<size_t>(p.rfind('/'), 1));
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0)
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + ": " + std::strerror(errno));
-    if (st.st_uid != 0 && st.st_uid != ::geteuid() && st.st_uid != overflow)
+    if (st.st_uid != 0 && st.st_uid != ::geteuid() && !unmapped(st.st_uid))
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " belongs to uid " +
                                std::to_string(st.st_uid) + ": " + why +
                                "; use a directory below this user's or root's");
