@@ -141,9 +141,14 @@ def test_the_timeline_keeps_its_rows_drawn_while_new_events_come(tmp_path, page)
             new MutationObserver(() => { if (rows.childElementCount === 0) window.blanks++; })
                 .observe(rows, { childList: true });
         }""")
-        # Drawn again many times over: the count grows with the agent's lines.
-        page.wait_for_function("() => parseInt(document.querySelector('[data-testid=timeline-count]')"
-                               "?.textContent) >= 300", timeout=30_000)
+        count = "() => parseInt(document.querySelector('[data-testid=timeline-count]')?.textContent)"
+        before = page.evaluate(count)
+        # Drawn again many times over while the agent writes (its lines may share an event under
+        # load), up to every event the box had once its last line was out.
+        box.wait_event(lambda e: e["type"] == "proc.output" and "line 300\n" in e.get("data", ""), timeout=60)
+        total = len(box.read_events())
+        assert total > before + 10, (before, total)
+        page.wait_for_function(f"n => ({count})() >= n", arg=total, timeout=30_000)
         assert page.evaluate("window.blanks") == 0
         assert page.locator('[data-testid="timeline"] .tl-row').count() > 0
 
