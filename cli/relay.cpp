@@ -35,17 +35,13 @@ constexpr const char* kPending = "pending";
 // One WebSocket connection to a box over Beast, plain or TLS; `cancel` ends what is pending on it.
 struct Conn {
   sdk::WsTarget where;
-  std::optional<asio::ssl::context> ssl;
-  std::unique_ptr<sdk::PlainWs> plain;
-  std::unique_ptr<sdk::TlsWs> tls;
+  std::unique_ptr<sdk::WsStream> ws;
   void cancel() {
-    if (plain) beast::get_lowest_layer(*plain).cancel();
-    if (tls) beast::get_lowest_layer(*tls).cancel();
+    if (ws) ws->cancel();
   }
   /// The socket, at its coroutine's end: the box learns at once that the connection is over.
   void close() {
-    if (plain) beast::get_lowest_layer(*plain).close();
-    if (tls) beast::get_lowest_layer(*tls).close();
+    if (ws) ws->close_socket();
   }
 };
 
@@ -108,18 +104,14 @@ struct Relay::Impl {
 
   template <class Body>
   void spawn(Conn& c, Body body);
-  template <class Ws>
-  asio::awaitable<void> run_source(Ws& ws);
+  asio::awaitable<void> run_source(sdk::WsStream& ws);
   void on_source_text(std::string_view text);
   void on_source_frame(std::string_view frame);
   void fail_source(const std::string& why, const std::string& code);
   void add(sdk::Endpoint ep);
-  template <class Ws>
-  asio::awaitable<void> run_target(Target& t, Ws& ws);
-  template <class Ws>
-  asio::awaitable<void> read_reply(Target& t, Ws& ws);
-  template <class Ws>
-  asio::awaitable<void> write_archive(Target& t, Ws& ws);
+  asio::awaitable<void> run_target(Target& t, sdk::WsStream& ws);
+  asio::awaitable<void> read_reply(Target& t, sdk::WsStream& ws);
+  asio::awaitable<void> write_archive(Target& t, sdk::WsStream& ws);
   void wake_targets();
   void finish(Target& t, base::Result<json::object> r, bool cut);
   void check_done();
@@ -133,22 +125,13 @@ void Relay::Impl::spawn(Conn& c, Body body) {
     --live;
     check_done();
   };
-  if (c.where.tls) {
-    c.ssl.emplace(asio::ssl::context::tls_client);
-    sdk::configure_tls(*c.ssl, c.where);  // throws where the system's CAs cannot be read
-    c.tls = std::make_unique<sdk::TlsWs>(io, *c.ssl);
-    ++live;
-    asio::co_spawn(io, body(*c.tls), ended);
-  } else {
-    c.plain = std::make_unique<sdk::PlainWs>(io);
-    ++live;
-    asio::co_spawn(io, body(*c.plain), ended);
-  }
+  c.ws = std::make_unique<sdk::WsStream>(io, c.where);  // throws where the system's CAs cannot be read
+  ++live;
+  asio::co_spawn(io, body(*c.ws), ended);
 }
 
-template <class Ws>
-asio::awaitable<void> Relay::Impl::run_source(Ws& ws) {
-  if (auto why = co_await sdk::open_websocket_or_reason(ws, source.where, kReadMax); !why.empty()) {
+asio::awaitable<void> Relay::Impl::run_source(sdk::WsStream& ws) {
+  if (auto why = co_await ws.open_or_reason(kReadMax); !why.empty()) {
     fail_source("connect to " + source_ep.url + ": " + why, "connect");
     co_return;
   }
@@ -156,12 +139,11 @@ asio::awaitable<void> Relay::Impl::run_source(Ws& ws) {
     json::object req{{"op", "snapshot.export"}, {"snapshot", snapshot}, {"id", kRequestId}};
     if (!plan.base.empty()) req["base"] = plan.base;
     if (!plan.lacks.empty()) req["lacks"] = base::base64_encode(plan.lacks);
-    ws.text(true);
-    co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+    co_await ws.write(asio::buffer(json::serialize(req)), false);
     beast::flat_buffer buf;
     while (!source_finished) {
       buf.clear();
-      co_await ws.async_read(buf, asio::use_awaitable);
+      co_await ws.read(buf);
       std::string_view m(static_cast<const char*>(buf.data().data()), buf.size());
       if (ws.got_text())
         on_source_text(m);
@@ -170,11 +152,10 @@ asio::awaitable<void> Relay::Impl::run_source(Ws& ws) {
     }
   } catch (const boost::system::system_error& e) {
     fail_source("the connection to " + source_ep.url + " closed after " + std::to_string(received) + " of " +
-                    (have_reply ? std::to_string(size) : std::string("?")) +
-                    " bytes: " + sdk::close_reason(ws, e.code()),
+                    (have_reply ? std::to_string(size) : std::string("?")) + " bytes: " + ws.close_reason(e.code()),
                 "closed");
   }
-  co_await sdk::close_websocket(ws, kCloseLimit);
+  co_await ws.close(kCloseLimit);
 }
 
 void Relay::Impl::on_source_text(std::string_view text) {
@@ -259,7 +240,7 @@ void Relay::Impl::add(sdk::Endpoint ep) {
                   false);
   try {
     t.conn.where = sdk::ws_target(t.ep);
-    spawn(t.conn, [this, &t](auto& ws) { return run_target(t, ws); });
+    spawn(t.conn, [this, &t](sdk::WsStream& ws) { return run_target(t, ws); });
   } catch (const std::exception& e) {
     finish(t, base::fail("connect to " + t.ep.url + ": " + e.what(), "connect"), false);
   }
@@ -267,18 +248,16 @@ void Relay::Impl::add(sdk::Endpoint ep) {
 
 // A target: its connection, snapshot.import once the export's reply names the size, the archive
 // as it arrives (write_archive), and the import's reply (read_reply).
-template <class Ws>
-asio::awaitable<void> Relay::Impl::run_target(Target& t, Ws& ws) {
-  if (auto why = co_await sdk::open_websocket_or_reason(ws, t.conn.where, kReadMax); !why.empty()) {
+asio::awaitable<void> Relay::Impl::run_target(Target& t, sdk::WsStream& ws) {
+  if (auto why = co_await ws.open_or_reason(kReadMax); !why.empty()) {
     finish(t, base::fail("connect to " + t.ep.url + ": " + why, "connect"), false);
     co_return;
   }
   while (!have_reply && !t.finished) co_await wait_on(t.wake);
   if (!t.finished) {
     try {
-      ws.text(true);
       json::object req{{"op", "snapshot.import"}, {"size", size}, {"id", kRequestId}};
-      co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+      co_await ws.write(asio::buffer(json::serialize(req)), false);
       t.writing = true;
       asio::co_spawn(io, write_archive(t, ws), [&t](std::exception_ptr) {
         t.writing = false;
@@ -286,10 +265,8 @@ asio::awaitable<void> Relay::Impl::run_target(Target& t, Ws& ws) {
       });
       co_await read_reply(t, ws);
     } catch (const boost::system::system_error& e) {
-      finish(
-          t,
-          base::fail("the connection to " + t.ep.url + " closed first: " + sdk::close_reason(ws, e.code()), "closed"),
-          false);
+      finish(t, base::fail("the connection to " + t.ep.url + " closed first: " + ws.close_reason(e.code()), "closed"),
+             false);
     }
   }
   // A frame being written when the reply came ends by itself (the writer stops after it); where it
@@ -300,15 +277,14 @@ asio::awaitable<void> Relay::Impl::run_target(Target& t, Ws& ws) {
     boost::system::error_code ec;
     co_await t.writer_end.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
-  if (!t.writing) co_await sdk::close_websocket(ws, kCloseLimit);
+  if (!t.writing) co_await ws.close(kCloseLimit);
 }
 
-template <class Ws>
-asio::awaitable<void> Relay::Impl::read_reply(Target& t, Ws& ws) {
+asio::awaitable<void> Relay::Impl::read_reply(Target& t, sdk::WsStream& ws) {
   beast::flat_buffer buf;
   while (!t.finished) {
     buf.clear();
-    co_await ws.async_read(buf, asio::use_awaitable);
+    co_await ws.read(buf);
     if (!ws.got_text()) continue;
     auto rep = sdk::reply_for(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()), kRequestId);
     if (!rep) continue;
@@ -322,10 +298,8 @@ asio::awaitable<void> Relay::Impl::read_reply(Target& t, Ws& ws) {
 // What has arrived of the archive, in frames of at most kChunk from the spool, as fast as the
 // target takes them; the frame that ends the upload only once the archive is whole and hashes to
 // its id. Stops once the target is finished.
-template <class Ws>
-asio::awaitable<void> Relay::Impl::write_archive(Target& t, Ws& ws) {
+asio::awaitable<void> Relay::Impl::write_archive(Target& t, sdk::WsStream& ws) {
   std::string frame;
-  ws.binary(true);
   ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
   while (!t.finished) {
     if (t.sent == received && !(complete && t.sent == size)) {
@@ -342,7 +316,7 @@ asio::awaitable<void> Relay::Impl::write_archive(Target& t, Ws& ws) {
       auto why = got < 0 ? os::last_error().message() : std::string("the file shrank");
       co_return finish(t, base::fail("read " + spool_path + ": " + why, "local"), true);
     }
-    co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
+    co_await ws.write(asio::buffer(frame), true);
     t.sent += n;
     if (last) co_return;
   }

@@ -33,6 +33,10 @@ struct Frame {
   bool binary = false;
 };
 
+/// One frame out, to the box (box-link.cpp) or to a page (page.cpp). A write that fails throws.
+asio::awaitable<void> send_frame(sdk::WsStream& ws, const Frame& frame);
+asio::awaitable<void> send_frame(websocket::stream<beast::tcp_stream>& ws, const Frame& frame);
+
 /// Writes `out`'s frames to `ws` in order until `closed`: waits on `wake` while `out` is empty
 /// (whoever queues a frame or closes cancels it), and runs `after` once each frame is out. A
 /// write that fails throws to the caller.
@@ -46,8 +50,7 @@ asio::awaitable<void> write_frames(Ws& ws, std::deque<Frame>& out, asio::steady_
       co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       continue;
     }
-    ws.binary(out.front().binary);
-    co_await ws.async_write(asio::buffer(out.front().bytes), asio::use_awaitable);
+    co_await send_frame(ws, out.front());
     out.pop_front();
     after();
   }
@@ -70,21 +73,16 @@ class BoxLink : public std::enable_shared_from_this<BoxLink> {
   bool closed() const { return closed_; }
 
  private:
-  template <class Ws>
-  asio::awaitable<void> run(Ws& ws);
-  template <class Ws>
-  asio::awaitable<void> write_loop(Ws& ws);
+  asio::awaitable<void> run();
+  asio::awaitable<void> write_loop();
   void finish(std::string why);
   void cancel();
 
   asio::io_context& io_;
-  Target target_;
   TextFn on_text_;
   CloseFn on_close_;
   TextFn on_binary_;
-  asio::ssl::context ssl_{asio::ssl::context::tls_client};
-  std::unique_ptr<websocket::stream<beast::tcp_stream>> plain_;
-  std::unique_ptr<websocket::stream<beast::ssl_stream<beast::tcp_stream>>> tls_;
+  sdk::WsStream ws_;
   std::deque<Frame> out_;
   asio::steady_timer wake_;
   bool open_ = false, closed_ = false;

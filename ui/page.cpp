@@ -368,4 +368,9 @@ void PageSession::box_closed(const std::string& why) {
   write_.reset();
 }
 
+asio::awaitable<void> send_frame(websocket::stream<beast::tcp_stream>& ws, const Frame& frame) {
+  ws.binary(frame.binary);
+  co_await ws.async_write(asio::buffer(frame.bytes), asio::use_awaitable);
+}
+
 }  // namespace sbx::ui

@@ -34,12 +34,11 @@ struct Refusal {
 };
 
 // The reply to the connection's request (its id, or null: a request the box could not read).
-template <class Ws>
-asio::awaitable<json::object> read_reply(Ws& ws) {
+asio::awaitable<json::object> read_reply(sdk::WsStream& ws) {
   beast::flat_buffer buf;
   for (;;) {
     buf.clear();
-    co_await ws.async_read(buf, asio::use_awaitable);
+    co_await ws.read(buf);
     if (!ws.got_text()) continue;
     auto rep = sdk::reply_for(std::string_view(static_cast<const char*>(buf.data().data()), buf.size()), kExportId);
     if (rep) co_return std::move(*rep);
@@ -69,14 +68,13 @@ std::optional<Refusal> refusal_of(const json::object& reply, uint64_t& size, con
 
 // The archive's frames into the response, in order and exactly `size` bytes, or an exception
 // (the HTTP connection is then closed: the browser's download fails rather than ends short).
-template <class Ws>
-asio::awaitable<void> relay_frames(Ws& ws, beast::tcp_stream& out, http::response<http::buffer_body>& res,
+asio::awaitable<void> relay_frames(sdk::WsStream& ws, beast::tcp_stream& out, http::response<http::buffer_body>& res,
                                    http::response_serializer<http::buffer_body>& sr, uint64_t size) {
   beast::flat_buffer buf;
   uint64_t next = 0;
   for (;;) {
     buf.clear();
-    co_await ws.async_read(buf, asio::use_awaitable);
+    co_await ws.read(buf);
     if (ws.got_text()) continue;
     std::string_view m(static_cast<const char*>(buf.data().data()), buf.size());
     auto head = protocol::get_header(m);
@@ -102,22 +100,23 @@ asio::awaitable<void> relay_frames(Ws& ws, beast::tcp_stream& out, http::respons
   co_await http::async_write(out, sr, asio::use_awaitable);
 }
 
-template <class Ws>
-asio::awaitable<std::optional<Refusal>> relay_export(Ws& ws, const Hub& hub, beast::tcp_stream& out,
+// On a connection of its own, which lives in this coroutine (its TLS context's exception, the
+// system's CAs unreadable, comes out of it).
+asio::awaitable<std::optional<Refusal>> relay_export(const Hub& hub, beast::tcp_stream& out,
                                                      http::response<http::buffer_body>& res, const std::string& id) {
-  auto why = co_await sdk::open_websocket_or_reason(ws, hub.box, kReadMax);
+  sdk::WsStream ws(hub.io, hub.box);
+  auto why = co_await ws.open_or_reason(kReadMax);
   if (!why.empty()) co_return Refusal{http::status::bad_gateway, "the box: " + hub.scrub(why)};
   uint64_t size = 0;
   json::object req{{"op", "snapshot.export"}, {"snapshot", id}, {"id", kExportId}};
-  ws.text(true);
-  co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+  co_await ws.write(asio::buffer(json::serialize(req)), false);
   if (auto refused = refusal_of(co_await read_reply(ws), size, "snapshot.export")) co_return refused;
   res.content_length(size);
   http::response_serializer<http::buffer_body> sr{res};
   out.expires_after(kWriteLimit);
   co_await http::async_write_header(out, sr, asio::use_awaitable);
   co_await relay_frames(ws, out, res, sr, size);
-  co_await sdk::close_websocket(ws, std::chrono::seconds(2));
+  co_await ws.close(std::chrono::seconds(2));
   co_return std::nullopt;
 }
 
@@ -128,13 +127,12 @@ struct ImportRun {
   std::string closed;
 };
 
-template <class Ws>
-asio::awaitable<void> read_import_reply(Ws& ws, ImportRun& run, asio::steady_timer& wake) {
+asio::awaitable<void> read_import_reply(sdk::WsStream& ws, ImportRun& run, asio::steady_timer& wake) {
   try {
     run.reply = co_await read_reply(ws);
     run.replied = true;
   } catch (const boost::system::system_error& e) {
-    run.closed = sdk::close_reason(ws, e.code());
+    run.closed = ws.close_reason(e.code());
   }
   run.reader_done = true;
   wake.cancel();
@@ -160,8 +158,7 @@ asio::awaitable<size_t> read_body(beast::tcp_stream& in, beast::flat_buffer& buf
 // early refusal) or the end of the box's connection (its reader says why); the rest of the body
 // is then read and dropped, so the browser gets the answer. Throws where the browser's upload
 // fails.
-template <class Ws>
-asio::awaitable<void> send_body(Ws& ws, beast::tcp_stream& in, beast::flat_buffer& buf,
+asio::awaitable<void> send_body(sdk::WsStream& ws, beast::tcp_stream& in, beast::flat_buffer& buf,
                                 http::request_parser<http::buffer_body>& p, const ImportRun& run) {
   std::vector<char> chunk(kImportChunk);
   std::string frame;
@@ -173,25 +170,27 @@ asio::awaitable<void> send_body(Ws& ws, beast::tcp_stream& in, beast::flat_buffe
     frame.clear();
     protocol::put_header(frame, {.id = kExportId, .offset = off, .flags = last ? protocol::kFlagLast : uint8_t{0}});
     frame.append(chunk.data(), n);
-    ws.binary(true);
-    boost::system::error_code ec;
-    co_await ws.async_write(asio::buffer(frame), asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) break;
+    bool sent = true;
+    try {
+      co_await ws.write(asio::buffer(frame), true);
+    } catch (const boost::system::system_error&) {
+      sent = false;  // the box's connection ended: its reader says why
+    }
+    if (!sent) break;
     off += n;
     if (last) co_return;
   }
   while (!p.is_done()) co_await read_body(in, buf, p, chunk);
 }
 
-template <class Ws>
-asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, beast::tcp_stream& in,
-                                                     beast::flat_buffer& buf,
+// On a connection of its own, as relay_export's.
+asio::awaitable<std::optional<Refusal>> relay_import(const Hub& hub, beast::tcp_stream& in, beast::flat_buffer& buf,
                                                      http::request_parser<http::buffer_body>& p, json::object& out) {
-  auto why = co_await sdk::open_websocket_or_reason(ws, hub.box, kReadMax);
+  sdk::WsStream ws(hub.io, hub.box);
+  auto why = co_await ws.open_or_reason(kReadMax);
   if (!why.empty()) co_return Refusal{http::status::bad_gateway, "the box: " + hub.scrub(why)};
   json::object req{{"op", "snapshot.import"}, {"size", *p.content_length()}, {"id", kExportId}};
-  ws.text(true);
-  co_await ws.async_write(asio::buffer(json::serialize(req)), asio::use_awaitable);
+  co_await ws.write(asio::buffer(json::serialize(req)), false);
   ImportRun run;
   asio::steady_timer wake(hub.io);
   asio::co_spawn(hub.io, read_import_reply(ws, run, wake), asio::detached);
@@ -202,7 +201,7 @@ asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, bea
     // The browser's upload ended first: the box drops what it received of an upload whose
     // connection closes.
     failed = Refusal{http::status::bad_request, "the upload ended before its length: " + e.code().message()};
-    beast::get_lowest_layer(ws).cancel();
+    ws.cancel();
   }
   // The reader holds this frame's `run` and `wake`: it ends before the frame does.
   while (!run.reader_done) {
@@ -215,7 +214,7 @@ asio::awaitable<std::optional<Refusal>> relay_import(Ws& ws, const Hub& hub, bea
     if (failed) co_return failed;
     run.reply.erase("id");
     out = std::move(run.reply);
-    co_await sdk::close_websocket(ws, std::chrono::seconds(2));
+    co_await ws.close(std::chrono::seconds(2));
     co_return std::nullopt;
   }
   if (failed) co_return failed;
@@ -260,8 +259,7 @@ asio::awaitable<void> serve_snapshot(std::shared_ptr<Hub> hub, beast::tcp_stream
     res.set(http::field::content_disposition, "attachment; filename=\"" + id + ".tar.zst\"");
     res.keep_alive(false);
     try {
-      refused = co_await sdk::with_websocket(hub->io, hub->box,
-                                             [&](auto& ws) { return relay_export(ws, *hub, out, res, id); });
+      refused = co_await relay_export(*hub, out, res, id);
       if (!refused) co_return;
     } catch (const std::exception& e) {
       // Before the header: said to the browser; after it, only the connection's end can say it.
@@ -288,8 +286,7 @@ asio::awaitable<void> serve_import(std::shared_ptr<Hub> hub, beast::tcp_stream& 
     http::request_parser<http::buffer_body> p{std::move(head)};
     p.body_limit(boost::none);  // the archive's length, which the box bounds (its disk)
     try {
-      refused = co_await sdk::with_websocket(hub->io, hub->box,
-                                             [&](auto& ws) { return relay_import(ws, *hub, in, buf, p, reply); });
+      refused = co_await relay_import(*hub, in, buf, p, reply);
     } catch (const std::exception& e) {
       refused = Refusal{http::status::bad_gateway, "the box: " + hub->scrub(e.what())};
     }

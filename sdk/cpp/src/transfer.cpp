@@ -43,25 +43,23 @@ class Run {
 
   std::vector<base::Result<json::object>>& results() { return results_; }
 
-  template <class Ws>
-  asio::awaitable<void> run(Ws& ws, const WsTarget& target) {
-    cancel_ = [&ws] { beast::get_lowest_layer(ws).cancel(); };
+  asio::awaitable<void> run(WsStream& ws) {
+    cancel_ = [&ws] { ws.cancel(); };
     begin(0);
-    if (co_await open(ws, target)) {
+    if (co_await open(ws)) {
       ws.write_buffer_bytes(256 * 1024);  // masked a word at a time, a quarter of a frame per send
       bool usable = true;
       for (size_t i = 0; i < ts_.size() && usable; ++i) {
         begin(i);
         try {
-          ws.text(true);
-          co_await ws.async_write(asio::buffer(json::serialize(t_->request)), asio::use_awaitable);
+          co_await ws.write(asio::buffer(json::serialize(t_->request)), false);
           if (t_->upload) {
             writing_ = true;
             asio::co_spawn(io_, send_file(ws), [this](std::exception_ptr) { writer_done(); });
           }
           co_await receive(ws);
         } catch (const boost::system::system_error& e) {
-          finish(base::fail("the connection closed first: " + close_reason(ws, e.code()), "closed"));
+          finish(base::fail("the connection closed first: " + ws.close_reason(e.code()), "closed"));
           usable = false;
         }
         if (writing_) co_await wait_for_writer();
@@ -69,7 +67,7 @@ class Run {
         results_.push_back(std::move(result_));
       }
       all_done_ = true;
-      if (!writing_) co_await close_websocket(ws, std::chrono::seconds(2));
+      if (!writing_) co_await ws.close(std::chrono::seconds(2));
     } else {
       results_.push_back(std::move(result_));
     }
@@ -126,9 +124,8 @@ class Run {
     }
   }
 
-  template <class Ws>
-  asio::awaitable<bool> open(Ws& ws, const WsTarget& target) {
-    auto why = co_await open_websocket_or_reason(ws, target, 4 * kChunk);
+  asio::awaitable<bool> open(WsStream& ws) {
+    auto why = co_await ws.open_or_reason(4 * kChunk);
     if (!why.empty()) finish(base::fail(why, "connect"));
     co_return why.empty();
   }
@@ -136,8 +133,7 @@ class Run {
   // Reads until the transfer's end: a download's reply, then its frames written at their offsets,
   // in order from the request's offset and as many bytes as the reply says (`length`, else
   // `size`); an upload's reply.
-  template <class Ws>
-  asio::awaitable<void> receive(Ws& ws) {
+  asio::awaitable<void> receive(WsStream& ws) {
     beast::flat_buffer buf;
     json::object reply;
     bool replied = false;
@@ -145,7 +141,7 @@ class Run {
     std::optional<uint64_t> end;  // just past the last byte the reply says will come
     while (!done_) {
       buf.clear();
-      co_await ws.async_read(buf, asio::use_awaitable);
+      co_await ws.read(buf);
       auto data = static_cast<const char*>(buf.data().data());
       std::string_view m(data, buf.size());
       if (ws.got_text()) {
@@ -193,8 +189,7 @@ class Run {
 
   // An upload's content: frames of at most kChunk after the request, the last one flagged (an
   // empty file: one empty last frame). Stops once the transfer has ended (an early reply).
-  template <class Ws>
-  asio::awaitable<void> send_file(Ws& ws) {
+  asio::awaitable<void> send_file(WsStream& ws) {
     std::string frame;
     uint64_t sent = 0;
     do {
@@ -209,8 +204,7 @@ class Run {
         if (cancel_) cancel_();
         co_return;
       }
-      ws.binary(true);
-      co_await ws.async_write(asio::buffer(frame), asio::use_awaitable);
+      co_await ws.write(asio::buffer(frame), true);
       sent += n;
     } while (sent < t_->size && !done_);
   }
@@ -229,15 +223,14 @@ class Run {
   bool writing_ = false;
 };
 
-}  // namespace
-
-std::string connect_reason(const boost::system::error_code& ec, const WsTarget& t, bool connected) {
-  std::string where = t.host + ":" + t.port;
-  if (ec == asio::error::connection_refused) return ec.message() + " (nothing listens on " + where + ")";
-  if (connected && (ec == asio::error::eof || ec == beast::http::error::end_of_stream))
-    return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
-  return ec.message() + " (" + where + ")";
+// The run on a new stream to `target`, which lives in this coroutine; its TLS context's exception
+// (the system's CAs unreadable) comes out of it.
+asio::awaitable<void> run_on_new_stream(asio::io_context& io, WsTarget target, Run& run) {
+  WsStream ws(io, std::move(target));
+  co_await run.run(ws);
 }
+
+}  // namespace
 
 std::optional<json::object> reply_for(std::string_view text, uint32_t id) {
   boost::system::error_code ec;
@@ -265,14 +258,13 @@ std::vector<base::Result<json::object>> transfer_files(std::vector<FileTransfer>
   Run run(io, std::move(ts));
   // configure_tls's exception (the system's CAs unreadable) ends the run at once, before the
   // watcher's next tick (which waits for a result that would never come), and is thrown to our
-  // caller as it was before with_websocket.
+  // caller.
   std::exception_ptr failed;
-  asio::co_spawn(io, with_websocket(io, target, [&run, &target](auto& ws) { return run.run(ws, target); }),
-                 [&failed, &io](std::exception_ptr e) {
-                   if (!e) return;
-                   failed = e;
-                   io.stop();
-                 });
+  asio::co_spawn(io, run_on_new_stream(io, target, run), [&failed, &io](std::exception_ptr e) {
+    if (!e) return;
+    failed = e;
+    io.stop();
+  });
   asio::co_spawn(io, run.watch(), asio::detached);
   io.run();
   if (failed) std::rethrow_exception(failed);
@@ -284,22 +276,6 @@ base::Result<json::object> transfer_file(FileTransfer t) {
   one.push_back(std::move(t));
   auto r = transfer_files(std::move(one));
   return r.empty() ? base::fail("the connection closed before the transfer ended", "closed") : std::move(r.front());
-}
-
-WsTarget ws_target(const Endpoint& ep) {
-  auto u = parse_url(ep.url);
-  return {.host = u.host,
-          .port = std::to_string(u.port),
-          .path = u.path,
-          .token = ep.token,
-          .tls = u.tls,
-          .insecure = ep.insecure};
-}
-
-void configure_tls(asio::ssl::context& ctx, const WsTarget& t) {
-  ctx.set_default_verify_paths();
-  ctx.set_verify_mode(t.insecure ? asio::ssl::verify_none : asio::ssl::verify_peer);
-  if (!t.insecure) ctx.set_verify_callback(asio::ssl::host_name_verification(t.host));
 }
 
 }  // namespace sbx::sdk
