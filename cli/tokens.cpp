@@ -38,16 +38,17 @@ std::string trim(std::string t) {
 }  // namespace
 
 namespace {
+[[noreturn]] void refuse(const std::string& why) {
+  throw std::runtime_error(why + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+}
 void own_private_dir(const std::string& dir) {
-  if (auto r = os::own_private_dir(dir); !r)
-    throw std::runtime_error(r.error().message + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+  if (auto r = os::own_private_dir(dir); !r) refuse(r.error().message);
 }
 }  // namespace
 
 std::string state_home() {
   auto dir = os::state_home();
-  if (!dir)
-    throw std::runtime_error(dir.error().message + ": refusing to keep tokens there (set HOME or XDG_STATE_HOME)");
+  if (!dir) refuse(dir.error().message);
   return *dir;
 }
 
