@@ -45,7 +45,9 @@ auto log() {
 // no one else unless sticky (/tmp: there only an entry's owner may rename it); writable by
 // group 0, or one of this user's by its own group (umask 002), passes. In a user namespace an
 // owner it does not map shows as the overflow uid: taken for root's (nothing tells them apart).
-void refuse_shared_ancestors(const std::string& dir) {
+// `missing_ok`: a directory not made yet is skipped (the check before the state dir is made, so a
+// refused one is not left behind; it runs again, whole, on the real path once it is made).
+void refuse_shared_ancestors(const std::string& dir, bool missing_ok = false) {
   // Outside a user namespace the overflow uid is a user of its own (nobody). Read only for an
   // owner that is neither root nor this user.
   auto unmapped = [](uid_t uid) {
@@ -57,8 +59,10 @@ void refuse_shared_ancestors(const std::string& dir) {
   for (std::string p = dir; p.size() > 1;) {
     p.resize(std::max<size_t>(p.rfind('/'), 1));
     struct stat st {};
-    if (::lstat(p.c_str(), &st) != 0)
+    if (::lstat(p.c_str(), &st) != 0) {
+      if (missing_ok && errno == ENOENT) continue;
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + ": " + std::strerror(errno));
+    }
     if (st.st_uid != 0 && st.st_uid != ::geteuid() && !unmapped(st.st_uid))
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " belongs to uid " +
                                std::to_string(st.st_uid) + ": " + why +
@@ -110,6 +114,27 @@ void refuse_shared_state_dir(const std::string& dir) {
   (void)::fchmod(fd.get(), mode);
   throw std::runtime_error("state dir " + dir + " is writable by others (mode " + was + ") and holds files: " + why +
                            "; chmod go-w it (after checking what is in it), or use another");
+}
+
+// The state dir, made where it is missing and checked (off PID 1), by its real path: named so
+// from here on (a symlink's, or a path through one, resolved once), the branch's mounts and masks,
+// criu's --root and the journal all name the same directory. criu runs in other directories than
+// ours (--work-dir, --root): a relative state dir would name other places there, and a live
+// restore would fail on something unrelated.
+std::string make_state_dir(std::string dir) {
+  if (!dir.starts_with('/')) dir = std::filesystem::absolute(dir).string();
+  // Where it is not made yet, the places above it are checked before it is made (below, whole).
+  std::error_code planned_ec;
+  auto planned = std::filesystem::weakly_canonical(dir, planned_ec);
+  if (::getpid() != 1 && !planned_ec && ::access(planned.c_str(), F_OK) != 0)
+    refuse_shared_ancestors(planned.string(), true);
+  if (auto r = os::make_dirs(dir, 0700); !r)
+    throw std::runtime_error("create state dir " + dir + ": " + r.error().message());
+  std::error_code real_ec;
+  auto real = std::filesystem::canonical(dir, real_ec);
+  if (real_ec) throw std::runtime_error("resolve state dir " + dir + ": " + real_ec.message());
+  if (::getpid() != 1) refuse_shared_state_dir(real.string());
+  return real.string();
 }
 
 // criu's kerndat cache is filled this long after the box starts (Checkpointer::warm_up): after
@@ -392,18 +417,7 @@ void Box::lock_state_dir() {
 }
 
 void Box::start() {
-  // criu runs in other directories than ours (--work-dir, --root): a relative state dir would name
-  // other places there, and a live restore would fail on something unrelated.
-  if (!opts_.state_dir.starts_with('/')) opts_.state_dir = std::filesystem::absolute(opts_.state_dir).string();
-  if (auto r = os::make_dirs(opts_.state_dir, 0700); !r)
-    throw std::runtime_error("create state dir " + opts_.state_dir + ": " + r.error().message());
-  // Named by its real path from here on (a symlink's, or a path through one, resolved once): the
-  // branch's mounts and masks, criu's --root and the journal all name the same directory.
-  std::error_code real_ec;
-  auto real = std::filesystem::canonical(opts_.state_dir, real_ec);
-  if (real_ec) throw std::runtime_error("resolve state dir " + opts_.state_dir + ": " + real_ec.message());
-  opts_.state_dir = real.string();
-  if (::getpid() != 1) refuse_shared_state_dir(opts_.state_dir);
+  opts_.state_dir = make_state_dir(opts_.state_dir);
   lock_state_dir();
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {
