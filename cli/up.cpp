@@ -19,6 +19,7 @@
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
 #include "journal/journal.hpp"
+#include "os/cgroup.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
 #include "profile/agent-env.hpp"
@@ -183,15 +184,55 @@ int down_local(const LocalBox& b) {
   return 0;
 }
 
+// The box id in STATE/box.json, "" where there is none or it is not one a supervisor gives ("b-"
+// and hex digits): the names of its branches' cgroups start with "sbx-ID-".
+std::string box_id_of(const std::string& state_dir) {
+  auto text = os::read_file(state_dir + "/box.json");
+  if (!text) return "";
+  boost::system::error_code ec;
+  auto v = boost::json::parse(*text, ec);
+  const auto* id = !ec && v.is_object() ? v.as_object().if_contains("id") : nullptr;
+  if (!id || !id->is_string()) return "";
+  std::string s(id->as_string());
+  bool hex = s.size() > 2 && std::all_of(s.begin() + 2, s.end(), [](char c) { return std::isxdigit(uint8_t(c)); });
+  return s.starts_with("b-") && hex ? s : "";
+}
+
+// The cgroups a killed supervisor left (its branches' groups, sbx-ID-*), wherever in the host's
+// hierarchies it made them: removed where empty. One that holds processes is named and left (they
+// may be a running box's: one started from a copy of this state dir carries its id, in a cgroup
+// elsewhere or in another container), as are all where a box this host lists runs with the id.
+void release_stopped_cgroups(const std::string& dir) {
+  std::string id = box_id_of(dir);
+  if (id.empty()) return;
+  for (auto& b : local_boxes())
+    if (box_id_of(b.rec.state_dir) == id) {
+      std::cout << "left its cgroups (sbx-" << id << "-*): box " << printable(b.rec.name)
+                << ", which runs, has its id\n";
+      return;
+    }
+  std::string prefix = "sbx-" + id + "-";
+  for (auto& host : os::hosts_holding(prefix))
+    os::CgroupDir::release_below(
+        host, prefix, false,
+        [](const std::string& group, bool) {
+          std::cout << "removed cgroup " << group << ", which its supervisor left\n";
+        },
+        [](const std::string& group, const std::string& why) {
+          std::cerr << "sandboxer down: cgroup " << group << ": " << why << "\n";
+        });
+}
+
 // `down` of a local state dir no supervisor holds: its box is not running. One killed outright
-// (the host's OOM killer) left its branches' mounts in the host's mount namespace: they are
-// released here, as the next run on the state dir would; its journal and files stay.
+// (the host's OOM killer) left its branches' mounts in the host's mount namespace, and their
+// cgroups: released here, as the next run on the state dir would; its journal and files stay.
 int down_stopped_local(const std::string& dir, const std::string& name) {
   auto r = os::release_mounts_under(dir + "/branches", [](const os::MountPoint& m) {
     std::cout << "unmounted " << printable(m.path) << " (" << m.fstype << "), which its supervisor left mounted\n";
   });
   if (!r)
     throw std::runtime_error("box " + dir + " is not running; " + r.error().message + " (its supervisor left it)");
+  release_stopped_cgroups(dir);
   std::cout << "box " << printable(name) << " was not running; journal in " << printable(dir) << "\n";
   return 0;
 }

@@ -89,30 +89,93 @@ std::optional<int64_t> keyed_value(std::string_view text, std::string_view key) 
   return std::nullopt;
 }
 
+namespace {
+
+// The cgroup mounts /proc/self/mountinfo shows: every v1 hierarchy's, the first cgroup2.
+void read_cgroup_mounts(std::vector<CgMount>& v1, std::optional<CgMount>& v2) {
+  std::ifstream f("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    auto pre = split(line.substr(0, dash), ' ');
+    auto post = split(line.substr(dash + 3), ' ');
+    if (pre.size() < 5 || post.size() < 3) continue;
+    CgMount m{pre[3], pre[4], {}};
+    if (post[0] == "cgroup2") {
+      if (!v2) v2 = m;
+    } else if (post[0] == "cgroup") {
+      for (auto& o : split(post[2], ','))
+        if (o != "rw" && o != "ro" && !o.starts_with("name=") && o.find('=') == std::string::npos)
+          m.controllers.insert(o);
+      v1.push_back(std::move(m));
+    }
+  }
+}
+
+// The directories below `dir` (to `depth` more levels) that hold a directory whose name starts
+// with `prefix`; such a directory is not looked into.
+void find_parents(const std::string& dir, std::string_view prefix, int depth, std::vector<std::string>& out) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> below;
+  bool holds = false;
+  while (auto* e = ::readdir(d)) {
+    std::string_view name = e->d_name;
+    if (e->d_type != DT_DIR || name == "." || name == "..") continue;
+    if (name.starts_with(prefix))
+      holds = true;
+    else if (depth > 0)
+      below.emplace_back(dir + "/" + std::string(name));
+  }
+  ::closedir(d);
+  if (holds) out.push_back(dir);
+  for (auto& b : below) find_parents(b, prefix, depth - 1, out);
+}
+
+}  // namespace
+
+std::vector<CgroupHost> hosts_holding(std::string_view prefix, int max_depth) {
+  std::vector<CgMount> v1;
+  std::optional<CgMount> v2;
+  read_cgroup_mounts(v1, v2);
+  // v1: the k-th directory found in each hierarchy that carries a controller a branch's group
+  // uses (the devices one too) goes to the k-th host: one supervisor's groups sit in one
+  // directory per hierarchy, so there is one host unless groups of the prefix are in two places.
+  std::vector<CgroupHost> out;
+  auto wanted = CgroupDir::v1_controllers();
+  wanted.push_back("devices");
+  for (auto& m : v1) {
+    std::vector<std::string> mine;
+    for (auto& c : wanted)
+      if (m.controllers.contains(c)) mine.push_back(c);
+    if (mine.empty()) continue;
+    std::vector<std::string> parents;
+    find_parents(m.point, prefix, max_depth, parents);
+    for (size_t k = 0; k < parents.size(); ++k) {
+      if (out.size() <= k) out.push_back(CgroupHost{.version = "v1"});
+      for (auto& c : mine) {
+        out[k].v1_dirs[c] = parents[k];
+        out[k].controllers.push_back(c);
+      }
+    }
+  }
+  bool v1_used = std::any_of(v1.begin(), v1.end(), [&](const CgMount& m) {
+    return std::any_of(wanted.begin(), wanted.end(), [&](const std::string& c) { return m.controllers.contains(c); });
+  });
+  if (v2 && !v1_used) {
+    std::vector<std::string> parents;
+    find_parents(v2->point, prefix, max_depth, parents);
+    for (auto& p : parents) out.push_back(CgroupHost{.version = "v2", .v2_dir = p});
+  }
+  return out;
+}
+
 CgroupHost detect_cgroups() {
   CgroupHost h;
   std::vector<CgMount> v1;
   std::optional<CgMount> v2;
-  {
-    std::ifstream f("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(f, line)) {
-      auto dash = line.find(" - ");
-      if (dash == std::string::npos) continue;
-      auto pre = split(line.substr(0, dash), ' ');
-      auto post = split(line.substr(dash + 3), ' ');
-      if (pre.size() < 5 || post.size() < 3) continue;
-      CgMount m{pre[3], pre[4], {}};
-      if (post[0] == "cgroup2") {
-        if (!v2) v2 = m;
-      } else if (post[0] == "cgroup") {
-        for (auto& o : split(post[2], ','))
-          if (o != "rw" && o != "ro" && !o.starts_with("name=") && o.find('=') == std::string::npos)
-            m.controllers.insert(o);
-        v1.push_back(std::move(m));
-      }
-    }
-  }
+  read_cgroup_mounts(v1, v2);
   std::ifstream f("/proc/self/cgroup");
   std::string line;
   while (std::getline(f, line)) {
@@ -254,6 +317,30 @@ std::vector<std::string> CgroupDir::names_below(const CgroupHost& host, std::str
     ::closedir(d);
   }
   return {names.begin(), names.end()};
+}
+
+void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
+                              const std::function<void(const std::string& name, bool held)>& on_each,
+                              const std::function<void(const std::string& name, const std::string& why)>& on_error) {
+  for (auto& name : names_below(host, prefix)) {
+    auto g = create(host, name);
+    if (!g) {
+      on_error(name, g.error().message());
+      continue;
+    }
+    // Asked before the thaw: a thawed tree whose ns-init has lost its parent ends by itself.
+    bool held = g->populated();
+    if (held && !kill_held) {
+      auto n = g->pids().size();
+      on_error(name, "it holds " + std::to_string(n) + " process" + (n == 1 ? "" : "es") + "; left as it is");
+      g->dirs_.clear();  // not removed: its destructor would kill what is in it
+      continue;
+    }
+    (void)g->freeze(false);
+    if (held) (void)g->kill_all(2000);
+    g->remove();
+    on_each(name, held);
+  }
 }
 
 CgroupDir::CgroupDir(CgroupDir&& o) noexcept

@@ -5,6 +5,7 @@
 // cgroup, per controller. The destructor kills whatever is left in the group and removes it.
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +30,13 @@ struct CgroupHost {
 
 /// Reads /proc/self/cgroup and /proc/self/mountinfo.
 CgroupHost detect_cgroups();
+
+/// Where groups whose names start with `prefix` are, anywhere in the cgroup hierarchies this
+/// process sees (not only below its own groups: a supervisor that ran from another cgroup made
+/// them there): one CgroupHost per directory that holds some, on v1 one per hierarchy, for
+/// CgroupDir::release_below. Each mount is walked `max_depth` levels down; a group found is not
+/// looked into. A hybrid host's v2 mount is not walked (groups are made on v1 there).
+std::vector<CgroupHost> hosts_holding(std::string_view prefix, int max_depth = 12);
 
 /// The supervisor's own ceiling for "memory" (bytes) or "pids" in its current group; nullopt
 /// when there is none (unlimited, or the controller is missing).
@@ -69,6 +77,13 @@ class CgroupDir {
   /// `prefix`, each once.
   static std::vector<std::string> names_below(const CgroupHost& host, std::string_view prefix);
 
+  /// Every group below `host`'s directories whose name starts with `prefix`: thawed, what is in
+  /// it killed (2 s at most), removed. `on_each` is told of each once it is gone (`held`: it held
+  /// processes), `on_error` of one that could not be opened, or, without `kill_held`, of one that
+  /// holds processes (left as it is, frozen or not).
+  static void release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
+                            const std::function<void(const std::string& name, bool held)>& on_each,
+                            const std::function<void(const std::string& name, const std::string& why)>& on_error);
   CgroupDir() = default;
   CgroupDir(CgroupDir&& o) noexcept;
   /// Removes this group's directories first, except those `o` names as well (the same group

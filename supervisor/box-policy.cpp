@@ -308,22 +308,15 @@ void Box::release_stale_cgroups() {
     if (auto it = host.v1_dirs.find(c); parent.empty() && it != host.v1_dirs.end()) parent = it->second;
   struct stat st;
   if (parent.empty() || ::stat((parent + "/sbx-" + id_ + "-main").c_str(), &st) != 0) return;
-  for (auto& name : os::CgroupDir::names_below(host, "sbx-" + id_ + "-")) {
-    auto g = os::CgroupDir::create(host, name);
-    if (!g) {
-      log()->warn("cgroup {}, which an earlier run of this box left: {}", name, g.error().message());
-      continue;
-    }
-    // Asked before the thaw: a thawed tree whose ns-init has lost its parent ends by itself.
-    bool held = g->populated();
-    (void)g->freeze(false);
-    if (held) {
-      log()->warn("cgroup {} still holds processes of an earlier run of this box: killing them", name);
-      (void)g->kill_all(2000);
-    }
-    g->remove();
-    log()->info("removed cgroup {}, which an earlier run of this box left", name);
-  }
+  os::CgroupDir::release_below(
+      host, "sbx-" + id_ + "-", true,
+      [](const std::string& name, bool held) {
+        if (held) log()->warn("cgroup {} still held processes of an earlier run of this box: killed them", name);
+        log()->info("removed cgroup {}, which an earlier run of this box left", name);
+      },
+      [](const std::string& name, const std::string& why) {
+        log()->warn("cgroup {}, which an earlier run of this box left: {}", name, why);
+      });
 }
 
 // A supervisor that was killed (SIGKILL, the host's OOM killer) left its mounts in the host's

@@ -522,7 +522,7 @@ def test_a_new_run_kills_what_a_killed_run_left_frozen_in_its_group(tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)
         assert r.returncode == 0, r.stderr[-2000:]
         assert not pids_running("sleep", marker), "the earlier run's agent still runs"
-        assert "still holds processes of an earlier run" in r.stderr, r.stderr[-2000:]
+        assert "still held processes of an earlier run" in r.stderr, r.stderr[-2000:]
         assert not group.exists()
         r = subprocess.run([str(INIT), "--state-dir", str(state), "--", "/bin/true"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=30)

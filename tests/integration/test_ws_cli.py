@@ -813,6 +813,66 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
                 p.wait(timeout=30)
 
 
+def groups_named(prefix, root="/sys/fs/cgroup", depth=6):
+    """The cgroup directories whose names start with `prefix`, in any hierarchy."""
+    found = []
+    for top, dirs, _ in os.walk(root):
+        if top.count("/") - root.count("/") >= depth:
+            dirs[:] = []
+        found += [os.path.join(top, d) for d in dirs if d.startswith(prefix)]
+        dirs[:] = [d for d in dirs if not d.startswith(prefix)]
+    return sorted(found)
+
+
+def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_box_shares(tmp_path):
+    # `down` removes the empty cgroups a killed supervisor left, found by the box's id wherever
+    # they are; it kills nothing: a group that holds a process (which may be a running box's: a
+    # copy of the state dir carries its id) is named and left, as are all where a box listed as
+    # running has the id.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    state, twin = tmp_path / "state", tmp_path / "twin"
+    running = None
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--", "sleep", "60"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not (state / "journal").is_dir() or not [e for e in read_journal(state) if e["type"] == "proc.started"]:
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        p.kill()
+        p.wait(timeout=30)
+        box_id = json.loads((state / "box.json").read_text())["id"]
+        groups = groups_named(f"sbx-{box_id}-")
+        assert groups
+        for g in groups:  # a process of its own in each, as a running box's agent would be
+            pathlib.Path(g, "cgroup.procs").write_text(str(sleeper.pid))
+        r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and sleeper.poll() is None, r
+        assert f"sandboxer down: cgroup sbx-{box_id}-main: it holds 1 process; left as it is\n" in r.stderr, r.stderr
+        assert groups_named(f"sbx-{box_id}-") == groups
+        # A running box with the same id (its state dir a copy of this one's) has its groups left
+        # alone, and said so.
+        for g in groups:
+            (pathlib.Path(g).parent / "cgroup.procs").write_text(str(sleeper.pid))
+        twin.mkdir()
+        (twin / "box.json").write_text(json.dumps({"id": box_id}) + "\n")
+        running = subprocess.Popen([str(INIT), "--state-dir", str(twin), "--", "sleep", "60"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not (twin / "journal").is_dir() or not [e for e in read_journal(twin) if e["type"] == "proc.started"]:
+            assert time.monotonic() < deadline + 20 and running.poll() is None
+            time.sleep(0.05)
+        r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and f"left its cgroups (sbx-{box_id}-*): box {twin}, which runs, has its id\n" in \
+            r.stdout, r
+        assert groups_named(f"sbx-{box_id}-main") and running.poll() is None
+    finally:
+        for q in (sleeper, running):
+            if q and q.poll() is None:
+                q.kill()
+                q.wait(timeout=30)
+
+
 def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_path):
     # A supervisor KILLed (the host's OOM killer) holds no lock: `down DIR` went to docker, which
     # knew nothing of it, and the branch's tmpfs stayed mounted in the host's mount namespace.
@@ -829,12 +889,16 @@ def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_pat
         p.kill()
         p.wait(timeout=30)
         assert len(mounts_below(state)) == 2  # the branch's dir and its workspace
+        box_id = json.loads((state / "box.json").read_text())["id"]
+        assert groups_named(f"sbx-{box_id}-")  # the branch's cgroups, one a hierarchy
         r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r
         assert r.stdout == (f"unmounted {state}/branches/main/workspace (tmpfs), which its supervisor left mounted\n"
                             f"unmounted {state}/branches/main (tmpfs), which its supervisor left mounted\n"
+                            f"removed cgroup sbx-{box_id}-main, which its supervisor left\n"
                             f"box {state} was not running; journal in {state}\n"), r.stdout
         assert mounts_below(state) == []
+        assert groups_named(f"sbx-{box_id}-") == []
     finally:
         if p.poll() is None:
             p.kill()
