@@ -441,10 +441,14 @@ std::optional<std::vector<std::string>> proc_locks() {
   return std::vector<std::string>(seen.begin(), seen.end());
 }
 
-// The flock held on the inode of `fd`, as /proc/locks shows it (only the holders this pid
-// namespace sees): its holder's pid, "" where it names none; nullopt where none is held, or
-// /proc/locks cannot be read (`readable` false then).
-std::optional<std::string> flock_holder(int fd, bool* readable = nullptr) {
+// A flock held on the inode of `fd`, as /proc/locks shows it (only the holders this pid
+// namespace sees): its holder's pid ("" where it names none) and whether it is exclusive;
+// nullopt where none shows, or /proc/locks cannot be read (`readable` false then).
+struct FlockEntry {
+  std::string pid;
+  bool exclusive = false;
+};
+std::optional<FlockEntry> flock_on(int fd, bool* readable = nullptr) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return std::nullopt;
   auto locks = proc_locks();
@@ -459,36 +463,56 @@ std::optional<std::string> flock_holder(int fd, bool* readable = nullptr) {
     std::istringstream f(line);
     std::string type, mode, rw, pid, where;
     if ((f >> type >> mode >> rw >> pid >> where) && type == "FLOCK" && where == key)
-      return pid.find_first_not_of("0123456789") == std::string::npos && pid != "0" ? pid : "";
+      return FlockEntry{pid.find_first_not_of("0123456789") == std::string::npos && pid != "0" ? pid : "",
+                        rw == "WRITE"};
   }
   return std::nullopt;
 }
+
+// How long lock_dir waits out a shared lock (dir_lock_held's question, held for a moment).
+constexpr int kProbeWaitMs = 100;
 
 }  // namespace
 
 Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder) {
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!d) return last_error();
-  if (::flock(d.get(), LOCK_EX | LOCK_NB) != 0) {
+  for (int waited_ms = 0;; ++waited_ms) {
+    if (::flock(d.get(), LOCK_EX | LOCK_NB) == 0) return d;
     int err = errno;
-    if (err == EWOULDBLOCK && holder) *holder = flock_holder(d.get()).value_or("");
-    return sys_error(err);
+    if (err != EWOULDBLOCK) return sys_error(err);
+    // An exclusive holder (a box) refuses at once; a shared one is dir_lock_held asking, gone in
+    // a moment: waited out. /proc/locks may miss either (proc_locks): then the wait ends it.
+    auto entry = flock_on(d.get());
+    if ((entry && entry->exclusive) || waited_ms >= kProbeWaitMs) {
+      if (holder) *holder = entry ? entry->pid : "";
+      return sys_error(err);
+    }
+    ::usleep(1000);
   }
-  return d;
 }
 
 bool dir_lock_held(const std::string& dir, std::string* holder) {
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!d) return false;
-  // Read from /proc/locks, taking no lock: a shared lock taken to ask would refuse a box that
-  // starts in that instant.
-  bool readable = false;
-  auto pid = flock_holder(d.get(), &readable);
-  if (readable) {
-    if (pid && holder) *holder = *pid;
-    return pid.has_value();
+  // /proc/locks names the holder, but may miss its lock while other locks come and go
+  // (proc_locks). Where it shows none, a shared lock asked for without waiting, and let go at
+  // once, says whether one is held: lock_dir waits such a moment out rather than refuse a box
+  // that starts in it. Held, the holder is looked for again (twice) where it is wanted.
+  if (auto entry = flock_on(d.get()); entry && entry->exclusive) {
+    if (holder) *holder = entry->pid;
+    return true;
   }
-  if (::flock(d.get(), LOCK_SH | LOCK_NB) == 0 || errno != EWOULDBLOCK) return false;
+  if (::flock(d.get(), LOCK_SH | LOCK_NB) == 0) {
+    (void)::flock(d.get(), LOCK_UN);
+    return false;
+  }
+  if (errno != EWOULDBLOCK) return false;
+  for (int i = 0; holder && i < 2; ++i)
+    if (auto entry = flock_on(d.get()); entry && entry->exclusive) {
+      *holder = entry->pid;
+      break;
+    }
   return true;
 }
 

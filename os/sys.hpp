@@ -129,11 +129,12 @@ base::Result<void> own_private_dir(const std::string& dir);
 /// Takes an exclusive flock(2) on the directory `dir` itself, for as long as the fd returned
 /// stays open (no file is made: a new inode costs some filesystems ~0.3 ms). Held by another
 /// process: EWOULDBLOCK, with the holder's pid as /proc/locks shows it in `holder` ("" where it
-/// shows none).
+/// shows none); a shared lock (dir_lock_held asking) is waited out, 100 ms at most.
 Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder = nullptr);
 
-/// Whether a process holds lock_dir's lock on `dir` now (its pid in `holder`, "" where unknown);
-/// nothing is made or changed.
+/// Whether a process holds lock_dir's lock on `dir` now (its pid in `holder`, "" where unknown):
+/// from /proc/locks, and where it shows none, from a shared lock asked for without waiting and
+/// let go at once. Nothing is made or changed.
 bool dir_lock_held(const std::string& dir, std::string* holder = nullptr);
 
 /// A mount as /proc/self/mountinfo lists it: where (its escapes undone) and its filesystem type.
