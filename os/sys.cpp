@@ -516,45 +516,61 @@ bool dir_lock_held(const std::string& dir, std::string* holder) {
   return true;
 }
 
+namespace {
+
+// Whether the open file description behind /proc/PID/fd/FD holds an exclusive flock: its fdinfo
+// lists the locks taken through it ("lock:\t1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"),
+// read under the inode's lock context, so nothing other locks do meanwhile hides it.
+bool fd_holds_flock(const std::string& proc, const char* fd) {
+  auto info = read_file(proc + "/fdinfo/" + fd);
+  if (!info) return false;
+  std::istringstream lines(*info);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("lock:")) continue;
+    std::istringstream f(line.substr(line.find(':', 5) + 1));
+    std::string type, mode, rw;
+    if ((f >> type >> mode >> rw) && type == "FLOCK" && rw == "WRITE") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<LockedDir> dirs_locked_by(const std::string& exe_name) {
+  // The processes, not /proc/locks (which can miss a lock while others come and go: proc_locks):
+  // each one running `exe_name`, and each directory it holds open with an exclusive flock.
   std::vector<LockedDir> out;
-  auto locks = proc_locks();
-  if (!locks) return out;
-  for (const std::string& line : *locks) {
-    std::istringstream f(line);
-    std::string type, mode, rw, pid, where;
-    unsigned maj = 0, min = 0;
-    unsigned long long ino = 0;
-    if (!(f >> type >> mode >> rw >> pid >> where) || type != "FLOCK" || rw != "WRITE" ||
-        std::sscanf(where.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3 ||
-        pid.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    std::string proc = "/proc/" + pid;
+  DIR* procs = ::opendir("/proc");
+  if (!procs) return out;
+  while (dirent* p = ::readdir(procs)) {
+    std::string_view pid = p->d_name;
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    std::string proc = "/proc/" + std::string(pid);
     char exe[4096];
     ssize_t n = ::readlink((proc + "/exe").c_str(), exe, sizeof exe - 1);
     if (n <= 0) continue;
     std::string_view name(exe, static_cast<size_t>(n));
     name = name.substr(0, name.find(" (deleted)"));
     if (name.substr(name.rfind('/') + 1) != exe_name) continue;
-    // Which of its fds is the locked directory: its path, then the same inode there from here.
     DIR* fds = ::opendir((proc + "/fd").c_str());
     if (!fds) continue;
     while (dirent* e = ::readdir(fds)) {
       std::string fd = proc + "/fd/" + e->d_name;
       struct stat st {};
-      if (e->d_name[0] == '.' || ::stat(fd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_ino != ino ||
-          ::major(st.st_dev) != maj || ::minor(st.st_dev) != min)
+      if (e->d_name[0] == '.' || ::stat(fd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+          !fd_holds_flock(proc, e->d_name))
         continue;
+      // Its path, then the same inode there from here (another mount namespace's path is not).
       n = ::readlink(fd.c_str(), exe, sizeof exe - 1);
       std::string path(exe, n > 0 ? static_cast<size_t>(n) : 0);
       struct stat here {};
       if (path.starts_with('/') && ::stat(path.c_str(), &here) == 0 && here.st_ino == st.st_ino &&
           here.st_dev == st.st_dev)
-        out.push_back({static_cast<pid_t>(std::stol(pid)), std::move(path)});
-      break;
+        out.push_back({static_cast<pid_t>(std::stol(std::string(pid))), std::move(path)});
     }
     ::closedir(fds);
   }
+  ::closedir(procs);
   return out;
 }
 

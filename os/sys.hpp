@@ -162,9 +162,9 @@ struct LockedDir {
 };
 
 /// The directories that processes running the program named `exe_name` (the last part of
-/// /proc/PID/exe) hold lock_dir's lock on, from /proc/locks and the holders' open fds; those
-/// whose fds this process may not read, or whose path names another directory here (another
-/// mount namespace's), are left out.
+/// /proc/PID/exe) hold lock_dir's lock on, from their open fds and the locks each fd's fdinfo
+/// lists; those whose fds this process may not read, or whose path names another directory here
+/// (another mount namespace's), are left out.
 std::vector<LockedDir> dirs_locked_by(const std::string& exe_name);
 
 /// Where a box started without --state-dir keeps its state dir (one directory each, named at
