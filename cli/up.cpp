@@ -100,13 +100,13 @@ int cmd_up(const std::vector<std::string>& args) {
 namespace {
 
 // The local boxes running now: the state dirs whose lock a sandboxer-init holds, found through
-// /proc/locks (os::dirs_locked_by: any state dir this process can see), and those under the
+// its fds (os::dirs_locked_by: any state dir this process can see), and those under the
 // default root (boxes started without --state-dir) whose holder's fds it cannot read, with the
 // URL in STATE/url when it listens. A box under the default root is named by its dir's name,
 // any other by its state dir's path.
 struct LocalBox {
   dk::BoxRecord rec;
-  std::string pid;  // the supervisor's, as /proc/locks shows it ("" where it shows none)
+  std::string pid;  // the supervisor's ("" where it is not known)
 };
 std::string real_or_same(const std::string& path) {
   std::error_code ec;
