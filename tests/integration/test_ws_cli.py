@@ -813,6 +813,19 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
                 p.wait(timeout=30)
 
 
+def box_sleeping(state, env, *options):
+    """A box on `state` whose agent sleeps a minute, once its agent has started (proc.started)."""
+    p = subprocess.Popen([str(INIT), "--state-dir", str(state), *options, "--", "sleep", "60"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not (state / "journal").is_dir() or not [e for e in read_journal(state) if e["type"] == "proc.started"]:
+        if time.monotonic() > deadline or p.poll() is not None:
+            p.kill()
+            raise AssertionError(f"the box on {state} did not start its agent (exit status {p.wait()})")
+        time.sleep(0.05)
+    return p
+
+
 def groups_named(prefix, root="/sys/fs/cgroup", depth=6):
     """The cgroup directories whose names start with `prefix`, in any hierarchy."""
     found = []
@@ -834,12 +847,7 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
     running = None
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--", "sleep", "60"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while not (state / "journal").is_dir() or not [e for e in read_journal(state) if e["type"] == "proc.started"]:
-            assert time.monotonic() < deadline and p.poll() is None
-            time.sleep(0.05)
+        p = box_sleeping(state, env)
         p.kill()
         p.wait(timeout=30)
         box_id = json.loads((state / "box.json").read_text())["id"]
@@ -857,11 +865,7 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
             (pathlib.Path(g).parent / "cgroup.procs").write_text(str(sleeper.pid))
         twin.mkdir()
         (twin / "box.json").write_text(json.dumps({"id": box_id}) + "\n")
-        running = subprocess.Popen([str(INIT), "--state-dir", str(twin), "--", "sleep", "60"], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while not (twin / "journal").is_dir() or not [e for e in read_journal(twin) if e["type"] == "proc.started"]:
-            assert time.monotonic() < deadline + 20 and running.poll() is None
-            time.sleep(0.05)
+        running = box_sleeping(twin, env)
         r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and f"left its cgroups (sbx-{box_id}-*): box {twin}, which runs, has its id\n" in \
             r.stdout, r
@@ -879,13 +883,8 @@ def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_pat
     # Now the box is said not to run, and what it left mounted is unmounted.
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
     state = tmp_path / "state"
-    p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--set", "resources.disk=16M", "--", "sleep", "60"],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = box_sleeping(state, env, "--set", "resources.disk=16M")
     try:
-        deadline = time.monotonic() + 20
-        while not (state / "journal").is_dir() or not [e for e in read_journal(state) if e["type"] == "proc.started"]:
-            assert time.monotonic() < deadline and p.poll() is None
-            time.sleep(0.05)
         p.kill()
         p.wait(timeout=30)
         assert len(mounts_below(state)) == 2  # the branch's dir and its workspace
