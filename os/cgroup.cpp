@@ -338,8 +338,14 @@ void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, b
     }
     (void)g->freeze(false);
     if (held) (void)g->kill_all(2000);
+    auto dirs = g->dirs();
     g->remove();
-    on_each(name, held);
+    auto left =
+        std::find_if(dirs.begin(), dirs.end(), [](const std::string& d) { return ::access(d.c_str(), F_OK) == 0; });
+    if (left != dirs.end())
+      on_error(name, "could not remove " + *left + (held ? " (what it held was killed)" : ""));
+    else
+      on_each(name, held);
   }
 }
 

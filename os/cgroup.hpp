@@ -79,8 +79,8 @@ class CgroupDir {
 
   /// Every group below `host`'s directories whose name starts with `prefix`: thawed, what is in
   /// it killed (2 s at most), removed. `on_each` is told of each once it is gone (`held`: it held
-  /// processes), `on_error` of one that could not be opened, or, without `kill_held`, of one that
-  /// holds processes (left as it is, frozen or not).
+  /// processes), `on_error` of one that could not be opened or removed, or, without `kill_held`, of
+  /// one that holds processes (left as it is, frozen or not).
   static void release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
                             const std::function<void(const std::string& name, bool held)>& on_each,
                             const std::function<void(const std::string& name, const std::string& why)>& on_error);

@@ -859,10 +859,19 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
         assert r.returncode == 0 and sleeper.poll() is None, r
         assert f"sandboxer down: cgroup sbx-{box_id}-main: it holds 1 process; left as it is\n" in r.stderr, r.stderr
         assert groups_named(f"sbx-{box_id}-") == groups
-        # A running box with the same id (its state dir a copy of this one's) has its groups left
-        # alone, and said so.
         for g in groups:
             (pathlib.Path(g).parent / "cgroup.procs").write_text(str(sleeper.pid))
+        # One it cannot remove (a group inside it) is named, not said removed.
+        inner = pathlib.Path(groups[0], "inner")
+        inner.mkdir()
+        try:
+            r = subprocess.run([str(CLI), "down", str(state)], env=env, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and "removed cgroup" not in r.stdout, r
+            assert f"sandboxer down: cgroup sbx-{box_id}-main: could not remove {groups[0]}\n" in r.stderr, r.stderr
+        finally:
+            inner.rmdir()
+        # A running box with the same id (its state dir a copy of this one's) has its groups left
+        # alone, and said so.
         twin.mkdir()
         (twin / "box.json").write_text(json.dumps({"id": box_id}) + "\n")
         running = box_sleeping(twin, env)
