@@ -124,10 +124,11 @@ void refuse_shared_state_dir(const std::string& dir) {
 std::string make_state_dir(std::string dir) {
   if (!dir.starts_with('/')) dir = std::filesystem::absolute(dir).string();
   // Where it is not made yet, the places above it are checked before it is made (below, whole).
-  std::error_code planned_ec;
-  auto planned = std::filesystem::weakly_canonical(dir, planned_ec);
-  if (::getpid() != 1 && !planned_ec && ::access(planned.c_str(), F_OK) != 0)
-    refuse_shared_ancestors(planned.string(), true);
+  if (::getpid() != 1 && ::access(dir.c_str(), F_OK) != 0) {
+    std::error_code planned_ec;
+    auto planned = std::filesystem::weakly_canonical(dir, planned_ec);
+    if (!planned_ec) refuse_shared_ancestors(planned.string(), true);
+  }
   if (auto r = os::make_dirs(dir, 0700); !r)
     throw std::runtime_error("create state dir " + dir + ": " + r.error().message());
   std::error_code real_ec;
