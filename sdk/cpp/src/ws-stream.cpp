@@ -4,6 +4,8 @@
 // use the stream compile none of Beast's composed operations themselves.
 #include <openssl/ssl.h>
 
+#include <type_traits>
+
 #include "sandboxer/beast.hpp"
 
 namespace sbx::sdk {
