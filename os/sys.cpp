@@ -443,16 +443,15 @@ std::optional<std::vector<std::string>> proc_locks() {
 
 // A flock held on the inode of `fd`, as /proc/locks shows it (only the holders this pid
 // namespace sees): its holder's pid ("" where it names none) and whether it is exclusive;
-// nullopt where none shows, or /proc/locks cannot be read (`readable` false then).
+// nullopt where none shows, or /proc/locks cannot be read.
 struct FlockEntry {
   std::string pid;
   bool exclusive = false;
 };
-std::optional<FlockEntry> flock_on(int fd, bool* readable = nullptr) {
+std::optional<FlockEntry> flock_on(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return std::nullopt;
   auto locks = proc_locks();
-  if (readable) *readable = locks.has_value();
   if (!locks) return std::nullopt;
   // "FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF" (major:minor in hex, the inode in decimal);
   // a waiter's line starts with "->".
@@ -495,20 +494,16 @@ Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder) {
 bool dir_lock_held(const std::string& dir, std::string* holder) {
   UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!d) return false;
-  // /proc/locks names the holder, but may miss its lock while other locks come and go
-  // (proc_locks). Where it shows none, a shared lock asked for without waiting, and let go at
-  // once, says whether one is held: lock_dir waits such a moment out rather than refuse a box
-  // that starts in it. Held, the holder is looked for again (twice) where it is wanted.
-  if (auto entry = flock_on(d.get()); entry && entry->exclusive) {
-    if (holder) *holder = entry->pid;
-    return true;
-  }
+  // A shared lock asked for without waiting, and let go at once, says whether one is held:
+  // /proc/locks may miss a held lock while other locks come and go (proc_locks), and lock_dir
+  // waits such a moment out rather than refuse a box that starts in it. /proc/locks is read only
+  // for the holder's pid, where it is wanted (three reads at most).
   if (::flock(d.get(), LOCK_SH | LOCK_NB) == 0) {
     (void)::flock(d.get(), LOCK_UN);
     return false;
   }
   if (errno != EWOULDBLOCK) return false;
-  for (int i = 0; holder && i < 2; ++i)
+  for (int i = 0; holder && i < 3; ++i)
     if (auto entry = flock_on(d.get()); entry && entry->exclusive) {
       *holder = entry->pid;
       break;

@@ -133,8 +133,8 @@ base::Result<void> own_private_dir(const std::string& dir);
 Result<UniqueFd> lock_dir(const std::string& dir, std::string* holder = nullptr);
 
 /// Whether a process holds lock_dir's lock on `dir` now (its pid in `holder`, "" where unknown):
-/// from /proc/locks, and where it shows none, from a shared lock asked for without waiting and
-/// let go at once. Nothing is made or changed.
+/// a shared lock asked for without waiting and let go at once; the holder's pid from /proc/locks.
+/// Nothing is made or changed.
 bool dir_lock_held(const std::string& dir, std::string* holder = nullptr);
 
 /// A mount as /proc/self/mountinfo lists it: where (its escapes undone) and its filesystem type.
