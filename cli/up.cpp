@@ -19,6 +19,7 @@
 #include "cli/printer.hpp"
 #include "cli/tokens.hpp"
 #include "journal/journal.hpp"
+#include "os/box-dirs.hpp"
 #include "os/cgroup.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
@@ -102,8 +103,9 @@ namespace {
 // The local boxes running now: the state dirs whose lock a sandboxer-init holds, found through
 // its fds (os::dirs_locked_by: any state dir this process can see), and those under the
 // default root (boxes started without --state-dir) whose holder's fds it cannot read, with the
-// URL in STATE/url when it listens. A box under the default root is named by its dir's name,
-// any other by its state dir's path.
+// URL in STATE/url when it listens; with --all, the stopped ones too, under the default root and
+// where the supervisors' record says (add_recorded). A box under the default root is named by its
+// dir's name, any other by its state dir's path.
 struct LocalBox {
   dk::BoxRecord rec;
   std::string pid;  // the supervisor's ("" where it is not known)
@@ -127,6 +129,30 @@ std::string ended_status(const std::string& state_dir) {
   std::string code = last.contains("code") ? boost::json::serialize(last.at("code")) : "?";
   const auto* reason = last.if_contains("reason");
   return "exited " + code + (reason && reason->is_string() ? " (" + std::string(reason->as_string()) + ")" : "");
+}
+
+// The boxes that ran outside the default root, from the record their supervisors keep
+// (os/box-dirs.hpp): those not listed yet, named by their state dirs.
+template <class Add>
+void add_recorded(std::vector<LocalBox>& out, std::set<std::string>& seen, const Add& add) {
+  auto home = os::state_home();
+  auto dirs =
+      home ? os::recorded_box_dirs(*home, os::holds_box_json) : base::Result<std::vector<std::string>>(home.error());
+  if (!dirs) {
+    std::cerr << "sandboxer ps: " << dirs.error().message << " (the stopped boxes outside " << os::default_box_root()
+              << " are not listed)\n";
+    return;
+  }
+  for (auto& dir : *dirs) {
+    std::string pid;
+    if (seen.contains(dir)) continue;
+    if (os::dir_lock_held(dir, &pid)) {
+      add(dir, pid);  // running where its supervisor's fds are not to be read from here
+    } else {
+      seen.insert(dir);
+      out.push_back({dk::BoxRecord{.name = dir, .state_dir = dir, .image = "-", .status = ended_status(dir)}, ""});
+    }
+  }
 }
 
 std::vector<LocalBox> local_boxes(bool stopped_too = false) {
@@ -157,6 +183,7 @@ std::vector<LocalBox> local_boxes(bool stopped_too = false) {
            ""});
     }
   }
+  if (stopped_too) add_recorded(out, seen, add);
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rec.name < b.rec.name; });
   return out;
 }

@@ -18,6 +18,7 @@
 #include "base/encoding.hpp"
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/criu.hpp"
+#include "os/box-dirs.hpp"
 #include "os/pidfd.hpp"
 #include "os/proc-view.hpp"
 #include "os/sys.hpp"
@@ -136,6 +137,16 @@ std::string make_state_dir(std::string dir) {
   if (real_ec) throw std::runtime_error("resolve state dir " + dir + ": " + real_ec.message());
   if (::getpid() != 1) refuse_shared_state_dir(real.string());
   return real.string();
+}
+
+// `sandboxer ps --all` finds a stopped box by the record of where it ran (os/box-dirs.hpp), but for
+// one under the default root, which it lists by itself, and a container's PID 1 (its host's tools
+// list it). A record that fails is said: the box runs as it would.
+void record_state_dir(const std::string& home, const std::string& dir) {
+  if (home.empty() || ::getpid() == 1) return;
+  if (auto root = os::real_path(os::default_box_root()); root && dir.substr(0, dir.rfind('/')) == root->first) return;
+  if (auto r = os::record_box_dir(home, dir); !r)
+    spdlog::warn("`sandboxer ps --all` will not list this box once it has stopped: {}", r.error().message);
 }
 
 // criu's kerndat cache is filled this long after the box starts (Checkpointer::warm_up): after
@@ -478,6 +489,7 @@ void Box::start() {
                                 {"capabilities", caps}};
     if (resuming) started["resuming"] = true;
     uint64_t ended_seq = journal_->last_seq();  // the previous run's last event
+    record_state_dir(state_home_, opts_.state_dir);
     if (opts_.restore_file.empty()) {
       emit("main", std::move(started));
       start_server();
@@ -532,8 +544,10 @@ void Box::start() {
                                            b->launched.namespaced, seccomp_program()));
   b->launched.in.reset();  // the main agent's stdin is empty
   // Not needed before the agent's start: made while ns-init runs (the snapshots dir is a new
-  // inode of the state dir's disk, and a reused one may hold chunks to collect).
+  // inode of the state dir's disk, and a reused one may hold chunks to collect), as is the record
+  // of where the box runs.
   checkpointer_->open_store();
+  record_state_dir(state_home_, opts_.state_dir);
 
   Branch& bp = add_branch(std::move(b), false);
   start_limits(bp);

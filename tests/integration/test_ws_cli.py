@@ -9,6 +9,7 @@ import pty
 import re
 import secrets
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -811,6 +812,58 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
             if p and p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
+
+
+def test_ps_all_lists_the_stopped_boxes_wherever_their_state_dirs_are(tmp_path):
+    # `ps --all` listed the stopped boxes under the default root only: one given --state-dir
+    # elsewhere was known to no list. Its supervisor records where it ran (STATE_HOME/box-dirs).
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    a, b = tmp_path / "elsewhere" / "a", tmp_path / "b"
+    record = tmp_path / "xdg" / "sandboxer" / "box-dirs"
+
+    def init(*args):
+        return subprocess.run([str(INIT), *args], env=env, capture_output=True, text=True, timeout=60)
+
+    def listed():
+        r = subprocess.run([str(CLI), "ps", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return {b["state_dir"]: b for b in map(json.loads, r.stdout.splitlines())
+                if b["state_dir"].startswith(str(tmp_path))}
+
+    assert init("--state-dir", str(a), "--", "sh", "-c", "exit 3").returncode == 3
+    assert init("--state-dir", str(b), "--set", "isolation.namespaces=false", "--", "true").returncode == 0
+    assert init("--", "true").returncode == 0  # under the default root: listed from there, not recorded
+    got = listed()
+    root = tmp_path / "xdg" / "sandboxer" / "boxes"
+    [default] = [d for d in got if pathlib.Path(d).parent == root]
+    assert {k: (v["name"], v["status"]) for k, v in got.items()} == {
+        str(a): (str(a), "exited 3 (agent_exited)"), str(b): (str(b), "exited 0 (agent_exited)"),
+        default: (pathlib.Path(default).name, "exited 0 (agent_exited)")}, got
+    # A box started again on its state dir is recorded again: listed once, and the record keeps it
+    # once after `ps` (a compaction's first line, then each dir).
+    assert init("--state-dir", str(a), "--", "true").returncode == 0
+    assert len(record.read_text().splitlines()) == 3
+    assert listed()[str(a)]["status"] == "exited 0 (agent_exited)"
+    assert [json.loads(line) for line in record.read_text().splitlines()][1:] == [{"dir": str(a)}, {"dir": str(b)}]
+    # A state dir removed leaves the list, and the record.
+    shutil.rmtree(b)
+    assert set(listed()) == {str(a), default}
+    assert str(b) not in record.read_text()
+    # The control: without the record, the stopped box outside the default root is listed no more.
+    record.unlink()
+    assert set(listed()) == {default}
+    # A record that is no file of this user's is not followed: the box runs all the same and says
+    # why `ps` will miss it; `ps` names it and lists the rest.
+    target = tmp_path / "target"
+    target.write_text("")
+    record.symlink_to(target)
+    r = init("--state-dir", str(a), "--", "true")
+    why = f"{record} is a symlink: not a record this user's boxes keep"
+    assert r.returncode == 0 and f"`sandboxer ps --all` will not list this box once it has stopped: {why}" in r.stderr, r
+    assert target.read_text() == ""
+    r = subprocess.run([str(CLI), "ps", "--all"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and f"sandboxer ps: {why} (the stopped boxes outside {root} are not listed)" in r.stderr, r
+    assert pathlib.Path(default).name in r.stdout and str(a) not in r.stdout, r.stdout
 
 
 def box_sleeping(state, env, *options):
