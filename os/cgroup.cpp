@@ -319,27 +319,62 @@ std::vector<std::string> CgroupDir::names_below(const CgroupHost& host, std::str
   return {names.begin(), names.end()};
 }
 
+CgroupDir CgroupDir::find(const CgroupHost& host, const std::string& name) {
+  CgroupDir g;
+  g.fresh_ = false;
+  std::set<std::string> parents;
+  for (auto& [controller, parent] : host.v1_dirs) parents.insert(parent);
+  if (host.version == "v2") {
+    parents = {host.v2_dir};
+    g.v2_ = true;
+  }
+  for (auto& [controller, parent] : host.v1_dirs)
+    if (!g.v2_ && ::access((parent + "/" + name).c_str(), F_OK) == 0)
+      g.by_controller_[controller] = parent + "/" + name;
+  for (auto& parent : parents)
+    if (std::string d = parent + "/" + name; ::access(d.c_str(), F_OK) == 0) g.dirs_.push_back(d);
+  if (g.v2_ && !g.dirs_.empty()) g.by_controller_[""] = g.dirs_.front();
+  return g;
+}
+
+namespace {
+// The processes in any of `dirs` (each once: on v1 one is in a group of every hierarchy).
+size_t processes_in(const std::vector<std::string>& dirs) {
+  std::set<pid_t> all;
+  for (auto& d : dirs)
+    if (auto t = read_file(d + "/cgroup.procs")) {
+      std::stringstream ss(*t);
+      for (pid_t p; ss >> p;) all.insert(p);
+    }
+  return all.size();
+}
+}  // namespace
+
 void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
                               const std::function<void(const std::string& name, bool held)>& on_each,
                               const std::function<void(const std::string& name, const std::string& why)>& on_error) {
   for (auto& name : names_below(host, prefix)) {
-    auto g = create(host, name);
-    if (!g) {
-      on_error(name, g.error().message());
-      continue;
-    }
-    // Asked before the thaw: a thawed tree whose ns-init has lost its parent ends by itself.
-    bool held = g->populated();
+    CgroupDir g = find(host, name);  // the directories there now: none is made, nothing written
+    auto dirs = g.dirs();
+    // Asked before the thaw (a thawed tree whose ns-init has lost its parent ends by itself), of
+    // every directory: on v1 a process may be in the group of one hierarchy only.
+    size_t n = processes_in(dirs);
+    bool held = n > 0;
     if (held && !kill_held) {
-      auto n = g->pids().size();
       on_error(name, "it holds " + std::to_string(n) + " process" + (n == 1 ? "" : "es") + "; left as it is");
-      g->dirs_.clear();  // not removed: its destructor would kill what is in it
+      g.dirs_.clear();  // not removed: its destructor would kill what is in it
       continue;
     }
-    (void)g->freeze(false);
-    if (held) (void)g->kill_all(2000);
-    auto dirs = g->dirs();
-    g->remove();
+    if (kill_held) {
+      (void)g.freeze(false);
+      if (held) (void)g.kill_all(2000);
+      g.remove();
+    } else {
+      // Nothing is killed: a group a process joined since it was found empty stays (EBUSY).
+      for (auto& d : dirs)
+        if (::rmdir(d.c_str()) != 0 && errno == EBUSY) break;
+      g.dirs_.clear();
+    }
     auto left =
         std::find_if(dirs.begin(), dirs.end(), [](const std::string& d) { return ::access(d.c_str(), F_OK) == 0; });
     if (left != dirs.end())

@@ -77,10 +77,14 @@ class CgroupDir {
   /// `prefix`, each once.
   static std::vector<std::string> names_below(const CgroupHost& host, std::string_view prefix);
 
-  /// Every group below `host`'s directories whose name starts with `prefix`: thawed, what is in
-  /// it killed (2 s at most), removed. `on_each` is told of each once it is gone (`held`: it held
-  /// processes), `on_error` of one that could not be opened or removed, or, without `kill_held`, of
-  /// one that holds processes (left as it is, frozen or not).
+  /// The group `name` as it is below `host`'s directories: those of its directories that exist,
+  /// none made and nothing written (empty where there is none).
+  static CgroupDir find(const CgroupHost& host, const std::string& name);
+  /// Every group below `host`'s directories whose name starts with `prefix` (its directories that
+  /// exist, found): thawed, what is in it killed (2 s at most), removed. `on_each` is told of each
+  /// once it is gone (`held`: it held processes), `on_error` of one that could not be removed, or,
+  /// without `kill_held`, of one that holds processes in any hierarchy (left as it is, frozen or
+  /// not; nothing is killed, not even a process that joins it while it is being removed).
   static void release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
                             const std::function<void(const std::string& name, bool held)>& on_each,
                             const std::function<void(const std::string& name, const std::string& why)>& on_error);
