@@ -172,16 +172,22 @@ char short_escape(unsigned char c) {
   }
 }
 
+constexpr char kHex[] = "0123456789abcdef";
+
+// Appends \u00XX for the byte or code point c (below 0x100).
+void append_u_escape(std::string& out, unsigned char c) {
+  const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+  out.append(u, 6);
+}
+
 // Appends the escape of c, a byte below 0x20, '"' or '\\'.
 void append_escape(std::string& out, unsigned char c) {
-  static constexpr char kHex[] = "0123456789abcdef";
   char two = short_escape(c);
   if (two) {
     out.push_back('\\');
     out.push_back(two);
   } else {
-    const char u[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
-    out.append(u, 6);
+    append_u_escape(out, c);
   }
 }
 
@@ -203,6 +209,20 @@ size_t append_escaped(std::string& out, std::string_view s) {
   return s.size();
 }
 
+// Appends `s`, valid UTF-8, escaped, with each C1 control (U+0080..U+009F: C2 80..C2 9F) as its
+// \u escape. A valid C2 is always followed by one continuation byte.
+void append_valid(std::string& out, std::string_view s) {
+  size_t from = 0;
+  for (size_t at = s.find('\xC2'); at != std::string_view::npos; at = s.find('\xC2', at + 2)) {
+    auto next = static_cast<unsigned char>(s[at + 1]);
+    if (next > 0x9F) continue;
+    append_escaped<false>(out, s.substr(from, at - from));
+    append_u_escape(out, next);
+    from = at + 2;
+  }
+  append_escaped<false>(out, s.substr(from));
+}
+
 void append_string(std::string& out, std::string_view s) {
   // Room for the string and a few escapes: a line of output grows once, not at every escape.
   out.reserve(out.size() + s.size() + s.size() / 16 + 8);
@@ -212,7 +232,7 @@ void append_string(std::string& out, std::string_view s) {
   s.remove_prefix(append_escaped<true>(out, s));
   while (!s.empty()) {
     size_t ok = utf8_valid_prefix(s);
-    append_escaped<false>(out, s.substr(0, ok));
+    append_valid(out, s.substr(0, ok));
     if (ok == s.size()) break;
     out.append("\xEF\xBF\xBD");
     s.remove_prefix(ok + 1);
@@ -220,6 +240,23 @@ void append_string(std::string& out, std::string_view s) {
   out.push_back('"');
 }
 }  // namespace
+
+std::string json_escape_c1(std::string_view json) {
+  std::string out;
+  size_t from = 0;
+  for (size_t at = json.find('\xC2'); at != std::string_view::npos && at + 1 < json.size();
+       at = json.find('\xC2', at + 1)) {
+    auto next = static_cast<unsigned char>(json[at + 1]);
+    if (next < 0x80 || next > 0x9F) continue;
+    if (out.empty()) out.reserve(json.size() + 16);
+    out.append(json.substr(from, at - from));
+    append_u_escape(out, next);
+    from = ++at + 1;
+  }
+  if (from == 0) return std::string(json);
+  out.append(json.substr(from));
+  return out;
+}
 
 std::string json_text(const boost::json::object& o) {
   std::string out;

@@ -27,16 +27,23 @@ std::string utf8_lossy(std::string_view s);
 size_t utf8_incomplete_tail(std::string_view s) noexcept;
 
 /// Appends the JSON text of `v` to `out`: byte for byte what boost::json::serialize writes where
-/// every string is UTF-8, in one pass over strings (Boost 1.81's serializer copies a string byte
-/// by byte after its first escape, and every line of an agent's output has one, its newline).
-/// Where a string is not UTF-8, each byte that does not begin or continue a valid sequence is
-/// written as U+FFFD, where boost writes it as it is: the text is always UTF-8, which every
-/// client's parser requires (a name the agent chose, quoted by an error message, would otherwise
-/// make every reader of the journal from there on close with 1007). The journal writes every
-/// event through this; the server its replies, and the agent channel its lines (json_text).
+/// every string is UTF-8 (but for its C1 controls, below), in one pass over strings (Boost 1.81's
+/// serializer copies a string byte by byte after its first escape, and every line of an agent's
+/// output has one, its newline). Where a string is not UTF-8, each byte that does not begin or
+/// continue a valid sequence is written as U+FFFD, where boost writes it as it is: the text is
+/// always UTF-8, which every client's parser requires (a name the agent chose, quoted by an error
+/// message, would otherwise make every reader of the journal from there on close with 1007). Each
+/// C1 control (U+0080..U+009F), which JSON may carry raw and some terminals act on (U+009B as
+/// ESC [), is written as its \u escape, as json_escape_c1 does: the same string to every parser,
+/// and nothing the agent wrote acts on a terminal that shows the journal or `--events -`. The
+/// journal writes every event through this; the server its replies, and the agent channel its
+/// lines (json_text).
 void json_append(std::string& out, const boost::json::value& v);
 void json_append(std::string& out, const boost::json::object& o);
 std::string json_text(const boost::json::object& o);
+/// JSON text with each C1 control (U+0080..U+009F, UTF-8 C2 80..C2 9F) written as its \u escape:
+/// the same JSON, safe in a terminal (for text another writer made, such as boost::json's).
+std::string json_escape_c1(std::string_view json);
 
 std::string base64_encode(std::string_view in);
 /// Decodes standard base64 (padding optional); false on any invalid character.

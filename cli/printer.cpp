@@ -99,23 +99,7 @@ void EventPrinter::output(const boost::json::object& ev) {
   std::fwrite(out.data(), 1, out.size(), out_);
 }
 
-std::string json_for_terminal(std::string_view json) {
-  std::string out;
-  size_t from = 0;
-  for (size_t i = 0; i + 1 < json.size(); ++i) {
-    auto c = static_cast<unsigned char>(json[i]), next = static_cast<unsigned char>(json[i + 1]);
-    if (c != 0xC2 || next < 0x80 || next > 0x9F) continue;
-    if (out.empty()) out.reserve(json.size() + 16);
-    out.append(json.substr(from, i - from));
-    char esc[8];
-    std::snprintf(esc, sizeof esc, "\\u%04x", next);
-    out += esc;
-    from = ++i + 1;
-  }
-  if (from == 0) return std::string(json);
-  out.append(json.substr(from));
-  return out;
-}
+std::string json_for_terminal(std::string_view json) { return base::json_escape_c1(json); }
 
 std::string json_line(const boost::json::value& v) { return json_for_terminal(boost::json::serialize(v)); }
 

@@ -59,6 +59,25 @@ def test_invalid_utf8_round_trips_byte_exact(tmp_path):
     assert any("data_b64" in e for e in outs)
 
 
+def test_c1_controls_in_output_reach_no_terminal_raw(tmp_path):
+    # U+009B is ESC [ to a terminal that acts on C1 controls: JSON may carry it raw, and the journal
+    # and `--events -` did, so an agent's "\u009b2J" cleared the screen of whoever `cat`s the
+    # journal or watches --events. Each C1 control is written as its \u escape: the same text to
+    # every parser (the bytes of the agent's output come back exact), no raw C2 80..C2 9F.
+    out = "caf\u00e9 \u009b2J\u009d0;title\u0007 \u0085next\u00a0\n".encode()
+    r = subprocess.run([str(INIT), "--state-dir", str(tmp_path / "s"), "--events", "-", "--", "python3", "-c",
+                        f"import sys; sys.stdout.buffer.write({out!r})"], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    segment = b"".join(p.read_bytes() for p in (tmp_path / "s" / "journal").glob("*.jsonl"))
+    for text in (r.stdout, segment):
+        raw_c1 = [i for i in range(len(text) - 1) if text[i] == 0xc2 and 0x80 <= text[i + 1] <= 0x9f]
+        assert raw_c1 == [], text
+        assert b"\\u009b2J" in text and b"\\u009d0;title" in text and b"\\u0085next" in text, text
+        assert "\u00a0".encode() in text  # no control: as it is
+    assert output_bytes(read_journal(tmp_path / "s")) == out
+    assert output_bytes(json.loads(line) for line in r.stdout.splitlines()) == out
+
+
 def test_json_lines_become_messages(tmp_path):
     script = 'echo \'{"step": 1, "note": "plan"}\'; echo "not json {"; echo \'[1,2]\'; echo \'{"step": 2}\''
     r = run_init(["--", "/bin/sh", "-c", script], tmp_path / "s")

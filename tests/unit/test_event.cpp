@@ -60,13 +60,20 @@ TEST_CASE("utf8: lossy text replaces each bad byte with U+FFFD and keeps the res
 
 TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhere in a string") {
   // Of a string that is UTF-8, what boost writes; of one that is not, what boost writes of its
-  // utf8_lossy text (U+FFFD for each byte that stops it).
+  // utf8_lossy text (U+FFFD for each byte that stops it); C1 controls as \u escapes.
   auto same = [](const boost::json::value& v) {
     std::string out = "prefix";
     base::json_append(out, v);
-    CHECK(out ==
-          "prefix" + boost::json::serialize(v.is_string() ? boost::json::value(base::utf8_lossy(v.get_string())) : v));
+    CHECK(out == "prefix" + base::json_escape_c1(boost::json::serialize(
+                                v.is_string() ? boost::json::value(base::utf8_lossy(v.get_string())) : v)));
   };
+  // Every C1 control, and the two-byte characters beside them, at every offset of a long run.
+  for (int cp = 0x80; cp < 0x100; ++cp)
+    for (size_t at : {0, 1, 15, 16, 17, 39}) {
+      std::string s(41, 'x');
+      s.replace(at, 2, {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))});
+      same(boost::json::value(s));
+    }
   // Every byte value, alone and at every offset of a run longer than a vector block: the byte
   // after an escape is where boost's serializer and a block scan could disagree.
   for (int b = 0; b < 256; ++b) {
@@ -87,6 +94,21 @@ TEST_CASE("json_append writes what boost::json::serialize writes, escapes anywhe
   std::string out;
   base::json_append(out, ev);
   CHECK(out == boost::json::serialize(ev));
+}
+
+TEST_CASE("json_append writes C1 controls as escapes; boost writes them raw (the control)") {
+  // U+009B is ESC [ to a terminal that takes C1 controls: an agent's output line with it, shown
+  // by `cat` of the journal or by `--events -`, could move the cursor or retitle the window.
+  boost::json::object ev{{"data",
+                          "caf\xc3\xa9 \xc2\x9b"
+                          "31m red \xc2\x85\xc2\xa0\n"}};
+  std::string ours = base::json_text(ev);
+  CHECK(ours == "{\"data\":\"caf\xc3\xa9 \\u009b31m red \\u0085\xc2\xa0\\n\"}");
+  CHECK(ours.find('\xC2') == ours.find("\xc2\xa0"));  // U+00A0 (no control) stays as it is
+  CHECK(boost::json::parse(ours) == boost::json::value(ev));
+  CHECK(boost::json::serialize(ev).find("\xc2\x9b") != std::string::npos);
+  CHECK(base::json_escape_c1(boost::json::serialize(ev)) == ours);
+  CHECK(base::json_escape_c1("\xc2") == "\xc2");  // cut short: as it is
 }
 
 TEST_CASE("json_append's text is UTF-8 whatever bytes its strings hold; boost's is not (the control)") {
