@@ -156,8 +156,8 @@ base::Result<std::vector<std::string>> recorded_box_dirs(const std::string& stat
   if (!text) return text.error();
   bool clean = true;
   auto dirs = parse(*text, keep, clean);
-  if (!clean)
-    if (auto r = rewrite(home->get(), state_home, dirs); !r) return r.error();
+  // A rewrite that fails (a full disk) leaves the record as it was: the list is the same.
+  if (!clean) (void)rewrite(home->get(), state_home, dirs);
   return dirs;
 }
 

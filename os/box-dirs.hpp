@@ -27,7 +27,8 @@ base::Result<void> record_box_dir(const std::string& state_home, const std::stri
 
 /// The dirs recorded in `state_home`, each once, in the order first recorded, without those
 /// `keep` refuses (a dir removed since). Where the record held any of those, a repeat or a line
-/// that is no record (cut short by a full disk), it is rewritten without them. No record: none.
+/// that is no record (cut short by a full disk), it is rewritten without them (where that fails,
+/// as on a full disk, it is left as it was: the list is the same). No record: none.
 base::Result<std::vector<std::string>> recorded_box_dirs(const std::string& state_home,
                                                          const std::function<bool(const std::string&)>& keep);
 

@@ -2,7 +2,10 @@
 // --all` reads: what it lists, when it is compacted, what it refuses, and records made by many
 // writers while others compact it.
 #include <doctest/doctest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -149,6 +152,36 @@ TEST_CASE("box dirs: anything but this user's own regular file at the record's p
   fs::permissions(home, fs::perms::all);
   REQUIRE(record_box_dir(home, a).has_value());
   CHECK((fs::status(home).permissions() & fs::perms::all) == fs::perms::owner_all);
+}
+
+TEST_CASE("box dirs: on a full disk the list is the same, the record as it was; a compaction says why not") {
+  sbx::test::TempDir d("box-dirs");
+  auto a = state_dir(d.path / "a"), b = state_dir(d.path / "b");
+  // In a child with a mount namespace of its own, the state home a tmpfs with room for its root
+  // and the record only: no inode for the temporary a rewrite needs.
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    fs::path home = d.path / "home";
+    auto fail = [](int code) { ::_exit(code); };
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(2);
+    if (::mkdir(home.c_str(), 0700) != 0 || ::mount("tmpfs", home.c_str(), "tmpfs", 0, "nr_inodes=2,mode=0700") != 0)
+      fail(3);
+    for (auto& dir : {a, b, a})
+      if (!record_box_dir(home, dir)) fail(4);
+    auto before = slurp(home / "box-dirs");
+    auto got = recorded_box_dirs(home, holds_box_json);
+    if (!got || *got != std::vector<std::string>{a, b}) fail(5);
+    if (slurp(home / "box-dirs") != before) fail(6);
+    auto r = record_box_dir(home, b, 1);  // past the mark: the compaction cannot be written
+    if (r || r.error().message != "rewrite " + (home / "box-dirs").string() + ": No space left on device") fail(7);
+    if (slurp(home / "box-dirs") != before + "{\"dir\":\"" + b + "\"}\n") fail(8);  // the record itself is kept
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // else the step that failed
 }
 
 TEST_CASE("box dirs: records from many writers while others compact are all kept") {
