@@ -1,4 +1,5 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
+#include <ftw.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -250,38 +251,102 @@ void release_stopped_cgroups(const std::string& dir) {
         });
 }
 
-// `down` of a local state dir no supervisor holds: its box is not running. One killed outright
-// (the host's OOM killer) left its branches' mounts in the host's mount namespace, and their
-// cgroups: released here, as the next run on the state dir would; its journal and files stay.
-int down_stopped_local(const std::string& dir, const std::string& name) {
+// A local state dir no supervisor holds: its box is not running. One killed outright (the host's
+// OOM killer) left its branches' mounts in the host's mount namespace, and their cgroups: released
+// here, as the next run on the state dir would.
+void release_stopped(const std::string& dir) {
   auto r = os::release_mounts_under(dir + "/branches", [](const os::MountPoint& m) {
     std::cout << "unmounted " << printable(m.path) << " (" << m.fstype << "), which its supervisor left mounted\n";
   });
   if (!r)
     throw std::runtime_error("box " + dir + " is not running; " + r.error().message + " (its supervisor left it)");
   release_stopped_cgroups(dir);
+}
+
+// `down` of a stopped local box: what it left released; its journal and files stay.
+int down_stopped_local(const std::string& dir, const std::string& name) {
+  release_stopped(dir);
   std::cout << "box " << printable(name) << " was not running; journal in " << printable(dir) << "\n";
   return 0;
+}
+
+// The stopped local box `which` names: a state dir (one holding a box.json, not a symlink), by its
+// path or by its name under the default root; "" where there is none.
+std::string stopped_state_dir(const std::string& which, const std::string& as_dir) {
+  for (const std::string& dir : {as_dir, which.find('/') == std::string::npos && !as_dir.empty()
+                                             ? real_or_same(os::default_box_root()) + "/" + which
+                                             : std::string()})
+    if (!dir.empty() && os::holds_box_json(dir)) return dir;
+  return "";
+}
+
+// Removes the tree at `dir` (its own filesystem only: nftw's FTW_MOUNT does not enter a mount, and
+// FTW_PHYS follows no symlink), children first. The first failure is named; the rest go on.
+std::string remove_state_tree(const std::string& dir) {
+  static thread_local std::string first;
+  first.clear();
+  auto one = [](const char* path, const struct stat*, int type, struct FTW*) {
+    int r = type == FTW_DP ? ::rmdir(path) : ::unlink(path);
+    if (r != 0 && first.empty()) first = printable(path) + ": " + std::strerror(errno);
+    return 0;
+  };
+  if (::nftw(dir.c_str(), one, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && first.empty())
+    first = printable(dir) + ": " + std::strerror(errno);
+  return first;
+}
+
+// A supervisor's state dir holds a journal beside box.json: `down --rm` removes no other directory.
+void require_journal(const std::string& dir) {
+  struct stat st {};
+  if (::lstat((dir + "/journal").c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw std::runtime_error(printable(dir) + " holds no journal directory: not a box's state dir, nothing removed");
+}
+
+// `down --rm`: the state dir of a box that has stopped (and whose leftovers are released), removed
+// under its lock (a supervisor started on it meanwhile is refused), on its own filesystem only:
+// where a mount is left under it, nothing is removed.
+void remove_stopped(const std::string& dir, const std::string& name) {
+  std::string holder;
+  auto lock = os::lock_dir(dir, &holder);
+  if (!lock)
+    throw std::runtime_error("box " + printable(name) + " runs again" +
+                             (holder.empty() ? "" : " (pid " + holder + ")") + ": its state dir is not removed");
+  if (auto left = os::mounts_under(dir); !left.empty())
+    throw std::runtime_error("box " + printable(name) + ": " + printable(left.front().path) +
+                             " is mounted in its state dir; nothing removed");
+  if (auto failed = remove_state_tree(dir); !failed.empty())
+    throw std::runtime_error("box " + printable(name) + ": its state dir partly removed: " + failed);
+  std::cout << "removed its state dir " << printable(dir) << " (journal, snapshots, files)\n";
 }
 
 }  // namespace
 
 int cmd_down(const std::vector<std::string>& args) {
-  auto a = parse_args(args, {.usage = "usage: sandboxer down URL|NAME|STATE_DIR"});
+  auto a = parse_args(args, {.usage = "usage: sandboxer down [--rm] URL|NAME|STATE_DIR", .flags = {"--rm"}});
   a.expect_positionals(1);
   const std::string& which = a.positionals()[0];
+  bool rm = a.has("--rm");
   const std::string as_dir = which.find("://") == std::string::npos ? real_or_same(which) : "";
   for (auto& b : local_boxes())
-    if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which) || b.rec.state_dir == as_dir)
-      return down_local(b);
+    if (b.rec.name == which || (!b.rec.url.empty() && b.rec.url == which) || b.rec.state_dir == as_dir) {
+      if (rm) require_journal(b.rec.state_dir);
+      down_local(b);
+      if (rm) {
+        release_stopped(b.rec.state_dir);
+        remove_stopped(b.rec.state_dir, b.rec.name);
+      }
+      return 0;
+    }
   // A state dir no supervisor holds (a path, or a name under the default root): a stopped box.
-  for (const std::string& dir : {as_dir, which.find('/') == std::string::npos && !as_dir.empty()
-                                             ? real_or_same(os::default_box_root()) + "/" + which
-                                             : std::string()}) {
-    struct stat st {};
-    if (!dir.empty() && ::lstat((dir + "/box.json").c_str(), &st) == 0 && S_ISREG(st.st_mode))
-      return down_stopped_local(dir, dir == as_dir ? dir : which);
+  if (std::string dir = stopped_state_dir(which, as_dir); !dir.empty()) {
+    if (rm) require_journal(dir);
+    down_stopped_local(dir, dir == as_dir ? dir : which);
+    if (rm) remove_stopped(dir, dir == as_dir ? dir : which);
+    return 0;
   }
+  if (rm)
+    throw std::runtime_error("--rm removes a local box's state dir: no local box is named " + printable(which) +
+                             " (a docker box's `down` removes its container)");
   auto box = dk::down(which);
   if (!box.url.empty()) forget_token(box.url);
   std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";

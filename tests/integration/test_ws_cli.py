@@ -958,6 +958,87 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
                 q.wait(timeout=30)
 
 
+def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
+    # `ps --all` lists every stopped box; `down --rm` is how one goes: a running one stopped first,
+    # a killed one's leftovers released, then its state dir removed (journal, snapshots, files),
+    # under its lock, on its own filesystem only and following no symlink.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep")
+
+    def down_rm(which):
+        return subprocess.run([str(CLI), "down", "--rm", str(which)], env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    # A stopped box whose agent left a link to a file outside and a directory it may not write.
+    done = tmp_path / "done"
+    script = f"ln -s {outside}/keep /workspace/link && mkdir /workspace/ro && touch /workspace/ro/f && chmod 500 " \
+             "/workspace/ro"
+    r = subprocess.run([str(INIT), "--state-dir", str(done), "--", "sh", "-c", script], env=env, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = down_rm(done)
+    assert r.returncode == 0 and r.stdout == (f"box {done} was not running; journal in {done}\n"
+                                              f"removed its state dir {done} (journal, snapshots, files)\n"), r
+    assert not done.exists() and (outside / "keep").read_text() == "keep"
+    r = subprocess.run([str(CLI), "ps", "--all", "--json"], env=env, capture_output=True, text=True, timeout=30)
+    assert str(done) not in r.stdout, r.stdout
+    # A running one: TERM and its grace period, then the state dir.
+    running = tmp_path / "running"
+    p = box_sleeping(running, env)
+    try:
+        r = down_rm(running)
+        assert r.returncode == 0 and r.stdout.endswith(f"removed its state dir {running} (journal, snapshots, "
+                                                       "files)\n"), r
+        assert p.wait(timeout=10) == 128 + signal.SIGTERM and not running.exists()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    # A killed one, its workspace's tmpfs left mounted: unmounted, then removed.
+    killed = tmp_path / "killed"
+    p = box_sleeping(killed, env, "--set", "resources.disk=16M")
+    box_id = json.loads((killed / "box.json").read_text())["id"]
+    p.kill()
+    p.wait(timeout=30)
+    try:
+        wait_groups_empty(groups_named(f"sbx-{box_id}-"))
+        r = down_rm(killed)
+        assert r.returncode == 0 and "(tmpfs), which its supervisor left mounted\n" in r.stdout, r
+        assert not killed.exists() and mounts_below(killed) == []
+    finally:
+        unmount_below(killed)
+    # A directory with a box.json but no journal is no box's state dir: left whole. The control:
+    # with a journal directory it is removed.
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "box.json").write_text("{}\n")
+    (fake / "data").write_text("mine")
+    r = down_rm(fake)
+    assert r.returncode != 0 and r.stderr == (f"sandboxer down: {fake} holds no journal directory: not a box's state "
+                                              "dir, nothing removed\n"), r
+    assert (fake / "data").read_text() == "mine"
+    (fake / "journal").mkdir()
+    assert down_rm(fake).returncode == 0 and not fake.exists()
+    # A mount its supervisor did not make, in the state dir: nothing is removed.
+    held = tmp_path / "held"
+    assert subprocess.run([str(INIT), "--state-dir", str(held), "--", "true"], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    (held / "extra").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(held / "extra")], check=True)
+    try:
+        r = down_rm(held)
+        assert r.returncode != 0 and f"{held}/extra is mounted in its state dir; nothing removed" in r.stderr, r
+        assert (held / "journal").is_dir()
+    finally:
+        subprocess.run(["umount", str(held / "extra")], check=False)
+    # What no local box is named: --rm does not reach docker.
+    r = down_rm("no-such-box")
+    assert r.returncode != 0 and "--rm removes a local box's state dir: no local box is named no-such-box" in \
+        r.stderr and "docker: run" not in r.stderr, r
+
+
 def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_path):
     # A supervisor KILLed (the host's OOM killer) holds no lock: `down DIR` went to docker, which
     # knew nothing of it, and the branch's tmpfs stayed mounted in the host's mount namespace.
