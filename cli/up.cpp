@@ -280,19 +280,30 @@ std::string stopped_state_dir(const std::string& which, const std::string& as_di
   return "";
 }
 
-// Removes the tree at `dir` (its own filesystem only: nftw's FTW_MOUNT does not enter a mount, and
-// FTW_PHYS follows no symlink), children first. The first failure is named; the rest go on.
-std::string remove_state_tree(const std::string& dir) {
+// Removes the tree at `path` (its own filesystem only: nftw's FTW_MOUNT does not enter a mount,
+// and FTW_PHYS follows no symlink), children first. The first failure is named; the rest go on.
+std::string remove_tree_here(const std::string& path) {
   static thread_local std::string first;
   first.clear();
-  auto one = [](const char* path, const struct stat*, int type, struct FTW*) {
-    int r = type == FTW_DP ? ::rmdir(path) : ::unlink(path);
-    if (r != 0 && first.empty()) first = printable(path) + ": " + std::strerror(errno);
+  auto one = [](const char* p, const struct stat*, int type, struct FTW*) {
+    int r = type == FTW_DP ? ::rmdir(p) : ::unlink(p);
+    if (r != 0 && first.empty()) first = printable(p) + ": " + std::strerror(errno);
     return 0;
   };
-  if (::nftw(dir.c_str(), one, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && first.empty())
-    first = printable(dir) + ": " + std::strerror(errno);
+  if (::nftw(path.c_str(), one, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && first.empty())
+    first = printable(path) + ": " + std::strerror(errno);
   return first;
+}
+
+// What a supervisor makes in its state dir (and the temporaries of its atomic writes,
+// ".NAME.tmp-*"): all `down --rm` removes there.
+bool box_made(std::string_view name) {
+  static constexpr std::string_view kMade[] = {"box.json", "journal", "branches", "snapshots", "url", "persist.json"};
+  for (auto m : kMade)
+    if (name == m ||
+        (name.starts_with(".") && name.substr(1).starts_with(m) && name.substr(1 + m.size()).starts_with(".tmp-")))
+      return true;
+  return false;
 }
 
 // A supervisor's state dir holds a journal beside box.json: `down --rm` removes no other directory.
@@ -314,9 +325,30 @@ void remove_stopped(const std::string& dir, const std::string& name) {
   if (auto left = os::mounts_under(dir); !left.empty())
     throw std::runtime_error("box " + printable(name) + ": " + printable(left.front().path) +
                              " is mounted in its state dir; nothing removed");
-  if (auto failed = remove_state_tree(dir); !failed.empty())
-    throw std::runtime_error("box " + printable(name) + ": its state dir partly removed: " + failed);
-  std::cout << "removed its state dir " << printable(dir) << " (journal, snapshots, files)\n";
+  // What the box made, each entry on its own; anything else there (a state dir given as a
+  // directory that held files of its own) stays, and so does the directory.
+  std::vector<std::string> others;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::string entry = it->path().filename().string();
+    if (!box_made(entry)) {
+      others.push_back(entry);
+    } else if (auto failed = remove_tree_here(dir + "/" + entry); !failed.empty()) {
+      throw std::runtime_error("box " + printable(name) + ": its state dir partly removed: " + failed);
+    }
+  }
+  if (ec) throw std::runtime_error("box " + printable(name) + ": list " + printable(dir) + ": " + ec.message());
+  if (others.empty() && ::rmdir(dir.c_str()) != 0)
+    throw std::runtime_error("box " + printable(name) + ": remove " + printable(dir) + ": " + std::strerror(errno));
+  if (others.empty()) {
+    std::cout << "removed its state dir " << printable(dir) << " (journal, snapshots, files)\n";
+    return;
+  }
+  std::sort(others.begin(), others.end());
+  std::cout << "removed what the box made in " << printable(dir) << " (journal, snapshots, files); left the "
+            << "directory and what no box makes: " << printable(others.front())
+            << (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : "") << "\n";
 }
 
 }  // namespace

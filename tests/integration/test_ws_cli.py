@@ -1010,7 +1010,7 @@ def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
     finally:
         unmount_below(killed)
     # A directory with a box.json but no journal is no box's state dir: left whole. The control:
-    # with a journal directory it is removed.
+    # with a journal directory, what a box makes there is removed (its own file stays).
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "box.json").write_text("{}\n")
@@ -1020,7 +1020,20 @@ def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
                                               "dir, nothing removed\n"), r
     assert (fake / "data").read_text() == "mine"
     (fake / "journal").mkdir()
-    assert down_rm(fake).returncode == 0 and not fake.exists()
+    assert down_rm(fake).returncode == 0 and [p.name for p in fake.iterdir()] == ["data"]
+    # A state dir given as a directory of the user's own files: what the box made goes, the rest
+    # and the directory stay.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    (mine / ".box.json.tmp-notmine").mkdir()  # a name like a temporary's, of another kind: still the box's
+    assert subprocess.run([str(INIT), "--state-dir", str(mine), "--", "true"], env=env, capture_output=True,
+                          timeout=60).returncode == 0
+    r = down_rm(mine)
+    assert r.returncode == 0 and r.stdout.endswith(
+        f"removed what the box made in {mine} (journal, snapshots, files); left the directory and what no box "
+        "makes: notes.txt\n"), r
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (mine / "notes.txt").read_text() == "mine"
     # A mount its supervisor did not make, in the state dir: nothing is removed.
     held = tmp_path / "held"
     assert subprocess.run([str(INIT), "--state-dir", str(held), "--", "true"], env=env, capture_output=True,
