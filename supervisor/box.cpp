@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -40,12 +42,39 @@ auto log() {
   return l;
 }
 
+// Whether this user is the one member of group `gid`, as OpenSSH's secure_permissions asks of a
+// group-writable file: no other user names it as their primary group, its member list names no
+// one else, and one of the two names this user. Read from the user and group databases (NSS).
+bool only_member_is_this_user(gid_t gid) {
+  std::vector<char> buf(1 << 16);
+  struct group grp {};
+  struct group* g = nullptr;
+  struct passwd pw {};
+  struct passwd* me = nullptr;
+  if (::getgrgid_r(gid, &grp, buf.data(), buf.size() / 2, &g) != 0 || !g ||
+      ::getpwuid_r(::geteuid(), &pw, buf.data() + buf.size() / 2, buf.size() / 2, &me) != 0 || !me)
+    return false;
+  int members = 0;
+  for (char** m = g->gr_mem; m && *m; ++m, ++members)
+    if (std::strcmp(*m, me->pw_name) != 0) return false;
+  bool others = false;
+  ::setpwent();
+  while (struct passwd* p = ::getpwent())
+    if (p->pw_gid == gid) {
+      others = others || p->pw_uid != ::geteuid();
+      ++members;
+    }
+  ::endpwent();
+  return !others && members > 0;
+}
+
 // The state dir's ancestors, as OpenSSH's StrictModes walks them: whoever may rename entries in
 // one may swap the state dir, or a directory above it, for a link while the supervisor runs (it
 // names its files by the state dir's path). Each must be root's or this user's, and writable by
 // no one else unless sticky (/tmp: there only an entry's owner may rename it); writable by
-// group 0, or one of this user's by its own group (umask 002), passes. In a user namespace an
-// owner it does not map shows as the overflow uid: taken for root's (nothing tells them apart).
+// group 0, by this user's own group on a directory of this user's (umask 002), or by a group
+// whose one member is this user, passes. In a user namespace an owner it does not map shows as
+// the overflow uid: taken for root's (nothing tells them apart).
 // `missing_ok`: a directory not made yet is skipped (the check before the state dir is made, so a
 // refused one is not left behind; it runs again, whole, on the real path once it is made).
 void refuse_shared_ancestors(const std::string& dir, bool missing_ok = false) {
@@ -68,9 +97,11 @@ void refuse_shared_ancestors(const std::string& dir, bool missing_ok = false) {
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " belongs to uid " +
                                std::to_string(st.st_uid) + ": " + why +
                                "; use a directory below this user's or root's");
+    bool shared = (st.st_mode & S_ISVTX) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
     bool own_group =
-        (st.st_gid == 0 || (st.st_uid == ::geteuid() && st.st_gid == ::getegid())) && (st.st_mode & S_IWOTH) == 0;
-    if ((st.st_mode & S_ISVTX) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !own_group) {
+        (st.st_mode & S_IWOTH) == 0 && (st.st_gid == 0 || (st.st_uid == ::geteuid() && st.st_gid == ::getegid()) ||
+                                        (shared && only_member_is_this_user(st.st_gid)));
+    if (shared && !own_group) {
       char mode[8];
       std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
       throw std::runtime_error("state dir " + dir + ": its ancestor " + p + " is writable by others (mode " + mode +

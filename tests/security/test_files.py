@@ -285,6 +285,47 @@ def test_a_state_dir_below_a_directory_others_may_write_is_refused():
         shutil.rmtree(base)
 
 
+@needs_root
+def test_a_directory_above_the_state_dir_writable_by_a_group_of_this_user_alone_passes():
+    # As OpenSSH's secure_permissions asks of a group-writable file: a directory above the state
+    # dir that its group may write passes where that group's one member is this user (root here,
+    # by the group's member list or as the primary group of this user alone); with any other
+    # member, or none, it is refused as one others may write. The user and group databases are
+    # copies bound over /etc/passwd and /etc/group in a mount namespace of the test's own.
+    base = pathlib.Path(tempfile.mkdtemp(prefix="state-group-"))
+    try:
+        os.chmod(base, 0o711)
+        shared = base / "shared"
+        shared.mkdir()
+        os.chown(shared, 0, 4343)
+        os.chmod(shared, 0o775)
+        group, passwd = base / "group", base / "passwd"
+        runs = []
+
+        def start(members, primary=""):
+            group.write_text(pathlib.Path("/etc/group").read_text() + f"sbx-solo:x:4343:{members}\n")
+            passwd.write_text(pathlib.Path("/etc/passwd").read_text() + primary)
+            state = shared / f"state{len(runs)}"
+            runs.append(state)
+            script = f'mount --bind {group} /etc/group && mount --bind {passwd} /etc/passwd && exec "$0" "$@"'
+            return subprocess.run(["unshare", "--mount", "sh", "-c", script, str(INIT), "--state-dir", str(state),
+                                   "--", "true"], capture_output=True, text=True, timeout=60)
+
+        refused = f"its ancestor {shared} is writable by others (mode 0775) and not sticky"
+        r = start("root")
+        assert r.returncode == 0, r.stderr
+        r = start("root,daemon")
+        assert r.returncode == 125 and refused in r.stderr, r.stderr
+        r = start("", "sbx-solo:x:4242:4343::/nonexistent:/usr/sbin/nologin\n")
+        assert r.returncode == 125 and refused in r.stderr, r.stderr
+        r = start("")  # no member at all (a group of setgid programs'): refused, as OpenSSH does
+        assert r.returncode == 125 and refused in r.stderr, r.stderr
+        r = start("", "sbx-root-too:x:0:4343::/nonexistent:/usr/sbin/nologin\n")  # this uid's primary group
+        assert r.returncode == 0, r.stderr
+    finally:
+        shutil.rmtree(base)
+
+
 def ancestors_checked(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
