@@ -43,13 +43,17 @@ base::Result<std::optional<UniqueFd>> open_locked(int home, const std::string& h
   return base::fail("open " + where(home_path) + ": replaced 16 times while this process waited for it");
 }
 
-// The dirs a record's text names, each once, in order; `clean` is false where a line was a
-// repeat or no record (or, with `keep`, a dir it refused).
-std::vector<std::string> parse(std::string_view text, const std::function<bool(const std::string&)>& keep,
-                               bool& clean) {
-  std::vector<std::string> out;
+// The dirs a record's text names, each once, in order; `clean` false where a line was a repeat or
+// no record (or, with `keep`, a dir it refused): the record is worth rewriting.
+struct Parsed {
+  std::vector<std::string> dirs;
+  bool clean = true;
+};
+Parsed parse(std::string_view text, const std::function<bool(const std::string&)>& keep) {
+  Parsed p;
+  auto& out = p.dirs;
+  bool& clean = p.clean;
   std::set<std::string> seen;
-  clean = true;
   for (size_t at = 0, n = 0; at < text.size(); ++n) {
     size_t nl = text.find('\n', at);
     std::string_view line = text.substr(at, nl == std::string_view::npos ? std::string_view::npos : nl - at);
@@ -69,7 +73,7 @@ std::vector<std::string> parse(std::string_view text, const std::function<bool(c
     }
     out.push_back(std::move(d));
   }
-  return out;
+  return p;
 }
 
 base::Result<std::string> read_record(int fd, const std::string& home_path) {
@@ -140,8 +144,7 @@ base::Result<void> record_box_dir(const std::string& state_home, const std::stri
   if (!text) return text.error();
   // Rewritten even where nothing is dropped: its new first line puts the next compaction at twice
   // its length, however many of the dirs are still there.
-  bool clean = true;
-  return rewrite(home->get(), state_home, parse(*text, holds_box_json, clean));
+  return rewrite(home->get(), state_home, parse(*text, holds_box_json).dirs);
 }
 
 base::Result<std::vector<std::string>> recorded_box_dirs(const std::string& state_home,
@@ -154,11 +157,10 @@ base::Result<std::vector<std::string>> recorded_box_dirs(const std::string& stat
   if (!*fd) return std::vector<std::string>{};
   auto text = read_record((*fd)->get(), state_home);
   if (!text) return text.error();
-  bool clean = true;
-  auto dirs = parse(*text, keep, clean);
+  auto parsed = parse(*text, keep);
   // A rewrite that fails (a full disk) leaves the record as it was: the list is the same.
-  if (!clean) (void)rewrite(home->get(), state_home, dirs);
-  return dirs;
+  if (!parsed.clean) (void)rewrite(home->get(), state_home, parsed.dirs);
+  return std::move(parsed.dirs);
 }
 
 }  // namespace sbx::os

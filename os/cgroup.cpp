@@ -322,18 +322,23 @@ std::vector<std::string> CgroupDir::names_below(const CgroupHost& host, std::str
 CgroupDir CgroupDir::find(const CgroupHost& host, const std::string& name) {
   CgroupDir g;
   g.fresh_ = false;
-  std::set<std::string> parents;
-  for (auto& [controller, parent] : host.v1_dirs) parents.insert(parent);
+  auto there = [&](const std::string& parent) {
+    std::string d = parent + "/" + name;
+    return ::access(d.c_str(), F_OK) == 0 ? d : std::string();
+  };
   if (host.version == "v2") {
-    parents = {host.v2_dir};
     g.v2_ = true;
+    if (std::string d = there(host.v2_dir); !d.empty()) {
+      g.dirs_.push_back(d);
+      g.by_controller_[""] = d;
+    }
+    return g;
   }
   for (auto& [controller, parent] : host.v1_dirs)
-    if (!g.v2_ && ::access((parent + "/" + name).c_str(), F_OK) == 0)
-      g.by_controller_[controller] = parent + "/" + name;
-  for (auto& parent : parents)
-    if (std::string d = parent + "/" + name; ::access(d.c_str(), F_OK) == 0) g.dirs_.push_back(d);
-  if (g.v2_ && !g.dirs_.empty()) g.by_controller_[""] = g.dirs_.front();
+    if (std::string d = there(parent); !d.empty()) {
+      g.by_controller_[controller] = d;
+      if (std::ranges::find(g.dirs_, d) == g.dirs_.end()) g.dirs_.push_back(d);  // co-mounted: one dir
+    }
   return g;
 }
 
