@@ -230,18 +230,20 @@ std::string box_id_of(const std::string& state_dir) {
 // hierarchies it made them: removed where empty. One that holds processes is named and left (they
 // may be a running box's: one started from a copy of this state dir carries its id, in a cgroup
 // elsewhere or in another container), as are all where a box this host lists runs with the id.
-void release_stopped_cgroups(const std::string& dir) {
+// Returns how many of them were left because they hold processes.
+size_t release_stopped_cgroups(const std::string& dir) {
   std::string id = box_id_of(dir);
-  if (id.empty()) return;
+  if (id.empty()) return 0;
   for (auto& b : local_boxes())
     if (box_id_of(b.rec.state_dir) == id) {
       std::cout << "left its cgroups (sbx-" << id << "-*): box " << printable(b.rec.name)
                 << ", which runs, has its id\n";
-      return;
+      return 0;
     }
   std::string prefix = "sbx-" + id + "-";
+  size_t held = 0;
   for (auto& host : os::hosts_holding(prefix))
-    os::CgroupDir::release_below(
+    held += os::CgroupDir::release_below(
         host, prefix, false,
         [](const std::string& group, bool) {
           std::cout << "removed cgroup " << group << ", which its supervisor left\n";
@@ -249,25 +251,36 @@ void release_stopped_cgroups(const std::string& dir) {
         [](const std::string& group, const std::string& why) {
           std::cerr << "sandboxer down: cgroup " << group << ": " << why << "\n";
         });
+  return held;
 }
 
 // A local state dir no supervisor holds: its box is not running. One killed outright (the host's
 // OOM killer) left its branches' mounts in the host's mount namespace, and their cgroups: released
-// here, as the next run on the state dir would.
-void release_stopped(const std::string& dir) {
+// here, as the next run on the state dir would. Returns how many groups were left because they
+// hold processes (named on stderr).
+size_t release_stopped(const std::string& dir) {
   auto r = os::release_mounts_under(dir + "/branches", [](const os::MountPoint& m) {
     std::cout << "unmounted " << printable(m.path) << " (" << m.fstype << "), which its supervisor left mounted\n";
   });
   if (!r)
     throw std::runtime_error("box " + dir + " is not running; " + r.error().message + " (its supervisor left it)");
-  release_stopped_cgroups(dir);
+  return release_stopped_cgroups(dir);
 }
 
-// `down` of a stopped local box: what it left released; its journal and files stay.
-int down_stopped_local(const std::string& dir, const std::string& name) {
-  release_stopped(dir);
+// `down` of a stopped local box: what it left released; its journal and files stay. Returns what
+// release_stopped does.
+size_t down_stopped_local(const std::string& dir, const std::string& name) {
+  size_t held = release_stopped(dir);
   std::cout << "box " << printable(name) << " was not running; journal in " << printable(dir) << "\n";
-  return 0;
+  return held;
+}
+
+// `down --rm` removes no state dir whose box still has processes (an agent that outlived its
+// supervisor and ns-init, as one without namespaces may): their files would go from under them.
+void require_no_processes(size_t held, const std::string& name) {
+  if (held > 0)
+    throw std::runtime_error("box " + printable(name) + ": its cgroups still hold processes (named above): its " +
+                             "state dir is not removed; end them and run `sandboxer down --rm` again");
 }
 
 // The stopped local box `which` names: a state dir (one holding a box.json, not a symlink), by its
@@ -364,7 +377,7 @@ int cmd_down(const std::vector<std::string>& args) {
       if (rm) require_journal(b.rec.state_dir);
       down_local(b);
       if (rm) {
-        release_stopped(b.rec.state_dir);
+        require_no_processes(release_stopped(b.rec.state_dir), b.rec.name);
         remove_stopped(b.rec.state_dir, b.rec.name);
       }
       return 0;
@@ -372,8 +385,11 @@ int cmd_down(const std::vector<std::string>& args) {
   // A state dir no supervisor holds (a path, or a name under the default root): a stopped box.
   if (std::string dir = stopped_state_dir(which, as_dir); !dir.empty()) {
     if (rm) require_journal(dir);
-    down_stopped_local(dir, dir == as_dir ? dir : which);
-    if (rm) remove_stopped(dir, dir == as_dir ? dir : which);
+    size_t held = down_stopped_local(dir, dir == as_dir ? dir : which);
+    if (rm) {
+      require_no_processes(held, dir == as_dir ? dir : which);
+      remove_stopped(dir, dir == as_dir ? dir : which);
+    }
     return 0;
   }
   if (rm)

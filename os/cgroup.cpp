@@ -355,9 +355,10 @@ size_t processes_in(const std::vector<std::string>& dirs) {
 }
 }  // namespace
 
-void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
-                              const std::function<void(const std::string& name, bool held)>& on_each,
-                              const std::function<void(const std::string& name, const std::string& why)>& on_error) {
+size_t CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
+                                const std::function<void(const std::string& name, bool held)>& on_each,
+                                const std::function<void(const std::string& name, const std::string& why)>& on_error) {
+  size_t held_left = 0;
   for (auto& name : names_below(host, prefix)) {
     CgroupDir g = find(host, name);  // the directories there now: none is made, nothing written
     auto dirs = g.dirs();
@@ -368,8 +369,10 @@ void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, b
     if (held && !kill_held) {
       on_error(name, "it holds " + std::to_string(n) + " process" + (n == 1 ? "" : "es") + "; left as it is");
       g.dirs_.clear();  // not removed: its destructor would kill what is in it
+      ++held_left;
       continue;
     }
+    bool joined = false;
     if (kill_held) {
       (void)g.freeze(false);
       if (held) (void)g.kill_all(2000);
@@ -377,16 +380,24 @@ void CgroupDir::release_below(const CgroupHost& host, std::string_view prefix, b
     } else {
       // Nothing is killed: a group a process joined since it was found empty stays (EBUSY).
       for (auto& d : dirs)
-        if (::rmdir(d.c_str()) != 0 && errno == EBUSY) break;
+        if (::rmdir(d.c_str()) != 0 && errno == EBUSY) {
+          joined = processes_in(dirs) > 0;
+          held_left += joined ? 1 : 0;
+          break;
+        }
       g.dirs_.clear();
     }
     auto left =
         std::find_if(dirs.begin(), dirs.end(), [](const std::string& d) { return ::access(d.c_str(), F_OK) == 0; });
     if (left != dirs.end())
-      on_error(name, "could not remove " + *left + (held ? " (what it held was killed)" : ""));
+      on_error(name, "could not remove " + *left +
+                         (held     ? " (what it held was killed)"
+                          : joined ? " (a process joined it meanwhile)"
+                                   : ""));
     else
       on_each(name, held);
   }
+  return held_left;
 }
 
 CgroupDir::CgroupDir(CgroupDir&& o) noexcept

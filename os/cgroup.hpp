@@ -84,10 +84,11 @@ class CgroupDir {
   /// exist, found): thawed, what is in it killed (2 s at most), removed. `on_each` is told of each
   /// once it is gone (`held`: it held processes), `on_error` of one that could not be removed, or,
   /// without `kill_held`, of one that holds processes in any hierarchy (left as it is, frozen or
-  /// not; nothing is killed, not even a process that joins it while it is being removed).
-  static void release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
-                            const std::function<void(const std::string& name, bool held)>& on_each,
-                            const std::function<void(const std::string& name, const std::string& why)>& on_error);
+  /// not; nothing is killed, not even a process that joins it while it is being removed). Returns
+  /// how many groups were left because they hold processes (always 0 with `kill_held`).
+  static size_t release_below(const CgroupHost& host, std::string_view prefix, bool kill_held,
+                              const std::function<void(const std::string& name, bool held)>& on_each,
+                              const std::function<void(const std::string& name, const std::string& why)>& on_error);
   CgroupDir() = default;
   CgroupDir(CgroupDir&& o) noexcept;
   /// Removes this group's directories first, except those `o` names as well (the same group

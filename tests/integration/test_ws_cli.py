@@ -1009,6 +1009,35 @@ def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
         assert not killed.exists() and mounts_below(killed) == []
     finally:
         unmount_below(killed)
+    # A killed one whose cgroups still hold a process (an agent that outlived its supervisor, as
+    # one without namespaces may): its groups named and left, its state dir kept, nothing killed.
+    # The control: once the process has left, the same command removes it. (The build before
+    # removed the state dir from under the process.)
+    held = tmp_path / "held-by-process"
+    p = box_sleeping(held, env)
+    box_id = json.loads((held / "box.json").read_text())["id"]
+    p.kill()
+    p.wait(timeout=30)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        groups = groups_named(f"sbx-{box_id}-")
+        wait_groups_empty(groups)
+        for g in groups:
+            pathlib.Path(g, "cgroup.procs").write_text(str(sleeper.pid))
+        r = down_rm(held)
+        assert r.returncode != 0 and sleeper.poll() is None, r
+        assert r.stderr == (f"sandboxer down: cgroup sbx-{box_id}-main: it holds 1 process; left as it is\n"
+                            f"sandboxer down: box {held}: its cgroups still hold processes (named above): its state "
+                            "dir is not removed; end them and run `sandboxer down --rm` again\n"), r.stderr
+        assert (held / "journal").is_dir() and (held / "box.json").is_file()
+        for g in groups:
+            (pathlib.Path(g).parent / "cgroup.procs").write_text(str(sleeper.pid))
+        r = down_rm(held)
+        assert r.returncode == 0 and r.stdout.endswith(f"removed its state dir {held} (journal, snapshots, files)\n"), r
+        assert not held.exists() and groups_named(f"sbx-{box_id}-") == [] and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
     # A directory with a box.json but no journal is no box's state dir: left whole. The control:
     # with a journal directory, what a box makes there is removed (its own file stays).
     fake = tmp_path / "fake"
