@@ -1,5 +1,5 @@
 // sandboxer up --host H, down URL, ps: boxes on a host, through its shim (shims/).
-#include <ftw.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,8 +22,10 @@
 #include "journal/journal.hpp"
 #include "os/box-dirs.hpp"
 #include "os/cgroup.hpp"
+#include "os/files.hpp"
 #include "os/pidfd.hpp"
 #include "os/sys.hpp"
+#include "os/unique-fd.hpp"
 #include "profile/agent-env.hpp"
 #include "shims/docker/docker.hpp"
 
@@ -293,21 +295,6 @@ std::string stopped_state_dir(const std::string& which, const std::string& as_di
   return "";
 }
 
-// Removes the tree at `path` (its own filesystem only: nftw's FTW_MOUNT does not enter a mount,
-// and FTW_PHYS follows no symlink), children first. The first failure is named; the rest go on.
-std::string remove_tree_here(const std::string& path) {
-  static thread_local std::string first;
-  first.clear();
-  auto one = [](const char* p, const struct stat*, int type, struct FTW*) {
-    int r = type == FTW_DP ? ::rmdir(p) : ::unlink(p);
-    if (r != 0 && first.empty()) first = printable(p) + ": " + std::strerror(errno);
-    return 0;
-  };
-  if (::nftw(path.c_str(), one, 64, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && first.empty())
-    first = printable(path) + ": " + std::strerror(errno);
-  return first;
-}
-
 // What a supervisor makes in its state dir (and the temporaries of its atomic writes,
 // ".NAME.tmp-*"): all `down --rm` removes there.
 bool box_made(std::string_view name) {
@@ -340,6 +327,9 @@ void remove_stopped(const std::string& dir, const std::string& name) {
                              " is mounted in its state dir; nothing removed");
   // What the box made, each entry on its own; anything else there (a state dir given as a
   // directory that held files of its own) stays, and so does the directory.
+  os::UniqueFd at(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!at)
+    throw std::runtime_error("box " + printable(name) + ": open " + printable(dir) + ": " + std::strerror(errno));
   std::vector<std::string> others;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
@@ -347,8 +337,11 @@ void remove_stopped(const std::string& dir, const std::string& name) {
     std::string entry = it->path().filename().string();
     if (!box_made(entry)) {
       others.push_back(entry);
-    } else if (auto failed = remove_tree_here(dir + "/" + entry); !failed.empty()) {
-      throw std::runtime_error("box " + printable(name) + ": its state dir partly removed: " + failed);
+    } else if (auto r = os::remove_tree_at(at.get(), entry, dir + "/" + entry); !r) {
+      // Each entry reached from its directory's fd: nothing the agent left (a symlink, one swapped
+      // in for a directory meanwhile) is followed, no mount entered.
+      throw std::runtime_error("box " + printable(name) +
+                               ": its state dir partly removed: " + printable(r.error().message));
     }
   }
   if (ec) throw std::runtime_error("box " + printable(name) + ": list " + printable(dir) + ": " + ec.message());

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,22 @@ namespace sbx::os {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The names in the directory `fd` (but . and ..), read through a duplicate of it.
+os::Result<std::vector<std::string>> names_in(int fd) {
+  int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
+  if (!d) {
+    int e = errno;
+    if (lfd >= 0) ::close(lfd);
+    return std::error_code(e, std::generic_category());
+  }
+  std::vector<std::string> names;
+  while (auto* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+  ::closedir(d);
+  return names;
+}
 
 // A copy of a tree the agent wrote (a branch's layer) into a place only the supervisor writes.
 // Every entry is reached from its parent's fd without following symlinks, and every entry of the
@@ -106,15 +123,9 @@ struct Copier {
 
   // The names in the directory `fd` (but . and ..).
   bool list(int fd, const std::string& shown, std::vector<std::string>& names) {
-    int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
-    if (!d) {
-      if (lfd >= 0) ::close(lfd);
-      return fail("list " + shown, errno);
-    }
-    while (auto* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
-    ::closedir(d);
+    auto r = names_in(fd);
+    if (!r) return fail("list " + shown, r.error().value());
+    names = std::move(*r);
     return true;
   }
 
@@ -220,6 +231,42 @@ base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string&
   }
   if (!c.keep_owner(ddir.get(), st, src)) return base::fail(c.err);
   return c.bytes;
+}
+
+namespace {
+
+// A mount's root (statx's attribute, Linux 5.8), or a directory on another filesystem than `dev`.
+bool is_mount(int fd, dev_t dev) {
+  struct statx sx {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_BASIC_STATS, &sx) != 0) return false;
+  if ((sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) && (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT)) return true;
+  return makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev;
+}
+
+base::Result<void> remove_entry(int dirfd, const std::string& name, dev_t dev, const std::string& shown, int depth) {
+  if (::unlinkat(dirfd, name.c_str(), 0) == 0 || errno == ENOENT) return {};
+  if (errno != EISDIR) return base::sys_fail("remove " + shown, errno);
+  if (depth > 256) return base::fail("remove " + shown + ": the tree is deeper than 256 directories");
+  os::UniqueFd sub(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!sub) return errno == ENOENT ? base::Result<void>() : base::sys_fail("open " + shown, errno);
+  if (is_mount(sub.get(), dev)) return base::fail("remove " + shown + ": a filesystem is mounted there; not entered");
+  auto names = names_in(sub.get());
+  if (!names) return base::sys_fail("list " + shown, names.error());
+  for (auto& n : *names)
+    if (auto r = remove_entry(sub.get(), n, dev, shown + "/" + n, depth + 1); !r) return r;
+  if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
+    return base::sys_fail("remove " + shown, errno);
+  return {};
+}
+
+}  // namespace
+
+base::Result<void> remove_tree_at(int dirfd, const std::string& name, const std::string& shown) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    return base::fail("remove " + shown + ": not an entry's name");
+  struct stat st {};
+  if (::fstat(dirfd, &st) != 0) return base::sys_fail("stat the directory of " + shown, errno);
+  return remove_entry(dirfd, name, st.st_dev, shown, 0);
 }
 
 void remove_tree(const std::string& path) {

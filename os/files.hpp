@@ -27,6 +27,14 @@ base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string&
 /// rm -rf; errors are ignored.
 void remove_tree(const std::string& path);
 
+/// Removes the entry `name` of the directory `dirfd` and, where it is a directory, everything
+/// below it, children first, each reached from its parent's fd: no symlink is followed (one is
+/// removed as itself, and a directory swapped for one meanwhile is not opened through it) and no
+/// mount is entered (one is named, and nothing above it removed). Stops at the first failure,
+/// named by `shown` (the entry's path for a person) and the names below it; an entry already gone
+/// is no failure.
+base::Result<void> remove_tree_at(int dirfd, const std::string& name, const std::string& shown);
+
 /// Bytes of regular files under `path`.
 uint64_t tree_bytes(const std::string& path);
 
