@@ -258,7 +258,7 @@ int Session::fail(const base::Error& e, std::string_view what) const {
 base::Result<json::object> Session::request_to(const sdk::Endpoint& box, json::object req) {
   name_by_bytes(req);
   if (auto e = not_text(req)) return *e;
-  // Both outlive the client, whose destructor may still call on_close.
+  // Both outlive the client.
   base::Result<json::object> result = base::fail("the connection closed first", "closed");
   bool settled = false;  // result is the reply, or the connect's error
   Client c(&loop_, box);

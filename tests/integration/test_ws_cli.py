@@ -404,6 +404,24 @@ def test_following_a_box_never_reached_ends_at_once_saying_why(box, tmp_path, cm
     assert r.returncode == 1 and "the box refused the token: " in r.stderr and "(4401)" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("cmd", [["attach"], ["log", "--follow"]], ids=["attach", "log-follow"])
+def test_following_a_box_ends_quietly_on_ctrl_c(box, cmd, sig):
+    # "Ctrl-C detaches": the follower leaves with status 0 and says nothing. The build before
+    # reported the connection it closed itself as an error: "URL:  (1006)".
+    p = subprocess.Popen([str(CLI), cmd[0], box.url, *cmd[1:], "--token-file", str(box.token_file)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "box" in p.stdout.readline()  # its first event, box.started: it follows
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and err == "", (p.returncode, err)
+
+
 @pytest.mark.parametrize("answer", [b"bad\xffbytes", b"not json"])
 def test_a_reply_that_is_not_json_ends_the_request_with_1007_and_says_so(tmp_path, answer):
     # A text frame the client cannot read (not UTF-8, or not JSON) once left the request waiting

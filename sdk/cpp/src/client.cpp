@@ -118,6 +118,9 @@ struct Client::Impl {
     if (closed) return;
     closed = true;
     wsi = nullptr;
+    // The owner is destroying this client: it closed the connection itself, and its callbacks
+    // may refer to what is already gone (`sandboxer attach` said "(1006)" after a Ctrl-C).
+    if (destroying) return;
     if (!opened) {
       if (on_open) {
         auto f = std::move(on_open);

@@ -58,6 +58,8 @@ class Client {
   void on_event(EventFn fn);
   void on_binary(BinaryFn fn);
   /// Called once when the connection ends: the close code (1006 when there was none) and reason.
+  /// Not called by the destructor: a connection the owner ends by destroying its Client is not
+  /// news to it (the same for on_open's failure).
   void on_close(CloseFn fn);
   /// Closes with 1000.
   void close();
