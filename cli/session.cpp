@@ -27,18 +27,18 @@ namespace sbx::cli {
 namespace json = boost::json;
 using sdk::Client;
 
-std::string connect_error(const std::string& url, const std::string& err) {
-  if (err.find("closed before established") == std::string::npos) return err;
+std::optional<std::string> unreachable(const std::string& url) {
   sdk::ParsedUrl u;
   try {
     u = sdk::parse_url(url);
-  } catch (const std::exception&) {
-    return err;
+  } catch (const std::exception& e) {
+    return e.what();
   }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  if (::getaddrinfo(u.host.c_str(), std::to_string(u.port).c_str(), &hints, &res) != 0 || !res) return err;
+  if (int g = ::getaddrinfo(u.host.c_str(), std::to_string(u.port).c_str(), &hints, &res); g != 0 || !res)
+    return "no address for " + u.host + ": " + (g ? ::gai_strerror(g) : "none");
   int e = 0;
   int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -60,7 +60,15 @@ std::string connect_error(const std::string& url, const std::string& err) {
   std::string where = u.host + ":" + std::to_string(u.port);
   if (e == ECONNREFUSED) return std::string(std::strerror(e)) + " (nothing listens on " + where + ")";
   if (e != 0) return std::string(std::strerror(e)) + " (" + where + ")";
-  return "the server at " + where + " accepted a connection and closed it before the WebSocket handshake";
+  return std::nullopt;
+}
+
+std::string connect_error(const std::string& url, const std::string& err) {
+  if (err.find("closed before established") == std::string::npos) return err;
+  if (auto why = unreachable(url)) return *why;
+  sdk::ParsedUrl u = sdk::parse_url(url);  // it parsed above
+  return "the server at " + u.host + ":" + std::to_string(u.port) +
+         " accepted a connection and closed it before the WebSocket handshake";
 }
 
 namespace {

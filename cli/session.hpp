@@ -55,6 +55,11 @@ std::vector<sdk::Endpoint> target_endpoints(const Args& a, bool insecure);
 /// The files of --trust-key, each checked readable here (UsageError naming the one that is not).
 std::vector<std::string> readable_keys(const Args& a);
 
+/// Why a TCP connection to `url`'s host and port is not made (a URL that does not parse, a host
+/// without an address, "Connection refused (nothing listens on HOST:PORT)", 2 s without an answer);
+/// nullopt where one is accepted (and closed at once).
+std::optional<std::string> unreachable(const std::string& url);
+
 /// What a failed connect to `url` says, from the client's `err`: libwebsockets reports a refused
 /// or unanswered TCP connect as "closed before established", as it does a server that accepted
 /// and closed, so a plain connect (2 s at most) says which it was ("Connection refused (nothing

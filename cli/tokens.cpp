@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "cli/session.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::cli {
@@ -95,6 +96,11 @@ std::string find_token(const std::string& url, const std::string& token_file) {
   if (auto* e = std::getenv("SANDBOXER_TOKEN"); e && *e) return e;
   std::string p = token_path(url);
   if (auto t = os::read_file(p)) return trim(*t);
+  // A box that ended removed the token it stored: where nothing answers either, that is the news.
+  if (auto why = unreachable(url))
+    throw std::runtime_error("no token for " + url + ", and no box answers there: " + *why +
+                             " (a box removes the token it stored when it ends; `sandboxer ps --all` lists the "
+                             "stopped ones)");
   throw std::runtime_error("no token for " + url + ": give --token-file FILE or SANDBOXER_TOKEN (none stored at " + p +
                            ")");
 }

@@ -279,10 +279,22 @@ def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
                     assert token.encode() not in open(f"/proc/{pid}/cmdline", "rb").read()
                 except OSError:
                     pass
+        # Without a stored token, while the box answers: where a token comes from.
+        other = dict(env, XDG_STATE_HOME=str(tmp_path / "other"))
+        r = subprocess.run([str(CLI), "stats", url], capture_output=True, text=True, timeout=30, env=other)
+        assert r.returncode != 0 and f"no token for {url}: give --token-file FILE or SANDBOXER_TOKEN (none stored " \
+            "at " in r.stderr, r.stderr
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
     assert not os.path.exists(tfile)
+    # Once it has ended, its URL's commands say that nothing answers there (they said where a token
+    # comes from, as if the box ran).
+    r = subprocess.run([str(CLI), "stats", url], capture_output=True, text=True, timeout=30, env=env)
+    where = url.removeprefix("ws://")
+    assert r.returncode != 0 and f"no token for {url}, and no box answers there: Connection refused (nothing listens " \
+        f"on {where}) (a box removes the token it stored when it ends; `sandboxer ps --all` lists the stopped " \
+        "ones)\n" in r.stderr, r.stderr
 
 
 # -- cp, export and import over sdk/cpp's transfer_file (Boost.Beast) ----------------------------
