@@ -96,27 +96,35 @@ int cmd_run(const std::vector<std::string>& args) {
 
   EventPrinter printer(json);
   std::string line, token_file = pending_token;
+  bool listening = false;
   while (std::getline(events, line)) {
     boost::system::error_code ec;
     auto v = boost::json::parse(line, ec);
     if (ec || !v.is_object()) continue;
     auto& ev = v.as_object();
-    if (!pending_token.empty() && ev.contains("type") && ev.at("type") == "server.listening") {
+    if (!pending_token.empty() && !listening && ev.contains("type") && ev.at("type") == "server.listening") {
       std::string addr(ev.at("addr").as_string());
       if (addr == "0.0.0.0") addr = "127.0.0.1";
       if (addr.find(':') != std::string::npos) addr = "[" + addr + "]";
       std::string url = std::string(ev.at("tls").as_bool() ? "wss" : "ws") + "://" + addr + ":" +
                         std::to_string(ev.at("port").to_number<int64_t>());
-      std::string stored = token_path(url);
-      if (::rename(pending_token.c_str(), stored.c_str()) == 0) token_file = stored;
-      pending_token.clear();
+      // A second name for the same file, the pending one kept until the box ends: the box masks
+      // the file by the name it was given, and a branch's /tmp overlay keeps that name for the
+      // mount (a rename under it is not seen there), which a restore of its checkpoints needs.
+      std::string stored = token_path(url), linked = stored + ".tmp-" + os::random_hex(4);
+      if (::link(pending_token.c_str(), linked.c_str()) == 0 && ::rename(linked.c_str(), stored.c_str()) == 0)
+        token_file = stored;
+      else
+        ::unlink(linked.c_str());
       std::fprintf(stderr, "sandboxer: serving %s (token in %s)\n", url.c_str(), token_file.c_str());
+      listening = true;
     }
     printer.print(line, ev);
   }
   child.wait();
   // The box is gone: its token opens nothing any more.
-  if (!token_file.empty()) ::unlink(token_file.c_str());
+  for (auto& f : {token_file, pending_token})
+    if (!f.empty()) ::unlink(f.c_str());
   g_child = -1;
   return child.exit_code();
 }

@@ -288,6 +288,7 @@ def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
         p.send_signal(signal.SIGTERM)
         p.wait(30)
     assert not os.path.exists(tfile)
+    assert os.listdir(os.path.dirname(tfile)) == []  # nor the name it had before its port was known
     # Once it has ended, its URL's commands say that nothing answers there (they said where a token
     # comes from, as if the box ran).
     r = subprocess.run([str(CLI), "stats", url], capture_output=True, text=True, timeout=30, env=env)
@@ -295,6 +296,36 @@ def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
     assert r.returncode != 0 and f"no token for {url}, and no box answers there: Connection refused (nothing listens " \
         f"on {where}) (a box removes the token it stored when it ends; `sandboxer ps --all` lists the stopped " \
         "ones)\n" in r.stderr, r.stderr
+
+
+def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
+    # The box masks its token file by the name `run` gave it (pending-...), and a branch's /tmp
+    # overlay keeps that name for the mask's mount: `run` renamed the file once the port was
+    # known, so a fork of a checkpoint failed, criu finding no mount point ("Can't stat mountpoint
+    # .../tokens/pending-...") where the user's state home was under /tmp. The pending name now
+    # stays, a second link to the stored token, until the box ends.
+    assert str(tmp_path).startswith("/tmp/")
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    env.pop("SANDBOXER_TOKEN", None)
+    p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
+                          "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        url = None
+        while url is None:
+            line = p.stderr.readline()
+            assert line, p.wait()
+            if m := re.search(r"serving (ws://[0-9.:]+) ", line):
+                url = m.group(1)
+        r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.split()[-1]
+        r = subprocess.run([str(CLI), "fork", url, "--snapshot", snap, "-n", "1"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0 and r.stdout == "f1 main@f1\n", r.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    assert os.listdir(tmp_path / "xdg/sandboxer/tokens") == []
 
 
 # -- cp, export and import over sdk/cpp's transfer_file (Boost.Beast) ----------------------------
