@@ -4,10 +4,14 @@
 It plans, writes a script that computes the first 50 primes, runs it, checks the answer against
 an independent check, fixes its script once if the check fails, and reports. Each step is one
 JSON line on stdout (the supervisor turns those into `proc.message` events); the script's own
-output and the tool runs show up as plain output."""
+output and the tool runs show up as plain output.
+
+With --stay it waits after its report until it is stopped (`sandboxer down`), so that README's
+walk-through has a live agent to exec into, copy from, checkpoint and fork."""
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -83,4 +87,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "--stay" in sys.argv[1:]:
+        step("stay", note="waiting until stopped")
+        # TERM (`sandboxer down`, its grace period) ends it with the report's status.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(code))
+        while True:
+            signal.pause()
+    sys.exit(code)
