@@ -184,10 +184,22 @@ int bring_up_loopback() noexcept {
 
 std::vector<std::string> credential_paths() {
   std::vector<std::string> out;
+  // A path that is not there costs nothing (no mount is made for it); each one there is a mount
+  // at every branch's start.
   auto add_home = [&](const std::string& home) {
     for (const char* rel :
-         {"/.local/state/sandboxer", "/.ssh", "/.aws", "/.config/gcloud", "/.azure", "/.kube", "/.docker/config.json",
-          "/.netrc", "/.git-credentials", "/.config/gh", "/.pypirc", "/.npmrc", "/.anthropic", "/.config/anthropic"})
+         {"/.local/state/sandboxer", "/.ssh", "/.gnupg", "/.password-store", "/.local/share/keyrings",
+          // clouds and clusters
+          "/.aws", "/.config/gcloud", "/.azure", "/.kube", "/.oci", "/.config/doctl", "/.fly", "/.boto", "/.s3cfg",
+          "/.config/rclone", "/.vault-token", "/.terraform.d/credentials.tfrc.json", "/.config/op",
+          // registries, forges and package indexes
+          "/.docker/config.json", "/.netrc", "/.git-credentials", "/.config/gh", "/.config/hub", "/.pypirc", "/.npmrc",
+          "/.cargo/credentials.toml", "/.cargo/credentials", "/.gem/credentials",
+          // model providers and coding agents (their keys, logins and session transcripts)
+          "/.anthropic", "/.config/anthropic", "/.claude", "/.claude.json", "/.codex", "/.gemini",
+          "/.config/github-copilot",
+          // browsers' profiles (cookies, saved logins)
+          "/.mozilla", "/.config/chromium", "/.config/google-chrome"})
       out.push_back(home + rel);
   };
   if (auto* x = std::getenv("XDG_STATE_HOME"); x && *x) out.push_back(std::string(x) + "/sandboxer");

@@ -121,6 +121,9 @@ def secrets_layout(host_dir):
     files = {
         "token": os.path.join(home, ".local/state/sandboxer/tokens/box.token"),
         "aws": os.path.join(home, ".aws/credentials"),
+        # A coding agent's login on the host (Claude Code's), and its key in the config file.
+        "claude": os.path.join(home, ".claude/.credentials.json"),
+        "claude_json": os.path.join(home, ".claude.json"),
         "public": os.path.join(host_dir, "public.txt"),
     }
     for f in files.values():
@@ -139,7 +142,7 @@ def test_agent_cannot_read_or_touch_the_supervisor_and_its_secrets(host_dir):
     # so the control can run against the same live supervisor.
     script = (f"while [ ! -s {pidfile} ]; do sleep 0.05; done; "
               f"{PROBE} read-secrets $(cat {pidfile}) {state}/box.json {files['token']} {files['aws']} "
-              f"{files['public']}; sleep 2")
+              f"{files['claude']} {files['claude_json']} {files['public']}; sleep 2")
     env = dict(os.environ, HOME=home, SANDBOXER_TOKEN="tok-" + uuid.uuid4().hex)
     p = subprocess.Popen([str(INIT), "--state-dir", state, "--", "/bin/sh", "-c", script], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -150,11 +153,12 @@ def test_agent_cannot_read_or_touch_the_supervisor_and_its_secrets(host_dir):
         # Control: the same probe outside the box reads and reaches all of it.
         time.sleep(0.5)
         ctl = subprocess.run([str(PROBE), "read-secrets", str(p.pid), f"{state}/box.json", files["token"],
-                              files["aws"], files["public"]], capture_output=True, text=True, timeout=10).stdout
+                              files["aws"], files["claude"], files["claude_json"], files["public"]],
+                             capture_output=True, text=True, timeout=10).stdout
         p.wait(timeout=30)
     finally:
         p.kill()
-    assert ctl.count(" ok") == 7, ctl
+    assert ctl.count(" ok") == 9, ctl
     out = output(read_journal(state))
     lines = dict(l.split(" ", 1) if not l.startswith("read ") else (l.rsplit(" ", 1)[0], l.rsplit(" ", 1)[1])
                  for l in out.splitlines() if l)
