@@ -5,7 +5,9 @@ import signal
 import subprocess
 import time
 
-from sandboxer import Box
+import pytest
+
+from sandboxer import AuthError, Box, ConnectionLost
 from sbxtest import CLI, run
 
 
@@ -32,6 +34,17 @@ def test_sdk_connects_to_a_box_the_cli_started_without_being_given_a_token(tmp_p
                 await proc.wait(10)
                 return proc.stdout
         assert run(go(), 30) == b"via-stored-token\n"
+        # With no token stored, while the box answers: the token is what is missing.
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "other"))
+        with pytest.raises(AuthError, match="no token for"):
+            run(Box.connect(url), 30)
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(20)
+    # Once it has ended, its stored token is gone too: that nothing answers is what is said (it
+    # said only where a token could come from, as if the box ran).
+    with pytest.raises(ConnectionLost) as e:
+        run(Box.connect(url), 30)
+    where = url.removeprefix("ws://")
+    assert f"; and no box answers at {url}: Connection refused (nothing listens on {where})" in str(e.value), e.value

@@ -8,8 +8,8 @@ import ssl as ssl_module
 from typing import Any, Callable, Sequence
 
 from . import frames
-from .connection import Connection, check_url, open_ws
-from .errors import ProtocolError
+from .connection import Connection, check_url, open_ws, unreachable
+from .errors import AuthError, ConnectionLost, ProtocolError
 from .events import Event, EventStream
 from .fs import FileSystem, _Receiver, _env_text_or_b64, _list_text_or_b64, _text_or_b64
 from .process import Process
@@ -53,7 +53,16 @@ class Box:
         ValueError for a URL that is not ws:// or wss://.
         """
         check_url(url)
-        tok = resolve_token(url, token, token_file)
+        try:
+            tok = resolve_token(url, token, token_file)
+        except AuthError as e:
+            # A box that ended removed the token it stored: where nothing answers either, that is
+            # the news (a box started by `sandboxer run --listen` that has exited).
+            why = await unreachable(url)
+            if why is None:
+                raise
+            raise ConnectionLost(f"{e.message}; and no box answers at {url}: {why} (a box removes the token it "
+                                 "stored when it ends)") from None
         ws = await open_ws(url, tok, auth_frame=auth_frame, open_timeout=open_timeout, ssl=ssl)
         box = cls(url, tok, Connection(ws), auth_frame=auth_frame, ssl=ssl)
         if auth_frame:

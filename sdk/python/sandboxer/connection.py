@@ -34,6 +34,25 @@ def check_url(url: str) -> None:
         raise ValueError(f"box URL {url!r} has no host")
 
 
+async def unreachable(url: str, timeout: float = 2.0) -> str | None:
+    """Why a TCP connection to `url`'s host and port is not made ("Connection refused (nothing
+    listens on HOST:PORT)", no answer within `timeout`), or None where one is accepted (and
+    closed at once). As the CLI's `unreachable` (cli/session.cpp)."""
+    p = urllib.parse.urlsplit(url)
+    host, port = p.hostname or "", p.port or (443 if p.scheme == "wss" else 80)
+    where = f"{host}:{port}"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except ConnectionRefusedError:
+        return f"Connection refused (nothing listens on {where})"
+    except asyncio.TimeoutError:
+        return f"no answer within {timeout:g} s ({where})"
+    except OSError as e:
+        return f"{e.strerror or e} ({where})"
+    writer.close()
+    return None
+
+
 async def open_ws(url: str, token: str, *, auth_frame: bool = False, open_timeout: float = 10.0,
                   max_queue: int = 16, ssl: ssl_module.SSLContext | None = None) -> ClientConnection:
     """Opens a `sandboxer.v1` WebSocket to `url` with `token` (an Authorization header, or an auth
