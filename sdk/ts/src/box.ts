@@ -1,7 +1,7 @@
 /** `Box`: a client of one sandboxer box over the sandboxer.v1 WebSocket protocol. Browser-safe:
  * what only Node has (token discovery, the `ws` package) is plugged in by node.ts. */
 import { body, Connection, replyArray } from "./connection.js";
-import { AuthError, type JsonObject } from "./errors.js";
+import { AuthError, ConnectionLost, type JsonObject } from "./errors.js";
 import { EventStream, type EventsOptions } from "./events.js";
 import { FileSystem, Receiver } from "./fs.js";
 import { Process } from "./process.js";
@@ -27,6 +27,8 @@ export interface ConnectOptions {
 export interface Platform {
   webSocket: () => WebSocketFactory | null;
   resolveToken: (url: string, token: string | undefined, tokenFile: string | undefined) => string;
+  /** Why no TCP connection to the URL's address is made, or null where one is (Node only). */
+  unreachable?: (url: string) => Promise<string | null>;
 }
 
 const platform: Platform = {
@@ -89,7 +91,18 @@ export class Box {
    * URL that is not ws:// or wss://. */
   static async connect(url: string, opts: ConnectOptions = {}): Promise<Box> {
     checkUrl(url);
-    const token = platform.resolveToken(url, opts.token, opts.tokenFile);
+    let token: string;
+    try {
+      token = platform.resolveToken(url, opts.token, opts.tokenFile);
+    } catch (e) {
+      // A box that ended removed the token it stored: where nothing answers either, that is the
+      // news (a box started by `sandboxer run --listen` that has exited).
+      const why = e instanceof AuthError && platform.unreachable ? await platform.unreachable(url) : null;
+      if (why === null) throw e;
+      throw new ConnectionLost(
+        `${(e as AuthError).detail}; and no box answers at ${url}: ${why} (a box removes the token it stored when it ends)`,
+      );
+    }
     const factory = opts.webSocket ?? platform.webSocket();
     if (!factory) throw new TypeError("no WebSocket on this platform: pass {webSocket}, or install the ws package");
     const authFrame = opts.authFrame ?? !factory.headers;

@@ -2,6 +2,7 @@
  * SANDBOXER_TOKEN, the CLI's per-URL store) and WebSockets from the `ws` package, which sends the
  * token as a header and lets a slow reader push back. Without `ws`, Node's own WebSocket (Node
  * 22) is used with an auth frame. */
+import { connect as netConnect } from "node:net";
 import { setPlatform } from "./box.js";
 import { HEADER_SIZE, MAX_CHUNK } from "./protocol.js";
 import { globalWebSocketFactory, type WebSocketFactory, type WebSocketLike } from "./socket.js";
@@ -27,7 +28,34 @@ export function wsFactory(extra: Record<string, unknown> = {}): WebSocketFactory
   };
 }
 
+/** Why a TCP connection to `url`'s host and port is not made within `timeoutMs` ("Connection
+ * refused (nothing listens on HOST:PORT)"), or null where one is accepted (and closed at once).
+ * As the CLI's `unreachable` (cli/session.cpp). */
+function unreachable(url: string, timeoutMs = 2000): Promise<string | null> {
+  const u = new URL(url);
+  const host = u.hostname.replace(/^\[(.*)\]$/, "$1");
+  const port = Number(u.port || (u.protocol === "wss:" ? 443 : 80));
+  const where = `${host}:${port}`;
+  return new Promise((done) => {
+    const s = netConnect({ host, port });
+    const timer = setTimeout(() => {
+      s.destroy();
+      done(`no answer within ${timeoutMs / 1000} s (${where})`);
+    }, timeoutMs);
+    s.once("connect", () => {
+      clearTimeout(timer);
+      s.destroy();
+      done(null);
+    });
+    s.once("error", (e: NodeJS.ErrnoException) => {
+      clearTimeout(timer);
+      done(e.code === "ECONNREFUSED" ? `Connection refused (nothing listens on ${where})` : `${e.message} (${where})`);
+    });
+  });
+}
+
 setPlatform({
   webSocket: () => wsFactory() ?? globalWebSocketFactory(),
   resolveToken: (url, token, tokenFile) => resolveToken(url, token, tokenFile),
+  unreachable: (url) => unreachable(url),
 });

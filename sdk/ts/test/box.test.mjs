@@ -9,7 +9,8 @@ import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { AuthError, Box, SandboxerError, outputBytes, storeToken, tokenKey, tokenPath } from "../dist/node.js";
+import { createServer } from "node:net";
+import { AuthError, Box, ConnectionLost, SandboxerError, outputBytes, storeToken, tokenKey, tokenPath } from "../dist/node.js";
 import { isOutputWith, PROBE, startBox, startRelay, text, until } from "./helpers.mjs";
 
 const sha = (b) => createHash("sha256").update(b).digest("hex");
@@ -87,6 +88,25 @@ describe("one box", () => {
     }
     assert.equal(tokenKey("ws://127.0.0.1:7000/"), "ws%3A%2F%2F127.0.0.1%3A7000");
     assert.equal(tokenKey("WS://Host:1/a/#x"), "ws%3A%2F%2Fhost%3A1%2Fa");
+  });
+
+  test("with no token found where nothing answers (a box that ended), that is what is said", async () => {
+    // A port that was free a moment ago; the control, the same with the box's URL, is the
+    // AuthError of the test above.
+    const srv = createServer();
+    await new Promise((r) => srv.listen(0, "127.0.0.1", r));
+    const port = srv.address().port;
+    await new Promise((r) => srv.close(r));
+    const state = mkdtempSync(join(tmpdir(), "sbx-ts-state-"));
+    try {
+      await withEnv({ XDG_STATE_HOME: state, SANDBOXER_TOKEN: "" }, async () => {
+        const e = await rejects(Box.connect(`ws://127.0.0.1:${port}`));
+        assert.ok(e instanceof ConnectionLost, String(e));
+        assert.ok(e.message.includes(`; and no box answers at ws://127.0.0.1:${port}: Connection refused (nothing listens on 127.0.0.1:${port})`), e.message);
+      });
+    } finally {
+      rmSync(state, { recursive: true, force: true });
+    }
   });
 
   test("a URL that is not ws:// or wss:// is refused, naming it", async () => {
