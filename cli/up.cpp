@@ -400,11 +400,14 @@ int cmd_ps(const std::vector<std::string>& args) {
   bool as_json = a.has("--json");
   std::vector<std::pair<std::string, dk::BoxRecord>> boxes;
   for (auto& b : local_boxes(a.has("--all"))) boxes.emplace_back("local", std::move(b.rec));
-  // Docker's boxes where its daemon answers; where it does not, the local ones still list.
-  try {
-    for (auto& b : dk::ps()) boxes.emplace_back("docker", std::move(b));
-  } catch (const std::exception& e) {
-    std::cerr << "sandboxer ps: " << e.what() << " (docker's boxes are not listed)\n";
+  // Docker's boxes where its daemon answers; where it does not, the local ones still list, and
+  // why docker's do not is said. A host without docker has none to list, and nothing to say.
+  if (dk::docker_installed()) {
+    try {
+      for (auto& b : dk::ps()) boxes.emplace_back("docker", std::move(b));
+    } catch (const std::exception& e) {
+      std::cerr << "sandboxer ps: " << e.what() << " (docker's boxes are not listed)\n";
+    }
   }
   // What a state dir holds (its url file, its path) may come from a box's agent where it runs
   // without namespaces: shown as a terminal may show it.

@@ -225,6 +225,11 @@ Daemon find_daemon(const std::string& publish_address) {
 
 }  // namespace
 
+bool docker_installed() {
+  if (auto* e = std::getenv("SANDBOXER_DOCKER"); e && *e) return true;
+  return !bp::search_path("docker").empty();
+}
+
 DockerResult run_docker(const std::vector<std::string>& args) {
   std::string exe;
   if (auto* e = std::getenv("SANDBOXER_DOCKER"); e && *e)

@@ -128,5 +128,7 @@ struct DockerResult {
 };
 /// Runs `docker ARGS...` ($SANDBOXER_DOCKER, else docker on PATH); stdin is closed.
 DockerResult run_docker(const std::vector<std::string>& args);
+/// Whether there is a docker CLI to run: $SANDBOXER_DOCKER is set, or docker is on PATH.
+bool docker_installed();
 
 }  // namespace sbx::shims::docker

@@ -1019,6 +1019,20 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
                 q.wait(timeout=30)
 
 
+def test_ps_on_a_host_without_docker_says_nothing_of_docker(tmp_path):
+    # Every `ps` said "docker: not found on PATH ... (docker's boxes are not listed)" on a host
+    # that has no docker, where there are none to list. A docker that is named but cannot answer
+    # is still said (the control).
+    (tmp_path / "bin").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SANDBOXER_DOCKER"}
+    env.update(PATH=str(tmp_path / "bin"), XDG_STATE_HOME=str(tmp_path / "xdg"))
+    r = subprocess.run([str(CLI), "ps"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stderr == "" and r.stdout.startswith("URL\tNAME"), r
+    r = subprocess.run([str(CLI), "ps"], env=dict(env, SANDBOXER_DOCKER=str(tmp_path / "no-docker")),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stderr.endswith("(docker's boxes are not listed)\n"), r
+
+
 def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
     # `ps --all` lists every stopped box; `down --rm` is how one goes: a running one stopped first,
     # a killed one's leftovers released, then its state dir removed (journal, snapshots, files),
