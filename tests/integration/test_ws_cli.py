@@ -24,6 +24,15 @@ from sbxtest import (CLI, INIT, PROBE, FrameProxy, WsBox, make_tls, mounts_below
                      unmount_below)
 
 
+def local_env(tmp_path):
+    """The environment of a test's local boxes and CLI: a state home of its own (tokens, the
+    record of state dirs), no SANDBOXER_TOKEN, and a docker that is not there, so that a name no
+    local box has is not taken to a real dockerd."""
+    env = {k: v for k, v in os.environ.items() if k != "SANDBOXER_TOKEN"}
+    env.update(XDG_STATE_HOME=str(tmp_path / "xdg"), SANDBOXER_DOCKER=str(tmp_path / "no-docker"))
+    return env
+
+
 @pytest.fixture
 def box(tmp_path):
     with WsBox(tmp_path, ["sleep", "120"], extra=["--set", "resources.grace=1s"]) as b:
@@ -253,8 +262,7 @@ def test_attach_follows_until_the_box_ends_and_resumes_after_4008(tmp_path):
 
 
 def test_run_listen_stores_a_token_that_attach_finds_by_url(tmp_path):
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
-    env.pop("SANDBOXER_TOKEN", None)
+    env = local_env(tmp_path)
     p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
                           "sh", "-c", "echo hello-run; sleep 30"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -305,8 +313,7 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
     # .../tokens/pending-...") where the user's state home was under /tmp. The pending name now
     # stays, a second link to the stored token, until the box ends.
     assert str(tmp_path).startswith("/tmp/")
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
-    env.pop("SANDBOXER_TOKEN", None)
+    env = local_env(tmp_path)
     p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
                           "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     try:
@@ -746,7 +753,7 @@ def test_ps_lists_a_box_with_a_state_dir_of_its_own_and_down_takes_that_dir(tmp_
     # A box given --state-dir anywhere: found by the lock its supervisor holds (/proc/locks and the
     # holder's fds), named by its state dir's path; `down` takes that path, relative or not. Before,
     # only boxes under the default root were listed, and `down DIR` went to docker.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     state = tmp_path / "my box"
     p = subprocess.Popen([str(INIT), "--state-dir", str(state), "--", "sleep", "60"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -778,7 +785,7 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
     # `ps` listed docker's boxes only, and failed (2) where docker did not answer: a box run here
     # could not be found. Now the running boxes under the default state root (their lock held)
     # come first, with the URL the lock names; docker's failure is a line on stderr.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(16) + "\n")
     token.chmod(0o600)
@@ -834,7 +841,7 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
 def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
     # Boxes left running for days: `ps --all` also lists those under the default root that no
     # longer run, with how each ended (its journal's last event), a KILLed one as such.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     root = tmp_path / "xdg" / "sandboxer" / "boxes"
     assert subprocess.run([str(INIT), "--", "sh", "-c", "exit 3"], env=env, capture_output=True,
                           timeout=60).returncode == 3
@@ -878,7 +885,7 @@ def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
 def test_ps_all_lists_the_stopped_boxes_wherever_their_state_dirs_are(tmp_path):
     # `ps --all` listed the stopped boxes under the default root only: one given --state-dir
     # elsewhere was known to no list. Its supervisor records where it ran (STATE_HOME/box-dirs).
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     a, b = tmp_path / "elsewhere" / "a", tmp_path / "b"
     record = tmp_path / "xdg" / "sandboxer" / "box-dirs"
 
@@ -965,7 +972,7 @@ def test_down_of_a_killed_box_leaves_cgroups_that_hold_processes_or_a_running_bo
     # they are; it kills nothing: a group that holds a process (which may be a running box's: a
     # copy of the state dir carries its id) is named and left, as are all where a box listed as
     # running has the id.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     state, twin = tmp_path / "state", tmp_path / "twin"
     running = None
     sleeper = subprocess.Popen(["sleep", "60"])
@@ -1037,7 +1044,7 @@ def test_down_rm_removes_a_boxs_state_dir_and_nothing_else(tmp_path):
     # `ps --all` lists every stopped box; `down --rm` is how one goes: a running one stopped first,
     # a killed one's leftovers released, then its state dir removed (journal, snapshots, files),
     # under its lock, on its own filesystem only and following no symlink.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("keep")
@@ -1160,7 +1167,7 @@ def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_pat
     # A supervisor KILLed (the host's OOM killer) holds no lock: `down DIR` went to docker, which
     # knew nothing of it, and the branch's tmpfs stayed mounted in the host's mount namespace.
     # Now the box is said not to run, and what it left mounted is unmounted.
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg"), "SANDBOXER_DOCKER": str(tmp_path / "no-docker")}
+    env = local_env(tmp_path)
     state = tmp_path / "state"
     p = box_sleeping(state, env, "--set", "resources.disk=16M")
     try:
