@@ -119,11 +119,14 @@ Result<void> write_file_atomic(const std::string& path, std::string_view data, m
 }
 
 std::optional<std::pair<std::string, struct stat>> real_path(const std::string& path) {
+  // A path that is not there (most of a branch's ~40 credential masks) is told by one stat;
+  // realpath walks it a readlink a component.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   char* real = ::realpath(path.c_str(), nullptr);
   if (!real) return std::nullopt;
-  std::pair<std::string, struct stat> out{real, {}};
+  std::pair<std::string, struct stat> out{real, st};
   ::free(real);
-  if (::stat(out.first.c_str(), &out.second) != 0) return std::nullopt;
   return out;
 }
 
