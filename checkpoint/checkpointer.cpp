@@ -592,6 +592,16 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   *waiting = true;
 }
 
+namespace {
+// criu's reason, and where it is a ghost file criu would not dump, what that means here.
+std::string dump_failure(const std::string& why) {
+  if (why.find("Can't dump ghost file") == std::string::npos) return why;
+  return why +
+         " (a file the branch's processes hold open or mapped was deleted: where it is a program or a library, "
+         "it was replaced on the host since they started)";
+}
+}  // namespace
+
 void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
   const std::string& branch = op->branch;
   // Memory and files at one instant: the tree is stopped first and stays stopped through the
@@ -649,7 +659,7 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
       std::string why = WIFSIGNALED(st) ? std::string("criu was killed by SIG") + os::signal_name(WTERMSIG(st))
                                         : criu_error_from_log(op->work + "/logs/dump.log");
       continue_op(*op);
-      checkpoint_failed(op, "criu", "criu dump failed: " + why);
+      checkpoint_failed(op, "criu", "criu dump failed: " + dump_failure(why));
       return;
     }
     if (host_.shutting_down()) {

@@ -978,7 +978,7 @@ base::Result<LaunchedBranch> launch_branch(const BranchSpec& spec) {
   }
   if (!pipes) return base::sys_fail("make the branch's pipes", pipes.error());
 
-  NsInitBinary bin = ns_init_binary(spec.self_exe);
+  NsInitBinary bin = spec.ns_init.path.empty() ? ns_init_binary(spec.self_exe) : spec.ns_init;
   std::vector<std::string> args = {bin.path};
   args.insert(args.end(), bin.args.begin(), bin.args.end());
 

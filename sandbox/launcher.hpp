@@ -71,10 +71,19 @@ struct BranchPipes {
 /// The pipes, and with `own_netns` the network namespace (an error when it cannot be made).
 os::Result<BranchPipes> make_branch_pipes(bool own_netns);
 
+/// ns-init's program for a sandboxer-init at `self_exe` (ns_init_binary), and the arguments before
+/// `--flat`: sandboxer-ns-init beside it (a small binary, most of its libraries linked in: an exec of ~1 ms),
+/// else sandboxer-init's own `--ns-init` mode (an install that copied the one binary).
+struct NsInitBinary {
+  std::string path;
+  std::vector<std::string> args;  // after argv[0]
+};
+
 struct BranchSpec {
   std::string name = "main";
   std::string dir;       // state dir of the branch: root/, workspace/, tmp/ below it
   std::string self_exe;  // sandboxer-init, by its path on the host (ns-init's is found beside it)
+  NsInitBinary ns_init;  // ns-init's program (stable_ns_init); empty: ns_init_binary(self_exe)
   bool want_namespaces = true;
   std::vector<std::string> masks;  // host paths the agent must not see (state dir, tokens)
   std::vector<int> cgroup_join;    // borrowed: the branch's group, one fd per hierarchy
@@ -132,14 +141,18 @@ struct LaunchedBranch {
   void take(BranchPipes& p);
 };
 
-/// ns-init's program for a sandboxer-init at `self_exe`, and the arguments before `--flat`:
-/// sandboxer-ns-init beside it (a small binary, most of its libraries linked in: an exec of ~1 ms),
-/// else sandboxer-init's own `--ns-init` mode (an install that copied the one binary).
-struct NsInitBinary {
-  std::string path;
-  std::vector<std::string> args;  // after argv[0]
-};
+/// ns-init's program for a sandboxer-init at `self_exe` (NsInitBinary above).
 NsInitBinary ns_init_binary(const std::string& self_exe);
+
+/// The copy of `bin` (sandboxer-ns-init) that a box runs every branch's ns-init from, for its
+/// whole life: `<state_home>/ns-init-<size>-<mtime>-<inode>` (0755, this user's), made at the first
+/// start of each installed version and kept, with the newest four of the versions before it (and
+/// any a running process runs). An upgrade that replaces the installed file leaves it linked: criu
+/// dumps such an ns-init's program as a file (not a deleted one, which it would not dump past
+/// 1 MiB, nor restore the bind of), and a copy of it is restored from the same file. `bin` itself
+/// for sandboxer-init's own --ns-init mode; an error where no copy can be had (no state dir, one
+/// mounted noexec, a full disk): the caller runs `bin`.
+base::Result<NsInitBinary> stable_ns_init(const NsInitBinary& bin, const std::string& state_home);
 
 /// Starts ns-init for `spec`. The caller then writes the branch's config (argv, env, cwd,
 /// grace_ms) as the first line of `requests`. Where the namespaces or the mount plan fail, falls

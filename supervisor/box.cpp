@@ -492,6 +492,7 @@ void Box::start() {
   // criu's version (for box.started) of the criu the checkpointer found: from the user's cache,
   // else `criu --version`, which takes several ms and runs while the agent is launched.
   if (auto home = os::state_home()) state_home_ = *home;
+  choose_ns_init();
   sandbox::CriuVersionProbe criu_probe(checkpointer_->criu(), state_home_);
 
   boost::json::object caps;
@@ -601,11 +602,28 @@ void Box::start() {
   start_persistence();
 }
 
+// ns-init's program: the same file for every branch of the box's life, a copy in the user's state
+// dir that an upgrade replacing the installed one leaves (sandbox::stable_ns_init). Not as a
+// container's PID 1: an image's files do not change under it, and each new container would copy.
+void Box::choose_ns_init() {
+  auto installed = sandbox::ns_init_binary(opts_.self_exe);
+  ns_init_ = installed;
+  if (::getpid() == 1) return;
+  if (auto copy = sandbox::stable_ns_init(installed, state_home_))
+    ns_init_ = *copy;
+  else
+    spdlog::info(
+        "ns-init runs from {}, not from a copy of its own ({}): a checkpoint of this box after an upgrade "
+        "that replaces that file fails",
+        installed.path, copy.error().message);
+}
+
 sandbox::BranchSpec Box::branch_spec(const std::string& name) const {
   sandbox::BranchSpec spec;
   spec.name = name;
   spec.dir = opts_.state_dir + "/branches/" + name;
   spec.self_exe = opts_.self_exe;
+  spec.ns_init = ns_init_;
   spec.want_namespaces = opts_.profile.isolation.namespaces && caps_.namespaces;
   spec.flat_refusal = sandbox::flat_fallback_refusal(opts_.profile.isolation.without_namespaces, caps_);
   spec.flat_fallback = spec.flat_refusal.empty();

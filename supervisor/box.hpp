@@ -350,7 +350,8 @@ class Box : public checkpoint::Host {
   BoxOptions opts_;
   std::string id_;
   sandbox::HostCapabilities caps_;
-  std::string state_home_;  // the user's state dir ("": none to be had)
+  std::string state_home_;         // the user's state dir ("": none to be had)
+  sandbox::NsInitBinary ns_init_;  // what every branch's ns-init runs (choose_ns_init)
   std::optional<std::vector<struct sock_filter>> seccomp_;
   std::unique_ptr<journal::Journal> journal_;
   HeapTrimmer heap_trimmer_{loop_};  // after loop_: it is initialized from it
@@ -381,6 +382,7 @@ class Box : public checkpoint::Host {
   /// The spec every branch is launched from (the box's main, and each cold copy): its dir under
   /// the state dir, and the masks of base_masks(). Network and policy are added by the caller.
   sandbox::BranchSpec branch_spec(const std::string& name) const;
+  void choose_ns_init();
   /// The host paths masked in every branch's view: the box's own (token file, ...), its state
   /// dir, and the usual credential paths (policy.hpp: credential_paths).
   std::vector<std::string> base_masks() const;

@@ -216,9 +216,11 @@ class WsBox:
     agent; its port comes from the `server.listening` event of its `--events` file. With
     `as_pid1` it is PID 1 of a fresh pid namespace (as in a container), and `stop` ends the whole
     process group; `mount_proc=False` leaves it the host's /proc there. `metrics=None` keeps the
-    profile's cadence of metrics events. `wrap` is a command that runs it (its argv comes after)."""
+    profile's cadence of metrics events. `wrap` is a command that runs it (its argv comes after).
+    `init` is another sandboxer-init (an install of the build's programs elsewhere)."""
 
-    def __init__(self, tmp_path, argv, *, extra=(), env=None, metrics="0", as_pid1=False, mount_proc=True, wrap=()):
+    def __init__(self, tmp_path, argv, *, extra=(), env=None, metrics="0", as_pid1=False, mount_proc=True, wrap=(),
+                 init=INIT):
         self.dir = pathlib.Path(tmp_path)
         self.state = self.dir / "state"
         self.events = self.dir / "events.jsonl"
@@ -227,7 +229,7 @@ class WsBox:
         self.token_file.write_text(self.token + "\n")
         self.token_file.chmod(0o600)
         self.as_pid1 = as_pid1
-        cmd = [str(INIT), "--state-dir", str(self.state), "--events", str(self.events),
+        cmd = [str(init), "--state-dir", str(self.state), "--events", str(self.events),
                "--listen", "127.0.0.1:0", "--token-file", str(self.token_file),
                "--log-level", os.environ.get("SBX_TEST_LOG", "info"),
                *(["--metrics-interval", metrics] if metrics is not None else []), *extra, "--", *argv]

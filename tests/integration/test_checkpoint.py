@@ -484,3 +484,49 @@ def test_a_landlocked_tree_is_refused(tmp_path, landlock):
     else:
         assert out["refused"] is False
         assert one(ev, "checkpoint.created")
+
+
+def test_a_box_that_outlived_an_upgrade_of_its_programs_checkpoints_and_forks(tmp_path):
+    # sandboxer upgraded while a box runs: sandboxer-ns-init replaced on the host (a new file renamed
+    # over it, as a package manager does). The running ns-init's program was then a file with no
+    # link left, which criu dumps only up to 1 MiB ("Can't dump ghost file
+    # /run/sandboxer/bin/ns-init of 3182592 size, increase limit"): every checkpoint of the box
+    # failed. A box now runs ns-init from a copy in the user's state dir, one per installed
+    # version, which the upgrade leaves.
+    from sbxtest import BIN, CLI, WsBox
+    inst = tmp_path / "inst"
+    (inst / "bin").mkdir(parents=True)
+    for name in ("sandboxer-init", "sandboxer-ns-init"):
+        shutil.copy2(BIN / name, inst / "bin" / name)
+    (inst / "share").symlink_to(BIN.parent / "share")
+    agent = ["sh", "-c", "echo started; exec sleep 60"]
+    (tmp_path / "box").mkdir()
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "xdg"))
+    with WsBox(tmp_path / "box", agent, init=inst / "bin" / "sandboxer-init", env=env) as box:
+        (copy,) = (tmp_path / "xdg/sandboxer").glob("ns-init-*")
+        assert copy.read_bytes() == (BIN / "sandboxer-ns-init").read_bytes() and copy.stat().st_mode & 0o777 == 0o755
+        shutil.copy2(BIN / "sandboxer-ns-init", inst / "bin" / "sandboxer-ns-init.new")
+        os.rename(inst / "bin" / "sandboxer-ns-init.new", inst / "bin" / "sandboxer-ns-init")
+        tf = ["--token-file", str(box.token_file)]
+        r = subprocess.run([str(CLI), "checkpoint", box.url, *tf], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.split()[-1]
+        r = subprocess.run([str(CLI), "fork", box.url, "--snapshot", snap, "-n", "1", *tf], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout == "f1 main@f1\n", r.stderr
+        (done,) = [e for e in box.read_events() if e["type"] == "restore.done"]
+        assert done["mode"] == "live", done
+        # A second box of the new version runs a copy of its own; the first one's stays.
+        (tmp_path / "box2").mkdir()
+        with WsBox(tmp_path / "box2", ["true"], init=inst / "bin" / "sandboxer-init", env=env):
+            assert len(list((tmp_path / "xdg/sandboxer").glob("ns-init-*"))) == 2 and copy.exists()
+        # A file of the agent's own that it holds open after deleting it, past criu's limit: the
+        # checkpoint fails (as before), saying what that means.
+        big = "/tmp/held"
+        r = subprocess.run([str(CLI), "exec", *tf, box.url, "--", "sh", "-c",
+                            f"head -c 3000000 /dev/zero > {big}; (exec 7<{big}; rm {big}; exec sleep 60) "
+                            "> /dev/null 2>&1 & sleep 0.3"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([str(CLI), "checkpoint", box.url, *tf], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "Can't dump ghost file" in r.stderr and \
+            "it was replaced on the host since they started)" in r.stderr, r.stderr

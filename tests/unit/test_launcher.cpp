@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -137,4 +138,59 @@ TEST_CASE("launch_branch: no ns-init to exec is an error of the launch, with no 
   // Both attempts' children were collected by launch_branch itself.
   CHECK(::waitpid(-1, nullptr, WNOHANG | __WALL) == -1);
   CHECK(errno == ECHILD);
+}
+
+TEST_CASE("stable_ns_init: a copy per installed version; earlier ones past four go, unless one runs") {
+  namespace fs = std::filesystem;
+  sbx::test::TempDir d("ns-init-copy");
+  auto home = d.path / "home";
+  fs::create_directories(home);
+  fs::permissions(home, fs::perms::owner_all);
+  auto installed = d.path / "bin" / "sandboxer-ns-init";
+  fs::create_directories(installed.parent_path());
+  fs::copy_file("/bin/true", installed);
+  sandbox::NsInitBinary bin{installed.string(), {}};
+  auto first = sandbox::stable_ns_init(bin, home.string());
+  ::usleep(20000);
+  REQUIRE_MESSAGE(first.has_value(), first.error().message);
+  CHECK(first->path.starts_with(home.string() + "/ns-init-"));
+  CHECK(os::read_file(first->path).value() == os::read_file(installed.string()).value());
+  auto again = sandbox::stable_ns_init(bin, home.string());  // the same version: the same copy
+  REQUIRE(again.has_value());
+  CHECK(again->path == first->path);
+  // Copies of six earlier versions, the oldest of them run by a process now.
+  for (int i = 0; i < 6; ++i) {
+    fs::copy_file("/bin/sleep", home / ("ns-init-old" + std::to_string(i)));
+    ::usleep(20000);  // ctimes in that order (a file time moves a clock tick at a time)
+  }
+  pid_t running = ::fork();
+  if (running == 0) {
+    ::execl((home / "ns-init-old0").c_str(), "sleep", "30", nullptr);
+    ::_exit(127);
+  }
+  ::usleep(200000);  // it has exec'd
+  // An upgrade: a new file in the installed one's place.
+  fs::remove(installed);
+  fs::copy_file("/bin/false", installed);
+  auto second = sandbox::stable_ns_init(bin, home.string());
+  REQUIRE_MESSAGE(second.has_value(), second.error().message);
+  CHECK(second->path != first->path);
+  ::kill(running, SIGKILL);
+  ::waitpid(running, nullptr, 0);
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(home)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  // The newest four earlier ones, the one that runs, and the new one; the first copy and old1 went.
+  std::vector<std::string> want = {"ns-init-old0", "ns-init-old2", "ns-init-old3",
+                                   "ns-init-old4", "ns-init-old5", fs::path(second->path).filename().string()};
+  std::sort(want.begin(), want.end());
+  CHECK(left == want);
+  // sandboxer-init's own --ns-init mode is run where it is installed.
+  auto self = sandbox::stable_ns_init({installed.string(), {"--ns-init"}}, home.string());
+  REQUIRE(self.has_value());
+  CHECK(self->path == installed.string());
+  // No state dir: an error, which the supervisor reports before it runs the installed file.
+  auto none = sandbox::stable_ns_init(bin, "");
+  REQUIRE_FALSE(none.has_value());
+  CHECK(none.error().message == "no state dir to keep its copy in");
 }

@@ -1,0 +1,113 @@
+// The copy of sandboxer-ns-init that a box runs its branches' ns-init from (launcher.hpp,
+// stable_ns_init): kept in the user's state dir, one per installed version, so that an upgrade
+// that replaces the installed file leaves what every running box's ns-init runs linked.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "os/sys.hpp"
+#include "sandbox/launcher.hpp"
+
+namespace sbx::sandbox {
+
+namespace {
+
+constexpr const char* kPrefix = "ns-init-";
+constexpr size_t kKept = 4;  // copies of earlier versions kept beside the current one (snapshots' restores)
+
+// The copy's name: the installed file's size, modification time and inode, so that a file a
+// package manager replaced (a new inode, as a rule a new time) gets a copy of its own.
+std::string copy_name(const struct stat& st) {
+  char name[128];
+  std::snprintf(name, sizeof name, "%s%llx-%llx.%09ld-%llx", kPrefix, static_cast<unsigned long long>(st.st_size),
+                static_cast<unsigned long long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec,
+                static_cast<unsigned long long>(st.st_ino));
+  return name;
+}
+
+// A copy made earlier that may be run: a regular file of this user's, which no one else may write,
+// of the installed file's size.
+bool usable(const struct stat& have, const struct stat& want) {
+  return S_ISREG(have.st_mode) && have.st_uid == ::geteuid() && (have.st_mode & 022) == 0 &&
+         have.st_size == want.st_size;
+}
+
+// The (device, inode) of every program a process here runs, where it may be read.
+std::set<std::pair<dev_t, ino_t>> programs_running() {
+  std::set<std::pair<dev_t, ino_t>> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (auto* e = ::readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    struct stat st {};
+    if (::stat(("/proc/" + std::string(e->d_name) + "/exe").c_str(), &st) == 0) out.emplace(st.st_dev, st.st_ino);
+  }
+  ::closedir(d);
+  return out;
+}
+
+// After a new copy: those of earlier versions past the newest kKept go, but for one a running
+// process (a box's ns-init) runs.
+void prune(int dir, const std::string& current) {
+  std::vector<std::pair<struct timespec, std::string>> old;
+  DIR* d = ::fdopendir(::fcntl(dir, F_DUPFD_CLOEXEC, 3));
+  if (!d) return;
+  while (auto* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    struct stat st {};
+    if (n.starts_with(kPrefix) && n != current && ::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(st.st_mode))
+      old.emplace_back(st.st_ctim, n);
+  }
+  ::closedir(d);
+  if (old.size() <= kKept) return;
+  std::sort(old.begin(), old.end(), [](const auto& a, const auto& b) {
+    return a.first.tv_sec != b.first.tv_sec ? a.first.tv_sec > b.first.tv_sec : a.first.tv_nsec > b.first.tv_nsec;
+  });
+  auto running = programs_running();
+  for (size_t i = kKept; i < old.size(); ++i) {
+    struct stat st {};
+    if (::fstatat(dir, old[i].second.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !running.contains({st.st_dev, st.st_ino}))
+      (void)::unlinkat(dir, old[i].second.c_str(), 0);
+  }
+}
+
+}  // namespace
+
+base::Result<NsInitBinary> stable_ns_init(const NsInitBinary& bin, const std::string& state_home) {
+  // sandboxer-init's own --ns-init mode finds a bundle's libraries from where it is installed.
+  if (!bin.args.empty()) return bin;
+  if (state_home.empty()) return base::fail("no state dir to keep its copy in");
+  struct stat want {};
+  if (::stat(bin.path.c_str(), &want) != 0) return base::sys_fail("stat " + bin.path, errno);
+  auto dir = os::open_dir(state_home);
+  if (!dir) return base::sys_fail("open " + state_home, dir.error());
+  std::string name = copy_name(want);
+  NsInitBinary copy{state_home + "/" + name, {}};
+  if (struct stat have{}; ::fstatat(dir->get(), name.c_str(), &have, AT_SYMLINK_NOFOLLOW) == 0 && usable(have, want))
+    return copy;
+  // A miss: the first start of this installed version here.
+  struct statvfs vfs {};
+  if (::fstatvfs(dir->get(), &vfs) == 0 && (vfs.f_flag & ST_NOEXEC))
+    return base::fail(state_home + " is on a filesystem mounted noexec");
+  auto data = os::read_file(bin.path);
+  if (!data) return base::sys_fail("read " + bin.path, data.error());
+  if (data->size() != static_cast<size_t>(want.st_size)) return base::fail(bin.path + " changed while it was read");
+  if (auto w = os::write_file_atomic_at(dir->get(), name, *data, 0755); !w)
+    return base::sys_fail("write " + copy.path, w.error());
+  prune(dir->get(), name);
+  return copy;
+}
+
+}  // namespace sbx::sandbox
