@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -104,10 +105,23 @@ std::string kernel_release() {
 
 // The paths masked in a branch's view (launcher.cpp), each a mount point criu restores: as the
 // launcher masks them, by their real paths.
-json::array mask_list(const std::vector<std::string>& masks) {
+// A live branch's masks below /tmp are also taken from its own mount table: those sit in its /tmp
+// overlay, which keeps a mount under the name its path had at the branch's start, and criu dumps
+// that mount; a path the host has renamed or removed since (a token file) is no longer there to
+// resolve, and a copy needs the mount point in its /tmp's upper layer all the same (copy_layer).
+json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) {
   json::array out;
   for (auto& m : masks)
     if (auto real = os::real_path(m)) out.push_back({{"path", real->first}, {"dir", S_ISDIR(real->second.st_mode)}});
+  if (ns_init <= 0) return out;
+  for (auto& m : os::mounts_under("/tmp", ns_init)) {
+    if (m.path == "/tmp" ||
+        std::any_of(out.begin(), out.end(), [&](const json::value& v) { return v.at("path").as_string() == m.path; }))
+      continue;
+    struct stat st {};
+    if (::lstat(("/proc/" + std::to_string(ns_init) + "/root" + m.path).c_str(), &st) == 0)
+      out.push_back({{"path", m.path}, {"dir", S_ISDIR(st.st_mode)}});
+  }
   return out;
 }
 
@@ -479,7 +493,7 @@ json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& 
       {"netns_inode", b.netns_inode ? json::value(b.netns_inode) : json::value(nullptr)},
       // The names under its /sys/fs/cgroup, each its own group (dumped as external mounts).
       {"cgroup_view", json::value_from(b.cgroup_view)},
-      {"masks", mask_list(host_.branch_masks())},
+      {"masks", mask_list(host_.branch_masks(), op.live ? b.ns_init_pid : 0)},
       {"network", host_.network_manifest()},
       {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
   if (!op.live) m["note"] = op.note;

@@ -322,9 +322,9 @@ std::string unescape_mountinfo(std::string_view s) {
 }
 }  // namespace
 
-std::vector<MountPoint> mounts_under(const std::string& dir) {
+std::vector<MountPoint> mounts_under(const std::string& dir, pid_t pid) {
   std::vector<MountPoint> out;
-  auto text = read_file("/proc/self/mountinfo");
+  auto text = read_file(pid > 0 ? "/proc/" + std::to_string(pid) + "/mountinfo" : std::string("/proc/self/mountinfo"));
   if (!text) return out;
   std::string_view rest = *text;
   while (!rest.empty()) {

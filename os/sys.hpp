@@ -146,8 +146,8 @@ struct MountPoint {
 /// The mounts at `dir` or below it in this process's mount namespace, the last mounted first (a
 /// mount before the one under it, the top of a stack first): the order to unmount them in. `dir`
 /// is an absolute path without symlinks, as mountinfo names mount points. Empty if /proc is not
-/// there to read.
-std::vector<MountPoint> mounts_under(const std::string& dir);
+/// there to read. `pid`: in that process's mount namespace instead (its /proc/PID/mountinfo).
+std::vector<MountPoint> mounts_under(const std::string& dir, pid_t pid = 0);
 
 /// Unmounts every mount at or below `dir`, in mounts_under's order, calling `released` for each:
 /// a plain unmount (an ext4 writes its data back and frees its loop device); a tmpfs still busy

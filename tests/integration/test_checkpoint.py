@@ -530,3 +530,28 @@ def test_a_box_that_outlived_an_upgrade_of_its_programs_checkpoints_and_forks(tm
         r = subprocess.run([str(CLI), "checkpoint", box.url, *tf], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "Can't dump ghost file" in r.stderr and \
             "it was replaced on the host since they started)" in r.stderr, r.stderr
+
+
+def test_a_box_whose_token_file_under_tmp_was_removed_forks(tmp_path):
+    # The box masks its token file where it is; under /tmp that mask sits in the branch's /tmp
+    # overlay, which keeps it under the file's name. Once the host's file was gone (a script that
+    # removes the token after the start), the checkpoint's mask list no longer named it, the copy's
+    # /tmp had no mount point for it, and every fork failed ("Can't stat mountpoint
+    # .../token"). The list now also takes the masks below /tmp from the branch's mount table.
+    from sbxtest import CLI, WsBox
+    assert str(tmp_path).startswith("/tmp/")
+    with WsBox(tmp_path, ["sh", "-c", "echo started; exec sleep 60"]) as box:
+        box.token_file.unlink()
+        env = dict(os.environ, SANDBOXER_TOKEN=box.token)
+        r = subprocess.run([str(CLI), "checkpoint", box.url], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.split()[-1]
+        r = subprocess.run([str(CLI), "fork", box.url, "--snapshot", snap, "-n", "1"], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert r.returncode == 0 and r.stdout == "f1 main@f1\n", r.stderr
+        (done,) = [e for e in box.read_events() if e["type"] == "restore.done"]
+        assert done["mode"] == "live", done
+        # The copy's agent does not see the token either (its mask is restored with it).
+        r = subprocess.run([str(CLI), "exec", box.url, "--proc", "probe@f1", "--", "sh", "-c",
+                            f"wc -c < {box.token_file}"], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr)
