@@ -59,28 +59,29 @@ std::set<std::pair<dev_t, ino_t>> programs_running() {
 // After a new copy: those of earlier versions past the newest kKept go, but for one a running
 // process (a box's ns-init) runs.
 void prune(int dir, const std::string& current) {
-  std::vector<std::pair<struct timespec, std::string>> old;
-  DIR* d = ::fdopendir(::fcntl(dir, F_DUPFD_CLOEXEC, 3));
-  if (!d) return;
+  std::vector<std::pair<struct stat, std::string>> old;
+  int listed = ::fcntl(dir, F_DUPFD_CLOEXEC, 3);
+  DIR* d = listed < 0 ? nullptr : ::fdopendir(listed);
+  if (!d) {
+    if (listed >= 0) ::close(listed);
+    return;
+  }
   while (auto* e = ::readdir(d)) {
     std::string n = e->d_name;
     struct stat st {};
     if (n.starts_with(kPrefix) && n != current && ::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         S_ISREG(st.st_mode))
-      old.emplace_back(st.st_ctim, n);
+      old.emplace_back(st, n);
   }
   ::closedir(d);
   if (old.size() <= kKept) return;
   std::sort(old.begin(), old.end(), [](const auto& a, const auto& b) {
-    return a.first.tv_sec != b.first.tv_sec ? a.first.tv_sec > b.first.tv_sec : a.first.tv_nsec > b.first.tv_nsec;
+    const struct timespec &x = a.first.st_ctim, &y = b.first.st_ctim;
+    return x.tv_sec != y.tv_sec ? x.tv_sec > y.tv_sec : x.tv_nsec > y.tv_nsec;
   });
   auto running = programs_running();
-  for (size_t i = kKept; i < old.size(); ++i) {
-    struct stat st {};
-    if (::fstatat(dir, old[i].second.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        !running.contains({st.st_dev, st.st_ino}))
-      (void)::unlinkat(dir, old[i].second.c_str(), 0);
-  }
+  for (size_t i = kKept; i < old.size(); ++i)
+    if (!running.contains({old[i].first.st_dev, old[i].first.st_ino})) (void)::unlinkat(dir, old[i].second.c_str(), 0);
 }
 
 }  // namespace
