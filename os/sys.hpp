@@ -96,6 +96,11 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode = 0
 Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644,
                                   struct stat* written = nullptr);
 
+/// The same with `size` bytes of the file open at `src` (from its offset) for the data, copied in
+/// the kernel (copy_file_range, sendfile where that is refused): none of it passes through this
+/// process's memory. ENODATA where `src` ends before `size`.
+Result<void> copy_file_atomic_at(int dirfd, const std::string& name, int src, uint64_t size, mode_t mode = 0644);
+
 /// "/proc/self/fd/N": the magic link to what fd N holds, which a path-taking call (open, chmod,
 /// linkat) follows to that inode and no other, where the call has no form that takes an O_PATH fd.
 struct FdPath {

@@ -102,11 +102,15 @@ base::Result<NsInitBinary> stable_ns_init(const NsInitBinary& bin, const std::st
   struct statvfs vfs {};
   if (::fstatvfs(dir->get(), &vfs) == 0 && (vfs.f_flag & ST_NOEXEC))
     return base::fail(state_home + " is on a filesystem mounted noexec");
-  auto data = os::read_file(bin.path);
-  if (!data) return base::sys_fail("read " + bin.path, data.error());
-  if (data->size() != static_cast<size_t>(want.st_size)) return base::fail(bin.path + " changed while it was read");
-  if (auto w = os::write_file_atomic_at(dir->get(), name, *data, 0755); !w)
-    return base::sys_fail("write " + copy.path, w.error());
+  // Copied in the kernel: a 3 MB read into this process's heap stayed there (RssAnon 4.4 MiB
+  // against 0.4 for the rest of the supervisor's life, and the start's peak RSS 10 MiB).
+  os::UniqueFd in(::open(bin.path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat got {};
+  if (!in || ::fstat(in.get(), &got) != 0) return base::sys_fail("open " + bin.path, errno);
+  if (got.st_dev != want.st_dev || got.st_ino != want.st_ino || got.st_size != want.st_size)
+    return base::fail(bin.path + " was replaced while it was copied");
+  if (auto w = os::copy_file_atomic_at(dir->get(), name, in.get(), static_cast<uint64_t>(want.st_size), 0755); !w)
+    return base::sys_fail("copy " + bin.path + " to " + copy.path, w.error());
   prune(dir->get(), name);
   return copy;
 }

@@ -545,6 +545,36 @@ TEST_CASE("os: write_file_atomic_at replaces a symlink at its place and never fo
   CHECK(get(t.path / "victim") == "host file");
 }
 
+TEST_CASE("os: copy_file_atomic_at copies the bytes, replaces a symlink, and leaves nothing of a short source") {
+  TempDir t;
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 % 251);
+  put(t.path / "src", big);
+  put(t.path / "victim", "host file");
+  fs::create_directories(t.path / "home");
+  fs::create_symlink(t.path / "victim", t.path / "home/copy");
+  auto home = sbx::os::open_dir((t.path / "home").string());
+  REQUIRE(home.has_value());
+  sbx::os::UniqueFd src(::open((t.path / "src").c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(src);
+  SUBCASE("whole") {
+    REQUIRE(sbx::os::copy_file_atomic_at(home->get(), "copy", src.get(), big.size(), 0755).has_value());
+    CHECK(fs::is_regular_file(fs::symlink_status(t.path / "home/copy")));
+    CHECK(get(t.path / "home/copy") == big);
+    struct stat st {};
+    REQUIRE(::stat((t.path / "home/copy").c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0755);
+  }
+  SUBCASE("a source shorter than its size") {
+    auto r = sbx::os::copy_file_atomic_at(home->get(), "copy", src.get(), big.size() + 1, 0755);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().value() == ENODATA);
+    CHECK(fs::is_symlink(t.path / "home/copy"));  // what was there is as it was
+    CHECK(std::distance(fs::directory_iterator(t.path / "home"), fs::directory_iterator()) == 1);  // no temporary
+  }
+  CHECK(get(t.path / "victim") == "host file");
+}
+
 TEST_CASE("os: write_file_atomic reports the file it wrote, not whatever the path names later") {
   TempDir t;
   const auto path = (t.path / "init.json").string();
