@@ -282,6 +282,8 @@ void Box::release_later() {
           // The watchers before the fds they watch.
           b.reports.reset();
           b.channel.reset();
+          b.requests.reset();
+          b.chan_out.reset();
           b.chan_closed = true;
           b.drain_timer.reset();
           b.limits.reset();

@@ -223,9 +223,13 @@ uint64_t Box::emit(const std::string& branch, boost::json::object ev) {
 }
 
 void Box::send_request(Branch& b, const boost::json::object& req) {
-  if (!b.launched.requests) return;
-  if (auto r = os::write_all(b.launched.requests.get(), boost::json::serialize(req) + "\n"); !r)
-    log()->warn("send request to branch {}: {}", b.name, r.error().message());
+  // Never a blocking write: a tree stopped for a checkpoint reads nothing until this loop
+  // continues it (an exec's 200 KB argv once hung the supervisor there for good).
+  if (!b.requests && b.launched.requests)  // the first: ns-init's config, before add_branch
+    b.requests = std::make_unique<InputWriter>(loop_, std::move(b.launched.requests));
+  if (!b.requests || b.requests->closed()) return;
+  if (!b.requests->write(boost::json::serialize(req) + "\n"))
+    log()->warn("send request to branch {}: over {} bytes wait for it to read them", b.name, InputWriter::kMaxPending);
 }
 
 void Box::signal_branch(const std::string& branch, int sig) {
@@ -773,6 +777,16 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
   } else {
     log()->error("watch the reports of branch {}: {}", b->name, poll.error().message);
   }
+  if (b->launched.requests) b->requests = std::make_unique<InputWriter>(loop_, std::move(b->launched.requests));
+  if (b->launched.chan_rep) {
+    b->chan_out = std::make_unique<InputWriter>(loop_, std::move(b->launched.chan_rep));
+    b->chan_out->on_drained = [this, bp] {
+      if (!bp->chan_backlogged) return;
+      bp->chan_backlogged = false;
+      serve_channel(*bp);
+      if (!bp->chan_backlogged && !bp->output_paused) watch_channel(*bp, true);
+    };
+  }
   if (b->launched.chan_req) {
     if (auto poll = loop::UvHandle<uv_poll_t>::make(loop_, uv_poll_init, b->launched.chan_req.get())) {
       b->channel = std::move(*poll);
@@ -808,7 +822,7 @@ Branch& Box::add_branch(std::unique_ptr<Branch> b, bool running) {
 
 void Box::watch_channel(Branch& b, bool on) {
   if (!b.channel || b.chan_closed) return;
-  if (!on) {
+  if (!on || b.chan_backlogged) {
     uv_poll_stop(b.channel.get());
     return;
   }
@@ -819,13 +833,17 @@ void Box::watch_channel(Branch& b, bool on) {
       uv_poll_stop(h);
       br->chan_closed = true;
     }
-    // One request per line; on_channel answers each one, a refusal included.
-    for (size_t nl; (nl = br->chan_pending.find('\n')) != std::string::npos;) {
-      std::string line = br->chan_pending.substr(0, nl);
-      br->chan_pending.erase(0, nl + 1);
-      box->on_channel(*br, line);
-    }
+    box->serve_channel(*br);
   });
+}
+
+void Box::serve_channel(Branch& b) {
+  // One request per line; on_channel answers each one, a refusal included. What was read is
+  // erased once at the end: a line at a time, a full 1 MiB pipe of short requests moved ~25 GB.
+  size_t pos = 0;
+  for (size_t nl; !b.chan_backlogged && (nl = b.chan_pending.find('\n', pos)) != std::string::npos; pos = nl + 1)
+    on_channel(b, std::string(b.chan_pending, pos, nl - pos));
+  b.chan_pending.erase(0, pos);
 }
 
 void Box::on_branch_exit(Branch& b, int st) {
@@ -867,11 +885,15 @@ void Box::on_branch_exit(Branch& b, int st) {
 }
 
 void Box::channel_reply(Branch& b, const boost::json::object& msg) {
-  if (!b.launched.chan_rep) return;
-  std::string line = protocol::channel_line(msg);
-  ssize_t n = ::write(b.launched.chan_rep.get(), line.data(), line.size());
-  if (n != static_cast<ssize_t>(line.size()))
-    log()->warn("reply on the agent channel of branch {}: the agent is not reading it", b.name);
+  if (!b.chan_out || b.chan_out->closed()) return;
+  // Never a blocking write: an agent that sends requests and reads no replies once hung the
+  // supervisor in write(2). Past kChanBacklog unread, no request is served until it reads.
+  if (!b.chan_out->write(protocol::channel_line(msg)))
+    log()->warn("reply on the agent channel of branch {}: dropped, the agent is not reading them", b.name);
+  if (b.chan_out->pending() > kChanBacklog && !b.chan_backlogged) {
+    b.chan_backlogged = true;
+    if (b.channel && !b.chan_closed) uv_poll_stop(b.channel.get());
+  }
 }
 
 // One request on the agent channel, parsed by protocol::parse_channel_request, answered in the

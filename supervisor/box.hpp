@@ -28,6 +28,7 @@
 #include "supervisor/limits.hpp"
 #include "supervisor/network.hpp"
 #include "supervisor/output.hpp"
+#include "supervisor/proc-io.hpp"
 #include "supervisor/reaper.hpp"
 #include "supervisor/signals.hpp"
 
@@ -105,10 +106,16 @@ struct Proc {
   ~Proc();
 };
 
+/// Bytes of replies an agent may leave unread on its channel before its requests wait.
+inline constexpr size_t kChanBacklog = 256u << 10;
+
 struct Branch {
   std::string name;
   sandbox::LaunchedBranch launched;
   loop::UvHandle<uv_poll_t> reports;  // ns-init's reports, read on the loop
+  // ns-init's requests, written without blocking the loop: a tree stopped for a checkpoint, or
+  // frozen, reads none of them meanwhile (the write end of launched.requests, moved here).
+  std::unique_ptr<InputWriter> requests;
   std::string pending;
   bool ns_init_reaped = false;
   int ns_init_status = 0;
@@ -121,6 +128,10 @@ struct Branch {
   loop::UvHandle<uv_poll_t> channel;
   bool chan_closed = false;  // its end was read: not watched again
   std::string chan_pending;
+  // Its replies, likewise (launched.chan_rep's write end): an agent that does not read them gets
+  // no more served once kChanBacklog bytes of them wait; its requests wait in its pipe meanwhile.
+  std::unique_ptr<InputWriter> chan_out;
+  bool chan_backlogged = false;
   int64_t chan_inflight = -1;  // id of a channel request being served (checkpoint), else -1
   loop::UvHandle<uv_timer_t> drain_timer;
   bool landlocked = false;  // set by the policy layer; such a tree cannot be checkpointed
@@ -337,6 +348,7 @@ class Box : public checkpoint::Host {
   void stop_for_journal(bool stop);
   void pause_output(Branch& b, bool on);        // stop_for_journal's fallback: its procs' output unread
   void watch_channel(Branch& b, bool on);       // reads the agent channel's requests (or stops for now)
+  void serve_channel(Branch& b);                // answers the requests read, while the agent reads replies
   static void pause_readers(Proc& p, bool on);  // its stdout and stderr readers
   bool stopped_for_journal_ = false;
   void teardown_policy();

@@ -64,7 +64,14 @@ void InputWriter::flush() {
 
 void InputWriter::on_writable(uv_poll_t* p, int, int) noexcept {
   auto* self = static_cast<InputWriter*>(p->data);
-  if (self) self->flush();
+  if (!self) return;
+  self->flush();
+  if (!self->pending_.empty() || !self->on_drained) return;
+  try {
+    self->on_drained();
+  } catch (const std::exception& e) {
+    spdlog::error("after a reader took what waited for it: {}", e.what());
+  }
 }
 
 void ProcIo::after(uint64_t ms, std::function<void()> fn) {

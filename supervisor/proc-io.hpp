@@ -12,7 +12,9 @@
 
 namespace sbx::supervisor {
 
-/// Writes to a non-blocking fd on the loop, keeping what the fd cannot take yet (bounded).
+/// Writes to a non-blocking fd on the loop, keeping what the fd cannot take yet (bounded): a
+/// process's stdin, ns-init's requests, the agent channel's replies. A reader that does not read
+/// never blocks the loop.
 class InputWriter {
  public:
   static constexpr size_t kMaxPending = 16u << 20;
@@ -25,6 +27,10 @@ class InputWriter {
   void eof();
   bool closed() const noexcept { return !fd_ || eof_; }
   int fd() const noexcept { return fd_.get(); }
+  /// Bytes written here that the fd has not taken yet.
+  size_t pending() const noexcept { return pending_.size(); }
+  /// Called on the loop once the fd has taken all that waited for it (not from write()).
+  std::function<void()> on_drained;
 
  private:
   void flush();
