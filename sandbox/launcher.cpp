@@ -241,6 +241,14 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
          .slot = slot,
          .optional = true,
          .what = std::string("clone /dev/") + d});
+    // The host's own inodes: read-only binds, so root in the box cannot chmod, chown or touch
+    // the host's /dev/null (it could, and every user of the host then lost it). A device on a
+    // read-only mount is still read and written (only a regular file's data is the mount's).
+    add({.kind = MountOp::SetAttr,
+         .flags = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+         .slot = slot,
+         .optional = true,
+         .what = std::string("make /dev/") + d + " read-only"});
     devs.emplace_back(d, slot++);
   }
   add({.kind = MountOp::CloneTree, .a = spec.dir + "/workspace", .slot = slot, .what = "clone the workspace"});
@@ -256,6 +264,8 @@ Clones clone_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>&
   int& resolv_slot = c.resolv;  // network: the branch's resolv.conf
   if (!spec.resolv_conf.empty()) {
     add({.kind = MountOp::CloneTree, .a = spec.resolv_conf, .slot = slot, .what = "clone the branch's resolv.conf"});
+    // A file of the state dir: the agent writes none of those (nor past its disk ceiling).
+    add({.kind = MountOp::SetAttr, .flags = kReadOnlyAttrs, .slot = slot, .what = "make resolv.conf read-only"});
     resolv_slot = slot++;
   }
   // A bundle's libraries, found through the $ORIGIN/../lib rpath from kNsInitPath.
@@ -738,6 +748,20 @@ void LaunchedBranch::take(BranchPipes& p) {
   (void)os::set_nonblocking(chan_req.get());
 }
 
+base::Result<void> make_branches_dir(const std::string& state_dir) {
+  std::string dir = state_dir + "/branches";
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return base::sys_fail("stat " + dir, errno);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return base::sys_fail("create " + dir, errno);
+    if (::lstat(dir.c_str(), &st) != 0) return base::sys_fail("stat " + dir, errno);
+  }
+  if (S_ISLNK(st.st_mode)) return base::sys_fail(dir + ": a symlink, refused", ELOOP);
+  if (!S_ISDIR(st.st_mode))
+    return base::sys_fail(dir + ": " + os::file_type_name(st.st_mode) + ", not a directory", ENOTDIR);
+  return {};
+}
+
 void ensure_machine_id(const std::string& dir) {
   auto d = os::open_dir(dir);
   struct stat st {};
@@ -767,6 +791,26 @@ os::Result<void> clear_volatile_mark(int top) {
   return {};
 }
 
+// The dir of the branches' dirs (state/branches) holds what agents wrote, set-id bits and all:
+// the box mounts it nosuid, the host's disk does not. No other user of the host may enter it (a
+// state dir made 0755 by hand once let any local user run a setuid-root shell an agent left in
+// its workspace). Without namespaces the agent's own user, which may not be ours, goes through
+// it to its workspace on the host's path: searchable then, never listed.
+os::Result<void> narrow_branches_dir(const BranchSpec& spec) {
+  auto slash = spec.dir.rfind('/');
+  if (slash == std::string::npos || slash == 0) return {};
+  std::string dir = spec.dir.substr(0, slash);
+  mode_t mode = spec.want_namespaces ? 0700 : 0711;
+  if (auto r = os::make_dirs(dir, mode); !r) return r.error();
+  auto fd = os::open_dir(dir);  // never through a symlink planted there (a shared state dir)
+  struct stat st {};
+  if (!fd) return ::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode) ? os::sys_error(ELOOP) : fd.error();
+  if (::fstat(fd->get(), &st) != 0) return os::last_error();
+  if ((st.st_mode & 07777) != mode && st.st_uid == ::geteuid() && ::fchmod(fd->get(), mode) != 0)
+    return os::last_error();
+  return {};
+}
+
 // The branch's writable layer, made (or checked) from the branch's dir by fd: a copy's layer holds
 // what its agent wrote, so a symlink anywhere in it is refused, never followed (ELOOP). The mount
 // plan then finds real directories, and the file ns-init's binary is bound over, at its paths.
@@ -776,6 +820,7 @@ os::Result<void> clear_volatile_mark(int top) {
 // path: 46-190 us apiece on ext4 without a journal that has just freed inodes (its
 // recently_deleted scan). A snapshot copies what the layer holds; a copy's launch makes the rest.
 os::Result<void> prepare_layer(const BranchSpec& spec, bool bundle_libs) {
+  if (auto r = narrow_branches_dir(spec); !r) return r.error();
   if (auto r = os::make_dirs(spec.dir, 0755); !r) return r.error();
   auto top = os::open_dir(spec.dir);
   if (!top) return top.error();

@@ -45,6 +45,11 @@ inline constexpr const char* kKernelMaskedPaths[] = {
 /// Writes DIR/machine-id (32 random hex digits, as machine-id(5)) unless it exists.
 void ensure_machine_id(const std::string& dir);
 
+/// The state dir's `branches` dir (where the branches' layers are), made 0700 where missing,
+/// before anything is made in it by path: a symlink there is refused (ELOOP), never followed.
+/// Each branch's launch then sets its mode (0700; 0711 without namespaces).
+base::Result<void> make_branches_dir(const std::string& state_dir);
+
 inline constexpr int kNsCtlIn = 3, kNsCtlOut = 4, kNsAgentIn = 5, kNsAgentOut = 6, kNsAgentErr = 7;
 inline constexpr int kNsChanReq = 8, kNsChanRep = 9;
 /// ns-init's fd 11 until its agent has started: a datagram socket to the supervisor, on which the

@@ -466,6 +466,10 @@ void Box::lock_state_dir() {
 void Box::start() {
   opts_.state_dir = make_state_dir(opts_.state_dir);
   lock_state_dir();
+  // Before anything is made in it by path (a workspace's mount point, resolv.conf): a link planted
+  // in a state dir shared with another user is refused, not followed (as a container's PID 1 the
+  // state dir itself is not checked).
+  if (auto r = sandbox::make_branches_dir(opts_.state_dir); !r) throw std::runtime_error(r.error().message);
   std::string box_json = opts_.state_dir + "/box.json";
   if (auto text = os::read_file(box_json)) {
     reused_state_ = true;

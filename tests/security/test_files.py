@@ -254,12 +254,14 @@ def test_a_state_dir_another_user_made_or_others_may_write_is_refused(tmp_path):
     assert r.returncode == 125, r.stderr
     assert f"state dir {state} is writable by others (mode 0777) and holds files" in r.stderr, r.stderr
     assert list(victim.iterdir()) == [] and stat.S_IMODE(os.stat(state).st_mode) == 0o777
-    # Control: as a container's PID 1 (its state dir is the one its runtime gave it) nothing is
-    # checked, and the supervisor writes through the planted link.
+    # As a container's PID 1 (its state dir is the one its runtime gave it) the state dir is not
+    # checked; the link is still not followed (before 2026-12-07 the supervisor made the branch's
+    # dirs through it there: victim/main).
     r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *cmd], capture_output=True, text=True,
                        timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert (victim / "main").is_dir()
+    assert r.returncode == 125, r.stderr
+    assert f"{state}/branches: a symlink, refused: Too many levels of symbolic links" in r.stderr, r.stderr
+    assert list(victim.iterdir()) == []
     # An empty one of this user's (umask 002, or 0777 by hand) is narrowed, and used.
     empty = tmp_path / "empty"
     empty.mkdir()

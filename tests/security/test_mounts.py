@@ -380,3 +380,85 @@ def test_every_writable_mount_is_nosuid_and_nodev(state_dir):
             bad.append((point, fstype, opts))
     assert not bad, bad
     assert ("mount", "/workspace") in res and ("mount", "/run") in res
+
+
+# --- the host's inodes the box is given: devices, resolv.conf, the branches' dir ---------------
+
+# Changes nothing if it works (the same mode, the same owner, a new time): what root in the box
+# could do to the host's inode behind each bind.
+INODE_PROBE = r'''
+import os, sys
+for path in sys.argv[1:]:
+    st = os.stat(path)
+    for what, fn in (("chmod", lambda: os.chmod(path, st.st_mode & 0o7777)),
+                     ("chown", lambda: os.chown(path, st.st_uid, st.st_gid)),
+                     ("utime", lambda: os.utime(path))):
+        try:
+            fn()
+            print(what, path, "ok")
+        except OSError as e:
+            print(what, path, e.errno)
+with open("/dev/null", "w") as f:
+    print("write", "/dev/null", "ok" if f.write("x") == 1 else "short")
+'''
+HOST_DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"]
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_the_hosts_device_inodes_cannot_be_changed_from_the_box(state_dir, profile):
+    # The box's /dev holds binds of the host's own device inodes. They were writable binds: root in
+    # the box chmod-ed and chown-ed the host's /dev/null (every other user of the host loses it).
+    before = {d: os.stat(d).st_ctime_ns for d in HOST_DEVICES if os.path.exists(d)}
+    r, ev = box(state_dir, [PY, "-c", INODE_PROBE, *before], profile=profile)
+    res = parse(output(ev))
+    assert res[("write", "/dev/null")] == ("ok", None), (output(ev), output(ev, "stderr"))
+    for d in before:
+        for what in ("chmod", "chown", "utime"):
+            assert res[(what, d)] == ("30", None), (what, d, res)  # EROFS
+    assert {d: os.stat(d).st_ctime_ns for d in before} == before
+
+
+def test_the_hosts_device_inodes_control_a_writable_bind_changes_them(tmp_path):
+    # The same probe through a plain bind (the box's before the fix), in a mount namespace of its
+    # own, of a node like the host's /dev/null (not that one: the test above watches it): the
+    # inode behind the bind is changed.
+    node, spot = tmp_path / "null", tmp_path / "spot"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    spot.touch()
+    before = os.stat(node).st_ctime_ns
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          f'mount --bind "{node}" "{spot}" && exec {PY} -c "$0" "{spot}"', INODE_PROBE],
+                         capture_output=True, text=True, timeout=20)
+    res = parse(out.stdout)
+    assert res[("chmod", str(spot))] == ("ok", None), (out.stdout, out.stderr)
+    assert os.stat(node).st_ctime_ns != before
+
+
+def test_the_branchs_resolv_conf_is_read_only(state_dir):
+    # With a network of its own the box's /etc/resolv.conf is a bind of a file in the state dir
+    # (branches/<name>/resolv.conf), which the agent wrote through, past any disk ceiling.
+    script = ("import errno\ntry:\n    open('/etc/resolv.conf', 'a').write('x' * 4096)\n    print('append ok')\n"
+              "except OSError as e:\n    print('append', errno.errorcode[e.errno])\n"
+              "print('read', open('/etc/resolv.conf').read().strip())")
+    r, ev = box(state_dir, [PY, "-c", script], "network.mode=none")
+    assert "append EROFS" in output(ev), (output(ev), output(ev, "stderr"))
+    assert "read nameserver 127.0.0.1" in output(ev)
+    assert (state_dir / "branches" / "main" / "resolv.conf").read_text() == "nameserver 127.0.0.1\n"
+
+
+def test_a_setuid_file_an_agent_leaves_is_out_of_reach_of_the_hosts_users(var_state):
+    # A state dir made by hand with the usual 0755: the supervisor took it, and the branches' dirs
+    # under it were 0755 too, so any user of the host ran the setuid-root shell an agent left in
+    # its workspace (the host's disk is not nosuid). The dir of the branches' dirs is 0700 now; a
+    # reused state dir's is narrowed. The control above (..._control_the_same_file_on_the_host...)
+    # opens the same path up and gains root.
+    var_state.mkdir(mode=0o755)
+    (var_state / "branches").mkdir(mode=0o755)  # as a box of an earlier version left it
+    box(var_state, ["/bin/sh", "-c", f"{PY} {AGENT} setuid-copy /bin/bash /workspace/suid-bash"])
+    made = var_state / "branches" / "main" / "workspace" / "suid-bash"
+    assert made.stat().st_mode & stat.S_ISUID  # it is there, set-id bit and all
+    assert stat.S_IMODE((var_state / "branches").stat().st_mode) == 0o700
+    # As nobody through setuid(2) in the child (setpriv keeps its capabilities until the exec, whose
+    # path it would look up as root).
+    with pytest.raises(PermissionError):
+        subprocess.run([str(made), *SHELL_CHECK], user=65534, group=65534, extra_groups=[], timeout=10)
