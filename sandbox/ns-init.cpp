@@ -224,17 +224,22 @@ base::Result<Spawned> spawn(const std::vector<std::string>& argv_in, const std::
   ep->write.reset();
   Spawned s{pid, ""};
   if (auto ce = os::read_child_error(ep->read.get())) {
-    std::string what = ce->step == kStepChdir    ? "chdir " + cwd
+    // A name of any length: the report must stay under the supervisor's 64 KiB a line (a longer
+    // one was dropped, and the exec answered as started and exited 127, with no reason).
+    auto shown = [](const std::string& s) {
+      return s.size() <= 1024 ? s : s.substr(0, 1024) + "... (" + std::to_string(s.size()) + " bytes)";
+    };
+    std::string what = ce->step == kStepChdir    ? "chdir " + shown(cwd)
                        : ce->step == kStepPolicy ? std::string("apply policy: ") + policy_step_name(ce->detail)
-                                                 : "exec " + argv[0];
+                                                 : "exec " + shown(argv[0]);
     s.failed = what + ": " + std::strerror(ce->err);
     // Where a program name was looked for: the agent starts in its working directory (/workspace
     // by default), not the caller's, and with its own PATH.
     if (ce->step == kStepExec && ce->err == ENOENT) {
       if (argv[0].find('/') == std::string::npos)
-        s.failed += " (looked for on the agent's PATH, " + path + ")";
+        s.failed += " (looked for on the agent's PATH, " + shown(path) + ")";
       else if (argv[0][0] != '/')
-        s.failed += " (relative to the agent's working directory " + cwd + ", not the caller's)";
+        s.failed += " (relative to the agent's working directory " + shown(cwd) + ", not the caller's)";
     }
     // A report is JSON text: a name that is not UTF-8 goes with U+FFFD (the supervisor has it whole).
     s.failed = base::utf8_lossy(s.failed);

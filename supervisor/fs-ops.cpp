@@ -154,7 +154,13 @@ os::UniqueFd fs_open_file(const FsRoots& roots, const std::string& path, int fla
       throw RequestError("is_a_directory", path + ": is a directory" + (access == O_RDONLY ? " (use fs.list)" : ""));
     if (!S_ISREG(st.st_mode))
       throw RequestError("not_a_file", path + ": not a regular file: " + os::file_type_name(st.st_mode));
-    auto f = os::reopen(p.get(), (flags & ~(O_CREAT | O_EXCL)) | O_NOCTTY);
+    // O_NONBLOCK: a lease the agent holds on the file (fcntl F_SETLEASE) makes a blocking open wait
+    // for it to be given up, 45 s (lease-break-time), on the loop: EWOULDBLOCK instead. A regular
+    // file's reads and writes do not heed the flag.
+    auto f = os::reopen(p.get(), (flags & ~(O_CREAT | O_EXCL)) | O_NOCTTY | O_NONBLOCK);
+    if (!f && f.error().value() == EWOULDBLOCK)
+      throw RequestError("busy",
+                         path + ": the agent holds a lease on it (fcntl F_SETLEASE); try again once it lets go");
     if (!f) fail(path, f.error().value());
     return std::move(*f);
   }

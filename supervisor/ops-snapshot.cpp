@@ -155,7 +155,8 @@ void op_snapshot_import(OpContext& ctx) {
   // takes the space the journal is promised).
   uint64_t room = ctx.box.journal_room_for_snapshots();
   if (::statvfs(dir.c_str(), &vfs) == 0 &&
-      static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2 + room)
+      (static_cast<uint64_t>(*size) > (UINT64_MAX - room) / 2 ||  // no wrap: 2^63-1 once passed
+       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2 + room))
     throw RequestError("no_space", "snapshot.import: " + std::to_string(*size) + " bytes announced, " +
                                        std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
                                        " free in " + dir + " (the archive and its extraction need twice that, and " +

@@ -258,9 +258,13 @@ def test_snapshot_import_frames_that_disagree_with_size_are_refused(tmp_path):
                 await ws.send(header(9, 0, True) + b"abc")
                 junk = await s.reply(9)
                 bad_export = await s.request("snapshot.export", snapshot="../../etc/passwd")
+                # 2^63-1: twice it plus the journal's room wrapped past 2^64, and the import was
+                # accepted with nothing but its own size to stop it filling the state dir's disk.
+                huge = await s.request("snapshot.import", size=(1 << 63) - 1)
                 ping = await s.request("ping")
-                return no_size, past, short, junk, bad_export, ping
-        no_size, past, short, junk, bad_export, ping = run(go())
+                return no_size, past, short, junk, bad_export, huge, ping
+        no_size, past, short, junk, bad_export, huge, ping = run(go())
+        assert not huge["ok"] and huge["error"]["code"] == "no_space", huge
         assert not no_size["ok"] and "size" in no_size["error"]["message"]
         assert not past["ok"] and "past the 10 bytes" in past["error"]["message"]
         assert not short["ok"] and "4 of the 10 bytes" in short["error"]["message"]

@@ -366,3 +366,19 @@ def test_shutdown_ends_the_box(tmp_path):
                 assert e["reason"] == "shutdown"
         run(go(), 60)
         assert box.proc.wait(20) == 128 + 15
+
+
+def test_an_exec_of_a_very_long_name_fails_saying_why(tmp_path):
+    # ns-init's report named the whole program (70 KB here), past the supervisor's 64 KiB a line:
+    # the report was dropped, and the exec answered as started, exited 127, with no reason.
+    with WsBox(tmp_path, ["sleep", "60"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                long = await s.request("exec", proc="long", argv=["/" + "a" * 70000])
+                cwd = await s.request("exec", proc="cwd", argv=["true"], cwd="/" + "c" * 70000)
+                return long, cwd
+        long, cwd = run(go())
+    assert not long["ok"] and long["error"]["code"] == "spawn_failed", str(long)[:300]
+    assert "... (70001 bytes): " in long["error"]["message"], long["error"]["message"][-200:]
+    assert not cwd["ok"] and "chdir /ccc" in cwd["error"]["message"], str(cwd)[:300]

@@ -453,3 +453,37 @@ def test_an_upload_that_fills_the_disk_or_is_cut_off_leaves_no_file_it_made(tmp_
                 assert (await s.request("fs.stat", path="/workspace/whole.bin"))["size"] == CHUNK + 1
         run(go())
         assert box.alive()
+
+
+LEASE = r'''
+import fcntl, os, signal, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease's break is signalled: kept, not obeyed
+fd = os.open("/workspace/leased", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"held")
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+open("/workspace/ready", "w").close()
+time.sleep(120)
+'''
+
+
+def test_a_file_the_agent_holds_a_lease_on_is_refused_at_once(tmp_path):
+    # An open of a file under a lease waits for the holder to give it up, lease-break-time (45 s
+    # by default): fs.read and fs.write opened it so on the loop, and the box answered nobody
+    # meanwhile. They fail at once now, with `busy`.
+    with WsBox(tmp_path, ["python3", "-c", LEASE]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                for _ in range(200):
+                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
+                        break
+                    await asyncio.sleep(0.05)
+                read = await s.request("fs.read", path="/workspace/leased", timeout=10)
+                write = await s.request("fs.write", path="/workspace/leased", size=1, timeout=10)
+                stats = await s.request("stats", timeout=5)
+                return read, write, stats
+        read, write, stats = run(go())
+    assert not read["ok"] and read["error"]["code"] == "busy", read
+    assert "lease" in read["error"]["message"]
+    assert not write["ok"] and write["error"]["code"] == "busy", write
+    assert stats["ok"]
