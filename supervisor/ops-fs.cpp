@@ -24,6 +24,7 @@ void op_fs_read(OpContext& ctx) {
   uint32_t bid = ctx.binary_id("fs.read");
   auto path = protocol::need_path(f, "path");
   auto roots = ctx.roots();
+  ctx.open_transfer();
   auto fd = fs_open_file(roots, path, O_RDONLY);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw RequestError("io_error", path + ": " + std::strerror(errno));
@@ -61,6 +62,7 @@ void op_fs_write(OpContext& ctx) {
       throw RequestError("bad_request", "an fs.write with id " + std::to_string(bid) + " is in progress");
     c.failed_uploads.insert(bid);  // until the open succeeds, its frames are dropped
   }
+  if (!inline_data) ctx.open_transfer();
   bool created = false;
   auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode, &created);
   MadeFile made = created ? MadeFile::of(roots, path, fd.get()) : MadeFile{};

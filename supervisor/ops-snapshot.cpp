@@ -99,6 +99,7 @@ std::optional<std::string> opt_base64(const boost::json::object& f, const char* 
 
 void op_snapshot_export(OpContext& ctx) {
   uint32_t bid = ctx.binary_id("snapshot.export");
+  ctx.open_transfer();
   auto snap = protocol::need_string(ctx.fields(), "snapshot");
   // `base`: only the chunks a box that has that snapshot lacks (a delta, checkpoint/README.md);
   // `lacks`: only the chunks a box said it lacks (snapshot.lacks' answer to snapshot.chunks').
@@ -148,6 +149,7 @@ void op_snapshot_import(OpContext& ctx) {
   auto size = protocol::opt_int(ctx.fields(), "size", 1, INT64_MAX);
   if (!size) throw RequestError("bad_request", "snapshot.import needs size: the archive's length in bytes (> 0)");
   c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped
+  ctx.open_transfer();
   TempPath tmp(ctx.box.snapshot_incoming_path());
   struct statvfs vfs {};
   std::string dir = tmp.path.substr(0, tmp.path.rfind('/'));

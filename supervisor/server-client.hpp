@@ -116,6 +116,8 @@ struct Client {
   // libwebsockets drops the connection without a Close when the peer's Close arrives while part
   // of a frame is still buffered: reading waits while a frame is partly written (server.cpp).
   bool rx_held = false;
+  // Its requests are not read while over kRepliesHigh of replies wait for it (server.cpp, send).
+  bool rx_full = false;
   // writeable() left writing for the client's waiting input to be read first: the read resumes it.
   bool write_after_read = false;
 };

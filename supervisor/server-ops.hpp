@@ -52,7 +52,13 @@ struct OpContext {
   FsRoots roots() const;
   /// The request's id as the u32 of binary frames; refuses any other id (`op` names the op).
   uint32_t binary_id(const char* op) const;
+  /// Refuses (`limit`) a new transfer (fs.read, fs.write, snapshot.import, snapshot.export) past
+  /// kMaxTransfers open on this connection, or past a quarter of RLIMIT_NOFILE on all of them:
+  /// each holds an fd or two until its last frame.
+  void open_transfer() const;
 };
+
+inline constexpr size_t kMaxTransfers = 256;
 
 using OpFn = void (*)(OpContext&);
 

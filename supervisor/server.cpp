@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@ auto log() {
 // one. A refill goes on from where the last one stopped (Journal::ReadPos), so refills can be
 // small: what a client catching up holds stays near the high mark.
 constexpr size_t kLowWater = 256u << 10;
+constexpr size_t kRepliesHigh = 16u << 20;  // queued for a client: its requests wait past it
 constexpr size_t kHighWater = 1u << 20;
 constexpr size_t kReplayBatch = 512u << 10;
 constexpr size_t kReadChunk = 256u << 10;  // fs.read frame size
@@ -179,7 +181,16 @@ struct Server::Impl {
     ws_lib().lws_callback_on_writable(c.wsi);
   }
   // Always UTF-8 text: a message naming what the agent chose gets U+FFFD for a byte that is not.
-  void send(Client& c, const json::object& o) { enqueue(c, base::json_text(o), false); }
+  // Replies are not bounded as events are (they cannot be read again from the journal): past
+  // kRepliesHigh queued, the client's requests are not read until it has taken what it owes
+  // (a client that sent 1000 large fs.list and read nothing grew the supervisor by 30 MB/s).
+  void send(Client& c, const json::object& o) {
+    enqueue(c, base::json_text(o), false);
+    if (c.q_bytes > kRepliesHigh && !c.rx_full && !c.peer_closed) {
+      c.rx_full = true;
+      ws_lib().lws_rx_flow_control(c.wsi, 0);
+    }
+  }
 
   void close_with(Client& c, int code, std::string reason) {
     if (c.close_code) return;
@@ -371,7 +382,7 @@ struct Server::Impl {
     if (c.rx_held) {
       // The partly written frame is out (lws calls here only then): read again, and first.
       c.rx_held = false;
-      ws_lib().lws_rx_flow_control(c.wsi, 1);
+      if (!c.rx_full) ws_lib().lws_rx_flow_control(c.wsi, 1);
       // Not asking to write again here: lws serves writing before reading in a turn, so only
       // the read may run next, which asks to write again (LWS_CALLBACK_RECEIVE). What it reads
       // asks to write when it must (a reply, a Close), and new events and the stall timer ask too.
@@ -392,6 +403,10 @@ struct Server::Impl {
       c.q_bytes -= n;
       c.q.pop_front();
       if (c.q_bytes < kLowWater) pump(c);
+    }
+    if (c.rx_full && c.q_bytes < kRepliesHigh / 2) {
+      c.rx_full = false;  // it took what it owed: its requests are read again
+      if (!c.rx_held) ws_lib().lws_rx_flow_control(c.wsi, 1);
     }
     if (ws_lib().lws_partial_buffered(c.wsi) && !c.close_code) {
       c.rx_held = true;
@@ -647,6 +662,22 @@ std::function<void(json::object, os::UniqueFd, uint64_t)> OpContext::later_downl
 }
 
 void OpContext::wake() { ws_lib().lws_callback_on_writable(client.wsi); }
+
+void OpContext::open_transfer() const {
+  // A client that opened 10,000 fs.writes and sent no frame held the supervisor's whole
+  // RLIMIT_NOFILE: criu, an exec's fds and every file op failed until it went.
+  auto open = [](const Client& c) { return c.uploads.size() + c.downloads.size(); };
+  if (size_t mine = open(client); mine >= kMaxTransfers)
+    throw RequestError("limit", "this connection has " + std::to_string(mine) +
+                                    " transfers open, the most it may: " + "finish one (its last frame) first");
+  struct rlimit rl {};
+  size_t all = 0;
+  for (auto& [id, c] : server.clients) all += open(*c);
+  size_t cap = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur / 4 : 4096;
+  if (all >= std::max<size_t>(cap, kMaxTransfers))
+    throw RequestError("limit", "the box's connections have " + std::to_string(all) +
+                                    " transfers open, the most they may (a quarter of its open files' limit)");
+}
 
 bool OpContext::token_ok(std::string_view token) const { return server.token_ok(token); }
 

@@ -274,3 +274,57 @@ def test_snapshot_import_frames_that_disagree_with_size_are_refused(tmp_path):
         snaps = box.state / "snapshots"
         assert not snaps.exists() or not any(p.name.startswith(".import-") for p in snaps.iterdir())
         assert box.alive()
+
+
+def test_transfers_a_connection_opens_and_never_finishes_are_bounded(tmp_path):
+    # Each open fs.write holds two fds until its last frame: a client that opened 10,000 and sent
+    # no frame took the supervisor's whole RLIMIT_NOFILE (criu, exec and every file op failed).
+    with WsBox(tmp_path, ["sleep", "60"], extra=["--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws, ws_connect(box) as other:
+                s, o = Session(ws), Session(other)
+                for i in range(1, 301):
+                    await ws.send(json.dumps({"id": i, "op": "fs.write", "path": f"/workspace/f{i}", "size": 10}))
+                refused = [r for r in [await s.reply(i) for i in range(257, 301)] if not r["ok"]]
+                read = await s.request("fs.read", id=400, path="/workspace/f1")
+                theirs = await o.request("fs.write", id=1, path="/workspace/g", data="other")
+                return refused, read, theirs
+        refused, read, theirs = run(go())
+    assert len(refused) == 44 and all(r["error"]["code"] == "limit" for r in refused), refused[:2]
+    assert "256 transfers open" in refused[0]["error"]["message"], refused[0]
+    assert not read["ok"] and read["error"]["code"] == "limit"
+    assert theirs["ok"], theirs  # another connection is not held up by it
+
+
+def test_replies_a_client_does_not_read_are_bounded(tmp_path):
+    # 600 fs.list of a directory of 4000 names (~170 KB a reply, ~100 MB in all), and nothing read
+    # for 3 s: the replies once all waited in the supervisor's memory (30 MB/s, until the stall
+    # close). Now its requests are not read past 16 MiB of replies owed; all are answered once
+    # it reads.
+    script = ("import os\nos.makedirs('/workspace/d')\n"
+              "for i in range(4000): open(f'/workspace/d/file-with-a-longish-name-{i:05}', 'w').close()\n"
+              "open('/workspace/ready', 'w').close()\nimport time; time.sleep(120)\n")
+    with WsBox(tmp_path, ["python3", "-c", script], extra=["--set", "resources.grace=1s"]) as box:
+        def rss_kib():
+            with open(f"/proc/{box.proc.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+        async def go():
+            async with ws_connect(box, max_queue=None) as ws:
+                s = Session(ws)
+                for _ in range(200):
+                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
+                        break
+                    await asyncio.sleep(0.05)
+                before = rss_kib()
+                ws.transport.pause_reading()
+                for i in range(1000, 1600):
+                    await ws.send(json.dumps({"id": i, "op": "fs.list", "path": "/workspace/d"}))
+                await asyncio.sleep(3)
+                grown = rss_kib() - before
+                ws.transport.resume_reading()
+                got = [await s.reply(i, timeout=60) for i in range(1000, 1600)]
+                return grown, got
+        grown, got = run(go(), timeout=180)
+    assert all(r["ok"] and len(r["entries"]) == 4000 for r in got)
+    assert grown < 48 << 10, f"the supervisor grew by {grown} KiB"  # 17 MiB here; 79 for 400 before
