@@ -80,26 +80,41 @@ TreeStats tree_stats(pid_t root) {
   return t;
 }
 
+namespace {
+
+constexpr int kMaxDiskDepth = 128;  // directories open at once, at most
+
+// The tree below `dir` (owned; closed here), each directory opened from its parent's fd without
+// following a symlink: walked by path, an agent that kept swapping a directory of its workspace
+// for a symlink to the host's /usr (renameat2 RENAME_EXCHANGE) had 250 MB of the host counted as
+// its disk, and the supervisor listing host directories as root.
+void add_tree(int dir, int depth, uint64_t& total, size_t& seen, size_t max_entries) {
+  DIR* dp = ::fdopendir(dir);
+  if (!dp) {
+    ::close(dir);
+    return;
+  }
+  int fd = ::dirfd(dp);
+  while (auto* e = ::readdir(dp)) {
+    if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
+    if (++seen >= max_entries) break;
+    struct stat st {};
+    if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    total += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (!S_ISDIR(st.st_mode) || depth >= kMaxDiskDepth) continue;
+    int sub = ::openat(fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (sub >= 0) add_tree(sub, depth + 1, total, seen, max_entries);
+  }
+  ::closedir(dp);
+}
+
+}  // namespace
+
 uint64_t disk_used(const std::string& dir, size_t max_entries) {
   uint64_t total = 0;
   size_t seen = 0;
-  std::vector<std::string> stack{dir};
-  while (!stack.empty() && seen < max_entries) {
-    std::string d = stack.back();
-    stack.pop_back();
-    DIR* dp = ::opendir(d.c_str());
-    if (!dp) continue;
-    while (auto* e = ::readdir(dp)) {
-      if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
-      if (++seen >= max_entries) break;
-      struct stat st {};
-      std::string p = d + "/" + e->d_name;
-      if (::lstat(p.c_str(), &st) != 0) continue;
-      total += static_cast<uint64_t>(st.st_blocks) * 512;
-      if (S_ISDIR(st.st_mode)) stack.push_back(p);
-    }
-    ::closedir(dp);
-  }
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) add_tree(fd, 0, total, seen, max_entries);
   return total;
 }
 
@@ -121,7 +136,8 @@ boost::json::object collect_stats(const Box& box, uint64_t* memory_peak) {
   uint64_t disk_total = 0;
   for (const auto& name : box.branch_names()) {
     auto dir = box.branch_dir(name);
-    uint64_t disk = disk_used(dir + "/workspace") + disk_used(dir + "/tmp");
+    // The agent's /tmp is the overlay's upper dir (tmp/ is used where the overlay cannot be had).
+    uint64_t disk = disk_used(dir + "/workspace") + disk_used(dir + "/tmp-upper") + disk_used(dir + "/tmp");
     disk_total += disk;
     auto b = to_json(tree_stats(box.ns_init_pid(name)));
     b["disk"] = disk;

@@ -38,7 +38,8 @@ struct TreeStats {
 
 /// `root` and every descendant of it.
 TreeStats tree_stats(pid_t root);
-/// Bytes allocated under `dir` (st_blocks), walking at most `max_entries` entries.
+/// Bytes allocated under `dir` (st_blocks), walking at most `max_entries` entries, by fd and
+/// following no symlink (`dir` is where an agent writes).
 uint64_t disk_used(const std::string& dir, size_t max_entries = 100000);
 
 /// The reply of `stats` and the body of `metrics`: the box (the supervisor's whole tree), each

@@ -351,7 +351,13 @@ def test_stats_name_the_box_and_each_running_proc(box):
             assert st["ok"] and st["box"]["pids"] >= 2 and st["box"]["memory"] > 0
             assert "main" in st["procs"] and "busy" in st["procs"]
             assert st["procs"]["busy"]["pids"] == 1
-            assert "disk" in st["branches"]["main"]
+            before = st["branches"]["main"]["disk"]
+            # What the agent writes to its /tmp counts: the overlay's upper dir (tmp-upper) was
+            # not walked, only tmp/, its mount point's empty twin.
+            await s.request("exec", proc="fill", argv=["sh", "-c", "head -c 4194304 /dev/zero > /tmp/fill"])
+            await s.wait_event(exited("fill"))
+            st = await s.request("stats")
+            assert st["branches"]["main"]["disk"] >= before + (4 << 20), (before, st["branches"]["main"])
     run(go(), 60)
 
 
