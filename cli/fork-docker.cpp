@@ -29,6 +29,7 @@
 #include <stdexcept>
 
 #include "archive/archive.hpp"
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "cli/relay.hpp"
 #include "cli/session.hpp"
@@ -340,8 +341,8 @@ std::optional<Copy> migrate_with(Session& s, const Place& place, const std::stri
 int fork_on_docker(const std::string& url, const std::string& token_file, const std::string& snap, int n,
                    const DockerTarget& to) {
   if (!archive::valid_snapshot_id(snap))
-    throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
-  if (n < 1 || n > 16) throw std::invalid_argument("-n must be 1..16 with --host docker (one container each)");
+    throw UsageError("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
+  if (n < 1 || n > 16) throw UsageError("-n must be 1..16 with --host docker (one container each)");
   auto t0 = std::chrono::steady_clock::now();
   dk::BoxSpec from = source_spec(url, token_file, snap);
   Session s("fork", url, token_file);
@@ -387,7 +388,7 @@ int migrate_on_docker(const std::string& url, const std::string& token_file, con
 int fork_into_boxes(const std::string& url, const std::string& token_file, const std::string& snap,
                     const std::vector<sdk::Endpoint>& boxes) {
   if (!archive::valid_snapshot_id(snap))
-    throw std::invalid_argument("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
+    throw UsageError("--snapshot " + snap + ": not a snapshot id (s- and 16 hex digits)");
   auto t0 = std::chrono::steady_clock::now();
   Session s("fork", url, token_file);
   std::vector<std::string> failures;

@@ -2,9 +2,11 @@
 // with args.hpp and, if it talks to a box, connecting through session.hpp; this one dispatches.
 #include <cstring>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cli/args.hpp"
 #include "cli/commands.hpp"
 
 namespace {
@@ -65,7 +67,12 @@ const char* kUsage =
     "                                                                        local ones too, and how each ended)\n"
     "  image build [--variant base|python] [--tag NAME:VERSION]              the runtime image, into Docker\n"
     "  version                                                               print the version\n";
+
+int unreadable_reply(const std::string& cmd, const std::exception& e) {
+  std::cerr << "sandboxer " << cmd << ": the box sent a reply this CLI cannot read (" << e.what() << ")\n";
+  return sbx::cli::kExitFailed;
 }
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
@@ -103,6 +110,17 @@ int main(int argc, char** argv) {
       std::cout << "sandboxer " << SBX_VERSION << "\n";
       return 0;
     }
+  } catch (const sbx::cli::UsageError& e) {
+    std::cerr << "sandboxer " << cmd << ": " << e.what() << "\n";
+    return sbx::cli::kExitUsage;
+  } catch (const std::invalid_argument& e) {
+    // boost::json's accessors (1.81: std::invalid_argument "not an object", std::out_of_range for
+    // a missing key) on a reply of a shape this CLI does not expect: the box's doing (a box of
+    // another version, or a hostile one), not a usage error. Once printed as boost's bare words,
+    // with exit 2.
+    return unreadable_reply(cmd, e);
+  } catch (const std::out_of_range& e) {
+    return unreadable_reply(cmd, e);
   } catch (const std::exception& e) {
     // A usage error (args.hpp), or nothing to start with: no token, no sandboxer-init, no Docker.
     std::cerr << "sandboxer " << cmd << ": " << e.what() << "\n";

@@ -115,6 +115,18 @@ void EventPrinter::print(std::string_view line, const boost::json::object& ev) {
     std::fflush(out_);
     return;
   }
+  try {
+    print_human(ev);
+  } catch (const std::exception& e) {
+    // A field of a type this CLI does not expect (a box of another version, or a hostile one):
+    // the line as it came, escaped. The exception once ended the connection with no reason, the
+    // event already counted as read, and `attach` reconnected for ever.
+    std::string safe = json_for_terminal(line);
+    std::fprintf(out_, "%s (an event this CLI cannot show: %s)\n", safe.c_str(), e.what());
+  }
+}
+
+void EventPrinter::print_human(const boost::json::object& ev) {
   std::string type = str(ev, "type");
   std::string t = clock_of(ev);
   std::string branch = str(ev, "branch");

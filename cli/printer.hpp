@@ -33,6 +33,7 @@ class EventPrinter {
 
  private:
   void output(const boost::json::object& ev);
+  void print_human(const boost::json::object& ev);
   bool json_;
   std::FILE* out_;
   std::map<std::string, bool> midline_;  // proc/stream -> last output did not end in a newline

@@ -1190,3 +1190,68 @@ def test_down_of_a_box_whose_supervisor_was_killed_releases_what_it_left(tmp_pat
             p.kill()
             p.wait(timeout=30)
         unmount_below(state)
+
+
+class HostileBox:
+    """A WebSocket server on 127.0.0.1 speaking the protocol with fields of the wrong types: what a
+    box of another version, or a hostile one on another machine, may send the CLI."""
+
+    def __init__(self, tmp_path):
+        import asyncio
+        from websockets.asyncio.server import serve
+        self.token_file = tmp_path / "hostile-token"
+        self.token_file.write_text("t\n")
+        self.token_file.chmod(0o600)
+        self.bad_stats = True
+        ready = threading.Event()
+
+        async def handler(ws):
+            async for m in ws:
+                if isinstance(m, bytes):
+                    continue
+                r = json.loads(m)
+                if r.get("op") == "stats" and self.bad_stats:
+                    await ws.send(json.dumps({"id": r.get("id"), "ok": True, "box": 5}))
+                elif r.get("op") == "stats":
+                    await ws.send(json.dumps({"id": r.get("id"), "ok": True, "box": {}, "last_seq": 2}))
+                elif r.get("op") == "subscribe":
+                    await ws.send(json.dumps({"id": r.get("id"), "ok": True, "last_seq": 2}))
+                    await ws.send(json.dumps({"seq": 1, "ts": "x", "type": "proc.output", "proc": "main", "data": 5}))
+                    await ws.send(json.dumps({"seq": 2, "ts": "x", "type": "proc.output", "proc": "main",
+                                              "stream": "stdout", "data": "after\n"}))
+
+        async def main():
+            async with serve(handler, "127.0.0.1", 0, subprotocols=["sandboxer.v1"]) as server:
+                self.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+                self.stop = asyncio.get_running_loop().create_future()
+                self.loop = asyncio.get_running_loop()
+                ready.set()
+                await self.stop
+
+        self.thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.stop.set_result, None)
+        self.thread.join(10)
+
+
+def test_replies_and_events_of_the_wrong_types_are_named_not_fatal(tmp_path):
+    # A reply field of another type gave boost's bare words and exit 2 (usage); an event's ended
+    # the connection with no reason, the event counted as read (`attach` reconnected for ever).
+    hostile = HostileBox(tmp_path)
+    try:
+        env = local_env(tmp_path)
+        r = subprocess.run([str(CLI), "stats", hostile.url, "--token-file", str(hostile.token_file)],
+                           capture_output=True, text=True, timeout=30, env=env)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "the box sent a reply this CLI cannot read (not an object)" in r.stderr, r.stderr
+        hostile.bad_stats = False
+        r = subprocess.run([str(CLI), "log", hostile.url, "--token-file", str(hostile.token_file)],
+                           capture_output=True, text=True, timeout=30, env=env)
+        assert '"data": 5} (an event this CLI cannot show: not a string)\n' in r.stdout, (r.stdout, r.stderr)
+        assert "main | after\n" in r.stdout, (r.stdout, r.stderr)
+        assert r.returncode == 0, (r.returncode, r.stderr)
+    finally:
+        hostile.close()

@@ -267,7 +267,12 @@ struct Client::Impl {
     if (!self) return 0;
     try {
       return self->callback(w, reason, in, len);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      // An owner's callback (on_event, a reply's) threw on what the box sent: the connection ends
+      // saying so, where it once ended with no reason at all.
+      if (self->close_reason.empty())
+        self->close_reason = std::string("a message from the box could not be handled: ") + e.what();
+      self->close_code = 1007;
       return -1;
     }
   }
