@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -392,27 +393,136 @@ boost::system::result<void> Journal::recover() {
   return {};
 }
 
-// The active segment of the previous run: every whole line that parses is kept; a line that does
-// not (a bad block, a hand edit) is skipped, not the end of the journal; a torn tail (no newline:
-// the writer died mid-write) is cut off. Rewritten only when something was skipped.
+namespace {
+
+// The lines of the active segment that recovery keeps, given each whole line's seq (0 for a line
+// that is unreadable or whose seq is below the segment's first): the longest run of lines whose
+// seqs increase (a longest increasing subsequence, in O(n log n)). A line whose seq was damaged
+// breaks the sequence that the lines around it continue, so the run goes past it: keeping each line
+// above the last one kept (the rule before) kept a 10 read as 90 and dropped the 22 good lines
+// after it. Of runs as long, the one that ends lowest (a line that jumped ahead goes, not the one
+// that continues the sequence); of two lines with one seq, the first.
+std::vector<bool> longest_run(const std::vector<uint64_t>& seqs) {
+  constexpr size_t kNone = SIZE_MAX;
+  std::vector<size_t> tails;  // tails[k]: the line ending the lowest-ending run of k + 1 lines so far
+  std::vector<size_t> prev(seqs.size(), kNone);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i] == 0) continue;
+    auto it = std::lower_bound(tails.begin(), tails.end(), seqs[i], [&](size_t t, uint64_t v) { return seqs[t] < v; });
+    if (it != tails.end() && seqs[*it] == seqs[i]) continue;  // the same seq again: the first stays
+    prev[i] = it == tails.begin() ? kNone : *(it - 1);
+    if (it == tails.end())
+      tails.push_back(i);
+    else
+      *it = i;
+  }
+  std::vector<bool> keep(seqs.size(), false);
+  for (size_t i = tails.empty() ? kNone : tails.back(); i != kNone; i = prev[i]) keep[i] = true;
+  return keep;
+}
+
+// A line recovery dropped: its line number in the segment (from 1), the seq it reads (when it has
+// one), why (`unreadable`: not JSON with a seq; `duplicate`: a seq a kept line has; `out_of_order`:
+// any other seq that breaks the sequence), and the kept seqs around it (0: none).
+struct Dropped {
+  uint64_t line;
+  std::optional<uint64_t> seq;
+  const char* reason;
+  uint64_t after, before;
+};
+
+// What recovery says of the lines it dropped: the first kMaxListed of them, in journal.recovered's
+// `skipped` and in the log (the count, `skipped_lines`, has them all).
+constexpr size_t kMaxListed = 32;
+
+std::string describe(const std::vector<Dropped>& dropped, size_t total) {
+  std::string out;
+  for (auto& d : dropped) {
+    out += out.empty() ? "" : "; ";
+    out += "line " + std::to_string(d.line);
+    if (d.seq) out += " (seq " + std::to_string(*d.seq) + ")";
+    std::string_view why = d.reason;
+    out += why == "unreadable" ? ": unreadable" : why == "duplicate" ? ": a duplicate" : ": out of order";
+    if (why == "unreadable") continue;
+    if (d.after && d.before)
+      out += ", between " + std::to_string(d.after) + " and " + std::to_string(d.before);
+    else if (d.after || d.before)
+      out += d.after ? ", after " + std::to_string(d.after) : ", before " + std::to_string(d.before);
+  }
+  if (total > dropped.size()) out += "; and " + std::to_string(total - dropped.size()) + " more";
+  return out;
+}
+
+// What recovery dropped of the active segment's whole lines.
+struct Skipped {
+  uint64_t lines = 0, bytes = 0;
+  boost::json::array listed;  // the first kMaxListed: {line, seq, reason}
+};
+
+// Writes the lines `keep` names (of the whole lines before `end`) over the segment at `path`, beside
+// it and renamed over it: a crash in between leaves one whole file or the other. Says in the log
+// which lines were dropped and why, and returns it.
+boost::system::result<Skipped> rewrite_kept(const std::string& path, uint64_t first, uint64_t end,
+                                            const std::vector<uint64_t>& seqs, const std::vector<bool>& keep) {
+  std::vector<uint64_t> kept_seqs;  // increasing
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (keep[i]) kept_seqs.push_back(seqs[i]);
+  std::string kept;
+  std::vector<Dropped> listed;
+  Skipped out;
+  size_t line = 0, k = 0;  // k: the lines kept so far
+  JsonCheck json;
+  auto r = for_each_line(path, false, [&](std::string_view l, uint64_t at) {
+    if (at > end || line >= seqs.size()) return false;
+    if (keep[line++]) {
+      kept.append(l).push_back('\n');
+      ++k;
+      return true;
+    }
+    ++out.lines;
+    out.bytes += l.size() + 1;
+    if (listed.size() == kMaxListed) return true;
+    Dropped d{line, line_seq(l), "out_of_order", k ? kept_seqs[k - 1] : 0, k < kept_seqs.size() ? kept_seqs[k] : 0};
+    if (!d.seq || !json.whole(l))
+      d.reason = "unreadable";
+    else if (std::binary_search(kept_seqs.begin(), kept_seqs.end(), *d.seq))
+      d.reason = "duplicate";
+    listed.push_back(d);
+    return true;
+  });
+  if (!r) return r.error();
+  if (auto w = os::write_file_atomic(path, kept, 0640); !w) return w.error();
+  log()->warn("recover journal: dropped {} damaged line(s) ({} bytes) in segment {}, and kept every other: {}",
+              out.lines, out.bytes, seg_name(first), describe(listed, out.lines));
+  for (auto& d : listed) {
+    boost::json::object o{{"line", d.line}};
+    if (d.seq) o["seq"] = *d.seq;
+    o["reason"] = d.reason;
+    out.listed.push_back(std::move(o));
+  }
+  return out;
+}
+
+}  // namespace
+
+// The active segment of the previous run: its whole lines that parse and whose seqs form the
+// longest increasing run (longest_run) are kept; a line that does not parse or whose seq breaks that
+// run (a bad block, a bit flipped, a hand edit) is dropped, not the end of the journal nor of the
+// lines after it; a torn tail (no newline: the writer died mid-write) is cut off. Rewritten only
+// when a whole line was dropped.
 boost::system::result<void> Journal::recover_active(const std::string& path, uint64_t first) {
   if (resume_clean(path, first)) return {};
   // Read in chunks (for_each_line), not whole: a 16 MiB segment read into one string cost the
   // restart as much in page faults as its check.
   JsonCheck json;
-  uint64_t seq = 0;
-  auto keep = [&](std::string_view line) {
-    auto s = line_seq(line);
-    if (!s || *s <= seq || !json.whole(line)) return false;
-    seq = *s;
-    return true;
-  };
-  uint64_t skipped = 0, skipped_bytes = 0, end = 0;  // end: just past the last whole line
+  std::vector<uint64_t> seqs;  // each whole line's seq; 0: unreadable, or below the segment's first
+  bool in_order = true;        // every line readable, each above the one before: all kept
+  uint64_t end = 0;            // just past the last whole line
   auto r = for_each_line(path, false, [&](std::string_view line, uint64_t at) {
-    if (!keep(line)) {
-      ++skipped;
-      skipped_bytes += line.size() + 1;
-    }
+    auto s = line_seq(line);
+    uint64_t seq = s && *s >= first && json.whole(line) ? *s : 0;
+    in_order = in_order && seq && (seqs.empty() || seq > seqs.back());
+    seqs.push_back(seq);
     end = at;
     return true;
   });
@@ -420,36 +530,33 @@ boost::system::result<void> Journal::recover_active(const std::string& path, uin
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return os::last_error();
   uint64_t torn = static_cast<uint64_t>(st.st_size) - end;
-  uint64_t kept_bytes = end - skipped_bytes;
-  if (skipped) {
-    // The kept lines again, by the same rule, then written beside it and renamed over: a crash in
-    // between leaves one whole file or the other.
-    std::string kept;
-    seq = 0;
-    r = for_each_line(path, false, [&](std::string_view line, uint64_t at) {
-      if (at > end) return false;
-      if (keep(line)) kept.append(line).push_back('\n');
-      return true;
-    });
-    if (!r) return r.error();
-    if (auto w = os::write_file_atomic(path, kept, 0640); !w) return w.error();
-    log()->warn("recover journal: skipped {} unreadable line(s) ({} bytes) in segment {}", skipped, skipped_bytes,
-                seg_name(first));
-  } else if (torn && ::truncate(path.c_str(), static_cast<off_t>(end)) != 0) {
-    return os::last_error();
+  Skipped skipped;
+  last_seq_ = first - 1;
+  if (in_order) {
+    if (torn && ::truncate(path.c_str(), static_cast<off_t>(end)) != 0) return os::last_error();
+    if (!seqs.empty()) last_seq_ = seqs.back();
+  } else {
+    auto keep = longest_run(seqs);
+    auto d = rewrite_kept(path, first, end, seqs, keep);
+    if (!d) return d.error();
+    skipped = std::move(*d);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (keep[i]) last_seq_ = seqs[i];
   }
-  if (torn || skipped) {
+  if (torn || skipped.lines) {
     recovered_["type"] = "journal.recovered";
-    recovered_["dropped_bytes"] = torn + skipped_bytes;
-    if (skipped) recovered_["skipped_lines"] = skipped;
+    recovered_["dropped_bytes"] = torn + skipped.bytes;
+    if (skipped.lines) {
+      recovered_["skipped_lines"] = skipped.lines;
+      recovered_["skipped"] = std::move(skipped.listed);
+    }
     recovered_["segment"] = seg_name(first);
     if (torn) log()->warn("recover journal: dropped a torn tail of {} bytes in segment {}", torn, seg_name(first));
   }
-  last_seq_ = seq ? seq : first - 1;
   active_.reset(::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW));
   if (!active_) return os::last_error();
   active_first_ = first;
-  active_bytes_ = kept_bytes;
+  active_bytes_ = end - skipped.bytes;
   return {};
 }
 

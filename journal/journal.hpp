@@ -65,7 +65,9 @@ class Journal {
   using Listener = std::function<void(const Event&)>;
 
   /// Opens (creating or recovering) the journal. Recovery drops a torn last line of the active
-  /// segment and remembers it, so the first append after open is a `journal.recovered` event.
+  /// segment, and its whole lines that are damaged (a line that does not parse, or whose seq breaks
+  /// the sequence that the lines around it keep), and remembers what it dropped, so the first
+  /// append after open is a `journal.recovered` event.
   static boost::system::result<std::unique_ptr<Journal>> open(uv_loop_t* loop, JournalOptions opts);
   ~Journal();
 

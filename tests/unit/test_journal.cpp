@@ -146,6 +146,127 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: recovery skips a bad line and cuts a to
   CHECK(after->find("\"i\":2") == std::string::npos);
 }
 
+namespace {
+// The active segment of `dir` (its first), with the first `from` in it replaced by `to`: damage on
+// disk, found by the next open's line-by-line check (a new inode: the last run's note of its clean
+// end no longer matches).
+void damage_segment(const fs::path& dir, std::string_view from, std::string_view to) {
+  fs::path seg = dir / "00000000000000000001.jsonl";
+  auto text = sbx::os::read_file(seg.string());
+  REQUIRE(text);
+  size_t at = text->find(from);
+  REQUIRE(at != std::string::npos);
+  text->replace(at, from.size(), to);
+  REQUIRE(sbx::os::write_file_atomic(seg.string(), *text));
+}
+
+std::vector<uint64_t> seq_range(uint64_t from, uint64_t to) {
+  std::vector<uint64_t> out;
+  for (uint64_t s = from; s <= to; ++s) out.push_back(s);
+  return out;
+}
+
+std::vector<uint64_t> operator+(std::vector<uint64_t> a, const std::vector<uint64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The journal.recovered event among `all`.
+boost::json::object recovered_of(const std::vector<std::pair<uint64_t, std::string>>& all) {
+  for (auto& [s, l] : all) {
+    auto v = boost::json::parse(l).as_object();
+    if (v.at("type") == "journal.recovered") return v;
+  }
+  FAIL("no journal.recovered");
+  return {};
+}
+
+// Its `skipped` list, {line, seq, reason} of each dropped line, as JSON text.
+std::string skipped_of(const std::vector<std::pair<uint64_t, std::string>>& all) {
+  auto rec = recovered_of(all);
+  auto* list = rec.if_contains("skipped");
+  return list ? boost::json::serialize(*list) : "(none)";
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: recovery drops a line whose seq jumped ahead and keeps every event after it") {
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    REQUIRE(j);
+    for (int i = 0; i < 32; ++i) (*j)->append({{"type", "t"}, {"i", i}});
+  }
+  // One bit flipped on disk (1 is 0x31, 9 is 0x39): line 10 now says seq 90. Before, recovery kept
+  // that line and dropped the 22 good ones after it (none above 90), and numbering went on at 91.
+  damage_segment(dir, "{\"seq\":10,", "{\"seq\":90,");
+  auto all = reopen_and_append(32);
+  CHECK(seqs_of(all) == seq_range(1, 9) + seq_range(11, 34));
+  CHECK(recovered_of(all).at("skipped_lines") == 1);
+  CHECK(skipped_of(all) == R"([{"line":10,"seq":90,"reason":"out_of_order"}])");
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: recovery drops only the damaged lines, whichever way a seq went") {
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    REQUIRE(j);
+    for (int i = 0; i < 32; ++i) (*j)->append({{"type", "t"}, {"i", i}});
+  }
+  SUBCASE("ahead by one, then the old sequence again (5 read as 7: 4, 7, 6, 7, 8)") {
+    // Before: the damaged 7 was kept, and the good 6 and 7 after it dropped.
+    damage_segment(dir, "{\"seq\":5,", "{\"seq\":7,");
+    auto all = reopen_and_append(32);
+    CHECK(seqs_of(all) == seq_range(1, 4) + seq_range(6, 34));
+    CHECK(skipped_of(all) == R"([{"line":5,"seq":7,"reason":"duplicate"}])");
+  }
+  SUBCASE("back to a seq seen before (20 read as 12)") {
+    damage_segment(dir, "{\"seq\":20,", "{\"seq\":12,");
+    auto all = reopen_and_append(32);
+    CHECK(seqs_of(all) == seq_range(1, 19) + seq_range(21, 34));
+    CHECK(skipped_of(all) == R"([{"line":20,"seq":12,"reason":"duplicate"}])");
+  }
+  SUBCASE("back below the segment's first seq (10 read as 0)") {
+    damage_segment(dir, "{\"seq\":10,", "{\"seq\":0,");
+    auto all = reopen_and_append(32);
+    CHECK(seqs_of(all) == seq_range(1, 9) + seq_range(11, 34));
+    CHECK(skipped_of(all) == R"([{"line":10,"seq":0,"reason":"out_of_order"}])");
+  }
+  SUBCASE("the last line ahead: kept, as nothing tells it from a jump the journal made") {
+    damage_segment(dir, "{\"seq\":32,", "{\"seq\":72,");
+    auto all = reopen_and_append(72);
+    CHECK(seqs_of(all) == seq_range(1, 31) + std::vector<uint64_t>{72, 73});
+  }
+  SUBCASE("two lines ahead, one unreadable and a torn tail, at once") {
+    damage_segment(dir, "{\"seq\":3,", "{\"seq\":93,");
+    damage_segment(dir, "{\"seq\":17,", "{\"seq\":97,");
+    damage_segment(dir, "{\"seq\":25,", "{\"seq\":25#");
+    int fd = ::open((dir / "00000000000000000001.jsonl").c_str(), O_WRONLY | O_APPEND);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "{\"seq\":33,\"ts\":\"x", 16) == 16);
+    ::close(fd);
+    auto all = reopen_and_append(32);
+    CHECK(seqs_of(all) == seq_range(1, 2) + seq_range(4, 16) + seq_range(18, 24) + seq_range(26, 34));
+    CHECK(skipped_of(all) ==
+          R"([{"line":3,"seq":93,"reason":"out_of_order"},{"line":17,"seq":97,"reason":"out_of_order"},)"
+          R"({"line":25,"seq":25,"reason":"unreadable"}])");
+    CHECK(recovered_of(all).at("skipped_lines") == 3);
+  }
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: recovery keeps a jump ahead the journal made itself") {
+  {
+    auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test"});
+    REQUIRE(j);
+    for (int i = 0; i < 5; ++i) (*j)->append({{"type", "t"}});
+    (*j)->skip_to(100);  // a box restored from an archive continues its parent's seq
+    for (int i = 0; i < 3; ++i) (*j)->append({{"type", "t"}});
+  }
+  // No note of a clean end (a run that was killed): every line is checked.
+  auto hwm = sbx::os::read_file((dir / "seq.hwm").string());
+  REQUIRE(hwm);
+  REQUIRE(sbx::os::write_file_atomic((dir / "seq.hwm").string(), hwm->substr(0, 21)));
+  auto all = reopen_and_append(103);
+  CHECK(seqs_of(all) == seq_range(1, 5) + seq_range(101, 104));
+}
+
 TEST_CASE_FIXTURE(LoopFixture, "journal: a restart after a compressed newest segment continues after its last line") {
   const std::string pad(1000, 'x');
   uint64_t last = 0;
