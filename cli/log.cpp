@@ -5,7 +5,9 @@
 // remote box reads like a local one.
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <set>
 #include <stdexcept>
 
 #include "cli/args.hpp"
@@ -23,6 +25,13 @@ constexpr const char* kUsage = "usage: sandboxer log STATE_DIR|URL [--since N] [
 
 bool is_url(const std::string& s) { return s.rfind("ws://", 0) == 0 || s.rfind("wss://", 0) == 0; }
 
+// A segment of the journal that could not be read: said on stderr, where the events after it
+// are printed on; the exit status says so at the end.
+void report_unreadable(const std::string& where, const std::string& what) {
+  std::cout.flush();
+  std::cerr << "sandboxer log: " << printable(where + ": " + what, false) << "\n";
+}
+
 int log_remote(const Args& a, uint64_t since, bool json) {
   Session s("log", a.positionals()[0], a);
   bool follow = a.has("--follow");
@@ -39,16 +48,32 @@ int log_remote(const Args& a, uint64_t since, bool json) {
   }
   EventPrinter printer(json);
   int rc = kExitOk;
+  bool unreadable = false;
   sdk::Subscription sub(
       s.loop(), s.endpoint(), since, std::nullopt,
       [&](const boost::json::object& ev, std::string_view line) {
-        printer.print(line, ev);
+        // The box's reader could not read a segment of its journal (Journal::unreadable_event):
+        // said as a local journal's is, and the replay goes on after it.
+        if (auto* t = ev.if_contains("type"); t && *t == "journal.unreadable") {
+          unreadable = true;
+          auto field = [&](const char* k) -> std::string {
+            const auto* v = ev.if_contains(k);
+            if (v && v->is_string()) return std::string(v->as_string());
+            return v && v->is_int64() ? std::to_string(v->as_int64()) : "?";
+          };
+          std::string first = field("first_seq"), last = field("last_seq");
+          report_unreadable(a.positionals()[0],
+                            "segment " + field("segment") + " cannot be read (" + field("error") + "): " +
+                                (first == last ? "seq " + first : "seqs " + first + " to " + last) + " skipped");
+        } else {
+          printer.print(line, ev);
+        }
         const auto* seq = ev.if_contains("seq");
         if (!follow && seq && seq->is_int64() && static_cast<uint64_t>(seq->as_int64()) >= until) s.stop();
       },
       [&](int code, const std::string& reason) { rc = s.stream_closed(code, reason); });
   s.run();
-  return rc;
+  return rc == kExitOk && unreadable ? kExitFailed : rc;
 }
 
 // --follow of a state dir: what the journal holds, then what is added while a supervisor runs on
@@ -56,7 +81,8 @@ int log_remote(const Args& a, uint64_t since, bool json) {
 // a last read, and the end.
 int log_local(const std::string& state_dir, const std::string& jdir, uint64_t since, bool json, bool follow) {
   EventPrinter printer(json);
-  journal::Journal::ReadPos pos;  // each read goes on where the one before stopped
+  journal::Journal::ReadPos pos;     // each read goes on where the one before stopped
+  std::set<std::string> unreadable;  // segments said to be unreadable (a --follow reads again)
   int wait_ms = 50;
   for (;;) {
     // Asked before the read: what the box wrote up to its end is in the read after it.
@@ -71,10 +97,15 @@ int log_local(const std::string& state_dir, const std::string& jdir, uint64_t si
           since = seq;
           return true;
         },
-        &pos);
+        &pos,
+        [&](const journal::Journal::Gap& g) {
+          if (unreadable.insert(g.segment).second) report_unreadable(jdir, journal::Journal::describe(g));
+          since = std::max(since, g.last);  // the next read goes on after it
+          return true;
+        });
     if (!r) throw std::runtime_error("read journal " + jdir + ": " + r.error().message());
     std::cout.flush();
-    if (!running) return kExitOk;
+    if (!running) return unreadable.empty() ? kExitOk : kExitFailed;
     wait_ms = since != before ? 50 : std::min(wait_ms * 2, 1000);
     ::usleep(static_cast<useconds_t>(wait_ms) * 1000);
   }

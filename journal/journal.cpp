@@ -85,10 +85,11 @@ std::optional<uint64_t> line_seq(std::string_view line) {
 // Calls fn(line, resume) for every whole line; `resume` is where a later read may start and still
 // see every line after this one: the file offset just past the line for a plain file, the offset
 // of the zstd frame holding the line for a .zst (frames end at line ends: zstd_compress_file).
-// The file is read from byte `from` on, which must be such a position.
+// The file is read from byte `from` on, which must be such a position. A .zst that does not end
+// at a frame's end is an error (EBADMSG) unless `cut_ok`.
 boost::system::result<bool> for_each_line(const std::string& path, bool zst,
-                                          const std::function<bool(std::string_view, uint64_t)>& fn,
-                                          uint64_t from = 0) {
+                                          const std::function<bool(std::string_view, uint64_t)>& fn, uint64_t from = 0,
+                                          bool cut_ok = false) {
   os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return {boost::system::in_place_error, os::last_error()};
   if (from > 0 && ::lseek(fd.get(), static_cast<off_t>(from), SEEK_SET) < 0)
@@ -118,6 +119,7 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
   std::vector<char> in(1 << 17), out(1 << 18);
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(zst ? ZSTD_createDCtx() : nullptr, ZSTD_freeDCtx);
   uint64_t in_at = from;  // the file offset of in[0]
+  bool in_frame = false;  // .zst: the last frame begun has not ended
   for (;;) {
     ssize_t n = ::read(fd.get(), in.data(), in.size());
     if (n < 0) {
@@ -136,9 +138,13 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
       if (ZSTD_isError(r)) return {boost::system::in_place_error, os::sys_error(EBADMSG)};
       if (!feed({out.data(), ob.pos})) return false;
       if (r == 0 && pending.empty()) at = in_at + ib.pos;  // a frame ended, at a line end
+      in_frame = r != 0;
     }
     in_at += static_cast<uint64_t>(n);
   }
+  // A .zst is renamed into place whole (zstd_compress_file): one that ends inside a frame, or
+  // holds none, was cut short on disk, and what it held past the cut is not in it.
+  if (zst && !cut_ok && (in_frame || in_at == 0)) return {boost::system::in_place_error, os::sys_error(EBADMSG)};
   // A last line without its newline is torn: the writer died mid-write. Readers skip it.
   return true;
 }
@@ -379,7 +385,9 @@ boost::system::result<void> Journal::recover() {
           if (auto s = line_seq(l)) seq = *s;
           return true;
         },
-        last_frame_offset(base + ".zst"));
+        // Cut short on disk (damage to a reader): the seq goes on after the last line it still
+        // holds, as it did before readers looked for a cut.
+        last_frame_offset(base + ".zst"), true);
     if (!r) return r.error();
     last_seq_ = seq;
   }
@@ -887,13 +895,15 @@ bool Journal::holds_journal(const std::string& dir) {
 }
 
 boost::system::result<void> Journal::read(const std::string& dir, uint64_t since,
-                                          const std::function<bool(uint64_t, std::string_view)>& fn, ReadPos* pos) {
+                                          const std::function<bool(uint64_t, std::string_view)>& fn, ReadPos* pos,
+                                          const GapFn& gap) {
   auto segs = list_segments(dir);
   for (size_t i = 0; i < segs.size(); ++i) {
     // Skip a segment whose successor starts at or before since + 1: nothing in it is wanted.
     if (i + 1 < segs.size() && segs[i + 1].first <= since + 1) continue;
     std::string base = dir + "/" + seg_name(segs[i].first) + ".jsonl";
     bool zst = segs[i].zst;
+    uint64_t given = 0;  // the last seq given to fn from this segment
     auto each = [&](bool z) {
       // Where the last read stopped in this segment: the lines before it are all <= since.
       uint64_t from = pos && pos->segment == segs[i].first && pos->zst == z ? pos->offset : 0;
@@ -903,6 +913,7 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
             auto s = line_seq(l);
             if (!s || *s <= since) return true;
             if (pos) *pos = ReadPos{segs[i].first, end, z};
+            given = *s;
             // A line an older sandboxer wrote with a byte that is not UTF-8 (a name a message
             // quoted; base::json_append writes none): as text, which every client's parser
             // needs. Its bytes outside strings are JSON's own, all ASCII.
@@ -912,11 +923,41 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
           from);
     };
     auto r = each(zst);
-    if (!r && r.error().value() == ENOENT && !zst) r = each(true);  // compressed and unlinked meanwhile
-    if (!r) return r.error();
-    if (!*r) return {};
+    if (!r && r.error().value() == ENOENT && !zst) {  // compressed and unlinked meanwhile
+      zst = true;
+      r = each(true);
+    }
+    if (r && !*r) return {};
+    if (r) continue;
+    if (!gap) return r.error();
+    // What this segment holds after since and after the lines it gave, up to the next one's first.
+    Gap g{std::max({since, given, segs[i].first - 1}) + 1, i + 1 < segs.size() ? segs[i + 1].first - 1 : 0,
+          seg_name(segs[i].first) + (zst ? ".jsonl.zst" : ".jsonl"), r.error()};
+    if ((g.last == 0 || g.first <= g.last) && !gap(g)) return {};
   }
   return {};
+}
+
+std::string Journal::describe(const Gap& g) {
+  std::string seqs = g.last == 0         ? "its seqs from " + std::to_string(g.first) + " on"
+                     : g.first == g.last ? "seq " + std::to_string(g.first)
+                                         : "seqs " + std::to_string(g.first) + " to " + std::to_string(g.last);
+  return "segment " + g.segment + " cannot be read (" + g.error.message() + "): " + seqs + " skipped";
+}
+
+std::string Journal::unreadable_event(const Gap& g, uint64_t last, std::string_view box) {
+  boost::json::object ev;
+  ev["seq"] = last;
+  ev["ts"] = base::rfc3339_now();
+  ev["type"] = "journal.unreadable";
+  if (!box.empty()) ev["box"] = box;
+  ev["first_seq"] = g.first;
+  ev["last_seq"] = last;
+  ev["segment"] = g.segment;
+  ev["error"] = g.error.message();
+  std::string line;
+  base::json_append(line, ev);
+  return line;
 }
 
 std::optional<std::string> Journal::last_line(const std::string& dir) {

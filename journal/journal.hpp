@@ -16,7 +16,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "loop/uv-handle.hpp"
 #include "os/unique-fd.hpp"
@@ -112,13 +114,39 @@ class Journal {
   /// nothing and no error.
   static bool holds_journal(const std::string& dir);
 
+  /// A segment a read could not read to its end (damaged on disk: a zstd frame that does not
+  /// decode or whose checksum is wrong, a file cut short; an I/O error): the seqs after the read's
+  /// `since` that it holds and the read did not give, from `first` to `last` (the seq before the
+  /// next segment's first; 0 for the newest segment, whose last seq only its own lines tell), the
+  /// segment's file name and why.
+  struct Gap {
+    uint64_t first = 0;
+    uint64_t last = 0;
+    std::string segment;
+    boost::system::error_code error;
+  };
+  using GapFn = std::function<bool(const Gap&)>;
+
   /// Calls `fn(seq, line)` for every event with seq > since, in order, from the files under
   /// `dir`. Stops early when fn returns false. Works on a journal another process is writing.
   /// With `pos`, starts where the last read with it stopped (when `since` is where it stopped:
-  /// the last seq given to fn, or later) and records where this one stops.
+  /// the last seq given to fn, or later) and records where this one stops. A segment it cannot
+  /// read ends the read with that error; with `gap`, the read tells `gap` instead and goes on
+  /// with the next segment (false from `gap` stops it), so that one damaged segment does not
+  /// hide every event after it.
   static boost::system::result<void> read(const std::string& dir, uint64_t since,
                                           const std::function<bool(uint64_t, std::string_view)>& fn,
-                                          ReadPos* pos = nullptr);
+                                          ReadPos* pos = nullptr, const GapFn& gap = {});
+
+  /// "segment NAME cannot be read (WHY): seqs FIRST to LAST are not shown", for a log or stderr.
+  static std::string describe(const Gap& gap);
+
+  /// The event a reader sends a client in place of a gap's events (the WebSocket replay,
+  /// `--events`, the live view): `journal.unreadable {first_seq, last_seq, segment, error}`, with
+  /// `last` (the gap's last seq, or where the caller knows the journal to end) as its seq, so
+  /// that a client that resumes after it does not ask for them again; `box` where given. Readers
+  /// make it; it is never in the journal.
+  static std::string unreadable_event(const Gap& gap, uint64_t last, std::string_view box);
 
   /// The last event's line in the journal under `dir` (read from its newest segment that holds
   /// one); nullopt where it holds none.

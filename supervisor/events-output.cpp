@@ -8,6 +8,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <boost/json.hpp>
+
 #include <cerrno>
 #include <cstring>
 
@@ -20,6 +22,14 @@ namespace {
 auto log() {
   static auto l = spdlog::default_logger()->clone("events");
   return l;
+}
+
+// The box's id, from one of its events' lines ("" where it names none).
+std::string box_of(std::string_view line) {
+  boost::system::error_code ec;
+  auto v = boost::json::parse(line, ec);
+  const auto* b = !ec && v.is_object() ? v.as_object().if_contains("box") : nullptr;
+  return b && b->is_string() ? std::string(b->as_string()) : std::string();
 }
 
 }  // namespace
@@ -63,6 +73,8 @@ EventsOutput::EventsOutput(uv_loop_t* loop, os::UniqueFd fd, std::string journal
 }
 
 void EventsOutput::on_event(uint64_t seq, std::string_view line) {
+  seen_ = seq;
+  if (!box_) box_ = box_of(line);
   if (!fd_ || behind_) return;  // gone; or the journal's files will give it
   if (queue_.size() - off_ > kBehindBytes) {
     behind_ = true;
@@ -145,16 +157,21 @@ bool EventsOutput::write_queue() {
 // none: caught up, the output follows the events live again.
 bool EventsOutput::read_behind() {
   size_t got = 0;
-  auto r = journal::Journal::read(
-      journal_dir_, last_,
-      [&](uint64_t seq, std::string_view line) {
-        queue_.append(line);
-        queue_.push_back('\n');
-        last_ = seq;
-        got += line.size() + 1;
-        return got < kBatchBytes;
-      },
-      &pos_);
+  auto put = [&](uint64_t seq, std::string_view line) {
+    queue_.append(line);
+    queue_.push_back('\n');
+    last_ = seq;
+    got += line.size() + 1;
+    return got < kBatchBytes;
+  };
+  auto r = journal::Journal::read(journal_dir_, last_, put, &pos_, [&](const journal::Journal::Gap& g) {
+    // A segment damaged on disk: in its events' place, the event that says so (as a WebSocket
+    // client's replay has it), and on after them. The newest segment ends at the last event seen.
+    uint64_t last = g.last ? g.last : seen_;
+    if (last < g.first) return true;
+    log()->error("--events: read the journal to catch up: {}", journal::Journal::describe(g));
+    return put(last, journal::Journal::unreadable_event(g, last, box_.value_or("")));
+  });
   if (!r) {
     stop("read the journal to catch up: " + r.error().message());
     return false;

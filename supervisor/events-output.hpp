@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -58,7 +59,9 @@ class EventsOutput {
   bool polling_ = false;
   std::string queue_;
   size_t off_ = 0;
-  uint64_t last_ = 0;  // the seq of the last event queued or written
+  uint64_t last_ = 0;               // the seq of the last event queued or written
+  uint64_t seen_ = 0;               // the seq of the last event on_event was given
+  std::optional<std::string> box_;  // the box's id, from its first event
   bool behind_ = false;
   journal::Journal::ReadPos pos_;
 };

@@ -327,48 +327,64 @@ struct Server::Impl {
       }
       if (c.subscribed && !c.live && refill_from_recent(c)) continue;
       if (c.subscribed && !c.live) {
-        size_t bytes = 0;
-        bool stopped = false;
-        const std::string dir = box.journal().dir();
-        // The position of the last refill is good while the cursor has not gone back before it
-        // (a new subscribe may ask for an earlier since).
-        if (c.cursor < c.replay_pos_seq) c.replay_pos = {};
-        journal::Journal::ReadPos* pos = &c.replay_pos;
-        auto r = journal::Journal::read(
-            dir, c.cursor,
-            [&](uint64_t seq, std::string_view line) {
-              c.cursor = seq;
-              c.replay_pos_seq = seq;
-              bool keep = true;
-              if (c.branch) {
-                boost::system::error_code ec;
-                auto v = json::parse(line, ec);
-                keep = !ec && v.is_object() && wants(c, v.as_object());
-              }
-              if (keep) {
-                enqueue(c, line, false, seq);
-                bytes += line.size();
-              }
-              if (bytes >= kReplayBatch || seq >= box.journal().last_seq()) {
-                stopped = true;
-                return false;
-              }
-              return true;
-            },
-            pos);
-        if (!r) {
-          log()->error("replay journal for client {}: {}", c.id, r.error().message());
-          send(c, protocol::error_reply(nullptr, "replay_failed", "read the journal: " + r.error().message()));
-          c.subscribed = false;
-          break;
-        }
-        // Caught up: from here on the listener delivers, with nothing missed in between (one thread).
-        if (!stopped || c.cursor >= box.journal().last_seq()) c.live = true;
+        if (!replay(c)) break;
         continue;
       }
       break;
     }
     if (!recent.empty()) trim_recent();
+  }
+
+  // One batch of a client's replay from the journal on disk; false when the replay failed (the
+  // client told, its subscription ended).
+  bool replay(Client& c) {
+    size_t bytes = 0;
+    bool stopped = false;
+    const std::string dir = box.journal().dir();
+    // The position of the last refill is good while the cursor has not gone back before it
+    // (a new subscribe may ask for an earlier since).
+    if (c.cursor < c.replay_pos_seq) c.replay_pos = {};
+    // Goes on at `seq`, `bytes` further: false when the batch is done.
+    auto advance = [&](uint64_t seq, size_t more) {
+      c.cursor = seq;
+      c.replay_pos_seq = seq;
+      bytes += more;
+      stopped = bytes >= kReplayBatch || seq >= box.journal().last_seq();
+      return !stopped;
+    };
+    auto r = journal::Journal::read(
+        dir, c.cursor,
+        [&](uint64_t seq, std::string_view line) {
+          bool keep = true;
+          if (c.branch) {
+            boost::system::error_code ec;
+            auto v = json::parse(line, ec);
+            keep = !ec && v.is_object() && wants(c, v.as_object());
+          }
+          if (keep) enqueue(c, line, false, seq);
+          return advance(seq, keep ? line.size() : 0);
+        },
+        &c.replay_pos,
+        [&](const journal::Journal::Gap& g) {
+          // A segment damaged on disk: the client is told which seqs it will not get, in their
+          // place (whatever its branch), and the replay goes on after them. The newest segment's
+          // end is the journal's last seq (a later one would be a segment of its own).
+          uint64_t last = g.last ? g.last : box.journal().last_seq();
+          if (last < g.first) return true;
+          log()->error("replay journal for client {}: {}", c.id, journal::Journal::describe(g));
+          auto line = journal::Journal::unreadable_event(g, last, box.id());
+          enqueue(c, line, false, last);
+          return advance(last, line.size());
+        });
+    if (!r) {
+      log()->error("replay journal for client {}: {}", c.id, r.error().message());
+      send(c, protocol::error_reply(nullptr, "replay_failed", "read the journal: " + r.error().message()));
+      c.subscribed = false;
+      return false;
+    }
+    // Caught up: from here on the listener delivers, with nothing missed in between (one thread).
+    if (!stopped || c.cursor >= box.journal().last_seq()) c.live = true;
+    return true;
   }
 
   // True when the client has sent bytes not read yet: they are read (a Close answered, a request

@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 #include <chrono>
 #include <sandboxer/client.hpp>
+#include <set>
 
 #include "journal/journal.hpp"
 #include "os/sys.hpp"
@@ -75,6 +76,7 @@ struct Server::Impl {
   std::shared_ptr<BoxLink> feed;  ///< live: the one subscription to the box
   std::string secret;
   std::string journal_dir;
+  std::set<std::string> unreadable;  ///< replay: the journal's segments it could not read, shown once
   int follow_ms = 250;
   uint16_t port = 0;
 
@@ -216,10 +218,20 @@ void Server::Impl::connect_feed() {
 
 void Server::Impl::follow_journal() {
   size_t before = hub.store.size();
-  auto r = journal::Journal::read(journal_dir, hub.store.last_seq(), [&](uint64_t, std::string_view line) {
-    hub.store.append(line);
-    return true;
-  });
+  auto r = journal::Journal::read(
+      journal_dir, hub.store.last_seq(),
+      [&](uint64_t, std::string_view line) {
+        hub.store.append(line);
+        return true;
+      },
+      nullptr,
+      [&](const journal::Journal::Gap& g) {
+        // A segment damaged on disk: the timeline says which seqs it lost, in their place, and goes
+        // on after them (where the newest segment ends is not known: at its first seq lost).
+        if (unreadable.insert(g.segment).second)
+          hub.store.append(journal::Journal::unreadable_event(g, g.last ? g.last : g.first, ""));
+        return true;
+      });
   if (!r) hub.box_state = "read journal " + journal_dir + ": " + r.error().message();
   if (hub.store.size() != before) {
     hub.publish();

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from sbxtest import INIT, PROBE, read_journal, run_init
+from sbxtest import CLI, INIT, PROBE, WsBox, follow, read_journal, run, run_init
 
 
 def spew_bytes(n):
@@ -229,3 +229,63 @@ def test_events_to_a_fifo_no_process_reads_is_refused_at_once(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(1, len(out.splitlines()) + 1))
     assert "through the fifo" in out
+
+
+def damaged_sealed_segment(state):
+    """A box's state dir whose journal holds three sealed, compressed segments and an active one,
+    the second damaged on disk (the magic number of its first zstd frame zeroed): its events, the
+    damaged segment's name, and the first and last seq it held."""
+    r = run_init(["--", str(PROBE), "spew", str(40 << 20)], state, timeout=240)
+    assert r.returncode == 0, r.stderr
+    events = read_journal(state)
+    assert_seq_complete(events)
+    firsts = sorted(int(p.name.split(".")[0]) for p in (state / "journal").glob("*.jsonl.zst"))
+    assert len(firsts) >= 2, os.listdir(state / "journal")
+    name = "%020d.jsonl.zst" % firsts[1]
+    with open(state / "journal" / name, "r+b") as f:
+        f.write(b"\0\0\0\0")
+    nxt = firsts[2] if len(firsts) > 2 else min(int(p.name.split(".")[0]) for p in (state / "journal").glob("*.jsonl"))
+    return events, name, firsts[1], nxt - 1
+
+
+def test_log_prints_the_events_after_a_compressed_segment_it_cannot_read(tmp_path):
+    # Before, `sandboxer log DIR` printed nothing at all, said "read journal DIR/journal: Bad
+    # message" without naming the segment, and exited 2: one damaged segment hid the whole journal.
+    state = tmp_path / "s"
+    events, name, first, last = damaged_sealed_segment(state)
+    r = subprocess.run([str(CLI), "log", str(state), "--json"], capture_output=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    printed = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [e["seq"] for e in printed] == list(range(1, first)) + list(range(last + 1, events[-1]["seq"] + 1))
+    assert printed == events[:first - 1] + events[last:]
+    assert printed[-1]["type"] == "box.exited"
+    assert r.stderr.decode() == (f"sandboxer log: {state}/journal: segment {name} cannot be read (Bad message): "
+                                 f"seqs {first} to {last} skipped\n")
+    # From a seq past it, nothing is missing: no word of it, and success.
+    r = subprocess.run([str(CLI), "log", str(state), "--json", "--since", str(last)], capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    assert [json.loads(line)["seq"] for line in r.stdout.splitlines()] == [e["seq"] for e in events[last:]]
+
+
+def test_a_replay_over_the_api_goes_past_a_compressed_segment_it_cannot_read(tmp_path):
+    # Before, the client got `replay_failed` (id null) and its subscription ended there.
+    events, name, first, last = damaged_sealed_segment(tmp_path / "state")
+    with WsBox(tmp_path, ["/bin/sleep", "60"]) as box:
+        started = box.wait_event(lambda e: e["type"] == "proc.started")
+        got = run(follow(box, lambda e: e["seq"] >= started["seq"]), timeout=120)
+        # The events before the segment, one event in place of what it held, and every one after.
+        gap = [e for e in got if e["type"] == "journal.unreadable"]
+        assert len(gap) == 1, gap
+        assert gap[0]["seq"] == last and gap[0]["first_seq"] == first and gap[0]["last_seq"] == last, gap
+        assert gap[0]["segment"] == name and gap[0]["error"] == "Bad message" and gap[0]["box"] == events[0]["box"]
+        assert [e["seq"] for e in got] == list(range(1, first)) + list(range(last, started["seq"] + 1))
+        assert [e for e in got if e["seq"] < first or last < e["seq"] <= events[-1]["seq"]] == \
+            events[:first - 1] + events[last:]
+        # `sandboxer log URL` says it as it says a local journal's, and prints the rest.
+        r = subprocess.run([str(CLI), "log", box.url, "--json", "--token-file", str(box.token_file)],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.decode() == (f"sandboxer log: {box.url}: segment {name} cannot be read (Bad message): "
+                                     f"seqs {first} to {last} skipped\n")
+        seqs = [json.loads(line)["seq"] for line in r.stdout.splitlines()]
+        assert seqs[:first - 1] == list(range(1, first)) and seqs[first - 1] == last + 1

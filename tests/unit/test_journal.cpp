@@ -2,7 +2,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -576,4 +578,209 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: last_line is the newest segment's last 
   CHECK(Journal::last_line(dir.string()) == "{\"seq\":2,\"type\":\"box.exited\"}");
   REQUIRE(sbx::os::write_file_atomic((dir / "00000000000000000003.jsonl").string(), "{\"seq\":3,\"type\":\"b\"}\n"));
   CHECK(Journal::last_line(dir.string()) == "{\"seq\":3,\"type\":\"b\"}");
+}
+
+namespace {
+// A journal of `n` events of ~1 KiB in segments of 1 MiB, every one sealed and compressed but the
+// newest (each in zstd frames of ~512 KiB): the segments' first seqs, in order.
+std::vector<uint64_t> sealed_journal(uv_loop_t* loop, const fs::path& dir, int n) {
+  {
+    auto j = journal::Journal::open(loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 1u << 20});
+    REQUIRE(j);
+    const std::string pad(1000, 'x');
+    for (int i = 0; i < n; ++i) (*j)->append({{"type", "t"}, {"i", i}, {"pad", pad}});
+    (*j)->flush();
+  }
+  std::vector<uint64_t> firsts;
+  for (auto& e : fs::directory_iterator(dir)) {
+    auto name = e.path().filename().string();
+    if (name.ends_with(".jsonl") || name.ends_with(".jsonl.zst")) firsts.push_back(std::stoull(name));
+  }
+  std::sort(firsts.begin(), firsts.end());
+  return firsts;
+}
+
+std::string zst_name(uint64_t first) {
+  std::string digits = std::to_string(first);
+  return std::string(20 - digits.size(), '0') + digits + ".jsonl.zst";
+}
+
+// Where each zstd frame of the file at `path` starts.
+std::vector<size_t> frame_offsets(const fs::path& path) {
+  auto data = sbx::os::read_file(path.string());
+  REQUIRE(data);
+  std::vector<size_t> out;
+  for (size_t off = 0; off < data->size();) {
+    size_t n = ZSTD_findFrameCompressedSize(data->data() + off, data->size() - off);
+    REQUIRE(!ZSTD_isError(n));
+    out.push_back(off);
+    off += n;
+  }
+  return out;
+}
+
+void overwrite(const fs::path& path, size_t at, std::string_view bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(at)) == static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+}  // namespace
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a compressed segment cut short is an error, not the end of its lines") {
+  auto firsts = sealed_journal(&loop, dir, 3500);
+  REQUIRE(firsts.size() >= 4);
+  fs::path cut = dir / zst_name(firsts[1]);
+  auto frames = frame_offsets(cut);
+  REQUIRE(frames.size() >= 2);
+  fs::resize_file(cut, frames[1] + 100);  // inside its second frame
+  // Before, the read ended that segment at the cut as if it had no more lines, went on with the
+  // next one and succeeded: the lines past the cut were gone, and nothing said so.
+  std::vector<uint64_t> got;
+  auto r = journal::Journal::read(dir.string(), 0, [&](uint64_t s, std::string_view) {
+    got.push_back(s);
+    return true;
+  });
+  REQUIRE_FALSE(r);
+  CHECK(r.error().value() == EBADMSG);
+  REQUIRE(!got.empty());
+  CHECK(got.back() < firsts[2] - 1);
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a read goes past a segment it cannot read and says which seqs it holds") {
+  auto firsts = sealed_journal(&loop, dir, 3500);
+  REQUIRE(firsts.size() >= 4);
+  const uint64_t total = 3500;
+  fs::path bad = dir / zst_name(firsts[1]);
+  auto frames = frame_offsets(bad);
+  REQUIRE(frames.size() >= 2);
+  bool whole = false;  // nothing of the segment can be read
+  SUBCASE("its first frame damaged: none of its lines") {
+    overwrite(bad, 0, std::string(4, '\0'));
+    whole = true;
+  }
+  SUBCASE("its second frame damaged: the first frame's lines, then none") {
+    overwrite(bad, frames[1], std::string(4, '\0'));
+  }
+  SUBCASE("cut short inside its second frame") { fs::resize_file(bad, frames[1] + 100); }
+  std::vector<uint64_t> got;
+  std::vector<journal::Journal::Gap> gaps;
+  auto each = [&](uint64_t s, std::string_view) {
+    got.push_back(s);
+    return true;
+  };
+  auto gap = [&](const journal::Journal::Gap& g) {
+    gaps.push_back(g);
+    return true;
+  };
+  REQUIRE(journal::Journal::read(dir.string(), 0, each, nullptr, gap));
+  REQUIRE(gaps.size() == 1);
+  auto g = gaps[0];
+  CHECK(g.segment == zst_name(firsts[1]));
+  CHECK(g.error.value() == EBADMSG);
+  CHECK(g.last == firsts[2] - 1);
+  if (whole)
+    CHECK(g.first == firsts[1]);
+  else
+    CHECK((g.first > firsts[1] && g.first < g.last));
+  // Every other seq once, in order: those before the damage, then every one after the segment.
+  CHECK(got == seq_range(1, g.first - 1) + seq_range(firsts[2], total));
+  CHECK(journal::Journal::describe(g) == "segment " + zst_name(firsts[1]) + " cannot be read (Bad message): seqs " +
+                                             std::to_string(g.first) + " to " + std::to_string(g.last) + " skipped");
+  auto ev = boost::json::parse(journal::Journal::unreadable_event(g, g.last, "b-test")).as_object();
+  CHECK(ev.at("seq") == g.last);
+  CHECK(ev.at("type") == "journal.unreadable");
+  CHECK(ev.at("box") == "b-test");
+  CHECK(ev.at("first_seq") == g.first);
+  CHECK(ev.at("last_seq") == g.last);
+  CHECK(ev.at("segment").as_string() == zst_name(firsts[1]));
+  CHECK(ev.at("error") == "Bad message");
+
+  // From a since inside what it lost: the gap starts after since.
+  gaps.clear();
+  got.clear();
+  REQUIRE(journal::Journal::read(dir.string(), g.first + 5, each, nullptr, gap));
+  REQUIRE(gaps.size() == 1);
+  CHECK(gaps[0].first == g.first + 6);
+  CHECK(got == seq_range(firsts[2], total));
+  // A reader that goes on in steps from where it stopped, and after a gap from its last seq (as
+  // the WebSocket replay does): every seq it can read once, and the gap once.
+  gaps.clear();
+  got.clear();
+  journal::Journal::ReadPos pos;
+  uint64_t since = 0;
+  for (int steps = 0; since < total && steps < 1000; ++steps) {
+    int n = 0;
+    REQUIRE(journal::Journal::read(
+        dir.string(), since,
+        [&](uint64_t s, std::string_view) {
+          got.push_back(s);
+          since = s;
+          return ++n < 100;
+        },
+        &pos,
+        [&](const journal::Journal::Gap& lost) {
+          gaps.push_back(lost);
+          since = lost.last;
+          return ++n < 100;
+        }));
+  }
+  REQUIRE(gaps.size() == 1);
+  CHECK(gaps[0].first == g.first);
+  CHECK(got == seq_range(1, g.first - 1) + seq_range(firsts[2], total));
+  // Without `gap`, the read still ends with the segment's error.
+  CHECK_FALSE(journal::Journal::read(dir.string(), 0, each));
+}
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a newest segment that cannot be read is a gap whose end is not known") {
+  auto firsts = sealed_journal(&loop, dir, 3500);
+  REQUIRE(firsts.size() >= 4);
+  // The newest segment compressed too (a box that ended right after a seal), then damaged.
+  fs::path plain = dir / zst_name(firsts.back());
+  plain.replace_extension();  // .jsonl
+  REQUIRE(journal::zstd_compress_file(plain.string(), plain.string() + ".zst"));
+  fs::remove(plain);
+  overwrite(dir / zst_name(firsts.back()), 0, std::string(4, '\0'));
+  std::vector<journal::Journal::Gap> gaps;
+  uint64_t last = 0;
+  REQUIRE(journal::Journal::read(
+      dir.string(), 0,
+      [&](uint64_t s, std::string_view) {
+        last = s;
+        return true;
+      },
+      nullptr,
+      [&](const journal::Journal::Gap& g) {
+        gaps.push_back(g);
+        return true;
+      }));
+  CHECK(last == firsts.back() - 1);
+  REQUIRE(gaps.size() == 1);
+  CHECK(gaps[0].first == firsts.back());
+  CHECK(gaps[0].last == 0);
+  CHECK(journal::Journal::describe(gaps[0]).ends_with(": its seqs from " + std::to_string(firsts.back()) +
+                                                      " on skipped"));
+}
+
+TEST_CASE_FIXTURE(LoopFixture,
+                  "journal: a restart after a newest compressed segment cut short goes on after its last line") {
+  auto firsts = sealed_journal(&loop, dir, 3500);
+  fs::path plain = dir / zst_name(firsts.back());
+  plain.replace_extension();
+  fs::remove(plain);  // the newest is then the last sealed one, compressed
+  fs::path newest = dir / zst_name(firsts[firsts.size() - 2]);
+  auto frames = frame_offsets(newest);
+  REQUIRE(frames.size() >= 2);
+  fs::resize_file(newest, frames[1] + 100);
+  // Readers take the cut for damage; the open, as before, takes the last line the segment still
+  // holds for the journal's last (and does not refuse the box's start).
+  uint64_t last = 0;
+  (void)journal::Journal::read(dir.string(), 0, [&](uint64_t s, std::string_view) {
+    last = s;
+    return true;
+  });
+  REQUIRE(last > firsts[firsts.size() - 2]);
+  auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 1u << 20});
+  REQUIRE(j);
+  CHECK((*j)->last_seq() == last);
 }
