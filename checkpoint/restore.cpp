@@ -469,7 +469,8 @@ void Checkpointer::start_more(std::shared_ptr<RestoreOp> op) {
 namespace {
 
 // Copies an extracted snapshot's layer (src/fs/...) into a copy's dir. The workspace is there
-// already, mounted with the parent's disk ceiling and owner. Runs on the thread pool.
+// already, mounted with the parent's disk ceiling and owner. Hard links and holes are kept as the
+// checkpoint's copy kept them. Runs on the thread pool.
 base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live) {
   if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
   // The snapshot's /tmp is the upper layer of the copy's /tmp overlay, a cold copy's (launcher.cpp)
@@ -480,7 +481,9 @@ base::Result<void> copy_layer(const std::string& src, const std::string& dir, co
     struct stat st {};
     if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
     std::string_view name(d);
-    auto copy = name == "workspace" ? os::copy_tree_into : os::copy_tree;
+    auto copy = [&](const std::string& from, const std::string& to) {
+      return name == "workspace" ? os::copy_tree_into(from, to) : os::copy_tree(from, to);
+    };
     if (name == "tmp")
       if (auto r = copy(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
     if (name != "tmp" || !live)

@@ -7,12 +7,24 @@
 
 namespace sbx::os {
 
+/// How much a copy may write: at most `bytes` of file data in all (each inode once, its holes
+/// not), else it stops before the data that would pass them and fails with code `code`, naming
+/// the bound as `what` says (e.g. "the branch's disk ceiling (resources.disk)").
+struct CopyBound {
+  uint64_t bytes = UINT64_MAX;
+  std::string what;
+  std::string code = "limit";
+};
+
 /// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)
 /// into `dst`, which must not exist: a copy is never merged into what is there. Nothing below
 /// `src` or `dst` is reached through a symlink (symlinks are copied as symlinks); other file types
 /// (sockets, FIFOs, devices) are skipped. `src` itself must be a directory or a regular file, not
-/// a symlink. Returns the bytes of regular files copied, or what failed.
-base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst);
+/// a symlink. A file's data extents are copied and its holes stay holes (lseek SEEK_DATA /
+/// SEEK_HOLE; a plain copy where the filesystem has neither), and names of one inode within the
+/// tree stay names of one inode (its data copied once, the other names hard links to it).
+/// Returns the bytes of file data written, or what failed (the bound's code past `bound`).
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst, const CopyBound& bound = {});
 
 /// copy_tree with each regular file a hard link to the source's (one inode, no data copied):
 /// both on one filesystem, for a tree that is read but never written in place. Returns the bytes
@@ -22,7 +34,7 @@ base::Result<uint64_t> link_tree(const std::string& src, const std::string& dst)
 /// The same as copy_tree for the contents of the directory `src`, into the directory `dst`, which
 /// exists and is empty (a mount point just made for them, such as a copy's workspace with its
 /// disk ceiling) but for a filesystem's own lost+found; `dst` gets `src`'s owner and mode.
-base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string& dst);
+base::Result<uint64_t> copy_tree_into(const std::string& src, const std::string& dst, const CopyBound& bound = {});
 
 /// rm -rf; errors are ignored.
 void remove_tree(const std::string& path);

@@ -1,0 +1,206 @@
+// os::copy_tree and copy_tree_into, which copy a branch's layer into a snapshot and a snapshot
+// into a copy: what they write to disk is what the source takes (hard links stay links, holes
+// stay holes), and never more than their bound. (Their refusal to follow a symlink or to merge
+// into what is there: test_archive.cpp.)
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "os/files.hpp"
+#include "os/unique-fd.hpp"
+#include "temp-dir.hpp"
+
+namespace fs = std::filesystem;
+namespace os = sbx::os;
+
+namespace {
+
+constexpr off_t kGiB = off_t(1) << 30;
+constexpr off_t kMiB = off_t(1) << 20;
+
+void put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// `text` at `at` in the file `p` (made if missing), leaving the rest as it is: a hole where
+// nothing was written.
+void put_at(const fs::path& p, off_t at, const std::string& text) {
+  os::UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+  REQUIRE(fd);
+  REQUIRE(::pwrite(fd.get(), text.data(), text.size(), at) == static_cast<ssize_t>(text.size()));
+}
+
+std::string get_at(const fs::path& p, off_t at, size_t n) {
+  os::UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string s(n, '?');
+  if (!fd || ::pread(fd.get(), s.data(), n, at) != static_cast<ssize_t>(n)) return "<unreadable>";
+  return s;
+}
+
+struct stat lstat_of(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::lstat(p.c_str(), &st) == 0);
+  return st;
+}
+
+// The bytes a tree takes on its filesystem: every inode's blocks, once.
+uint64_t blocks_bytes(const fs::path& root) {
+  uint64_t total = 0;
+  std::set<ino_t> seen;
+  for (auto& e : fs::recursive_directory_iterator(root)) {
+    auto st = lstat_of(e.path());
+    if (seen.insert(st.st_ino).second) total += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return total;
+}
+
+std::string mib_of(char c) { return std::string(static_cast<size_t>(kMiB), c); }
+
+// A layer as the audit's agent left it: 1 MiB linked 300 times (three of the names in another
+// directory), and a 1 GiB file whose only data is 4 KiB at its start and 4 KiB at 512 MiB.
+void attack_layer(const fs::path& src) {
+  put(src / "r", mib_of('r'));
+  fs::create_directories(src / "sub");
+  for (int i = 1; i <= 300; ++i)
+    fs::create_hard_link(src / "r", (i <= 3 ? src / "sub" : src) / ("l" + std::to_string(i)));
+  put_at(src / "big", 0, std::string(4096, 'a'));
+  put_at(src / "big", 512 * kMiB, std::string(4096, 'b'));
+  REQUIRE(::truncate((src / "big").c_str(), kGiB) == 0);
+}
+
+// What the copy of attack_layer must be: the same names of one inode, the same sparse file.
+void check_copy_of_attack(const fs::path& dst) {
+  auto r = lstat_of(dst / "r");
+  CHECK(r.st_nlink == 301);
+  CHECK(lstat_of(dst / "sub/l1").st_ino == r.st_ino);
+  CHECK(lstat_of(dst / "l300").st_ino == r.st_ino);
+  CHECK(get_at(dst / "sub/l2", 0, static_cast<size_t>(kMiB)) == mib_of('r'));
+  auto big = lstat_of(dst / "big");
+  CHECK(big.st_size == kGiB);
+  CHECK(static_cast<uint64_t>(big.st_blocks) * 512 < static_cast<uint64_t>(kMiB));  // 8 KiB of data, in blocks
+  CHECK(get_at(dst / "big", 0, 4096) == std::string(4096, 'a'));
+  CHECK(get_at(dst / "big", 4096, 4096) == std::string(4096, '\0'));
+  CHECK(get_at(dst / "big", 512 * kMiB, 4096) == std::string(4096, 'b'));
+  CHECK(get_at(dst / "big", kGiB - 4096, 4096) == std::string(4096, '\0'));
+  CHECK(blocks_bytes(dst) < static_cast<uint64_t>(2 * kMiB));
+}
+
+}  // namespace
+
+TEST_CASE("copy_tree: names of one inode stay one inode, and holes stay holes") {
+  sbx::test::TempDir t("copy-tree");
+  attack_layer(t.path / "src");
+  REQUIRE(blocks_bytes(t.path / "src") < static_cast<uint64_t>(2 * kMiB));  // what the source takes
+
+  SUBCASE("copy_tree: 1 MiB and 8 KiB written, where 1.3 GB were") {
+    auto n = os::copy_tree((t.path / "src").string(), (t.path / "dst").string());
+    REQUIRE_MESSAGE(n.has_value(), n.error().message);
+    CHECK(*n == static_cast<uint64_t>(kMiB + 8192));
+    check_copy_of_attack(t.path / "dst");
+    CHECK(lstat_of(t.path / "dst/r").st_ino != lstat_of(t.path / "src/r").st_ino);  // a copy, not the source
+  }
+  SUBCASE("copy_tree_into, as a copy's workspace gets its files") {
+    fs::create_directories(t.path / "dst");
+    auto n = os::copy_tree_into((t.path / "src").string(), (t.path / "dst").string());
+    REQUIRE_MESSAGE(n.has_value(), n.error().message);
+    CHECK(*n == static_cast<uint64_t>(kMiB + 8192));
+    check_copy_of_attack(t.path / "dst");
+  }
+  SUBCASE("a copy of the copy is the same again (a restore copies from the snapshot the same way)") {
+    REQUIRE(os::copy_tree((t.path / "src").string(), (t.path / "snap").string()).has_value());
+    auto n = os::copy_tree((t.path / "snap").string(), (t.path / "dst").string());
+    REQUIRE_MESSAGE(n.has_value(), n.error().message);
+    check_copy_of_attack(t.path / "dst");
+  }
+  SUBCASE("link_tree keeps its meaning: every name a link to the source's own inode") {
+    auto n = os::link_tree((t.path / "src").string(), (t.path / "dst").string());
+    REQUIRE_MESSAGE(n.has_value(), n.error().message);
+    auto r = lstat_of(t.path / "src/r");
+    CHECK(lstat_of(t.path / "dst/sub/l1").st_ino == r.st_ino);
+    CHECK(lstat_of(t.path / "dst/big").st_ino == lstat_of(t.path / "src/big").st_ino);
+    CHECK(lstat_of(t.path / "src/r").st_nlink == 602);
+  }
+  SUBCASE("a hard link to a file outside the tree is a copy of its own (only names within the tree are linked)") {
+    put(t.path / "outside", "shared with the outside");
+    fs::create_hard_link(t.path / "outside", t.path / "src/in");
+    REQUIRE(os::copy_tree((t.path / "src").string(), (t.path / "dst").string()).has_value());
+    CHECK(lstat_of(t.path / "dst/in").st_nlink == 1);
+    CHECK(get_at(t.path / "dst/in", 0, 23) == "shared with the outside");
+  }
+}
+
+TEST_CASE("copy_tree: stops before the data that would pass its bound, saying what passed what") {
+  sbx::test::TempDir t("copy-bound");
+  os::CopyBound bound{static_cast<uint64_t>(2 * kMiB + kMiB / 2), "the branch's disk ceiling (resources.disk)",
+                      "limit"};
+
+  SUBCASE("three files of 1 MiB under 2.5 MiB: refused at the third, whose data is not written") {
+    for (const char* n : {"a", "b", "c"}) put(t.path / "src" / n, mib_of(n[0]));
+    auto r = os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), bound);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == "limit");
+    CHECK_MESSAGE(
+        r.error().message.find(": its next 1048576 bytes of data would take the copy past 2621440 bytes "
+                               "(2097152 written), the branch's disk ceiling (resources.disk)") != std::string::npos,
+        r.error().message);
+    CHECK(r.error().message.starts_with("copy " + (t.path / "src").string() + "/"));
+    CHECK(blocks_bytes(t.path / "dst") <= static_cast<uint64_t>(2 * kMiB + 64 * 1024));
+  }
+  SUBCASE("the attack's layer fits under 2.5 MiB: links and holes are not written") {
+    attack_layer(t.path / "src");
+    auto r = os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), bound);
+    REQUIRE_MESSAGE(r.has_value(), r.error().message);
+    check_copy_of_attack(t.path / "dst");
+  }
+  SUBCASE("copy_tree_into is bounded the same way") {
+    for (const char* n : {"a", "b", "c"}) put(t.path / "src" / n, mib_of(n[0]));
+    fs::create_directories(t.path / "dst");
+    auto r = os::copy_tree_into((t.path / "src").string(), (t.path / "dst").string(), bound);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == "limit");
+    CHECK(r.error().message.find("would take the copy past 2621440 bytes") != std::string::npos);
+  }
+}
+
+TEST_CASE("copy_tree: a file of 1 TiB, all hole but a byte, is copied as sparse as it was, within a 2.5 MiB bound") {
+  // Into a 64 MiB tmpfs of a mount namespace of the test's own: a copy that filled the holes (the
+  // old one wrote the file's size) fails there at ENOSPC instead of filling the host's disk.
+  if (::geteuid() != 0) return;  // mounts need root (the CI runs as root)
+  sbx::test::TempDir t("copy-huge");
+  fs::create_directories(t.path / "src");
+  fs::create_directories(t.path / "fs");
+  put_at(t.path / "src/huge", 0, "x");
+  REQUIRE(::truncate((t.path / "src/huge").c_str(), kGiB << 10) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto step = [](bool ok, int code) {
+      if (!ok) ::_exit(code);
+    };
+    step(::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0, 2);
+    step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=64m") == 0, 3);
+    auto r = os::copy_tree((t.path / "src").string(), (t.path / "fs/dst").string(),
+                           {static_cast<uint64_t>(2 * kMiB + kMiB / 2), "a bound", "limit"});
+    step(r.has_value(), 4);
+    step(*r <= 65536, 5);  // its one byte's block (extents are whole blocks)
+    struct stat st {};
+    step(::stat((t.path / "fs/dst/huge").c_str(), &st) == 0 && st.st_size == (kGiB << 10), 6);
+    step(static_cast<uint64_t>(st.st_blocks) * 512 < static_cast<uint64_t>(kMiB), 7);
+    step(get_at(t.path / "fs/dst/huge", 0, 2) == std::string("x\0", 2), 8);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // else the step that failed
+}
