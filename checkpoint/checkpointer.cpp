@@ -125,6 +125,23 @@ json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) 
   return out;
 }
 
+// What the copy of one of a branch's layer dirs may write, `written` bytes of the layer copied
+// already (`in_dir` of them from its dir's filesystem, where this one is there too): no more than
+// the filesystem it comes from can hold under the branch's disk ceiling (its workspace is one,
+// its dir with /tmp, /run and the root's top the other, each of `ceiling` bytes), and never past
+// `room`, the state dir's free space less the journal's room. A copy that keeps hard links and
+// holes (os::copy_tree) needs no more than its source takes.
+os::CopyBound layer_bound(const os::CopyBound& room, uint64_t written, uint64_t ceiling, uint64_t in_dir) {
+  os::CopyBound b = room;
+  b.bytes = room.bytes > written ? room.bytes - written : 0;
+  if (ceiling && ceiling - std::min(ceiling, in_dir) < b.bytes)
+    b = {ceiling - std::min(ceiling, in_dir),
+         "the branch's disk ceiling (resources.disk: " + std::to_string(ceiling) +
+             " bytes for its workspace, as many for its /tmp, /run and root together)",
+         "limit"};
+  return b;
+}
+
 // Whether the branch's /tmp, as its ns-init sees it, keeps its files in tmp-upper/ (its /tmp
 // overlay over the host's /tmp, or a live copy's bind of tmp-upper/ where no overlay could be
 // had) rather than being the branch's tmp/ itself (a launched branch's where no overlay could be
@@ -162,6 +179,7 @@ struct Checkpointer::CheckpointOp {
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   std::string error;
+  std::string error_code = "io";  // the layer copy's: limit or no_space past its bound
   std::optional<archive::ArchiveInfo> info;
   std::string id;
   std::shared_ptr<ForkSeal> fork;  // fork_branch: copies of it start before its archive is sealed
@@ -707,19 +725,29 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   // (a launched branch's where no overlay could be had). Exactly that one is its /tmp in the
   // snapshot: two sources never go into one place.
   bool in_upper = tmp_in_upper(op->ns_init_pid, src);
+  // The dump's images are written: a checkpoint that leaves its agent running must leave the
+  // journal its room (as its seal must), refused now rather than after a copy of the layer. One
+  // that ends its agent keeps its snapshot whatever it takes, as far as the disk has room.
+  if (op->leave_running)
+    if (auto why = room_refusal()) return checkpoint_failed(op, "no_space", "checkpoint not kept: " + *why);
   offload(
-      [op, src, in_upper] {
+      [op, src, in_upper, room = room_bound(op->leave_running), ceiling = settings_.disk_bytes] {
+        uint64_t in_dir = 0;  // written from the branch's dir, one filesystem under a ceiling
         for (const char* d : sandbox::kLayerDirs) {
           std::string from = std::string(d) == "tmp" && in_upper ? "tmp-upper" : d;
           struct stat st {};
           if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
           // Overlay whiteouts (devices) are left out of the copy.
-          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d);
+          bool ws = std::string_view(d) == "workspace";
+          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d,
+                                 layer_bound(room, op->fs_bytes, ceiling, ws ? 0 : in_dir));
           if (!r) {
             op->error = r.error().message;
+            op->error_code = r.error().code == "failed" ? "io" : r.error().code;
             return;
           }
           op->fs_bytes += *r;
+          if (!ws) in_dir += *r;
         }
         // A live snapshot restores onto its root/: the mount points of the branch's root, which
         // is a tmpfs (launcher.cpp) or, in a restored copy, root/ itself. The tree is stopped.
@@ -745,7 +773,8 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         }
         continue_op(*op);
         op->t_resumed = now_ms();
-        if (!op->error.empty()) return checkpoint_failed(op, "io", "snapshot the writable layer: " + op->error);
+        if (!op->error.empty())
+          return checkpoint_failed(op, op->error_code, "snapshot the writable layer: " + op->error);
         // A fork's copies start from the images now; only a signed snapshot restores live.
         if (op->fork && op->live && op->key && !host_.shutting_down()) return fork_early(op);
         compress(op);

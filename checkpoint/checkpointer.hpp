@@ -36,6 +36,7 @@
 #include "checkpoint/criu.hpp"
 #include "checkpoint/host.hpp"
 #include "loop/uv-handle.hpp"
+#include "os/files.hpp"
 #include "os/unique-fd.hpp"
 
 namespace sbx::checkpoint {
@@ -209,6 +210,10 @@ class Checkpointer {
   /// filesystem has less free than that and the room kept for the journal (Host::journal_room);
   /// nullopt when it may.
   std::optional<std::string> room_refusal(uint64_t needed = 0, const std::string& what = "") const;
+  /// What a copy into the state dir may write now: its filesystem's free space less the room kept
+  /// for the journal (all of the free space with `journal` false: a checkpoint that ends its agent
+  /// keeps its snapshot whatever it takes); code no_space past it, no bound where statvfs cannot say.
+  os::CopyBound room_bound(bool journal = true) const;
   boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
                                     const std::string& msg);
   size_t stored_snapshots() const;

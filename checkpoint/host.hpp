@@ -48,6 +48,10 @@ struct Settings {
   int restore_index = 0;             // --restore-index: which copy a box started from an archive is
   bool ksm = true;                   // resources.ksm: live copies' anonymous memory is marked mergeable
   int64_t probe_timeout_ms = 10000;  // checkpoint.probe_timeout: criu's kernel probe, at most
+  // resources.disk: a branch's workspace, and its dir (its /tmp, /run and the root's top), are each
+  // a filesystem of this size (Box::mount_workspace); 0 where the profile sets no ceiling. A
+  // checkpoint's copy of the layer writes no more than they can hold.
+  uint64_t disk_bytes = 0;
   // Signed archives: what this box signs with and what it trusts (its own key's public half among
   // them), read at the first checkpoint, import or restore (null: it signs nothing, trusts none);
   // --allow-unsigned; the bound on one archive's expansion.

@@ -470,8 +470,10 @@ namespace {
 
 // Copies an extracted snapshot's layer (src/fs/...) into a copy's dir. The workspace is there
 // already, mounted with the parent's disk ceiling and owner. Hard links and holes are kept as the
-// checkpoint's copy kept them. Runs on the thread pool.
-base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live) {
+// checkpoint's copy kept them, and all of it writes no more than `bound` (the state dir's room,
+// where no ceiling's filesystems hold the copy). Runs on the thread pool.
+base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live,
+                              os::CopyBound bound) {
   if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
   // The snapshot's /tmp is the upper layer of the copy's /tmp overlay, a cold copy's (launcher.cpp)
   // as a live one's (CriuRun::tmp_overlay). A cold copy's launch falls back to tmp/ where overlay
@@ -481,8 +483,11 @@ base::Result<void> copy_layer(const std::string& src, const std::string& dir, co
     struct stat st {};
     if (::lstat((src + "/fs/" + d).c_str(), &st) != 0) continue;
     std::string_view name(d);
-    auto copy = [&](const std::string& from, const std::string& to) {
-      return name == "workspace" ? os::copy_tree_into(from, to) : os::copy_tree(from, to);
+    auto copy = [&](const std::string& from, const std::string& to) -> base::Result<void> {
+      auto r = name == "workspace" ? os::copy_tree_into(from, to, bound) : os::copy_tree(from, to, bound);
+      if (!r) return r.error();
+      bound.bytes -= std::min(bound.bytes, *r);
+      return {};
     };
     if (name == "tmp")
       if (auto r = copy(src + "/fs/tmp", dir + "/tmp-upper"); !r) return r.error();
@@ -547,10 +552,13 @@ void Checkpointer::restore_copy(std::shared_ptr<RestoreOp> op, int index) {
   json::array masks;
   if (auto* m = op->manifest.if_contains("masks"); m && m->is_array()) masks = m->as_array();
   std::string src = op->src;
+  // Under a disk ceiling the copy's dir and workspace are filesystems of that size; else its
+  // files go to the state dir's, which keeps the journal's room.
+  os::CopyBound bound = settings_.disk_bytes ? os::CopyBound{} : room_bound();
   offload(
-      [src, dir = job->dir, err, masks, live = op->live] {
+      [src, dir = job->dir, err, masks, live = op->live, bound] {
         if (!err->empty()) return;
-        if (auto r = copy_layer(src, dir, masks, live); !r) *err = r.error().message;
+        if (auto r = copy_layer(src, dir, masks, live, bound); !r) *err = r.error().message;
       },
       [this, job, err] {
         job->t_copied = now_ms();

@@ -78,6 +78,22 @@ std::optional<std::string> Checkpointer::room_refusal(uint64_t needed, const std
          "delete snapshots, lower checkpoint.keep, or give the state dir more space";
 }
 
+os::CopyBound Checkpointer::room_bound(bool journal) const {
+  struct statvfs vfs {};
+  if (::statvfs(snap_dir_.c_str(), &vfs) != 0) return {};  // unknown: the write says
+  uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (!journal)
+    return {free,
+            "the state dir's free space (" + std::to_string(free) +
+                " bytes; a checkpoint that ends its agent may take the journal's room, not more)",
+            "no_space"};
+  uint64_t room = host_.journal_room();
+  return {free > room ? free - room : 0,
+          "the state dir's free space less the room kept for the journal (" + std::to_string(free) + " bytes free, " +
+              std::to_string(room) + " kept)",
+          "no_space"};
+}
+
 int64_t Checkpointer::live_copies() const {
   int64_t n = copies_starting_;
   for (auto& b : host_.branches())

@@ -60,6 +60,7 @@ checkpoint::Settings Box::checkpoint_settings() const {
   s.restore_index = opts_.restore_index;
   s.ksm = opts_.profile.resources.ksm;
   s.probe_timeout_ms = opts_.profile.checkpoint.probe_timeout_ms;
+  s.disk_bytes = opts_.profile.resources.disk > 0 ? static_cast<uint64_t>(opts_.profile.resources.disk) : 0;
   s.keys = opts_.keys;
   s.allow_unsigned = opts_.allow_unsigned;
   s.max_archive_bytes = opts_.max_archive_bytes;

@@ -555,3 +555,52 @@ def test_a_box_whose_token_file_under_tmp_was_removed_forks(tmp_path):
         r = subprocess.run([str(CLI), "exec", box.url, "--proc", "probe@f1", "--", "sh", "-c",
                             f"wc -c < {box.token_file}"], capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr)
+
+
+WRITE_THEN_CHECKPOINT = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+with open(os.path.join(os.environ["SANDBOXER_WORKSPACE"], "f"), "wb") as f:
+    for _ in range(int(sys.argv[1])):
+        f.write(os.urandom(1 << 20))
+try:
+    r = agent.Channel().checkpoint("x")
+    print(json.dumps({"refused": False, "snapshot": r["snapshot"]}), flush=True)
+except agent.ChannelError as e:
+    print(json.dumps({"refused": True, "code": e.code, "message": e.message}), flush=True)
+'''
+
+
+@needs_criu
+def test_a_layer_copy_that_would_take_the_journals_room_is_refused_naming_it(tmp_path):
+    """Without a disk ceiling the workspace is on the state dir's filesystem, here a 192 MiB tmpfs.
+    The agent writes 120 MiB there and checkpoints itself: the copy of its layer would take the
+    state dir below the 16 MiB kept for the journal, so the checkpoint is refused with code
+    no_space, naming that bound, before it writes past it; the agent goes on. The control, in the
+    same test: 16 MiB is checkpointed. (Before, nothing bounded the copy: it wrote until the
+    filesystem was full and failed with `No space left on device`, code io.)"""
+    for mib, refused in ((120, True), (16, False)):
+        state = tmp_path / f"s{mib}"
+        state.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192m,mode=0700", "tmpfs", str(state)], check=True)
+        try:
+            rc, ev, err = box(state, ["--", sys.executable, "-c", WRITE_THEN_CHECKPOINT, str(mib)])
+            assert rc == 0, err
+            out = next(m for m in messages(ev) if "refused" in m)
+            assert out["refused"] is refused, (out, err)
+            if not refused:
+                assert one(ev, "checkpoint.created")["sizes"]["fs"] >= 16 << 20
+                continue
+            assert out["code"] == "no_space", out
+            msg = out["message"]
+            assert msg.startswith("snapshot the writable layer: copy "), msg
+            assert "/workspace/f: its next " in msg and "bytes of data would take the copy past " in msg, msg
+            assert "the state dir's free space less the room kept for the journal (" in msg, msg
+            assert "16777216 kept)" in msg, msg
+            failed = one(ev, "checkpoint.failed")
+            assert failed["error"] == {"code": "no_space", "message": msg}
+            assert not any(e["type"] in ("checkpoint.created", "journal.degraded") for e in ev)
+            assert not list((state / "snapshots").glob(".work-*"))  # nothing of it is left
+        finally:
+            unmount_below(state)
