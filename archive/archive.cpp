@@ -329,24 +329,86 @@ base::Result<std::string> sha256_file(const std::string& path) {
 
 namespace {
 
+// A file's data extents (offset, length), the holes between them.
+using Extents = std::vector<std::pair<off_t, off_t>>;
+
 // The payload as the first pass of write_archive found it: every entry's manifest line is known
 // (and signed) before the first byte of the tar stream is written.
 struct Planned {
   fs::path rel;
   struct stat st {};
-  std::string target;  // a symlink's
-  std::string sha;     // a regular file's
+  std::string target;     // a symlink's text, or the path of the first name of a hard link's inode
+  std::string sha;        // a regular file's
+  bool hardlink = false;  // a further name of an inode planned before: a hard link entry
+  bool sparse = false;    // a regular file with holes: only its `extents` are in the stream
+  Extents extents;
 };
 
 bool is_utf8(std::string_view s) { return base::utf8_valid_prefix(s) == s.size(); }
 
+// At most this many data extents per sparse entry (the smallest holes between more are taken as
+// data, zeros in the stream): the GNU sparse map before its data is then a few KiB, well within
+// what an importer allows a tar entry beyond its data (kEntryOverhead).
+constexpr size_t kMaxExtents = 128;
+
+// The smallest gaps between `x`'s extents closed until at most kMaxExtents are left.
+void coalesce(Extents& x) {
+  if (x.size() <= kMaxExtents) return;
+  std::vector<off_t> gaps, top;
+  for (size_t i = 0; i + 1 < x.size(); ++i) gaps.push_back(x[i + 1].first - (x[i].first + x[i].second));
+  top = gaps;
+  std::nth_element(top.begin(), top.begin() + (kMaxExtents - 2), top.end(), std::greater<>());
+  off_t cut = top[kMaxExtents - 2];  // the smallest gap kept
+  auto equal_kept = std::count(top.begin(), top.begin() + (kMaxExtents - 1), cut);
+  Extents out{x[0]};
+  for (size_t i = 0; i < gaps.size(); ++i) {
+    if (gaps[i] > cut || (gaps[i] == cut && equal_kept-- > 0))
+      out.push_back(x[i + 1]);
+    else
+      out.back().second = x[i + 1].first + x[i + 1].second - out.back().first;
+  }
+  x = std::move(out);
+}
+
+// The data extents of the regular file `path` (`size` bytes): nullopt where it has no hole or its
+// filesystem cannot say (lseek SEEK_DATA / SEEK_HOLE). A file of holes only gets its last byte as
+// data: libarchive (3.6.2) reads a sparse entry whose map holds no byte as empty.
+std::optional<Extents> data_extents(const std::string& path, off_t size) {
+  if (size == 0) return std::nullopt;
+  os::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return std::nullopt;  // the hash that follows says why
+  Extents x;
+  for (off_t pos = 0; pos < size;) {
+    off_t start = ::lseek(fd.get(), pos, SEEK_DATA);
+    if (start < 0 && errno == ENXIO) break;
+    off_t end = start < 0 ? -1 : ::lseek(fd.get(), start, SEEK_HOLE);
+    if (end < 0) return std::nullopt;
+    if (start >= size) break;
+    end = std::min(end, size);
+    x.emplace_back(start, end - start);
+    pos = end;
+  }
+  if (x.size() == 1 && x[0].first == 0 && x[0].second == size) return std::nullopt;
+  if (x.empty()) x.emplace_back(size - 1, 1);
+  coalesce(x);
+  return x;
+}
+
 // The manifest lists a path as a key of `files`, or, where it is not UTF-8 (a name is any bytes
 // but '/' and NUL, and JSON text is UTF-8), as the base64 of its bytes, a key of `files_b64`; a
 // symlink's text likewise, as `target` or `target_b64`.
+// A file's size goes into `raw` before it is hashed: past `max_bytes`, nothing more is read.
 base::Result<void> plan_payload(const std::string& src_dir, std::vector<Planned>& plan, json::object& files,
-                                json::object& files_b64, uint64_t& raw) {
+                                json::object& files_b64, uint64_t& raw, uint64_t max_bytes) {
   std::vector<fs::path> paths;
   walk(src_dir, "", paths);
+  std::map<std::pair<dev_t, ino_t>, std::string> firsts;  // inodes of several names: the first's path
+  auto text = [](json::object& f, const char* key, const std::string& s) {
+    if (is_utf8(s))
+      f[key] = s;
+    else
+      f[std::string(key) + "_b64"] = base::base64_encode(s);
+  };
   for (auto& rel : paths) {
     Planned p{rel};
     std::string full = (fs::path(src_dir) / rel).string();
@@ -360,23 +422,39 @@ base::Result<void> plan_payload(const std::string& src_dir, std::vector<Planned>
       if (n <= 0) continue;
       p.target.assign(target, static_cast<size_t>(n));
       f = {{"type", "symlink"}};
-      if (is_utf8(p.target))
-        f["target"] = p.target;
-      else
-        f["target_b64"] = base::base64_encode(p.target);
+      text(f, "target", p.target);
+    } else if (auto inode = std::make_pair(p.st.st_dev, p.st.st_ino); S_ISREG(p.st.st_mode) && firsts.contains(inode)) {
+      // A further name of an inode: its owner and mode are listed with the first.
+      p.hardlink = true;
+      p.target = firsts[inode];
+      f = {{"type", "hardlink"}};
+      text(f, "target", p.target);
     } else if (S_ISREG(p.st.st_mode)) {
+      raw += static_cast<uint64_t>(p.st.st_size);
+      if (raw > max_bytes)
+        return base::fail("archive the snapshot: its files hold more than " + std::to_string(max_bytes) +
+                              " bytes (holes included; " + rel.string() + " takes it to " + std::to_string(raw) +
+                              "), what an archive may expand to (--max-archive-bytes): no box with that bound "
+                              "could restore it",
+                          "limit");
+      if (auto x = data_extents(full, p.st.st_size)) {
+        p.sparse = true;
+        p.extents = std::move(*x);
+      }
       auto sha = sha256_file(full);
       if (!sha) return sha.error();
       p.sha = *sha;
-      raw += static_cast<uint64_t>(p.st.st_size);
+      if (p.st.st_nlink > 1) firsts[inode] = rel.string();
       f = {{"type", "file"}, {"size", p.st.st_size}, {"sha256", p.sha}};
     } else {
       continue;  // sockets, fifos and devices in a writable layer are not part of a snapshot
     }
     // Owner and mode are signed with the rest: a copy from an archive gets the files its parent had.
-    f["uid"] = p.st.st_uid;
-    f["gid"] = p.st.st_gid;
-    if (!S_ISLNK(p.st.st_mode)) f["mode"] = p.st.st_mode & 07777;
+    if (!p.hardlink) {
+      f["uid"] = p.st.st_uid;
+      f["gid"] = p.st.st_gid;
+    }
+    if (!S_ISLNK(p.st.st_mode) && !p.hardlink) f["mode"] = p.st.st_mode & 07777;
     std::string key = rel.string();
     if (is_utf8(key))
       files[key] = std::move(f);
@@ -430,20 +508,46 @@ std::string write_payload_entry(struct archive* a, const std::string& src_dir, c
     la().archive_entry_copy_symlink(e.get(), p.target.c_str());
     return header_written(a, e.get()) ? "" : "archive";
   }
+  la().archive_entry_set_filetype(e.get(), AE_IFREG);
+  if (p.hardlink) {
+    la().archive_entry_copy_hardlink(e.get(), p.target.c_str());
+    la().archive_entry_set_size(e.get(), 0);
+    return header_written(a, e.get()) ? "" : "archive";
+  }
   os::UniqueFd in(::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!in) return "open " + full + ": " + std::strerror(errno);
-  la().archive_entry_set_filetype(e.get(), AE_IFREG);
   la().archive_entry_set_size(e.get(), p.st.st_size);
+  // A sparse entry: its data extents (libarchive adds an empty one at the end of a last hole).
+  for (auto [at, len] : p.extents) la().archive_entry_sparse_add_entry(e.get(), at, len);
   if (!header_written(a, e.get())) return "archive";
-  uint64_t left = static_cast<uint64_t>(p.st.st_size);
-  while (left > 0) {
-    ssize_t n = ::read(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return "read " + full + ": " + (n < 0 ? std::strerror(errno) : "the file shrank while it was archived");
-    if (la().archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n) return "archive";
-    left -= static_cast<uint64_t>(n);
+  // The writer takes the whole contents and leaves out its holes unread: they are given as zeros.
+  static const std::vector<char> zeros(1 << 20);
+  auto hole = [&](uint64_t n) {
+    for (; n > 0; n -= std::min<uint64_t>(n, zeros.size()))
+      if (auto k = std::min<uint64_t>(n, zeros.size()); la().archive_write_data(a, zeros.data(), k) != la_ssize_t(k))
+        return false;
+    return true;
+  };
+  auto data = [&](off_t at, uint64_t left) -> std::string {
+    while (left > 0) {
+      ssize_t n = ::pread(in.get(), buf.data(), std::min<uint64_t>(buf.size(), left), at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return "read " + full + ": " + (n < 0 ? std::strerror(errno) : "the file shrank while it was archived");
+      if (la().archive_write_data(a, buf.data(), static_cast<size_t>(n)) != n) return "archive";
+      left -= static_cast<uint64_t>(n);
+      at += n;
+    }
+    return "";
+  };
+  if (!p.sparse) return data(0, static_cast<uint64_t>(p.st.st_size));
+  off_t pos = 0;
+  for (auto [at, len] : p.extents) {
+    if (!hole(static_cast<uint64_t>(at - pos))) return "archive";
+    if (auto why = data(at, static_cast<uint64_t>(len)); !why.empty()) return why;
+    pos = at + len;
   }
-  return "";
+  return hole(static_cast<uint64_t>(p.st.st_size - pos)) ? "" : "archive";
 }
 
 base::Result<void> start_compressor(Sink& sink, int fd, int level) {
@@ -471,7 +575,9 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
   std::vector<Planned> plan;
   json::object files, files_b64;
   uint64_t raw = 0;
-  if (auto planned = plan_payload(src_dir, plan, files, files_b64, raw); !planned) return planned.error();
+  if (auto planned = plan_payload(src_dir, plan, files, files_b64, raw, to.max_bytes); !planned) return planned.error();
+  bool links = std::any_of(plan.begin(), plan.end(), [](const Planned& p) { return p.hardlink; });
+  if (links) manifest["format_version"] = kLinksFormatVersion;
   manifest["files"] = std::move(files);
   if (!files_b64.empty()) manifest["files_b64"] = std::move(files_b64);
   manifest["raw_bytes"] = raw;
@@ -537,6 +643,7 @@ base::Result<ArchiveInfo> write_snapshot(const std::string& src_dir, boost::json
     info.compressed_bytes = sink.writer->bytes();
   }
   info.raw_bytes = raw + text.size() + signature.size();
+  info.format_version = links ? kLinksFormatVersion : kFormatVersion;
   if (to.chunks) {
     auto list = to.chunks->finish();
     if (!list) return fail("store the chunks: " + list.error().message);
@@ -581,6 +688,30 @@ bool payload_path(std::string_view p) {
     if (slash == std::string_view::npos) return true;
     start = slash + 1;
   }
+}
+
+// Writes the `n` bytes at `p` at offset `at` of the new file `fd`, but each block of zeros (4 KiB,
+// aligned in the file): that is left a hole, which reads as zeros. A sparse file (a pax sparse
+// entry's holes come out of libarchive as zeros) or a run of zeros takes no room, as in the copy
+// the snapshot was taken of. Returns 0 or the errno of a failed write.
+int write_holes(int fd, const char* p, size_t n, off_t at) {
+  static const char zeros[4096] = {};
+  auto block = [&](size_t i) { return std::min(n - i, sizeof zeros - static_cast<size_t>((at + i) % sizeof zeros)); };
+  for (size_t i = 0; i < n;) {
+    if (size_t len = block(i); std::memcmp(p + i, zeros, len) == 0) {
+      i += len;
+      continue;
+    }
+    size_t j = i;  // the run of blocks that are not zeros, written at once
+    while (j < n && std::memcmp(p + j, zeros, block(j)) != 0) j += block(j);
+    while (i < j) {
+      ssize_t w = ::pwrite(fd, p + i, j - i, at + static_cast<off_t>(i));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return errno;
+      i += static_cast<size_t>(w);
+    }
+  }
+  return 0;
 }
 
 // Opens the directory `rel` ("" for the root itself) beneath `root`, following no symlink and
@@ -701,6 +832,7 @@ class Extractor {
   void check_signature(bool present, const std::string& text);
   bool entry(struct archive_entry* e);
   bool write_file(struct archive_entry* e, int parent, const std::string& name, const std::string& path, Listed& l);
+  bool link(const std::string& path, const std::string& target, const Listed& l);
   bool keep_owner(int fd, const std::string& path, const Listed& l, mode_t mode);
   bool finish();
   bool parent_seen(const std::string& path, const std::string& dir);
@@ -741,7 +873,7 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
       return refuse("the archive would expand beyond " + std::to_string(policy_.max_bytes) +
                     " bytes, this box's limit (--max-archive-bytes): its manifest lists more than that");
     total_ += l.size;
-  } else if (l.type == "symlink") {
+  } else if (l.type == "symlink" || l.type == "hardlink") {
     auto* target = o.if_contains("target");
     auto* b64 = o.if_contains("target_b64");
     if (target && b64) return bad("has both target and target_b64");
@@ -749,10 +881,15 @@ bool Extractor::check_listed(const std::string& path, const json::value& v) {
     if (b64 && (!b64->is_string() || !base::base64_decode(b64->as_string(), text))) return bad("has a bad target_b64");
     if (target && target->is_string()) text = target->as_string();
     if (text.empty() || text.size() > 4095 || text.find('\0') != std::string::npos) return bad("has no target");
-    if (path.starts_with("criu")) return bad("is a symlink among the criu images");
+    if (path.starts_with("criu")) return bad("is a " + l.type + " among the criu images");
+    // A hard link names a file of the layer, listed as one (checked when its entry comes).
+    if (l.type == "hardlink" && out_.format_version < kLinksFormatVersion)
+      return bad("is a hard link, which a format-" + std::to_string(out_.format_version) + " archive does not hold");
+    if (l.type == "hardlink" && (!payload_path(text) || !text.starts_with("fs/")))
+      return bad("links to " + text + ", not a file of the layer");
     l.target = std::move(text);
   } else if (l.type != "dir") {
-    return bad("has type " + l.type + " (dir, file or symlink)");
+    return bad("has type " + l.type + " (dir, file, symlink or hardlink)");
   }
   // Absent: root, and the tar's mode. Present: a number within its range.
   auto id = [&](const char* k, uint64_t max, auto& out) {
@@ -777,10 +914,10 @@ bool Extractor::check_manifest() {
   auto* fmt = m.if_contains("format");
   auto* ver = m.if_contains("format_version");
   if (!fmt || *fmt != kFormatName) return refuse("not a sandboxer checkpoint archive (manifest format)");
-  if (!ver || !ver->is_int64() || ver->as_int64() < kOldestFormatVersion || ver->as_int64() > kFormatVersion)
+  if (!ver || !ver->is_int64() || ver->as_int64() < kOldestFormatVersion || ver->as_int64() > kLinksFormatVersion)
     return refuse(
         "the archive's format_version is not " + std::to_string(kOldestFormatVersion) + ".." +
-        std::to_string(kFormatVersion) +
+        std::to_string(kLinksFormatVersion) +
         (ver && ver->is_int64() && ver->as_int64() < kOldestFormatVersion
              ? " (format " + std::to_string(ver->as_int64()) + " is from before signed archives: make it again)"
              : std::string()));
@@ -854,13 +991,15 @@ bool Extractor::entry(struct archive_entry* e) {
   std::string path = la().archive_entry_pathname(e) ? la().archive_entry_pathname(e) : "";
   if (la().archive_entry_filetype(e) == AE_IFDIR && path.size() > 1 && path.back() == '/') path.pop_back();
   if (!payload_path(path)) return refuse("the archive holds an unsafe path: " + path);
-  if (la().archive_entry_hardlink(e))
-    return refuse("the archive holds a hard link (" + path + "), which no checkpoint makes");
   auto it = listed_.find(path);
+  const char* hardlink = la().archive_entry_hardlink(e);
+  if (hardlink && (it == listed_.end() || it->second.type != "hardlink"))
+    return refuse("the archive holds a hard link (" + path + "), which its manifest does not list as one");
   if (it == listed_.end()) return refuse("the archive holds " + path + ", which its manifest does not list");
   Listed& l = it->second;
   if (l.seen) return refuse("the archive holds " + path + " twice");
   l.seen = true;
+  if (hardlink) return link(path, hardlink, l);
   auto type = la().archive_entry_filetype(e);
   const char* want = type == AE_IFDIR ? "dir" : type == AE_IFREG ? "file" : type == AE_IFLNK ? "symlink" : nullptr;
   if (!want) return refuse("the archive holds an entry of an unsupported type: " + path);
@@ -890,6 +1029,27 @@ bool Extractor::entry(struct archive_entry* e) {
     return keep_owner(d.get(), path, l, l.mode ? *l.mode : (la().archive_entry_perm(e) | 0700));
   }
   return write_file(e, parent.get(), name, path, l);
+}
+
+// A hard link entry (format 4): to the file its manifest says, which came before it. Both are
+// reached beneath the root, no symlink followed (there is none yet: symlinks are made last), and
+// the link is a new name only.
+bool Extractor::link(const std::string& path, const std::string& target, const Listed& l) {
+  if (target != l.target) return refuse("the archive's hard link " + path + " does not name what its manifest says");
+  auto t = listed_.find(target);
+  if (t == listed_.end() || t->second.type != "file" || !t->second.seen)
+    return refuse("the archive's hard link " + path + " names " + target + ", which is not a file it holds before it");
+  auto dir_of = [](const std::string& p) { return p.rfind('/') == std::string::npos ? "" : p.substr(0, p.rfind('/')); };
+  auto name_of = [](const std::string& p) { return p.substr(p.rfind('/') + 1); };
+  if (mode_ != Mode::extract) return parent_seen(path, dir_of(path));
+  os::UniqueFd parent = open_beneath(root_.get(), dir_of(path));
+  if (!parent)
+    return refuse("extract " + path + ": its directory " + dir_of(path) + " " +
+                  (errno == ENOENT ? std::string("comes later or not at all") : std::strerror(errno)));
+  os::UniqueFd from = open_beneath(root_.get(), dir_of(target));
+  if (!from || ::linkat(from.get(), name_of(target).c_str(), parent.get(), name_of(path).c_str(), 0) != 0)
+    return refuse("link " + path + " to " + target + ": " + std::strerror(errno));
+  return true;
 }
 
 // Without a directory to write into (verify_archive): an entry's directory must have come before it,
@@ -926,16 +1086,19 @@ bool Extractor::write_file(struct archive_entry* e, int parent, const std::strin
       sha_->push(b, 0);
       break;
     }
-    size += static_cast<uint64_t>(n);
-    if (size > l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
+    if (size + static_cast<uint64_t>(n) > l.size)
+      return refuse("size mismatch for " + path + ": the archive is corrupted");
     sha_->push(b, static_cast<size_t>(n));  // read, not changed, while it is written below
-    if (!out) continue;
-    if (auto w = os::write_all(out.get(), {b.data(), static_cast<size_t>(n)}); !w)
-      return refuse("write " + path + ": " + w.error().message());
+    if (out)
+      if (int err = write_holes(out.get(), b.data(), static_cast<size_t>(n), static_cast<off_t>(size)))
+        return refuse("write " + path + ": " + std::strerror(err));
+    size += static_cast<uint64_t>(n);
   }
   if (size != l.size) return refuse("size mismatch for " + path + ": the archive is corrupted");
   if (sha_->digest() != l.sha) return refuse("sha256 mismatch for " + path + ": the archive is corrupted");
   if (!out) return true;
+  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0)
+    return refuse("size " + path + ": " + std::strerror(errno));
   return keep_owner(out.get(), path, l, l.mode ? *l.mode : la().archive_entry_perm(e));
 }
 

@@ -22,6 +22,10 @@
 namespace sbx::archive {
 
 inline constexpr int kFormatVersion = 3;
+/// Format 3 with hard links: a name listed {"type": "hardlink", "target": PATH} (a file listed
+/// before it) is a tar hard link entry to PATH. An archive holds them where its payload had names of
+/// one inode, and says 4 then; an older reader refuses it at its manifest.
+inline constexpr int kLinksFormatVersion = 4;
 /// The oldest format still read: 2, whose snapshot id is the sha256 of the archive file.
 inline constexpr int kOldestFormatVersion = 2;
 inline constexpr const char* kFormatName = "sandboxer.checkpoint";
@@ -52,23 +56,30 @@ inline bool named_by_manifest(int format_version) { return format_version >= 3; 
 inline std::string snapshot_id_of(std::string_view sha256) { return "s-" + std::string(sha256.substr(0, 16)); }
 
 struct ArchiveInfo {
-  std::string manifest_sha256;  // of manifest.json's bytes: the snapshot's id
-  std::string sha256;           // of the archive file, when one was written
-  uint64_t raw_bytes = 0;       // sum of the entries' sizes
+  std::string manifest_sha256;          // of manifest.json's bytes: the snapshot's id
+  std::string sha256;                   // of the archive file, when one was written
+  uint64_t raw_bytes = 0;               // sum of the entries' sizes (holes included; an inode's once)
+  int format_version = kFormatVersion;  // the manifest's: kLinksFormatVersion where it lists hard links
   uint64_t compressed_bytes = 0;
   std::optional<ChunkList> chunks;  // where the stream went to the chunk store
 };
 
 /// Where write_snapshot writes: an archive file (none when empty), the chunk store (none when
-/// null), or both.
+/// null), or both; and what its files may add up to (holes included, an inode's once): a snapshot
+/// past it is not written (code limit), as no box with that --max-archive-bytes could extract it.
 struct SnapshotOut {
   std::string archive;
   ChunkWriter* chunks = nullptr;
+  uint64_t max_bytes = UINT64_MAX;
 };
 
 /// Writes `manifest` (with "files" added: every dir, regular file and symlink under `src_dir`),
 /// its signature by `key` (none when null: an unsigned archive), then those entries, to `dst` as
-/// tar + zstd; or what failed.
+/// tar + zstd; or what failed. A file with holes is a pax sparse entry (GNU sparse 1.0: its data
+/// extents only, which any libarchive or GNU tar reads back whole), and a further name of an inode
+/// a hard link entry to its first (format 4, kLinksFormatVersion): what the archive holds is what
+/// the payload takes, not the sum of its sizes. Its manifest lists sizes and hashes of the whole
+/// contents, as before.
 base::Result<ArchiveInfo> write_archive(const std::string& src_dir, boost::json::object manifest,
                                         const std::string& dst, int level, const SigningKey* key);
 
@@ -96,8 +107,10 @@ base::Result<std::string> sha256_file(const std::string& path);
 /// signature first (refused, before any payload byte is written, when no key of `policy`
 /// verifies it, unless policy.allow_unsigned), then every entry checked against the manifest
 /// (listed, same type, size and sha256) beneath a directory fd with no symlink followed
-/// (symlinks are made last), no hard links, devices, absolute or `..` paths, and the expansion
-/// bounded by the manifest's sizes and policy.max_bytes. On any failure the partial directory is
+/// (symlinks are made last), no devices, absolute or `..` paths, no hard links but those a format-4
+/// manifest lists to a file extracted before them (linked beneath the same fd), and the expansion
+/// bounded by the manifest's sizes and policy.max_bytes. Every 4 KiB block of zeros in a file is
+/// left a hole, not written: a sparse file comes out as sparse as it went in. On any failure the partial directory is
 /// removed and the error says what was wrong; its code is "untrusted" when no trusted key signed
 /// the archive, else "bad_snapshot".
 base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy);

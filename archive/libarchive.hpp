@@ -11,6 +11,7 @@
 namespace sbx::archive {
 
 #define SBX_LIBARCHIVE_FUNCTIONS(X)        \
+  X(archive_entry_copy_hardlink)           \
   X(archive_entry_copy_pathname)           \
   X(archive_entry_copy_symlink)            \
   X(archive_entry_filetype)                \
@@ -27,6 +28,7 @@ namespace sbx::archive {
   X(archive_entry_set_uid)                 \
   X(archive_entry_size)                    \
   X(archive_entry_size_is_set)             \
+  X(archive_entry_sparse_add_entry)        \
   X(archive_entry_symlink)                 \
   X(archive_error_string)                  \
   X(archive_read_data)                     \

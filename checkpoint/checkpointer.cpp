@@ -179,7 +179,7 @@ struct Checkpointer::CheckpointOp {
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   std::string error;
-  std::string error_code = "io";  // the layer copy's: limit or no_space past its bound
+  std::string error_code = "io";  // limit or no_space past a bound of the layer copy or the archive
   std::optional<archive::ArchiveInfo> info;
   std::string id;
   std::shared_ptr<ForkSeal> fork;  // fork_branch: copies of it start before its archive is sealed
@@ -828,18 +828,22 @@ json::object Checkpointer::sizes_of(const CheckpointOp& op) {
   return sizes;
 }
 
+json::object Checkpointer::dump_timings(const CheckpointOp& op) {
+  json::object timings{{"dump", round_ms(op.t_dumped - op.t_stopped)},
+                       {"snapshot", round_ms(op.t_snapped - op.t_dumped)},
+                       {"stop", round_ms(op.t_stopped - op.t_stop)},
+                       {"freeze", round_ms(op.t_resumed - op.t_stop)}};
+  // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
+  if (op.probe_wait > 0) timings["probe_wait"] = round_ms(op.probe_wait);
+  // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
+  if (op.live) timings["criu"] = criu_stats(op.work + "/logs/stats-dump");
+  return timings;
+}
+
 void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   op->manifest["last_seq"] = host_.last_seq();
   op->manifest["sizes"] = {{"images", op->image_bytes}, {"fs", op->fs_bytes}};
-  json::object timings{{"dump", round_ms(op->t_dumped - op->t_stopped)},
-                       {"snapshot", round_ms(op->t_snapped - op->t_dumped)},
-                       {"stop", round_ms(op->t_stopped - op->t_stop)},
-                       {"freeze", round_ms(op->t_resumed - op->t_stop)}};
-  // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
-  if (op->probe_wait > 0) timings["probe_wait"] = round_ms(op->probe_wait);
-  // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
-  if (op->live) timings["criu"] = criu_stats(op->work + "/logs/stats-dump");
-  op->manifest["timings_ms"] = timings;
+  op->manifest["timings_ms"] = dump_timings(*op);
   std::string tmp = op->chunked ? "" : op->work + "/archive.tar.zst";
   if (op->chunked) ++chunk_writers_;
   // A fork's copies start from the images while this runs (fork_early): on a thread of its own
@@ -847,7 +851,9 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
   // daemons come first and the archive takes what CPU they leave. Measured on 2 cores, a 50 MB
   // agent's 8 copies ran 0.42 s after the pause with the seal beside them at the same priority.
   bool behind = op->fork && op->fork->early;
-  auto write = [op, tmp, key = op->key, store = chunk_dir()] {
+  // Past what this box's own extraction allows (--max-archive-bytes), holes included, no archive
+  // is written: it could not be restored, and its files' contents would be read and hashed whole.
+  auto write = [op, tmp, key = op->key, store = chunk_dir(), max = settings_.max_archive_bytes] {
     std::unique_ptr<archive::ChunkWriter> chunks;
     if (op->chunked) {
       auto w = archive::ChunkWriter::open(store, 3, false);  // the manifest's hash names it
@@ -857,11 +863,13 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
       }
       chunks = std::move(*w);
     }
-    auto info = archive::write_snapshot(op->work + "/payload", op->manifest, {tmp, chunks.get()}, 3, key.get());
-    if (info)
+    auto info = archive::write_snapshot(op->work + "/payload", op->manifest, {tmp, chunks.get(), max}, 3, key.get());
+    if (info) {
       op->info = std::move(*info);
-    else
+    } else {
       op->error = info.error().message;
+      op->error_code = info.error().code == "limit" ? "limit" : "io";
+    }
   };
   offload(
       [write, behind] {
@@ -885,9 +893,10 @@ void Checkpointer::compress(std::shared_ptr<CheckpointOp> op) {
         };
         if (!op->info) {
           writer_done();
-          return checkpoint_failed(op, "io", "write the archive: " + op->error);
+          return checkpoint_failed(op, op->error_code, "write the archive: " + op->error);
         }
         op->id = archive::snapshot_id_of(op->info->manifest_sha256);
+        op->manifest["format_version"] = op->info->format_version;  // 4 where it holds hard links
         std::string base = snap_dir_ + "/" + op->id;
         json::object index = op->manifest;
         index["id"] = op->id;

@@ -220,6 +220,8 @@ class Checkpointer {
   int64_t live_copies() const;
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
   static boost::json::object sizes_of(const CheckpointOp& op);
+  /// The dump's timings (ms) for the manifest: the pause's phases, the probe's wait, criu's own.
+  static boost::json::object dump_timings(const CheckpointOp& op);
   std::string chunk_dir() const { return snap_dir_ + "/chunks"; }
   /// The chunk list of a snapshot kept in the chunk store, nullopt for one that is not, or why it
   /// cannot be read.

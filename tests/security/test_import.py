@@ -281,6 +281,61 @@ def test_a_hard_link_entry_is_refused(tmp_path):
         assert r.returncode != 0 and "hard link (fs/shadow)" in r.stderr, r.stderr
 
 
+def links_archive(tmp, key, entries, *, version=4):
+    """A crafted archive of `entries` whose "hardlink" members its manifest lists as hard links (the
+    format-4 entry a checkpoint writes for a further name of an inode), in the order given."""
+    m = manifest_of([e for e in entries if e[1] != "hardlink"], format_version=version)
+    for name, kind, target in entries:
+        if kind == "hardlink":
+            m["files"][name] = {"type": "hardlink", "target": target}
+    return archive(tmp, entries, key=key, manifest=m, name=f"links-{version}.tar.zst")
+
+
+def link_to_outside(tmp):
+    victim = tmp / "victim"
+    victim.write_bytes(b"the host's file\n")
+    return victim, [("fs", "dir", None), ("fs/l", "hardlink", str(victim))]
+
+
+@pytest.mark.parametrize("case", ["outside", "a directory", "before its file", "in format 3"])
+def test_a_hard_link_entry_leaving_the_layers_files_is_refused(tmp_path, case):
+    """A format-4 archive may hold a hard link entry, to a file of the layer extracted before it:
+    not to a path outside (the naive extraction of the control below links the host's file), nor
+    a directory, nor a file that comes after it; and a format-3 manifest lists none."""
+    victim, entries = link_to_outside(tmp_path)
+    reason = f"the manifest's entry for fs/l links to {victim}, not a file of the layer"
+    version = 4
+    if case == "a directory":
+        entries = [("fs", "dir", None), ("fs/d", "dir", None), ("fs/l", "hardlink", "fs/d")]
+        reason = "the archive's hard link fs/l names fs/d, which is not a file it holds before it"
+    elif case == "before its file":
+        entries = [("fs", "dir", None), ("fs/l", "hardlink", "fs/f"), ("fs/f", "file", b"x")]
+        reason = "the archive's hard link fs/l names fs/f, which is not a file it holds before it"
+    elif case == "in format 3":
+        entries = [("fs", "dir", None), ("fs/f", "file", b"x"), ("fs/l", "hardlink", "fs/f")]
+        reason, version = "the manifest's entry for fs/l is a hard link, which a format-3 archive does not hold", 3
+    attacker = keypair(tmp_path / "attacker.pem")
+    path = links_archive(tmp_path, attacker, entries, version=version)
+    with start(tmp_path, "box", "--trust-key", str(attacker[0].with_suffix(".pub"))) as box:
+        r = sbx_import(box, path)
+        assert r.returncode != 0 and reason in r.stderr, r.stderr
+        assert victim.stat().st_nlink == 1
+        assert leftovers(box) == [] and not list((box.state / "snapshots").glob("*.d"))
+
+
+def test_control_a_hard_link_to_a_file_of_the_layer_is_imported_and_naive_extraction_links_outside(tmp_path):
+    attacker = keypair(tmp_path / "attacker.pem")
+    path = links_archive(tmp_path, attacker, [("fs", "dir", None), ("fs/f", "file", b"x"), ("fs/l", "hardlink", "fs/f")])
+    with start(tmp_path, "box", "--trust-key", str(attacker[0].with_suffix(".pub"))) as box:
+        r = sbx_import(box, path)
+        assert r.returncode == 0, r.stderr
+    victim, entries = link_to_outside(tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes(entries))) as t:
+        kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+        t.extractall(tmp_path / "naive", **kw)
+    assert (tmp_path / "naive/fs/l").stat().st_ino == victim.stat().st_ino
+
+
 # ---- (b) decompression bombs ----
 
 def test_a_bomb_in_an_entry_is_refused_at_its_header_quickly(tmp_path):

@@ -193,7 +193,7 @@ TEST_CASE("archive: a manifest of another format or version is refused") {
   TempDir t;
   put(t.path / "src/x", "x");
   auto m = manifest();
-  m["format_version"] = kFormatVersion + 1;
+  m["format_version"] = kLinksFormatVersion + 1;
   REQUIRE(write(t.path / "src", m, t.path / "a.tar.zst").has_value());
   auto x = extract(t.path / "a.tar.zst", t.path / "out");
   CHECK_FALSE(x.has_value());
