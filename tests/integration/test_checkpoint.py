@@ -604,3 +604,112 @@ def test_a_layer_copy_that_would_take_the_journals_room_is_refused_naming_it(tmp
             assert not list((state / "snapshots").glob(".work-*"))  # nothing of it is left
         finally:
             unmount_below(state)
+
+
+LINKS_AND_HOLES = r'''
+import hashlib, json, os, signal, sys, time
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ws = os.environ["SANDBOXER_WORKSPACE"]
+p = lambda n: os.path.join(ws, n)
+
+def used(root):
+    seen, n = set(), 0
+    for d, _, names in os.walk(root):
+        for x in names:
+            st = os.lstat(os.path.join(d, x))
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                n += st.st_blocks * 512
+    return n
+
+def report(where):
+    st = {n: os.stat(p(n)) for n in ("r", "l1", "l150", "l300", "big")}
+    h = hashlib.sha256()
+    with open(p("big"), "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    print(json.dumps({"where": where, "inodes": len({st[n].st_ino for n in ("r", "l1", "l150", "l300")}),
+                      "nlink": st["r"].st_nlink, "r": hashlib.sha256(open(p("l300"), "rb").read()).hexdigest(),
+                      "big_size": st["big"].st_size, "big_blocks": st["big"].st_blocks * 512, "big": h.hexdigest(),
+                      "used": used(ws)}), flush=True)
+
+# The audit's agent: 1 MiB linked 300 times, and a 1 GiB file of holes (4 KiB of data at its start
+# and at 512 MiB, so its contents say where they are).
+with open(p("r"), "wb") as f:
+    f.write(os.urandom(1 << 20))
+for i in range(1, 301):
+    os.link(p("r"), p(f"l{i}"))
+with open(p("big"), "wb") as f:
+    f.write(b"a" * 4096)
+    f.seek(512 << 20)
+    f.write(b"b" * 4096)
+    f.truncate(1 << 30)
+report("before")
+ch = agent.Channel()
+r = ch.fork(1)
+if r["copy"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its report comes before the box's end
+    report("copy")
+    sys.exit(0)
+# A copy restored from the stored snapshot too (its files from snapshots/<id>.d, not the fork's tree).
+ch.restore(r["snapshot"])
+report("original")
+time.sleep(float(sys.argv[1]))
+'''
+
+
+def blocks(root):
+    """The bytes a tree takes on its filesystem: every inode's blocks, once."""
+    seen, n = set(), 0
+    for p in [pathlib.Path(root), *pathlib.Path(root).rglob("*")]:
+        st = p.lstat()
+        if st.st_ino not in seen:
+            seen.add(st.st_ino)
+            n += st.st_blocks * 512
+    return n
+
+
+@needs_criu
+def test_a_checkpoint_of_hard_links_and_holes_takes_what_they_take_and_restores_them(tmp_path):
+    """The audit's repro, as the agent's own fork: under resources.disk=256M the agent links 1 MiB
+    300 times and makes a 1 GiB file of holes (980 KB of its workspace used). Its snapshot's layer
+    takes about that on the state dir's disk (sizes.fs 1 MiB; the archive about its images), and
+    every copy (the fork's, one restored from the stored snapshot, one restored from the archive
+    in a new box under the same ceiling) has one inode of 301 names and the same 1 GiB file, as
+    sparse. Before, sizes.fs was 1.37 GB, snapshots/<id>.d kept 1.3 GB, and no copy fitted the
+    copy's 256M workspace."""
+    try:
+        rc, ev, err = box(tmp_path / "a", ["--set", "resources.disk=256M", "--", sys.executable, "-c", LINKS_AND_HOLES,
+                                           "20"], timeout=240)
+        assert rc == 0, err
+        reports = {(e["branch"], e["message"]["where"]): e["message"] for e in ev
+                   if e["type"] == "proc.message" and "where" in e["message"]}
+        before = reports[("main", "before")]
+        assert before["inodes"] == 1 and before["nlink"] == 301 and before["used"] < 2 << 20, before
+        copies = [m for (b, w), m in reports.items() if w == "copy"]
+        assert len(copies) == 2, (reports, err)
+        for m in copies + [reports[("main", "original")]]:
+            assert {k: m[k] for k in ("inodes", "nlink", "r", "big_size", "big")} == \
+                {k: before[k] for k in ("inodes", "nlink", "r", "big_size", "big")}, (m, before)
+            assert m["big_blocks"] < 1 << 20 and m["used"] < 2 << 20, m
+        created = one(ev, "checkpoint.created")
+        assert created["sizes"]["fs"] < 2 << 20, created["sizes"]  # was 1,374,741,923
+        snap = tmp_path / "a" / "snapshots" / created["snapshot"]
+        assert blocks(snap.with_suffix(".d") / "fs") < 2 << 20
+        assert blocks(snap.with_suffix(".d")) < created["sizes"]["images"] + (4 << 20)
+        archive = snap.with_suffix(".tar.zst")
+        assert archive.stat().st_size < created["sizes"]["images"] + (4 << 20)
+        # The archive, in a new box under the same ceiling: extracted (links linked, holes left),
+        # then copied into the copy's workspace.
+        rc, ev2, err = box(tmp_path / "b", ["--set", "resources.disk=256M", "--restore", str(archive)], timeout=240)
+        assert rc == 0, err
+        assert one(ev2, "restore.done")["mode"] == "live"
+        restored = next(e["message"] for e in ev2 if e["type"] == "proc.message" and e["message"].get("where") == "copy")
+        assert {k: restored[k] for k in ("inodes", "nlink", "r", "big_size", "big")} == \
+            {k: before[k] for k in ("inodes", "nlink", "r", "big_size", "big")}, restored
+        assert restored["big_blocks"] < 1 << 20 and restored["used"] < 2 << 20, restored
+        extracted = tmp_path / "b" / "snapshots" / f"{created['snapshot']}.d"
+        assert blocks(extracted / "fs") < 2 << 20
+    finally:
+        unmount_below(tmp_path)
