@@ -172,7 +172,12 @@ struct Copier {
         if (!linked(it->second, ddir, dname, shown, done)) return false;
         if (done) return true;
       }
-    auto in = os::reopen(p->get(), O_RDONLY);
+    // O_NONBLOCK: a lease on the file (fcntl F_SETLEASE) held by an agent stopped for its
+    // checkpoint, which cannot give it up, made the open wait lease-break-time, 45 s a file, the
+    // tree stopped meanwhile. Refused at once (EWOULDBLOCK), naming the file.
+    auto in = os::reopen(p->get(), O_RDONLY | O_NONBLOCK);
+    if (!in && in.error().value() == EWOULDBLOCK)
+      return fail("open " + shown + " (its agent holds a lease on it)", EWOULDBLOCK);
     if (!in) return fail("open " + shown, in.error().value());
     os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return fail("create the copy of " + shown, errno);

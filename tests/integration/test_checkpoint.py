@@ -2,6 +2,7 @@
 
 The agent (live_agent.py) checkpoints or forks itself through the agent channel at a decision
 point; restores into a new box go through `sandboxer-init --restore FILE`."""
+import asyncio
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from sbxtest import INIT, ROOT, free_port_pair, mounts_below, read_journal, unmount_below
+from sbxtest import INIT, ROOT, Session, WsBox, free_port_pair, mounts_below, read_journal, run, unmount_below, ws_connect
 
 AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -713,3 +714,37 @@ def test_a_checkpoint_of_hard_links_and_holes_takes_what_they_take_and_restores_
         assert blocks(extracted / "fs") < 2 << 20
     finally:
         unmount_below(tmp_path)
+
+
+LEASE_AGENT = r'''
+import fcntl, os, signal, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+fd = os.open("/workspace/leased", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"held")
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+open("/workspace/ready", "w").close()
+while True:
+    time.sleep(0.1)
+    print("alive", flush=True)
+'''
+
+
+def test_a_checkpoint_of_a_file_under_the_agents_lease_fails_at_once_and_the_agent_goes_on(tmp_path):
+    # The layer copy opened each file blocking: under a lease held by the stopped agent (which
+    # cannot give it up) the open waited lease-break-time, 45 s a file, the tree stopped.
+    with WsBox(tmp_path, ["python3", "-c", LEASE_AGENT]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                for _ in range(200):
+                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
+                        break
+                    await asyncio.sleep(0.05)
+                r = await s.request("checkpoint", timeout=20)
+                n = len(box.read_events())
+                await asyncio.sleep(0.5)
+                return r, n
+        r, n = run(go())
+        assert not r["ok"] and "holds a lease on it" in r["error"]["message"], r
+        assert "/workspace/leased" in r["error"]["message"] or "leased" in r["error"]["message"], r
+        assert len(box.read_events()) > n  # the agent goes on printing
