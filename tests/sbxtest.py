@@ -435,6 +435,30 @@ class Session:
                     return e
 
 
+# An agent that holds a write lease on /workspace/leased (SIGIO ignored: the lease's break is
+# signalled, and kept, not obeyed), makes /workspace/ready, then prints "alive" every 0.1 s.
+LEASE_AGENT = r'''
+import fcntl, os, signal, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+fd = os.open("/workspace/leased", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"held")
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+open("/workspace/ready", "w").close()
+while True:
+    time.sleep(0.1)
+    print("alive", flush=True)
+'''
+
+
+async def wait_for_path(s, path, timeout=10):
+    """Asks `fs.stat` of `path` over the Session `s` until the box has it."""
+    deadline = time.monotonic() + timeout
+    while not (await s.request("fs.stat", path=path))["ok"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        await asyncio.sleep(0.05)
+
+
 def run(coro, timeout=120):
     """Runs a coroutine to completion within `timeout` seconds."""
     async def bounded():

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from sbxtest import INIT, ROOT, Session, WsBox, free_port_pair, mounts_below, read_journal, run, unmount_below, ws_connect
+from sbxtest import (INIT, LEASE_AGENT, ROOT, Session, WsBox, free_port_pair, mounts_below, read_journal, run,
+                     unmount_below, wait_for_path, ws_connect)
 
 AGENT = pathlib.Path(__file__).resolve().parent / "live_agent.py"
 SDK = ROOT / "sdk" / "python" / "sandboxer"
@@ -716,18 +717,6 @@ def test_a_checkpoint_of_hard_links_and_holes_takes_what_they_take_and_restores_
         unmount_below(tmp_path)
 
 
-LEASE_AGENT = r'''
-import fcntl, os, signal, time
-signal.signal(signal.SIGIO, signal.SIG_IGN)
-fd = os.open("/workspace/leased", os.O_RDWR | os.O_CREAT, 0o644)
-os.write(fd, b"held")
-fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-open("/workspace/ready", "w").close()
-while True:
-    time.sleep(0.1)
-    print("alive", flush=True)
-'''
-
 
 def test_a_checkpoint_of_a_file_under_the_agents_lease_fails_at_once_and_the_agent_goes_on(tmp_path):
     # The layer copy opened each file blocking: under a lease held by the stopped agent (which
@@ -736,10 +725,7 @@ def test_a_checkpoint_of_a_file_under_the_agents_lease_fails_at_once_and_the_age
         async def go():
             async with ws_connect(box) as ws:
                 s = Session(ws)
-                for _ in range(200):
-                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
-                        break
-                    await asyncio.sleep(0.05)
+                await wait_for_path(s, "/workspace/ready")
                 r = await s.request("checkpoint", timeout=20)
                 n = len(box.read_events())
                 await asyncio.sleep(0.5)

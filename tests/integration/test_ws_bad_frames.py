@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from sbxtest import Session, WsBox, run, ws_connect
+from sbxtest import Session, WsBox, run, wait_for_path, ws_connect
 
 VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
 
@@ -312,10 +312,7 @@ def test_replies_a_client_does_not_read_are_bounded(tmp_path):
         async def go():
             async with ws_connect(box, max_queue=None) as ws:
                 s = Session(ws)
-                for _ in range(200):
-                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
-                        break
-                    await asyncio.sleep(0.05)
+                await wait_for_path(s, "/workspace/ready", timeout=30)
                 before = rss_kib()
                 ws.transport.pause_reading()
                 for i in range(1000, 1600):

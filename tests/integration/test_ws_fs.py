@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from sbxtest import Session, WsBox, overlayfs_dir, run, ws_connect
+from sbxtest import LEASE_AGENT, Session, WsBox, overlayfs_dir, run, wait_for_path, ws_connect
 
 CHUNK = 1 << 20
 
@@ -455,29 +455,16 @@ def test_an_upload_that_fills_the_disk_or_is_cut_off_leaves_no_file_it_made(tmp_
         assert box.alive()
 
 
-LEASE = r'''
-import fcntl, os, signal, time
-signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease's break is signalled: kept, not obeyed
-fd = os.open("/workspace/leased", os.O_RDWR | os.O_CREAT, 0o644)
-os.write(fd, b"held")
-fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-open("/workspace/ready", "w").close()
-time.sleep(120)
-'''
-
 
 def test_a_file_the_agent_holds_a_lease_on_is_refused_at_once(tmp_path):
     # An open of a file under a lease waits for the holder to give it up, lease-break-time (45 s
     # by default): fs.read and fs.write opened it so on the loop, and the box answered nobody
     # meanwhile. They fail at once now, with `busy`.
-    with WsBox(tmp_path, ["python3", "-c", LEASE]) as box:
+    with WsBox(tmp_path, ["python3", "-c", LEASE_AGENT]) as box:
         async def go():
             async with ws_connect(box) as ws:
                 s = Session(ws)
-                for _ in range(200):
-                    if (await s.request("fs.stat", path="/workspace/ready"))["ok"]:
-                        break
-                    await asyncio.sleep(0.05)
+                await wait_for_path(s, "/workspace/ready")
                 read = await s.request("fs.read", path="/workspace/leased", timeout=10)
                 write = await s.request("fs.write", path="/workspace/leased", size=1, timeout=10)
                 stats = await s.request("stats", timeout=5)

@@ -18,47 +18,16 @@
 #include "archive/archive.hpp"
 #include "archive/chunks.hpp"
 #include "os/unique-fd.hpp"
+#include "sparse-files.hpp"
 #include "temp-dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace sbx::archive;
 namespace os = sbx::os;
 
+using namespace sbx::test;
+
 namespace {
-
-constexpr off_t kMiB = off_t(1) << 20;
-constexpr off_t kGiB = off_t(1) << 30;
-
-void put_at(const fs::path& p, off_t at, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  os::UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-  REQUIRE(fd);
-  REQUIRE(::pwrite(fd.get(), text.data(), text.size(), at) == static_cast<ssize_t>(text.size()));
-}
-
-std::string get_at(const fs::path& p, off_t at, size_t n) {
-  os::UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  std::string s(n, '?');
-  if (!fd || ::pread(fd.get(), s.data(), n, at) != static_cast<ssize_t>(n)) return "<unreadable>";
-  return s;
-}
-
-struct stat lstat_of(const fs::path& p) {
-  struct stat st {};
-  REQUIRE(::lstat(p.c_str(), &st) == 0);
-  return st;
-}
-
-// The bytes a tree takes on its filesystem: every inode's blocks, once.
-uint64_t blocks_bytes(const fs::path& root) {
-  uint64_t total = 0;
-  std::set<ino_t> seen;
-  for (auto& e : fs::recursive_directory_iterator(root)) {
-    auto st = lstat_of(e.path());
-    if (seen.insert(st.st_ino).second) total += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  return total;
-}
 
 // 1 MiB that does not compress, as /dev/urandom's.
 const std::string& random_mib() {

@@ -15,53 +15,22 @@
 #include <set>
 #include <string>
 
+#include "mount-ns.hpp"
 #include "os/files.hpp"
 #include "os/unique-fd.hpp"
+#include "sparse-files.hpp"
 #include "temp-dir.hpp"
 
 namespace fs = std::filesystem;
 namespace os = sbx::os;
 
-namespace {
+using namespace sbx::test;
 
-constexpr off_t kGiB = off_t(1) << 30;
-constexpr off_t kMiB = off_t(1) << 20;
+namespace {
 
 void put(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
   std::ofstream(p, std::ios::binary) << text;
-}
-
-// `text` at `at` in the file `p` (made if missing), leaving the rest as it is: a hole where
-// nothing was written.
-void put_at(const fs::path& p, off_t at, const std::string& text) {
-  os::UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
-  REQUIRE(fd);
-  REQUIRE(::pwrite(fd.get(), text.data(), text.size(), at) == static_cast<ssize_t>(text.size()));
-}
-
-std::string get_at(const fs::path& p, off_t at, size_t n) {
-  os::UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  std::string s(n, '?');
-  if (!fd || ::pread(fd.get(), s.data(), n, at) != static_cast<ssize_t>(n)) return "<unreadable>";
-  return s;
-}
-
-struct stat lstat_of(const fs::path& p) {
-  struct stat st {};
-  REQUIRE(::lstat(p.c_str(), &st) == 0);
-  return st;
-}
-
-// The bytes a tree takes on its filesystem: every inode's blocks, once.
-uint64_t blocks_bytes(const fs::path& root) {
-  uint64_t total = 0;
-  std::set<ino_t> seen;
-  for (auto& e : fs::recursive_directory_iterator(root)) {
-    auto st = lstat_of(e.path());
-    if (seen.insert(st.st_ino).second) total += static_cast<uint64_t>(st.st_blocks) * 512;
-  }
-  return total;
 }
 
 std::string mib_of(char c) { return std::string(static_cast<size_t>(kMiB), c); }
@@ -181,13 +150,7 @@ TEST_CASE("copy_tree: a file of 1 TiB, all hole but a byte, is copied as sparse 
   fs::create_directories(t.path / "fs");
   put_at(t.path / "src/huge", 0, "x");
   REQUIRE(::truncate((t.path / "src/huge").c_str(), kGiB << 10) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    auto step = [](bool ok, int code) {
-      if (!ok) ::_exit(code);
-    };
-    step(::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0, 2);
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
     step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=64m") == 0, 3);
     auto r = os::copy_tree((t.path / "src").string(), (t.path / "fs/dst").string(),
                            {static_cast<uint64_t>(2 * kMiB + kMiB / 2), "a bound", "limit"});
@@ -197,10 +160,6 @@ TEST_CASE("copy_tree: a file of 1 TiB, all hole but a byte, is copied as sparse 
     step(::stat((t.path / "fs/dst/huge").c_str(), &st) == 0 && st.st_size == (kGiB << 10), 6);
     step(static_cast<uint64_t>(st.st_blocks) * 512 < static_cast<uint64_t>(kMiB), 7);
     step(get_at(t.path / "fs/dst/huge", 0, 2) == std::string("x\0", 2), 8);
-    ::_exit(0);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // else the step that failed
+  });
+  CHECK(failed == 0);  // else the step that failed
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "mount-ns.hpp"
 #include "os/files.hpp"
 #include "os/unique-fd.hpp"
 #include "temp-dir.hpp"
@@ -78,13 +79,7 @@ TEST_CASE("remove_tree_at: a mount in the tree is not entered, and what is above
   put(d.path / "state/tree/sub/file", "x");
   fs::create_directories(d.path / "state/tree/sub/tmpfs");
   put(d.path / "elsewhere/keep", "bound");
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    auto step = [](bool ok, int code) {
-      if (!ok) ::_exit(code);
-    };
-    step(::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0, 2);
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
     auto tree = d.path / "state/tree";
     step(::mount("tmpfs", (tree / "sub/tmpfs").c_str(), "tmpfs", 0, "size=1m") == 0, 3);
     std::ofstream(tree / "sub/tmpfs/inside") << "kept";
@@ -105,12 +100,8 @@ TEST_CASE("remove_tree_at: a mount in the tree is not entered, and what is above
     step(fs::exists(d.path / "elsewhere/keep"), 9);
     step(::umount((tree / "bind").c_str()) == 0, 10);
     step(remove_tree_at(at.get(), "tree", "state/tree").has_value() && !fs::exists(tree), 11);
-    ::_exit(0);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // else the step that failed
+  });
+  CHECK(failed == 0);  // else the step that failed
   CHECK(fs::exists(d.path / "elsewhere/keep"));
 }
 
