@@ -57,8 +57,6 @@ struct Copier {
   uint64_t bytes = 0;  // file data written (link_tree: the sizes of the files linked)
   bool link = false;   // link_tree: regular files are hard links to the source's, not copies
   CopyBound bound;
-  std::vector<char> buf;
-  bool plain = false;  // copy_file_range refused this pair of filesystems: read and write then
   // The copy's root (every path below is relative to it), and where the copy of each inode with
   // more than one name went first, by the source's device and inode: its directory and name.
   int droot = -1;
@@ -88,32 +86,10 @@ struct Copier {
       code = bound.code;
       return false;
     }
-    off_t in_off = at, out_off = at;
-    while (len > 0) {
-      ssize_t n = -1;
-      if (!plain) {
-        n = ::copy_file_range(in, &in_off, out, &out_off, static_cast<size_t>(len), 0);
-        if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
-          plain = true;
-          continue;
-        }
-      } else {
-        if (buf.empty()) buf.resize(1 << 20);
-        n = ::pread(in, buf.data(), std::min<size_t>(buf.size(), static_cast<size_t>(len)), in_off);
-        for (ssize_t done = 0; n > 0 && done < n;) {
-          ssize_t w = ::pwrite(out, buf.data() + done, static_cast<size_t>(n - done), out_off + done);
-          if (w < 0 && errno == EINTR) continue;
-          if (w < 0) return fail("write the copy of " + shown, errno);
-          done += w;
-        }
-        if (n > 0) in_off += n, out_off += n;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return fail("copy " + shown, errno);
-      if (n == 0) break;  // the file shrank under us: keep what is there
-      len -= n;
-      bytes += static_cast<uint64_t>(n);
-    }
+    // Fewer bytes where the file shrank under us: what is there is kept.
+    auto n = os::copy_range(in, out, static_cast<uint64_t>(at), static_cast<uint64_t>(len));
+    if (!n) return fail("copy " + shown, n.error().value());
+    bytes += *n;
     return true;
   }
 

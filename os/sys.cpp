@@ -8,7 +8,6 @@
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/random.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -232,22 +231,44 @@ Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::strin
 
 Result<void> copy_file_atomic_at(int dirfd, const std::string& name, int src, uint64_t size, mode_t mode) {
   return replace_atomic_at(dirfd, name, mode, nullptr, [&](int fd) -> Result<void> {
-    uint64_t left = size;
-    bool plain = false;  // copy_file_range refuses some pairs of filesystems: sendfile then
-    while (left > 0) {
-      size_t want = static_cast<size_t>(std::min<uint64_t>(left, 1u << 30));
-      ssize_t n = plain ? ::sendfile(fd, src, nullptr, want) : ::copy_file_range(src, nullptr, fd, nullptr, want, 0);
-      if (n < 0 && !plain && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+    auto n = copy_range(src, fd, 0, size);
+    if (!n) return n.error();
+    if (*n < size) return sys_error(ENODATA);  // `src` is shorter than `size`: it changed under us
+    return {};
+  });
+}
+
+Result<uint64_t> copy_range(int in, int out, uint64_t at, uint64_t len) {
+  auto in_off = static_cast<off_t>(at), out_off = static_cast<off_t>(at);
+  uint64_t done = 0;
+  bool plain = false;  // copy_file_range refused this pair of filesystems: read and write then
+  std::vector<char> buf;
+  while (done < len) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(len - done, 1u << 30));
+    ssize_t n = -1;
+    if (!plain) {
+      n = ::copy_file_range(in, &in_off, out, &out_off, want, 0);
+      if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
         plain = true;
         continue;
       }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return last_error();
-      if (n == 0) return sys_error(ENODATA);  // `src` is shorter than `size`: it changed under us
-      left -= static_cast<uint64_t>(n);
+    } else {
+      if (buf.empty()) buf.resize(1 << 20);
+      n = ::pread(in, buf.data(), std::min(buf.size(), want), in_off);
+      for (ssize_t put = 0; n > 0 && put < n;) {
+        ssize_t w = ::pwrite(out, buf.data() + put, static_cast<size_t>(n - put), out_off + put);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return last_error();
+        put += w;
+      }
+      if (n > 0) in_off += n, out_off += n;
     }
-    return {};
-  });
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return last_error();
+    if (n == 0) break;  // `in` ends here
+    done += static_cast<uint64_t>(n);
+  }
+  return done;
 }
 
 FdPath::FdPath(int fd) noexcept { std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd); }

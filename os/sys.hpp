@@ -96,10 +96,14 @@ Result<UniqueFd> make_dirs_at(int dirfd, const std::string& rel, mode_t mode = 0
 Result<void> write_file_atomic_at(int dirfd, const std::string& name, std::string_view data, mode_t mode = 0644,
                                   struct stat* written = nullptr);
 
-/// The same with `size` bytes of the file open at `src` (from its offset) for the data, copied in
-/// the kernel (copy_file_range, sendfile where that is refused): none of it passes through this
-/// process's memory. ENODATA where `src` ends before `size`.
+/// The same with the first `size` bytes of the file open at `src` for the data, copied with
+/// copy_range: ENODATA where `src` ends before `size`.
 Result<void> copy_file_atomic_at(int dirfd, const std::string& name, int src, uint64_t size, mode_t mode = 0644);
+
+/// Copies `len` bytes at offset `at` of the regular file `in` to the same offset of `out`, in the
+/// kernel (copy_file_range; pread and pwrite where a pair of filesystems refuses it). Returns the
+/// bytes copied: fewer where `in` ends first.
+Result<uint64_t> copy_range(int in, int out, uint64_t at, uint64_t len);
 
 /// "/proc/self/fd/N": the magic link to what fd N holds, which a path-taking call (open, chmod,
 /// linkat) follows to that inode and no other, where the call has no form that takes an O_PATH fd.

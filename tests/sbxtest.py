@@ -26,6 +26,13 @@ from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD = pathlib.Path(os.environ.get("SANDBOXER_BUILD", ROOT / "build"))
+
+
+def sanitized():
+    """True for a build under the sanitizers (scripts/sanitize): its memory is ASan's to account
+    (redzones, freed blocks held in quarantine), not the supervisor's alone."""
+    cache = BUILD / "CMakeCache.txt"
+    return cache.exists() and "SBX_SANITIZE:BOOL=ON" in cache.read_text()
 BIN = BUILD / "bin"
 INIT = BIN / "sandboxer-init"
 CLI = BIN / "sandboxer"

@@ -8,14 +8,9 @@ import subprocess
 
 import pytest
 
-from sbxtest import BUILD, INIT, ROOT
+from sbxtest import BUILD, INIT, ROOT, sanitized
 
 ORDER = ROOT / "supervisor" / "text-order.ld"
-
-
-def sanitized():
-    cache = BUILD / "CMakeCache.txt"
-    return cache.exists() and "SBX_SANITIZE:BOOL=ON" in cache.read_text()
 
 
 def ordered_names(path):

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from sbxtest import Session, WsBox, run, wait_for_path, ws_connect
+from sbxtest import Session, WsBox, run, sanitized, wait_for_path, ws_connect
 
 VECTORS = pathlib.Path(__file__).resolve().parent.parent / "protocol"
 
@@ -324,4 +324,5 @@ def test_replies_a_client_does_not_read_are_bounded(tmp_path):
                 return grown, got
         grown, got = run(go(), timeout=180)
     assert all(r["ok"] and len(r["entries"]) == 4000 for r in got)
-    assert grown < 48 << 10, f"the supervisor grew by {grown} KiB"  # 17 MiB here; 79 for 400 before
+    if not sanitized():  # ASan holds what was freed in its quarantine (380 MiB here)
+        assert grown < 48 << 10, f"the supervisor grew by {grown} KiB"  # 17 MiB here; 79 for 400 before
