@@ -25,7 +25,7 @@ int remaining_ms(Clock::time_point deadline) {
 
 }  // namespace
 
-base::Result<void> probe_websocket(const std::string& addr, int port, int timeout_ms) {
+base::Result<void> probe_websocket(const std::string& addr, int port, int timeout_ms, const std::string& token) {
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   sockaddr_storage ss{};
   socklen_t len = 0;
@@ -58,7 +58,8 @@ base::Result<void> probe_websocket(const std::string& addr, int port, int timeou
   std::string req = "GET / HTTP/1.1\r\nHost: " + where +
                     "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                     "Sec-WebSocket-Key: c2FuZGJveGVyLWhlYWx0aA==\r\nSec-WebSocket-Version: 13\r\n"
-                    "Sec-WebSocket-Protocol: sandboxer.v1\r\n\r\n";
+                    "Sec-WebSocket-Protocol: sandboxer.v1\r\n" +
+                    (token.empty() ? std::string() : "Authorization: Bearer " + token + "\r\n") + "\r\n";
   size_t off = 0;
   while (off < req.size()) {
     ssize_t n = ::send(fd.get(), req.data() + off, req.size() - off, MSG_NOSIGNAL);
@@ -84,8 +85,14 @@ base::Result<void> probe_websocket(const std::string& addr, int port, int timeou
   std::string status = got.substr(0, got.find("\r\n"));
   // 503: the server answers, with its unauthenticated slots full (anyone who reaches the port can
   // fill them): that is load, not a dead supervisor.
-  if (status.starts_with("HTTP/1.1 101") || status.starts_with("HTTP/1.1 401") || status.starts_with("HTTP/1.1 503"))
+  if (!token.empty()) {
+    if (status.starts_with("HTTP/1.1 101")) return {};
+    if (status.starts_with("HTTP/1.1 401"))
+      return base::fail(where + " refused the token (401): another server than the box answers there", "unauthorized");
+  } else if (status.starts_with("HTTP/1.1 101") || status.starts_with("HTTP/1.1 401") ||
+             status.starts_with("HTTP/1.1 503")) {
     return {};
+  }
   return base::fail(where + " answered \"" + status + "\", not a WebSocket upgrade");
 }
 

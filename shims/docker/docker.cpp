@@ -9,9 +9,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/process.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <sstream>
@@ -380,17 +382,28 @@ void describe(const Launch& l, bool bridge, std::ostream& log, const std::string
 // Ready when the API answers; a container that ends first is reported with its log. The probe is
 // a connect (cheap, every 10 ms); whether the container still runs costs a docker CLI run, so
 // that is asked every 400 ms. `cleanup` runs before any throw.
-void wait_until_serving(const BoxRecord& box, const std::string& host, int port, const std::function<void()>& cleanup) {
+//
+// With `token`, only the box answers: the probe sends it, and a server that refuses it is another
+// one, which took the port between its pick and the box's bind (a host network has no way to
+// hold it across `docker run`). That returns false, the container left as it is.
+bool wait_until_serving(const BoxRecord& box, const std::string& host, int port, const std::function<void()>& cleanup,
+                        const std::string& token = "") {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto next_state_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
   for (;;) {
-    if (protocol::probe_websocket(host, port, 500)) return;
+    auto probe = protocol::probe_websocket(host, port, 500, token);
+    if (probe) return true;
+    if (probe.error().code == "unauthorized") return false;
     if (auto now = std::chrono::steady_clock::now(); now > next_state_check || now > deadline) {
       next_state_check = now + std::chrono::milliseconds(400);
       auto st = run_docker({"inspect", "--format", "{{.State.Status}}", box.name});
       std::string state = trim(st.out);
       if (state != "running" && state != "created") {
         auto logs = run_docker({"logs", "--tail", "20", box.name});
+        // Its bind found the port taken by a server that is not a WebSocket one.
+        if (!token.empty() && (logs.out + logs.err).find("listen on " + std::string(host)) != std::string::npos &&
+            (logs.out + logs.err).find(std::strerror(EADDRINUSE)) != std::string::npos)
+          return false;
         run_docker({"rm", "--force", box.name});
         cleanup();
         throw std::runtime_error("box " + box.name + " ended before its API answered (" + state + "); its log:\n" +
@@ -409,24 +422,11 @@ void wait_until_serving(const BoxRecord& box, const std::string& host, int port,
   }
 }
 
-// A dockerd on this machine: the state dir, token, profile and keys are bind mounts from
-// BOX_ROOT/NAME, so the journal outlives the container.
-BoxRecord up_local(const UpOptions& o, Launch& l, std::ostream& log) {
+// One `docker run` of a local box on `port`: false when another server turned out to hold it.
+bool run_local(const UpOptions& o, Launch& l, bool bridge, int port, const std::string& token_file, std::ostream& log) {
   BoxRecord& box = l.box;
   std::string box_dir = o.box_root + "/" + box.name;
-  box.state_dir = box_dir + "/state";
-  for (auto& d : {box_dir, box.state_dir})
-    if (auto r = os::make_dirs(d, 0700); !r) throw std::runtime_error("create " + d + ": " + r.error().message());
-  std::string token_file = box_dir + "/token";
   std::string profile_copy = box_dir + "/profile.json";
-  if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r)
-    throw std::runtime_error("write " + token_file + ": " + r.error().message());
-  if (auto r = os::write_file_atomic(profile_copy, l.profile_text, 0644); !r)
-    throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
-  // A bridge lets the API sit in the container's own network namespace, published on loopback;
-  // without one (dockerd --bridge=none), host networking with a loopback listener.
-  bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
-  int port = o.port > 0 ? o.port : free_loopback_port();
   box.url = "ws://127.0.0.1:" + std::to_string(port);
   std::vector<std::string> args = {"run",      "--detach",
                                    "--name",   box.name,
@@ -449,11 +449,52 @@ BoxRecord up_local(const UpOptions& o, Launch& l, std::ostream& log) {
   describe(l, bridge, log, "");
   auto forget = [&] { ::unlink(token_file.c_str()); };
   if (auto r = run_docker(args); r.status != 0) {
+    // A published port another process took since it was picked.
+    if (bridge && (r.err.find("already allocated") != std::string::npos ||
+                   r.err.find(std::strerror(EADDRINUSE)) != std::string::npos))
+      return false;
     forget();
     throw std::runtime_error(docker_error("docker run " + box.name, r));
   }
-  wait_until_serving(box, "127.0.0.1", port, forget);
-  return box;
+  return wait_until_serving(box, "127.0.0.1", port, forget, box.token);
+}
+
+// A dockerd on this machine: the state dir, token, profile and keys are bind mounts from
+// BOX_ROOT/NAME, so the journal outlives the container.
+BoxRecord up_local(const UpOptions& o, Launch& l, std::ostream& log) {
+  BoxRecord& box = l.box;
+  std::string box_dir = o.box_root + "/" + box.name;
+  box.state_dir = box_dir + "/state";
+  for (auto& d : {box_dir, box.state_dir})
+    if (auto r = os::make_dirs(d, 0700); !r) throw std::runtime_error("create " + d + ": " + r.error().message());
+  std::string token_file = box_dir + "/token";
+  std::string profile_copy = box_dir + "/profile.json";
+  if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r)
+    throw std::runtime_error("write " + token_file + ": " + r.error().message());
+  if (auto r = os::write_file_atomic(profile_copy, l.profile_text, 0644); !r)
+    throw std::runtime_error("write " + profile_copy + ": " + r.error().message());
+  // A bridge lets the API sit in the container's own network namespace, published on loopback;
+  // without one (dockerd --bridge=none), host networking with a loopback listener.
+  bool bridge = run_docker({"network", "inspect", "bridge", "--format", "{{.Name}}"}).status == 0;
+  auto forget = [&] { ::unlink(token_file.c_str()); };
+  for (int attempt = 0, port = o.port > 0 ? o.port : free_loopback_port();; ++attempt) {
+    if (run_local(o, l, bridge, port, token_file, log)) return box;
+    run_docker({"rm", "--force", box.name});
+    if (attempt >= 4) {
+      forget();
+      throw std::runtime_error("box " + box.name + ": every loopback port picked for its API (the last " +
+                               std::to_string(port) + ") was taken by another server before the box bound it");
+    }
+    // The token went to that server: the next container gets a new one.
+    log << "box " << box.name << ": port " << port << " was taken by another server before the box bound it"
+        << "; trying another port, with a new token\n";
+    port = free_loopback_port();
+    box.token = os::random_hex(32);
+    if (auto r = os::write_file_atomic(token_file, box.token + "\n", 0600); !r) {
+      forget();
+      throw std::runtime_error("write " + token_file + ": " + r.error().message());
+    }
+  }
 }
 
 // A dockerd on another machine (DOCKER_HOST tcp:// or ssh://, or such a context): nothing of

@@ -46,7 +46,8 @@ struct UpOptions {
                                        // published on ("": the DOCKER_HOST's host)
   std::vector<std::string> labels;     // extra --label K=V
   int port = 0;                        // the API's loopback port; 0: a free one is picked (a
-                                       // remote dockerd's boxes: always picked there)
+                                       // remote dockerd's boxes: always picked there). Another
+                                       // is picked if another server takes it before the box.
   std::string box_root;                // host dir for per-box state: BOX_ROOT/NAME/{state,token}
   // Signed archives: the private key the box signs with and the public keys it trusts, host
   // files bound in read-only (the key beside the token, masked from the agent like it). An

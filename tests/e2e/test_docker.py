@@ -8,7 +8,9 @@ tests/e2e/conftest.py, shared by every Docker test module."""
 import json
 import os
 import pathlib
+import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 
@@ -125,6 +127,75 @@ def test_exec_into_a_docker_box_with_the_stored_token(docker_env, image):
         env = dict(docker_env, SANDBOXER_TOKEN="wrong")
         r = cli(env, "exec", box.url, "--", "true")
         assert r.returncode != 0 and r.returncode != 3
+
+
+class PortTaker:
+    """Takes the loopback port of the first container of `image` that appears, before its box
+    binds it, and answers every request there 401 as another box would, keeping what it was sent."""
+
+    def __init__(self, env, image):
+        self.env, self.image, self.port, self.requests = env, image, None, []
+        self.sock = socket.socket()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        deadline = time.monotonic() + 60
+        while self.port is None and time.monotonic() < deadline:
+            out = docker(self.env, "ps", "--filter", f"ancestor={self.image}", "--format",
+                         '{{.Label "io.sandboxer.url"}}', check=False).stdout.split()
+            if out:
+                self.port = int(out[0].rsplit(":", 1)[1])
+                self.sock.bind(("127.0.0.1", self.port))
+                self.sock.listen(16)
+            time.sleep(0.02)
+        while self.port is not None:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests.append(data.decode(errors="replace"))
+                conn.sendall(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n")
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.timeout(180)
+def test_up_takes_another_port_when_another_server_takes_its_port_before_the_box(docker_env, image):
+    # On a host network `up` cannot hold the port it picked across `docker run`: another process
+    # may take it first. An image whose supervisor starts 3 s late leaves the time to do that here.
+    slow = "sandboxer/agent:e2e-slow-start"
+    cid = docker(docker_env, "create", image).stdout.strip()
+    try:
+        docker(docker_env, "commit", "--change",
+               'ENTRYPOINT ["/bin/sh", "-c", "sleep 3; exec /usr/local/bin/sandboxer-init \\"$@\\"", "sh"]', cid, slow)
+    finally:
+        docker(docker_env, "rm", cid)
+    taker = PortTaker(docker_env, slow)
+    try:
+        with Up(docker_env, slow, ["sleep", "60"]) as box:
+            taker.thread.join(timeout=1)
+            assert taker.port is not None
+            # The box is on a port of its own, and what `up` stored is its token: not 401 there.
+            assert box.url != f"ws://127.0.0.1:{taker.port}"
+            r = cli(docker_env, "exec", box.url, "--", "sh", "-c", "echo in-box")
+            assert r.returncode == 0 and "in-box" in r.stdout, r.stderr
+            # The other server was sent a token (the probe's): not the one the box has.
+            sent = [line for req in taker.requests for line in req.splitlines() if line.lower().startswith("authorization")]
+            assert sent and all(box.token not in line for line in sent)
+            assert box.inspect()["Config"]["Labels"]["io.sandboxer.url"] == box.url
+    finally:
+        taker.close()
+        docker(docker_env, "rmi", slow, check=False)
 
 
 @pytest.mark.timeout(120)
