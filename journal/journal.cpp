@@ -216,6 +216,33 @@ uint64_t last_frame_offset(const std::string& path) {
   return last;
 }
 
+// The seq of the last line of the .zst segment at `path` (whose first seq is `first`), read from
+// a frame that ends the file: found by its magic number from the end, so that a damaged frame
+// header before it (which stops ZSTD_findFrameCompressedSize's walk from the start) hides nothing
+// after it. nullopt when no such frame decodes to whole lines with seqs.
+std::optional<uint64_t> last_seq_from_the_end(const std::string& path, uint64_t first) {
+  auto data = os::read_file(path);
+  if (!data || data->size() < 4) return std::nullopt;
+  const unsigned char magic[4] = {0x28, 0xB5, 0x2F, 0xFD};  // ZSTD_MAGICNUMBER, little-endian
+  for (size_t off = data->size() - 4 + 1; off-- > 0;) {
+    if (std::memcmp(data->data() + off, magic, 4) != 0) continue;
+    if (ZSTD_findFrameCompressedSize(data->data() + off, data->size() - off) != data->size() - off) continue;
+    std::optional<uint64_t> seq;
+    auto r = for_each_line(
+        path, true,
+        [&](std::string_view l, uint64_t) {
+          if (auto s = line_seq(l); s && *s >= first && (!seq || *s > *seq)) seq = s;
+          return true;
+        },
+        off);
+    if (r && seq) return seq;
+  }
+  return std::nullopt;
+}
+
+// Every line has at least `{"seq":N,"ts":"<RFC 3339>","type":"","box":""}` and its newline.
+constexpr uint64_t kMinLineBytes = 32;
+
 }  // namespace
 
 // Compressed as a series of zstd frames, each ending at a line end near kFrameBytes: a reader catching up resumes at
@@ -388,8 +415,12 @@ boost::system::result<void> Journal::recover() {
         // Cut short on disk (damage to a reader): the seq goes on after the last line it still
         // holds, as it did before readers looked for a cut.
         last_frame_offset(base + ".zst"), true);
-    if (!r) return r.error();
-    last_seq_ = seq;
+    if (!r) {
+      if (r.error().value() != EBADMSG) return r.error();
+      continue_after_unreadable(base + ".zst", last.first, seq, r.error());
+    } else {
+      last_seq_ = seq;
+    }
   }
   // A seq handed out while events waited in memory is never handed out again, even if those
   // events never reached the disk.
@@ -399,6 +430,26 @@ boost::system::result<void> Journal::recover() {
   }
   make_reserve();
   return {};
+}
+
+// The newest segment is sealed and does not decode (a damaged frame, its checksum wrong): the box
+// starts all the same (its agent may be waiting in a snapshot), and the sequence goes on past every
+// seq that segment can hold. That is its last line's where a frame ending the file still decodes;
+// otherwise as many lines as a sealed segment has room for, at their shortest, after its first
+// seq (readers see the jump as a gap, the segment as unreadable). `read` is the last seq read
+// before the damage.
+void Journal::continue_after_unreadable(const std::string& path, uint64_t first, uint64_t read,
+                                        const boost::system::error_code& ec) {
+  auto found = last_seq_from_the_end(path, first);
+  uint64_t bound = first - 1 + opts_.segment_bytes / kMinLineBytes + 1;
+  last_seq_ = std::max(read, found ? *found : bound);
+  log()->warn("recover journal: segment {} cannot be read ({}): seq continues after {}{}", seg_name(first),
+              ec.message(), last_seq_, found ? ", its last line's" : ", past all it can hold");
+  recovered_["type"] = "journal.recovered";
+  recovered_["segment"] = seg_name(first);
+  recovered_["unreadable"] = ec.message();
+  recovered_["last_seq"] = last_seq_;
+  recovered_["last_seq_known"] = found.has_value();
 }
 
 namespace {

@@ -171,6 +171,8 @@ class Journal {
   Journal(uv_loop_t* loop, JournalOptions opts);
   boost::system::result<void> recover();
   boost::system::result<void> recover_active(const std::string& path, uint64_t first);
+  void continue_after_unreadable(const std::string& path, uint64_t first, uint64_t read,
+                                 const boost::system::error_code& ec);
   bool resume_clean(const std::string& path, uint64_t first);
   void write_clean_mark();
   boost::json::object stamp(uint64_t seq, boost::json::object fields) const;

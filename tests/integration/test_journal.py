@@ -267,6 +267,32 @@ def test_log_prints_the_events_after_a_compressed_segment_it_cannot_read(tmp_pat
     assert [json.loads(line)["seq"] for line in r.stdout.splitlines()] == [e["seq"] for e in events[last:]]
 
 
+def test_a_box_starts_again_where_its_newest_segment_is_compressed_and_cannot_be_read(tmp_path):
+    # A box that ended right after a seal leaves its newest segment compressed. Damaged on disk (the
+    # magic number of its first frame zeroed), it stopped the next start: "open journal: Bad message".
+    state = tmp_path / "s"
+    r = run_init(["--", str(PROBE), "spew", str(40 << 20)], state, timeout=240)
+    assert r.returncode == 0, r.stderr
+    journal = state / "journal"
+    actives = list(journal.glob("*.jsonl"))
+    last = min(int(p.name.split(".")[0]) for p in actives) - 1  # the newest sealed segment's last seq
+    for active in actives:
+        active.unlink()
+    newest = max(journal.glob("*.jsonl.zst"))
+    with open(newest, "r+b") as f:
+        f.write(b"\0\0\0\0")
+    r = run_init(["--", "/bin/true"], state)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(CLI), "log", str(state), "--json", "--since", str(last)], capture_output=True,
+                       timeout=60)
+    after = [json.loads(line) for line in r.stdout.splitlines()]
+    # The sequence goes on after the last line the segment held (its last frame still decodes).
+    assert after[0]["seq"] == last + 1 and after[0]["type"] == "journal.recovered", after[:2]
+    assert after[0]["segment"] == newest.name.split(".")[0] and after[0]["unreadable"] == "Bad message"
+    assert after[0]["last_seq_known"] is True and after[0]["last_seq"] == last
+    assert after[1]["type"] == "box.started" and after[-1]["type"] == "box.exited"
+
+
 def test_a_replay_over_the_api_goes_past_a_compressed_segment_it_cannot_read(tmp_path):
     # Before, the client got `replay_failed` (id null) and its subscription ended there.
     events, name, first, last = damaged_sealed_segment(tmp_path / "state")

@@ -784,3 +784,47 @@ TEST_CASE_FIXTURE(LoopFixture,
   REQUIRE(j);
   CHECK((*j)->last_seq() == last);
 }
+
+TEST_CASE_FIXTURE(LoopFixture, "journal: a restart after a newest compressed segment that does not decode goes on") {
+  auto firsts = sealed_journal(&loop, dir, 3500);
+  fs::path plain = dir / zst_name(firsts.back());
+  plain.replace_extension();
+  fs::remove(plain);  // the newest is then the last sealed one, compressed
+  uint64_t first = firsts[firsts.size() - 2];
+  fs::path newest = dir / zst_name(first);
+  uint64_t last = 0;
+  REQUIRE(journal::Journal::read(dir.string(), 0, [&](uint64_t s, std::string_view) {
+    last = s;
+    return true;
+  }));
+  auto frames = frame_offsets(newest);
+  REQUIRE(frames.size() >= 3);
+  uint64_t expected = 0;
+  bool known = true;
+  SUBCASE("its first frame's header damaged: the last frame still gives its last seq") {
+    overwrite(newest, 0, std::string(4, '\0'));
+    expected = last;
+  }
+  SUBCASE("its last frame damaged: the seq goes past all a sealed segment can hold") {
+    overwrite(newest, frames.back(), std::string(4, '\0'));
+    expected = first - 1 + (1u << 20) / 32 + 1;
+    known = false;
+  }
+  // Before, the open failed with "Bad message": the box did not start.
+  auto j = journal::Journal::open(&loop, {.dir = dir.string(), .box = "b-test", .segment_bytes = 1u << 20});
+  REQUIRE(j);
+  CHECK((*j)->last_seq() == expected);
+  CHECK((*j)->append({{"type", "after"}}) == expected + 2);  // journal.recovered first
+  (*j)->flush();
+  std::vector<boost::json::object> tail;
+  (void)journal::Journal::read(dir.string(), expected, [&](uint64_t, std::string_view l) {
+    tail.push_back(boost::json::parse(l).as_object());
+    return true;
+  });
+  REQUIRE(tail.size() == 2);
+  CHECK(tail[0].at("type") == "journal.recovered");
+  CHECK(tail[0].at("segment").as_string() == zst_name(first).substr(0, 20));
+  CHECK(tail[0].at("unreadable").as_string() == std::strerror(EBADMSG));
+  CHECK(tail[0].at("last_seq_known") == known);
+  CHECK(tail[1].at("type") == "after");
+}
