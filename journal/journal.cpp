@@ -120,6 +120,7 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(zst ? ZSTD_createDCtx() : nullptr, ZSTD_freeDCtx);
   uint64_t in_at = from;  // the file offset of in[0]
   bool in_frame = false;  // .zst: the last frame begun has not ended
+  std::string frame;      // .zst: what it has decoded of that frame
   for (;;) {
     ssize_t n = ::read(fd.get(), in.data(), in.size());
     if (n < 0) {
@@ -136,15 +137,22 @@ boost::system::result<bool> for_each_line(const std::string& path, bool zst,
       ZSTD_outBuffer ob{out.data(), out.size(), 0};
       size_t r = ZSTD_decompressStream(dctx.get(), &ob, &ib);
       if (ZSTD_isError(r)) return {boost::system::in_place_error, os::sys_error(EBADMSG)};
-      if (!feed({out.data(), ob.pos})) return false;
-      if (r == 0 && pending.empty()) at = in_at + ib.pos;  // a frame ended, at a line end
+      // A frame's lines go out once it has ended and its checksum is checked: a frame damaged in
+      // its data decodes to other bytes, and gave them to readers before the checksum failed.
+      frame.append(out.data(), ob.pos);
       in_frame = r != 0;
+      if (in_frame) continue;
+      if (!feed(frame)) return false;
+      frame.clear();
+      if (pending.empty()) at = in_at + ib.pos;  // a frame ended, at a line end
     }
     in_at += static_cast<uint64_t>(n);
   }
   // A .zst is renamed into place whole (zstd_compress_file): one that ends inside a frame, or
-  // holds none, was cut short on disk, and what it held past the cut is not in it.
+  // holds none, was cut short on disk, and what it held past the cut is not in it. Recovery
+  // (cut_ok) still takes the lines of the part it holds: their seqs were handed out.
   if (zst && !cut_ok && (in_frame || in_at == 0)) return {boost::system::in_place_error, os::sys_error(EBADMSG)};
+  if (zst && in_frame && !feed(frame)) return false;
   // A last line without its newline is torn: the writer died mid-write. Readers skip it.
   return true;
 }

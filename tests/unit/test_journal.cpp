@@ -663,6 +663,11 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a read goes past a segment it cannot re
     overwrite(bad, frames[1], std::string(4, '\0'));
   }
   SUBCASE("cut short inside its second frame") { fs::resize_file(bad, frames[1] + 100); }
+  SUBCASE("its first frame's checksum wrong: none of its lines") {
+    // Its data decodes: before, its lines were given, then the checksum failed.
+    overwrite(bad, frames[1] - 4, std::string(4, '\0'));
+    whole = true;
+  }
   std::vector<uint64_t> got;
   std::vector<journal::Journal::Gap> gaps;
   auto each = [&](uint64_t s, std::string_view) {
