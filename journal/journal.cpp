@@ -454,6 +454,7 @@ void Journal::continue_after_unreadable(const std::string& path, uint64_t first,
   log()->warn("recover journal: segment {} cannot be read ({}): seq continues after {}{}", seg_name(first),
               ec.message(), last_seq_, found ? ", its last line's" : ", past all it can hold");
   recovered_["type"] = "journal.recovered";
+  recovered_["branch"] = kOwnBranch;
   recovered_["segment"] = seg_name(first);
   recovered_["unreadable"] = ec.message();
   recovered_["last_seq"] = last_seq_;
@@ -612,6 +613,7 @@ boost::system::result<void> Journal::recover_active(const std::string& path, uin
   }
   if (torn || skipped.lines) {
     recovered_["type"] = "journal.recovered";
+    recovered_["branch"] = kOwnBranch;
     recovered_["dropped_bytes"] = torn + skipped.bytes;
     if (skipped.lines) {
       recovered_["skipped_lines"] = skipped.lines;
@@ -738,7 +740,8 @@ void Journal::enforce_cap() {
     dropped_until = segs[i + 1].first;
   }
   if (dropped_until) {
-    boost::json::object ev{{"type", "journal.truncated"}, {"first_seq", dropped_until}, {"cap", opts_.disk_cap}};
+    boost::json::object ev{
+        {"type", "journal.truncated"}, {"branch", kOwnBranch}, {"first_seq", dropped_until}, {"cap", opts_.disk_cap}};
     append(std::move(ev));
   }
 }
@@ -825,6 +828,7 @@ uint64_t Journal::degrade(const boost::system::error_code& ec, uint64_t seq, boo
       seg_name(active_first_), ec.message(), opts_.queue_bytes);
   persist_high_water(seq + 1);
   auto d = stamp(seq, {{"type", "journal.degraded"},
+                       {"branch", kOwnBranch},
                        {"reason", ec.message()},
                        {"errno", ec.value()},
                        {"queue_bytes", opts_.queue_bytes}});
@@ -890,6 +894,7 @@ void Journal::retry(bool insist) {
   log()->warn("journal: the disk takes writes again; {} events ({} bytes) that waited are written", spell_.events,
               spell_.bytes);
   append({{"type", "journal.recovered"},
+          {"branch", kOwnBranch},
           {"after", "degraded"},
           {"reason", spell_.reason},
           {"events", spell_.events},
@@ -1014,6 +1019,7 @@ std::string Journal::unreadable_event(const Gap& g, uint64_t last, std::string_v
   ev["last_seq"] = last;
   ev["segment"] = g.segment;
   ev["error"] = g.error.message();
+  ev["branch"] = kOwnBranch;
   std::string line;
   base::json_append(line, ev);
   return line;

@@ -39,6 +39,10 @@ struct Event {
   size_t headroom;
 };
 
+// The `branch` of the journal's own events (journal.recovered, .truncated, .degraded,
+// .unreadable): every event has one, and the box's are its first branch's.
+inline constexpr const char* kOwnBranch = "main";
+
 struct JournalOptions {
   std::string dir;
   std::string box;

@@ -289,7 +289,7 @@ def test_a_box_starts_again_where_its_newest_segment_is_compressed_and_cannot_be
     # The sequence goes on after the last line the segment held (its last frame still decodes).
     assert after[0]["seq"] == last + 1 and after[0]["type"] == "journal.recovered", after[:2]
     assert after[0]["segment"] == newest.name.split(".")[0] and after[0]["unreadable"] == "Bad message"
-    assert after[0]["last_seq_known"] is True and after[0]["last_seq"] == last
+    assert after[0]["last_seq_known"] is True and after[0]["last_seq"] == last and after[0]["branch"] == "main"
     assert after[1]["type"] == "box.started" and after[-1]["type"] == "box.exited"
 
 
@@ -304,6 +304,7 @@ def test_a_replay_over_the_api_goes_past_a_compressed_segment_it_cannot_read(tmp
         assert len(gap) == 1, gap
         assert gap[0]["seq"] == last and gap[0]["first_seq"] == first and gap[0]["last_seq"] == last, gap
         assert gap[0]["segment"] == name and gap[0]["error"] == "Bad message" and gap[0]["box"] == events[0]["box"]
+        assert gap[0]["branch"] == "main"
         assert [e["seq"] for e in got] == list(range(1, first)) + list(range(last, started["seq"] + 1))
         assert [e for e in got if e["seq"] < first or last < e["seq"] <= events[-1]["seq"]] == \
             events[:first - 1] + events[last:]

@@ -122,6 +122,8 @@ def test_a_full_disk_loses_nothing_and_shows_nothing_unwritten(tmp_path, small_s
     assert len(recovered) == 1 and recovered[0]["after"] == "degraded"
     assert recovered[0]["events"] > 0 and recovered[0]["bytes"] > 256 << 10
     assert recovered[0]["agent_stopped"] is True
+    # Every event has a branch, the journal's own too (they had none).
+    assert degraded[0]["branch"] == recovered[0]["branch"] == "main"
     exited = [e for e in on_disk if e["type"] == "proc.exited"]
     assert exited and exited[-1]["code"] == 0
     # The same through the user's reader.

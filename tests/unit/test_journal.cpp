@@ -177,7 +177,9 @@ std::vector<uint64_t> operator+(std::vector<uint64_t> a, const std::vector<uint6
 boost::json::object recovered_of(const std::vector<std::pair<uint64_t, std::string>>& all) {
   for (auto& [s, l] : all) {
     auto v = boost::json::parse(l).as_object();
-    if (v.at("type") == "journal.recovered") return v;
+    if (v.at("type") != "journal.recovered") continue;
+    CHECK(v.at("branch") == "main");  // every event has one
+    return v;
   }
   FAIL("no journal.recovered");
   return {};
@@ -700,6 +702,7 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a read goes past a segment it cannot re
   CHECK(ev.at("last_seq") == g.last);
   CHECK(ev.at("segment").as_string() == zst_name(firsts[1]));
   CHECK(ev.at("error") == "Bad message");
+  CHECK(ev.at("branch") == "main");
 
   // From a since inside what it lost: the gap starts after since.
   gaps.clear();
@@ -831,5 +834,6 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a restart after a newest compressed seg
   CHECK(tail[0].at("segment").as_string() == zst_name(first).substr(0, 20));
   CHECK(tail[0].at("unreadable").as_string() == std::strerror(EBADMSG));
   CHECK(tail[0].at("last_seq_known") == known);
+  CHECK(tail[0].at("branch") == "main");
   CHECK(tail[1].at("type") == "after");
 }
