@@ -91,7 +91,8 @@ bool TreeCopy::walk_out(const std::string& dir, const std::string& to, unsigned 
   // Made anew (never into what is there) and private while it fills.
   if (::mkdir(to.c_str(), 0700) != 0) return failed({to + ": " + std::strerror(errno), "local"}, "download");
   dirs_.emplace_back(to, mode);
-  auto r = s_.call({{"op", "fs.list"}, {"path", dir}});
+  auto r = s_.list(dir);
+  if (r && !reply_ok(*r)) r = reply_error(*r);
   if (!r) return failed(r.error(), "list " + dir);
   std::set<std::string> seen;
   for (auto& v : sorted_entries(r->at("entries").as_array())) {

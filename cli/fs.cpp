@@ -59,7 +59,7 @@ int cmd_ls(const std::vector<std::string>& args) {
   auto where = remote_arg(a, a.positionals()[0], true);
   std::string path = where.path.empty() ? "/workspace" : where.path;
   Session s("ls", where.url, a);
-  auto r = s.request({{"op", "fs.list"}, {"path", path}});
+  auto r = s.list(path);
   if (!r) return s.fail(r.error());
   if (!reply_ok(*r)) {
     auto e = reply_error(*r);

@@ -303,6 +303,30 @@ base::Result<json::object> Session::call_to(const sdk::Endpoint& box, json::obje
   return r;
 }
 
+base::Result<json::object> Session::list(const std::string& path) {
+  json::array all;
+  std::optional<std::string> after;
+  for (;;) {
+    json::object req{{"op", "fs.list"}, {"path", path}, {"limit", kListPage}};
+    if (after) protocol::put_text_or_b64(req, "after", *after);
+    auto r = request(std::move(req));
+    if (!r || !reply_ok(*r)) return r;
+    auto& page = r->at("entries").as_array();
+    auto* more = r->if_contains("more");
+    bool again = more && more->is_bool() && more->as_bool() && !page.empty();
+    for (auto& e : page) all.push_back(e);
+    if (!again) {
+      (*r)["entries"] = std::move(all);
+      r->erase("more");
+      return r;
+    }
+    // The next page starts past this one's last name: one that does not move on is the box's fault.
+    std::string last = entry_name(page.back().as_object());
+    if (after && last <= *after) throw std::invalid_argument("fs.list pages that do not go on past " + last);
+    after = std::move(last);
+  }
+}
+
 base::Result<json::object> Session::download(json::object req, const std::string& local_path) {
   return transfer(std::move(req), local_path, false);
 }

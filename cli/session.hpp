@@ -107,6 +107,11 @@ class Session {
   /// The same, to another box (a target of send, fork or migrate).
   base::Result<boost::json::object> request_to(const sdk::Endpoint& box, boost::json::object req);
   base::Result<boost::json::object> call_to(const sdk::Endpoint& box, boost::json::object req);
+  /// fs.list of `path`, kListPage entries a request (no reply holds a whole large directory, nor
+  /// holds up the box's loop for it): every page's entries in one ok reply, or the first reply
+  /// that is not ok. A box that does not page (no `more`) answers whole at the first.
+  base::Result<boost::json::object> list(const std::string& path);
+  static constexpr int64_t kListPage = 10000;
   /// One file out of the box: `req`'s reply, then binary frames written to `local_path`
   /// (created or truncated). Error: the box's, the connection's or the local file's.
   base::Result<boost::json::object> download(boost::json::object req, const std::string& local_path);

@@ -7,9 +7,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string_view>
+#include <vector>
 
 #include "base/encoding.hpp"
 #include "os/sys.hpp"
@@ -222,27 +226,80 @@ boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool 
   return o;
 }
 
-boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
+namespace {
+
+struct CloseDir {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+using Dir = std::unique_ptr<DIR, CloseDir>;
+
+Dir open_dir(const FsRoots& roots, const std::string& path) {
   auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
-  DIR* d = ::fdopendir(fd.release());
+  Dir d(::fdopendir(fd.get()));
   if (!d) fail(path, errno);
-  boost::json::array out;
-  while (auto* e = ::readdir(d)) {
-    if (!std::strcmp(e->d_name, ".") || !std::strcmp(e->d_name, "..")) continue;
-    struct stat st {};
-    // A name is any bytes but '/' and NUL: one that is not UTF-8 has its bytes in name_b64.
-    boost::json::object o;
-    base::put_bytes_field(o, "name", e->d_name);
-    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-      o["type"] = type_of(st.st_mode);
-      o["size"] = static_cast<uint64_t>(st.st_size);
-      o["mode"] = static_cast<uint64_t>(st.st_mode & 07777);
-      if (S_ISLNK(st.st_mode)) add_target(o, ::dirfd(d), e->d_name);
-    }
-    out.push_back(std::move(o));
+  (void)fd.release();  // the DIR owns it now
+  return d;
+}
+
+// One entry of a listing. A name is any bytes but '/' and NUL: one that is not UTF-8 has its
+// bytes in name_b64. An entry gone since the directory was read has its name only.
+boost::json::object list_entry(int dir, const char* name) {
+  boost::json::object o;
+  base::put_bytes_field(o, "name", name);
+  struct stat st {};
+  if (::fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    o["type"] = type_of(st.st_mode);
+    o["size"] = static_cast<uint64_t>(st.st_size);
+    o["mode"] = static_cast<uint64_t>(st.st_mode & 07777);
+    if (S_ISLNK(st.st_mode)) add_target(o, dir, name);
   }
-  ::closedir(d);
+  return o;
+}
+
+bool dot_or_dotdot(const char* n) { return !std::strcmp(n, ".") || !std::strcmp(n, ".."); }
+
+}  // namespace
+
+boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
+  auto d = open_dir(roots, path);
+  boost::json::array out;
+  while (auto* e = ::readdir(d.get()))
+    if (!dot_or_dotdot(e->d_name)) out.push_back(list_entry(::dirfd(d.get()), e->d_name));
   return out;
+}
+
+ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after) {
+  auto d = open_dir(roots, path);
+  // The `limit` lowest names past `after`: a heap of them, its top the highest kept.
+  std::vector<std::string> names;
+  bool more = false;
+  while (auto* e = ::readdir(d.get())) {
+    std::string_view n = e->d_name;
+    if (dot_or_dotdot(e->d_name) || n <= after) continue;
+    if (names.size() == limit) {
+      more = true;
+      if (n >= names.front()) continue;
+      std::pop_heap(names.begin(), names.end());
+      names.back() = n;
+    } else {
+      names.emplace_back(n);
+    }
+    std::push_heap(names.begin(), names.end());
+  }
+  std::sort_heap(names.begin(), names.end());
+  ListPage page{.more = more};
+  page.entries.reserve(names.size());
+  size_t bytes = 0;
+  for (auto& n : names) {
+    auto e = list_entry(::dirfd(d.get()), n.c_str());
+    bytes += boost::json::serialize(e).size() + 1;
+    if (bytes > kMaxListPageBytes && !page.entries.empty()) {
+      page.more = true;
+      break;
+    }
+    page.entries.push_back(std::move(e));
+  }
+  return page;
 }
 
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive) {

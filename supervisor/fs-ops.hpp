@@ -60,7 +60,21 @@ class MadeFile {
 /// The type, size, mode and mtime of what `path` names; with `follow` false, of the entry itself
 /// (a symlink there is not followed, and its text comes in `target`, `target_b64`).
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow = true);
+/// The entries of the directory at `path`, in the order the directory gives them.
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
+/// A page of them: the first `limit` names past `after` in byte order, sorted, up to
+/// kMaxListPageBytes of entries (an SDK takes text frames of 1 MiB), and whether more follow.
+/// Each page reads the directory's names again but looks up only its own entries: a page of a
+/// directory of 500,000 names took 0.25 s of the loop on tmpfs (the kernel's readdir of them all),
+/// the whole directory 1.7 s.
+struct ListPage {
+  boost::json::array entries;
+  bool more = false;
+};
+ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after);
+/// The largest page fs.list gives (its `limit`), and the most bytes of entries in one.
+inline constexpr int64_t kMaxListLimit = 100000;
+inline constexpr size_t kMaxListPageBytes = 512u << 10;
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
 /// Makes the directory `path` with `mode` (not narrowed by the umask). A directory there already
 /// is fine, as it is; anything else there is `exists`.

@@ -89,9 +89,22 @@ void op_fs_stat(OpContext& ctx) {
   ctx.reply(ok);
 }
 
+// With `limit`, a page: the entries sorted by name (bytes), the first `limit` past `after` (a
+// name, or its bytes in after_b64), and `more`. Without it, the whole directory in one reply.
 void op_fs_list(OpContext& ctx) {
+  const auto& f = ctx.fields();
+  auto path = protocol::opt_path(f, "path").value_or("/workspace");
+  auto limit = protocol::opt_int(f, "limit", 1, kMaxListLimit);
+  auto after = protocol::opt_path(f, "after");
+  if (after && !limit) throw RequestError("bad_request", "field after: only with limit (a page of the listing)");
   auto ok = ctx.ok();
-  ok["entries"] = fs_list(ctx.roots(), protocol::opt_path(ctx.fields(), "path").value_or("/workspace"));
+  if (!limit) {
+    ok["entries"] = fs_list(ctx.roots(), path);
+  } else {
+    auto page = fs_list_page(ctx.roots(), path, static_cast<size_t>(*limit), after.value_or(""));
+    ok["entries"] = std::move(page.entries);
+    ok["more"] = page.more;
+  }
   ctx.reply(ok);
 }
 

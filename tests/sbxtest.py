@@ -609,13 +609,15 @@ class FrameProxy:
     `cut` closes both sides once that many payload bytes of binary frames have passed; `flip`
     inverts one payload byte of the second binary frame and forwards the rest as it came; `drop`
     leaves out the binary frame of that number (1: the first). `cut_up` closes both sides of a
-    connection once the client has sent that many bytes on it (an upload cut off)."""
+    connection once the client has sent that many bytes on it (an upload cut off).
+    `largest_text` is the size of the largest text message the server has sent."""
 
     def __init__(self, port, *, cut=None, flip=False, drop=None, cut_up=None):
         self.port, self.cut, self.flip, self.drop, self.cut_up = port, cut, flip, drop, cut_up
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"ws://127.0.0.1:{self.listener.getsockname()[1]}"
         self.binary_bytes = 0
+        self.largest_text = 0
         self.acted = False
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -665,6 +667,7 @@ class FrameProxy:
             client.sendall(buf[:end])
             buf = buf[end:]
             binary_frames = 0
+            text, in_text = 0, False  # the text message being read: its bytes so far
             while True:
                 need(2)
                 length, head = buf[1] & 0x7F, 2
@@ -676,7 +679,13 @@ class FrameProxy:
                     length, head = int.from_bytes(buf[2:10], "big"), 10
                 need(head + length)
                 frame, buf = bytearray(buf[:head + length]), buf[head + length:]
-                if frame[0] & 0x0F == 2:
+                opcode = frame[0] & 0x0F
+                if opcode in (0, 1, 2):
+                    in_text = opcode == 1 or (opcode == 0 and in_text)
+                    text = (length if opcode == 1 else text + length) if in_text else 0
+                    if in_text and frame[0] & 0x80:
+                        self.largest_text = max(self.largest_text, text)
+                if opcode == 2:
                     binary_frames += 1
                     if self.flip and binary_frames == 2 and length > 20:
                         frame[-1] ^= 0xFF  # the payload's last byte, past the 13-byte header

@@ -519,6 +519,33 @@ def test_fs_commands_name_a_file_whose_name_is_not_utf8_by_its_bytes(box, tmp_pa
     assert not os.path.lexists(ws + b"/d\xfe") and not os.path.lexists(ws + b"/x\xff")
 
 
+def test_ls_and_cp_r_take_a_large_directory_in_pages(box, tmp_path):
+    # An agent's directory of 25,000 names: `ls` and `cp -r` ask for it 10,000 entries a request,
+    # so that no reply holds it whole (before, one reply of 1.4 MB, built on the box's loop).
+    many = box.workspace / "many"
+    many.mkdir()
+    names = [f"n{i:05d}" for i in range(25000)]
+    for n in names:
+        (many / n).touch()
+    with open(os.fsencode(many) + b"/n09999\xff", "wb") as f:  # a name that is not UTF-8, at a page's end
+        f.write(b"x")
+    proxy = FrameProxy(box.port)
+    try:
+        r = subprocess.run([str(CLI), "ls", f"{proxy.url}:/workspace/many", "--token-file", str(box.token_file)],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        listed = [line.split(None, 3)[-1] for line in r.stdout.decode().splitlines()]
+        assert len(listed) == 25001 and listed == sorted(set(listed)), listed[:3]
+        assert set(names) <= set(listed) and "n09999\\xff" in listed
+        assert 0 < proxy.largest_text < 1 << 20, proxy.largest_text
+    finally:
+        proxy.close()
+    # cp -r walks it the same way: every file once.
+    r = cli(box, "cp", "-r", f"{box.url}:/workspace/many", str(tmp_path / "copy"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(os.fsencode(tmp_path / "copy"))) == sorted(os.listdir(os.fsencode(many)))
+
+
 def test_ls_lists_a_directory_by_name_and_escapes_what_a_terminal_would_act_on(box):
     ws = box.workspace
     (ws / "b.txt").write_bytes(b"abc")

@@ -98,6 +98,45 @@ def test_list_stat_mkdir_remove(box):
     run(go(), 30)
 
 
+def test_list_in_pages_gives_every_name_once_in_byte_order(box):
+    # A directory an agent filled: fs.list with a limit answers a page at a time (its names past
+    # `after`, sorted), so that no one reply holds the whole directory.
+    d = box.workspace / "many"
+    d.mkdir()
+    names = [f"n{i:05d}".encode() for i in range(2500)] + [b"caf\xe9", b"\xff\xfe", b"z-last"]
+    for n in names:
+        with open(os.path.join(os.fsencode(d), n), "wb") as f:
+            f.write(b"x")
+    os.symlink(b"n00000", os.path.join(os.fsencode(d), b"link"))
+    names.append(b"link")
+
+    async def go():
+        async with ws_connect(box) as ws:
+            s = Session(ws)
+            pages, after = [], None
+            while True:
+                req = {"path": "/workspace/many", "limit": 1000}
+                if after is not None:
+                    req |= {"after_b64": base64.b64encode(after).decode()}
+                r = await s.request("fs.list", **req)
+                assert r["ok"], r
+                pages.append(r)
+                if not r["more"]:
+                    return pages
+                e = r["entries"][-1]
+                after = base64.b64decode(e["name_b64"]) if "name_b64" in e else e["name"].encode()
+                assert len(pages) < 10
+
+    pages = run(go(), 60)
+    assert [len(p["entries"]) for p in pages] == [1000, 1000, 504]
+    got = [base64.b64decode(e["name_b64"]) if "name_b64" in e else e["name"].encode()
+           for p in pages for e in p["entries"]]
+    assert got == sorted(names)  # each once, in byte order
+    by_name = {e.get("name"): e for p in pages for e in p["entries"]}
+    assert by_name["link"]["type"] == "symlink" and by_name["link"]["target"] == "n00000"
+    assert by_name["n00007"]["type"] == "file" and by_name["n00007"]["size"] == 1
+
+
 def test_rename_moves_the_entry_within_its_root(box):
     (box.workspace / "sub").mkdir()
     (box.workspace / "in-link").symlink_to("sub")  # a symlinked directory that stays inside

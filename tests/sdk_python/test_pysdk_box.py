@@ -379,6 +379,61 @@ def test_symlink_chmod_and_mkdir_mode(server):
     assert through == b"x"
 
 
+def test_list_asks_a_page_at_a_time_and_gives_every_entry_once(server, monkeypatch):
+    # Three entries a request here (10,000 by default): the pages end at names that are not UTF-8.
+    import sandboxer.fs
+    monkeypatch.setattr(sandboxer.fs, "LIST_PAGE", 3)
+    names = [b"a", b"b", b"c\xff", b"d", b"e", b"f\xfe", b"g"]
+    sent = []
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.mkdir("/workspace/paged")
+            for n in names:
+                await box.fs.write(b"/workspace/paged/" + n, n)
+            real = box._conn.request
+
+            async def spy(op, fields):
+                sent.append((op, dict(fields)))
+                return await real(op, fields)
+            box._conn.request = spy
+            listed = await box.fs.list("/workspace/paged")
+            page, more = await box.fs.list_page("/workspace/paged", limit=2, after=b"c\xff")
+            return listed, page, more
+    listed, page, more = run(go(), 30)
+    assert [base64.b64decode(e["name_b64"]) if "name_b64" in e else e["name"].encode() for e in listed] == names
+    assert [f.get("limit") for op, f in sent if op == "fs.list"] == [3, 3, 3, 2]
+    assert [f.get("after_b64") for op, f in sent if op == "fs.list"][1:3] == ["Y/8=", "Zv4="]
+    assert [e["name"] for e in page] == ["d", "e"] and more is True
+
+
+def test_list_of_a_directory_past_a_text_frame_keeps_the_connection(server):
+    # 5000 names of 240 bytes: their listing is 1.5 MB, past the 1 MiB text frames a client takes.
+    # Pages are cut at 512 KiB by the box; the whole listing (no limit, as an older SDK asked)
+    # ended the connection (1009, message too big).
+    d = server.workspace / "long"
+    d.mkdir()
+    names = sorted(f"{i:05d}-" + "x" * 234 for i in range(5000))
+    for n in names:
+        (d / n).touch()
+
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            listed = [e["name"] for e in await box.fs.list("/workspace/long")]
+            page, more = await box.fs.list_page("/workspace/long", limit=10000)
+            assert (await box.request("ping"))["pong"] is True
+            try:
+                await box.request("fs.list", path="/workspace/long")
+                whole = "answered"
+            except Exception as e:  # the control: the connection goes
+                whole = type(e).__name__
+            return listed, len(page), more, whole
+    listed, first, more, whole = run(go(), 60)
+    assert listed == names
+    assert 1000 < first < 5000 and more is True
+    assert whole != "answered", whole
+
+
 def test_a_name_that_is_not_utf8_round_trips_as_bytes(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:

@@ -211,6 +211,8 @@ CALLS = {
     "fs.write with binary frames": lambda b: b.fs.write("/workspace/a.txt", b"hello", inline=False),
     "fs.write inline": lambda b: b.fs.write("b.txt", "small"),
     "fs.list": lambda b: b.fs.list("/workspace"),
+    "fs.list, a page": lambda b: b.fs.list_page("/workspace", limit=2, after="a.txt"),
+    "fs.list whole": lambda b: b.request("fs.list", path="/workspace"),  # what an older SDK sent
     "fs.stat": lambda b: b.fs.stat("/workspace/a.txt"),
     "fs.stat not followed": lambda b: b.fs.stat("/workspace/link", follow=False),
     "fs.stat of a name that is not UTF-8": lambda b: b.fs.stat(b"/workspace/caf\xe9"),

@@ -65,6 +65,19 @@ class _Receiver:
 Path = str | bytes
 
 
+LIST_PAGE = 10000
+"""Entries a request of FileSystem.list asks for."""
+
+
+def _entry_name(entry: dict[str, Any]) -> bytes:
+    """An fs.list entry's name as the bytes on disk (name_b64 where the box gave them)."""
+    if isinstance(entry.get("name_b64"), str):
+        return base64.b64decode(entry["name_b64"])
+    if isinstance(entry.get("name"), str):
+        return entry["name"].encode("utf-8", "surrogateescape")
+    raise ProtocolError(f"fs.list entry without a name: {entry!r}", op="fs.list")
+
+
 def _text_or_b64(key: str, value: str | bytes) -> dict[str, str]:
     """A field of text or bytes (a path, an entry's `name_b64` decoded; stdin's or a file's
     content): as `key` when the bytes are UTF-8, else as `key`_b64 (base64 of the bytes), which
@@ -146,12 +159,34 @@ class FileSystem:
     async def list(self, path: Path = "/workspace", *, branch: str | None = None) -> list[dict[str, Any]]:
         """The entries of the directory at `path`: name, type, size and mode as the server reports
         them, a symlink's text in target, and name_b64 (target_b64) for the bytes of a name (a
-        symlink's text) that is not UTF-8."""
-        reply = await self._box._conn.request("fs.list", {**_text_or_b64("path", path), "branch": branch})
-        entries = reply.get("entries")
-        if not isinstance(entries, list):
+        symlink's text) that is not UTF-8. Sorted by name (its bytes), asked for LIST_PAGE at a
+        time: no reply holds a whole large directory. (A box that does not page answers whole,
+        in the directory's order.)"""
+        entries: list[dict[str, Any]] = []
+        after: bytes | None = None
+        while True:
+            page, more = await self.list_page(path, limit=LIST_PAGE, after=after, branch=branch)
+            entries += page
+            if not more or not page:
+                return entries
+            last = _entry_name(page[-1])
+            if after is not None and last <= after:
+                raise ProtocolError(f"fs.list pages that do not go on past {last!r}", op="fs.list")
+            after = last
+
+    async def list_page(self, path: Path = "/workspace", *, limit: int, after: str | bytes | None = None,
+                        branch: str | None = None) -> tuple[list[dict[str, Any]], bool]:
+        """One page of the directory at `path`: the first `limit` entries (at most 100,000) whose
+        names come after `after` in byte order, sorted, and whether more follow. The next page
+        starts after the last name of this one (its name_b64 decoded where it has one)."""
+        fields = {**_text_or_b64("path", path), "limit": limit, "branch": branch}
+        if after is not None:
+            fields |= _text_or_b64("after", after)
+        reply = await self._box._conn.request("fs.list", fields)
+        page = reply.get("entries")
+        if not isinstance(page, list) or not all(isinstance(e, dict) for e in page):
             raise ProtocolError(f"fs.list reply has no entries list: {reply!r}", op="fs.list")
-        return entries
+        return page, reply.get("more") is True
 
     async def stat(self, path: Path, *, follow: bool = True, branch: str | None = None) -> dict[str, Any]:
         """Type, size, mode and mtime of `path` (the reply without id and ok). With `follow`

@@ -3,10 +3,24 @@
 import { ProtocolError, type JsonObject } from "./errors.js";
 import type { Connection } from "./connection.js";
 import { body, replyArray } from "./connection.js";
-import { concatBytes, iterChunks, MAX_CHUNK, textOrB64, utf8, type Chunk } from "./protocol.js";
+import { concatBytes, fromBase64, iterChunks, MAX_CHUNK, textOrB64, utf8, type Chunk } from "./protocol.js";
 
 /** fs.write content up to this size goes inside the request. */
 export const INLINE_MAX = 32 << 10;
+/** Entries a request of FileSystem.list asks for. */
+export const LIST_PAGE = 10000;
+
+/** An fs.list entry's name as the bytes on disk (name_b64 where the box gave them). */
+function entryName(e: JsonObject): Uint8Array {
+  if (typeof e.name_b64 === "string") return fromBase64(e.name_b64);
+  if (typeof e.name === "string") return utf8(e.name);
+  throw new ProtocolError(`fs.list entry without a name: ${JSON.stringify(e)}`, "fs.list");
+}
+
+function compareBytes(a: Uint8Array, b: Uint8Array): number {
+  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) return a[i] - b[i];
+  return a.length - b.length;
+}
 
 /** Collects the binary frames of one transfer; checks they are contiguous. */
 export class Receiver {
@@ -107,10 +121,40 @@ export class FileSystem {
   }
 
   /** The entries of the directory at `path` (name, type, size, mode; a symlink's text in
-   * `target`; `name_b64` / `target_b64` for bytes that are not UTF-8). */
+   * `target`; `name_b64` / `target_b64` for bytes that are not UTF-8). Sorted by name (its
+   * bytes), asked for LIST_PAGE at a time: no reply holds a whole large directory. (A box that
+   * does not page answers whole, in the directory's order.) */
   async list(path: Path = "/workspace", opts: { branch?: string } = {}): Promise<JsonObject[]> {
-    const reply = await this.conn().request("fs.list", { ...textOrB64("path", path), branch: opts.branch });
-    return replyArray(reply, "entries", "fs.list") as JsonObject[];
+    const entries: JsonObject[] = [];
+    let after: Uint8Array | undefined;
+    for (;;) {
+      const { entries: page, more } = await this.listPage(path, { limit: LIST_PAGE, after, branch: opts.branch });
+      entries.push(...page);
+      if (!more || page.length === 0) return entries;
+      const last = entryName(page[page.length - 1]);
+      if (after && compareBytes(last, after) <= 0)
+        throw new ProtocolError(`fs.list pages that do not go on past ${JSON.stringify(page[page.length - 1])}`, "fs.list");
+      after = last;
+    }
+  }
+
+  /** One page of the directory at `path`: the first `limit` entries (at most 100,000) whose
+   * names come after `after` in byte order, sorted, and whether more follow. The next page
+   * starts after the last name of this one (its `name_b64` decoded where it has one). */
+  async listPage(
+    path: Path = "/workspace",
+    opts: { limit: number; after?: Path; branch?: string },
+  ): Promise<{ entries: JsonObject[]; more: boolean }> {
+    const reply = await this.conn().request("fs.list", {
+      ...textOrB64("path", path),
+      limit: opts.limit,
+      ...(opts.after !== undefined ? textOrB64("after", opts.after) : {}),
+      branch: opts.branch,
+    });
+    const entries = replyArray(reply, "entries", "fs.list") as JsonObject[];
+    if (!entries.every((e) => typeof e === "object" && e !== null && !Array.isArray(e)))
+      throw new ProtocolError(`fs.list reply has an entry that is not an object: ${JSON.stringify(reply)}`, "fs.list");
+    return { entries, more: reply.more === true };
   }
 
   /** Type, size, mode and mtime of `path`. With `follow: false`, of the entry itself: a symlink

@@ -3,7 +3,7 @@
 export { Box, setPlatform, type ConnectOptions, type ExecOptions, type Platform } from "./box.js";
 export { EventStream, type EventsOptions } from "./events.js";
 export { Process } from "./process.js";
-export { FileSystem, INLINE_MAX, type Path, type WriteOptions } from "./fs.js";
+export { FileSystem, INLINE_MAX, LIST_PAGE, type Path, type WriteOptions } from "./fs.js";
 export { SandboxerError, AuthError, ConnectionLost, ProtocolError, type Json, type JsonObject } from "./errors.js";
 export {
   SUBPROTOCOL,

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -227,6 +227,22 @@ describe("one box", () => {
     await box.fs.remove("/workspace/d", { recursive: true });
     const gone = await rejects(box.fs.stat("/workspace/d/bin"));
     assert.ok(gone instanceof SandboxerError && gone.code !== "protocol", String(gone));
+  });
+
+  test("list asks a page at a time (10,000 entries) and gives every entry once, in byte order", async () => {
+    const dir = join(server.workspace, "paged");
+    mkdirSync(dir);
+    const names = [];
+    for (let i = 0; i < 10002; i++) names.push(Buffer.from(`n${String(i).padStart(5, "0")}`));
+    names.push(Buffer.from([0x6e, 0x30, 0x39, 0x39, 0x39, 0x39, 0xff])); // "n09999\xff": not UTF-8
+    for (const n of names) writeFileSync(Buffer.concat([Buffer.from(dir + "/"), n]), "x");
+    const listed = await box.fs.list("/workspace/paged");
+    const got = listed.map((e) => (e.name_b64 ? Buffer.from(e.name_b64, "base64") : Buffer.from(e.name)));
+    assert.deepEqual(got.map((b) => b.toString("hex")), names.sort(Buffer.compare).map((b) => b.toString("hex")));
+    const page = await box.fs.listPage("/workspace/paged", { limit: 2, after: "n09998" });
+    assert.equal(page.more, true);
+    assert.deepEqual(page.entries.map((e) => e.name_b64 ?? e.name), ["n09999", Buffer.from("n09999\xff", "latin1").toString("base64")]);
+    rmSync(dir, { recursive: true });
   });
 
   test("symlink, chmod and a directory's mode", async () => {
