@@ -56,15 +56,16 @@ int log_remote(const Args& a, uint64_t since, bool json) {
         // said as a local journal's is, and the replay goes on after it.
         if (auto* t = ev.if_contains("type"); t && *t == "journal.unreadable") {
           unreadable = true;
-          auto field = [&](const char* k) -> std::string {
+          auto text = [&](const char* k) -> std::string {
             const auto* v = ev.if_contains(k);
-            if (v && v->is_string()) return std::string(v->as_string());
-            return v && v->is_int64() ? std::to_string(v->as_int64()) : "?";
+            return v && v->is_string() ? std::string(v->as_string()) : "?";
           };
-          std::string first = field("first_seq"), last = field("last_seq");
-          report_unreadable(a.positionals()[0],
-                            "segment " + field("segment") + " cannot be read (" + field("error") + "): " +
-                                (first == last ? "seq " + first : "seqs " + first + " to " + last) + " skipped");
+          auto seq = [&](const char* k) -> uint64_t {
+            const auto* v = ev.if_contains(k);
+            return v && v->is_int64() && v->as_int64() > 0 ? static_cast<uint64_t>(v->as_int64()) : 0;
+          };
+          report_unreadable(a.positionals()[0], journal::Journal::describe(text("segment"), text("error"),
+                                                                           seq("first_seq"), seq("last_seq")));
         } else {
           printer.print(line, ev);
         }

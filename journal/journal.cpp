@@ -1002,11 +1002,13 @@ boost::system::result<void> Journal::read(const std::string& dir, uint64_t since
   return {};
 }
 
-std::string Journal::describe(const Gap& g) {
-  std::string seqs = g.last == 0         ? "its seqs from " + std::to_string(g.first) + " on"
-                     : g.first == g.last ? "seq " + std::to_string(g.first)
-                                         : "seqs " + std::to_string(g.first) + " to " + std::to_string(g.last);
-  return "segment " + g.segment + " cannot be read (" + g.error.message() + "): " + seqs + " skipped";
+std::string Journal::describe(const Gap& g) { return describe(g.segment, g.error.message(), g.first, g.last); }
+
+std::string Journal::describe(std::string_view segment, std::string_view error, uint64_t first, uint64_t last) {
+  std::string seqs = last == 0       ? "its seqs from " + std::to_string(first) + " on"
+                     : first == last ? "seq " + std::to_string(first)
+                                     : "seqs " + std::to_string(first) + " to " + std::to_string(last);
+  return "segment " + std::string(segment) + " cannot be read (" + std::string(error) + "): " + seqs + " skipped";
 }
 
 std::string Journal::unreadable_event(const Gap& g, uint64_t last, std::string_view box) {

@@ -142,8 +142,11 @@ class Journal {
                                           const std::function<bool(uint64_t, std::string_view)>& fn,
                                           ReadPos* pos = nullptr, const GapFn& gap = {});
 
-  /// "segment NAME cannot be read (WHY): seqs FIRST to LAST are not shown", for a log or stderr.
+  /// "segment NAME cannot be read (WHY): seqs FIRST to LAST skipped", for a log or stderr.
   static std::string describe(const Gap& gap);
+  /// The same from its parts: a box's `journal.unreadable` event read by a client (its error as
+  /// text). `last` 0: not known (the newest segment's).
+  static std::string describe(std::string_view segment, std::string_view error, uint64_t first, uint64_t last);
 
   /// The event a reader sends a client in place of a gap's events (the WebSocket replay,
   /// `--events`, the live view): `journal.unreadable {first_seq, last_seq, segment, error}`, with
