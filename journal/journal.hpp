@@ -128,6 +128,9 @@ class Journal {
     uint64_t last = 0;
     std::string segment;
     boost::system::error_code error;
+    /// Its last seq, or (the newest segment's, whose end the read does not know) `known_end`:
+    /// where the caller knows the journal to end. Below `first`: nothing of it was handed out.
+    uint64_t last_or(uint64_t known_end) const noexcept { return last ? last : known_end; }
   };
   using GapFn = std::function<bool(const Gap&)>;
 

@@ -167,7 +167,7 @@ bool EventsOutput::read_behind() {
   auto r = journal::Journal::read(journal_dir_, last_, put, &pos_, [&](const journal::Journal::Gap& g) {
     // A segment damaged on disk: in its events' place, the event that says so (as a WebSocket
     // client's replay has it), and on after them. The newest segment ends at the last event seen.
-    uint64_t last = g.last ? g.last : seen_;
+    uint64_t last = g.last_or(seen_);
     if (last < g.first) return true;
     log()->error("--events: read the journal to catch up: {}", journal::Journal::describe(g));
     return put(last, journal::Journal::unreadable_event(g, last, box_.value_or("")));

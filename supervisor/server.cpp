@@ -369,7 +369,7 @@ struct Server::Impl {
           // A segment damaged on disk: the client is told which seqs it will not get, in their
           // place (whatever its branch), and the replay goes on after them. The newest segment's
           // end is the journal's last seq (a later one would be a segment of its own).
-          uint64_t last = g.last ? g.last : box.journal().last_seq();
+          uint64_t last = g.last_or(box.journal().last_seq());
           if (last < g.first) return true;
           log()->error("replay journal for client {}: {}", c.id, journal::Journal::describe(g));
           auto line = journal::Journal::unreadable_event(g, last, box.id());

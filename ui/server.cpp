@@ -229,7 +229,7 @@ void Server::Impl::follow_journal() {
         // A segment damaged on disk: the timeline says which seqs it lost, in their place, and goes
         // on after them (where the newest segment ends is not known: at its first seq lost).
         if (unreadable.insert(g.segment).second)
-          hub.store.append(journal::Journal::unreadable_event(g, g.last ? g.last : g.first, ""));
+          hub.store.append(journal::Journal::unreadable_event(g, g.last_or(g.first), ""));
         return true;
       });
   if (!r) hub.box_state = "read journal " + journal_dir + ": " + r.error().message();
