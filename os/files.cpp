@@ -21,10 +21,7 @@ namespace sbx::os {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// The names in the directory `fd` (but . and ..), read through a duplicate of it.
-os::Result<std::vector<std::string>> names_in(int fd) {
+Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn) {
   int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
   if (!d) {
@@ -32,12 +29,25 @@ os::Result<std::vector<std::string>> names_in(int fd) {
     if (lfd >= 0) ::close(lfd);
     return std::error_code(e, std::generic_category());
   }
-  std::vector<std::string> names;
   while (auto* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
+    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..") && !fn(e->d_name)) break;
   ::closedir(d);
+  return {};
+}
+
+Result<std::vector<std::string>> names_in(int fd) {
+  std::vector<std::string> names;
+  if (auto r = for_each_name(fd,
+                             [&](const char* n) {
+                               names.emplace_back(n);
+                               return true;
+                             });
+      !r)
+    return r.error();
   return names;
 }
+
+namespace {
 
 // A copy of a tree the agent wrote (a branch's layer) into a place only the supervisor writes.
 // Every entry is reached from its parent's fd without following symlinks, and every entry of the

@@ -1,11 +1,22 @@
 #pragma once
 // Whole trees of files: copied by fd without following symlinks, measured, removed.
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "base/result.hpp"
+#include "os/sys.hpp"
 
 namespace sbx::os {
+
+/// Calls fn(name) for each entry of the directory `fd` but . and .., in the order the directory
+/// gives them from its offset on (a directory just opened: all of them), read through a duplicate
+/// of `fd` that is closed after (`fd` stays open: what is listed can be opened relative to it
+/// meanwhile); false from fn stops. The error: the listing's errno.
+Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn);
+/// The names so listed.
+Result<std::vector<std::string>> names_in(int fd);
 
 /// How much a copy may write: at most `bytes` of file data in all (each inode once, its holes
 /// not), else it stops before the data that would pass them and fails with code `code`, naming

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "sandbox/launcher.hpp"
 
@@ -60,21 +61,15 @@ std::set<std::pair<dev_t, ino_t>> programs_running() {
 // process (a box's ns-init) runs.
 void prune(int dir, const std::string& current) {
   std::vector<std::pair<struct stat, std::string>> old;
-  int listed = ::fcntl(dir, F_DUPFD_CLOEXEC, 3);
-  DIR* d = listed < 0 ? nullptr : ::fdopendir(listed);
-  if (!d) {
-    if (listed >= 0) ::close(listed);
-    return;
-  }
-  while (auto* e = ::readdir(d)) {
-    std::string n = e->d_name;
+  auto listed = os::for_each_name(dir, [&](const char* name) {
+    std::string n = name;
     struct stat st {};
     if (n.starts_with(kPrefix) && n != current && ::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         S_ISREG(st.st_mode))
       old.emplace_back(st, n);
-  }
-  ::closedir(d);
-  if (old.size() <= kKept) return;
+    return true;
+  });
+  if (!listed || old.size() <= kKept) return;
   std::sort(old.begin(), old.end(), [](const auto& a, const auto& b) {
     const struct timespec &x = a.first.st_ctim, &y = b.first.st_ctim;
     return x.tv_sec != y.tv_sec ? x.tv_sec > y.tv_sec : x.tv_nsec > y.tv_nsec;

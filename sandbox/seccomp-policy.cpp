@@ -1,6 +1,5 @@
 // The seccomp policies, built with libseccomp and exported as a BPF program into memory, and the
 // cache of those programs in the user's state dir.
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <seccomp.h>
@@ -18,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "sandbox/policy.hpp"
 
@@ -197,18 +197,13 @@ std::optional<std::vector<struct sock_filter>> read_seccomp_cache(int dir, const
 // its program lists nothing. A file of ours (os::read_own_file_at) whose first line is a key is
 // judged; anything else named so is left as it is.
 void prune_seccomp_cache(int dir, const boost::json::object& host, const std::string& keep) {
-  int lfd = ::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
-  if (!d) {
-    if (lfd >= 0) ::close(lfd);
-    return;
-  }
   std::vector<std::string> names;
-  while (auto* e = ::readdir(d)) {
-    std::string_view n(e->d_name);
+  auto listed = os::for_each_name(dir, [&](const char* name) {
+    std::string_view n(name);
     if (n.starts_with("seccomp-") && n.ends_with(".bpf") && n != keep) names.emplace_back(n);
-  }
-  ::closedir(d);
+    return true;
+  });
+  if (!listed) return;
   for (auto& name : names) {
     auto text = os::read_own_file_at(dir, name, 65536 + kMaxSeccompInstructions * sizeof(struct sock_filter));
     if (!text) continue;

@@ -1,6 +1,5 @@
 #include "supervisor/box.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -21,6 +20,7 @@
 #include "checkpoint/checkpointer.hpp"
 #include "checkpoint/criu.hpp"
 #include "os/box-dirs.hpp"
+#include "os/files.hpp"
 #include "os/pidfd.hpp"
 #include "os/proc-view.hpp"
 #include "os/sys.hpp"
@@ -132,14 +132,10 @@ void refuse_shared_state_dir(const std::string& dir) {
   if (::fchmod(fd.get(), mode & ~(S_IWGRP | S_IWOTH)) != 0)
     throw std::runtime_error("state dir " + dir + " is writable by others (mode " + was + "): " + why +
                              "; narrowing it: " + std::strerror(errno));
-  bool empty = false;  // where it cannot be listed: as if it held something
-  if (DIR* d = ::fdopendir(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0))) {
-    empty = true;
-    while (auto* e = ::readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
-    ::closedir(d);
-  }
-  if (empty) {
+  bool holds = false;
+  // Where it cannot be listed: as if it held something.
+  if (!os::for_each_name(fd.get(), [&](const char*) { return !(holds = true); })) holds = true;
+  if (!holds) {
     log()->warn("state dir {} was writable by others (mode {}): narrowed to {}", dir, was, now);
     return;
   }

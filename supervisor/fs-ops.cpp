@@ -1,6 +1,5 @@
 #include "supervisor/fs-ops.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
@@ -11,11 +10,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <memory>
 #include <string_view>
 #include <vector>
 
 #include "base/encoding.hpp"
+#include "os/files.hpp"
 #include "os/sys.hpp"
 
 namespace sbx::supervisor {
@@ -88,16 +87,10 @@ void remove_tree(int dirfd, const std::string& name, const std::string& path, in
   if (errno != EISDIR) fail(path, errno);
   int sub = open_beneath(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
   if (sub < 0) fail(path, errno);
-  DIR* d = ::fdopendir(sub);
-  if (!d) {
-    ::close(sub);
-    fail(path, errno);
-  }
-  std::vector<std::string> names;
-  while (auto* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.emplace_back(e->d_name);
-  for (auto& n : names) remove_tree(::dirfd(d), n, path + "/" + n, depth + 1);
-  ::closedir(d);
+  os::UniqueFd dir(sub);
+  auto names = os::names_in(dir.get());
+  if (!names) fail(path, names.error().value());
+  for (auto& n : *names) remove_tree(dir.get(), n, path + "/" + n, depth + 1);
   if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0) fail(path, errno);
 }
 
@@ -228,19 +221,6 @@ boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool 
 
 namespace {
 
-struct CloseDir {
-  void operator()(DIR* d) const { ::closedir(d); }
-};
-using Dir = std::unique_ptr<DIR, CloseDir>;
-
-Dir open_dir(const FsRoots& roots, const std::string& path) {
-  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
-  Dir d(::fdopendir(fd.get()));
-  if (!d) fail(path, errno);
-  (void)fd.release();  // the DIR owns it now
-  return d;
-}
-
 // One entry of a listing. A name is any bytes but '/' and NUL: one that is not UTF-8 has its
 // bytes in name_b64. An entry gone since the directory was read has its name only.
 boost::json::object list_entry(int dir, const char* name) {
@@ -256,42 +236,45 @@ boost::json::object list_entry(int dir, const char* name) {
   return o;
 }
 
-bool dot_or_dotdot(const char* n) { return !std::strcmp(n, ".") || !std::strcmp(n, ".."); }
-
 }  // namespace
 
 boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
-  auto d = open_dir(roots, path);
+  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
   boost::json::array out;
-  while (auto* e = ::readdir(d.get()))
-    if (!dot_or_dotdot(e->d_name)) out.push_back(list_entry(::dirfd(d.get()), e->d_name));
+  auto r = os::for_each_name(fd.get(), [&](const char* n) {
+    out.push_back(list_entry(fd.get(), n));
+    return true;
+  });
+  if (!r) fail(path, r.error().value());
   return out;
 }
 
 ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after) {
-  auto d = open_dir(roots, path);
+  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
   // The `limit` lowest names past `after`: a heap of them, its top the highest kept.
   std::vector<std::string> names;
   bool more = false;
-  while (auto* e = ::readdir(d.get())) {
-    std::string_view n = e->d_name;
-    if (dot_or_dotdot(e->d_name) || n <= after) continue;
+  auto r = os::for_each_name(fd.get(), [&](const char* name) {
+    std::string_view n = name;
+    if (n <= after) return true;
     if (names.size() == limit) {
       more = true;
-      if (n >= names.front()) continue;
+      if (n >= names.front()) return true;
       std::pop_heap(names.begin(), names.end());
       names.back() = n;
     } else {
       names.emplace_back(n);
     }
     std::push_heap(names.begin(), names.end());
-  }
+    return true;
+  });
+  if (!r) fail(path, r.error().value());
   std::sort_heap(names.begin(), names.end());
   ListPage page{.more = more};
   page.entries.reserve(names.size());
   size_t bytes = 0;
   for (auto& n : names) {
-    auto e = list_entry(::dirfd(d.get()), n.c_str());
+    auto e = list_entry(fd.get(), n.c_str());
     bytes += boost::json::serialize(e).size() + 1;
     if (bytes > kMaxListPageBytes && !page.entries.empty()) {
       page.more = true;
