@@ -249,40 +249,144 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
   return out;
 }
 
-ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after) {
-  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
-  // The `limit` lowest names past `after`: a heap of them, its top the highest kept.
+struct ListWindows::Window {
+  std::string workspace, path;  // what it was read from
+  dev_t dev = 0;
+  ino_t ino = 0;
+  timespec mtime{}, ctime{};
+  std::string last;     // the last name given: the `after` its next page is asked with
+  std::string names;    // the names past `last`, sorted, each ended by a NUL
+  size_t next = 0;      // where in `names` the next page starts
+  bool beyond = false;  // the directory has names past the window's last
+  uint64_t used_ms = 0;
+};
+
+namespace {
+
+using Window = ListWindows::Window;
+
+// Reads into `w` the lowest names of `fd` past `after`, as many as `bound` holds: a heap of them,
+// its top the highest kept; a name popped to keep the bound sets the ceiling, past which nothing
+// is kept (the window stays one run of the sorted names, and says more are beyond it).
+void read_window(Window& w, int fd, const std::string& after, size_t bound, const std::string& path) {
   std::vector<std::string> names;
-  bool more = false;
-  auto r = os::for_each_name(fd.get(), [&](const char* name) {
+  size_t bytes = 0;
+  std::string ceiling;
+  bool beyond = false;
+  auto r = os::for_each_name(fd, [&](const char* name) {
     std::string_view n = name;
-    if (n <= after) return true;
-    if (names.size() == limit) {
-      more = true;
-      if (n >= names.front()) return true;
-      std::pop_heap(names.begin(), names.end());
-      names.back() = n;
-    } else {
-      names.emplace_back(n);
-    }
+    if (n <= after || (beyond && n >= ceiling)) return true;
+    names.emplace_back(n);
     std::push_heap(names.begin(), names.end());
+    bytes += n.size() + sizeof(std::string);
+    while (bytes > bound && names.size() > 1) {
+      std::pop_heap(names.begin(), names.end());
+      bytes -= names.back().size() + sizeof(std::string);
+      ceiling = std::move(names.back());
+      names.pop_back();
+      beyond = true;
+    }
     return true;
   });
   if (!r) fail(path, r.error().value());
   std::sort_heap(names.begin(), names.end());
-  ListPage page{.more = more};
-  page.entries.reserve(names.size());
+  // Swapped out, not cleared: the buffer of the window read before is given back.
+  std::string().swap(w.names);
+  size_t total = 0;
+  for (auto& n : names) total += n.size() + 1;
+  w.names.reserve(total);
+  for (auto& n : names) w.names.append(n).push_back('\0');
+  w.last = after;
+  w.next = 0;
+  w.beyond = beyond;
+}
+
+bool same_time(const timespec& a, const timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
+
+// Whether `w` holds the next page of this listing: the same directory, unchanged, asked past the
+// name it gave last, with `limit` names in it (or all that are left).
+bool serves(const Window& w, const FsRoots& roots, const std::string& path, const struct stat& st, size_t limit,
+            const std::string& after) {
+  if (after.empty() || w.last != after || w.path != path || w.workspace != roots.workspace) return false;
+  if (w.dev != st.st_dev || w.ino != st.st_ino || !same_time(w.mtime, st.st_mtim) || !same_time(w.ctime, st.st_ctim))
+    return false;
+  if (!w.beyond) return true;
+  auto left = std::count(w.names.begin() + static_cast<ptrdiff_t>(w.next), w.names.end(), '\0');
+  return static_cast<size_t>(left) >= limit;
+}
+
+// The next page from `w`: up to `limit` entries, at most kMaxListPageBytes of them.
+ListPage serve(Window& w, int fd, size_t limit) {
+  ListPage page;
   size_t bytes = 0;
-  for (auto& n : names) {
-    auto e = list_entry(fd.get(), n.c_str());
+  while (w.next < w.names.size() && page.entries.size() < limit) {
+    const char* n = w.names.c_str() + w.next;
+    size_t len = std::strlen(n);
+    auto e = list_entry(fd, n);
     bytes += boost::json::serialize(e).size() + 1;
-    if (bytes > kMaxListPageBytes && !page.entries.empty()) {
-      page.more = true;
-      break;
-    }
+    if (bytes > kMaxListPageBytes && !page.entries.empty()) break;
     page.entries.push_back(std::move(e));
+    w.last.assign(n, len);
+    w.next += len + 1;
   }
+  page.more = w.next < w.names.size() || w.beyond;
   return page;
+}
+
+}  // namespace
+
+ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after) {
+  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
+  Window w;
+  read_window(w, fd.get(), after, ListWindows::kBytes, path);
+  return serve(w, fd.get(), limit);
+}
+
+ListWindows::ListWindows(size_t bytes) : bytes_(bytes) {}
+ListWindows::~ListWindows() = default;
+
+ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after,
+                           uint64_t now_ms) {
+  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, errno);
+  auto it = std::find_if(windows_.begin(), windows_.end(),
+                         [&](const auto& w) { return serves(*w, roots, path, st, limit, after); });
+  if (it == windows_.end()) {
+    // A new listing, or one whose window no longer serves: read for it (in the window it had,
+    // whose `last` is this `after`, else in a new one).
+    it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) {
+      return !after.empty() && w->last == after && w->path == path && w->workspace == roots.workspace;
+    });
+    if (it == windows_.end()) {
+      if (windows_.size() >= kWindows) windows_.pop_back();
+      it = windows_.insert(windows_.end(), std::make_unique<Window>());
+    }
+    auto& w = **it;
+    w.workspace = roots.workspace;
+    w.path = path;
+    w.dev = st.st_dev;
+    w.ino = st.st_ino;
+    w.mtime = st.st_mtim;
+    w.ctime = st.st_ctim;
+    try {
+      read_window(w, fd.get(), after, bytes_, path);
+    } catch (...) {
+      windows_.erase(it);
+      throw;
+    }
+    ++reads_;
+  }
+  windows_.splice(windows_.begin(), windows_, it);
+  auto& w = *windows_.front();
+  w.used_ms = now_ms;
+  auto page = serve(w, fd.get(), limit);
+  if (!page.more) windows_.pop_front();
+  return page;
+}
+
+void ListWindows::expire(uint64_t now_ms) {
+  windows_.remove_if([&](const auto& w) { return now_ms - w->used_ms >= kIdleMs; });
 }
 
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive) {

@@ -8,6 +8,8 @@
 
 #include <boost/json.hpp>
 #include <cstdint>
+#include <list>
+#include <memory>
 #include <string>
 
 #include "os/unique-fd.hpp"
@@ -64,14 +66,44 @@ boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool 
 boost::json::array fs_list(const FsRoots& roots, const std::string& path);
 /// A page of them: the first `limit` names past `after` in byte order, sorted, up to
 /// kMaxListPageBytes of entries (an SDK takes text frames of 1 MiB), and whether more follow.
-/// Each page reads the directory's names again but looks up only its own entries: a page of a
-/// directory of 500,000 names took 0.25 s of the loop on tmpfs (the kernel's readdir of them all),
-/// the whole directory 1.7 s.
 struct ListPage {
   boost::json::array entries;
   bool more = false;
 };
+/// Each page reads the directory's names (the kernel's readdir of them all: 0.25 s of the loop
+/// for 500,000 names on tmpfs) and looks up its own entries.
 ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after);
+
+/// The paged listings going on, each with the lowest names past the page it gave, read with it
+/// (a window), so that its next page, asked with `after` the last name given, costs only its own
+/// entries while the directory is the same one, unchanged (its inode, mtime and ctime: a name
+/// made or removed since is seen, as by a listing read anew); else, or once the window runs
+/// short, the directory is read again past `after`. Kept by the server, not a connection: the
+/// CLI asks each page on a connection of its own. A window goes when its listing ends (a page
+/// without `more`), when kWindows newer ones are asked for, or after kIdleMs unused (expire()).
+class ListWindows {
+ public:
+  static constexpr size_t kWindows = 4;
+  static constexpr uint64_t kIdleMs = 30000;
+  /// The most a window holds, counted as each name's bytes and a std::string's while it is read.
+  static constexpr size_t kBytes = 8u << 20;
+  explicit ListWindows(size_t bytes = kBytes);
+  ~ListWindows();
+  ListWindows(const ListWindows&) = delete;
+  ListWindows& operator=(const ListWindows&) = delete;
+  ListPage page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after, uint64_t now_ms);
+  void expire(uint64_t now_ms);
+  size_t size() const { return windows_.size(); }
+  /// Directory reads made for pages (tests).
+  uint64_t reads() const { return reads_; }
+
+  struct Window;
+
+ private:
+  size_t bytes_;
+  uint64_t reads_ = 0;
+  std::list<std::unique_ptr<Window>> windows_;  // the most recently used first
+};
 /// The largest page fs.list gives (its `limit`), and the most bytes of entries in one.
 inline constexpr int64_t kMaxListLimit = 100000;
 inline constexpr size_t kMaxListPageBytes = 512u << 10;

@@ -90,7 +90,8 @@ void op_fs_stat(OpContext& ctx) {
 }
 
 // With `limit`, a page: the entries sorted by name (bytes), the first `limit` past `after` (a
-// name, or its bytes in after_b64), and `more`. Without it, the whole directory in one reply.
+// name, or its bytes in after_b64), and `more`; what was read for it serves the next page
+// (ListWindows). Without it, the whole directory in one reply.
 void op_fs_list(OpContext& ctx) {
   const auto& f = ctx.fields();
   auto path = protocol::opt_path(f, "path").value_or("/workspace");
@@ -101,7 +102,7 @@ void op_fs_list(OpContext& ctx) {
   if (!limit) {
     ok["entries"] = fs_list(ctx.roots(), path);
   } else {
-    auto page = fs_list_page(ctx.roots(), path, static_cast<size_t>(*limit), after.value_or(""));
+    auto page = ctx.list_page(path, static_cast<size_t>(*limit), after.value_or(""));
     ok["entries"] = std::move(page.entries);
     ok["more"] = page.more;
   }

@@ -50,6 +50,8 @@ struct OpContext {
   bool token_ok(std::string_view token) const;
   /// The directories of the branch named by the request's `branch` (default main).
   FsRoots roots() const;
+  /// A page of fs.list, through the server's ListWindows.
+  ListPage list_page(const std::string& path, size_t limit, const std::string& after);
   /// The request's id as the u32 of binary frames; refuses any other id (`op` names the op).
   uint32_t binary_id(const char* op) const;
   /// Refuses (`limit`) a new transfer (fs.read, fs.write, snapshot.import, snapshot.export) past

@@ -124,6 +124,7 @@ struct Server::Impl {
   };
   std::deque<Recent> recent;
   size_t recent_size = 0;
+  ListWindows list_windows;  // fs.list's pages
 
   Impl(Box& b, uv_loop_t* l, ServerOptions o) : box(b), loop(l), opts(std::move(o)) {}
 
@@ -288,6 +289,7 @@ struct Server::Impl {
   // Owed frames (queued, a download, or journal still to replay) and nothing taken for stall_s.
   void check_stalls() {
     uint64_t now = uv_now(loop);
+    list_windows.expire(now);
     for (auto& [id, c] : clients) {
       bool owed = !c->q.empty() || !c->downloads.empty() || (c->subscribed && !c->live);
       if (!owed || c->close_code || c->peer_closed) continue;
@@ -701,6 +703,10 @@ FsRoots OpContext::roots() const {
   std::string branch = protocol::opt_string(req.fields, "branch").value_or("main");
   if (!box.has_branch(branch)) throw RequestError("no_such_branch", "no branch named " + branch);
   return {box.branch_dir(branch) + "/workspace", box.branch_tmp(branch)};
+}
+
+ListPage OpContext::list_page(const std::string& path, size_t limit, const std::string& after) {
+  return server.list_windows.page(roots(), path, limit, after, uv_now(server.loop));
 }
 
 uint32_t OpContext::binary_id(const char* op) const {

@@ -137,6 +137,44 @@ def test_list_in_pages_gives_every_name_once_in_byte_order(box):
     assert by_name["n00007"]["type"] == "file" and by_name["n00007"]["size"] == 1
 
 
+def test_pages_on_connections_of_their_own_see_the_directory_change_between_them(box):
+    # As the CLI asks: each page on a new connection, two listings of one directory interleaved.
+    # What was read for a page serves the next only while the directory is unchanged: a name made
+    # past the cursor between pages is given, one removed is not.
+    d = box.workspace / "grow"
+    d.mkdir()
+    names = [f"n{i:04d}" for i in range(1200)]
+    for n in names:
+        (d / n).write_bytes(b"")
+
+    async def page(after):
+        async with ws_connect(box) as ws:
+            req = {"path": "/workspace/grow", "limit": 100} | ({"after": after} if after else {})
+            r = await Session(ws).request("fs.list", **req)
+            assert r["ok"], r
+            return [e["name"] for e in r["entries"]], r["more"]
+
+    async def go():
+        got = {"a": [], "b": []}
+        more = {"a": True, "b": True}
+        step = 0
+        while more["a"] or more["b"]:
+            for k in ("a", "b"):
+                if more[k]:
+                    entries, more[k] = await page(got[k][-1] if got[k] else None)
+                    got[k] += entries
+            step += 1
+            if step == 3:
+                (d / "n0999x").write_bytes(b"")  # past both cursors
+                (d / "n1100").unlink()
+            assert step < 20
+        return got
+
+    got = run(go(), 60)
+    want = sorted(set(names) - {"n1100"} | {"n0999x"})
+    assert got["a"] == want and got["b"] == want
+
+
 def test_rename_moves_the_entry_within_its_root(box):
     (box.workspace / "sub").mkdir()
     (box.workspace / "in-link").symlink_to("sub")  # a symlinked directory that stays inside

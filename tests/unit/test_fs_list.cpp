@@ -1,0 +1,170 @@
+// fs.list's pages (supervisor::ListWindows): every name once, in byte order, whatever the
+// directory's size against a window; the window spares the next pages a read of the directory
+// while it is unchanged, and is read again once it changed; windows go when their listing ends,
+// when newer ones need the room, or unused for a while.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "supervisor/fs-ops.hpp"
+#include "temp-dir.hpp"
+
+namespace fs = std::filesystem;
+using sbx::supervisor::fs_list_page;
+using sbx::supervisor::FsRoots;
+using sbx::supervisor::ListPage;
+using sbx::supervisor::ListWindows;
+
+namespace {
+
+void touch(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+}
+
+std::string name_of(const ListPage& page, size_t i) {
+  return std::string(page.entries.at(i).as_object().at("name").as_string());
+}
+
+// Every page of /workspace/d, `limit` a request, through `w` (or, without, each page reading the
+// directory); `between` runs after each page but the last, given its number.
+template <typename Between>
+std::vector<std::string> list_all(const FsRoots& roots, size_t limit, ListWindows* w, Between between,
+                                  size_t* pages = nullptr) {
+  std::vector<std::string> got;
+  std::string after;
+  for (size_t n = 1;; ++n) {
+    auto page = w ? w->page(roots, "/workspace/d", limit, after, n) : fs_list_page(roots, "/workspace/d", limit, after);
+    for (size_t i = 0; i < page.entries.size(); ++i) got.push_back(name_of(page, i));
+    if (pages) *pages = n;
+    if (!page.more) return got;
+    REQUIRE(!page.entries.empty());
+    after = got.back();
+    between(n);
+    REQUIRE(n < 100000);
+  }
+}
+
+std::vector<std::string> list_all(const FsRoots& roots, size_t limit, ListWindows* w, size_t* pages = nullptr) {
+  return list_all(
+      roots, limit, w, [](size_t) {}, pages);
+}
+
+std::vector<std::string> make_names(const fs::path& d, size_t count, size_t width) {
+  fs::create_directories(d);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < count; ++i) {
+    auto n = std::to_string(i * 7919 % count);
+    n.insert(0, width - n.size(), 'n');
+    touch(d / n);
+    names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+FsRoots roots_of(const sbx::test::TempDir& t) { return {.workspace = t.path.string(), .tmp = t.path.string()}; }
+
+}  // namespace
+
+TEST_CASE("the pages of an unchanged directory come from one read of it") {
+  sbx::test::TempDir t("fs-list");
+  auto names = make_names(t.path / "d", 5000, 8);
+  auto roots = roots_of(t);
+  ListWindows w;
+  size_t pages = 0;
+  CHECK(list_all(roots, 100, &w, &pages) == names);
+  CHECK(pages == 50);
+  CHECK(w.reads() == 1);
+  // The listing ended: its window is given up, and the next listing reads the directory anew.
+  CHECK(w.size() == 0);
+  CHECK(list_all(roots, 1000, &w) == names);
+  CHECK(w.reads() == 2);
+  // Without a window each page reads the directory: the same pages.
+  CHECK(list_all(roots, 100, nullptr) == names);
+}
+
+TEST_CASE("a directory larger than the window is read again as the pages pass it") {
+  sbx::test::TempDir t("fs-list");
+  auto names = make_names(t.path / "d", 3000, 60);
+  auto roots = roots_of(t);
+  ListWindows w(64 << 10);  // ~700 names of 60 bytes
+  size_t pages = 0;
+  CHECK(list_all(roots, 250, &w, &pages) == names);
+  CHECK(pages == 12);
+  CHECK(w.reads() >= 4);
+  CHECK(w.reads() <= 6);
+  // Pages larger than the window: each gives what the window holds, and says more follow.
+  ListWindows small(16 << 10);
+  CHECK(list_all(roots, 1000, &small, &pages) == names);
+  CHECK(pages > 3);
+}
+
+TEST_CASE("a directory changed between pages is read again: made and removed names are seen") {
+  sbx::test::TempDir t("fs-list");
+  auto names = make_names(t.path / "d", 1000, 6);
+  auto roots = roots_of(t);
+  ListWindows w;
+  auto got = list_all(roots, 100, &w, [&](size_t page) {
+    if (page == 2) {
+      touch(t.path / "d" / "zzz-made-after");
+      fs::remove(t.path / "d" / names.back());
+    }
+  });
+  auto want = names;
+  want.pop_back();
+  want.push_back("zzz-made-after");
+  CHECK(got == want);
+  CHECK(w.reads() == 2);
+}
+
+TEST_CASE("a window serves only the listing it was read for") {
+  sbx::test::TempDir t("fs-list");
+  auto names = make_names(t.path / "d", 300, 6);
+  make_names(t.path / "e", 300, 7);
+  auto roots = roots_of(t);
+  ListWindows w;
+  auto first = w.page(roots, "/workspace/d", 100, "", 0);
+  REQUIRE(first.more);
+  auto after = name_of(first, 99);
+  // Another directory asked past the same name: read for itself.
+  auto other = w.page(roots, "/workspace/e", 100, after, 0);
+  CHECK(name_of(other, 0).size() == 7);
+  CHECK(w.reads() == 2);
+  // A page asked past another name than the last given: read again, from there.
+  auto again = w.page(roots, "/workspace/d", 10, names[5], 0);
+  CHECK(name_of(again, 0) == names[6]);
+  CHECK(w.reads() == 3);
+  // The first listing goes on from its own window.
+  auto next = w.page(roots, "/workspace/d", 100, after, 0);
+  CHECK(name_of(next, 0) == names[100]);
+  CHECK(w.reads() == 3);
+}
+
+TEST_CASE("windows are bounded in number and go when unused") {
+  sbx::test::TempDir t("fs-list");
+  auto names = make_names(t.path / "d", 50, 3);
+  auto roots = roots_of(t);
+  ListWindows w;
+  // Listings left after their first page (clients gone): at most kWindows kept, the oldest given
+  // up. The listing i asks past names[3i] and was given names[3i + 1].
+  constexpr size_t n = ListWindows::kWindows + 2;
+  for (size_t i = 0; i < n; ++i) w.page(roots, "/workspace/d", 1, names[3 * i], i);
+  CHECK(w.size() == ListWindows::kWindows);
+  CHECK(w.reads() == n);
+  w.page(roots, "/workspace/d", 1, names[1], 100);  // the first listing's window was given up: read
+  CHECK(w.reads() == n + 1);
+  w.page(roots, "/workspace/d", 1, names[3 * (n - 1) + 1], 200);  // the last one's is kept
+  CHECK(w.reads() == n + 1);
+  w.expire(100 + ListWindows::kIdleMs - 1);
+  CHECK(w.size() == 2);  // the two used at 100 and 200
+  w.expire(200 + ListWindows::kIdleMs);
+  CHECK(w.size() == 0);
+}
