@@ -134,11 +134,12 @@ json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) 
 os::CopyBound layer_bound(const os::CopyBound& room, uint64_t written, uint64_t ceiling, uint64_t in_dir) {
   os::CopyBound b = room;
   b.bytes = room.bytes > written ? room.bytes - written : 0;
-  if (ceiling && ceiling - std::min(ceiling, in_dir) < b.bytes)
-    b = {ceiling - std::min(ceiling, in_dir),
-         "the branch's disk ceiling (resources.disk: " + std::to_string(ceiling) +
-             " bytes for its workspace, as many for its /tmp, /run and root together)",
-         "limit"};
+  if (ceiling && ceiling - std::min(ceiling, in_dir) < b.bytes) {
+    b.bytes = ceiling - std::min(ceiling, in_dir);
+    b.what = "the branch's disk ceiling (resources.disk: " + std::to_string(ceiling) +
+             " bytes for its workspace, as many for its /tmp, /run and root together)";
+    b.code = "limit";
+  }
   return b;
 }
 

@@ -213,7 +213,9 @@ class Checkpointer {
   /// What a copy into the state dir may write now: its filesystem's free space less the room kept
   /// for the journal (all of the free space with `journal` false: a checkpoint that ends its agent
   /// keeps its snapshot whatever it takes); code no_space past it, no bound where statvfs cannot say.
+  /// Either way it leaves kJournalInodes of the filesystem's inodes free.
   os::CopyBound room_bound(bool journal = true) const;
+  static constexpr uint64_t kJournalInodes = 1024;
   boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
                                     const std::string& msg);
   size_t stored_snapshots() const;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -67,6 +68,7 @@ struct Copier {
   uint64_t bytes = 0;  // file data written (link_tree: the sizes of the files linked)
   bool link = false;   // link_tree: regular files are hard links to the source's, not copies
   CopyBound bound;
+  uint64_t inodes = 0;  // new inodes made
   // The copy's root (every path below is relative to it), and where the copy of each inode with
   // more than one name went first, by the source's device and inode: its directory and name.
   int droot = -1;
@@ -86,6 +88,20 @@ struct Copier {
     if (::fchown(fd, st.st_uid, st.st_gid) != 0) return fail("chown " + shown, errno);
     if (::fchmod(fd, st.st_mode & 07777) != 0) return fail("chmod " + shown, errno);
     return true;
+  }
+
+  // Whether a new inode (the copy of `shown`) leaves the bound's inodes free: read every
+  // kInodeStep new inodes, from the copy's root.
+  bool new_inode(const std::string& shown) {
+    if (!bound.keep_inodes || inodes++ % CopyBound::kInodeStep != 0) return true;
+    struct statvfs vfs {};
+    if (::fstatvfs(droot, &vfs) != 0 || vfs.f_files == 0) return true;  // unknown, or no fixed number
+    if (vfs.f_favail >= bound.keep_inodes + CopyBound::kInodeStep) return true;
+    err = "copy " + shown + ": its next inodes would leave fewer than " + std::to_string(bound.keep_inodes) +
+          " free where it is copied to (" + std::to_string(vfs.f_favail) + " free, " + std::to_string(inodes - 1) +
+          " made by the copy), " + bound.inodes_what;
+    code = "no_space";
+    return false;
   }
 
   // `len` bytes at `at` of `in`, to the same offset of `out`, within the bound.
@@ -165,6 +181,7 @@ struct Copier {
     if (!in && in.error().value() == EWOULDBLOCK)
       return fail("open " + shown + " (its agent holds a lease on it)", EWOULDBLOCK);
     if (!in) return fail("open " + shown, in.error().value());
+    if (!new_inode(shown)) return false;
     os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return fail("create the copy of " + shown, errno);
     if (!data(in->get(), out.get(), st.st_size, shown) || !keep_owner(out.get(), st, shown)) return false;
@@ -178,6 +195,7 @@ struct Copier {
     ssize_t n = ::readlinkat(sdir, name, target.data(), target.size() - 1);
     if (n < 0) return fail("read the symlink " + shown, errno);
     target[static_cast<size_t>(n)] = 0;
+    if (!new_inode(shown)) return false;
     if (::symlinkat(target.data(), ddir, dname) != 0) return fail("create the copy of " + shown, errno);
     if (::fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0) return fail("chown " + shown, errno);
     return true;
@@ -220,6 +238,7 @@ struct Copier {
     auto sub = os::open_beneath(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (!sub) return fail("open " + shown, sub.error().value());
     if (::fstat(sub->get(), &st) != 0) return fail("stat " + shown, errno);
+    if (!new_inode(shown)) return false;
     if (::mkdirat(ddir, dname, 0700) != 0) return fail("create the copy of " + shown, errno);
     auto out = os::open_beneath(ddir, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (!out) return fail("open the copy of " + shown, out.error().value());

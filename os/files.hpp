@@ -21,10 +21,19 @@ Result<std::vector<std::string>> names_in(int fd);
 /// How much a copy may write: at most `bytes` of file data in all (each inode once, its holes
 /// not), else it stops before the data that would pass them and fails with code `code`, naming
 /// the bound as `what` says (e.g. "the branch's disk ceiling (resources.disk)").
+/// And, with `keep_inodes`, it leaves that many inodes free on the destination's filesystem: it
+/// stops before a new file, directory or symlink once fewer than keep_inodes + kInodeStep are free
+/// (read every kInodeStep new inodes, so that other writers to that filesystem count too; a
+/// filesystem that has no fixed number of inodes, as btrfs, bounds nothing), failing with code
+/// no_space and saying so with `inodes_what`. An agent's empty files cost no bytes: without this, a copy of millions of
+/// them took every inode of the state dir's filesystem.
 struct CopyBound {
   uint64_t bytes = UINT64_MAX;
   std::string what;
   std::string code = "limit";
+  uint64_t keep_inodes = 0;
+  std::string inodes_what;
+  static constexpr uint64_t kInodeStep = 64;
 };
 
 /// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)

@@ -608,6 +608,61 @@ def test_a_layer_copy_that_would_take_the_journals_room_is_refused_naming_it(tmp
             unmount_below(state)
 
 
+EMPTY_FILES_THEN_CHECKPOINT = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ws = os.environ["SANDBOXER_WORKSPACE"]
+for d in range(int(sys.argv[1])):
+    os.mkdir(os.path.join(ws, str(d)))
+    for i in range(100):
+        os.close(os.open(os.path.join(ws, str(d), str(i)), os.O_CREAT | os.O_WRONLY, 0o644))
+try:
+    r = agent.Channel().checkpoint("x")
+    print(json.dumps({"refused": False, "snapshot": r["snapshot"]}), flush=True)
+except agent.ChannelError as e:
+    print(json.dumps({"refused": True, "code": e.code, "message": e.message}), flush=True)
+print(json.dumps({"after": len(os.listdir(ws))}), flush=True)
+'''
+
+
+@needs_criu
+def test_a_layer_copy_of_empty_files_leaves_the_state_dirs_inodes_for_the_journal(tmp_path):
+    """Empty files cost no bytes: under a disk ceiling of 32M an agent makes 6000 of them (its
+    workspace is a tmpfs of its own) and checkpoints itself into a state dir whose filesystem has
+    4000 inodes. The copy stops while 1024 are still free, with code no_space naming the inodes;
+    nothing of it is left, the journal goes on, the agent too. The control, in the same test: 500
+    files are checkpointed. (Before, the copy took every inode and failed at ENOSPC, code io.)"""
+    for dirs, refused in ((60, True), (5, False)):
+        state = tmp_path / f"s{dirs}"
+        state.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192m,nr_inodes=4000,mode=0700", "tmpfs", str(state)],
+                       check=True)
+        try:
+            rc, ev, err = box(state, ["--set", "resources.disk=32M", "--", sys.executable, "-c",
+                                      EMPTY_FILES_THEN_CHECKPOINT, str(dirs)])
+            assert rc == 0, err
+            out = next(m for m in messages(ev) if "refused" in m)
+            assert out["refused"] is refused, (out, err)
+            assert next(m for m in messages(ev) if "after" in m) == {"after": dirs}
+            if not refused:
+                assert one(ev, "checkpoint.created")
+                continue
+            assert out["code"] == "no_space", out
+            msg = out["message"]
+            assert msg.startswith("snapshot the writable layer: copy "), msg
+            assert "/workspace/" in msg and ": its next inodes would leave fewer than 1024 free where it is " \
+                "copied to (" in msg, msg
+            assert msg.endswith(" made by the copy), the inodes the state dir's filesystem keeps free for the "
+                                "journal"), msg
+            assert one(ev, "checkpoint.failed")["error"] == {"code": "no_space", "message": msg}
+            assert not any(e["type"] in ("checkpoint.created", "journal.degraded") for e in ev)
+            assert ev[-1]["type"] == "box.exited", ev[-1]
+            assert not list((state / "snapshots").glob(".work-*"))  # nothing of it is left
+        finally:
+            unmount_below(state)
+
+
 LINKS_AND_HOLES = r'''
 import hashlib, json, os, signal, sys, time
 sys.path.insert(0, os.environ["SBX_AGENT_SDK"])

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,6 +161,38 @@ TEST_CASE("copy_tree: a file of 1 TiB, all hole but a byte, is copied as sparse 
     step(::stat((t.path / "fs/dst/huge").c_str(), &st) == 0 && st.st_size == (kGiB << 10), 6);
     step(static_cast<uint64_t>(st.st_blocks) * 512 < static_cast<uint64_t>(kMiB), 7);
     step(get_at(t.path / "fs/dst/huge", 0, 2) == std::string("x\0", 2), 8);
+  });
+  CHECK(failed == 0);  // else the step that failed
+}
+
+TEST_CASE("copy_tree: empty files cost no bytes, but the copy leaves its bound's inodes free") {
+  // Into a tmpfs of 2000 inodes: 3000 empty files (and directories, symlinks) fit no byte bound's
+  // notice, and the copy stops with no_space while at least keep_inodes are still free. The
+  // control, in the same namespace: the same copy without keep_inodes runs out (ENOSPC).
+  if (::geteuid() != 0) return;  // mounts need root (the CI runs as root)
+  sbx::test::TempDir t("copy-inodes");
+  for (int d = 0; d < 30; ++d) {
+    fs::create_directories(t.path / "src" / std::to_string(d));
+    for (int i = 0; i < 100; ++i) put(t.path / "src" / std::to_string(d) / std::to_string(i), "");
+    fs::create_symlink("0", t.path / "src" / std::to_string(d) / "link");
+  }
+  fs::create_directories(t.path / "fs");
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=64m,nr_inodes=2000") == 0, 3);
+    os::CopyBound bound{.bytes = kMiB, .what = "a bound", .keep_inodes = 500, .inodes_what = "kept for the test"};
+    auto r = os::copy_tree((t.path / "src").string(), (t.path / "fs/a").string(), bound);
+    step(!r.has_value(), 4);
+    step(r.error().code == "no_space", 5);
+    step(r.error().message.find(": its next inodes would leave fewer than 500 free where it is copied to (") !=
+             std::string::npos,
+         6);
+    step(r.error().message.ends_with(" made by the copy), kept for the test"), 7);
+    struct statvfs vfs {};
+    step(::statvfs((t.path / "fs").c_str(), &vfs) == 0 && vfs.f_favail >= 500, 8);
+    // The control: no inodes kept, the copy runs out of them.
+    bound.keep_inodes = 0;
+    auto c = os::copy_tree((t.path / "src").string(), (t.path / "fs/b").string(), bound);
+    step(!c.has_value() && c.error().message.find("No space left on device") != std::string::npos, 9);
   });
   CHECK(failed == 0);  // else the step that failed
 }
