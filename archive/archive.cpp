@@ -6,6 +6,7 @@
 #include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -778,6 +779,7 @@ class Extractor {
                     " (a box trusts its own signing key and those given with --trust-key; a box started "
                     "with --allow-unsigned restores such an archive cold, its files only)");
     }
+    if (mode_ == Mode::extract && !inodes_left()) return std::nullopt;
     // From here on, payload: the stream may expand to what the manifest says, and no further.
     source_.limit = source_.produced + total_ + kEntryOverhead * listed_.size() + kStreamOverhead;
     if (signed_ && !next(e)) return std::nullopt;
@@ -793,10 +795,27 @@ class Extractor {
     if (!made_.empty()) os::remove_tree(made_);
   }
 
+  /// The failure's code where it is not the archive's fault (no_space), else empty.
+  const std::string& code() const { return code_; }
+
  private:
   std::nullopt_t fail(std::string what) {
     err_ = std::move(what);
     return std::nullopt;
+  }
+  // Whether the destination's filesystem has an inode for each entry the manifest lists (but hard
+  // links) and policy.keep_inodes besides; none counted where it has no fixed number (btrfs).
+  bool inodes_left() {
+    if (!policy_.keep_inodes) return true;
+    uint64_t n = 0;
+    for (auto& [path, l] : listed_) n += l.type != "hardlink";
+    struct statvfs vfs {};
+    if (::fstatvfs(root_.get(), &vfs) != 0 || vfs.f_files == 0) return true;
+    if (vfs.f_favail >= n + policy_.keep_inodes) return true;
+    code_ = "no_space";
+    return refuse("the archive lists " + std::to_string(n) + " files, directories and symlinks, and the filesystem " +
+                  "it is extracted to has " + std::to_string(vfs.f_favail) + " free inodes, of which " +
+                  std::to_string(policy_.keep_inodes) + " are kept free (for the box's journal)");
   }
   bool refuse(std::string what) {
     err_ = std::move(what);
@@ -839,6 +858,7 @@ class Extractor {
 
   const ImportPolicy& policy_;
   std::string& err_;
+  std::string code_;
   Mode mode_;
   std::unique_ptr<struct archive, ReadDeleter> a_{la().archive_read_new()};
   Source source_;
@@ -1140,7 +1160,8 @@ bool Extractor::finish() {
 }  // namespace
 
 namespace {
-// One Extractor run, its failure coded "untrusted" when no trusted key signed the archive.
+// One Extractor run, its failure coded "untrusted" when no trusted key signed the archive, or as
+// the Extractor says (no_space).
 base::Result<Extracted> run_extractor(Extractor::Mode mode, const std::string& src, ChunkReader* chunks,
                                       const std::string& dst_dir, const ImportPolicy& policy) {
   if (auto lib = libraries(); !lib) return lib.error();
@@ -1148,7 +1169,7 @@ base::Result<Extracted> run_extractor(Extractor::Mode mode, const std::string& s
   bool untrusted = false;
   Extractor x(policy, err, mode);
   auto r = x.run(src, chunks, dst_dir, &untrusted);
-  if (!r) return base::fail(err, untrusted ? "untrusted" : "bad_snapshot");
+  if (!r) return base::fail(err, !x.code().empty() ? x.code() : untrusted ? "untrusted" : "bad_snapshot");
   return std::move(*r);
 }
 }  // namespace

@@ -37,6 +37,9 @@ struct ImportPolicy {
   std::vector<PublicKey> trusted;  // an archive signed by one of these is trusted
   bool allow_unsigned = false;     // else an unsigned or untrusted archive is refused
   uint64_t max_bytes = kDefaultMaxArchiveBytes;
+  /// Inodes an extraction leaves free on its destination's filesystem: one whose manifest lists
+  /// more entries than the rest is refused before its payload (code no_space).
+  uint64_t keep_inodes = 0;
 };
 
 /// An archive extracted and checked.
@@ -112,7 +115,8 @@ base::Result<std::string> sha256_file(const std::string& path);
 /// bounded by the manifest's sizes and policy.max_bytes. Every 4 KiB block of zeros in a file is
 /// left a hole, not written: a sparse file comes out as sparse as it went in. On any failure the partial directory is
 /// removed and the error says what was wrong; its code is "untrusted" when no trusted key signed
-/// the archive, else "bad_snapshot".
+/// the archive, "no_space" when its destination has too few inodes (policy.keep_inodes), else
+/// "bad_snapshot".
 base::Result<Extracted> extract_archive(const std::string& src, const std::string& dst_dir, const ImportPolicy& policy);
 /// extract_archive from the tar stream `list` of the chunk store at `store_dir`: a missing or
 /// corrupted chunk is an error naming it (code bad_snapshot).

@@ -218,6 +218,7 @@ base::Result<archive::ImportPolicy> Checkpointer::import_policy() const {
   }
   p.allow_unsigned = settings_.allow_unsigned;
   p.max_bytes = settings_.max_archive_bytes;
+  p.keep_inodes = kJournalInodes;
   return p;
 }
 

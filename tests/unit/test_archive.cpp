@@ -15,6 +15,7 @@
 #include "archive/archive.hpp"
 #include "archive/hash.hpp"
 #include "checkpoint/checkpointer.hpp"
+#include "mount-ns.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
 #include "temp-dir.hpp"
@@ -642,4 +643,32 @@ TEST_CASE("hash: ParallelSha256 hashes what it is given, in order, one digest pe
   }
   Sha256 empty;
   CHECK(p.digest() == empty.hex());
+}
+
+TEST_CASE("archive: one that lists more entries than the destination has inodes to spare is refused first") {
+  // 3000 empty files and their two directories (a few KiB of archive) into a tmpfs of 2000 inodes that keeps 500:
+  // refused no_space before any payload, nothing left. The control, in the same namespace: with no inodes kept, the
+  // extraction runs out of them midway.
+  if (::geteuid() != 0) return;  // mounts need root (the CI runs as root)
+  TempDir t;
+  for (int i = 0; i < 3000; ++i) put(t.path / "src/fs/workspace" / std::to_string(i), "");
+  REQUIRE(write(t.path / "src", manifest(), t.path / "a.tar.zst").has_value());
+  fs::create_directories(t.path / "fs");
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=64m,nr_inodes=2000") == 0, 3);
+    auto policy = trusting();
+    policy.keep_inodes = 500;
+    auto x = extract_archive((t.path / "a.tar.zst").string(), (t.path / "fs/out").string(), policy);
+    step(!x.has_value() && x.error().code == "no_space", 4);
+    step(x.error().message.starts_with("the archive lists 3002 files, directories and symlinks, and the filesystem "
+                                       "it is extracted to has "),
+         5);
+    step(x.error().message.ends_with(" free inodes, of which 500 are kept free (for the box's journal)"), 6);
+    step(!fs::exists(t.path / "fs/out"), 7);
+    policy.keep_inodes = 0;
+    auto c = extract_archive((t.path / "a.tar.zst").string(), (t.path / "fs/out").string(), policy);
+    step(!c.has_value() && c.error().code == "bad_snapshot", 8);
+    step(c.error().message.find("No space left on device") != std::string::npos, 9);
+  });
+  CHECK(failed == 0);  // else the step that failed
 }
