@@ -125,16 +125,14 @@ json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) 
   return out;
 }
 
-// What the copy of one of a branch's layer dirs may write, `written` bytes of the layer copied
-// already (`in_dir` of them from its dir's filesystem, where this one is there too): no more than
-// the filesystem it comes from can hold under the branch's disk ceiling (its workspace is one,
-// its dir with /tmp, /run and the root's top the other, each of `ceiling` bytes), and never past
-// `room`, the state dir's free space less the journal's room. A copy that keeps hard links and
-// holes (os::copy_tree) needs no more than its source takes.
-os::CopyBound layer_bound(const os::CopyBound& room, uint64_t written, uint64_t ceiling, uint64_t in_dir) {
+// What the copy of one of a branch's layer dirs may write, `in_dir` bytes copied already from its
+// dir's filesystem where this one is there too: no more than the filesystem it comes from can
+// hold under the branch's disk ceiling (its workspace is one, its dir with /tmp, /run and the
+// root's top the other, each of `ceiling` bytes), leaving the state dir what `room` keeps. A copy
+// that keeps hard links and holes (os::copy_tree) needs no more than its source takes.
+os::CopyBound layer_bound(const os::CopyBound& room, uint64_t ceiling, uint64_t in_dir) {
   os::CopyBound b = room;
-  b.bytes = room.bytes > written ? room.bytes - written : 0;
-  if (ceiling && ceiling - std::min(ceiling, in_dir) < b.bytes) {
+  if (ceiling) {
     b.bytes = ceiling - std::min(ceiling, in_dir);
     b.what = "the branch's disk ceiling (resources.disk: " + std::to_string(ceiling) +
              " bytes for its workspace, as many for its /tmp, /run and root together)";
@@ -742,7 +740,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
           // Overlay whiteouts (devices) are left out of the copy.
           bool ws = std::string_view(d) == "workspace";
           auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d,
-                                 layer_bound(room, op->fs_bytes, ceiling, ws ? 0 : in_dir));
+                                 layer_bound(room, ceiling, ws ? 0 : in_dir));
           if (!r) {
             op->error = r.error().message;
             op->error_code = r.error().code == "failed" ? "io" : r.error().code;

@@ -210,10 +210,9 @@ class Checkpointer {
   /// filesystem has less free than that and the room kept for the journal (Host::journal_room);
   /// nullopt when it may.
   std::optional<std::string> room_refusal(uint64_t needed = 0, const std::string& what = "") const;
-  /// What a copy into the state dir may write now: its filesystem's free space less the room kept
-  /// for the journal (all of the free space with `journal` false: a checkpoint that ends its agent
-  /// keeps its snapshot whatever it takes); code no_space past it, no bound where statvfs cannot say.
-  /// Either way it leaves kJournalInodes of the filesystem's inodes free.
+  /// What a copy into the state dir leaves free as it writes: the room kept for the journal (none
+  /// with `journal` false: a checkpoint that ends its agent keeps its snapshot whatever it takes),
+  /// read from the filesystem before each extent; and kJournalInodes of its inodes. Code no_space.
   os::CopyBound room_bound(bool journal = true) const;
   static constexpr uint64_t kJournalInodes = 1024;
   boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,

@@ -470,8 +470,8 @@ namespace {
 
 // Copies an extracted snapshot's layer (src/fs/...) into a copy's dir. The workspace is there
 // already, mounted with the parent's disk ceiling and owner. Hard links and holes are kept as the
-// checkpoint's copy kept them, and all of it writes no more than `bound` (the state dir's room,
-// where no ceiling's filesystems hold the copy). Runs on the thread pool.
+// checkpoint's copy kept them, each copy within `bound` (leaving the state dir's room, where no
+// ceiling's filesystems hold the copy). Runs on the thread pool.
 base::Result<void> copy_layer(const std::string& src, const std::string& dir, const json::array& masks, bool live,
                               os::CopyBound bound) {
   if (auto r = os::make_dirs(dir, 0755); !r) return base::fail("create " + dir + ": " + r.error().message());
@@ -486,7 +486,6 @@ base::Result<void> copy_layer(const std::string& src, const std::string& dir, co
     auto copy = [&](const std::string& from, const std::string& to) -> base::Result<void> {
       auto r = name == "workspace" ? os::copy_tree_into(from, to, bound) : os::copy_tree(from, to, bound);
       if (!r) return r.error();
-      bound.bytes -= std::min(bound.bytes, *r);
       return {};
     };
     if (name == "tmp")

@@ -79,22 +79,15 @@ std::optional<std::string> Checkpointer::room_refusal(uint64_t needed, const std
 }
 
 os::CopyBound Checkpointer::room_bound(bool journal) const {
-  struct statvfs vfs {};
-  if (::statvfs(snap_dir_.c_str(), &vfs) != 0) return {};  // unknown: the write says
-  uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  os::CopyBound b{.code = "no_space",
-                  .keep_inodes = kJournalInodes,
+  os::CopyBound b{.keep_inodes = kJournalInodes,
                   .inodes_what = "the inodes the state dir's filesystem keeps free for the journal"};
   if (!journal) {
-    b.bytes = free;
-    b.what = "the state dir's free space (" + std::to_string(free) +
-             " bytes; a checkpoint that ends its agent may take the journal's room, not more)";
+    b.keep_bytes = 0;
+    b.keep_what = "the state dir's free space (a checkpoint that ends its agent may take the journal's room, not more)";
     return b;
   }
-  uint64_t room = host_.journal_room();
-  b.bytes = free > room ? free - room : 0;
-  b.what = "the state dir's free space less the room kept for the journal (" + std::to_string(free) + " bytes free, " +
-           std::to_string(room) + " kept)";
+  b.keep_bytes = host_.journal_room();
+  b.keep_what = "the room kept for the journal (what journal.disk_cap still allows it, or 16 MiB without a cap)";
   return b;
 }
 

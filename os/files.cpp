@@ -104,6 +104,20 @@ struct Copier {
     return false;
   }
 
+  // Whether `len` more bytes leave the bound's keep_bytes free, read from the copy's root now.
+  bool room_for(uint64_t len, const std::string& shown) {
+    if (!bound.keep_bytes) return true;
+    struct statvfs vfs {};
+    if (::fstatvfs(droot, &vfs) != 0) return true;  // unknown: the write says
+    uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (free >= *bound.keep_bytes && free - *bound.keep_bytes >= len) return true;
+    err = "copy " + shown + ": its next " + std::to_string(len) + " bytes of data would leave less than " +
+          std::to_string(*bound.keep_bytes) + " bytes free where it is copied to (" + std::to_string(free) + " free, " +
+          std::to_string(bytes) + " written by the copy), " + bound.keep_what;
+    code = "no_space";
+    return false;
+  }
+
   // `len` bytes at `at` of `in`, to the same offset of `out`, within the bound.
   bool extent(int in, int out, off_t at, off_t len, const std::string& shown) {
     if (static_cast<uint64_t>(len) > bound.bytes - bytes) {
@@ -112,6 +126,7 @@ struct Copier {
       code = bound.code;
       return false;
     }
+    if (!room_for(static_cast<uint64_t>(len), shown)) return false;
     // Fewer bytes where the file shrank under us: what is there is kept.
     auto n = os::copy_range(in, out, static_cast<uint64_t>(at), static_cast<uint64_t>(len));
     if (!n) return fail("copy " + shown, n.error().value());

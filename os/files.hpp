@@ -2,6 +2,7 @@
 // Whole trees of files: copied by fd without following symlinks, measured, removed.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,16 +22,21 @@ Result<std::vector<std::string>> names_in(int fd);
 /// How much a copy may write: at most `bytes` of file data in all (each inode once, its holes
 /// not), else it stops before the data that would pass them and fails with code `code`, naming
 /// the bound as `what` says (e.g. "the branch's disk ceiling (resources.disk)").
-/// And, with `keep_inodes`, it leaves that many inodes free on the destination's filesystem: it
-/// stops before a new file, directory or symlink once fewer than keep_inodes + kInodeStep are free
-/// (read every kInodeStep new inodes, so that other writers to that filesystem count too; a
-/// filesystem that has no fixed number of inodes, as btrfs, bounds nothing), failing with code
-/// no_space and saying so with `inodes_what`. An agent's empty files cost no bytes: without this, a copy of millions of
-/// them took every inode of the state dir's filesystem.
+/// With `keep_bytes`, it leaves that much space free on the destination's filesystem, read from
+/// it before each extent (so that other writers count too: two copies that each were given the
+/// free space less the journal's room once, at their start, together took the journal's room);
+/// code no_space, said by `keep_what`.
+/// With `keep_inodes`, it leaves that many inodes free there: it stops before a new file,
+/// directory or symlink once fewer than keep_inodes + kInodeStep are free (read every kInodeStep
+/// new inodes; a filesystem that has no fixed number of inodes, as btrfs, bounds nothing); code
+/// no_space, said by `inodes_what`. An agent's empty files cost no bytes: without this, a copy of
+/// millions of them took every inode of the state dir's filesystem.
 struct CopyBound {
   uint64_t bytes = UINT64_MAX;
   std::string what;
   std::string code = "limit";
+  std::optional<uint64_t> keep_bytes;
+  std::string keep_what;
   uint64_t keep_inodes = 0;
   std::string inodes_what;
   static constexpr uint64_t kInodeStep = 64;

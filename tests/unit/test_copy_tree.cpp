@@ -15,6 +15,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "mount-ns.hpp"
 #include "os/files.hpp"
@@ -193,6 +194,48 @@ TEST_CASE("copy_tree: empty files cost no bytes, but the copy leaves its bound's
     bound.keep_inodes = 0;
     auto c = os::copy_tree((t.path / "src").string(), (t.path / "fs/b").string(), bound);
     step(!c.has_value() && c.error().message.find("No space left on device") != std::string::npos, 9);
+  });
+  CHECK(failed == 0);  // else the step that failed
+}
+
+TEST_CASE("copy_tree: two copies at once leave the kept space free between them") {
+  // Two copies of 40 MiB each, at once, into a 100 MiB tmpfs that keeps 40 MiB: the space is read
+  // before each extent, so one of them (or both) stops (no_space) and at least the kept room, less an extent
+  // each wrote meanwhile, stays free. The control, in the same namespace: each given the free
+  // space less 40 MiB once, at its start (as before), both finish, 20 MiB left.
+  if (::geteuid() != 0) return;  // mounts need root (the CI runs as root)
+  sbx::test::TempDir t("copy-two");
+  for (int i = 0; i < 40; ++i) put(t.path / "src" / std::to_string(i), mib_of(static_cast<char>('a' + i % 26)));
+  fs::create_directories(t.path / "fs");
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=100m") == 0, 3);
+    auto free_bytes = [&] {
+      struct statvfs vfs {};
+      step(::statvfs((t.path / "fs").c_str(), &vfs) == 0, 4);
+      return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    };
+    auto two = [&](const os::CopyBound& bound, const char* a, const char* b) {
+      sbx::base::Result<uint64_t> ra = 0, rb = 0;
+      std::thread other([&] { rb = os::copy_tree((t.path / "src").string(), (t.path / "fs" / b).string(), bound); });
+      ra = os::copy_tree((t.path / "src").string(), (t.path / "fs" / a).string(), bound);
+      other.join();
+      return std::pair{std::move(ra), std::move(rb)};
+    };
+    const uint64_t keep = 40 * kMiB;
+    os::CopyBound kept{.keep_bytes = keep, .keep_what = "kept for the test"};
+    auto [a, b] = two(kept, "a", "b");
+    step(!a.has_value() || !b.has_value(), 5);  // one of them, or both as they went side by side
+    auto& refused = a ? b : a;
+    step(refused.error().code == "no_space", 6);
+    step(refused.error().message.find(" bytes free where it is copied to (") != std::string::npos, 7);
+    step(free_bytes() >= keep - 2 * kMiB, 8);
+    fs::remove_all(t.path / "fs/a");
+    fs::remove_all(t.path / "fs/b");
+    // The control: the room read once.
+    os::CopyBound once{.bytes = free_bytes() - keep, .what = "the room read once", .code = "no_space"};
+    auto [c, d] = two(once, "c", "d");
+    step(c.has_value() && d.has_value(), 9);
+    step(free_bytes() < keep - 10 * kMiB, 10);
   });
   CHECK(failed == 0);  // else the step that failed
 }
