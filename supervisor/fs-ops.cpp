@@ -238,14 +238,19 @@ boost::json::object list_entry(int dir, const char* name) {
 
 }  // namespace
 
-boost::json::array fs_list(const FsRoots& roots, const std::string& path) {
+boost::json::array fs_list(const FsRoots& roots, const std::string& path, size_t max_entries) {
   auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
   boost::json::array out;
+  bool more = false;
   auto r = os::for_each_name(fd.get(), [&](const char* n) {
+    if (out.size() == max_entries) return !(more = true);
     out.push_back(list_entry(fd.get(), n));
     return true;
   });
   if (!r) fail(path, r.error().value());
+  if (more)
+    throw RequestError("limit", path + ": holds more than " + std::to_string(max_entries) +
+                                    " entries: ask for it in pages (fs.list with limit, then after the last name)");
   return out;
 }
 

@@ -62,8 +62,13 @@ class MadeFile {
 /// The type, size, mode and mtime of what `path` names; with `follow` false, of the entry itself
 /// (a symlink there is not followed, and its text comes in `target`, `target_b64`).
 boost::json::object fs_stat(const FsRoots& roots, const std::string& path, bool follow = true);
-/// The entries of the directory at `path`, in the order the directory gives them.
-boost::json::array fs_list(const FsRoots& roots, const std::string& path);
+/// The largest page fs.list gives (its `limit`; a whole listing holds no more), and the most bytes of entries in one.
+inline constexpr int64_t kMaxListLimit = 100000;
+inline constexpr size_t kMaxListPageBytes = 512u << 10;
+/// The entries of the directory at `path`, in the order the directory gives them: at most
+/// `max_entries` (a directory holding more is `limit`, to be asked for in pages: its whole
+/// listing, built on the loop, held up every other client ~2 s for 500,000 names).
+boost::json::array fs_list(const FsRoots& roots, const std::string& path, size_t max_entries = kMaxListLimit);
 /// A page of them: the first `limit` names past `after` in byte order, sorted, up to
 /// kMaxListPageBytes of entries (an SDK takes text frames of 1 MiB), and whether more follow.
 struct ListPage {
@@ -104,9 +109,6 @@ class ListWindows {
   uint64_t reads_ = 0;
   std::list<std::unique_ptr<Window>> windows_;  // the most recently used first
 };
-/// The largest page fs.list gives (its `limit`), and the most bytes of entries in one.
-inline constexpr int64_t kMaxListLimit = 100000;
-inline constexpr size_t kMaxListPageBytes = 512u << 10;
 void fs_remove(const FsRoots& roots, const std::string& path, bool recursive);
 /// Makes the directory `path` with `mode` (not narrowed by the umask). A directory there already
 /// is fine, as it is; anything else there is `exists`.

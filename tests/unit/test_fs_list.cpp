@@ -168,3 +168,19 @@ TEST_CASE("windows are bounded in number and go when unused") {
   w.expire(200 + ListWindows::kIdleMs);
   CHECK(w.size() == 0);
 }
+
+TEST_CASE("a whole listing holds at most its bound: a larger directory is to be asked for in pages") {
+  sbx::test::TempDir t("fs-list");
+  make_names(t.path / "d", 101, 4);
+  auto roots = roots_of(t);
+  CHECK(sbx::supervisor::fs_list(roots, "/workspace/d", 101).size() == 101);
+  try {
+    sbx::supervisor::fs_list(roots, "/workspace/d", 100);
+    FAIL("a listing past its bound");
+  } catch (const sbx::protocol::RequestError& e) {
+    CHECK(e.code == "limit");
+    CHECK(std::string(e.what()) ==
+          "/workspace/d: holds more than 100 entries: ask for it in pages (fs.list with limit, then after the last "
+          "name)");
+  }
+}
