@@ -243,7 +243,10 @@ boost::json::array fs_list(const FsRoots& roots, const std::string& path, size_t
   boost::json::array out;
   bool more = false;
   auto r = os::for_each_name(fd.get(), [&](const char* n) {
-    if (out.size() == max_entries) return !(more = true);
+    if (out.size() == max_entries) {
+      more = true;
+      return false;
+    }
     out.push_back(list_entry(fd.get(), n));
     return true;
   });
@@ -270,10 +273,16 @@ namespace {
 
 using Window = ListWindows::Window;
 
-// Reads into `w` the lowest names of `fd` past `after`, as many as `bound` holds: a heap of them,
-// its top the highest kept; a name popped to keep the bound sets the ceiling, past which nothing
-// is kept (the window stays one run of the sorted names, and says more are beyond it).
-void read_window(Window& w, int fd, const std::string& after, size_t bound, const std::string& path) {
+// Reads into `w` the lowest names of `fd` (the directory `st` describes) past `after`, as many as
+// `bound` holds: a heap of them, its top the highest kept; a name popped to keep the bound sets
+// the ceiling, past which nothing is kept (the window stays one run of the sorted names, and says
+// more are beyond it).
+void read_window(Window& w, int fd, const struct stat& st, const std::string& after, size_t bound,
+                 const std::string& path) {
+  w.dev = st.st_dev;
+  w.ino = st.st_ino;
+  w.mtime = st.st_mtim;
+  w.ctime = st.st_ctim;
   std::vector<std::string> names;
   size_t bytes = 0;
   std::string ceiling;
@@ -340,13 +349,6 @@ ListPage serve(Window& w, int fd, size_t limit) {
 
 }  // namespace
 
-ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after) {
-  auto fd = fs_open(roots, path, O_RDONLY | O_DIRECTORY);
-  Window w;
-  read_window(w, fd.get(), after, ListWindows::kBytes, path);
-  return serve(w, fd.get(), limit);
-}
-
 ListWindows::ListWindows(size_t bytes) : bytes_(bytes) {}
 ListWindows::~ListWindows() = default;
 
@@ -370,12 +372,8 @@ ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t
     auto& w = **it;
     w.workspace = roots.workspace;
     w.path = path;
-    w.dev = st.st_dev;
-    w.ino = st.st_ino;
-    w.mtime = st.st_mtim;
-    w.ctime = st.st_ctim;
     try {
-      read_window(w, fd.get(), after, bytes_, path);
+      read_window(w, fd.get(), st, after, bytes_, path);
     } catch (...) {
       windows_.erase(it);
       throw;

@@ -69,23 +69,22 @@ inline constexpr size_t kMaxListPageBytes = 512u << 10;
 /// `max_entries` (a directory holding more is `limit`, to be asked for in pages: its whole
 /// listing, built on the loop, held up every other client ~2 s for 500,000 names).
 boost::json::array fs_list(const FsRoots& roots, const std::string& path, size_t max_entries = kMaxListLimit);
-/// A page of them: the first `limit` names past `after` in byte order, sorted, up to
-/// kMaxListPageBytes of entries (an SDK takes text frames of 1 MiB), and whether more follow.
+/// A page of them (ListWindows::page): the first `limit` names past `after` in byte order,
+/// sorted, up to kMaxListPageBytes of entries (an SDK takes text frames of 1 MiB), and whether
+/// more follow.
 struct ListPage {
   boost::json::array entries;
   bool more = false;
 };
-/// Each page reads the directory's names (the kernel's readdir of them all: 0.25 s of the loop
-/// for 500,000 names on tmpfs) and looks up its own entries.
-ListPage fs_list_page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after);
-
-/// The paged listings going on, each with the lowest names past the page it gave, read with it
-/// (a window), so that its next page, asked with `after` the last name given, costs only its own
-/// entries while the directory is the same one, unchanged (its inode, mtime and ctime: a name
-/// made or removed since is seen, as by a listing read anew); else, or once the window runs
-/// short, the directory is read again past `after`. Kept by the server, not a connection: the
-/// CLI asks each page on a connection of its own. A window goes when its listing ends (a page
-/// without `more`), when kWindows newer ones are asked for, or after kIdleMs unused (expire()).
+/// The paged listings going on, each with the lowest names past the page it gave, read with it (a
+/// window). Reading a directory's names is the cost of a page (the kernel's readdir of them all:
+/// 0.25 s of the loop for 500,000 names on tmpfs), so its next page, asked with `after` the last
+/// name given, costs only its own entries while the directory is the same one, unchanged (its
+/// inode, mtime and ctime: a name made or removed since is seen, as by a listing read anew); else,
+/// or once the window runs short, the directory is read again past `after`. Kept by the server, not
+/// a connection: the CLI asks each page on a connection of its own. A window goes when its listing
+/// ends (a page without `more`), when kWindows newer ones are asked for, or after kIdleMs unused
+/// (expire()).
 class ListWindows {
  public:
   static constexpr size_t kWindows = 4;

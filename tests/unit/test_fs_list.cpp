@@ -16,7 +16,6 @@
 #include "temp-dir.hpp"
 
 namespace fs = std::filesystem;
-using sbx::supervisor::fs_list_page;
 using sbx::supervisor::FsRoots;
 using sbx::supervisor::ListPage;
 using sbx::supervisor::ListWindows;
@@ -33,15 +32,16 @@ std::string name_of(const ListPage& page, size_t i) {
   return std::string(page.entries.at(i).as_object().at("name").as_string());
 }
 
-// Every page of /workspace/d, `limit` a request, through `w` (or, without, each page reading the
-// directory); `between` runs after each page but the last, given its number.
+// Every page of /workspace/d, `limit` a request, through `w` (or, without, each page through
+// windows of its own: each reads the directory); `between` runs after each page but the last, given its number.
 template <typename Between>
 std::vector<std::string> list_all(const FsRoots& roots, size_t limit, ListWindows* w, Between between,
                                   size_t* pages = nullptr) {
   std::vector<std::string> got;
   std::string after;
   for (size_t n = 1;; ++n) {
-    auto page = w ? w->page(roots, "/workspace/d", limit, after, n) : fs_list_page(roots, "/workspace/d", limit, after);
+    ListWindows fresh;
+    auto page = (w ? *w : fresh).page(roots, "/workspace/d", limit, after, n);
     for (size_t i = 0; i < page.entries.size(); ++i) got.push_back(name_of(page, i));
     if (pages) *pages = n;
     if (!page.more) return got;
@@ -87,7 +87,7 @@ TEST_CASE("the pages of an unchanged directory come from one read of it") {
   CHECK(w.size() == 0);
   CHECK(list_all(roots, 1000, &w) == names);
   CHECK(w.reads() == 2);
-  // Without a window each page reads the directory: the same pages.
+  // Without the window kept, each page reads the directory: the same pages.
   CHECK(list_all(roots, 100, nullptr) == names);
 }
 
