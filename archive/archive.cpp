@@ -6,7 +6,6 @@
 #include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -809,12 +808,11 @@ class Extractor {
     if (!policy_.keep_inodes) return true;
     uint64_t n = 0;
     for (auto& [path, l] : listed_) n += l.type != "hardlink";
-    struct statvfs vfs {};
-    if (::fstatvfs(root_.get(), &vfs) != 0 || vfs.f_files == 0) return true;
-    if (vfs.f_favail >= n + policy_.keep_inodes) return true;
+    auto room = os::free_room(root_.get());
+    if (!room || !room->inodes || *room->inodes >= n + policy_.keep_inodes) return true;
     code_ = "no_space";
     return refuse("the archive lists " + std::to_string(n) + " files, directories and symlinks, and the filesystem " +
-                  "it is extracted to has " + std::to_string(vfs.f_favail) + " free inodes, of which " +
+                  "it is extracted to has " + std::to_string(*room->inodes) + " free inodes, of which " +
                   std::to_string(policy_.keep_inodes) + " are kept free (for the box's journal)");
   }
   bool refuse(std::string what) {

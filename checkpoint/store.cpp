@@ -3,7 +3,6 @@
 // (checkpoint/README.md, "The agent channel's reach").
 #include <dirent.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,9 +66,9 @@ std::optional<json::object> Checkpointer::snapshots_refusal(const std::string& b
 }
 
 std::optional<std::string> Checkpointer::room_refusal(uint64_t needed, const std::string& what) const {
-  struct statvfs vfs {};
-  if (::statvfs(snap_dir_.c_str(), &vfs) != 0) return std::nullopt;  // unknown: the write says
-  uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  auto space = os::free_room(snap_dir_);
+  if (!space) return std::nullopt;  // unknown: the write says
+  uint64_t free = space->bytes;
   uint64_t room = host_.journal_room();
   if (free >= room && free - room >= needed) return std::nullopt;
   return "the state dir's filesystem has " + std::to_string(free) + " bytes free, less than " +

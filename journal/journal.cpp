@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -868,10 +867,9 @@ void Journal::enqueue(uint64_t seq, boost::json::object obj, LineBuf line) {
 // order, showing each event as it lands; then say so and let the agent go on.
 void Journal::retry(bool insist) {
   if (!degraded_) return;
-  struct statvfs sv {};
-  if (!insist && ::statvfs(opts_.dir.c_str(), &sv) == 0 &&
-      static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize < waiting_bytes_ + 2 * opts_.reserve_bytes + 4096)
-    return;
+  if (!insist)
+    if (auto space = os::free_room(opts_.dir); space && space->bytes < waiting_bytes_ + 2 * opts_.reserve_bytes + 4096)
+      return;
   while (!waiting_.empty()) {
     Waiting w = std::move(waiting_.front());
     waiting_.pop_front();

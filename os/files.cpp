@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -94,11 +93,11 @@ struct Copier {
   // kInodeStep new inodes, from the copy's root.
   bool new_inode(const std::string& shown) {
     if (!bound.keep_inodes || inodes++ % CopyBound::kInodeStep != 0) return true;
-    struct statvfs vfs {};
-    if (::fstatvfs(droot, &vfs) != 0 || vfs.f_files == 0) return true;  // unknown, or no fixed number
-    if (vfs.f_favail >= bound.keep_inodes + CopyBound::kInodeStep) return true;
+    auto room = free_room(droot);
+    if (!room || !room->inodes) return true;  // unknown, or no fixed number
+    if (*room->inodes >= bound.keep_inodes + CopyBound::kInodeStep) return true;
     err = "copy " + shown + ": its next inodes would leave fewer than " + std::to_string(bound.keep_inodes) +
-          " free where it is copied to (" + std::to_string(vfs.f_favail) + " free, " + std::to_string(inodes - 1) +
+          " free where it is copied to (" + std::to_string(*room->inodes) + " free, " + std::to_string(inodes - 1) +
           " made by the copy), " + bound.inodes_what;
     code = "no_space";
     return false;
@@ -107,9 +106,9 @@ struct Copier {
   // Whether `len` more bytes leave the bound's keep_bytes free, read from the copy's root now.
   bool room_for(uint64_t len, const std::string& shown) {
     if (!bound.keep_bytes) return true;
-    struct statvfs vfs {};
-    if (::fstatvfs(droot, &vfs) != 0) return true;  // unknown: the write says
-    uint64_t free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    auto room = free_room(droot);
+    if (!room) return true;  // unknown: the write says
+    uint64_t free = room->bytes;
     if (free >= *bound.keep_bytes && free - *bound.keep_bytes >= len) return true;
     err = "copy " + shown + ": its next " + std::to_string(len) + " bytes of data would leave less than " +
           std::to_string(*bound.keep_bytes) + " bytes free where it is copied to (" + std::to_string(free) + " free, " +

@@ -9,6 +9,7 @@
 #include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
@@ -74,6 +75,26 @@ Result<std::string> read_all(int fd) {
     if (n == 0) return out;
     out.append(buf, static_cast<size_t>(n));
   }
+}
+
+namespace {
+FreeRoom room_of(const struct statvfs& v) noexcept {
+  FreeRoom r{.bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize};
+  if (v.f_files != 0) r.inodes = static_cast<uint64_t>(v.f_favail);
+  return r;
+}
+}  // namespace
+
+Result<FreeRoom> free_room(int fd) noexcept {
+  struct statvfs v {};
+  if (::fstatvfs(fd, &v) != 0) return last_error();
+  return room_of(v);
+}
+
+Result<FreeRoom> free_room(const std::string& path) noexcept {
+  struct statvfs v {};
+  if (::statvfs(path.c_str(), &v) != 0) return last_error();
+  return room_of(v);
 }
 
 Result<std::string> read_file(const std::string& path) {

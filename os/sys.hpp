@@ -43,6 +43,15 @@ Result<std::string> read_all(int fd);
 /// that no process writes gives ENODATA at once.
 Result<std::string> read_file(const std::string& path);
 
+/// What a writer that is not root may still take of the filesystem of `fd` (or `path`): its bytes
+/// (f_bavail), and its inodes where it has a fixed number of them (none on btrfs).
+struct FreeRoom {
+  uint64_t bytes = 0;
+  std::optional<uint64_t> inodes;
+};
+Result<FreeRoom> free_room(int fd) noexcept;
+Result<FreeRoom> free_room(const std::string& path) noexcept;
+
 /// Whether `st` is a regular file of this user's that no one else may write (no write bit for
 /// its group or others): what a file must be before the supervisor trusts what it says.
 bool only_ours_to_write(const struct stat& st) noexcept;

@@ -3,7 +3,6 @@
 // it) does the work and answers with {"ok": ..., ...} when done: those replies go through OpContext::later().
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 
 #include <cerrno>
 #include <cstring>
@@ -151,18 +150,17 @@ void op_snapshot_import(OpContext& ctx) {
   c.failed_uploads.insert(bid);  // until the file is open, its frames are dropped
   ctx.open_transfer();
   TempPath tmp(ctx.box.snapshot_incoming_path());
-  struct statvfs vfs {};
   std::string dir = tmp.path.substr(0, tmp.path.rfind('/'));
   // The archive and its extraction, and after them the journal's room (issue 16: a snapshot never
   // takes the space the journal is promised).
   uint64_t room = ctx.box.journal_room_for_snapshots();
-  if (::statvfs(dir.c_str(), &vfs) == 0 &&
-      (static_cast<uint64_t>(*size) > (UINT64_MAX - room) / 2 ||  // no wrap: 2^63-1 once passed
-       static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < static_cast<uint64_t>(*size) * 2 + room))
+  auto space = os::free_room(dir);
+  if (space && (static_cast<uint64_t>(*size) > (UINT64_MAX - room) / 2 ||  // no wrap: 2^63-1 once passed
+                space->bytes < static_cast<uint64_t>(*size) * 2 + room))
     throw RequestError("no_space", "snapshot.import: " + std::to_string(*size) + " bytes announced, " +
-                                       std::to_string(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize) +
-                                       " free in " + dir + " (the archive and its extraction need twice that, and " +
-                                       std::to_string(room) + " are kept for the journal first)");
+                                       std::to_string(space->bytes) + " free in " + dir +
+                                       " (the archive and its extraction need twice that, and " + std::to_string(room) +
+                                       " are kept for the journal first)");
   os::UniqueFd fd(::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd) throw RequestError("io_error", tmp.path + ": " + std::strerror(errno));
   c.failed_uploads.erase(bid);
