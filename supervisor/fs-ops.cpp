@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string_view>
 #include <vector>
 
@@ -266,6 +267,7 @@ struct ListWindows::Window {
   std::string names;    // the names past `last`, sorted, each ended by a NUL
   size_t next = 0;      // where in `names` the next page starts
   bool beyond = false;  // the directory has names past the window's last
+  bool racy = false;    // changed too close to its read for its times to show a later change
   uint64_t used_ms = 0;
 };
 
@@ -317,11 +319,21 @@ void read_window(Window& w, int fd, const struct stat& st, const std::string& af
 
 bool same_time(const timespec& a, const timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
+int64_t ns_of(const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
+
+// Whether the directory `st` describes changed within `still_ns` of now, taken after `st` (or in
+// the future: a clock not ours).
+bool changed_lately(const struct stat& st, int64_t still_ns) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return std::max(ns_of(st.st_mtim), ns_of(st.st_ctim)) > ns_of(now) - still_ns;
+}
+
 // Whether `w` holds the next page of this listing: the same directory, unchanged, asked past the
 // name it gave last, with `limit` names in it (or all that are left).
 bool serves(const Window& w, const FsRoots& roots, const std::string& path, const struct stat& st, size_t limit,
             const std::string& after) {
-  if (after.empty() || w.last != after || w.path != path || w.workspace != roots.workspace) return false;
+  if (w.racy || after.empty() || w.last != after || w.path != path || w.workspace != roots.workspace) return false;
   if (w.dev != st.st_dev || w.ino != st.st_ino || !same_time(w.mtime, st.st_mtim) || !same_time(w.ctime, st.st_ctim))
     return false;
   if (!w.beyond) return true;
@@ -349,7 +361,7 @@ ListPage serve(Window& w, int fd, size_t limit) {
 
 }  // namespace
 
-ListWindows::ListWindows(size_t bytes) : bytes_(bytes) {}
+ListWindows::ListWindows(size_t bytes, int64_t still_ns) : bytes_(bytes), still_ns_(still_ns) {}
 ListWindows::~ListWindows() = default;
 
 ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after,
@@ -373,7 +385,9 @@ ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t
     w.workspace = roots.workspace;
     w.path = path;
     try {
+      bool racy = changed_lately(st, still_ns_);  // now as the read begins, after `st`
       read_window(w, fd.get(), st, after, bytes_, path);
+      w.racy = racy;
     } catch (...) {
       windows_.erase(it);
       throw;

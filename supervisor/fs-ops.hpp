@@ -85,13 +85,20 @@ struct ListPage {
 /// a connection: the CLI asks each page on a connection of its own. A window goes when its listing
 /// ends (a page without `more`), when kWindows newer ones are asked for, or after kIdleMs unused
 /// (expire()).
+///
+/// A directory whose mtime or ctime is within `still_ns` of its read is not trusted to show a
+/// later change (as git's "racily clean" entries): on a filesystem of coarse timestamps (ext4 of
+/// 128-byte inodes keeps seconds, FAT two seconds, a network filesystem its server's clock) a name
+/// made in the same tick as the read, after it, leaves both unchanged. Its window serves no next
+/// page: that page reads the directory again, until it has been still that long.
 class ListWindows {
  public:
   static constexpr size_t kWindows = 4;
   static constexpr uint64_t kIdleMs = 30000;
   /// The most a window holds, counted as each name's bytes and a std::string's while it is read.
   static constexpr size_t kBytes = 8u << 20;
-  explicit ListWindows(size_t bytes = kBytes);
+  static constexpr int64_t kStillNs = 2'000'000'000;
+  explicit ListWindows(size_t bytes = kBytes, int64_t still_ns = kStillNs);
   ~ListWindows();
   ListWindows(const ListWindows&) = delete;
   ListWindows& operator=(const ListWindows&) = delete;
@@ -105,6 +112,7 @@ class ListWindows {
 
  private:
   size_t bytes_;
+  int64_t still_ns_;
   uint64_t reads_ = 0;
   std::list<std::unique_ptr<Window>> windows_;  // the most recently used first
 };

@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "mount-ns.hpp"
 #include "supervisor/fs-ops.hpp"
 #include "temp-dir.hpp"
 
@@ -72,13 +75,17 @@ std::vector<std::string> make_names(const fs::path& d, size_t count, size_t widt
 
 FsRoots roots_of(const sbx::test::TempDir& t) { return {.workspace = t.path.string(), .tmp = t.path.string()}; }
 
+// Windows that trust a directory's times however lately it changed: the tests' directories are
+// made just before they are listed (the temp dir's filesystem has fine-grained timestamps).
+ListWindows trusting(size_t bytes = ListWindows::kBytes) { return ListWindows(bytes, 0); }
+
 }  // namespace
 
 TEST_CASE("the pages of an unchanged directory come from one read of it") {
   sbx::test::TempDir t("fs-list");
   auto names = make_names(t.path / "d", 5000, 8);
   auto roots = roots_of(t);
-  ListWindows w;
+  ListWindows w = trusting();
   size_t pages = 0;
   CHECK(list_all(roots, 100, &w, &pages) == names);
   CHECK(pages == 50);
@@ -95,14 +102,14 @@ TEST_CASE("a directory larger than the window is read again as the pages pass it
   sbx::test::TempDir t("fs-list");
   auto names = make_names(t.path / "d", 3000, 60);
   auto roots = roots_of(t);
-  ListWindows w(64 << 10);  // ~700 names of 60 bytes
+  ListWindows w = trusting(64 << 10);  // ~700 names of 60 bytes
   size_t pages = 0;
   CHECK(list_all(roots, 250, &w, &pages) == names);
   CHECK(pages == 12);
   CHECK(w.reads() >= 4);
   CHECK(w.reads() <= 6);
   // Pages larger than the window: each gives what the window holds, and says more follow.
-  ListWindows small(16 << 10);
+  ListWindows small = trusting(16 << 10);
   CHECK(list_all(roots, 1000, &small, &pages) == names);
   CHECK(pages > 3);
 }
@@ -111,7 +118,7 @@ TEST_CASE("a directory changed between pages is read again: made and removed nam
   sbx::test::TempDir t("fs-list");
   auto names = make_names(t.path / "d", 1000, 6);
   auto roots = roots_of(t);
-  ListWindows w;
+  ListWindows w = trusting();
   auto got = list_all(roots, 100, &w, [&](size_t page) {
     if (page == 2) {
       touch(t.path / "d" / "zzz-made-after");
@@ -130,7 +137,7 @@ TEST_CASE("a window serves only the listing it was read for") {
   auto names = make_names(t.path / "d", 300, 6);
   make_names(t.path / "e", 300, 7);
   auto roots = roots_of(t);
-  ListWindows w;
+  ListWindows w = trusting();
   auto first = w.page(roots, "/workspace/d", 100, "", 0);
   REQUIRE(first.more);
   auto after = name_of(first, 99);
@@ -152,7 +159,7 @@ TEST_CASE("windows are bounded in number and go when unused") {
   sbx::test::TempDir t("fs-list");
   auto names = make_names(t.path / "d", 50, 3);
   auto roots = roots_of(t);
-  ListWindows w;
+  ListWindows w = trusting();
   // Listings left after their first page (clients gone): at most kWindows kept, the oldest given
   // up. The listing i asks past names[3i] and was given names[3i + 1].
   constexpr size_t n = ListWindows::kWindows + 2;
@@ -167,6 +174,74 @@ TEST_CASE("windows are bounded in number and go when unused") {
   CHECK(w.size() == 2);  // the two used at 100 and 200
   w.expire(200 + ListWindows::kIdleMs);
   CHECK(w.size() == 0);
+}
+
+namespace {
+
+// A listing in pages of 100 of /workspace/<d> (300 names made now, in the same second as the read
+// of its first page), through `w`, with a name sorting last made after that first page: whether the
+// listing gave it; none when the name was not made within the second of the directory's last
+// change before (to be tried again: it then moved the directory's mtime), -1 on a failed call.
+int made_after_the_first_page_is_listed(const FsRoots& roots, const std::string& d, ListWindows& w) {
+  auto dir = fs::path(roots.workspace) / d;
+  timespec now{};
+  for (::clock_gettime(CLOCK_REALTIME, &now); now.tv_nsec > 300'000'000; ::clock_gettime(CLOCK_REALTIME, &now))
+    ::usleep(5000);
+  std::error_code ec;
+  fs::create_directory(dir, ec);
+  for (int i = 0; i < 300 && !ec; ++i) {
+    int fd = ::open((dir / ("n" + std::to_string(1000 + i))).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    ::close(fd);
+  }
+  struct stat before {};
+  if (ec || ::stat(dir.c_str(), &before) != 0 || before.st_mtim.tv_nsec != 0) return -1;  // seconds only
+  bool listed = false;
+  std::string after;
+  for (int page_no = 0;; ++page_no) {
+    auto page = w.page(roots, "/workspace/" + d, 100, after, 0);
+    for (auto& e : page.entries) listed = listed || e.as_object().at("name").as_string() == "zzz-made-after";
+    if (!page.more) break;
+    after = page.entries.back().as_object().at("name").as_string();
+    if (page_no > 0) continue;
+    int fd = ::open((dir / "zzz-made-after").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    struct stat st {};
+    if (fd < 0 || ::stat(dir.c_str(), &st) != 0) return -1;
+    ::close(fd);
+    if (st.st_mtim.tv_sec != before.st_mtim.tv_sec) return 2;
+  }
+  return listed ? 1 : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a name made in the tick of a page's read is listed on a filesystem of coarse timestamps") {
+  // An ext4 of 128-byte inodes keeps its timestamps in seconds: a name made after a page's read in
+  // the same second leaves the directory's mtime and ctime as they were. The control, on the same
+  // filesystem: windows trusting those times miss the name.
+  if (::geteuid() != 0 || ::access("/dev/loop-control", F_OK) != 0 ||
+      std::system("command -v mkfs.ext4 >/dev/null") != 0)
+    return;  // loop mounts need root and loop devices (the CI has both)
+  sbx::test::TempDir t("fs-list-coarse");
+  fs::create_directories(t.path / "fs");
+  auto img = t.path / "ext4.img";
+  REQUIRE(std::system(("mkfs.ext4 -q -F -I 128 -O ^has_journal " + img.string() + " 8M 2>/dev/null").c_str()) == 0);
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(std::system(("mount -o loop " + img.string() + " " + (t.path / "fs").string()).c_str()) == 0, 3);
+    FsRoots roots{.workspace = (t.path / "fs").string(), .tmp = (t.path / "fs").string()};
+    int got = 2, control = 2;
+    for (int i = 0; i < 5 && got == 2; ++i) {
+      ListWindows w;
+      got = made_after_the_first_page_is_listed(roots, "d" + std::to_string(i), w);
+    }
+    step(got == 1, 4);
+    for (int i = 0; i < 5 && control == 2; ++i) {
+      ListWindows w(ListWindows::kBytes, 0);
+      control = made_after_the_first_page_is_listed(roots, "c" + std::to_string(i), w);
+    }
+    step(control == 0, 5);
+  });
+  CHECK(failed == 0);  // else the step that failed
 }
 
 TEST_CASE("a whole listing holds at most its bound: a larger directory is to be asked for in pages") {
