@@ -177,6 +177,7 @@ struct Checkpointer::CheckpointOp {
   double probe_wait = 0;  // ms the checkpoint waited for criu's kernel probe (0: it did not wait)
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
+  uint64_t ghost_limit = 0;  // criu's --ghost-limit for its dump
   std::string error;
   std::string error_code = "io";  // limit or no_space past a bound of the layer copy or the archive
   std::optional<archive::ArchiveInfo> info;
@@ -625,12 +626,12 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
 }
 
 namespace {
-// criu's reason, and where it is a ghost file criu would not dump, what that means here.
-std::string dump_failure(const std::string& why) {
+// criu's reason, and where it is a ghost file criu would not dump (larger than `ghost_limit`), what
+// that means here.
+std::string dump_failure(const std::string& why, uint64_t ghost_limit) {
   if (why.find("Can't dump ghost file") == std::string::npos) return why;
-  return why +
-         " (a file the branch's processes hold open or mapped was deleted: where it is a program or a library, "
-         "it was replaced on the host since they started)";
+  return why + " (a file the branch's processes hold open or mapped was deleted, and it is larger than the " +
+         std::to_string(ghost_limit) + " bytes the state dir's filesystem has for the checkpoint)";
 }
 }  // namespace
 
@@ -649,6 +650,16 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
     return;
   }
   op->t_stopped = now_ms();
+  if (auto held = host_ghost(op->ns_init_pid, op->tree_fd.get())) {
+    continue_op(*op);
+    host_.set_busy(branch, false);
+    checkpoint_failed(op, "host_file_deleted",
+                      *held +
+                          ", deleted since it was opened (the host replaced or removed it: an upgrade?); criu would "
+                          "write it back into that mount's directory at a restore. Restart what holds it, then "
+                          "checkpoint");
+    return;
+  }
   CriuRun run;
   run.args = {"dump", "--tree", std::to_string(op->ns_init_pid), "--images-dir", op->work + "/payload/criu",
               "--work-dir", op->work + "/logs", "--log-file", "dump.log", "--external", "mnt[]", "--external",
@@ -658,6 +669,11 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
               // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
+  // A file its agent holds open after deleting it (Python's TemporaryFile, a download's spool) is
+  // carried in the images, as large as the checkpoint's room allows (criu's own limit, 1 MiB a
+  // file, failed the checkpoint of any agent holding a larger one).
+  op->ghost_limit = ghost_limit(op->leave_running);
+  run.args.insert(run.args.end(), {"--ghost-limit", std::to_string(op->ghost_limit)});
   // ns-init's reports socket, whose peer is ours: dumped as external, given back at restore
   // (--inherit-fd socket:[INO], restore.cpp).
   if (auto* ino = op->manifest.at("pipes").as_object().if_contains("reports"); ino && ino->is_number())
@@ -691,7 +707,7 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
       std::string why = WIFSIGNALED(st) ? std::string("criu was killed by SIG") + os::signal_name(WTERMSIG(st))
                                         : criu_error_from_log(op->work + "/logs/dump.log");
       continue_op(*op);
-      checkpoint_failed(op, "criu", "criu dump failed: " + dump_failure(why));
+      checkpoint_failed(op, "criu", "criu dump failed: " + dump_failure(why, op->ghost_limit));
       return;
     }
     if (host_.shutting_down()) {

@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "archive/archive.hpp"
@@ -55,6 +56,14 @@ inline const std::string kCgroupKey = "cg-";
 
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);
+
+/// With the tree below `root` stopped: the first file or directory one of its processes holds
+/// open, maps, runs or is in whose last link is gone, on a mount that process sees read-only, said
+/// as "process PID (COMM) holds \"PATH\" (on the read-only mount POINT)"; nullopt when there is none.
+/// criu carries such a file in a dump's images (a ghost file) and its restore writes it back
+/// beside its old path, remounting that mount writable for it: where the mount is a read-only bind
+/// of the host's own directory (a library an upgrade replaced in /usr), into the host's directory.
+std::optional<std::string> host_ghost(pid_t root, int root_fd);
 
 /// An archive received into the store's dir `dir` (the file `tmp`): extracted and checked while a
 /// second thread hashes it (its id), then filed as <id>.tar.zst with its extraction as <id>.d,

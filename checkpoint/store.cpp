@@ -90,6 +90,13 @@ os::CopyBound Checkpointer::room_bound(bool journal) const {
   return b;
 }
 
+uint64_t Checkpointer::ghost_limit(bool journal) const {
+  auto space = os::free_room(snap_dir_);
+  if (!space) return kCriuGhostLimit;  // unknown: criu's own
+  uint64_t keep = journal ? host_.journal_room() : 0;
+  return std::max(kCriuGhostLimit, space->bytes > keep ? space->bytes - keep : 0);
+}
+
 int64_t Checkpointer::live_copies() const {
   int64_t n = copies_starting_;
   for (auto& b : host_.branches())
