@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -154,6 +157,50 @@ bool tmp_in_upper(pid_t pid, const std::string& dir) {
   return seen.st_dev != own.st_dev || seen.st_ino != own.st_ino;
 }
 
+// Whether writes through a shared mapping move a file's times on the filesystem of `path` (its
+// page_mkwrite updates them: ext4, xfs, btrfs); elsewhere (tmpfs moves none) a file kept by its
+// times is also compared by its data.
+bool times_follow_mappings(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  return fs.f_type == 0xEF53 || fs.f_type == 0x58465342 || fs.f_type == static_cast<decltype(fs.f_type)>(0x9123683E);
+}
+
+// The branch's layer (sandbox::kLayerDirs; its /tmp from tmp-upper/ where `in_upper`), from its
+// dir `src` into `fs` (a payload's fs/), each dir within layer_bound: copied, each dir's entries
+// recorded in `records`, where `sync` is false (a copy while the agent runs); else brought up to
+// date from those records (os::sync_tree, `policy`), a dir with none copied whole. The bytes of
+// data the layer's copy holds, or what failed (code io for a plain failure).
+base::Result<uint64_t> copy_layer(const std::string& src, const std::string& fs, bool in_upper,
+                                  const os::CopyBound& room, uint64_t ceiling,
+                                  std::vector<std::optional<os::CopyRecord>>& records, bool sync,
+                                  os::SyncPolicy policy) {
+  records.resize(std::size(sandbox::kLayerDirs));
+  uint64_t in_dir = 0, total = 0;  // written from the branch's dir, one filesystem under a ceiling
+  for (size_t i = 0; i < std::size(sandbox::kLayerDirs); ++i) {
+    std::string d = sandbox::kLayerDirs[i];
+    std::string from = src + "/" + (d == "tmp" && in_upper ? "tmp-upper" : d), to = fs + "/" + d;
+    struct stat st {};
+    bool there = ::lstat(from.c_str(), &st) == 0;
+    bool ws = d == "workspace";
+    auto bound = layer_bound(room, ceiling, ws ? 0 : in_dir);
+    base::Result<uint64_t> r = uint64_t{0};
+    if (sync && records[i] && there && S_ISDIR(st.st_mode)) {
+      policy.compare_data = !times_follow_mappings(from);
+      r = os::sync_tree(from, to, *records[i], policy, bound);
+    } else {
+      if (sync) os::remove_tree(to);  // a dir that came or went (or changed type) since
+      if (!there) continue;
+      if (!sync) records[i].emplace();
+      r = os::copy_tree(from, to, bound, sync ? nullptr : &*records[i]);
+    }
+    if (!r) return base::fail(r.error().message, r.error().code == "failed" ? "io" : r.error().code);
+    total += *r;
+    if (!ws) in_dir += *r;
+  }
+  return total;
+}
+
 }  // namespace
 
 struct Checkpointer::CheckpointOp {
@@ -178,6 +225,14 @@ struct Checkpointer::CheckpointOp {
   json::object manifest;
   uint64_t fs_bytes = 0, image_bytes = 0;
   uint64_t ghost_limit = 0;  // criu's --ghost-limit for its dump
+  // The layer copied before the tree stopped (precopy): each layer dir's record, by its index in
+  // sandbox::kLayerDirs (none where it was not there), whether its /tmp was tmp-upper/ then, and
+  // what the tree mapped shared and writable then.
+  bool precopied = false;
+  bool in_upper = false;
+  std::vector<std::optional<os::CopyRecord>> records;
+  std::set<std::pair<dev_t, ino_t>> mapped;
+  double precopy_ms = -1;
   std::string error;
   std::string error_code = "io";  // limit or no_space past a bound of the layer copy or the archive
   std::optional<archive::ArchiveInfo> info;
@@ -604,13 +659,17 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
   op->manifest = manifest_of(b, *op);
 
   if (!op->live) {
-    // Files only, but still at one instant: the tree is stopped while its layer is copied.
-    op->stopped = true;  // from here until continue_op(), on every path
-    op->t_stop = now_ms();
-    (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
-    op->t_stopped = op->t_dumped = now_ms();
-    snapshot_layer(op);
-    return;
+    // Files only, but still at one instant: the tree is stopped while its layer is copied (what
+    // changed since a copy made while it ran, where it goes on after).
+    auto stop_and_copy = [this, op] {
+      op->stopped = true;  // from here until continue_op(), on every path
+      op->t_stop = now_ms();
+      (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
+      op->t_stopped = op->t_dumped = now_ms();
+      snapshot_layer(op);
+    };
+    if (op->leave_running) return precopy(op, stop_and_copy);
+    return stop_and_copy();
   }
   // criu's kernel probe, where the box has not run it yet, ends before the tree is stopped: it is
   // no part of the agent's pause, and the loop serves on while it runs.
@@ -635,7 +694,31 @@ std::string dump_failure(const std::string& why, uint64_t ghost_limit) {
 }
 }  // namespace
 
+void Checkpointer::precopy(std::shared_ptr<CheckpointOp> op, std::function<void()> next) {
+  op->precopied = true;
+  std::string src = settings_.state_dir + "/branches/" + op->branch;
+  op->in_upper = tmp_in_upper(op->ns_init_pid, src);
+  op->mapped = mapped_writable(op->ns_init_pid, op->tree_fd.get());
+  double started = now_ms();
+  offload(
+      [op, src, room = room_bound(true), ceiling = settings_.disk_bytes] {
+        auto r = copy_layer(src, op->work + "/payload/fs", op->in_upper, room, ceiling, op->records, false, {});
+        if (!r) {
+          op->error = r.error().message;
+          op->error_code = r.error().code;
+        }
+      },
+      [this, op, next = std::move(next), started] {
+        op->precopy_ms = now_ms() - started;
+        if (host_.shutting_down()) return checkpoint_failed(op, "shutting_down", "the box is shutting down");
+        if (!op->error.empty())
+          return checkpoint_failed(op, op->error_code, "snapshot the writable layer: " + op->error);
+        next();
+      });
+}
+
 void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
+  if (op->leave_running && !op->precopied) return precopy(op, [this, op] { dump_live(op); });
   const std::string& branch = op->branch;
   // Memory and files at one instant: the tree is stopped first and stays stopped through the
   // dump (criu leaves tasks as it found them with --leave-running) and the copy of its layer.
@@ -746,25 +829,27 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   // that ends its agent keeps its snapshot whatever it takes, as far as the disk has room.
   if (op->leave_running)
     if (auto why = room_refusal()) return checkpoint_failed(op, "no_space", "checkpoint not kept: " + *why);
+  // Copied while the agent ran: what changed since is copied now, and what it maps shared and
+  // writable (then or now) whatever its times say.
+  os::SyncPolicy policy;
+  if (op->precopied) {
+    // tmp/ then, tmp-upper/ now (or the other way): that one copied whole.
+    auto tmp = std::find(std::begin(sandbox::kLayerDirs), std::end(sandbox::kLayerDirs), std::string_view("tmp"));
+    if (op->in_upper != in_upper) op->records.at(static_cast<size_t>(tmp - std::begin(sandbox::kLayerDirs))).reset();
+    policy.always = std::move(op->mapped);
+    policy.always.merge(mapped_writable(op->ns_init_pid, op->tree_fd.get()));
+  }
   offload(
-      [op, src, in_upper, room = room_bound(op->leave_running), ceiling = settings_.disk_bytes] {
-        uint64_t in_dir = 0;  // written from the branch's dir, one filesystem under a ceiling
-        for (const char* d : sandbox::kLayerDirs) {
-          std::string from = std::string(d) == "tmp" && in_upper ? "tmp-upper" : d;
-          struct stat st {};
-          if (::lstat((src + "/" + from).c_str(), &st) != 0) continue;
-          // Overlay whiteouts (devices) are left out of the copy.
-          bool ws = std::string_view(d) == "workspace";
-          auto r = os::copy_tree(src + "/" + from, op->work + "/payload/fs/" + d,
-                                 layer_bound(room, ceiling, ws ? 0 : in_dir));
-          if (!r) {
-            op->error = r.error().message;
-            op->error_code = r.error().code == "failed" ? "io" : r.error().code;
-            return;
-          }
-          op->fs_bytes += *r;
-          if (!ws) in_dir += *r;
+      [op, src, in_upper, room = room_bound(op->leave_running), ceiling = settings_.disk_bytes,
+       policy = std::move(policy)] {
+        // Overlay whiteouts (devices) are left out of the copy.
+        auto r = copy_layer(src, op->work + "/payload/fs", in_upper, room, ceiling, op->records, op->precopied, policy);
+        if (!r) {
+          op->error = r.error().message;
+          op->error_code = r.error().code;
+          return;
         }
+        op->fs_bytes = *r;
         // A live snapshot restores onto its root/: the mount points of the branch's root, which
         // is a tmpfs (launcher.cpp) or, in a restored copy, root/ itself. The tree is stopped.
         if (op->live)
@@ -851,6 +936,8 @@ json::object Checkpointer::dump_timings(const CheckpointOp& op) {
                        {"freeze", round_ms(op.t_resumed - op.t_stop)}};
   // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
   if (op.probe_wait > 0) timings["probe_wait"] = round_ms(op.probe_wait);
+  // The layer's copy while the agent ran (no part of the pause either).
+  if (op.precopy_ms >= 0) timings["precopy"] = round_ms(op.precopy_ms);
   // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
   if (op.live) timings["criu"] = criu_stats(op.work + "/logs/stats-dump");
   return timings;

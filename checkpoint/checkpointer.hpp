@@ -224,6 +224,11 @@ class Checkpointer {
   size_t stored_snapshots() const;
   int64_t live_copies() const;
   void snapshot_layer(std::shared_ptr<CheckpointOp> op);
+  /// Copies the branch's layer into the op's payload while its agent still runs, recording what
+  /// it read, then calls `next`: once the tree is stopped, snapshot_layer copies only what changed
+  /// (os::sync_tree). A checkpoint that leaves its agent running pauses it for that, not for a
+  /// copy of the whole layer.
+  void precopy(std::shared_ptr<CheckpointOp> op, std::function<void()> next);
   static boost::json::object sizes_of(const CheckpointOp& op);
   /// The dump's timings (ms) for the manifest: the pause's phases, the probe's wait, criu's own.
   static boost::json::object dump_timings(const CheckpointOp& op);

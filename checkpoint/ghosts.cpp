@@ -2,11 +2,13 @@
 // would write back into that mount's directory at a restore (internal.hpp, host_ghost).
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <charconv>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -135,6 +137,42 @@ std::optional<std::string> host_ghost(pid_t root, int root_fd) {
     }
   }
   return std::nullopt;
+}
+
+std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd) {
+  std::set<std::pair<dev_t, ino_t>> out;
+  std::vector<pid_t> pids{root};
+  for (auto& m : os::tree_pidfds(root, root_fd)) pids.push_back(m.pid);
+  for (pid_t pid : pids) {
+    auto maps = os::read_file("/proc/" + std::to_string(pid) + "/maps");
+    if (!maps) continue;
+    std::string_view rest = *maps;
+    while (!rest.empty()) {
+      size_t eol = rest.find('\n');
+      std::string_view line = rest.substr(0, eol);
+      rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+      // ADDR PERMS OFFSET MAJ:MIN INODE [PATH]; PERMS "rw-s": writable and shared.
+      std::string_view f[5];
+      size_t at = 0;
+      for (auto& field : f) {
+        while (at < line.size() && line[at] == ' ') ++at;
+        size_t sp = std::min(line.find(' ', at), line.size());
+        field = line.substr(std::min(at, line.size()), sp - std::min(at, line.size()));
+        at = sp;
+      }
+      if (f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') continue;
+      unsigned major = 0, minor = 0;
+      uint64_t ino = 0;
+      auto colon = f[3].find(':');
+      if (colon == std::string_view::npos ||
+          std::from_chars(f[3].data(), f[3].data() + colon, major, 16).ec != std::errc() ||
+          std::from_chars(f[3].data() + colon + 1, f[3].data() + f[3].size(), minor, 16).ec != std::errc() ||
+          std::from_chars(f[4].data(), f[4].data() + f[4].size(), ino).ec != std::errc() || ino == 0)
+        continue;
+      out.insert({makedev(major, minor), static_cast<ino_t>(ino)});
+    }
+  }
+  return out;
 }
 
 }  // namespace sbx::checkpoint::detail

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "archive/archive.hpp"
@@ -64,6 +65,11 @@ void continue_tree(pid_t root, int root_fd);
 /// beside its old path, remounting that mount writable for it: where the mount is a read-only bind
 /// of the host's own directory (a library an upgrade replaced in /usr), into the host's directory.
 std::optional<std::string> host_ghost(pid_t root, int root_fd);
+
+/// The files (device, inode) a process of the tree below `root` maps shared and writable: written
+/// through such a mapping, a file's times need not move (tmpfs moves none; others at a page's first
+/// write after it was written back), so a layer copy kept by its times (os::sync_tree) copies them again.
+std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd);
 
 /// An archive received into the store's dir `dir` (the file `tmp`): extracted and checked while a
 /// second thread hashes it (its id), then filed as <id>.tar.zst with its extraction as <id>.d,

@@ -72,6 +72,13 @@ struct Copier {
   // more than one name went first, by the source's device and inode: its directory and name.
   int droot = -1;
   std::map<std::pair<dev_t, ino_t>, std::pair<std::string, std::string>> firsts;
+  CopyRecord* record = nullptr;  // what was read, where the caller keeps it (copy_tree)
+
+  void note(const std::string& drel, const char* dname, const struct stat& st, uint64_t written) {
+    if (record)
+      record->entries[join(drel, dname)] = {st.st_ino, static_cast<mode_t>(st.st_mode & S_IFMT), ctime_ns(st),
+                                            st.st_size, written};
+  }
 
   static constexpr int kMaxDepth = 256;
 
@@ -81,6 +88,9 @@ struct Copier {
   }
 
   static std::string join(const std::string& dir, const char* name) { return dir.empty() ? name : dir + "/" + name; }
+  static int64_t ctime_ns(const struct stat& st) {
+    return static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+  }
 
   // Owner and mode of the copy as the source has them: chown first (it clears set-id bits).
   bool keep_owner(int fd, const struct stat& st, const std::string& shown) {
@@ -186,7 +196,10 @@ struct Copier {
       if (auto it = firsts.find(key); it != firsts.end()) {
         bool done = false;
         if (!linked(it->second, ddir, dname, shown, done)) return false;
-        if (done) return true;
+        if (done) {
+          note(drel, dname, st, 0);
+          return true;
+        }
       }
     // O_NONBLOCK: a lease on the file (fcntl F_SETLEASE) held by an agent stopped for its
     // checkpoint, which cannot give it up, made the open wait lease-break-time, 45 s a file, the
@@ -198,12 +211,14 @@ struct Copier {
     if (!new_inode(shown)) return false;
     os::UniqueFd out(::openat(ddir, dname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return fail("create the copy of " + shown, errno);
+    uint64_t before = bytes;
     if (!data(in->get(), out.get(), st.st_size, shown) || !keep_owner(out.get(), st, shown)) return false;
     if (st.st_nlink > 1) firsts[key] = {drel, dname};
+    note(drel, dname, st, bytes - before);
     return true;
   }
 
-  bool symlink(int sdir, const char* name, const struct stat& st, int ddir, const char* dname,
+  bool symlink(int sdir, const char* name, const struct stat& st, int ddir, const char* dname, const std::string& drel,
                const std::string& shown) {
     std::vector<char> target(static_cast<size_t>(std::max<off_t>(st.st_size, 0)) + 2);
     ssize_t n = ::readlinkat(sdir, name, target.data(), target.size() - 1);
@@ -212,6 +227,7 @@ struct Copier {
     if (!new_inode(shown)) return false;
     if (::symlinkat(target.data(), ddir, dname) != 0) return fail("create the copy of " + shown, errno);
     if (::fchownat(ddir, dname, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) != 0) return fail("chown " + shown, errno);
+    note(drel, dname, st, 0);
     return true;
   }
 
@@ -246,7 +262,7 @@ struct Copier {
       if (errno == ENOENT) return true;  // gone meanwhile
       return fail("stat " + shown, errno);
     }
-    if (S_ISLNK(st.st_mode)) return symlink(sdir, name, st, ddir, dname, shown);
+    if (S_ISLNK(st.st_mode)) return symlink(sdir, name, st, ddir, dname, drel, shown);
     if (S_ISREG(st.st_mode)) return file(sdir, name, ddir, dname, drel, shown);
     if (!S_ISDIR(st.st_mode)) return true;  // sockets, FIFOs, devices, overlay whiteouts: not part of a copy
     auto sub = os::open_beneath(sdir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
@@ -260,11 +276,124 @@ struct Copier {
   }
 };
 
+// Brings a copy (a Copier's, recorded) to what its source holds now, keeping what did not change
+// (sync_tree): the walk of a copy_tree, with each entry first checked against the record and the
+// copy's own entry of that name.
+struct Syncer {
+  Copier& c;
+  const CopyRecord& record;
+  const SyncPolicy& policy;
+
+  // Whether the data of the entries `name` of `sdir` and `dname` of `ddir` read the same.
+  static bool same_data(int sdir, const char* name, int ddir, const char* dname) {
+    auto p = os::open_beneath(sdir, name, O_PATH | O_NOFOLLOW);
+    if (!p) return false;
+    auto in = os::reopen(p->get(), O_RDONLY | O_NONBLOCK);
+    os::UniqueFd out(::openat(ddir, dname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!in || !out) return false;
+    std::vector<char> a(256 << 10), b(256 << 10);
+    for (;;) {
+      ssize_t n = ::read(in->get(), a.data(), a.size());
+      if (n < 0) return false;
+      size_t got = 0;
+      while (got < static_cast<size_t>(n)) {
+        ssize_t m = ::read(out.get(), b.data() + got, static_cast<size_t>(n) - got);
+        if (m <= 0) return false;
+        got += static_cast<size_t>(m);
+      }
+      if (n == 0) return ::read(out.get(), b.data(), 1) == 0;
+      if (std::memcmp(a.data(), b.data(), got) != 0) return false;
+    }
+  }
+
+  // Whether the source entry `st` at `rel` is what the record says its copy was made from.
+  bool unchanged(const struct stat& st, const std::string& rel) {
+    auto it = record.entries.find(rel);
+    if (it == record.entries.end()) return false;
+    auto& e = it->second;
+    if (e.ino != st.st_ino || e.type != (st.st_mode & S_IFMT) || e.size != st.st_size ||
+        e.ctime_ns != Copier::ctime_ns(st))
+      return false;
+    if (e.ctime_ns > record.started_ns - policy.still_ns) return false;
+    return !policy.always.contains({st.st_dev, st.st_ino});
+  }
+
+  // A kept file with further names: the copy's names of its inode are one inode, the first placed.
+  bool keep_links(const struct stat& st, int sdir, int ddir, const char* dname, const std::string& drel,
+                  const std::string& shown, int depth) {
+    auto key = std::make_pair(st.st_dev, st.st_ino);
+    auto it = c.firsts.find(key);
+    if (it == c.firsts.end()) {
+      c.firsts[key] = {drel, dname};
+      return true;
+    }
+    auto at = os::open_beneath(c.droot, it->second.first.empty() ? "." : it->second.first, O_PATH | O_DIRECTORY);
+    struct stat first {
+    }, mine{};
+    if (!at || ::fstatat(at->get(), it->second.second.c_str(), &first, AT_SYMLINK_NOFOLLOW) != 0 ||
+        ::fstatat(ddir, dname, &mine, AT_SYMLINK_NOFOLLOW) != 0)
+      return c.fail("stat the copy of " + shown, errno);
+    if (first.st_ino == mine.st_ino) return true;
+    // Its copy is another inode (the first name placed was copied anew): linked to that one.
+    if (::unlinkat(ddir, dname, 0) != 0) return c.fail("remove the copy of " + shown, errno);
+    return c.entry(sdir, dname, ddir, dname, drel, shown, depth);
+  }
+
+  bool remove(int ddir, const std::string& dname, const std::string& shown) {
+    auto r = remove_tree_at(ddir, dname, "the copy of " + shown);
+    if (!r) c.err = r.error().message;
+    return r.has_value();
+  }
+
+  bool dir(int sfd, int dfd, const std::string& drel, const std::string& shown, int depth) {
+    if (depth > Copier::kMaxDepth) {
+      c.err = "copy " + shown + ": the tree is deeper than " + std::to_string(Copier::kMaxDepth) + " directories";
+      return false;
+    }
+    std::vector<std::string> names, there;
+    if (!c.list(sfd, shown, names) || !c.list(dfd, "the copy of " + shown, there)) return false;
+    std::set<std::string> in_src(names.begin(), names.end());
+    for (auto& n : there)
+      if (!in_src.contains(n) && !remove(dfd, n, shown + "/" + n)) return false;
+    for (auto& n : names)
+      if (!entry(sfd, n.c_str(), dfd, drel, shown + "/" + n, depth)) return false;
+    return true;
+  }
+
+  bool entry(int sfd, const char* n, int dfd, const std::string& drel, const std::string& shown, int depth) {
+    struct stat st {
+    }, dt{};
+    bool has = ::fstatat(dfd, n, &dt, AT_SYMLINK_NOFOLLOW) == 0;
+    if (::fstatat(sfd, n, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno != ENOENT) return c.fail("stat " + shown, errno);
+      return !has || remove(dfd, n, shown);  // gone meanwhile
+    }
+    bool same_type = has && (dt.st_mode & S_IFMT) == (st.st_mode & S_IFMT);
+    std::string rel = Copier::join(drel, n);
+    if (S_ISDIR(st.st_mode) && same_type) {
+      auto sub = os::open_beneath(sfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+      if (!sub) return c.fail("open " + shown, sub.error().value());
+      if (::fstat(sub->get(), &st) != 0) return c.fail("stat " + shown, errno);
+      auto out = os::open_beneath(dfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+      if (!out) return c.fail("open the copy of " + shown, out.error().value());
+      return dir(sub->get(), out->get(), rel, shown, depth + 1) && c.keep_owner(out->get(), st, shown);
+    }
+    if ((S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) && same_type && unchanged(st, rel) &&
+        !(S_ISREG(st.st_mode) && policy.compare_data && !same_data(sfd, n, dfd, n))) {
+      c.bytes += record.entries.at(rel).bytes;
+      return !S_ISREG(st.st_mode) || st.st_nlink <= 1 || keep_links(st, sfd, dfd, n, drel, shown, depth);
+    }
+    if (has && !remove(dfd, n, shown)) return false;
+    return c.entry(sfd, n, dfd, n, drel, shown, depth);
+  }
+};
+
 }  // namespace
 
 namespace {
 
-base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool link, const CopyBound& bound) {
+base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool link, const CopyBound& bound,
+                            CopyRecord* record = nullptr) {
   auto split = [](const std::string& p) {
     auto slash = p.rfind('/');
     if (slash == std::string::npos) return std::pair<std::string, std::string>(".", p);
@@ -293,14 +422,47 @@ base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool
   c.link = link;
   c.bound = bound;
   c.droot = ddir.get();
+  if (record) {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    *record = {};
+    record->started_ns = static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+    c.record = record;
+  }
   if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), "", src, 0)) return base::fail(c.err, c.code);
   return c.bytes;
 }
 
 }  // namespace
 
-base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst, const CopyBound& bound) {
-  return tree(src, dst, false, bound);
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst, const CopyBound& bound,
+                                 CopyRecord* record) {
+  return tree(src, dst, false, bound, record);
+}
+
+base::Result<uint64_t> sync_tree(const std::string& src, const std::string& dst, const CopyRecord& record,
+                                 const SyncPolicy& policy, const CopyBound& bound) {
+  // Both are the caller's (the branch's layer dir, the snapshot's work dir); what is below them is
+  // reached by fd only.
+  os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  os::UniqueFd ddir(::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!sdir || !ddir) return base::fail("open " + (sdir ? dst : src) + ": " + std::strerror(errno));
+  os::UniqueFd dparent(::openat(ddir.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  struct stat st {};
+  if (!dparent || ::fstat(sdir.get(), &st) != 0) return base::fail("stat " + src + ": " + std::strerror(errno));
+  Copier c;
+  c.bound = bound;
+  c.droot = dparent.get();  // the record's paths start with the copy's own name
+  Syncer s{c, record, policy};
+  auto slash = dst.rfind('/');
+  std::string root = slash == std::string::npos ? dst : dst.substr(slash + 1);
+  if (!s.dir(sdir.get(), ddir.get(), root, src, 1) || !c.keep_owner(ddir.get(), st, src))
+    return base::fail(c.err, c.code);
+  if (c.bytes > bound.bytes)
+    return base::fail("copy " + src + ": its data (" + std::to_string(c.bytes) + " bytes) takes the copy past " +
+                          std::to_string(bound.bytes) + " bytes, " + bound.what,
+                      bound.code);
+  return c.bytes;
 }
 
 base::Result<uint64_t> link_tree(const std::string& src, const std::string& dst) { return tree(src, dst, true, {}); }

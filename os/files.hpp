@@ -1,9 +1,12 @@
 #pragma once
 // Whole trees of files: copied by fd without following symlinks, measured, removed.
+#include <sys/types.h>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "base/result.hpp"
@@ -42,6 +45,22 @@ struct CopyBound {
   static constexpr uint64_t kInodeStep = 64;
 };
 
+/// What a copy_tree read of each regular file and symlink, by its path below the directory the
+/// copy's root is in (its own name first): the source's inode, type, ctime and size as fstat gave
+/// them before its data was read, and the data bytes its copy took (0 for a further name of an
+/// inode, linked). For a later sync_tree of the same trees.
+struct CopyRecord {
+  struct Entry {
+    ino_t ino = 0;
+    mode_t type = 0;  // S_IFREG or S_IFLNK
+    int64_t ctime_ns = 0;
+    off_t size = 0;
+    uint64_t bytes = 0;
+  };
+  std::unordered_map<std::string, Entry> entries;
+  int64_t started_ns = 0;  // CLOCK_REALTIME as the copy began
+};
+
 /// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)
 /// into `dst`, which must not exist: a copy is never merged into what is there. Nothing below
 /// `src` or `dst` is reached through a symlink (symlinks are copied as symlinks); other file types
@@ -50,7 +69,31 @@ struct CopyBound {
 /// SEEK_HOLE; a plain copy where the filesystem has neither), and names of one inode within the
 /// tree stay names of one inode (its data copied once, the other names hard links to it).
 /// Returns the bytes of file data written, or what failed (the bound's code past `bound`).
-base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst, const CopyBound& bound = {});
+base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst, const CopyBound& bound = {},
+                                 CopyRecord* record = nullptr);
+
+/// Which entries sync_tree may keep.
+struct SyncPolicy {
+  /// A source changed this close before the record began (or after) is copied again: on a
+  /// filesystem of coarse timestamps a change in the same tick as its read leaves its ctime as it was.
+  int64_t still_ns = 2'000'000'000;
+  /// Inodes (device, inode) copied again whatever their times say: files mapped shared and
+  /// writable, whose writes through the mapping move no time until the kernel faults the page again.
+  std::set<std::pair<dev_t, ino_t>> always;
+  /// Where writes through a mapping move no time at all (tmpfs): a file kept by its times is also
+  /// kept only where its data reads the same as its copy's.
+  bool compare_data = false;
+};
+
+/// Brings `dst`, a copy_tree of `src` made with `record`, to what `src` holds now, as a new
+/// copy_tree of it would be: a file or symlink whose source at the same path is the same inode,
+/// with the type, ctime and size recorded (a write, chmod, chown, link, unlink or rename moves the
+/// ctime), is kept unless `policy` says otherwise; every other entry is copied anew, and what
+/// `src` no longer holds is removed. Directories get their owner and mode again; names of one
+/// inode stay names of one inode. Returns the data bytes of the whole copy (kept and new), within
+/// `bound`, or what failed. `src` must be a directory, as `dst` is.
+base::Result<uint64_t> sync_tree(const std::string& src, const std::string& dst, const CopyRecord& record,
+                                 const SyncPolicy& policy, const CopyBound& bound = {});
 
 /// copy_tree with each regular file a hard link to the source's (one inode, no data copied):
 /// both on one filesystem, for a tree that is read but never written in place. Returns the bytes

@@ -533,6 +533,88 @@ def test_a_box_that_outlived_an_upgrade_of_its_programs_checkpoints_and_forks(tm
         assert r.returncode == 0, r.stderr
 
 
+WRITES_WHILE_COPIED = r'''
+import json, mmap, os, sys, threading, time
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+ws = os.environ["SANDBOXER_WORKSPACE"]
+d = os.path.join(ws, "files")
+os.makedirs(d)
+N, SLOTS = 2000, 4096
+written, tmp_written, slots = {}, {}, [0] * SLOTS
+def body(n):
+    return str(n) * (1 + n % 3)  # sizes change too
+def put(k, n):
+    path = os.path.join(d, str(k))
+    if n % 4 == 1:  # a new file renamed over it
+        with open(path + ".new", "w") as f:
+            f.write(body(n))
+        os.rename(path + ".new", path)
+    else:  # in place
+        with open(path, "w") as f:
+            f.write(body(n))
+    written[k] = n
+for k in range(N):
+    put(k, 0)
+mf = open(os.path.join(ws, "mapped"), "w+b")
+mf.write(bytes(8 * SLOTS))
+mf.flush()
+m = mmap.mmap(mf.fileno(), 8 * SLOTS)  # shared and writable: after a page's first write, its writes move no time
+m[:] = bytes(8 * SLOTS)
+time.sleep(2.5)  # all of it older than the 2 s within which a file's times are not trusted
+halt, parked = threading.Event(), threading.Event()
+state = {"n": 0}
+def writer():  # each step its own file of the first 200, of /tmp's 50, and slot of the mapping
+    while not halt.is_set():
+        n = state["n"] + 1
+        put(n % 200, n)
+        with open("/tmp/t%d" % (n % 50), "w") as f:
+            f.write(str(n))
+        tmp_written[n % 50] = n
+        m[8 * (n % SLOTS):8 * (n % SLOTS) + 8] = n.to_bytes(8, "little")
+        slots[n % SLOTS] = n
+        state["n"] = n
+    parked.set()
+threading.Thread(target=writer, daemon=True).start()
+while state["n"] < 600:
+    time.sleep(0.01)
+r = agent.Channel().fork(1, name="w")
+halt.set()
+parked.wait()  # the writer's step in flight at the stop is done (in a copy, by its restored thread)
+bad = [k for k in range(N) if open(os.path.join(d, str(k))).read() != body(written.get(k, 0))]
+bad_tmp = [k for k, n in tmp_written.items() if open("/tmp/t%d" % k).read() != str(n)]
+bad_slots = [j for j in range(SLOTS) if int.from_bytes(m[8 * j:8 * j + 8], "little") != slots[j]]
+print(json.dumps({"copy": bool(r.get("copy")), "n": state["n"], "bad": bad[:10], "nbad": len(bad),
+                  "bad_tmp": bad_tmp, "bad_slots": bad_slots[:10], "nbad_slots": len(bad_slots),
+                  "names": sorted(os.listdir(d)) == sorted(map(str, range(N)))}), flush=True)
+'''
+
+
+@needs_criu
+@pytest.mark.parametrize("disk", ["", "64M"])
+def test_files_and_memory_agree_while_the_agent_writes_through_its_layers_copy(tmp_path, disk):
+    """A checkpoint that leaves its agent running copies the layer while the agent runs, then,
+    once it is stopped, what changed since (os::sync_tree). An agent makes 2000 files in its
+    workspace, waits past the 2 s within which a file's times are not trusted, then writes 200 of
+    them all the while (in place with other sizes, or a new file renamed over), its /tmp, and a
+    file it maps shared (whose writes through the mapping move no time on ext4 once its page is
+    dirty, and none ever on tmpfs), and forks itself: in the copy, every file holds what its
+    memory says it wrote last, as in the parent. The controls (each check of the sync taken out in
+    turn, by hand): without the mapped files copied again the mapped value is stale on ext4;
+    keeping every file the record names leaves the 200 stale. The workspace is on the state
+    dir's filesystem, or a tmpfs of its own (resources.disk), whose files are also compared by
+    their data."""
+    args = ["--set", f"resources.disk={disk}"] if disk else []
+    rc, ev, err = box(tmp_path / "s", [*args, "--", sys.executable, "-c", WRITES_WHILE_COPIED])
+    assert rc == 0, err
+    said = [m for m in messages(ev) if "copy" in m]
+    assert sorted(m["copy"] for m in said) == [False, True], (said, err)
+    for m in said:
+        assert m["nbad"] == 0 and m["bad_tmp"] == [] and m["nbad_slots"] == 0 and m["names"], m
+    created = one(ev, "checkpoint.created")
+    assert created["timings_ms"]["precopy"] > 0, created["timings_ms"]
+
+
 HOLDS_DELETED_FILES = r'''
 import hashlib, mmap, os, sys, tempfile, time
 host = sys.argv[1]

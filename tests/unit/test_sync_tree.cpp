@@ -1,0 +1,259 @@
+// os::sync_tree, which brings a copy made while its source ran (a checkpoint's copy of a layer
+// before the agent stops) to what the source holds once stopped: the result is what a new
+// copy_tree would make, whatever changed between (written, renamed, linked, removed, retyped), and
+// what did not change is kept, not copied again.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "mount-ns.hpp"
+#include "os/files.hpp"
+#include "temp-dir.hpp"
+
+namespace fs = std::filesystem;
+namespace os = sbx::os;
+
+namespace {
+
+void put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+// put, where the path can be had (a step may have made a directory on the way a file).
+void try_put(const fs::path& p, const std::string& text) {
+  std::error_code ec;
+  fs::create_directories(p.parent_path(), ec);
+  if (!ec && fs::is_directory(p.parent_path())) std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Every entry below `root`: its type, mode, owner, size, data or target, and (for a file of
+// several names) the first of its names in the tree: two trees describe the same when they hold
+// the same, names of one inode included.
+std::map<std::string, std::string> describe(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  std::map<ino_t, std::string> first_name;
+  std::vector<fs::path> paths;
+  for (auto& e : fs::recursive_directory_iterator(root)) paths.push_back(e.path());
+  std::sort(paths.begin(), paths.end());
+  for (auto& p : paths) {
+    struct stat st {};
+    REQUIRE(::lstat(p.c_str(), &st) == 0);
+    std::string rel = fs::relative(p, root).string();
+    std::string d = std::to_string(st.st_mode) + " " + std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid);
+    if (S_ISREG(st.st_mode)) {
+      d += " " + std::to_string(st.st_size) + " " + read(p);
+      if (st.st_nlink > 1) d += " first " + first_name.emplace(st.st_ino, rel).first->second;
+    } else if (S_ISLNK(st.st_mode)) {
+      d += " -> " + fs::read_symlink(p).string();
+    }
+    out[rel] = d;
+  }
+  return out;
+}
+
+// A copy's file marked (an xattr no copy makes): still marked after a sync, it was kept, not copied
+// again (an inode number is no proof: a file removed and made again may get its number back).
+void mark(const fs::path& p) { REQUIRE(::setxattr(p.c_str(), "user.sbx-kept", "1", 1, 0) == 0); }
+bool marked(const fs::path& p) {
+  char v[4];
+  return ::getxattr(p.c_str(), "user.sbx-kept", v, sizeof v) == 1;
+}
+
+// A source tree: directories, files, names of one inode, a symlink, a sparse file.
+void make_source(const fs::path& src) {
+  for (int d = 0; d < 6; ++d)
+    for (int i = 0; i < 8; ++i)
+      put(src / ("d" + std::to_string(d)) / ("f" + std::to_string(i)), std::string(100 + i * 37, 'a' + d));
+  fs::create_hard_link(src / "d0/f0", src / "d1/link-of-d0f0");
+  fs::create_hard_link(src / "d0/f0", src / "d5/another-link");
+  fs::create_symlink("../d0/f1", src / "d2/sym");
+  put(src / "sparse", "x");
+  REQUIRE(::truncate((src / "sparse").c_str(), 1 << 20) == 0);
+  fs::create_directories(src / "empty-dir");
+}
+
+os::SyncPolicy trusting() {
+  os::SyncPolicy p;
+  p.still_ns = 0;  // the tests' sources are made just before they are copied
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("sync_tree: an unchanged source keeps every entry of its copy, and writes nothing") {
+  sbx::test::TempDir t("sync");
+  make_source(t.path / "src");
+  os::CopyRecord rec;
+  auto first = os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), {}, &rec);
+  REQUIRE(first.has_value());
+  CHECK(rec.entries.size() == 6 * 8 + 2 + 1 + 1);  // the links' names, the symlink, the sparse file
+  std::vector<fs::path> files;
+  for (auto& e : fs::recursive_directory_iterator(t.path / "dst"))
+    if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
+  for (auto& f : files) mark(f);
+  auto r = os::sync_tree((t.path / "src").string(), (t.path / "dst").string(), rec, trusting());
+  REQUIRE(r.has_value());
+  CHECK(*r == *first);
+  CHECK(files.size() == 6 * 8 + 2 + 1);
+  for (auto& f : files) CHECK(marked(f));
+  CHECK(describe(t.path / "dst") == describe(t.path / "src"));
+}
+
+TEST_CASE("sync_tree: whatever changed between, the copy is what a new copy would be; the rest is kept") {
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    CAPTURE(seed);
+    sbx::test::TempDir t("sync");
+    auto src = t.path / "src", dst = t.path / "dst";
+    make_source(src);
+    os::CopyRecord rec;
+    REQUIRE(os::copy_tree(src.string(), dst.string(), {}, &rec).has_value());
+    mark(dst / "d4/f7");  // no step below touches d4
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+    auto file = [&] { return src / ("d" + std::to_string(pick(4))) / ("f" + std::to_string(pick(8))); };
+    for (int step = 0; step < 8; ++step) {
+      auto f = file();
+      std::error_code ec;
+      switch (pick(12)) {
+        case 0: {  // the same size, other bytes, and the old mtime again (as cp -p or tar leave it)
+          struct stat st {};
+          if (::stat(f.c_str(), &st) != 0) break;
+          int fd = ::open(f.c_str(), O_WRONLY);
+          if (fd < 0) break;
+          REQUIRE(::pwrite(fd, "ZZ", 2, 3) == 2);
+          timespec times[2] = {st.st_atim, st.st_mtim};
+          REQUIRE(::futimens(fd, times) == 0);
+          ::close(fd);
+          break;
+        }
+        case 1:
+          if (fs::exists(f)) try_put(f, read(f) + "more");
+          break;
+        case 2:
+          fs::permissions(f, fs::perms::owner_read, ec);
+          break;
+        case 3:
+          fs::rename(f, f.parent_path() / "renamed", ec);
+          break;
+        case 4:
+          fs::remove(f, ec);
+          break;
+        case 5:
+          try_put(src / ("d" + std::to_string(pick(4))) / ("new" + std::to_string(step)), "new");
+          break;
+        case 6:
+          fs::create_hard_link(f, src / "d3" / ("hl" + std::to_string(step)), ec);
+          break;
+        case 7:
+          fs::remove(f, ec);
+          fs::create_directories(f / "now-a-dir", ec);
+          try_put(f / "now-a-dir/x", "x");
+          break;
+        case 8:
+          fs::remove_all(src / "d2", ec);
+          try_put(src / "d2", "d2 is a file now");
+          break;
+        case 9:
+          fs::remove(f, ec);
+          fs::create_symlink("/etc/passwd", f, ec);
+          break;
+        case 10:
+          fs::rename(src / "d1", src / ("d1-moved" + std::to_string(step)), ec);
+          break;
+        case 11:
+          ::renameat2(AT_FDCWD, file().c_str(), AT_FDCWD, file().c_str(), RENAME_EXCHANGE);
+          break;
+      }
+    }
+    auto r = os::sync_tree(src.string(), dst.string(), rec, trusting());
+    REQUIRE(r.has_value());
+    auto fresh = t.path / "fresh";
+    auto want = os::copy_tree(src.string(), fresh.string());
+    REQUIRE(want.has_value());
+    CHECK(describe(dst) == describe(fresh));
+    CHECK(marked(dst / "d4/f7"));  // not copied again
+  }
+}
+
+TEST_CASE("sync_tree: a source changed close to the record's start is copied again; so are those it is told to") {
+  sbx::test::TempDir t("sync");
+  auto src = t.path / "src", dst = t.path / "dst";
+  make_source(src);
+  os::CopyRecord rec;
+  REQUIRE(os::copy_tree(src.string(), dst.string(), {}, &rec).has_value());
+  mark(dst / "d0/f1");
+  // Its default: everything here was made within 2 s of the copy, and could hide a change.
+  REQUIRE(os::sync_tree(src.string(), dst.string(), rec, {}).has_value());
+  CHECK(!marked(dst / "d0/f1"));
+  CHECK(describe(dst) == describe(src));
+  // Told to: this file, whatever its times.
+  REQUIRE(os::copy_tree(src.string(), (t.path / "dst2").string(), {}, &rec).has_value());
+  auto policy = trusting();
+  struct stat st {};
+  REQUIRE(::stat((src / "d0/f2").c_str(), &st) == 0);
+  policy.always.insert({st.st_dev, st.st_ino});
+  mark(t.path / "dst2/d0/f2");
+  mark(t.path / "dst2/d0/f3");
+  REQUIRE(os::sync_tree(src.string(), (t.path / "dst2").string(), rec, policy).has_value());
+  CHECK(!marked(t.path / "dst2/d0/f2"));
+  CHECK(marked(t.path / "dst2/d0/f3"));
+}
+
+TEST_CASE("sync_tree: a tmpfs file written through a shared mapping moves no time; compare_data sees it") {
+  // The control: trusting the times alone keeps the copy of before the write.
+  if (::geteuid() != 0) return;  // mounts need root (the CI runs as root)
+  sbx::test::TempDir t("sync-mmap");
+  fs::create_directories(t.path / "fs");
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(::mount("tmpfs", (t.path / "fs").c_str(), "tmpfs", 0, "size=16m") == 0, 3);
+    auto src = t.path / "fs/src";
+    put(src / "mapped", std::string(8192, 'a'));
+    int fd = ::open((src / "mapped").c_str(), O_RDWR);
+    step(fd >= 0, 4);
+    auto* m = static_cast<char*>(::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    step(m != MAP_FAILED, 5);
+    m[0] = 'b';  // the page is written (and dirty) before the copy
+    ::usleep(20000);
+    os::CopyRecord rec;
+    step(os::copy_tree(src.string(), (t.path / "dst").string(), {}, &rec).has_value(), 6);
+    step(os::copy_tree(src.string(), (t.path / "dst2").string(), {}, &rec).has_value(), 7);
+    m[4096] = 'c';  // after the copy's read, through the same mapping: no fault, no time moved
+    step(rec.entries.at("dst2/mapped").ctime_ns == rec.entries.at("dst2/mapped").ctime_ns, 8);
+    auto times = trusting();
+    os::CopyRecord rec1;
+    step(os::copy_tree(src.string(), (t.path / "dst3").string(), {}, &rec1).has_value(), 9);
+    m[100] = 'd';
+    step(os::sync_tree(src.string(), (t.path / "dst3").string(), rec1, times).has_value(), 10);
+    step(read(t.path / "dst3/mapped")[100] == 'a', 11);  // the control: stale
+    auto compare = trusting();
+    compare.compare_data = true;
+    os::CopyRecord rec2;
+    step(os::copy_tree(src.string(), (t.path / "dst4").string(), {}, &rec2).has_value(), 12);
+    m[200] = 'e';
+    step(os::sync_tree(src.string(), (t.path / "dst4").string(), rec2, compare).has_value(), 13);
+    step(read(t.path / "dst4/mapped") == read(src / "mapped"), 14);
+    ::munmap(m, 8192);
+    ::close(fd);
+  });
+  CHECK(failed == 0);  // else the step that failed
+}
