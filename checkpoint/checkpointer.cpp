@@ -488,6 +488,7 @@ void Checkpointer::continue_op(CheckpointOp& op) {
 }
 
 void Checkpointer::on_shutdown() {
+  cancel_copies_->store(true);  // a layer copy in flight (its agent running, or continued below) stops
   // A tree stopped for a dump cannot act on the shutdown's TERM: criu goes (it is our child, not
   // yet reaped, so its pid is still its own), and the tree continues now, not at the dump's end.
   for (auto& op : dumping_) {
@@ -701,8 +702,10 @@ void Checkpointer::precopy(std::shared_ptr<CheckpointOp> op, std::function<void(
   op->mapped = mapped_writable(op->ns_init_pid, op->tree_fd.get());
   double started = now_ms();
   offload(
-      [op, src, room = room_bound(true), ceiling = settings_.disk_bytes] {
-        auto r = copy_layer(src, op->work + "/payload/fs", op->in_upper, room, ceiling, op->records, false, {});
+      [op, src, room = room_bound(true), ceiling = settings_.disk_bytes, cancel = cancel_copies_] {
+        auto bounded = room;
+        bounded.cancel = cancel.get();
+        auto r = copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, false, {});
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;
@@ -841,9 +844,12 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
   }
   offload(
       [op, src, in_upper, room = room_bound(op->leave_running), ceiling = settings_.disk_bytes,
-       policy = std::move(policy)] {
+       policy = std::move(policy), cancel = cancel_copies_] {
         // Overlay whiteouts (devices) are left out of the copy.
-        auto r = copy_layer(src, op->work + "/payload/fs", in_upper, room, ceiling, op->records, op->precopied, policy);
+        auto bounded = room;
+        bounded.cancel = cancel.get();
+        auto r =
+            copy_layer(src, op->work + "/payload/fs", in_upper, bounded, ceiling, op->records, op->precopied, policy);
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;
@@ -874,6 +880,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         }
         continue_op(*op);
         op->t_resumed = now_ms();
+        if (op->error_code == "cancelled") return checkpoint_failed(op, "shutting_down", "the box is shutting down");
         if (!op->error.empty())
           return checkpoint_failed(op, op->error_code, "snapshot the writable layer: " + op->error);
         // A fork's copies start from the images now; only a signed snapshot restores live.

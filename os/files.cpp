@@ -127,8 +127,17 @@ struct Copier {
     return false;
   }
 
+  // Whether the copy was called off (CopyBound::cancel), saying so.
+  bool cancelled(const std::string& shown) {
+    if (!bound.cancel || !bound.cancel->load(std::memory_order_relaxed)) return false;
+    err = "copy " + shown + ": called off";
+    code = "cancelled";
+    return true;
+  }
+
   // `len` bytes at `at` of `in`, to the same offset of `out`, within the bound.
   bool extent(int in, int out, off_t at, off_t len, const std::string& shown) {
+    if (cancelled(shown)) return false;
     if (static_cast<uint64_t>(len) > bound.bytes - bytes) {
       err = "copy " + shown + ": its next " + std::to_string(len) + " bytes of data would take the copy past " +
             std::to_string(bound.bytes) + " bytes (" + std::to_string(bytes) + " written), " + bound.what;
@@ -257,6 +266,7 @@ struct Copier {
   // below the copy's root.
   bool entry(int sdir, const char* name, int ddir, const char* dname, const std::string& drel, const std::string& shown,
              int depth) {
+    if (cancelled(shown)) return false;
     struct stat st {};
     if (::fstatat(sdir, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) return true;  // gone meanwhile
@@ -361,8 +371,9 @@ struct Syncer {
   }
 
   bool entry(int sfd, const char* n, int dfd, const std::string& drel, const std::string& shown, int depth) {
-    struct stat st {
-    }, dt{};
+    if (c.cancelled(shown)) return false;
+    struct stat st {};
+    struct stat dt {};
     bool has = ::fstatat(dfd, n, &dt, AT_SYMLINK_NOFOLLOW) == 0;
     if (::fstatat(sfd, n, &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) return c.fail("stat " + shown, errno);

@@ -1,6 +1,7 @@
 #pragma once
 // Whole trees of files: copied by fd without following symlinks, measured, removed.
 #include <sys/types.h>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -43,6 +44,8 @@ struct CopyBound {
   uint64_t keep_inodes = 0;
   std::string inodes_what;
   static constexpr uint64_t kInodeStep = 64;
+  /// Set (by another thread), the copy stops before its next entry or extent: code cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 /// What a copy_tree read of each regular file and symlink, by its path below the directory the

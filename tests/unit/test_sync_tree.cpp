@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -256,4 +257,25 @@ TEST_CASE("sync_tree: a tmpfs file written through a shared mapping moves no tim
     ::close(fd);
   });
   CHECK(failed == 0);  // else the step that failed
+}
+
+TEST_CASE("copy_tree and sync_tree: a copy called off stops, code cancelled") {
+  // A box that shuts down while its layer is copied (its agent running) does not wait for it.
+  sbx::test::TempDir t("sync-cancel");
+  make_source(t.path / "src");
+  std::atomic<bool> off{true};
+  os::CopyBound bound;
+  bound.cancel = &off;
+  auto r = os::copy_tree((t.path / "src").string(), (t.path / "dst").string(), bound);
+  REQUIRE(!r.has_value());
+  CHECK(r.error().code == "cancelled");
+  CHECK(r.error().message == "copy " + (t.path / "src").string() + ": called off");
+  os::CopyRecord rec;
+  REQUIRE(os::copy_tree((t.path / "src").string(), (t.path / "dst2").string(), {}, &rec).has_value());
+  auto s = os::sync_tree((t.path / "src").string(), (t.path / "dst2").string(), rec, trusting(), bound);
+  REQUIRE(!s.has_value());
+  CHECK(s.error().code == "cancelled");
+  off = false;  // the control: the same bound, not called off
+  CHECK(os::copy_tree((t.path / "src").string(), (t.path / "dst3").string(), bound).has_value());
+  CHECK(os::sync_tree((t.path / "src").string(), (t.path / "dst2").string(), rec, trusting(), bound).has_value());
 }
