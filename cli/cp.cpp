@@ -7,6 +7,8 @@
 // same text (fs.symlink), never followed, SRC itself included (without -r, as cp, SRC's file is
 // copied through it). A FIFO, a socket or a device is not copied: each is named on stderr, and
 // the exit status is 1 once the rest is. "-" is standard input or output (one file, not with -r).
+// Into a box, each file is written atomic (fs.write): a new file beside it, renamed over it once
+// whole, so the agent never reads a part and a failed copy leaves what was there, as rsync does.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/sendfile.h>
@@ -187,7 +189,10 @@ bool TreeCopy::copy() {
     for (size_t i = at; i < std::min(files_.size(), at + kBatch); ++i) {
       const auto& f = files_[i];
       json::object req{{"op", upload_ ? "fs.write" : "fs.read"}, {"path", f.remote}};
-      if (upload_) req["mode"] = f.mode;
+      if (upload_) {
+        req["mode"] = f.mode;
+        req["atomic"] = true;
+      }
       batch.push_back({std::move(req), f.local, upload_, !upload_});
     }
     auto results = s_.transfer_batch(std::move(batch));
@@ -243,7 +248,7 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
     std::error_code ec;
     auto local = fs::symlink_status(from, ec);
     if (local.type() != fs::file_type::directory && local.type() != fs::file_type::symlink) {
-      auto u = s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);
+      auto u = s.upload({{"op", "fs.write"}, {"path", dst->path}, {"atomic", true}}, from);
       return u ? kExitOk : s.fail(u.error(), "upload to " + to);
     }
     auto st = s.request({{"op", "fs.stat"}, {"path", dst->path}});
@@ -309,8 +314,10 @@ int copy_stdio(Session& s, const std::optional<RemotePath>& src, const std::opti
   int fd = spool->get();
   if (dst) {
     if (auto r = pump(STDIN_FILENO, fd, "standard input", "the spool file"); !r) return s.fail(r.error(), what);
-    auto r = s.transfer_batch(
-        {{.req = {{"op", "fs.write"}, {"path", dst->path}}, .local_path = "standard input", .upload = true, .fd = fd}});
+    auto r = s.transfer_batch({{.req = {{"op", "fs.write"}, {"path", dst->path}, {"atomic", true}},
+                                .local_path = "standard input",
+                                .upload = true,
+                                .fd = fd}});
     return r.front() ? kExitOk : s.fail(r.front().error(), what);
   }
   auto r =
@@ -339,7 +346,7 @@ int cmd_cp(const std::vector<std::string>& args) {
   if (stdio) return copy_stdio(s, src, dst, from, to);
   if (a.has("-r")) return copy_tree(s, src, dst, from, to);
   auto r = src ? s.download({{"op", "fs.read"}, {"path", src->path}}, to)
-               : s.upload({{"op", "fs.write"}, {"path", dst->path}}, from);
+               : s.upload({{"op", "fs.write"}, {"path", dst->path}, {"atomic", true}}, from);
   if (r) return kExitOk;
   return s.fail(r.error(), src ? "download " + from : "upload to " + to);
 }

@@ -184,10 +184,59 @@ MadeFile& MadeFile::operator=(MadeFile&& o) noexcept {
     remove();
     dir_ = std::move(o.dir_);
     name_ = std::move(o.name_);
+    target_ = std::move(o.target_);
     dev_ = o.dev_;
     ino_ = o.ino_;
   }
   return *this;
+}
+
+std::optional<std::string> MadeFile::commit() noexcept {
+  if (!dir_ || target_.empty()) {
+    keep();
+    return std::nullopt;
+  }
+  // Still the file it made: the agent may have put something else under the replacement's name.
+  struct stat st {};
+  if (::fstatat(dir_.get(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    dir_.reset();
+    return std::string("the new file ") + name_ + " was removed or replaced before it took the name";
+  }
+  if (::renameat(dir_.get(), name_.c_str(), dir_.get(), target_.c_str()) != 0) {
+    std::string err = std::strerror(errno);
+    remove();
+    return err;
+  }
+  keep();
+  return std::nullopt;
+}
+
+os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, std::optional<mode_t> mode,
+                                 MadeFile& made) {
+  std::string last;
+  auto dir = fs_open(roots, path, O_PATH, 0, &last);
+  struct stat old {};
+  bool replaces = ::fstatat(dir.get(), last.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!replaces && errno != ENOENT) fail(path, errno);
+  if (replaces && S_ISDIR(old.st_mode)) throw RequestError("is_a_directory", path + ": is a directory");
+  bool was_file = replaces && S_ISREG(old.st_mode);
+  mode_t m = mode.value_or(was_file ? old.st_mode & 07777 : 0644);
+  std::string name = ".sbx-write-" + os::random_hex(8);
+  os::UniqueFd fd(
+      ::openat(dir.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0600));
+  if (!fd) fail(path, errno);
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  made.remove();
+  made.dir_ = std::move(dir);
+  made.name_ = name;
+  made.target_ = last;
+  made.dev_ = st.st_dev;
+  made.ino_ = st.st_ino;
+  // Owner first (chown clears set-id bits), then the mode, past the umask.
+  if (was_file && ::fchown(fd.get(), old.st_uid, old.st_gid) != 0) fail(path, errno);
+  if (::fchmod(fd.get(), m) != 0) fail(path, errno);
+  return fd;
 }
 
 void MadeFile::remove() noexcept {

@@ -50,14 +50,29 @@ class MadeFile {
   ~MadeFile() { remove(); }
   /// The write succeeded: the file stays.
   void keep() noexcept { dir_.reset(); }
+  /// The write succeeded: a replacement (fs_open_replacement) takes its target's name now, in one
+  /// rename (whatever was there goes then, and not before); any other file stays, as keep(). The
+  /// error where that rename failed: the replacement is removed and what was there stays.
+  std::optional<std::string> commit() noexcept;
 
  private:
   void remove() noexcept;
+  friend os::UniqueFd fs_open_replacement(const FsRoots&, const std::string&, std::optional<mode_t>, MadeFile&);
   os::UniqueFd dir_;
   std::string name_;
+  std::string target_;  // a replacement's: the name it takes at commit()
   dev_t dev_ = 0;
   ino_t ino_ = 0;
 };
+
+/// A new file beside `path` (`.sbx-write-` and random hex, in its directory, opened beneath the
+/// root as any fs op) that replaces the entry at `path` once written (made.commit()): a reader
+/// sees the old file whole or the new one whole, and a write that fails or is cut off leaves the
+/// old one as it was (made removes the new one). Its mode is `mode`, else the replaced regular
+/// file's, else 0644; it gets the replaced file's owner. A directory at `path` is is_a_directory;
+/// a symlink or other entry there is replaced itself (rename(2) follows none).
+os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, std::optional<mode_t> mode,
+                                 MadeFile& made);
 
 /// The type, size, mode and mtime of what `path` names; with `follow` false, of the entry itself
 /// (a symlink there is not followed, and its text comes in `target`, `target_b64`).

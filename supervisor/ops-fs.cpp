@@ -46,8 +46,11 @@ void op_fs_write(OpContext& ctx) {
   Client& c = ctx.client;
   auto path = protocol::need_path(f, "path");
   auto roots = ctx.roots();
-  auto mode = static_cast<mode_t>(protocol::opt_int(f, "mode", 0, 07777).value_or(0644));
+  auto given_mode = protocol::opt_int(f, "mode", 0, 07777);
+  auto mode = static_cast<mode_t>(given_mode.value_or(0644));
   bool append = protocol::opt_bool(f, "append").value_or(false);
+  bool atomic = protocol::opt_bool(f, "atomic").value_or(false);
+  if (atomic && append) throw RequestError("bad_request", "field atomic: not with append (a replacement is whole)");
   std::optional<std::string> inline_data;
   if (auto d = protocol::opt_string(f, "data")) inline_data = *d;
   if (auto b = protocol::opt_string(f, "data_b64")) {
@@ -64,12 +67,19 @@ void op_fs_write(OpContext& ctx) {
   }
   if (!inline_data) ctx.open_transfer();
   bool created = false;
-  auto fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode, &created);
-  MadeFile made = created ? MadeFile::of(roots, path, fd.get()) : MadeFile{};
+  MadeFile made;
+  os::UniqueFd fd;
+  if (atomic) {
+    auto m = given_mode ? std::optional<mode_t>(static_cast<mode_t>(*given_mode)) : std::nullopt;
+    fd = fs_open_replacement(roots, path, m, made);
+  } else {
+    fd = fs_open_file(roots, path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), mode, &created);
+    if (created) made = MadeFile::of(roots, path, fd.get());
+  }
   if (inline_data) {
     if (auto w = os::write_all(fd.get(), *inline_data); !w)
       throw RequestError("io_error", "write " + path + ": " + w.error().message());
-    made.keep();
+    if (auto e = made.commit()) throw RequestError("io_error", "replace " + path + ": " + *e);
     auto ok = ctx.ok();
     ok["size"] = inline_data->size();
     base::put_bytes_field(ok, "path", path);

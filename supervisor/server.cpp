@@ -586,7 +586,13 @@ struct Server::Impl {
       return 0;
     }
     if (h->last()) {
-      u.made.keep();
+      if (auto e = u.made.commit()) {
+        auto rid = u.id;
+        std::string path = u.path;
+        c.uploads.erase(it);
+        send(c, protocol::error_reply(rid, "io_error", "replace " + path + ": " + *e));
+        return 0;
+      }
       auto reply = protocol::ok_reply(u.id);
       reply["size"] = u.end;
       base::put_bytes_field(reply, "path", u.path);

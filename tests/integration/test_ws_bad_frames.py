@@ -186,6 +186,7 @@ VALID = {
     "fs.read": (A_TXT, {"id": 10, "ok": True, "size": 5, "length": 5}),
     "fs.write with binary frames": ([], {"id": 11, "ok": True, "size": 5, "path": "/workspace/a.txt"}),
     "fs.write inline": ([], {"id": 12, "ok": True, "size": 5, "path": "b.txt"}),
+    "fs.write atomic": (A_TXT, {"id": 70, "ok": True, "size": 5, "path": "/workspace/c.json"}),
     "fs.list": (A_TXT, {"id": 13, "ok": True, "entries": [{"name": "a.txt", "type": "file", "size": 5, "mode": int}],
                         "more": False}),
     "fs.list whole": (A_TXT, {"id": 69, "ok": True, "entries": [{"name": "a.txt", "type": "file", "size": 5, "mode": int}]}),

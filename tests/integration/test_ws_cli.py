@@ -123,6 +123,16 @@ def test_cp_round_trips_a_file_both_ways(box, tmp_path):
                           capture_output=True, timeout=60)
     assert down.returncode == 0, down.stderr
     assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(data).digest()
+    # Into the box again, over the file: replaced whole (a new inode, renamed over it), its mode kept.
+    (box.workspace / "x.bin").chmod(0o600)
+    before = (box.workspace / "x.bin").stat().st_ino
+    src.write_bytes(b"second")
+    up = subprocess.run([str(CLI), "cp", "--token-file", str(box.token_file), str(src), f"{box.url}:/workspace/x.bin"],
+                        capture_output=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    st = (box.workspace / "x.bin").stat()
+    assert (box.workspace / "x.bin").read_bytes() == b"second" and st.st_ino != before and st.st_mode & 0o777 == 0o600
+    assert [n for n in os.listdir(box.workspace) if n.startswith(".sbx-write-")] == []
 
 
 def test_cp_refuses_an_escaping_path(box, tmp_path):

@@ -26,8 +26,8 @@ def header(rid, offset, last):
     return struct.pack("<IQB", rid, offset, 1 if last else 0)
 
 
-async def write_file(s, rid, path, data):
-    await s.ws.send(json.dumps({"id": rid, "op": "fs.write", "path": path}))
+async def write_file(s, rid, path, data, **fields):
+    await s.ws.send(json.dumps({"id": rid, "op": "fs.write", "path": path, **fields}))
     if not data:
         await s.ws.send(header(rid, 0, True))
     for off in range(0, len(data), CHUNK):
@@ -531,6 +531,65 @@ def test_an_upload_that_fills_the_disk_or_is_cut_off_leaves_no_file_it_made(tmp_
         run(go())
         assert box.alive()
 
+
+
+def test_an_atomic_write_replaces_the_file_whole_or_leaves_it_as_it_was(tmp_path):
+    # fs.write with atomic: a new file beside the old one, renamed over it once written. Under an
+    # 8M disk ceiling a 12 MiB write fails (ENOSPC) and one cut off halfway ends: the old file is
+    # as it was, and nothing is left beside it (the control, test_an_upload_that_fills_the_disk...
+    # above: written in place, the old file stays as the failed write left it). A whole one
+    # replaces it, keeping its mode; the agent, holding the old file open, still reads the old.
+    agent = ["python3", "-c", "import sys,time\nfor _ in range(600):\n    time.sleep(0.1)\n"
+             "    try: f = open('/workspace/old.txt'); break\n    except OSError: pass\n"
+             "print('opened', flush=True); time.sleep(3); print('agent read', repr(f.read()), flush=True); "
+             "time.sleep(60)"]
+    with WsBox(tmp_path, agent, extra=["--set", "resources.disk=8M", "--set", "resources.grace=1s"]) as box:
+        async def go():
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                assert (await write_file(s, 1, "/workspace/old.txt", b"before\n"))["ok"]
+                assert (await s.request("fs.chmod", path="/workspace/old.txt", mode=0o600))["ok"]
+                await asyncio.get_running_loop().run_in_executor(None, lambda: box.wait_event(
+                    lambda e: e["type"] == "proc.output" and "opened" in e.get("data", "")))
+                r = await write_file(s, 2, "/workspace/old.txt", os.urandom(12 << 20), atomic=True)
+                assert not r["ok"] and r["error"] == {
+                    "code": "io_error", "message": "write /workspace/old.txt: No space left on device"}, r
+                # Cut off: two of four frames, then the connection closes.
+                await ws.send(json.dumps({"id": 3, "op": "fs.write", "path": "/workspace/old.txt", "atomic": True}))
+                for off in (0, CHUNK):
+                    await ws.send(header(3, off, False) + os.urandom(CHUNK))
+                assert (await s.request("ping"))["ok"]
+            async with ws_connect(box) as ws:
+                s = Session(ws)
+                for _ in range(100):
+                    names = [e["name"] for e in (await s.request("fs.list", path="/workspace"))["entries"]]
+                    if names == ["old.txt"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert names == ["old.txt"], names
+                r, data = await read_file(s, 104, "/workspace/old.txt")
+                assert data == b"before\n", data
+                # Whole: replaced, its mode kept; inline too.
+                assert (await write_file(s, 105, "/workspace/old.txt", b"after\n" * 1000, atomic=True))["ok"]
+                st = await s.request("fs.stat", path="/workspace/old.txt")
+                assert st["size"] == 6000 and st["mode"] == 0o600, st
+                r = await s.request("fs.write", path="/workspace/new.txt", data="inline", atomic=True, mode=0o640)
+                assert r["ok"] and r["size"] == 6, r
+                st = await s.request("fs.stat", path="/workspace/new.txt")
+                assert st["size"] == 6 and st["mode"] == 0o640, st
+                # Refused: with append; over a directory.
+                r = await s.request("fs.write", path="/workspace/new.txt", data="x", atomic=True, append=True)
+                assert r["error"] == {"code": "bad_request",
+                                      "message": "field atomic: not with append (a replacement is whole)"}, r
+                assert (await s.request("fs.mkdir", path="/workspace/d"))["ok"]
+                r = await s.request("fs.write", path="/workspace/d", data="x", atomic=True)
+                assert r["error"] == {"code": "is_a_directory", "message": "/workspace/d: is a directory"}, r
+                names = sorted(e["name"] for e in (await s.request("fs.list", path="/workspace"))["entries"])
+                assert names == ["d", "new.txt", "old.txt"], names
+        run(go())
+        said = box.wait_event(lambda e: e["type"] == "proc.output" and "agent read" in e.get("data", ""))
+        assert "agent read 'before\\n'" in said["data"], said
+        assert box.alive()
 
 
 def test_a_file_the_agent_holds_a_lease_on_is_refused_at_once(tmp_path):

@@ -322,6 +322,23 @@ def test_the_agent_sees_a_file_the_client_wrote(server):
     assert run(go(), 30) == b"from the sdk"
 
 
+def test_an_atomic_write_replaces_the_file_whole(server):
+    # A new file beside it, renamed over it: another inode, the old one's mode; nothing left beside.
+    async def go():
+        async with await Box.connect(server.url, server.token) as box:
+            await box.fs.write("/workspace/conf.json", "{}")
+            await box.fs.chmod("/workspace/conf.json", 0o600)
+            before = os.stat(server.workspace / "conf.json").st_ino
+            await box.fs.write("/workspace/conf.json", b"x" * 100_000, atomic=True, inline=False)
+            st = os.stat(server.workspace / "conf.json")
+            assert st.st_ino != before and st.st_mode & 0o777 == 0o600 and st.st_size == 100_000
+            with pytest.raises(SandboxerError) as e:
+                await box.fs.write("/workspace/conf.json", "y", atomic=True, append=True)
+            assert e.value.code == "bad_request"
+            return [n for n in os.listdir(server.workspace) if n.startswith(".sbx-write-")]
+    assert run(go(), 30) == []
+
+
 def test_empty_file_round_trip(server):
     async def go():
         async with await Box.connect(server.url, server.token) as box:

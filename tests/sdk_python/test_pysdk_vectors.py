@@ -210,6 +210,7 @@ CALLS = {
     "fs.read": lambda b: b.fs.read("/workspace/a.txt"),
     "fs.write with binary frames": lambda b: b.fs.write("/workspace/a.txt", b"hello", inline=False),
     "fs.write inline": lambda b: b.fs.write("b.txt", "small"),
+    "fs.write atomic": lambda b: b.fs.write("/workspace/c.json", b"hello", atomic=True, inline=False),
     "fs.list": lambda b: b.fs.list("/workspace"),
     "fs.list, a page": lambda b: b.fs.list_page("/workspace", limit=2, after="a.txt"),
     "fs.list whole": lambda b: b.request("fs.list", path="/workspace"),  # what an older SDK sent

@@ -135,16 +135,20 @@ class FileSystem:
             conn.drop_sink(reply["id"])
 
     async def write(self, path: Path, data: bytes | str, *, mode: int | None = None, append: bool = False,
-                    branch: str | None = None, inline: bool | None = None,
+                    atomic: bool = False, branch: str | None = None, inline: bool | None = None,
                     chunk_size: int = frames.MAX_CHUNK) -> dict[str, Any]:
         """Creates or replaces (or with `append`, extends) the file at `path` with `data`;
         returns the reply (`size`, `path`) once the server has written every byte. `mode` sets
-        the permission bits of a new file. Content travels in binary frames after the request,
-        or inside the request (`data` / `data_b64`) when `inline` (default: up to 32 KiB)."""
+        the permission bits of a new file. With `atomic`, the data goes to a new file beside it,
+        renamed over it once whole: a reader sees the old file or the new one, never a part, and a
+        write that fails leaves the old one as it was (its mode and owner carry over unless `mode`
+        says). Content travels in binary frames after the request, or inside the request
+        (`data` / `data_b64`) when `inline` (default: up to 32 KiB)."""
         if isinstance(data, str):
             data = data.encode()
         conn = self._box._conn
-        fields: dict[str, Any] = {**_text_or_b64("path", path), "mode": mode, "append": append or None, "branch": branch}
+        fields: dict[str, Any] = {**_text_or_b64("path", path), "mode": mode, "append": append or None,
+                                  "atomic": atomic or None, "branch": branch}
         if inline if inline is not None else len(data) <= INLINE_MAX:
             return await conn.request("fs.write", {**fields, **_text_or_b64("data", data)})
 

@@ -69,6 +69,10 @@ export interface WriteOptions {
   /** Permission bits of a new file. */
   mode?: number;
   append?: boolean;
+  /** The data goes to a new file beside it, renamed over it once whole: a reader sees the old
+   * file or the new one, never a part, and a write that fails leaves the old one as it was (its
+   * mode and owner carry over unless `mode` says). */
+  atomic?: boolean;
   branch?: string;
   /** Content inside the request (`data` / `data_b64`) rather than in binary frames; default:
    * up to 32 KiB. */
@@ -107,7 +111,13 @@ export class FileSystem {
   async write(path: Path, data: Uint8Array | string, opts: WriteOptions = {}): Promise<JsonObject> {
     const bytes = typeof data === "string" ? utf8(data) : data;
     const conn = this.conn();
-    const fields: Record<string, unknown> = { ...textOrB64("path", path), mode: opts.mode, append: opts.append || undefined, branch: opts.branch };
+    const fields: Record<string, unknown> = {
+      ...textOrB64("path", path),
+      mode: opts.mode,
+      append: opts.append || undefined,
+      atomic: opts.atomic || undefined,
+      branch: opts.branch,
+    };
     if (opts.inline ?? bytes.length <= INLINE_MAX) return conn.request("fs.write", { ...fields, ...textOrB64("data", bytes) });
     const chunkSize = opts.chunkSize ?? MAX_CHUNK;
     return conn.request("fs.write", fields, {

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -207,6 +207,22 @@ describe("one box", () => {
     assert.ok((await box.fs.list("/workspace")).some((e) => e.name === "blob.bin"));
     const range = await box.fs.read("/workspace/blob.bin", { offset: 1_048_570, length: 20 });
     assert.equal(sha(range), sha(data.subarray(1_048_570, 1_048_590)));
+  });
+
+  test("an atomic write replaces the file whole: a new inode, the old mode; a refused one leaves it", async () => {
+    await box.fs.write("/workspace/conf.json", "{}");
+    await box.fs.chmod("/workspace/conf.json", 0o600);
+    const before = statSync(join(server.workspace, "conf.json")).ino;
+    const big = new Uint8Array(randomBytes(3 * 1024 * 1024));
+    await box.fs.write("/workspace/conf.json", big, { atomic: true });
+    const after = statSync(join(server.workspace, "conf.json"));
+    assert.notEqual(after.ino, before); // renamed over it, not written through it
+    assert.equal(after.mode & 0o777, 0o600);
+    assert.equal(sha(readFileSync(join(server.workspace, "conf.json"))), sha(big));
+    const e = await rejects(box.fs.write("/workspace/conf.json", "x", { atomic: true, append: true }));
+    assert.ok(e instanceof SandboxerError && e.code === "bad_request", String(e));
+    assert.equal(sha(readFileSync(join(server.workspace, "conf.json"))), sha(big));
+    assert.deepEqual(readdirSync(server.workspace).filter((n) => n.startsWith(".sbx-write-")), []);
   });
 
   test("empty and small binary files, mkdir, rename and remove", async () => {

@@ -157,6 +157,7 @@ const CALLS = {
   "fs.read": (b) => b.fs.read("/workspace/a.txt"),
   "fs.write with binary frames": (b) => b.fs.write("/workspace/a.txt", "hello", { inline: false }),
   "fs.write inline": (b) => b.fs.write("b.txt", "small"),
+  "fs.write atomic": (b) => b.fs.write("/workspace/c.json", "hello", { atomic: true, inline: false }),
   "fs.list": (b) => b.fs.list("/workspace"),
   "fs.list, a page": (b) => b.fs.listPage("/workspace", { limit: 2, after: "a.txt" }),
   "fs.list whole": (b) => b.request("fs.list", { path: "/workspace" }), // what an older SDK sent
