@@ -219,7 +219,11 @@ os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, 
   bool replaces = ::fstatat(dir.get(), last.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0;
   if (!replaces && errno != ENOENT) fail(path, errno);
   if (replaces && S_ISDIR(old.st_mode)) throw RequestError("is_a_directory", path + ": is a directory");
-  bool was_file = replaces && S_ISREG(old.st_mode);
+  // As fs.write without atomic opens only a regular file: a FIFO, device, socket or symlink there
+  // is refused, not replaced (nor written through).
+  if (replaces && !S_ISREG(old.st_mode))
+    throw RequestError("not_a_file", path + ": not a regular file: " + os::file_type_name(old.st_mode));
+  bool was_file = replaces;
   mode_t m = mode.value_or(was_file ? old.st_mode & 07777 : 0644);
   std::string name = ".sbx-write-" + os::random_hex(8);
   os::UniqueFd fd(

@@ -70,7 +70,7 @@ class MadeFile {
 /// sees the old file whole or the new one whole, and a write that fails or is cut off leaves the
 /// old one as it was (made removes the new one). Its mode is `mode`, else the replaced regular
 /// file's, else 0644; it gets the replaced file's owner. A directory at `path` is is_a_directory;
-/// a symlink or other entry there is replaced itself (rename(2) follows none).
+/// any other entry but a regular file (a FIFO, a device, a socket, a symlink) is not_a_file.
 os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, std::optional<mode_t> mode,
                                  MadeFile& made);
 

@@ -584,8 +584,15 @@ def test_an_atomic_write_replaces_the_file_whole_or_leaves_it_as_it_was(tmp_path
                 assert (await s.request("fs.mkdir", path="/workspace/d"))["ok"]
                 r = await s.request("fs.write", path="/workspace/d", data="x", atomic=True)
                 assert r["error"] == {"code": "is_a_directory", "message": "/workspace/d: is a directory"}, r
+                # A symlink there is neither replaced nor written through (as a FIFO is not opened).
+                assert (await s.request("fs.symlink", path="/workspace/link", target="new.txt"))["ok"]
+                r = await s.request("fs.write", path="/workspace/link", data="x", atomic=True)
+                assert r["error"] == {"code": "not_a_file",
+                                      "message": "/workspace/link: not a regular file: a symlink"}, r
                 names = sorted(e["name"] for e in (await s.request("fs.list", path="/workspace"))["entries"])
-                assert names == ["d", "new.txt", "old.txt"], names
+                assert names == ["d", "link", "new.txt", "old.txt"], names
+                r, data = await read_file(s, 106, "/workspace/new.txt")
+                assert data == b"inline", data
         run(go())
         said = box.wait_event(lambda e: e["type"] == "proc.output" and "agent read" in e.get("data", ""))
         assert "agent read 'before\\n'" in said["data"], said
