@@ -157,13 +157,21 @@ bool tmp_in_upper(pid_t pid, const std::string& dir) {
   return seen.st_dev != own.st_dev || seen.st_ino != own.st_ino;
 }
 
-// Whether writes through a shared mapping move a file's times on the filesystem of `path` (its
-// page_mkwrite updates them: ext4, xfs, btrfs); elsewhere (tmpfs moves none) a file kept by its
-// times is also compared by its data.
+// The most entries a layer dir's copy records while its agent runs (os::CopyRecord, ~80 bytes
+// each: ~20 MiB of the supervisor's memory); past them, the rest is copied while it is stopped.
+constexpr size_t kRecordEntries = 1u << 18;
+
+// Whether the filesystem of `path` is one whose times are known to move at every change of a
+// file's data but writes through a page mapped and written before (ext4, xfs, btrfs: their
+// page_mkwrite; tmpfs: the kernel's own at the write fault): those are copied again by the
+// mapped_writable scans and the 2 s rule. Elsewhere (a network or FUSE filesystem, whose times
+// may be another machine's) a file kept by its times is also compared by its data.
 bool times_follow_mappings(const std::string& path) {
   struct statfs fs {};
   if (::statfs(path.c_str(), &fs) != 0) return false;
-  return fs.f_type == 0xEF53 || fs.f_type == 0x58465342 || fs.f_type == static_cast<decltype(fs.f_type)>(0x9123683E);
+  for (uint64_t magic : {0xEF53ull, 0x58465342ull, 0x9123683Eull, 0x01021994ull})
+    if (static_cast<uint64_t>(fs.f_type) == magic) return true;
+  return false;
 }
 
 // The branch's layer (sandbox::kLayerDirs; its /tmp from tmp-upper/ where `in_upper`), from its
@@ -191,7 +199,7 @@ base::Result<uint64_t> copy_layer(const std::string& src, const std::string& fs,
     } else {
       if (sync) os::remove_tree(to);  // a dir that came or went (or changed type) since
       if (!there) continue;
-      if (!sync) records[i].emplace();
+      if (!sync) records[i].emplace().max_entries = kRecordEntries;
       r = os::copy_tree(from, to, bound, sync ? nullptr : &*records[i]);
     }
     if (!r) return base::fail(r.error().message, r.error().code == "failed" ? "io" : r.error().code);

@@ -67,8 +67,9 @@ void continue_tree(pid_t root, int root_fd);
 std::optional<std::string> host_ghost(pid_t root, int root_fd);
 
 /// The files (device, inode) a process of the tree below `root` maps shared and writable: written
-/// through such a mapping, a file's times need not move (tmpfs moves none; others at a page's first
-/// write after it was written back), so a layer copy kept by its times (os::sync_tree) copies them again.
+/// through such a mapping, a file's times move at a page's first write fault only (on ext4 again
+/// after the page was written back; tmpfs writes none back), so a layer copy kept by its times
+/// (os::sync_tree) copies them again.
 std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd);
 
 /// An archive received into the store's dir `dir` (the file `tmp`): extracted and checked while a

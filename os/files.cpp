@@ -21,6 +21,19 @@ namespace sbx::os {
 
 namespace fs = std::filesystem;
 
+void CopyRecord::add(const std::string& path, const Entry& e) {
+  if (entries.size() >= max_entries) {
+    full = true;
+    return;
+  }
+  entries[std::hash<std::string>{}(path)] = e;
+}
+
+const CopyRecord::Entry* CopyRecord::find(const std::string& path) const {
+  auto it = entries.find(std::hash<std::string>{}(path));
+  return it == entries.end() ? nullptr : &it->second;
+}
+
 Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn) {
   int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
@@ -76,8 +89,8 @@ struct Copier {
 
   void note(const std::string& drel, const char* dname, const struct stat& st, uint64_t written) {
     if (record)
-      record->entries[join(drel, dname)] = {st.st_ino, static_cast<mode_t>(st.st_mode & S_IFMT), ctime_ns(st),
-                                            st.st_size, written};
+      record->add(join(drel, dname),
+                  {st.st_ino, ctime_ns(st), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
   }
 
   static constexpr int kMaxDepth = 256;
@@ -318,9 +331,9 @@ struct Syncer {
 
   // Whether the source entry `st` at `rel` is what the record says its copy was made from.
   bool unchanged(const struct stat& st, const std::string& rel) {
-    auto it = record.entries.find(rel);
-    if (it == record.entries.end()) return false;
-    auto& e = it->second;
+    auto* found = record.find(rel);
+    if (!found) return false;
+    auto& e = *found;
     if (e.ino != st.st_ino || e.type != (st.st_mode & S_IFMT) || e.size != st.st_size ||
         e.ctime_ns != Copier::ctime_ns(st))
       return false;
@@ -391,7 +404,7 @@ struct Syncer {
     }
     if ((S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) && same_type && unchanged(st, rel) &&
         !(S_ISREG(st.st_mode) && policy.compare_data && !same_data(sfd, n, dfd, n))) {
-      c.bytes += record.entries.at(rel).bytes;
+      c.bytes += record.find(rel)->bytes;
       return !S_ISREG(st.st_mode) || st.st_nlink <= 1 || keep_links(st, sfd, dfd, n, drel, shown, depth);
     }
     if (has && !remove(dfd, n, shown)) return false;
@@ -436,7 +449,9 @@ base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool
   if (record) {
     timespec now{};
     ::clock_gettime(CLOCK_REALTIME, &now);
+    size_t max = record->max_entries;
     *record = {};
+    record->max_entries = max;
     record->started_ns = static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
     c.record = record;
   }

@@ -51,17 +51,24 @@ struct CopyBound {
 /// What a copy_tree read of each regular file and symlink, by its path below the directory the
 /// copy's root is in (its own name first): the source's inode, type, ctime and size as fstat gave
 /// them before its data was read, and the data bytes its copy took (0 for a further name of an
-/// inode, linked). For a later sync_tree of the same trees.
+/// inode, linked). For a later sync_tree of the same trees. Kept by a 64-bit hash of the path
+/// (~80 bytes an entry), and at most `max_entries` of them: past that, what is not recorded is
+/// copied again by the sync, as a changed entry is (a layer of millions of files costs the
+/// supervisor no more than that many entries' memory).
 struct CopyRecord {
   struct Entry {
     ino_t ino = 0;
-    mode_t type = 0;  // S_IFREG or S_IFLNK
     int64_t ctime_ns = 0;
     off_t size = 0;
     uint64_t bytes = 0;
+    mode_t type = 0;  // S_IFREG or S_IFLNK
   };
-  std::unordered_map<std::string, Entry> entries;
+  std::unordered_map<uint64_t, Entry> entries;
+  size_t max_entries = SIZE_MAX;
+  bool full = false;       // entries were left out past max_entries
   int64_t started_ns = 0;  // CLOCK_REALTIME as the copy began
+  void add(const std::string& path, const Entry& e);
+  const Entry* find(const std::string& path) const;
 };
 
 /// Recursive copy of a directory tree (dirs, regular files, symlinks; owner and mode of each kept)
@@ -81,10 +88,11 @@ struct SyncPolicy {
   /// filesystem of coarse timestamps a change in the same tick as its read leaves its ctime as it was.
   int64_t still_ns = 2'000'000'000;
   /// Inodes (device, inode) copied again whatever their times say: files mapped shared and
-  /// writable, whose writes through the mapping move no time until the kernel faults the page again.
+  /// writable, whose writes through a page written before move no time (only a page's first write
+  /// fault does, and on ext4 the first after it was written back; tmpfs writes none back).
   std::set<std::pair<dev_t, ino_t>> always;
-  /// Where writes through a mapping move no time at all (tmpfs): a file kept by its times is also
-  /// kept only where its data reads the same as its copy's.
+  /// Where a filesystem's times are not known to follow its files' data (a network or FUSE one): a
+  /// file kept by its times is also kept only where its data reads the same as its copy's.
   bool compare_data = false;
 };
 

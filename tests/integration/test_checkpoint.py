@@ -597,13 +597,12 @@ def test_files_and_memory_agree_while_the_agent_writes_through_its_layers_copy(t
     once it is stopped, what changed since (os::sync_tree). An agent makes 2000 files in its
     workspace, waits past the 2 s within which a file's times are not trusted, then writes 200 of
     them all the while (in place with other sizes, or a new file renamed over), its /tmp, and a
-    file it maps shared (whose writes through the mapping move no time on ext4 once its page is
-    dirty, and none ever on tmpfs), and forks itself: in the copy, every file holds what its
+    file it maps shared (whose writes through a page written before move no time: on ext4 until
+    the page is written back, on tmpfs ever), and forks itself: in the copy, every file holds what its
     memory says it wrote last, as in the parent. The controls (each check of the sync taken out in
-    turn, by hand): without the mapped files copied again the mapped value is stale on ext4;
-    keeping every file the record names leaves the 200 stale. The workspace is on the state
-    dir's filesystem, or a tmpfs of its own (resources.disk), whose files are also compared by
-    their data."""
+    turn, by hand): without the mapped files copied again the mapped slots are stale; keeping
+    every file the record names leaves the 200 stale. The workspace is on the state dir's
+    filesystem, or a tmpfs of its own (resources.disk)."""
     args = ["--set", f"resources.disk={disk}"] if disk else []
     rc, ev, err = box(tmp_path / "s", [*args, "--", sys.executable, "-c", WRITES_WHILE_COPIED])
     assert rc == 0, err
