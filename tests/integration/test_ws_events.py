@@ -212,11 +212,15 @@ def test_lagging_clients_get_every_byte_once_in_order_and_only_a_non_reader_gets
 def test_a_client_that_reads_nothing_does_not_hold_the_boxs_end(tmp_path):
     # The end of a box waits for its clients while they take their last events (however busy the
     # machine), but not for one that takes nothing: the box still ends, within the drain's bound.
-    agent = ["python3", "-c", "import sys; sys.stdout.write(('x' * 4095 + '\\n') * 4096); sys.stdout.flush()"]
+    # The agent writes once the client has subscribed (else, on a busy machine, the box could
+    # end before the subscribe reached it: the client then got 1001 at its send).
+    agent = ["python3", "-c", "import os, sys, time\nwhile not os.path.exists('/workspace/go'): time.sleep(0.02)\n"
+             "sys.stdout.write(('x' * 4095 + '\\n') * 4096); sys.stdout.flush()"]
     with WsBox(tmp_path, agent + [], extra=["--set", "resources.grace=1s"]) as box:
         async def go():
             async with ws_connect(box) as ws:
                 await ws.send(json.dumps({"id": 1, "op": "subscribe", "since": 0}))
+                (box.workspace / "go").touch()
                 t0 = time.monotonic()
                 await asyncio.sleep(0.2)  # reads nothing while the box ends
                 while box.proc.poll() is None and time.monotonic() - t0 < 30:
