@@ -43,23 +43,13 @@ Mounts read_mounts(pid_t pid) {
   Mounts out;
   auto text = os::read_file("/proc/" + std::to_string(pid) + "/mountinfo");
   if (!text) return out;
-  std::string_view rest = *text;
-  while (!rest.empty()) {
-    size_t eol = rest.find('\n');
-    std::string_view line = rest.substr(0, eol);
-    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+  os::for_each_line(*text, [&](std::string_view line) {
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS ...: the per-mount options start with rw or ro.
-    std::string_view f[6];
-    size_t at = 0;
-    for (auto& field : f) {
-      size_t sp = std::min(line.find(' ', at), line.size());
-      field = line.substr(std::min(at, line.size()), sp - std::min(at, line.size()));
-      at = sp + 1;
-    }
+    auto f = os::fields_of(line, 6);
     uint64_t id = 0;
-    if (std::from_chars(f[0].data(), f[0].data() + f[0].size(), id).ec != std::errc()) continue;
-    out[id] = {std::string(f[4]), f[5].starts_with("ro") && (f[5].size() == 2 || f[5][2] == ',')};
-  }
+    if (f.size() < 6 || std::from_chars(f[0].data(), f[0].data() + f[0].size(), id).ec != std::errc()) return;
+    out[id] = {std::string(f[4]), f[5] == "ro" || f[5].starts_with("ro,")};
+  });
   return out;
 }
 
@@ -107,23 +97,24 @@ std::optional<std::string> ghost_of_process(pid_t pid, const Mounts& mounts) {
   // Mappings: only those /proc/PID/maps says are of deleted files.
   auto maps = os::read_file(proc + "/maps");
   if (!maps) return std::nullopt;
-  std::string_view rest = *maps;
-  while (!rest.empty() && !found) {
-    size_t eol = rest.find('\n');
-    std::string_view line = rest.substr(0, eol);
-    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
-    if (!line.ends_with(kDeleted)) continue;
-    found = ghost_of(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))), mounts);
-  }
+  os::for_each_line(*maps, [&](std::string_view line) {
+    if (!found && line.ends_with(kDeleted))
+      found = ghost_of(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))), mounts);
+  });
   return found;
+}
+
+// The tree's processes: `root` and every process below it (os::tree_pidfds: no pid reused).
+std::vector<pid_t> tree_pids(pid_t root, int root_fd) {
+  std::vector<pid_t> pids{root};
+  for (auto& m : os::tree_pidfds(root, root_fd)) pids.push_back(m.pid);
+  return pids;
 }
 
 }  // namespace
 
 std::optional<std::string> host_ghost(pid_t root, int root_fd) {
-  auto members = os::tree_pidfds(root, root_fd);
-  std::vector<pid_t> pids{root};
-  for (auto& m : members) pids.push_back(m.pid);
+  auto pids = tree_pids(root, root_fd);
   std::map<std::string, Mounts> by_ns;  // the tree's mount namespaces, read once each
   for (pid_t pid : pids) {
     auto ns = read_link("/proc/" + std::to_string(pid) + "/ns/mnt");
@@ -141,26 +132,14 @@ std::optional<std::string> host_ghost(pid_t root, int root_fd) {
 
 std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd) {
   std::set<std::pair<dev_t, ino_t>> out;
-  std::vector<pid_t> pids{root};
-  for (auto& m : os::tree_pidfds(root, root_fd)) pids.push_back(m.pid);
+  auto pids = tree_pids(root, root_fd);
   for (pid_t pid : pids) {
     auto maps = os::read_file("/proc/" + std::to_string(pid) + "/maps");
     if (!maps) continue;
-    std::string_view rest = *maps;
-    while (!rest.empty()) {
-      size_t eol = rest.find('\n');
-      std::string_view line = rest.substr(0, eol);
-      rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+    os::for_each_line(*maps, [&](std::string_view line) {
       // ADDR PERMS OFFSET MAJ:MIN INODE [PATH]; PERMS "rw-s": writable and shared.
-      std::string_view f[5];
-      size_t at = 0;
-      for (auto& field : f) {
-        while (at < line.size() && line[at] == ' ') ++at;
-        size_t sp = std::min(line.find(' ', at), line.size());
-        field = line.substr(std::min(at, line.size()), sp - std::min(at, line.size()));
-        at = sp;
-      }
-      if (f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') continue;
+      auto f = os::fields_of(line, 5);
+      if (f.size() < 5 || f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') return;
       unsigned major = 0, minor = 0;
       uint64_t ino = 0;
       auto colon = f[3].find(':');
@@ -168,9 +147,9 @@ std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd) {
           std::from_chars(f[3].data(), f[3].data() + colon, major, 16).ec != std::errc() ||
           std::from_chars(f[3].data() + colon + 1, f[3].data() + f[3].size(), minor, 16).ec != std::errc() ||
           std::from_chars(f[4].data(), f[4].data() + f[4].size(), ino).ec != std::errc() || ino == 0)
-        continue;
+        return;
       out.insert({makedev(major, minor), static_cast<ino_t>(ino)});
-    }
+    });
   }
   return out;
 }

@@ -97,6 +97,26 @@ Result<FreeRoom> free_room(const std::string& path) noexcept {
   return room_of(v);
 }
 
+void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn) {
+  while (!text.empty()) {
+    size_t eol = text.find('\n');
+    fn(text.substr(0, eol));
+    text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
+  }
+}
+
+std::vector<std::string_view> fields_of(std::string_view line, size_t most) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0; out.size() < most;) {
+    while (at < line.size() && line[at] == ' ') ++at;
+    if (at >= line.size()) break;
+    size_t sp = std::min(line.find(' ', at), line.size());
+    out.push_back(line.substr(at, sp - at));
+    at = sp;
+  }
+  return out;
+}
+
 Result<std::string> read_file(const std::string& path) {
   // Opened without waiting: a FIFO's open waits for a writer, forever where none comes (and a
   // supervisor that has not yet started its loop answers no signal meanwhile). Read as usual
@@ -400,25 +420,15 @@ std::vector<MountPoint> mounts_under(const std::string& dir, pid_t pid) {
   std::vector<MountPoint> out;
   auto text = read_file(pid > 0 ? "/proc/" + std::to_string(pid) + "/mountinfo" : std::string("/proc/self/mountinfo"));
   if (!text) return out;
-  std::string_view rest = *text;
-  while (!rest.empty()) {
-    size_t eol = rest.find('\n');
-    std::string_view line = rest.substr(0, eol);
-    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+  for_each_line(*text, [&](std::string_view line) {
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
-    std::vector<std::string_view> f;
-    for (size_t at = 0; at < line.size();) {
-      size_t sp = line.find(' ', at);
-      if (sp == std::string_view::npos) sp = line.size();
-      f.push_back(line.substr(at, sp - at));
-      at = sp + 1;
-    }
+    auto f = fields_of(line);
     auto dash = std::find(f.begin(), f.end(), std::string_view("-"));
-    if (f.size() < 5 || dash == f.end() || dash + 1 == f.end()) continue;
+    if (f.size() < 5 || dash == f.end() || dash + 1 == f.end()) return;
     std::string path = unescape_mountinfo(f[4]);
-    if (path != dir && !(path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/')) continue;
+    if (path != dir && !(path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/')) return;
     out.push_back({std::move(path), std::string(*(dash + 1))});
-  }
+  });
   std::reverse(out.begin(), out.end());
   return out;
 }

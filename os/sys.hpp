@@ -43,6 +43,12 @@ Result<std::string> read_all(int fd);
 /// that no process writes gives ENODATA at once.
 Result<std::string> read_file(const std::string& path);
 
+/// Calls fn(line) for each line of `text` (a /proc file's), without its '\n'.
+void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn);
+/// The space-separated fields of `line` (a run of spaces is one separator), the first `most` of
+/// them; fewer where it has fewer.
+std::vector<std::string_view> fields_of(std::string_view line, size_t most = SIZE_MAX);
+
 /// What a writer that is not root may still take of the filesystem of `fd` (or `path`): its bytes
 /// (f_bavail), and its inodes where it has a fixed number of them (none on btrfs).
 struct FreeRoom {

@@ -36,6 +36,15 @@ async def write_file(s, rid, path, data, **fields):
     return await s.reply(rid, 120)
 
 
+async def send_half(s, rid, path, **fields):
+    """An upload cut off: two of its four frames sent, the next request answered after them
+    (the caller then closes the connection)."""
+    await s.ws.send(json.dumps({"id": rid, "op": "fs.write", "path": path, **fields}))
+    for off in (0, CHUNK):
+        await s.ws.send(header(rid, off, False) + os.urandom(CHUNK))
+    assert (await s.request("ping"))["ok"]
+
+
 async def read_file(s, rid, path):
     r = await s.request("fs.read", id=rid, path=path)
     if not r["ok"]:
@@ -512,11 +521,7 @@ def test_an_upload_that_fills_the_disk_or_is_cut_off_leaves_no_file_it_made(tmp_
                 assert (await write_file(s, 5, "/workspace/fits.bin", os.urandom(6 << 20)))["ok"]
                 assert (await s.request("fs.remove", path="/workspace/fits.bin"))["ok"]
                 # Cut off: two of four frames, then the connection closes.
-                await ws.send(json.dumps({"id": 6, "op": "fs.write", "path": "/workspace/half.bin"}))
-                for off in (0, CHUNK):
-                    await ws.send(header(6, off, False) + os.urandom(CHUNK))
-                # The frames were taken (the next request is answered after them).
-                assert (await s.request("ping"))["ok"]
+                await send_half(s, 6, "/workspace/half.bin")
             async with ws_connect(box) as ws:
                 s = Session(ws)
                 for _ in range(100):
@@ -555,10 +560,7 @@ def test_an_atomic_write_replaces_the_file_whole_or_leaves_it_as_it_was(tmp_path
                 assert not r["ok"] and r["error"] == {
                     "code": "io_error", "message": "write /workspace/old.txt: No space left on device"}, r
                 # Cut off: two of four frames, then the connection closes.
-                await ws.send(json.dumps({"id": 3, "op": "fs.write", "path": "/workspace/old.txt", "atomic": True}))
-                for off in (0, CHUNK):
-                    await ws.send(header(3, off, False) + os.urandom(CHUNK))
-                assert (await s.request("ping"))["ok"]
+                await send_half(s, 3, "/workspace/old.txt", atomic=True)
             async with ws_connect(box) as ws:
                 s = Session(ws)
                 for _ in range(100):
