@@ -90,7 +90,7 @@ struct Copier {
   void note(const std::string& drel, const char* dname, const struct stat& st, uint64_t written) {
     if (record)
       record->add(join(drel, dname),
-                  {st.st_ino, ctime_ns(st), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
+                  {st.st_ino, ns_of(st.st_ctim), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
   }
 
   static constexpr int kMaxDepth = 256;
@@ -101,9 +101,6 @@ struct Copier {
   }
 
   static std::string join(const std::string& dir, const char* name) { return dir.empty() ? name : dir + "/" + name; }
-  static int64_t ctime_ns(const struct stat& st) {
-    return static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
-  }
 
   // Owner and mode of the copy as the source has them: chown first (it clears set-id bits).
   bool keep_owner(int fd, const struct stat& st, const std::string& shown) {
@@ -335,7 +332,7 @@ struct Syncer {
     if (!found) return false;
     auto& e = *found;
     if (e.ino != st.st_ino || e.type != (st.st_mode & S_IFMT) || e.size != st.st_size ||
-        e.ctime_ns != Copier::ctime_ns(st))
+        e.ctime_ns != ns_of(st.st_ctim))
       return false;
     if (e.ctime_ns > record.started_ns - policy.still_ns) return false;
     return !policy.always.contains({st.st_dev, st.st_ino});
@@ -447,12 +444,9 @@ base::Result<uint64_t> tree(const std::string& src, const std::string& dst, bool
   c.bound = bound;
   c.droot = ddir.get();
   if (record) {
-    timespec now{};
-    ::clock_gettime(CLOCK_REALTIME, &now);
-    size_t max = record->max_entries;
-    *record = {};
-    record->max_entries = max;
-    record->started_ns = static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+    record->entries.clear();
+    record->full = false;
+    record->started_ns = realtime_ns();
     c.record = record;
   }
   if (!c.entry(sdir.get(), sname.c_str(), ddir.get(), dname.c_str(), "", src, 0)) return base::fail(c.err, c.code);

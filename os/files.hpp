@@ -86,7 +86,7 @@ base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst,
 struct SyncPolicy {
   /// A source changed this close before the record began (or after) is copied again: on a
   /// filesystem of coarse timestamps a change in the same tick as its read leaves its ctime as it was.
-  int64_t still_ns = 2'000'000'000;
+  int64_t still_ns = kTimesStillNs;
   /// Inodes (device, inode) copied again whatever their times say: files mapped shared and
   /// writable, whose writes through a page written before move no time (only a page's first write
   /// fault does, and on ext4 the first after it was written back; tmpfs writes none back).

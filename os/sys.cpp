@@ -97,6 +97,12 @@ Result<FreeRoom> free_room(const std::string& path) noexcept {
   return room_of(v);
 }
 
+int64_t realtime_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return ns_of(now);
+}
+
 void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn) {
   while (!text.empty()) {
     size_t eol = text.find('\n');

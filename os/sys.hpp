@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <time.h>
 #include <boost/system/result.hpp>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,16 @@ Result<std::string> read_all(int fd);
 /// Reads a whole file (or a pipe to its end). A FIFO is opened without waiting for a writer: one
 /// that no process writes gives ENODATA at once.
 Result<std::string> read_file(const std::string& path);
+
+/// A time as nanoseconds since the epoch (a stat's st_ctim, a clock's reading), and the realtime
+/// clock's now so.
+inline int64_t ns_of(const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
+int64_t realtime_ns();
+/// How long after a change a file's or directory's times may not show a later one: on a
+/// filesystem of coarse timestamps (ext4 of 128-byte inodes keeps seconds, FAT two) a change in
+/// the same tick as a read leaves them as they were. What changed this close to a read is read
+/// again (as git's "racily clean" entries).
+inline constexpr int64_t kTimesStillNs = 2'000'000'000;
 
 /// Calls fn(line) for each line of `text` (a /proc file's), without its '\n'.
 void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn);

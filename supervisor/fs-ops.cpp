@@ -372,14 +372,10 @@ void read_window(Window& w, int fd, const struct stat& st, const std::string& af
 
 bool same_time(const timespec& a, const timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
-int64_t ns_of(const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
-
 // Whether the directory `st` describes changed within `still_ns` of now, taken after `st` (or in
 // the future: a clock not ours).
 bool changed_lately(const struct stat& st, int64_t still_ns) {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return std::max(ns_of(st.st_mtim), ns_of(st.st_ctim)) > ns_of(now) - still_ns;
+  return std::max(os::ns_of(st.st_mtim), os::ns_of(st.st_ctim)) > os::realtime_ns() - still_ns;
 }
 
 // Whether `w` holds the next page of this listing: the same directory, unchanged, asked past the

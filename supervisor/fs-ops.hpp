@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "os/sys.hpp"
 #include "os/unique-fd.hpp"
 #include "protocol/protocol.hpp"
 
@@ -101,19 +102,17 @@ struct ListPage {
 /// ends (a page without `more`), when kWindows newer ones are asked for, or after kIdleMs unused
 /// (expire()).
 ///
-/// A directory whose mtime or ctime is within `still_ns` of its read is not trusted to show a
-/// later change (as git's "racily clean" entries): on a filesystem of coarse timestamps (ext4 of
-/// 128-byte inodes keeps seconds, FAT two seconds, a network filesystem its server's clock) a name
-/// made in the same tick as the read, after it, leaves both unchanged. Its window serves no next
-/// page: that page reads the directory again, until it has been still that long.
+/// A directory whose mtime or ctime is within `still_ns` (os::kTimesStillNs) of its read is not
+/// trusted to show a later change: a name made in the same tick as the read, after it, can leave
+/// both unchanged. Its window serves no next page: that page reads the directory again, until it
+/// has been still that long.
 class ListWindows {
  public:
   static constexpr size_t kWindows = 4;
   static constexpr uint64_t kIdleMs = 30000;
   /// The most a window holds, counted as each name's bytes and a std::string's while it is read.
   static constexpr size_t kBytes = 8u << 20;
-  static constexpr int64_t kStillNs = 2'000'000'000;
-  explicit ListWindows(size_t bytes = kBytes, int64_t still_ns = kStillNs);
+  explicit ListWindows(size_t bytes = kBytes, int64_t still_ns = os::kTimesStillNs);
   ~ListWindows();
   ListWindows(const ListWindows&) = delete;
   ListWindows& operator=(const ListWindows&) = delete;
