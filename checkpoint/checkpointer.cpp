@@ -164,7 +164,7 @@ constexpr size_t kRecordEntries = 1u << 18;
 // Whether the filesystem of `path` is one whose times are known to move at every change of a
 // file's data but writes through a page mapped and written before (ext4, xfs, btrfs: their
 // page_mkwrite; tmpfs: the kernel's own at the write fault): those are copied again by the
-// mapped_writable scans and the 2 s rule. Elsewhere (a network or FUSE filesystem, whose times
+// tree_files scans and the 2 s rule. Elsewhere (a network or FUSE filesystem, whose times
 // may be another machine's) a file kept by its times is also compared by its data.
 bool times_follow_mappings(const std::string& path) {
   struct statfs fs {};
@@ -675,6 +675,7 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
       op->t_stop = now_ms();
       (void)stop_tree(op->ns_init_pid, op->tree_fd.get());
       op->t_stopped = op->t_dumped = now_ms();
+      if (op->precopied) op->mapped.merge(tree_files(op->ns_init_pid, op->tree_fd.get(), false).mapped);
       snapshot_layer(op);
     };
     if (op->leave_running) return precopy(op, stop_and_copy);
@@ -707,7 +708,7 @@ void Checkpointer::precopy(std::shared_ptr<CheckpointOp> op, std::function<void(
   op->precopied = true;
   std::string src = settings_.state_dir + "/branches/" + op->branch;
   op->in_upper = tmp_in_upper(op->ns_init_pid, src);
-  op->mapped = mapped_writable(op->ns_init_pid, op->tree_fd.get());
+  op->mapped = tree_files(op->ns_init_pid, op->tree_fd.get(), false).mapped;
   double started = now_ms();
   offload(
       [op, src, room = room_bound(true), ceiling = settings_.disk_bytes, cancel = cancel_copies_] {
@@ -744,11 +745,13 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
     return;
   }
   op->t_stopped = now_ms();
-  if (auto held = host_ghost(op->ns_init_pid, op->tree_fd.get())) {
+  auto held = tree_files(op->ns_init_pid, op->tree_fd.get(), true);
+  op->mapped.merge(held.mapped);  // stopped now: what it maps at the stop, beside what it did at the copy's start
+  if (held.host_ghost) {
     continue_op(*op);
     host_.set_busy(branch, false);
     checkpoint_failed(op, "host_file_deleted",
-                      *held +
+                      *held.host_ghost +
                           ", deleted since it was opened (the host replaced or removed it: an upgrade?); criu would "
                           "write it back into that mount's directory at a restore. Restart what holds it, then "
                           "checkpoint");
@@ -847,8 +850,7 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
     // tmp/ then, tmp-upper/ now (or the other way): that one copied whole.
     auto tmp = std::find(std::begin(sandbox::kLayerDirs), std::end(sandbox::kLayerDirs), std::string_view("tmp"));
     if (op->in_upper != in_upper) op->records.at(static_cast<size_t>(tmp - std::begin(sandbox::kLayerDirs))).reset();
-    policy.always = std::move(op->mapped);
-    policy.always.merge(mapped_writable(op->ns_init_pid, op->tree_fd.get()));
+    policy.always = std::move(op->mapped);  // at the copy's start and at the stop
   }
   offload(
       [op, src, in_upper, room = room_bound(op->leave_running), ceiling = settings_.disk_bytes,

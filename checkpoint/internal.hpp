@@ -58,19 +58,23 @@ inline const std::string kCgroupKey = "cg-";
 /// Continues every process of the tree below `root` (whose pidfd is `root_fd`), through pidfds.
 void continue_tree(pid_t root, int root_fd);
 
-/// With the tree below `root` stopped: the first file or directory one of its processes holds
-/// open, maps, runs or is in whose last link is gone, on a mount that process sees read-only, said
-/// as "process PID (COMM) holds \"PATH\" (on the read-only mount POINT)"; nullopt when there is none.
-/// criu carries such a file in a dump's images (a ghost file) and its restore writes it back
-/// beside its old path, remounting that mount writable for it: where the mount is a read-only bind
-/// of the host's own directory (a library an upgrade replaced in /usr), into the host's directory.
-std::optional<std::string> host_ghost(pid_t root, int root_fd);
-
-/// The files (device, inode) a process of the tree below `root` maps shared and writable: written
-/// through such a mapping, a file's times move at a page's first write fault only (on ext4 again
-/// after the page was written back; tmpfs writes none back), so a layer copy kept by its times
-/// (os::sync_tree) copies them again.
-std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd);
+/// What the processes of the tree below `root` hold that its layer's copy and criu must heed,
+/// read from /proc (each process's maps once).
+struct TreeFiles {
+  /// With `ghosts`, the first file or directory one of them holds open, maps, runs or is in whose
+  /// last link is gone, on a mount that process sees read-only, said as "process PID (COMM) holds
+  /// \"PATH\" (on the read-only mount POINT)". criu carries such a file in a dump's images (a
+  /// ghost file) and its restore writes it back beside its old path, remounting that mount
+  /// writable for it: where the mount is a read-only bind of the host's own directory (a library
+  /// an upgrade replaced in /usr), into the host's directory.
+  std::optional<std::string> host_ghost;
+  /// The files (device, inode) they map shared and writable: written through such a mapping, a
+  /// file's times move at a page's first write fault only (on ext4 again after the page was
+  /// written back; tmpfs writes none back), so a layer copy kept by its times (os::sync_tree)
+  /// copies them again.
+  std::set<std::pair<dev_t, ino_t>> mapped;
+};
+TreeFiles tree_files(pid_t root, int root_fd, bool ghosts);
 
 /// An archive received into the store's dir `dir` (the file `tmp`): extracted and checked while a
 /// second thread hashes it (its id), then filed as <id>.tar.zst with its extraction as <id>.d,

@@ -1,5 +1,6 @@
-// Files a stopped tree holds whose last link is gone, on a mount it sees read-only: what criu
-// would write back into that mount's directory at a restore (internal.hpp, host_ghost).
+// What a checkpoint's tree holds, read from /proc (internal.hpp, tree_files): the files it maps
+// shared and writable, and a file whose last link is gone on a mount it sees read-only (what
+// criu would write back into that mount's directory at a restore).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -82,74 +83,67 @@ std::optional<std::string> ghost_of(const std::string& link, const Mounts& mount
   return target->substr(0, target->size() - kDeleted.size()) + "\" (on the read-only mount " + m->second.point + ")";
 }
 
-// The first such file process `pid` holds open, maps, runs or has as its directory.
-std::optional<std::string> ghost_of_process(pid_t pid, const Mounts& mounts) {
-  std::string proc = "/proc/" + std::to_string(pid);
-  for (const char* what : {"exe", "cwd", "root"})
-    if (auto g = ghost_of(proc + "/" + what, mounts)) return g;
-  std::optional<std::string> found;
-  if (os::UniqueFd dir(::open((proc + "/fd").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir)
-    (void)os::for_each_name(dir.get(), [&](const char* name) {
-      found = ghost_of(proc + "/fd/" + name, mounts);
-      return !found;
-    });
-  if (found) return found;
-  // Mappings: only those /proc/PID/maps says are of deleted files.
-  auto maps = os::read_file(proc + "/maps");
-  if (!maps) return std::nullopt;
-  os::for_each_line(*maps, [&](std::string_view line) {
-    if (!found && line.ends_with(kDeleted))
-      found = ghost_of(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))), mounts);
-  });
-  return found;
+// The file (device, inode) a line of /proc/PID/maps maps shared and writable, if it does.
+std::optional<std::pair<dev_t, ino_t>> shared_writable(std::string_view line) {
+  // ADDR PERMS OFFSET MAJ:MIN INODE [PATH]; PERMS "rw-s": writable and shared.
+  auto f = os::fields_of(line, 5);
+  if (f.size() < 5 || f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') return std::nullopt;
+  unsigned major = 0, minor = 0;
+  uint64_t ino = 0;
+  auto colon = f[3].find(':');
+  if (colon == std::string_view::npos ||
+      std::from_chars(f[3].data(), f[3].data() + colon, major, 16).ec != std::errc() ||
+      std::from_chars(f[3].data() + colon + 1, f[3].data() + f[3].size(), minor, 16).ec != std::errc() ||
+      std::from_chars(f[4].data(), f[4].data() + f[4].size(), ino).ec != std::errc() || ino == 0)
+    return std::nullopt;
+  return std::make_pair(makedev(major, minor), static_cast<ino_t>(ino));
 }
 
-// The tree's processes: `root` and every process below it (os::tree_pidfds: no pid reused).
-std::vector<pid_t> tree_pids(pid_t root, int root_fd) {
-  std::vector<pid_t> pids{root};
-  for (auto& m : os::tree_pidfds(root, root_fd)) pids.push_back(m.pid);
-  return pids;
+// What process `pid` holds, into `out`: the files it maps shared and writable, and (with `mounts`,
+// the read-only mounts' table of its namespace) the first file it holds open, maps, runs or has
+// as its directory whose last link is gone on a read-only mount. Its maps are read once for both.
+void scan_process(pid_t pid, const Mounts* mounts, TreeFiles& out) {
+  std::string proc = "/proc/" + std::to_string(pid);
+  std::optional<std::string> found;
+  if (mounts) {
+    for (const char* what : {"exe", "cwd", "root"})
+      if (!found) found = ghost_of(proc + "/" + what, *mounts);
+    if (os::UniqueFd dir(::open((proc + "/fd").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir && !found)
+      (void)os::for_each_name(dir.get(), [&](const char* name) {
+        found = ghost_of(proc + "/fd/" + name, *mounts);
+        return !found;
+      });
+  }
+  if (auto maps = os::read_file(proc + "/maps"))
+    os::for_each_line(*maps, [&](std::string_view line) {
+      if (auto file = shared_writable(line)) out.mapped.insert(*file);
+      // Mappings of deleted files: only those maps says are.
+      if (mounts && !found && line.ends_with(kDeleted))
+        found = ghost_of(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))), *mounts);
+    });
+  if (found && !out.host_ghost) {
+    auto comm = os::read_file(proc + "/comm");
+    std::string name = comm ? comm->substr(0, comm->find('\n')) : "?";
+    out.host_ghost = "process " + std::to_string(pid) + " (" + name + ") holds \"" + *found;
+  }
 }
 
 }  // namespace
 
-std::optional<std::string> host_ghost(pid_t root, int root_fd) {
-  auto pids = tree_pids(root, root_fd);
+TreeFiles tree_files(pid_t root, int root_fd, bool ghosts) {
+  TreeFiles out;
+  std::vector<pid_t> pids{root};
+  for (auto& m : os::tree_pidfds(root, root_fd)) pids.push_back(m.pid);
   std::map<std::string, Mounts> by_ns;  // the tree's mount namespaces, read once each
   for (pid_t pid : pids) {
-    auto ns = read_link("/proc/" + std::to_string(pid) + "/ns/mnt");
-    if (!ns) continue;
-    auto it = by_ns.find(*ns);
-    if (it == by_ns.end()) it = by_ns.emplace(*ns, read_mounts(pid)).first;
-    if (auto g = ghost_of_process(pid, it->second)) {
-      auto comm = os::read_file("/proc/" + std::to_string(pid) + "/comm");
-      std::string name = comm ? comm->substr(0, comm->find('\n')) : "?";
-      return "process " + std::to_string(pid) + " (" + name + ") holds \"" + *g;
-    }
-  }
-  return std::nullopt;
-}
-
-std::set<std::pair<dev_t, ino_t>> mapped_writable(pid_t root, int root_fd) {
-  std::set<std::pair<dev_t, ino_t>> out;
-  auto pids = tree_pids(root, root_fd);
-  for (pid_t pid : pids) {
-    auto maps = os::read_file("/proc/" + std::to_string(pid) + "/maps");
-    if (!maps) continue;
-    os::for_each_line(*maps, [&](std::string_view line) {
-      // ADDR PERMS OFFSET MAJ:MIN INODE [PATH]; PERMS "rw-s": writable and shared.
-      auto f = os::fields_of(line, 5);
-      if (f.size() < 5 || f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') return;
-      unsigned major = 0, minor = 0;
-      uint64_t ino = 0;
-      auto colon = f[3].find(':');
-      if (colon == std::string_view::npos ||
-          std::from_chars(f[3].data(), f[3].data() + colon, major, 16).ec != std::errc() ||
-          std::from_chars(f[3].data() + colon + 1, f[3].data() + f[3].size(), minor, 16).ec != std::errc() ||
-          std::from_chars(f[4].data(), f[4].data() + f[4].size(), ino).ec != std::errc() || ino == 0)
-        return;
-      out.insert({makedev(major, minor), static_cast<ino_t>(ino)});
-    });
+    const Mounts* mounts = nullptr;
+    if (ghosts && !out.host_ghost)
+      if (auto ns = read_link("/proc/" + std::to_string(pid) + "/ns/mnt")) {
+        auto it = by_ns.find(*ns);
+        if (it == by_ns.end()) it = by_ns.emplace(*ns, read_mounts(pid)).first;
+        mounts = &it->second;
+      }
+    scan_process(pid, mounts, out);
   }
   return out;
 }
