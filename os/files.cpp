@@ -304,12 +304,12 @@ struct Syncer {
   const CopyRecord& record;
   const SyncPolicy& policy;
 
-  // Whether the data of the entries `name` of `sdir` and `dname` of `ddir` read the same.
-  static bool same_data(int sdir, const char* name, int ddir, const char* dname) {
+  // Whether the data of the entry `name` of `sdir` and its copy in `ddir` read the same.
+  static bool same_data(int sdir, int ddir, const char* name) {
     auto p = os::open_beneath(sdir, name, O_PATH | O_NOFOLLOW);
     if (!p) return false;
     auto in = os::reopen(p->get(), O_RDONLY | O_NONBLOCK);
-    os::UniqueFd out(::openat(ddir, dname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    os::UniqueFd out(::openat(ddir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (!in || !out) return false;
     std::vector<char> a(256 << 10), b(256 << 10);
     for (;;) {
@@ -326,16 +326,15 @@ struct Syncer {
     }
   }
 
-  // Whether the source entry `st` at `rel` is what the record says its copy was made from.
-  bool unchanged(const struct stat& st, const std::string& rel) {
-    auto* found = record.find(rel);
-    if (!found) return false;
-    auto& e = *found;
-    if (e.ino != st.st_ino || e.type != (st.st_mode & S_IFMT) || e.size != st.st_size ||
-        e.ctime_ns != ns_of(st.st_ctim))
-      return false;
-    if (e.ctime_ns > record.started_ns - policy.still_ns) return false;
-    return !policy.always.contains({st.st_dev, st.st_ino});
+  // The record's entry for `rel` where the source entry `st` there is what its copy was made
+  // from, and may be kept; else none.
+  const CopyRecord::Entry* unchanged(const struct stat& st, const std::string& rel) {
+    auto* e = record.find(rel);
+    if (!e || e->ino != st.st_ino || e->type != (st.st_mode & S_IFMT) || e->size != st.st_size ||
+        e->ctime_ns != ns_of(st.st_ctim) || e->ctime_ns > record.started_ns - policy.still_ns ||
+        policy.always.contains({st.st_dev, st.st_ino}))
+      return nullptr;
+    return e;
   }
 
   // A kept file with further names: the copy's names of its inode are one inode, the first placed.
@@ -399,9 +398,10 @@ struct Syncer {
       if (!out) return c.fail("open the copy of " + shown, out.error().value());
       return dir(sub->get(), out->get(), rel, shown, depth + 1) && c.keep_owner(out->get(), st, shown);
     }
-    if ((S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) && same_type && unchanged(st, rel) &&
-        !(S_ISREG(st.st_mode) && policy.compare_data && !same_data(sfd, n, dfd, n))) {
-      c.bytes += record.find(rel)->bytes;
+    const CopyRecord::Entry* kept =
+        (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) && same_type ? unchanged(st, rel) : nullptr;
+    if (kept && !(S_ISREG(st.st_mode) && policy.compare_data && !same_data(sfd, dfd, n))) {
+      c.bytes += kept->bytes;
       return !S_ISREG(st.st_mode) || st.st_nlink <= 1 || keep_links(st, sfd, dfd, n, drel, shown, depth);
     }
     if (has && !remove(dfd, n, shown)) return false;

@@ -223,8 +223,7 @@ os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, 
   // is refused, not replaced (nor written through).
   if (replaces && !S_ISREG(old.st_mode))
     throw RequestError("not_a_file", path + ": not a regular file: " + os::file_type_name(old.st_mode));
-  bool was_file = replaces;
-  mode_t m = mode.value_or(was_file ? old.st_mode & 07777 : 0644);
+  mode_t m = mode.value_or(replaces ? old.st_mode & 07777 : 0644);
   std::string name = ".sbx-write-" + os::random_hex(8);
   os::UniqueFd fd(
       ::openat(dir.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0600));
@@ -238,7 +237,7 @@ os::UniqueFd fs_open_replacement(const FsRoots& roots, const std::string& path, 
   made.dev_ = st.st_dev;
   made.ino_ = st.st_ino;
   // Owner first (chown clears set-id bits), then the mode, past the umask.
-  if (was_file && ::fchown(fd.get(), old.st_uid, old.st_gid) != 0) fail(path, errno);
+  if (replaces && ::fchown(fd.get(), old.st_uid, old.st_gid) != 0) fail(path, errno);
   if (::fchmod(fd.get(), m) != 0) fail(path, errno);
   return fd;
 }
