@@ -308,13 +308,12 @@ class Checkpointer {
   bool kdat_warned_ = false;               // kdat_unprotected has logged
   /// when_kdat_ready's, until the probe they wait for ends or times out.
   std::vector<std::function<void(base::Result<void>)>> kdat_waiters_;
-  pid_t kdat_waiting_on_ = -1;  // that probe
-  bool kdat_own_ = false;
+  pid_t kdat_waiting_on_ = -1;             // that probe
+  bool kdat_own_ = false;                  // started by them (not the warm-up's)
+  loop::UvHandle<uv_timer_t> kdat_timer_;  // its checkpoint.probe_timeout
+  std::optional<std::string> image_id_;    // /etc/sandboxer/image.json's id, in an image
   // Set at the box's shutdown: a layer copy on the thread pool stops (os::CopyBound::cancel).
-  std::shared_ptr<std::atomic<bool>> cancel_copies_ =
-      std::make_shared<std::atomic<bool>>(false);  // started by them (not the warm-up's)
-  loop::UvHandle<uv_timer_t> kdat_timer_;          // its checkpoint.probe_timeout
-  std::optional<std::string> image_id_;            // /etc/sandboxer/image.json's id, in an image
+  std::shared_ptr<std::atomic<bool>> cancel_copies_ = std::make_shared<std::atomic<bool>>(false);
   /// The import policy: the box's trusted keys (read on the first call), --allow-unsigned, the
   /// size bound; or why a key could not be read.
   base::Result<archive::ImportPolicy> import_policy() const;

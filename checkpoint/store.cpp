@@ -93,7 +93,7 @@ os::CopyBound Checkpointer::room_bound(bool journal) const {
 uint64_t Checkpointer::ghost_limit(bool journal) const {
   auto space = os::free_room(snap_dir_);
   if (!space) return kCriuGhostLimit;  // unknown: criu's own
-  uint64_t keep = journal ? host_.journal_room() : 0;
+  uint64_t keep = room_bound(journal).keep_bytes.value_or(0);
   return std::max(kCriuGhostLimit, space->bytes > keep ? space->bytes - keep : 0);
 }
 
