@@ -697,6 +697,16 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
 namespace {
 // criu's reason, and where it is a ghost file criu would not dump (larger than `ghost_limit`), what
 // that means here.
+// The refusal of a checkpoint whose tree holds `deleted` files of more than `room` bytes together.
+std::string deleted_refusal(const TreeFiles::Deleted& deleted, uint64_t room) {
+  auto n = deleted.files.size();
+  return "the branch's processes hold " + std::to_string(n) + (n == 1 ? " file" : " files") +
+         " deleted since they were opened, " + std::to_string(deleted.bytes) + " bytes" + (n == 1 ? "" : " together") +
+         " (the largest: " + deleted.largest + ", " + std::to_string(deleted.largest_bytes) +
+         " bytes), which criu carries in the checkpoint: more than the " + std::to_string(room) +
+         " bytes the state dir's filesystem has for it. Close them, or give the state dir more space";
+}
+
 std::string dump_failure(const std::string& why, uint64_t ghost_limit) {
   if (why.find("Can't dump ghost file") == std::string::npos) return why;
   return why + " (a file the branch's processes hold open or mapped was deleted, and it is larger than the " +
@@ -757,6 +767,18 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
                           "checkpoint");
     return;
   }
+  // A file its agent holds open after deleting it (Python's TemporaryFile, a download's spool) is
+  // carried in the images, as large as the checkpoint's room allows (criu's own limit, 1 MiB a
+  // file, failed the checkpoint of any agent holding a larger one); criu's limit is a file's, so
+  // their sum is checked here, before criu fills the state dir's filesystem with them.
+  auto room = ghost_room(op->leave_running);
+  op->ghost_limit = room ? std::max(*room, kCriuGhostLimit) : kCriuGhostLimit;
+  if (room && held.deleted.bytes > *room) {
+    continue_op(*op);
+    host_.set_busy(branch, false);
+    checkpoint_failed(op, "no_space", deleted_refusal(held.deleted, *room));
+    return;
+  }
   CriuRun run;
   run.args = {"dump", "--tree", std::to_string(op->ns_init_pid), "--images-dir", op->work + "/payload/criu",
               "--work-dir", op->work + "/logs", "--log-file", "dump.log", "--external", "mnt[]", "--external",
@@ -766,10 +788,6 @@ void Checkpointer::dump_live(std::shared_ptr<CheckpointOp> op) {
               // criu's iptables lock would sit in the host's tables (the tree shares the host's
               // network namespace), and no restored copy keeps the connections (--tcp-close).
               "--tcp-established", "--network-lock", "skip", "--file-locks", "--leave-running"};
-  // A file its agent holds open after deleting it (Python's TemporaryFile, a download's spool) is
-  // carried in the images, as large as the checkpoint's room allows (criu's own limit, 1 MiB a
-  // file, failed the checkpoint of any agent holding a larger one).
-  op->ghost_limit = ghost_limit(op->leave_running);
   run.args.insert(run.args.end(), {"--ghost-limit", std::to_string(op->ghost_limit)});
   // ns-init's reports socket, whose peer is ours: dumped as external, given back at restore
   // (--inherit-fd socket:[INO], restore.cpp).

@@ -216,9 +216,10 @@ class Checkpointer {
   /// read from the filesystem before each extent; and kJournalInodes of its inodes. Code no_space.
   os::CopyBound room_bound(bool journal = true) const;
   static constexpr uint64_t kJournalInodes = 1024;
-  /// The largest file, held open after its last link went, criu may carry in a dump's images
-  /// (--ghost-limit): the room room_bound(journal) leaves now, at least criu's own 1 MiB.
-  uint64_t ghost_limit(bool journal) const;
+  /// The room room_bound(journal) leaves now for the files, held open after their last link went,
+  /// criu carries in a dump's images (their sum; criu's --ghost-limit, a file's, is this or its own
+  /// 1 MiB, whichever is larger); nullopt where the state dir's free space cannot be read.
+  std::optional<uint64_t> ghost_room(bool journal) const;
   static constexpr uint64_t kCriuGhostLimit = 1u << 20;
   boost::json::object limit_refusal(const std::string& branch, const char* limit, int64_t value, int64_t ceiling,
                                     const std::string& msg);

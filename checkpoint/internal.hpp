@@ -73,6 +73,16 @@ struct TreeFiles {
   /// written back; tmpfs writes none back), so a layer copy kept by its times (os::sync_tree)
   /// copies them again.
   std::set<std::pair<dev_t, ino_t>> mapped;
+  /// With `ghosts`, the regular files whose last link is gone that they hold open, map or run, on
+  /// any mount but the kernel's internal ones: criu carries each in the dump's images, whole (its
+  /// --ghost-limit is a file's size). Their count, their sizes' sum, and the largest, said as
+  /// "process PID (COMM) holds \"PATH\"".
+  struct Deleted {
+    std::set<std::pair<dev_t, ino_t>> files;
+    uint64_t bytes = 0;
+    uint64_t largest_bytes = 0;
+    std::string largest;
+  } deleted;
 };
 TreeFiles tree_files(pid_t root, int root_fd, bool ghosts);
 

@@ -90,11 +90,11 @@ os::CopyBound Checkpointer::room_bound(bool journal) const {
   return b;
 }
 
-uint64_t Checkpointer::ghost_limit(bool journal) const {
+std::optional<uint64_t> Checkpointer::ghost_room(bool journal) const {
   auto space = os::free_room(snap_dir_);
-  if (!space) return kCriuGhostLimit;  // unknown: criu's own
+  if (!space) return std::nullopt;
   uint64_t keep = room_bound(journal).keep_bytes.value_or(0);
-  return std::max(kCriuGhostLimit, space->bytes > keep ? space->bytes - keep : 0);
+  return space->bytes > keep ? space->bytes - keep : 0;
 }
 
 int64_t Checkpointer::live_copies() const {

@@ -1,6 +1,7 @@
 // What a checkpoint's tree holds, read from /proc (internal.hpp, tree_files): the files it maps
-// shared and writable, and a file whose last link is gone on a mount it sees read-only (what
-// criu would write back into that mount's directory at a restore).
+// shared and writable, and the files whose last link is gone (which criu carries in the dump;
+// on a mount the process sees read-only, criu would write one back into that mount's directory
+// at a restore).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -67,27 +68,40 @@ uint64_t mount_id(int fd) {
   return id;
 }
 
-// Whether `link` (a magic link of /proc/PID: fd/N, exe, cwd, map_files/RANGE) names a file or
-// directory whose last link is gone, on a read-only mount of `mounts`: its path, as the process
-// sees it, with that mount's point; else nullopt. Files on the kernel's internal mounts (memfd,
-// shared anonymous memory, SysV segments) are in no mount table: criu dumps those apart.
-std::optional<std::string> ghost_of(const std::string& link, const Mounts& mounts) {
+// A file or directory whose last link is gone, held through a magic link of /proc/PID (fd/N, exe,
+// cwd, root, map_files/RANGE): its path as the process sees it, its mount and its stat.
+struct Held {
+  std::string path;
+  const MountView* mount = nullptr;
+  struct stat st {};
+};
+
+// What `link` holds if it is a file or directory whose last link is gone on a mount of `mounts`;
+// else nullopt. Files on the kernel's internal mounts (memfd, shared anonymous memory, SysV
+// segments) are in no mount table: criu dumps those apart, not as ghost files.
+std::optional<Held> deleted_at(const std::string& link, const Mounts& mounts) {
   auto target = read_link(link);
   if (!target || !target->ends_with(kDeleted)) return std::nullopt;
   os::UniqueFd fd(::open(link.c_str(), O_PATH | O_CLOEXEC));
-  struct stat st {};
-  if (!fd || ::fstat(fd.get(), &st) != 0 || st.st_nlink != 0) return std::nullopt;
-  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return std::nullopt;
+  Held h;
+  if (!fd || ::fstat(fd.get(), &h.st) != 0 || h.st.st_nlink != 0) return std::nullopt;
+  if (!S_ISREG(h.st.st_mode) && !S_ISDIR(h.st.st_mode)) return std::nullopt;
   auto m = mounts.find(mount_id(fd.get()));
-  if (m == mounts.end() || !m->second.read_only) return std::nullopt;
-  return target->substr(0, target->size() - kDeleted.size()) + "\" (on the read-only mount " + m->second.point + ")";
+  if (m == mounts.end()) return std::nullopt;
+  h.path = target->substr(0, target->size() - kDeleted.size());
+  h.mount = &m->second;
+  return h;
 }
 
-// The file (device, inode) a line of /proc/PID/maps maps shared and writable, if it does.
-std::optional<std::pair<dev_t, ino_t>> shared_writable(std::string_view line) {
+// The file (device, inode) a line of /proc/PID/maps maps, and whether shared and writable.
+struct MapLine {
+  std::pair<dev_t, ino_t> file;
+  bool shared_writable = false;
+};
+std::optional<MapLine> map_line(std::string_view line) {
   // ADDR PERMS OFFSET MAJ:MIN INODE [PATH]; PERMS "rw-s": writable and shared.
   auto f = os::fields_of(line, 5);
-  if (f.size() < 5 || f[1].size() != 4 || f[1][1] != 'w' || f[1][3] != 's') return std::nullopt;
+  if (f.size() < 5 || f[1].size() != 4) return std::nullopt;
   unsigned major = 0, minor = 0;
   uint64_t ino = 0;
   auto colon = f[3].find(':');
@@ -96,36 +110,52 @@ std::optional<std::pair<dev_t, ino_t>> shared_writable(std::string_view line) {
       std::from_chars(f[3].data() + colon + 1, f[3].data() + f[3].size(), minor, 16).ec != std::errc() ||
       std::from_chars(f[4].data(), f[4].data() + f[4].size(), ino).ec != std::errc() || ino == 0)
     return std::nullopt;
-  return std::make_pair(makedev(major, minor), static_cast<ino_t>(ino));
+  return MapLine{{makedev(major, minor), static_cast<ino_t>(ino)}, f[1][1] == 'w' && f[1][3] == 's'};
+}
+
+std::string comm_of(const std::string& proc) {
+  auto comm = os::read_file(proc + "/comm");
+  return comm ? comm->substr(0, comm->find('\n')) : "?";
 }
 
 // What process `pid` holds, into `out`: the files it maps shared and writable, and (with `mounts`,
-// the read-only mounts' table of its namespace) the first file it holds open, maps, runs or has
-// as its directory whose last link is gone on a read-only mount. Its maps are read once for both.
+// its namespace's mount table) the files it holds open, maps, runs or has as its directory whose
+// last link is gone. Its maps are read once for both.
 void scan_process(pid_t pid, const Mounts* mounts, TreeFiles& out) {
   std::string proc = "/proc/" + std::to_string(pid);
-  std::optional<std::string> found;
+  std::optional<std::string> found;  // its first such file on a read-only mount
+  auto note = [&](const std::string& link) {
+    auto h = deleted_at(link, *mounts);
+    if (!h) return;
+    if (!found && h->mount->read_only) found = h->path + "\" (on the read-only mount " + h->mount->point + ")";
+    if (!S_ISREG(h->st.st_mode) || !out.deleted.files.insert({h->st.st_dev, h->st.st_ino}).second) return;
+    auto size = static_cast<uint64_t>(h->st.st_size);
+    out.deleted.bytes += size;
+    if (size >= out.deleted.largest_bytes) {
+      out.deleted.largest_bytes = size;
+      out.deleted.largest = "process " + std::to_string(pid) + " (" + comm_of(proc) + ") holds \"" + h->path + "\"";
+    }
+  };
   if (mounts) {
-    for (const char* what : {"exe", "cwd", "root"})
-      if (!found) found = ghost_of(proc + "/" + what, *mounts);
-    if (os::UniqueFd dir(::open((proc + "/fd").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir && !found)
+    for (const char* what : {"exe", "cwd", "root"}) note(proc + "/" + what);
+    if (os::UniqueFd dir(::open((proc + "/fd").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir)
       (void)os::for_each_name(dir.get(), [&](const char* name) {
-        found = ghost_of(proc + "/fd/" + name, *mounts);
-        return !found;
+        note(proc + "/fd/" + name);
+        return true;
       });
   }
+  std::set<std::pair<dev_t, ino_t>> deleted_maps;  // a file mapped in several ranges is looked at once
   if (auto maps = os::read_file(proc + "/maps"))
     os::for_each_line(*maps, [&](std::string_view line) {
-      if (auto file = shared_writable(line)) out.mapped.insert(*file);
+      auto m = map_line(line);
+      if (!m) return;
+      if (m->shared_writable) out.mapped.insert(m->file);
       // Mappings of deleted files: only those maps says are.
-      if (mounts && !found && line.ends_with(kDeleted))
-        found = ghost_of(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))), *mounts);
+      if (mounts && line.ends_with(kDeleted) && deleted_maps.insert(m->file).second)
+        note(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))));
     });
-  if (found && !out.host_ghost) {
-    auto comm = os::read_file(proc + "/comm");
-    std::string name = comm ? comm->substr(0, comm->find('\n')) : "?";
-    out.host_ghost = "process " + std::to_string(pid) + " (" + name + ") holds \"" + *found;
-  }
+  if (found && !out.host_ghost)
+    out.host_ghost = "process " + std::to_string(pid) + " (" + comm_of(proc) + ") holds \"" + *found;
 }
 
 }  // namespace
@@ -137,7 +167,7 @@ TreeFiles tree_files(pid_t root, int root_fd, bool ghosts) {
   std::map<std::string, Mounts> by_ns;  // the tree's mount namespaces, read once each
   for (pid_t pid : pids) {
     const Mounts* mounts = nullptr;
-    if (ghosts && !out.host_ghost)
+    if (ghosts)
       if (auto ns = read_link("/proc/" + std::to_string(pid) + "/ns/mnt")) {
         auto it = by_ns.find(*ns);
         if (it == by_ns.end()) it = by_ns.emplace(*ns, read_mounts(pid)).first;

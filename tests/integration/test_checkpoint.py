@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -766,6 +767,57 @@ def test_a_layer_copy_that_would_take_the_journals_room_is_refused_naming_it(tmp
             assert not list((state / "snapshots").glob(".work-*"))  # nothing of it is left
         finally:
             unmount_below(state)
+
+
+DELETED_FILES_THEN_CHECKPOINT = r'''
+import json, os, sys, tempfile
+sys.path.insert(0, os.environ["SBX_AGENT_SDK"])
+import agent
+held = []
+for i in range(4):
+    f = tempfile.TemporaryFile(dir=os.environ["SANDBOXER_WORKSPACE"])  # no name from the start
+    f.write(os.urandom(16 << 20))
+    f.flush()
+    held.append(f)
+for keep in (4, 1):
+    for f in held[keep:]:
+        f.close()
+    try:
+        r = agent.Channel().checkpoint(f"holds-{keep}")
+        print(json.dumps({"refused": False, "snapshot": r["snapshot"]}), flush=True)
+    except agent.ChannelError as e:
+        print(json.dumps({"refused": True, "code": e.code, "message": e.message}), flush=True)
+'''
+
+
+@needs_criu
+def test_deleted_files_that_together_would_fill_the_state_dir_are_refused_naming_them(tmp_path):
+    """criu's --ghost-limit is a file's: the agent holds four deleted files of 16 MiB in its
+    workspace, on the state dir's filesystem (a 128 MiB tmpfs), each within the room a checkpoint
+    has there, the four not. The checkpoint is refused with code no_space, naming their count, sum
+    and the largest, before criu runs; the journal and the agent go on. The control, in the same
+    run: once it holds one, it checkpoints. (Before, criu wrote them until the filesystem was full:
+    "criu dump failed: Can't send ghost to image: No space left on device (criu/files-reg.c:178)",
+    code criu, seen by hand with the check taken out.)"""
+    state = tmp_path / "s"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m,mode=0700", "tmpfs", str(state)], check=True)
+    try:
+        rc, ev, err = box(state, ["--", sys.executable, "-c", DELETED_FILES_THEN_CHECKPOINT])
+        assert rc == 0, err
+        four, one_held = [m for m in messages(ev) if "refused" in m]
+        assert four["refused"] is True and four["code"] == "no_space", four
+        assert re.fullmatch(
+            r"the branch's processes hold 4 files deleted since they were opened, 67108864 bytes together \(the "
+            r"largest: process \d+ \(python[\d.]*\) holds \"/workspace/#\d+\", 16777216 bytes\), which criu carries in "
+            r"the checkpoint: more than the \d+ bytes the state dir's filesystem has for it. Close them, or give the "
+            r"state dir more space", four["message"]), four["message"]
+        assert one(ev, "checkpoint.failed")["error"] == {"code": "no_space", "message": four["message"]}
+        assert one_held["refused"] is False, (one_held, err)
+        assert one(ev, "checkpoint.created")["name"] == "holds-1"
+        assert not any(e["type"] == "journal.degraded" for e in ev)
+    finally:
+        unmount_below(state)
 
 
 EMPTY_FILES_THEN_CHECKPOINT = r'''
