@@ -174,15 +174,21 @@ bool times_follow_mappings(const std::string& path) {
   return false;
 }
 
+// A pass of copy_layer: the copy while the agent runs; a sync of it while the agent still runs,
+// recorded again (what changed during the copy, so that less is left for the stop); the sync once
+// the agent is stopped.
+enum class LayerPass { copy, resync, sync };
+
 // The branch's layer (sandbox::kLayerDirs; its /tmp from tmp-upper/ where `in_upper`), from its
 // dir `src` into `fs` (a payload's fs/), each dir within layer_bound: copied, each dir's entries
-// recorded in `records`, where `sync` is false (a copy while the agent runs); else brought up to
-// date from those records (os::sync_tree, `policy`), a dir with none copied whole. The bytes of
-// data the layer's copy holds, or what failed (code io for a plain failure).
+// recorded in `records` (LayerPass::copy); else brought up to date from those records
+// (os::sync_tree, `policy`), a dir with none copied whole, and with LayerPass::resync recorded
+// anew. The bytes of data the layer's copy holds, or what failed (code io for a plain failure).
 base::Result<uint64_t> copy_layer(const std::string& src, const std::string& fs, bool in_upper,
                                   const os::CopyBound& room, uint64_t ceiling,
-                                  std::vector<std::optional<os::CopyRecord>>& records, bool sync,
+                                  std::vector<std::optional<os::CopyRecord>>& records, LayerPass pass,
                                   os::SyncPolicy policy) {
+  bool sync = pass != LayerPass::copy, record = pass != LayerPass::sync;
   records.resize(std::size(sandbox::kLayerDirs));
   uint64_t in_dir = 0, total = 0;  // written from the branch's dir, one filesystem under a ceiling
   for (size_t i = 0; i < std::size(sandbox::kLayerDirs); ++i) {
@@ -195,18 +201,33 @@ base::Result<uint64_t> copy_layer(const std::string& src, const std::string& fs,
     base::Result<uint64_t> r = uint64_t{0};
     if (sync && records[i] && there && S_ISDIR(st.st_mode)) {
       policy.compare_data = !times_follow_mappings(from);
-      r = os::sync_tree(from, to, *records[i], policy, bound);
+      os::CopyRecord next;
+      next.max_entries = kRecordEntries;
+      r = os::sync_tree(from, to, *records[i], policy, bound, record ? &next : nullptr);
+      if (r && record) records[i] = std::move(next);
     } else {
       if (sync) os::remove_tree(to);  // a dir that came or went (or changed type) since
+      records[i].reset();
       if (!there) continue;
-      if (!sync) records[i].emplace().max_entries = kRecordEntries;
-      r = os::copy_tree(from, to, bound, sync ? nullptr : &*records[i]);
+      if (record) records[i].emplace().max_entries = kRecordEntries;
+      r = os::copy_tree(from, to, bound, record ? &*records[i] : nullptr);
     }
     if (!r) return base::fail(r.error().message, r.error().code == "failed" ? "io" : r.error().code);
     total += *r;
     if (!ws) in_dir += *r;
   }
   return total;
+}
+
+// Whether a pass of copy_layer that took `took_ms` and left `records` is worth another while the
+// agent runs: it copied something anew, and took long enough for the agent to change much meanwhile.
+constexpr int kResyncs = 3;  // at most, after the copy
+bool resync_worth(const std::vector<std::optional<os::CopyRecord>>& records, double took_ms) {
+  constexpr double kResyncAfterMs = 250;
+  uint64_t renewed = 0;
+  for (auto& r : records)
+    if (r) renewed += r->renewed;
+  return renewed > 0 && took_ms >= kResyncAfterMs;
 }
 
 }  // namespace
@@ -241,6 +262,7 @@ struct Checkpointer::CheckpointOp {
   std::vector<std::optional<os::CopyRecord>> records;
   std::set<std::pair<dev_t, ino_t>> mapped;
   double precopy_ms = -1;
+  int resyncs = 0;  // the syncs of the layer's copy while the agent ran (after its copy)
   std::string error;
   std::string error_code = "io";  // limit or no_space past a bound of the layer copy or the archive
   std::optional<archive::ArchiveInfo> info;
@@ -721,10 +743,19 @@ void Checkpointer::precopy(std::shared_ptr<CheckpointOp> op, std::function<void(
   op->mapped = tree_files(op->ns_init_pid, op->tree_fd.get(), false).mapped;
   double started = now_ms();
   offload(
-      [op, src, room = room_bound(true), ceiling = settings_.disk_bytes, cancel = cancel_copies_] {
+      [op, src, room = room_bound(true), ceiling = settings_.disk_bytes, cancel = cancel_copies_, started] {
         auto bounded = room;
         bounded.cancel = cancel.get();
-        auto r = copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, false, {});
+        auto r =
+            copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, LayerPass::copy, {});
+        // What the agent changed while it was copied is synced again while it runs, and again
+        // while a pass still copies much anew: the stop is left what changed during the last.
+        os::SyncPolicy policy;
+        policy.always = op->mapped;
+        for (double t0 = now_ms(), took = t0 - started; r && op->resyncs < kResyncs && resync_worth(op->records, took);
+             took = now_ms() - t0, t0 = now_ms(), ++op->resyncs)
+          r = copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, LayerPass::resync,
+                         policy);
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;
@@ -876,8 +907,8 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         // Overlay whiteouts (devices) are left out of the copy.
         auto bounded = room;
         bounded.cancel = cancel.get();
-        auto r =
-            copy_layer(src, op->work + "/payload/fs", in_upper, bounded, ceiling, op->records, op->precopied, policy);
+        auto r = copy_layer(src, op->work + "/payload/fs", in_upper, bounded, ceiling, op->records,
+                            op->precopied ? LayerPass::sync : LayerPass::copy, policy);
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;
@@ -972,7 +1003,10 @@ json::object Checkpointer::dump_timings(const CheckpointOp& op) {
   // The wait for criu's kernel probe before the tree was stopped (no part of the pause).
   if (op.probe_wait > 0) timings["probe_wait"] = round_ms(op.probe_wait);
   // The layer's copy while the agent ran (no part of the pause either).
-  if (op.precopy_ms >= 0) timings["precopy"] = round_ms(op.precopy_ms);
+  if (op.precopy_ms >= 0) {
+    timings["precopy"] = round_ms(op.precopy_ms);
+    timings["precopy_resyncs"] = op.resyncs;
+  }
   // criu's own phases of the dump (freezing, memory dump, page writes), from its stats image.
   if (op.live) timings["criu"] = criu_stats(op.work + "/logs/stats-dump");
   return timings;

@@ -88,9 +88,11 @@ struct Copier {
   CopyRecord* record = nullptr;  // what was read, where the caller keeps it (copy_tree)
 
   void note(const std::string& drel, const char* dname, const struct stat& st, uint64_t written) {
-    if (record)
-      record->add(join(drel, dname),
-                  {st.st_ino, ns_of(st.st_ctim), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
+    if (!record) return;
+    record->add(join(drel, dname),
+                {st.st_ino, ns_of(st.st_ctim), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
+    ++record->renewed;
+    record->renewed_bytes += written;
   }
 
   static constexpr int kMaxDepth = 256;
@@ -402,6 +404,7 @@ struct Syncer {
         (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) && same_type ? unchanged(st, rel) : nullptr;
     if (kept && !(S_ISREG(st.st_mode) && policy.compare_data && !same_data(sfd, dfd, n))) {
       c.bytes += kept->bytes;
+      if (c.record) c.record->add(rel, *kept);  // the next record (sync_tree's `next`)
       return !S_ISREG(st.st_mode) || st.st_nlink <= 1 || keep_links(st, sfd, dfd, n, drel, shown, depth);
     }
     if (has && !remove(dfd, n, shown)) return false;
@@ -461,7 +464,7 @@ base::Result<uint64_t> copy_tree(const std::string& src, const std::string& dst,
 }
 
 base::Result<uint64_t> sync_tree(const std::string& src, const std::string& dst, const CopyRecord& record,
-                                 const SyncPolicy& policy, const CopyBound& bound) {
+                                 const SyncPolicy& policy, const CopyBound& bound, CopyRecord* next) {
   // Both are the caller's (the branch's layer dir, the snapshot's work dir); what is below them is
   // reached by fd only.
   os::UniqueFd sdir(::open(src.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
@@ -473,6 +476,13 @@ base::Result<uint64_t> sync_tree(const std::string& src, const std::string& dst,
   Copier c;
   c.bound = bound;
   c.droot = dparent.get();  // the record's paths start with the copy's own name
+  if (next) {
+    size_t max = next->max_entries;
+    *next = CopyRecord{};
+    next->max_entries = max;
+    next->started_ns = realtime_ns();
+    c.record = next;
+  }
   Syncer s{c, record, policy};
   auto slash = dst.rfind('/');
   std::string root = slash == std::string::npos ? dst : dst.substr(slash + 1);

@@ -67,6 +67,10 @@ struct CopyRecord {
   size_t max_entries = SIZE_MAX;
   bool full = false;       // entries were left out past max_entries
   int64_t started_ns = 0;  // CLOCK_REALTIME as the copy began
+  /// Of the entries, those the walk that made the record copied (a sync_tree's: not kept), and
+  /// their data bytes.
+  uint64_t renewed = 0;
+  uint64_t renewed_bytes = 0;
   void add(const std::string& path, const Entry& e);
   const Entry* find(const std::string& path) const;
 };
@@ -102,9 +106,12 @@ struct SyncPolicy {
 /// ctime), is kept unless `policy` says otherwise; every other entry is copied anew, and what
 /// `src` no longer holds is removed. Directories get their owner and mode again; names of one
 /// inode stay names of one inode. Returns the data bytes of the whole copy (kept and new), within
-/// `bound`, or what failed. `src` must be a directory, as `dst` is.
+/// `bound`, or what failed. `src` must be a directory, as `dst` is. With `next`, the synced copy's
+/// own record goes there (begun as the sync began; the entries kept carried over, those copied
+/// anew as read now), for a later sync of the same trees: a sync while the source still runs
+/// leaves the last one, once it is stopped, only what changed meanwhile.
 base::Result<uint64_t> sync_tree(const std::string& src, const std::string& dst, const CopyRecord& record,
-                                 const SyncPolicy& policy, const CopyBound& bound = {});
+                                 const SyncPolicy& policy, const CopyBound& bound = {}, CopyRecord* next = nullptr);
 
 /// copy_tree with each regular file a hard link to the source's (one inode, no data copied):
 /// both on one filesystem, for a tree that is read but never written in place. Returns the bytes

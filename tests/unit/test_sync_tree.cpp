@@ -133,6 +133,11 @@ TEST_CASE("sync_tree: whatever changed between, the copy is what a new copy woul
     auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
     auto file = [&] { return src / ("d" + std::to_string(pick(4))) / ("f" + std::to_string(pick(8))); };
     for (int step = 0; step < 8; ++step) {
+      if (step == 4 && seed % 2 == 0) {  // half the seeds synced between, recorded again
+        os::CopyRecord next;
+        REQUIRE(os::sync_tree(src.string(), dst.string(), rec, trusting(), {}, &next).has_value());
+        rec = std::move(next);
+      }
       auto f = file();
       std::error_code ec;
       switch (pick(12)) {
@@ -194,6 +199,42 @@ TEST_CASE("sync_tree: whatever changed between, the copy is what a new copy woul
     CHECK(describe(dst) == describe(fresh));
     CHECK(marked(dst / "d4/f7"));  // not copied again
   }
+}
+
+TEST_CASE("sync_tree with a next record: a sync from it keeps what the one before copied anew, and only that") {
+  sbx::test::TempDir t("sync");
+  auto src = t.path / "src", dst = t.path / "dst";
+  make_source(src);
+  os::CopyRecord rec;
+  REQUIRE(os::copy_tree(src.string(), dst.string(), {}, &rec).has_value());
+  CHECK(rec.renewed == rec.entries.size());
+  put(src / "d0/f1", "changed while copied");
+  put(src / "d1/new", "made while copied");
+  mark(dst / "d4/f7");
+  os::CopyRecord next;
+  REQUIRE(os::sync_tree(src.string(), dst.string(), rec, trusting(), {}, &next).has_value());
+  CHECK(next.renewed == 2);
+  CHECK(next.renewed_bytes == std::string("changed while copied").size() + std::string("made while copied").size());
+  CHECK(next.entries.size() == rec.entries.size() + 1);
+  CHECK(next.started_ns >= rec.started_ns);
+  CHECK(marked(dst / "d4/f7"));
+  CHECK(describe(dst) == describe(src));
+  // Synced again from that record: the two copied anew are kept now; what changed since is not.
+  for (auto p : {"d0/f1", "d1/new", "d2/f3"}) mark(dst / p);
+  put(src / "d2/f3", "changed after");
+  os::CopyRecord last;
+  REQUIRE(os::sync_tree(src.string(), dst.string(), next, trusting(), {}, &last).has_value());
+  CHECK(last.renewed == 1);
+  CHECK(marked(dst / "d0/f1"));
+  CHECK(marked(dst / "d1/new"));
+  CHECK(marked(dst / "d4/f7"));
+  CHECK(!marked(dst / "d2/f3"));
+  CHECK(describe(dst) == describe(src));
+  // The control: synced from the first record, the file changed during the copy is copied again.
+  mark(dst / "d0/f1");
+  REQUIRE(os::sync_tree(src.string(), dst.string(), rec, trusting()).has_value());
+  CHECK(!marked(dst / "d0/f1"));
+  CHECK(describe(dst) == describe(src));
 }
 
 TEST_CASE("sync_tree: a source changed close to the record's start is copied again; so are those it is told to") {
