@@ -750,12 +750,19 @@ void Checkpointer::precopy(std::shared_ptr<CheckpointOp> op, std::function<void(
             copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, LayerPass::copy, {});
         // What the agent changed while it was copied is synced again while it runs, and again
         // while a pass still copies much anew: the stop is left what changed during the last.
+        // Each pass copies again what the tree maps shared and writable at its start or at any
+        // pass's before (read again here): a file mapped after one pass's start was first
+        // written after it, and the next pass copies it again by its times, but a write through
+        // a page written before moves none, so once unmapped it must be read after the unmap.
         os::SyncPolicy policy;
-        policy.always = op->mapped;
         for (double t0 = now_ms(), took = t0 - started; r && op->resyncs < kResyncs && resync_worth(op->records, took);
-             took = now_ms() - t0, t0 = now_ms(), ++op->resyncs)
+             took = now_ms() - t0, ++op->resyncs) {
+          t0 = now_ms();
+          op->mapped.merge(tree_files(op->ns_init_pid, op->tree_fd.get(), false).mapped);
+          policy.always = op->mapped;
           r = copy_layer(src, op->work + "/payload/fs", op->in_upper, bounded, ceiling, op->records, LayerPass::resync,
                          policy);
+        }
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;

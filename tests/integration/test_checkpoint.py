@@ -541,8 +541,8 @@ import agent
 ws = os.environ["SANDBOXER_WORKSPACE"]
 d = os.path.join(ws, "files")
 os.makedirs(d)
-N, SLOTS = 2000, 4096
-written, tmp_written, slots = {}, {}, [0] * SLOTS
+N, SLOTS, CYCLING = int(sys.argv[1]), 4096, 16
+written, tmp_written, slots, cyc_written = {}, {}, [0] * SLOTS, {}
 def body(n):
     return str(n) * (1 + n % 3)  # sizes change too
 def put(k, n):
@@ -562,12 +562,28 @@ mf.write(bytes(8 * SLOTS))
 mf.flush()
 m = mmap.mmap(mf.fileno(), 8 * SLOTS)  # shared and writable: after a page's first write, its writes move no time
 m[:] = bytes(8 * SLOTS)
+for c in range(CYCLING):
+    with open(os.path.join(ws, "cyc%d" % c), "wb") as f:
+        f.write(bytes(8))
 time.sleep(2.5)  # all of it older than the 2 s within which a file's times are not trusted
 halt, parked = threading.Event(), threading.Event()
 state = {"n": 0}
-def writer():  # each step its own file of the first 200, of /tmp's 50, and slot of the mapping
+cyc = {}
+def cycle(n):  # files mapped shared and writable for 0.3 s each, written through, then unmapped
+    c = int(time.monotonic() / 0.3) % CYCLING
+    if c not in cyc:
+        for old in list(cyc):
+            mo, fo = cyc.pop(old)
+            mo.close()
+            fo.close()
+        f = open(os.path.join(ws, "cyc%d" % c), "r+b")
+        cyc[c] = (mmap.mmap(f.fileno(), 8), f)
+    cyc[c][0][0:8] = n.to_bytes(8, "little")
+    cyc_written[c] = n
+def writer():  # each step its own file of the first 200, of /tmp's 50, slot of the mapping, cycling file
     while not halt.is_set():
         n = state["n"] + 1
+        cycle(n)
         put(n % 200, n)
         with open("/tmp/t%d" % (n % 50), "w") as f:
             f.write(str(n))
@@ -585,15 +601,17 @@ parked.wait()  # the writer's step in flight at the stop is done (in a copy, by 
 bad = [k for k in range(N) if open(os.path.join(d, str(k))).read() != body(written.get(k, 0))]
 bad_tmp = [k for k, n in tmp_written.items() if open("/tmp/t%d" % k).read() != str(n)]
 bad_slots = [j for j in range(SLOTS) if int.from_bytes(m[8 * j:8 * j + 8], "little") != slots[j]]
+bad_cyc = [c for c, n in cyc_written.items()
+           if int.from_bytes(open(os.path.join(ws, "cyc%d" % c), "rb").read(), "little") != n]
 print(json.dumps({"copy": bool(r.get("copy")), "n": state["n"], "bad": bad[:10], "nbad": len(bad),
-                  "bad_tmp": bad_tmp, "bad_slots": bad_slots[:10], "nbad_slots": len(bad_slots),
+                  "bad_tmp": bad_tmp, "bad_slots": bad_slots[:10], "nbad_slots": len(bad_slots), "bad_cyc": bad_cyc,
                   "names": sorted(os.listdir(d)) == sorted(map(str, range(N)))}), flush=True)
 '''
 
 
 @needs_criu
-@pytest.mark.parametrize("disk", ["", "64M"])
-def test_files_and_memory_agree_while_the_agent_writes_through_its_layers_copy(tmp_path, disk):
+@pytest.mark.parametrize("disk,files", [("", 2000), ("64M", 2000), ("", 30000)])
+def test_files_and_memory_agree_while_the_agent_writes_through_its_layers_copy(tmp_path, disk, files):
     """A checkpoint that leaves its agent running copies the layer while the agent runs, then,
     once it is stopped, what changed since (os::sync_tree). An agent makes 2000 files in its
     workspace, waits past the 2 s within which a file's times are not trusted, then writes 200 of
@@ -603,16 +621,23 @@ def test_files_and_memory_agree_while_the_agent_writes_through_its_layers_copy(t
     memory says it wrote last, as in the parent. The controls (each check of the sync taken out in
     turn, by hand): without the mapped files copied again the mapped slots are stale; keeping
     every file the record names leaves the 200 stale. The workspace is on the state dir's
-    filesystem, or a tmpfs of its own (resources.disk)."""
+    filesystem, or a tmpfs of its own (resources.disk). Files mapped for 0.3 s each, written
+    through and unmapped, in turn, all the while: with 30,000 files the copy takes long enough to
+    be synced again while the agent runs (timings_ms.precopy_resyncs), and such a file mapped
+    after the copy began, copied again by the sync, then written through and unmapped, must be
+    copied again at the stop (each sync reads the maps at its start; the control, by hand: without
+    that read, cycling files are stale)."""
     args = ["--set", f"resources.disk={disk}"] if disk else []
-    rc, ev, err = box(tmp_path / "s", [*args, "--", sys.executable, "-c", WRITES_WHILE_COPIED])
+    rc, ev, err = box(tmp_path / "s", [*args, "--", sys.executable, "-c", WRITES_WHILE_COPIED, str(files)])
     assert rc == 0, err
     said = [m for m in messages(ev) if "copy" in m]
     assert sorted(m["copy"] for m in said) == [False, True], (said, err)
     for m in said:
-        assert m["nbad"] == 0 and m["bad_tmp"] == [] and m["nbad_slots"] == 0 and m["names"], m
+        assert m["nbad"] == 0 and m["bad_tmp"] == [] and m["nbad_slots"] == 0 and m["bad_cyc"] == [] and m["names"], m
     created = one(ev, "checkpoint.created")
     assert created["timings_ms"]["precopy"] > 0, created["timings_ms"]
+    if files > 2000:
+        assert created["timings_ms"]["precopy_resyncs"] >= 1, created["timings_ms"]
 
 
 HOLDS_DELETED_FILES = r'''
