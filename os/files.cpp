@@ -332,8 +332,9 @@ struct Syncer {
   // from, and may be kept; else none.
   const CopyRecord::Entry* unchanged(const struct stat& st, const std::string& rel) {
     auto* e = record.find(rel);
+    int64_t still = st.st_ctim.tv_nsec != 0 ? policy.fine_still_ns : policy.still_ns;
     if (!e || e->ino != st.st_ino || e->type != (st.st_mode & S_IFMT) || e->size != st.st_size ||
-        e->ctime_ns != ns_of(st.st_ctim) || e->ctime_ns > record.started_ns - policy.still_ns ||
+        e->ctime_ns != ns_of(st.st_ctim) || e->ctime_ns > record.started_ns - still ||
         policy.always.contains({st.st_dev, st.st_ino}))
       return nullptr;
     return e;

@@ -91,6 +91,8 @@ struct SyncPolicy {
   /// A source changed this close before the record began (or after) is copied again: on a
   /// filesystem of coarse timestamps a change in the same tick as its read leaves its ctime as it was.
   int64_t still_ns = kTimesStillNs;
+  /// The same for a source whose ctime has a fraction of a second (kFineTimesStillNs).
+  int64_t fine_still_ns = kFineTimesStillNs;
   /// Inodes (device, inode) copied again whatever their times say: files mapped shared and
   /// writable, whose writes through a page written before move no time (only a page's first write
   /// fault does, and on ext4 the first after it was written back; tmpfs writes none back).

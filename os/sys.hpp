@@ -53,6 +53,10 @@ int64_t realtime_ns();
 /// the same tick as a read leaves them as they were. What changed this close to a read is read
 /// again (as git's "racily clean" entries).
 inline constexpr int64_t kTimesStillNs = 2'000'000'000;
+/// The same where a time has a fraction of a second, so that its filesystem keeps finer ones (one
+/// of seconds keeps none): set from the kernel's coarse clock, at most a tick (1-10 ms) behind the
+/// realtime clock a read's time comes from.
+inline constexpr int64_t kFineTimesStillNs = 100'000'000;
 
 /// Calls fn(line) for each line of `text` (a /proc file's), without its '\n'.
 void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn);

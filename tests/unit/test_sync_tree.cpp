@@ -95,7 +95,7 @@ void make_source(const fs::path& src) {
 
 os::SyncPolicy trusting() {
   os::SyncPolicy p;
-  p.still_ns = 0;  // the tests' sources are made just before they are copied
+  p.still_ns = p.fine_still_ns = 0;  // the tests' sources are made just before they are copied
   return p;
 }
 
@@ -244,8 +244,10 @@ TEST_CASE("sync_tree: a source changed close to the record's start is copied aga
   os::CopyRecord rec;
   REQUIRE(os::copy_tree(src.string(), dst.string(), {}, &rec).has_value());
   mark(dst / "d0/f1");
-  // Its default: everything here was made within 2 s of the copy, and could hide a change.
-  REQUIRE(os::sync_tree(src.string(), dst.string(), rec, {}).has_value());
+  // Everything here was made within the window before the copy, and could hide a change.
+  os::SyncPolicy wary;
+  wary.still_ns = wary.fine_still_ns = 60'000'000'000;
+  REQUIRE(os::sync_tree(src.string(), dst.string(), rec, wary).has_value());
   CHECK(!marked(dst / "d0/f1"));
   CHECK(describe(dst) == describe(src));
   // Told to: this file, whatever its times.
@@ -259,6 +261,45 @@ TEST_CASE("sync_tree: a source changed close to the record's start is copied aga
   REQUIRE(os::sync_tree(src.string(), (t.path / "dst2").string(), rec, policy).has_value());
   CHECK(!marked(t.path / "dst2/d0/f2"));
   CHECK(marked(t.path / "dst2/d0/f3"));
+}
+
+namespace {
+
+// Makes `dir`/f, waits 0.3 s, copies `dir` with a record, marks the copy's f and syncs it with
+// the default policy: whether f was kept.
+bool kept_after_300ms(const fs::path& dir) {
+  put(dir / "src/f", "made 0.3 s before the copy");
+  ::usleep(300'000);
+  os::CopyRecord rec;
+  if (!os::copy_tree((dir / "src").string(), (dir / "dst").string(), {}, &rec)) return false;
+  mark(dir / "dst/f");
+  if (!os::sync_tree((dir / "src").string(), (dir / "dst").string(), rec, {})) return false;
+  return marked(dir / "dst/f");
+}
+
+}  // namespace
+
+TEST_CASE("sync_tree: the window a change may hide in is 0.1 s where times have fractions of a second, else 2 s") {
+  sbx::test::TempDir t("sync");
+  struct stat st {};
+  put(t.path / "probe", "x");
+  REQUIRE(::stat((t.path / "probe").c_str(), &st) == 0);
+  if (st.st_ctim.tv_nsec != 0) CHECK(kept_after_300ms(t.path / "fine"));
+  // The control: an ext4 of 128-byte inodes keeps seconds; a file made 0.3 s before is copied again.
+  if (::geteuid() != 0 || ::access("/dev/loop-control", F_OK) != 0 ||
+      std::system("command -v mkfs.ext4 >/dev/null") != 0)
+    return;  // loop mounts need root and loop devices (the CI has both)
+  auto img = t.path / "ext4.img";
+  fs::create_directories(t.path / "coarse");
+  REQUIRE(std::system(("mkfs.ext4 -q -F -I 128 -O ^has_journal " + img.string() + " 8M 2>/dev/null").c_str()) == 0);
+  int failed = sbx::test::in_own_mount_ns([&](auto step) {
+    step(std::system(("mount -o loop " + img.string() + " " + (t.path / "coarse").string()).c_str()) == 0, 3);
+    struct stat cst {};
+    put(t.path / "coarse/probe", "x");
+    step(::stat((t.path / "coarse/probe").c_str(), &cst) == 0 && cst.st_ctim.tv_nsec == 0, 4);
+    step(!kept_after_300ms(t.path / "coarse"), 5);
+  });
+  CHECK(failed == 0);  // else the step that failed
 }
 
 TEST_CASE("sync_tree: a write through a mapped page written before moves no time; compare_data sees it") {
