@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "os/sys.hpp"
@@ -35,6 +37,10 @@ const CopyRecord::Entry* CopyRecord::find(const std::string& path) const {
 }
 
 Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn) {
+  return for_each_entry(fd, [&](const char* name, unsigned char) { return fn(name); });
+}
+
+Result<void> for_each_entry(int fd, const std::function<bool(const char*, unsigned char)>& fn) {
   int lfd = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   DIR* d = lfd < 0 ? nullptr : ::fdopendir(lfd);
   if (!d) {
@@ -43,7 +49,7 @@ Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn) {
     return std::error_code(e, std::generic_category());
   }
   while (auto* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..") && !fn(e->d_name)) break;
+    if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..") && !fn(e->d_name, e->d_type)) break;
   ::closedir(d);
   return {};
 }
@@ -372,26 +378,46 @@ struct Syncer {
       c.err = "copy " + shown + ": the tree is deeper than " + std::to_string(Copier::kMaxDepth) + " directories";
       return false;
     }
-    std::vector<std::string> names, there;
-    if (!c.list(sfd, shown, names) || !c.list(dfd, "the copy of " + shown, there)) return false;
-    std::set<std::string> in_src(names.begin(), names.end());
-    for (auto& n : there)
+    std::vector<std::string> names;
+    if (!c.list(sfd, shown, names)) return false;
+    // The copy's entries with their types (the copy is the supervisor's: no stat of each needed).
+    std::unordered_map<std::string, unsigned char> there;
+    if (auto r = for_each_entry(dfd,
+                                [&](const char* n, unsigned char type) {
+                                  there.emplace(n, type);
+                                  return true;
+                                });
+        !r)
+      return c.fail("list the copy of " + shown, r.error().value());
+    std::unordered_set<std::string> in_src(names.begin(), names.end());
+    for (auto& [n, type] : there)
       if (!in_src.contains(n) && !remove(dfd, n, shown + "/" + n)) return false;
-    for (auto& n : names)
-      if (!entry(sfd, n.c_str(), dfd, drel, shown + "/" + n, depth)) return false;
+    for (auto& n : names) {
+      auto it = there.find(n);
+      if (!entry(sfd, n.c_str(), dfd, it == there.end() ? -1 : it->second, drel, shown + "/" + n, depth)) return false;
+    }
     return true;
   }
 
-  bool entry(int sfd, const char* n, int dfd, const std::string& drel, const std::string& shown, int depth) {
+  // The type (S_IFMT) of the copy's entry `n` of `dfd`, whose readdir type is `dtype` (-1: there
+  // is none); 0 where there is none.
+  static mode_t copy_type(int dfd, const char* n, int dtype) {
+    if (dtype < 0) return 0;
+    if (dtype != DT_UNKNOWN) return DTTOIF(dtype);
+    struct stat dt {};
+    return ::fstatat(dfd, n, &dt, AT_SYMLINK_NOFOLLOW) == 0 ? dt.st_mode & S_IFMT : 0;
+  }
+
+  bool entry(int sfd, const char* n, int dfd, int dtype, const std::string& drel, const std::string& shown, int depth) {
     if (c.cancelled(shown)) return false;
     struct stat st {};
-    struct stat dt {};
-    bool has = ::fstatat(dfd, n, &dt, AT_SYMLINK_NOFOLLOW) == 0;
+    mode_t dmode = copy_type(dfd, n, dtype);
+    bool has = dmode != 0;
     if (::fstatat(sfd, n, &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT) return c.fail("stat " + shown, errno);
       return !has || remove(dfd, n, shown);  // gone meanwhile
     }
-    bool same_type = has && (dt.st_mode & S_IFMT) == (st.st_mode & S_IFMT);
+    bool same_type = has && dmode == (st.st_mode & S_IFMT);
     std::string rel = Copier::join(drel, n);
     if (S_ISDIR(st.st_mode) && same_type) {
       auto sub = os::open_beneath(sfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);

@@ -20,6 +20,9 @@ namespace sbx::os {
 /// of `fd` that is closed after (`fd` stays open: what is listed can be opened relative to it
 /// meanwhile); false from fn stops. The error: the listing's errno.
 Result<void> for_each_name(int fd, const std::function<bool(const char*)>& fn);
+/// The same, with each entry's type as readdir gives it (DT_DIR, DT_REG, ...; DT_UNKNOWN where the
+/// filesystem does not say).
+Result<void> for_each_entry(int fd, const std::function<bool(const char*, unsigned char)>& fn);
 /// The names so listed.
 Result<std::vector<std::string>> names_in(int fd);
 
