@@ -180,6 +180,7 @@ struct Copier {
       if (start < 0) {
         start = pos;  // no SEEK_DATA on this filesystem: all of it is data
       } else if ((end = ::lseek(in, start, SEEK_HOLE)) < 0) {
+        if (errno == ENXIO) break;  // it shrank below `start` under us (truncated as it runs)
         return fail("seek in " + shown, errno);
       }
       if (start >= size) break;

@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mount-ns.hpp"
@@ -346,6 +347,38 @@ TEST_CASE("sync_tree: a write through a mapped page written before moves no time
     ::close(fd);
   });
   CHECK(failed == 0);  // else the step that failed
+}
+
+TEST_CASE("copy_tree: a file truncated and written again as it is copied is copied as it was then, not failed") {
+  // A copy made while the agent runs (a checkpoint's before the stop) reads files it may be
+  // rewriting: shrunk between the copy's seek to its data and the seek to that data's end, the
+  // second seek fails with ENXIO, which failed the checkpoint ("seek in ...: No such device or
+  // address"). What is read is kept; the file's moved ctime has the sync copy it again.
+  sbx::test::TempDir t("sync-trunc");
+  put(t.path / "src/f", std::string(64 << 10, 'a'));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    std::string big(64 << 10, 'b');
+    while (!stop) {
+      int fd = ::open((t.path / "src/f").c_str(), O_WRONLY | O_TRUNC);
+      if (fd < 0) continue;
+      (void)!::write(fd, big.data(), big.size());
+      ::close(fd);
+    }
+  });
+  int failed = 0;
+  std::string why;
+  for (int i = 0; i < 3000 && !failed; ++i) {
+    auto dst = t.path / ("dst" + std::to_string(i % 2));
+    fs::remove_all(dst);
+    if (auto r = os::copy_tree((t.path / "src").string(), dst.string()); !r) {
+      ++failed;
+      why = r.error().message;
+    }
+  }
+  stop = true;
+  writer.join();
+  CHECK_MESSAGE(failed == 0, why);
 }
 
 TEST_CASE("copy_tree and sync_tree: a copy called off stops, code cancelled") {
