@@ -14,6 +14,9 @@ Podman (Debian's 4.3.1 with its runc, which runs the `criu` on PATH: the same cr
 agent in a container of the runtime image (images/build's tarball, `podman import`ed), `podman
 container checkpoint --leave-running --export` (zstd), then `podman container restore --import`
 into a new container, then 8 such restores at once; wall times of the podman commands.
+Many files: an agent with 100,000 files of 1.5 KB in its workspace (10,000 with BENCH_QUICK), left
+alone or writing 500 new ones a second, checkpointed three times leaving it running: the median
+pause against `cp -a` of the same workspace.
 """
 import argparse
 import contextlib
@@ -533,6 +536,87 @@ def main():
               f"{podman_ready or podman('--version').strip() + ' with ' + podman('info', '--format', '{{.Host.OCIRuntime.Name}}').strip() + ', criu ' + theirs + ' (its dump.log)'}")
         for mb in sizes:
             one_size(bindir, tmp, mb, n, podman_ready)
+        many_files_rows(bindir, tmp)
+
+
+MANY_FILES = r'''
+import os, sys, time
+ws = os.environ["SANDBOXER_WORKSPACE"]
+for i in range(int(sys.argv[1]) // 1000):
+    os.mkdir(f"{ws}/d{i}")
+    for j in range(1000):
+        with open(f"{ws}/d{i}/f{j}", "wb") as f:
+            f.write(b"x" * 1500)
+print("files" + "-made", flush=True)
+rate = int(sys.argv[2])  # new files a second from then on
+os.mkdir(f"{ws}/new")
+n = 0
+while True:
+    t = time.monotonic()
+    for _ in range(rate // 10):
+        with open(f"{ws}/new/{n}", "wb") as f:
+            f.write(b"y" * 1500)
+        n += 1
+    time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+'''
+
+
+def many_files(bindir, tmp, n, rate):
+    """An agent with `n` files of 1.5 KB in its workspace (a node_modules), writing `rate` new
+    ones a second from then on, checkpointed three times (leaving it running): its pauses
+    (pause_ms), and the copy made beforehand (timings_ms.precopy). The peer: `cp -a` of the same
+    workspace, what copying the layer while the agent is stopped takes by itself."""
+    state = tmp / f"many-{rate}"
+    log_path = tmp / f"many-{rate}.log"
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([str(bindir / "sandboxer"), "run", "--state-dir", str(state), "--listen", "127.0.0.1:0",
+                              "--", sys.executable, "-c", MANY_FILES, str(n), str(rate)],
+                             stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url, deadline = None, time.monotonic() + 900
+        while not url:
+            text = log_path.read_text(errors="replace")
+            if "files-made" in text:
+                url = next(w for w in text.split() if w.startswith("ws://"))
+            elif p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent did not make its files: {text[-300:]}")
+            else:
+                time.sleep(0.5)
+        time.sleep(2.5)  # past the window in which a file's times are not trusted
+        for i in range(3):
+            subprocess.run([str(bindir / "sandboxer"), "checkpoint", url, "--name", f"many-{i}"], check=True,
+                           capture_output=True, timeout=600)
+            time.sleep(2)
+        created = [e for e in journal(bindir, state) if e["type"] == "checkpoint.created"]
+        t0 = time.monotonic()
+        subprocess.run(["cp", "-a", str(state / "branches/main/workspace"), str(tmp / f"many-{rate}-cp")], check=True)
+        cp_s = time.monotonic() - t0
+    finally:
+        subprocess.run([str(bindir / "sandboxer"), "down", str(state)], capture_output=True, timeout=300)
+        p.wait(timeout=300)
+        shutil.rmtree(tmp / f"many-{rate}-cp", ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+    pauses = [e["pause_ms"] / 1e3 for e in created]
+    return {"pause_s": sorted(pauses)[len(pauses) // 2], "pauses": pauses, "cp_s": cp_s,
+            "precopy_s": [e["timings_ms"].get("precopy", 0) / 1e3 for e in created],
+            "resyncs": [e["timings_ms"].get("precopy_resyncs") for e in created]}
+
+
+def many_files_rows(bindir, tmp):
+    n = 10_000 if QUICK else 100_000
+    for rate in (0, 500):
+        what = (f"agent paused by a checkpoint, {n:,} files of 1.5 KB in its workspace, "
+                + ("left alone" if not rate else f"{rate} new files a second all the while") + ", median of 3")
+        try:
+            m = many_files(bindir, tmp, n, rate)
+        except Exception as e:  # noqa: BLE001 - any failure becomes the row's note
+            _rows.emit("checkpoint", what, "s", None, "cp -a of that workspace", None, note=f"failed: {failure(e)}")
+            continue
+        print(f"# {what}: paused {m['pauses']} s, copied beforehand in {m['precopy_s']} s "
+              f"(syncs while running {m['resyncs']}); cp -a {m['cp_s']:.2f} s")
+        _rows.emit("checkpoint", what, "s", m["pause_s"], "cp -a of that workspace", m["cp_s"],
+                   note=f"pauses {', '.join(f'{x:.2f}' for x in m['pauses'])} s; the layer copied beforehand while the "
+                        f"agent ran in {', '.join(f'{x:.1f}' for x in m['precopy_s'])} s")
 
 
 def failure(e):
