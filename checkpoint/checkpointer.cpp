@@ -176,7 +176,7 @@ bool times_follow_mappings(const std::string& path) {
 
 // A pass of copy_layer: the copy while the agent runs; a sync of it while the agent still runs,
 // recorded again (what changed during the copy, so that less is left for the stop); the sync once
-// the agent is stopped.
+// the agent is stopped, not recorded (with no copy before, a copy).
 enum class LayerPass { copy, resync, sync };
 
 // The branch's layer (sandbox::kLayerDirs; its /tmp from tmp-upper/ where `in_upper`), from its
@@ -717,8 +717,6 @@ void Checkpointer::start_checkpoint(const std::string& branch, const std::string
 }
 
 namespace {
-// criu's reason, and where it is a ghost file criu would not dump (larger than `ghost_limit`), what
-// that means here.
 // The refusal of a checkpoint whose tree holds `deleted` files of more than `room` bytes together.
 std::string deleted_refusal(const TreeFiles::Deleted& deleted, uint64_t room) {
   auto n = deleted.files.size();
@@ -729,6 +727,8 @@ std::string deleted_refusal(const TreeFiles::Deleted& deleted, uint64_t room) {
          " bytes the state dir's filesystem has for it. Close them, or give the state dir more space";
 }
 
+// criu's reason, and where it is a ghost file criu would not dump (larger than `ghost_limit`), what
+// that means here.
 std::string dump_failure(const std::string& why, uint64_t ghost_limit) {
   if (why.find("Can't dump ghost file") == std::string::npos) return why;
   return why + " (a file the branch's processes hold open or mapped was deleted, and it is larger than the " +
@@ -914,8 +914,9 @@ void Checkpointer::snapshot_layer(std::shared_ptr<CheckpointOp> op) {
         // Overlay whiteouts (devices) are left out of the copy.
         auto bounded = room;
         bounded.cancel = cancel.get();
-        auto r = copy_layer(src, op->work + "/payload/fs", in_upper, bounded, ceiling, op->records,
-                            op->precopied ? LayerPass::sync : LayerPass::copy, policy);
+        // A layer not copied before (no record) is copied whole, and not recorded: no sync follows.
+        auto r =
+            copy_layer(src, op->work + "/payload/fs", in_upper, bounded, ceiling, op->records, LayerPass::sync, policy);
         if (!r) {
           op->error = r.error().message;
           op->error_code = r.error().code;
