@@ -113,9 +113,12 @@ std::optional<MapLine> map_line(std::string_view line) {
   return MapLine{{makedev(major, minor), static_cast<ino_t>(ino)}, f[1][1] == 'w' && f[1][3] == 's'};
 }
 
-std::string comm_of(const std::string& proc) {
+// "process PID (COMM) holds \"PATH\"" of process `pid` (its /proc dir `proc`) and `path` and what
+// follows it.
+std::string holds(pid_t pid, const std::string& proc, const std::string& path) {
   auto comm = os::read_file(proc + "/comm");
-  return comm ? comm->substr(0, comm->find('\n')) : "?";
+  return "process " + std::to_string(pid) + " (" + (comm ? comm->substr(0, comm->find('\n')) : "?") + ") holds \"" +
+         path;
 }
 
 // What process `pid` holds, into `out`: the files it maps shared and writable, and (with `mounts`,
@@ -133,7 +136,7 @@ void scan_process(pid_t pid, const Mounts* mounts, TreeFiles& out) {
     out.deleted.bytes += size;
     if (size >= out.deleted.largest_bytes) {
       out.deleted.largest_bytes = size;
-      out.deleted.largest = "process " + std::to_string(pid) + " (" + comm_of(proc) + ") holds \"" + h->path + "\"";
+      out.deleted.largest = holds(pid, proc, h->path + "\"");
     }
   };
   if (mounts) {
@@ -154,8 +157,7 @@ void scan_process(pid_t pid, const Mounts* mounts, TreeFiles& out) {
       if (mounts && line.ends_with(kDeleted) && deleted_maps.insert(m->file).second)
         note(proc + "/map_files/" + std::string(line.substr(0, line.find(' '))));
     });
-  if (found && !out.host_ghost)
-    out.host_ghost = "process " + std::to_string(pid) + " (" + comm_of(proc) + ") holds \"" + *found;
+  if (found && !out.host_ghost) out.host_ghost = holds(pid, proc, *found);
 }
 
 }  // namespace
