@@ -98,7 +98,6 @@ struct Copier {
     record->add(join(drel, dname),
                 {st.st_ino, ns_of(st.st_ctim), st.st_size, written, static_cast<mode_t>(st.st_mode & S_IFMT)});
     ++record->renewed;
-    record->renewed_bytes += written;
   }
 
   static constexpr int kMaxDepth = 256;

@@ -70,10 +70,8 @@ struct CopyRecord {
   size_t max_entries = SIZE_MAX;
   bool full = false;       // entries were left out past max_entries
   int64_t started_ns = 0;  // CLOCK_REALTIME as the copy began
-  /// Of the entries, those the walk that made the record copied (a sync_tree's: not kept), and
-  /// their data bytes.
+  /// Of the entries, those the walk that made the record copied (a sync_tree's: not kept).
   uint64_t renewed = 0;
-  uint64_t renewed_bytes = 0;
   void add(const std::string& path, const Entry& e);
   const Entry* find(const std::string& path) const;
 };
