@@ -3,11 +3,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -353,6 +356,15 @@ Result<void> set_nonblocking(int fd, bool on) noexcept {
   fl = on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK);
   if (::fcntl(fd, F_SETFL, fl) != 0) return last_error();
   return {};
+}
+
+Result<uint64_t> tcp_bytes_acked(int fd) noexcept {
+  struct tcp_info ti {};
+  socklen_t len = sizeof ti;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return last_error();
+  // A kernel older than 4.1 fills a shorter struct, without the count.
+  if (len < offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof ti.tcpi_bytes_acked) return sys_error(ENOPROTOOPT);
+  return ti.tcpi_bytes_acked;
 }
 
 std::vector<pid_t> children_of(pid_t pid) {

@@ -217,6 +217,11 @@ base::Result<std::string> state_home();
 
 Result<void> set_nonblocking(int fd, bool on = true) noexcept;
 
+/// The bytes sent on TCP socket `fd` that the peer's kernel has acknowledged (tcp_info's
+/// tcpi_bytes_acked). They move while the peer reads, however slowly; once its receive buffer is
+/// full, only when it reads. ENOTSOCK/ENOPROTOOPT for a socket that is not TCP.
+Result<uint64_t> tcp_bytes_acked(int fd) noexcept;
+
 /// The pids of the direct children of `pid` (all threads), from /proc/PID/task/*/children.
 std::vector<pid_t> children_of(pid_t pid);
 

@@ -93,10 +93,12 @@ struct Client {
   std::deque<OutFrame> q;
   size_t q_bytes = 0;
   uint64_t last_written_seq = 0;
-  // The loop's time (ms) of the last frame handed to the socket, or of the moment something was
-  // queued for an idle client: a client with something to send and no progress for
+  // The loop's time (ms) of the last frame handed to the socket, of the last look that found the
+  // client's kernel had acknowledged more bytes (`acked`), or of the moment something was queued
+  // for an idle client: a client with something to send and no progress for
   // ServerOptions::stall_s is closed with 4008.
   uint64_t progress_ms = 0;
+  uint64_t acked = 0;  // os::tcp_bytes_acked at the last look
   // The subscription: replaying from disk until caught up, then live. A live client whose queue
   // passes ServerOptions::queue_bytes goes back to replaying (from `cursor`), so a slow reader
   // costs a bounded queue, never a gap.

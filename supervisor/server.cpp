@@ -287,6 +287,9 @@ struct Server::Impl {
   }
 
   // Owed frames (queued, a download, or journal still to replay) and nothing taken for stall_s.
+  // Taken is what the client's kernel acknowledged: a client on a slow link takes a few KB at a
+  // time out of the megabytes the server's kernel holds for it, so no new frame goes to the socket
+  // for many seconds while it reads all the while (one at 64 KB/s was closed after 2 s).
   void check_stalls() {
     uint64_t now = uv_now(loop);
     list_windows.expire(now);
@@ -294,6 +297,10 @@ struct Server::Impl {
       bool owed = !c->q.empty() || !c->downloads.empty() || (c->subscribed && !c->live);
       if (!owed || c->close_code || c->peer_closed) continue;
       ws_lib().lws_callback_on_writable(c->wsi);  // in case a read left it waiting (writeable)
+      if (auto acked = os::tcp_bytes_acked(ws_lib().lws_get_socket_fd(c->wsi)); acked && *acked != c->acked) {
+        c->acked = *acked;
+        c->progress_ms = now;
+      }
       if (now - c->progress_ms >= static_cast<uint64_t>(opts.stall_s) * 1000) stalled(*c);
     }
   }

@@ -133,6 +133,27 @@ def test_a_stuck_client_is_closed_with_4008_while_the_agent_finishes_and_resumes
         assert total == n + len("END-OF-STREAM\n")
 
 
+def test_a_client_reading_slowly_is_not_closed_as_one_that_takes_nothing(tmp_path):
+    # A client on a slow link takes a few KB at a time: the server's kernel holds megabytes for it,
+    # so the server hands it no new frame for many seconds while it reads all the while. It is not
+    # a client that takes nothing (4008), and it gets every event once, in order.
+    n = 40 << 20
+    agent = ["sh", "-c", f"{PROBE} spew {n} && echo END-OF-STREAM && exec sleep 600"]
+    env = {**os.environ, "SANDBOXER_WS_STALL_SECONDS": "2"}
+    with WsBox(tmp_path, agent, extra=["--set", "resources.grace=1s"], env=env) as box:
+        until(lambda: "END-OF-STREAM" in box.events.read_text(errors="replace"), 60, "the agent wrote its output")
+        out = tmp_path / "slow.json"
+        # 64 KB/s for three times the stall time, then as fast as it can.
+        subprocess.run([sys.executable, os.path.join(HERE, "ws_slow_reader.py"), str(box.port), box.token, "6",
+                        str(64 << 10), str(out)], timeout=180, check=True)
+        got = json.loads(out.read_text())
+    assert got["close"] is None, got["close"]
+    assert got["end"]
+    assert got["seqs"] == list(range(1, got["seqs"][-1] + 1))
+    # It read while slow, and far less than there was: the server owed it frames all that time.
+    assert 0 < got["slow_bytes"] < n // 4, got["slow_bytes"]
+
+
 def test_fifty_clients_at_once_each_see_the_whole_stream(tmp_path):
     with WsBox(tmp_path, [sys.executable, "-c", TICKER, "2000"]) as box:
         async def go():
