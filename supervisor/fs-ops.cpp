@@ -372,9 +372,10 @@ void read_window(Window& w, int fd, const struct stat& st, const std::string& af
 bool same_time(const timespec& a, const timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
 // Whether the directory `st` describes changed within `still_ns` of now, taken after `st` (or in
-// the future: a clock not ours).
-bool changed_lately(const struct stat& st, int64_t still_ns) {
-  return std::max(os::ns_of(st.st_mtim), os::ns_of(st.st_ctim)) > os::realtime_ns() - still_ns;
+// the future: a clock not ours); within `fine_still_ns` where its times have fractions.
+bool changed_lately(const struct stat& st, int64_t still_ns, int64_t fine_still_ns) {
+  bool fine = st.st_mtim.tv_nsec != 0 || st.st_ctim.tv_nsec != 0;
+  return std::max(os::ns_of(st.st_mtim), os::ns_of(st.st_ctim)) > os::realtime_ns() - (fine ? fine_still_ns : still_ns);
 }
 
 // Whether `w` holds the next page of this listing: the same directory, unchanged, asked past the
@@ -409,7 +410,8 @@ ListPage serve(Window& w, int fd, size_t limit) {
 
 }  // namespace
 
-ListWindows::ListWindows(size_t bytes, int64_t still_ns) : bytes_(bytes), still_ns_(still_ns) {}
+ListWindows::ListWindows(size_t bytes, int64_t still_ns, int64_t fine_still_ns)
+    : bytes_(bytes), still_ns_(still_ns), fine_still_ns_(fine_still_ns) {}
 ListWindows::~ListWindows() = default;
 
 ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t limit, const std::string& after,
@@ -433,7 +435,7 @@ ListPage ListWindows::page(const FsRoots& roots, const std::string& path, size_t
     w.workspace = roots.workspace;
     w.path = path;
     try {
-      bool racy = changed_lately(st, still_ns_);  // now as the read begins, after `st`
+      bool racy = changed_lately(st, still_ns_, fine_still_ns_);  // now as the read begins, after `st`
       read_window(w, fd.get(), st, after, bytes_, path);
       w.racy = racy;
     } catch (...) {

@@ -105,14 +105,17 @@ struct ListPage {
 /// A directory whose mtime or ctime is within `still_ns` (os::kTimesStillNs) of its read is not
 /// trusted to show a later change: a name made in the same tick as the read, after it, can leave
 /// both unchanged. Its window serves no next page: that page reads the directory again, until it
-/// has been still that long.
+/// has been still that long. Where either time has a fraction of a second (a filesystem of fine
+/// times, set from the kernel's coarse clock), `fine_still_ns` (os::kFineTimesStillNs) instead,
+/// as the layer's sync does.
 class ListWindows {
  public:
   static constexpr size_t kWindows = 4;
   static constexpr uint64_t kIdleMs = 30000;
   /// The most a window holds, counted as each name's bytes and a std::string's while it is read.
   static constexpr size_t kBytes = 8u << 20;
-  explicit ListWindows(size_t bytes = kBytes, int64_t still_ns = os::kTimesStillNs);
+  explicit ListWindows(size_t bytes = kBytes, int64_t still_ns = os::kTimesStillNs,
+                       int64_t fine_still_ns = os::kFineTimesStillNs);
   ~ListWindows();
   ListWindows(const ListWindows&) = delete;
   ListWindows& operator=(const ListWindows&) = delete;
@@ -127,6 +130,7 @@ class ListWindows {
  private:
   size_t bytes_;
   int64_t still_ns_;
+  int64_t fine_still_ns_;
   uint64_t reads_ = 0;
   std::list<std::unique_ptr<Window>> windows_;  // the most recently used first
 };

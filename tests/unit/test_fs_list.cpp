@@ -77,7 +77,7 @@ FsRoots roots_of(const sbx::test::TempDir& t) { return {.workspace = t.path.stri
 
 // Windows that trust a directory's times however lately it changed: the tests' directories are
 // made just before they are listed (the temp dir's filesystem has fine-grained timestamps).
-ListWindows trusting(size_t bytes = ListWindows::kBytes) { return ListWindows(bytes, 0); }
+ListWindows trusting(size_t bytes = ListWindows::kBytes) { return ListWindows(bytes, 0, 0); }
 
 }  // namespace
 
@@ -96,6 +96,28 @@ TEST_CASE("the pages of an unchanged directory come from one read of it") {
   CHECK(w.reads() == 2);
   // Without the window kept, each page reads the directory: the same pages.
   CHECK(list_all(roots, 100, nullptr) == names);
+}
+
+TEST_CASE("a directory of fine timestamps still for a moment serves its pages from one read") {
+  // Its times have fractions: changed 0.3 s before the read, it is trusted (kFineTimesStillNs).
+  // The control: the window of a filesystem of seconds (kTimesStillNs) reads it for each page.
+  sbx::test::TempDir t("fs-list-fine");
+  auto names = make_names(t.path / "d", 2000, 8);
+  struct stat st {};
+  REQUIRE(::stat((t.path / "d").c_str(), &st) == 0);
+  if (st.st_mtim.tv_nsec == 0 && st.st_ctim.tv_nsec == 0) return;  // a temp dir of whole seconds
+  ::usleep(300'000);
+  auto roots = roots_of(t);
+  ListWindows coarse(ListWindows::kBytes, sbx::os::kTimesStillNs, sbx::os::kTimesStillNs);
+  CHECK(list_all(roots, 100, &coarse) == names);
+  // (A machine that stalled past the 2 s since the change leaves the control nothing to show.)
+  int64_t changed = std::max(sbx::os::ns_of(st.st_mtim), sbx::os::ns_of(st.st_ctim));
+  if (sbx::os::realtime_ns() - changed < sbx::os::kTimesStillNs) CHECK(coarse.reads() == 20);
+  ListWindows w;
+  size_t pages = 0;
+  CHECK(list_all(roots, 100, &w, &pages) == names);
+  CHECK(pages == 20);
+  CHECK(w.reads() == 1);
 }
 
 TEST_CASE("a directory larger than the window is read again as the pages pass it") {
