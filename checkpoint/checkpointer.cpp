@@ -114,8 +114,8 @@ std::string kernel_release() {
 // resolve, and a copy needs the mount point in its /tmp's upper layer all the same (copy_layer).
 json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) {
   json::array out;
-  for (auto& m : masks)
-    if (auto real = os::real_path(m)) out.push_back({{"path", real->first}, {"dir", S_ISDIR(real->second.st_mode)}});
+  for (const auto& [path, st] : sandbox::outermost_masks(masks))
+    out.push_back({{"path", path}, {"dir", S_ISDIR(st.st_mode)}});
   if (ns_init <= 0) return out;
   for (auto& m : os::mounts_under("/tmp", ns_init)) {
     if (m.path == "/tmp" ||

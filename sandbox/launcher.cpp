@@ -419,14 +419,11 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
   }
   add({.kind = MountOp::Touch, .a = r + kNsInitPath, .what = std::string("create ") + kNsInitPath});
   add({.kind = MountOp::Move, .a = r + kNsInitPath, .slot = exe_slot, .what = std::string("attach ") + kNsInitPath});
-  for (auto& m : spec.masks) {
-    // Masked where it is: a path through a symlink (a state dir, a token file's directory or a
-    // HOME that is one) would be resolved, under the new root, from the host's root, and the
-    // mask would land outside the branch's view, leaving the file readable at its real path
-    // (or, for the state dir, over the new root itself).
-    auto real = os::real_path(m);
-    if (!real) continue;
-    const auto& [path, st] = *real;
+  // Masked where it is: a path through a symlink (a state dir, a token file's directory or a
+  // HOME that is one) would be resolved, under the new root, from the host's root, and the
+  // mask would land outside the branch's view, leaving the file readable at its real path
+  // (or, for the state dir, over the new root itself).
+  for (const auto& [path, st] : outermost_masks(spec.masks)) {
     add({.kind = MountOp::Mask,
          .a = r + path,
          .recursive = S_ISDIR(st.st_mode),
@@ -437,6 +434,28 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
   add({.kind = MountOp::Pivot, .a = r, .what = "pivot_root"});
   add({.kind = MountOp::RemountRootRO, .what = "make / read-only"});
 }
+
+}  // namespace
+
+std::vector<std::pair<std::string, struct stat>> outermost_masks(const std::vector<std::string>& masks) {
+  std::vector<std::pair<std::string, struct stat>> all;
+  for (auto& m : masks)
+    if (auto real = os::real_path(m)) all.push_back(std::move(*real));
+  auto beneath = [](const std::string& path, const std::string& dir) {
+    return dir == "/" || (path.size() > dir.size() && path.starts_with(dir) && path[dir.size()] == '/');
+  };
+  std::vector<std::pair<std::string, struct stat>> out;
+  for (auto& m : all) {
+    bool hidden = std::any_of(all.begin(), all.end(), [&](const auto& d) {
+      return S_ISDIR(d.second.st_mode) && d.first != m.first && beneath(m.first, d.first);
+    });
+    bool again = std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == m.first; });
+    if (!hidden && !again) out.push_back(m);
+  }
+  return out;
+}
+
+namespace {
 
 // Builds the branch's root for a plain host: a tmpfs with the host's top-level directories bound
 // read-only (cloned before the tmpfs exists, so no copy contains the new root itself), a fresh

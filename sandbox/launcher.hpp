@@ -112,6 +112,13 @@ struct BranchSpec {
   std::string flat_refusal;
 };
 
+/// The masks to mount for `masks`: each by its real path (os::real_path; one not there is left
+/// out), once, and none beneath another that is a directory (whose mask hides it already). One
+/// beneath would still be a mount of the branch's namespace, which criu dumps and a live copy
+/// needs the mount point of: a token file `sandboxer run` made in the masked state home, gone once
+/// its box ended, failed every restore of the box's snapshots after.
+std::vector<std::pair<std::string, struct stat>> outermost_masks(const std::vector<std::string>& masks);
+
 /// The branch's writable layer, below its dir: what a filesystem snapshot copies and what each
 /// restored copy gets a copy of. `root` holds the mount points and symlinks of the agent's / in a
 /// snapshot and in a copy criu restored (its --root); a branch launch_branch starts has a tmpfs
