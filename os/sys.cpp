@@ -444,7 +444,8 @@ std::vector<MountPoint> mounts_under(const std::string& dir, pid_t pid) {
     auto dash = std::find(f.begin(), f.end(), std::string_view("-"));
     if (f.size() < 5 || dash == f.end() || dash + 1 == f.end()) return;
     std::string path = unescape_mountinfo(f[4]);
-    if (path != dir && !(path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/')) return;
+    bool below = dir == "/" || (path.starts_with(dir) && path.size() > dir.size() && path[dir.size()] == '/');
+    if (path != dir && !below) return;
     out.push_back({std::move(path), std::string(*(dash + 1))});
   });
   std::reverse(out.begin(), out.end());

@@ -52,7 +52,8 @@ struct MountOp {
     Mask,
     ReadOnly,
     Pivot,
-    RemountRootRO
+    RemountRootRO,
+    Detach
   };
   Kind kind;
   std::string a, b, fstype, data;  // meaning depends on kind (see run_plan)
@@ -336,6 +337,29 @@ void attach_sys(Plan& p, const Clones& c) {
        .what = "make /sys/fs/cgroup read-only"});
 }
 
+// Filesystems of the kernel's own state. The agent has a /proc, /sys and /dev of its own; one of
+// these mounted beneath the host's directories (a chroot's /proc under /var, a build's /sys)
+// showed it the host's processes and their command lines, its devices or its tracing, and a
+// snapshot carried the mount, so its restore failed once the host had unmounted it. They are
+// detached from the agent's view of those directories, as a container sees none of the host's.
+constexpr std::string_view kKernelFs[] = {"proc",    "sysfs",    "devpts",    "devtmpfs",    "mqueue",
+                                          "cgroup",  "cgroup2",  "debugfs",   "tracefs",     "securityfs",
+                                          "pstore",  "bpf",      "nsfs",      "binfmt_misc", "configfs",
+                                          "fusectl", "efivarfs", "hugetlbfs", "rpc_pipefs"};
+
+void detach_kernel_mounts(Plan& p, const std::vector<TopEntry>& entries) {
+  for (auto& m : os::mounts_under("/")) {
+    if (std::find(std::begin(kKernelFs), std::end(kKernelFs), m.fstype) == std::end(kKernelFs)) continue;
+    auto slash = m.path.find('/', 1);
+    if (slash == std::string::npos) continue;  // a top-level one (/proc, /sys): not cloned
+    std::string_view top(m.path.data() + 1, slash - 1);
+    if (std::none_of(entries.begin(), entries.end(), [&](const TopEntry& e) { return e.dir && e.name == top; }))
+      continue;
+    p.ops.push_back(
+        {.kind = MountOp::Detach, .a = p.new_root + m.path, .what = "detach " + m.path + " (" + m.fstype + ")"});
+  }
+}
+
 // The second half: the root is made, the cloned trees attached in it, /tmp, /proc, /dev, /run and
 // the masks set up, and the root pivoted into.
 void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& entries, const Clones& c) {
@@ -356,6 +380,7 @@ void attach_trees(Plan& p, const BranchSpec& spec, const std::vector<TopEntry>& 
     add({.kind = MountOp::MkDir, .a = r + target, .flags = 0755, .what = "mkdir " + target});
     add({.kind = MountOp::Move, .a = r + target, .slot = s, .what = "attach " + target});
   }
+  detach_kernel_mounts(p, entries);
   attach_sys(p, c);
   if (resolv_slot >= 0)
     add({.kind = MountOp::Move,
@@ -562,6 +587,11 @@ int run_plan(Plan& p, int* err) noexcept {
         if (rc == 0) rc = static_cast<int>(::syscall(SYS_pivot_root, ".", "."));
         if (rc == 0) rc = ::umount2(".", MNT_DETACH);
         if (rc == 0) rc = ::chdir("/");
+        break;
+      case MountOp::Detach:
+        // Gone already: detached with one above it.
+        rc = ::umount2(op.a.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+        if (rc != 0 && (errno == EINVAL || errno == ENOENT)) rc = 0;
         break;
       case MountOp::RemountRootRO:
         // noexec too: the root holds only mount points and symlinks (the programs are on the

@@ -232,3 +232,12 @@ TEST_CASE("mounts_under: the mounts at and below a dir, paths unescaped, the las
   CHECK(text == "/a b/c=tmpfs;/a b/c=tmpfs;/a b=tmpfs;");
   CHECK(sbx::os::mounts_under(dir).empty());  // the host's namespace: nothing was mounted here
 }
+
+TEST_CASE("mounts_under(\"/\") lists every mount, the root and /proc among them") {
+  auto all = sbx::os::mounts_under("/");
+  auto has = [&](const std::string& path, const std::string& type) {
+    return std::any_of(all.begin(), all.end(), [&](auto& m) { return m.path == path && m.fstype == type; });
+  };
+  CHECK(has("/proc", "proc"));
+  CHECK(std::any_of(all.begin(), all.end(), [](auto& m) { return m.path == "/"; }));
+}
