@@ -128,6 +128,30 @@ json::array mask_list(const std::vector<std::string>& masks, pid_t ns_init = 0) 
   return out;
 }
 
+// The mounts the branch whose ns-init is `ns_init` sees beneath the host's directories (its
+// top-level directories but for its own: a container's /etc/resolv.conf, a container beside the
+// box, a user's mount), but for the masks: criu restores each where it was, bound from the same
+// path of the host it restores on, and a copy needs it there (restore.cpp, missing_host_mount).
+json::array host_mount_list(pid_t ns_init, const json::array& masks) {
+  json::array out;
+  if (ns_init <= 0) return out;
+  auto all = os::mounts_under("/", ns_init);
+  static const std::set<std::string_view> own = {"/proc", "/dev", "/sys", "/tmp", "/run", "/workspace"};
+  std::set<std::string, std::less<>> tops;
+  for (auto& m : all)
+    if (m.path.size() > 1 && m.path.find('/', 1) == std::string::npos && !own.contains(m.path)) tops.insert(m.path);
+  std::set<std::string> seen;
+  for (auto& m : all) {
+    auto slash = m.path.find('/', 1);
+    if (slash == std::string::npos || !tops.contains(std::string_view(m.path).substr(0, slash))) continue;
+    if (std::any_of(masks.begin(), masks.end(),
+                    [&](const json::value& v) { return v.at("path").as_string() == m.path; }))
+      continue;
+    if (seen.insert(m.path).second) out.push_back({{"path", m.path}, {"type", m.fstype}});
+  }
+  return out;
+}
+
 // What the copy of one of a branch's layer dirs may write, `in_dir` bytes copied already from its
 // dir's filesystem where this one is there too: no more than the filesystem it comes from can
 // hold under the branch's disk ceiling (its workspace is one, its dir with /tmp, /run and the
@@ -602,6 +626,7 @@ json::object Checkpointer::manifest_of(const BranchView& b, const CheckpointOp& 
       {"network", host_.network_manifest()},
       {"channel_request", b.channel_request >= 0 ? json::value(b.channel_request) : json::value(nullptr)}};
   if (!op.live) m["note"] = op.note;
+  if (op.live) m["host_mounts"] = host_mount_list(b.ns_init_pid, m.at("masks").as_array());
   return m;
 }
 

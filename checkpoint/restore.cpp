@@ -299,6 +299,29 @@ std::optional<std::string> missing_mask(const json::object& manifest) {
   return std::nullopt;
 }
 
+// Why a live copy of a snapshot with this manifest cannot be restored here: a mount its agent saw
+// beneath the host's directories whose mount point is not on this host (a container that ran
+// beside the original box, a snap's revision since replaced). criu restores each where it was and
+// fails on the first it cannot place ("Can't stat mountpoint" under a directory of its own).
+std::optional<std::string> missing_host_mount(const json::object& manifest) {
+  auto* mounts = manifest.if_contains("host_mounts");
+  if (!mounts || !mounts->is_array()) return std::nullopt;
+  for (auto& v : mounts->as_array()) {
+    auto* o = v.if_object();
+    auto* path = o ? o->if_contains("path") : nullptr;
+    if (!path || !path->is_string()) continue;
+    std::string p(path->as_string());
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0) continue;
+    auto* type = o->if_contains("type");
+    return "the snapshot's agent saw a mount at " + p +
+           (type && type->is_string() ? " (" + std::string(type->as_string()) + ")" : std::string()) +
+           " beneath the host's directories, and " + p + " is not on this host (" + std::strerror(errno) +
+           "): a live copy has the mounts its original saw, each where it was; restore it on a host that has it";
+  }
+  return std::nullopt;
+}
+
 // The bytes of a snapshot's files (its manifest's sizes.fs), what each copy's branch dir gets.
 uint64_t layer_bytes(const json::object& manifest) {
   auto* sizes = manifest.if_contains("sizes");
@@ -401,6 +424,7 @@ void Checkpointer::begin_restore(std::shared_ptr<RestoreOp> op) {
   if (!refuse && mode == "live")
     if (auto r = host_.copy_network_possible(op->manifest); !r) refuse = r.error().message;
   if (!refuse && mode == "live") refuse = missing_mask(op->manifest);
+  if (!refuse && mode == "live") refuse = missing_host_mount(op->manifest);
   // criu does not restore Landlock: a live copy in a box whose profile asks for it would run
   // without it. A cold copy gets it again.
   if (!refuse && mode == "live" && settings_.landlock)

@@ -346,6 +346,44 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
     assert os.listdir(tmp_path / "xdg/sandboxer/tokens") == []
 
 
+def checkpoint_of_an_ended_run_box(tmp_path, env):
+    """`run --listen` a sleeping agent, checkpoint it, end the box: the snapshot's id."""
+    p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
+                          "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        url = None
+        while url is None:
+            line = p.stderr.readline()
+            assert line, p.wait()
+            if m := re.search(r"serving (ws://[0-9.:]+) ", line):
+                url = m.group(1)
+        r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()[-1]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+
+
+def restored_in_a_new_box(tmp_path, snap, env):
+    """The snapshot's archive restored by a new sandboxer-init: its restore.done or restore.failed."""
+    events = tmp_path / "b.events"
+    b = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / "b"), "--events", str(events), "--restore",
+                          str(tmp_path / "s" / "snapshots" / f"{snap}.tar.zst")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            for line in events.read_text().splitlines() if events.exists() else []:
+                if json.loads(line)["type"] in ("restore.done", "restore.failed"):
+                    return json.loads(line)
+        return None
+    finally:
+        b.send_signal(signal.SIGTERM)
+        b.wait(30)
+
+
 def test_a_snapshot_of_a_run_listen_box_restores_in_a_new_box_after_the_box_ended(tmp_path):
     # `run` makes the token file in the user's state home, which every box masks whole, and
     # removes it when the box ends. The box masked the token file too, beneath that mask: a mount
@@ -355,41 +393,35 @@ def test_a_snapshot_of_a_run_listen_box_restores_in_a_new_box_after_the_box_ende
     xdg = tempfile.mkdtemp(prefix="sbx-xdg-", dir="/var/tmp")
     try:
         env = dict(local_env(tmp_path), XDG_STATE_HOME=xdg)
-        p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
-                              "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
-        try:
-            url = None
-            while url is None:
-                line = p.stderr.readline()
-                assert line, p.wait()
-                if m := re.search(r"serving (ws://[0-9.:]+) ", line):
-                    url = m.group(1)
-            r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
-            assert r.returncode == 0, r.stderr
-            snap = r.stdout.split()[-1]
-        finally:
-            p.send_signal(signal.SIGTERM)
-            p.wait(30)
+        snap = checkpoint_of_an_ended_run_box(tmp_path, env)
         assert os.listdir(os.path.join(xdg, "sandboxer", "tokens")) == []
-        events = tmp_path / "b.events"
-        b = subprocess.Popen([str(INIT), "--state-dir", str(tmp_path / "b"), "--events", str(events), "--restore",
-                              str(tmp_path / "s" / "snapshots" / f"{snap}.tar.zst")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        try:
-            deadline, ended = time.monotonic() + 60, None
-            while ended is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-                for line in events.read_text().splitlines() if events.exists() else []:
-                    if json.loads(line)["type"] in ("restore.done", "restore.failed"):
-                        ended = json.loads(line)
-            assert ended and ended["type"] == "restore.done", ended
-        finally:
-            b.send_signal(signal.SIGTERM)
-            b.wait(30)
+        ended = restored_in_a_new_box(tmp_path, snap, env)
+        assert ended and ended["type"] == "restore.done", ended
         manifest = json.loads((tmp_path / "s" / "snapshots" / f"{snap}.json").read_text())
         assert not any("/tokens/" in m["path"] for m in manifest["masks"]), manifest["masks"]
     finally:
         shutil.rmtree(xdg, ignore_errors=True)
+
+
+def test_a_live_restore_where_a_mount_its_agent_saw_is_gone_says_which(tmp_path):
+    # A box sees the host's directories with what is mounted beneath them, and criu restores each
+    # such mount where it was: one gone from the host (a container that ran beside the box) failed
+    # the restore with criu's "Can't stat mountpoint" under a directory of its own.
+    env = local_env(tmp_path)
+    d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-hostmount-", dir="/var/tmp"))
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(d)], check=True)
+        snap = checkpoint_of_an_ended_run_box(tmp_path, env)
+        manifest = json.loads((tmp_path / "s" / "snapshots" / f"{snap}.json").read_text())
+        assert {"path": str(d), "type": "tmpfs"} in manifest["host_mounts"], manifest["host_mounts"]
+    finally:
+        subprocess.run(["umount", str(d)], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+    ended = restored_in_a_new_box(tmp_path, snap, env)
+    assert ended and ended["type"] == "restore.failed", ended
+    assert ended["error"] == f"the snapshot's agent saw a mount at {d} (tmpfs) beneath the host's directories, and " \
+        f"{d} is not on this host (No such file or directory): a live copy has the mounts its original saw, each " \
+        "where it was; restore it on a host that has it", ended
 
 
 # -- cp, export and import over sdk/cpp's transfer_file (Boost.Beast) ----------------------------
