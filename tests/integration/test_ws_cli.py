@@ -1,5 +1,6 @@
 """The CLI over the WebSocket (sdk/cpp): attach, exec, cp, stats, and run --listen."""
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -325,6 +326,17 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
     # stays, a second link to the stored token, until the box ends.
     assert str(tmp_path).startswith("/tmp/")
     env = local_env(tmp_path)
+    with run_listen_box(tmp_path, env) as url:
+        snap = checkpoint(url, env)
+        r = subprocess.run([str(CLI), "fork", url, "--snapshot", snap, "-n", "1"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0 and r.stdout == "f1 main@f1\n", r.stderr
+    assert os.listdir(tmp_path / "xdg/sandboxer/tokens") == []
+
+
+@contextlib.contextmanager
+def run_listen_box(tmp_path, env):
+    """`run --listen` of a sleeping agent, its state dir tmp_path/s: its URL; ended on leaving."""
     p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
                           "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     try:
@@ -334,35 +346,23 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
             assert line, p.wait()
             if m := re.search(r"serving (ws://[0-9.:]+) ", line):
                 url = m.group(1)
-        r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        snap = r.stdout.split()[-1]
-        r = subprocess.run([str(CLI), "fork", url, "--snapshot", snap, "-n", "1"], capture_output=True, text=True,
-                           env=env, timeout=60)
-        assert r.returncode == 0 and r.stdout == "f1 main@f1\n", r.stderr
+        yield url
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
-    assert os.listdir(tmp_path / "xdg/sandboxer/tokens") == []
+
+
+def checkpoint(url, env):
+    """`sandboxer checkpoint URL`: the snapshot's id."""
+    r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[-1]
 
 
 def checkpoint_of_an_ended_run_box(tmp_path, env):
     """`run --listen` a sleeping agent, checkpoint it, end the box: the snapshot's id."""
-    p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
-                          "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
-    try:
-        url = None
-        while url is None:
-            line = p.stderr.readline()
-            assert line, p.wait()
-            if m := re.search(r"serving (ws://[0-9.:]+) ", line):
-                url = m.group(1)
-        r = subprocess.run([str(CLI), "checkpoint", url], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        return r.stdout.split()[-1]
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(30)
+    with run_listen_box(tmp_path, env) as url:
+        return checkpoint(url, env)
 
 
 def restored_in_a_new_box(tmp_path, snap, env):
