@@ -136,10 +136,13 @@ json::array host_mount_list(pid_t ns_init, const json::array& masks) {
   json::array out;
   if (ns_init <= 0) return out;
   auto all = os::mounts_under("/", ns_init);
-  static const std::set<std::string_view> own = {"/proc", "/dev", "/sys", "/tmp", "/run", "/workspace"};
+  auto own = [](std::string_view name) {
+    return std::find(std::begin(sandbox::kOwnTopDirs), std::end(sandbox::kOwnTopDirs), name) !=
+           std::end(sandbox::kOwnTopDirs);
+  };
   std::set<std::string, std::less<>> tops;
   for (auto& m : all)
-    if (m.path.size() > 1 && m.path.find('/', 1) == std::string::npos && !own.contains(m.path)) tops.insert(m.path);
+    if (m.path.size() > 1 && m.path.find('/', 1) == std::string::npos && !own(m.path.substr(1))) tops.insert(m.path);
   std::set<std::string> seen;
   for (auto& m : all) {
     auto slash = m.path.find('/', 1);

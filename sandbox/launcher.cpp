@@ -165,13 +165,13 @@ struct Clones {
 // The host's top-level directories (bound read-only) and symlinks (made again) that a plain
 // host's branch root shows: not the ones the branch gets of its own.
 std::vector<TopEntry> host_top_entries() {
-  static const char* kSkip[] = {"proc", "dev", "sys", "tmp", "run", "workspace", "lost+found", "boot", "media", "mnt"};
+  static const char* kSkip[] = {"lost+found", "boot", "media", "mnt"};
   std::vector<TopEntry> entries;
   if (DIR* d = ::opendir("/")) {
     while (auto* e = ::readdir(d)) {
       std::string n = e->d_name;
       if (n == "." || n == ".." || n.starts_with(".")) continue;
-      bool skip = false;
+      bool skip = std::find(std::begin(kOwnTopDirs), std::end(kOwnTopDirs), n) != std::end(kOwnTopDirs);
       for (auto* s : kSkip) skip |= n == s;
       if (skip) continue;
       struct stat st {};

@@ -16,6 +16,7 @@
 
 #include <boost/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -111,6 +112,9 @@ struct BranchSpec {
   bool flat_fallback = false;
   std::string flat_refusal;
 };
+
+/// The top-level directories a branch has of its own; the host's others are bound read-only.
+inline constexpr std::string_view kOwnTopDirs[] = {"proc", "dev", "sys", "tmp", "run", "workspace"};
 
 /// The masks to mount for `masks`: each by its real path (os::real_path; one not there is left
 /// out), once, and none beneath another that is a directory (whose mask hides it already). One
