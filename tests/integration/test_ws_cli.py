@@ -335,9 +335,10 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
 
 
 @contextlib.contextmanager
-def run_listen_box(tmp_path, env):
-    """`run --listen` of a sleeping agent, its state dir tmp_path/s: its URL; ended on leaving."""
-    p = subprocess.Popen([str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
+def run_listen_box(tmp_path, env, wrap=()):
+    """`run --listen` of a sleeping agent, its state dir tmp_path/s: its URL; ended on leaving.
+    `wrap`: a command that runs `run` (its argv comes after)."""
+    p = subprocess.Popen([*wrap, str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
                           "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     try:
         url = None
@@ -359,9 +360,9 @@ def checkpoint(url, env):
     return r.stdout.split()[-1]
 
 
-def checkpoint_of_an_ended_run_box(tmp_path, env):
+def checkpoint_of_an_ended_run_box(tmp_path, env, wrap=()):
     """`run --listen` a sleeping agent, checkpoint it, end the box: the snapshot's id."""
-    with run_listen_box(tmp_path, env) as url:
+    with run_listen_box(tmp_path, env, wrap) as url:
         return checkpoint(url, env)
 
 
@@ -406,18 +407,22 @@ def test_a_snapshot_of_a_run_listen_box_restores_in_a_new_box_after_the_box_ende
 def test_a_live_restore_where_a_mount_its_agent_saw_is_gone_says_which(tmp_path):
     # A box sees the host's directories with what is mounted beneath them, and criu restores each
     # such mount where it was: one gone from the host (a container that ran beside the box) failed
-    # the restore with criu's "Can't stat mountpoint" under a directory of its own.
+    # the restore with criu's "Can't stat mountpoint" under a directory of its own. The box runs in
+    # a mount namespace of its own where a tmpfs over an empty directory under /var/tmp holds the
+    # mount point `m` and a tmpfs on it: the suite's other boxes never see them, and the restore,
+    # in the host's namespace, finds no `m`.
     env = local_env(tmp_path)
     d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-hostmount-", dir="/var/tmp"))
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(d)], check=True)
-        snap = checkpoint_of_an_ended_run_box(tmp_path, env)
+        setup = f"mount -t tmpfs tmpfs {d} && mkdir {d}/m && mount -t tmpfs tmpfs {d}/m"
+        wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh"]
+        snap = checkpoint_of_an_ended_run_box(tmp_path, env, wrap)
         manifest = json.loads((tmp_path / "s" / "snapshots" / f"{snap}.json").read_text())
-        assert {"path": str(d), "type": "tmpfs"} in manifest["host_mounts"], manifest["host_mounts"]
+        assert {"path": f"{d}/m", "type": "tmpfs"} in manifest["host_mounts"], manifest["host_mounts"]
+        ended = restored_in_a_new_box(tmp_path, snap, env)
     finally:
-        subprocess.run(["umount", str(d)], check=False)
         shutil.rmtree(d, ignore_errors=True)
-    ended = restored_in_a_new_box(tmp_path, snap, env)
+    d = d / "m"
     assert ended and ended["type"] == "restore.failed", ended
     assert ended["error"] == f"the snapshot's agent saw a mount at {d} (tmpfs) beneath the host's directories, and " \
         f"{d} is not on this host (No such file or directory): a live copy has the mounts its original saw, each " \

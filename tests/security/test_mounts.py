@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from sbxtest import box, output, started
+from sbxtest import INIT, box, output, read_journal, started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -468,37 +468,37 @@ def test_a_setuid_file_an_agent_leaves_is_out_of_reach_of_the_hosts_users(var_st
 # --- the host's mounts beneath the directories the box sees ------------------------------------
 
 @pytest.fixture
-def host_mounts():
-    """A /proc of the host's pid namespace mounted under /var/tmp (as a chroot's build mounts one)
-    and a tmpfs beside it holding a file, made before the box starts and removed after."""
+def host_dir():
+    """An empty directory under /var/tmp (beneath /var, a directory every box sees), removed after."""
     d = pathlib.Path(tempfile.mkdtemp(prefix="sbx-hostmounts-", dir="/var/tmp"))
     (d / "proc").mkdir()
     (d / "data").mkdir()
-    try:
-        subprocess.run(["mount", "-t", "proc", "proc", str(d / "proc")], check=True)
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(d / "data")], check=True)
-        (d / "data" / "f").write_text("host data\n")
-        yield d
-    finally:
-        for m in ("data", "proc"):
-            subprocess.run(["umount", "-l", str(d / m)], check=False, capture_output=True)
-        shutil.rmtree(d, ignore_errors=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
-def host_view(d):
-    # The host's processes the mount shows (numeric names), then the file of the tmpfs beside it.
-    return ["sh", "-c", f'ls {d}/proc | grep -c "^[0-9]*$"; cat {d}/data/f']
+def box_beside_host_mounts(state_dir, d, *sets, profile=None):
+    """A box that lists the host's processes a /proc of the host's pid namespace at D/proc shows (as
+    a chroot's build mounts one) and reads the file of a tmpfs at D/data. The mounts are made in a
+    mount namespace of the box's own, which it starts in: the suite's other boxes never see them
+    (one of them checkpointed meanwhile would carry the tmpfs)."""
+    setup = f"mount -t proc proc {d}/proc && mount -t tmpfs tmpfs {d}/data && echo 'host data' > {d}/data/f"
+    args = [a for s in sets for a in ("--set", s)] + (["--profile", profile] if profile else [])
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
+           "--state-dir", str(state_dir), *args, "--", "sh", "-c", f'ls {d}/proc | grep -c "^[0-9]*$"; cat {d}/data/f']
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
+    return r, read_journal(state_dir)
 
 
 @pytest.mark.parametrize("profile", ROOT_PROFILES)
-def test_a_host_proc_beneath_the_hosts_directories_is_not_in_the_agents_view(state_dir, host_mounts, profile):
+def test_a_host_proc_beneath_the_hosts_directories_is_not_in_the_agents_view(state_dir, host_dir, profile):
     # The agent saw the host's processes and their command lines through it (and a snapshot carried
     # the mount, whose restore failed once the host had unmounted it). Other mounts stay.
-    r, ev = box(state_dir, host_view(host_mounts), profile=profile)
+    r, ev = box_beside_host_mounts(state_dir, host_dir, profile=profile)
     assert output(ev) == "0\nhost data\n", (output(ev), r.stderr)
 
 
-def test_a_host_proc_control_without_namespaces_lists_the_hosts_processes(state_dir, host_mounts):
-    r, ev = box(state_dir, host_view(host_mounts), "isolation.namespaces=false")
+def test_a_host_proc_control_without_namespaces_lists_the_hosts_processes(state_dir, host_dir):
+    r, ev = box_beside_host_mounts(state_dir, host_dir, "isolation.namespaces=false")
     n, data = output(ev).splitlines()[:2]
     assert int(n) > 10 and data == "host data", (output(ev), r.stderr)
