@@ -338,7 +338,7 @@ struct Syncer {
   // from, and may be kept; else none.
   const CopyRecord::Entry* unchanged(const struct stat& st, const std::string& rel) {
     auto* e = record.find(rel);
-    int64_t still = st.st_ctim.tv_nsec != 0 ? policy.fine_still_ns : policy.still_ns;
+    int64_t still = still_window_ns(st, policy.still_ns, policy.fine_still_ns);
     if (!e || e->ino != st.st_ino || e->type != (st.st_mode & S_IFMT) || e->size != st.st_size ||
         e->ctime_ns != ns_of(st.st_ctim) || e->ctime_ns > record.started_ns - still ||
         policy.always.contains({st.st_dev, st.st_ino}))

@@ -57,6 +57,11 @@ inline constexpr int64_t kTimesStillNs = 2'000'000'000;
 /// of seconds keeps none): set from the kernel's coarse clock, at most a tick (1-10 ms) behind the
 /// realtime clock a read's time comes from.
 inline constexpr int64_t kFineTimesStillNs = 100'000'000;
+/// Of `coarse_ns` and `fine_ns` (kTimesStillNs, kFineTimesStillNs), the window for the file `st`
+/// describes: the fine one where its ctime has a fraction of a second (a ctime no one can set).
+inline int64_t still_window_ns(const struct stat& st, int64_t coarse_ns, int64_t fine_ns) {
+  return st.st_ctim.tv_nsec != 0 ? fine_ns : coarse_ns;
+}
 
 /// Calls fn(line) for each line of `text` (a /proc file's), without its '\n'.
 void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn);

@@ -372,10 +372,10 @@ void read_window(Window& w, int fd, const struct stat& st, const std::string& af
 bool same_time(const timespec& a, const timespec& b) { return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec; }
 
 // Whether the directory `st` describes changed within `still_ns` of now, taken after `st` (or in
-// the future: a clock not ours); within `fine_still_ns` where its times have fractions.
+// the future: a clock not ours); within `fine_still_ns` where its ctime has a fraction.
 bool changed_lately(const struct stat& st, int64_t still_ns, int64_t fine_still_ns) {
-  bool fine = st.st_mtim.tv_nsec != 0 || st.st_ctim.tv_nsec != 0;
-  return std::max(os::ns_of(st.st_mtim), os::ns_of(st.st_ctim)) > os::realtime_ns() - (fine ? fine_still_ns : still_ns);
+  return std::max(os::ns_of(st.st_mtim), os::ns_of(st.st_ctim)) >
+         os::realtime_ns() - os::still_window_ns(st, still_ns, fine_still_ns);
 }
 
 // Whether `w` holds the next page of this listing: the same directory, unchanged, asked past the

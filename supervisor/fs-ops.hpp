@@ -105,9 +105,9 @@ struct ListPage {
 /// A directory whose mtime or ctime is within `still_ns` (os::kTimesStillNs) of its read is not
 /// trusted to show a later change: a name made in the same tick as the read, after it, can leave
 /// both unchanged. Its window serves no next page: that page reads the directory again, until it
-/// has been still that long. Where either time has a fraction of a second (a filesystem of fine
+/// has been still that long. Where its ctime has a fraction of a second (a filesystem of fine
 /// times, set from the kernel's coarse clock), `fine_still_ns` (os::kFineTimesStillNs) instead,
-/// as the layer's sync does.
+/// as the layer's sync does (os::still_window_ns).
 class ListWindows {
  public:
   static constexpr size_t kWindows = 4;
