@@ -277,6 +277,7 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
     }
   };
   size_t in_frame = 0;  // bytes given to the current frame
+  bool ended = false;   // a frame was ended
   for (;;) {
     ssize_t n = ::read(in.get(), ibuf.data(), ibuf.size());
     if (n < 0) {
@@ -285,7 +286,10 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
     }
     std::string_view chunk(ibuf.data(), static_cast<size_t>(n));
     if (n == 0) {
-      if (auto r = put({}, ZSTD_e_end); !r) return r.error();
+      // Not a frame of nothing after the last (a segment whose last read ended a frame): the seq
+      // of its last line is read from the frame that ends the file (last_seq_from_the_end).
+      if (in_frame > 0 || !ended)
+        if (auto r = put({}, ZSTD_e_end); !r) return r.error();
       break;
     }
     size_t nl = in_frame + chunk.size() >= kFrameBytes ? chunk.rfind('\n') : std::string_view::npos;
@@ -295,8 +299,10 @@ boost::system::result<void> zstd_compress_file(const std::string& src, const std
       continue;
     }
     if (auto r = put(chunk.substr(0, nl + 1), ZSTD_e_end); !r) return r.error();
-    if (auto r = put(chunk.substr(nl + 1), ZSTD_e_continue); !r) return r.error();
+    ended = true;
     in_frame = chunk.size() - nl - 1;
+    if (in_frame > 0)
+      if (auto r = put(chunk.substr(nl + 1), ZSTD_e_continue); !r) return r.error();
   }
   if (::fsync(out.get()) != 0) return os::last_error();
   out.reset();

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "journal/journal.hpp"
 #include "os/sys.hpp"
+#include "temp-dir.hpp"
 
 namespace journal = sbx::journal;
 
@@ -738,6 +741,31 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a read goes past a segment it cannot re
   CHECK(got == seq_range(1, g.first - 1) + seq_range(firsts[2], total));
   // Without `gap`, the read still ends with the segment's error.
   CHECK_FALSE(journal::Journal::read(dir.string(), 0, each));
+}
+
+TEST_CASE("journal: a segment whose last read ends a frame gets no frame of nothing after it") {
+  // 512 lines of 1 KiB: the fourth 128 KiB read ends the first frame at the segment's last byte.
+  // The frame of nothing written after it hid the segment's last line from a look from the end.
+  sbx::test::TempDir t("zst-frames");
+  fs::path plain = t.path / "00000000000000000001.jsonl";
+  std::string text;
+  for (int i = 1; i <= 512; ++i) {
+    std::string l = "{\"seq\":" + std::to_string(i) + ",\"d\":\"";
+    l.append(1024 - l.size() - 3, 'a').append("\"}\n");
+    text += l;
+  }
+  REQUIRE(text.size() == 512u << 10);
+  { std::ofstream(plain, std::ios::binary) << text; }
+  REQUIRE(journal::zstd_compress_file(plain.string(), plain.string() + ".zst"));
+  std::ifstream in(plain.string() + ".zst", std::ios::binary);
+  std::string z((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t frames = 0;
+  for (size_t off = 0; off < z.size(); ++frames) {
+    size_t n = ZSTD_findFrameCompressedSize(z.data() + off, z.size() - off);
+    REQUIRE_FALSE(ZSTD_isError(n));
+    off += n;
+  }
+  CHECK(frames == 1);  // was 2: the lines', then one of nothing
 }
 
 TEST_CASE_FIXTURE(LoopFixture, "journal: a newest segment that cannot be read is a gap whose end is not known") {
