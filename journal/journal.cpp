@@ -226,23 +226,29 @@ uint64_t last_frame_offset(const std::string& path) {
 // The seq of the last line of the .zst segment at `path` (whose first seq is `first`), read from
 // a frame that ends the file: found by its magic number from the end, so that a damaged frame
 // header before it (which stops ZSTD_findFrameCompressedSize's walk from the start) hides nothing
-// after it. nullopt when no such frame decodes to whole lines with seqs.
+// after it. A frame that decodes to nothing (zstd_compress_file wrote one after a segment's last
+// frame before 2026-12-08) ends nothing: the frame before it is looked for. nullopt when no such
+// frame decodes to whole lines with seqs.
 std::optional<uint64_t> last_seq_from_the_end(const std::string& path, uint64_t first) {
   auto data = os::read_file(path);
   if (!data || data->size() < 4) return std::nullopt;
   const unsigned char magic[4] = {0x28, 0xB5, 0x2F, 0xFD};  // ZSTD_MAGICNUMBER, little-endian
-  for (size_t off = data->size() - 4 + 1; off-- > 0;) {
+  size_t end = data->size();                                // where the frame looked for ends
+  for (size_t off = end - 4 + 1; off-- > 0;) {
     if (std::memcmp(data->data() + off, magic, 4) != 0) continue;
-    if (ZSTD_findFrameCompressedSize(data->data() + off, data->size() - off) != data->size() - off) continue;
+    if (ZSTD_findFrameCompressedSize(data->data() + off, end - off) != end - off) continue;
     std::optional<uint64_t> seq;
+    bool any = false;
     auto r = for_each_line(
         path, true,
         [&](std::string_view l, uint64_t) {
+          any = true;
           if (auto s = line_seq(l); s && *s >= first && (!seq || *s > *seq)) seq = s;
           return true;
         },
         off);
     if (r && seq) return seq;
+    if (r && !any) end = off;
   }
   return std::nullopt;
 }

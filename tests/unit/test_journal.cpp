@@ -841,6 +841,14 @@ TEST_CASE_FIXTURE(LoopFixture, "journal: a restart after a newest compressed seg
     overwrite(newest, 0, std::string(4, '\0'));
     expected = last;
   }
+  SUBCASE("its first frame damaged, a frame of nothing at its end: the last frame with lines gives it") {
+    // As zstd_compress_file wrote a segment whose last read ended a frame, before 2026-12-08.
+    overwrite(newest, 0, std::string(4, '\0'));
+    std::string empty(ZSTD_compressBound(0), '\0');
+    empty.resize(ZSTD_compress(empty.data(), empty.size(), nullptr, 0, 3));
+    std::ofstream(newest, std::ios::binary | std::ios::app) << empty;
+    expected = last;
+  }
   SUBCASE("its last frame damaged: the seq goes past all a sealed segment can hold") {
     overwrite(newest, frames.back(), std::string(4, '\0'));
     expected = first - 1 + (1u << 20) / 32 + 1;
