@@ -210,6 +210,10 @@ std::vector<std::string> credential_paths() {
   out.push_back("/etc/sandboxer/tokens");
   out.push_back("/run/sandboxer/token");
   out.push_back("/var/lib/sandboxer");
+  // A pod's service-account tokens (kubernetes.io, eks.amazonaws.com, azure, ...): in the agent's
+  // view beneath /var where an image's /var/run is a directory, not the usual symlink to /run
+  // (the branch's own /run holds none of the host's).
+  out.push_back("/var/run/secrets");
   if (auto* t = std::getenv("SANDBOXER_TOKEN_FILE"); t && *t) out.push_back(t);
   return out;
 }

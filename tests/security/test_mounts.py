@@ -502,3 +502,31 @@ def test_a_host_proc_control_without_namespaces_lists_the_hosts_processes(state_
     r, ev = box_beside_host_mounts(state_dir, host_dir, "isolation.namespaces=false")
     n, data = output(ev).splitlines()[:2]
     assert int(n) > 10 and data == "host data", (output(ev), r.stderr)
+
+
+# --- a pod's service-account token --------------------------------------------------------------
+
+def box_in_a_pod_view(state_dir, profile):
+    """A box whose host has /var/run as a directory of its own, with a tmpfs holding a token at
+    /var/run/secrets/kubernetes.io/serviceaccount (as Kubernetes mounts one into a container whose
+    image has no /var/run symlink) and a file beside it at /var/run/other/f. /var is a tmpfs of a
+    mount namespace the box starts in (this host's /var/run is the usual symlink to /run)."""
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    setup = (f"mount -t tmpfs tmpfs /var && mkdir -p {sa} /var/run/other && mount -t tmpfs tmpfs {sa} && "
+             f"echo sa-token > {sa}/token && echo other > /var/run/other/f")
+    probe = f"cat {sa}/token; cat /var/run/other/f; ls -A /var/run/secrets; echo end"
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
+           "--state-dir", str(state_dir), "--profile", profile, "--", "sh", "-c", probe]
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
+    return r, read_journal(state_dir)
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_a_pods_service_account_token_under_a_var_run_directory_is_masked(state_dir, profile):
+    # /var is a directory every box sees read-only, with the mounts beneath it: the token was read
+    # (the API server's credentials of the pod). /run is the branch's own, so where /var/run is the
+    # usual symlink there was nothing to see. The file beside it, in no mask, is the control: the
+    # box does see what is mounted beneath /var/run.
+    r, ev = box_in_a_pod_view(state_dir, profile)
+    assert output(ev) == "other\nend\n", (output(ev), output(ev, "stderr"), r.stderr)
+    assert "sa-token" not in output(ev, "stderr")
