@@ -17,10 +17,17 @@ int cmd_export(const std::vector<std::string>& args) {
   auto a = parse_args(args, remote_spec({.usage = "usage: sandboxer export URL SNAPSHOT FILE [--base SNAPSHOT]",
                                          .options = {"--base"}}));
   a.expect_positionals(3);
-  const auto& snap = a.positionals()[1];
   const auto& file = a.positionals()[2];
-  auto base = a.value("--base");
   Session s("export", a.positionals()[0], a);
+  auto got = snapshot_id(s, a.positionals()[1]);
+  if (!got) return s.fail(got.error());
+  const std::string snap = *got;
+  auto base = a.value("--base");
+  if (base) {
+    auto b = snapshot_id(s, *base);
+    if (!b) return s.fail(b.error(), "--base");
+    base = *b;
+  }
   std::string part = file + ".part";
   boost::json::object req{{"op", "snapshot.export"}, {"snapshot", snap}};
   if (base) req["base"] = *base;

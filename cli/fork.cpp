@@ -7,6 +7,7 @@
 // (fork-docker.cpp; one line each: main <URL>). With --branch, a live checkpoint of branch B and
 // N copies of it in the box, the copies started from the dump's images before its archive is
 // sealed (op fork with `branch`).
+#include "archive/archive.hpp"
 #include "cli/commands.hpp"
 #include "cli/session.hpp"
 
@@ -33,6 +34,12 @@ int cmd_fork(const std::vector<std::string>& args) {
   if (a.has("--name")) a.fail("--name names the checkpoint of --branch: only with it");
   auto snap = a.value_or("--snapshot", "");
   if (snap.empty()) throw UsageError(a.usage());
+  if (!archive::valid_snapshot_id(snap)) {  // a name: its id, asked of the box
+    Session s("fork", url, token_file);
+    auto id = snapshot_id(s, snap);
+    if (!id) return s.fail(id.error());
+    snap = *id;
+  }
   if (a.has("--to")) {
     if (a.has("--host") || a.has("-n") || a.has("--json"))
       a.fail("--to names the boxes to fork into: no --host, -n or --json with it");

@@ -41,6 +41,7 @@ const char* kUsage =
     "  fork URL --snapshot S -n N [--host docker]                            N live copies; one line each: <branch> "
     "<proc|URL>\n"
     "  snapshots URL [--json]                                                the box's snapshots\n"
+    "  (SNAPSHOT, S: a snapshot's id, or the name of exactly one of the box's snapshots)\n"
     "  export URL SNAPSHOT FILE [--base S]                                   copy a snapshot's archive out of the box "
     "(--base: only what S lacks)\n"
     "  import URL FILE [--json]                                              copy an archive into the box; prints its "

@@ -3,6 +3,7 @@
 // The reply is reported as fork's is (fork.cpp sends its request through restore_in_box too).
 #include <iostream>
 
+#include "archive/archive.hpp"
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
 #include "cli/session.hpp"
@@ -42,7 +43,14 @@ int cmd_restore(const std::vector<std::string>& args) {
                                          .options = {"--host", "--index"}}));
   if (a.has("--host")) throw UsageError("--host: only fork starts new boxes (restore runs in the box)");
   a.expect_positionals(2);
-  json::object req{{"op", "restore"}, {"snapshot", a.positionals()[1]}};
+  std::string snap = a.positionals()[1];
+  if (!archive::valid_snapshot_id(snap)) {  // a name: its id, asked of the box
+    Session s("restore", a.positionals()[0], a);
+    auto id = snapshot_id(s, snap);
+    if (!id) return s.fail(id.error());
+    snap = *id;
+  }
+  json::object req{{"op", "restore"}, {"snapshot", snap}};
   // --index: the box (started --idle) becomes that copy of the snapshot instead of gaining a branch.
   if (a.has("--index")) req["index"] = a.number<int>("--index", 0);
   return restore_in_box("restore", a.positionals()[0], a.value_or("--token-file", ""), std::move(req), a.has("--json"));

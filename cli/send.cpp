@@ -28,11 +28,12 @@ int cmd_send(const std::vector<std::string>& args) {
   auto a = parse_args(args,
                       remote_spec({.usage = kSendUsage, .flags = {"--whole"}, .options = {"--to", "--to-token-file"}}));
   a.expect_positionals(2);
-  const auto& snap = a.positionals()[1];
-  if (!archive::valid_snapshot_id(snap)) a.fail(snap + ": not a snapshot id (s- and 16 hex digits)");
   auto to = a.values("--to");
   if (to.empty()) a.fail("no target (--to URL)");
   Session s("send", a.positionals()[0], a);
+  auto got = snapshot_id(s, a.positionals()[1]);
+  if (!got) return s.fail(got.error());
+  const std::string snap = *got;
   std::vector<sdk::Endpoint> targets = target_endpoints(a, s.endpoint().insecure);
   DeltaPlan plan = a.has("--whole") ? DeltaPlan{} : plan_delta(s, targets, snap);
   Relay relay(s.loop(), s.endpoint(), snap, plan);

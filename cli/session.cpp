@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "archive/archive.hpp"
 #include "base/encoding.hpp"
 #include "cli/commands.hpp"
 #include "cli/printer.hpp"
@@ -90,6 +91,40 @@ ArgSpec remote_spec(ArgSpec spec) {
 std::string text_field(const json::object& o, std::string_view key) {
   auto* v = o.if_contains(key);
   return v && v->is_string() ? std::string(v->as_string()) : std::string();
+}
+
+base::Result<std::string> snapshot_id(Session& s, const std::string& given) {
+  if (archive::valid_snapshot_id(given)) return given;
+  if (given.empty()) return base::fail("\"\" is not a snapshot id (s- and 16 hex digits) or name", "bad_request");
+  auto r = s.call({{"op", "snapshot.list"}});
+  if (!r)
+    return base::fail("list the box's snapshots (to find \"" + given + "\"): " + r.error().message, r.error().code);
+  std::vector<json::object> named;
+  if (auto* list = r->if_contains("snapshots"); list && list->is_array())
+    for (auto& v : list->as_array())
+      if (v.is_object() && text_field(v.as_object(), "name") == given) named.push_back(v.as_object());
+  if (named.empty())
+    return base::fail("\"" + given +
+                          "\" is neither a snapshot id (s- and 16 hex digits) nor the name of a snapshot of " +
+                          s.url() + " (sandboxer snapshots lists them)",
+                      "not_found");
+  auto made_by = [](const json::object& o) {
+    auto* origin = o.if_contains("origin");
+    bool agent = origin && origin->is_object() && text_field(origin->as_object(), "by") == "channel";
+    return agent ? ", made by the agent of branch " + text_field(origin->as_object(), "branch") : std::string();
+  };
+  if (named.size() > 1) {
+    std::string ids;
+    for (auto& o : named)
+      ids += (ids.empty() ? " " : ", ") + text_field(o, "id") + " (" + text_field(o, "created") + made_by(o) + ")";
+    return base::fail("\"" + given + "\" names " + std::to_string(named.size()) + " snapshots:" + ids + "; give its id",
+                      "ambiguous");
+  }
+  std::string id = text_field(named.front(), "id");
+  if (!archive::valid_snapshot_id(id))
+    return base::fail("the snapshot named \"" + given + "\" has no id in the box's list", "bad_reply");
+  s.report("snapshot \"" + given + "\" is " + id + made_by(named.front()));
+  return id;
 }
 
 std::string entry_name(const json::object& entry) {

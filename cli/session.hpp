@@ -80,6 +80,14 @@ std::optional<base::Error> not_text(const boost::json::object& req);
 /// ("(use fs.list)", "set replace to replace it") name the command or flag instead.
 std::string in_cli_words(std::string message);
 
+class Session;
+
+/// The id of the snapshot the user named: `given` as it is where it is an id (s- and 16 hex
+/// digits), else the one of the box's snapshots whose name it is (asked with snapshot.list; the
+/// choice is said on stderr, and that the agent made it, where it did). Error: no snapshot has
+/// that name (not_found), or several do (ambiguous, listing their ids).
+base::Result<std::string> snapshot_id(Session& s, const std::string& given);
+
 class Session {
  public:
   /// Resolves the endpoint of `url` with --token-file from `args`; throws (exit 2) when there

@@ -163,7 +163,8 @@ def test_send_says_what_was_wrong_and_one_bad_target_costs_only_itself(tmp_path)
     with source_and_idle_boxes(tmp_path, 1) as (a, (good,)):
         snap = checkpoint(a)
         r = sandboxer("send", a.url, "not-a-snapshot", "--to", good.url, "--token-file", str(a.token_file))
-        assert r.returncode == 2 and "not a snapshot id" in r.stderr, r.stderr
+        # Neither an id nor the name of one of the source's snapshots.
+        assert r.returncode == 1 and "is neither a snapshot id" in r.stderr and "(not_found)" in r.stderr, r.stderr
         r = sandboxer("send", a.url, snap, "--token-file", str(a.token_file))
         assert r.returncode == 2 and "no target" in r.stderr, r.stderr
         r = sandboxer("send", a.url, snap, "--to", good.url, "--to", good.url, "--token-file", str(a.token_file),

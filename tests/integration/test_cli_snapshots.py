@@ -94,6 +94,48 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         assert bad.returncode != 0 and "sandboxer fork:" in bad.stderr
 
 
+# The agent checkpoints itself through its channel, naming the snapshot, then counts.
+NAMING_AGENT = ("import json, os\n"
+                "req, rep = (int(x) for x in os.environ['SANDBOXER_CHANNEL_FD'].split(','))\n"
+                "os.write(req, b'{\"id\": 1, \"op\": \"checkpoint\", \"name\": \"agents\", \"leave_running\": true}\\n')\n"
+                "buf = b''\n"
+                "while not buf.endswith(b'\\n'):\n"
+                "    buf += os.read(rep, 65536)\n"
+                "print('agent checkpoint', json.loads(buf)['ok'], flush=True)\n") + COUNTER
+
+
+def test_a_snapshot_is_named_by_its_name_where_exactly_one_has_it(tmp_path):
+    # `sandboxer fork --snapshot NAME` was refused ("not a snapshot id"), though `snapshots` lists
+    # the names and `checkpoint --name` gives them.
+    with WsBox(tmp_path, ["python3", "-c", NAMING_AGENT], extra=["--set", "resources.grace=1s"]) as box:
+        wait_for_output(box, "main", "agent checkpoint True")
+        r = cli(box, "checkpoint", box.url, "--name", "base")
+        assert r.returncode == 0, r.stderr
+        base = r.stdout.strip().splitlines()[-1]
+        mine = next(json.loads(line) for line in cli(box, "snapshots", box.url, "--json").stdout.splitlines()
+                    if json.loads(line)["name"] == "agents")
+        f = cli(box, "fork", box.url, "--snapshot", "base", "-n", "1")
+        assert f.returncode == 0, f.stderr
+        assert f.stderr == f'sandboxer fork: snapshot "base" is {base}\n', f.stderr
+        copy = f.stdout.split()[0]
+        wait_for_output(box, copy, "\n")
+        # One the agent made is said to be its.
+        e = cli(box, "export", box.url, "agents", str(tmp_path / "agents.tar.zst"))
+        assert e.returncode == 0, e.stderr
+        assert e.stderr.startswith(f'sandboxer export: snapshot "agents" is {mine["id"]}, made by the agent of branch '
+                                   'main\n'), e.stderr
+        # A name no snapshot has, and one two have, are refused naming why; nothing is restored.
+        nope = cli(box, "restore", box.url, "nope")
+        assert nope.returncode == 1 and "(not_found)" in nope.stderr and '"nope" is neither a snapshot id' in nope.stderr
+        again = cli(box, "checkpoint", box.url, "--name", "base")
+        assert again.returncode == 0, again.stderr
+        second = again.stdout.strip().splitlines()[-1]
+        twice = cli(box, "fork", box.url, "--snapshot", "base", "-n", "1")
+        assert twice.returncode == 1 and "(ambiguous)" in twice.stderr, twice.stderr
+        assert base in twice.stderr and second in twice.stderr and '"base" names 2 snapshots' in twice.stderr
+        assert [e["branch"] for e in box.read_events() if e["type"] == "restore.done"] == [copy]
+
+
 @contextlib.contextmanager
 def agent_and_idle_box(tmp_path, source):
     """Box A running `python3 -c source` and box B idle (no agent), side by side."""
