@@ -388,7 +388,16 @@ int cmd_down(const std::vector<std::string>& args) {
   if (rm)
     throw std::runtime_error("--rm removes a local box's state dir: no local box is named " + printable(which) +
                              " (a docker box's `down` removes its container)");
-  auto box = dk::down(which);
+  // Not a local box: a docker one, or none. A host whose docker cannot be asked said only
+  // docker's words ("Cannot connect to the Docker daemon"), which do not say that no local box
+  // has that name or URL either.
+  dk::BoxRecord box;
+  try {
+    box = dk::down(which);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("no local box is " + printable(which) +
+                             " (sandboxer ps --all lists them); docker's: " + e.what());
+  }
   if (!box.url.empty()) forget_token(box.url);
   std::cout << "box " << box.name << " stopped and removed; journal in " << box.state_dir << "\n";
   return 0;

@@ -954,9 +954,12 @@ def test_ps_lists_the_local_boxes_running_without_a_state_dir_and_down_stops_one
     # A stopped one, by its name: not running, said so.
     r = subprocess.run([str(CLI), "down", b["name"]], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == f"box {b['name']} was not running; journal in {b['state_dir']}\n", r
-    # What is no local box goes to docker, as before.
+    # What is no local box goes to docker, as before, and the failure says there is no local one
+    # (it said docker's words alone: "Cannot connect to the Docker daemon" for a URL mistyped).
     r = subprocess.run([str(CLI), "down", "no-such-box"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
+    assert r.returncode != 0 and r.stderr.startswith(
+        "sandboxer down: no local box is no-such-box (sandboxer ps --all lists them); docker's: "), r
+    assert f"docker: run {tmp_path / 'no-docker'}: No such file or directory" in r.stderr, r
 
 
 def test_ps_all_lists_the_stopped_local_boxes_and_how_they_ended(tmp_path):
