@@ -1,8 +1,9 @@
 // sandboxer cp [-r] SRC DST: a file, or with -r a directory, into or out of a box; one side is
 // URL:PATH (ws://127.0.0.1:7000:/workspace/file), the other a local path. fs.read and fs.write
 // move each file in binary frames (session.hpp); -r walks the tree with fs.list on the box's side
-// and the local directory on the other, then moves its files 64 to a connection. As cp -r: a DST
-// that is a directory receives SRC by its name, else DST becomes the copy. Files keep their
+// and the local directory on the other, then moves its files 64 to a connection. As cp and cp -r:
+// a DST that is a directory (or, for a file out of the box, ends with "/") receives SRC by its
+// name, else DST becomes the copy. Files keep their
 // permission bits (no set-id bits), directories theirs; a symlink is copied as a symlink with the
 // same text (fs.symlink), never followed, SRC itself included (without -r, as cp, SRC's file is
 // copied through it). A FIFO, a socket or a device is not copied: each is named on stderr, and
@@ -225,6 +226,39 @@ std::string base_name(std::string p) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+// Where one file out of the box at `src_path` goes: into `to` by its name where `to` is a
+// directory (through a symlink, as cp follows the DST it is given) or ends with "/", else `to`.
+std::string download_target(const std::string& to, const std::string& src_path) {
+  std::error_code ec;
+  return inside_if_dir(to, to.ends_with('/') || fs::is_directory(to, ec), base_name(src_path));
+}
+
+// Where the local file `from` goes in the box: into `dst_path` by its name where that is a
+// directory there (fs.stat, following a symlink, as cp does its DST), else `dst_path`.
+base::Result<std::string> upload_target(Session& s, const std::string& dst_path, const std::string& from) {
+  auto st = s.request({{"op", "fs.stat"}, {"path", dst_path}});
+  if (!st) return st.error();
+  bool dir = reply_ok(*st) && text_field(*st, "type") == "dir";
+  if (dst_path.ends_with('/') && !dir)
+    return base::fail((reply_ok(*st) ? dst_path + ": not a directory" : reply_error(*st).message) +
+                          " (a DST ending in / names a directory)",
+                      reply_ok(*st) ? "not_a_directory" : reply_error(*st).code);
+  return inside_if_dir(dst_path, dir, base_name(fs::absolute(from).lexically_normal().string()));
+}
+
+// One file either way, as `cp SRC DST`.
+int copy_file(Session& s, const std::optional<RemotePath>& src, const std::optional<RemotePath>& dst,
+              const std::string& from, const std::string& to) {
+  if (src) {
+    auto d = s.download({{"op", "fs.read"}, {"path", src->path}}, download_target(to, src->path));
+    return d ? kExitOk : s.fail(d.error(), "download " + from);
+  }
+  auto path = upload_target(s, dst->path, from);
+  if (!path) return s.fail(path.error(), "upload to " + to);
+  auto u = s.upload({{"op", "fs.write"}, {"path", *path}, {"atomic", true}}, from);
+  return u ? kExitOk : s.fail(u.error(), "upload to " + to);
+}
+
 int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optional<RemotePath>& dst,
               const std::string& from, const std::string& to) {
   TreeCopy t(s);
@@ -237,20 +271,15 @@ int copy_tree(Session& s, const std::optional<RemotePath>& src, const std::optio
       ok = t.symlink_out(*st, src->path, inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path)));
       return ok && !t.skipped() ? kExitOk : kExitFailed;
     }
-    if (text_field(*st, "type") != "dir") {
-      auto d = s.download({{"op", "fs.read"}, {"path", src->path}}, to);
-      return d ? kExitOk : s.fail(d.error(), "download " + from);
-    }
+    if (text_field(*st, "type") != "dir") return copy_file(s, src, dst, from, to);
     std::error_code ec;
     std::string target = inside_if_dir(to, fs::is_directory(to, ec), base_name(src->path));
     ok = t.walk_out(src->path, target, mode_of(*st, 0755), 0) && t.copy();
   } else {
     std::error_code ec;
     auto local = fs::symlink_status(from, ec);
-    if (local.type() != fs::file_type::directory && local.type() != fs::file_type::symlink) {
-      auto u = s.upload({{"op", "fs.write"}, {"path", dst->path}, {"atomic", true}}, from);
-      return u ? kExitOk : s.fail(u.error(), "upload to " + to);
-    }
+    if (local.type() != fs::file_type::directory && local.type() != fs::file_type::symlink)
+      return copy_file(s, src, dst, from, to);
     auto st = s.request({{"op", "fs.stat"}, {"path", dst->path}});
     if (!st) return s.fail(st.error(), "upload to " + to);
     bool there = reply_ok(*st);
@@ -345,10 +374,7 @@ int cmd_cp(const std::vector<std::string>& args) {
   Session s("cp", src ? src->url : dst->url, a);
   if (stdio) return copy_stdio(s, src, dst, from, to);
   if (a.has("-r")) return copy_tree(s, src, dst, from, to);
-  auto r = src ? s.download({{"op", "fs.read"}, {"path", src->path}}, to)
-               : s.upload({{"op", "fs.write"}, {"path", dst->path}, {"atomic", true}}, from);
-  if (r) return kExitOk;
-  return s.fail(r.error(), src ? "download " + from : "upload to " + to);
+  return copy_file(s, src, dst, from, to);
 }
 
 }  // namespace sbx::cli

@@ -705,6 +705,39 @@ def test_rm_mkdir_and_mv_change_the_boxs_files_and_say_what_a_refusal_needs(box)
     assert r.returncode == 1 and b"(not_found)" in r.stderr
 
 
+def test_cp_of_a_file_into_a_directory_puts_it_there_by_its_name(box, tmp_path):
+    # As cp and docker cp: `sandboxer cp URL:/workspace/f .` was refused ("Is a directory"), and
+    # `sandboxer cp f URL:/workspace` said the path named no entry of its own.
+    (box.workspace / "f").write_bytes(b"from the box")
+    (box.workspace / "sub").mkdir()
+    (box.workspace / "rel").symlink_to("sub")
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "out-link").symlink_to(out)
+    for dst in (out, f"{out}/", tmp_path / "out-link"):
+        r = cli(box, "cp", f"{box.url}:/workspace/f", str(dst))
+        assert r.returncode == 0, r.stderr
+        assert (out / "f").read_bytes() == b"from the box", dst
+        (out / "f").unlink()
+    local = tmp_path / "up.txt"
+    local.write_bytes(b"from here")
+    for dst, at in (("/workspace", "up.txt"), ("/workspace/", "up.txt"), ("/workspace/sub", "sub/up.txt"),
+                    ("/workspace/rel", "sub/up.txt")):
+        r = cli(box, "cp", str(local), f"{box.url}:{dst}")
+        assert r.returncode == 0, (dst, r.stderr)
+        assert (box.workspace / at).read_bytes() == b"from here", dst
+        (box.workspace / at).unlink()
+    # A DST ending in / that is no directory: refused, naming it; nothing made.
+    r = cli(box, "cp", f"{box.url}:/workspace/f", f"{tmp_path}/none/")
+    assert r.returncode == 1 and f"{tmp_path}/none/f: No such file or directory".encode() in r.stderr, r.stderr
+    r = cli(box, "cp", str(local), f"{box.url}:/workspace/none/")
+    assert r.returncode == 1 and b"/workspace/none/: " in r.stderr and b"(a DST ending in / names a directory)" in \
+        r.stderr, r.stderr
+    r = cli(box, "cp", str(local), f"{box.url}:/workspace/f/")
+    assert r.returncode == 1 and b": /workspace/f/: Not a directory (a DST ending in / names a directory)" in r.stderr
+    assert sorted(os.listdir(box.workspace)) == ["f", "rel", "sub"] and os.listdir(box.workspace / "sub") == []
+
+
 def test_cp_of_a_directory_names_the_command_that_lists_it(box, tmp_path):
     (box.workspace / "d").mkdir()
     r = cli(box, "cp", f"{box.url}:/workspace/d", str(tmp_path / "d"))
