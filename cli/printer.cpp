@@ -159,6 +159,8 @@ void EventPrinter::print_human(const boost::json::object& ev) {
   } else if (type == "proc.exited") {
     std::string how = ev.contains("signal") ? "signal " + str(ev, "signal") : "code " + str(ev, "code");
     std::string extra = ev.contains("escalated") ? ", killed after the grace period" : "";
+    // Who ended it, where it was not the agent's own doing (a checkpoint --stop: "killed by checkpoint").
+    if (ev.contains("by")) extra += " by " + str(ev, "by");
     if (ev.contains("error")) extra += ": " + str(ev, "error");
     std::fprintf(out_, "%s %s%s exited, %s (%s%s)\n", t.c_str(), where.c_str(), str(ev, "proc").c_str(), how.c_str(),
                  str(ev, "reason").c_str(), extra.c_str());

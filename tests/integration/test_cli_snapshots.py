@@ -3,6 +3,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -68,6 +69,9 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         assert r.returncode == 0, r.stderr
         snap = r.stdout.strip().splitlines()[-1]
         assert snap.startswith("s-"), r.stdout
+        # For a person: what was made, its size, the agent's pause (it printed `checkpoint: mode "live"`).
+        assert re.fullmatch(rf"sandboxer checkpoint: {snap} live \([0-9.]+ (KiB|MiB); the agent paused [0-9.]+ ms, "
+                            r"[0-9.]+ ms in all\)\n", r.stderr), r.stderr
         listed = cli(box, "snapshots", box.url)
         assert listed.returncode == 0 and snap in listed.stdout
         # One line each for a person: the id, when, the branch, the mode, the size, the name (the
@@ -92,6 +96,23 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         # A refused request is a clear error and a non-zero exit.
         bad = cli(box, "fork", box.url, "--snapshot", "s-0000000000000000", "-n", "1")
         assert bad.returncode != 0 and "sandboxer fork:" in bad.stderr
+
+
+def test_checkpoint_stop_ends_the_agent_and_the_journal_says_the_checkpoint_did(tmp_path):
+    with WsBox(tmp_path, ["python3", "-c", COUNTER]) as box:
+        wait_for_output(box, "main", "3\n")
+        r = cli(box, "checkpoint", box.url, "--stop")
+        assert r.returncode == 0, r.stderr
+        snap = r.stdout.strip().splitlines()[-1]
+        assert re.fullmatch(rf"sandboxer checkpoint: {snap} live \([0-9.]+ (KiB|MiB); the agent ended, [0-9.]+ ms in "
+                            r"all\)\n", r.stderr), r.stderr
+        assert box.proc.wait(timeout=30) == 137
+    # `run` and `log` print who ended it: a KILL with no word of why read as the OOM killer's.
+    log = subprocess.run([str(CLI), "log", str(box.state)], capture_output=True, text=True, timeout=30)
+    assert log.returncode == 0, log.stderr
+    assert re.search(r" main exited, signal KILL \(killed by checkpoint\)\n", log.stdout), log.stdout[-500:]
+    assert any(e["type"] == "checkpoint.created" and e["snapshot"] == snap and e["leave_running"] is False
+               for e in read_journal(box.state))
 
 
 # The agent checkpoints itself through its channel, naming the snapshot, then counts.

@@ -343,7 +343,7 @@ def test_as_pid1_under_the_hosts_proc_the_box_mounts_a_proc_of_its_own(tmp_path)
         if shutil.which("criu"):
             r = cli("checkpoint", box.url)
             assert r.returncode == 0, r.stderr
-            assert 'mode "live"' in r.stderr, r.stderr
+            assert f"sandboxer checkpoint: {r.stdout.split()[-1]} live (" in r.stderr, r.stderr
 
 
 ROOTLESS = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
