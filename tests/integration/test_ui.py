@@ -291,6 +291,23 @@ def test_a_finished_box_replays_the_same_timeline_read_only(tmp_path, page):
         shot(page, "ui-replay.png")
 
 
+def test_a_console_ended_by_a_checkpoint_says_so_on_its_tab(tmp_path, page):
+    # The tab said "(killed)" alone, as for a KILL from anyone (the OOM killer's reads the same).
+    with WsBox(tmp_path, ["python3", "-c", TICKER], metrics="0") as box:
+        box.wait_event(lambda e: e["type"] == "proc.output", timeout=30)
+        r = subprocess.run([str(CLI), "checkpoint", box.url, "--stop", "--token-file", str(box.token_file)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert box.proc.wait(timeout=30) == 137
+    with Ui(box.state) as ui:
+        page.goto(ui.address)
+        tab = page.locator('[data-testid="tab-main/main"]')
+        tab.wait_for(timeout=10_000)
+        page.wait_for_function("() => document.querySelector('[data-testid=\"tab-main/main\"]').textContent"
+                               ".includes('(')", timeout=10_000)
+        assert tab.inner_text() == "main/main (killed by checkpoint)", tab.inner_text()
+
+
 def test_a_timeline_of_120k_events_is_served_by_range_and_the_page_holds_only_the_rows_in_view(tmp_path, page):
     # A journal in the journal's own format (one segment of compact JSON lines, each starting
     # with its seq), written here so its size is exact: 120k events over two branches and 10

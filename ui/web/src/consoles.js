@@ -98,7 +98,7 @@ export class Consoles {
       c.messages.append(d);
     } else if (e.type === "proc.exited") {
       const c = this.get(e);
-      c.tab.textContent = `${c.k} (${e.reason}${e.code !== undefined ? " " + e.code : ""})`;
+      c.tab.textContent = `${c.k} (${e.reason}${e.by ? " by " + e.by : ""}${e.code !== undefined ? " " + e.code : ""})`;
       c.tab.classList.add("exited");
     }
   }

@@ -44,7 +44,7 @@ export function summary(e) {
     case "proc.started":
       return `${e.proc} pid ${e.pid}: ${(e.argv || []).join(" ")}`;
     case "proc.exited":
-      return `${e.proc} ${e.reason}${e.code !== undefined ? " code " + e.code : ""}${e.signal ? " signal " + e.signal : ""}`;
+      return `${e.proc} ${e.reason}${e.by ? " by " + e.by : ""}${e.code !== undefined ? " code " + e.code : ""}${e.signal ? " signal " + e.signal : ""}`;
     case "proc.message":
       return `${e.proc} ${JSON.stringify(e.message)}`;
     case "metrics": {
