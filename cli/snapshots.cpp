@@ -1,5 +1,5 @@
 // sandboxer snapshots URL [--json]: the box's snapshots, one line each (id, when, branch, mode,
-// size, name); with --json, each one's whole manifest, one JSON object a line.
+// size, who asked for it, name); with --json, each one's whole manifest, one JSON object a line.
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -32,6 +32,17 @@ std::string size_of(const json::object& m) {
   return human_bytes(bytes);
 }
 
+// Who asked for it: "operator" (a client, the CLI, the box's own schedule), "agent:BRANCH" (the
+// agent channel of that branch: a name the agent chose), "-" where the box does not say (an
+// imported snapshot; one made before 2026-11).
+std::string by_of(const json::object& m) {
+  auto* o = m.if_contains("origin");
+  if (!o || !o->is_object()) return "-";
+  std::string by = text_field(o->as_object(), "by");
+  if (by == "channel") return "agent:" + text_field(o->as_object(), "branch");
+  return by.empty() ? "-" : by;
+}
+
 }  // namespace
 
 int cmd_snapshots(const std::vector<std::string>& args) {
@@ -45,7 +56,8 @@ int cmd_snapshots(const std::vector<std::string>& args) {
     for (auto& snap : list) std::cout << json_line(snap) << "\n";
     return kExitOk;
   }
-  std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", "SNAPSHOT", "CREATED (UTC)", "BRANCH", "MODE", "SIZE", "NAME");
+  std::printf("%-20s %-20s %-10s %-5s %10s  %-14s %s\n", "SNAPSHOT", "CREATED (UTC)", "BRANCH", "MODE", "SIZE", "BY",
+              "NAME");
   for (auto& v : list) {
     if (!v.is_object()) continue;
     const auto& m = v.as_object();
@@ -53,9 +65,9 @@ int cmd_snapshots(const std::vector<std::string>& args) {
     if (created.size() >= 19) created = created.substr(0, 10) + " " + created.substr(11, 8);
     // The name is the agent's or a client's choice (a checkpoint over the agent channel names
     // one): its control bytes are shown escaped, never sent to the terminal.
-    std::printf("%-20s %-20s %-10s %-5s %10s  %s\n", printable(text_of(m, "id")).c_str(), created.c_str(),
+    std::printf("%-20s %-20s %-10s %-5s %10s  %-14s %s\n", printable(text_of(m, "id")).c_str(), created.c_str(),
                 printable(text_of(m, "branch")).c_str(), text_of(m, "mode").c_str(), size_of(m).c_str(),
-                printable(text_of(m, "name")).c_str());
+                printable(by_of(m)).c_str(), printable(text_of(m, "name")).c_str());
   }
   return kExitOk;
 }

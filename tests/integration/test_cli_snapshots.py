@@ -77,9 +77,10 @@ def test_checkpoint_then_fork_two_live_copies(tmp_path):
         # One line each for a person: the id, when, the branch, the mode, the size, the name (the
         # whole manifest, a screenful of JSON each, was all it printed); --json gives the manifests.
         head, row = listed.stdout.splitlines()
-        assert head.split() == ["SNAPSHOT", "CREATED", "(UTC)", "BRANCH", "MODE", "SIZE", "NAME"], head
+        assert head.split() == ["SNAPSHOT", "CREATED", "(UTC)", "BRANCH", "MODE", "SIZE", "BY", "NAME"], head
         cols = row.split()
-        assert cols[0] == snap and cols[3:5] == ["main", "live"] and cols[6] in ("KiB", "MiB") and cols[7] == "cli", row
+        assert cols[0] == snap and cols[3:5] == ["main", "live"] and cols[6] in ("KiB", "MiB"), row
+        assert cols[7:] == ["operator", "cli"], row
         as_json = [json.loads(line) for line in cli(box, "snapshots", box.url, "--json").stdout.splitlines()]
         assert [m["id"] for m in as_json] == [snap] and as_json[0]["name"] == "cli"
         at_checkpoint = max(outputs(box, "main"))
@@ -135,6 +136,9 @@ def test_a_snapshot_is_named_by_its_name_where_exactly_one_has_it(tmp_path):
         base = r.stdout.strip().splitlines()[-1]
         mine = next(json.loads(line) for line in cli(box, "snapshots", box.url, "--json").stdout.splitlines()
                     if json.loads(line)["name"] == "agents")
+        # The table says who asked for each: the operator's, the agent's (a name it chose).
+        rows = {line.split()[0]: line.split()[7:] for line in cli(box, "snapshots", box.url).stdout.splitlines()[1:]}
+        assert rows == {base: ["operator", "base"], mine["id"]: ["agent:main", "agents"]}, rows
         f = cli(box, "fork", box.url, "--snapshot", "base", "-n", "1")
         assert f.returncode == 0, f.stderr
         assert f.stderr == f'sandboxer fork: snapshot "base" is {base}\n', f.stderr
