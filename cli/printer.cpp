@@ -2,14 +2,61 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "base/encoding.hpp"
 
 namespace sbx::cli {
 
 namespace {
+namespace json = boost::json;
+
+// JSON as boost::json writes it, but for its doubles, which it writes in exponent form (69.1 as
+// 6.91E1, 0 as 0E0): for a person, the shortest plain form that reads back the same (to_chars).
+void plain_json(const json::value& v, std::string& out) {
+  switch (v.kind()) {
+    case json::kind::double_: {
+      char buf[64];
+      auto r = std::to_chars(buf, buf + sizeof buf, v.get_double());
+      out.append(buf, r.ptr);
+      return;
+    }
+    case json::kind::object: {
+      out += '{';
+      bool first = true;
+      for (auto& [k, x] : v.get_object()) {
+        if (!first) out += ',';
+        first = false;
+        out += json::serialize(json::string(k)) + ':';
+        plain_json(x, out);
+      }
+      out += '}';
+      return;
+    }
+    case json::kind::array: {
+      out += '[';
+      bool first = true;
+      for (auto& x : v.get_array()) {
+        if (!first) out += ',';
+        first = false;
+        plain_json(x, out);
+      }
+      out += ']';
+      return;
+    }
+    default:
+      out += json::serialize(v);
+  }
+}
+std::string plain_json(const json::value& v) {
+  std::string out;
+  plain_json(v, out);
+  return out;
+}
+
 // A field as the lines for a person show it: a text's control bytes escaped (printable), since
 // names, argv words, hosts and errors come from clients and the agent, and must not act on the
 // terminal (the agent's own output is shown as it wrote it).
@@ -17,7 +64,7 @@ std::string str(const boost::json::object& o, std::string_view k) {
   auto* v = o.if_contains(k);
   if (!v) return {};
   if (v->is_string()) return printable(v->as_string(), false);
-  return boost::json::serialize(*v);
+  return plain_json(*v);
 }
 std::string clock_of(const boost::json::object& ev) {
   std::string ts = str(ev, "ts");  // 2026-11-21T23:58:47.123456Z
@@ -187,7 +234,7 @@ void EventPrinter::print_human(const boost::json::object& ev) {
     // JSON escapes C0 controls; C1 ones (U+0080..U+009F, which some terminals take as ESC [)
     // need printable's escape too.
     std::fprintf(out_, "%s %s%s %s\n", t.c_str(), where.c_str(), type.c_str(),
-                 printable(boost::json::serialize(rest), false).c_str());
+                 printable(plain_json(rest), false).c_str());
   }
   std::fflush(out_);
 }
