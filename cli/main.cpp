@@ -17,6 +17,8 @@ const char* kUsage =
     "      [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...\n"
     "                                                                        run an agent here, show its events; its\n"
     "                                                                        environment is clean but for --env\n"
+    "      (--idle --listen ADDR:PORT in place of -- CMD...: a box that waits for a snapshot, for fork --to,\n"
+    "      migrate --to or restore --index)\n"
     "  log STATE_DIR|URL [--since N] [--json] [--follow]                     print a box's journal\n"
     "  attach URL [--since N] [--branch B] [--json]                          follow a box's events (resumes by "
     "itself)\n"

@@ -1,5 +1,6 @@
 // sandboxer run [--profile P] [--set F=V]... [--env K=V]... [--env-inherit] [--state-dir DIR] [--json]
-//               [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N] -- CMD...
+//               [--signing-key F] [--trust-key F]... [--allow-unsigned] [--max-archive-bytes N]
+//               (-- CMD... | --idle --listen ADDR:PORT)
 // Runs sandboxer-init here as a child (Boost.Process: nothing else reaps in the CLI), shows
 // its events as they happen and exits with the agent's status.
 #include <signal.h>
@@ -53,13 +54,20 @@ std::string find_init_binary() {
 
 int cmd_run(const std::vector<std::string>& args) {
   // Ours: --json and --listen; the rest is sandboxer-init's, handed on in the order given.
-  auto a = parse_args(args, {.usage = "usage: sandboxer run [OPTIONS] -- CMD...",
-                             .flags = {"--json", "--allow-unsigned", "--env-inherit"},
+  auto a = parse_args(args, {.usage = "usage: sandboxer run [OPTIONS] (-- CMD... | --idle --listen ADDR:PORT)",
+                             .flags = {"--json", "--allow-unsigned", "--env-inherit", "--idle"},
                              .options = {"--listen", "--profile", "--set", "--state-dir", "--workdir", "--log-level",
                                          "--signing-key", "--trust-key", "--max-archive-bytes", "--env"},
                              .max_positionals = 0,
                              .command = CommandStart::after_positionals});
-  if (a.command().empty()) throw UsageError("no command given: sandboxer run [OPTIONS] -- CMD...");
+  // --idle: no agent until one is restored into the box over its API (fork --to, migrate --to,
+  // restore --index), which it needs a --listen for.
+  bool idle = a.has("--idle");
+  if (idle && !a.command().empty()) throw UsageError("--idle starts no command: no -- CMD... with it");
+  if (idle && !a.has("--listen"))
+    throw UsageError("--idle waits for a snapshot over the API: give it --listen ADDR:PORT");
+  if (!idle && a.command().empty())
+    throw UsageError("no command given: sandboxer run [OPTIONS] -- CMD... (or --idle --listen ADDR:PORT)");
   std::vector<std::string> init_args;
   for (auto& o : a.given()) {
     if (o.name == "--json" || o.name == "--listen") continue;
@@ -84,8 +92,10 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   init_args.push_back("--events");
   init_args.push_back("-");
-  init_args.push_back("--");
-  init_args.insert(init_args.end(), a.command().begin(), a.command().end());
+  if (!idle) {  // --idle went with the options above
+    init_args.push_back("--");
+    init_args.insert(init_args.end(), a.command().begin(), a.command().end());
+  }
 
   bp::ipstream events;
   bp::child child(find_init_binary(), bp::args(init_args), bp::std_out > events, ChildSetup{});

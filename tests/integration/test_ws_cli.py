@@ -335,11 +335,12 @@ def test_run_listen_with_its_token_under_tmp_forks(tmp_path):
 
 
 @contextlib.contextmanager
-def run_listen_box(tmp_path, env, wrap=()):
-    """`run --listen` of a sleeping agent, its state dir tmp_path/s: its URL; ended on leaving.
-    `wrap`: a command that runs `run` (its argv comes after)."""
-    p = subprocess.Popen([*wrap, str(CLI), "run", "--state-dir", str(tmp_path / "s"), "--listen", "127.0.0.1:0", "--",
-                          "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+def run_listen_box(tmp_path, env, wrap=(), agent=("--", "sleep", "60"), state="s"):
+    """`run --listen` of a sleeping agent (or `agent`: run's arguments after --listen), its state
+    dir tmp_path/STATE: its URL; ended on leaving. `wrap`: a command that runs `run` (its argv
+    comes after)."""
+    p = subprocess.Popen([*wrap, str(CLI), "run", "--state-dir", str(tmp_path / state), "--listen", "127.0.0.1:0",
+                          *agent], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     try:
         url = None
         while url is None:
@@ -351,6 +352,34 @@ def run_listen_box(tmp_path, env, wrap=()):
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(30)
+
+
+def test_run_idle_starts_a_box_a_live_agent_migrates_into(tmp_path):
+    # `run` had no --idle (sandboxer-init's alone): `migrate --to URL` and `fork --to URL` need a
+    # box waiting for a snapshot, which a user of the CLI could not start.
+    env = local_env(tmp_path)
+    counter = "import itertools, time\nfor i in itertools.count():\n    print('n', i, flush=True)\n    time.sleep(0.1)\n"
+    with run_listen_box(tmp_path, env, agent=("--", "python3", "-c", counter), state="a") as a, \
+            run_listen_box(tmp_path, env, agent=("--idle",), state="b") as b:
+        assert not any(e["type"] == "proc.started" for e in read_journal(tmp_path / "b"))
+        r = subprocess.run([str(CLI), "migrate", a, "--to", b], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.split()[-1] == b, (r.stdout, r.stderr)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(e["type"] == "proc.output" for e in read_journal(tmp_path / "b")):
+            time.sleep(0.1)
+        # The agent goes on in b from the count it had in a (memory, not a new start).
+        before = [int(x) for e in read_journal(tmp_path / "a") if e["type"] == "proc.output"
+                  for x in e["data"].split()[1::2]]
+        after = [int(x) for e in read_journal(tmp_path / "b") if e["type"] == "proc.output"
+                 for x in e["data"].split()[1::2]]
+        assert before and after and after[0] > 0 and after[0] <= before[-1] + 2, (before[-3:], after[:3])
+    # Refused before anything starts: an idle box with a command, or with no API to restore into.
+    for args, why in ((["--idle", "--listen", "127.0.0.1:0", "--", "true"], "--idle starts no command"),
+                      (["--idle"], "--idle waits for a snapshot over the API: give it --listen")):
+        r = subprocess.run([str(CLI), "run", "--state-dir", str(tmp_path / "c"), *args], capture_output=True, text=True,
+                           env=env, timeout=30)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+    assert not (tmp_path / "c").exists()
 
 
 def checkpoint(url, env):
