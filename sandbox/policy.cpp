@@ -1,5 +1,6 @@
 #include "sandbox/policy.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 
 #include "base/encoding.hpp"
 #include "os/proc-view.hpp"
@@ -214,6 +216,17 @@ std::vector<std::string> credential_paths() {
   // view beneath /var where an image's /var/run is a directory, not the usual symlink to /run
   // (the branch's own /run holds none of the host's).
   out.push_back("/var/run/secrets");
+  // The host's own secrets, which root in the box read through the host's /etc: password hashes,
+  // TLS private keys, the SSH daemon's host keys (with which the agent could pass for the host).
+  for (const char* f : {"/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssl/private"})
+    out.push_back(f);
+  if (DIR* d = ::opendir("/etc/ssh")) {
+    while (auto* e = ::readdir(d)) {
+      std::string_view n = e->d_name;
+      if (n.starts_with("ssh_host_") && n.ends_with("_key")) out.push_back("/etc/ssh/" + std::string(n));
+    }
+    ::closedir(d);
+  }
   if (auto* t = std::getenv("SANDBOXER_TOKEN_FILE"); t && *t) out.push_back(t);
   return out;
 }

@@ -51,7 +51,8 @@ boost::json::object describe_enforcement(const profile::Profile& p, const boost:
                                          int landlock_abi, bool namespaced);
 
 /// Host paths holding credentials the agent must never see (masked by mounts): the CLI's token
-/// store, SSH and cloud credentials of the supervisor's user and of root.
+/// store, SSH and cloud credentials of the supervisor's user and of root, a pod's service-account
+/// tokens, the host's password hashes, TLS private keys and SSH host keys.
 std::vector<std::string> credential_paths();
 
 /// This process's effective and permitted capability sets (a bit per capability), or nullopt

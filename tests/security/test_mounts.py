@@ -530,3 +530,43 @@ def test_a_pods_service_account_token_under_a_var_run_directory_is_masked(state_
     r, ev = box_in_a_pod_view(state_dir, profile)
     assert output(ev) == "other\nend\n", (output(ev), output(ev, "stderr"), r.stderr)
     assert "sa-token" not in output(ev, "stderr")
+
+
+# --- the host's own secrets under /etc ----------------------------------------------------------
+
+HOST_SECRETS = ["/etc/shadow", "/etc/gshadow", "/etc/ssh/ssh_host_ed25519_key"]
+
+
+def box_reading_host_secrets(state_dir, *sets, profile=None):
+    """A box that prints the size of each of HOST_SECRETS, /etc/passwd and /etc/ssh/ssh_config,
+    then what /etc/ssl/private lists. The box starts in a mount namespace whose /etc/ssh is a
+    tmpfs holding a host key and a client config (this host runs no SSH daemon)."""
+    setup = ("mount -t tmpfs tmpfs /etc/ssh && echo 'PRIVATE KEY' > /etc/ssh/ssh_host_ed25519_key && "
+             "chmod 600 /etc/ssh/ssh_host_ed25519_key && echo 'Host *' > /etc/ssh/ssh_config")
+    files = " ".join(HOST_SECRETS + ["/etc/passwd", "/etc/ssh/ssh_config"])
+    probe = f"for f in {files}; do echo $f $(cat $f | wc -c); done; echo private $(ls -A /etc/ssl/private | wc -l)"
+    args = [a for s in sets for a in ("--set", s)] + (["--profile", profile] if profile else [])
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
+           "--state-dir", str(state_dir), *args, "--", "sh", "-c", probe]
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
+    sizes = dict(line.split() for line in output(read_journal(state_dir)).splitlines())
+    return r, {k: int(v) for k, v in sizes.items()}
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_the_hosts_password_hashes_and_private_keys_are_masked(state_dir, profile):
+    # Root in the box read the host's /etc/shadow and /etc/gshadow whole, its TLS private keys
+    # (/etc/ssl/private) and the SSH daemon's host keys, with which an agent could pass for the host.
+    r, sizes = box_reading_host_secrets(state_dir, profile=profile)
+    assert all(sizes[f] == 0 for f in HOST_SECRETS), (sizes, r.stderr)
+    assert sizes["private"] == 0, sizes
+    # What sits beside them is read as it is.
+    assert sizes["/etc/passwd"] == os.path.getsize("/etc/passwd") and sizes["/etc/ssh/ssh_config"] == len("Host *\n")
+
+
+def test_the_hosts_password_hashes_control_without_namespaces_are_read(state_dir):
+    r, sizes = box_reading_host_secrets(state_dir, "isolation.namespaces=false")
+    assert sizes["/etc/shadow"] == os.path.getsize("/etc/shadow") > 0, (sizes, r.stderr)
+    assert sizes["/etc/ssh/ssh_host_ed25519_key"] == len("PRIVATE KEY\n")
+    private = pathlib.Path("/etc/ssl/private")
+    assert sizes["private"] == (len(os.listdir(private)) if private.is_dir() else 0)
