@@ -546,6 +546,7 @@ void parse_into(Profile& p, const json::value& doc) {
         p.isolation.landlock = std::move(ll);
       }
     }
+    if (auto* v = f.get("masks")) p.isolation.masks = as_path_list(*v, "isolation.masks");
     if (auto* v = f.get("seccomp")) {
       p.isolation.seccomp = as_string(*v, "isolation.seccomp");
       const auto& s = p.isolation.seccomp;

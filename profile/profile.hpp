@@ -82,6 +82,9 @@ struct Profile {
       std::vector<std::string> rw, ro;
     };
     std::optional<Landlock> landlock;
+    // More host paths hidden from the agent, as the credential paths are (sandbox::credential_paths):
+    // a file reads as empty, a directory as an empty one; a path not on the host costs nothing.
+    std::vector<std::string> masks;
     std::string seccomp = "default";  // "default", "none", or a policy file
   } isolation;
   NetworkPolicy network;                  // network and credentials ("none" etc. is short for a mode)

@@ -637,6 +637,7 @@ sandbox::BranchSpec Box::branch_spec(const std::string& name) const {
 
 std::vector<std::string> Box::base_masks() const {
   auto masks = opts_.masks;
+  masks.insert(masks.end(), opts_.profile.isolation.masks.begin(), opts_.profile.isolation.masks.end());
   masks.push_back(opts_.state_dir);
   for (auto& c : sandbox::credential_paths()) masks.push_back(c);
   return masks;

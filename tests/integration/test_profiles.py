@@ -44,6 +44,8 @@ BAD = [
     {"isolation": {"user": "alice"}},
     {"isolation": {"landlock": {"rw": ["relative"]}}},
     {"isolation": {"seccomp": "strictest"}},
+    {"isolation": {"masks": ["etc/hostname"]}},
+    {"isolation": {"masks": "/etc/hostname"}},
     {"network": "wifi"},
     {"persistence": "forever"},
     {"checkpoint": {"probe_timeout": "soon"}},

@@ -570,3 +570,20 @@ def test_the_hosts_password_hashes_control_without_namespaces_are_read(state_dir
     assert sizes["/etc/ssh/ssh_host_ed25519_key"] == len("PRIVATE KEY\n")
     private = pathlib.Path("/etc/ssl/private")
     assert sizes["private"] == (len(os.listdir(private)) if private.is_dir() else 0)
+
+
+@pytest.mark.parametrize("profile", ROOT_PROFILES)
+def test_a_profiles_masks_hide_more_host_paths(state_dir, profile, tmp_path):
+    # The README said to "mask more paths in the profile", and no profile field did.
+    probe = "echo hostname $(cat /etc/hostname | wc -c); echo apt $(ls -A /etc/apt | wc -l)"
+    def sizes(state, *sets):
+        args = [a for s in sets for a in ("--set", s)]
+        r = subprocess.run([str(INIT), "--state-dir", str(state), "--profile", profile, *args, "--", "sh", "-c", probe],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return dict(line.split() for line in output(read_journal(state)).splitlines())
+    masked = sizes(state_dir, 'isolation.masks=["/etc/hostname", "/etc/apt", "/no/such/path"]')
+    assert masked == {"hostname": "0", "apt": "0"}, masked
+    # The control: the same box without them reads both.
+    plain = sizes(tmp_path / "plain")
+    assert int(plain["hostname"]) == os.path.getsize("/etc/hostname") > 0 and int(plain["apt"]) > 0, plain
