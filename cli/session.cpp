@@ -93,6 +93,13 @@ std::string text_field(const json::object& o, std::string_view key) {
   return v && v->is_string() ? std::string(v->as_string()) : std::string();
 }
 
+std::string snapshot_origin(const json::object& manifest) {
+  auto* o = manifest.if_contains("origin");
+  if (!o || !o->is_object()) return {};
+  std::string by = text_field(o->as_object(), "by");
+  return by == "channel" ? "agent:" + text_field(o->as_object(), "branch") : by;
+}
+
 base::Result<std::string> snapshot_id(Session& s, const std::string& given) {
   if (archive::valid_snapshot_id(given)) return given;
   if (given.empty()) return base::fail("\"\" is not a snapshot id (s- and 16 hex digits) or name", "bad_request");
@@ -109,9 +116,8 @@ base::Result<std::string> snapshot_id(Session& s, const std::string& given) {
                           s.url() + " (sandboxer snapshots lists them)",
                       "not_found");
   auto made_by = [](const json::object& o) {
-    auto* origin = o.if_contains("origin");
-    bool agent = origin && origin->is_object() && text_field(origin->as_object(), "by") == "channel";
-    return agent ? ", made by the agent of branch " + text_field(origin->as_object(), "branch") : std::string();
+    auto by = snapshot_origin(o);
+    return by.starts_with("agent:") ? ", made by the agent of branch " + by.substr(6) : std::string();
   };
   if (named.size() > 1) {
     std::string ids;

@@ -82,6 +82,11 @@ std::string in_cli_words(std::string message);
 
 class Session;
 
+/// Who asked for a snapshot, from its manifest's origin: "operator" (a client, the CLI, the box's
+/// own schedule), "agent:BRANCH" (the agent channel of that branch: a name the agent chose), or ""
+/// where the box does not say (an imported snapshot; one made before 2026-11).
+std::string snapshot_origin(const boost::json::object& manifest);
+
 /// The id of the snapshot the user named: `given` as it is where it is an id (s- and 16 hex
 /// digits), else the one of the box's snapshots whose name it is (asked with snapshot.list; the
 /// choice is said on stderr, and that the agent made it, where it did). Error: no snapshot has

@@ -32,14 +32,9 @@ std::string size_of(const json::object& m) {
   return human_bytes(bytes);
 }
 
-// Who asked for it: "operator" (a client, the CLI, the box's own schedule), "agent:BRANCH" (the
-// agent channel of that branch: a name the agent chose), "-" where the box does not say (an
-// imported snapshot; one made before 2026-11).
+// Who asked for it (snapshot_origin), "-" where the box does not say.
 std::string by_of(const json::object& m) {
-  auto* o = m.if_contains("origin");
-  if (!o || !o->is_object()) return "-";
-  std::string by = text_field(o->as_object(), "by");
-  if (by == "channel") return "agent:" + text_field(o->as_object(), "branch");
+  auto by = snapshot_origin(m);
   return by.empty() ? "-" : by;
 }
 
