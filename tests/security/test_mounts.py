@@ -477,17 +477,22 @@ def host_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def box_beside_host_mounts(state_dir, d, *sets, profile=None):
-    """A box that lists the host's processes a /proc of the host's pid namespace at D/proc shows (as
-    a chroot's build mounts one) and reads the file of a tmpfs at D/data. The mounts are made in a
-    mount namespace of the box's own, which it starts in: the suite's other boxes never see them
-    (one of them checkpointed meanwhile would carry the tmpfs)."""
-    setup = f"mount -t proc proc {d}/proc && mount -t tmpfs tmpfs {d}/data && echo 'host data' > {d}/data/f"
+def box_after_host_mounts(state_dir, setup, probe, sets=(), profile=None):
+    """A box running `sh -c PROBE`, started in a mount namespace of its own in which the shell
+    command SETUP made mounts on the host's paths first: the suite's other boxes never see them
+    (one of them checkpointed meanwhile would carry them). `sets`: --set assignments."""
     args = [a for s in sets for a in ("--set", s)] + (["--profile", profile] if profile else [])
     cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
-           "--state-dir", str(state_dir), *args, "--", "sh", "-c", f'ls {d}/proc | grep -c "^[0-9]*$"; cat {d}/data/f']
+           "--state-dir", str(state_dir), *args, "--", "sh", "-c", probe]
     r = subprocess.run(cmd, capture_output=True, timeout=60)
     return r, read_journal(state_dir)
+
+
+def box_beside_host_mounts(state_dir, d, *sets, profile=None):
+    """A box that lists the host's processes a /proc of the host's pid namespace at D/proc shows (as
+    a chroot's build mounts one) and reads the file of a tmpfs at D/data (box_after_host_mounts)."""
+    setup = f"mount -t proc proc {d}/proc && mount -t tmpfs tmpfs {d}/data && echo 'host data' > {d}/data/f"
+    return box_after_host_mounts(state_dir, setup, f'ls {d}/proc | grep -c "^[0-9]*$"; cat {d}/data/f', sets, profile)
 
 
 @pytest.mark.parametrize("profile", ROOT_PROFILES)
@@ -515,10 +520,7 @@ def box_in_a_pod_view(state_dir, profile):
     setup = (f"mount -t tmpfs tmpfs /var && mkdir -p {sa} /var/run/other && mount -t tmpfs tmpfs {sa} && "
              f"echo sa-token > {sa}/token && echo other > /var/run/other/f")
     probe = f"cat {sa}/token; cat /var/run/other/f; ls -A /var/run/secrets; echo end"
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
-           "--state-dir", str(state_dir), "--profile", profile, "--", "sh", "-c", probe]
-    r = subprocess.run(cmd, capture_output=True, timeout=60)
-    return r, read_journal(state_dir)
+    return box_after_host_mounts(state_dir, setup, probe, profile=profile)
 
 
 @pytest.mark.parametrize("profile", ROOT_PROFILES)
@@ -545,11 +547,8 @@ def box_reading_host_secrets(state_dir, *sets, profile=None):
              "chmod 600 /etc/ssh/ssh_host_ed25519_key && echo 'Host *' > /etc/ssh/ssh_config")
     files = " ".join(HOST_SECRETS + ["/etc/passwd", "/etc/ssh/ssh_config"])
     probe = f"for f in {files}; do echo $f $(cat $f | wc -c); done; echo private $(ls -A /etc/ssl/private | wc -l)"
-    args = [a for s in sets for a in ("--set", s)] + (["--profile", profile] if profile else [])
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup + ' && exec "$@"', "sh", str(INIT),
-           "--state-dir", str(state_dir), *args, "--", "sh", "-c", probe]
-    r = subprocess.run(cmd, capture_output=True, timeout=60)
-    sizes = dict(line.split() for line in output(read_journal(state_dir)).splitlines())
+    r, ev = box_after_host_mounts(state_dir, setup, probe, sets, profile)
+    sizes = dict(line.split() for line in output(ev).splitlines())
     return r, {k: int(v) for k, v in sizes.items()}
 
 
